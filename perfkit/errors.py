@@ -1,0 +1,23 @@
+"""perfkit's errors and exit codes. `run()` raises; `main()` maps to an exit code."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0
+    FAILED = 1  # the run completed but what it checked failed (errors, regression)
+    USAGE = 2  # bad flags or input files; nothing was measured
+
+
+class PerfkitError(Exception):
+    """An error the user can act on; printed as one line, no traceback."""
+
+    exit_code = ExitCode.USAGE
+
+
+class TargetError(PerfkitError):
+    """The server cannot be reached or does not speak the protocol as expected."""
+
+    exit_code = ExitCode.FAILED

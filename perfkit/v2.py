@@ -1,0 +1,798 @@
+"""Sans-I/O codec for the KServe v2 inference protocol (Triton's dialect).
+
+No sockets, no event loop: bytes in, objects out. The load generator and the reference server both
+use it. Covers v2 JSON tensors, the binary tensor data extension (`Inference-Header-Content-Length`
+plus appended little-endian tensors, BYTES elements as 4-byte length + bytes), gRPC protos ↔
+dataclasses and the datatype ↔ numpy mapping.
+
+Decoders raise only `CodecError` whatever the bytes, with a message fit for an HTTP 400 body
+(`error_body`) or an INVALID_ARGUMENT status. Sizes are checked against the bytes actually present
+before anything is allocated, and numeric tensors decoded from binary are zero-copy views of the body
+(read-only when it is `bytes`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import service_pb2
+
+__all__ = [
+    "CodecError",
+    "InferTensor",
+    "RequestedOutput",
+    "InferRequest",
+    "InferResponse",
+    "DATATYPES",
+    "datatype_to_numpy",
+    "numpy_to_datatype",
+    "config_type_to_datatype",
+    "datatype_to_config_type",
+    "serialize_bytes_tensor",
+    "deserialize_bytes_tensor",
+    "tensor_to_raw",
+    "tensor_from_raw",
+    "tensor_from_json",
+    "tensor_to_json",
+    "decode_infer_request",
+    "decode_raw_binary_request",
+    "encode_infer_response",
+    "encode_infer_request",
+    "decode_infer_response",
+    "decode_error",
+    "error_body",
+    "parameters_from_proto",
+    "parameters_to_proto",
+    "request_from_proto",
+    "request_to_proto",
+    "response_to_proto",
+    "response_from_proto",
+]
+
+
+class CodecError(ValueError):
+    """The bytes or JSON do not form a valid v2 message; the message says what is wrong."""
+
+
+@dataclass(slots=True)
+class InferTensor:
+    """One input or output tensor. `data` is a numpy array of `shape`; BYTES tensors hold `object`
+    arrays of `bytes`."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    data: np.ndarray
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    """An output the client asked for. `binary` is the per-output `binary_data` parameter, or None
+    when the client did not say (the request-level `binary_data_output` then decides)."""
+
+    name: str
+    binary: bool | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferRequest:
+    model_name: str
+    model_version: str = ""
+    id: str = ""
+    inputs: list[InferTensor] = field(default_factory=list)
+    # None: all outputs, with the request-level binary default.
+    outputs: list[RequestedOutput] | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferResponse:
+    model_name: str
+    model_version: str
+    id: str = ""
+    outputs: list[InferTensor] = field(default_factory=list)
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+_U32 = struct.Struct("<I")
+_MAX_DIM = 2**63 - 1  # shapes are int64 on the wire
+
+# Explicit little-endian dtypes: the wire is little-endian whatever the host is.
+DATATYPES: dict[str, np.dtype] = {
+    name: np.dtype(code)
+    for name, code in [
+        ("BOOL", "?"), ("UINT8", "<u1"), ("UINT16", "<u2"), ("UINT32", "<u4"), ("UINT64", "<u8"),
+        ("INT8", "<i1"), ("INT16", "<i2"), ("INT32", "<i4"), ("INT64", "<i8"),
+        ("FP16", "<f2"), ("FP32", "<f4"), ("FP64", "<f8"), ("BYTES", "O"),
+    ]
+}  # fmt: skip
+_BY_KIND = {(dt.kind, dt.itemsize): name for name, dt in DATATYPES.items() if name != "BYTES"}
+_VALID = ", ".join(DATATYPES)
+_JSON_NOUN = {"b": "booleans", "i": "integers", "u": "integers", "f": "numbers", "U": "strings"}
+
+
+def datatype_to_numpy(datatype: str) -> np.dtype:
+    """The numpy dtype of a v2 datatype (BYTES → object)."""
+    return _dtype_for(datatype, "datatype")
+
+
+def numpy_to_datatype(dtype: Any) -> str:
+    """The v2 datatype of a numpy dtype (object, bytes_ and str_ → BYTES)."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        raise CodecError(f"{dtype!r} is not a numpy dtype") from None
+    name = "BYTES" if dt.kind in "OSU" else _BY_KIND.get((dt.kind, dt.itemsize))
+    if name is None:
+        raise CodecError(f"numpy dtype {dt} has no v2 datatype; expected one of {_VALID}")
+    return name
+
+
+def config_type_to_datatype(name: str) -> str:
+    """Model-config enum name (`TYPE_FP32`, `TYPE_STRING`, ...) → v2 datatype (`FP32`, `BYTES`)."""
+    if name == "TYPE_STRING":
+        return "BYTES"
+    if isinstance(name, str) and name.startswith("TYPE_") and name[5:] in DATATYPES and name != "TYPE_BYTES":
+        return name[5:]
+    valid = ", ".join(datatype_to_config_type(d) for d in DATATYPES)
+    raise CodecError(f"unknown model config data type {name!r}; expected one of {valid}")
+
+
+def datatype_to_config_type(datatype: str) -> str:
+    """v2 datatype → model-config enum name (`BYTES` → `TYPE_STRING`)."""
+    datatype_to_numpy(datatype)
+    return "TYPE_STRING" if datatype == "BYTES" else "TYPE_" + datatype
+
+
+# --- shared helpers ------------------------------------------------------------------------------
+
+
+def _fmt(shape: Any) -> str:
+    return "[" + ", ".join(str(d) for d in shape) + "]"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _json_type(value: Any) -> str:
+    if isinstance(value, bool):
+        return "boolean"
+    names = {int: "number", float: "number", str: "string", list: "array", dict: "object"}
+    return names.get(type(value), "null")
+
+
+def _dtype_for(datatype: Any, what: str) -> np.dtype:
+    try:
+        return DATATYPES[datatype]
+    except (KeyError, TypeError):
+        raise CodecError(f"{what}: unknown datatype {_short(datatype)}; expected one of {_VALID}") from None
+
+
+def _element_count(shape: Any, what: str) -> int:
+    """Validates a shape; its element count as a Python int, which cannot overflow."""
+    bad = not isinstance(shape, (list, tuple))
+    bad = bad or any(isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)) for d in shape)
+    if bad:
+        raise CodecError(f"{what}: shape must be a list of non-negative integers, got {_short(shape)}")
+    for d in shape:
+        if d < 0:
+            raise CodecError(f"{what}: negative dimension {d} in shape {_fmt(shape)}")
+        if d > _MAX_DIM:
+            raise CodecError(f"{what}: dimension {d} in shape {_fmt(shape)} exceeds int64")
+    return math.prod(int(d) for d in shape)
+
+
+def _reshape(arr: np.ndarray, shape: Any, what: str) -> np.ndarray:
+    try:
+        return arr.reshape([int(d) for d in shape])
+    except (ValueError, OverflowError) as e:
+        raise CodecError(f"{what}: cannot build a tensor of shape {_fmt(shape)}: {e}") from None
+
+
+def _check_range(lo: int, hi: int, dtype: np.dtype, datatype: str, what: str) -> None:
+    info = np.iinfo(dtype)
+    if lo < info.min or hi > info.max:
+        raise CodecError(f"{what}: value {lo if lo < info.min else hi} is out of range for {datatype}")
+
+
+def _as_dtype(arr: Any, datatype: str, what: str) -> np.ndarray:
+    """C-contiguous `arr` in `datatype`'s dtype; casts within a kind (float64 → FP32), never across."""
+    dtype = _dtype_for(datatype, what)
+    arr = np.asarray(arr)
+    if arr.dtype != dtype:
+        if not np.can_cast(arr.dtype, dtype, casting="same_kind"):
+            raise CodecError(f"{what}: cannot send a {arr.dtype} array as {datatype}")
+        with np.errstate(all="ignore"):  # overflow becomes inf, as a C cast would
+            arr = arr.astype(dtype)
+    return np.ascontiguousarray(arr)
+
+
+def _check_count(t: InferTensor, what: str) -> None:
+    count, size = _element_count(t.shape, what), np.size(t.data)
+    if size != count:
+        raise CodecError(f"{what}: shape {_fmt(t.shape)} needs {count} elements but data has {size}")
+
+
+def _dumps(doc: Any, what: str) -> bytes:
+    try:
+        return json.dumps(doc, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as e:
+        raise CodecError(f"cannot encode {what} as JSON: {e}") from None
+
+
+# --- BYTES and raw tensors -----------------------------------------------------------------------
+
+
+def serialize_bytes_tensor(arr: Any) -> bytes:
+    """Row-major BYTES elements, each a 4-byte little-endian length then the bytes (str → UTF-8)."""
+    pack = _U32.pack
+    parts: list[bytes] = []
+    for x in np.asarray(arr, dtype=object).ravel():
+        if isinstance(x, str):
+            x = x.encode()
+        elif not isinstance(x, (bytes, bytearray)):
+            raise CodecError(f"BYTES elements must be bytes or str, got {type(x).__name__}")
+        parts += (pack(len(x)), x)
+    return b"".join(parts)
+
+
+def _deserialize(buf: Any, count: int | None, what: str) -> np.ndarray:
+    data = buf if isinstance(buf, bytes) else bytes(buf)
+    n = len(data)
+    # Each element needs a 4-byte prefix: this also bounds what a hostile shape can allocate.
+    if count is not None and count * 4 > n:
+        raise CodecError(f"{what}: {n} bytes cannot hold {count} BYTES elements (4-byte length prefix each)")
+    unpack = _U32.unpack_from
+    items: list[bytes] = []
+    off = 0
+    while off < n:
+        if off + 4 > n:
+            raise CodecError(
+                f"{what}: truncated BYTES element {len(items)}: {n - off} bytes where a 4-byte length belongs"
+            )
+        (length,) = unpack(data, off)
+        off += 4
+        if off + length > n:
+            raise CodecError(
+                f"{what}: truncated BYTES element {len(items)}: declares {length} bytes, {n - off} remain"
+            )
+        items.append(data[off : off + length])
+        off += length
+    if count is not None and len(items) != count:
+        raise CodecError(f"{what}: expected {count} BYTES elements, got {len(items)}")
+    return _object_array(items)
+
+
+def _object_array(items: list[Any]) -> np.ndarray:
+    arr = np.empty(len(items), dtype=object)
+    arr[:] = items  # element-wise, so bytes never turn into a 2-D array
+    return arr
+
+
+def deserialize_bytes_tensor(buf: bytes, count: int | None = None) -> np.ndarray:
+    """Inverse of `serialize_bytes_tensor`: a flat object array of bytes (`count` checked if given)."""
+    return _deserialize(buf, count, "BYTES tensor")
+
+
+def _raw_buffer(arr: Any, datatype: str, what: str) -> bytes | memoryview:
+    # A memoryview spares numeric tensors a copy on the HTTP path, where bytes.join takes it as is.
+    if datatype == "BYTES":
+        return serialize_bytes_tensor(arr)
+    return memoryview(_as_dtype(arr, datatype, what).reshape(-1).view(np.uint8))
+
+
+def tensor_to_raw(arr: np.ndarray, datatype: str) -> bytes:
+    """Little-endian, row-major bytes of `arr` as `datatype` (BYTES length-prefixed)."""
+    buf = _raw_buffer(arr, datatype, "tensor")
+    return buf if isinstance(buf, bytes) else buf.tobytes()
+
+
+def tensor_from_raw(buf: Any, datatype: str, shape: Any, name: str, *, kind: str = "input") -> np.ndarray:
+    """A tensor from its binary form, sizes checked exactly; numeric ones are zero-copy views of `buf`."""
+    what = f"{kind} {name!r}"
+    dtype = _dtype_for(datatype, what)
+    count = _element_count(shape, what)
+    if datatype == "BYTES":
+        return _reshape(_deserialize(buf, count, what), shape, what)
+    size, expected = memoryview(buf).nbytes, count * dtype.itemsize
+    if size != expected:
+        raise CodecError(f"{what}: expected {expected} bytes for shape {_fmt(shape)} {datatype}, got {size}")
+    arr = np.frombuffer(buf, dtype=dtype) if expected else np.empty(0, dtype)
+    if datatype == "BOOL" and expected and arr.view(np.uint8).max() > 1:
+        raise CodecError(f"{what}: BOOL bytes must be 0 or 1")
+    return _reshape(arr, shape, what)
+
+
+# --- JSON tensors --------------------------------------------------------------------------------
+
+
+def _flatten_strings(data: list[Any], what: str) -> list[bytes]:
+    if all(type(x) is str for x in data):
+        return [x.encode() for x in data]
+    out: list[bytes] = []
+
+    def walk(node: Any) -> tuple[int, ...]:  # returns the sub-shape, so ragged arrays show up
+        if isinstance(node, str):
+            out.append(node.encode())
+            return ()
+        if not isinstance(node, list):
+            raise CodecError(f"{what}: BYTES data must hold JSON strings, got a {_json_type(node)}")
+        subs = {walk(item) for item in node}
+        if len(subs) > 1:
+            raise CodecError(f"{what}: data is a ragged array")
+        return (len(node), *(subs.pop() if subs else ()))
+
+    walk(data)
+    return out
+
+
+def _numeric_from_json(data: list[Any], datatype: str, dtype: np.dtype, what: str) -> np.ndarray:
+    try:
+        raw = np.asarray(data)
+    except (ValueError, TypeError, OverflowError):
+        raise CodecError(f"{what}: data must be a regular (not ragged) array of {datatype} values") from None
+    if raw.size == 0:
+        return np.empty(0, dtype)
+    k = raw.dtype.kind
+    if dtype.kind in "iu" and k in "fO":
+        # numpy makes float64 of int64 mixed with uint64-only values, and object past 64 bits:
+        # re-read such integers exactly.
+        ints = np.asarray(data, dtype=object).ravel().tolist()
+        if all(type(x) is int for x in ints):
+            _check_range(min(ints), max(ints), dtype, datatype, what)
+            return np.array(ints, dtype=dtype)
+    if k not in {"b": "b", "f": "iuf"}.get(dtype.kind, "iu"):
+        got = "non-integer numbers" if k == "f" else _JSON_NOUN.get(k, "mixed or out-of-range values")
+        raise CodecError(f"{what}: {datatype} data must be JSON {_JSON_NOUN[dtype.kind]}, got {got}")
+    if dtype.kind in "iu":
+        _check_range(int(raw.min()), int(raw.max()), dtype, datatype, what)
+    with np.errstate(over="ignore"):
+        arr = raw.astype(dtype).ravel()
+    if dtype.kind == "f" and k == "f" and np.any(np.isinf(arr) & np.isfinite(raw.ravel())):
+        raise CodecError(f"{what}: a value is out of range for {datatype}")
+    return arr
+
+
+def tensor_from_json(data: Any, datatype: str, shape: Any, name: str, *, kind: str = "input") -> np.ndarray:
+    """A tensor from v2 JSON `data`, nested or flat (row-major). FP16 is binary-only."""
+    what = f"{kind} {name!r}"
+    dtype = _dtype_for(datatype, what)
+    if datatype == "FP16":
+        raise CodecError(f"{what}: FP16 cannot be sent as JSON; use binary tensor data (binary_data_size)")
+    count = _element_count(shape, what)
+    if not isinstance(data, list):
+        raise CodecError(f"{what}: 'data' must be a JSON array, got a {_json_type(data)}")
+    try:
+        if datatype == "BYTES":
+            arr = _object_array(_flatten_strings(data, what))  # type: ignore[arg-type]
+        else:
+            arr = _numeric_from_json(data, datatype, dtype, what)
+    except UnicodeEncodeError:
+        raise CodecError(f"{what}: BYTES data holds a string that is not valid Unicode") from None
+    except RecursionError:
+        raise CodecError(f"{what}: data is nested too deeply") from None
+    if arr.size != count:
+        raise CodecError(f"{what}: shape {_fmt(shape)} needs {count} elements but data has {arr.size}")
+    return _reshape(arr, shape, what)
+
+
+def tensor_to_json(arr: Any, datatype: str, *, name: str = "", kind: str = "output") -> list[Any]:
+    """Flat row-major JSON values of `arr`. FP16, and BYTES that are not UTF-8, raise CodecError."""
+    what = f"{kind} {name!r}" if name else kind
+    if datatype == "FP16":
+        raise CodecError(f"{what}: FP16 cannot be sent as JSON; use binary tensor data (binary_data)")
+    if datatype != "BYTES":
+        return _as_dtype(arr, datatype, what).ravel().tolist()  # type: ignore[no-any-return]
+    out = []
+    for x in np.asarray(arr, dtype=object).ravel():
+        if isinstance(x, (bytes, bytearray)):
+            try:
+                x = x.decode()
+            except UnicodeDecodeError:
+                msg = f"{what}: a BYTES element is not UTF-8, so cannot be JSON; use binary data"
+                raise CodecError(msg) from None
+        elif not isinstance(x, str):
+            raise CodecError(f"{what}: BYTES elements must be bytes or str, got {type(x).__name__}")
+        out.append(x)
+    return out
+
+
+# --- HTTP bodies: JSON header, then binary sections ----------------------------------------------
+
+
+def _header_length(value: Any, size: int) -> int | None:
+    if value is None:
+        return None
+    try:  # the raw header string is welcome too
+        value = int(value) if isinstance(value, str) else value
+    except ValueError:
+        pass
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CodecError(f"Inference-Header-Content-Length must be an integer, got {_short(value)}")
+    if not 0 <= value <= size:
+        raise CodecError(f"Inference-Header-Content-Length {value} is outside the {size}-byte body")
+    return value
+
+
+def _split_body(body: Any, header_length: Any, what: str) -> tuple[dict[str, Any], memoryview | None]:
+    mv = memoryview(body).cast("B")
+    n = _header_length(header_length, len(mv))
+    header, rest = (mv, None) if n is None else (mv[:n], mv[n:])
+    try:
+        doc = json.loads(str(header, "utf-8"))
+    except UnicodeDecodeError as e:
+        raise CodecError(f"{what} JSON is not valid UTF-8: {e}") from None
+    except (ValueError, RecursionError) as e:
+        raise CodecError(f"{what} JSON is malformed: {e}") from None
+    if not isinstance(doc, dict):
+        raise CodecError(f"{what} JSON must be an object, got a {_json_type(doc)}")
+    return doc, rest
+
+
+def _params(container: dict[str, Any], what: str) -> dict[str, Any]:
+    params = container.get("parameters", {})
+    if not isinstance(params, dict):
+        raise CodecError(f"{what}: 'parameters' must be a JSON object")
+    return params
+
+
+def _parse_tensors(items: Any, kind: str, rest: memoryview | None) -> list[InferTensor]:
+    """Validates every `inputs`/`outputs` entry and the binary sizes, then decodes the data."""
+    if not isinstance(items, list):
+        raise CodecError(f"'{kind}s' must be a JSON array")
+    specs = []
+    seen: set[str] = set()
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
+            raise CodecError(f"{kind}s[{i}] must be a JSON object with a non-empty string 'name'")
+        name = item["name"]
+        what = f"{kind} {name!r}"
+        if name in seen:
+            raise CodecError(f"duplicate {kind} name {name!r}")
+        seen.add(name)
+        _dtype_for(item.get("datatype"), what)
+        if "shape" not in item:
+            raise CodecError(f"{what}: missing 'shape'")
+        _element_count(item["shape"], what)
+        params = _params(item, what)
+        size = params.get("binary_data_size")
+        if size is not None:
+            if "data" in item:
+                raise CodecError(f"{what}: has both 'data' and parameters.binary_data_size; send one")
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise CodecError(f"{what}: binary_data_size must be an integer >= 0, got {_short(size)}")
+            params = {k: v for k, v in params.items() if k != "binary_data_size"}
+        elif "data" not in item:
+            if "shared_memory_region" in params:
+                raise CodecError(f"{what}: shared memory tensors are not supported")
+            raise CodecError(f"{what}: has neither 'data' nor parameters.binary_data_size")
+        specs.append((name, item["datatype"], item["shape"], params, item.get("data"), size))
+
+    sized = [(name, size) for name, *_, size in specs if size is not None]
+    total, available = sum(size for _, size in sized), 0 if rest is None else len(rest)
+    if total != available:
+        listed = ", ".join(f"{kind} {n!r}: {s}" for n, s in sized) or "none"
+        where = "the body has no binary part (no Inference-Header-Content-Length)" if rest is None else (
+            f"{available} bytes follow the JSON header")
+        raise CodecError(f"binary_data_size values ({listed}) add up to {total} bytes but {where}")
+    tensors, off = [], 0
+    for name, datatype, shape, params, data, size in specs:
+        if size is None:
+            arr = tensor_from_json(data, datatype, shape, name, kind=kind)
+        else:
+            section = rest[off : off + size]  # type: ignore[index]  # sizes matched, so rest is there
+            arr = tensor_from_raw(section, datatype, shape, name, kind=kind)
+            off += size
+        tensors.append(InferTensor(name, datatype, [int(d) for d in shape], arr, params))
+    return tensors
+
+
+def _parse_requested_outputs(items: Any) -> list[RequestedOutput] | None:
+    if items is None:
+        return None
+    if not isinstance(items, list):
+        raise CodecError("'outputs' must be a JSON array")
+    outputs: dict[str, RequestedOutput] = {}
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
+            raise CodecError(f"outputs[{i}] must be a JSON object with a non-empty string 'name'")
+        what = f"output {item['name']!r}"
+        if item["name"] in outputs:
+            raise CodecError(f"duplicate requested output name {item['name']!r}")
+        params = _params(item, what)
+        binary, classes = params.get("binary_data"), params.get("classification")
+        if binary is not None and not isinstance(binary, bool):
+            raise CodecError(f"{what}: binary_data must be true or false, got {_short(binary)}")
+        if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int) or classes < 0):
+            raise CodecError(f"{what}: classification must be a non-negative integer")
+        params = {k: v for k, v in params.items() if k != "binary_data"}
+        outputs[item["name"]] = RequestedOutput(item["name"], binary, params)
+    return list(outputs.values()) or None  # `"outputs": []` names nothing, like no list: all outputs
+
+
+def _parse_common(doc: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    rid, params = doc.get("id", ""), _params(doc, "request")
+    if not isinstance(rid, str):
+        raise CodecError(f"'id' must be a string, got a {_json_type(rid)}")
+    if not isinstance(params.get("binary_data_output", False), bool):
+        raise CodecError("parameter binary_data_output must be true or false")
+    return rid, params
+
+
+def decode_infer_request(
+    body: bytes, header_length: int | None, model_name: str, model_version: str = ""
+) -> InferRequest:
+    """Server side: an HTTP infer body. `header_length` is Inference-Header-Content-Length (None when
+    absent). Length 0 means a raw binary request, which needs `decode_raw_binary_request`."""
+    if _header_length(header_length, memoryview(body).nbytes) == 0:
+        raise CodecError(
+            "Inference-Header-Content-Length: 0 (raw binary request) needs the model's input metadata; "
+            "the server must decode it with decode_raw_binary_request"
+        )
+    doc, rest = _split_body(body, header_length, "request")
+    rid, params = _parse_common(doc)
+    if "inputs" not in doc:
+        raise CodecError("request JSON has no 'inputs'")
+    inputs = _parse_tensors(doc["inputs"], "input", rest)
+    if not inputs:
+        raise CodecError("'inputs' must not be empty")
+    outputs = _parse_requested_outputs(doc.get("outputs"))
+    return InferRequest(model_name, model_version, rid, inputs, outputs, params)
+
+
+def decode_raw_binary_request(
+    body: bytes, model_name: str, model_version: str, input_name: str, datatype: str, shape: list[int]
+) -> InferRequest:
+    """Server side: a raw binary request (Inference-Header-Content-Length: 0) to a one-input model with
+    input `shape`, where one -1 is deduced from the size. BYTES needs shape [1]: the body is the one
+    element, with no length prefix. All outputs are asked for, binary."""
+    what = f"input {input_name!r}"
+    dtype, shape = _dtype_for(datatype, what), list(shape)
+    if datatype == "BYTES":
+        if shape not in ([1], [-1]):
+            raise CodecError(f"{what}: a raw binary request needs BYTES shape [1], not {_fmt(shape)}")
+        data, shape = _object_array([bytes(body)]), [1]
+    else:
+        variable = [i for i, d in enumerate(shape) if d == -1]
+        if len(variable) > 1:
+            raise CodecError(f"{what}: a raw binary request allows one variable dimension, not {_fmt(shape)}")
+        if variable:
+            n, row = memoryview(body).nbytes, math.prod(d for d in shape if d != -1) * dtype.itemsize
+            if (n and not row) or (row and n % row):
+                raise CodecError(f"{what}: {n} bytes is not a whole number of {_fmt(shape)} {datatype} rows")
+            shape[variable[0]] = n // row if row else 0
+        data = tensor_from_raw(body, datatype, shape, input_name)
+    tensor = InferTensor(input_name, datatype, shape, data)
+    return InferRequest(model_name, model_version, "", [tensor], None, {"binary_data_output": True})
+
+
+def _encode_tensor(t: InferTensor, binary: bool, kind: str, parts: list[Any]) -> dict[str, Any]:
+    what = f"{kind} {t.name!r}"
+    _check_count(t, what)
+    entry: dict[str, Any] = {"name": t.name, "shape": [int(d) for d in t.shape], "datatype": t.datatype}
+    params = dict(t.parameters)
+    if binary:
+        parts.append(_raw_buffer(t.data, t.datatype, what))
+        params["binary_data_size"] = len(parts[-1])
+    if params:
+        entry["parameters"] = params
+    if not binary:
+        entry["data"] = tensor_to_json(t.data, t.datatype, name=t.name, kind=kind)
+    return entry
+
+
+def encode_infer_response(response: InferResponse, request: InferRequest) -> tuple[bytes, int | None]:
+    """Server side: (body, Inference-Header-Content-Length), or (JSON body, None) when no output is
+    binary. An output's own `binary` wins over the request's `binary_data_output` (default false)."""
+    default = request.parameters.get("binary_data_output", False) is True
+    chosen = {o.name: o.binary for o in request.outputs or ()}
+    parts: list[Any] = []
+    outputs = []
+    for t in response.outputs:
+        binary = chosen.get(t.name)
+        outputs.append(_encode_tensor(t, default if binary is None else binary, "output", parts))
+    doc: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
+    if response.id:
+        doc["id"] = response.id
+    if response.parameters:
+        doc["parameters"] = response.parameters
+    doc["outputs"] = outputs
+    header = _dumps(doc, "response")
+    return (b"".join([header, *parts]), len(header)) if parts else (header, None)
+
+
+def encode_infer_request(
+    request: InferRequest, binary_inputs: bool = True, binary_outputs: bool = True
+) -> tuple[bytes, int | None]:
+    """Client side: (body, Inference-Header-Content-Length or None), byte for byte what tritonclient
+    sends. The model stays in the URL; outputs whose `binary` is None get `binary_outputs`."""
+    parts: list[Any] = []
+    inputs = [_encode_tensor(t, binary_inputs, "input", parts) for t in request.inputs]
+    doc: dict[str, Any] = {"id": request.id} if request.id else {}
+    doc["inputs"] = inputs
+    params = dict(request.parameters)
+    if request.outputs:
+        doc["outputs"] = []
+        for o in request.outputs:
+            binary = binary_outputs if o.binary is None else o.binary
+            doc["outputs"].append({"name": o.name, "parameters": {**o.parameters, "binary_data": binary}})
+    elif binary_outputs:
+        params["binary_data_output"] = True
+    if params:
+        doc["parameters"] = params
+    header = _dumps(doc, "request")
+    return (b"".join([header, *parts]), len(header)) if binary_inputs else (header, None)
+
+
+def decode_infer_response(body: bytes, header_length: int | None) -> InferResponse:
+    """Client side: an HTTP infer response body. Raises only CodecError (an error body included)."""
+    doc, rest = _split_body(body, header_length, "response")
+    if isinstance(doc.get("error"), str) and "outputs" not in doc:
+        raise CodecError(f"server error: {doc['error']}")
+    rid, params = _parse_common(doc)
+    name, version = doc.get("model_name", ""), doc.get("model_version", "")
+    if not isinstance(name, str) or not isinstance(version, str):
+        raise CodecError("'model_name' and 'model_version' must be strings")
+    return InferResponse(name, version, rid, _parse_tensors(doc.get("outputs", []), "output", rest), params)
+
+
+def error_body(message: str) -> bytes:
+    """The KServe REST error body `{"error": message}`."""
+    return json.dumps({"error": message}).encode()
+
+
+def decode_error(body: bytes) -> str:
+    """The `error` of a KServe error body, or the body's text when it is not one."""
+    text = bytes(body).decode("utf-8", errors="replace")
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        doc = None
+    return doc["error"] if isinstance(doc, dict) and isinstance(doc.get("error"), str) else text.strip()
+
+
+# --- gRPC (tritonclient's generated `inference` protos) ------------------------------------------
+
+_CONTENTS = {  # datatype → (typed contents field, that field's numpy dtype)
+    "BOOL": ("bool_contents", "?"), "INT8": ("int_contents", "i4"), "INT16": ("int_contents", "i4"),
+    "INT32": ("int_contents", "i4"), "INT64": ("int64_contents", "i8"), "UINT8": ("uint_contents", "u4"),
+    "UINT16": ("uint_contents", "u4"), "UINT32": ("uint_contents", "u4"), "UINT64": ("uint64_contents", "u8"),
+    "FP32": ("fp32_contents", "f4"), "FP64": ("fp64_contents", "f8"), "BYTES": ("bytes_contents", "O"),
+}  # fmt: skip
+_CONTENT_FIELDS = sorted({f for f, _ in _CONTENTS.values()})
+
+
+def parameters_from_proto(pb_map: Any) -> dict[str, Any]:
+    """`map<string, InferParameter>` → dict of bool/int/str/float (entries with nothing set are skipped)."""
+    out = {}
+    for key, p in pb_map.items():
+        which = p.WhichOneof("parameter_choice")
+        if which is not None:
+            out[key] = getattr(p, which)
+    return out
+
+
+def parameters_to_proto(params: Mapping[str, Any], target: Any) -> None:
+    """Fills the `map<string, InferParameter>` field `target` from bool/int/str/float values (ints past
+    int64 go as uint64_param)."""
+    for key, value in params.items():
+        if not isinstance(key, str):
+            raise CodecError(f"parameter names must be strings, got {_short(key)}")
+        p = target[key]
+        if isinstance(value, (bool, np.bool_)):
+            p.bool_param = bool(value)
+        elif isinstance(value, (int, np.integer)):
+            if not -(2**63) <= int(value) < 2**64:
+                raise CodecError(f"parameter {key!r}: {value} does not fit int64 or uint64")
+            if value < 2**63:
+                p.int64_param = int(value)
+            else:
+                p.uint64_param = int(value)
+        elif isinstance(value, str):
+            p.string_param = value
+        elif isinstance(value, (float, np.floating)):
+            p.double_param = float(value)
+        else:
+            raise CodecError(f"parameter {key!r}: a {type(value).__name__} is not a bool, int, str or float")
+
+
+def _from_contents(t: Any, present: list[str], raw_name: str, what: str) -> np.ndarray:
+    dtype, count = _dtype_for(t.datatype, what), _element_count(list(t.shape), what)
+    if t.datatype == "FP16":
+        raise CodecError(f"{what}: FP16 data must be sent in {raw_name}")
+    field, base = _CONTENTS[t.datatype]
+    if [f for f in present if f != field]:
+        raise CodecError(f"{what}: datatype {t.datatype} takes {field}, got {', '.join(present)}")
+    values = getattr(t.contents, field)
+    if len(values) != count:
+        raise CodecError(f"{what}: shape {_fmt(t.shape)} needs {count} elements, {field} has {len(values)}")
+    if t.datatype == "BYTES":
+        return _reshape(_object_array(list(values)), t.shape, what)
+    arr = np.fromiter(values, dtype=base, count=count)
+    if arr.dtype != dtype and count:
+        _check_range(int(arr.min()), int(arr.max()), dtype, t.datatype, what)
+    return _reshape(arr.astype(dtype, copy=False), t.shape, what)
+
+
+def _tensors_from_proto(tensors: Any, raw: Any, kind: str) -> list[InferTensor]:
+    raw_name = f"raw_{kind}_contents"
+    if len(raw) and len(raw) != len(tensors):
+        raise CodecError(f"{raw_name} has {len(raw)} entries for {len(tensors)} {kind}s; send one per {kind}")
+    out: list[InferTensor] = []
+    seen: set[str] = set()
+    for i, t in enumerate(tensors):
+        what = f"{kind} {t.name!r}"
+        if t.name in seen:
+            raise CodecError(f"duplicate {kind} name {t.name!r}")
+        seen.add(t.name)
+        present = [f for f in _CONTENT_FIELDS if len(getattr(t.contents, f))]
+        if len(raw) and present:
+            raise CodecError(f"{what}: contents must not be set when {raw_name} is used")
+        if len(raw):
+            data = tensor_from_raw(raw[i], t.datatype, list(t.shape), t.name, kind=kind)
+        else:
+            data = _from_contents(t, present, raw_name, what)
+        out.append(InferTensor(t.name, t.datatype, list(t.shape), data, parameters_from_proto(t.parameters)))
+    return out
+
+
+def _tensors_to_proto(tensors: list[InferTensor], target: Any, raw: Any, kind: str) -> None:
+    for t in tensors:
+        what = f"{kind} {t.name!r}"
+        _check_count(t, what)
+        pt = target.add(name=t.name, datatype=t.datatype, shape=[int(d) for d in t.shape])
+        parameters_to_proto(t.parameters, pt.parameters)
+        buf = _raw_buffer(t.data, t.datatype, what)
+        raw.append(buf if isinstance(buf, bytes) else buf.tobytes())  # protobuf wants bytes
+
+
+def request_from_proto(pb: Any) -> InferRequest:
+    """gRPC `ModelInferRequest` → InferRequest (raw or typed contents). Raises only CodecError."""
+    inputs = _tensors_from_proto(pb.inputs, pb.raw_input_contents, "input")
+    if not inputs:
+        raise CodecError("request has no inputs")
+    outputs: dict[str, RequestedOutput] = {}
+    for o in pb.outputs:
+        if o.name in outputs:
+            raise CodecError(f"duplicate requested output name {o.name!r}")
+        outputs[o.name] = RequestedOutput(o.name, None, parameters_from_proto(o.parameters))
+    params, requested = parameters_from_proto(pb.parameters), list(outputs.values()) or None
+    return InferRequest(pb.model_name, pb.model_version, pb.id, inputs, requested, params)
+
+
+def request_to_proto(req: InferRequest) -> Any:
+    """InferRequest → gRPC `ModelInferRequest` with raw_input_contents (RequestedOutput.binary, an
+    HTTP notion, is dropped)."""
+    pb = service_pb2.ModelInferRequest(model_name=req.model_name, model_version=req.model_version, id=req.id)
+    parameters_to_proto(req.parameters, pb.parameters)
+    _tensors_to_proto(req.inputs, pb.inputs, pb.raw_input_contents, "input")
+    for o in req.outputs or ():
+        parameters_to_proto(o.parameters, pb.outputs.add(name=o.name).parameters)
+    return pb
+
+
+def response_to_proto(resp: InferResponse) -> Any:
+    """InferResponse → gRPC `ModelInferResponse` with raw_output_contents."""
+    pb = service_pb2.ModelInferResponse(
+        model_name=resp.model_name, model_version=resp.model_version, id=resp.id
+    )
+    parameters_to_proto(resp.parameters, pb.parameters)
+    _tensors_to_proto(resp.outputs, pb.outputs, pb.raw_output_contents, "output")
+    return pb
+
+
+def response_from_proto(pb: Any) -> InferResponse:
+    """gRPC `ModelInferResponse` → InferResponse (raw or typed contents). Raises only CodecError."""
+    outputs = _tensors_from_proto(pb.outputs, pb.raw_output_contents, "output")
+    params = parameters_from_proto(pb.parameters)
+    return InferResponse(pb.model_name, pb.model_version, pb.id, outputs, params)

@@ -1,0 +1,1 @@
+"""A KServe v2 inference server for ONNX models in a Triton model repository."""

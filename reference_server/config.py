@@ -1,0 +1,149 @@
+"""Server configuration: Triton's command-line flags, parsed once into a frozen ServerConfig."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CONTROL_MODES = ("none", "explicit", "poll")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    model_repository: Path
+    host: str = "127.0.0.1"
+    http_port: int = 8000
+    grpc_port: int = 8001
+    metrics_port: int = 8002
+    allow_http: bool = True
+    allow_grpc: bool = True
+    allow_metrics: bool = True
+    model_control_mode: str = "none"
+    load_models: tuple[str, ...] = ()
+    repository_poll_secs: float = 15.0
+    strict_readiness: bool = True
+    http_max_input_size: int = 64 * 1024 * 1024
+    exit_timeout_secs: float = 30.0
+    default_max_batch_size: int = 4
+    log_verbose: int = 0
+    backend_config: dict[str, str] = field(default_factory=dict)
+
+    def validate(self) -> None:
+        from reference_server.errors import ServerError
+
+        if self.model_control_mode not in CONTROL_MODES:
+            raise ServerError(f"--model-control-mode must be one of {', '.join(CONTROL_MODES)}")
+        for flag, port in (("--http-port", self.http_port), ("--grpc-port", self.grpc_port),
+                           ("--metrics-port", self.metrics_port)):
+            if not 0 <= port <= 65535:
+                raise ServerError(f"{flag} must be a port number 0-65535 (0 picks a free port), got {port}")
+        if self.load_models and self.model_control_mode != "explicit":
+            raise ServerError("--load-model is only valid with --model-control-mode explicit")
+        if self.http_max_input_size <= 0:
+            raise ServerError("--http-max-input-size must be a positive number of bytes")
+
+
+def _bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got '{text}'") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 0-65535 (0 picks a free port), got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="perfkit-server",
+        description="KServe v2 inference server for ONNX models in a Triton model repository. "
+        "Flags follow tritonserver's.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument("--model-repository", "--model-store", type=Path, required=True, metavar="DIR",
+                        help="Triton model repository: DIR/<model>/config.pbtxt and DIR/<model>/<version>/model.onnx")
+    net = parser.add_argument_group("network")
+    net.add_argument("--host", "--http-address", default="127.0.0.1",
+                     help="address to bind; pass 0.0.0.0 deliberately to serve beyond this machine")
+    net.add_argument("--http-port", type=_port, default=8000, help="HTTP/REST port (0 = any free port)")
+    net.add_argument("--grpc-port", type=_port, default=8001, help="gRPC port (0 = any free port)")
+    net.add_argument("--metrics-port", type=_port, default=8002, help="Prometheus metrics port (0 = any free port)")
+    net.add_argument("--allow-http", type=_bool, default=True, metavar="BOOL")
+    net.add_argument("--allow-grpc", type=_bool, default=True, metavar="BOOL")
+    net.add_argument("--allow-metrics", type=_bool, default=True, metavar="BOOL")
+    net.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024, metavar="BYTES",
+                     help="largest request body accepted; larger ones get HTTP 413")
+    models = parser.add_argument_group("models")
+    models.add_argument("--model-control-mode", choices=CONTROL_MODES, default="none",
+                        help="none: load every model at start; explicit: load only --load-model and "
+                        "what the repository API asks; poll: load all and reload on change")
+    models.add_argument("--load-model", action="append", default=[], metavar="NAME",
+                        help="model to load at start in explicit mode; '*' loads all (repeatable)")
+    models.add_argument("--repository-poll-secs", type=float, default=15.0, metavar="SECONDS")
+    models.add_argument("--strict-readiness", type=_bool, default=True, metavar="BOOL",
+                        help="true: /v2/health/ready needs every model ready; false: server up is ready")
+    models.add_argument("--backend-config", action="append", default=[], metavar="[BACKEND,]KEY=VALUE",
+                        help="backend setting, e.g. onnxruntime,default-max-batch-size=8")
+    parser.add_argument("--exit-timeout-secs", type=float, default=30.0, metavar="SECONDS",
+                        help="on SIGTERM, how long in-flight requests may take to finish")
+    parser.add_argument("--log-verbose", type=int, default=0, metavar="LEVEL",
+                        help="0: info; 1 and above: also every request")
+    return parser
+
+
+def parse_backend_config(entries: Sequence[str]) -> dict[str, str]:
+    settings: dict[str, str] = {}
+    for entry in entries:
+        setting = entry.split(",", 1)[1] if "," in entry else entry
+        key, sep, value = setting.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(
+                f"--backend-config '{entry}' must look like onnxruntime,KEY=VALUE or KEY=VALUE"
+            )
+        settings[key.strip()] = value.strip()
+    return settings
+
+
+def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        backend = parse_backend_config(args.backend_config)
+        default_mbs = int(backend.get("default-max-batch-size", "4"))
+    except (argparse.ArgumentTypeError, ValueError) as exc:
+        parser.error(str(exc))
+    config = ServerConfig(
+        model_repository=args.model_repository,
+        host=args.host,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        allow_http=args.allow_http,
+        allow_grpc=args.allow_grpc,
+        allow_metrics=args.allow_metrics,
+        model_control_mode=args.model_control_mode,
+        load_models=tuple(args.load_model),
+        repository_poll_secs=args.repository_poll_secs,
+        strict_readiness=args.strict_readiness,
+        http_max_input_size=args.http_max_input_size,
+        exit_timeout_secs=args.exit_timeout_secs,
+        default_max_batch_size=default_mbs,
+        log_verbose=args.log_verbose,
+        backend_config=backend,
+    )
+    try:
+        config.validate()
+    except Exception as exc:
+        parser.error(str(exc))
+    return config

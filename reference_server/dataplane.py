@@ -1,0 +1,260 @@
+"""Transport-agnostic KServe v2 operations. The REST and gRPC front ends only decode, call and encode.
+
+Everything here speaks codec types (`perfkit.v2`) and plain dicts in the protocol's JSON shapes, and
+raises `ServerError`s that carry their own HTTP and gRPC status.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+
+from perfkit import v2
+from perfkit._version import __version__
+from reference_server import model_config
+from reference_server.errors import InvalidArgument, Unavailable, Unsupported
+from reference_server.repository import ModelRepository, ModelVersion
+
+SERVER_NAME = "perfkit-reference-server"
+EXTENSIONS = [
+    "binary_tensor_data",
+    "model_configuration",
+    "model_repository",
+    "statistics",
+    "schedule_policy",
+]
+
+
+class DataPlane:
+    def __init__(self, repository: ModelRepository, *, model_control_mode: str = "none",
+                 strict_readiness: bool = True) -> None:
+        self.repository = repository
+        self.model_control_mode = model_control_mode
+        self.strict_readiness = strict_readiness
+        self.accepting = True
+
+    # --- health and metadata ---------------------------------------------------------------------
+
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        if not self.accepting:
+            return False
+        return self.repository.all_ready() if self.strict_readiness else True
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS}
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        return self.repository.is_ready(name, version)
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        served = self.repository.get(name, version)
+        config = served.config
+        batch_dim = [-1] if config.max_batch_size > 0 else []
+        versions = [str(v) for v in self._versions(name)] if not version else [version]
+        return {
+            "name": name,
+            "versions": versions,
+            "platform": config.platform or "onnxruntime_onnx",
+            "inputs": [
+                {"name": t.name, "datatype": _datatype(t.data_type), "shape": batch_dim + list(t.dims)}
+                for t in config.input
+            ],
+            "outputs": [
+                {"name": t.name, "datatype": _datatype(t.data_type), "shape": batch_dim + list(t.dims)}
+                for t in config.output
+            ],
+        }
+
+    def model_config(self, name: str, version: str = "") -> dict[str, Any]:
+        return model_config.config_to_json(self.repository.get(name, version).config)
+
+    def model_config_proto(self, name: str, version: str = "") -> mc.ModelConfig:
+        return self.repository.get(name, version).config
+
+    def _versions(self, name: str) -> list[int]:
+        return sorted(mv.version for mv in self.repository.loaded() if mv.name == name)
+
+    # --- inference -------------------------------------------------------------------------------
+
+    async def infer(self, request: v2.InferRequest) -> v2.InferResponse:
+        received_ns = time.perf_counter_ns()
+        served = self.repository.get(request.model_name, request.model_version)
+        inputs = _validated_inputs(served, request)
+        output_names = _validated_outputs(served, request)
+        timeout_us = request.parameters.get("timeout")
+        if timeout_us is not None and (not isinstance(timeout_us, int) or isinstance(timeout_us, bool)
+                                       or timeout_us < 0):
+            raise InvalidArgument("request parameter 'timeout' must be a non-negative integer (microseconds)")
+        results = await served.scheduler.infer(
+            inputs, output_names, timeout_us=timeout_us, received_ns=received_ns
+        )
+        outputs = []
+        for name in output_names:
+            array = results[name]
+            outputs.append(
+                v2.InferTensor(name, _datatype(served.outputs[name].data_type), list(array.shape), array)
+            )
+        return v2.InferResponse(
+            model_name=served.name, model_version=str(served.version), id=request.id, outputs=outputs
+        )
+
+    def decode_raw_request(self, name: str, version: str, body: bytes) -> v2.InferRequest:
+        """The binary extension's raw form: the body is the only input's bytes, batch size 1."""
+        served = self.repository.get(name, version)
+        if len(served.inputs) != 1:
+            raise InvalidArgument(
+                f"raw binary request (Inference-Header-Content-Length: 0) needs a model with exactly one "
+                f"input; model '{name}' has {len(served.inputs)}"
+            )
+        (spec,) = served.inputs.values()
+        dims = ([1] if served.config.max_batch_size > 0 else []) + list(spec.dims)
+        datatype = _datatype(spec.data_type)
+        if datatype == "BYTES":
+            dims = [1]
+        elif dims.count(-1) == 1:
+            itemsize = v2.datatype_to_numpy(datatype).itemsize
+            known = int(np.prod([d for d in dims if d != -1], dtype=np.int64))
+            if known == 0 or len(body) % (known * itemsize):
+                raise InvalidArgument(
+                    f"raw binary request for '{name}': {len(body)} bytes do not fill input '{spec.name}' "
+                    f"of shape {dims} {datatype}"
+                )
+            dims[dims.index(-1)] = len(body) // (known * itemsize)
+        elif -1 in dims:
+            raise InvalidArgument(
+                f"raw binary request for '{name}': input '{spec.name}' has more than one variable dimension "
+                f"({dims}); send a JSON header with the shape"
+            )
+        return v2.decode_raw_binary_request(body, name, version, spec.name, datatype, dims)
+
+    # --- statistics and repository ---------------------------------------------------------------
+
+    def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        if not name:
+            served = self.repository.loaded()
+        elif version:
+            served = [self.repository.get(name, version)]
+        else:
+            self.repository.get(name)  # raises NotFound / Unavailable for the right reason
+            served = [mv for mv in self.repository.loaded() if mv.name == name]
+        served.sort(key=lambda mv: (mv.name, mv.version))
+        return {"model_stats": [mv.stats.to_dict(mv.name, str(mv.version)) for mv in served]}
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        return self.repository.index(ready_only)
+
+    async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        self._require_explicit("load")
+        parameters = parameters or {}
+        override = None
+        for key, value in parameters.items():
+            if key == "config":
+                if not isinstance(value, str):
+                    raise InvalidArgument("load parameter 'config' must be a JSON string of a model config")
+                override = model_config.config_from_json(value, f"load request for model '{name}'")
+            elif key.startswith("file:"):
+                raise Unsupported(f"load parameter '{key}': file overrides are not supported by this server")
+            else:
+                raise InvalidArgument(f"unknown load parameter '{key}'; the only one accepted is 'config'")
+        await self.repository.load(name, override)
+
+    async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        self._require_explicit("unload")
+        for key in parameters or {}:
+            if key != "unload_dependents":
+                raise InvalidArgument(f"unknown unload parameter '{key}'")
+        await self.repository.unload(name)
+
+    def _require_explicit(self, action: str) -> None:
+        if self.model_control_mode != "explicit":
+            # Triton answers model control outside explicit mode with UNAVAILABLE.
+            raise Unavailable(
+                f"explicit model {action} is not allowed in model control mode '{self.model_control_mode}'; "
+                "start the server with --model-control-mode explicit"
+            )
+
+
+def _datatype(data_type: int) -> str:
+    return v2.config_type_to_datatype(mc.DataType.Name(data_type))
+
+
+def _validated_inputs(served: ModelVersion, request: v2.InferRequest) -> dict[str, np.ndarray]:
+    """The request's inputs as arrays, after Triton's checks: names, datatypes, shapes, batch size."""
+    name = served.name
+    max_batch = served.config.max_batch_size
+    arrays: dict[str, np.ndarray] = {}
+    batch_size: int | None = None
+    for tensor in request.inputs:
+        spec = served.inputs.get(tensor.name)
+        if spec is None:
+            raise InvalidArgument(
+                f"unexpected inference input '{tensor.name}' for model '{name}'; "
+                f"expected inputs: {sorted(served.inputs)}"
+            )
+        expected_type = _datatype(spec.data_type)
+        if tensor.datatype != expected_type:
+            raise InvalidArgument(
+                f"inference input '{tensor.name}' data-type is '{tensor.datatype}', "
+                f"but model '{name}' expects '{expected_type}'"
+            )
+        shape = list(tensor.shape)
+        dims = list(spec.dims)
+        if max_batch > 0:
+            if not shape:
+                raise InvalidArgument(
+                    f"input '{tensor.name}' for model '{name}' has no batch dimension; expected shape "
+                    f"[-1,{','.join(map(str, dims))}]"
+                )
+            if batch_size is None:
+                batch_size = shape[0]
+            elif shape[0] != batch_size:
+                raise InvalidArgument(
+                    f"inputs of model '{name}' disagree on the batch size ({batch_size} vs {shape[0]} "
+                    f"for '{tensor.name}')"
+                )
+            if not 1 <= shape[0] <= max_batch:
+                raise InvalidArgument(
+                    f"inference request batch-size must be <= {max_batch} for '{name}' "
+                    f"(input '{tensor.name}' has batch size {shape[0]})"
+                )
+            shape = shape[1:]
+        if len(shape) != len(dims) or any(d != -1 and d != s for d, s in zip(dims, shape)):
+            expected = ([-1] if max_batch > 0 else []) + dims
+            raise InvalidArgument(
+                f"unexpected shape for input '{tensor.name}' for model '{name}'. "
+                f"Expected {_fmt(expected)}, got {_fmt(tensor.shape)}"
+            )
+        arrays[tensor.name] = tensor.data
+    missing = [n for n, spec in served.inputs.items() if n not in arrays and not spec.optional]
+    if missing:
+        raise InvalidArgument(f"model '{name}' expects input(s) {missing} that the request does not carry")
+    return arrays
+
+
+def _validated_outputs(served: ModelVersion, request: v2.InferRequest) -> list[str]:
+    if request.outputs is None:
+        return list(served.outputs)
+    names = []
+    for output in request.outputs:
+        if output.name not in served.outputs:
+            raise InvalidArgument(
+                f"unexpected inference output '{output.name}' for model '{served.name}'; "
+                f"outputs: {sorted(served.outputs)}"
+            )
+        if "classification" in output.parameters:
+            raise Unsupported("the classification extension is not supported by this server")
+        names.append(output.name)
+    return names
+
+
+def _fmt(shape: list[int]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+__all__ = ["DataPlane", "SERVER_NAME"]

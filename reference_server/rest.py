@@ -1,0 +1,181 @@
+"""KServe v2 over HTTP/REST (aiohttp): decode, call the data plane, encode. No business logic here."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from perfkit import v2
+from reference_server.dataplane import DataPlane
+from reference_server.errors import InvalidArgument, ServerError
+
+log = logging.getLogger(__name__)
+
+DATAPLANE = web.AppKey("dataplane", DataPlane)
+HEADER_LENGTH = "Inference-Header-Content-Length"
+_JSON = "application/json"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def error_response(message: str, status: int) -> web.Response:
+    return web.Response(body=v2.error_body(message), status=status, content_type=_JSON)
+
+
+@web.middleware
+async def kserve_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every failure leaves as a KServe error JSON with the status its error class names."""
+    try:
+        return await handler(request)
+    except ServerError as exc:
+        return error_response(exc.message, exc.http_status)
+    except v2.CodecError as exc:
+        return error_response(str(exc), 400)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return error_response(
+            f"request body too large: {exc.text or ''} (raise the limit with --http-max-input-size)".strip(), 413
+        )
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        reason = exc.reason or "error"
+        return error_response(f"{reason}: {request.method} {request.path}", exc.status)
+    except Exception as exc:
+        log.exception("internal error serving %s %s", request.method, request.path)
+        return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
+
+
+def _plane(request: web.Request) -> DataPlane:
+    return request.app[DATAPLANE]
+
+
+def _json(payload: Any) -> web.Response:
+    return web.Response(body=json.dumps(payload, separators=(",", ":")).encode(), content_type=_JSON)
+
+
+def _status(ok: bool) -> web.Response:
+    return web.Response(status=200 if ok else 400)
+
+
+async def _read_json_object(request: web.Request) -> dict[str, Any]:
+    """An optional JSON object body (repository calls): empty means {}."""
+    body = await request.read()
+    if not body.strip():
+        return {}
+    try:
+        payload = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidArgument(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(payload, dict):
+        raise InvalidArgument("request body must be a JSON object")
+    return payload
+
+
+def _version(request: web.Request) -> str:
+    return request.match_info.get("version", "")
+
+
+async def health_live(request: web.Request) -> web.Response:
+    return _status(_plane(request).live())
+
+
+async def health_ready(request: web.Request) -> web.Response:
+    return _status(_plane(request).ready())
+
+
+async def server_metadata(request: web.Request) -> web.Response:
+    return _json(_plane(request).server_metadata())
+
+
+async def model_metadata(request: web.Request) -> web.Response:
+    return _json(_plane(request).model_metadata(request.match_info["model"], _version(request)))
+
+
+async def model_ready(request: web.Request) -> web.Response:
+    return _status(_plane(request).model_ready(request.match_info["model"], _version(request)))
+
+
+async def model_config(request: web.Request) -> web.Response:
+    return _json(_plane(request).model_config(request.match_info["model"], _version(request)))
+
+
+async def model_stats(request: web.Request) -> web.Response:
+    return _json(_plane(request).statistics(request.match_info.get("model", ""), _version(request)))
+
+
+async def infer(request: web.Request) -> web.Response:
+    plane = _plane(request)
+    model, version = request.match_info["model"], _version(request)
+    body = await request.read()
+    raw_length = request.headers.get(HEADER_LENGTH)
+    if raw_length is None:
+        header_length = None
+    else:
+        try:
+            header_length = int(raw_length)
+        except ValueError:
+            raise InvalidArgument(f"{HEADER_LENGTH} must be an integer, got '{raw_length}'") from None
+    if header_length == 0:
+        infer_request = plane.decode_raw_request(model, version, body)
+    else:
+        infer_request = v2.decode_infer_request(body, header_length, model, version)
+    response = await plane.infer(infer_request)
+    payload, json_length = v2.encode_infer_response(response, infer_request)
+    if json_length is None:
+        return web.Response(body=payload, content_type=_JSON)
+    return web.Response(
+        body=payload,
+        content_type="application/octet-stream",
+        headers={HEADER_LENGTH: str(json_length)},
+    )
+
+
+async def repository_index(request: web.Request) -> web.Response:
+    payload = await _read_json_object(request)
+    ready = payload.get("ready", False)
+    if not isinstance(ready, bool):
+        raise InvalidArgument("repository index field 'ready' must be a boolean")
+    return _json(_plane(request).repository_index(ready))
+
+
+async def _parameters(request: web.Request) -> dict[str, Any]:
+    parameters = (await _read_json_object(request)).get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise InvalidArgument("field 'parameters' must be a JSON object")
+    return parameters
+
+
+async def repository_load(request: web.Request) -> web.Response:
+    await _plane(request).load_model(request.match_info["model"], await _parameters(request))
+    return web.Response(status=200)
+
+
+async def repository_unload(request: web.Request) -> web.Response:
+    await _plane(request).unload_model(request.match_info["model"], await _parameters(request))
+    return web.Response(status=200)
+
+
+def build_rest_app(plane: DataPlane, *, max_request_bytes: int) -> web.Application:
+    app = web.Application(middlewares=[kserve_errors], client_max_size=max_request_bytes)
+    app[DATAPLANE] = plane
+    model = "/v2/models/{model}"
+    versioned = "/v2/models/{model}/versions/{version}"
+    app.router.add_get("/v2/health/live", health_live)
+    app.router.add_get("/v2/health/ready", health_ready)
+    app.router.add_get("/v2", server_metadata)
+    # Registered before "{model}" so that a model route does not swallow it.
+    app.router.add_get("/v2/models/stats", model_stats)
+    for prefix in (model, versioned):
+        app.router.add_get(prefix, model_metadata)
+        app.router.add_get(prefix + "/ready", model_ready)
+        app.router.add_get(prefix + "/config", model_config)
+        app.router.add_get(prefix + "/stats", model_stats)
+        app.router.add_post(prefix + "/infer", infer)
+    app.router.add_post("/v2/repository/index", repository_index)
+    app.router.add_post("/v2/repository/models/{model}/load", repository_load)
+    app.router.add_post("/v2/repository/models/{model}/unload", repository_unload)
+    return app

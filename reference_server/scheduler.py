@@ -1,0 +1,603 @@
+"""Triton's default scheduler and dynamic batcher, for one model version.
+
+Theory of operation
+-------------------
+Requests enter `Scheduler.infer`, which validates the batch dimension, applies the queue policy's
+size limit, appends a `_Request` to a FIFO deque and awaits a plain future: no task per request.
+Each model instance owns one worker thread fed by a `SimpleQueue`; the event loop never calls
+`ModelInstance.run` itself. Everything else (queue, idle instances, timers, statistics) is owned
+by the event loop, so none of it needs a lock.
+
+*When is a batch formed?* Only when an instance is idle, as in Triton (core
+`dynamic_batch_scheduler.cc`, `BatcherThread` waits for a free payload slot before it calls
+`GetDynamicBatch`). `_schedule` runs (1) one loop iteration after an arrival, if an instance is
+idle, so requests that arrive in the same iteration share a batch; (2) directly when an instance
+finishes, so everything that queued while it was busy is gathered into its next batch even with
+`max_queue_delay_microseconds: 0`; (3) from a single loop timer, for queue delays and request
+timeouts. There is no batching coroutine: those three triggers are callbacks.
+
+*Which requests form the batch?* `_take` replays `GetDynamicBatch` on the head of the queue:
+
+- Requests join in arrival order while they are batchable with the first one (same input names,
+  dtypes and shapes apart from dim 0; Triton enforces equal shapes for non-ragged inputs) and
+  the total of their dim 0 stays within `max_batch_size`. The first mismatch ends the scan:
+  Triton never reorders to find a better partner.
+- If a prefix totals a preferred batch size, the largest such prefix is sent at once.
+  Without configured preferred sizes, Triton's config normaliser uses `[max_batch_size]`.
+- If the scan passes the largest preferred size first, the prefix before that point counts as
+  the preferred batch, so preferred sizes also cap batches (Triton's `max_preferred_batch_size_`).
+- Otherwise the whole prefix is sent when it cannot grow (size limit or mismatch), when
+  `max_queue_delay` is 0, or when the oldest request in it has waited the delay. Else the
+  scheduler sleeps until that moment; an arrival that completes a preferred batch sends it
+  earlier. Once the delay has expired, the whole prefix (up to `max_batch_size`) goes, even if a
+  smaller preferred size fits.
+
+Without `dynamic_batching` (or with `max_batch_size: 0`) each request runs alone, FIFO, on the
+next free instance. Its own dim 0 is still its batch size when `max_batch_size > 0`.
+
+*Queue policy* (`default_queue_policy`; priority levels are not modelled): `max_queue_size`
+counts queued requests, not executing ones, and a full queue rejects at once. A request's deadline
+is its enqueue time plus `default_timeout_microseconds`, or its own lower `timeout_us` when
+`allow_timeout_override` is set. As in `PolicyQueue::Enqueue`, a request cannot add a timeout
+when the default is 0. The timer expires requests while the instances are still busy, so
+clients get "Request timeout expired" on time. REJECT fails them with UNAVAILABLE. DELAY moves
+them to a second deque that is served only after the regular queue.
+
+*preserve_ordering* numbers batches as they are dispatched and releases completed batches in
+that order. Requests rejected while queued never got a number, so, as in Triton (whose
+`DelegateResponse` runs at dequeue), they never hold anyone up.
+
+*Statistics* (`stats.ModelStats`): queue time runs from `received_ns` to the moment the worker
+thread starts the batch. compute_input covers gathering and concatenating inputs,
+compute_infer covers `run`, and compute_output covers splitting outputs. All three are measured
+in the worker on `time.perf_counter_ns`. Request time runs from `received_ns` until the response
+is released on the loop. Each request ends in exactly one of success, REJECTED (queue full or
+timeout), CANCELED (caller gave up), BACKEND (`run` raised) or OTHER (failed by `close`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from time import perf_counter_ns
+from typing import Any, Literal, Protocol
+
+import numpy as np
+import numpy.typing as npt
+from tritonclient.grpc import model_config_pb2
+
+from .errors import InternalError, InvalidArgument, ModelConfigError, Unavailable
+from .stats import ModelStats
+
+__all__ = ["BatchingPolicy", "ModelInstance", "Scheduler", "Tensor", "TimeoutAction"]
+
+_STOPPING = "Server is stopping, scheduler for model has stopped accepting new inference requests"
+
+Tensor = npt.NDArray[Any]
+Tensors = dict[str, Tensor]
+TimeoutAction = Literal["REJECT", "DELAY"]
+
+
+class ModelInstance(Protocol):
+    """One loaded copy of a model (one `instance_group` instance)."""
+
+    name: str
+
+    def run(self, inputs: Tensors, output_names: Sequence[str]) -> Tensors:
+        """Execute one batch. Blocking; called only from this instance's worker thread.
+
+        An empty `output_names` asks for every output.
+        """
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class BatchingPolicy:
+    """The scheduling part of a Triton model config."""
+
+    max_batch_size: int = 0
+    dynamic: bool = False
+    #: As configured (deduplicated, ascending); empty means Triton's default `[max_batch_size]`.
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_ns: int = 0
+    preserve_ordering: bool = False
+    #: 0 = unbounded.
+    max_queue_size: int = 0
+    #: 0 = no timeout.
+    default_timeout_ns: int = 0
+    timeout_action: TimeoutAction = "REJECT"
+    allow_timeout_override: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 0:
+            raise ModelConfigError(f"max_batch_size must be >= 0, got {self.max_batch_size}")
+        for size in self.preferred_batch_sizes:
+            if not 0 < size <= self.max_batch_size:
+                raise ModelConfigError(
+                    f"dynamic_batching preferred_batch_size {size} must be positive and <= "
+                    f"max_batch_size ({self.max_batch_size})"
+                )
+        if self.timeout_action not in ("REJECT", "DELAY"):
+            raise ModelConfigError(f"timeout_action must be REJECT or DELAY, got {self.timeout_action!r}")
+
+    @classmethod
+    def from_config(cls, cfg: model_config_pb2.ModelConfig) -> BatchingPolicy:
+        """Read `max_batch_size` and `dynamic_batching` from a parsed config.pbtxt."""
+        if not cfg.HasField("dynamic_batching"):
+            return cls(max_batch_size=cfg.max_batch_size)
+        db = cfg.dynamic_batching
+        qp = db.default_queue_policy
+        return cls(
+            max_batch_size=cfg.max_batch_size,
+            dynamic=True,
+            preferred_batch_sizes=tuple(sorted(set(db.preferred_batch_size))),
+            max_queue_delay_ns=db.max_queue_delay_microseconds * 1000,
+            preserve_ordering=db.preserve_ordering,
+            max_queue_size=qp.max_queue_size,
+            default_timeout_ns=qp.default_timeout_microseconds * 1000,
+            timeout_action="DELAY" if qp.timeout_action == qp.DELAY else "REJECT",
+            allow_timeout_override=qp.allow_timeout_override,
+        )
+
+
+class _Request:
+    __slots__ = ("inputs", "output_names", "batch_size", "key", "future", "received_ns", "enqueued_ns",
+                 "deadline_ns", "queued")
+
+    def __init__(
+        self, inputs: Tensors, output_names: Sequence[str], batch_size: int, key: object,
+        future: asyncio.Future[Tensors], received_ns: int, enqueued_ns: int, deadline_ns: int,
+    ) -> None:
+        self.inputs = inputs
+        self.output_names = output_names
+        self.batch_size = batch_size
+        self.key = key
+        self.future = future
+        self.received_ns = received_ns
+        self.enqueued_ns = enqueued_ns
+        self.deadline_ns = deadline_ns  # perf_counter_ns; 0 = none
+        self.queued = True  # False once dispatched, expired, withdrawn or failed by close()
+
+
+# What a worker hands back: (t0, t1, t2, t3, per-request outputs, error).
+# t0..t3 bracket compute_input, compute_infer and compute_output.
+_Outcome = tuple[int, int, int, int, "list[Tensors] | None", "Exception | None"]
+
+
+class _Slot:
+    """One instance, its worker thread, and the batch it is running."""
+
+    __slots__ = ("instance", "inbox", "thread", "batch", "seq")
+
+    def __init__(self, instance: ModelInstance) -> None:
+        self.instance = instance
+        self.inbox: queue.SimpleQueue[list[_Request] | None] = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+        self.batch: list[_Request] | None = None
+        self.seq = 0
+
+
+class Scheduler:
+    """Queue, batch and run inference requests for one model version on its instances."""
+
+    def __init__(self, policy: BatchingPolicy, instances: Sequence[ModelInstance], stats: ModelStats) -> None:
+        if not instances:
+            raise ValueError("a scheduler needs at least one model instance")
+        self._policy = policy
+        self._stats = stats
+        self._batching = policy.dynamic and policy.max_batch_size > 0
+        preferred = policy.preferred_batch_sizes or (policy.max_batch_size,)
+        self._preferred = frozenset(preferred)
+        self._max_preferred = max(preferred)
+        self._ordered = policy.preserve_ordering
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: deque[_Request] = deque()
+        self._delayed: deque[_Request] = deque()  # expired under timeout_action DELAY
+        self._next_deadline = 0  # earliest deadline in _queue, or 0; may be stale-early
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_ns = 0
+        self._schedule_queued = False
+        self._closing = False
+        self._closed = False
+        self._close_task: asyncio.Future[None] | None = None
+        self._drained: asyncio.Event | None = None
+        self._next_seq = 0  # preserve_ordering: next batch number to hand out
+        self._release_seq = 0  # ... and the next one to release
+        self._held: dict[int, tuple[list[_Request], _Outcome]] = {}
+        self._slots = [_Slot(instance) for instance in instances]
+        self._idle: deque[_Slot] = deque(self._slots)
+        for slot in self._slots:
+            # Daemon, so a scheduler that is never closed cannot keep the process alive.
+            slot.thread = threading.Thread(
+                target=self._work, args=(slot,), name=f"{slot.instance.name}-worker", daemon=True
+            )
+            slot.thread.start()
+
+    # -- public API ------------------------------------------------------------------------------
+
+    async def infer(
+        self,
+        inputs: Tensors,
+        output_names: Sequence[str],
+        *,
+        timeout_us: int | None = None,
+        received_ns: int | None = None,
+    ) -> Tensors:
+        """Run one request, batched with others where the policy allows; returns its outputs.
+
+        `received_ns` is on the `time.perf_counter_ns` clock (default: now). An empty
+        `output_names` asks for every output. Raises InvalidArgument for a bad batch dimension,
+        Unavailable when the queue is full, the request times out or the scheduler is closing,
+        and InternalError when the model fails.
+        """
+        if self._closing:
+            raise Unavailable(_STOPPING)
+        now = perf_counter_ns()
+        if received_ns is None:
+            received_ns = now
+        batch_size, key = self._admit(inputs)
+        policy = self._policy
+        if policy.max_queue_size and len(self._queue) + len(self._delayed) >= policy.max_queue_size:
+            self._stats.record_failure(perf_counter_ns() - received_ns, "REJECTED")
+            raise Unavailable(f"Exceeds maximum queue size ({policy.max_queue_size})")
+        deadline = 0
+        if policy.default_timeout_ns:
+            timeout_ns = policy.default_timeout_ns
+            # Only lower, and only when allowed: PolicyQueue::Enqueue ignores the rest.
+            if policy.allow_timeout_override and timeout_us and timeout_us * 1000 < timeout_ns:
+                timeout_ns = timeout_us * 1000
+            deadline = now + timeout_ns
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        future: asyncio.Future[Tensors] = loop.create_future()
+        request = _Request(inputs, output_names, batch_size, key, future, received_ns, now, deadline)
+        self._queue.append(request)
+        self._stats.pending += 1
+        if deadline and (not self._next_deadline or deadline < self._next_deadline):
+            self._next_deadline = deadline
+            self._arm(deadline)
+        if self._idle and not self._schedule_queued:
+            self._schedule_queued = True
+            loop.call_soon(self._schedule)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if request.queued:
+                self._unqueue(request)
+                self._stats.record_failure(perf_counter_ns() - received_ns, "CANCELED")
+                self._check_drained()
+            raise
+
+    async def close(self, grace_s: float) -> None:
+        """Stop accepting requests, let queued and running ones finish for up to `grace_s`
+        seconds, fail the rest with Unavailable, and stop the worker threads.
+
+        Batches waiting for their queue delay are sent at once. A `run` still executing after
+        the grace period cannot be interrupted: its callers get Unavailable now and its worker
+        thread exits once `run` returns. Safe to call more than once; later calls wait for the
+        first.
+        """
+        if self._close_task is None:
+            self._closing = True
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+            self._close_task = asyncio.ensure_future(self._shut_down(grace_s))
+        # Shielded: a caller that gives up waiting must not leave the shutdown half done.
+        await asyncio.shield(self._close_task)
+
+    async def _shut_down(self, grace_s: float) -> None:
+        self._schedule()  # flush batches that were waiting for their queue delay
+        if grace_s > 0 and not self._is_drained():
+            self._drained = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._drained.wait(), grace_s)
+            except asyncio.TimeoutError:
+                pass
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        now = perf_counter_ns()
+        for request in itertools.chain(self._queue, self._delayed):
+            request.queued = False
+            self._fail(request, Unavailable("Server is stopping: request was still queued"), "OTHER", now)
+        self._stats.pending -= len(self._queue) + len(self._delayed)
+        self._queue.clear()
+        self._delayed.clear()
+        for slot in self._slots:
+            for request in slot.batch or ():
+                error = Unavailable("Server is stopping: request was still executing")
+                self._fail(request, error, "OTHER", now)
+        # Batches held back for ordering have their outputs; their predecessors just failed.
+        for seq in sorted(self._held):
+            self._resolve(*self._held.pop(seq))
+        for slot in self._slots:
+            slot.inbox.put(None)
+        for slot in self._slots:
+            # Idle workers exit at once; busy ones are left to finish `run` on their own.
+            if slot.batch is None and slot.thread is not None:
+                slot.thread.join()
+
+    # -- admission -------------------------------------------------------------------------------
+
+    def _admit(self, inputs: Tensors) -> tuple[int, object]:
+        """Return the request's batch size and batching key, or raise InvalidArgument."""
+        max_batch_size = self._policy.max_batch_size
+        if max_batch_size == 0:
+            return 1, None
+        batch_size = -1
+        for name, array in inputs.items():
+            if array.ndim == 0:
+                raise InvalidArgument(f"input '{name}' has no batch dimension but the model batches")
+            if batch_size < 0:
+                batch_size = array.shape[0]
+            elif array.shape[0] != batch_size:
+                raise InvalidArgument(
+                    f"input '{name}' batch size {array.shape[0]} does not match "
+                    f"other inputs' batch size {batch_size}"
+                )
+        if batch_size < 1:
+            raise InvalidArgument("inference request batch-size must be >= 1")
+        if batch_size > max_batch_size:
+            raise InvalidArgument(f"inference request batch-size must be <= {max_batch_size}")
+        if not self._batching:
+            return batch_size, None
+        # Sorted so that two clients listing the same inputs in another order still batch.
+        return batch_size, tuple(sorted((n, a.dtype, a.shape[1:]) for n, a in inputs.items()))
+
+    # -- batch formation (event loop) ------------------------------------------------------------
+
+    def _schedule(self) -> None:
+        self._schedule_queued = False
+        now = perf_counter_ns()
+        if self._next_deadline and now >= self._next_deadline:
+            self._expire(now)
+        idle = self._idle
+        while idle and (self._queue or self._delayed):
+            count = self._take(now) if self._batching else 1
+            if count == 0:
+                break  # waiting for the queue delay; _take armed the timer
+            self._dispatch(idle.popleft(), [self._pop() for _ in range(count)])
+        if self._next_deadline:
+            self._arm(self._next_deadline)
+
+    def _take(self, now: int) -> int:
+        """How many requests from the head of the queue to batch now; 0 means wait."""
+        max_batch_size = self._policy.max_batch_size
+        max_preferred = self._max_preferred
+        preferred = self._preferred
+        candidates: Iterable[_Request] = (
+            itertools.chain(self._queue, self._delayed) if self._delayed else self._queue
+        )
+        total = count = best = 0
+        oldest = now
+        key: object = None
+        send_now = False
+        for request in candidates:
+            size = request.batch_size
+            if count == 0:
+                key = request.key
+            else:
+                if best == 0 and total + size > max_preferred:
+                    best = count  # what fits under the largest preferred size
+                if total + size > max_batch_size or request.key != key:
+                    send_now = True
+                    break
+            total += size
+            count += 1
+            if request.enqueued_ns < oldest:
+                oldest = request.enqueued_ns
+            if total in preferred:
+                best = count
+        delay = self._policy.max_queue_delay_ns
+        # While closing, nobody else will come to fill the batch: send it.
+        delay_expired = delay > 0 and (now - oldest >= delay or self._closing)
+        if best and not delay_expired:
+            return best
+        if send_now or total >= max_preferred or delay == 0 or delay_expired:
+            return count
+        self._arm(oldest + delay)
+        return 0
+
+    def _pop(self) -> _Request:
+        return self._queue.popleft() if self._queue else self._delayed.popleft()
+
+    def _dispatch(self, slot: _Slot, batch: list[_Request]) -> None:
+        for request in batch:
+            request.queued = False
+        self._stats.pending -= len(batch)
+        slot.batch = batch
+        slot.seq = self._next_seq
+        self._next_seq += 1
+        slot.inbox.put(batch)
+
+    def _expire(self, now: int) -> None:
+        """Apply timeout_action to every queued request whose deadline has passed."""
+        queue_ = self._queue
+        if not self._policy.allow_timeout_override:
+            # Every deadline is enqueue time + the same timeout, so they ascend along the queue
+            # and only its head needs looking at: O(1) per request under load.
+            while queue_ and now >= queue_[0].deadline_ns:
+                self._timed_out(queue_.popleft(), now)
+            self._next_deadline = queue_[0].deadline_ns if queue_ else 0
+        else:
+            keep: deque[_Request] = deque()
+            next_deadline = 0
+            for request in queue_:
+                deadline = request.deadline_ns
+                if deadline and now >= deadline:
+                    self._timed_out(request, now)
+                    continue
+                keep.append(request)
+                if deadline and (not next_deadline or deadline < next_deadline):
+                    next_deadline = deadline
+            self._queue = keep
+            self._next_deadline = next_deadline
+        self._check_drained()
+
+    def _timed_out(self, request: _Request, now: int) -> None:
+        if self._policy.timeout_action == "DELAY":
+            request.deadline_ns = 0
+            self._delayed.append(request)
+        else:
+            request.queued = False
+            self._stats.pending -= 1
+            self._fail(request, Unavailable("Request timeout expired"), "REJECTED", now)
+
+    def _arm(self, when_ns: int) -> None:
+        """Make sure _schedule runs at `when_ns` (perf_counter_ns) or earlier."""
+        if self._closed or self._loop is None:
+            return
+        if self._timer is not None:
+            if self._timer_ns <= when_ns:
+                return
+            self._timer.cancel()
+        delay_s = max(0, when_ns - perf_counter_ns()) / 1e9
+        self._timer = self._loop.call_later(delay_s, self._on_timer)
+        self._timer_ns = when_ns
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._schedule()
+
+    def _unqueue(self, request: _Request) -> None:
+        request.queued = False
+        self._stats.pending -= 1
+        try:
+            self._queue.remove(request)
+        except ValueError:
+            self._delayed.remove(request)
+
+    # -- execution (worker threads) --------------------------------------------------------------
+
+    def _work(self, slot: _Slot) -> None:
+        instance = slot.instance
+        inbox = slot.inbox
+        while (batch := inbox.get()) is not None:
+            outcome = _execute(instance, batch)
+            loop = self._loop
+            assert loop is not None  # set by infer() before anything is dispatched
+            try:
+                loop.call_soon_threadsafe(self._finish, slot, outcome)
+            except RuntimeError:
+                return  # the loop is closed; nobody is waiting for this batch any more
+
+    # -- completion (event loop) -----------------------------------------------------------------
+
+    def _finish(self, slot: _Slot, outcome: _Outcome) -> None:
+        batch = slot.batch
+        assert batch is not None
+        slot.batch = None
+        if not self._closed:
+            self._idle.append(slot)
+        t0, t1, t2, t3, _, error = outcome
+        if error is None:
+            self._stats.record_execution(sum(r.batch_size for r in batch), t1 - t0, t2 - t1, t3 - t2)
+        if self._ordered and not self._closed:
+            self._held[slot.seq] = (batch, outcome)
+            while self._release_seq in self._held:
+                self._resolve(*self._held.pop(self._release_seq))
+                self._release_seq += 1
+        else:
+            self._resolve(batch, outcome)
+        if not self._closed:
+            self._schedule()
+            self._check_drained()
+
+    def _resolve(self, batch: list[_Request], outcome: _Outcome) -> None:
+        t0, t1, t2, t3, results, error = outcome
+        done = perf_counter_ns()
+        stats = self._stats
+        if results is None:
+            message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+            for request in batch:
+                self._fail(request, InternalError(message), "BACKEND", done)
+            return
+        for request, result in zip(batch, results):
+            future = request.future
+            if future.done():
+                if future.cancelled():
+                    stats.record_failure(done - request.received_ns, "CANCELED")
+                continue  # otherwise close() failed it and counted it already
+            received = request.received_ns
+            stats.record_success(done - received, t0 - received, t1 - t0, t2 - t1, t3 - t2)
+            future.set_result(result)
+
+    def _fail(self, request: _Request, error: Exception, reason: str, now: int) -> None:
+        future = request.future
+        if future.cancelled():
+            reason = "CANCELED"
+        elif future.done():
+            return  # already answered and counted
+        else:
+            future.set_exception(error)
+        self._stats.record_failure(now - request.received_ns, reason)
+
+    def _is_drained(self) -> bool:
+        idle = len(self._idle) == len(self._slots)
+        return idle and not self._queue and not self._delayed and not self._held
+
+    def _check_drained(self) -> None:
+        if self._drained is not None and self._is_drained():
+            self._drained.set()
+
+
+def _execute(instance: ModelInstance, batch: list[_Request]) -> _Outcome:
+    """Gather, run and split one batch. Runs in the instance's worker thread."""
+    t0 = perf_counter_ns()
+    try:
+        first = batch[0]
+        if len(batch) == 1:
+            inputs = first.inputs
+            names: Sequence[str] = first.output_names
+        else:
+            inputs = {name: np.concatenate([r.inputs[name] for r in batch]) for name in first.inputs}
+            names = _union_outputs(batch)
+        t1 = perf_counter_ns()
+        outputs = instance.run(inputs, names)
+        t2 = perf_counter_ns()
+        if len(batch) == 1:
+            results = [_select(outputs, first.output_names)]
+        else:
+            total = sum(r.batch_size for r in batch)
+            for name in names or outputs:
+                array = outputs.get(name)
+                if array is not None and (array.ndim == 0 or array.shape[0] != total):
+                    raise RuntimeError(
+                        f"output '{name}' has shape {list(array.shape)}, expected batch dimension {total}"
+                    )
+            results = []
+            start = 0
+            for request in batch:
+                end = start + request.batch_size
+                selected = _select(outputs, request.output_names)
+                results.append({name: array[start:end] for name, array in selected.items()})
+                start = end
+        t3 = perf_counter_ns()
+    except Exception as error:  # any failure of this batch is reported to its requests
+        return t0, t0, t0, t0, None, error
+    return t0, t1, t2, t3, results, None
+
+
+def _union_outputs(batch: list[_Request]) -> Sequence[str]:
+    names: dict[str, None] = {}
+    for request in batch:
+        if not request.output_names:
+            return ()  # someone wants every output
+        names.update(dict.fromkeys(request.output_names))
+    return list(names)
+
+
+def _select(outputs: Tensors, names: Sequence[str]) -> Tensors:
+    if not names:
+        return outputs
+    try:
+        return {name: outputs[name] for name in names}
+    except KeyError as missing:
+        raise RuntimeError(f"model did not produce requested output {missing}") from None

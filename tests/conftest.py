@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from reference_server.config import ServerConfig
+from reference_server.demo import build_demo_repository
+from reference_server.server import ReferenceServer, running_server
+
+
+@pytest.fixture(scope="session")
+def demo_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The demo model repository, built once per test session."""
+    return build_demo_repository(tmp_path_factory.mktemp("demo") / "models")
+
+
+@pytest.fixture
+def repository_copy(demo_repository: Path, tmp_path: Path) -> Path:
+    """A private copy of the demo repository that a test may change."""
+    target = tmp_path / "models"
+    shutil.copytree(demo_repository, target)
+    return target
+
+
+@pytest.fixture(scope="module")
+def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceServer]:
+    """The reference server on the demo repository, on free loopback ports, one per test module."""
+    repository = build_demo_repository(tmp_path_factory.mktemp("demo_server") / "models")
+    config = ServerConfig(model_repository=repository, http_port=0, grpc_port=0, metrics_port=0)
+    with running_server(config) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def peers() -> Path:
+    """NVIDIA's perf_analyzer and tritonserver, from $PERFKIT_PEERS."""
+    value = os.environ.get("PERFKIT_PEERS")
+    if not value:
+        pytest.skip(
+            "PERFKIT_PEERS is not set: install the peers with `bash ../shared/peers/install.sh DIR` "
+            "and set PERFKIT_PEERS=DIR to run the tests against NVIDIA's perf_analyzer and tritonserver"
+        )
+    root = Path(value)
+    for tool in ("perf_analyzer", "tritonserver"):
+        if not (root / "bin" / tool).exists():
+            pytest.fail(f"PERFKIT_PEERS={root} has no bin/{tool}; rerun ../shared/peers/install.sh {root}")
+    return root
