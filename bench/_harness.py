@@ -38,8 +38,20 @@ def peers_dir() -> Path:
 
 @contextmanager
 def reference_server(repository: Path, *extra: str, timeout_s: float = 120) -> Iterator[ServerProcess]:
-    command = [sys.executable, "-m", "reference_server", "--model-repository", str(repository),
-               "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0", *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "reference_server",
+        "--model-repository",
+        str(repository),
+        "--http-port",
+        "0",
+        "--grpc-port",
+        "0",
+        "--metrics-port",
+        "0",
+        *extra,
+    ]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     ports: dict[str, int] = {}
     deadline = time.monotonic() + timeout_s

@@ -14,9 +14,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import get_json, load_model, peers_dir, perf_analyzer, reference_server  # noqa: E402
+from _harness import get_json, load_model, peers_dir, perf_analyzer, reference_server
 
-from reference_server.demo import build_demo_repository  # noqa: E402
+from reference_server.demo import build_demo_repository
 
 VARIANTS = [
     ("no batching, 1 instance", 1, False),
@@ -50,18 +50,23 @@ def main(argv: list[str] | None = None) -> int:
                 load_model(server.http_url, "mlp", variant_config(base, instances, batching))
                 print(f"measuring: {label} ...", file=sys.stderr, flush=True)
                 (row,) = perf_analyzer(
-                    peers, "mlp", server.http_url, Path(tmp) / "pa.csv",
+                    peers,
+                    "mlp",
+                    server.http_url,
+                    Path(tmp) / "pa.csv",
                     ["--concurrency-range", str(args.concurrency), "-p", str(args.window_ms), "-s", "15", "-r", "10"],
                 )
                 rows.append((label, row))
     baseline = float(rows[0][1]["Inferences/Second"])
     print(f"\nreference server, demo MLP (256-1024-1024-10, fp32), perf_analyzer concurrency {args.concurrency}\n")
-    print(f"| variant | infer/s | vs no batching, 1 inst | p50 ms | p99 ms | server queue us | compute infer us |")
+    print("| variant | infer/s | vs no batching, 1 inst | p50 ms | p99 ms | server queue us | compute infer us |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for label, row in rows:
         throughput = float(row["Inferences/Second"])
-        print(f"| {label} | {throughput:.0f} | {throughput / baseline:.2f}x | {int(row['p50 latency']) / 1000:.2f} "
-              f"| {int(row['p99 latency']) / 1000:.2f} | {row['Server Queue']} | {row['Server Compute Infer']} |")
+        print(
+            f"| {label} | {throughput:.0f} | {throughput / baseline:.2f}x | {int(row['p50 latency']) / 1000:.2f} "
+            f"| {int(row['p99 latency']) / 1000:.2f} | {row['Server Queue']} | {row['Server Compute Infer']} |"
+        )
     return 0
 
 

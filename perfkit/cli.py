@@ -26,8 +26,14 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     probe.add_argument("-u", "--url", metavar="HOST:PORT", help="HTTP endpoint of the server (default: embedded)")
-    probe.add_argument("-m", "--model-name", action="append", default=[], metavar="MODEL",
-                       help="model to probe (repeatable; default: every ready model)")
+    probe.add_argument(
+        "-m",
+        "--model-name",
+        action="append",
+        default=[],
+        metavar="MODEL",
+        help="model to probe (repeatable; default: every ready model)",
+    )
     probe.add_argument("-n", "--requests", type=int, default=20, metavar="N", help="requests per model")
     probe.add_argument("--seed", type=int, default=0, help="seed of the random input data")
     return parser

@@ -60,7 +60,9 @@ def build_inputs(metadata: dict[str, Any], rng: np.random.Generator) -> list[v2.
             data = rng.integers(0, 2, size=shape).astype(bool)
         else:
             dtype = v2.datatype_to_numpy(datatype)
-            data = (rng.standard_normal(size=shape) if dtype.kind == "f" else rng.integers(0, 100, size=shape)).astype(dtype)
+            data = (rng.standard_normal(size=shape) if dtype.kind == "f" else rng.integers(0, 100, size=shape)).astype(
+                dtype
+            )
         tensors.append(v2.InferTensor(spec["name"], datatype, shape, data))
     return tensors
 

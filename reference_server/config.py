@@ -35,8 +35,11 @@ class ServerConfig:
 
         if self.model_control_mode not in CONTROL_MODES:
             raise ServerError(f"--model-control-mode must be one of {', '.join(CONTROL_MODES)}")
-        for flag, port in (("--http-port", self.http_port), ("--grpc-port", self.grpc_port),
-                           ("--metrics-port", self.metrics_port)):
+        for flag, port in (
+            ("--http-port", self.http_port),
+            ("--grpc-port", self.grpc_port),
+            ("--metrics-port", self.metrics_port),
+        ):
             if not 0 <= port <= 65535:
                 raise ServerError(f"{flag} must be a port number 0-65535 (0 picks a free port), got {port}")
         if self.load_models and self.model_control_mode != "explicit":
@@ -71,34 +74,74 @@ def build_parser() -> argparse.ArgumentParser:
         "Flags follow tritonserver's.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--model-repository", "--model-store", type=Path, required=True, metavar="DIR",
-                        help="Triton model repository: DIR/<model>/config.pbtxt and DIR/<model>/<version>/model.onnx")
+    parser.add_argument(
+        "--model-repository",
+        "--model-store",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="Triton model repository: DIR/<model>/config.pbtxt and DIR/<model>/<version>/model.onnx",
+    )
     net = parser.add_argument_group("network")
-    net.add_argument("--host", "--http-address", default="127.0.0.1",
-                     help="address to bind; pass 0.0.0.0 deliberately to serve beyond this machine")
+    net.add_argument(
+        "--host",
+        "--http-address",
+        default="127.0.0.1",
+        help="address to bind; pass 0.0.0.0 deliberately to serve beyond this machine",
+    )
     net.add_argument("--http-port", type=_port, default=8000, help="HTTP/REST port (0 = any free port)")
     net.add_argument("--grpc-port", type=_port, default=8001, help="gRPC port (0 = any free port)")
     net.add_argument("--metrics-port", type=_port, default=8002, help="Prometheus metrics port (0 = any free port)")
     net.add_argument("--allow-http", type=_bool, default=True, metavar="BOOL")
     net.add_argument("--allow-grpc", type=_bool, default=True, metavar="BOOL")
     net.add_argument("--allow-metrics", type=_bool, default=True, metavar="BOOL")
-    net.add_argument("--http-max-input-size", type=int, default=64 * 1024 * 1024, metavar="BYTES",
-                     help="largest request body accepted; larger ones get HTTP 413")
+    net.add_argument(
+        "--http-max-input-size",
+        type=int,
+        default=64 * 1024 * 1024,
+        metavar="BYTES",
+        help="largest request body accepted; larger ones get HTTP 413",
+    )
     models = parser.add_argument_group("models")
-    models.add_argument("--model-control-mode", choices=CONTROL_MODES, default="none",
-                        help="none: load every model at start; explicit: load only --load-model and "
-                        "what the repository API asks; poll: load all and reload on change")
-    models.add_argument("--load-model", action="append", default=[], metavar="NAME",
-                        help="model to load at start in explicit mode; '*' loads all (repeatable)")
+    models.add_argument(
+        "--model-control-mode",
+        choices=CONTROL_MODES,
+        default="none",
+        help="none: load every model at start; explicit: load only --load-model and "
+        "what the repository API asks; poll: load all and reload on change",
+    )
+    models.add_argument(
+        "--load-model",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="model to load at start in explicit mode; '*' loads all (repeatable)",
+    )
     models.add_argument("--repository-poll-secs", type=float, default=15.0, metavar="SECONDS")
-    models.add_argument("--strict-readiness", type=_bool, default=True, metavar="BOOL",
-                        help="true: /v2/health/ready needs every model ready; false: server up is ready")
-    models.add_argument("--backend-config", action="append", default=[], metavar="[BACKEND,]KEY=VALUE",
-                        help="backend setting, e.g. onnxruntime,default-max-batch-size=8")
-    parser.add_argument("--exit-timeout-secs", type=float, default=30.0, metavar="SECONDS",
-                        help="on SIGTERM, how long in-flight requests may take to finish")
-    parser.add_argument("--log-verbose", type=int, default=0, metavar="LEVEL",
-                        help="0: info; 1 and above: also every request")
+    models.add_argument(
+        "--strict-readiness",
+        type=_bool,
+        default=True,
+        metavar="BOOL",
+        help="true: /v2/health/ready needs every model ready; false: server up is ready",
+    )
+    models.add_argument(
+        "--backend-config",
+        action="append",
+        default=[],
+        metavar="[BACKEND,]KEY=VALUE",
+        help="backend setting, e.g. onnxruntime,default-max-batch-size=8",
+    )
+    parser.add_argument(
+        "--exit-timeout-secs",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="on SIGTERM, how long in-flight requests may take to finish",
+    )
+    parser.add_argument(
+        "--log-verbose", type=int, default=0, metavar="LEVEL", help="0: info; 1 and above: also every request"
+    )
     return parser
 
 

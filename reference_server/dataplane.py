@@ -29,8 +29,9 @@ EXTENSIONS = [
 
 
 class DataPlane:
-    def __init__(self, repository: ModelRepository, *, model_control_mode: str = "none",
-                 strict_readiness: bool = True) -> None:
+    def __init__(
+        self, repository: ModelRepository, *, model_control_mode: str = "none", strict_readiness: bool = True
+    ) -> None:
         self.repository = repository
         self.model_control_mode = model_control_mode
         self.strict_readiness = strict_readiness
@@ -88,18 +89,15 @@ class DataPlane:
         inputs = _validated_inputs(served, request)
         output_names = _validated_outputs(served, request)
         timeout_us = request.parameters.get("timeout")
-        if timeout_us is not None and (not isinstance(timeout_us, int) or isinstance(timeout_us, bool)
-                                       or timeout_us < 0):
+        if timeout_us is not None and (
+            not isinstance(timeout_us, int) or isinstance(timeout_us, bool) or timeout_us < 0
+        ):
             raise InvalidArgument("request parameter 'timeout' must be a non-negative integer (microseconds)")
-        results = await served.scheduler.infer(
-            inputs, output_names, timeout_us=timeout_us, received_ns=received_ns
-        )
+        results = await served.scheduler.infer(inputs, output_names, timeout_us=timeout_us, received_ns=received_ns)
         outputs = []
         for name in output_names:
             array = results[name]
-            outputs.append(
-                v2.InferTensor(name, _datatype(served.outputs[name].data_type), list(array.shape), array)
-            )
+            outputs.append(v2.InferTensor(name, _datatype(served.outputs[name].data_type), list(array.shape), array))
         return v2.InferResponse(
             model_name=served.name, model_version=str(served.version), id=request.id, outputs=outputs
         )

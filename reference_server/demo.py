@@ -155,9 +155,7 @@ def _model(
         outputs,
         initializer=[numpy_helper.from_array(array, key) for key, array in weights.items()],
     )
-    model = helper.make_model(
-        graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="perfkit-demo"
-    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="perfkit-demo")
     model.ir_version = IR_VERSION
     return model
 
@@ -196,9 +194,7 @@ def _convnet(rng: np.random.Generator) -> onnx.ModelProto:
         "fc_b": _bias(rng, 10),
     }
     nodes = [
-        helper.make_node(
-            "Conv", ["INPUT0", "conv0_w", "conv0_b"], ["conv0"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]
-        ),
+        helper.make_node("Conv", ["INPUT0", "conv0_w", "conv0_b"], ["conv0"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["conv0"], ["relu0"]),
         helper.make_node("MaxPool", ["relu0"], ["pool0"], kernel_shape=[2, 2], strides=[2, 2]),
         helper.make_node("Conv", ["pool0", "conv1_w", "conv1_b"], ["conv1"], kernel_shape=[3, 3]),

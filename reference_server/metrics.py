@@ -35,35 +35,67 @@ class Family:
 def _model_families() -> list[tuple[str, str, str, str]]:
     # name, kind, help, ModelStats attribute (a duration attribute is converted ns → us)
     return [
-        ("nv_inference_request_success", "counter",
-         "Number of successful inference requests, all batch sizes", "success_count"),
-        ("nv_inference_count", "counter",
-         "Number of inferences performed (does not include cached requests)", "inference_count"),
-        ("nv_inference_exec_count", "counter",
-         "Number of model executions performed (does not include cached requests)", "execution_count"),
-        ("nv_inference_request_duration_us", "counter",
-         "Cumulative inference request duration in microseconds (includes cached requests)", "request_ns_total"),
-        ("nv_inference_queue_duration_us", "counter",
-         "Cumulative inference queuing duration in microseconds (includes cached requests)", "queue_ns_total"),
-        ("nv_inference_compute_input_duration_us", "counter",
-         "Cumulative compute input duration in microseconds (does not include cached requests)",
-         "compute_input_ns_total"),
-        ("nv_inference_compute_infer_duration_us", "counter",
-         "Cumulative compute inference duration in microseconds (does not include cached requests)",
-         "compute_infer_ns_total"),
-        ("nv_inference_compute_output_duration_us", "counter",
-         "Cumulative inference compute output duration in microseconds (does not include cached requests)",
-         "compute_output_ns_total"),
-        ("nv_inference_pending_request_count", "gauge",
-         "Instantaneous number of pending requests awaiting execution per-model.", "pending"),
+        (
+            "nv_inference_request_success",
+            "counter",
+            "Number of successful inference requests, all batch sizes",
+            "success_count",
+        ),
+        (
+            "nv_inference_count",
+            "counter",
+            "Number of inferences performed (does not include cached requests)",
+            "inference_count",
+        ),
+        (
+            "nv_inference_exec_count",
+            "counter",
+            "Number of model executions performed (does not include cached requests)",
+            "execution_count",
+        ),
+        (
+            "nv_inference_request_duration_us",
+            "counter",
+            "Cumulative inference request duration in microseconds (includes cached requests)",
+            "request_ns_total",
+        ),
+        (
+            "nv_inference_queue_duration_us",
+            "counter",
+            "Cumulative inference queuing duration in microseconds (includes cached requests)",
+            "queue_ns_total",
+        ),
+        (
+            "nv_inference_compute_input_duration_us",
+            "counter",
+            "Cumulative compute input duration in microseconds (does not include cached requests)",
+            "compute_input_ns_total",
+        ),
+        (
+            "nv_inference_compute_infer_duration_us",
+            "counter",
+            "Cumulative compute inference duration in microseconds (does not include cached requests)",
+            "compute_infer_ns_total",
+        ),
+        (
+            "nv_inference_compute_output_duration_us",
+            "counter",
+            "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+            "compute_output_ns_total",
+        ),
+        (
+            "nv_inference_pending_request_count",
+            "gauge",
+            "Instantaneous number of pending requests awaiting execution per-model.",
+            "pending",
+        ),
     ]
 
 
 def model_families(served: Iterable[tuple[str, str, ModelStats]]) -> list[Family]:
     specs = _model_families()
     families = [Family(name, kind, text) for name, kind, text, _ in specs]
-    failure = Family("nv_inference_request_failure", "counter",
-                     "Number of failed inference requests, all batch sizes")
+    failure = Family("nv_inference_request_failure", "counter", "Number of failed inference requests, all batch sizes")
     for model, version, stats in served:
         labels = {"model": model, "version": version}
         for family, (_, _, _, attribute) in zip(families, specs):
@@ -85,15 +117,18 @@ def gpu_families(readings: list[gpu.GpuReading], process_memory: dict[int, int])
         ("nv_gpu_power_limit", "GPU power management limit in watts", lambda r: r.power_limit_w),
     ]
     families = [
-        Family(name, "gauge", text, [({"gpu_uuid": r.uuid}, read(r)) for r in readings])
-        for name, text, read in specs
+        Family(name, "gauge", text, [({"gpu_uuid": r.uuid}, read(r)) for r in readings]) for name, text, read in specs
     ]
     if process_memory:
         uuids = {r.index: r.uuid for r in readings}
-        families.append(Family(
-            "nv_gpu_process_memory_used_bytes", "gauge", "GPU memory used by this server process, in bytes",
-            [({"gpu_uuid": uuids.get(index, str(index))}, used) for index, used in process_memory.items()],
-        ))
+        families.append(
+            Family(
+                "nv_gpu_process_memory_used_bytes",
+                "gauge",
+                "GPU memory used by this server process, in bytes",
+                [({"gpu_uuid": uuids.get(index, str(index))}, used) for index, used in process_memory.items()],
+            )
+        )
     return families
 
 
@@ -101,11 +136,19 @@ def cpu_families() -> list[Family]:
     memory = psutil.virtual_memory()
     return [
         # Utilisation since the previous scrape, as Triton's per-interval figure.
-        Family("nv_cpu_utilization", "gauge", "CPU utilization rate [0.0 - 1.0]",
-               [({}, psutil.cpu_percent(interval=None) / 100.0)]),
+        Family(
+            "nv_cpu_utilization",
+            "gauge",
+            "CPU utilization rate [0.0 - 1.0]",
+            [({}, psutil.cpu_percent(interval=None) / 100.0)],
+        ),
         Family("nv_cpu_memory_total_bytes", "gauge", "CPU total memory (RAM), in bytes", [({}, memory.total)]),
-        Family("nv_cpu_memory_used_bytes", "gauge", "CPU used memory (RAM), in bytes",
-               [({}, memory.total - memory.available)]),
+        Family(
+            "nv_cpu_memory_used_bytes",
+            "gauge",
+            "CPU used memory (RAM), in bytes",
+            [({}, memory.total - memory.available)],
+        ),
     ]
 
 

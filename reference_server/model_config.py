@@ -333,8 +333,7 @@ def _complete_identity(config: ModelConfig, model_name: str, where: _Where) -> N
         given = (("backend", config.backend), ("platform", config.platform))
         got = ", ".join(f"{field} '{value}'" for field, value in given if value)
         raise where.error(
-            f"only ONNX Runtime models are served (backend '{ONNX_BACKEND}', "
-            f"platform '{ONNX_PLATFORM}'); got {got}"
+            f"only ONNX Runtime models are served (backend '{ONNX_BACKEND}', platform '{ONNX_PLATFORM}'); got {got}"
         )
     # Triton's onnxruntime backend reports both.
     config.backend = ONNX_BACKEND
@@ -356,18 +355,14 @@ def _complete_tensors(
         seen.add(tensor.name)
         sig = by_name.get(tensor.name)
         if sig is None:
-            raise where.error(
-                f"{kind} '{tensor.name}' is not a model {kind}; the model's {kind}s are {_names(graph)}"
-            )
+            raise where.error(f"{kind} '{tensor.name}' is not a model {kind}; the model's {kind}s are {_names(graph)}")
         if tensor.HasField("reshape"):
             raise where.error(f"{kind} '{tensor.name}': reshape is not supported")
         if tensor.data_type == model_config_pb2.TYPE_INVALID:
             tensor.data_type = model_config_pb2.DataType.Value(sig.datatype)
         declared_type = model_config_pb2.DataType.Name(tensor.data_type)
         if declared_type != sig.datatype:
-            raise where.error(
-                f"{kind} '{tensor.name}' has data_type {declared_type} but the model's is {sig.datatype}"
-            )
+            raise where.error(f"{kind} '{tensor.name}' has data_type {declared_type} but the model's is {sig.datatype}")
         _check_dims(tensor.name, kind, list(tensor.dims), sig.dims, max_batch_size, where)
     # Tensors the config leaves out are filled from the graph, in graph order.
     for sig in graph:
@@ -453,9 +448,7 @@ def available_versions(model_dir: Path) -> list[int]:
     """The numeric version folders under `model_dir`, ascending; other entries are ignored."""
     if not model_dir.is_dir():
         return []
-    return sorted(
-        int(entry.name) for entry in model_dir.iterdir() if _VERSION_DIR.match(entry.name) and entry.is_dir()
-    )
+    return sorted(int(entry.name) for entry in model_dir.iterdir() if _VERSION_DIR.match(entry.name) and entry.is_dir())
 
 
 def select_versions(config: ModelConfig, available: Sequence[int]) -> list[int]:

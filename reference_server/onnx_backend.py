@@ -43,11 +43,7 @@ def plan_instances(config: mc.ModelConfig, gpu_count: int, config_path: Path) ->
         missing = [g for g in listed if g >= gpu_count]
         kind = group.kind
         if kind in (mc.ModelInstanceGroup.KIND_MODEL, mc.ModelInstanceGroup.KIND_AUTO):
-            kind = (
-                mc.ModelInstanceGroup.KIND_GPU
-                if gpu_count > 0 and not missing
-                else mc.ModelInstanceGroup.KIND_CPU
-            )
+            kind = mc.ModelInstanceGroup.KIND_GPU if gpu_count > 0 and not missing else mc.ModelInstanceGroup.KIND_CPU
         if kind == mc.ModelInstanceGroup.KIND_GPU:
             if gpu_count == 0:
                 raise ModelConfigError(

@@ -98,14 +98,7 @@ class ModelRepository:
     def model_dir(self, name: str) -> Path:
         """The folder of model `name`; names that would leave the repository are not models."""
         candidate = self.root / name
-        if (
-            not name
-            or name in (".", "..")
-            or "/" in name
-            or "\\" in name
-            or "\x00" in name
-            or not candidate.is_dir()
-        ):
+        if not name or name in (".", "..") or "/" in name or "\\" in name or "\x00" in name or not candidate.is_dir():
             raise NotFound(f"model '{name}' is not in the model repository")
         resolved = candidate.resolve()
         if resolved.parent != self.root:
@@ -166,9 +159,7 @@ class ModelRepository:
             record.state, record.reason = UNAVAILABLE, "unloaded"
             self._retire(old.values())
 
-    def _prepare_versions(
-        self, name: str, model_dir: Path, override: mc.ModelConfig | None
-    ) -> list[_PreparedVersion]:
+    def _prepare_versions(self, name: str, model_dir: Path, override: mc.ModelConfig | None) -> list[_PreparedVersion]:
         config_path = model_dir / "config.pbtxt"
         raw = override if override is not None else model_config.read_config(model_dir)
         base = mc.ModelConfig()
@@ -235,9 +226,7 @@ class ModelRepository:
             raise NotFound(f"model '{name}' has no version '{version}' (versions are integers)")
         model_version = record.versions.get(int(version))
         if model_version is None:
-            raise NotFound(
-                f"model '{name}' version {version} is not served (served: {sorted(record.versions)})"
-            )
+            raise NotFound(f"model '{name}' version {version} is not served (served: {sorted(record.versions)})")
         return model_version
 
     def is_ready(self, name: str, version: str = "") -> bool:

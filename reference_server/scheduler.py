@@ -146,12 +146,28 @@ class BatchingPolicy:
 
 
 class _Request:
-    __slots__ = ("inputs", "output_names", "batch_size", "key", "future", "received_ns", "enqueued_ns",
-                 "deadline_ns", "queued")
+    __slots__ = (
+        "inputs",
+        "output_names",
+        "batch_size",
+        "key",
+        "future",
+        "received_ns",
+        "enqueued_ns",
+        "deadline_ns",
+        "queued",
+    )
 
     def __init__(
-        self, inputs: Tensors, output_names: Sequence[str], batch_size: int, key: object,
-        future: asyncio.Future[Tensors], received_ns: int, enqueued_ns: int, deadline_ns: int,
+        self,
+        inputs: Tensors,
+        output_names: Sequence[str],
+        batch_size: int,
+        key: object,
+        future: asyncio.Future[Tensors],
+        received_ns: int,
+        enqueued_ns: int,
+        deadline_ns: int,
     ) -> None:
         self.inputs = inputs
         self.output_names = output_names
@@ -339,8 +355,7 @@ class Scheduler:
                 batch_size = array.shape[0]
             elif array.shape[0] != batch_size:
                 raise InvalidArgument(
-                    f"input '{name}' batch size {array.shape[0]} does not match "
-                    f"other inputs' batch size {batch_size}"
+                    f"input '{name}' batch size {array.shape[0]} does not match other inputs' batch size {batch_size}"
                 )
         if batch_size < 1:
             raise InvalidArgument("inference request batch-size must be >= 1")
@@ -372,9 +387,7 @@ class Scheduler:
         max_batch_size = self._policy.max_batch_size
         max_preferred = self._max_preferred
         preferred = self._preferred
-        candidates: Iterable[_Request] = (
-            itertools.chain(self._queue, self._delayed) if self._delayed else self._queue
-        )
+        candidates: Iterable[_Request] = itertools.chain(self._queue, self._delayed) if self._delayed else self._queue
         total = count = best = 0
         oldest = now
         key: object = None

@@ -48,9 +48,20 @@ class ModelStats:
     """
 
     __slots__ = (
-        "success_count", "success_ns", "fail_count", "fail_ns",
-        "queue_ns_total", "compute_input_ns_total", "compute_infer_ns_total", "compute_output_ns_total",
-        "inference_count", "execution_count", "last_inference_ms", "pending", "failures", "_batches",
+        "success_count",
+        "success_ns",
+        "fail_count",
+        "fail_ns",
+        "queue_ns_total",
+        "compute_input_ns_total",
+        "compute_infer_ns_total",
+        "compute_output_ns_total",
+        "inference_count",
+        "execution_count",
+        "last_inference_ms",
+        "pending",
+        "failures",
+        "_batches",
     )
 
     def __init__(self) -> None:

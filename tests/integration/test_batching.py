@@ -51,10 +51,19 @@ def batch_sizes(url: str, model: str) -> dict[int, int]:
 
 def test_preferred_batch_and_queue_delay(repository_copy: Path) -> None:
     # A long delay: a preferred-size batch must run at once, a smaller one only when the delay expires.
-    make_model(repository_copy, "delayed",
-               "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 1500000 }")
-    config = ServerConfig(model_repository=repository_copy, http_port=0, grpc_port=0, metrics_port=0,
-                          model_control_mode="explicit", load_models=("delayed",))
+    make_model(
+        repository_copy,
+        "delayed",
+        "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 1500000 }",
+    )
+    config = ServerConfig(
+        model_repository=repository_copy,
+        http_port=0,
+        grpc_port=0,
+        metrics_port=0,
+        model_control_mode="explicit",
+        load_models=("delayed",),
+    )
     with running_server(config) as server:
         url = server.http_url
         elapsed_full, results = infer_concurrently(url, "delayed", 4)
@@ -70,8 +79,14 @@ def test_preferred_batch_and_queue_delay(repository_copy: Path) -> None:
 
 def test_no_dynamic_batching_runs_one_request_at_a_time(repository_copy: Path) -> None:
     make_model(repository_copy, "unbatched", "")
-    config = ServerConfig(model_repository=repository_copy, http_port=0, grpc_port=0, metrics_port=0,
-                          model_control_mode="explicit", load_models=("unbatched",))
+    config = ServerConfig(
+        model_repository=repository_copy,
+        http_port=0,
+        grpc_port=0,
+        metrics_port=0,
+        model_control_mode="explicit",
+        load_models=("unbatched",),
+    )
     with running_server(config) as server:
         _, results = infer_concurrently(server.http_url, "unbatched", 6)
         assert len(results) == 6

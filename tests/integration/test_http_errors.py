@@ -5,7 +5,6 @@ from __future__ import annotations
 import http.client
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -18,8 +17,9 @@ from reference_server.server import ReferenceServer, running_server
 pytestmark = pytest.mark.integration
 
 
-def call(port: int, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
-         ) -> tuple[int, bytes]:
+def call(
+    port: int, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+) -> tuple[int, bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
         conn.request(method, path, body=body, headers=headers or {})
@@ -37,12 +37,22 @@ def infer_json(model: str = "mlp", **overrides: object) -> bytes:
     return json.dumps(request).encode()
 
 
-def binary_body(values: np.ndarray, declared_size: int | None = None, shape: list[int] | None = None
-                ) -> tuple[bytes, str]:
+def binary_body(
+    values: np.ndarray, declared_size: int | None = None, shape: list[int] | None = None
+) -> tuple[bytes, str]:
     raw = values.astype(np.float32).tobytes()
-    header = json.dumps({"inputs": [{
-        "name": "INPUT0", "shape": shape or list(values.shape), "datatype": "FP32",
-        "parameters": {"binary_data_size": len(raw) if declared_size is None else declared_size}}]}).encode()
+    header = json.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "INPUT0",
+                    "shape": shape or list(values.shape),
+                    "datatype": "FP32",
+                    "parameters": {"binary_data_size": len(raw) if declared_size is None else declared_size},
+                }
+            ]
+        }
+    ).encode()
     return header + raw, str(len(header))
 
 
@@ -55,36 +65,95 @@ CASES = [
     ("unknown model", "/v2/models/nope/infer", infer_json(), {}, 404, "nope"),
     ("unknown version", "/v2/models/mlp/versions/9/infer", infer_json(), {}, 404, "version 9"),
     ("non-numeric version", "/v2/models/mlp/versions/abc/infer", infer_json(), {}, 404, "abc"),
-    ("wrong input name", "/v2/models/mlp/infer",
-     json.dumps({"inputs": [{"name": "X", "shape": [1, 256], "datatype": "FP32", "data": [0] * 256}]}).encode(),
-     {}, 400, "unexpected inference input 'X'"),
-    ("wrong datatype", "/v2/models/mlp/infer",
-     json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 256], "datatype": "INT32", "data": [0] * 256}]}).encode(),
-     {}, 400, "expects 'FP32'"),
-    ("wrong shape", "/v2/models/mlp/infer",
-     json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 128], "datatype": "FP32", "data": [0] * 128}]}).encode(),
-     {}, 400, "unexpected shape"),
-    ("batch too large", "/v2/models/mlp/infer",
-     json.dumps({"inputs": [{"name": "INPUT0", "shape": [65, 256], "datatype": "FP32",
-                             "data": [0] * (65 * 256)}]}).encode(), {}, 400, "batch-size must be <= 64"),
-    ("data count mismatch", "/v2/models/mlp/infer",
-     json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 256], "datatype": "FP32", "data": [0] * 10}]}).encode(),
-     {}, 400, "INPUT0"),
+    (
+        "wrong input name",
+        "/v2/models/mlp/infer",
+        json.dumps({"inputs": [{"name": "X", "shape": [1, 256], "datatype": "FP32", "data": [0] * 256}]}).encode(),
+        {},
+        400,
+        "unexpected inference input 'X'",
+    ),
+    (
+        "wrong datatype",
+        "/v2/models/mlp/infer",
+        json.dumps(
+            {"inputs": [{"name": "INPUT0", "shape": [1, 256], "datatype": "INT32", "data": [0] * 256}]}
+        ).encode(),
+        {},
+        400,
+        "expects 'FP32'",
+    ),
+    (
+        "wrong shape",
+        "/v2/models/mlp/infer",
+        json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 128], "datatype": "FP32", "data": [0] * 128}]}).encode(),
+        {},
+        400,
+        "unexpected shape",
+    ),
+    (
+        "batch too large",
+        "/v2/models/mlp/infer",
+        json.dumps(
+            {"inputs": [{"name": "INPUT0", "shape": [65, 256], "datatype": "FP32", "data": [0] * (65 * 256)}]}
+        ).encode(),
+        {},
+        400,
+        "batch-size must be <= 64",
+    ),
+    (
+        "data count mismatch",
+        "/v2/models/mlp/infer",
+        json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 256], "datatype": "FP32", "data": [0] * 10}]}).encode(),
+        {},
+        400,
+        "INPUT0",
+    ),
     ("malformed JSON", "/v2/models/mlp/infer", b'{"inputs": [', {}, 400, ""),
     ("JSON not an object", "/v2/models/mlp/infer", b"[1, 2]", {}, 400, ""),
     ("no inputs", "/v2/models/mlp/infer", b'{"inputs": []}', {}, 400, "inputs"),
     ("non-UTF-8 body", "/v2/models/mlp/infer", b"\xff\xfe\x00garbage", {}, 400, ""),
-    ("header length past body", "/v2/models/mlp/infer", binary_body(GOOD)[0],
-     {"Inference-Header-Content-Length": "999999"}, 400, ""),
-    ("header length not a number", "/v2/models/mlp/infer", binary_body(GOOD)[0],
-     {"Inference-Header-Content-Length": "ten"}, 400, "Inference-Header-Content-Length"),
-    ("binary size larger than sent", "/v2/models/mlp/infer", LIES_LARGER[0],
-     {"Inference-Header-Content-Length": LIES_LARGER[1]}, 400, "INPUT0"),
-    ("binary size smaller than sent", "/v2/models/mlp/infer", LIES_SMALLER[0],
-     {"Inference-Header-Content-Length": LIES_SMALLER[1]}, 400, ""),
+    (
+        "header length past body",
+        "/v2/models/mlp/infer",
+        binary_body(GOOD)[0],
+        {"Inference-Header-Content-Length": "999999"},
+        400,
+        "",
+    ),
+    (
+        "header length not a number",
+        "/v2/models/mlp/infer",
+        binary_body(GOOD)[0],
+        {"Inference-Header-Content-Length": "ten"},
+        400,
+        "Inference-Header-Content-Length",
+    ),
+    (
+        "binary size larger than sent",
+        "/v2/models/mlp/infer",
+        LIES_LARGER[0],
+        {"Inference-Header-Content-Length": LIES_LARGER[1]},
+        400,
+        "INPUT0",
+    ),
+    (
+        "binary size smaller than sent",
+        "/v2/models/mlp/infer",
+        LIES_SMALLER[0],
+        {"Inference-Header-Content-Length": LIES_SMALLER[1]},
+        400,
+        "",
+    ),
     ("binary data without header length", "/v2/models/mlp/infer", binary_body(GOOD)[0], {}, 400, ""),
-    ("unknown output", "/v2/models/mlp/infer", infer_json(outputs=[{"name": "NOPE"}]), {}, 400,
-     "unexpected inference output 'NOPE'"),
+    (
+        "unknown output",
+        "/v2/models/mlp/infer",
+        infer_json(outputs=[{"name": "NOPE"}]),
+        {},
+        400,
+        "unexpected inference output 'NOPE'",
+    ),
     ("path trick", "/v2/models/..%2F..%2Fetc/infer", infer_json(), {}, 404, ""),
     ("dot-dot model", "/v2/models/%2e%2e/infer", infer_json(), {}, 404, ""),
     ("unknown route", "/v2/nothing/here", b"", {}, 404, ""),
@@ -93,7 +162,12 @@ CASES = [
 
 @pytest.mark.parametrize("name,path,body,headers,status,fragment", CASES, ids=[c[0] for c in CASES])
 def test_bad_request_gets_kserve_error(
-    demo_server: ReferenceServer, name: str, path: str, body: bytes, headers: dict[str, str], status: int,
+    demo_server: ReferenceServer,
+    name: str,
+    path: str,
+    body: bytes,
+    headers: dict[str, str],
+    status: int,
     fragment: str,
 ) -> None:
     assert demo_server.http_port is not None
@@ -112,14 +186,16 @@ def test_raw_binary_request(demo_server: ReferenceServer) -> None:
     """Inference-Header-Content-Length: 0 sends the only input's bytes; outputs come back binary."""
     assert demo_server.http_port is not None
     x = np.arange(256, dtype=np.float32)
-    status, payload = call(demo_server.http_port, "POST", "/v2/models/mlp/infer", x.tobytes(),
-                           {"Inference-Header-Content-Length": "0"})
+    status, payload = call(
+        demo_server.http_port, "POST", "/v2/models/mlp/infer", x.tobytes(), {"Inference-Header-Content-Length": "0"}
+    )
     assert status == 200, payload
 
 
 def test_oversized_body_is_refused(demo_repository: Path) -> None:
-    config = ServerConfig(model_repository=demo_repository, http_port=0, grpc_port=0, metrics_port=0,
-                          http_max_input_size=4096)
+    config = ServerConfig(
+        model_repository=demo_repository, http_port=0, grpc_port=0, metrics_port=0, http_max_input_size=4096
+    )
     with running_server(config) as server:
         assert server.http_port is not None
         big = infer_json(inputs=[{"name": "INPUT0", "shape": [8, 256], "datatype": "FP32", "data": [0.25] * 2048}])
@@ -127,10 +203,20 @@ def test_oversized_body_is_refused(demo_repository: Path) -> None:
         status, payload = call(server.http_port, "POST", "/v2/models/mlp/infer", big)
         assert status == 413
         assert "--http-max-input-size" in json.loads(payload)["error"]
-        small = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 256], "datatype": "FP32",
-                                        "parameters": {"binary_data_size": 1024}}]}).encode()
-        status, _ = call(server.http_port, "POST", "/v2/models/mlp/infer", small + bytes(1024),
-                         {"Inference-Header-Content-Length": str(len(small))})
+        small = json.dumps(
+            {
+                "inputs": [
+                    {"name": "INPUT0", "shape": [1, 256], "datatype": "FP32", "parameters": {"binary_data_size": 1024}}
+                ]
+            }
+        ).encode()
+        status, _ = call(
+            server.http_port,
+            "POST",
+            "/v2/models/mlp/infer",
+            small + bytes(1024),
+            {"Inference-Header-Content-Length": str(len(small))},
+        )
         assert status == 200
 
 
@@ -186,9 +272,13 @@ def test_metrics_use_triton_names(demo_server: ReferenceServer) -> None:
     assert samples[("nv_inference_count", mlp)] >= 3
     assert samples[("nv_inference_exec_count", mlp)] >= 1
     assert samples[("nv_inference_request_duration_us", mlp)] > 0
-    for name in ("nv_inference_queue_duration_us", "nv_inference_compute_input_duration_us",
-                 "nv_inference_compute_infer_duration_us", "nv_inference_compute_output_duration_us",
-                 "nv_inference_pending_request_count"):
+    for name in (
+        "nv_inference_queue_duration_us",
+        "nv_inference_compute_input_duration_us",
+        "nv_inference_compute_infer_duration_us",
+        "nv_inference_compute_output_duration_us",
+        "nv_inference_pending_request_count",
+    ):
         assert (name, mlp) in samples
     assert ("nv_inference_request_failure", (("model", "mlp"), ("reason", "REJECTED"), ("version", "1"))) in samples
     assert 0.0 <= samples[("nv_cpu_utilization", ())] <= 1.0

@@ -18,7 +18,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.peers]
 def run_perf_analyzer(peers: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(peers / "bin" / "perf_analyzer"), *args],
-        capture_output=True, text=True, timeout=timeout, check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
 
 
@@ -26,8 +29,21 @@ def test_concurrency_sweep_over_http(peers: Path, demo_server: ReferenceServer, 
     out = tmp_path / "pa.csv"
     # A loose stability bound: this checks protocol compatibility, not measurement quality.
     result = run_perf_analyzer(
-        peers, "-m", "mlp", "-u", demo_server.http_url, "--concurrency-range", "1:4:3",
-        "-p", "800", "-s", "100", "-r", "6", "-f", str(out),
+        peers,
+        "-m",
+        "mlp",
+        "-u",
+        demo_server.http_url,
+        "--concurrency-range",
+        "1:4:3",
+        "-p",
+        "800",
+        "-s",
+        "100",
+        "-r",
+        "6",
+        "-f",
+        str(out),
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Server:" in result.stdout
@@ -44,8 +60,19 @@ def test_concurrency_sweep_over_http(peers: Path, demo_server: ReferenceServer, 
 
 def test_dynamic_batching_forms_batches_under_load(peers: Path, demo_server: ReferenceServer) -> None:
     result = run_perf_analyzer(
-        peers, "-m", "mlp", "-u", demo_server.http_url, "--concurrency-range", "8",
-        "-p", "800", "-s", "100", "-r", "6",
+        peers,
+        "-m",
+        "mlp",
+        "-u",
+        demo_server.http_url,
+        "--concurrency-range",
+        "8",
+        "-p",
+        "800",
+        "-s",
+        "100",
+        "-r",
+        "6",
     )
     assert result.returncode == 0, result.stdout + result.stderr
     stats = httpclient.InferenceServerClient(demo_server.http_url).get_inference_statistics("mlp")

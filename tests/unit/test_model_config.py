@@ -48,30 +48,73 @@ TRITON_PYADD_CONFIG: dict[str, Any] = {
     "version_policy": {"specific": {"versions": [1]}},
     "max_batch_size": 8,
     "input": [
-        {"name": "INPUT0", "data_type": "TYPE_FP32", "format": "FORMAT_NONE", "dims": [4],
-         "is_shape_tensor": False, "allow_ragged_batch": False, "optional": False,
-         "is_non_linear_format_io": False},
-        {"name": "INPUT1", "data_type": "TYPE_INT64", "format": "FORMAT_NONE", "dims": [-1],
-         "is_shape_tensor": False, "allow_ragged_batch": False, "optional": True,
-         "is_non_linear_format_io": False},
+        {
+            "name": "INPUT0",
+            "data_type": "TYPE_FP32",
+            "format": "FORMAT_NONE",
+            "dims": [4],
+            "is_shape_tensor": False,
+            "allow_ragged_batch": False,
+            "optional": False,
+            "is_non_linear_format_io": False,
+        },
+        {
+            "name": "INPUT1",
+            "data_type": "TYPE_INT64",
+            "format": "FORMAT_NONE",
+            "dims": [-1],
+            "is_shape_tensor": False,
+            "allow_ragged_batch": False,
+            "optional": True,
+            "is_non_linear_format_io": False,
+        },
     ],
     "output": [
-        {"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4], "label_filename": "",
-         "is_shape_tensor": False, "is_non_linear_format_io": False},
-        {"name": "OUTPUT1", "data_type": "TYPE_STRING", "dims": [1], "label_filename": "",
-         "is_shape_tensor": False, "is_non_linear_format_io": False},
+        {
+            "name": "OUTPUT0",
+            "data_type": "TYPE_FP32",
+            "dims": [4],
+            "label_filename": "",
+            "is_shape_tensor": False,
+            "is_non_linear_format_io": False,
+        },
+        {
+            "name": "OUTPUT1",
+            "data_type": "TYPE_STRING",
+            "dims": [1],
+            "label_filename": "",
+            "is_shape_tensor": False,
+            "is_non_linear_format_io": False,
+        },
     ],
     "batch_input": [],
     "batch_output": [],
-    "optimization": {"priority": "PRIORITY_DEFAULT", "input_pinned_memory": {"enable": True},
-                     "output_pinned_memory": {"enable": True}, "gather_kernel_buffer_threshold": 0,
-                     "eager_batching": False},
-    "dynamic_batching": {"preferred_batch_size": [2, 4], "max_queue_delay_microseconds": 100,
-                         "preserve_ordering": False, "priority_levels": 0, "default_priority_level": 0,
-                         "priority_queue_policy": {}},
+    "optimization": {
+        "priority": "PRIORITY_DEFAULT",
+        "input_pinned_memory": {"enable": True},
+        "output_pinned_memory": {"enable": True},
+        "gather_kernel_buffer_threshold": 0,
+        "eager_batching": False,
+    },
+    "dynamic_batching": {
+        "preferred_batch_size": [2, 4],
+        "max_queue_delay_microseconds": 100,
+        "preserve_ordering": False,
+        "priority_levels": 0,
+        "default_priority_level": 0,
+        "priority_queue_policy": {},
+    },
     "instance_group": [
-        {"name": "pyadd_0", "kind": "KIND_CPU", "count": 2, "gpus": [], "secondary_devices": [],
-         "profile": [], "passive": False, "host_policy": ""},
+        {
+            "name": "pyadd_0",
+            "kind": "KIND_CPU",
+            "count": 2,
+            "gpus": [],
+            "secondary_devices": [],
+            "profile": [],
+            "passive": False,
+            "host_policy": "",
+        },
     ],
     "default_model_filename": "model.py",
     "cc_model_filenames": {},
@@ -88,10 +131,20 @@ TRITON_DYNAMIC_BATCHING: dict[str, Any] = {
     "preserve_ordering": False,
     "priority_levels": 3,
     "default_priority_level": 2,
-    "default_queue_policy": {"timeout_action": "DELAY", "default_timeout_microseconds": 7000000000,
-                             "allow_timeout_override": True, "max_queue_size": 9},
-    "priority_queue_policy": {"1": {"timeout_action": "REJECT", "default_timeout_microseconds": 11,
-                                    "allow_timeout_override": False, "max_queue_size": 3}},
+    "default_queue_policy": {
+        "timeout_action": "DELAY",
+        "default_timeout_microseconds": 7000000000,
+        "allow_timeout_override": True,
+        "max_queue_size": 9,
+    },
+    "priority_queue_policy": {
+        "1": {
+            "timeout_action": "REJECT",
+            "default_timeout_microseconds": 11,
+            "allow_timeout_override": False,
+            "max_queue_size": 3,
+        }
+    },
 }
 
 CONFIG_PATH = Path("models/tiny/config.pbtxt")
@@ -286,9 +339,7 @@ def test_signature_from_session_maps_types_and_dims(tmp_path: Path) -> None:
 
 def test_complete_fills_an_empty_config(tiny: tuple[list[TensorSignature], list[TensorSignature]]) -> None:
     original = ModelConfig()
-    config = complete_config(
-        original, *tiny, model_name="tiny", config_path=CONFIG_PATH, model_path=MODEL_PATH
-    )
+    config = complete_config(original, *tiny, model_name="tiny", config_path=CONFIG_PATH, model_path=MODEL_PATH)
     assert original == ModelConfig()  # a new config is returned
     document = config_to_json(config)
     assert document["name"] == "tiny"
@@ -303,9 +354,7 @@ def test_complete_fills_an_empty_config(tiny: tuple[list[TensorSignature], list[
     assert document["version_policy"] == {"latest": {"num_versions": 1}}
     assert document["default_model_filename"] == "model.onnx"
     # No config.pbtxt at all completes the same way.
-    without_file = complete_config(
-        None, *tiny, model_name="tiny", config_path=CONFIG_PATH, model_path=MODEL_PATH
-    )
+    without_file = complete_config(None, *tiny, model_name="tiny", config_path=CONFIG_PATH, model_path=MODEL_PATH)
     assert without_file == config
 
 
@@ -390,8 +439,7 @@ def test_complete_keeps_dynamic_batching_without_batching(
         ),
         (
             'max_batch_size: 2\noutput [{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [4, 4] }]',
-            "output 'OUTPUT0' has dims [4, 4] plus the batch dimension (rank 3) "
-            "but the model's shape is [-1, 16]",
+            "output 'OUTPUT0' has dims [4, 4] plus the batch dimension (rank 3) but the model's shape is [-1, 16]",
         ),
         (
             'input [{ name: "INPUT0" data_type: TYPE_FP32 dims: [16] }]',

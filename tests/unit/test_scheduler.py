@@ -74,9 +74,7 @@ class Harness:
         self.gate = threading.Event()
         self.schedulers: list[Scheduler] = []
 
-    def make(
-        self, policy: BatchingPolicy, instances: int = 1
-    ) -> tuple[Scheduler, list[FakeInstance], ModelStats]:
+    def make(self, policy: BatchingPolicy, instances: int = 1) -> tuple[Scheduler, list[FakeInstance], ModelStats]:
         fakes = [FakeInstance(f"fake_{i}", self.gate) for i in range(instances)]
         stats = ModelStats()
         scheduler = Scheduler(policy, fakes, stats)
@@ -314,9 +312,7 @@ async def test_instances_run_batches_in_parallel(harness: Harness) -> None:
 
 
 @pytest.mark.parametrize("preserve", [True, False])
-async def test_preserve_ordering_releases_responses_in_arrival_order(
-    harness: Harness, preserve: bool
-) -> None:
+async def test_preserve_ordering_releases_responses_in_arrival_order(harness: Harness, preserve: bool) -> None:
     policy = BatchingPolicy(max_batch_size=1, dynamic=True, preserve_ordering=preserve)
     scheduler, fakes, stats = harness.make(policy, instances=2)
     order: list[str] = []
@@ -369,9 +365,7 @@ async def test_queued_request_is_rejected_when_its_timeout_expires(harness: Harn
 
 
 async def test_request_timeout_can_only_lower_the_default(harness: Harness) -> None:
-    policy = BatchingPolicy(
-        max_batch_size=4, dynamic=True, default_timeout_ns=30 * 10**9, allow_timeout_override=True
-    )
+    policy = BatchingPolicy(max_batch_size=4, dynamic=True, default_timeout_ns=30 * 10**9, allow_timeout_override=True)
     scheduler, (fake,), stats = harness.make(policy)
     first = await hold_instance(scheduler, fake)
     longer = submit(scheduler, tensor(3), timeout_us=60 * 10**6)
@@ -414,7 +408,7 @@ async def test_delay_action_moves_expired_requests_behind_the_others(harness: Ha
     first = await hold_instance(scheduler, fake)
     expired = submit(scheduler, tensor(2), timeout_us=1_000)
     await until(lambda: stats.pending == 1, "the soon-expired request is queued")
-    time.sleep(0.005)  # block the loop past the 1 ms deadline, so it has expired by any clock
+    time.sleep(0.005)  # noqa: ASYNC251 -- block the loop past the 1 ms deadline, so it has expired by any clock
     fresh = submit(scheduler, tensor(3))
     await until(lambda: stats.pending == 2, "the fresh request is queued")
     harness.gate.set()

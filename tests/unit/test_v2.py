@@ -13,7 +13,7 @@ from tritonclient.grpc import _utils as grpc_utils
 from tritonclient.grpc import model_config_pb2, service_pb2
 from tritonclient.utils import serialize_byte_tensor
 
-from perfkit import v2
+from perfkit import v2, v2_grpc
 from perfkit.v2 import (
     CodecError,
     InferRequest,
@@ -251,17 +251,17 @@ def triton_inputs(binary: bool) -> list[httpclient.InferInput]:
 @pytest.mark.parametrize("binary", [True, False])
 def test_decodes_tritonclient_request(binary):
     inputs = triton_inputs(binary)
-    outputs = [httpclient.InferRequestedOutput("o1", binary_data=False, class_count=3),
-               httpclient.InferRequestedOutput("o2")]
+    outputs = [
+        httpclient.InferRequestedOutput("o1", binary_data=False, class_count=3),
+        httpclient.InferRequestedOutput("o2"),
+    ]
     body, header_length = httpclient.InferenceServerClient.generate_request_body(
         inputs, outputs, request_id="r1", priority=2, parameters={"custom": "x"}
     )
     req = v2.decode_infer_request(body, header_length, "m", "1")
     assert (req.model_name, req.model_version, req.id) == ("m", "1", "r1")
     assert req.parameters == {"priority": 2, "custom": "x"}
-    assert [(t.name, t.datatype, t.shape) for t in req.inputs] == [
-        (i.name(), i.datatype(), i.shape()) for i in inputs
-    ]
+    assert [(t.name, t.datatype, t.shape) for t in req.inputs] == [(i.name(), i.datatype(), i.shape()) for i in inputs]
     assert all(t.parameters == {} for t in req.inputs)
     assert req.outputs == [RequestedOutput("o1", False, {"classification": 3}), RequestedOutput("o2", True)]
     assert req.inputs[0].data.tolist() == [[0, 1, 2], [3, 4, 5]]
@@ -286,9 +286,13 @@ def test_request_bytes_identical_to_tritonclient():
 
 def make_response() -> InferResponse:
     return InferResponse(
-        "m", "3", "r9",
-        [InferTensor(name, dt, list(sample(dt).shape), sample(dt)) for name, dt in
-         [("fp32", "FP32"), ("str", "BYTES"), ("fp16", "FP16"), ("u8", "UINT8"), ("flag", "BOOL")]],
+        "m",
+        "3",
+        "r9",
+        [
+            InferTensor(name, dt, list(sample(dt).shape), sample(dt))
+            for name, dt in [("fp32", "FP32"), ("str", "BYTES"), ("fp16", "FP16"), ("u8", "UINT8"), ("flag", "BOOL")]
+        ],
     )
 
 
@@ -296,8 +300,13 @@ def test_tritonclient_parses_our_response():
     resp = make_response()
     request = request_of(
         InferTensor("x", "INT32", [1], np.zeros(1, np.int32)),
-        outputs=[RequestedOutput("fp32", False), RequestedOutput("str"), RequestedOutput("fp16", True),
-                 RequestedOutput("u8", None), RequestedOutput("flag", False)],
+        outputs=[
+            RequestedOutput("fp32", False),
+            RequestedOutput("str"),
+            RequestedOutput("fp16", True),
+            RequestedOutput("u8", None),
+            RequestedOutput("flag", False),
+        ],
         parameters={"binary_data_output": True},
     )
     body, header_length = v2.encode_infer_response(resp, request)
@@ -320,8 +329,11 @@ def test_response_all_json_has_no_header_length():
     resp = InferResponse("m", "1", outputs=[InferTensor("o", "INT32", [2], np.array([1, 2], np.int32))])
     body, header_length = v2.encode_infer_response(resp, request_of())
     assert header_length is None
-    assert json.loads(body) == {"model_name": "m", "model_version": "1",
-                                "outputs": [{"name": "o", "datatype": "INT32", "shape": [2], "data": [1, 2]}]}
+    assert json.loads(body) == {
+        "model_name": "m",
+        "model_version": "1",
+        "outputs": [{"name": "o", "datatype": "INT32", "shape": [2], "data": [1, 2]}],
+    }
     assert b" " not in body
     assert httpclient.InferenceServerClient.parse_response_body(body).as_numpy("o").tolist() == [1, 2]
 
@@ -402,8 +414,10 @@ def test_encode_request_output_flags():
     assert b"binary_data_output" not in v2.encode_infer_request(req, binary_outputs=False)[0]
     req.outputs = [RequestedOutput("a"), RequestedOutput("b", True, {"classification": 1})]
     doc = json.loads(v2.encode_infer_request(req, binary_inputs=False, binary_outputs=False)[0])
-    assert doc["outputs"] == [{"name": "a", "parameters": {"binary_data": False}},
-                              {"name": "b", "parameters": {"classification": 1, "binary_data": True}}]
+    assert doc["outputs"] == [
+        {"name": "a", "parameters": {"binary_data": False}},
+        {"name": "b", "parameters": {"classification": 1, "binary_data": True}},
+    ]
     assert "parameters" not in doc and doc["inputs"][0]["data"] == [1]
 
 
@@ -427,39 +441,70 @@ MALFORMED = [
     ("header past body", (b'{"inputs":[]}', 99), "Inference-Header-Content-Length 99 is outside the 13-byte body"),
     ("negative header", (b"{}", -1), "outside the 2-byte body"),
     ("header not int", (b"{}", "abc"), "must be an integer"),
-    ("sizes short", http_body({"inputs": [with_(parameters={"binary_data_size": 8})]}, B8[:4]),
-     r"input 'a': 8\) add up to 8 bytes but 4 bytes follow"),
-    ("sizes long", http_body({"inputs": [with_(parameters={"binary_data_size": 4})]}, B8),
-     "add up to 4 bytes but 8 bytes follow"),
-    ("binary without header", (json.dumps({"inputs": [with_(parameters={"binary_data_size": 8})]}).encode(), None),
-     "no binary part"),
-    ("wrong tensor size", http_body({"inputs": [with_(parameters={"binary_data_size": 4})]}, B8[:4]),
-     r"input 'a': expected 8 bytes for shape \[2\] FP32, got 4"),
+    (
+        "sizes short",
+        http_body({"inputs": [with_(parameters={"binary_data_size": 8})]}, B8[:4]),
+        r"input 'a': 8\) add up to 8 bytes but 4 bytes follow",
+    ),
+    (
+        "sizes long",
+        http_body({"inputs": [with_(parameters={"binary_data_size": 4})]}, B8),
+        "add up to 4 bytes but 8 bytes follow",
+    ),
+    (
+        "binary without header",
+        (json.dumps({"inputs": [with_(parameters={"binary_data_size": 8})]}).encode(), None),
+        "no binary part",
+    ),
+    (
+        "wrong tensor size",
+        http_body({"inputs": [with_(parameters={"binary_data_size": 4})]}, B8[:4]),
+        r"input 'a': expected 8 bytes for shape \[2\] FP32, got 4",
+    ),
     ("missing data", http_body({"inputs": [F32]}), "input 'a': has neither 'data' nor parameters.binary_data_size"),
     ("shared memory", http_body({"inputs": [with_(parameters={"shared_memory_region": "r"})]}), "shared memory"),
-    ("data and binary", http_body({"inputs": [with_(data=[1, 2], parameters={"binary_data_size": 8})]}, B8),
-     "has both 'data' and parameters.binary_data_size"),
+    (
+        "data and binary",
+        http_body({"inputs": [with_(data=[1, 2], parameters={"binary_data_size": 8})]}, B8),
+        "has both 'data' and parameters.binary_data_size",
+    ),
     ("bad binary size", http_body({"inputs": [with_(parameters={"binary_data_size": -8})]}), "must be an integer >= 0"),
     ("negative dim", http_body({"inputs": [with_(shape=[-1, 2], data=[1, 2])]}), "negative dimension -1"),
     ("shape not list", http_body({"inputs": [with_(shape="2", data=[1, 2])]}), "shape must be a list"),
     ("shape float", http_body({"inputs": [with_(shape=[2.0], data=[1, 2])]}), "shape must be a list"),
     ("missing shape", http_body({"inputs": [{"name": "a", "datatype": "FP32", "data": [1]}]}), "missing 'shape'"),
     ("count mismatch", http_body({"inputs": [with_(data=[1, 2, 3])]}), "needs 2 elements but data has 3"),
-    ("unknown datatype", http_body({"inputs": [with_(datatype="FLOAT", data=[1, 2])]}),
-     "input 'a': unknown datatype 'FLOAT'; expected one of BOOL"),
+    (
+        "unknown datatype",
+        http_body({"inputs": [with_(datatype="FLOAT", data=[1, 2])]}),
+        "input 'a': unknown datatype 'FLOAT'; expected one of BOOL",
+    ),
     ("non-object json", http_body([1, 2]), "must be an object, got a array"),
     ("truncated json", (b'{"inputs": [', None), "malformed"),
     ("empty body", (b"", None), "malformed"),
     ("non-utf8", (b'{"id": "\xff"}', None), "not valid UTF-8"),
     ("utf8 header cut", ('{"id":"\u00e9"}'.encode(), 8), "not valid UTF-8"),
-    ("truncated BYTES", http_body({"inputs": [{"name": "s", "shape": [1], "datatype": "BYTES",
-                                               "parameters": {"binary_data_size": 6}}]}, b"\x05\x00\x00\x00ab"),
-     "input 's': truncated BYTES element 0"),
-    ("huge shape", http_body({"inputs": [with_(shape=[2**40, 2**40], parameters={"binary_data_size": 8})]}, B8),
-     "expected 4835703278458516698824704 bytes"),
-    ("huge BYTES shape", http_body({"inputs": [{"name": "s", "shape": [2**62], "datatype": "BYTES",
-                                                "parameters": {"binary_data_size": 4}}]}, b"\0\0\0\0"),
-     "cannot hold"),
+    (
+        "truncated BYTES",
+        http_body(
+            {"inputs": [{"name": "s", "shape": [1], "datatype": "BYTES", "parameters": {"binary_data_size": 6}}]},
+            b"\x05\x00\x00\x00ab",
+        ),
+        "input 's': truncated BYTES element 0",
+    ),
+    (
+        "huge shape",
+        http_body({"inputs": [with_(shape=[2**40, 2**40], parameters={"binary_data_size": 8})]}, B8),
+        "expected 4835703278458516698824704 bytes",
+    ),
+    (
+        "huge BYTES shape",
+        http_body(
+            {"inputs": [{"name": "s", "shape": [2**62], "datatype": "BYTES", "parameters": {"binary_data_size": 4}}]},
+            b"\0\0\0\0",
+        ),
+        "cannot hold",
+    ),
     ("huge JSON shape", http_body({"inputs": [with_(shape=[2**62, 4], data=[1])]}), "needs 18446744073709551616"),
     ("dim past int64", http_body({"inputs": [with_(shape=[2**64], data=[1])]}), "exceeds int64"),
     ("too many dims", http_body({"inputs": [with_(shape=[1] * 70, data=[1])]}), "cannot build a tensor"),
@@ -469,23 +514,42 @@ MALFORMED = [
     ("empty inputs", http_body({"inputs": []}), "must not be empty"),
     ("inputs not list", http_body({"inputs": {}}), "'inputs' must be a JSON array"),
     ("input not object", http_body({"inputs": [3]}), r"inputs\[0\] must be a JSON object"),
-    ("input no name", http_body({"inputs": [{"shape": [1]}]}), r"inputs\[0\] must be a JSON object with a non-empty string 'name'"),
+    (
+        "input no name",
+        http_body({"inputs": [{"shape": [1]}]}),
+        r"inputs\[0\] must be a JSON object with a non-empty string 'name'",
+    ),
     ("id not string", http_body({"id": 5, "inputs": [with_(data=[1, 2])]}), "'id' must be a string"),
     ("params not object", http_body({"parameters": [], "inputs": [with_(data=[1, 2])]}), "'parameters' must be"),
-    ("binary_data_output", http_body({"parameters": {"binary_data_output": 1}, "inputs": [with_(data=[1, 2])]}),
-     "binary_data_output must be true or false"),
+    (
+        "binary_data_output",
+        http_body({"parameters": {"binary_data_output": 1}, "inputs": [with_(data=[1, 2])]}),
+        "binary_data_output must be true or false",
+    ),
     ("input params", http_body({"inputs": [with_(data=[1, 2], parameters=3)]}), "input 'a': 'parameters' must be"),
     ("outputs not list", http_body({"inputs": [with_(data=[1, 2])], "outputs": {}}), "'outputs' must be"),
     ("output no name", http_body({"inputs": [with_(data=[1, 2])], "outputs": [{}]}), r"outputs\[0\]"),
-    ("output binary", http_body({"inputs": [with_(data=[1, 2])], "outputs": [{"name": "o",
-                                 "parameters": {"binary_data": "yes"}}]}), "binary_data must be true or false"),
-    ("classification", http_body({"inputs": [with_(data=[1, 2])], "outputs": [{"name": "o",
-                                 "parameters": {"classification": -1}}]}), "classification must be"),
-    ("duplicate output", http_body({"inputs": [with_(data=[1, 2])], "outputs": [{"name": "o"}, {"name": "o"}]}),
-     "duplicate requested output name 'o'"),
+    (
+        "output binary",
+        http_body({"inputs": [with_(data=[1, 2])], "outputs": [{"name": "o", "parameters": {"binary_data": "yes"}}]}),
+        "binary_data must be true or false",
+    ),
+    (
+        "classification",
+        http_body({"inputs": [with_(data=[1, 2])], "outputs": [{"name": "o", "parameters": {"classification": -1}}]}),
+        "classification must be",
+    ),
+    (
+        "duplicate output",
+        http_body({"inputs": [with_(data=[1, 2])], "outputs": [{"name": "o"}, {"name": "o"}]}),
+        "duplicate requested output name 'o'",
+    ),
     ("deep nesting", (b'{"inputs":' + b"[" * 100000 + b"]" * 100000 + b"}", None), "malformed"),
-    ("huge int literal", (b'{"inputs":[{"name":"a","shape":[' + b"9" * 5000 + b'],"datatype":"FP32"}]}', None),
-     "malformed"),
+    (
+        "huge int literal",
+        (b'{"inputs":[{"name":"a","shape":[' + b"9" * 5000 + b'],"datatype":"FP32"}]}', None),
+        "malformed",
+    ),
     ("ragged", http_body({"inputs": [with_(data=[[1], [2, 3]])]}), "ragged"),
 ]
 
@@ -497,11 +561,14 @@ def test_malformed_request(body, fragment):
 
 
 def test_request_outputs_and_parameters_kept():
-    body, header_length = http_body({
-        "id": "q", "parameters": {"binary_data_output": True, "priority": 1},
-        "inputs": [with_(data=[[1.5], [2]], parameters={"x": "y"})],
-        "outputs": [{"name": "o1"}, {"name": "o2", "parameters": {"binary_data": False, "classification": 2}}],
-    })
+    body, header_length = http_body(
+        {
+            "id": "q",
+            "parameters": {"binary_data_output": True, "priority": 1},
+            "inputs": [with_(data=[[1.5], [2]], parameters={"x": "y"})],
+            "outputs": [{"name": "o1"}, {"name": "o2", "parameters": {"binary_data": False, "classification": 2}}],
+        }
+    )
     req = v2.decode_infer_request(body, header_length, "m", "2")
     assert req.parameters == {"binary_data_output": True, "priority": 1}
     assert req.inputs[0] == InferTensor("a", "FP32", [2], req.inputs[0].data, {"x": "y"})
@@ -520,7 +587,7 @@ def test_random_corruption_only_raises_codec_error():
         mutated = bytearray(body)
         op = rng.randrange(3)
         if op == 0:
-            del mutated[rng.randrange(len(mutated)):]
+            del mutated[rng.randrange(len(mutated)) :]
         elif op == 1:
             for _ in range(rng.randint(1, 4)):
                 mutated[rng.randrange(len(mutated))] = rng.randrange(256)
@@ -540,12 +607,18 @@ def test_random_corruption_only_raises_codec_error():
 
 def test_proto_request_round_trip_all_datatypes():
     tensors = [InferTensor(f"in_{d}", d, [2, 3], sample(d), {"n": 1}) for d in ALL]
-    req = InferRequest("m", "2", "id", tensors, [RequestedOutput("o", None, {"classification": 2})],
-                       {"s": "x", "b": True, "i": -5, "u": 2**63 + 1, "f": 0.5})
-    pb = service_pb2.ModelInferRequest.FromString(v2.request_to_proto(req).SerializeToString())
+    req = InferRequest(
+        "m",
+        "2",
+        "id",
+        tensors,
+        [RequestedOutput("o", None, {"classification": 2})],
+        {"s": "x", "b": True, "i": -5, "u": 2**63 + 1, "f": 0.5},
+    )
+    pb = service_pb2.ModelInferRequest.FromString(v2_grpc.request_to_proto(req).SerializeToString())
     assert len(pb.raw_input_contents) == len(ALL)
     assert pb.parameters["u"].WhichOneof("parameter_choice") == "uint64_param"
-    back = v2.request_from_proto(pb)
+    back = v2_grpc.request_from_proto(pb)
     assert (back.model_name, back.model_version, back.id, back.parameters) == ("m", "2", "id", req.parameters)
     assert back.outputs == [RequestedOutput("o", None, {"classification": 2})]
     for a, b in zip(back.inputs, tensors, strict=True):
@@ -556,8 +629,8 @@ def test_proto_request_round_trip_all_datatypes():
 def test_proto_response_round_trip():
     resp = make_response()
     resp.parameters = {"triton_final_response": True}
-    pb = service_pb2.ModelInferResponse.FromString(v2.response_to_proto(resp).SerializeToString())
-    back = v2.response_from_proto(pb)
+    pb = service_pb2.ModelInferResponse.FromString(v2_grpc.response_to_proto(resp).SerializeToString())
+    back = v2_grpc.response_from_proto(pb)
     assert (back.model_name, back.model_version, back.id, back.parameters) == ("m", "3", "r9", resp.parameters)
     for a, b in zip(back.outputs, resp.outputs, strict=True):
         assert_tensor_equal(a.data, b.data)
@@ -572,17 +645,27 @@ def test_proto_decodes_tritonclient_grpc_request():
     pb = grpc_utils._get_inference_request(
         "m", [inp, s], "", "r", [grpcclient.InferRequestedOutput("o")], 0, False, False, 3, None, None
     )
-    req = v2.request_from_proto(pb)
+    req = v2_grpc.request_from_proto(pb)
     assert_tensor_equal(req.inputs[0].data, arr)
     assert req.inputs[1].data.tolist() == ["\u00e9".encode()]
     assert req.parameters == {"priority": 3}
     assert [o.name for o in req.outputs] == ["o"]
 
 
-TYPED = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
-         "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents",
-         "UINT32": "uint_contents", "UINT64": "uint64_contents", "FP32": "fp32_contents",
-         "FP64": "fp64_contents", "BYTES": "bytes_contents"}
+TYPED = {
+    "BOOL": "bool_contents",
+    "INT8": "int_contents",
+    "INT16": "int_contents",
+    "INT32": "int_contents",
+    "INT64": "int64_contents",
+    "UINT8": "uint_contents",
+    "UINT16": "uint_contents",
+    "UINT32": "uint_contents",
+    "UINT64": "uint64_contents",
+    "FP32": "fp32_contents",
+    "FP64": "fp64_contents",
+    "BYTES": "bytes_contents",
+}
 
 
 @pytest.mark.parametrize("datatype", list(TYPED))
@@ -591,7 +674,7 @@ def test_proto_typed_contents(datatype):
     pb = service_pb2.ModelInferRequest(model_name="m")
     t = pb.inputs.add(name="x", datatype=datatype, shape=[2, 3])
     getattr(t.contents, TYPED[datatype]).extend(arr.ravel().tolist())
-    assert_tensor_equal(v2.request_from_proto(pb).inputs[0].data, arr)
+    assert_tensor_equal(v2_grpc.request_from_proto(pb).inputs[0].data, arr)
 
 
 def typed_request(datatype: str, field: str, values: list, shape: list[int]) -> service_pb2.ModelInferRequest:
@@ -615,33 +698,36 @@ def typed_request(datatype: str, field: str, values: list, shape: list[int]) -> 
 )
 def test_proto_errors(pb, fragment):
     with pytest.raises(CodecError, match=fragment):
-        v2.request_from_proto(pb)
+        v2_grpc.request_from_proto(pb)
 
 
 def test_proto_raw_errors():
     pb = typed_request("FP32", "fp32_contents", [1.0], [1])
     pb.raw_input_contents.append(b"\0\0\0\0")
     with pytest.raises(CodecError, match="contents must not be set when raw_input_contents is used"):
-        v2.request_from_proto(pb)
-    pb = v2.request_to_proto(request_of(InferTensor("a", "INT8", [1], np.ones(1, np.int8)),
-                                        InferTensor("b", "INT8", [1], np.ones(1, np.int8))))
+        v2_grpc.request_from_proto(pb)
+    pb = v2_grpc.request_to_proto(
+        request_of(
+            InferTensor("a", "INT8", [1], np.ones(1, np.int8)), InferTensor("b", "INT8", [1], np.ones(1, np.int8))
+        )
+    )
     del pb.raw_input_contents[1]
     with pytest.raises(CodecError, match="raw_input_contents has 1 entries for 2 inputs"):
-        v2.request_from_proto(pb)
+        v2_grpc.request_from_proto(pb)
     pb.raw_input_contents.append(b"\1\1")
     with pytest.raises(CodecError, match=r"input 'b': expected 1 bytes for shape \[1\] INT8, got 2"):
-        v2.request_from_proto(pb)
+        v2_grpc.request_from_proto(pb)
     pb.inputs[1].name = "a"
     with pytest.raises(CodecError, match="duplicate input name"):
-        v2.request_from_proto(pb)
+        v2_grpc.request_from_proto(pb)
 
 
 def test_parameters_proto_helpers():
     params = {"b": False, "i": -(2**63), "u": 2**64 - 1, "s": "", "d": 1e-3, "np": np.int32(4)}
     pb = service_pb2.ModelInferRequest()
-    v2.parameters_to_proto(params, pb.parameters)
-    assert v2.parameters_from_proto(pb.parameters) == {**params, "np": 4}
-    assert isinstance(v2.parameters_from_proto(pb.parameters)["b"], bool)
+    v2_grpc.parameters_to_proto(params, pb.parameters)
+    assert v2_grpc.parameters_from_proto(pb.parameters) == {**params, "np": 4}
+    assert isinstance(v2_grpc.parameters_from_proto(pb.parameters)["b"], bool)
     for bad in ({"x": None}, {"x": 2**64}, {"x": [1]}):
         with pytest.raises(CodecError, match="parameter 'x'"):
-            v2.parameters_to_proto(bad, pb.parameters)
+            v2_grpc.parameters_to_proto(bad, pb.parameters)
