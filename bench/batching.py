@@ -14,8 +14,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import get_json, load_model, peers_dir, perf_analyzer, reference_server
+from _harness import get_json, load_model, peers_dir, perf_analyzer
 
+from perfkit.embedded import reference_server_process
 from reference_server.demo import build_demo_repository
 
 VARIANTS = [
@@ -43,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         repository = build_demo_repository(Path(tmp) / "models")
-        with reference_server(repository, "--model-control-mode", "explicit", "--load-model", "mlp") as server:
+        with reference_server_process(
+            repository, ("--model-control-mode", "explicit", "--load-model", "mlp")
+        ) as server:
             base = get_json(f"http://{server.http_url}/v2/models/mlp/config")
             assert isinstance(base, dict)
             for label, instances, batching in VARIANTS:

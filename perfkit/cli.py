@@ -52,10 +52,10 @@ def _run_probe(args: argparse.Namespace) -> int:
 
     if args.url:
         return go(args.url)
-    from perfkit.embedded import embedded_server
+    from perfkit.embedded import reference_server_process
 
-    print("starting the embedded reference server on the demo models...", file=sys.stderr)
-    with embedded_server() as server:
+    print("starting the embedded reference server on the demo models...", file=sys.stderr, flush=True)
+    with reference_server_process() as server:
         return go(server.http_url)
 
 

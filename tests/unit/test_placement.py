@@ -1,0 +1,65 @@
+"""instance_group expands into instances placed as Triton places them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2 as mc
+
+from reference_server.errors import ModelConfigError
+from reference_server.onnx_backend import Placement, plan_instances
+
+CONFIG = Path("models/m/config.pbtxt")
+
+
+def plan(text: str, gpus: int) -> list[Placement]:
+    config = text_format.Parse('name: "m"\n' + text, mc.ModelConfig())
+    return plan_instances(config, gpus, CONFIG)
+
+
+def devices(placements: list[Placement]) -> list[tuple[str, int | None]]:
+    return [(p.device, p.gpu) for p in placements]
+
+
+def test_no_group_is_one_instance_on_gpu_when_present_else_cpu() -> None:
+    assert devices(plan("", 0)) == [("CPU", None)]
+    assert devices(plan("", 2)) == [("GPU", 0), ("GPU", 1)]
+
+
+def test_count_is_per_listed_gpu() -> None:
+    placements = plan(
+        "instance_group [ { count: 1, kind: KIND_GPU, gpus: [0] }, { count: 2, kind: KIND_GPU, gpus: [1, 2] } ]", 3
+    )
+    assert devices(placements) == [("GPU", 0), ("GPU", 1), ("GPU", 1), ("GPU", 2), ("GPU", 2)]
+    assert len({p.name for p in placements}) == len(placements)
+
+
+def test_gpu_group_without_gpus_uses_every_gpu() -> None:
+    assert devices(plan("instance_group [ { count: 2, kind: KIND_GPU } ]", 2)) == [
+        ("GPU", 0),
+        ("GPU", 0),
+        ("GPU", 1),
+        ("GPU", 1),
+    ]
+
+
+def test_cpu_groups_and_mixed_groups() -> None:
+    assert devices(plan("instance_group [ { count: 3, kind: KIND_CPU } ]", 1)) == [("CPU", None)] * 3
+    mixed = plan("instance_group [ { count: 1, kind: KIND_CPU }, { count: 1, kind: KIND_GPU, gpus: [0] } ]", 1)
+    assert devices(mixed) == [("CPU", None), ("GPU", 0)]
+
+
+def test_auto_kind_falls_back_to_cpu_when_a_listed_gpu_is_missing() -> None:
+    assert devices(plan("instance_group [ { count: 1, gpus: [3] } ]", 1)) == [("CPU", None)]
+
+
+def test_kind_gpu_without_gpu_names_the_file_and_the_fix() -> None:
+    with pytest.raises(ModelConfigError, match=r"models/m/config\.pbtxt.*KIND_GPU but no GPU.*KIND_CPU"):
+        plan("instance_group [ { count: 1, kind: KIND_GPU } ]", 0)
+
+
+def test_listed_gpu_that_does_not_exist_is_refused() -> None:
+    with pytest.raises(ModelConfigError, match=r"lists GPU\(s\) \[2\] but only 2 GPU"):
+        plan("instance_group [ { kind: KIND_GPU, gpus: [0, 2] } ]", 2)
