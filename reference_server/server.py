@@ -98,6 +98,8 @@ class ReferenceServer:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await self.start()
+        # The last startup line: a parent process waiting on our stdout may proceed.
+        print("Server ready", flush=True)
         await stop.wait()
         log.info("shutting down: finishing in-flight requests (up to %ss)", self.config.exit_timeout_secs)
         await self.stop()
