@@ -1,0 +1,196 @@
+"""What a sweep produces: one LevelResult per load level, inside a SweepResult with provenance.
+
+Plain frozen dataclasses, written to and read from JSON here and nowhere else. Times are
+microseconds (`*_us`) and rates per second, as in perf_analyzer's reports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+RESULT_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class LatencyStats:
+    """Latency distribution of one set of requests, in microseconds."""
+
+    count: int = 0
+    mean_us: float = 0.0
+    std_us: float = 0.0
+    min_us: float = 0.0
+    max_us: float = 0.0
+    p50_us: float = 0.0
+    p90_us: float = 0.0
+    p95_us: float = 0.0
+    p99_us: float = 0.0
+    p999_us: float = 0.0
+    # 95% confidence interval of p99 from order statistics (distribution-free).
+    p99_ci_low_us: float = 0.0
+    p99_ci_high_us: float = 0.0
+    # --percentile P, when asked for.
+    custom_percentile: float | None = None
+    custom_us: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WindowResult:
+    """One measurement window: the requests that completed within it."""
+
+    start_ns: int
+    end_ns: int
+    request_count: int
+    ok_count: int
+    error_count: int
+    throughput_infer_per_s: float
+    stabilizing_latency_us: float  # average latency, or --percentile's, as perf_analyzer
+
+
+@dataclass(frozen=True, slots=True)
+class ServerStats:
+    """Differences of the server's statistics extension over the reported windows."""
+
+    success_count: int = 0
+    fail_count: int = 0
+    inference_count: int = 0
+    execution_count: int = 0
+    avg_batch_size: float = 0.0
+    request_us: float = 0.0  # average server-side request time (success.ns / success.count)
+    queue_us: float = 0.0
+    compute_input_us: float = 0.0
+    compute_infer_us: float = 0.0
+    compute_output_us: float = 0.0
+    overhead_us: float = 0.0  # request − queue − compute, floored at 0 (perf_analyzer's "overhead")
+    batch_sizes: dict[int, int] = field(default_factory=dict)  # formed batch size → executions
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceUsage:
+    """Resource figures over the reported windows. Empty dicts / None mean "not measured"."""
+
+    gpu_utilization: dict[str, float] = field(default_factory=dict)  # gpu uuid → mean 0..1
+    gpu_power_w: dict[str, float] = field(default_factory=dict)  # mean
+    gpu_memory_used_bytes: dict[str, int] = field(default_factory=dict)  # max
+    gpu_memory_total_bytes: dict[str, int] = field(default_factory=dict)
+    client_cpu_pct: float | None = None  # of one core, all client processes
+    client_cpu_us_per_request: float | None = None
+    server_cpu_pct: float | None = None  # of the whole machine, 0..100 (nv_cpu_utilization or psutil)
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """One validity criterion: what was checked, whether it passed, and what to do if not."""
+
+    name: str
+    passed: bool
+    detail: str
+    advice: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LevelResult:
+    mode: str  # "concurrency" | "request_rate" | "custom_intervals"
+    level: float  # concurrency, or requests per second
+    batch_size: int
+    stable: bool
+    duration_s: float  # of the reported (merged) windows
+    request_count: int
+    ok_count: int
+    error_count: int
+    errors: dict[str, int]  # error kind → count
+    throughput_infer_per_s: float
+    throughput_ci_low: float
+    throughput_ci_high: float
+    send_rate_per_s: float
+    latency: LatencyStats  # service latency: completion − actual send (perf_analyzer's)
+    latency_from_intended: LatencyStats  # completion − intended send (coordinated omission corrected)
+    delayed_pct: float  # share of sends later than 1 ms after their intended time
+    max_send_lag_us: float
+    client_send_us: float
+    client_recv_us: float
+    network_server_us: float  # perf_analyzer's "Network+Server Send/Recv"
+    server: ServerStats | None
+    resources: ResourceUsage
+    windows: tuple[WindowResult, ...]
+    checks: tuple[Check, ...]
+    bytes_out_per_request: float = 0.0
+    bytes_in_per_request: float = 0.0
+
+    @property
+    def valid(self) -> bool:
+        return all(check.passed for check in self.checks)
+
+
+@dataclass(frozen=True, slots=True)
+class SweepResult:
+    model: str
+    model_version: str
+    url: str
+    protocol: str  # "http" | "grpc"
+    mode: str
+    levels: tuple[LevelResult, ...]
+    provenance: dict[str, Any]  # perfkit version, git commit, server metadata, machine, seed, argv, spec
+    completed: bool = True  # False when the sweep stopped early (server failure, interrupt)
+    stop_reason: str = ""
+
+    def with_level(self, level: LevelResult) -> SweepResult:
+        return dataclasses.replace(self, levels=(*self.levels, level))
+
+
+def to_jsonable(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: to_jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    return value
+
+
+def _level_from_json(data: dict[str, Any]) -> LevelResult:
+    server = data.get("server")
+    return LevelResult(
+        **{
+            **data,
+            "errors": dict(data["errors"]),
+            "latency": LatencyStats(**data["latency"]),
+            "latency_from_intended": LatencyStats(**data["latency_from_intended"]),
+            "server": (
+                None
+                if server is None
+                else ServerStats(**{**server, "batch_sizes": {int(k): v for k, v in server["batch_sizes"].items()}})
+            ),
+            "resources": ResourceUsage(**{**data["resources"], "notes": tuple(data["resources"]["notes"])}),
+            "windows": tuple(WindowResult(**w) for w in data["windows"]),
+            "checks": tuple(Check(**c) for c in data["checks"]),
+        }
+    )
+
+
+def sweep_to_json(result: SweepResult) -> str:
+    return json.dumps({"schema_version": RESULT_SCHEMA_VERSION, **to_jsonable(result)}, indent=1)
+
+
+def sweep_from_json(text: str, source: str = "result") -> SweepResult:
+    data = json.loads(text)
+    version = data.pop("schema_version", None)
+    if version != RESULT_SCHEMA_VERSION:
+        raise ValueError(f"{source}: result schema version {version} is not {RESULT_SCHEMA_VERSION}")
+    data["levels"] = tuple(_level_from_json(level) for level in data["levels"])
+    return SweepResult(**data)
+
+
+def write_sweep(result: SweepResult, path: Path) -> None:
+    """Write atomically, so an interrupted sweep never leaves a half-written file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(sweep_to_json(result))
+    tmp.replace(path)
+
+
+def read_sweep(path: Path) -> SweepResult:
+    return sweep_from_json(path.read_text(), str(path))
