@@ -1,0 +1,114 @@
+"""The sweep's settings: one frozen tree built from the command line, validated in one place."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from perfkit.errors import PerfkitError
+
+
+@dataclass(frozen=True, slots=True)
+class TargetSpec:
+    url: str | None  # None: start the embedded reference server
+    protocol: str = "http"  # http | grpc
+    model: str | None = None
+    model_version: str = ""
+    headers: tuple[tuple[str, str], ...] = ()
+    request_timeout_s: float = 30.0
+    json_tensors: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class InputSpec:
+    batch_size: int = 1
+    shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    input_data: str = "random"  # random | zero | path to a JSON file
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class WindowSpec:
+    """perf_analyzer's measurement settings, with its defaults."""
+
+    mode: str = "time_windows"  # time_windows | count_windows
+    interval_ms: float = 5000.0
+    request_count: int = 50
+    stability_pct: float = 10.0
+    max_trials: int = 10
+    stable_window_count: int = 3
+    percentile: float | None = None  # None: stabilise on (and report) the average latency
+    warmup_request_count: int = 0
+    delay_tolerance_ms: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSpec:
+    mode: str  # concurrency | request_rate | custom_intervals
+    start: float = 1.0
+    end: float = 1.0  # 0: increase until latency_threshold_ms
+    step: float = 1.0
+    distribution: str = "constant"
+    intervals_ns: tuple[int, ...] = ()
+    latency_threshold_ms: float = 0.0  # 0: no limit
+    binary_search: bool = False
+    max_outstanding: int = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class OutputSpec:
+    report_dir: Path = Path("reports")
+    pa_csv: Path | None = None
+    profile_export: Path | None = None
+    quiet: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSpec:
+    collect: bool = False
+    metrics_url: str | None = None
+    interval_ms: float = 1000.0
+
+
+@dataclass(frozen=True, slots=True)
+class SweepSpec:
+    target: TargetSpec
+    load: LoadSpec
+    windows: WindowSpec = field(default_factory=WindowSpec)
+    inputs: InputSpec = field(default_factory=InputSpec)
+    metrics: MetricsSpec = field(default_factory=MetricsSpec)
+    output: OutputSpec = field(default_factory=OutputSpec)
+
+    def validate(self) -> None:
+        t, load, w = self.target, self.load, self.windows
+        if t.protocol not in ("http", "grpc"):
+            raise PerfkitError(f"-i must be http or grpc, got '{t.protocol}'")
+        if t.json_tensors and t.protocol != "http":
+            raise PerfkitError("--input-tensor-format json applies to HTTP only; drop it or use -i http")
+        if t.request_timeout_s <= 0:
+            raise PerfkitError("--request-timeout must be a positive number of seconds")
+        if self.inputs.batch_size < 1:
+            raise PerfkitError("-b/--batch-size must be at least 1")
+        if w.mode not in ("time_windows", "count_windows"):
+            raise PerfkitError("--measurement-mode must be time_windows or count_windows")
+        if w.interval_ms <= 0:
+            raise PerfkitError("-p/--measurement-interval must be a positive number of milliseconds")
+        if w.request_count < 1:
+            raise PerfkitError("--measurement-request-count must be at least 1")
+        if not 0 < w.stability_pct:
+            raise PerfkitError("-s/--stability-percentage must be positive")
+        if w.max_trials < w.stable_window_count:
+            raise PerfkitError(
+                f"-r/--max-trials must be at least {w.stable_window_count}: stability compares the last "
+                f"{w.stable_window_count} windows"
+            )
+        if w.percentile is not None and not 0 < w.percentile < 100:
+            raise PerfkitError("--percentile must be between 0 and 100 (e.g. 99 or 99.9)")
+        if w.warmup_request_count < 0:
+            raise PerfkitError("--warmup-request-count must not be negative")
+        if load.end == 0 and load.latency_threshold_ms <= 0:
+            raise PerfkitError("a range END of 0 means 'until the latency threshold': pass -l/--latency-threshold MS")
+        if load.binary_search and (load.end == 0 or load.latency_threshold_ms <= 0):
+            raise PerfkitError("--binary-search needs an explicit range START:END and -l/--latency-threshold MS")
+        if self.metrics.interval_ms <= 0:
+            raise PerfkitError("--metrics-interval must be a positive number of milliseconds")
