@@ -44,6 +44,8 @@ class ServerConfig:
                 raise ServerError(f"{flag} must be a port number 0-65535 (0 picks a free port), got {port}")
         if self.load_models and self.model_control_mode != "explicit":
             raise ServerError("--load-model is only valid with --model-control-mode explicit")
+        if self.model_control_mode == "poll" and self.repository_poll_secs <= 0:
+            raise ServerError("--repository-poll-secs must be a positive number of seconds in poll mode")
         if self.http_max_input_size <= 0:
             raise ServerError("--http-max-input-size must be a positive number of bytes")
 
@@ -100,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=64 * 1024 * 1024,
         metavar="BYTES",
-        help="largest request body accepted; larger ones get HTTP 413",
+        help="largest request accepted, on both front ends: larger HTTP bodies get 413, larger gRPC messages "
+        "RESOURCE_EXHAUSTED",
     )
     models = parser.add_argument_group("models")
     models.add_argument(

@@ -142,7 +142,7 @@ class DataPlane:
             self.repository.get(name)  # raises NotFound / Unavailable for the right reason
             served = [mv for mv in self.repository.loaded() if mv.name == name]
         served.sort(key=lambda mv: (mv.name, mv.version))
-        return {"model_stats": [mv.stats.to_dict(mv.name, str(mv.version)) for mv in served]}
+        return {"model_stats": [mv.stats.to_dict(mv.name, str(mv.version), _memory_usage(mv)) for mv in served]}
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         return self.repository.index(ready_only)
@@ -176,6 +176,12 @@ class DataPlane:
                 f"explicit model {action} is not allowed in model control mode '{self.model_control_mode}'; "
                 "start the server with --model-control-mode explicit"
             )
+
+
+def _memory_usage(served: ModelVersion) -> list[dict[str, Any]]:
+    # Only GPU memory is measured (per version, at load): CPU memory cannot be told apart by model
+    # inside one process.
+    return [{"type": "GPU", "id": index, "byte_size": size} for index, size in sorted(served.gpu_memory_bytes.items())]
 
 
 def _datatype(data_type: int) -> str:

@@ -175,11 +175,27 @@ def render_exposition(families: Iterable[Family]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def model_memory_family(repository: ModelRepository, uuids: dict[int, str]) -> list[Family]:
+    samples: list[tuple[Labels, float]] = [
+        ({"model": mv.name, "version": str(mv.version), "gpu_uuid": uuids.get(index, str(index))}, size)
+        for mv in repository.loaded()
+        for index, size in sorted(mv.gpu_memory_bytes.items())
+    ]
+    if not samples:
+        return []
+    return [Family("nv_model_gpu_memory_bytes", "gauge", "GPU memory used by the model version's instances, in bytes",
+                   samples)]  # fmt: skip
+
+
 def scrape(repository: ModelRepository) -> str:
     served = [(mv.name, str(mv.version), mv.stats) for mv in repository.loaded()]
     readings = gpu.read_gpus()
     process_memory = gpu.process_gpu_memory_bytes(os.getpid()) if readings else {}
-    return render_exposition([*model_families(served), *gpu_families(readings, process_memory), *cpu_families()])
+    uuids = {r.index: r.uuid for r in readings}
+    return render_exposition([
+        *model_families(served), *gpu_families(readings, process_memory),
+        *model_memory_family(repository, uuids), *cpu_families(),
+    ])  # fmt: skip
 
 
 def build_metrics_app(repository: ModelRepository) -> web.Application:

@@ -133,8 +133,12 @@ class ModelStats:
         """Cumulative time in the server of all finished requests (`nv_inference_request_duration_us`)."""
         return self.success_ns + self.fail_ns
 
-    def to_dict(self, name: str, version: str) -> dict[str, Any]:
-        """One entry of `model_stats` in the statistics-extension JSON."""
+    def to_dict(self, name: str, version: str, memory_usage: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+        """One entry of `model_stats` in the statistics-extension JSON.
+
+        `memory_usage` is the extension's list of `{"type": "CPU"|"CPU_PINNED"|"GPU", "id", "byte_size"}`
+        (what the version's instances hold); it is not a statistic, so the caller supplies it.
+        """
         n = self.success_count
         return {
             "name": name,
@@ -164,5 +168,5 @@ class ModelStats:
                 }
                 for size, b in sorted(self._batches.items())
             ],
-            "memory_usage": [],
+            "memory_usage": list(memory_usage or []),
         }

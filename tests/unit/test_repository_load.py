@@ -1,0 +1,99 @@
+"""Repository loads: serialised per model, failures leave what serves in place, unknown names stay out."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from reference_server.errors import ModelConfigError, NotFound
+from reference_server.model_config import parse_config_text
+from reference_server.repository import ModelRepository
+
+
+@pytest.fixture
+async def repository(demo_repository: Path, tmp_path: Path) -> AsyncIterator[ModelRepository]:
+    root = tmp_path / "models"
+    shutil.copytree(demo_repository / "identity", root / "identity")
+    repo = ModelRepository(root)
+    try:
+        yield repo
+    finally:
+        await repo.close(0)
+
+
+def identity_config(max_batch_size: int) -> Any:
+    text = (
+        f'name: "identity"\nmax_batch_size: {max_batch_size}\n'
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+    )
+    return parse_config_text(text, Path("override"))
+
+
+async def test_concurrent_loads_of_one_model_run_one_after_the_other(
+    repository: ModelRepository, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prepare = repository._prepare_versions
+    lock = threading.Lock()
+    active = [0, 0]  # now, most at once
+
+    def counted(*args: Any) -> Any:
+        with lock:
+            active[0] += 1
+            active[1] = max(active[1], active[0])
+        try:
+            return prepare(*args)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    monkeypatch.setattr(repository, "_prepare_versions", counted)
+    await asyncio.gather(*(repository.load("identity", identity_config(size)) for size in (2, 4, 6)))
+    assert active[1] == 1
+    # Loads take the lock in the order they were asked for: the last one wins.
+    assert repository.get("identity").config.max_batch_size == 6
+    assert [mv.config.max_batch_size for mv in repository.loaded()] == [6]
+
+
+async def test_failed_reload_keeps_the_versions_and_the_ready_state(repository: ModelRepository) -> None:
+    await repository.load("identity")
+    serving = repository.get("identity")
+    bad = identity_config(4)
+    bad.input[0].dims[:] = [3, 3]  # rank 2 against the graph's rank 1 (plus batch)
+    with pytest.raises(ModelConfigError, match="INPUT0"):
+        await repository.load("identity", bad)
+    assert repository.get("identity") is serving
+    assert not serving.scheduler._closing  # still the one taking requests
+    (entry,) = repository.index()
+    assert entry["state"] == "READY" and "INPUT0" in entry["reason"]
+    assert repository.all_ready()
+
+
+async def test_unknown_model_is_not_found_and_leaves_no_trace(repository: ModelRepository) -> None:
+    for name in ("nope", "../identity", ".hidden", ""):
+        with pytest.raises(NotFound, match="not in the model repository"):
+            await repository.load(name)
+    assert [entry["name"] for entry in repository.index()] == ["identity"]
+    assert repository.all_ready()
+
+
+async def test_unload_leaves_the_model_unavailable_with_reason_unloaded(repository: ModelRepository) -> None:
+    await repository.load("identity")
+    await repository.unload("identity")
+    assert not repository.is_ready("identity")
+    assert repository.index() == [{"name": "identity", "state": "UNAVAILABLE", "reason": "unloaded"}]
+    with pytest.raises(NotFound):
+        await repository.unload("nope")
+
+
+def test_resolve_load_models(repository: ModelRepository) -> None:
+    assert repository.resolve_load_models(["*"]) == ["identity"]
+    assert repository.resolve_load_models(["identity", "identity"]) == ["identity"]
+    with pytest.raises(NotFound, match=r"--load-model 'mlp'.*\(models there: identity\)"):
+        repository.resolve_load_models(["identity", "mlp"])
