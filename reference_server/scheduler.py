@@ -73,6 +73,7 @@ from tritonclient.grpc import model_config_pb2
 
 from .errors import InternalError, InvalidArgument, ModelConfigError, Unavailable
 from .stats import ModelStats
+from .timer import TimerHandle, call_at_ns
 
 __all__ = ["BatchingPolicy", "ModelInstance", "Scheduler", "Tensor", "TimeoutAction"]
 
@@ -215,7 +216,7 @@ class Scheduler:
         self._queue: deque[_Request] = deque()
         self._delayed: deque[_Request] = deque()  # expired under timeout_action DELAY
         self._next_deadline = 0  # earliest deadline in _queue, or 0; may be stale-early
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: TimerHandle | None = None
         self._timer_ns = 0
         self._schedule_queued = False
         self._closing = False
@@ -471,8 +472,7 @@ class Scheduler:
             if self._timer_ns <= when_ns:
                 return
             self._timer.cancel()
-        delay_s = max(0, when_ns - perf_counter_ns()) / 1e9
-        self._timer = self._loop.call_later(delay_s, self._on_timer)
+        self._timer = call_at_ns(self._loop, when_ns, self._on_timer)
         self._timer_ns = when_ns
 
     def _on_timer(self) -> None:
