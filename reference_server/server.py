@@ -12,12 +12,15 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
+import grpc
 from aiohttp import web
 
 from reference_server import gpu
 from reference_server.config import ServerConfig
 from reference_server.dataplane import DataPlane
+from reference_server.grpc_service import build_grpc_server
 from reference_server.metrics import build_metrics_app
+from reference_server.poller import RepositoryPoller
 from reference_server.repository import ModelRepository
 from reference_server.rest import build_rest_app
 
@@ -34,6 +37,8 @@ class ReferenceServer:
         self.metrics_port: int | None = None
         self.grpc_port: int | None = None
         self._runners: list[web.AppRunner] = []
+        self._poller: RepositoryPoller | None = None
+        self._grpc_server: grpc.aio.Server | None = None
 
     @property
     def http_url(self) -> str:
@@ -52,15 +57,20 @@ class ReferenceServer:
             strict_readiness=config.strict_readiness,
         )
         if config.model_control_mode == "explicit":
-            names = self.repository.model_names() if "*" in config.load_models else list(config.load_models)
-            await self.repository.load_all(names)
+            await self.repository.load_all(self.repository.resolve_load_models(config.load_models))
         else:
             await self.repository.load_all()
+        if config.model_control_mode == "poll":
+            self._poller = RepositoryPoller(self.repository, config.repository_poll_secs)
+            await self._poller.start()
         try:
             if config.allow_http:
                 app = build_rest_app(self.dataplane, max_request_bytes=config.http_max_input_size)
                 self.http_port = await self._listen(app, config.http_port)
                 print(f"Started HTTPService at {config.host}:{self.http_port}", flush=True)
+            if config.allow_grpc:
+                self.grpc_port = await self._listen_grpc(self.dataplane, config.grpc_port)
+                print(f"Started GRPCInferenceService at {config.host}:{self.grpc_port}", flush=True)
             if config.allow_metrics:
                 self.metrics_port = await self._listen(build_metrics_app(self.repository), config.metrics_port)
                 print(f"Started Metrics Service at {config.host}:{self.metrics_port}", flush=True)
@@ -81,11 +91,30 @@ class ReferenceServer:
         bound: Any = runner.addresses[-1]
         return int(bound[1])
 
+    async def _listen_grpc(self, plane: DataPlane, port: int) -> int:
+        # One size limit for both front ends: --http-max-input-size also caps gRPC messages.
+        server = build_grpc_server(plane, max_message_bytes=self.config.http_max_input_size)
+        self._grpc_server = server  # set first, so that stop() cleans up after a failed bind
+        host = self.config.host
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        try:
+            bound = server.add_insecure_port(address)
+        except RuntimeError as exc:  # grpc says only "Failed to bind to address ..."
+            raise OSError(f"cannot bind the gRPC listener to {address} (--grpc-port): {exc}") from exc
+        await server.start()
+        return int(bound)
+
     async def stop(self, grace_s: float | None = None) -> None:
         """Stop accepting, let in-flight requests finish within the grace period, then unload."""
         grace = self.config.exit_timeout_secs if grace_s is None else grace_s
+        poller, self._poller = self._poller, None
+        if poller is not None:
+            await poller.stop()  # first: no model may be (re)loaded while the server winds down
         if self.dataplane is not None:
             self.dataplane.accepting = False
+        grpc_server, self._grpc_server = self._grpc_server, None
+        if grpc_server is not None:
+            await grpc_server.stop(grace)
         runners, self._runners = self._runners, []
         for runner in runners:
             await runner.cleanup()
