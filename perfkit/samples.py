@@ -70,8 +70,14 @@ class SampleArrays:
         return [
             Sample(int(i), int(s), int(d), self.error_names[int(e)], int(bo), int(bi), int(sn), int(rn))
             for i, s, d, e, bo, bi, sn, rn in zip(
-                self.intended_ns, self.sent_ns, self.done_ns, self.error_kind,
-                self.bytes_out, self.bytes_in, self.send_ns, self.recv_ns,
+                self.intended_ns,
+                self.sent_ns,
+                self.done_ns,
+                self.error_kind,
+                self.bytes_out,
+                self.bytes_in,
+                self.send_ns,
+                self.recv_ns,
             )  # fmt: skip
         ]
 
@@ -84,9 +90,7 @@ class SampleArrays:
             if part.error_names[: len(names)] != names[: len(part.error_names)]:
                 raise ValueError("sample sets from different buffers cannot be concatenated")
             names = max(names, part.error_names, key=len)
-        return SampleArrays(
-            *(np.concatenate([getattr(p, f) for p in parts]) for f in _COLUMNS), error_names=names
-        )
+        return SampleArrays(*(np.concatenate([getattr(p, f) for p in parts]) for f in _COLUMNS), error_names=names)
 
 
 _COLUMNS = ("intended_ns", "sent_ns", "done_ns", "error_kind", "bytes_out", "bytes_in", "send_ns", "recv_ns")

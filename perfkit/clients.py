@@ -1,0 +1,473 @@
+"""The load generator's side of the wire: one `InferClient` protocol, an HTTP (aiohttp) and a gRPC
+(grpc.aio) adapter.
+
+`prepare()` encodes a request once (with `perfkit.v2` / `perfkit.v2_grpc`). `send()` is the hot path
+and does as little as it can: it sends the pre-encoded bytes, reads the whole reply, checks its
+framing without decoding tensors, and classifies every failure into a short kind for counting
+("HTTP 503", "grpc UNAVAILABLE", "timeout", "connection refused", ...). It never raises, except
+`asyncio.CancelledError`. Only the first `MESSAGES_PER_KIND` failures of a kind carry their text.
+
+What `Outcome.send_ns` and `Outcome.recv_ns` cover (time.perf_counter_ns, client side only):
+
+- HTTP. `send_ns`: from the call until aiohttp has handed the whole request (headers and body, one
+  write) to the transport: taking a pooled keep-alive connection (or opening one), building the
+  request, and the event-loop hop to aiohttp's body-writer task. The body stamps the time itself
+  once written (`_TimedBody`); per-request aiohttp tracing would cost more than it measures.
+  `recv_ns`: from aiohttp returning the parsed response headers to the body fully read and checked
+  (status, JSON header parsed, binary sizes adding up), as perf_analyzer's libcurl client does.
+- gRPC. `send_ns`: starting the call (grpc.aio takes the message and queues it). perf_analyzer's
+  gRPC "send" is marshalling the request, which `prepare()` did once: the call passes raw bytes
+  through identity serializers. `recv_ns`: parsing the reply bytes as a ModelInferResponse
+  (perf_analyzer's "unmarshal response"); grpc.aio does not tell when the first byte arrived.
+
+Neither includes the network or the server: those are the rest of the request's latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiohttp
+import aiohttp.payload
+import grpc
+import yarl
+from google.protobuf import json_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import DecodeError
+from multidict import CIMultiDict, CIMultiDictProxy
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+from perfkit import v2
+from perfkit.errors import PerfkitError, TargetError
+from perfkit.v2_grpc import request_to_proto
+
+__all__ = ["MESSAGES_PER_KIND", "Outcome", "Prepared", "InferClient", "HttpClient", "GrpcClient", "make_client"]
+
+MESSAGES_PER_KIND = 10
+_HEADER_LENGTH = "Inference-Header-Content-Length"
+_now = time.perf_counter_ns
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    error: str  # "" on success, else the error's kind, used for counting
+    bytes_in: int
+    send_ns: int
+    recv_ns: int
+    message: str = ""  # the error's text, for the first occurrences of each kind
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A request encoded once for one client. `bytes_out` is the payload size (HTTP body or gRPC
+    message), without transport framing."""
+
+    payload: bytes
+    bytes_out: int
+    url: yarl.URL | None = None  # HTTP only
+    headers: Mapping[str, str] | None = None  # HTTP only
+
+
+class InferClient(Protocol):
+    url: str
+    protocol: str  # "http" | "grpc"
+
+    def prepare(self, request: v2.InferRequest) -> Prepared: ...
+    async def send(self, prepared: Prepared) -> Outcome: ...
+    async def live(self) -> bool: ...
+    async def ready(self) -> bool: ...
+    async def server_metadata(self) -> dict[str, Any]: ...
+    async def model_metadata(self, model: str, version: str = "") -> dict[str, Any]: ...
+    async def model_config(self, model: str, version: str = "") -> dict[str, Any]: ...
+    async def model_statistics(self, model: str = "", version: str = "") -> dict[str, Any]: ...
+    async def repository_index(self) -> list[dict[str, Any]]: ...
+    async def close(self) -> None: ...
+
+
+def make_client(
+    url: str,
+    protocol: str,
+    *,
+    request_timeout_s: float = 30.0,
+    headers: Mapping[str, str] = {},  # read only
+    binary_outputs: bool = True,
+    connections: int = 0,
+    json_tensors: bool = False,
+) -> InferClient:
+    """A client for `url` over `protocol` ("http" or "grpc"). `connections` caps the HTTP connection
+    pool (0: one per concurrent request); gRPC multiplexes every call on one channel. `json_tensors`
+    sends HTTP inputs as JSON (`--input-tensor-format json`); `binary_outputs` asks HTTP for binary
+    outputs (gRPC outputs are always raw)."""
+    if request_timeout_s <= 0:
+        raise PerfkitError(f"the request timeout must be > 0 seconds, got {request_timeout_s}")
+    if connections < 0:
+        raise PerfkitError(f"the connection count must be >= 0 (0: unlimited), got {connections}")
+    if protocol == "http":
+        return HttpClient(url, request_timeout_s, headers, (not json_tensors, binary_outputs), connections)
+    if protocol == "grpc":
+        if json_tensors:
+            raise PerfkitError("--input-tensor-format json is for HTTP only; use -i http or binary tensors")
+        return GrpcClient(url, request_timeout_s, headers)
+    raise PerfkitError(f"-i must be http or grpc, got '{protocol}'")
+
+
+def _note(seen: dict[str, int], kind: str, message: str) -> str:
+    """`message` for the first few failures of a kind, "" after: samples stay small."""
+    seen[kind] = count = seen.get(kind, 0) + 1
+    return message if count <= MESSAGES_PER_KIND else ""
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+# --- HTTP ------------------------------------------------------------------------------------------
+
+
+class _TimedBody(aiohttp.payload.Payload):
+    """A pre-encoded request body that records when aiohttp has handed it to the transport."""
+
+    _autoclose = True
+    sent_ns = 0
+
+    def __init__(self, value: bytes) -> None:
+        # Not BytesPayload, which warns on every body over 1 MiB. The request's own Content-Type
+        # header wins over the payload's.
+        super().__init__(value)
+        self._size = len(value)
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return bytes(self._value).decode(encoding, errors)
+
+    async def write(self, writer: Any) -> None:
+        await self.write_with_length(writer, None)
+
+    async def write_with_length(self, writer: Any, content_length: int | None) -> None:
+        await writer.write(self._value if content_length is None else self._value[:content_length])
+        self.sent_ns = _now()
+
+
+def _http_kind(exc: BaseException) -> str:
+    if isinstance(exc, asyncio.TimeoutError):  # aiohttp's ServerTimeoutError included
+        return "timeout"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "disconnected"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        if isinstance(exc.os_error, ConnectionRefusedError):
+            return "connection refused"
+        return "name resolution failed" if isinstance(exc.os_error, socket.gaierror) else "connection failed"
+    if isinstance(exc, (aiohttp.ClientPayloadError, aiohttp.ClientResponseError)):
+        return "bad response"
+    if isinstance(exc, OSError):  # ClientOSError and the builtin connection errors
+        if isinstance(exc, ConnectionResetError) or exc.errno in (errno.ECONNRESET, errno.EPIPE):
+            return "connection reset"
+        if exc.errno == errno.ECONNREFUSED:
+            return "connection refused"
+    if isinstance(exc, aiohttp.ClientConnectionError):
+        return "connection error"
+    return "client error"
+
+
+def _body_ok(body: bytes, header_length: str | None) -> bool:
+    """Framing check without decoding tensors: the JSON header parses, names outputs, and the binary
+    sections it declares fill the rest of the body exactly."""
+    try:
+        if header_length is None:
+            doc = json.loads(body)
+            return isinstance(doc.get("outputs"), list)
+        n = int(header_length)
+        outputs = json.loads(body[:n])["outputs"]
+        return bool(n + sum(o.get("parameters", {}).get("binary_data_size", 0) for o in outputs) == len(body))
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return False
+
+
+class HttpClient:
+    protocol = "http"
+
+    def __init__(
+        self, url: str, timeout_s: float, headers: Mapping[str, str], binary: tuple[bool, bool], connections: int
+    ) -> None:
+        self.url = url
+        self._base = yarl.URL(url if "://" in url else f"http://{url}")
+        if self._base.scheme not in ("http", "https") or not self._base.host:
+            raise PerfkitError(f"-u {url}: expected HOST:PORT or http(s)://HOST:PORT for -i http")
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._headers = dict(headers)
+        self._binary = binary  # (inputs, outputs)
+        self._connections = connections
+        self._session: aiohttp.ClientSession | None = None  # opened in the event loop, on first use
+        self._seen: dict[str, int] = {}
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._connections, limit_per_host=0),
+                timeout=self._timeout,
+                auto_decompress=False,
+                # Triton compresses responses when asked to; perf_analyzer does not ask.
+                skip_auto_headers=("Accept-Encoding",),
+            )
+        return self._session
+
+    def _url(self, model: str, version: str, *tail: str) -> yarl.URL:
+        url = self._base / "v2" / "models" / model
+        return (url / "versions" / version if version else url).joinpath(*tail)
+
+    def prepare(self, request: v2.InferRequest) -> Prepared:
+        try:
+            body, header_length = v2.encode_infer_request(request, *self._binary)
+        except v2.CodecError as exc:
+            raise PerfkitError(f"cannot encode a request for model '{request.model_name}': {exc}") from None
+        headers = CIMultiDict(
+            {"Content-Type": "application/json" if header_length is None else "application/octet-stream"}
+        )
+        headers.update(self._headers)  # -H headers replace ours, whatever their case
+        if header_length is not None:
+            headers[_HEADER_LENGTH] = str(header_length)
+        url = self._url(request.model_name, request.model_version, "infer")
+        return Prepared(body, len(body), url, CIMultiDictProxy(headers))
+
+    async def send(self, prepared: Prepared) -> Outcome:
+        session = self._session or self._open()
+        assert prepared.url is not None, "prepared by a GrpcClient"
+        payload = _TimedBody(prepared.payload)
+        start = _now()
+        head = 0
+        try:
+            response = await session.post(prepared.url, data=payload, headers=prepared.headers, timeout=self._timeout)
+            head = _now()
+            try:
+                body = await response.read()
+            except BaseException:
+                response.close()  # a half-read connection cannot be reused
+                raise
+            response.release()  # back to the pool
+            ok = response.status == 200 and _body_ok(body, response.headers.get(_HEADER_LENGTH))
+            done = _now()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # send() classifies every failure
+            kind = _http_kind(exc)
+            send_ns = payload.sent_ns - start if payload.sent_ns else 0
+            return Outcome(kind, 0, send_ns, _now() - head if head else 0, _note(self._seen, kind, _describe(exc)))
+        send_ns = payload.sent_ns - start if payload.sent_ns else head - start
+        if ok:
+            return Outcome("", len(body), send_ns, done - head)
+        if response.status == 200:
+            kind, message = "bad response", "the JSON header or the binary sizes of the infer response are malformed"
+        else:  # decoded only while wanted
+            kind = f"HTTP {response.status}"
+            message = v2.decode_error(body) if self._seen.get(kind, 0) < MESSAGES_PER_KIND else ""
+        return Outcome(kind, len(body), send_ns, done - head, _note(self._seen, kind, message))
+
+    async def _call(self, method: str, url: yarl.URL, body: Any = None) -> tuple[int, bytes]:
+        session = self._session or self._open()
+        try:
+            async with session.request(method, url, json=body, timeout=self._timeout) as response:
+                return response.status, await response.read()
+        except asyncio.TimeoutError:
+            raise TargetError(f"{method} {url}: no answer within {self._timeout.total} s") from None
+        except aiohttp.ClientError as exc:
+            raise TargetError(f"cannot reach {self._base} over HTTP ({_describe(exc)}); is -u right?") from None
+
+    async def _json(self, method: str, url: yarl.URL, body: Any = None) -> Any:
+        status, data = await self._call(method, url, body)
+        if status != 200:
+            raise TargetError(f"{method} {url}: HTTP {status}: {v2.decode_error(data)}")
+        try:
+            return json.loads(data)
+        except ValueError:
+            raise TargetError(f"{method} {url}: the response is not JSON: {data[:200]!r}") from None
+
+    async def live(self) -> bool:
+        return (await self._call("GET", self._base / "v2" / "health" / "live"))[0] == 200
+
+    async def ready(self) -> bool:
+        return (await self._call("GET", self._base / "v2" / "health" / "ready"))[0] == 200
+
+    async def server_metadata(self) -> dict[str, Any]:
+        return await self._json("GET", self._base / "v2")  # type: ignore[no-any-return]
+
+    async def model_metadata(self, model: str, version: str = "") -> dict[str, Any]:
+        return await self._json("GET", self._url(model, version))  # type: ignore[no-any-return]
+
+    async def model_config(self, model: str, version: str = "") -> dict[str, Any]:
+        return await self._json("GET", self._url(model, version, "config"))  # type: ignore[no-any-return]
+
+    async def model_statistics(self, model: str = "", version: str = "") -> dict[str, Any]:
+        url = self._url(model, version, "stats") if model else self._base / "v2" / "models" / "stats"
+        return await self._json("GET", url)  # type: ignore[no-any-return]
+
+    async def repository_index(self) -> list[dict[str, Any]]:
+        return await self._json("POST", self._base / "v2" / "repository" / "index", {})  # type: ignore[no-any-return]
+
+    async def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+
+# --- gRPC ------------------------------------------------------------------------------------------
+
+_INT64 = frozenset({FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64})
+
+
+def _message_dict(message: Any) -> dict[str, Any]:
+    """A proto as the HTTP JSON shows it: proto field names, fields at their defaults printed, and
+    64-bit integers as ints (protobuf's JSON mapping writes them as strings)."""
+    doc = json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    return _int64_to_int(doc, message.DESCRIPTOR)
+
+
+def _int64_to_int(doc: dict[str, Any], descriptor: Descriptor) -> dict[str, Any]:
+    for key, value in doc.items():
+        field = descriptor.fields_by_name.get(key)
+        if field is not None:
+            doc[key] = (
+                [_field_value(field, v) for v in value] if isinstance(value, list) else _field_value(field, value)
+            )
+    return doc
+
+
+def _field_value(field: FieldDescriptor, value: Any) -> Any:
+    message = field.message_type
+    if message is None:
+        return int(value) if field.cpp_type in _INT64 and isinstance(value, str) else value
+    if message.GetOptions().map_entry:
+        value_field = message.fields_by_name["value"]
+        return {k: _field_value(value_field, v) for k, v in value.items()}
+    return _int64_to_int(value, message) if isinstance(value, dict) else value
+
+
+def _grpc_kind(code: grpc.StatusCode, details: str) -> str:
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return "timeout"
+    if code == grpc.StatusCode.UNAVAILABLE:  # a failed connection reads the same as over HTTP
+        lowered = details.lower()
+        if "connection refused" in lowered:
+            return "connection refused"
+        if "connection reset" in lowered:
+            return "connection reset"
+    return f"grpc {code.name}"
+
+
+class GrpcClient:
+    protocol = "grpc"
+
+    def __init__(self, url: str, request_timeout_s: float, headers: Mapping[str, str]) -> None:
+        self.url = url
+        self._target = url.split("://", 1)[1] if "://" in url else url
+        if not self._target:
+            raise PerfkitError(f"-u {url}: expected HOST:PORT for -i grpc")
+        self._timeout_s = request_timeout_s
+        # -H headers travel as call metadata, whose keys gRPC wants in lower case.
+        self._metadata = tuple((k.lower(), v) for k, v in headers.items()) or None
+        self._channel: grpc.aio.Channel | None = None  # opened in the event loop, on first use
+        self._infer: Any = None
+        self._stub: Any = None
+        self._seen: dict[str, int] = {}
+
+    def _open(self) -> Any:
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(
+                self._target,
+                options=[("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)],
+            )
+            # Raw bytes both ways: the request was serialized once in prepare(), and send() parses
+            # the reply itself, so that the time it takes is recv_ns.
+            self._infer = self._channel.unary_unary(
+                "/inference.GRPCInferenceService/ModelInfer", request_serializer=None, response_deserializer=None
+            )
+            self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+        return self._infer
+
+    def prepare(self, request: v2.InferRequest) -> Prepared:
+        try:
+            payload = request_to_proto(request).SerializeToString()
+        except v2.CodecError as exc:
+            raise PerfkitError(f"cannot encode a request for model '{request.model_name}': {exc}") from None
+        return Prepared(payload, len(payload))
+
+    async def send(self, prepared: Prepared) -> Outcome:
+        infer = self._infer or self._open()
+        start = _now()
+        issued = 0
+        try:
+            call = infer(prepared.payload, timeout=self._timeout_s, metadata=self._metadata)
+            issued = _now()
+            reply = await call
+        except asyncio.CancelledError:
+            raise
+        except grpc.aio.AioRpcError as exc:
+            details = exc.details() or ""
+            kind = _grpc_kind(exc.code(), details)
+            return Outcome(kind, 0, issued - start, 0, _note(self._seen, kind, details))
+        except Exception as exc:  # send() classifies every failure
+            message = _note(self._seen, "client error", _describe(exc))
+            return Outcome("client error", 0, issued - start if issued else 0, 0, message)
+        received = _now()
+        try:
+            response = pb.ModelInferResponse.FromString(reply)
+            ok = len(response.raw_output_contents) in (0, len(response.outputs))
+            problem = "" if ok else "raw_output_contents does not match the outputs"
+        except DecodeError as exc:
+            problem = f"the reply is not a ModelInferResponse: {exc}"
+        done = _now()
+        if problem:
+            message = _note(self._seen, "bad response", problem)
+            return Outcome("bad response", len(reply), issued - start, done - received, message)
+        return Outcome("", len(reply), issued - start, done - received)
+
+    async def _rpc(self, method: str, request: Any) -> Any:
+        if self._stub is None:
+            self._open()
+        try:
+            return await getattr(self._stub, method)(request, timeout=self._timeout_s, metadata=self._metadata)
+        except grpc.aio.AioRpcError as exc:
+            code, details = exc.code(), exc.details() or ""
+            if _grpc_kind(code, details) in ("connection refused", "connection reset"):
+                raise TargetError(f"cannot reach {self._target} over gRPC ({details}); is -u right?") from None
+            raise TargetError(f"gRPC {method} at {self._target}: {code.name}: {details}") from None
+
+    async def live(self) -> bool:
+        return bool((await self._rpc("ServerLive", pb.ServerLiveRequest())).live)
+
+    async def ready(self) -> bool:
+        return bool((await self._rpc("ServerReady", pb.ServerReadyRequest())).ready)
+
+    async def server_metadata(self) -> dict[str, Any]:
+        return _message_dict(await self._rpc("ServerMetadata", pb.ServerMetadataRequest()))
+
+    async def model_metadata(self, model: str, version: str = "") -> dict[str, Any]:
+        return _message_dict(await self._rpc("ModelMetadata", pb.ModelMetadataRequest(name=model, version=version)))
+
+    async def model_config(self, model: str, version: str = "") -> dict[str, Any]:
+        reply = await self._rpc("ModelConfig", pb.ModelConfigRequest(name=model, version=version))
+        return _message_dict(reply.config)
+
+    async def model_statistics(self, model: str = "", version: str = "") -> dict[str, Any]:
+        request = pb.ModelStatisticsRequest(name=model, version=version)
+        return _message_dict(await self._rpc("ModelStatistics", request))
+
+    async def repository_index(self) -> list[dict[str, Any]]:
+        reply = await self._rpc("RepositoryIndex", pb.RepositoryIndexRequest())
+        # proto3 has no absent strings. Triton's HTTP index gives a model known only by name as
+        # {"name"}, and a reason, even "", wherever there is a state: rebuild that shape.
+        entries = [_message_dict(m) for m in reply.models]
+        return [{k: v for k, v in e.items() if v != "" or (k == "reason" and e.get("state"))} for e in entries]
+
+    async def close(self) -> None:
+        channel, self._channel, self._infer, self._stub = self._channel, None, None, None
+        if channel is not None:
+            await channel.close()

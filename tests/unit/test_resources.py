@@ -1,0 +1,219 @@
+"""perfkit.resources: readings driven one at a time, with a scripted clock, CPU and metrics text."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+
+import psutil
+import pytest
+
+from perfkit import resources
+from perfkit.resources import GpuSample, ResourceSampler, parse_metrics
+from reference_server.gpu import GpuReading
+
+S = 1_000_000_000
+GIB = 1 << 30
+
+
+def metrics_text(util: tuple[float, float], power: tuple[float, float], used: tuple[int, int], cpu: float) -> str:
+    """Two GPUs in Triton's exposition, with a label perf_analyzer's regex would choke on."""
+    lines = []
+    families = [
+        ("nv_gpu_utilization", util),
+        ("nv_gpu_power_usage", power),
+        ("nv_gpu_memory_used_bytes", used),
+        ("nv_gpu_memory_total_bytes", (16 * GIB, 80 * GIB)),
+    ]
+    for name, (a, b) in families:
+        lines += [f"# HELP {name} something", f"# TYPE {name} gauge"]
+        lines.append(f'{name}{{gpu_uuid="GPU-aaaa",pci_bus_id="0000:01:00.0"}} {a}')
+        lines.append(f'{name}{{pci_bus_id="0000:02:00.0",gpu_uuid="GPU-bbbb"}} {b}')
+    lines += [
+        "# TYPE nv_cpu_utilization gauge",
+        f"nv_cpu_utilization {cpu}",
+        "# TYPE nv_inference_count counter",
+        'nv_inference_count{model="mlp",version="1"} 42',
+        "# TYPE nv_gpu_utilization_other gauge",
+        'nv_gpu_utilization_other{gpu_uuid="GPU-cccc"} 1',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def clock(step_ns: int = S) -> Callable[[], int]:
+    ticks = itertools.count(0, step_ns)
+    return lambda: next(ticks)
+
+
+class Scripted:
+    """A fetch that returns the next text, or raises it when it is an exception; keeps the URLs."""
+
+    def __init__(self, items: list[str | Exception]) -> None:
+        self._items = iter(items)
+        self.urls: list[str] = []
+
+    async def __call__(self, url: str) -> str:
+        self.urls.append(url)
+        item = next(self._items)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+
+@pytest.fixture
+def client_cpu(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Cumulative client CPU seconds that successive readings will see."""
+    values: list[float] = []
+    it = iter(values)
+    monkeypatch.setattr(resources, "client_cpu_seconds", lambda exclude_pid=None: next(it))
+    return values
+
+
+async def test_metrics_are_aggregated_as_perf_analyzer_merges_them(client_cpu: list[float]) -> None:
+    client_cpu += [10.0, 10.3, 10.9]  # 0.9 s of CPU over 2 s of wall time
+    fetch = Scripted(
+        [
+            metrics_text((0.5, 0.0), (100.0, 50.0), (4 * GIB, 1 * GIB), 0.2),
+            metrics_text((0.7, 0.5), (200.0, 60.0), (6 * GIB, 1 * GIB), 0.4),
+            metrics_text((0.9, 1.0), (300.0, 70.0), (5 * GIB, 3 * GIB), 0.6),
+        ]
+    )
+    sampler = ResourceSampler(metrics_url="localhost:8002", local_gpu=False, clock=clock(), fetch=fetch)
+    for _ in range(3):
+        await sampler.sample_once()
+    assert fetch.urls == ["http://localhost:8002/metrics"] * 3
+    usage = sampler.usage_between(0, 2 * S, request_count=300)
+    assert usage.gpu_utilization == pytest.approx({"GPU-aaaa": 0.7, "GPU-bbbb": 0.5})  # mean
+    assert usage.gpu_power_w == pytest.approx({"GPU-aaaa": 200.0, "GPU-bbbb": 60.0})  # mean
+    assert usage.gpu_memory_used_bytes == {"GPU-aaaa": 6 * GIB, "GPU-bbbb": 3 * GIB}  # max
+    assert usage.gpu_memory_total_bytes == {"GPU-aaaa": 16 * GIB, "GPU-bbbb": 80 * GIB}  # first
+    assert usage.server_cpu_pct == pytest.approx(40.0)  # mean of nv_cpu_utilization × 100
+    assert usage.client_cpu_pct == pytest.approx(45.0)  # 0.9 s / 2 s, of one core
+    assert usage.client_cpu_us_per_request == pytest.approx(3000.0)  # 0.9 s / 300
+    assert usage.notes == ()
+    # Only the readings in the span count: t = 1 s and 2 s.
+    later = sampler.usage_between(S, 2 * S, request_count=0)
+    assert later.gpu_utilization == pytest.approx({"GPU-aaaa": 0.8, "GPU-bbbb": 0.75})
+    assert later.gpu_memory_total_bytes == {"GPU-aaaa": 16 * GIB, "GPU-bbbb": 80 * GIB}
+    assert later.client_cpu_pct == pytest.approx(60.0) and later.client_cpu_us_per_request is None
+
+
+async def test_a_failing_scrape_is_a_note_never_an_exception(client_cpu: list[float]) -> None:
+    client_cpu += [1.0, 1.0, 1.0]
+    fetch = Scripted([OSError("connection refused"), "this is { not prometheus", OSError("connection refused")])
+    sampler = ResourceSampler(metrics_url="http://h:8002/metrics", local_gpu=False, clock=clock(), fetch=fetch)
+    for _ in range(3):
+        reading = await sampler.sample_once()
+        assert reading.scraped is False
+    usage = sampler.usage_between(0, 10 * S, request_count=10)
+    assert usage.gpu_utilization == {} and usage.server_cpu_pct is None
+    assert usage.client_cpu_pct == 0.0
+    assert usage.notes == (
+        "3 of 3 scrapes of http://h:8002/metrics failed (last: OSError: connection refused)",
+        "no GPU figures: local GPU sampling is off, and no scrape of http://h:8002/metrics succeeded",
+    )
+
+
+async def test_a_server_without_gpu_metrics_gets_exactly_one_note(client_cpu: list[float]) -> None:
+    client_cpu += [1.0, 2.0]
+    text = "# TYPE nv_cpu_utilization gauge\nnv_cpu_utilization 0.5\n"
+    sampler = ResourceSampler(
+        metrics_url="http://h/metrics", local_gpu=False, clock=clock(), fetch=Scripted([text] * 2)
+    )
+    await sampler.sample_once()
+    await sampler.sample_once()
+    usage = sampler.usage_between(0, S, 1)
+    assert usage.server_cpu_pct == 50.0
+    assert usage.notes == (
+        "no GPU figures: local GPU sampling is off, and http://h/metrics has no nv_gpu_* metrics "
+        "(no GPU, MIG, or the server's GPU metrics are off)",
+    )
+
+
+async def test_local_gpus_through_nvml_and_metrics_taking_precedence(
+    client_cpu: list[float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client_cpu += [0.0, 0.0]
+    local = [
+        GpuReading(0, "GPU-aaaa", 0.1, 16 * GIB, 2 * GIB, 90.0, 300.0),
+        GpuReading(1, "GPU-local", 0.3, 24 * GIB, 1 * GIB, 40.0, 300.0),
+    ]
+    monkeypatch.setattr(resources, "read_gpus", lambda: local)
+    only_util = '# TYPE nv_gpu_utilization gauge\nnv_gpu_utilization{gpu_uuid="GPU-aaaa"} 0.9\n'
+    sampler = ResourceSampler(metrics_url="http://h/metrics", clock=clock(), fetch=Scripted([only_util] * 2))
+    reading = await sampler.sample_once()
+    assert reading.gpus["GPU-aaaa"] == GpuSample(0.9, 90.0, 2 * GIB, 16 * GIB)  # server's figure, NVML's for the rest
+    await sampler.sample_once()
+    usage = sampler.usage_between(0, S, 1)
+    assert usage.gpu_utilization == {"GPU-aaaa": 0.9, "GPU-local": 0.3}
+    assert usage.gpu_memory_used_bytes == {"GPU-aaaa": 2 * GIB, "GPU-local": 1 * GIB}
+    assert usage.notes == ()
+
+
+async def test_no_nvml_and_no_metrics_url(client_cpu: list[float], monkeypatch: pytest.MonkeyPatch) -> None:
+    client_cpu += [0.0]
+    monkeypatch.setattr(resources, "read_gpus", lambda: [])
+    sampler = ResourceSampler(clock=clock())
+    await sampler.sample_once()
+    usage = sampler.usage_between(0, S, 1)
+    assert usage.client_cpu_pct is None
+    gpu_notes = [n for n in usage.notes if "GPU" in n]
+    assert gpu_notes == [
+        "no GPU figures: NVML sees no GPU on this machine, and no metrics URL to scrape (--metrics-url)"
+    ]
+    assert any(n.startswith("CPU figures need two resource readings") for n in usage.notes)
+
+
+async def test_server_cpu_from_its_process(client_cpu: list[float], monkeypatch: pytest.MonkeyPatch) -> None:
+    client_cpu += [0.0, 0.0, 0.0]
+    server_seconds: Iterator[float | Exception] = iter([5.0, 9.0, psutil.NoSuchProcess(4242)])
+
+    def process_cpu_seconds(pid: int) -> float:
+        assert pid == 4242
+        item = next(server_seconds)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    monkeypatch.setattr(resources, "process_cpu_seconds", process_cpu_seconds)
+    monkeypatch.setattr(psutil, "cpu_count", lambda: 8)
+    sampler = ResourceSampler(local_gpu=False, server_pid=4242, clock=clock())
+    for _ in range(3):
+        await sampler.sample_once()
+    both = sampler.usage_between(0, S, 1)
+    assert both.server_cpu_pct == pytest.approx(50.0)  # 4 s of CPU in 1 s on 8 cores: half the machine
+    assert not any("server" in n for n in both.notes)
+    gone = sampler.usage_between(0, 2 * S, 1)
+    assert gone.server_cpu_pct == pytest.approx(50.0)
+    assert any(n.startswith("no server CPU figures for part of the span: server process 4242") for n in gone.notes)
+
+
+async def test_real_psutil_and_the_default_fetch_against_a_closed_port() -> None:
+    sampler = ResourceSampler(metrics_url="127.0.0.1:1", local_gpu=False, clock=clock())
+    await sampler.sample_once()
+    sum(i * i for i in range(20_000))  # some CPU time, however little
+    await sampler.sample_once()
+    await sampler.stop()  # closes the HTTP session it opened
+    usage = sampler.usage_between(0, S, 2)
+    assert usage.client_cpu_pct is not None and usage.client_cpu_pct >= 0.0
+    assert usage.notes[0].startswith("2 of 2 scrapes of http://127.0.0.1:1/metrics failed")
+
+
+async def test_start_and_stop_take_readings_in_the_background(client_cpu: list[float]) -> None:
+    client_cpu += [0.0, 0.5]
+    sampler = ResourceSampler(interval_s=3600, local_gpu=False, clock=clock())
+    await sampler.start()
+    await sampler.start()  # idempotent
+    await sampler.stop()
+    assert [r.t_ns for r in sampler.readings] == [0, S]
+    assert sampler.usage_between(0, S, 1).client_cpu_pct == pytest.approx(50.0)
+    with pytest.raises(ValueError):
+        ResourceSampler(interval_s=0)
+
+
+def test_parse_metrics_reads_gauges_by_family_and_uuid() -> None:
+    scrape = parse_metrics(metrics_text((0.5, 0.25), (1.5, 2.5), (10, 20), 0.75))
+    assert scrape.cpu_utilization == 0.75
+    assert set(scrape.gpus) == {"GPU-aaaa", "GPU-bbbb"}  # not the look-alike family
+    assert scrape.gpus["GPU-bbbb"] == GpuSample(0.25, 2.5, 20, 80 * GIB)
+    assert parse_metrics("").gpus == {}
