@@ -1,21 +1,21 @@
-"""`perfkit probe`: is the server up, what does it serve, and does one inference per model work?
+"""`perfkit probe`: is the server up, what does it serve, and does inference work on each model?
 
 A quick check before a long measurement: health, server metadata, the repository index, then a few
-sequential requests per model with inputs built from the model's metadata.
+sequential requests per model with inputs built from the model's metadata (variable dimensions get
+a size of 16).
 """
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import numpy as np
 
-from perfkit import v2
-from perfkit.errors import TargetError
+from perfkit.clients import InferClient, make_client
+from perfkit.errors import PerfkitError, TargetError
+from perfkit.inputs import build_requests
 
 VARIABLE_DIM = 16  # size given to a variable (-1) non-batch dimension
 
@@ -23,9 +23,8 @@ VARIABLE_DIM = 16  # size given to a variable (-1) non-batch dimension
 @dataclass(frozen=True, slots=True)
 class ModelProbe:
     model: str
-    version: str
+    versions: str
     input_shapes: dict[str, list[int]]
-    output_shapes: dict[str, list[int]]
     requests: int
     errors: int
     p50_ms: float
@@ -45,92 +44,53 @@ class ServerProbe:
 
     @property
     def ok(self) -> bool:
-        return self.live and all(m.errors == 0 and not m.error for m in self.models) and bool(self.models)
+        return self.live and bool(self.models) and all(m.errors == 0 and not m.error for m in self.models)
 
 
-def build_inputs(metadata: dict[str, Any], rng: np.random.Generator) -> list[v2.InferTensor]:
-    """Random inputs of batch size 1 matching the model's metadata."""
-    tensors = []
+def variable_shapes(metadata: dict[str, Any], batched: bool) -> dict[str, list[int]]:
+    """--shape values for every input with variable dimensions (the batch dimension excluded)."""
+    shapes = {}
     for spec in metadata["inputs"]:
-        shape = [1 if i == 0 and d == -1 else (VARIABLE_DIM if d == -1 else d) for i, d in enumerate(spec["shape"])]
-        datatype = spec["datatype"]
-        if datatype == "BYTES":
-            data = np.full(shape, b"perfkit", dtype=object)
-        elif datatype == "BOOL":
-            data = rng.integers(0, 2, size=shape).astype(bool)
-        else:
-            dtype = v2.datatype_to_numpy(datatype)
-            data = (rng.standard_normal(size=shape) if dtype.kind == "f" else rng.integers(0, 100, size=shape)).astype(
-                dtype
-            )
-        tensors.append(v2.InferTensor(spec["name"], datatype, shape, data))
-    return tensors
+        dims = list(spec["shape"])[1:] if batched else list(spec["shape"])
+        if -1 in dims:
+            shapes[spec["name"]] = [VARIABLE_DIM if d == -1 else d for d in dims]
+    return shapes
 
 
-async def _get_json(session: aiohttp.ClientSession, url: str) -> Any:
-    async with session.get(url) as response:
-        body = await response.read()
-        if response.status != 200:
-            raise TargetError(f"GET {url}: HTTP {response.status}: {v2.decode_error(body)}")
-        return v2_json(body, url)
-
-
-def v2_json(body: bytes, url: str) -> Any:
+async def _model_names(client: InferClient) -> list[str]:
     try:
-        return json.loads(body)
-    except ValueError as exc:
-        raise TargetError(f"{url}: response is not JSON ({exc})") from exc
+        index = await client.repository_index()
+    except Exception as exc:
+        raise TargetError(f"{client.url} does not list its models ({exc}); name them with -m") from None
+    return sorted({entry["name"] for entry in index if entry.get("state", "READY") == "READY"})
 
 
-async def _status(session: aiohttp.ClientSession, url: str) -> bool:
-    async with session.get(url) as response:
-        await response.read()
-        return response.status == 200
-
-
-async def _model_names(session: aiohttp.ClientSession, base: str) -> list[str]:
-    async with session.post(f"{base}/v2/repository/index", json={"ready": True}) as response:
-        body = await response.read()
-        if response.status != 200:
-            raise TargetError(
-                f"{base} does not list its models (repository index: HTTP {response.status}); name them with -m"
-            )
-    return sorted({entry["name"] for entry in v2_json(body, base) if entry.get("state", "READY") == "READY"})
-
-
-async def _probe_model(session: aiohttp.ClientSession, base: str, model: str, count: int, seed: int) -> ModelProbe:
+async def _probe_model(client: InferClient, model: str, count: int, seed: int) -> ModelProbe:
     try:
-        metadata = await _get_json(session, f"{base}/v2/models/{model}")
-    except TargetError as exc:
-        return ModelProbe(model, "", {}, {}, 0, 0, 0.0, 0.0, str(exc))
-    inputs = build_inputs(metadata, np.random.default_rng(seed))
-    body, header_length = v2.encode_infer_request(v2.InferRequest(model, inputs=inputs))
-    headers = {"Content-Type": "application/octet-stream"}
-    if header_length is not None:
-        headers["Inference-Header-Content-Length"] = str(header_length)
+        metadata = await client.model_metadata(model)
+        config = await client.model_config(model)
+        batched = int(config.get("max_batch_size", 0)) > 0
+        (request, *_) = build_requests(
+            metadata, config, model=model, shapes=variable_shapes(metadata, batched), seed=seed
+        )
+    except (TargetError, PerfkitError) as exc:
+        return ModelProbe(model, "", {}, 0, 0, 0.0, 0.0, str(exc))
+    prepared = client.prepare(request)
     latencies: list[int] = []
-    errors, last_error, outputs = 0, "", {}
-    version = ""
+    errors, last_error = 0, ""
     for _ in range(count):
         start = time.perf_counter_ns()
-        async with session.post(f"{base}/v2/models/{model}/infer", data=body, headers=headers) as response:
-            payload = await response.read()
-            done = time.perf_counter_ns()
-            if response.status != 200:
-                errors += 1
-                last_error = f"HTTP {response.status}: {v2.decode_error(payload)}"
-                continue
-            length = response.headers.get("Inference-Header-Content-Length")
-            decoded = v2.decode_infer_response(payload, int(length) if length is not None else None)
-        latencies.append(done - start)
-        version = decoded.model_version
-        outputs = {t.name: list(t.shape) for t in decoded.outputs}
+        outcome = await client.send(prepared)
+        if outcome.error:
+            errors += 1
+            last_error = f"{outcome.error}: {outcome.message}" if outcome.message else outcome.error
+        else:
+            latencies.append(time.perf_counter_ns() - start)
     lat_ms = np.array(latencies, dtype=np.float64) / 1e6
     return ModelProbe(
         model=model,
-        version=version,
-        input_shapes={t.name: t.shape for t in inputs},
-        output_shapes=outputs,
+        versions=",".join(metadata.get("versions", [])),
+        input_shapes={t.name: t.shape for t in request.inputs},
         requests=count,
         errors=errors,
         p50_ms=float(np.percentile(lat_ms, 50)) if len(lat_ms) else 0.0,
@@ -139,20 +99,18 @@ async def _probe_model(session: aiohttp.ClientSession, base: str, model: str, co
     )
 
 
-async def probe(url: str, models: list[str], count: int = 20, seed: int = 0) -> ServerProbe:
-    base = url if url.startswith(("http://", "https://")) else f"http://{url}"
-    timeout = aiohttp.ClientTimeout(total=60)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        try:
-            live = await _status(session, f"{base}/v2/health/live")
-        except aiohttp.ClientError as exc:
-            raise TargetError(f"cannot reach {base}: {exc}; is the server running? (-u HOST:PORT)") from exc
-        ready = await _status(session, f"{base}/v2/health/ready")
-        meta = await _get_json(session, f"{base}/v2")
-        names = models or await _model_names(session, base)
-        results = [await _probe_model(session, base, name, count, seed) for name in names]
+async def probe(url: str, models: list[str], count: int = 20, seed: int = 0, protocol: str = "http") -> ServerProbe:
+    client = make_client(url, protocol)
+    try:
+        live = await client.live()  # TargetError says what could not be reached, and how
+        ready = await client.ready()
+        meta = await client.server_metadata()
+        names = models or await _model_names(client)
+        results = [await _probe_model(client, name, count, seed) for name in names]
+    finally:
+        await client.close()
     return ServerProbe(
-        url=base,
+        url=url,
         live=live,
         ready=ready,
         name=str(meta.get("name", "")),
@@ -168,13 +126,12 @@ def render_probe(result: ServerProbe) -> list[str]:
         f"health   live={result.live} ready={result.ready}",
         f"features {', '.join(result.extensions) or '-'}",
         "",
-        f"{'model':<16} {'ver':>3} {'inputs':<28} {'outputs':<22} {'ok':>5} {'p50 ms':>8} {'max ms':>8}",
+        f"{'model':<16} {'versions':>8} {'inputs':<30} {'ok':>7} {'p50 ms':>8} {'max ms':>8}",
     ]
     for m in result.models:
         ins = " ".join(f"{k}{v}" for k, v in m.input_shapes.items())
-        outs = " ".join(f"{k}{v}" for k, v in m.output_shapes.items())
         ok = f"{m.requests - m.errors}/{m.requests}"
-        lines.append(f"{m.model:<16} {m.version:>3} {ins:<28} {outs:<22} {ok:>5} {m.p50_ms:>8.3f} {m.max_ms:>8.3f}")
+        lines.append(f"{m.model:<16} {m.versions:>8} {ins:<30} {ok:>7} {m.p50_ms:>8.3f} {m.max_ms:>8.3f}")
         if m.error:
             lines.append(f"  error: {m.error}")
     return lines

@@ -120,3 +120,4 @@ def test_perfkit_probe_reports_an_unreachable_server() -> None:
     )  # fmt: skip
     assert result.returncode == 1
     assert result.stderr.startswith("error: cannot reach http://127.0.0.1:9")
+    assert "-u" in result.stderr
