@@ -106,7 +106,8 @@ def _spec_dict(spec: SweepSpec) -> dict[str, Any]:
             return str(value)
         return value
 
-    return clean(asdict(spec))
+    spec_dict: dict[str, Any] = clean(asdict(spec))
+    return spec_dict
 
 
 async def resolve_model(client: InferClient, spec: SweepSpec, embedded: bool) -> str:
@@ -116,7 +117,7 @@ async def resolve_model(client: InferClient, spec: SweepSpec, embedded: bool) ->
         index = await client.repository_index()
     except Exception as exc:
         raise PerfkitError(f"the server does not list its models ({exc}); name the model with -m") from None
-    ready = sorted({e["name"] for e in index if e.get("state", "READY") == "READY"})
+    ready = sorted({str(e["name"]) for e in index if e.get("state", "READY") == "READY"})
     if embedded and DEFAULT_EMBEDDED_MODEL in ready:
         return DEFAULT_EMBEDDED_MODEL
     if len(ready) == 1:
@@ -209,7 +210,7 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
         server_metadata = await client.server_metadata()
         requests = build_requests(
             metadata, config, model=model, version=t.model_version, batch_size=spec.inputs.batch_size,
-            shapes=dict(spec.inputs.shapes), input_data=spec.inputs.input_data, seed=spec.inputs.seed,
+            shapes={name: list(dims) for name, dims in spec.inputs.shapes}, input_data=spec.inputs.input_data, seed=spec.inputs.seed,
         )  # fmt: skip
         prepared = [client.prepare(r) for r in requests]
         outputs = run.outputs = Outputs(spec, model)

@@ -50,7 +50,8 @@ class SampleArrays:
 
     @property
     def ok(self) -> npt.NDArray[np.bool_]:
-        return self.error_kind == 0
+        ok: npt.NDArray[np.bool_] = self.error_kind == 0
+        return ok
 
     def select(self, mask: npt.NDArray[np.bool_]) -> SampleArrays:
         return SampleArrays(
@@ -90,7 +91,8 @@ class SampleArrays:
             if part.error_names[: len(names)] != names[: len(part.error_names)]:
                 raise ValueError("sample sets from different buffers cannot be concatenated")
             names = max(names, part.error_names, key=len)
-        return SampleArrays(*(np.concatenate([getattr(p, f) for p in parts]) for f in _COLUMNS), error_names=names)
+        columns = {f: np.concatenate([getattr(p, f) for p in parts]) for f in _COLUMNS}
+        return SampleArrays(**columns, error_names=names)
 
 
 _COLUMNS = ("intended_ns", "sent_ns", "done_ns", "error_kind", "bytes_out", "bytes_in", "send_ns", "recv_ns")
@@ -142,7 +144,5 @@ class SampleBuffer:
 
     def arrays(self, start: int = 0) -> SampleArrays:
         """Samples recorded from index `start` on, as numpy columns (a copy)."""
-        return SampleArrays(
-            *(np.asarray(col[start:], dtype=np.int64) for col in self._columns),
-            error_names=tuple(self._error_names),
-        )
+        columns = {f: np.asarray(col[start:], dtype=np.int64) for f, col in zip(_COLUMNS, self._columns)}
+        return SampleArrays(**columns, error_names=tuple(self._error_names))

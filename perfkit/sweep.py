@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 from perfkit.config import SweepSpec
 from perfkit.loadgen import Clock, LoadGenerator
@@ -24,7 +24,7 @@ MAX_RATE = 1_000_000.0
 CONNECTION_ERRORS = ("connection", "disconnected", "grpc UNAVAILABLE", "timeout")
 
 
-class SweepProgress(Progress):
+class SweepProgress(Progress, Protocol):
     def level_started(self, mode: str, level: float) -> None: ...
 
     def level_done(self, result: LevelResult) -> None: ...

@@ -278,7 +278,7 @@ def _raw_buffer(arr: Any, datatype: str, what: str) -> bytes | memoryview:
     # A memoryview spares numeric tensors a copy on the HTTP path, where bytes.join takes it as is.
     if datatype == "BYTES":
         return serialize_bytes_tensor(arr)
-    return memoryview(_as_dtype(arr, datatype, what).reshape(-1).view(np.uint8))
+    return memoryview(_as_dtype(arr, datatype, what).reshape(-1).view(np.uint8))  # type: ignore[arg-type]
 
 
 def tensor_to_raw(arr: np.ndarray, datatype: str) -> bytes:
@@ -364,7 +364,7 @@ def tensor_from_json(data: Any, datatype: str, shape: Any, name: str, *, kind: s
         raise CodecError(f"{what}: 'data' must be a JSON array, got a {_json_type(data)}")
     try:
         if datatype == "BYTES":
-            arr = _object_array(_flatten_strings(data, what))  # type: ignore[arg-type]
+            arr = _object_array(_flatten_strings(data, what))
         else:
             arr = _numeric_from_json(data, datatype, dtype, what)
     except UnicodeEncodeError:
@@ -382,7 +382,8 @@ def tensor_to_json(arr: Any, datatype: str, *, name: str = "", kind: str = "outp
     if datatype == "FP16":
         raise CodecError(f"{what}: FP16 cannot be sent as JSON; use binary tensor data (binary_data)")
     if datatype != "BYTES":
-        return _as_dtype(arr, datatype, what).ravel().tolist()  # type: ignore[no-any-return]
+        values: list[Any] = _as_dtype(arr, datatype, what).ravel().tolist()
+        return values
     out = []
     for x in np.asarray(arr, dtype=object).ravel():
         if isinstance(x, (bytes, bytearray)):

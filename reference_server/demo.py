@@ -134,7 +134,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _he(rng: np.random.Generator, shape: tuple[int, ...], fan_in: int) -> npt.NDArray[np.float32]:
-    return (rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(np.float32)
+    weights: npt.NDArray[np.float32] = (rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(np.float32)
+    return weights
 
 
 def _bias(rng: np.random.Generator, size: int) -> npt.NDArray[np.float32]:

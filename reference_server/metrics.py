@@ -10,7 +10,7 @@ prometheus_client would rename every counter family.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import psutil
@@ -109,7 +109,7 @@ def model_families(served: Iterable[tuple[str, str, ModelStats]]) -> list[Family
 def gpu_families(readings: list[gpu.GpuReading], process_memory: dict[int, int]) -> list[Family]:
     if not readings:
         return []
-    specs = [
+    specs: list[tuple[str, str, Callable[[gpu.GpuReading], float]]] = [
         ("nv_gpu_utilization", "GPU utilization rate [0.0 - 1.0)", lambda r: r.utilization),
         ("nv_gpu_memory_total_bytes", "GPU total memory, in bytes", lambda r: r.memory_total_bytes),
         ("nv_gpu_memory_used_bytes", "GPU used memory, in bytes", lambda r: r.memory_used_bytes),

@@ -30,7 +30,7 @@ import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from google.protobuf import json_format, text_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
@@ -58,7 +58,7 @@ __all__ = [
     "signature_from_session",
 ]
 
-ModelConfig = model_config_pb2.ModelConfig
+ModelConfig: TypeAlias = model_config_pb2.ModelConfig
 
 CONFIG_FILENAME = "config.pbtxt"
 DEFAULT_MODEL_FILENAME = "model.onnx"
