@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from perfkit import report_cli, tune_cli
 from perfkit._version import __version__
 from perfkit.errors import ExitCode, PerfkitError
 
@@ -57,6 +58,7 @@ def _add_sweep(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="binary",
         help="HTTP tensor encoding (default binary)",
     )
+    _add_tls_flags(p)
     load = p.add_argument_group("load").add_mutually_exclusive_group()
     load.add_argument(
         "--concurrency-range",
@@ -146,6 +148,39 @@ def _add_sweep(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     out.add_argument("--profile-export-file", type=Path, metavar="OUT.json", help="per-request records")
     out.add_argument("--report-dir", type=Path, default=Path("reports"), metavar="DIR")
     out.add_argument("--quiet", action="store_true", help="no progress display")
+    out.add_argument("--no-report", action="store_true", help="do not write the HTML report (OUT.html)")
+    out.add_argument(
+        "--append",
+        type=Path,
+        metavar="HISTORY.csv",
+        help="also add the tidy rows, with run id and time, to HISTORY.csv",
+    )
+
+
+def _add_tls_flags(p: argparse.ArgumentParser) -> None:
+    """perf_analyzer's client TLS options (a subset: no client certificates)."""
+    tls = p.add_argument_group("TLS", "HTTPS: give -u https://HOST:PORT. gRPC: add --ssl-grpc-use-ssl.")
+    tls.add_argument("--ssl-grpc-use-ssl", action="store_true", help="connect to the gRPC server over TLS")
+    tls.add_argument(
+        "--ssl-grpc-root-certifications-file",
+        type=Path,
+        metavar="PEM",
+        help="CA certificates to verify the gRPC server with (default: the system's)",
+    )
+    tls.add_argument(
+        "--ssl-https-ca-certificates-file",
+        type=Path,
+        metavar="PEM",
+        help="CA certificates to verify the HTTPS server with (default: the system's)",
+    )
+    tls.add_argument(
+        "--ssl-https-verify-peer",
+        type=int,
+        choices=(0, 1),
+        default=1,
+        metavar="0|1",
+        help="0: do not verify the HTTPS server's certificate (default 1)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -158,6 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"perfkit {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_sweep(commands)
+    report_cli.add_parsers(commands)  # report, compare, run
+    tune_cli.add_parser(commands)
     probe = commands.add_parser(
         "probe",
         help="check a server: health, metadata, and a few inferences per model",
@@ -191,7 +228,7 @@ def _run_sweep(args: argparse.Namespace, argv: list[str]) -> int:
     if run.outputs is not None:
         for path in run.outputs.paths():
             print(f"wrote {path}", file=sys.stderr)
-    if run.result is not None and not run.result.completed:
+    if run.result is not None and not run.result.completed and code != ExitCode.INTERRUPTED:
         print(f"error: the sweep stopped early: {run.result.stop_reason}", file=sys.stderr)
     if code == ExitCode.INTERRUPTED:
         print("interrupted: the levels finished so far are on disk", file=sys.stderr)
@@ -226,6 +263,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_sweep(args, arguments)
         if args.command == "probe":
             return _run_probe(args)
+        if args.command == "tune":
+            return tune_cli.run(args, arguments)
+        if hasattr(args, "handler"):
+            return int(args.handler(args))
     except PerfkitError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return int(exc.exit_code)

@@ -29,6 +29,7 @@ import asyncio
 import errno
 import json
 import socket
+import ssl
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -46,12 +47,14 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from perfkit import v2
+from perfkit.config import TlsSpec
 from perfkit.errors import PerfkitError, TargetError
 from perfkit.v2_grpc import request_to_proto
 
 __all__ = ["MESSAGES_PER_KIND", "Outcome", "Prepared", "InferClient", "HttpClient", "GrpcClient", "make_client"]
 
 MESSAGES_PER_KIND = 10
+LOAD_TIMEOUT_S = 300.0  # repository loads (sessions, instances, warmup) take far longer than inferences
 _HEADER_LENGTH = "Inference-Header-Content-Length"
 _now = time.perf_counter_ns
 
@@ -89,6 +92,8 @@ class InferClient(Protocol):
     async def model_config(self, model: str, version: str = "") -> dict[str, Any]: ...
     async def model_statistics(self, model: str = "", version: str = "") -> dict[str, Any]: ...
     async def repository_index(self) -> list[dict[str, Any]]: ...
+    async def load_model(self, name: str, config: dict[str, Any] | None = None) -> None: ...
+    async def unload_model(self, name: str) -> None: ...
     async def close(self) -> None: ...
 
 
@@ -101,21 +106,25 @@ def make_client(
     binary_outputs: bool = True,
     connections: int = 0,
     json_tensors: bool = False,
+    tls: TlsSpec | None = None,
 ) -> InferClient:
     """A client for `url` over `protocol` ("http" or "grpc"). `connections` caps the HTTP connection
     pool (0: one per concurrent request); gRPC multiplexes every call on one channel. `json_tensors`
     sends HTTP inputs as JSON (`--input-tensor-format json`); `binary_outputs` asks HTTP for binary
-    outputs (gRPC outputs are always raw)."""
+    outputs (gRPC outputs are always raw). `headers` go with every call (HTTP headers, gRPC
+    metadata), `Authorization` included. `tls`: HTTPS is an `https://` url, verified against
+    `tls.https_ca_certs` (or the system's roots); gRPC uses TLS when `tls.grpc_use_ssl`."""
+    tls = tls or TlsSpec()
     if request_timeout_s <= 0:
         raise PerfkitError(f"the request timeout must be > 0 seconds, got {request_timeout_s}")
     if connections < 0:
         raise PerfkitError(f"the connection count must be >= 0 (0: unlimited), got {connections}")
     if protocol == "http":
-        return HttpClient(url, request_timeout_s, headers, (not json_tensors, binary_outputs), connections)
+        return HttpClient(url, request_timeout_s, headers, (not json_tensors, binary_outputs), connections, tls)
     if protocol == "grpc":
         if json_tensors:
             raise PerfkitError("--input-tensor-format json is for HTTP only; use -i http or binary tensors")
-        return GrpcClient(url, request_timeout_s, headers)
+        return GrpcClient(url, request_timeout_s, headers, tls)
     raise PerfkitError(f"-i must be http or grpc, got '{protocol}'")
 
 
@@ -123,6 +132,22 @@ def _note(seen: dict[str, int], kind: str, message: str) -> str:
     """`message` for the first few failures of a kind, "" after: samples stay small."""
     seen[kind] = count = seen.get(kind, 0) + 1
     return message if count <= MESSAGES_PER_KIND else ""
+
+
+def _read_pem(path: Any, flag: str) -> bytes:
+    try:
+        return bytes(path.read_bytes())
+    except OSError as exc:
+        raise PerfkitError(f"{flag} {path}: {exc.strerror or exc}") from None
+
+
+def _https_context(tls: TlsSpec) -> ssl.SSLContext | bool:
+    if not tls.https_verify_peer:
+        return False  # aiohttp: TLS without verifying the server (--ssl-https-verify-peer 0)
+    try:
+        return ssl.create_default_context(cafile=tls.https_ca_certs)
+    except (OSError, ssl.SSLError) as exc:
+        raise PerfkitError(f"--ssl-https-ca-certificates-file {tls.https_ca_certs}: {exc}") from None
 
 
 def _describe(exc: BaseException) -> str:
@@ -160,7 +185,11 @@ def _http_kind(exc: BaseException) -> str:
         return "timeout"
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return "disconnected"
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return "tls error"
     if isinstance(exc, aiohttp.ClientConnectorError):
+        if isinstance(exc.os_error, ssl.SSLError):
+            return "tls error"
         if isinstance(exc.os_error, ConnectionRefusedError):
             return "connection refused"
         return "name resolution failed" if isinstance(exc.os_error, socket.gaierror) else "connection failed"
@@ -194,12 +223,19 @@ class HttpClient:
     protocol = "http"
 
     def __init__(
-        self, url: str, timeout_s: float, headers: Mapping[str, str], binary: tuple[bool, bool], connections: int
+        self,
+        url: str,
+        timeout_s: float,
+        headers: Mapping[str, str],
+        binary: tuple[bool, bool],
+        connections: int,
+        tls: TlsSpec | None = None,
     ) -> None:
         self.url = url
         self._base = yarl.URL(url if "://" in url else f"http://{url}")
         if self._base.scheme not in ("http", "https") or not self._base.host:
             raise PerfkitError(f"-u {url}: expected HOST:PORT or http(s)://HOST:PORT for -i http")
+        self._ssl = _https_context(tls or TlsSpec()) if self._base.scheme == "https" else True
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._headers = dict(headers)
         self._binary = binary  # (inputs, outputs)
@@ -210,8 +246,9 @@ class HttpClient:
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._connections, limit_per_host=0),
+                connector=aiohttp.TCPConnector(limit=self._connections, limit_per_host=0, ssl=self._ssl),
                 timeout=self._timeout,
+                headers=self._headers,  # every call, not only infer (Authorization)
                 auto_decompress=False,
                 # Triton compresses responses when asked to; perf_analyzer does not ask.
                 skip_auto_headers=("Accept-Encoding",),
@@ -310,6 +347,29 @@ class HttpClient:
     async def repository_index(self) -> list[dict[str, Any]]:
         return await self._json("POST", self._base / "v2" / "repository" / "index", {})  # type: ignore[no-any-return]
 
+    async def load_model(self, name: str, config: dict[str, Any] | None = None) -> None:
+        """Load (or reload) `name` through the repository API; `config` overrides its config.pbtxt.
+        Raises TargetError with the server's reason when it refuses."""
+        body = {"parameters": {"config": json.dumps(config)}} if config is not None else {}
+        await self._repository("load", name, body)
+
+    async def unload_model(self, name: str) -> None:
+        await self._repository("unload", name, {})
+
+    async def _repository(self, action: str, name: str, body: dict[str, Any]) -> None:
+        session = self._session or self._open()
+        url = self._base / "v2" / "repository" / "models" / name / action
+        try:
+            # A load builds sessions and instances: it may take far longer than an inference.
+            async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=LOAD_TIMEOUT_S)) as response:
+                status, data = response.status, await response.read()
+        except asyncio.TimeoutError:
+            raise TargetError(f"{action} of model '{name}': no answer within {LOAD_TIMEOUT_S} s") from None
+        except aiohttp.ClientError as exc:
+            raise TargetError(f"cannot reach {self._base} over HTTP ({_describe(exc)}); is -u right?") from None
+        if status != 200:
+            raise TargetError(f"{action} of model '{name}' failed: HTTP {status}: {v2.decode_error(data)}")
+
     async def close(self) -> None:
         session, self._session = self._session, None
         if session is not None:
@@ -365,11 +425,20 @@ def _grpc_kind(code: grpc.StatusCode, details: str) -> str:
 class GrpcClient:
     protocol = "grpc"
 
-    def __init__(self, url: str, request_timeout_s: float, headers: Mapping[str, str]) -> None:
+    def __init__(
+        self, url: str, request_timeout_s: float, headers: Mapping[str, str], tls: TlsSpec | None = None
+    ) -> None:
         self.url = url
         self._target = url.split("://", 1)[1] if "://" in url else url
         if not self._target:
             raise PerfkitError(f"-u {url}: expected HOST:PORT for -i grpc")
+        tls = tls or TlsSpec()
+        self._credentials: grpc.ChannelCredentials | None = None
+        if tls.grpc_use_ssl:
+            roots = (
+                _read_pem(tls.grpc_root_certs, "--ssl-grpc-root-certifications-file") if tls.grpc_root_certs else None
+            )
+            self._credentials = grpc.ssl_channel_credentials(root_certificates=roots)
         self._timeout_s = request_timeout_s
         # -H headers travel as call metadata, whose keys gRPC wants in lower case.
         self._metadata = tuple((k.lower(), v) for k, v in headers.items()) or None
@@ -380,10 +449,11 @@ class GrpcClient:
 
     def _open(self) -> Any:
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(
-                self._target,
-                options=[("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)],
-            )
+            options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+            if self._credentials is None:
+                self._channel = grpc.aio.insecure_channel(self._target, options=options)
+            else:
+                self._channel = grpc.aio.secure_channel(self._target, self._credentials, options=options)
             # Raw bytes both ways: the request was serialized once in prepare(), and send() parses
             # the reply itself, so that the time it takes is recv_ns.
             self._infer = self._channel.unary_unary(
@@ -429,11 +499,12 @@ class GrpcClient:
             return Outcome("bad response", len(reply), issued - start, done - received, message)
         return Outcome("", len(reply), issued - start, done - received)
 
-    async def _rpc(self, method: str, request: Any) -> Any:
+    async def _rpc(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
         if self._stub is None:
             self._open()
         try:
-            return await getattr(self._stub, method)(request, timeout=self._timeout_s, metadata=self._metadata)
+            timeout = self._timeout_s if timeout_s is None else timeout_s
+            return await getattr(self._stub, method)(request, timeout=timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             code, details = exc.code(), exc.details() or ""
             if _grpc_kind(code, details) in ("connection refused", "connection reset"):
@@ -459,6 +530,17 @@ class GrpcClient:
     async def model_statistics(self, model: str = "", version: str = "") -> dict[str, Any]:
         request = pb.ModelStatisticsRequest(name=model, version=version)
         return _message_dict(await self._rpc("ModelStatistics", request))
+
+    async def load_model(self, name: str, config: dict[str, Any] | None = None) -> None:
+        """Load (or reload) `name` through the repository API; `config` overrides its config.pbtxt.
+        Raises TargetError with the server's reason when it refuses."""
+        request = pb.RepositoryModelLoadRequest(model_name=name)
+        if config is not None:
+            request.parameters["config"].string_param = json.dumps(config)
+        await self._rpc("RepositoryModelLoad", request, LOAD_TIMEOUT_S)
+
+    async def unload_model(self, name: str) -> None:
+        await self._rpc("RepositoryModelUnload", pb.RepositoryModelUnloadRequest(model_name=name))
 
     async def repository_index(self) -> list[dict[str, Any]]:
         reply = await self._rpc("RepositoryIndex", pb.RepositoryIndexRequest())

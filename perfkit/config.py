@@ -9,6 +9,16 @@ from perfkit.errors import PerfkitError
 
 
 @dataclass(frozen=True, slots=True)
+class TlsSpec:
+    """Client TLS, with perf_analyzer's options: HTTPS is `-u https://...`; gRPC needs grpc_use_ssl."""
+
+    grpc_use_ssl: bool = False
+    grpc_root_certs: Path | None = None  # PEM CA bundle; None: the system's roots
+    https_ca_certs: Path | None = None  # PEM CA bundle; None: the system's roots
+    https_verify_peer: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class TargetSpec:
     url: str | None  # None: start the embedded reference server
     protocol: str = "http"  # http | grpc
@@ -17,6 +27,7 @@ class TargetSpec:
     headers: tuple[tuple[str, str], ...] = ()
     request_timeout_s: float = 30.0
     json_tensors: bool = False
+    tls: TlsSpec = field(default_factory=TlsSpec)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +72,8 @@ class OutputSpec:
     pa_csv: Path | None = None
     profile_export: Path | None = None
     quiet: bool = False
+    html_report: bool = True  # write the HTML report beside the CSV when the sweep ends
+    history_csv: Path | None = None  # --append: add the tidy rows, with run id and time, to this file
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +100,7 @@ class SweepSpec:
             raise PerfkitError("--input-tensor-format json applies to HTTP only; drop it or use -i http")
         if t.request_timeout_s <= 0:
             raise PerfkitError("--request-timeout must be a positive number of seconds")
+        _validate_tls(t)
         if self.inputs.batch_size < 1:
             raise PerfkitError("-b/--batch-size must be at least 1")
         if w.mode not in ("time_windows", "count_windows"):
@@ -112,3 +126,20 @@ class SweepSpec:
             raise PerfkitError("--binary-search needs an explicit range START:END and -l/--latency-threshold MS")
         if self.metrics.interval_ms <= 0:
             raise PerfkitError("--metrics-interval must be a positive number of milliseconds")
+
+
+def _validate_tls(t: TargetSpec) -> None:
+    tls = t.tls
+    https = (tls.https_ca_certs is not None or not tls.https_verify_peer) and t.protocol == "http"
+    if https and not (t.url or "").startswith("https://"):
+        raise PerfkitError("--ssl-https-* options apply to an HTTPS server: give -u https://HOST:PORT")
+    if tls.grpc_root_certs is not None and not tls.grpc_use_ssl:
+        raise PerfkitError("--ssl-grpc-root-certifications-file needs --ssl-grpc-use-ssl")
+    if tls.grpc_use_ssl and t.url is None:
+        raise PerfkitError("--ssl-grpc-use-ssl needs -u: the embedded server listens in the clear on loopback")
+    for flag, path in (
+        ("--ssl-grpc-root-certifications-file", tls.grpc_root_certs),
+        ("--ssl-https-ca-certificates-file", tls.https_ca_certs),
+    ):
+        if path is not None and not path.is_file():
+            raise PerfkitError(f"{flag} {path}: no such file")

@@ -28,6 +28,8 @@ from perfkit.schedule import ClosedLoop, Load
 log = logging.getLogger(__name__)
 
 POLL_NS = 10_000_000  # how often count windows and warmup look at the sample count
+# Error kinds that mean "no server there": a window of nothing else ends the level at once.
+CONNECTION_ERRORS = ("connection", "disconnected", "grpc UNAVAILABLE")
 
 
 class Progress(Protocol):
@@ -120,7 +122,7 @@ async def measure_level(
                     window.stabilizing_latency_us, stable,
                 )  # fmt: skip
             window_start = window_end
-            if stable:
+            if stable or _server_gone(buffer.arrays(first_index).completed_between(boundaries[-2], window_end)):
                 break
     finally:
         await loadgen.stop(drain_timeout_s)
@@ -166,6 +168,16 @@ async def _wait_window_end(loadgen: LoadGenerator, spec: WindowSpec, window_star
         if now >= min_end and len(buffer) - recorded_at_start >= spec.request_count:
             return
         await clock.sleep_until(min_end if now < min_end else now + POLL_NS)
+
+
+def _server_gone(window: SampleArrays) -> bool:
+    """Every request of the window failed for lack of a server: more windows would only wait."""
+    errors = window.error_counts()
+    return (
+        len(window) > 0
+        and sum(errors.values()) == len(window)
+        and all(kind.startswith(CONNECTION_ERRORS) for kind in errors)
+    )
 
 
 def _with_note(usage: ResourceUsage, note: str) -> ResourceUsage:

@@ -26,6 +26,7 @@ from perfkit.loadgen import RealClock
 from perfkit.measure import LevelMeasurement
 from perfkit.progress import Progress
 from perfkit.resources import ResourceSampler
+from perfkit.result_files import ReportItem, append_history, check_history
 from perfkit.results import SweepResult, write_sweep
 from perfkit.samples import SampleArrays
 from perfkit.sweep import Sweep
@@ -71,12 +72,42 @@ def _git_commit() -> str:
     return out.stdout.strip() if out.returncode == 0 else ""
 
 
+_SECRET_HEADER_WORDS = ("authorization", "cookie", "token", "secret", "password", "api-key", "apikey")
+
+
+def _secret_header(name: str) -> bool:
+    return any(word in name.strip().lower() for word in _SECRET_HEADER_WORDS)
+
+
+def _redact_header(value: str) -> str:
+    """`Name: value` with the value hidden when the name says it holds a credential."""
+    name, sep, _ = value.partition(":")
+    return f"{name}: ***" if sep and _secret_header(name) else value
+
+
+def _redact_argv(argv: list[str]) -> list[str]:
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if i and argv[i - 1] in ("-H", "--header"):
+            out.append(_redact_header(arg))
+        elif arg.startswith("--header="):
+            out.append("--header=" + _redact_header(arg[len("--header=") :]))
+        elif arg.startswith("-H") and len(arg) > 2:
+            out.append("-H" + _redact_header(arg[2:]))
+        else:
+            out.append(arg)
+    return out
+
+
 def provenance(spec: SweepSpec, target: Target, server_metadata: dict[str, Any], argv: list[str]) -> dict[str, Any]:
+    """What produced the result. Credentials never get in: secret -H values read `***`."""
+    spec_dict = _spec_dict(spec)
+    spec_dict["target"]["headers"] = [[k, "***" if _secret_header(k) else v] for k, v in spec.target.headers]
     return {
         "perfkit_version": __version__,
         "git_commit": _git_commit(),
         "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "argv": argv,
+        "argv": _redact_argv(argv),
         "seed": spec.inputs.seed,
         "server": {"url": target.url, "embedded": target.embedded, **server_metadata},
         "machine": {
@@ -86,7 +117,7 @@ def provenance(spec: SweepSpec, target: Target, server_metadata: dict[str, Any],
             "cpu_count": _cpu_count(),
             "user": getpass.getuser(),
         },
-        "spec": _spec_dict(spec),
+        "spec": spec_dict,
     }
 
 
@@ -125,17 +156,47 @@ async def resolve_model(client: InferClient, spec: SweepSpec, embedded: bool) ->
     raise PerfkitError(f"the server has {len(ready)} ready models ({', '.join(ready) or 'none'}); pick one with -m")
 
 
+async def _model_error(client: InferClient, model: str, url: str, exc: Exception) -> PerfkitError:
+    """Why the model's metadata could not be read: a usage error (exit 2) when the server has no
+    such model, so -m is what to change; otherwise the server's own failure (exit 1)."""
+    try:
+        index = await client.repository_index()
+    except Exception:  # no repository extension: the server's error is all there is to say
+        index = None
+    if index is not None:
+        names = sorted({str(entry.get("name")) for entry in index})
+        if model not in names:
+            return PerfkitError(
+                f"-m {model}: the server at {url} has no model '{model}'; it has {', '.join(names) or 'none'}"
+            )
+    return TargetError(f"model '{model}' on {url}: {exc}")
+
+
 class Outputs:
     """Where a sweep's files go; each finished level rewrites them atomically."""
 
     def __init__(self, spec: SweepSpec, model: str) -> None:
         stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         out = spec.output
-        out.report_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            out.report_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise PerfkitError(f"--report-dir {out.report_dir}: cannot create it ({exc.strerror or exc})") from None
+        for flag, path in (("-f/--latency-report-file", out.pa_csv), ("--profile-export-file", out.profile_export)):
+            if path is not None and not path.parent.is_dir():
+                raise PerfkitError(f"{flag} {path}: the folder {path.parent} does not exist")
         base = out.report_dir / f"sweep-{model}-{spec.load.mode}-{stamp}"
+        for suffix in range(2, 1000):  # two sweeps started in the same second keep both results
+            if not base.with_suffix(".json").exists():
+                break
+            base = out.report_dir / f"sweep-{model}-{spec.load.mode}-{stamp}-{suffix}"
         self.json_path = base.with_suffix(".json")
         self.pa_csv_path = out.pa_csv or base.with_suffix(".csv")
         self.tidy_csv_path = self.pa_csv_path.with_name(self.pa_csv_path.stem + "_long.csv")
+        self.html_path = self.pa_csv_path.with_suffix(".html") if out.html_report else None
+        self.history_path = out.history_csv
+        if self.history_path is not None:
+            check_history(self.history_path)
         self.profile_path = out.profile_export
         self.collect_metrics = spec.metrics.collect
         self.experiments: list[tuple[str, float, SampleArrays, list[int]]] = []
@@ -160,8 +221,19 @@ class Outputs:
                 ),
             )
 
+    def finish(self, result: SweepResult) -> None:
+        """Once, when the sweep ends: the HTML report and the history CSV's new rows."""
+        if self.html_path is not None:
+            from perfkit.report import render_html  # matplotlib: imported only when needed
+
+            item = ReportItem(self.json_path.stem, "sweep", result, str(self.json_path))
+            export.write_text_atomic(self.html_path, render_html([item]))
+        if self.history_path is not None:
+            append_history(self.history_path, result, self.json_path.stem)
+
     def paths(self) -> list[Path]:
         paths = [self.pa_csv_path, self.tidy_csv_path, self.json_path]
+        paths += [p for p in (self.html_path, self.history_path) if p is not None]
         return paths + ([self.profile_path] if self.profile_path else [])
 
 
@@ -193,10 +265,13 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
         headers=dict(t.headers),
         json_tensors=t.json_tensors,
         connections=0,
+        tls=t.tls,
     )
     try:
         try:
             live = await client.live()
+        except TargetError:
+            raise  # the client's message already says what could not be reached and names -u
         except Exception as exc:
             raise TargetError(f"cannot reach {target.url} over {target.protocol} ({exc}); check -u and -i") from None
         if not live:
@@ -206,7 +281,7 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
             metadata = await client.model_metadata(model, t.model_version)
             config = await client.model_config(model, t.model_version)
         except Exception as exc:
-            raise TargetError(f"model '{model}' on {target.url}: {exc}") from None
+            raise await _model_error(client, model, target.url, exc) from None
         server_metadata = await client.server_metadata()
         requests = build_requests(
             metadata, config, model=model, version=t.model_version, batch_size=spec.inputs.batch_size,
@@ -229,6 +304,7 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
         finally:
             run.result = sweep.result
             outputs.save(sweep.result, None)
+        outputs.finish(sweep.result)
     finally:
         await client.close()
 

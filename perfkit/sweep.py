@@ -3,11 +3,13 @@ search, and hand every finished level to the caller at once (so it is on disk be
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from perfkit import measure
 from perfkit.config import SweepSpec
 from perfkit.loadgen import Clock, LoadGenerator
 from perfkit.measure import LevelMeasurement, Progress, ServerStatsProbe, measure_level
@@ -21,7 +23,7 @@ log = logging.getLogger(__name__)
 # An END of 0 means "until the latency threshold"; these bound such a sweep so it stops by itself.
 MAX_CONCURRENCY = 4096
 MAX_RATE = 1_000_000.0
-CONNECTION_ERRORS = ("connection", "disconnected", "grpc UNAVAILABLE", "timeout")
+CONNECTION_ERRORS = (*measure.CONNECTION_ERRORS, "timeout")
 
 
 class SweepProgress(Progress, Protocol):
@@ -116,7 +118,9 @@ class Sweep:
             else:
                 await self._linear()
         except BaseException as exc:
-            reason = "interrupted" if isinstance(exc, (KeyboardInterrupt,)) else f"{type(exc).__name__}: {exc}"
+            # asyncio.run turns Ctrl-C into a cancellation of this task (KeyboardInterrupt comes after).
+            interrupted = isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError))
+            reason = "interrupted" if interrupted else f"{type(exc).__name__}: {exc}"
             self.result = dataclasses.replace(self.result, completed=False, stop_reason=reason)
             raise
         finally:

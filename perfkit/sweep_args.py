@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from perfkit.config import InputSpec, LoadSpec, MetricsSpec, OutputSpec, SweepSpec, TargetSpec, WindowSpec
+from perfkit.config import InputSpec, LoadSpec, MetricsSpec, OutputSpec, SweepSpec, TargetSpec, TlsSpec, WindowSpec
 from perfkit.errors import PerfkitError
 from perfkit.inputs import parse_shape_flag
 from perfkit.schedule import parse_range, read_intervals
@@ -18,6 +18,15 @@ def _headers(values: list[str]) -> tuple[tuple[str, str], ...]:
             raise PerfkitError(f"-H '{value}' must look like 'Name: value'")
         headers.append((name.strip(), content.strip()))
     return tuple(headers)
+
+
+def _tls(args: argparse.Namespace) -> TlsSpec:
+    return TlsSpec(
+        grpc_use_ssl=args.ssl_grpc_use_ssl,
+        grpc_root_certs=args.ssl_grpc_root_certifications_file,
+        https_ca_certs=args.ssl_https_ca_certificates_file,
+        https_verify_peer=bool(args.ssl_https_verify_peer),
+    )
 
 
 def _load(args: argparse.Namespace) -> LoadSpec:
@@ -51,6 +60,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
             headers=_headers(args.header),
             request_timeout_s=args.request_timeout,
             json_tensors=args.input_tensor_format == "json",
+            tls=_tls(args),
         ),
         load=_load(args),
         windows=WindowSpec(
@@ -76,6 +86,8 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
             pa_csv=args.latency_report_file,
             profile_export=args.profile_export_file,
             quiet=args.quiet,
+            html_report=not args.no_report,
+            history_csv=args.append,
         ),
     )
     spec.validate()

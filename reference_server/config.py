@@ -9,6 +9,11 @@ from pathlib import Path
 
 CONTROL_MODES = ("none", "explicit", "poll")
 
+#: Safe defaults for the overload limits: a few thousand requests in flight server-wide, and 2**24
+#: elements per request (64 MiB of FP32, the body limit's worth).
+DEFAULT_MAX_INFLIGHT_REQUESTS = 4096
+DEFAULT_MAX_TENSOR_ELEMENTS = 1 << 24
+
 
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
@@ -29,6 +34,16 @@ class ServerConfig:
     default_max_batch_size: int = 4
     log_verbose: int = 0
     backend_config: dict[str, str] = field(default_factory=dict)
+    max_inflight_requests: int = DEFAULT_MAX_INFLIGHT_REQUESTS
+    max_tensor_elements: int = DEFAULT_MAX_TENSOR_ELEMENTS
+    #: Bearer token every non-health endpoint wants; never printed (repr=False).
+    auth_token: str | None = field(default=None, repr=False)
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+
+    @property
+    def tls(self) -> bool:
+        return self.ssl_certfile is not None
 
     def validate(self) -> None:
         from reference_server.errors import ServerError
@@ -48,6 +63,19 @@ class ServerConfig:
             raise ServerError("--repository-poll-secs must be a positive number of seconds in poll mode")
         if self.http_max_input_size <= 0:
             raise ServerError("--http-max-input-size must be a positive number of bytes")
+        if self.max_inflight_requests < 1:
+            raise ServerError("--max-inflight-requests must be at least 1")
+        if self.max_tensor_elements < 1:
+            raise ServerError("--max-tensor-elements must be at least 1")
+        if self.auth_token is not None:
+            from reference_server.auth import Token
+
+            Token(self.auth_token)  # raises on an unusable token, without quoting it
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ServerError("--ssl-certfile and --ssl-keyfile go together: give both for TLS, or neither")
+        for flag, path in (("--ssl-certfile", self.ssl_certfile), ("--ssl-keyfile", self.ssl_keyfile)):
+            if path is not None and not path.is_file():
+                raise ServerError(f"{flag} {path}: no such file")
 
 
 def _bool(text: str) -> bool:
@@ -94,6 +122,23 @@ def build_parser() -> argparse.ArgumentParser:
     net.add_argument("--http-port", type=_port, default=8000, help="HTTP/REST port (0 = any free port)")
     net.add_argument("--grpc-port", type=_port, default=8001, help="gRPC port (0 = any free port)")
     net.add_argument("--metrics-port", type=_port, default=8002, help="Prometheus metrics port (0 = any free port)")
+    net.add_argument(
+        "--ssl-certfile",
+        type=Path,
+        metavar="PEM",
+        help="serve HTTP and gRPC over TLS with this certificate (chain) file; needs --ssl-keyfile",
+    )
+    net.add_argument("--ssl-keyfile", type=Path, metavar="PEM", help="private key of --ssl-certfile")
+    secret = net.add_mutually_exclusive_group()
+    secret.add_argument(
+        "--auth-token",
+        metavar="TOKEN",
+        help="require 'Authorization: Bearer TOKEN' (gRPC metadata 'authorization') on every endpoint but "
+        "the health probes; visible to other local users in the process list, so prefer --auth-token-file",
+    )
+    secret.add_argument(
+        "--auth-token-file", type=Path, metavar="FILE", help="as --auth-token, the token read from FILE"
+    )
     net.add_argument("--allow-http", type=_bool, default=True, metavar="BOOL")
     net.add_argument("--allow-grpc", type=_bool, default=True, metavar="BOOL")
     net.add_argument("--allow-metrics", type=_bool, default=True, metavar="BOOL")
@@ -104,6 +149,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BYTES",
         help="largest request accepted, on both front ends: larger HTTP bodies get 413, larger gRPC messages "
         "RESOURCE_EXHAUSTED",
+    )
+    limits = parser.add_argument_group("limits")
+    limits.add_argument(
+        "--max-inflight-requests",
+        type=int,
+        default=DEFAULT_MAX_INFLIGHT_REQUESTS,
+        metavar="N",
+        help="inference requests in progress at once, server-wide; more get HTTP 503 / gRPC UNAVAILABLE at once",
+    )
+    limits.add_argument(
+        "--max-tensor-elements",
+        type=int,
+        default=DEFAULT_MAX_TENSOR_ELEMENTS,
+        metavar="N",
+        help="elements one inference request's inputs may hold together; more get HTTP 400 / INVALID_ARGUMENT",
     )
     models = parser.add_argument_group("models")
     models.add_argument(
@@ -169,6 +229,15 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         default_mbs = int(backend.get("default-max-batch-size", "4"))
     except (argparse.ArgumentTypeError, ValueError) as exc:
         parser.error(str(exc))
+    token = args.auth_token
+    if args.auth_token_file is not None:
+        from reference_server.auth import read_token_file
+        from reference_server.errors import ServerError
+
+        try:
+            token = read_token_file(args.auth_token_file)
+        except ServerError as exc:
+            parser.error(str(exc))
     config = ServerConfig(
         model_repository=args.model_repository,
         host=args.host,
@@ -187,6 +256,11 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         default_max_batch_size=default_mbs,
         log_verbose=args.log_verbose,
         backend_config=backend,
+        max_inflight_requests=args.max_inflight_requests,
+        max_tensor_elements=args.max_tensor_elements,
+        auth_token=token,
+        ssl_certfile=args.ssl_certfile,
+        ssl_keyfile=args.ssl_keyfile,
     )
     try:
         config.validate()

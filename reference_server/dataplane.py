@@ -6,7 +6,10 @@ raises `ServerError`s that carry their own HTTP and gRPC status.
 
 from __future__ import annotations
 
+import contextlib
+import math
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -15,7 +18,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from perfkit import v2
 from perfkit._version import __version__
 from reference_server import model_config
-from reference_server.errors import InvalidArgument, Unavailable, Unsupported
+from reference_server.errors import InvalidArgument, NotFound, Unavailable, Unsupported
 from reference_server.repository import ModelRepository, ModelVersion
 
 SERVER_NAME = "perfkit-reference-server"
@@ -30,12 +33,43 @@ EXTENSIONS = [
 
 class DataPlane:
     def __init__(
-        self, repository: ModelRepository, *, model_control_mode: str = "none", strict_readiness: bool = True
+        self,
+        repository: ModelRepository,
+        *,
+        model_control_mode: str = "none",
+        strict_readiness: bool = True,
+        max_inflight_requests: int = 0,
+        max_tensor_elements: int = 0,
     ) -> None:
         self.repository = repository
         self.model_control_mode = model_control_mode
         self.strict_readiness = strict_readiness
         self.accepting = True
+        #: 0 = no limit. `inflight` is owned by the event loop, like everything else here.
+        self.max_inflight_requests = max_inflight_requests
+        self.max_tensor_elements = max_tensor_elements
+        self.inflight = 0
+
+    # --- admission -------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def admit(self) -> Iterator[None]:
+        """Hold one of the server-wide in-flight slots for an inference request, or fail at once.
+
+        The front ends take the slot before they read or decode the request, so a burst beyond the
+        limit costs neither memory nor latency: it is answered UNAVAILABLE (HTTP 503) straight away,
+        which tells a client to back off and retry, as Triton's full queues do.
+        """
+        if self.max_inflight_requests and self.inflight >= self.max_inflight_requests:
+            raise Unavailable(
+                f"server is overloaded: {self.inflight} inference requests in flight, the limit is "
+                f"{self.max_inflight_requests} (--max-inflight-requests); retry later"
+            )
+        self.inflight += 1
+        try:
+            yield
+        finally:
+            self.inflight -= 1
 
     # --- health and metadata ---------------------------------------------------------------------
 
@@ -51,10 +85,14 @@ class DataPlane:
         return {"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS}
 
     def model_ready(self, name: str, version: str = "") -> bool:
+        try:
+            _model_name(name)
+        except NotFound:
+            return False
         return self.repository.is_ready(name, version)
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
-        served = self.repository.get(name, version)
+        served = self.repository.get(_model_name(name), version)
         config = served.config
         batch_dim = [-1] if config.max_batch_size > 0 else []
         versions = [str(v) for v in self._versions(name)] if not version else [version]
@@ -73,10 +111,10 @@ class DataPlane:
         }
 
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:
-        return model_config.config_to_json(self.repository.get(name, version).config)
+        return model_config.config_to_json(self.repository.get(_model_name(name), version).config)
 
     def model_config_proto(self, name: str, version: str = "") -> mc.ModelConfig:
-        return self.repository.get(name, version).config
+        return self.repository.get(_model_name(name), version).config
 
     def _versions(self, name: str) -> list[int]:
         return sorted(mv.version for mv in self.repository.loaded() if mv.name == name)
@@ -85,7 +123,8 @@ class DataPlane:
 
     async def infer(self, request: v2.InferRequest) -> v2.InferResponse:
         received_ns = time.perf_counter_ns()
-        served = self.repository.get(request.model_name, request.model_version)
+        self._check_elements(request)
+        served = self.repository.get(_model_name(request.model_name), request.model_version)
         inputs = _validated_inputs(served, request)
         output_names = _validated_outputs(served, request)
         timeout_us = request.parameters.get("timeout")
@@ -102,9 +141,22 @@ class DataPlane:
             model_name=served.name, model_version=str(served.version), id=request.id, outputs=outputs
         )
 
+    def _check_elements(self, request: v2.InferRequest) -> None:
+        # After the wire decode (whose allocations the body-size limit bounds, and which checks each
+        # shape against the bytes present) and before the batcher or the model allocate anything.
+        limit = self.max_tensor_elements
+        if not limit:
+            return
+        total = sum(math.prod(t.shape) for t in request.inputs)
+        if total > limit:
+            raise InvalidArgument(
+                f"inference request for model '{request.model_name}' holds {total} input elements, more than "
+                f"the server's limit of {limit} (--max-tensor-elements)"
+            )
+
     def decode_raw_request(self, name: str, version: str, body: bytes) -> v2.InferRequest:
         """The binary extension's raw form: the body is the only input's bytes, batch size 1."""
-        served = self.repository.get(name, version)
+        served = self.repository.get(_model_name(name), version)
         if len(served.inputs) != 1:
             raise InvalidArgument(
                 f"raw binary request (Inference-Header-Content-Length: 0) needs a model with exactly one "
@@ -137,9 +189,9 @@ class DataPlane:
         if not name:
             served = self.repository.loaded()
         elif version:
-            served = [self.repository.get(name, version)]
+            served = [self.repository.get(_model_name(name), version)]
         else:
-            self.repository.get(name)  # raises NotFound / Unavailable for the right reason
+            self.repository.get(_model_name(name))  # raises NotFound / Unavailable for the right reason
             served = [mv for mv in self.repository.loaded() if mv.name == name]
         served.sort(key=lambda mv: (mv.name, mv.version))
         return {"model_stats": [mv.stats.to_dict(mv.name, str(mv.version), _memory_usage(mv)) for mv in served]}
@@ -160,14 +212,14 @@ class DataPlane:
                 raise Unsupported(f"load parameter '{key}': file overrides are not supported by this server")
             else:
                 raise InvalidArgument(f"unknown load parameter '{key}'; the only one accepted is 'config'")
-        await self.repository.load(name, override)
+        await self.repository.load(_model_name(name), override)
 
     async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
         self._require_explicit("unload")
         for key in parameters or {}:
             if key != "unload_dependents":
                 raise InvalidArgument(f"unknown unload parameter '{key}'")
-        await self.repository.unload(name)
+        await self.repository.unload(_model_name(name))
 
     def _require_explicit(self, action: str) -> None:
         if self.model_control_mode != "explicit":
@@ -176,6 +228,23 @@ class DataPlane:
                 f"explicit model {action} is not allowed in model control mode '{self.model_control_mode}'; "
                 "start the server with --model-control-mode explicit"
             )
+
+
+#: The longest file name most file systems take (NAME_MAX); a longer name is no model folder.
+_NAME_MAX_BYTES = 255
+
+
+def _model_name(name: str) -> str:
+    """`name`, if it can name a model folder at all; NotFound before the file system is asked (which
+    would fail with ENAMETOOLONG or on an unencodable name)."""
+    try:
+        size = len(name.encode("utf-8", "surrogateescape"))
+    except UnicodeEncodeError:
+        size = -1
+    if not 0 < size <= _NAME_MAX_BYTES:
+        shown = name if len(name) <= 64 else name[:61] + "..."
+        raise NotFound(f"model '{shown}' is not found: not a model folder name")
+    return name
 
 
 def _memory_usage(served: ModelVersion) -> list[dict[str, Any]]:

@@ -19,17 +19,19 @@ from typing import Any, TypeAlias, TypeVar
 
 import grpc
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from perfkit.v2 import CodecError
 from perfkit.v2_grpc import parameters_from_proto, request_from_proto, response_to_proto
+from reference_server.auth import OPEN_GRPC_METHODS, Token, Unauthenticated
 from reference_server.dataplane import DataPlane
 from reference_server.errors import ServerError, Unsupported
 
 log = logging.getLogger(__name__)
 
-__all__ = ["InferenceServicer", "build_grpc_server"]
+__all__ = ["BearerTokenInterceptor", "InferenceServicer", "build_grpc_server"]
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
@@ -50,11 +52,35 @@ def _status(exc: Exception, method: str) -> tuple[grpc.StatusCode, str]:
     return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
 
 
+class _Malformed:
+    """A request whose bytes are not the method's message: answered INVALID_ARGUMENT, not the
+    UNKNOWN that grpc gives when a deserializer raises."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def _lenient(message_class: Any) -> Callable[[bytes], Any]:
+    name = message_class.DESCRIPTOR.full_name
+
+    def parse(data: bytes) -> Any:
+        try:
+            return message_class.FromString(data)
+        except DecodeError as exc:
+            return _Malformed(f"the request is not a valid {name} message: {exc}")
+
+    return parse
+
+
 def _rpc(method: Method[Req, Resp]) -> Method[Req, Resp]:
     """Wraps every servicer method so that a failure aborts the call with the status its error names."""
 
     @functools.wraps(method)
     async def handler(self: Any, request: Req, context: Context) -> Resp:
+        if isinstance(request, _Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.error)
         try:
             return await method(self, request, context)
         except grpc.aio.AbortError:
@@ -117,7 +143,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     @_rpc
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
-        return response_to_proto(await self._plane.infer(request_from_proto(request)))
+        with self._plane.admit():
+            return response_to_proto(await self._plane.infer(request_from_proto(request)))
 
     @_rpc
     async def ModelStreamInfer(self, requests: AsyncIterator[pb.ModelInferRequest], context: Context) -> None:
@@ -155,9 +182,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             for pending in tasks:
                 pending.cancel()
 
-    async def _stream_reply(self, request: pb.ModelInferRequest) -> pb.ModelStreamInferResponse:
+    async def _stream_reply(self, request: pb.ModelInferRequest | _Malformed) -> pb.ModelStreamInferResponse:
+        if isinstance(request, _Malformed):
+            return pb.ModelStreamInferResponse(error_message=request.error, infer_response=pb.ModelInferResponse())
         try:
-            response = response_to_proto(await self._plane.infer(request_from_proto(request)))
+            with self._plane.admit():
+                response = response_to_proto(await self._plane.infer(request_from_proto(request)))
         except Exception as exc:
             # A failed request is reported on the stream, which stays open, as Triton does. The id
             # lets the client tell which request failed.
@@ -212,20 +242,72 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     LogSettings = _unsupported("the logging extension")
 
 
-def build_grpc_server(plane: DataPlane, *, max_message_bytes: int) -> grpc.aio.Server:
+class BearerTokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Every method but the health probes wants metadata `authorization: Bearer <token>`.
+
+    A refused call never reaches the servicer: it is answered UNAUTHENTICATED by a handler of the
+    method's own kind (ModelStreamInfer is the one streaming method).
+    """
+
+    def __init__(self, token: Token) -> None:
+        self._token = token
+
+    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
+        if details.method in OPEN_GRPC_METHODS:
+            return await continuation(details)
+        metadata = details.invocation_metadata or ()
+        value = next((v for k, v in metadata if k == "authorization"), None)
+        try:
+            self._token.check(value if isinstance(value, str) else None)
+        except Unauthenticated as exc:
+            return _refusal(details.method, exc.message)
+        return await continuation(details)
+
+
+def _refusal(method: str, message: str) -> grpc.RpcMethodHandler:
+    async def unary(request: Any, context: Context) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    async def stream(requests: Any, context: Context) -> Any:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    if method.endswith("/ModelStreamInfer"):
+        return grpc.stream_stream_rpc_method_handler(stream)
+    return grpc.unary_unary_rpc_method_handler(unary)
+
+
+def build_grpc_server(plane: DataPlane, *, max_message_bytes: int, token: Token | None = None) -> grpc.aio.Server:
     """An unstarted grpc.aio server with the inference service; the caller binds a port and starts it.
 
     One size limit for both front ends: `--http-max-input-size` caps gRPC messages in both
-    directions too (a larger one fails with RESOURCE_EXHAUSTED).
+    directions too (a larger one fails with RESOURCE_EXHAUSTED). With a `token`, every call but the
+    health probes must carry it.
     """
     server = grpc.aio.server(
+        interceptors=[] if token is None else [BearerTokenInterceptor(token)],
         options=[
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),
             # gRPC sets SO_REUSEPORT by default, which lets a second server bind a busy port and
             # silently share its traffic; a busy --grpc-port must fail instead, as HTTP's does.
             ("grpc.so_reuseport", 0),
-        ]
+        ],
     )
-    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceServicer(plane), server)
+    _add_service(InferenceServicer(plane), server)
     return server
+
+
+def _add_service(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
+    """`add_GRPCInferenceServiceServicer_to_server`, with deserializers that never raise."""
+    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    handlers = {}
+    for method in service.methods:
+        request_class, response_class = getattr(pb, method.input_type.name), getattr(pb, method.output_type.name)
+        kind = grpc.stream_stream_rpc_method_handler if method.client_streaming else grpc.unary_unary_rpc_method_handler
+        handlers[method.name] = kind(
+            getattr(servicer, method.name),
+            request_deserializer=_lenient(request_class),
+            response_serializer=response_class.SerializeToString,
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    server.add_registered_method_handlers(service.full_name, handlers)

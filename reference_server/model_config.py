@@ -480,6 +480,7 @@ def model_file(model_dir: Path, version: int, config: ModelConfig) -> Path:
     relative = PurePosixPath(name)
     if relative.is_absolute() or "\\" in name or any(part == ".." for part in relative.parts):
         raise ModelConfigError(
-            f"model '{config.name}': default_model_filename '{name}' must be a path inside the version folder"
+            f"{model_dir / CONFIG_FILENAME}: model '{config.name}': default_model_filename '{name}' must be a path "
+            "inside the version folder"
         )
     return model_dir / str(version) / name

@@ -69,14 +69,19 @@ def plan_instances(config: mc.ModelConfig, gpu_count: int, config_path: Path) ->
     return placements
 
 
-def session_options(config: mc.ModelConfig) -> ort.SessionOptions:
+def session_options(config: mc.ModelConfig, config_path: Path | None = None) -> ort.SessionOptions:
     """Session options from the model config's parameters, with Triton ORT backend key names."""
     options = ort.SessionOptions()
     params = {key: value.string_value for key, value in config.parameters.items()}
-    if "intra_op_thread_count" in params:
-        options.intra_op_num_threads = int(params["intra_op_thread_count"])
-    if "inter_op_thread_count" in params:
-        options.inter_op_num_threads = int(params["inter_op_thread_count"])
+    for key, attribute in (("intra_op_thread_count", "intra_op_num_threads"),
+                           ("inter_op_thread_count", "inter_op_num_threads")):  # fmt: skip
+        if key in params:
+            text = params[key]
+            if not text.isdigit() or int(text) > 1024:
+                raise ModelConfigError(
+                    f"{config_path or 'config.pbtxt'}: model '{config.name}': parameter {key} must be a whole number of threads (0-1024), got '{text}'"
+                )
+            setattr(options, attribute, int(text))
     if params.get("enable_mem_arena") == "0":
         options.enable_cpu_mem_arena = False
     # Several instances already run in parallel; ORT's own spinning threads would fight them.

@@ -305,7 +305,7 @@ class ModelRepository:
     ) -> _PreparedVersion:
         model_path = model_config.model_file(model_dir, version, base)
         placements = plan_instances(base, self.gpu_count, config_path)
-        options = session_options(base)
+        options = session_options(base, config_path)
         gpus = [p.gpu for p in placements if p.device == "GPU" and p.gpu is not None]
         with _gpu_memory_delta(gpus) as gpu_memory:
             instances = [OnnxInstance(p, model_path, options) for p in placements]

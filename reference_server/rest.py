@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from perfkit import v2
+from reference_server.auth import OPEN_HTTP_PATHS, Token, Unauthenticated
 from reference_server.dataplane import DataPlane
 from reference_server.errors import InvalidArgument, ServerError
 
@@ -31,6 +32,10 @@ async def kserve_errors(request: web.Request, handler: Handler) -> web.StreamRes
     """Every failure leaves as a KServe error JSON with the status its error class names."""
     try:
         return await handler(request)
+    except Unauthenticated as exc:
+        response = error_response(exc.message, exc.http_status)
+        response.headers["WWW-Authenticate"] = 'Bearer realm="perfkit-reference-server"'
+        return response
     except ServerError as exc:
         return error_response(exc.message, exc.http_status)
     except v2.CodecError as exc:
@@ -47,6 +52,21 @@ async def kserve_errors(request: web.Request, handler: Handler) -> web.StreamRes
     except Exception as exc:
         log.exception("internal error serving %s %s", request.method, request.path)
         return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
+
+
+def bearer_auth(token: Token) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+    """Middleware (inside `kserve_errors`): every route but the health probes wants the token."""
+
+    @web.middleware
+    async def check_token(request: web.Request, handler: Handler) -> web.StreamResponse:
+        # The matched route's pattern, not the path: no spelling of a path (%2F, '..') reaches a
+        # protected handler through an open name. Unmatched paths want the token too (no probing).
+        resource = request.match_info.route.resource
+        if resource is None or resource.canonical not in OPEN_HTTP_PATHS:
+            token.check(request.headers.get("Authorization"))
+        return await handler(request)
+
+    return check_token
 
 
 def _plane(request: web.Request) -> DataPlane:
@@ -110,6 +130,11 @@ async def model_stats(request: web.Request) -> web.Response:
 async def infer(request: web.Request) -> web.Response:
     plane = _plane(request)
     model, version = request.match_info["model"], _version(request)
+    with plane.admit():  # before the body is read: an overload costs no memory
+        return await _infer(plane, request, model, version)
+
+
+async def _infer(plane: DataPlane, request: web.Request, model: str, version: str) -> web.Response:
     body = await request.read()
     raw_length = request.headers.get(HEADER_LENGTH)
     if raw_length is None:
@@ -159,8 +184,9 @@ async def repository_unload(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
-def build_rest_app(plane: DataPlane, *, max_request_bytes: int) -> web.Application:
-    app = web.Application(middlewares=[kserve_errors], client_max_size=max_request_bytes)
+def build_rest_app(plane: DataPlane, *, max_request_bytes: int, token: Token | None = None) -> web.Application:
+    middlewares: list[Any] = [kserve_errors] if token is None else [kserve_errors, bearer_auth(token)]
+    app = web.Application(middlewares=middlewares, client_max_size=max_request_bytes)
     app[DATAPLANE] = plane
     model = "/v2/models/{model}"
     versioned = "/v2/models/{model}/versions/{version}"

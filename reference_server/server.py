@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import ssl
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
@@ -16,8 +17,10 @@ import grpc
 from aiohttp import web
 
 from reference_server import gpu
+from reference_server.auth import Token
 from reference_server.config import ServerConfig
 from reference_server.dataplane import DataPlane
+from reference_server.errors import ServerError
 from reference_server.grpc_service import build_grpc_server
 from reference_server.metrics import build_metrics_app
 from reference_server.poller import RepositoryPoller
@@ -39,6 +42,8 @@ class ReferenceServer:
         self._runners: list[web.AppRunner] = []
         self._poller: RepositoryPoller | None = None
         self._grpc_server: grpc.aio.Server | None = None
+        self._token = Token(config.auth_token) if config.auth_token is not None else None
+        self._ssl = _server_ssl_context(config)
 
     @property
     def http_url(self) -> str:
@@ -55,6 +60,8 @@ class ReferenceServer:
             self.repository,
             model_control_mode=config.model_control_mode,
             strict_readiness=config.strict_readiness,
+            max_inflight_requests=config.max_inflight_requests,
+            max_tensor_elements=config.max_tensor_elements,
         )
         if config.model_control_mode == "explicit":
             await self.repository.load_all(self.repository.resolve_load_models(config.load_models))
@@ -65,8 +72,8 @@ class ReferenceServer:
             await self._poller.start()
         try:
             if config.allow_http:
-                app = build_rest_app(self.dataplane, max_request_bytes=config.http_max_input_size)
-                self.http_port = await self._listen(app, config.http_port)
+                app = build_rest_app(self.dataplane, max_request_bytes=config.http_max_input_size, token=self._token)
+                self.http_port = await self._listen(app, config.http_port, self._ssl)
                 print(f"Started HTTPService at {config.host}:{self.http_port}", flush=True)
             if config.allow_grpc:
                 self.grpc_port = await self._listen_grpc(self.dataplane, config.grpc_port)
@@ -78,7 +85,7 @@ class ReferenceServer:
             await self.stop(grace_s=0)
             raise
 
-    async def _listen(self, app: web.Application, port: int) -> int:
+    async def _listen(self, app: web.Application, port: int, ssl_context: ssl.SSLContext | None = None) -> int:
         runner = web.AppRunner(
             app,
             access_log=log if self.config.log_verbose > 0 else None,
@@ -86,19 +93,22 @@ class ReferenceServer:
         )
         await runner.setup()
         self._runners.append(runner)
-        site = web.TCPSite(runner, self.config.host, port, reuse_address=True)
+        site = web.TCPSite(runner, self.config.host, port, reuse_address=True, ssl_context=ssl_context)
         await site.start()
         bound: Any = runner.addresses[-1]
         return int(bound[1])
 
     async def _listen_grpc(self, plane: DataPlane, port: int) -> int:
         # One size limit for both front ends: --http-max-input-size also caps gRPC messages.
-        server = build_grpc_server(plane, max_message_bytes=self.config.http_max_input_size)
+        server = build_grpc_server(plane, max_message_bytes=self.config.http_max_input_size, token=self._token)
         self._grpc_server = server  # set first, so that stop() cleans up after a failed bind
         host = self.config.host
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
-            bound = server.add_insecure_port(address)
+            if self.config.tls:
+                bound = server.add_secure_port(address, _grpc_credentials(self.config))
+            else:
+                bound = server.add_insecure_port(address)
         except RuntimeError as exc:  # grpc says only "Failed to bind to address ..."
             raise OSError(f"cannot bind the gRPC listener to {address} (--grpc-port): {exc}") from exc
         await server.start()
@@ -132,6 +142,28 @@ class ReferenceServer:
         await stop.wait()
         log.info("shutting down: finishing in-flight requests (up to %ss)", self.config.exit_timeout_secs)
         await self.stop()
+
+
+def _server_ssl_context(config: ServerConfig) -> ssl.SSLContext | None:
+    """TLS for the HTTP listener (and a check of the pair before anything listens), or None."""
+    if config.ssl_certfile is None or config.ssl_keyfile is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(config.ssl_certfile, config.ssl_keyfile)
+    except (OSError, ssl.SSLError) as exc:
+        raise ServerError(
+            f"--ssl-certfile {config.ssl_certfile} / --ssl-keyfile {config.ssl_keyfile}: cannot use them as a "
+            f"certificate and its key: {exc}"
+        ) from None
+    return context
+
+
+def _grpc_credentials(config: ServerConfig) -> grpc.ServerCredentials:
+    assert config.ssl_certfile is not None and config.ssl_keyfile is not None
+    pair = (config.ssl_keyfile.read_bytes(), config.ssl_certfile.read_bytes())
+    return grpc.ssl_server_credentials([pair])
 
 
 @contextlib.contextmanager

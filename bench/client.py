@@ -1,0 +1,253 @@
+"""What does perfkit's Python client cost next to NVIDIA's C++ perf_analyzer? Both measure the same
+model on one reference server, over HTTP and gRPC, at each concurrency, one after the other, with
+the same flags; the table gives throughput, p50/p99 and client CPU per request side by side.
+
+    PERFKIT_PEERS=DIR python bench/client.py [--model identity] [--concurrency 1,2,4,8] [--window-ms 2000]
+
+How client CPU is measured: each tool runs as a child process of this script (perfkit as
+`python -m perfkit sweep`), alone, and its user + system CPU is the RUSAGE_CHILDREN delta around the
+run. The server is a separate process (started here, still running, so not in RUSAGE_CHILDREN).
+Requests are counted by the server (its statistics extension, successful requests of the model,
+before and after each run), so every request a tool sent counts, warm-up and unstable windows
+included, whatever the tool reports. A run's CPU also holds a fixed start-up cost (perfkit: the
+interpreter, imports and report files; perf_analyzer: little), so per tool and protocol a short
+and a long run at concurrency 1 give the fixed cost (the intercept of CPU against requests), and
+"CPU us/req" is (run CPU - fixed cost) / requests; the raw table keeps whole-run figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import platform
+import re
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _harness import TimedRun, peers_dir, run_timed, success_count
+
+from perfkit.embedded import ServerProcess, reference_server_process
+from reference_server.demo import build_demo_repository
+
+TOOLS = ("perfkit", "perf_analyzer")
+SHAPES = {"identity": ("--shape", "INPUT0:256")}  # the identity's input is FP32 [-1]: 1 KiB per request
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    tool: str
+    protocol: str
+    concurrency: int
+    window_ms: int
+    exit_code: int
+    infer_per_s: float
+    p50_us: float
+    p99_us: float
+    reported_requests: int  # what the tool counted in the windows it reports
+    server_requests: int  # what the server served during the whole run
+    cpu_s: float
+    wall_s: float
+    server_cpu_s: float
+
+
+def tool_command(
+    tool: str, peers: Path, url: str, protocol: str, model: str, concurrency: int, window: list[str], out: Path
+) -> list[str]:
+    common = ["-m", model, "-u", url, "-i", protocol, *SHAPES.get(model, ()), "--concurrency-range", str(concurrency)]
+    if tool == "perf_analyzer":
+        return [str(peers / "bin" / "perf_analyzer"), *common, *window, "-f", str(out / "pa.csv")]
+    return [
+        sys.executable, "-m", "perfkit", "sweep", *common, *window,
+        "-f", str(out / "perfkit.csv"), "--report-dir", str(out / "reports"), "--quiet",
+    ]  # fmt: skip
+
+
+def reported_requests(tool: str, timed: TimedRun, out: Path) -> int:
+    if tool == "perf_analyzer":
+        match = re.search(r"Request count: (\d+)", timed.result.stdout)
+        return int(match.group(1)) if match else 0
+    from perfkit.results import read_sweep
+
+    paths = sorted((out / "reports").glob("sweep-*.json"))
+    return sum(level.request_count for level in read_sweep(paths[-1]).levels) if paths else 0
+
+
+def measure(
+    tool: str,
+    peers: Path,
+    server: ServerProcess,
+    protocol: str,
+    model: str,
+    concurrency: int,
+    window_ms: int,
+    tmp: Path,
+) -> Run:
+    """One run of `tool`; again, up to twice, when it reported nothing (perf_analyzer exits 2
+    without a CSV row when it finds no stable measurement, where perfkit reports the level flagged)."""
+    for _ in range(3):
+        run = _measure_once(tool, peers, server, protocol, model, concurrency, window_ms, tmp)
+        if run.infer_per_s == run.infer_per_s:  # not nan
+            break
+    return run
+
+
+def _measure_once(
+    tool: str,
+    peers: Path,
+    server: ServerProcess,
+    protocol: str,
+    model: str,
+    concurrency: int,
+    window_ms: int,
+    tmp: Path,
+) -> Run:
+    http_url = server.http_url
+    url = http_url if protocol == "http" else server.grpc_url
+    out = Path(tempfile.mkdtemp(dir=tmp))
+    # Same flags for both: -s 50 so that a noisy shared machine still stabilises within -r 5.
+    window = ["-p", str(window_ms), "-s", "50", "-r", "5"]
+    server_process = psutil.Process(server.process.pid)
+    requests_before = success_count(http_url, model)
+    server_cpu_before = sum(server_process.cpu_times()[:2])
+    timed = run_timed(tool_command(tool, peers, url, protocol, model, concurrency, window, out), timeout_s=300)
+    server_cpu_s = sum(server_process.cpu_times()[:2]) - server_cpu_before
+    server_requests = success_count(http_url, model) - requests_before
+    csv_path = out / ("pa.csv" if tool == "perf_analyzer" else "perfkit.csv")
+    row: dict[str, str] = {}
+    if csv_path.exists():
+        with csv_path.open(newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        row = rows[0] if rows else {}
+    if not row:
+        print(f"{tool} {protocol} c={concurrency} exited {timed.result.returncode}:\n"
+              f"{timed.result.stdout[-1500:]}\n{timed.result.stderr[-1500:]}", file=sys.stderr)  # fmt: skip
+    return Run(
+        tool=tool,
+        protocol=protocol,
+        concurrency=concurrency,
+        window_ms=window_ms,
+        exit_code=timed.result.returncode,
+        infer_per_s=float(row.get("Inferences/Second", "nan")),
+        p50_us=float(row.get("p50 latency", "nan")),
+        p99_us=float(row.get("p99 latency", "nan")),
+        reported_requests=reported_requests(tool, timed, out),
+        server_requests=server_requests,
+        cpu_s=timed.cpu_s,
+        wall_s=timed.wall_s,
+        server_cpu_s=server_cpu_s,
+    )
+
+
+def fixed_cost_s(short: Run, long: Run) -> float:
+    """CPU that does not grow with requests: the intercept of the line through two runs."""
+    if long.server_requests <= short.server_requests:
+        return 0.0
+    per_request = (long.cpu_s - short.cpu_s) / (long.server_requests - short.server_requests)
+    return max(0.0, short.cpu_s - per_request * short.server_requests)
+
+
+def machine() -> str:
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{os.cpu_count()} CPUs ({model}), Linux {platform.release()}, Python {platform.python_version()}"
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}" if b and a == a and b == b else "n/a"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="identity", help="a demo model: identity (default) or mlp")
+    parser.add_argument("--concurrency", default="1,2,4,8", help="comma-separated levels")
+    parser.add_argument("--protocols", default="http,grpc")
+    parser.add_argument("--window-ms", type=int, default=2000, help="-p for both tools")
+    args = parser.parse_args(argv)
+    peers = peers_dir()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    protocols = args.protocols.split(",")
+    runs: list[Run] = []
+    fixed: dict[tuple[str, str], float] = {}
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        repository = build_demo_repository(tmp / "models")
+        with reference_server_process(repository) as server:
+            # Warm the server (sessions, connections) before anything is measured.
+            measure("perf_analyzer", peers, server, "http", args.model, max(levels), 500, tmp)
+            for protocol in protocols:
+                for tool in TOOLS:
+                    print(f"fixed cost: {tool} {protocol} ...", file=sys.stderr, flush=True)
+                    short = measure(tool, peers, server, protocol, args.model, 1, max(100, args.window_ms // 10), tmp)
+                    long = measure(tool, peers, server, protocol, args.model, 1, args.window_ms, tmp)
+                    fixed[(tool, protocol)] = fixed_cost_s(short, long)
+                    runs += [short, long]
+                for index, concurrency in enumerate(levels):
+                    # Alternate which tool goes first, so that neither always meets a warmer server.
+                    for tool in TOOLS if index % 2 else TOOLS[::-1]:
+                        if concurrency == 1:
+                            continue  # measured above
+                        print(
+                            f"measuring: {tool} {protocol} concurrency {concurrency} ...", file=sys.stderr, flush=True
+                        )
+                        runs.append(
+                            measure(tool, peers, server, protocol, args.model, concurrency, args.window_ms, tmp)
+                        )
+    print_tables(runs, fixed, args, levels, protocols)
+    return 0
+
+
+def print_tables(runs: list[Run], fixed: dict[tuple[str, str], float], args: argparse.Namespace,
+                 levels: list[int], protocols: list[str]) -> None:  # fmt: skip
+    def steady(run: Run) -> float:
+        requests = run.server_requests
+        return (run.cpu_s - fixed[(run.tool, run.protocol)]) / requests * 1e6 if requests else float("nan")
+
+    main_runs = {(r.tool, r.protocol, r.concurrency): r for r in runs if r.window_ms == args.window_ms}
+    load = "/".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"\nreference server, demo `{args.model}`, concurrency mode, -p {args.window_ms} -s 50 -r 5; {machine()}; "
+          f"load average at the end {load}\n")  # fmt: skip
+    print("| protocol | concurrency | infer/s perfkit | infer/s PA | ratio | p50 ms perfkit | p50 ms PA | "
+          "p99 ms perfkit | p99 ms PA | CPU us/req perfkit | CPU us/req PA | ratio |")  # fmt: skip
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for protocol in protocols:
+        for concurrency in levels:
+            pk = main_runs[("perfkit", protocol, concurrency)]
+            pa = main_runs[("perf_analyzer", protocol, concurrency)]
+            print(
+                f"| {protocol} | {concurrency} | {pk.infer_per_s:.0f} | {pa.infer_per_s:.0f} | "
+                f"{ratio(pk.infer_per_s, pa.infer_per_s)} | {pk.p50_us / 1000:.2f} | {pa.p50_us / 1000:.2f} | "
+                f"{pk.p99_us / 1000:.2f} | {pa.p99_us / 1000:.2f} | {steady(pk):.0f} | {steady(pa):.0f} | "
+                f"{ratio(steady(pk), steady(pa))} |"
+            )
+    print("\nfixed CPU per run (start-up, and perfkit's report files), from the short and long runs at concurrency 1:")
+    print("\n| tool | " + " | ".join(protocols) + " |\n|---|" + "---:|" * len(protocols))
+    for tool in TOOLS:
+        print(f"| {tool} | " + " | ".join(f"{fixed[(tool, p)] * 1000:.0f} ms" for p in protocols) + " |")
+    print("\nraw figures, every run (server requests: counted by the server over the whole run):\n")
+    print("| tool | protocol | concurrency | -p ms | exit | wall s | client CPU s | server requests | "
+          "reported requests | whole-run client CPU us/req | server CPU us/req |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for run in runs:
+        n = run.server_requests or 1
+        print(
+            f"| {run.tool} | {run.protocol} | {run.concurrency} | {run.window_ms} | {run.exit_code} | "
+            f"{run.wall_s:.1f} | {run.cpu_s:.2f} | {run.server_requests} | {run.reported_requests} | "
+            f"{run.cpu_s / n * 1e6:.0f} | {run.server_cpu_s / n * 1e6:.0f} |"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

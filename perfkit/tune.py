@@ -1,0 +1,499 @@
+"""`perfkit tune`: measure variants of a model's configuration and recommend the best, as
+model_analyzer's `profile` does, with perfkit's own measurement.
+
+Theory of operation:
+
+1. Target. Without -u, the bundled server runs in explicit model-control mode on the model
+   folder's parent, with nothing loaded. With -u, a running server in explicit mode (ours or
+   Triton) is used and its configuration of the model (`/config`) is the default variant; the tune
+   ends by loading that configuration back. Every variant is loaded through the repository load
+   API with a `config` override, the model's own config.pbtxt changed by `Variant.apply`: no file
+   is written on the server, and a reload replaces the previous variant.
+2. Search. The policy of `perfkit.search` (brute or quick) yields variants; each is swept over
+   concurrency by `search.concurrency_sweep`, one `measure.measure_level` per level (warmup,
+   windows, stability: the statistics of `perfkit sweep`). The best level (feasible first, by the
+   objective) stands for the variant and its figures go back to the policy. A variant the server
+   refuses is recorded as failed, with the server's reason, and the policy is told (None).
+3. Checkpoint. Every level and every failure is saved at once to the checkpoint (JSON, with a
+   fingerprint of what makes measurements comparable: model, base config, server, protocol,
+   windows, inputs). A resumed tune replays the policies against the saved levels and measures
+   only what is missing; the objective, constraints and search may change between the runs.
+4. Ranking. The leaders of the first pass are re-measured at their chosen concurrency, round-robin
+   (A B C A B C, so that a slow spell of the machine does not favour one of them), and ranked by
+   `objectives.rank`: the leader, the variants tied with it, and the cheapest of them recommended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import datetime as dt
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perfkit.clients import InferClient, make_client
+from perfkit.config import WindowSpec
+from perfkit.errors import ExitCode, PerfkitError, TargetError
+from perfkit.inputs import build_requests
+from perfkit.loadgen import LoadGenerator, RealClock
+from perfkit.measure import ServerStatsProbe, measure_level
+from perfkit.objectives import Constraint, Figures, Objective, Ranking, best_level, combine, figures_of, rank
+from perfkit.progress import Progress
+from perfkit.resources import ResourceSampler
+from perfkit.results import RESULT_SCHEMA_VERSION, LevelResult, sweep_from_json, to_jsonable
+from perfkit.runner import Target
+from perfkit.samples import SampleBuffer
+from perfkit.schedule import ClosedLoop
+from perfkit.search import (
+    Space,
+    SpaceSpec,
+    Variant,
+    brute_search,
+    build_space,
+    concurrency_sweep,
+    quick_search,
+    variant_of,
+)
+from perfkit.sweep import server_gone
+
+CHECKPOINT_SCHEMA = 1
+
+
+@dataclass(frozen=True, slots=True)
+class TuneSpec:
+    config_path: Path
+    url: str | None = None
+    protocol: str = "http"
+    search: str = "brute"
+    objective: Objective = field(default_factory=Objective)
+    constraints: tuple[Constraint, ...] = ()
+    concurrency: tuple[int, int] = (1, 1024)
+    space: SpaceSpec = field(default_factory=SpaceSpec)
+    windows: WindowSpec = field(default_factory=lambda: WindowSpec(interval_ms=1000.0, warmup_request_count=20))
+    shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    input_data: str = "random"
+    seed: int = 0
+    request_timeout_s: float = 30.0
+    top: int = 3
+    leaders: int = 3
+    remeasure_rounds: int = 2
+    checkpoint: Path | None = None
+    output_dir: Path | None = None
+    quiet: bool = False
+    collect_metrics: bool = False
+    metrics_url: str | None = None
+
+    def validate(self) -> None:
+        from perfkit.config import LoadSpec, SweepSpec, TargetSpec
+
+        if self.search not in ("brute", "quick"):
+            raise PerfkitError(f"--search must be brute or quick, got '{self.search}'")
+        if not 1 <= self.concurrency[0] <= self.concurrency[1]:
+            raise PerfkitError("--concurrency-range START:END needs 1 <= START <= END")
+        self.space.validate()
+        for flag, value in (("--top", self.top), ("--leaders", self.leaders)):
+            if value < 1:
+                raise PerfkitError(f"{flag} must be at least 1")
+        if self.remeasure_rounds < 0:
+            raise PerfkitError("--remeasure must be 0 (no re-measurement) or more rounds")
+        # The measurement flags are perfkit sweep's, checked by its own rules.
+        target = TargetSpec(self.url, self.protocol, request_timeout_s=self.request_timeout_s)
+        SweepSpec(target, LoadSpec("concurrency"), windows=self.windows).validate()
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    name: str
+    folder: Path
+    base: dict[str, Any]  # config.pbtxt as Triton's JSON
+
+
+def read_model(config_path: Path) -> Model:
+    """The model whose folder holds `config_path`; the config as the JSON the load API takes."""
+    from reference_server.errors import ModelConfigError
+    from reference_server.model_config import config_to_json, parse_config_text
+
+    try:
+        text = config_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PerfkitError(f"{config_path}: cannot read the model configuration: {exc}") from None
+    try:
+        config = parse_config_text(text, config_path)
+    except ModelConfigError as exc:
+        raise PerfkitError(str(exc)) from None
+    folder = config_path.resolve().parent
+    if config.name and config.name != folder.name:
+        raise PerfkitError(
+            f"{config_path}: name '{config.name}' differs from its folder '{folder.name}' (Triton's rule)"
+        )
+    config.name = folder.name
+    return Model(folder.name, folder, config_to_json(config))
+
+
+# --- what a tune keeps ----------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Record:
+    variant: Variant
+    config: dict[str, Any]
+    default: bool
+    status: str = "pending"  # ok | failed
+    error: str = ""
+    levels: list[LevelResult] = field(default_factory=list)
+    chosen: int | None = None
+    remeasures: list[LevelResult] = field(default_factory=list)
+    measured: int = 0  # levels measured by this run (the rest came from the checkpoint)
+
+    def figures(self) -> Figures | None:
+        return None if self.chosen is None else figures_of(self.levels[self.chosen])
+
+    def combined(self) -> Figures | None:
+        first = self.figures()
+        if first is None:
+            return None
+        return combine([first, *(f for f in map(figures_of, self.remeasures) if f is not None)])
+
+
+@dataclass(slots=True)
+class TuneResult:
+    spec: TuneSpec
+    model: Model
+    space: Space
+    default_key: str
+    records: dict[str, Record] = field(default_factory=dict)
+    ranking: Ranking | None = None
+    leaders: list[str] = field(default_factory=list)
+    completed: bool = False
+    stop_reason: str = ""
+    server: dict[str, Any] = field(default_factory=dict)
+    started_at: str = ""
+
+    def rank(self, final: bool = False) -> Ranking:
+        candidates = [(k, r.variant.cost, r.combined() if final else r.figures()) for k, r in self.records.items()]
+        remeasured = self.leaders if final and any(self.records[k].remeasures for k in self.leaders) else None
+        return rank(candidates, self.spec.objective, self.spec.constraints, remeasured)
+
+    @property
+    def best(self) -> Record | None:
+        return None if self.ranking is None or self.ranking.best is None else self.records[self.ranking.best]
+
+
+def _levels_from_json(levels: list[Any]) -> list[LevelResult]:
+    # Through the sweep reader, which owns LevelResult's JSON form.
+    doc = {"schema_version": RESULT_SCHEMA_VERSION, "model": "", "model_version": "", "url": "", "protocol": "",
+           "mode": "concurrency"}  # fmt: skip
+    return list(sweep_from_json(json.dumps({**doc, "levels": levels, "provenance": {}})).levels)
+
+
+class Checkpoint:
+    """Levels and failures saved as they happen; a resumed tune takes them instead of measuring."""
+
+    def __init__(self, path: Path, fingerprint: dict[str, Any]) -> None:
+        self.path, self.fingerprint = path, fingerprint
+        self.levels: dict[str, dict[int, LevelResult]] = {}
+        self.failures: dict[str, str] = {}
+        self.remeasures: dict[str, list[LevelResult]] = {}
+        self.default_config: dict[str, Any] | None = None
+        self.server_had_model = False
+        if not path.exists():
+            return
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+            found = doc["fingerprint"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise PerfkitError(f"--checkpoint {path}: not a tune checkpoint ({exc}); pass another file") from None
+        differ = sorted(k for k in set(found) | set(fingerprint) if found.get(k) != fingerprint.get(k))
+        if doc.get("schema") != CHECKPOINT_SCHEMA or differ:
+            raise PerfkitError(
+                f"--checkpoint {path} was written by a different tune ({', '.join(differ) or 'schema'} differ); "
+                "its measurements would not compare: pass a new --checkpoint file or delete this one"
+            )
+        for key, entry in doc["variants"].items():
+            self.levels[key] = {int(lv.level): lv for lv in _levels_from_json(entry["levels"])}
+            if entry.get("error"):
+                self.failures[key] = entry["error"]
+        self.remeasures = {k: _levels_from_json(v) for k, v in doc.get("remeasures", {}).items()}
+        self.default_config = doc.get("default_config")
+        self.server_had_model = bool(doc.get("server_had_model"))
+
+    def save(self, result: TuneResult, default_config: dict[str, Any]) -> None:
+        from perfkit.export import write_text_atomic
+
+        variants = {
+            k: {"levels": to_jsonable(r.levels), "error": r.error if r.status == "failed" and not r.levels else ""}
+            for k, r in result.records.items()
+        }
+        remeasures = {k: to_jsonable(r.remeasures) for k, r in result.records.items() if r.remeasures}
+        doc = {"schema": CHECKPOINT_SCHEMA, "fingerprint": self.fingerprint, "default_config": default_config,
+               "server_had_model": self.server_had_model, "variants": variants, "remeasures": remeasures}  # fmt: skip
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(self.path, json.dumps(doc))
+
+
+# --- the tuner ------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def open_target(spec: TuneSpec, model: Model) -> Iterator[Target]:
+    if spec.url is not None:
+        metrics = spec.metrics_url or (
+            f"http://{spec.url.rsplit(':', 1)[0]}:8002/metrics" if spec.collect_metrics else None
+        )
+        yield Target(spec.url, spec.protocol, metrics, None, embedded=False)
+        return
+    from perfkit.embedded import reference_server_process
+
+    with reference_server_process(model.folder.parent, ["--model-control-mode", "explicit"]) as server:
+        url = server.grpc_url if spec.protocol == "grpc" else server.http_url
+        yield Target(url, spec.protocol, server.metrics_url, server.process.pid, embedded=True)
+
+
+class Tuner:
+    def __init__(
+        self, spec: TuneSpec, model: Model, target: Target, progress: Progress, sink: Callable[[TuneResult], None]
+    ) -> None:
+        self.spec, self.model, self.target, self.progress = spec, model, target, progress
+        self.sink = sink  # called with the result after every change: writes the outputs
+        self.client: InferClient = make_client(target.url, target.protocol, request_timeout_s=spec.request_timeout_s)
+        self.prepared: list[Any] | None = None
+        self.resources = ResourceSampler(
+            interval_s=0.5, metrics_url=target.metrics_url, server_pid=target.server_pid, local_gpu=target.embedded
+        )
+        self.checkpoint: Checkpoint | None = None
+        self.default_config: dict[str, Any] = model.base
+        self.result: TuneResult | None = None
+
+    def fingerprint(self) -> dict[str, Any]:
+        s = self.spec
+        fingerprint: dict[str, Any] = to_jsonable({
+            "model": self.model.name, "base_config": self.model.base,
+            "server": "embedded" if self.target.embedded else self.target.url, "protocol": s.protocol,
+            "windows": dataclasses.asdict(s.windows), "shapes": s.shapes, "input_data": s.input_data, "seed": s.seed,
+        })  # fmt: skip
+        return fingerprint
+
+    async def run(self, checkpoint_path: Path) -> TuneResult:
+        client, name = self.client, self.model.name
+        try:
+            try:
+                if not await client.live():
+                    raise TargetError(f"{self.target.url} answers but is not live")
+            except TargetError as exc:
+                raise TargetError(f"cannot reach the server: {exc}") from None
+            checkpoint = self.checkpoint = Checkpoint(checkpoint_path, self.fingerprint())
+            if checkpoint.default_config is not None:  # a resumed tune: the server may hold any variant now
+                self.default_config = checkpoint.default_config
+            elif not self.target.embedded:
+                with contextlib.suppress(TargetError):  # not loaded: the local config is the default
+                    self.default_config = await client.model_config(name)
+                    checkpoint.server_had_model = True
+            default = variant_of(self.default_config)
+            space = build_space(self.spec.space, variant_of(self.model.base))
+            self.result = result = TuneResult(self.spec, self.model, space, default.key)
+            result.started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+            with contextlib.suppress(TargetError):
+                result.server = await client.server_metadata()
+            await self.resources.start()
+            try:
+                await self._search(result, default, space)
+                await self._remeasure(result)
+                result.ranking = result.rank(final=True)
+                result.completed = True
+                self._save(result)
+            finally:
+                await self.resources.stop()
+                if not self.target.embedded:
+                    await self._restore(checkpoint.server_had_model)
+            return result
+        finally:
+            await client.close()
+
+    async def _search(self, result: TuneResult, default: Variant, space: Space) -> None:
+        spec = self.spec
+        if spec.search == "quick":
+            policy = quick_search(space, default, spec.objective, spec.constraints)
+        else:
+            policy = brute_search(space, default)
+        total = space.size + (0 if default.key in {space.variant(c).key for c in space.coordinates()} else 1)
+        variant = next(policy)
+        while True:
+            config = self.default_config if variant.key == default.key else variant.apply(self.model.base)
+            record = result.records[variant.key] = Record(variant, config, variant.key == default.key)
+            of = f"{total}" if spec.search == "brute" else f"at most {total}, quick search"
+            self.progress.note(f"variant {len(result.records)} of {of}: {variant.key}")
+            await self._measure_variant(record)
+            result.ranking = result.rank()
+            self.progress.note(describe_outcome(record, result))
+            self._save(result)
+            try:
+                variant = policy.send(record.figures())
+            except StopIteration:
+                return
+
+    async def _measure_variant(self, record: Record) -> None:
+        assert self.checkpoint is not None
+        key, spec = record.variant.key, self.spec
+        if key in self.checkpoint.failures:
+            record.status, record.error = "failed", self.checkpoint.failures[key]
+            return
+        cached = self.checkpoint.levels.get(key, {})
+        policy = concurrency_sweep(spec.concurrency[0], spec.concurrency[1], spec.constraints)
+        loaded = False
+        concurrency = next(policy)
+        while True:
+            level = cached.get(concurrency)
+            if level is None:
+                if not loaded:
+                    error = await self._load(record.config)
+                    if error:
+                        record.status, record.error = "failed", error
+                        return
+                    loaded = True
+                level = await self._level(concurrency, record)
+                record.measured += 1
+            record.levels.append(level)
+            if self.result is not None:
+                self._save(self.result)
+            try:
+                concurrency = policy.send(figures_of(level))
+            except StopIteration:
+                break
+        record.chosen = best_level([figures_of(lv) for lv in record.levels], spec.objective, spec.constraints)
+        if record.chosen is None:
+            errors = "; ".join(f"{k} ×{n}" for lv in record.levels for k, n in lv.errors.items())
+            record.status, record.error = "failed", f"no request succeeded ({errors or 'no requests'})"
+        else:
+            record.status = "ok"
+
+    async def _remeasure(self, result: TuneResult) -> None:
+        """Re-measure the leaders round-robin; again for any variant that overtakes them meanwhile
+        (their means may drop), so that the winner is always a re-measured variant."""
+        assert self.checkpoint is not None
+        for _ in range(3 if self.spec.remeasure_rounds else 0):
+            ranking = result.rank(final=bool(result.leaders))
+            group = [k for k in ranking.leaders(self.spec.leaders) if k not in result.leaders]
+            if ranking.leader in result.leaders or not group or len(group) + len(result.leaders) < 2:
+                return
+            result.leaders += group
+            self.progress.note(f"re-measuring, interleaved: {', '.join(group)}")
+            for round_ in range(self.spec.remeasure_rounds):
+                for key in group:
+                    record = result.records[key]
+                    saved = self.checkpoint.remeasures.get(key, [])
+                    if round_ < len(saved):
+                        level = saved[round_]
+                    else:
+                        assert record.chosen is not None
+                        if await self._load(record.config):
+                            continue  # it loaded before; a refusal now leaves the first measurement alone
+                        level = await self._level(int(record.levels[record.chosen].level), record)
+                        record.measured += 1
+                    record.remeasures.append(level)
+                    self._save(result)
+
+    async def _load(self, config: dict[str, Any]) -> str:
+        """Load a variant; "" when it is ready, else the server's reason."""
+        try:
+            await self.client.load_model(self.model.name, config)
+        except TargetError as exc:
+            try:
+                alive = await self.client.live()
+            except TargetError:
+                alive = False
+            if not alive:
+                raise TargetError(f"the server at {self.target.url} stopped answering during a load: {exc}") from None
+            text = str(exc)
+            if "not allowed" in text or "polling is enabled" in text:
+                raise TargetError(
+                    f"{text}; tune loads each variant through the repository API: start the server with "
+                    "--model-control-mode explicit (or leave out -u to use the bundled server)"
+                ) from None
+            return text
+        if self.prepared is None:
+            metadata = await self.client.model_metadata(self.model.name)
+            config = await self.client.model_config(self.model.name)
+            requests = build_requests(
+                metadata, config, model=self.model.name, shapes={n: list(d) for n, d in self.spec.shapes},
+                input_data=self.spec.input_data, seed=self.spec.seed,
+            )  # fmt: skip
+            self.prepared = [self.client.prepare(r) for r in requests]
+        return ""
+
+    async def _level(self, concurrency: int, record: Record) -> LevelResult:
+        assert self.prepared is not None
+        client, name = self.client, self.model.name
+        loadgen = LoadGenerator(client, self.prepared, SampleBuffer(), RealClock())
+        self.progress.level_started("concurrency", float(concurrency))
+        measurement = await measure_level(
+            loadgen, ClosedLoop(concurrency), self.spec.windows, batch_size=1,
+            server=ServerStatsProbe(lambda: client.model_statistics(name, ""), name, ""),
+            resources=self.resources, progress=self.progress, drain_timeout_s=self.spec.request_timeout_s + 5,
+        )  # fmt: skip
+        level = measurement.result
+        self.progress.level_done(level)
+        if server_gone(level):
+            raise TargetError(f"the server stopped answering while measuring {record.variant.key}")
+        return level
+
+    async def _restore(self, was_loaded: bool) -> None:
+        """Leave a remote server serving what it served before (best effort)."""
+        try:
+            if was_loaded:
+                await self.client.load_model(self.model.name, self.default_config)
+            else:
+                await self.client.unload_model(self.model.name)
+        except (TargetError, OSError) as exc:
+            self.progress.note(f"could not restore model '{self.model.name}' on the server: {exc}")
+
+    def _save(self, result: TuneResult) -> None:
+        assert self.checkpoint is not None
+        self.checkpoint.save(result, self.default_config)
+        self.sink(result)
+
+
+def describe_outcome(record: Record, result: TuneResult) -> str:
+    """One progress line: what the variant reached, and the leader so far."""
+    if record.status == "failed":
+        text = f"  failed: {record.error}"
+    else:
+        assert record.chosen is not None and result.ranking is not None
+        lv = record.levels[record.chosen]
+        feasible = result.ranking.entry(record.variant.key).status == "feasible"
+        text = (
+            f"  {lv.throughput_infer_per_s:.1f} infer/s at concurrency {int(lv.level)}, "
+            f"p99 {lv.latency.p99_us / 1000:.2f} ms{'' if feasible else ', breaks the constraints'}"
+        )
+    leader = result.ranking.leader if result.ranking else None
+    return text + (f"; best so far: {leader}" if leader else "")
+
+
+def run_tune(
+    spec: TuneSpec, sink: Callable[[TuneResult], None], checkpoint_path: Path
+) -> tuple[TuneResult | None, int]:
+    """Run the tune; its result (partial when interrupted) and the exit code."""
+    spec.validate()
+    model = read_model(spec.config_path)
+    progress = Progress(quiet=spec.quiet)
+    tuner: Tuner | None = None
+    try:
+        with open_target(spec, model) as target:
+            if target.embedded:
+                progress.note(f"tuning '{model.name}' on the bundled server at {target.url} (explicit mode)")
+            tuner = Tuner(spec, model, target, progress, sink)
+            result = asyncio.run(tuner.run(checkpoint_path))
+    except KeyboardInterrupt:
+        return (tuner.result if tuner else None), ExitCode.INTERRUPTED
+    except TargetError as exc:
+        if tuner is not None and tuner.result is not None:
+            tuner.result.stop_reason = str(exc)
+            sink(tuner.result)
+            return tuner.result, ExitCode.FAILED
+        raise
+    finally:
+        progress.close()
+    return result, (ExitCode.OK if result.best is not None else ExitCode.FAILED)
