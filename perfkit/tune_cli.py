@@ -409,6 +409,12 @@ class Outputs:
             (self.folder / "best").mkdir(exist_ok=True)
             paths.append(self.folder / "best" / "config.pbtxt")
             write_text_atomic(paths[-1], best_pbtxt(result.best.config))
+        # The report a person opens, from the same tune.json that `perfkit report` reads.
+        from perfkit.report import render_html  # matplotlib: imported only when needed
+        from perfkit.result_files import load_result
+
+        paths.append(self.folder / "report.html")
+        write_text_atomic(paths[-1], render_html([load_result(self.folder / "tune.json")]))
         return paths
 
 

@@ -75,6 +75,8 @@ def test_tune_on_the_bundled_server_beats_the_default_and_resumes(
     summary = (out / "summary.txt").read_text()
     assert "more throughput than the default configuration" in summary and f"Best: {best}" in summary
     assert printed == ""  # --quiet: the summary is in the file
+    report = (out / "report.html").read_text()
+    assert "data:image/png;base64," in report and best in report
     # Three leaders re-measured, and more when one that was not re-measured overtook them.
     assert len(doc["leaders"]) >= 3 and best in doc["ties"], doc["leaders"]
     ranked = [r["key"] for r in doc["ranking"]]
