@@ -16,6 +16,7 @@ from reference_server.errors import ModelConfigError
 
 log = logging.getLogger(__name__)
 
+MAX_INSTANCES_PER_GROUP = 64
 KIND_NAMES = {mc.ModelInstanceGroup.KIND_CPU: "CPU", mc.ModelInstanceGroup.KIND_GPU: "GPU"}
 
 
@@ -39,6 +40,12 @@ def plan_instances(config: mc.ModelConfig, gpu_count: int, config_path: Path) ->
     for group_index, group in enumerate(groups):
         group_name = group.name or f"{config.name}_{group_index}"
         count = group.count if group.count > 0 else 1
+        if count > MAX_INSTANCES_PER_GROUP:
+            # Each instance is a session and a thread: a hostile count must not exhaust the machine.
+            raise ModelConfigError(
+                f"{config_path}: instance_group '{group_name}' count {count} is over the limit of "
+                f"{MAX_INSTANCES_PER_GROUP} instances per group (per GPU)"
+            )
         listed = list(group.gpus)
         missing = [g for g in listed if g >= gpu_count]
         kind = group.kind

@@ -25,6 +25,7 @@ Sample semantics, as Triton's:
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -85,8 +86,15 @@ def warmup_samples(config: mc.ModelConfig, model_dir: Path) -> list[tuple[str, i
             inputs = {name: np.repeat(array[np.newaxis], entry.batch_size, axis=0) for name, array in inputs.items()}
         # An unbatched model cannot take the copies in one run: each is a run of its own.
         repeats = max(entry.count, 1) * (1 if batched else entry.batch_size)
+        if repeats > MAX_WARMUP_RUNS:
+            # A hostile or mistaken count would hold the load (and a server's start-up) for hours.
+            raise ModelConfigError(f"{label}: {repeats} warmup runs asked; at most {MAX_WARMUP_RUNS} are allowed")
         samples.append((label, repeats, inputs))
     return samples
+
+
+MAX_WARMUP_RUNS = 10_000
+MAX_WARMUP_ELEMENTS = 1 << 26
 
 
 def _sample(
@@ -112,6 +120,10 @@ def _sample(
         if len(dims) != len(expected) or any(e != -1 and e != d for e, d in zip(expected, dims)):
             batch_note = " (warmup dims leave out the batch dimension)" if config.max_batch_size > 0 else ""
             raise ModelConfigError(f"{what} has dims {dims}, which do not fit the input's dims {expected}{batch_note}")
+        if math.prod(dims) * max(entry.batch_size, 1) > MAX_WARMUP_ELEMENTS:
+            raise ModelConfigError(
+                f"{what}: dims {dims} × batch_size {entry.batch_size} is over {MAX_WARMUP_ELEMENTS} elements"
+            )
         arrays[name] = _data(spec, dims, model_dir, rng, what)
     missing = [name for name, tensor in declared.items() if name not in arrays and not tensor.optional]
     if missing:

@@ -63,3 +63,8 @@ def test_kind_gpu_without_gpu_names_the_file_and_the_fix() -> None:
 def test_listed_gpu_that_does_not_exist_is_refused() -> None:
     with pytest.raises(ModelConfigError, match=r"lists GPU\(s\) \[2\] but only 2 GPU"):
         plan("instance_group [ { kind: KIND_GPU, gpus: [0, 2] } ]", 2)
+
+
+def test_an_instance_count_past_the_limit_is_refused() -> None:
+    with pytest.raises(ModelConfigError, match=r"count 100000 is over the limit"):
+        plan("instance_group [ { count: 100000, kind: KIND_CPU } ]", 0)

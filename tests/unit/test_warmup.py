@@ -201,3 +201,20 @@ async def test_failed_warmup_fails_the_load(demo_repository: Path, tmp_path: Pat
         assert entry["state"] == "UNAVAILABLE" and "from_file" in entry["reason"]
     finally:
         await repository.close(0)
+
+
+def test_hostile_counts_and_sizes_are_refused_before_anything_runs(tmp_path: Path) -> None:
+    instance = FakeInstance()
+    many = config_with(
+        MLP, f'model_warmup [ {{ name: "many" batch_size: 1 count: 1000000 {fp32_input("zero_data: true")} }} ]'
+    )
+    with pytest.raises(ModelConfigError, match=r"'many'.*1000000 warmup runs"):
+        run_warmup(many, [instance], tmp_path)
+    huge = config_with(
+        UNBATCHED,
+        'model_warmup [ { name: "huge" batch_size: 1 inputs { key: "INPUT0" value { data_type: TYPE_INT32 '
+        "dims: [ 1000000000 ] zero_data: true } } } ]",
+    )
+    with pytest.raises(ModelConfigError, match=r"'huge'.*over \d+ elements"):
+        run_warmup(huge, [instance], tmp_path)
+    assert instance.calls == []
