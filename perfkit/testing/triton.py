@@ -19,6 +19,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -163,9 +164,34 @@ def _start(peers: Path, repository: Path, extra_args: Sequence[str], log_path: P
         # A new session: SIGINT from a terminal does not reach it (we stop it ourselves), and the
         # python backend's stubs share its process group, so one killpg reaches them all.
         process = subprocess.Popen(
-            command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=_stub_environment(),
         )
     return TritonProcess(process, http_port, grpc_port, metrics_port, log_path)
+
+
+def _stub_environment() -> dict[str, str]:
+    """Our environment without an activated virtual environment.
+
+    The python backend's stub embeds Debian's Python 3.11, which finds a `python3` on PATH and, next
+    to it, the venv's pyvenv.cfg: it would then import the venv's numpy 2 beside an onnxruntime
+    built for numpy 1, and every model would answer with empty tensors.
+    """
+    env = dict(os.environ)
+    venv = env.pop("VIRTUAL_ENV", None)
+    env.pop("PYTHONHOME", None)
+    env.pop("PYTHONPATH", None)
+    prefixes = [p for p in (venv, sys.prefix if sys.prefix != sys.base_prefix else None) if p]
+    env["PATH"] = os.pathsep.join(
+        part
+        for part in env.get("PATH", "").split(os.pathsep)
+        if not any(Path(part).resolve().is_relative_to(Path(prefix).resolve()) for prefix in prefixes)
+    )
+    return env
 
 
 def _wait_ready(server: TritonProcess, timeout_s: float) -> None:
