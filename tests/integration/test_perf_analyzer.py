@@ -1,5 +1,6 @@
-"""NVIDIA's perf_analyzer (C++) measures the reference server over HTTP: the server speaks enough of
-the protocol (metadata, config, statistics) for the real tool, and dynamic batching forms batches."""
+"""NVIDIA's perf_analyzer (C++) measures the reference server over HTTP and gRPC (unary and streaming):
+the server speaks enough of the protocol (metadata, config, statistics) for the real tool, and
+dynamic batching forms batches."""
 
 from __future__ import annotations
 
@@ -25,33 +26,30 @@ def run_perf_analyzer(peers: Path, *args: str, timeout: float = 240) -> subproce
     )
 
 
-def test_concurrency_sweep_over_http(peers: Path, demo_server: ReferenceServer, tmp_path: Path) -> None:
+TRANSPORTS = {
+    "http": ("Avg HTTP time", []),
+    "grpc": ("Avg gRPC time", ["-i", "grpc"]),
+    # perf_analyzer also streams to models that are not decoupled: one response per request.
+    "grpc-streaming": ("Avg gRPC time", ["-i", "grpc", "--streaming"]),
+}
+
+
+@pytest.mark.parametrize("transport", list(TRANSPORTS))
+def test_concurrency_sweep(peers: Path, demo_server: ReferenceServer, tmp_path: Path, transport: str) -> None:
     out = tmp_path / "pa.csv"
+    client_line, flags = TRANSPORTS[transport]
+    port = demo_server.http_port if transport == "http" else demo_server.grpc_port
     # A loose stability bound: this checks protocol compatibility, not measurement quality.
     result = run_perf_analyzer(
-        peers,
-        "-m",
-        "mlp",
-        "-u",
-        demo_server.http_url,
-        "--concurrency-range",
-        "1:4:3",
-        "-p",
-        "800",
-        "-s",
-        "100",
-        "-r",
-        "6",
-        "-f",
-        str(out),
-    )
+        peers, *flags, "-m", "mlp", "-u", f"127.0.0.1:{port}", "--concurrency-range", "1:4:3",
+        "-p", "800", "-s", "100", "-r", "6", "-f", str(out),
+    )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "Server:" in result.stdout
-    assert "Avg request latency" in result.stdout
-    assert "Inference count" in result.stdout
+    for line in ("Server:", "Avg request latency", "Inference count", client_line):
+        assert line in result.stdout
     with out.open() as handle:
         rows = list(csv.DictReader(handle))
-    assert [int(r["Concurrency"]) for r in rows] == [1, 4]
+    assert sorted(int(r["Concurrency"]) for r in rows) == [1, 4]
     for row in rows:
         assert float(row["Inferences/Second"]) > 0
         assert int(row["p99 latency"]) >= int(row["p50 latency"]) > 0
