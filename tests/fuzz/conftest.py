@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from reference_server.config import ServerConfig
 from reference_server.server import ReferenceServer, running_server
 from tests.fuzz.wire import build_fuzz_repository, crashes_logged
+from tests.servers import loopback_config
 
 
 @pytest.fixture(scope="session")
@@ -16,15 +16,8 @@ def fuzz_server(demo_repository: Path, tmp_path_factory: pytest.TempPathFactory)
     """The reference server both fuzzers hit: the demo models and a BYTES model, explicit model
     control (so the repository API is live), small enough limits that the fuzzers reach them."""
     repository = build_fuzz_repository(demo_repository, tmp_path_factory.mktemp("fuzz") / "models")
-    config = ServerConfig(
-        model_repository=repository,
-        http_port=0,
-        grpc_port=0,
-        metrics_port=0,
-        model_control_mode="explicit",
-        load_models=("*",),
-        http_max_input_size=256 * 1024,
-        max_tensor_elements=64 * 1024,
+    config = loopback_config(
+        repository, load=("*",), http_max_input_size=256 * 1024, max_tensor_elements=64 * 1024
     )
     with running_server(config) as server:
         yield server

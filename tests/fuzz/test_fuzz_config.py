@@ -28,6 +28,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from reference_server.config import ServerConfig
 from reference_server.server import ReferenceServer, running_server
 from tests.fuzz.wire import RawHttp, crashes_logged, fuzz_settings
+from tests.servers import loopback_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.fuzz]
 
@@ -37,7 +38,7 @@ MLP_REQUEST = json.dumps(
 
 
 def _server(repository: Path, **overrides: object) -> ServerConfig:
-    return ServerConfig(model_repository=repository, http_port=0, grpc_port=0, metrics_port=0, **overrides)  # type: ignore[arg-type]
+    return loopback_config(repository, **overrides)
 
 
 def _index(http: RawHttp) -> dict[str, dict[str, str]]:

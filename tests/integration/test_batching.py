@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from reference_server.config import ServerConfig
 from reference_server.server import running_server
+from tests.servers import loopback_config
 
 pytestmark = pytest.mark.integration
 
@@ -56,14 +56,7 @@ def test_preferred_batch_and_queue_delay(repository_copy: Path) -> None:
         "delayed",
         "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 1500000 }",
     )
-    config = ServerConfig(
-        model_repository=repository_copy,
-        http_port=0,
-        grpc_port=0,
-        metrics_port=0,
-        model_control_mode="explicit",
-        load_models=("delayed",),
-    )
+    config = loopback_config(repository_copy, load=("delayed",))
     with running_server(config) as server:
         url = server.http_url
         elapsed_full, results = infer_concurrently(url, "delayed", 4)
@@ -79,14 +72,7 @@ def test_preferred_batch_and_queue_delay(repository_copy: Path) -> None:
 
 def test_no_dynamic_batching_runs_one_request_at_a_time(repository_copy: Path) -> None:
     make_model(repository_copy, "unbatched", "")
-    config = ServerConfig(
-        model_repository=repository_copy,
-        http_port=0,
-        grpc_port=0,
-        metrics_port=0,
-        model_control_mode="explicit",
-        load_models=("unbatched",),
-    )
+    config = loopback_config(repository_copy, load=("unbatched",))
     with running_server(config) as server:
         _, results = infer_concurrently(server.http_url, "unbatched", 6)
         assert len(results) == 6

@@ -19,8 +19,8 @@ from perfkit.clients import MESSAGES_PER_KIND, InferClient, Outcome, make_client
 from perfkit.embedded import reference_server_process
 from perfkit.errors import PerfkitError, TargetError
 from perfkit.inputs import build_requests
-from reference_server.config import ServerConfig
 from reference_server.server import ReferenceServer, running_server
+from tests.servers import loopback_config
 
 pytestmark = pytest.mark.integration
 
@@ -135,10 +135,7 @@ def test_request_timeout(repository_copy: Path) -> None:
         'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
         "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 2000000 }\n"
     )
-    config = ServerConfig(
-        model_repository=repository_copy, http_port=0, grpc_port=0, metrics_port=0,
-        model_control_mode="explicit", load_models=("slow",),
-    )  # fmt: skip
+    config = loopback_config(repository_copy, load=("slow",))
 
     async def one(url: str, protocol: str) -> Outcome:
         c = make_client(url, protocol, request_timeout_s=0.3)

@@ -25,6 +25,7 @@ from reference_server.config import ServerConfig
 from reference_server.grpc_service import build_grpc_server
 from reference_server.rest import build_rest_app
 from reference_server.server import ReferenceServer, running_server
+from tests.servers import loopback_config
 
 pytestmark = pytest.mark.integration
 
@@ -253,9 +254,7 @@ def test_stream_reports_errors_in_band_with_the_request_id(stub: Stub, client: C
 
 
 def test_oversized_message_is_refused(demo_repository: Path) -> None:
-    config = ServerConfig(
-        model_repository=demo_repository, http_port=0, grpc_port=0, metrics_port=0, http_max_input_size=4096
-    )
+    config = loopback_config(demo_repository, http_max_input_size=4096)
     with running_server(config) as server:
         c = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
         try:

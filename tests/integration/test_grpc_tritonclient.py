@@ -19,8 +19,8 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from reference_server.config import ServerConfig
 from reference_server.server import ReferenceServer, running_server
+from tests.servers import loopback_config
 
 pytestmark = pytest.mark.integration
 
@@ -222,14 +222,7 @@ def _override(name: str, *, count: int, dynamic_batching: bool) -> str:
 
 
 def test_load_and_unload_in_explicit_mode(repository_copy: Path) -> None:
-    config = ServerConfig(
-        model_repository=repository_copy,
-        http_port=0,
-        grpc_port=0,
-        metrics_port=0,
-        model_control_mode="explicit",
-        load_models=("mlp",),
-    )
+    config = loopback_config(repository_copy, load=("mlp",))
     with running_server(config) as server:
         client = grpcclient.InferenceServerClient(url(server))
         try:

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from reference_server.config import ServerConfig
 from reference_server.server import ReferenceServer, running_server
+from tests.servers import loopback_config
 
 pytestmark = pytest.mark.integration
 
@@ -193,9 +194,7 @@ def test_raw_binary_request(demo_server: ReferenceServer) -> None:
 
 
 def test_oversized_body_is_refused(demo_repository: Path) -> None:
-    config = ServerConfig(
-        model_repository=demo_repository, http_port=0, grpc_port=0, metrics_port=0, http_max_input_size=4096
-    )
+    config = loopback_config(demo_repository, http_max_input_size=4096)
     with running_server(config) as server:
         assert server.http_port is not None
         big = infer_json(inputs=[{"name": "INPUT0", "shape": [8, 256], "datatype": "FP32", "data": [0.25] * 2048}])

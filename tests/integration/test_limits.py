@@ -31,6 +31,7 @@ from reference_server.config import (
     config_from_args,
 )
 from reference_server.server import ReferenceServer, running_server
+from tests.servers import loopback_config
 
 pytestmark = pytest.mark.integration
 
@@ -92,14 +93,7 @@ def limits_repository(demo_repository: Path, tmp_path_factory: pytest.TempPathFa
 
 @pytest.fixture(scope="module")
 def limited_server(limits_repository: Path) -> Iterator[ReferenceServer]:
-    config = ServerConfig(
-        model_repository=limits_repository,
-        http_port=0,
-        grpc_port=0,
-        metrics_port=0,
-        max_inflight_requests=4,
-        max_tensor_elements=1000,
-    )
+    config = loopback_config(limits_repository, max_inflight_requests=4, max_tensor_elements=1000)
     with running_server(config) as server:
         yield server
 

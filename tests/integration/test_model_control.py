@@ -21,14 +21,13 @@ from tritonclient.utils import InferenceServerException
 from reference_server.config import ServerConfig
 from reference_server.errors import NotFound
 from reference_server.server import ReferenceServer, running_server
+from tests.servers import loopback_config
 
 pytestmark = pytest.mark.integration
 
 
 def server_config(repository: Path, mode: str, **extra: Any) -> ServerConfig:
-    return ServerConfig(
-        model_repository=repository, http_port=0, grpc_port=0, metrics_port=0, model_control_mode=mode, **extra
-    )
+    return loopback_config(repository, model_control_mode=mode, **extra)
 
 
 @pytest.fixture

@@ -33,6 +33,7 @@ from reference_server.config import ServerConfig, config_from_args
 from reference_server.errors import ServerError
 from reference_server.server import ReferenceServer, running_server
 from tests.fuzz.wire import RawHttp
+from tests.servers import loopback_config
 
 pytestmark = pytest.mark.integration
 
@@ -69,7 +70,7 @@ def token_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def auth_server(demo_repository: Path) -> Iterator[ReferenceServer]:
-    config = ServerConfig(model_repository=demo_repository, http_port=0, grpc_port=0, metrics_port=0, auth_token=TOKEN)
+    config = loopback_config(demo_repository, auth_token=TOKEN)
     with running_server(config) as server:
         yield server
 
@@ -225,14 +226,7 @@ def test_the_token_file_and_its_errors(
 
 @pytest.fixture(scope="module")
 def tls_server(demo_repository: Path, pki: dict[str, Path]) -> Iterator[ReferenceServer]:
-    config = ServerConfig(
-        model_repository=demo_repository,
-        http_port=0,
-        grpc_port=0,
-        metrics_port=0,
-        ssl_certfile=pki["cert"],
-        ssl_keyfile=pki["key"],
-    )
+    config = loopback_config(demo_repository, ssl_certfile=pki["cert"], ssl_keyfile=pki["key"])
     with running_server(config) as server:
         yield server
 
