@@ -40,6 +40,11 @@ I/O, so its tests drive it with a synthetic performance model. Three policies li
    model_analyzer's documentation claims quick search reaches > 95 % of the best objective while
    measuring < 10 % of the space; `bench/tune_search.py` measures ours.
 
+The two variant searches are written as batch policies (`brute_batches`, `quick_batches`): each
+batch holds variants whose measurements do not depend on one another, and its figures come back
+together. `one_at_a_time` turns a batch policy into the one-variant protocol above, with the same
+sequence; `perfkit tune --workers` measures a batch's variants on several servers at once.
+
 A `Variant` is the set of changes to the model's own configuration; `Variant.apply` makes the
 configuration JSON sent to the repository load API. Everything else the model's config says is kept.
 """
@@ -65,10 +70,13 @@ __all__ = [
     "Space",
     "SpaceSpec",
     "Variant",
+    "brute_batches",
     "brute_search",
     "build_space",
     "concurrency_sweep",
     "doubling",
+    "one_at_a_time",
+    "quick_batches",
     "quick_search",
     "variant_of",
 ]
@@ -78,6 +86,7 @@ THROUGHPUT_MINIMUM_CONSECUTIVE_TRIES = 4
 MAX_BINARY_SEARCH_STEPS = 5
 
 VariantFeedback = Generator["Variant", "Figures | None", None]
+VariantBatches = Generator[list["Variant"], list["Figures | None"], None]
 
 
 def doubling(start: int, end: int) -> list[int]:
@@ -340,38 +349,72 @@ def build_space(spec: SpaceSpec, base: Variant) -> Space:
 
 
 # --- the searches ---------------------------------------------------------------------------------
+#
+# Each search is written as a batch policy: it yields a list of variants whose measurements do not
+# depend on one another, and receives their figures, in the same order, once all are measured. With
+# one server they are measured one after another (`one_at_a_time` gives the single-variant protocol
+# the tuner drives); with several, `perfkit tune --workers` measures a batch's variants at once.
 
 
-def brute_search(space: Space, default: Variant) -> VariantFeedback:
-    """The default, then the whole grid (feedback is not needed, but received like quick's)."""
-    yield default
+def one_at_a_time(batches: VariantBatches) -> VariantFeedback:
+    """A batch policy as a single-variant policy: each batch's variants in order, then the batch's
+    figures sent back together. The sequence of variants is the batch policy's, flattened."""
+    try:
+        batch = next(batches)
+    except StopIteration:
+        return
+    while True:
+        figures: list[Figures | None] = []
+        for variant in batch:
+            figures.append((yield variant))
+        try:
+            batch = batches.send(figures)
+        except StopIteration:
+            return
+
+
+def brute_batches(space: Space, default: Variant) -> VariantBatches:
+    """The default, then the whole grid, in one batch: no variant depends on another's result."""
+    variants = [default]
     seen = {default.key}
     for coord in space.coordinates():
         variant = space.variant(coord)
         if variant.key not in seen:
             seen.add(variant.key)
-            yield variant
+            variants.append(variant)
+    yield variants
 
 
-def quick_search(
+def brute_search(space: Space, default: Variant) -> VariantFeedback:
+    """The default, then the whole grid (feedback is not needed, but received like quick's)."""
+    return one_at_a_time(brute_batches(space, default))
+
+
+def quick_batches(
     space: Space, default: Variant, objective: Objective, constraints: Sequence[Constraint] = ()
-) -> VariantFeedback:
-    """Hill climbing from the grid point nearest the default (see the module header)."""
+) -> VariantBatches:
+    """Hill climbing from the grid point nearest the default (see the module header). A batch is the
+    default with the first home, or the part of one neighbourhood not yet measured: the climb looks
+    at a neighbourhood's results only once all of them are in."""
     by_key: dict[str, Figures | None] = {}
-    by_key[default.key] = yield default
     results: dict[tuple[int, ...], Figures | None] = {}
 
-    def measure(coord: tuple[int, ...]) -> VariantFeedback:
-        variant = space.variant(coord)
-        if variant.key not in by_key:
-            by_key[variant.key] = yield variant
-        results[coord] = by_key[variant.key]
+    def measure(coords: Sequence[tuple[int, ...]], first: Sequence[Variant] = ()) -> VariantBatches:
+        batch = list(first)
+        for coord in coords:
+            variant = space.variant(coord)
+            if variant.key not in by_key and variant.key not in {v.key for v in batch}:
+                batch.append(variant)
+        if batch:
+            by_key.update(zip((v.key for v in batch), (yield batch)))
+        for coord in coords:
+            results[coord] = by_key[space.variant(coord).key]
 
     def merit_of(coord: tuple[int, ...]) -> tuple[float, ...]:
         return merit(results[coord], objective, constraints)
 
     home = space.nearest(default)
-    yield from measure(home)
+    yield from measure([home], first=[default])
     homes: set[tuple[int, ...]] = set()
     while home not in homes:
         homes.add(home)
@@ -380,9 +423,7 @@ def quick_search(
         # moves cannot climb.
         for dims in (1, 2):
             around = space.neighbours(home, dims)
-            for coord in around:
-                if coord not in results:
-                    yield from measure(coord)
+            yield from measure([c for c in around if c not in results])
             # Ties go to the cheaper variant, so that a flat dimension does not pull the climb up.
             best = max(around, key=lambda c: (merit_of(c), tuple(-x for x in space.variant(c).cost)), default=home)
             if merit_of(best) > merit_of(home):
@@ -390,3 +431,10 @@ def quick_search(
                 break
         else:
             return
+
+
+def quick_search(
+    space: Space, default: Variant, objective: Objective, constraints: Sequence[Constraint] = ()
+) -> VariantFeedback:
+    """Hill climbing from the grid point nearest the default (see the module header)."""
+    return one_at_a_time(quick_batches(space, default, objective, constraints))

@@ -21,20 +21,23 @@ Theory of operation:
 4. Ranking. The leaders of the first pass are re-measured at their chosen concurrency, round-robin
    (A B C A B C, so that a slow spell of the machine does not favour one of them), and ranked by
    `objectives.rank`: the leader, the variants tied with it, and the cheapest of them recommended.
+5. Several servers. With --workers, `perfkit.tune_distributed.RayTuner` keeps steps 2–4 and
+   measures the independent variants of a batch (see `perfkit.search`) on several endpoints at
+   once, one Ray actor each, with this module's `Endpoint` and `sweep_variant`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from perfkit import eventloop
 from perfkit.clients import InferClient, make_client
 from perfkit.config import WindowSpec
 from perfkit.errors import ExitCode, PerfkitError, TargetError
@@ -86,6 +89,10 @@ class TuneSpec:
     quiet: bool = False
     collect_metrics: bool = False
     metrics_url: str | None = None
+    #: Several servers, each measured by its own Ray actor (`perfkit.tune_distributed`); () with one.
+    endpoints: tuple[str, ...] = ()
+    workers: int = 0  # Ray actors, one per endpoint; 0: measured in this process, one variant at a time
+    ray_address: str | None = None
 
     def validate(self) -> None:
         from perfkit.config import LoadSpec, SweepSpec, TargetSpec
@@ -100,9 +107,34 @@ class TuneSpec:
                 raise PerfkitError(f"{flag} must be at least 1")
         if self.remeasure_rounds < 0:
             raise PerfkitError("--remeasure must be 0 (no re-measurement) or more rounds")
+        self._validate_workers()
         # The measurement flags are perfkit sweep's, checked by its own rules.
         target = TargetSpec(self.url, self.protocol, request_timeout_s=self.request_timeout_s)
         SweepSpec(target, LoadSpec("concurrency"), windows=self.windows).validate()
+
+    def _validate_workers(self) -> None:
+        if self.workers < 0:
+            raise PerfkitError(f"--workers must be 1 or more Ray actors, got {self.workers}")
+        if self.ray_address is not None and not self.workers:
+            raise PerfkitError("--ray-address applies with --workers N; add it, or leave --ray-address out")
+        if not self.workers:
+            if len(self.endpoints) > 1:
+                raise PerfkitError("several -u endpoints are measured by Ray actors: add --workers N, one per -u")
+            return
+        if not self.endpoints:
+            raise PerfkitError("--workers needs -u endpoints: each Ray actor measures a server of its own")
+        if len(set(self.endpoints)) != len(self.endpoints):
+            raise PerfkitError("-u names the same endpoint twice; give each server once")
+        if self.workers != len(self.endpoints):
+            raise PerfkitError(
+                f"--workers {self.workers} runs one Ray actor per endpoint: give {self.workers} -u endpoints "
+                f"(got {len(self.endpoints)}), or --workers {len(self.endpoints)}"
+            )
+        if self.metrics_url is not None and len(self.endpoints) > 1:
+            raise PerfkitError(
+                "--metrics-url names one server; with several -u leave it out (each endpoint's metrics are read "
+                "from port 8002 of its host)"
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +180,7 @@ class Record:
     chosen: int | None = None
     remeasures: list[LevelResult] = field(default_factory=list)
     measured: int = 0  # levels measured by this run (the rest came from the checkpoint)
+    endpoint: str = ""  # the server that measured it, with --workers
 
     def figures(self) -> Figures | None:
         return None if self.chosen is None else figures_of(self.levels[self.chosen])
@@ -172,6 +205,7 @@ class TuneResult:
     stop_reason: str = ""
     server: dict[str, Any] = field(default_factory=dict)
     started_at: str = ""
+    lost_endpoints: list[str] = field(default_factory=list)  # with --workers: "URL: why" for each left out
 
     def rank(self, final: bool = False) -> Ranking:
         candidates = [(k, r.variant.cost, r.combined() if final else r.figures()) for k, r in self.records.items()]
@@ -241,10 +275,7 @@ class Checkpoint:
 @contextlib.contextmanager
 def open_target(spec: TuneSpec, model: Model) -> Iterator[Target]:
     if spec.url is not None:
-        metrics = spec.metrics_url or (
-            f"http://{spec.url.rsplit(':', 1)[0]}:8002/metrics" if spec.collect_metrics else None
-        )
-        yield Target(spec.url, spec.protocol, metrics, None, embedded=False)
+        yield Target(spec.url, spec.protocol, metrics_url_of(spec, spec.url), None, embedded=False)
         return
     from perfkit.embedded import reference_server_process
 
@@ -253,150 +284,26 @@ def open_target(spec: TuneSpec, model: Model) -> Iterator[Target]:
         yield Target(url, spec.protocol, server.metrics_url, server.process.pid, embedded=True)
 
 
-class Tuner:
-    def __init__(
-        self, spec: TuneSpec, model: Model, target: Target, progress: Progress, sink: Callable[[TuneResult], None]
-    ) -> None:
+def metrics_url_of(spec: TuneSpec, url: str) -> str | None:
+    """Where a running server's metrics are read: --metrics-url, else port 8002 of its host."""
+    if spec.metrics_url:
+        return spec.metrics_url
+    return f"http://{url.rsplit(':', 1)[0]}:8002/metrics" if spec.collect_metrics else None
+
+
+class Endpoint:
+    """One server that variants are loaded on and measured against: its client, the model's
+    requests (prepared at the first load that succeeds), and the resource sampler."""
+
+    def __init__(self, spec: TuneSpec, model: Model, target: Target, progress: Progress) -> None:
         self.spec, self.model, self.target, self.progress = spec, model, target, progress
-        self.sink = sink  # called with the result after every change: writes the outputs
         self.client: InferClient = make_client(target.url, target.protocol, request_timeout_s=spec.request_timeout_s)
         self.prepared: list[Any] | None = None
         self.resources = ResourceSampler(
             interval_s=0.5, metrics_url=target.metrics_url, server_pid=target.server_pid, local_gpu=target.embedded
         )
-        self.checkpoint: Checkpoint | None = None
-        self.default_config: dict[str, Any] = model.base
-        self.result: TuneResult | None = None
 
-    def fingerprint(self) -> dict[str, Any]:
-        s = self.spec
-        fingerprint: dict[str, Any] = to_jsonable({
-            "model": self.model.name, "base_config": self.model.base,
-            "server": "embedded" if self.target.embedded else self.target.url, "protocol": s.protocol,
-            "windows": dataclasses.asdict(s.windows), "shapes": s.shapes, "input_data": s.input_data, "seed": s.seed,
-        })  # fmt: skip
-        return fingerprint
-
-    async def run(self, checkpoint_path: Path) -> TuneResult:
-        client, name = self.client, self.model.name
-        try:
-            try:
-                if not await client.live():
-                    raise TargetError(f"{self.target.url} answers but is not live")
-            except TargetError as exc:
-                raise TargetError(f"cannot reach the server: {exc}") from None
-            checkpoint = self.checkpoint = Checkpoint(checkpoint_path, self.fingerprint())
-            if checkpoint.default_config is not None:  # a resumed tune: the server may hold any variant now
-                self.default_config = checkpoint.default_config
-            elif not self.target.embedded:
-                with contextlib.suppress(TargetError):  # not loaded: the local config is the default
-                    self.default_config = await client.model_config(name)
-                    checkpoint.server_had_model = True
-            default = variant_of(self.default_config)
-            space = build_space(self.spec.space, variant_of(self.model.base))
-            self.result = result = TuneResult(self.spec, self.model, space, default.key)
-            result.started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-            with contextlib.suppress(TargetError):
-                result.server = await client.server_metadata()
-            await self.resources.start()
-            try:
-                await self._search(result, default, space)
-                await self._remeasure(result)
-                result.ranking = result.rank(final=True)
-                result.completed = True
-                self._save(result)
-            finally:
-                await self.resources.stop()
-                if not self.target.embedded:
-                    await self._restore(checkpoint.server_had_model)
-            return result
-        finally:
-            await client.close()
-
-    async def _search(self, result: TuneResult, default: Variant, space: Space) -> None:
-        spec = self.spec
-        if spec.search == "quick":
-            policy = quick_search(space, default, spec.objective, spec.constraints)
-        else:
-            policy = brute_search(space, default)
-        total = space.size + (0 if default.key in {space.variant(c).key for c in space.coordinates()} else 1)
-        variant = next(policy)
-        while True:
-            config = self.default_config if variant.key == default.key else variant.apply(self.model.base)
-            record = result.records[variant.key] = Record(variant, config, variant.key == default.key)
-            of = f"{total}" if spec.search == "brute" else f"at most {total}, quick search"
-            self.progress.note(f"variant {len(result.records)} of {of}: {variant.key}")
-            await self._measure_variant(record)
-            result.ranking = result.rank()
-            self.progress.note(describe_outcome(record, result))
-            self._save(result)
-            try:
-                variant = policy.send(record.figures())
-            except StopIteration:
-                return
-
-    async def _measure_variant(self, record: Record) -> None:
-        assert self.checkpoint is not None
-        key, spec = record.variant.key, self.spec
-        if key in self.checkpoint.failures:
-            record.status, record.error = "failed", self.checkpoint.failures[key]
-            return
-        cached = self.checkpoint.levels.get(key, {})
-        policy = concurrency_sweep(spec.concurrency[0], spec.concurrency[1], spec.constraints)
-        loaded = False
-        concurrency = next(policy)
-        while True:
-            level = cached.get(concurrency)
-            if level is None:
-                if not loaded:
-                    error = await self._load(record.config)
-                    if error:
-                        record.status, record.error = "failed", error
-                        return
-                    loaded = True
-                level = await self._level(concurrency, record)
-                record.measured += 1
-            record.levels.append(level)
-            if self.result is not None:
-                self._save(self.result)
-            try:
-                concurrency = policy.send(figures_of(level))
-            except StopIteration:
-                break
-        record.chosen = best_level([figures_of(lv) for lv in record.levels], spec.objective, spec.constraints)
-        if record.chosen is None:
-            errors = "; ".join(f"{k} ×{n}" for lv in record.levels for k, n in lv.errors.items())
-            record.status, record.error = "failed", f"no request succeeded ({errors or 'no requests'})"
-        else:
-            record.status = "ok"
-
-    async def _remeasure(self, result: TuneResult) -> None:
-        """Re-measure the leaders round-robin; again for any variant that overtakes them meanwhile
-        (their means may drop), so that the winner is always a re-measured variant."""
-        assert self.checkpoint is not None
-        for _ in range(3 if self.spec.remeasure_rounds else 0):
-            ranking = result.rank(final=bool(result.leaders))
-            group = [k for k in ranking.leaders(self.spec.leaders) if k not in result.leaders]
-            if ranking.leader in result.leaders or not group or len(group) + len(result.leaders) < 2:
-                return
-            result.leaders += group
-            self.progress.note(f"re-measuring, interleaved: {', '.join(group)}")
-            for round_ in range(self.spec.remeasure_rounds):
-                for key in group:
-                    record = result.records[key]
-                    saved = self.checkpoint.remeasures.get(key, [])
-                    if round_ < len(saved):
-                        level = saved[round_]
-                    else:
-                        assert record.chosen is not None
-                        if await self._load(record.config):
-                            continue  # it loaded before; a refusal now leaves the first measurement alone
-                        level = await self._level(int(record.levels[record.chosen].level), record)
-                        record.measured += 1
-                    record.remeasures.append(level)
-                    self._save(result)
-
-    async def _load(self, config: dict[str, Any]) -> str:
+    async def load(self, config: dict[str, Any]) -> str:
         """Load a variant; "" when it is ready, else the server's reason."""
         try:
             await self.client.load_model(self.model.name, config)
@@ -424,7 +331,7 @@ class Tuner:
             self.prepared = [self.client.prepare(r) for r in requests]
         return ""
 
-    async def _level(self, concurrency: int, record: Record) -> LevelResult:
+    async def level(self, concurrency: int, record: Record) -> LevelResult:
         assert self.prepared is not None
         client, name = self.client, self.model.name
         loadgen = LoadGenerator(client, self.prepared, SampleBuffer(), RealClock())
@@ -440,15 +347,209 @@ class Tuner:
             raise TargetError(f"the server stopped answering while measuring {record.variant.key}")
         return level
 
-    async def _restore(self, was_loaded: bool) -> None:
-        """Leave a remote server serving what it served before (best effort)."""
+    async def restore(self, config: dict[str, Any] | None) -> None:
+        """Leave the server serving `config` (None: the model unloaded), as before the tune (best effort)."""
         try:
-            if was_loaded:
-                await self.client.load_model(self.model.name, self.default_config)
+            if config is not None:
+                await self.client.load_model(self.model.name, config)
             else:
                 await self.client.unload_model(self.model.name)
         except (TargetError, OSError) as exc:
-            self.progress.note(f"could not restore model '{self.model.name}' on the server: {exc}")
+            self.progress.note(f"could not restore model '{self.model.name}' on {self.target.url}: {exc}")
+
+
+async def sweep_variant(
+    record: Record,
+    cached: dict[int, LevelResult],
+    spec: TuneSpec,
+    load: Callable[[dict[str, Any]], Awaitable[str]],
+    level: Callable[[int, Record], Awaitable[LevelResult]],
+    on_level: Callable[[], None],
+) -> None:
+    """Measure one variant over concurrency (`search.concurrency_sweep`), taking the levels in
+    `cached` instead of measuring them; the variant is loaded only when a level must be measured."""
+    policy = concurrency_sweep(spec.concurrency[0], spec.concurrency[1], spec.constraints)
+    loaded = False
+    concurrency = next(policy)
+    while True:
+        found = cached.get(concurrency)
+        if found is None:
+            if not loaded:
+                error = await load(record.config)
+                if error:
+                    record.status, record.error = "failed", error
+                    return
+                loaded = True
+            found = await level(concurrency, record)
+            record.measured += 1
+        record.levels.append(found)
+        on_level()
+        try:
+            concurrency = policy.send(figures_of(found))
+        except StopIteration:
+            break
+    record.chosen = best_level([figures_of(lv) for lv in record.levels], spec.objective, spec.constraints)
+    if record.chosen is None:
+        errors = "; ".join(f"{k} ×{n}" for lv in record.levels for k, n in lv.errors.items())
+        record.status, record.error = "failed", f"no request succeeded ({errors or 'no requests'})"
+    else:
+        record.status = "ok"
+
+
+class Tuner:
+    """Drives a tune on one server, one variant at a time. `perfkit.tune_distributed.RayTuner`
+    keeps the same search, checkpoint and ranking, and measures on several servers at once."""
+
+    def __init__(
+        self, spec: TuneSpec, model: Model, target: Target, progress: Progress, sink: Callable[[TuneResult], None]
+    ) -> None:
+        self.spec, self.model, self.progress = spec, model, progress
+        self.sink = sink  # called with the result after every change: writes the outputs
+        self.target = target
+        self.endpoint = Endpoint(spec, model, target, progress)
+        self.checkpoint: Checkpoint | None = None
+        self.default_config: dict[str, Any] = model.base
+        self.result: TuneResult | None = None
+
+    def fingerprint(self) -> dict[str, Any]:
+        return self._fingerprint("embedded" if self.target.embedded else self.target.url)
+
+    def _fingerprint(self, server: str) -> dict[str, Any]:
+        s = self.spec
+        fingerprint: dict[str, Any] = to_jsonable({
+            "model": self.model.name, "base_config": self.model.base, "server": server, "protocol": s.protocol,
+            "windows": dataclasses.asdict(s.windows), "shapes": s.shapes, "input_data": s.input_data, "seed": s.seed,
+        })  # fmt: skip
+        return fingerprint
+
+    async def run(self, checkpoint_path: Path) -> TuneResult:
+        client, name = self.endpoint.client, self.model.name
+        try:
+            try:
+                if not await client.live():
+                    raise TargetError(f"{self.target.url} answers but is not live")
+            except TargetError as exc:
+                raise TargetError(f"cannot reach the server: {exc}") from None
+            checkpoint = self._open_checkpoint(checkpoint_path)
+            if checkpoint.default_config is None and not self.target.embedded:
+                with contextlib.suppress(TargetError):  # not loaded: the local config is the default
+                    self.default_config = await client.model_config(name)
+                    checkpoint.server_had_model = True
+            result = self._new_result()
+            with contextlib.suppress(TargetError):
+                result.server = await client.server_metadata()
+            await self.endpoint.resources.start()
+            try:
+                await self._tune(result)
+            finally:
+                await self.endpoint.resources.stop()
+                if not self.target.embedded:
+                    await self.endpoint.restore(self.default_config if checkpoint.server_had_model else None)
+            return result
+        finally:
+            await client.close()
+
+    def _open_checkpoint(self, path: Path) -> Checkpoint:
+        checkpoint = self.checkpoint = Checkpoint(path, self.fingerprint())
+        if checkpoint.default_config is not None:  # a resumed tune: the server may hold any variant now
+            self.default_config = checkpoint.default_config
+        return checkpoint
+
+    def _new_result(self) -> TuneResult:
+        default = variant_of(self.default_config)
+        space = build_space(self.spec.space, variant_of(self.model.base))
+        self.result = result = TuneResult(self.spec, self.model, space, default.key)
+        result.started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        return result
+
+    async def _tune(self, result: TuneResult) -> None:
+        await self._search(result, variant_of(self.default_config), result.space)
+        await self._remeasure(result)
+        result.ranking = result.rank(final=True)
+        result.completed = True
+        self._save(result)
+
+    async def _search(self, result: TuneResult, default: Variant, space: Space) -> None:
+        spec = self.spec
+        if spec.search == "quick":
+            policy = quick_search(space, default, spec.objective, spec.constraints)
+        else:
+            policy = brute_search(space, default)
+        variant = next(policy)
+        while True:
+            record = self._start_record(result, variant)
+            await self._measure_variant(record)
+            self._finish_record(result, record)
+            try:
+                variant = policy.send(record.figures())
+            except StopIteration:
+                return
+
+    def _start_record(self, result: TuneResult, variant: Variant, where: str = "") -> Record:
+        """A new record for `variant`, in the result (in the order the policy gave the variants)."""
+        default = variant.key == result.default_key
+        config = self.default_config if default else variant.apply(self.model.base)
+        record = result.records[variant.key] = Record(variant, config, default)
+        space = result.space
+        total = space.size + (0 if result.default_key in {space.variant(c).key for c in space.coordinates()} else 1)
+        of = f"{total}" if self.spec.search == "brute" else f"at most {total}, quick search"
+        self.progress.note(f"variant {len(result.records)} of {of}: {variant.key}{where}")
+        return record
+
+    def _finish_record(self, result: TuneResult, record: Record) -> None:
+        result.ranking = result.rank()
+        self.progress.note(describe_outcome(record, result))
+        self._save(result)
+
+    async def _measure_variant(self, record: Record) -> None:
+        assert self.checkpoint is not None
+        key = record.variant.key
+        if key in self.checkpoint.failures:
+            record.status, record.error = "failed", self.checkpoint.failures[key]
+            return
+        await sweep_variant(
+            record, self.checkpoint.levels.get(key, {}), self.spec, self._load, self._level, self._save_progress
+        )
+
+    def _save_progress(self) -> None:
+        if self.result is not None:
+            self._save(self.result)
+
+    async def _remeasure(self, result: TuneResult) -> None:
+        """Re-measure the leaders round-robin; again for any variant that overtakes them meanwhile
+        (their means may drop), so that the winner is always a re-measured variant."""
+        assert self.checkpoint is not None
+        for _ in range(3 if self.spec.remeasure_rounds else 0):
+            ranking = result.rank(final=bool(result.leaders))
+            group = [k for k in ranking.leaders(self.spec.leaders) if k not in result.leaders]
+            if ranking.leader in result.leaders or not group or len(group) + len(result.leaders) < 2:
+                return
+            result.leaders += group
+            self.progress.note(f"re-measuring, interleaved: {', '.join(group)}")
+            await self._remeasure_group(result, group)
+
+    async def _remeasure_group(self, result: TuneResult, group: list[str]) -> None:
+        assert self.checkpoint is not None
+        for round_ in range(self.spec.remeasure_rounds):
+            for key in group:
+                record = result.records[key]
+                saved = self.checkpoint.remeasures.get(key, [])
+                if round_ < len(saved):
+                    level = saved[round_]
+                else:
+                    assert record.chosen is not None
+                    if await self._load(record.config):
+                        continue  # it loaded before; a refusal now leaves the first measurement alone
+                    level = await self._level(int(record.levels[record.chosen].level), record)
+                    record.measured += 1
+                record.remeasures.append(level)
+                self._save(result)
+
+    async def _load(self, config: dict[str, Any]) -> str:
+        return await self.endpoint.load(config)
+
+    async def _level(self, concurrency: int, record: Record) -> LevelResult:
+        return await self.endpoint.level(concurrency, record)
 
     def _save(self, result: TuneResult) -> None:
         assert self.checkpoint is not None
@@ -472,6 +573,21 @@ def describe_outcome(record: Record, result: TuneResult) -> str:
     return text + (f"; best so far: {leader}" if leader else "")
 
 
+@contextlib.contextmanager
+def open_tuner(spec: TuneSpec, model: Model, progress: Progress, sink: Callable[[TuneResult], None]) -> Iterator[Tuner]:
+    """The tuner for `spec`: on the bundled server or -u, or on Ray actors with --workers."""
+    if spec.workers:
+        from perfkit.tune_distributed import ray_tuner
+
+        with ray_tuner(spec, model, progress, sink) as tuner:
+            yield tuner
+        return
+    with open_target(spec, model) as target:
+        if target.embedded:
+            progress.note(f"tuning '{model.name}' on the bundled server at {target.url} (explicit mode)")
+        yield Tuner(spec, model, target, progress, sink)
+
+
 def run_tune(
     spec: TuneSpec, sink: Callable[[TuneResult], None], checkpoint_path: Path
 ) -> tuple[TuneResult | None, int]:
@@ -481,11 +597,8 @@ def run_tune(
     progress = Progress(quiet=spec.quiet)
     tuner: Tuner | None = None
     try:
-        with open_target(spec, model) as target:
-            if target.embedded:
-                progress.note(f"tuning '{model.name}' on the bundled server at {target.url} (explicit mode)")
-            tuner = Tuner(spec, model, target, progress, sink)
-            result = asyncio.run(tuner.run(checkpoint_path))
+        with open_tuner(spec, model, progress, sink) as tuner:
+            result = eventloop.run(tuner.run(checkpoint_path))
     except KeyboardInterrupt:
         return (tuner.result if tuner else None), ExitCode.INTERRUPTED
     except TargetError as exc:

@@ -34,6 +34,7 @@ perfkit sweep's measurement, and ranked by --objective under --constraint.
 With no -u, the bundled server runs on the model folder's parent in explicit model-control mode.
 With -u, the server (ours or Triton) must run with --model-control-mode explicit; no file on it
 is touched, and the model's configuration from before the tune is loaded back at the end.
+With several -u (alike servers) and --workers, one Ray actor per server measures variants at once.
 
 The leaders are re-measured, interleaved, before a winner is named; variants whose 95 % intervals
 overlap are reported as a tie and the one with the fewest resources is recommended.
@@ -61,6 +62,13 @@ def _concurrency(text: str) -> tuple[int, int]:
     return values[0], values[-1]
 
 
+def _endpoints(values: list[str]) -> tuple[str, ...]:
+    urls = tuple(part.strip() for value in values for part in value.split(","))
+    if any(not url for url in urls):
+        raise PerfkitError(f"-u takes HOST:PORT, repeated or as a comma list; got {', '.join(values)!r}")
+    return urls
+
+
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = commands.add_parser(
         "tune",
@@ -70,11 +78,21 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     p.add_argument("config", type=Path, metavar="CONFIG.pbtxt", help="the model's config, in its model folder")
     target = p.add_argument_group("target")
-    target.add_argument("-u", "--url", metavar="HOST:PORT", help="a server in explicit mode (default: bundled)")
+    target.add_argument(
+        "-u", "--url", action="append", metavar="HOST:PORT[,...]",
+        help="a server in explicit mode (default: bundled); several (repeat, or a comma list) with --workers",
+    )  # fmt: skip
     target.add_argument("-i", "--protocol", choices=("http", "grpc"), default="http")
     target.add_argument("--request-timeout", type=float, default=30.0, metavar="SECONDS")
     target.add_argument("--collect-metrics", action="store_true", help="scrape -u's metrics for GPU figures")
     target.add_argument("--metrics-url", metavar="URL", help="default: port 8002 on the host of -u")
+    ray = p.add_argument_group("distributed (Ray: pip install 'perfkit[distributed]')")
+    ray.add_argument(
+        "--workers", type=int, metavar="N",
+        help="measure N variants at once, on N Ray actors, one per -u endpoint (default: one per -u when there "
+        "are several)",
+    )  # fmt: skip
+    ray.add_argument("--ray-address", metavar="ADDR", help="the Ray cluster to join (default: start a local one)")
     search = p.add_argument_group("search (defaults as model_analyzer's)")
     search.add_argument("--search", choices=("brute", "quick"), default="brute", help="default brute")
     search.add_argument(
@@ -134,12 +152,14 @@ def spec_from_args(args: argparse.Namespace) -> TuneSpec:
         raise PerfkitError(f"CONFIG.pbtxt: {args.config} is not a file; give the config.pbtxt of a model folder")
     if args.metrics_url and not args.collect_metrics:
         raise PerfkitError("--metrics-url needs --collect-metrics")
-    if args.collect_metrics and not args.url:
+    urls = _endpoints(args.url or [])
+    if args.collect_metrics and not urls:
         raise PerfkitError("--collect-metrics applies to -u; the bundled server's metrics are always read")
+    workers = args.workers if args.workers is not None else (len(urls) if len(urls) > 1 else 0)
     preferred = tuple(t.strip().lower() for t in args.preferred_batch_sizes.split(",") if t.strip())
     kinds = tuple(t.strip().upper() for t in (args.instance_kinds or "").split(",") if t.strip())
     spec = TuneSpec(
-        config_path=args.config, url=args.url, protocol=args.protocol, search=args.search,
+        config_path=args.config, url=urls[0] if urls else None, protocol=args.protocol, search=args.search,
         objective=parse_objective(args.objective), constraints=tuple(map(parse_constraint, args.constraint)),
         concurrency=_concurrency(args.concurrency_range),
         space=SpaceSpec(
@@ -155,7 +175,8 @@ def spec_from_args(args: argparse.Namespace) -> TuneSpec:
         input_data=args.input_data, seed=args.seed, request_timeout_s=args.request_timeout, top=args.top,
         leaders=args.leaders, remeasure_rounds=args.remeasure, checkpoint=args.checkpoint,
         output_dir=args.output_dir, quiet=args.quiet, collect_metrics=args.collect_metrics,
-        metrics_url=args.metrics_url,
+        metrics_url=args.metrics_url, endpoints=urls if workers or len(urls) > 1 else (), workers=workers,
+        ray_address=args.ray_address,
     )  # fmt: skip
     spec.validate()
     return spec
@@ -242,6 +263,8 @@ def render_summary(result: TuneResult) -> list[str]:
     failed = [r for r in result.records.values() if r.status == "failed"]
     if failed:
         lines += ["", f"{len(failed)} variant(s) failed:"] + [f"  {r.variant.key}: {r.error}" for r in failed]
+    if result.lost_endpoints:
+        lines += ["", "Endpoints left out of the tune:"] + [f"  {why}" for why in result.lost_endpoints]
     return lines
 
 
@@ -345,6 +368,7 @@ def render_json(result: TuneResult, argv: list[str]) -> str:
             "chosen_concurrency": None if r.chosen is None else int(r.levels[r.chosen].level),
             "figures": _estimates(r.figures()), "remeasures": to_jsonable(r.remeasures),
             "combined_figures": _estimates(r.combined()), "measured_in_this_run": r.measured,
+            "endpoint": r.endpoint or None,
         })  # fmt: skip
     entries = [] if ranking is None else [
         {"rank": i + 1, "key": e.key, "status": e.status, "violations": list(e.violations),
@@ -357,7 +381,8 @@ def render_json(result: TuneResult, argv: list[str]) -> str:
         "schema_version": 1, "perfkit_version": __version__, "started_at": result.started_at, "argv": argv,
         "model": result.model.name, "config_path": str(spec.config_path), "server": result.server,
         "settings": {
-            "url": spec.url, "protocol": spec.protocol, "search": spec.search,
+            "url": spec.url, "endpoints": list(spec.endpoints), "workers": spec.workers, "protocol": spec.protocol,
+            "search": spec.search,
             "objective": dict(spec.objective.weights), "constraints": [str(c) for c in spec.constraints],
             "concurrency_range": list(spec.concurrency), "space": asdict(spec.space), "windows": asdict(spec.windows),
             "top": spec.top, "leaders": spec.leaders, "remeasure_rounds": spec.remeasure_rounds,
@@ -372,7 +397,7 @@ def render_json(result: TuneResult, argv: list[str]) -> str:
         "ranking": entries, "leaders": result.leaders,
         "leader": None if ranking is None else ranking.leader, "ties": [] if ranking is None else list(ranking.tie),
         "best": None if best is None else best.variant.key, "best_config": None if best is None else best.config,
-        "completed": result.completed, "stop_reason": result.stop_reason,
+        "completed": result.completed, "stop_reason": result.stop_reason, "lost_endpoints": result.lost_endpoints,
     }  # fmt: skip
     return json.dumps(doc, indent=1)
 
