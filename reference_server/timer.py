@@ -82,7 +82,16 @@ def call_at_ns(loop: asyncio.AbstractEventLoop, when_ns: int, callback: Callable
     handle = TimerHandle(callback)
     delay_ns = when_ns - time.perf_counter_ns()
     if delay_ns >= PRECISE_BELOW_NS:
-        handle._loop_timer = loop.call_later(delay_ns / 1e9, handle._run)
+        handle._loop_timer = loop.call_later(delay_ns / 1e9, _run_on_time, loop, when_ns, handle)
     else:
         _precise.schedule(when_ns, loop, handle)
     return handle
+
+
+def _run_on_time(loop: asyncio.AbstractEventLoop, when_ns: int, handle: TimerHandle) -> None:
+    # uvloop's timers count from the loop's clock as cached at the start of the iteration, so they
+    # fire up to about a millisecond early: the precise thread waits out what is left.
+    if time.perf_counter_ns() < when_ns:
+        _precise.schedule(when_ns, loop, handle)
+    else:
+        handle._run()
