@@ -7,12 +7,11 @@ error; 3 a level never stabilised; 4 some requests failed; 130 interrupted (resu
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from perfkit import report_cli, tune_cli
+from perfkit import eventloop, report_cli, tune_cli
 from perfkit._version import __version__
 from perfkit.errors import ExitCode, PerfkitError
 
@@ -91,6 +90,15 @@ def _add_sweep(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="N",
         help="open loop: requests in flight beyond N are counted as not sent (default 10000)",
     )
+    dist = p.add_argument_group("distributed load (pip install 'perfkit[distributed]')")
+    dist.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="send from N Ray actors, each with its share of the concurrency or rate (default 1: this process)",
+    )
+    dist.add_argument("--ray-address", metavar="HOST:PORT", help="Ray cluster to run them on (default: local Ray)")
     data = p.add_argument_group("input data")
     data.add_argument("-b", "--batch-size", type=int, default=1)
     data.add_argument(
@@ -242,7 +250,7 @@ def _run_probe(args: argparse.Namespace) -> int:
         raise PerfkitError("-n/--requests must be at least 1")
 
     def go(url: str) -> int:
-        result = asyncio.run(probe(url, args.model_name, args.requests, args.seed))
+        result = eventloop.run(probe(url, args.model_name, args.requests, args.seed))
         print("\n".join(render_probe(result)))
         return ExitCode.OK if result.ok else ExitCode.FAILED
 

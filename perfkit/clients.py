@@ -1,5 +1,6 @@
-"""The load generator's side of the wire: one `InferClient` protocol, an HTTP (aiohttp) and a gRPC
-(grpc.aio) adapter.
+"""The load generator's side of the wire: one `InferClient` protocol, an HTTP (keep-alive connections
+of `perfkit.http_wire` for inference, aiohttp for the rest) and a gRPC (`perfkit.grpc_wire` for inference,
+grpc.aio for the rest) adapter.
 
 `prepare()` encodes a request once (with `perfkit.v2` / `perfkit.v2_grpc`). `send()` is the hot path
 and does as little as it can: it sends the pre-encoded bytes, reads the whole reply, checks its
@@ -9,16 +10,17 @@ framing without decoding tensors, and classifies every failure into a short kind
 
 What `Outcome.send_ns` and `Outcome.recv_ns` cover (time.perf_counter_ns, client side only):
 
-- HTTP. `send_ns`: from the call until aiohttp has handed the whole request (headers and body, one
-  write) to the transport: taking a pooled keep-alive connection (or opening one), building the
-  request, and the event-loop hop to aiohttp's body-writer task. The body stamps the time itself
-  once written (`_TimedBody`); per-request aiohttp tracing would cost more than it measures.
-  `recv_ns`: from aiohttp returning the parsed response headers to the body fully read and checked
-  (status, JSON header parsed, binary sizes adding up), as perf_analyzer's libcurl client does.
-- gRPC. `send_ns`: starting the call (grpc.aio takes the message and queues it). perf_analyzer's
-  gRPC "send" is marshalling the request, which `prepare()` did once: the call passes raw bytes
-  through identity serializers. `recv_ns`: parsing the reply bytes as a ModelInferResponse
-  (perf_analyzer's "unmarshal response"); grpc.aio does not tell when the first byte arrived.
+- HTTP. `send_ns`: from the call until the request bytes (request line, headers and body, encoded
+  once in `prepare()`) are written to the transport: taking a pooled keep-alive connection, or
+  opening one, and the write. `recv_ns`: from the reply's first bytes arriving to the body fully
+  read and checked (status, JSON header parsed, binary sizes adding up), as perf_analyzer's libcurl
+  client does; it includes the wait for the event loop to resume the request once the reply is in.
+- gRPC. `send_ns`: from the call until its HEADERS and DATA frames (encoded once in `prepare()`)
+  are handed to the transport: opening the HTTP/2 connection if there is none, a stream id, and
+  the write; for a body larger than the server's windows, until its last DATA frame left.
+  perf_analyzer's gRPC "send" is marshalling the request, which `prepare()` did once. `recv_ns`:
+  parsing the reply's message as a ModelInferResponse (perf_analyzer's "unmarshal response"), once
+  its frames are all in; like perf_analyzer's, it leaves out reading and de-framing the reply.
 
 Neither includes the network or the server: those are the rest of the request's latency.
 """
@@ -36,7 +38,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
-import aiohttp.payload
 import grpc
 import yarl
 from google.protobuf import json_format
@@ -46,7 +47,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from perfkit import v2
+from perfkit import grpc_wire, http_wire, v2
 from perfkit.config import TlsSpec
 from perfkit.errors import PerfkitError, TargetError
 from perfkit.v2_grpc import request_to_proto
@@ -77,6 +78,8 @@ class Prepared:
     bytes_out: int
     url: yarl.URL | None = None  # HTTP only
     headers: Mapping[str, str] | None = None  # HTTP only
+    wire: bytes = b""  # HTTP only: the whole request as sent (request line, headers, body)
+    grpc_call: grpc_wire.EncodedCall | None = None  # gRPC only: the call's HTTP/2 frames, ready to send
 
 
 class InferClient(Protocol):
@@ -141,9 +144,12 @@ def _read_pem(path: Any, flag: str) -> bytes:
         raise PerfkitError(f"{flag} {path}: {exc.strerror or exc}") from None
 
 
-def _https_context(tls: TlsSpec) -> ssl.SSLContext | bool:
-    if not tls.https_verify_peer:
-        return False  # aiohttp: TLS without verifying the server (--ssl-https-verify-peer 0)
+def _https_context(tls: TlsSpec) -> ssl.SSLContext:
+    if not tls.https_verify_peer:  # --ssl-https-verify-peer 0: encrypted, but the server is not checked
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        return context
     try:
         return ssl.create_default_context(cafile=tls.https_ca_certs)
     except (OSError, ssl.SSLError) as exc:
@@ -157,55 +163,30 @@ def _describe(exc: BaseException) -> str:
 # --- HTTP ------------------------------------------------------------------------------------------
 
 
-class _TimedBody(aiohttp.payload.Payload):
-    """A pre-encoded request body that records when aiohttp has handed it to the transport."""
-
-    _autoclose = True
-    sent_ns = 0
-
-    def __init__(self, value: bytes) -> None:
-        # Not BytesPayload, which warns on every body over 1 MiB. The request's own Content-Type
-        # header wins over the payload's.
-        super().__init__(value)
-        self._size = len(value)
-
-    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
-        return bytes(self._value).decode(encoding, errors)
-
-    async def write(self, writer: Any) -> None:
-        await self.write_with_length(writer, None)
-
-    async def write_with_length(self, writer: Any, content_length: int | None) -> None:
-        await writer.write(self._value if content_length is None else self._value[:content_length])
-        self.sent_ns = _now()
-
-
 def _http_kind(exc: BaseException) -> str:
-    if isinstance(exc, asyncio.TimeoutError):  # aiohttp's ServerTimeoutError included
+    if isinstance(exc, TimeoutError):
         return "timeout"
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
+    if isinstance(exc, http_wire.Disconnected):
         return "disconnected"
-    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
-        return "tls error"
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        if isinstance(exc.os_error, ssl.SSLError):
-            return "tls error"
-        if isinstance(exc.os_error, ConnectionRefusedError):
-            return "connection refused"
-        return "name resolution failed" if isinstance(exc.os_error, socket.gaierror) else "connection failed"
-    if isinstance(exc, (aiohttp.ClientPayloadError, aiohttp.ClientResponseError)):
+    if isinstance(exc, http_wire.BadResponse):
         return "bad response"
-    if isinstance(exc, OSError):  # ClientOSError and the builtin connection errors
+    connecting = isinstance(exc, http_wire.ConnectFailed)
+    if isinstance(exc, http_wire.ConnectFailed):
+        exc = exc.os_error
+    if isinstance(exc, ssl.SSLError):  # certificate verification included
+        return "tls error"
+    if isinstance(exc, socket.gaierror):
+        return "name resolution failed"
+    if isinstance(exc, OSError):
+        if isinstance(exc, ConnectionRefusedError) or exc.errno == errno.ECONNREFUSED:
+            return "connection refused"
         if isinstance(exc, ConnectionResetError) or exc.errno in (errno.ECONNRESET, errno.EPIPE):
             return "connection reset"
-        if exc.errno == errno.ECONNREFUSED:
-            return "connection refused"
-    if isinstance(exc, aiohttp.ClientConnectionError):
-        return "connection error"
+        return "connection failed" if connecting else "connection error"
     return "client error"
 
 
-def _body_ok(body: bytes, header_length: str | None) -> bool:
+def _body_ok(body: bytes, header_length: bytes | str | None) -> bool:
     """Framing check without decoding tensors: the JSON header parses, names outputs, and the binary
     sections it declares fill the rest of the body exactly."""
     try:
@@ -235,12 +216,18 @@ class HttpClient:
         self._base = yarl.URL(url if "://" in url else f"http://{url}")
         if self._base.scheme not in ("http", "https") or not self._base.host:
             raise PerfkitError(f"-u {url}: expected HOST:PORT or http(s)://HOST:PORT for -i http")
-        self._ssl = _https_context(tls or TlsSpec()) if self._base.scheme == "https" else True
+        https = _https_context(tls or TlsSpec()) if self._base.scheme == "https" else None
+        self._ssl: ssl.SSLContext | bool = https or True
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._headers = dict(headers)
         self._binary = binary  # (inputs, outputs)
         self._connections = connections
-        self._session: aiohttp.ClientSession | None = None  # opened in the event loop, on first use
+        self._session: aiohttp.ClientSession | None = None  # control plane; opened in the event loop, on first use
+        # Inference goes over lean keep-alive connections of its own (see perfkit.http_wire).
+        host, port = self._base.raw_host or "", self._base.port or 0
+        self._wire = http_wire.ConnectionPool(host, port, ssl_context=https, limit=connections, timeout_s=timeout_s)
+        authority = f"[{host}]" if ":" in host else host
+        self._host_header = authority if self._base.is_default_port() else f"{authority}:{port}"
         self._seen: dict[str, int] = {}
 
     def _open(self) -> aiohttp.ClientSession:
@@ -264,47 +251,36 @@ class HttpClient:
             body, header_length = v2.encode_infer_request(request, *self._binary)
         except v2.CodecError as exc:
             raise PerfkitError(f"cannot encode a request for model '{request.model_name}': {exc}") from None
-        headers = CIMultiDict(
-            {"Content-Type": "application/json" if header_length is None else "application/octet-stream"}
-        )
+        content_type = "application/json" if header_length is None else "application/octet-stream"
+        headers = CIMultiDict({"Host": self._host_header, "Content-Type": content_type})
         headers.update(self._headers)  # -H headers replace ours, whatever their case
         if header_length is not None:
             headers[_HEADER_LENGTH] = str(header_length)
         url = self._url(request.model_name, request.model_version, "infer")
-        return Prepared(body, len(body), url, CIMultiDictProxy(headers))
+        try:
+            wire = http_wire.encode_request("POST", url.raw_path_qs, headers, body)
+        except ValueError as exc:
+            raise PerfkitError(f"-H: {exc}; pass headers as 'Name: value' on one line") from None
+        return Prepared(body, len(body), url, CIMultiDictProxy(headers), wire)
 
     async def send(self, prepared: Prepared) -> Outcome:
-        session = self._session or self._open()
-        assert prepared.url is not None, "prepared by a GrpcClient"
-        payload = _TimedBody(prepared.payload)
+        assert prepared.wire, "prepared by a GrpcClient"
         start = _now()
-        head = 0
-        try:
-            response = await session.post(prepared.url, data=payload, headers=prepared.headers, timeout=self._timeout)
-            head = _now()
-            try:
-                body = await response.read()
-            except BaseException:
-                response.close()  # a half-read connection cannot be reused
-                raise
-            response.release()  # back to the pool
-            ok = response.status == 200 and _body_ok(body, response.headers.get(_HEADER_LENGTH))
-            done = _now()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # send() classifies every failure
-            kind = _http_kind(exc)
-            send_ns = payload.sent_ns - start if payload.sent_ns else 0
-            return Outcome(kind, 0, send_ns, _now() - head if head else 0, _note(self._seen, kind, _describe(exc)))
-        send_ns = payload.sent_ns - start if payload.sent_ns else head - start
+        status, header_length, body, sent, first, failure = await self._wire.exchange(prepared.wire)
+        if failure is not None:
+            kind = _http_kind(failure)
+            recv_ns = _now() - first if first else 0
+            return Outcome(kind, 0, sent - start if sent else 0, recv_ns, _note(self._seen, kind, _describe(failure)))
+        ok = status == 200 and _body_ok(body, header_length)
+        done = _now()
         if ok:
-            return Outcome("", len(body), send_ns, done - head)
-        if response.status == 200:
+            return Outcome("", len(body), sent - start, done - first)
+        if status == 200:
             kind, message = "bad response", "the JSON header or the binary sizes of the infer response are malformed"
         else:  # decoded only while wanted
-            kind = f"HTTP {response.status}"
+            kind = f"HTTP {status}"
             message = v2.decode_error(body) if self._seen.get(kind, 0) < MESSAGES_PER_KIND else ""
-        return Outcome(kind, len(body), send_ns, done - head, _note(self._seen, kind, message))
+        return Outcome(kind, len(body), sent - start, done - first, _note(self._seen, kind, message))
 
     async def _call(self, method: str, url: yarl.URL, body: Any = None) -> tuple[int, bytes]:
         session = self._session or self._open()
@@ -371,6 +347,7 @@ class HttpClient:
             raise TargetError(f"{action} of model '{name}' failed: HTTP {status}: {v2.decode_error(data)}")
 
     async def close(self) -> None:
+        await self._wire.close()
         session, self._session = self._session, None
         if session is not None:
             await session.close()
@@ -410,6 +387,18 @@ def _field_value(field: FieldDescriptor, value: Any) -> Any:
     return _int64_to_int(value, message) if isinstance(value, dict) else value
 
 
+_MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def _host_port(target: str) -> tuple[str, int | None]:
+    """("host", port) from "host:port" or "[v6 address]:port"; port None when absent or not a number."""
+    host, _, port = target.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        return target, None
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host, int(port)
+
+
 def _grpc_kind(code: grpc.StatusCode, details: str) -> str:
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return "timeout"
@@ -430,20 +419,25 @@ class GrpcClient:
     ) -> None:
         self.url = url
         self._target = url.split("://", 1)[1] if "://" in url else url
-        if not self._target:
+        host, port = _host_port(self._target)
+        if not host or port is None:
             raise PerfkitError(f"-u {url}: expected HOST:PORT for -i grpc")
         tls = tls or TlsSpec()
         self._credentials: grpc.ChannelCredentials | None = None
+        context: ssl.SSLContext | None = None
         if tls.grpc_use_ssl:
-            roots = (
-                _read_pem(tls.grpc_root_certs, "--ssl-grpc-root-certifications-file") if tls.grpc_root_certs else None
-            )
+            flag = "--ssl-grpc-root-certifications-file"
+            roots = _read_pem(tls.grpc_root_certs, flag) if tls.grpc_root_certs else None
             self._credentials = grpc.ssl_channel_credentials(root_certificates=roots)
+            try:
+                context = ssl.create_default_context(cadata=roots.decode("ascii", "replace") if roots else None)
+            except ssl.SSLError as exc:
+                raise PerfkitError(f"{flag} {tls.grpc_root_certs}: not PEM certificates ({exc})") from None
         self._timeout_s = request_timeout_s
         # -H headers travel as call metadata, whose keys gRPC wants in lower case.
         self._metadata = tuple((k.lower(), v) for k, v in headers.items()) or None
-        self._channel: grpc.aio.Channel | None = None  # opened in the event loop, on first use
-        self._infer: Any = None
+        self._wire = grpc_wire.Channel(host, port, context)  # inference
+        self._channel: grpc.aio.Channel | None = None  # the rest; opened in the event loop, on first use
         self._stub: Any = None
         self._seen: dict[str, int] = {}
 
@@ -454,38 +448,34 @@ class GrpcClient:
                 self._channel = grpc.aio.insecure_channel(self._target, options=options)
             else:
                 self._channel = grpc.aio.secure_channel(self._target, self._credentials, options=options)
-            # Raw bytes both ways: the request was serialized once in prepare(), and send() parses
-            # the reply itself, so that the time it takes is recv_ns.
-            self._infer = self._channel.unary_unary(
-                "/inference.GRPCInferenceService/ModelInfer", request_serializer=None, response_deserializer=None
-            )
             self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
-        return self._infer
+        return self._stub
 
     def prepare(self, request: v2.InferRequest) -> Prepared:
         try:
             payload = request_to_proto(request).SerializeToString()
         except v2.CodecError as exc:
             raise PerfkitError(f"cannot encode a request for model '{request.model_name}': {exc}") from None
-        return Prepared(payload, len(payload))
+        call = self._wire.encode(_MODEL_INFER, payload, self._metadata or (), self._timeout_s)
+        return Prepared(payload, len(payload), grpc_call=call)
 
     async def send(self, prepared: Prepared) -> Outcome:
-        infer = self._infer or self._open()
+        assert prepared.grpc_call is not None, "prepared by an HttpClient"
         start = _now()
-        issued = 0
         try:
-            call = infer(prepared.payload, timeout=self._timeout_s, metadata=self._metadata)
-            issued = _now()
-            reply = await call
+            call = await self._wire.call(prepared.grpc_call)
         except asyncio.CancelledError:
             raise
-        except grpc.aio.AioRpcError as exc:
-            details = exc.details() or ""
-            kind = _grpc_kind(exc.code(), details)
-            return Outcome(kind, 0, issued - start, 0, _note(self._seen, kind, details))
         except Exception as exc:  # send() classifies every failure
-            message = _note(self._seen, "client error", _describe(exc))
-            return Outcome("client error", 0, issued - start if issued else 0, 0, message)
+            return Outcome("client error", 0, 0, 0, _note(self._seen, "client error", _describe(exc)))
+        sent = call.sent_ns - start if call.sent_ns else 0
+        if call.status:
+            if call.status == grpc_wire.MALFORMED:
+                kind = "bad response"
+            else:
+                kind = _grpc_kind(_STATUS_CODES.get(call.status, grpc.StatusCode.UNKNOWN), call.details)
+            return Outcome(kind, 0, sent, 0, _note(self._seen, kind, call.details))
+        reply = call.message
         received = _now()
         try:
             response = pb.ModelInferResponse.FromString(reply)
@@ -496,8 +486,8 @@ class GrpcClient:
         done = _now()
         if problem:
             message = _note(self._seen, "bad response", problem)
-            return Outcome("bad response", len(reply), issued - start, done - received, message)
-        return Outcome("", len(reply), issued - start, done - received)
+            return Outcome("bad response", len(reply), sent, done - received, message)
+        return Outcome("", len(reply), sent, done - received)
 
     async def _rpc(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
         if self._stub is None:
@@ -550,6 +540,7 @@ class GrpcClient:
         return [{k: v for k, v in e.items() if v != "" or (k == "reason" and e.get("state"))} for e in entries]
 
     async def close(self) -> None:
-        channel, self._channel, self._infer, self._stub = self._channel, None, None, None
+        channel, self._channel, self._stub = self._channel, None, None
+        await self._wire.close()
         if channel is not None:
             await channel.close()

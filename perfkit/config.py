@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfkit.errors import PerfkitError
+
+RAY_MISSING = "--workers needs Ray: pip install 'perfkit[distributed]'"
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +87,19 @@ class MetricsSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class DistributedSpec:
+    """`--workers N [--ray-address ADDR]`: the load from N Ray actors instead of this process."""
+
+    workers: int = 1
+    ray_address: str | None = None  # None: a local Ray runtime for the run's duration
+
+    @property
+    def enabled(self) -> bool:
+        """One worker with no cluster is today's in-process load generator."""
+        return self.workers > 1 or self.ray_address is not None
+
+
+@dataclass(frozen=True, slots=True)
 class SweepSpec:
     target: TargetSpec
     load: LoadSpec
@@ -91,6 +107,7 @@ class SweepSpec:
     inputs: InputSpec = field(default_factory=InputSpec)
     metrics: MetricsSpec = field(default_factory=MetricsSpec)
     output: OutputSpec = field(default_factory=OutputSpec)
+    distributed: DistributedSpec = field(default_factory=DistributedSpec)
 
     def validate(self) -> None:
         t, load, w = self.target, self.load, self.windows
@@ -126,6 +143,21 @@ class SweepSpec:
             raise PerfkitError("--binary-search needs an explicit range START:END and -l/--latency-threshold MS")
         if self.metrics.interval_ms <= 0:
             raise PerfkitError("--metrics-interval must be a positive number of milliseconds")
+        _validate_distributed(self.distributed, t)
+
+
+def _validate_distributed(d: DistributedSpec, t: TargetSpec) -> None:
+    if d.enabled and importlib.util.find_spec("ray") is None:
+        raise PerfkitError(RAY_MISSING)
+    if d.workers < 1:
+        raise PerfkitError(f"--workers must be at least 1, got {d.workers}")
+    if d.ray_address is not None and not d.ray_address.strip():
+        raise PerfkitError("--ray-address is empty: give the cluster's HOST:PORT, or drop it for a local runtime")
+    if d.ray_address is not None and t.url is None:
+        raise PerfkitError(
+            "--ray-address: workers on other machines cannot reach the embedded server (it listens on "
+            "this machine's loopback); give the server with -u HOST:PORT"
+        )
 
 
 def _validate_tls(t: TargetSpec) -> None:

@@ -135,6 +135,10 @@ class LoadGenerator:
     def outstanding(self) -> int:
         return len(self._in_flight)
 
+    async def sync(self) -> None:
+        """Nothing to do: samples land in the buffer as requests complete (a distributed load
+        generator pulls its workers' samples here)."""
+
     def start(self, load: Load) -> None:
         if self._tasks:
             raise RuntimeError("a load is already running; stop it first")

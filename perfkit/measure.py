@@ -6,7 +6,8 @@ compared, and the level is stable when their throughputs and their stabilising l
 --percentile) each lie within ±stability%; the reported figures merge those last windows. Unlike
 perf_analyzer, an unstable level is not dropped: it is reported, flagged, and the exit code says so.
 Server statistics are read at every window boundary, so the server-side figures cover exactly the
-reported windows.
+reported windows. The load may run elsewhere (perfkit.distributed): `sync()` after the start and after
+every window end brings every sample completed by then into the buffer before the window is computed.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from typing import Any, Protocol
 
 from perfkit import server_stats, stats
 from perfkit.config import WindowSpec
-from perfkit.loadgen import LoadGenerator
+from perfkit.loadgen import Clock
 from perfkit.resources import ResourceSampler
 from perfkit.results import LevelResult, ResourceUsage, WindowResult
-from perfkit.samples import SampleArrays
+from perfkit.samples import SampleArrays, SampleBuffer
 from perfkit.schedule import ClosedLoop, Load
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,22 @@ log = logging.getLogger(__name__)
 POLL_NS = 10_000_000  # how often count windows and warmup look at the sample count
 # Error kinds that mean "no server there": a window of nothing else ends the level at once.
 CONNECTION_ERRORS = ("connection", "disconnected", "grpc UNAVAILABLE")
+
+
+class LevelLoad(Protocol):
+    """What a level needs of the load generator (perfkit.loadgen or perfkit.distributed)."""
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def buffer(self) -> SampleBuffer: ...
+
+    def start(self, load: Load) -> None: ...
+
+    async def sync(self) -> None: ...
+
+    async def stop(self, drain_timeout_s: float | None = None) -> None: ...
 
 
 class Progress(Protocol):
@@ -81,7 +98,7 @@ def _level_value(load: Load) -> float:
 
 
 async def measure_level(
-    loadgen: LoadGenerator,
+    loadgen: LevelLoad,
     load: Load,
     spec: WindowSpec,
     *,
@@ -96,6 +113,7 @@ async def measure_level(
     first_index = len(buffer)
     loadgen.start(load)
     try:
+        await loadgen.sync()
         if spec.warmup_request_count:
             # Warm-up requests are sent under the same load and simply not counted.
             while len(buffer) - first_index < spec.warmup_request_count:
@@ -110,6 +128,7 @@ async def measure_level(
         while len(windows) < spec.max_trials:
             await _wait_window_end(loadgen, spec, window_start)
             window_end = clock.now_ns()
+            await loadgen.sync()
             snapshot = await server.snapshot() if server else None
             window = stats.window_result(buffer.arrays(first_index), window_start, window_end, batch_size, percentile)
             windows.append(window)
@@ -154,7 +173,7 @@ async def measure_level(
     return LevelMeasurement(result, all_samples, tuple(boundaries))
 
 
-async def _wait_window_end(loadgen: LoadGenerator, spec: WindowSpec, window_start: int) -> None:
+async def _wait_window_end(loadgen: LevelLoad, spec: WindowSpec, window_start: int) -> None:
     clock, buffer = loadgen.clock, loadgen.buffer
     if spec.mode == "time_windows":
         await clock.sleep_until(window_start + int(spec.interval_ms * 1e6))

@@ -8,7 +8,8 @@ is fetched from the network (practice 16). Each result file carries a `kind`;
 - `sweep` (perfkit sweep's JSON; files without a `kind` but with `levels` are sweeps): the
   validity verdict first (practice 10), key figures, the per-level table, throughput and latency
   against load, the throughput–p99 curve, the latency breakdown, the windows and utilisation over
-  the run, errors and late sends, the checks, and the run's provenance.
+  the run, errors and late sends, each load worker's share (`--workers N` runs), the checks, and
+  the run's provenance.
 - `tune`: a ranked table, the throughput–p99 Pareto plot of every variant with the constraint, the
   top variants' curves, and a sentence on the best configuration's gain over the default.
 
@@ -189,6 +190,24 @@ def _checks_table(levels: Sequence[LevelResult]) -> str:
     return _table(["level", "check", "result", "detail", "what to do"], rows, "checks")
 
 
+def _workers_table(levels: Sequence[LevelResult]) -> str:
+    """Each load worker's share of each level of a distributed sweep (`--workers N`)."""
+    rows = [
+        [level_label(lv), w.index, w.host, w.load, w.request_count, w.error_count,
+         _fmt(w.throughput_infer_per_s, 1), f"{w.clock_offset_us:+,.0f}", _fmt(w.alignment_us, 0),
+         _fmt(w.cpu_pct, 0), _Badge(w.died or "no", not w.died)]
+        for lv in levels
+        for w in lv.workers
+    ]  # fmt: skip
+    header = ["level", "worker", "host", "share", "requests", "errors", "infer/s", "clock offset µs",
+              "± µs", "CPU %", "died"]  # fmt: skip
+    return (
+        '<p class="note">Each worker\'s requests over the reported windows; its samples are part of the '
+        "level's figures above. Clock offsets are estimated from round trips: timestamps are good to "
+        "± the value shown.</p>" + _table(header, rows, "workers")
+    )
+
+
 def _spec_text(spec: dict[str, Any]) -> dict[str, str]:
     load, windows, inputs = spec.get("load") or {}, spec.get("windows") or {}, spec.get("inputs") or {}
     out: dict[str, str] = {}
@@ -266,6 +285,7 @@ def render_sweep_section(item: ReportItem, slo_ms: float | None = None) -> str:
         f'<h3>Levels</h3><div class="scroll">{_table(header, rows, "levels")}</div>'
         f'<h3>Figures</h3><div class="grid">{"".join(figures)}</div>'
         + ("".join(f'<p class="note">{_e(n)}</p>' for n in notes))
+        + (f"<h3>Load workers</h3>{_workers_table(result.levels)}" if any(lv.workers for lv in result.levels) else "")
         + f"<h3>Validity checks</h3>{_checks_table(result.levels)}"
         f"<h3>Provenance</h3>{_provenance(result)}</section>"
     )

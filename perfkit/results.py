@@ -93,6 +93,24 @@ class Check:
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerFigures:
+    """One load worker's share of a distributed level (`perfkit sweep --workers N`), over the
+    reported windows. Its samples are already in the level's figures; these say who sent what."""
+
+    index: int
+    host: str
+    load: str  # its share: "concurrency 3", "arrivals i % 2 == 0"
+    request_count: int
+    ok_count: int
+    error_count: int
+    throughput_infer_per_s: float
+    clock_offset_us: float  # its monotonic clock minus the driver's, as estimated
+    alignment_us: float  # ± on its converted timestamps: half the round trip of the best estimate
+    cpu_pct: float | None = None  # of one core, over the whole level
+    died: str = ""  # when and why it stopped answering; "" while alive
+
+
+@dataclass(frozen=True, slots=True)
 class LevelResult:
     mode: str  # "concurrency" | "request_rate" | "custom_intervals"
     level: float  # concurrency, or requests per second
@@ -120,6 +138,7 @@ class LevelResult:
     checks: tuple[Check, ...]
     bytes_out_per_request: float = 0.0
     bytes_in_per_request: float = 0.0
+    workers: tuple[WorkerFigures, ...] = ()  # distributed runs only
 
     @property
     def valid(self) -> bool:
@@ -168,6 +187,7 @@ def _level_from_json(data: dict[str, Any]) -> LevelResult:
             "resources": ResourceUsage(**{**data["resources"], "notes": tuple(data["resources"]["notes"])}),
             "windows": tuple(WindowResult(**w) for w in data["windows"]),
             "checks": tuple(Check(**c) for c in data["checks"]),
+            "workers": tuple(WorkerFigures(**w) for w in data.get("workers", ())),
         }
     )
 

@@ -3,7 +3,6 @@ and pre-encode its requests, run the sweep, and keep every finished level on dis
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import datetime as dt
 import getpass
@@ -16,10 +15,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from perfkit import export
+from perfkit import eventloop, export
 from perfkit._version import __version__
 from perfkit.clients import InferClient, make_client
 from perfkit.config import SweepSpec
+from perfkit.distributed import distributed_load
 from perfkit.errors import ExitCode, PerfkitError, TargetError
 from perfkit.inputs import build_requests
 from perfkit.loadgen import RealClock
@@ -238,8 +238,11 @@ class Outputs:
 
 
 def exit_code(result: SweepResult) -> int:
-    """0: done; 1: the sweep could not finish; 4: requests failed; 3: a level never stabilised."""
+    """0: done; 1: the sweep could not finish, or a load worker died; 4: requests failed; 3: a level
+    never stabilised."""
     if not result.completed:
+        return ExitCode.FAILED
+    if any(not check.passed for level in result.levels for check in level.checks if check.name == "workers"):
         return ExitCode.FAILED
     if any(level.error_count for level in result.levels):
         return ExitCode.ERRORS
@@ -294,16 +297,24 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
             metrics_url=target.metrics_url if (spec.metrics.collect or target.embedded) else None,
             server_pid=target.server_pid,
         )
-        sweep = Sweep(
-            spec, client=client, prepared=prepared, model=model, model_version=t.model_version,
-            provenance=provenance(spec, target, server_metadata, argv), clock=RealClock(), progress=progress,
-            on_level=outputs.save, resources=resources,
-        )  # fmt: skip
-        try:
-            await sweep.run()
-        finally:
-            run.result = sweep.result
-            outputs.save(sweep.result, None)
+        async with contextlib.AsyncExitStack() as stack:
+            workers = None
+            if spec.distributed.enabled:
+                workers = await stack.enter_async_context(distributed_load(
+                    spec.distributed, url=target.url, target=t, requests=requests,
+                    max_outstanding=spec.load.max_outstanding, clock=RealClock(),
+                ))  # fmt: skip
+                progress.note(workers.describe())
+            sweep = Sweep(
+                spec, client=client, prepared=prepared, model=model, model_version=t.model_version,
+                provenance=provenance(spec, target, server_metadata, argv), clock=RealClock(), progress=progress,
+                on_level=outputs.save, resources=resources, workers=workers,
+            )  # fmt: skip
+            try:
+                await sweep.run()
+            finally:
+                run.result = sweep.result
+                outputs.save(sweep.result, None)
         outputs.finish(sweep.result)
     finally:
         await client.close()
@@ -318,7 +329,7 @@ def run_sweep(spec: SweepSpec, argv: list[str]) -> tuple[SweepRun, int]:
         with open_target(spec) as target:
             if target.embedded:
                 progress.note(f"measuring the embedded reference server at {target.url}")
-            asyncio.run(_sweep(spec, target, progress, argv, run))
+            eventloop.run(_sweep(spec, target, progress, argv, run))
     except KeyboardInterrupt:
         return run, ExitCode.INTERRUPTED
     finally:

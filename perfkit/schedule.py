@@ -45,6 +45,10 @@ class OpenLoop:
     distribution: str = "constant"
     seed: int = 0
     intervals_ns: tuple[int, ...] = ()
+    # (k, n): keep only arrivals i with i % n == k. The n shares of one schedule are disjoint and
+    # together are exactly that schedule, so n load workers each sending one share offer, merged,
+    # the arrival process asked for (a deterministic thinning; see ScheduleStream).
+    share: tuple[int, int] = (0, 1)
 
     @property
     def label(self) -> float:
@@ -68,13 +72,24 @@ class ScheduleStream:
             raise PerfkitError("--request-rate-range: rates must be positive")
         elif load.distribution not in DISTRIBUTIONS:
             raise PerfkitError(f"--request-distribution must be one of {', '.join(DISTRIBUTIONS)}")
+        part, parts = load.share
+        if not 0 <= part < parts:
+            raise ValueError(f"share {part} of {parts}: want 0 <= k < n")
         self.load = load
         self._rng = np.random.default_rng(load.seed)
         self._last_ns = 0
         self._index = 0
 
     def next_chunk(self, count: int) -> npt.NDArray[np.int64]:
-        """The next `count` offsets (ns since the level's start), increasing."""
+        """The next `count` offsets (ns since the level's start) of this load's share, increasing."""
+        part, parts = self.load.share
+        if parts == 1:
+            return self._next_offsets(count)
+        # Whole rounds of `parts` arrivals, so every chunk starts at an index that is a multiple of
+        # `parts` and arrival i = round·parts + part is the share's.
+        return self._next_offsets(count * parts)[part::parts]
+
+    def _next_offsets(self, count: int) -> npt.NDArray[np.int64]:
         load = self.load
         if load.intervals_ns:
             cycle = np.asarray(load.intervals_ns, dtype=np.int64)

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from perfkit import measure
 from perfkit.config import SweepSpec
+from perfkit.distributed import DistributedLoadGenerator
 from perfkit.loadgen import Clock, LoadGenerator
 from perfkit.measure import LevelMeasurement, Progress, ServerStatsProbe, measure_level
 from perfkit.resources import ResourceSampler
@@ -89,6 +90,7 @@ class Sweep:
         progress: SweepProgress,
         on_level: Callable[[SweepResult, LevelMeasurement], None],
         resources: ResourceSampler | None = None,
+        workers: DistributedLoadGenerator | None = None,
     ) -> None:
         self.spec = spec
         self.client = client
@@ -96,8 +98,16 @@ class Sweep:
         self.progress = progress
         self.on_level = on_level
         self.resources = resources
-        self.buffer = SampleBuffer()
-        self.loadgen = LoadGenerator(client, prepared, self.buffer, clock, max_outstanding=spec.load.max_outstanding)
+        self.workers = workers
+        self.loadgen: LoadGenerator | DistributedLoadGenerator
+        if workers is not None:  # --workers: the load comes from Ray actors, the samples to us
+            self.buffer = workers.buffer
+            self.loadgen = workers
+        else:
+            self.buffer = SampleBuffer()
+            self.loadgen = LoadGenerator(
+                client, prepared, self.buffer, clock, max_outstanding=spec.load.max_outstanding
+            )
         self.server = ServerStatsProbe(lambda: client.model_statistics(model, model_version), model, model_version)
         self.result = SweepResult(
             model=model,
@@ -144,6 +154,8 @@ class Sweep:
             progress=self.progress,
             drain_timeout_s=spec.target.request_timeout_s + 5,
         )
+        if self.workers is not None:
+            measurement = self.workers.annotate(measurement, spec.windows.stable_window_count)
         level = measurement.result
         self.result = self.result.with_level(level)
         self.on_level(self.result, measurement)
@@ -155,6 +167,23 @@ class Sweep:
             )
             self.on_level(self.result, measurement)
             return None
+        if self.workers is not None:
+            return self._after_worker_deaths(level, measurement)
+        return level
+
+    def _after_worker_deaths(self, level: LevelResult, measurement: LevelMeasurement) -> LevelResult | None:
+        """Say which workers died in the level; None (the sweep ends) when none is left."""
+        assert self.workers is not None
+        failed = [check for check in level.checks if check.name == "workers" and not check.passed]
+        if not failed:
+            return level
+        left = len(self.workers.alive)
+        self.progress.note(failed[0].detail)
+        if left == 0:
+            self.result = dataclasses.replace(self.result, completed=False, stop_reason="every load worker died")
+            self.on_level(self.result, measurement)
+            return None
+        self.progress.note(f"going on with {left} load worker(s)")
         return level
 
     def _meets_threshold(self, level: LevelResult) -> bool:

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import argparse
 
-from perfkit.config import InputSpec, LoadSpec, MetricsSpec, OutputSpec, SweepSpec, TargetSpec, TlsSpec, WindowSpec
+from perfkit.config import (
+    DistributedSpec,
+    InputSpec,
+    LoadSpec,
+    MetricsSpec,
+    OutputSpec,
+    SweepSpec,
+    TargetSpec,
+    TlsSpec,
+    WindowSpec,
+)
 from perfkit.errors import PerfkitError
 from perfkit.inputs import parse_shape_flag
 from perfkit.schedule import parse_range, read_intervals
@@ -89,6 +99,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
             html_report=not args.no_report,
             history_csv=args.append,
         ),
+        distributed=DistributedSpec(workers=args.workers, ray_address=args.ray_address),
     )
     spec.validate()
     return spec
