@@ -1,6 +1,9 @@
 """What does perfkit's Python client cost next to NVIDIA's C++ perf_analyzer? Both measure the same
 model on one reference server, over HTTP and gRPC, at each concurrency, one after the other, with
-the same flags; the table gives throughput, p50/p99 and client CPU per request side by side.
+the same flags; the tables give throughput, p50/p99 and client CPU per request side by side, the
+agreement of throughput (5%) and p50 (10%) with perf_analyzer's (issue #7 target 3), and each
+tool's highest throughput over the levels (target 2, concurrency half; bench/request_rate.py has
+the request-rate half).
 
     PERFKIT_PEERS=DIR python bench/client.py [--model identity] [--concurrency 1,2,4,8] [--window-ms 2000]
 
@@ -19,19 +22,15 @@ from __future__ import annotations
 
 import argparse
 import csv
-import os
-import platform
 import re
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import TimedRun, peers_dir, run_timed, success_count
+from _harness import TimedRun, machine, peers_dir, ratio, served_run
 
 from perfkit.embedded import ServerProcess, reference_server_process
 from reference_server.demo import build_demo_repository
@@ -91,41 +90,23 @@ def measure(
 ) -> Run:
     """One run of `tool`; again, up to twice, when it reported nothing (perf_analyzer exits 2
     without a CSV row when it finds no stable measurement, where perfkit reports the level flagged)."""
-    for _ in range(3):
-        run = _measure_once(tool, peers, server, protocol, model, concurrency, window_ms, tmp)
-        if run.infer_per_s == run.infer_per_s:  # not nan
-            break
-    return run
-
-
-def _measure_once(
-    tool: str,
-    peers: Path,
-    server: ServerProcess,
-    protocol: str,
-    model: str,
-    concurrency: int,
-    window_ms: int,
-    tmp: Path,
-) -> Run:
     http_url = server.http_url
     url = http_url if protocol == "http" else server.grpc_url
-    out = Path(tempfile.mkdtemp(dir=tmp))
     # Same flags for both: -s 50 so that a noisy shared machine still stabilises within -r 5.
     window = ["-p", str(window_ms), "-s", "50", "-r", "5"]
-    server_process = psutil.Process(server.process.pid)
-    requests_before = success_count(http_url, model)
-    server_cpu_before = sum(server_process.cpu_times()[:2])
-    timed = run_timed(tool_command(tool, peers, url, protocol, model, concurrency, window, out), timeout_s=300)
-    server_cpu_s = sum(server_process.cpu_times()[:2]) - server_cpu_before
-    server_requests = success_count(http_url, model) - requests_before
-    csv_path = out / ("pa.csv" if tool == "perf_analyzer" else "perfkit.csv")
-    row: dict[str, str] = {}
-    if csv_path.exists():
-        with csv_path.open(newline="") as handle:
-            rows = list(csv.DictReader(handle))
-        row = rows[0] if rows else {}
-    if not row:
+    for _ in range(3):
+        out = Path(tempfile.mkdtemp(dir=tmp))
+        command = tool_command(tool, peers, url, protocol, model, concurrency, window, out)
+        served = served_run(command, http_url, model, server.process.pid, timeout_s=300)
+        timed, server_requests, server_cpu_s = served.timed, served.server_requests, served.server_cpu_s
+        csv_path = out / ("pa.csv" if tool == "perf_analyzer" else "perfkit.csv")
+        row: dict[str, str] = {}
+        if csv_path.exists():
+            with csv_path.open(newline="") as handle:
+                rows = list(csv.DictReader(handle))
+            row = rows[0] if rows else {}
+        if row:
+            break
         print(f"{tool} {protocol} c={concurrency} exited {timed.result.returncode}:\n"
               f"{timed.result.stdout[-1500:]}\n{timed.result.stderr[-1500:]}", file=sys.stderr)  # fmt: skip
     return Run(
@@ -151,22 +132,6 @@ def fixed_cost_s(short: Run, long: Run) -> float:
         return 0.0
     per_request = (long.cpu_s - short.cpu_s) / (long.server_requests - short.server_requests)
     return max(0.0, short.cpu_s - per_request * short.server_requests)
-
-
-def machine() -> str:
-    model = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{os.cpu_count()} CPUs ({model}), Linux {platform.release()}, Python {platform.python_version()}"
-
-
-def ratio(a: float, b: float) -> str:
-    return f"{a / b:.2f}" if b and a == a and b == b else "n/a"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,6 +174,60 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def agreement_table(main_runs: dict[tuple[str, str, int], Run], levels: list[int], protocols: list[str]) -> list[str]:
+    """Issue #7 target 3: perfkit's throughput within 5% of perf_analyzer's and its p50 within 10%."""
+    lines = [
+        "agreement (target: throughput within 5%, p50 within 10% of perf_analyzer's):",
+        "",
+        "| protocol | concurrency | infer/s perfkit | infer/s PA | ratio | within 5% | p50 ms perfkit | p50 ms PA "
+        "| ratio | within 10% |",
+        "|---|---:|---:|---:|---:|---|---:|---:|---:|---|",
+    ]
+    for protocol in protocols:
+        for concurrency in levels:
+            pk, pa = main_runs[("perfkit", protocol, concurrency)], main_runs[("perf_analyzer", protocol, concurrency)]
+            lines.append(
+                f"| {protocol} | {concurrency} | {pk.infer_per_s:.0f} | {pa.infer_per_s:.0f} | "
+                f"{ratio(pk.infer_per_s, pa.infer_per_s)} | {verdict(pk.infer_per_s, pa.infer_per_s, 0.05)} | "
+                f"{pk.p50_us / 1000:.3f} | {pa.p50_us / 1000:.3f} | {ratio(pk.p50_us, pa.p50_us)} | "
+                f"{verdict(pk.p50_us, pa.p50_us, 0.10)} |"
+            )
+    return lines
+
+
+def capacity_table(main_runs: dict[tuple[str, str, int], Run], levels: list[int], protocols: list[str]) -> list[str]:
+    """Issue #7 target 2, concurrency half: perfkit's highest throughput at least perf_analyzer's."""
+    lines = [
+        "client capacity (target: perfkit's highest infer/s >= perf_analyzer's at the same concurrency):",
+        "",
+        "| protocol | highest infer/s perfkit | at concurrency | highest infer/s PA | at concurrency | ratio | met "
+        "| levels where perfkit >= PA |",
+        "|---|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for protocol in protocols:
+        best = {}
+        for tool in TOOLS:
+            candidates = [main_runs[(tool, protocol, c)] for c in levels]
+            best[tool] = max(candidates, key=lambda run: run.infer_per_s if run.infer_per_s == run.infer_per_s else 0)
+        pk, pa = best["perfkit"], best["perf_analyzer"]
+        met = "PASS" if pk.infer_per_s >= pa.infer_per_s else "FAIL"
+        ahead = sum(
+            main_runs[("perfkit", protocol, c)].infer_per_s >= main_runs[("perf_analyzer", protocol, c)].infer_per_s
+            for c in levels
+        )
+        lines.append(
+            f"| {protocol} | {pk.infer_per_s:.0f} | {pk.concurrency} | {pa.infer_per_s:.0f} | {pa.concurrency} | "
+            f"{ratio(pk.infer_per_s, pa.infer_per_s)} | {met} | {ahead}/{len(levels)} |"
+        )
+    return lines
+
+
+def verdict(value: float, reference: float, tolerance: float) -> str:
+    if not (value == value and reference == reference and reference):
+        return "n/a"
+    return "PASS" if abs(value / reference - 1) <= tolerance else "FAIL"
+
+
 def print_tables(runs: list[Run], fixed: dict[tuple[str, str], float], args: argparse.Namespace,
                  levels: list[int], protocols: list[str]) -> None:  # fmt: skip
     def steady(run: Run) -> float:
@@ -216,9 +235,8 @@ def print_tables(runs: list[Run], fixed: dict[tuple[str, str], float], args: arg
         return (run.cpu_s - fixed[(run.tool, run.protocol)]) / requests * 1e6 if requests else float("nan")
 
     main_runs = {(r.tool, r.protocol, r.concurrency): r for r in runs if r.window_ms == args.window_ms}
-    load = "/".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"\nreference server, demo `{args.model}`, concurrency mode, -p {args.window_ms} -s 50 -r 5; {machine()}; "
-          f"load average at the end {load}\n")  # fmt: skip
+    print(f"\nreference server, demo `{args.model}`, concurrency mode, -p {args.window_ms} -s 50 -r 5; "
+          f"{machine(peers_dir())} (at the end)\n")  # fmt: skip
     print("| protocol | concurrency | infer/s perfkit | infer/s PA | ratio | p50 ms perfkit | p50 ms PA | "
           "p99 ms perfkit | p99 ms PA | CPU us/req perfkit | CPU us/req PA | ratio |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -232,6 +250,11 @@ def print_tables(runs: list[Run], fixed: dict[tuple[str, str], float], args: arg
                 f"{pk.p99_us / 1000:.2f} | {pa.p99_us / 1000:.2f} | {steady(pk):.0f} | {steady(pa):.0f} | "
                 f"{ratio(steady(pk), steady(pa))} |"
             )
+    print(
+        "\n".join(
+            ["", *agreement_table(main_runs, levels, protocols), "", *capacity_table(main_runs, levels, protocols)]
+        )
+    )
     print("\nfixed CPU per run (start-up, and perfkit's report files), from the short and long runs at concurrency 1:")
     print("\n| tool | " + " | ".join(protocols) + " |\n|---|" + "---:|" * len(protocols))
     for tool in TOOLS:

@@ -1,0 +1,264 @@
+"""The reference server next to real Triton 2.51 on the same ONNX MLP, measured by real perf_analyzer.
+
+    PERFKIT_PEERS=DIR python bench/server_vs_triton.py [-i http|grpc] [--concurrency 1,2,4,8]
+        [--window-ms 2000] [--instances 1] [--max-batch-size 64] [--queue-delay-us 100]
+        [--intra-op-threads N] [--allow-spinning 0|1]
+
+One invocation builds the demo MLP (256-1024-1024-10, fp32), writes two model folders for each
+server from the same settings, `mlp_batching` (dynamic batching, `max_queue_delay_microseconds`
+from --queue-delay-us) and `mlp_plain` (no dynamic batching), both with `max_batch_size`
+--max-batch-size and --instances KIND_CPU instances, starts both servers on free loopback ports,
+and runs perf_analyzer against each variant at each concurrency, alternating which server goes
+first. Both servers keep running during the whole run; the idle one costs next to nothing.
+
+How Triton serves it: its peers build bundles only the python backend, so the ONNX file is run by
+onnxruntime inside a python-backend model (`perfkit.testing.models.write_onnx_wrapper`): one stub
+process per instance, and every request crosses from tritonserver to the stub through shared
+memory. That is how Triton 2.51 serves this model on this machine; a build with the onnxruntime
+backend would not pay the stub crossing.
+
+What is the same for both: the ONNX file, max_batch_size, instance count, dynamic batching and its
+queue delay, and onnxruntime's session settings: intra-op threads (--intra-op-threads, default the
+usable cores / instances, the wrapper's own rule), 1 inter-op thread, sequential execution, and
+thread spinning (--allow-spinning; the wrapper leaves onnxruntime's default, spinning on, and
+cannot be told otherwise, so ours gets `allow_spinning` 1 too unless told 0). What differs: Triton
+runs the session in a separate Python process and converts tensors with pb_utils; ours runs it in
+a worker thread of the server process.
+
+Columns:
+
+- infer/s, p50, p99: perf_analyzer's CSV (`-p` windows, `-s 25 -r 10`; it runs again, twice at
+  most, when it finds no stable measurement).
+- overhead us/req: from each server's statistics extension, read before and after the whole
+  perf_analyzer run (warm-up and every window): (success.ns - queue.ns - compute_input.ns -
+  compute_infer.ns - compute_output.ns) / success.count, floored at 0. This is perf_analyzer's own
+  "overhead" (its `Avg request latency ... (overhead O usec + queue ...)` line), the same formula for
+  both servers: the time a request spends in the server that is neither queueing nor a compute
+  phase. Caveats: each server starts the clock when its core receives the parsed request, so
+  HTTP/gRPC parsing before that is in neither figure; Triton's compute_infer holds the python
+  stub's execute call (the shared-memory crossing, pb_utils, numpy) as well as the session run,
+  while ours holds only the session run, so "compute infer us" is printed beside it.
+- server CPU us/req: user + system CPU of the server process and its children (Triton's stubs)
+  over the run, per request the server counted.
+- batching: our server's infer/s with dynamic batching over without, at the highest concurrency
+  (target >= 1.5), and Triton's beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _harness import ServerTimes, machine, peers_dir, perf_analyzer, ratio, server_times, tree_cpu_s
+
+from perfkit.embedded import reference_server_process
+from perfkit.testing.models import write_onnx_wrapper
+from perfkit.testing.triton import triton_server
+from reference_server.demo import build_demo_repository
+
+SERVERS = ("ours", "triton")
+VARIANTS = {"mlp_batching": True, "mlp_plain": False}
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    max_batch_size: int
+    instances: int
+    queue_delay_us: int
+    intra_op_threads: int
+    allow_spinning: int
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    http_url: str
+    grpc_url: str
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    server: str
+    model: str
+    concurrency: int
+    infer_per_s: float
+    p50_us: float
+    p99_us: float
+    times: ServerTimes  # statistics extension delta over the whole perf_analyzer run
+    server_cpu_s: float
+
+    @property
+    def cpu_us(self) -> float:
+        """Server CPU per request the server counted."""
+        return self.server_cpu_s / self.times.success_count * 1e6 if self.times.success_count else math.nan
+
+
+def our_config(name: str, batching: bool, settings: Settings) -> str:
+    lines = [
+        f'name: "{name}"',
+        'backend: "onnxruntime"',
+        f"max_batch_size: {settings.max_batch_size}",
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 256 ] } ]',
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 10 ] } ]',
+        f"instance_group [ {{ count: {settings.instances} kind: KIND_CPU }} ]",
+    ]
+    if batching:
+        lines.append(f"dynamic_batching {{ max_queue_delay_microseconds: {settings.queue_delay_us} }}")
+    params = {
+        "intra_op_thread_count": settings.intra_op_threads,
+        "inter_op_thread_count": 1,
+        "allow_spinning": settings.allow_spinning,
+    }
+    lines += [f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in params.items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_repositories(tmp: Path, settings: Settings) -> tuple[Path, Path]:
+    """Our repository and Triton's, each with `mlp_batching` and `mlp_plain` over the same ONNX file."""
+    demo = build_demo_repository(tmp / "demo")
+    onnx_path = demo / "mlp" / "1" / "model.onnx"
+    ours, triton = tmp / "ours", tmp / "triton"
+    for name, batching in VARIANTS.items():
+        (ours / name / "1").mkdir(parents=True)
+        shutil.copyfile(onnx_path, ours / name / "1" / "model.onnx")
+        (ours / name / "config.pbtxt").write_text(our_config(name, batching, settings))
+        write_onnx_wrapper(
+            triton,
+            name,
+            onnx_path,
+            max_batch_size=settings.max_batch_size,
+            dynamic_batching=batching,
+            instances=settings.instances,
+            max_queue_delay_us=settings.queue_delay_us,
+            intra_op_threads=settings.intra_op_threads,
+        )
+    return ours, triton
+
+
+@contextlib.contextmanager
+def both_servers(peers: Path, ours: Path, triton: Path) -> Iterator[dict[str, Endpoint]]:
+    with (
+        reference_server_process(ours) as our_server,
+        triton_server(peers, triton) as triton_process,
+    ):
+        yield {
+            "ours": Endpoint(our_server.http_url, our_server.grpc_url, our_server.process.pid),
+            "triton": Endpoint(triton_process.http_url, triton_process.grpc_url, triton_process.process.pid),
+        }
+
+
+def measure(
+    peers: Path, endpoint: Endpoint, server: str, model: str, protocol: str, concurrency: int, window_ms: int, tmp: Path
+) -> Run:
+    url = endpoint.http_url if protocol == "http" else endpoint.grpc_url
+    args = ["-i", protocol, "--concurrency-range", str(concurrency), "-p", str(window_ms), "-s", "25", "-r", "10"]
+    times_before = server_times(endpoint.http_url, model)
+    cpu_before = tree_cpu_s(endpoint.pid)
+    (row,) = perf_analyzer(peers, model, url, tmp / "pa.csv", args, attempts=3)
+    cpu_s = tree_cpu_s(endpoint.pid) - cpu_before
+    times = server_times(endpoint.http_url, model) - times_before
+    return Run(
+        server=server,
+        model=model,
+        concurrency=concurrency,
+        infer_per_s=float(row["Inferences/Second"]),
+        p50_us=float(row["p50 latency"]),
+        p99_us=float(row["p99 latency"]),
+        times=times,
+        server_cpu_s=cpu_s,
+    )
+
+
+def render(runs: list[Run], settings: Settings, protocol: str, levels: list[int], window_ms: int, host: str) -> str:
+    by_key = {(r.server, r.model, r.concurrency): r for r in runs}
+    lines = [
+        f"reference server vs Triton 2.51 (python backend running onnxruntime), demo MLP 256-1024-1024-10 fp32, "
+        f"perf_analyzer -i {protocol} -p {window_ms} -s 25 -r 10; max_batch_size {settings.max_batch_size}, "
+        f"{settings.instances} instance(s), intra-op threads {settings.intra_op_threads}, "
+        f"spinning {settings.allow_spinning}; {host}",
+        "",
+        "| model | concurrency | infer/s ours | infer/s Triton | ratio (>= 1.5) | p50 ms ours | p50 ms Triton "
+        "| p99 ms ours | p99 ms Triton | overhead us/req ours | overhead us/req Triton | ratio (<= 1) "
+        "| compute infer us ours | compute infer us Triton | server CPU us/req ours | server CPU us/req Triton |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for model in VARIANTS:
+        for concurrency in levels:
+            ours, triton = by_key[("ours", model, concurrency)], by_key[("triton", model, concurrency)]
+            lines.append(
+                f"| {model} | {concurrency} | {ours.infer_per_s:.0f} | {triton.infer_per_s:.0f} | "
+                f"{ratio(ours.infer_per_s, triton.infer_per_s)} | {ours.p50_us / 1000:.2f} | "
+                f"{triton.p50_us / 1000:.2f} | {ours.p99_us / 1000:.2f} | {triton.p99_us / 1000:.2f} | "
+                f"{ours.times.overhead_us:.0f} | {triton.times.overhead_us:.0f} | "
+                f"{ratio(ours.times.overhead_us, triton.times.overhead_us)} | "
+                f"{ours.times.per_request_us('compute_infer_ns'):.0f} | "
+                f"{triton.times.per_request_us('compute_infer_ns'):.0f} | {ours.cpu_us:.0f} | {triton.cpu_us:.0f} |"
+            )
+    top = max(levels)
+    lines += [
+        "",
+        f"dynamic batching over none, concurrency {top} (target for ours >= 1.5):",
+        "",
+        "| server | infer/s batching | infer/s plain | ratio | queue us/req batching | queue us/req plain |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for server in SERVERS:
+        batching, plain = by_key[(server, "mlp_batching", top)], by_key[(server, "mlp_plain", top)]
+        lines.append(
+            f"| {server} | {batching.infer_per_s:.0f} | {plain.infer_per_s:.0f} | "
+            f"{ratio(batching.infer_per_s, plain.infer_per_s)} | {batching.times.per_request_us('queue_ns'):.0f} | "
+            f"{plain.times.per_request_us('queue_ns'):.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-i", "--protocol", choices=("http", "grpc"), default="http")
+    parser.add_argument("--concurrency", default="1,2,4,8", help="comma-separated levels")
+    parser.add_argument("--window-ms", type=int, default=2000, help="perf_analyzer -p")
+    parser.add_argument("--instances", type=int, default=1)
+    parser.add_argument("--max-batch-size", type=int, default=64)
+    parser.add_argument("--queue-delay-us", type=int, default=100, help="max_queue_delay_microseconds")
+    parser.add_argument("--intra-op-threads", type=int, help="default: usable cores / instances")
+    parser.add_argument("--allow-spinning", type=int, choices=(0, 1), default=1)
+    args = parser.parse_args(argv)
+    peers = peers_dir()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    intra = args.intra_op_threads or max(1, len(os.sched_getaffinity(0)) // args.instances)
+    settings = Settings(args.max_batch_size, args.instances, args.queue_delay_us, intra, args.allow_spinning)
+    runs: list[Run] = []
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        ours, triton = write_repositories(tmp, settings)
+        with both_servers(peers, ours, triton) as endpoints:
+            for server in SERVERS:  # warm-up: sessions, stubs, connections
+                for model in VARIANTS:
+                    measure(peers, endpoints[server], server, model, args.protocol, max(levels), 500, tmp)
+            step = 0
+            for model in VARIANTS:
+                for concurrency in levels:
+                    # Alternate which server goes first, so that neither always follows the same one.
+                    for server in SERVERS if step % 2 == 0 else SERVERS[::-1]:
+                        print(f"measuring: {server} {model} c={concurrency} ...", file=sys.stderr, flush=True)
+                        endpoint = endpoints[server]
+                        run = measure(peers, endpoint, server, model, args.protocol, concurrency, args.window_ms, tmp)
+                        runs.append(run)
+                    step += 1
+    print()
+    print(render(runs, settings, args.protocol, levels, args.window_ms, machine(peers)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
