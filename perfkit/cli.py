@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="perfkit",
         description="Load testing and performance analysis for KServe v2 / Triton inference servers.",
-        epilog="Exit codes: 0 done, 1 could not finish, 2 usage error, 3 unstable level, 4 request errors, "
+        epilog="Exit codes: 0 done, 1 could not finish (or a load worker died), 2 usage error, 3 unstable level, 4 request errors, "
         "130 interrupted.",
     )
     parser.add_argument("--version", action="version", version=f"perfkit {__version__}")
