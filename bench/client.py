@@ -5,7 +5,7 @@ agreement of throughput (5%) and p50 (10%) with perf_analyzer's (issue #7 target
 tool's highest throughput over the levels (target 2, concurrency half; bench/request_rate.py has
 the request-rate half).
 
-    PERFKIT_PEERS=DIR python bench/client.py [--model identity] [--concurrency 1,2,4,8] [--window-ms 2000]
+    PERFKIT_PEERS=DIR python bench/client.py [--model identity] [--concurrency 1,2,4,8] [--window-ms 2000] [--repeats 1]
 
 How client CPU is measured: each tool runs as a child process of this script (perfkit as
 `python -m perfkit sweep`), alone, and its user + system CPU is the RUSAGE_CHILDREN delta around the
@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
+import itertools
 import re
+import statistics
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -140,6 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="1,2,4,8", help="comma-separated levels")
     parser.add_argument("--protocols", default="http,grpc")
     parser.add_argument("--window-ms", type=int, default=2000, help="-p for both tools")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="measure every level this many times, alternating tools; tables take medians",
+    )
     args = parser.parse_args(argv)
     peers = peers_dir()
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -159,10 +168,10 @@ def main(argv: list[str] | None = None) -> int:
                     long = measure(tool, peers, server, protocol, args.model, 1, args.window_ms, tmp)
                     fixed[(tool, protocol)] = fixed_cost_s(short, long)
                     runs += [short, long]
-                for index, concurrency in enumerate(levels):
+                for repeat, (index, concurrency) in itertools.product(range(args.repeats), enumerate(levels)):
                     # Alternate which tool goes first, so that neither always meets a warmer server.
-                    for tool in TOOLS if index % 2 else TOOLS[::-1]:
-                        if concurrency == 1:
+                    for tool in TOOLS if (index + repeat) % 2 else TOOLS[::-1]:
+                        if concurrency == 1 and repeat == 0:
                             continue  # measured above
                         print(
                             f"measuring: {tool} {protocol} concurrency {concurrency} ...", file=sys.stderr, flush=True
@@ -222,6 +231,24 @@ def capacity_table(main_runs: dict[tuple[str, str, int], Run], levels: list[int]
     return lines
 
 
+def median_runs(runs: list[Run]) -> dict[tuple[str, str, int], Run]:
+    """Per tool, protocol and concurrency, the repeat with the median throughput, carrying the median
+    throughput and the median p50/p99 of all repeats (--repeats): one noisy run on a shared machine
+    then moves no verdict."""
+    groups: dict[tuple[str, str, int], list[Run]] = {}
+    for run in runs:
+        groups.setdefault((run.tool, run.protocol, run.concurrency), []).append(run)
+    chosen = {}
+    for key, group in groups.items():
+        ordered = sorted(group, key=lambda run: run.infer_per_s if run.infer_per_s == run.infer_per_s else 0)
+        chosen[key] = dataclasses.replace(
+            ordered[len(ordered) // 2],
+            p50_us=statistics.median(run.p50_us for run in group),
+            p99_us=statistics.median(run.p99_us for run in group),
+        )
+    return chosen
+
+
 def verdict(value: float, reference: float, tolerance: float) -> str:
     if not (value == value and reference == reference and reference):
         return "n/a"
@@ -234,7 +261,7 @@ def print_tables(runs: list[Run], fixed: dict[tuple[str, str], float], args: arg
         requests = run.server_requests
         return (run.cpu_s - fixed[(run.tool, run.protocol)]) / requests * 1e6 if requests else float("nan")
 
-    main_runs = {(r.tool, r.protocol, r.concurrency): r for r in runs if r.window_ms == args.window_ms}
+    main_runs = median_runs([r for r in runs if r.window_ms == args.window_ms])
     print(f"\nreference server, demo `{args.model}`, concurrency mode, -p {args.window_ms} -s 50 -r 5; "
           f"{machine(peers_dir())} (at the end)\n")  # fmt: skip
     print("| protocol | concurrency | infer/s perfkit | infer/s PA | ratio | p50 ms perfkit | p50 ms PA | "
