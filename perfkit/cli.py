@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from perfkit import eventloop, report_cli, tune_cli
+from perfkit import eventloop, report_cli, sweep_args, tune_cli
 from perfkit._version import __version__
 from perfkit.errors import ExitCode, PerfkitError
 
@@ -41,9 +41,7 @@ def _add_sweep(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     target.add_argument("-x", "--model-version", default="", metavar="VERSION", help="default: the latest")
     target.add_argument("-u", "--url", metavar="HOST:PORT", help="server endpoint (default: embedded server)")
     target.add_argument("-i", "--protocol", choices=("http", "grpc"), default="http")
-    target.add_argument(
-        "-H", "--header", action="append", default=[], metavar="'NAME: VALUE'", help="extra HTTP header (repeatable)"
-    )
+    sweep_args.add_connection_flags(p, target)
     target.add_argument(
         "--request-timeout",
         type=float,
@@ -57,7 +55,6 @@ def _add_sweep(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="binary",
         help="HTTP tensor encoding (default binary)",
     )
-    _add_tls_flags(p)
     load = p.add_argument_group("load").add_mutually_exclusive_group()
     load.add_argument(
         "--concurrency-range",
@@ -165,32 +162,6 @@ def _add_sweep(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
 
 
-def _add_tls_flags(p: argparse.ArgumentParser) -> None:
-    """perf_analyzer's client TLS options (a subset: no client certificates)."""
-    tls = p.add_argument_group("TLS", "HTTPS: give -u https://HOST:PORT. gRPC: add --ssl-grpc-use-ssl.")
-    tls.add_argument("--ssl-grpc-use-ssl", action="store_true", help="connect to the gRPC server over TLS")
-    tls.add_argument(
-        "--ssl-grpc-root-certifications-file",
-        type=Path,
-        metavar="PEM",
-        help="CA certificates to verify the gRPC server with (default: the system's)",
-    )
-    tls.add_argument(
-        "--ssl-https-ca-certificates-file",
-        type=Path,
-        metavar="PEM",
-        help="CA certificates to verify the HTTPS server with (default: the system's)",
-    )
-    tls.add_argument(
-        "--ssl-https-verify-peer",
-        type=int,
-        choices=(0, 1),
-        default=1,
-        metavar="0|1",
-        help="0: do not verify the HTTPS server's certificate (default 1)",
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="perfkit",
@@ -208,9 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="check a server: health, metadata, and a few inferences per model",
         description="Check a KServe v2 server. With no -u, starts the bundled reference server on the "
         "demo model repository and probes that.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    probe.add_argument("-u", "--url", metavar="HOST:PORT", help="HTTP endpoint of the server (default: embedded)")
+    target = probe.add_argument_group("target")
+    target.add_argument("-u", "--url", metavar="HOST:PORT", help="server endpoint (default: embedded server)")
+    target.add_argument("-i", "--protocol", choices=("http", "grpc"), default="http")
+    sweep_args.add_connection_flags(probe, target)
     probe.add_argument(
         "-m",
         "--model-name",
@@ -219,8 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="MODEL",
         help="model to probe (repeatable; default: every ready model)",
     )
-    probe.add_argument("-n", "--requests", type=int, default=20, metavar="N", help="requests per model")
-    probe.add_argument("--seed", type=int, default=0, help="seed of the random input data")
+    probe.add_argument("-n", "--requests", type=int, default=20, metavar="N", help="requests per model (default 20)")
+    probe.add_argument("--seed", type=int, default=0, help="seed of the random input data (default 0)")
     return parser
 
 
@@ -244,13 +217,20 @@ def _run_sweep(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _run_probe(args: argparse.Namespace) -> int:
+    from perfkit.config import LoadSpec, SweepSpec, TargetSpec
     from perfkit.probe import probe, render_probe
 
     if args.requests < 1:
         raise PerfkitError("-n/--requests must be at least 1")
+    target = TargetSpec(
+        args.url, args.protocol, headers=sweep_args.headers_from_args(args), tls=sweep_args.tls_from_args(args)
+    )
+    SweepSpec(target, LoadSpec("concurrency")).validate()  # -u, -i, -H and TLS by the sweep's rules
 
     def go(url: str) -> int:
-        result = eventloop.run(probe(url, args.model_name, args.requests, args.seed))
+        result = eventloop.run(
+            probe(url, args.model_name, args.requests, args.seed, args.protocol, headers=target.headers, tls=target.tls)
+        )
         print("\n".join(render_probe(result)))
         return ExitCode.OK if result.ok else ExitCode.FAILED
 
@@ -260,7 +240,7 @@ def _run_probe(args: argparse.Namespace) -> int:
 
     print("starting the embedded reference server on the demo models...", file=sys.stderr, flush=True)
     with reference_server_process() as server:
-        return go(server.http_url)
+        return go(server.grpc_url if args.protocol == "grpc" else server.http_url)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,10 +14,24 @@ from typing import Any
 import numpy as np
 
 from perfkit.clients import InferClient, make_client
+from perfkit.config import TlsSpec
 from perfkit.errors import PerfkitError, TargetError
 from perfkit.inputs import build_requests
 
 VARIABLE_DIM = 16  # size given to a variable (-1) non-batch dimension
+
+#: How the clients word a server's refusal of the request's credentials (HTTP and gRPC). The health
+#: probes need no credentials, so a missing token shows first on the next call, as one of these.
+_REFUSALS = ("HTTP 401", "HTTP 403", "UNAUTHENTICATED", "PERMISSION_DENIED")
+
+
+def check_credentials(error: TargetError) -> None:
+    """Raise a TargetError naming -H when `error` is the server refusing the credentials: every
+    other call would be refused too, so it is the run's end, not a failure of one model or variant."""
+    if any(mark in str(error) for mark in _REFUSALS):
+        raise TargetError(
+            f"{error}; give the server's credentials with -H, e.g. -H 'Authorization: Bearer TOKEN'"
+        ) from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,13 +113,27 @@ async def _probe_model(client: InferClient, model: str, count: int, seed: int) -
     )
 
 
-async def probe(url: str, models: list[str], count: int = 20, seed: int = 0, protocol: str = "http") -> ServerProbe:
-    client = make_client(url, protocol)
+async def probe(
+    url: str,
+    models: list[str],
+    count: int = 20,
+    seed: int = 0,
+    protocol: str = "http",
+    *,
+    headers: tuple[tuple[str, str], ...] = (),
+    tls: TlsSpec | None = None,
+) -> ServerProbe:
+    """Probe the server at `url`; `headers` (-H) go with every call, `tls` as for `make_client`."""
+    client = make_client(url, protocol, headers=dict(headers), tls=tls)
     try:
         live = await client.live()  # TargetError says what could not be reached, and how
         ready = await client.ready()
-        meta = await client.server_metadata()
-        names = models or await _model_names(client)
+        try:
+            meta = await client.server_metadata()
+            names = models or await _model_names(client)
+        except TargetError as exc:
+            check_credentials(exc)
+            raise
         results = [await _probe_model(client, name, count, seed) for name in names]
     finally:
         await client.close()

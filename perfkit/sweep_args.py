@@ -1,8 +1,13 @@
-"""From parsed `perfkit sweep` flags to a validated SweepSpec; nothing below sees a Namespace."""
+"""From parsed `perfkit sweep` flags to a validated SweepSpec; nothing below sees a Namespace.
+
+The connection flags (-H and the TLS options) are defined here once for sweep, tune and probe. The
+parsers are built on every start, so this module imports no numpy until a spec is built.
+"""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from perfkit.config import (
     DistributedSpec,
@@ -16,13 +21,42 @@ from perfkit.config import (
     WindowSpec,
 )
 from perfkit.errors import PerfkitError
-from perfkit.inputs import parse_shape_flag
-from perfkit.schedule import parse_range, read_intervals
 
 
-def _headers(values: list[str]) -> tuple[tuple[str, str], ...]:
+def add_connection_flags(parser: argparse.ArgumentParser, target: argparse._ArgumentGroup) -> None:
+    """-H into the `target` group, and a TLS group with perf_analyzer's client TLS options (a
+    subset: no client certificates). Read them back with `headers_from_args` and `tls_from_args`;
+    `TargetSpec` validation checks them together with -u and -i."""
+    target.add_argument(
+        "-H", "--header", action="append", default=[], metavar="'NAME: VALUE'", help="extra HTTP header (repeatable)"
+    )
+    tls = parser.add_argument_group("TLS", "HTTPS: give -u https://HOST:PORT. gRPC: add --ssl-grpc-use-ssl.")
+    tls.add_argument("--ssl-grpc-use-ssl", action="store_true", help="connect to the gRPC server over TLS")
+    tls.add_argument(
+        "--ssl-grpc-root-certifications-file",
+        type=Path,
+        metavar="PEM",
+        help="CA certificates to verify the gRPC server with (default: the system's)",
+    )
+    tls.add_argument(
+        "--ssl-https-ca-certificates-file",
+        type=Path,
+        metavar="PEM",
+        help="CA certificates to verify the HTTPS server with (default: the system's)",
+    )
+    tls.add_argument(
+        "--ssl-https-verify-peer",
+        type=int,
+        choices=(0, 1),
+        default=1,
+        metavar="0|1",
+        help="0: do not verify the HTTPS server's certificate (default 1)",
+    )
+
+
+def headers_from_args(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
     headers = []
-    for value in values:
+    for value in args.header:
         name, sep, content = value.partition(":")
         if not sep or not name.strip():
             raise PerfkitError(f"-H '{value}' must look like 'Name: value'")
@@ -30,7 +64,7 @@ def _headers(values: list[str]) -> tuple[tuple[str, str], ...]:
     return tuple(headers)
 
 
-def _tls(args: argparse.Namespace) -> TlsSpec:
+def tls_from_args(args: argparse.Namespace) -> TlsSpec:
     return TlsSpec(
         grpc_use_ssl=args.ssl_grpc_use_ssl,
         grpc_root_certs=args.ssl_grpc_root_certifications_file,
@@ -40,6 +74,8 @@ def _tls(args: argparse.Namespace) -> TlsSpec:
 
 
 def _load(args: argparse.Namespace) -> LoadSpec:
+    from perfkit.schedule import parse_range, read_intervals
+
     common = {
         "latency_threshold_ms": args.latency_threshold,
         "binary_search": args.binary_search,
@@ -59,6 +95,8 @@ def _load(args: argparse.Namespace) -> LoadSpec:
 
 
 def spec_from_args(args: argparse.Namespace) -> SweepSpec:
+    from perfkit.inputs import parse_shape_flag
+
     if (args.metrics_url or args.metrics_interval != 1000.0) and not args.collect_metrics:
         raise PerfkitError("--metrics-url and --metrics-interval need --collect-metrics")
     spec = SweepSpec(
@@ -67,10 +105,10 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
             protocol=args.protocol,
             model=args.model_name,
             model_version=args.model_version,
-            headers=_headers(args.header),
+            headers=headers_from_args(args),
             request_timeout_s=args.request_timeout,
             json_tensors=args.input_tensor_format == "json",
-            tls=_tls(args),
+            tls=tls_from_args(args),
         ),
         load=_load(args),
         windows=WindowSpec(

@@ -39,12 +39,13 @@ from typing import Any
 
 from perfkit import eventloop
 from perfkit.clients import InferClient, make_client
-from perfkit.config import WindowSpec
+from perfkit.config import TlsSpec, WindowSpec
 from perfkit.errors import ExitCode, PerfkitError, TargetError
 from perfkit.inputs import build_requests
 from perfkit.loadgen import LoadGenerator, RealClock
 from perfkit.measure import ServerStatsProbe, measure_level
 from perfkit.objectives import Constraint, Figures, Objective, Ranking, best_level, combine, figures_of, rank
+from perfkit.probe import check_credentials
 from perfkit.progress import Progress
 from perfkit.resources import ResourceSampler
 from perfkit.results import RESULT_SCHEMA_VERSION, LevelResult, sweep_from_json, to_jsonable
@@ -93,6 +94,8 @@ class TuneSpec:
     endpoints: tuple[str, ...] = ()
     workers: int = 0  # Ray actors, one per endpoint; 0: measured in this process, one variant at a time
     ray_address: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()  # -H, sent with every call; tune.json has them in argv only, redacted
+    tls: TlsSpec = field(default_factory=TlsSpec)
 
     def validate(self) -> None:
         from perfkit.config import LoadSpec, SweepSpec, TargetSpec
@@ -108,9 +111,12 @@ class TuneSpec:
         if self.remeasure_rounds < 0:
             raise PerfkitError("--remeasure must be 0 (no re-measurement) or more rounds")
         self._validate_workers()
-        # The measurement flags are perfkit sweep's, checked by its own rules.
-        target = TargetSpec(self.url, self.protocol, request_timeout_s=self.request_timeout_s)
-        SweepSpec(target, LoadSpec("concurrency"), windows=self.windows).validate()
+        # The measurement and connection flags are perfkit sweep's, checked by its own rules.
+        for url in self.endpoints or (self.url,):
+            target = TargetSpec(
+                url, self.protocol, headers=self.headers, request_timeout_s=self.request_timeout_s, tls=self.tls
+            )
+            SweepSpec(target, LoadSpec("concurrency"), windows=self.windows).validate()
 
     def _validate_workers(self) -> None:
         if self.workers < 0:
@@ -288,7 +294,8 @@ def metrics_url_of(spec: TuneSpec, url: str) -> str | None:
     """Where a running server's metrics are read: --metrics-url, else port 8002 of its host."""
     if spec.metrics_url:
         return spec.metrics_url
-    return f"http://{url.rsplit(':', 1)[0]}:8002/metrics" if spec.collect_metrics else None
+    host = url.split("://", 1)[-1].rsplit(":", 1)[0]  # an https:// server still serves metrics in the clear
+    return f"http://{host}:8002/metrics" if spec.collect_metrics else None
 
 
 class Endpoint:
@@ -297,17 +304,38 @@ class Endpoint:
 
     def __init__(self, spec: TuneSpec, model: Model, target: Target, progress: Progress) -> None:
         self.spec, self.model, self.target, self.progress = spec, model, target, progress
-        self.client: InferClient = make_client(target.url, target.protocol, request_timeout_s=spec.request_timeout_s)
+        self.client: InferClient = make_client(
+            target.url, target.protocol, request_timeout_s=spec.request_timeout_s, headers=dict(spec.headers),
+            tls=spec.tls,
+        )  # fmt: skip
         self.prepared: list[Any] | None = None
         self.resources = ResourceSampler(
             interval_s=0.5, metrics_url=target.metrics_url, server_pid=target.server_pid, local_gpu=target.embedded
         )
+
+    async def server_metadata(self) -> dict[str, Any]:
+        """The server's metadata ({} when it gives none). Being the first call that needs
+        credentials, it stops the tune when the server refuses them."""
+        try:
+            return await self.client.server_metadata()
+        except TargetError as exc:
+            check_credentials(exc)
+            return {}
+
+    async def served_config(self) -> dict[str, Any] | None:
+        """The configuration the server has loaded for the model; None when it has none."""
+        try:
+            return await self.client.model_config(self.model.name)
+        except TargetError as exc:
+            check_credentials(exc)
+            return None
 
     async def load(self, config: dict[str, Any]) -> str:
         """Load a variant; "" when it is ready, else the server's reason."""
         try:
             await self.client.load_model(self.model.name, config)
         except TargetError as exc:
+            check_credentials(exc)  # not the variant's fault: every other load would be refused too
             try:
                 alive = await self.client.live()
             except TargetError:
@@ -423,21 +451,21 @@ class Tuner:
         return fingerprint
 
     async def run(self, checkpoint_path: Path) -> TuneResult:
-        client, name = self.endpoint.client, self.model.name
+        client = self.endpoint.client
         try:
             try:
                 if not await client.live():
                     raise TargetError(f"{self.target.url} answers but is not live")
             except TargetError as exc:
                 raise TargetError(f"cannot reach the server: {exc}") from None
+            server = await self.endpoint.server_metadata()
             checkpoint = self._open_checkpoint(checkpoint_path)
             if checkpoint.default_config is None and not self.target.embedded:
-                with contextlib.suppress(TargetError):  # not loaded: the local config is the default
-                    self.default_config = await client.model_config(name)
-                    checkpoint.server_had_model = True
+                served = await self.endpoint.served_config()
+                if served is not None:  # else the model is not loaded and the local config is the default
+                    self.default_config, checkpoint.server_had_model = served, True
             result = self._new_result()
-            with contextlib.suppress(TargetError):
-                result.server = await client.server_metadata()
+            result.server = server
             await self.endpoint.resources.start()
             try:
                 await self._tune(result)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from perfkit.errors import ExitCode, PerfkitError
+from perfkit.sweep_args import add_connection_flags, headers_from_args, tls_from_args
 
 if TYPE_CHECKING:  # the heavy modules load only when tune runs
     from perfkit.objectives import Estimate, Figures
@@ -83,6 +84,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="a server in explicit mode (default: bundled); several (repeat, or a comma list) with --workers",
     )  # fmt: skip
     target.add_argument("-i", "--protocol", choices=("http", "grpc"), default="http")
+    add_connection_flags(p, target)
     target.add_argument("--request-timeout", type=float, default=30.0, metavar="SECONDS")
     target.add_argument("--collect-metrics", action="store_true", help="scrape -u's metrics for GPU figures")
     target.add_argument("--metrics-url", metavar="URL", help="default: port 8002 on the host of -u")
@@ -176,7 +178,7 @@ def spec_from_args(args: argparse.Namespace) -> TuneSpec:
         leaders=args.leaders, remeasure_rounds=args.remeasure, checkpoint=args.checkpoint,
         output_dir=args.output_dir, quiet=args.quiet, collect_metrics=args.collect_metrics,
         metrics_url=args.metrics_url, endpoints=urls if workers or len(urls) > 1 else (), workers=workers,
-        ray_address=args.ray_address,
+        ray_address=args.ray_address, headers=headers_from_args(args), tls=tls_from_args(args),
     )  # fmt: skip
     spec.validate()
     return spec
@@ -353,11 +355,13 @@ def _estimates(figures: Figures | None) -> dict[str, dict[str, float]] | None:
 
 
 def render_json(result: TuneResult, argv: list[str]) -> str:
-    """tune.json: everything the HTML report needs."""
+    """tune.json: everything the HTML report needs. Secret -H values read `***`, as in a sweep's
+    provenance."""
     from dataclasses import asdict
 
     from perfkit._version import __version__
     from perfkit.results import to_jsonable
+    from perfkit.runner import _redact_argv
 
     spec, ranking = result.spec, result.ranking
     variants = []
@@ -378,7 +382,8 @@ def render_json(result: TuneResult, argv: list[str]) -> str:
     ]  # fmt: skip
     best = result.best
     doc = {
-        "schema_version": 1, "perfkit_version": __version__, "started_at": result.started_at, "argv": argv,
+        "schema_version": 1, "perfkit_version": __version__, "started_at": result.started_at,
+        "argv": _redact_argv(argv),
         "model": result.model.name, "config_path": str(spec.config_path), "server": result.server,
         "settings": {
             "url": spec.url, "endpoints": list(spec.endpoints), "workers": spec.workers, "protocol": spec.protocol,

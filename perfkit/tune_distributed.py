@@ -83,13 +83,10 @@ class EndpointActor:
         endpoint = self.endpoint = Endpoint(self.spec, self.model, target, Progress(quiet=True))
         if not await endpoint.client.live():
             raise TargetError(f"{self.url} answers but is not live")
-        config = server = None
-        with contextlib.suppress(TargetError):  # not loaded
-            config = await endpoint.client.model_config(self.model.name)
-        with contextlib.suppress(TargetError):
-            server = await endpoint.client.server_metadata()
+        server = await endpoint.server_metadata()  # raises when the server refuses -H's credentials
+        config = await endpoint.served_config()
         await endpoint.resources.start()
-        return EndpointState(config, server or {})
+        return EndpointState(config, server)
 
     async def measure_variant(self, record: Record, cached: dict[int, LevelResult]) -> Record:
         assert self.endpoint is not None

@@ -6,6 +6,7 @@ Certificates come from `trustme` (a throwaway CA per test session, nothing on di
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import ipaddress
 import json
@@ -25,9 +26,15 @@ import trustme
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
+from perfkit.cli import build_parser, main
 from perfkit.config import LoadSpec, SweepSpec, TargetSpec, TlsSpec
 from perfkit.embedded import ServerProcess, reference_server_process
+from perfkit.errors import TargetError
+from perfkit.report_cli import command_parser
 from perfkit.runner import Target, provenance
+from perfkit.tune import read_model
+from perfkit.tune_cli import spec_from_args
+from perfkit.tune_distributed import EndpointActor
 from reference_server.auth import Token, Unauthenticated
 from reference_server.config import ServerConfig, config_from_args
 from reference_server.errors import ServerError
@@ -366,3 +373,142 @@ def test_provenance_redacts_credential_headers() -> None:
     text = json.dumps(record)
     assert TOKEN not in text
     assert "X-Trace: visible" in record["argv"] and ["X-Trace", "visible"] in record["spec"]["target"]["headers"]
+
+
+# --- perfkit probe and tune: the sweep's -H and TLS flags --------------------------------------------
+
+CONNECTION_FLAGS = ("--header", "--ssl-grpc-use-ssl", "--ssl-grpc-root-certifications-file",
+                    "--ssl-https-ca-certificates-file", "--ssl-https-verify-peer")  # fmt: skip
+
+
+def test_probe_and_tune_take_the_sweeps_connection_flags() -> None:
+    def flags(command: str) -> dict[str, tuple[Any, ...]]:
+        parser = command_parser(command)
+        assert parser is not None
+        return {
+            a.option_strings[-1]: (tuple(a.option_strings), a.help, a.type, a.choices, a.default, a.metavar)
+            for a in parser._actions
+            if a.option_strings and a.option_strings[-1] in CONNECTION_FLAGS
+        }
+
+    sweep = flags("sweep")
+    assert set(sweep) == set(CONNECTION_FLAGS)
+    assert flags("probe") == sweep and flags("tune") == sweep
+    assert build_parser().parse_args(["probe", "-H", "A: b", "-H", "C: d"]).header == ["A: b", "C: d"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["-H", "Authorization"], "-H 'Authorization' must look like 'Name: value'"),
+        (["--ssl-grpc-use-ssl"], "--ssl-grpc-use-ssl needs -u"),
+        (["-u", "127.0.0.1:9", "--ssl-https-verify-peer", "0"], "--ssl-https-* options apply to an HTTPS server"),
+        (["-u", "127.0.0.1:9", "-i", "grpc", "--ssl-grpc-root-certifications-file", "ca.pem"],
+         "--ssl-grpc-root-certifications-file needs --ssl-grpc-use-ssl"),
+        (["-u", "https://127.0.0.1:9", "--ssl-https-ca-certificates-file", "missing.pem"],
+         "--ssl-https-ca-certificates-file missing.pem: no such file"),
+    ],
+)  # fmt: skip
+def test_probe_and_tune_check_the_connection_flags_as_sweep_does(
+    args: list[str], message: str, demo_repository: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["probe", *args]) == 2
+    assert message in capsys.readouterr().err
+    assert main(["tune", str(demo_repository / "identity" / "config.pbtxt"), *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_perfkit_probe_sends_the_token(auth_server: ReferenceServer, capsys: pytest.CaptureFixture[str]) -> None:
+    probe = ["probe", "-u", auth_server.http_url, "-m", "identity", "-n", "3"]
+    assert main([*probe, "-H", f"Authorization: Bearer {TOKEN}"]) == 0
+    out, err = capsys.readouterr()
+    assert any(line.startswith("identity") and "3/3" in line for line in out.splitlines()), out + err
+    assert main(["probe", "-u", f"127.0.0.1:{auth_server.grpc_port}", "-i", "grpc", "-m", "identity", "-n", "3",
+                 f"-HAuthorization: Bearer {TOKEN}"]) == 0  # fmt: skip
+    out, err = capsys.readouterr()
+    assert "3/3" in out, out + err
+    # Without it: exit 1, the server's reason, and the flag to add; the token is never shown.
+    assert main(probe) == 1
+    out, err = capsys.readouterr()
+    assert err.startswith("error: ") and "HTTP 401" in err and "-H 'Authorization: Bearer TOKEN'" in err, err
+    assert TOKEN not in out + err
+
+
+def test_perfkit_probe_over_tls(
+    tls_server: ReferenceServer, pki: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    https = ["probe", "-u", f"https://{tls_server.http_url}", "-m", "identity", "-n", "3"]
+    assert main([*https, "--ssl-https-ca-certificates-file", str(pki["ca"])]) == 0
+    assert "3/3" in capsys.readouterr().out
+    assert main(["probe", "-u", f"127.0.0.1:{tls_server.grpc_port}", "-i", "grpc", "-m", "identity", "-n", "3",
+                 "--ssl-grpc-use-ssl", "--ssl-grpc-root-certifications-file", str(pki["ca"])]) == 0  # fmt: skip
+    assert "3/3" in capsys.readouterr().out
+    assert main([*https, "--ssl-https-ca-certificates-file", str(pki["other_ca"])]) == 1
+    assert "certificate" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def locked_explicit_server(demo_repository: Path, pki: dict[str, Path]) -> Iterator[ReferenceServer]:
+    """TLS and a token, in explicit model control: a server perfkit tune can load variants on."""
+    config = loopback_config(demo_repository, load=("identity",), auth_token=TOKEN, ssl_certfile=pki["cert"],
+                             ssl_keyfile=pki["key"])  # fmt: skip
+    with running_server(config) as server:
+        yield server
+
+
+# As small as the tunes of tests/integration/test_tune.py: the identity model's default and one variant, at
+# concurrency 1, not re-measured.
+TUNE = ["--shape", "INPUT0:8", "--max-instance-count", "1", "--min-batch-size", "8", "--max-batch-size", "8",
+        "--concurrency-range", "1:1", "--remeasure", "0", "-p", "300", "-s", "50", "-r", "3",
+        "--warmup-request-count", "10", "--quiet"]  # fmt: skip
+
+
+def test_perfkit_tune_over_tls_with_the_token_writes_no_secret(
+    locked_explicit_server: ReferenceServer,
+    demo_repository: Path,
+    pki: dict[str, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    config = str(demo_repository / "identity" / "config.pbtxt")
+    https = ["-u", f"https://{locked_explicit_server.http_url}", "--ssl-https-ca-certificates-file", str(pki["ca"])]
+    out = tmp_path / "out"
+    code = main(["tune", config, *https, "-H", f"Authorization: Bearer {TOKEN}", *TUNE, "-o", str(out)])
+    printed = capsys.readouterr()
+    assert code == 0, printed.err
+    doc = json.loads((out / "tune.json").read_text())
+    assert doc["best"] is not None and all(v["status"] == "ok" for v in doc["variants"]), doc["variants"]
+    assert "Authorization: ***" in doc["argv"]
+    written = [p for p in out.rglob("*") if p.is_file()]
+    assert {p.name for p in written} >= {"tune.json", "results.csv", "summary.txt", "report.html", "checkpoint.json"}
+    for path in written:
+        assert TOKEN not in path.read_text(errors="replace"), path
+    assert TOKEN not in printed.out + printed.err
+    # Without the token: refused before anything is measured or written, naming -H.
+    refused = tmp_path / "refused"
+    assert main(["tune", config, *https, *TUNE, "-o", str(refused)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "HTTP 401" in err and "-H 'Authorization: Bearer TOKEN'" in err, err
+    assert not refused.exists()
+
+
+def test_tune_ray_actors_open_their_endpoint_with_the_credentials(
+    locked_explicit_server: ReferenceServer, demo_repository: Path, pki: dict[str, Path]
+) -> None:
+    """The class each Ray actor runs, here in-process: its client gets -u's TLS and -H."""
+    url = f"https://{locked_explicit_server.http_url}"
+    config = demo_repository / "identity" / "config.pbtxt"
+    tls = ["--ssl-https-ca-certificates-file", str(pki["ca"])]
+
+    async def open_close(*flags: str) -> dict[str, Any] | None:
+        spec = spec_from_args(build_parser().parse_args(["tune", str(config), "-u", url, *tls, *TUNE, *flags]))
+        actor = EndpointActor(spec, read_model(config), url)
+        try:
+            return (await actor.open()).config
+        finally:
+            await actor.close(restore=False, config=None)
+
+    served = asyncio.run(open_close("-H", f"Authorization: Bearer {TOKEN}"))
+    assert served is not None and served["name"] == "identity"
+    with pytest.raises(TargetError, match="HTTP 401.*-H 'Authorization"):
+        asyncio.run(open_close())
