@@ -529,6 +529,10 @@ class _Connection(asyncio.Protocol):
         if self._transport is not None:
             if self._transport.get_write_buffer_size():
                 self._transport.abort()  # a stalled server would hold a graceful close until it reads
+            elif self._transport.get_extra_info("sslcontext") is not None:
+                # A TLS close waits for the server's close_notify, which gRPC servers do not send
+                # until they time the connection out; nothing more is owed to this server.
+                self._transport.abort()
             else:
                 self._transport.close()
 

@@ -50,8 +50,9 @@ def open_target(spec: SweepSpec) -> Iterator[Target]:
     if t.url is not None:
         metrics_url = spec.metrics.metrics_url
         if spec.metrics.collect and metrics_url is None:
-            # perf_analyzer's rule: the metrics port 8002 on the host of -u.
-            metrics_url = f"http://{t.url.rsplit(':', 1)[0]}:8002/metrics"
+            # perf_analyzer's rule: the metrics port 8002 on the host of -u (served in the clear, also
+            # beside an https:// server).
+            metrics_url = f"http://{t.url.split('://', 1)[-1].rsplit(':', 1)[0]}:8002/metrics"
         yield Target(t.url, t.protocol, metrics_url, None, embedded=False)
         return
     from perfkit.embedded import reference_server_process
@@ -85,7 +86,7 @@ def _redact_header(value: str) -> str:
     return f"{name}: ***" if sep and _secret_header(name) else value
 
 
-def _redact_argv(argv: list[str]) -> list[str]:
+def redact_argv(argv: list[str]) -> list[str]:
     out: list[str] = []
     for i, arg in enumerate(argv):
         if i and argv[i - 1] in ("-H", "--header"):
@@ -107,7 +108,7 @@ def provenance(spec: SweepSpec, target: Target, server_metadata: dict[str, Any],
         "perfkit_version": __version__,
         "git_commit": _git_commit(),
         "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "argv": _redact_argv(argv),
+        "argv": redact_argv(argv),
         "seed": spec.inputs.seed,
         "server": {"url": target.url, "embedded": target.embedded, **server_metadata},
         "machine": {

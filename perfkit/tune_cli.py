@@ -361,7 +361,7 @@ def render_json(result: TuneResult, argv: list[str]) -> str:
 
     from perfkit._version import __version__
     from perfkit.results import to_jsonable
-    from perfkit.runner import _redact_argv
+    from perfkit.runner import redact_argv
 
     spec, ranking = result.spec, result.ranking
     variants = []
@@ -383,7 +383,7 @@ def render_json(result: TuneResult, argv: list[str]) -> str:
     best = result.best
     doc = {
         "schema_version": 1, "perfkit_version": __version__, "started_at": result.started_at,
-        "argv": _redact_argv(argv),
+        "argv": redact_argv(argv),
         "model": result.model.name, "config_path": str(spec.config_path), "server": result.server,
         "settings": {
             "url": spec.url, "endpoints": list(spec.endpoints), "workers": spec.workers, "protocol": spec.protocol,
