@@ -4,6 +4,8 @@
         [--window-ms 2000] [--instances 1] [--max-batch-size 64] [--queue-delay-us 100]
         [--intra-op-threads N] [--allow-spinning 0|1]
 
+(`--intra-op-threads 1` is the fastest setting for both servers on a 2-core box; see bench/README.md.)
+
 One invocation builds the demo MLP (256-1024-1024-10, fp32), writes two model folders for each
 server from the same settings, `mlp_batching` (dynamic batching, `max_queue_delay_microseconds`
 from --queue-delay-us) and `mlp_plain` (no dynamic batching), both with `max_batch_size`
@@ -20,24 +22,35 @@ backend would not pay the stub crossing.
 What is the same for both: the ONNX file, max_batch_size, instance count, dynamic batching and its
 queue delay, and onnxruntime's session settings: intra-op threads (--intra-op-threads, default the
 usable cores / instances, the wrapper's own rule), 1 inter-op thread, sequential execution, and
-thread spinning (--allow-spinning; the wrapper leaves onnxruntime's default, spinning on, and
-cannot be told otherwise, so ours gets `allow_spinning` 1 too unless told 0). What differs: Triton
-runs the session in a separate Python process and converts tensors with pb_utils; ours runs it in
-a worker thread of the server process.
+thread spinning (--allow-spinning, default 0, our server's own default; the wrapper is told the
+same). What differs: Triton runs the session in a separate Python process and converts tensors with
+pb_utils; ours runs it in a worker thread of the server process, or, for a lone instance whose
+session has one intra-op thread, on the event loop for short batches (reference_server/scheduler.py,
+"Short runs on the loop").
 
 Columns:
 
 - infer/s, p50, p99: perf_analyzer's CSV (`-p` windows, `-s 25 -r 10`; it runs again, twice at
   most, when it finds no stable measurement).
-- overhead us/req: from each server's statistics extension, read before and after the whole
-  perf_analyzer run (warm-up and every window): (success.ns - queue.ns - compute_input.ns -
-  compute_infer.ns - compute_output.ns) / success.count, floored at 0. This is perf_analyzer's own
-  "overhead" (its `Avg request latency ... (overhead O usec + queue ...)` line), the same formula for
-  both servers: the time a request spends in the server that is neither queueing nor a compute
-  phase. Caveats: each server starts the clock when its core receives the parsed request, so
-  HTTP/gRPC parsing before that is in neither figure; Triton's compute_infer holds the python
-  stub's execute call (the shared-memory crossing, pb_utils, numpy) as well as the session run,
-  while ours holds only the session run, so "compute infer us" is printed beside it.
+- overhead us/req (fair): (success.ns - session.run ns) / success.count, the same formula for both
+  servers, where "session.run ns" is onnxruntime's `InferenceSession.run` time summed per request
+  (a batch's run counted once for each request in it), and success.ns is the statistics
+  extension's request time (from the core receiving the parsed request to the response leaving
+  it). Everything that is not onnxruntime computing is overhead: queueing (and so the batcher's
+  delay), moving tensors to and from the session, the hand-offs between threads or processes.
+  Where the run time comes from: ours books exactly `OnnxInstance.run` (session.run and a dict of
+  its outputs) as compute_infer, so its statistics extension has it; Triton's python backend books
+  the whole stub `execute` call as compute_infer (the shared-memory crossing, pb_utils, numpy and
+  the run), so the wrapper times its own `session.run` calls and publishes running totals in a
+  file per stub (`write_onnx_wrapper(ort_time_dir=...)`, `read_ort_times`). Both are read before
+  and after the whole perf_analyzer run (warm-up and every window).
+- overhead us/req (PA): perf_analyzer's own "overhead" formula (its `Avg request latency ...
+  (overhead O usec + queue ...)` line) over the same statistics: (success.ns - queue.ns -
+  compute_input.ns - compute_infer.ns - compute_output.ns) / success.count, floored at 0. It is
+  not comparable between these two servers: Triton's python backend counts the stub crossing as
+  compute_infer, which leaves it 0-2 us by construction. Kept for continuity with earlier runs.
+  Each server starts its clock when its core has the parsed request, so HTTP/gRPC parsing is in
+  neither figure, under either definition.
 - server CPU us/req: user + system CPU of the server process and its children (Triton's stubs)
   over the run, per request the server counted.
 - batching: our server's infer/s with dynamic batching over without, at the highest concurrency
@@ -62,7 +75,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import ServerTimes, machine, peers_dir, perf_analyzer, ratio, server_times, tree_cpu_s
 
 from perfkit.embedded import reference_server_process
-from perfkit.testing.models import write_onnx_wrapper
+from perfkit.testing.models import read_ort_times, write_onnx_wrapper
 from perfkit.testing.triton import triton_server
 from reference_server.demo import build_demo_repository
 
@@ -95,12 +108,23 @@ class Run:
     p50_us: float
     p99_us: float
     times: ServerTimes  # statistics extension delta over the whole perf_analyzer run
+    run_ns: int  # onnxruntime session.run time summed per request, same span
     server_cpu_s: float
 
     @property
     def cpu_us(self) -> float:
         """Server CPU per request the server counted."""
         return self.server_cpu_s / self.times.success_count * 1e6 if self.times.success_count else math.nan
+
+    @property
+    def run_us(self) -> float:
+        """onnxruntime session.run time per request."""
+        return self.run_ns / self.times.success_count / 1000 if self.times.success_count else math.nan
+
+    @property
+    def fair_overhead_us(self) -> float:
+        """Request time minus session.run time, per request: the same formula for both servers."""
+        return self.times.per_request_us("request_ns") - self.run_us
 
 
 def our_config(name: str, batching: bool, settings: Settings) -> str:
@@ -124,7 +148,10 @@ def our_config(name: str, batching: bool, settings: Settings) -> str:
 
 
 def write_repositories(tmp: Path, settings: Settings) -> tuple[Path, Path]:
-    """Our repository and Triton's, each with `mlp_batching` and `mlp_plain` over the same ONNX file."""
+    """Our repository and Triton's, each with `mlp_batching` and `mlp_plain` over the same ONNX file.
+
+    Triton's stubs publish their session.run totals under `tmp / "ort_times"`.
+    """
     demo = build_demo_repository(tmp / "demo")
     onnx_path = demo / "mlp" / "1" / "model.onnx"
     ours, triton = tmp / "ours", tmp / "triton"
@@ -141,6 +168,8 @@ def write_repositories(tmp: Path, settings: Settings) -> tuple[Path, Path]:
             instances=settings.instances,
             max_queue_delay_us=settings.queue_delay_us,
             intra_op_threads=settings.intra_op_threads,
+            allow_spinning=bool(settings.allow_spinning),
+            ort_time_dir=tmp / "ort_times",
         )
     return ours, triton
 
@@ -157,16 +186,25 @@ def both_servers(peers: Path, ours: Path, triton: Path) -> Iterator[dict[str, En
         }
 
 
+def run_ns(server: str, times: ServerTimes, tmp: Path, model: str) -> int:
+    """Cumulative session.run ns summed per request: ours books exactly that as compute_infer."""
+    if server == "ours":
+        return times.compute_infer_ns
+    return read_ort_times(tmp / "ort_times", model)[1]
+
+
 def measure(
     peers: Path, endpoint: Endpoint, server: str, model: str, protocol: str, concurrency: int, window_ms: int, tmp: Path
 ) -> Run:
     url = endpoint.http_url if protocol == "http" else endpoint.grpc_url
     args = ["-i", protocol, "--concurrency-range", str(concurrency), "-p", str(window_ms), "-s", "25", "-r", "10"]
     times_before = server_times(endpoint.http_url, model)
+    run_before = run_ns(server, times_before, tmp, model)
     cpu_before = tree_cpu_s(endpoint.pid)
     (row,) = perf_analyzer(peers, model, url, tmp / "pa.csv", args, attempts=3)
     cpu_s = tree_cpu_s(endpoint.pid) - cpu_before
-    times = server_times(endpoint.http_url, model) - times_before
+    times_after = server_times(endpoint.http_url, model)
+    times = times_after - times_before
     return Run(
         server=server,
         model=model,
@@ -175,6 +213,7 @@ def measure(
         p50_us=float(row["p50 latency"]),
         p99_us=float(row["p99 latency"]),
         times=times,
+        run_ns=run_ns(server, times_after, tmp, model) - run_before,
         server_cpu_s=cpu_s,
     )
 
@@ -188,9 +227,11 @@ def render(runs: list[Run], settings: Settings, protocol: str, levels: list[int]
         f"spinning {settings.allow_spinning}; {host}",
         "",
         "| model | concurrency | infer/s ours | infer/s Triton | ratio (>= 1.5) | p50 ms ours | p50 ms Triton "
-        "| p99 ms ours | p99 ms Triton | overhead us/req ours | overhead us/req Triton | ratio (<= 1) "
-        "| compute infer us ours | compute infer us Triton | server CPU us/req ours | server CPU us/req Triton |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| p99 ms ours | p99 ms Triton | overhead (fair) us/req ours | overhead (fair) us/req Triton "
+        "| ratio (<= 1) | overhead (PA) us/req ours | overhead (PA) us/req Triton | session.run us/req ours "
+        "| session.run us/req Triton | compute infer us ours | compute infer us Triton "
+        "| server CPU us/req ours | server CPU us/req Triton |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for model in VARIANTS:
         for concurrency in levels:
@@ -199,8 +240,10 @@ def render(runs: list[Run], settings: Settings, protocol: str, levels: list[int]
                 f"| {model} | {concurrency} | {ours.infer_per_s:.0f} | {triton.infer_per_s:.0f} | "
                 f"{ratio(ours.infer_per_s, triton.infer_per_s)} | {ours.p50_us / 1000:.2f} | "
                 f"{triton.p50_us / 1000:.2f} | {ours.p99_us / 1000:.2f} | {triton.p99_us / 1000:.2f} | "
+                f"{ours.fair_overhead_us:.0f} | {triton.fair_overhead_us:.0f} | "
+                f"{ratio(ours.fair_overhead_us, triton.fair_overhead_us)} | "
                 f"{ours.times.overhead_us:.0f} | {triton.times.overhead_us:.0f} | "
-                f"{ratio(ours.times.overhead_us, triton.times.overhead_us)} | "
+                f"{ours.run_us:.0f} | {triton.run_us:.0f} | "
                 f"{ours.times.per_request_us('compute_infer_ns'):.0f} | "
                 f"{triton.times.per_request_us('compute_infer_ns'):.0f} | {ours.cpu_us:.0f} | {triton.cpu_us:.0f} |"
             )
@@ -231,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch-size", type=int, default=64)
     parser.add_argument("--queue-delay-us", type=int, default=100, help="max_queue_delay_microseconds")
     parser.add_argument("--intra-op-threads", type=int, help="default: usable cores / instances")
-    parser.add_argument("--allow-spinning", type=int, choices=(0, 1), default=1)
+    parser.add_argument("--allow-spinning", type=int, choices=(0, 1), default=0)
     args = parser.parse_args(argv)
     peers = peers_dir()
     levels = [int(c) for c in args.concurrency.split(",")]

@@ -123,6 +123,10 @@ class OnnxInstance:
             )
         self.output_names = [o.name for o in self.session.get_outputs()]
         self._run_options = ort.RunOptions()
+        # With one intra-op thread the calling thread does all the work and no pool threads spin
+        # after it, so a short run may execute on the event loop (scheduler.INLINE_MAX_NS); with
+        # more, the pool's threads compete with the loop for the cores.
+        self.runs_on_loop = placement.device == "CPU" and options.intra_op_num_threads == 1
 
     def run(self, inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> dict[str, np.ndarray]:
         names = list(output_names) or self.output_names

@@ -4,9 +4,10 @@ Theory of operation
 -------------------
 Requests enter `Scheduler.infer`, which validates the batch dimension, applies the queue policy's
 size limit, appends a `_Request` to a FIFO deque and awaits a plain future: no task per request.
-Each model instance owns one worker thread fed by a `SimpleQueue`; the event loop never calls
-`ModelInstance.run` itself. Everything else (queue, idle instances, timers, statistics) is owned
-by the event loop, so none of it needs a lock.
+Each model instance owns one worker thread fed by a `SimpleQueue`; the event loop calls
+`ModelInstance.run` itself only for short batches of a lone instance (see "Short runs on the
+loop"). Everything else (queue, idle instances, timers, statistics) is owned by the event loop, so
+none of it needs a lock.
 
 *When is a batch formed?* Only when an instance is idle, as in Triton (core
 `dynamic_batch_scheduler.cc`, `BatcherThread` waits for a free payload slot before it calls
@@ -34,6 +35,20 @@ timeouts. There is no batching coroutine: those three triggers are callbacks.
 
 Without `dynamic_batching` (or with `max_batch_size: 0`) each request runs alone, FIFO, on the
 next free instance. Its own dim 0 is still its batch size when `max_batch_size > 0`.
+
+*Short runs on the loop.* Each batch a worker runs costs two thread hand-offs (a `SimpleQueue`
+wake-up one way, `call_soon_threadsafe`'s self-pipe the other) and a GIL round trip, about 100 us
+of CPU per batch on a 2-core box, more than a small MLP's whole `run`. So a model with exactly one
+instance that says it may (`runs_on_loop`: onnxruntime on CPU with one intra-op thread) runs a
+batch on the event-loop thread itself when its expected cost is at most `INLINE_MAX_NS`. The
+expectation is the last batches' time per input element (an exponential average, updated by every
+batch, inline or not) times the batch's elements; with no history yet the batch goes to the
+worker. The bound caps how long one batch holds up every other connection and model. Requests that
+arrive meanwhile wait in the sockets instead of the queue and are read as soon as the batch ends,
+so the dynamic batcher still finds them together (measured under perf_analyzer: more throughput
+with dynamic batching, not less). Several instances keep their worker threads, which run in
+parallel. Nothing else changes: the same `_execute` and the same statistics, and `_finish` runs one
+loop iteration later, as it would.
 
 *Queue policy* (`default_queue_policy`; priority levels are not modelled): `max_queue_size`
 counts queued requests, not executing ones, and a full queue rejects at once. A request's deadline
@@ -75,7 +90,10 @@ from .errors import InternalError, InvalidArgument, ModelConfigError, Unavailabl
 from .stats import ModelStats
 from .timer import TimerHandle, call_at_ns
 
-__all__ = ["BatchingPolicy", "ModelInstance", "Scheduler", "Tensor", "TimeoutAction"]
+__all__ = ["INLINE_MAX_NS", "BatchingPolicy", "ModelInstance", "Scheduler", "Tensor", "TimeoutAction"]
+
+#: The longest expected batch (ns) that a `runs_on_loop` instance executes on the event loop.
+INLINE_MAX_NS = 1_000_000
 
 _STOPPING = "Server is stopping, scheduler for model has stopped accepting new inference requests"
 
@@ -88,9 +106,12 @@ class ModelInstance(Protocol):
     """One loaded copy of a model (one `instance_group` instance)."""
 
     name: str
+    # Optional: `runs_on_loop = True` lets the scheduler call `run` on the event-loop thread for
+    # short batches (see "Short runs on the loop"); an instance without it always gets a worker.
 
     def run(self, inputs: Tensors, output_names: Sequence[str]) -> Tensors:
-        """Execute one batch. Blocking; called only from this instance's worker thread.
+        """Execute one batch. Blocking; called from this instance's worker thread, or from the event
+        loop if the instance has `runs_on_loop` set (one call at a time either way).
 
         An empty `output_names` asks for every output.
         """
@@ -228,6 +249,9 @@ class Scheduler:
         self._held: dict[int, tuple[list[_Request], _Outcome]] = {}
         self._slots = [_Slot(instance) for instance in instances]
         self._idle: deque[_Slot] = deque(self._slots)
+        inline = len(instances) == 1 and getattr(instances[0], "runs_on_loop", False) is True
+        self._inline_slot = self._slots[0] if inline else None
+        self._ns_per_element = 0.0  # average run cost of the inline slot's batches; 0 = not known yet
         for slot in self._slots:
             # Daemon, so a scheduler that is never closed cannot keep the process alive.
             slot.thread = threading.Thread(
@@ -429,6 +453,11 @@ class Scheduler:
         slot.batch = batch
         slot.seq = self._next_seq
         self._next_seq += 1
+        if slot is self._inline_slot and 0 < _elements(batch) * self._ns_per_element <= INLINE_MAX_NS:
+            loop = self._loop
+            assert loop is not None  # set by infer() before anything is dispatched
+            loop.call_soon(self._finish, slot, _execute(slot.instance, batch))
+            return
         slot.inbox.put(batch)
 
     def _expire(self, now: int) -> None:
@@ -512,6 +541,11 @@ class Scheduler:
         t0, t1, t2, t3, _, error = outcome
         if error is None:
             self._stats.record_execution(sum(r.batch_size for r in batch), t1 - t0, t2 - t1, t3 - t2)
+            if slot is self._inline_slot:
+                cost = (t3 - t0) / max(1, _elements(batch))
+                average = self._ns_per_element
+                # 1/4 weight: a run far over the bound sends the next batch to the worker at once.
+                self._ns_per_element = cost if average == 0 else average + (cost - average) / 4
         if self._ordered and not self._closed:
             self._held[slot.seq] = (batch, outcome)
             while self._release_seq in self._held:
@@ -596,6 +630,10 @@ def _execute(instance: ModelInstance, batch: list[_Request]) -> _Outcome:
     except Exception as error:  # any failure of this batch is reported to its requests
         return t0, t0, t0, t0, None, error
     return t0, t1, t2, t3, results, None
+
+
+def _elements(batch: list[_Request]) -> int:
+    return sum(array.size for request in batch for array in request.inputs.values())
 
 
 def _union_outputs(batch: list[_Request]) -> Sequence[str]:

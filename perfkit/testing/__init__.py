@@ -4,12 +4,13 @@
 functions write the python-backend models it serves (the peers' build has no other backend).
 """
 
-from perfkit.testing.models import write_onnx_wrapper, write_sleeper, write_staller
+from perfkit.testing.models import read_ort_times, write_onnx_wrapper, write_sleeper, write_staller
 from perfkit.testing.triton import TritonProcess, TritonStartError, triton_server
 
 __all__ = [
     "TritonProcess",
     "TritonStartError",
+    "read_ort_times",
     "triton_server",
     "write_onnx_wrapper",
     "write_sleeper",

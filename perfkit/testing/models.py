@@ -23,10 +23,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import struct
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["write_onnx_wrapper", "write_sleeper", "write_staller"]
+__all__ = ["read_ort_times", "write_onnx_wrapper", "write_sleeper", "write_staller"]
+
+# The record `_ONNX_MODEL` writes with `struct.pack("<4Q", ...)`.
+_ORT_RECORD = struct.Struct("<4Q")
 
 # Shared by the sleeper and the staller: the sleeper is a staller that never stalls.
 _DELAY_MODEL = '''\
@@ -76,6 +80,8 @@ _ONNX_MODEL = '''\
 
 import json
 import os
+import struct
+import time
 
 import numpy as np
 import onnxruntime as ort
@@ -94,28 +100,70 @@ class TritonPythonModel:
         options.intra_op_num_threads = int(params["intra_op_threads"])
         options.inter_op_num_threads = 1
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        if "allow_spinning" in params:
+            options.add_session_config_entry("session.intra_op.allow_spinning", params["allow_spinning"])
         path = os.path.join(args["model_repository"], args["model_version"], params["onnx_file"])
         self.session = ort.InferenceSession(path, sess_options=options, providers=["CPUExecutionProvider"])
+        # Optional session.run timing: one fixed-size record per instance, rewritten in place after
+        # every execute, so a reader can difference two reads without talking to the stub.
+        self.time_fd = None
+        self.totals = [0, 0, 0, 0]  # requests, run ns x requests, executions, run ns
+        time_dir = params.get("ort_time_dir", "")
+        if time_dir:
+            record = os.path.join(time_dir, args["model_instance_name"] + ".ortns")
+            self.time_fd = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.pwrite(self.time_fd, struct.pack("<4Q", *self.totals), 0)
 
     def execute(self, requests):
+        run_ns = 0
         try:
             inputs = [pb_utils.get_input_tensor_by_name(r, self.input_name).as_numpy() for r in requests]
             if len({x.shape[1:] for x in inputs}) == 1:
                 # One run for the whole batch the dynamic batcher formed, split back per request.
                 batch = np.concatenate(inputs, axis=0) if len(inputs) > 1 else inputs[0]
+                started = time.perf_counter_ns()
                 (result,) = self.session.run([self.output_name], {self.input_name: batch})
+                run_ns = time.perf_counter_ns() - started
                 splits = np.cumsum([x.shape[0] for x in inputs])[:-1]
                 outputs = np.split(result, splits, axis=0)
             else:
                 # Variable dims that differ between requests cannot share a run.
-                outputs = [self.session.run([self.output_name], {self.input_name: x})[0] for x in inputs]
+                outputs = []
+                for x in inputs:
+                    started = time.perf_counter_ns()
+                    outputs.append(self.session.run([self.output_name], {self.input_name: x})[0])
+                    run_ns += time.perf_counter_ns() - started
         except Exception as error:  # report to every client rather than crash the stub
             return [pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error))) for _ in requests]
+        if self.time_fd is not None:
+            totals = self.totals
+            totals[0] += len(requests)
+            # Every request of the batch waited for the whole run, as Triton counts compute_infer.
+            totals[1] += run_ns * len(requests)
+            totals[2] += 1
+            totals[3] += run_ns
+            os.pwrite(self.time_fd, struct.pack("<4Q", *totals), 0)
         return [
             pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(self.output_name, np.ascontiguousarray(out))])
             for out in outputs
         ]
 '''
+
+
+def read_ort_times(ort_time_dir: Path, name: str) -> tuple[int, int, int, int]:
+    """Sum of the `session.run` records of model `name`'s instances (see `write_onnx_wrapper`):
+    (requests, run ns summed per request, executions, run ns), cumulative since load.
+
+    A stub rewrites its record after every execute; read between loads, not during one, for
+    totals that belong together.
+    """
+    totals = [0, 0, 0, 0]
+    for record in sorted((Path(ort_time_dir) / name).glob("*.ortns")):
+        data = record.read_bytes()
+        if len(data) == _ORT_RECORD.size:
+            for index, value in enumerate(_ORT_RECORD.unpack(data)):
+                totals[index] += value
+    return totals[0], totals[1], totals[2], totals[3]
 
 
 def write_sleeper(
@@ -201,6 +249,8 @@ def write_onnx_wrapper(
     input_dims: Sequence[int] | None = None,
     output_dims: Sequence[int] | None = None,
     intra_op_threads: int | None = None,
+    allow_spinning: bool | None = None,
+    ort_time_dir: Path | None = None,
 ) -> Path:
     """Serve an FP32 ONNX file with one input and one output through Triton's python backend.
 
@@ -210,7 +260,14 @@ def write_onnx_wrapper(
     to the graph's first input and first output, read with `onnx.load`; the graph's first dim must
     be the batch dim. `intra_op_threads` defaults to this machine's usable cores (counted when the
     model is written) divided by `instances`, at least 1, so that N instances in N stub processes
-    do not oversubscribe the CPU; inter-op threads are 1. Returns the model folder.
+    do not oversubscribe the CPU; inter-op threads are 1. `allow_spinning` sets onnxruntime's
+    `session.intra_op.allow_spinning` (None keeps its default, spinning on). Returns the model folder.
+
+    `ort_time_dir` (benchmarks): each instance then times its `session.run` calls and, after every
+    `execute`, rewrites the file `ort_time_dir/<name>/<instance name>.ortns` (the folder is created
+    here; tritonserver must be able to write to it) with four little-endian uint64 running totals:
+    requests, run ns summed per request (a batch's run time counted once for each request in it, as
+    Triton counts compute_infer), executions, run ns. `read_ort_times` sums the instances' records.
     """
     if max_batch_size < 1:
         raise ValueError("the ONNX wrapper batches along the first dim: max_batch_size must be >= 1")
@@ -233,6 +290,13 @@ def write_onnx_wrapper(
         "output_name": output_name,
         "intra_op_threads": intra_op_threads,
     }
+    if allow_spinning is not None:
+        params["allow_spinning"] = int(allow_spinning)
+    if ort_time_dir is not None:
+        # One folder per model, so that models whose names share a prefix never mix their records.
+        record_dir = Path(ort_time_dir).resolve() / name
+        record_dir.mkdir(parents=True, exist_ok=True)
+        params["ort_time_dir"] = os.fspath(record_dir)
     folder = _write_model(
         repo,
         name,

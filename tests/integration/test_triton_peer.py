@@ -19,6 +19,7 @@ import tritonclient.http as httpclient
 from perfkit.testing import (
     TritonProcess,
     TritonStartError,
+    read_ort_times,
     triton_server,
     write_onnx_wrapper,
     write_sleeper,
@@ -41,11 +42,19 @@ def onnx_mlp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def triton(peers: Path, onnx_mlp: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonProcess]:
-    """One tritonserver per module serving the MLP wrapper, the sleeper and the staller."""
+def ort_times(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ort_times")
+
+
+@pytest.fixture(scope="module")
+def triton(
+    peers: Path, onnx_mlp: Path, ort_times: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TritonProcess]:
+    """One tritonserver per module serving the MLP wrapper (plain and timed), the sleeper and the staller."""
     repo = tmp_path_factory.mktemp("triton") / "models"
     # A 5 ms queue delay: concurrent requests reliably share a batch even on a slow machine.
     write_onnx_wrapper(repo, "mlp", onnx_mlp, max_batch_size=64, dynamic_batching=True, max_queue_delay_us=5000)
+    write_onnx_wrapper(repo, "mlp_timed", onnx_mlp, max_batch_size=64, allow_spinning=False, ort_time_dir=ort_times)
     write_sleeper(repo, "sleeper", service_ms=SLEEPER_MS)
     write_staller(repo, "staller", service_ms=STALLER_MS, stall_ms=STALL_MS, stall_every_s=STALL_EVERY_S)
     with triton_server(peers, repo, start_timeout_s=90) as server:
@@ -117,6 +126,19 @@ def test_mlp_dynamic_batching_forms_batches(triton: TritonProcess, onnx_mlp: Pat
         stats = model_stats(client, "mlp")
     sizes = [int(b["batch_size"]) for b in stats["batch_stats"]]
     assert max(sizes) > 1, sizes
+
+
+def test_wrapper_publishes_its_session_run_time(triton: TritonProcess, onnx_mlp: Path, ort_times: Path) -> None:
+    data = np.ones((2, 256), dtype=np.float32)
+    with httpclient.InferenceServerClient(triton.http_url) as client:
+        for _ in range(3):
+            infer(client, "mlp_timed", data)
+        stats = model_stats(client, "mlp_timed")["inference_stats"]
+    requests, run_ns_per_request, executions, run_ns = read_ort_times(ort_times, "mlp_timed")
+    assert (requests, executions) == (3, 3)
+    assert run_ns_per_request == run_ns > 0  # one request per execution without dynamic batching
+    # The run is part of what Triton's python backend books as compute_infer (the whole execute).
+    assert run_ns <= int(stats["compute_infer"]["ns"])
 
 
 def test_sleeper_takes_its_service_time(triton: TritonProcess) -> None:

@@ -12,6 +12,7 @@ import asyncio
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from reference_server.errors import InternalError, InvalidArgument, ModelConfigError, Unavailable
+from reference_server.onnx_backend import OnnxInstance, Placement, session_options
 from reference_server.scheduler import BatchingPolicy, Scheduler, Tensor
 from reference_server.stats import ModelStats
 
@@ -535,3 +537,90 @@ async def test_received_ns_counts_time_before_the_scheduler(harness: Harness) ->
     earlier = time.perf_counter_ns() - 10**9  # the transport received it a second ago
     await scheduler.infer(tensor(2), ["OUT"], received_ns=earlier)
     assert stats.queue_ns_total >= 10**9 and stats.success_ns >= 10**9
+
+
+# -- short runs on the loop --------------------------------------------------------------------------
+
+
+class ThreadRecorder:
+    """An instance that may run on the loop: records which thread ran each request, and sleeps
+    10 ms on HOLD (a run too slow for the loop)."""
+
+    runs_on_loop = True
+
+    def __init__(self) -> None:
+        self.name = "recorder"
+        self.threads: list[str] = []
+
+    def run(self, inputs: dict[str, Tensor], output_names: Sequence[str]) -> dict[str, Tensor]:
+        self.threads.append(threading.current_thread().name)
+        x = inputs["IN"]
+        if x.flat[0] == HOLD:
+            time.sleep(0.01)
+        return {"OUT": x * 2}
+
+
+async def run_one(scheduler: Scheduler, value: float) -> None:
+    result = await asyncio.wait_for(scheduler.infer(tensor(value), ["OUT"]), BOUND_S)
+    np.testing.assert_array_equal(result["OUT"], tensor(value)["IN"] * 2)
+
+
+@pytest.mark.parametrize(
+    ("policy", "instances", "runs_on_loop"),
+    [
+        (BatchingPolicy(max_batch_size=8), 1, True),
+        (DYNAMIC8, 1, True),
+        (BatchingPolicy(max_batch_size=8), 2, False),  # instances run in parallel
+    ],
+)
+async def test_short_batches_of_a_lone_instance_execute_on_the_loop(
+    policy: BatchingPolicy, instances: int, runs_on_loop: bool
+) -> None:
+    recorders = [ThreadRecorder() for _ in range(instances)]
+    stats = ModelStats()
+    scheduler = Scheduler(policy, recorders, stats)
+    try:
+        for value in (2.0, 3.0, 4.0):
+            await run_one(scheduler, value)
+    finally:
+        await scheduler.close(BOUND_S)
+    threads = [name for recorder in recorders for name in recorder.threads]
+    loop_thread = threading.current_thread().name
+    # No cost is known before the first run, so it always goes to the worker.
+    assert threads[0] != loop_thread
+    assert (threads[1:] == [loop_thread] * 2) is runs_on_loop
+    assert stats.success_count == 3 and stats.execution_count == 3
+
+
+async def test_a_slow_run_sends_the_next_request_back_to_the_worker() -> None:
+    recorder = ThreadRecorder()
+    scheduler = Scheduler(BatchingPolicy(max_batch_size=8), [recorder], ModelStats())
+    loop_thread = threading.current_thread().name
+    try:
+        await run_one(scheduler, 2.0)
+        await run_one(scheduler, HOLD)  # cheap by the estimate, so on the loop, but slow
+        await run_one(scheduler, 2.0)
+    finally:
+        await scheduler.close(BOUND_S)
+    assert recorder.threads[1] == loop_thread
+    assert recorder.threads[2] != loop_thread
+
+
+@pytest.mark.parametrize(("threads", "runs_on_loop"), [("1", True), ("2", False)])
+async def test_onnx_instances_run_on_the_loop_only_with_one_intra_op_thread(
+    demo_repository: Path, threads: str, runs_on_loop: bool
+) -> None:
+    config = parse(f'name: "mlp" parameters {{ key: "intra_op_thread_count" value: {{ string_value: "{threads}" }} }}')
+    instance = OnnxInstance(
+        Placement("mlp_0", "CPU"), demo_repository / "mlp" / "1" / "model.onnx", session_options(config)
+    )
+    assert instance.runs_on_loop is runs_on_loop
+    scheduler = Scheduler(BatchingPolicy(max_batch_size=8), [instance], ModelStats())
+    inputs = {"INPUT0": np.ones((1, 256), dtype=np.float32)}
+    expected = instance.run(inputs, ["OUTPUT0"])["OUTPUT0"]
+    try:
+        for _ in range(3):  # the first request teaches the scheduler the model's cost
+            result = await asyncio.wait_for(scheduler.infer(inputs, ["OUTPUT0"]), BOUND_S)
+            np.testing.assert_allclose(result["OUTPUT0"], expected, rtol=1e-6)
+    finally:
+        await scheduler.close(BOUND_S)
