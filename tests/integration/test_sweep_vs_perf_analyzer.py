@@ -8,10 +8,11 @@ What is compared, and how wide the margins are:
 - throughput per level: perfkit/perf_analyzer within 0.5-2.0. Both clients share the machine's
   cores with the server, the two runs follow one another, and a python-backend model varies by
   tens of percent from window to window, so a tight bound would test the machine, not perfkit.
-  The ratios are printed (`pytest -s`). On the 2-core development box, quiet, they were 0.64-1.35
-  (perfkit's gRPC client is the slower one: 0.64-0.83); with other jobs taking half the CPUs they
-  fell as low as 0.13, because the scheduler shares the cores per thread and perfkit has one
-  event-loop thread against perf_analyzer's thread per request. So a comparison that fails twice
+  The ratios are printed (`pytest -s`). perfkit's client spends less CPU per request than
+  perf_analyzer's (bench/client.py), so on the 2-core development box the server keeps more of the
+  CPU under perfkit and perfkit's throughput is usually the higher (up to about 1.4x); with other
+  jobs taking half the CPUs the ratio has swung both ways, because the scheduler shares the cores
+  per thread and perfkit has one event-loop thread against perf_analyzer's thread per request. So a comparison that fails twice
   while other processes took more than BUSY_MACHINE_SHARE of the CPUs is skipped, with the
   figures, rather than failed.
 """
