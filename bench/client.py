@@ -24,6 +24,7 @@ import argparse
 import csv
 import dataclasses
 import itertools
+import os
 import re
 import statistics
 import sys
@@ -39,6 +40,10 @@ from perfkit.embedded import ServerProcess, reference_server_process
 from reference_server.demo import build_demo_repository
 
 TOOLS = ("perfkit", "perf_analyzer")
+# --pin-cores: on a small machine the tools otherwise take CPU from the server, and the cheaper tool
+# leaves it more, so their throughputs differ for a reason that is not measurement.
+SERVER_CORE, TOOL_CORE = 0, 1
+PINNED = False
 SHAPES = {"identity": ("--shape", "INPUT0:256")}  # the identity's input is FP32 [-1]: 1 KiB per request
 
 
@@ -63,12 +68,19 @@ def tool_command(
     tool: str, peers: Path, url: str, protocol: str, model: str, concurrency: int, window: list[str], out: Path
 ) -> list[str]:
     common = ["-m", model, "-u", url, "-i", protocol, *SHAPES.get(model, ()), "--concurrency-range", str(concurrency)]
+    pin = ["taskset", "-c", str(TOOL_CORE)] if PINNED else []
     if tool == "perf_analyzer":
-        return [str(peers / "bin" / "perf_analyzer"), *common, *window, "-f", str(out / "pa.csv")]
+        return [*pin, str(peers / "bin" / "perf_analyzer"), *common, *window, "-f", str(out / "pa.csv")]
     return [
-        sys.executable, "-m", "perfkit", "sweep", *common, *window,
+        *pin, sys.executable, "-m", "perfkit", "sweep", *common, *window,
         "-f", str(out / "perfkit.csv"), "--report-dir", str(out / "reports"), "--quiet",
     ]  # fmt: skip
+
+
+def pin_process(pid: int, core: int) -> None:
+    """Every thread of `pid` (and so the threads it starts later) on `core` alone."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.sched_setaffinity(int(task.name), {core})
 
 
 def reported_requests(tool: str, timed: TimedRun, out: Path) -> int:
@@ -149,7 +161,14 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="measure every level this many times, alternating tools; tables take medians",
     )
+    parser.add_argument(
+        "--pin-cores",
+        action="store_true",
+        help=f"the server on CPU {SERVER_CORE}, each tool on CPU {TOOL_CORE}: no CPU shared between them",
+    )
     args = parser.parse_args(argv)
+    global PINNED
+    PINNED = args.pin_cores
     peers = peers_dir()
     levels = [int(c) for c in args.concurrency.split(",")]
     protocols = args.protocols.split(",")
@@ -159,6 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp_name)
         repository = build_demo_repository(tmp / "models")
         with reference_server_process(repository) as server:
+            if PINNED:
+                pin_process(server.process.pid, SERVER_CORE)
             # Warm the server (sessions, connections) before anything is measured.
             measure("perf_analyzer", peers, server, "http", args.model, max(levels), 500, tmp)
             for protocol in protocols:
@@ -262,8 +283,9 @@ def print_tables(runs: list[Run], fixed: dict[tuple[str, str], float], args: arg
         return (run.cpu_s - fixed[(run.tool, run.protocol)]) / requests * 1e6 if requests else float("nan")
 
     main_runs = median_runs([r for r in runs if r.window_ms == args.window_ms])
-    print(f"\nreference server, demo `{args.model}`, concurrency mode, -p {args.window_ms} -s 50 -r 5; "
-          f"{machine(peers_dir())} (at the end)\n")  # fmt: skip
+    pinning = f"; server pinned to CPU {SERVER_CORE}, tools to CPU {TOOL_CORE}" if PINNED else ""
+    print(f"\nreference server, demo `{args.model}`, concurrency mode, -p {args.window_ms} -s 50 -r 5"
+          f"{pinning}; {machine(peers_dir())} (at the end)\n")  # fmt: skip
     print("| protocol | concurrency | infer/s perfkit | infer/s PA | ratio | p50 ms perfkit | p50 ms PA | "
           "p99 ms perfkit | p99 ms PA | CPU us/req perfkit | CPU us/req PA | ratio |")  # fmt: skip
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
