@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import psutil
 import pytest
 
 from perfkit.config import DistributedSpec, LoadSpec, OutputSpec, SweepSpec, TargetSpec, WindowSpec
@@ -30,6 +29,7 @@ from perfkit.errors import ExitCode
 from perfkit.results import LevelResult, read_sweep
 from perfkit.runner import SweepRun, run_sweep
 from perfkit.schedule import OpenLoop, build_schedule
+from tests.ray_runtime import local_ray
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'perfkit[distributed]'")
 
@@ -42,19 +42,11 @@ WINDOWS = WindowSpec(interval_ms=1000, stability_pct=1_000_000, max_trials=3)
 @pytest.fixture(scope="module", autouse=True)
 def ray_runtime() -> Iterator[None]:
     """One local Ray runtime for the module; sweeps find it and leave it running."""
-    before = {child.pid for child in psutil.Process().children()}
-    ray.init(
+    with local_ray(
         address="local", num_cpus=3, include_dashboard=False, log_to_driver=False, configure_logging=False,
         object_store_memory=80 * 1024 * 1024,
-    )  # fmt: skip
-    started = [child for child in psutil.Process().children() if child.pid not in before]
-    try:
+    ):  # fmt: skip
         yield
-    finally:
-        ray.shutdown()
-        # On a loaded machine Ray's own processes can outlive its shutdown's short wait; reap them
-        # here, or their Popen objects warn "still running" in whichever test collects them.
-        psutil.wait_procs(started, timeout=30)
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,7 @@ from perfkit.search import SpaceSpec, brute_batches, build_space, variant_of
 from perfkit.tune import Model, Record, TuneResult, TuneSpec, run_tune, sweep_variant
 from perfkit.tune_cli import spec_from_args
 from perfkit.tune_distributed import EndpointState, RayTuner
+from tests.ray_runtime import local_ray
 from tests.unit.test_objectives import level
 
 pytestmark = pytest.mark.integration
@@ -43,11 +44,8 @@ GRID = ["--max-instance-count", "2", "--min-batch-size", "8", "--max-batch-size"
 
 @pytest.fixture(scope="module")
 def ray_runtime() -> Iterator[None]:
-    ray.init(include_dashboard=False, num_cpus=2, object_store_memory=80 * 1024**2, log_to_driver=False)
-    try:
+    with local_ray(include_dashboard=False, num_cpus=2, object_store_memory=80 * 1024**2, log_to_driver=False):
         yield
-    finally:
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")

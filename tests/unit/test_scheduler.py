@@ -539,6 +539,87 @@ async def test_received_ns_counts_time_before_the_scheduler(harness: Harness) ->
     assert stats.queue_ns_total >= 10**9 and stats.success_ns >= 10**9
 
 
+# -- backlogs --------------------------------------------------------------------------------------
+
+
+def block_loop_until(predicate: Callable[[], bool], seconds: float) -> bool:
+    """Hold the event loop (no awaits) until `predicate` or `seconds`; whatever happens meanwhile
+    happened without a loop iteration."""
+    deadline = time.monotonic() + seconds
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return predicate()
+
+
+async def finish_first_in_one_iteration(harness: Harness, fake: FakeInstance) -> None:
+    """Open the gate for the holding request and give the loop exactly one iteration, in which
+    its completion callback runs; the loop is held before and after."""
+    harness.gate.set()
+    assert block_loop_until(lambda: fake.finished >= 1, BOUND_S), "the holding request never ran"
+    await asyncio.sleep(0)  # queued behind the completion the worker posted: runs just after it
+
+
+async def test_a_backlog_reaches_the_busy_instance_ahead_of_the_loop(harness: Harness) -> None:
+    scheduler, (fake,), stats = harness.make(BatchingPolicy(max_batch_size=8))
+    first = await hold_instance(scheduler, fake)
+    rest = [submit(scheduler, tensor(v)) for v in (2, 3, 4, 5)]
+    await until(lambda: stats.pending == 4, "four requests are queued")
+    await finish_first_in_one_iteration(harness, fake)
+    # That one completion handed all four to the instance, which runs them while the loop is held.
+    assert block_loop_until(lambda: fake.finished == 5, BOUND_S), f"ran {fake.finished} of 5 without the loop"
+    results = await gather(first, *rest)
+    assert fake.firsts == [HOLD, 2, 3, 4, 5]  # still FIFO
+    assert [float(r["OUT"].flat[0]) for r in results] == [2 * HOLD, 4, 6, 8, 10]
+    assert (stats.success_count, stats.execution_count, stats.pending) == (5, 5, 0)
+
+
+async def test_only_whole_batches_go_ahead(harness: Harness) -> None:
+    scheduler, (fake,), stats = harness.make(BatchingPolicy(max_batch_size=2, dynamic=True))
+    first = await hold_instance(scheduler, fake)
+    rest = [submit(scheduler, tensor(v)) for v in (2, 3, 4, 5, 6)]
+    await until(lambda: stats.pending == 5, "five requests are queued")
+    await finish_first_in_one_iteration(harness, fake)
+    block_loop_until(lambda: fake.finished == 4, 0.2)
+    # Two full batches went at once; the last request waits for the loop, free to grow its batch.
+    assert fake.batches == [1, 2, 2]
+    await gather(first, *rest)
+    assert fake.batches == [1, 2, 2, 1]
+
+
+async def test_nothing_goes_ahead_while_queued_requests_can_time_out(harness: Harness) -> None:
+    policy = BatchingPolicy(max_batch_size=8, default_timeout_ns=30 * 10**9)
+    scheduler, (fake,), stats = harness.make(policy)
+    first = await hold_instance(scheduler, fake)
+    rest = [submit(scheduler, tensor(v)) for v in (2, 3, 4)]
+    await until(lambda: stats.pending == 3, "three requests are queued")
+    await finish_first_in_one_iteration(harness, fake)
+    # A request handed ahead could outlive its timeout unseen, so the others wait in the queue.
+    assert not block_loop_until(lambda: fake.finished > 2, 0.2)
+    assert stats.pending == 2
+    await gather(first, *rest)
+    assert stats.success_count == 4
+
+
+async def test_close_fails_batches_waiting_ahead_and_never_runs_them(harness: Harness) -> None:
+    scheduler, (fake,), stats = harness.make(BatchingPolicy(max_batch_size=8))
+    first = await hold_instance(scheduler, fake)
+    queued = [submit(scheduler, tensor(v)) for v in (HOLD, 2, 3)]
+    await until(lambda: stats.pending == 3, "three requests are queued")
+    harness.gate.set()
+    assert block_loop_until(lambda: fake.finished >= 1, BOUND_S)
+    harness.gate.clear()  # the second holding request will wait, with 2 and 3 ahead behind it
+    await until(lambda: len(fake.batches) == 2 and stats.pending == 0, "the backlog went ahead")
+    await asyncio.wait_for(scheduler.close(0.05), BOUND_S)
+    results = await asyncio.wait_for(asyncio.gather(first, *queued, return_exceptions=True), BOUND_S)
+    assert not isinstance(results[0], Exception)
+    assert all(isinstance(r, Unavailable) for r in results[1:])
+    assert stats.failures["OTHER"] == 3
+    harness.gate.set()
+    await until(lambda: fake.finished == 2, "the held run has returned")
+    await asyncio.sleep(0.05)
+    assert fake.batches == [1, 1]  # the two waiting behind it were dropped, not run
+
+
 # -- short runs on the loop --------------------------------------------------------------------------
 
 
