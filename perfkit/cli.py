@@ -50,6 +50,14 @@ def _add_sweep(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="a request taking longer counts as a 'timeout' error (default 30)",
     )
     target.add_argument(
+        "--max-connections",
+        type=int,
+        default=0,
+        metavar="N",
+        help="HTTP: at most N connections, like a pooled client; a request that finds none free waits for "
+        "one, and the wait counts in its latency (default 0: one per outstanding request)",
+    )
+    target.add_argument(
         "--input-tensor-format",
         choices=("binary", "json"),
         default="binary",

@@ -31,6 +31,7 @@ class TargetSpec:
     request_timeout_s: float = 30.0
     json_tensors: bool = False
     tls: TlsSpec = field(default_factory=TlsSpec)
+    max_connections: int = 0  # HTTP connections per load process; 0: one per outstanding request
 
 
 @dataclass(frozen=True, slots=True)

@@ -499,6 +499,8 @@ async def distributed_load(
     with _ray_runtime(spec) as ray:
         actor_class = ray.remote(LoadWorker)
         per_worker = math.ceil(max_outstanding / spec.workers)
+        if target.max_connections:
+            target = dataclasses.replace(target, max_connections=math.ceil(target.max_connections / spec.workers))
         # One CPU each, spread over the nodes: two workers on one core would measure the core.
         options = {"namespace": "perfkit", "num_cpus": 1, "scheduling_strategy": "SPREAD", "max_restarts": 0}
         links = [

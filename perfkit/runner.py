@@ -268,7 +268,7 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
         request_timeout_s=t.request_timeout_s,
         headers=dict(t.headers),
         json_tensors=t.json_tensors,
-        connections=0,
+        connections=t.max_connections,
         tls=t.tls,
     )
     try:

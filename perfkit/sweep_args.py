@@ -97,6 +97,13 @@ def _load(args: argparse.Namespace) -> LoadSpec:
 def spec_from_args(args: argparse.Namespace) -> SweepSpec:
     from perfkit.inputs import parse_shape_flag
 
+    if args.max_connections < 0:
+        raise PerfkitError(
+            f"--max-connections must be >= 0 (0: one per outstanding request), got {args.max_connections}"
+        )
+    if args.max_connections and args.protocol == "grpc":
+        raise PerfkitError("--max-connections is for -i http; gRPC sends every request over one HTTP/2 connection")
+
     if (args.metrics_url or args.metrics_interval != 1000.0) and not args.collect_metrics:
         raise PerfkitError("--metrics-url and --metrics-interval need --collect-metrics")
     spec = SweepSpec(
@@ -109,6 +116,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
             request_timeout_s=args.request_timeout,
             json_tensors=args.input_tensor_format == "json",
             tls=tls_from_args(args),
+            max_connections=args.max_connections,
         ),
         load=_load(args),
         windows=WindowSpec(

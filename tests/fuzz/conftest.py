@@ -16,9 +16,7 @@ def fuzz_server(demo_repository: Path, tmp_path_factory: pytest.TempPathFactory)
     """The reference server both fuzzers hit: the demo models and a BYTES model, explicit model
     control (so the repository API is live), small enough limits that the fuzzers reach them."""
     repository = build_fuzz_repository(demo_repository, tmp_path_factory.mktemp("fuzz") / "models")
-    config = loopback_config(
-        repository, load=("*",), http_max_input_size=256 * 1024, max_tensor_elements=64 * 1024
-    )
+    config = loopback_config(repository, load=("*",), http_max_input_size=256 * 1024, max_tensor_elements=64 * 1024)
     with running_server(config) as server:
         yield server
 

@@ -165,6 +165,8 @@ def test_a_grpc_sweep_of_the_embedded_default(env: dict[str, str], tmp_path: Pat
         (["--concurrency-range", "8:2"], "--concurrency-range"),
         (["--concurrency-range", "1:8", "--binary-search"], "-l/--latency-threshold"),
         (["-p", "0"], "-p/--measurement-interval"),
+        (["--max-connections", "-1"], "--max-connections"),
+        (["--max-connections", "2", "-i", "grpc"], "--max-connections is for -i http"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line_naming_the_flag(
@@ -211,6 +213,40 @@ def test_a_report_dir_that_cannot_be_created_is_a_usage_error(
     assert result.stderr.splitlines() == [
         f"error: --report-dir {tmp_path}/file/reports: cannot create it (Not a directory)"
     ]
+
+
+def server_http_connections(server: ServerProcess) -> int:
+    """Established connections to the server's HTTP port, as the server's process sees them."""
+    port = server.ports["HTTPService"]
+    connections = psutil.Process(server.process.pid).net_connections(kind="tcp")
+    return sum(1 for c in connections if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port)
+
+
+@pytest.mark.parametrize(("cap", "most"), [(0, 6), (2, 2)])
+def test_max_connections_caps_the_http_connections_a_sweep_opens(
+    cap: int, most: int, server: ServerProcess, env: dict[str, str], tmp_path: Path
+) -> None:
+    stderr = tmp_path / "stderr.txt"
+    process = start_sweep(
+        "-u", server.http_url, "-m", "identity", "--shape", "INPUT0:16", "--concurrency-range", "6", "-p", "500",
+        "-r", "4", "-s", "1000", "--max-connections", str(cap), "--report-dir", str(tmp_path), "--no-report",
+        env=env, stderr=stderr,
+    )  # fmt: skip
+    seen = 0
+    try:
+        wait_until(lambda: "window 1/" in stderr.read_text(), "the first window", process, stderr, 60)
+        while process.poll() is None:  # the level's connections stay open until it ends
+            seen = max(seen, server_http_connections(server))
+            time.sleep(0.02)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait(30)
+    assert process.returncode == 0, stderr.read_text()
+    # The control plane (metadata, statistics) has a connection of its own beside the load's.
+    assert most <= seen <= most + 1
+    [level] = read_sweep(only(sorted(tmp_path.glob("*.json")))).levels
+    assert level.error_count == 0 and level.ok_count > 0
 
 
 def test_an_unstable_level_is_kept_flagged_and_gives_exit_code_3(
