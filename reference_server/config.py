@@ -12,6 +12,7 @@ CONTROL_MODES = ("none", "explicit", "poll")
 #: Safe defaults for the overload limits: a few thousand requests in flight server-wide, and 2**24
 #: elements per request (64 MiB of FP32, the body limit's worth).
 DEFAULT_MAX_INFLIGHT_REQUESTS = 4096
+DEFAULT_HTTP_READ_PAUSE_INFLIGHT = 2048  # half the in-flight limit: the gate acts before the 503s
 DEFAULT_MAX_TENSOR_ELEMENTS = 1 << 24
 
 
@@ -35,6 +36,7 @@ class ServerConfig:
     log_verbose: int = 0
     backend_config: dict[str, str] = field(default_factory=dict)
     max_inflight_requests: int = DEFAULT_MAX_INFLIGHT_REQUESTS
+    http_read_pause_inflight: int = DEFAULT_HTTP_READ_PAUSE_INFLIGHT
     max_tensor_elements: int = DEFAULT_MAX_TENSOR_ELEMENTS
     #: Bearer token every non-health endpoint wants; never printed (repr=False).
     auth_token: str | None = field(default=None, repr=False)
@@ -65,6 +67,8 @@ class ServerConfig:
             raise ServerError("--http-max-input-size must be a positive number of bytes")
         if self.max_inflight_requests < 1:
             raise ServerError("--max-inflight-requests must be at least 1")
+        if self.http_read_pause_inflight == 1 or self.http_read_pause_inflight < 0:
+            raise ServerError("--http-read-pause-inflight must be 0 (never pause) or at least 2")
         if self.max_tensor_elements < 1:
             raise ServerError("--max-tensor-elements must be at least 1")
         if self.auth_token is not None:
@@ -157,6 +161,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_INFLIGHT_REQUESTS,
         metavar="N",
         help="inference requests in progress at once, server-wide; more get HTTP 503 / gRPC UNAVAILABLE at once",
+    )
+    limits.add_argument(
+        "--http-read-pause-inflight",
+        type=int,
+        default=DEFAULT_HTTP_READ_PAUSE_INFLIGHT,
+        metavar="N",
+        help="stop reading new HTTP requests while N inference requests are in progress, until half are "
+        "done, so an overload waits in the sockets instead of being read and refused (0: never)",
     )
     limits.add_argument(
         "--max-tensor-elements",
@@ -257,6 +269,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         log_verbose=args.log_verbose,
         backend_config=backend,
         max_inflight_requests=args.max_inflight_requests,
+        http_read_pause_inflight=args.http_read_pause_inflight,
         max_tensor_elements=args.max_tensor_elements,
         auth_token=token,
         ssl_certfile=args.ssl_certfile,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -49,6 +49,8 @@ class DataPlane:
         self.max_inflight_requests = max_inflight_requests
         self.max_tensor_elements = max_tensor_elements
         self.inflight = 0
+        #: Told the new count whenever `inflight` changes (the HTTP front end's read gate).
+        self.inflight_listeners: list[Callable[[int], None]] = []
 
     # --- admission -------------------------------------------------------------------------------
 
@@ -66,10 +68,14 @@ class DataPlane:
                 f"{self.max_inflight_requests} (--max-inflight-requests); retry later"
             )
         self.inflight += 1
+        for listener in self.inflight_listeners:
+            listener(self.inflight)
         try:
             yield
         finally:
             self.inflight -= 1
+            for listener in self.inflight_listeners:
+                listener(self.inflight)
 
     # --- health and metadata ---------------------------------------------------------------------
 

@@ -13,10 +13,12 @@ from perfkit import v2
 from reference_server.auth import OPEN_HTTP_PATHS, Token, Unauthenticated
 from reference_server.dataplane import DataPlane
 from reference_server.errors import InvalidArgument, ServerError
+from reference_server.read_gate import ReadGate
 
 log = logging.getLogger(__name__)
 
 DATAPLANE = web.AppKey("dataplane", DataPlane)
+READ_GATE = web.AppKey("read_gate", ReadGate)
 HEADER_LENGTH = "Inference-Header-Content-Length"
 _JSON = "application/json"
 
@@ -131,7 +133,11 @@ async def infer(request: web.Request) -> web.Response:
     plane = _plane(request)
     model, version = request.match_info["model"], _version(request)
     with plane.admit():  # before the body is read: an overload costs no memory
-        return await _infer(plane, request, model, version)
+        gate = request.app.get(READ_GATE)
+        if gate is None:
+            return await _infer(plane, request, model, version)
+        with gate.serving(request.transport):
+            return await _infer(plane, request, model, version)
 
 
 async def _infer(plane: DataPlane, request: web.Request, model: str, version: str) -> web.Response:
@@ -184,10 +190,17 @@ async def repository_unload(request: web.Request) -> web.Response:
     return web.Response(status=200)
 
 
-def build_rest_app(plane: DataPlane, *, max_request_bytes: int, token: Token | None = None) -> web.Application:
+def build_rest_app(
+    plane: DataPlane, *, max_request_bytes: int, token: Token | None = None, read_gate: ReadGate | None = None
+) -> web.Application:
+    """The KServe v2 REST app. With `read_gate`, the caller also lets the gate watch the app's
+    server (`ReadGate.watch`), so that it hears of connections."""
     middlewares: list[Any] = [kserve_errors] if token is None else [kserve_errors, bearer_auth(token)]
     app = web.Application(middlewares=middlewares, client_max_size=max_request_bytes)
     app[DATAPLANE] = plane
+    if read_gate is not None:
+        app[READ_GATE] = read_gate
+        plane.inflight_listeners.append(read_gate.inflight_changed)
     model = "/v2/models/{model}"
     versioned = "/v2/models/{model}/versions/{version}"
     app.router.add_get("/v2/health/live", health_live)

@@ -24,6 +24,7 @@ from reference_server.errors import ServerError
 from reference_server.grpc_service import build_grpc_server
 from reference_server.metrics import build_metrics_app
 from reference_server.poller import RepositoryPoller
+from reference_server.read_gate import ReadGate
 from reference_server.repository import ModelRepository
 from reference_server.rest import build_rest_app
 
@@ -72,8 +73,11 @@ class ReferenceServer:
             await self._poller.start()
         try:
             if config.allow_http:
-                app = build_rest_app(self.dataplane, max_request_bytes=config.http_max_input_size, token=self._token)
-                self.http_port = await self._listen(app, config.http_port, self._ssl)
+                gate = ReadGate(config.http_read_pause_inflight) if config.http_read_pause_inflight else None
+                app = build_rest_app(
+                    self.dataplane, max_request_bytes=config.http_max_input_size, token=self._token, read_gate=gate
+                )
+                self.http_port = await self._listen(app, config.http_port, self._ssl, gate)
                 print(f"Started HTTPService at {config.host}:{self.http_port}", flush=True)
             if config.allow_grpc:
                 self.grpc_port = await self._listen_grpc(self.dataplane, config.grpc_port)
@@ -85,7 +89,9 @@ class ReferenceServer:
             await self.stop(grace_s=0)
             raise
 
-    async def _listen(self, app: web.Application, port: int, ssl_context: ssl.SSLContext | None = None) -> int:
+    async def _listen(
+        self, app: web.Application, port: int, ssl_context: ssl.SSLContext | None = None, gate: ReadGate | None = None
+    ) -> int:
         runner = web.AppRunner(
             app,
             access_log=log if self.config.log_verbose > 0 else None,
@@ -93,6 +99,9 @@ class ReferenceServer:
         )
         await runner.setup()
         self._runners.append(runner)
+        if gate is not None:
+            assert runner.server is not None  # set by setup()
+            gate.watch(runner.server)
         site = web.TCPSite(runner, self.config.host, port, reuse_address=True, ssl_context=ssl_context)
         await site.start()
         bound: Any = runner.addresses[-1]

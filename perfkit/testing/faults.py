@@ -113,10 +113,14 @@ class FaultProxy:
                 return
             if self.upstream is not None and self.fault == "none":
                 try:
-                    up_reader, link.upstream = await asyncio.open_connection(*self.upstream)
+                    up_reader, upstream = await asyncio.open_connection(*self.upstream)
                 except OSError:
                     self._drop(link, rst=True)  # the server is down: the client sees its connection fail
                     return
+                if link not in self._links:  # a fault dropped the link while it was connecting
+                    upstream.close()
+                    return
+                link.upstream = upstream
                 link.tasks = [
                     asyncio.create_task(self._pump(reader, link.upstream, link, to_client=False)),
                     asyncio.create_task(self._pump(up_reader, writer, link, to_client=True)),

@@ -9,7 +9,9 @@ test_http_errors.py and test_grpc_errors.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -207,3 +209,59 @@ def test_limits_have_safe_defaults_and_refuse_nonsense(
             config_from_args(["--model-repository", str(demo_repository), flag, "0"])
         assert exited.value.code == 2
         assert flag in capsys.readouterr().err
+
+
+# -- the read gate ---------------------------------------------------------------------------------
+
+
+def _infer_head(port: int, body: bytes) -> bytes:
+    return (
+        f"POST /v2/models/slow/infer HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+
+
+def _status(connection: socket.socket) -> int:
+    """The status of the next response on `connection` (its first line is enough here)."""
+    head = b""
+    while b"\r\n" not in head:
+        chunk = connection.recv(4096)
+        if not chunk:
+            raise AssertionError("the server closed the connection")
+        head += chunk
+    return int(head.split(b" ", 2)[1])
+
+
+@pytest.mark.parametrize("pause_at", [2, 0])
+def test_past_the_read_gate_new_requests_wait_unread_until_half_are_done(
+    limits_repository: Path, pause_at: int
+) -> None:
+    body = SLOW_REQUEST.encode()
+    config = loopback_config(limits_repository, http_read_pause_inflight=pause_at)
+    with running_server(config) as server:
+        assert server.http_port is not None and server.dataplane is not None
+        port, plane = server.http_port, server.dataplane
+        with contextlib.ExitStack() as stack:
+            a, b, probe = (stack.enter_context(socket.create_connection(("127.0.0.1", port), 10)) for _ in range(3))
+            # Two requests admitted but held reading their bodies, which come later.
+            for connection in (a, b):
+                connection.sendall(_infer_head(port, body) + body[:5])
+            deadline = time.monotonic() + 10
+            while plane.inflight < 2:
+                assert time.monotonic() < deadline, "the two requests were never admitted"
+                time.sleep(0.005)
+            probe.sendall(f"GET /v2/health/ready HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+            probe.settimeout(0.5)
+            if pause_at == 0:  # no gate: read and answered at once
+                assert _status(probe) == 200
+                return
+            with pytest.raises(TimeoutError):
+                _status(probe)  # unread while the gate is closed
+            probe.settimeout(10)
+            # A connection being served is still read: its body arrives and it is answered ...
+            a.sendall(body[5:])
+            assert _status(a) == 200
+            # ... which brings in flight down to half the mark: the waiting probe is read and answered.
+            assert _status(probe) == 200
+            b.sendall(body[5:])
+            assert _status(b) == 200
