@@ -30,10 +30,11 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server import gpu, model_config
+from reference_server.batching_policy import BatchingPolicy
 from reference_server.errors import ModelConfigError, NotFound, ServerError, Unavailable
 from reference_server.onnx_backend import OnnxInstance, plan_instances, session_options
 from reference_server.poller import Fingerprint, model_fingerprint
-from reference_server.scheduler import BatchingPolicy, Scheduler
+from reference_server.scheduler import Scheduler
 from reference_server.stats import ModelStats
 from reference_server.warmup import run_warmup
 

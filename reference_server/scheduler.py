@@ -48,7 +48,7 @@ worker. The bound caps how long one batch holds up every other connection and mo
 arrive meanwhile wait in the sockets instead of the queue and are read as soon as the batch ends,
 so the dynamic batcher still finds them together (measured under perf_analyzer: more throughput
 with dynamic batching, not less). Several instances keep their worker threads, which run in
-parallel. Nothing else changes: the same `_execute` and the same statistics, and `_finish` runs one
+parallel. Nothing else changes: the same `batch_run.execute` and the same statistics, and `_finish` runs one
 loop iteration later, as it would.
 
 *Backlogs.* A worker's finished batch reaches the loop through `call_soon_threadsafe`, and the
@@ -92,19 +92,15 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from time import perf_counter_ns
-from typing import Any, Literal, Protocol
 
-import numpy as np
-import numpy.typing as npt
-from tritonclient.grpc import model_config_pb2
-
-from .errors import InternalError, InvalidArgument, ModelConfigError, Unavailable
+from .batch_run import ModelInstance, Outcome, Tensors, execute
+from .batching_policy import BatchingPolicy
+from .errors import InternalError, InvalidArgument, Unavailable
 from .stats import ModelStats
 from .timer import TimerHandle, call_at_ns
 
-__all__ = ["INLINE_MAX_NS", "BatchingPolicy", "ModelInstance", "Scheduler", "Tensor", "TimeoutAction"]
+__all__ = ["AHEAD_BATCHES", "INLINE_MAX_NS", "Scheduler"]
 
 #: The longest expected batch (ns) that a `runs_on_loop` instance executes on the event loop.
 INLINE_MAX_NS = 1_000_000
@@ -113,75 +109,6 @@ INLINE_MAX_NS = 1_000_000
 AHEAD_BATCHES = 16
 
 _STOPPING = "Server is stopping, scheduler for model has stopped accepting new inference requests"
-
-Tensor = npt.NDArray[Any]
-Tensors = dict[str, Tensor]
-TimeoutAction = Literal["REJECT", "DELAY"]
-
-
-class ModelInstance(Protocol):
-    """One loaded copy of a model (one `instance_group` instance)."""
-
-    name: str
-    # Optional: `runs_on_loop = True` lets the scheduler call `run` on the event-loop thread for
-    # short batches (see "Short runs on the loop"); an instance without it always gets a worker.
-
-    def run(self, inputs: Tensors, output_names: Sequence[str]) -> Tensors:
-        """Execute one batch. Blocking; called from this instance's worker thread, or from the event
-        loop if the instance has `runs_on_loop` set (one call at a time either way).
-
-        An empty `output_names` asks for every output.
-        """
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class BatchingPolicy:
-    """The scheduling part of a Triton model config."""
-
-    max_batch_size: int = 0
-    dynamic: bool = False
-    #: As configured (deduplicated, ascending); empty means Triton's default `[max_batch_size]`.
-    preferred_batch_sizes: tuple[int, ...] = ()
-    max_queue_delay_ns: int = 0
-    preserve_ordering: bool = False
-    #: 0 = unbounded.
-    max_queue_size: int = 0
-    #: 0 = no timeout.
-    default_timeout_ns: int = 0
-    timeout_action: TimeoutAction = "REJECT"
-    allow_timeout_override: bool = False
-
-    def __post_init__(self) -> None:
-        if self.max_batch_size < 0:
-            raise ModelConfigError(f"max_batch_size must be >= 0, got {self.max_batch_size}")
-        for size in self.preferred_batch_sizes:
-            if not 0 < size <= self.max_batch_size:
-                raise ModelConfigError(
-                    f"dynamic_batching preferred_batch_size {size} must be positive and <= "
-                    f"max_batch_size ({self.max_batch_size})"
-                )
-        if self.timeout_action not in ("REJECT", "DELAY"):
-            raise ModelConfigError(f"timeout_action must be REJECT or DELAY, got {self.timeout_action!r}")
-
-    @classmethod
-    def from_config(cls, cfg: model_config_pb2.ModelConfig) -> BatchingPolicy:
-        """Read `max_batch_size` and `dynamic_batching` from a parsed config.pbtxt."""
-        if not cfg.HasField("dynamic_batching"):
-            return cls(max_batch_size=cfg.max_batch_size)
-        db = cfg.dynamic_batching
-        qp = db.default_queue_policy
-        return cls(
-            max_batch_size=cfg.max_batch_size,
-            dynamic=True,
-            preferred_batch_sizes=tuple(sorted(set(db.preferred_batch_size))),
-            max_queue_delay_ns=db.max_queue_delay_microseconds * 1000,
-            preserve_ordering=db.preserve_ordering,
-            max_queue_size=qp.max_queue_size,
-            default_timeout_ns=qp.default_timeout_microseconds * 1000,
-            timeout_action="DELAY" if qp.timeout_action == qp.DELAY else "REJECT",
-            allow_timeout_override=qp.allow_timeout_override,
-        )
 
 
 class _Request:
@@ -217,11 +144,6 @@ class _Request:
         self.enqueued_ns = enqueued_ns
         self.deadline_ns = deadline_ns  # perf_counter_ns; 0 = none
         self.queued = True  # False once dispatched, expired, withdrawn or failed by close()
-
-
-# What a worker hands back: (t0, t1, t2, t3, per-request outputs, error).
-# t0..t3 bracket compute_input, compute_infer and compute_output.
-_Outcome = tuple[int, int, int, int, "list[Tensors] | None", "Exception | None"]
 
 
 # A dispatched batch: its preserve_ordering number and its requests.
@@ -266,7 +188,7 @@ class Scheduler:
         self._drained: asyncio.Event | None = None
         self._next_seq = 0  # preserve_ordering: next batch number to hand out
         self._release_seq = 0  # ... and the next one to release
-        self._held: dict[int, tuple[list[_Request], _Outcome]] = {}
+        self._held: dict[int, tuple[list[_Request], Outcome]] = {}
         self._slots = [_Slot(instance) for instance in instances]
         self._idle: deque[_Slot] = deque(self._slots)
         inline = len(instances) == 1 and getattr(instances[0], "runs_on_loop", False) is True
@@ -495,7 +417,7 @@ class Scheduler:
         if slot is self._inline_slot and 0 < _elements(batch) * self._ns_per_element <= INLINE_MAX_NS:
             loop = self._loop
             assert loop is not None  # set by infer() before anything is dispatched
-            loop.call_soon(self._finish, slot, entry, _execute(slot.instance, batch))
+            loop.call_soon(self._finish, slot, entry, execute(slot.instance, batch))
             return
         slot.inbox.put(entry)
 
@@ -563,7 +485,7 @@ class Scheduler:
         while (entry := inbox.get()) is not None:
             if self._closed:
                 continue  # close() failed what waited here; the sentinel follows
-            outcome = _execute(instance, entry[1])
+            outcome = execute(instance, entry[1])
             loop = self._loop
             assert loop is not None  # set by infer() before anything is dispatched
             try:
@@ -573,7 +495,7 @@ class Scheduler:
 
     # -- completion (event loop) -----------------------------------------------------------------
 
-    def _finish(self, slot: _Slot, entry: _Batch, outcome: _Outcome) -> None:
+    def _finish(self, slot: _Slot, entry: _Batch, outcome: Outcome) -> None:
         seq, batch = entry
         running = slot.running
         if running and running[0] is entry:
@@ -603,7 +525,7 @@ class Scheduler:
             self._schedule()
             self._check_drained()
 
-    def _resolve(self, batch: list[_Request], outcome: _Outcome) -> None:
+    def _resolve(self, batch: list[_Request], outcome: Outcome) -> None:
         t0, t1, t2, t3, results, error = outcome
         done = perf_counter_ns()
         stats = self._stats
@@ -641,64 +563,9 @@ class Scheduler:
             self._drained.set()
 
 
-def _execute(instance: ModelInstance, batch: list[_Request]) -> _Outcome:
-    """Gather, run and split one batch. Runs in the instance's worker thread."""
-    t0 = perf_counter_ns()
-    try:
-        first = batch[0]
-        if len(batch) == 1:
-            inputs = first.inputs
-            names: Sequence[str] = first.output_names
-        else:
-            inputs = {name: np.concatenate([r.inputs[name] for r in batch]) for name in first.inputs}
-            names = _union_outputs(batch)
-        t1 = perf_counter_ns()
-        outputs = instance.run(inputs, names)
-        t2 = perf_counter_ns()
-        if len(batch) == 1:
-            results = [_select(outputs, first.output_names)]
-        else:
-            total = sum(r.batch_size for r in batch)
-            for name in names or outputs:
-                array = outputs.get(name)
-                if array is not None and (array.ndim == 0 or array.shape[0] != total):
-                    raise RuntimeError(
-                        f"output '{name}' has shape {list(array.shape)}, expected batch dimension {total}"
-                    )
-            results = []
-            start = 0
-            for request in batch:
-                end = start + request.batch_size
-                selected = _select(outputs, request.output_names)
-                results.append({name: array[start:end] for name, array in selected.items()})
-                start = end
-        t3 = perf_counter_ns()
-    except Exception as error:  # any failure of this batch is reported to its requests
-        return t0, t0, t0, t0, None, error
-    return t0, t1, t2, t3, results, None
-
-
 def _backlog(slot: _Slot) -> int:
     return len(slot.running)
 
 
 def _elements(batch: list[_Request]) -> int:
     return sum(array.size for request in batch for array in request.inputs.values())
-
-
-def _union_outputs(batch: list[_Request]) -> Sequence[str]:
-    names: dict[str, None] = {}
-    for request in batch:
-        if not request.output_names:
-            return ()  # someone wants every output
-        names.update(dict.fromkeys(request.output_names))
-    return list(names)
-
-
-def _select(outputs: Tensors, names: Sequence[str]) -> Tensors:
-    if not names:
-        return outputs
-    try:
-        return {name: outputs[name] for name in names}
-    except KeyError as missing:
-        raise RuntimeError(f"model did not produce requested output {missing}") from None

@@ -33,8 +33,8 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from perfkit import v2
+from reference_server.batch_run import ModelInstance, Tensor
 from reference_server.errors import ModelConfigError
-from reference_server.scheduler import ModelInstance, Tensor
 
 __all__ = ["WARMUP_FOLDER", "run_warmup", "warmup_samples"]
 
