@@ -48,8 +48,8 @@ worker. The bound caps how long one batch holds up every other connection and mo
 arrive meanwhile wait in the sockets instead of the queue and are read as soon as the batch ends,
 so the dynamic batcher still finds them together (measured under perf_analyzer: more throughput
 with dynamic batching, not less). Several instances keep their worker threads, which run in
-parallel. Nothing else changes: the same `batch_run.execute` and the same statistics, and `_finish` runs one
-loop iteration later, as it would.
+parallel. Nothing else changes: the same `batch_run.execute` and the same statistics, and
+`_finish` runs one loop iteration later, as it would.
 
 *Backlogs.* A worker's finished batch reaches the loop through `call_soon_threadsafe`, and the
 next batch goes back only when the loop runs that callback: one batch per instance per loop
