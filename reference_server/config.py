@@ -31,6 +31,7 @@ class ServerConfig:
     repository_poll_secs: float = 15.0
     strict_readiness: bool = True
     http_max_input_size: int = 64 * 1024 * 1024
+    http_body_timeout_secs: float = 60.0
     exit_timeout_secs: float = 30.0
     default_max_batch_size: int = 4
     log_verbose: int = 0
@@ -65,6 +66,8 @@ class ServerConfig:
             raise ServerError("--repository-poll-secs must be a positive number of seconds in poll mode")
         if self.http_max_input_size <= 0:
             raise ServerError("--http-max-input-size must be a positive number of bytes")
+        if not self.http_body_timeout_secs > 0:
+            raise ServerError("--http-body-timeout-secs must be a positive number of seconds")
         if self.max_inflight_requests < 1:
             raise ServerError("--max-inflight-requests must be at least 1")
         if self.http_read_pause_inflight == 1 or self.http_read_pause_inflight < 0:
@@ -153,6 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BYTES",
         help="largest request accepted, on both front ends: larger HTTP bodies get 413, larger gRPC messages "
         "RESOURCE_EXHAUSTED",
+    )
+    net.add_argument(
+        "--http-body-timeout-secs",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="an HTTP request body not all in within SECONDS of its headers gets 408 and the connection closes",
     )
     limits = parser.add_argument_group("limits")
     limits.add_argument(
@@ -264,6 +274,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         repository_poll_secs=args.repository_poll_secs,
         strict_readiness=args.strict_readiness,
         http_max_input_size=args.http_max_input_size,
+        http_body_timeout_secs=args.http_body_timeout_secs,
         exit_timeout_secs=args.exit_timeout_secs,
         default_max_batch_size=default_mbs,
         log_verbose=args.log_verbose,

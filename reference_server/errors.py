@@ -46,6 +46,13 @@ class PayloadTooLarge(InvalidArgument):
     http_status = 413
 
 
+class BodyTimeout(InvalidArgument):
+    """A request body that did not arrive in time; the connection is closed after the answer."""
+
+    http_status = 408
+    grpc_code = "DEADLINE_EXCEEDED"
+
+
 class InternalError(ServerError):
     http_status = 500
     grpc_code = "INTERNAL"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -12,13 +13,14 @@ from aiohttp import web
 from perfkit import v2
 from reference_server.auth import OPEN_HTTP_PATHS, Token, Unauthenticated
 from reference_server.dataplane import DataPlane
-from reference_server.errors import InvalidArgument, ServerError
+from reference_server.errors import BodyTimeout, InvalidArgument, ServerError
 from reference_server.read_gate import ReadGate
 
 log = logging.getLogger(__name__)
 
 DATAPLANE = web.AppKey("dataplane", DataPlane)
 READ_GATE = web.AppKey("read_gate", ReadGate)
+BODY_TIMEOUT_S = web.AppKey("body_timeout_s", float)
 HEADER_LENGTH = "Inference-Header-Content-Length"
 _JSON = "application/json"
 
@@ -37,6 +39,10 @@ async def kserve_errors(request: web.Request, handler: Handler) -> web.StreamRes
     except Unauthenticated as exc:
         response = error_response(exc.message, exc.http_status)
         response.headers["WWW-Authenticate"] = 'Bearer realm="perfkit-reference-server"'
+        return response
+    except BodyTimeout as exc:
+        response = error_response(exc.message, exc.http_status)
+        response.force_close()  # the rest of the body may still come: never read it as a request
         return response
     except ServerError as exc:
         return error_response(exc.message, exc.http_status)
@@ -83,9 +89,24 @@ def _status(ok: bool) -> web.Response:
     return web.Response(status=200 if ok else 400)
 
 
+async def _read_body(request: web.Request) -> bytes:
+    """The whole body, within the app's body timeout: a client that stops sending mid-body would
+    otherwise hold its in-flight slot, and its memory, for as long as it likes."""
+    if request.content.is_eof():  # all of it came with the headers, as small requests do: no timer
+        return await request.read()
+    timeout_s = request.app.get(BODY_TIMEOUT_S, 60.0)
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await request.read()
+    except TimeoutError:
+        raise BodyTimeout(
+            f"the request body did not all arrive within {timeout_s:g} s (--http-body-timeout-secs)"
+        ) from None
+
+
 async def _read_json_object(request: web.Request) -> dict[str, Any]:
     """An optional JSON object body (repository calls): empty means {}."""
-    body = await request.read()
+    body = await _read_body(request)
     if not body.strip():
         return {}
     try:
@@ -141,7 +162,7 @@ async def infer(request: web.Request) -> web.Response:
 
 
 async def _infer(plane: DataPlane, request: web.Request, model: str, version: str) -> web.Response:
-    body = await request.read()
+    body = await _read_body(request)
     raw_length = request.headers.get(HEADER_LENGTH)
     if raw_length is None:
         header_length = None
@@ -191,13 +212,19 @@ async def repository_unload(request: web.Request) -> web.Response:
 
 
 def build_rest_app(
-    plane: DataPlane, *, max_request_bytes: int, token: Token | None = None, read_gate: ReadGate | None = None
+    plane: DataPlane,
+    *,
+    max_request_bytes: int,
+    token: Token | None = None,
+    read_gate: ReadGate | None = None,
+    body_timeout_s: float = 60.0,
 ) -> web.Application:
     """The KServe v2 REST app. With `read_gate`, the caller also lets the gate watch the app's
     server (`ReadGate.watch`), so that it hears of connections."""
     middlewares: list[Any] = [kserve_errors] if token is None else [kserve_errors, bearer_auth(token)]
     app = web.Application(middlewares=middlewares, client_max_size=max_request_bytes)
     app[DATAPLANE] = plane
+    app[BODY_TIMEOUT_S] = body_timeout_s
     if read_gate is not None:
         app[READ_GATE] = read_gate
         plane.inflight_listeners.append(read_gate.inflight_changed)

@@ -75,7 +75,11 @@ class ReferenceServer:
             if config.allow_http:
                 gate = ReadGate(config.http_read_pause_inflight) if config.http_read_pause_inflight else None
                 app = build_rest_app(
-                    self.dataplane, max_request_bytes=config.http_max_input_size, token=self._token, read_gate=gate
+                    self.dataplane,
+                    max_request_bytes=config.http_max_input_size,
+                    token=self._token,
+                    read_gate=gate,
+                    body_timeout_s=config.http_body_timeout_secs,
                 )
                 self.http_port = await self._listen(app, config.http_port, self._ssl, gate)
                 print(f"Started HTTPService at {config.host}:{self.http_port}", flush=True)

@@ -265,3 +265,23 @@ def test_past_the_read_gate_new_requests_wait_unread_until_half_are_done(
             assert _status(probe) == 200
             b.sendall(body[5:])
             assert _status(b) == 200
+
+
+def test_a_body_that_stops_coming_gets_408_with_connection_close(limits_repository: Path) -> None:
+    body = SLOW_REQUEST.encode()
+    with running_server(loopback_config(limits_repository, http_body_timeout_secs=0.5)) as server:
+        assert server.http_port is not None and server.dataplane is not None
+        with socket.create_connection(("127.0.0.1", server.http_port), 10) as connection:
+            started = time.monotonic()
+            connection.sendall(_infer_head(server.http_port, body) + body[:5])  # and nothing more
+            answer = b""
+            while b"}" not in answer:  # the JSON error ends the response
+                chunk = connection.recv(4096)
+                assert chunk, answer
+                answer += chunk
+            elapsed = time.monotonic() - started
+        head, _, payload = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408") and b"Connection: close" in head, answer
+        assert "--http-body-timeout-secs" in json.loads(payload)["error"]
+        assert 0.5 <= elapsed < 8
+        assert server.dataplane.inflight == 0  # the slot it held is free again
