@@ -56,7 +56,16 @@ class DataPlane:
 
     @contextlib.contextmanager
     def admit(self) -> Iterator[None]:
-        """Hold one of the server-wide in-flight slots for an inference request, or fail at once.
+        """Hold one of the server-wide in-flight slots for an inference request, or fail at once
+        (`acquire` and `release` around the block)."""
+        self.acquire()
+        try:
+            yield
+        finally:
+            self.release()
+
+    def acquire(self) -> None:
+        """Take one of the server-wide in-flight slots for an inference request, or fail at once.
 
         The front ends take the slot before they read or decode the request, so a burst beyond the
         limit costs neither memory nor latency: it is answered UNAVAILABLE (HTTP 503) straight away,
@@ -70,12 +79,12 @@ class DataPlane:
         self.inflight += 1
         for listener in self.inflight_listeners:
             listener(self.inflight)
-        try:
-            yield
-        finally:
-            self.inflight -= 1
-            for listener in self.inflight_listeners:
-                listener(self.inflight)
+
+    def release(self) -> None:
+        """Give back a slot taken by `acquire`."""
+        self.inflight -= 1
+        for listener in self.inflight_listeners:
+            listener(self.inflight)
 
     # --- health and metadata ---------------------------------------------------------------------
 

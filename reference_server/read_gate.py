@@ -25,13 +25,10 @@ the requests ahead of them. The client sees latency instead of errors.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import Iterator
 from typing import Any
-
-from aiohttp import web
 
 __all__ = ["RESUMED_GRACE_S", "ReadGate"]
 
@@ -57,23 +54,6 @@ class ReadGate:
 
     # -- connections
 
-    def watch(self, server: web.Server) -> None:
-        """Hear of every connection `server` (aiohttp's, from `AppRunner.server`) opens and loses."""
-        made, lost = server.connection_made, server.connection_lost
-
-        def connection_made(handler: Any, transport: asyncio.Transport) -> None:
-            made(handler, transport)
-            self.connection_made(transport)
-
-        def connection_lost(handler: Any, exc: BaseException | None = None) -> None:
-            transport = handler.transport
-            lost(handler, exc)
-            if transport is not None:
-                self.connection_lost(transport)
-
-        server.connection_made = connection_made  # type: ignore[method-assign]
-        server.connection_lost = connection_lost  # type: ignore[method-assign]
-
     def connection_made(self, transport: Any) -> None:
         self._connections[transport] = None
         if self.closed:
@@ -97,21 +77,29 @@ class ReadGate:
     @contextlib.contextmanager
     def serving(self, transport: Any) -> Iterator[None]:
         """The block serves a request read from `transport`: keep reading it until the block ends."""
-        if transport is None:  # the connection is already gone
+        self.begin_serving(transport)
+        try:
             yield
+        finally:
+            self.end_serving(transport)
+
+    def begin_serving(self, transport: Any) -> None:
+        """A request read from `transport` is admitted: keep reading it until `end_serving`."""
+        if transport is None:  # the connection is already gone
             return
         self._serving[transport] = self._serving.get(transport, 0) + 1
         self._resumed.pop(transport, None)
         if self._queue.pop(transport, False) is None:  # read just before the gate paused it
             _resume(transport)
-        try:
-            yield
-        finally:
-            count = self._serving.pop(transport, 0) - 1
-            if count > 0:
-                self._serving[transport] = count
-            elif self.closed and transport in self._connections:
-                self._pause(transport)
+
+    def end_serving(self, transport: Any) -> None:
+        if transport is None:
+            return
+        count = self._serving.pop(transport, 0) - 1
+        if count > 0:
+            self._serving[transport] = count
+        elif self.closed and transport in self._connections:
+            self._pause(transport)
 
     def inflight_changed(self, inflight: int) -> None:
         """Called by the data plane whenever its in-flight count changes."""

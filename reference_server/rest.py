@@ -1,112 +1,202 @@
-"""KServe v2 over HTTP/REST (aiohttp): decode, call the data plane, encode. No business logic here."""
+"""KServe v2 over HTTP/REST: route, decode, call the data plane, encode. No business logic here.
+
+`RestApi` is the handler of `http_server.HttpServer`, which owns the transport, the size limit,
+the body timeout, admission and the read gate. Routing compares the path's percent-decoded
+segments with the protocol's routes; a decoded segment that holds a '/' (`%2F`) stays one segment,
+so it can never reach another route, and a model name is only ever one segment.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
-
-from aiohttp import web
+from urllib.parse import unquote
 
 from perfkit import v2
 from reference_server.auth import OPEN_HTTP_PATHS, Token, Unauthenticated
 from reference_server.dataplane import DataPlane
-from reference_server.errors import BodyTimeout, InvalidArgument, ServerError
+from reference_server.errors import InvalidArgument, ServerError
+from reference_server.http_server import HttpRequest, HttpResponse, HttpServer, error_response
 from reference_server.read_gate import ReadGate
+
+__all__ = ["HEADER_LENGTH", "RestApi", "build_rest_server", "is_infer"]
 
 log = logging.getLogger(__name__)
 
-DATAPLANE = web.AppKey("dataplane", DataPlane)
-READ_GATE = web.AppKey("read_gate", ReadGate)
-BODY_TIMEOUT_S = web.AppKey("body_timeout_s", float)
 HEADER_LENGTH = "Inference-Header-Content-Length"
+_HEADER_LENGTH_KEY = HEADER_LENGTH.lower()
 _JSON = "application/json"
+_CHALLENGE = (("WWW-Authenticate", 'Bearer realm="perfkit-reference-server"'),)
 
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def error_response(message: str, status: int) -> web.Response:
-    return web.Response(body=v2.error_body(message), status=status, content_type=_JSON)
+#: A handler's arguments: the API, the request, the model name and the version ('' for none).
+Endpoint = Callable[["RestApi", HttpRequest, str, str], Awaitable[HttpResponse]]
 
 
-@web.middleware
-async def kserve_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every failure leaves as a KServe error JSON with the status its error class names."""
-    try:
-        return await handler(request)
-    except Unauthenticated as exc:
-        response = error_response(exc.message, exc.http_status)
-        response.headers["WWW-Authenticate"] = 'Bearer realm="perfkit-reference-server"'
-        return response
-    except BodyTimeout as exc:
-        response = error_response(exc.message, exc.http_status)
-        response.force_close()  # the rest of the body may still come: never read it as a request
-        return response
-    except ServerError as exc:
+def is_infer(method: bytes, url: bytes) -> bool:
+    """Whether a request, by its method and raw URL, is an inference request (takes a slot)."""
+    return method == b"POST" and url.split(b"?", 1)[0].endswith(b"/infer")
+
+
+def _refusal(exc: Exception) -> HttpResponse:
+    if isinstance(exc, ServerError):
         return error_response(exc.message, exc.http_status)
-    except v2.CodecError as exc:
-        return error_response(str(exc), 400)
-    except web.HTTPRequestEntityTooLarge as exc:
-        return error_response(
-            f"request body too large: {exc.text or ''} (raise the limit with --http-max-input-size)".strip(), 413
-        )
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        reason = exc.reason or "error"
-        return error_response(f"{reason}: {request.method} {request.path}", exc.status)
-    except Exception as exc:
-        log.exception("internal error serving %s %s", request.method, request.path)
-        return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
+    log.error("admission failed: %s: %s", type(exc).__name__, exc)
+    return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
 
 
-def bearer_auth(token: Token) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
-    """Middleware (inside `kserve_errors`): every route but the health probes wants the token."""
+class RestApi:
+    """The KServe v2 REST routes over a DataPlane, with optional bearer-token authentication."""
 
-    @web.middleware
-    async def check_token(request: web.Request, handler: Handler) -> web.StreamResponse:
-        # The matched route's pattern, not the path: no spelling of a path (%2F, '..') reaches a
-        # protected handler through an open name. Unmatched paths want the token too (no probing).
-        resource = request.match_info.route.resource
-        if resource is None or resource.canonical not in OPEN_HTTP_PATHS:
-            token.check(request.headers.get("Authorization"))
-        return await handler(request)
+    def __init__(self, plane: DataPlane, token: Token | None = None) -> None:
+        self.plane = plane
+        self.token = token
 
-    return check_token
+    async def __call__(self, request: HttpRequest) -> HttpResponse:
+        """Every failure leaves as a KServe error JSON with the status its error class names."""
+        try:
+            return await self._route(request)
+        except Unauthenticated as exc:
+            return HttpResponse(exc.http_status, v2.error_body(exc.message), _JSON, _CHALLENGE)
+        except ServerError as exc:
+            return error_response(exc.message, exc.http_status)
+        except v2.CodecError as exc:
+            return error_response(str(exc), 400)
+
+    async def _route(self, request: HttpRequest) -> HttpResponse:
+        path = request.path
+        segments = [unquote(s, errors="surrogateescape") if "%" in s else s for s in path.split("/")]
+        endpoint, methods, model, version = _match(segments)
+        # The matched route, not the path's spelling, decides: no spelling of a path (%2F, '..')
+        # reaches a protected handler through an open name. Unmatched paths want the token too.
+        if self.token is not None and not (endpoint is not None and path in OPEN_HTTP_PATHS):
+            self.token.check(request.headers.get("authorization"))
+        if endpoint is None:
+            return error_response(f"Not Found: {request.method} {path}", 404)
+        if request.method not in methods:
+            return error_response(f"Method Not Allowed: {request.method} {path}", 405)
+        return await endpoint(self, request, model, version)
+
+    # -- endpoints
+
+    async def health_live(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+        return _status(self.plane.live())
+
+    async def health_ready(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+        return _status(self.plane.ready())
+
+    async def server_metadata(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+        return _json(self.plane.server_metadata())
+
+    async def model_metadata(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+        return _json(self.plane.model_metadata(model, version))
+
+    async def model_ready(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+        return _status(self.plane.model_ready(model, version))
+
+    async def model_config(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+        return _json(self.plane.model_config(model, version))
+
+    async def model_stats(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+        return _json(self.plane.statistics(model, version))
+
+    async def infer(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+        plane = self.plane
+        raw_length = request.headers.get(_HEADER_LENGTH_KEY)
+        if raw_length is None:
+            header_length = None
+        else:
+            try:
+                header_length = int(raw_length)
+            except ValueError:
+                raise InvalidArgument(f"{HEADER_LENGTH} must be an integer, got '{raw_length}'") from None
+        if header_length == 0:
+            infer_request = plane.decode_raw_request(model, version, request.body)
+        else:
+            infer_request = v2.decode_infer_request(request.body, header_length, model, version)
+        response = await plane.infer(infer_request)
+        payload, json_length = v2.encode_infer_response(response, infer_request)
+        if json_length is None:
+            return HttpResponse(200, payload, _JSON)
+        return HttpResponse(200, payload, "application/octet-stream", ((HEADER_LENGTH, str(json_length)),))
+
+    async def repository_index(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+        ready = _json_object(request.body).get("ready", False)
+        if not isinstance(ready, bool):
+            raise InvalidArgument("repository index field 'ready' must be a boolean")
+        return _json(self.plane.repository_index(ready))
+
+    async def repository_load(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+        await self.plane.load_model(model, _parameters(request.body))
+        return HttpResponse(200)
+
+    async def repository_unload(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+        await self.plane.unload_model(model, _parameters(request.body))
+        return HttpResponse(200)
 
 
-def _plane(request: web.Request) -> DataPlane:
-    return request.app[DATAPLANE]
+_GET = frozenset({"GET"})
+_POST = frozenset({"POST"})
+_NO_ROUTE: tuple[Endpoint | None, frozenset[str], str, str] = (None, frozenset(), "", "")
+
+#: Routes by their fixed segments after '/v2'.
+_FIXED: dict[tuple[str, ...], tuple[Endpoint, frozenset[str]]] = {
+    (): (RestApi.server_metadata, _GET),
+    ("health", "live"): (RestApi.health_live, _GET),
+    ("health", "ready"): (RestApi.health_ready, _GET),
+    ("models", "stats"): (RestApi.model_stats, _GET),
+    ("repository", "index"): (RestApi.repository_index, _POST),
+}
+#: Routes by what follows '/v2/models/{model}[/versions/{version}]'.
+_MODEL: dict[str, tuple[Endpoint, frozenset[str]]] = {
+    "": (RestApi.model_metadata, _GET),
+    "ready": (RestApi.model_ready, _GET),
+    "config": (RestApi.model_config, _GET),
+    "stats": (RestApi.model_stats, _GET),
+    "infer": (RestApi.infer, _POST),
+}
+_REPOSITORY: dict[str, tuple[Endpoint, frozenset[str]]] = {
+    "load": (RestApi.repository_load, _POST),
+    "unload": (RestApi.repository_unload, _POST),
+}
 
 
-def _json(payload: Any) -> web.Response:
-    return web.Response(body=json.dumps(payload, separators=(",", ":")).encode(), content_type=_JSON)
+def _match(segments: list[str]) -> tuple[Endpoint | None, frozenset[str], str, str]:
+    """(endpoint, its methods, model, version) for a path split at '/', or no endpoint."""
+    if len(segments) < 2 or segments[0] or segments[1] != "v2":
+        return _NO_ROUTE
+    rest = segments[2:]
+    fixed = _FIXED.get(tuple(rest))
+    if fixed is not None:
+        return fixed[0], fixed[1], "", ""
+    count = len(rest)
+    if count >= 2 and rest[0] == "models" and rest[1]:
+        model = rest[1]
+        if count >= 4 and rest[2] == "versions" and rest[3]:
+            version, tail = rest[3], rest[4:]
+        else:
+            version, tail = "", rest[2:]
+        route = _MODEL[""] if not tail else _MODEL.get(tail[0]) if len(tail) == 1 and tail[0] else None
+        if route is not None:
+            return route[0], route[1], model, version
+    elif count == 4 and rest[0] == "repository" and rest[1] == "models" and rest[2]:
+        route = _REPOSITORY.get(rest[3])
+        if route is not None:
+            return route[0], route[1], rest[2], ""
+    return _NO_ROUTE
 
 
-def _status(ok: bool) -> web.Response:
-    return web.Response(status=200 if ok else 400)
+def _json(payload: Any) -> HttpResponse:
+    return HttpResponse(200, json.dumps(payload, separators=(",", ":")).encode(), _JSON)
 
 
-async def _read_body(request: web.Request) -> bytes:
-    """The whole body, within the app's body timeout: a client that stops sending mid-body would
-    otherwise hold its in-flight slot, and its memory, for as long as it likes."""
-    if request.content.is_eof():  # all of it came with the headers, as small requests do: no timer
-        return await request.read()
-    timeout_s = request.app.get(BODY_TIMEOUT_S, 60.0)
-    try:
-        async with asyncio.timeout(timeout_s):
-            return await request.read()
-    except TimeoutError:
-        raise BodyTimeout(
-            f"the request body did not all arrive within {timeout_s:g} s (--http-body-timeout-secs)"
-        ) from None
+def _status(ok: bool) -> HttpResponse:
+    return HttpResponse(200 if ok else 400)
 
 
-async def _read_json_object(request: web.Request) -> dict[str, Any]:
+def _json_object(body: bytes) -> dict[str, Any]:
     """An optional JSON object body (repository calls): empty means {}."""
-    body = await _read_body(request)
     if not body.strip():
         return {}
     try:
@@ -118,130 +208,32 @@ async def _read_json_object(request: web.Request) -> dict[str, Any]:
     return payload
 
 
-def _version(request: web.Request) -> str:
-    return request.match_info.get("version", "")
-
-
-async def health_live(request: web.Request) -> web.Response:
-    return _status(_plane(request).live())
-
-
-async def health_ready(request: web.Request) -> web.Response:
-    return _status(_plane(request).ready())
-
-
-async def server_metadata(request: web.Request) -> web.Response:
-    return _json(_plane(request).server_metadata())
-
-
-async def model_metadata(request: web.Request) -> web.Response:
-    return _json(_plane(request).model_metadata(request.match_info["model"], _version(request)))
-
-
-async def model_ready(request: web.Request) -> web.Response:
-    return _status(_plane(request).model_ready(request.match_info["model"], _version(request)))
-
-
-async def model_config(request: web.Request) -> web.Response:
-    return _json(_plane(request).model_config(request.match_info["model"], _version(request)))
-
-
-async def model_stats(request: web.Request) -> web.Response:
-    return _json(_plane(request).statistics(request.match_info.get("model", ""), _version(request)))
-
-
-async def infer(request: web.Request) -> web.Response:
-    plane = _plane(request)
-    model, version = request.match_info["model"], _version(request)
-    with plane.admit():  # before the body is read: an overload costs no memory
-        gate = request.app.get(READ_GATE)
-        if gate is None:
-            return await _infer(plane, request, model, version)
-        with gate.serving(request.transport):
-            return await _infer(plane, request, model, version)
-
-
-async def _infer(plane: DataPlane, request: web.Request, model: str, version: str) -> web.Response:
-    body = await _read_body(request)
-    raw_length = request.headers.get(HEADER_LENGTH)
-    if raw_length is None:
-        header_length = None
-    else:
-        try:
-            header_length = int(raw_length)
-        except ValueError:
-            raise InvalidArgument(f"{HEADER_LENGTH} must be an integer, got '{raw_length}'") from None
-    if header_length == 0:
-        infer_request = plane.decode_raw_request(model, version, body)
-    else:
-        infer_request = v2.decode_infer_request(body, header_length, model, version)
-    response = await plane.infer(infer_request)
-    payload, json_length = v2.encode_infer_response(response, infer_request)
-    if json_length is None:
-        return web.Response(body=payload, content_type=_JSON)
-    return web.Response(
-        body=payload,
-        content_type="application/octet-stream",
-        headers={HEADER_LENGTH: str(json_length)},
-    )
-
-
-async def repository_index(request: web.Request) -> web.Response:
-    payload = await _read_json_object(request)
-    ready = payload.get("ready", False)
-    if not isinstance(ready, bool):
-        raise InvalidArgument("repository index field 'ready' must be a boolean")
-    return _json(_plane(request).repository_index(ready))
-
-
-async def _parameters(request: web.Request) -> dict[str, Any]:
-    parameters = (await _read_json_object(request)).get("parameters", {})
+def _parameters(body: bytes) -> dict[str, Any]:
+    parameters = _json_object(body).get("parameters", {})
     if not isinstance(parameters, dict):
         raise InvalidArgument("field 'parameters' must be a JSON object")
     return parameters
 
 
-async def repository_load(request: web.Request) -> web.Response:
-    await _plane(request).load_model(request.match_info["model"], await _parameters(request))
-    return web.Response(status=200)
-
-
-async def repository_unload(request: web.Request) -> web.Response:
-    await _plane(request).unload_model(request.match_info["model"], await _parameters(request))
-    return web.Response(status=200)
-
-
-def build_rest_app(
+def build_rest_server(
     plane: DataPlane,
     *,
     max_request_bytes: int,
     token: Token | None = None,
     read_gate: ReadGate | None = None,
     body_timeout_s: float = 60.0,
-) -> web.Application:
-    """The KServe v2 REST app. With `read_gate`, the caller also lets the gate watch the app's
-    server (`ReadGate.watch`), so that it hears of connections."""
-    middlewares: list[Any] = [kserve_errors] if token is None else [kserve_errors, bearer_auth(token)]
-    app = web.Application(middlewares=middlewares, client_max_size=max_request_bytes)
-    app[DATAPLANE] = plane
-    app[BODY_TIMEOUT_S] = body_timeout_s
+    access_log: logging.Logger | None = None,
+) -> HttpServer:
+    """The KServe v2 REST front end over `plane`, not yet listening (`HttpServer.listen`)."""
     if read_gate is not None:
-        app[READ_GATE] = read_gate
         plane.inflight_listeners.append(read_gate.inflight_changed)
-    model = "/v2/models/{model}"
-    versioned = "/v2/models/{model}/versions/{version}"
-    app.router.add_get("/v2/health/live", health_live)
-    app.router.add_get("/v2/health/ready", health_ready)
-    app.router.add_get("/v2", server_metadata)
-    # Registered before "{model}" so that a model route does not swallow it.
-    app.router.add_get("/v2/models/stats", model_stats)
-    for prefix in (model, versioned):
-        app.router.add_get(prefix, model_metadata)
-        app.router.add_get(prefix + "/ready", model_ready)
-        app.router.add_get(prefix + "/config", model_config)
-        app.router.add_get(prefix + "/stats", model_stats)
-        app.router.add_post(prefix + "/infer", infer)
-    app.router.add_post("/v2/repository/index", repository_index)
-    app.router.add_post("/v2/repository/models/{model}/load", repository_load)
-    app.router.add_post("/v2/repository/models/{model}/unload", repository_unload)
-    return app
+    return HttpServer(
+        RestApi(plane, token),
+        max_body_bytes=max_request_bytes,
+        body_timeout_s=body_timeout_s,
+        admission=plane,
+        needs_slot=is_infer,
+        refusal=_refusal,
+        read_gate=read_gate,
+        access_log=access_log,
+    )

@@ -22,11 +22,12 @@ from reference_server.config import ServerConfig
 from reference_server.dataplane import DataPlane
 from reference_server.errors import ServerError
 from reference_server.grpc_service import build_grpc_server
+from reference_server.http_server import HttpServer
 from reference_server.metrics import build_metrics_app
 from reference_server.poller import RepositoryPoller
 from reference_server.read_gate import ReadGate
 from reference_server.repository import ModelRepository
-from reference_server.rest import build_rest_app
+from reference_server.rest import build_rest_server
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ class ReferenceServer:
         self.metrics_port: int | None = None
         self.grpc_port: int | None = None
         self._runners: list[web.AppRunner] = []
+        self._http: HttpServer | None = None
         self._poller: RepositoryPoller | None = None
         self._grpc_server: grpc.aio.Server | None = None
         self._token = Token(config.auth_token) if config.auth_token is not None else None
@@ -74,14 +76,15 @@ class ReferenceServer:
         try:
             if config.allow_http:
                 gate = ReadGate(config.http_read_pause_inflight) if config.http_read_pause_inflight else None
-                app = build_rest_app(
+                self._http = build_rest_server(
                     self.dataplane,
                     max_request_bytes=config.http_max_input_size,
                     token=self._token,
                     read_gate=gate,
                     body_timeout_s=config.http_body_timeout_secs,
+                    access_log=log if config.log_verbose > 0 else None,
                 )
-                self.http_port = await self._listen(app, config.http_port, self._ssl, gate)
+                self.http_port = await self._http.listen(config.host, config.http_port, self._ssl)
                 print(f"Started HTTPService at {config.host}:{self.http_port}", flush=True)
             if config.allow_grpc:
                 self.grpc_port = await self._listen_grpc(self.dataplane, config.grpc_port)
@@ -93,9 +96,7 @@ class ReferenceServer:
             await self.stop(grace_s=0)
             raise
 
-    async def _listen(
-        self, app: web.Application, port: int, ssl_context: ssl.SSLContext | None = None, gate: ReadGate | None = None
-    ) -> int:
+    async def _listen(self, app: web.Application, port: int) -> int:
         runner = web.AppRunner(
             app,
             access_log=log if self.config.log_verbose > 0 else None,
@@ -103,10 +104,7 @@ class ReferenceServer:
         )
         await runner.setup()
         self._runners.append(runner)
-        if gate is not None:
-            assert runner.server is not None  # set by setup()
-            gate.watch(runner.server)
-        site = web.TCPSite(runner, self.config.host, port, reuse_address=True, ssl_context=ssl_context)
+        site = web.TCPSite(runner, self.config.host, port, reuse_address=True)
         await site.start()
         bound: Any = runner.addresses[-1]
         return int(bound[1])
@@ -138,6 +136,9 @@ class ReferenceServer:
         grpc_server, self._grpc_server = self._grpc_server, None
         if grpc_server is not None:
             await grpc_server.stop(grace)
+        http, self._http = self._http, None
+        if http is not None:
+            await http.stop(grace)
         runners, self._runners = self._runners, []
         for runner in runners:
             await runner.cleanup()

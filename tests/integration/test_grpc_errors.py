@@ -14,7 +14,6 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-from aiohttp import web
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
@@ -23,7 +22,7 @@ from perfkit.v2 import CodecError
 from reference_server import errors
 from reference_server.config import ServerConfig
 from reference_server.grpc_service import build_grpc_server
-from reference_server.rest import build_rest_app
+from reference_server.rest import build_rest_server
 from reference_server.server import ReferenceServer, running_server
 from tests.servers import loopback_config
 
@@ -313,16 +312,14 @@ async def test_each_error_class_means_the_same_on_both_transports(
     cls: type[Exception], http_status: int, grpc_code: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     plane: Any = RaisingPlane(cls("the reason"))
-    runner = web.AppRunner(build_rest_app(plane, max_request_bytes=1024))
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    http_server = build_rest_server(plane, max_request_bytes=1024)
+    http_port = await http_server.listen("127.0.0.1", 0)
     grpc_server = build_grpc_server(plane, max_message_bytes=1024)
     grpc_port = grpc_server.add_insecure_port("127.0.0.1:0")
     await grpc_server.start()
     try:
         async with aiohttp.ClientSession() as session:
-            async with session.get(f"http://127.0.0.1:{runner.addresses[0][1]}/v2") as response:
+            async with session.get(f"http://127.0.0.1:{http_port}/v2") as response:
                 assert response.status == http_status
                 assert "the reason" in (await response.json())["error"]
         async with grpc.aio.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
@@ -332,7 +329,7 @@ async def test_each_error_class_means_the_same_on_both_transports(
         assert "the reason" in (info.value.details() or "")
     finally:
         await grpc_server.stop(0)
-        await runner.cleanup()
+        await http_server.stop(0)
     if issubclass(cls, errors.ServerError):
         assert (cls.http_status, cls.grpc_code) == (http_status, grpc_code)
     if cls is RuntimeError:  # a bug: logged with its traceback by both front ends

@@ -1,0 +1,282 @@
+"""reference_server.http_server with a scripted handler on loopback, on asyncio's loop and on uvloop's
+(the one the server runs on): framing, pipelining, limits, admission and shutdown, byte for byte."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
+
+import pytest
+import uvloop
+
+from reference_server.errors import Unavailable
+from reference_server.http_server import MAX_PIPELINED, HttpRequest, HttpResponse, HttpServer
+
+T = TypeVar("T")
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def run(request: pytest.FixtureRequest) -> Iterator[Any]:
+    factory = uvloop.new_event_loop if request.param == "uvloop" else asyncio.new_event_loop
+
+    def run_(coro: Coroutine[Any, Any, T]) -> T:
+        with asyncio.Runner(loop_factory=factory) as runner:
+            return runner.run(asyncio.wait_for(coro, 20))  # a hang fails the test, not the suite
+
+    yield run_
+
+
+async def echo(request: HttpRequest) -> HttpResponse:
+    """Answers what it was asked, as JSON."""
+    if request.path == "/slow":
+        await asyncio.sleep(0.2)
+    payload = {"method": request.method, "path": request.path, "body": request.body.decode(), "headers": request.headers}
+    return HttpResponse(200, json.dumps(payload).encode(), "application/json")
+
+
+class Slots:
+    """An admission with `limit` slots that counts what is held."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self.taken = 0
+
+    def acquire(self) -> None:
+        if self.held >= self.limit:
+            raise Unavailable("full")
+        self.held += 1
+        self.taken += 1
+
+    def release(self) -> None:
+        self.held -= 1
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+    body = await reader.readexactly(int(headers.get("content-length", "0")))
+    return status, headers, body
+
+
+async def serve(server: HttpServer) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    port = await server.listen("127.0.0.1", 0)
+    return await asyncio.open_connection("127.0.0.1", port)
+
+
+def post(path: str, body: bytes, *extra: str) -> bytes:
+    head = [f"POST {path} HTTP/1.1", "Host: x", f"Content-Length: {len(body)}", *extra]
+    return ("\r\n".join(head) + "\r\n\r\n").encode() + body
+
+
+def test_pipelined_requests_are_answered_in_order(run: Any) -> None:
+    async def main() -> list[str]:
+        server = HttpServer(echo, max_body_bytes=1000)
+        reader, writer = await serve(server)
+        # The first is slow: the others, already read, must wait their turn.
+        writer.write(post("/slow", b"a") + post("/b", b"bb") + post("/c", b"ccc"))
+        paths = [json.loads((await read_response(reader))[2])["path"] for _ in range(3)]
+        writer.close()
+        await server.stop(1)
+        return paths
+
+    assert run(main()) == ["/slow", "/b", "/c"]
+
+
+def test_headers_and_a_split_chunked_body_reach_the_handler(run: Any) -> None:
+    async def main() -> dict[str, Any]:
+        server = HttpServer(echo, max_body_bytes=1000)
+        reader, writer = await serve(server)
+        writer.write(b"POST /x?q=1 HTTP/1.1\r\nHost: x\r\nX-A: 1\r\nx-a: 2\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+        await writer.drain()
+        await asyncio.sleep(0.05)
+        writer.write(b"2\r\nde\r\n0\r\n\r\n")
+        status, _, body = await read_response(reader)
+        assert status == 200
+        writer.close()
+        await server.stop(1)
+        return dict(json.loads(body))
+
+    answer = run(main())
+    assert answer["path"] == "/x" and answer["body"] == "abcde"
+    assert answer["headers"]["x-a"] == "1, 2"
+
+
+def test_expect_100_continue_gets_its_go_ahead(run: Any) -> None:
+    async def main() -> bytes:
+        server = HttpServer(echo, max_body_bytes=1000)
+        reader, writer = await serve(server)
+        writer.write(b"POST /e HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\n")
+        interim = await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"ok")
+        status, _, body = await read_response(reader)
+        assert status == 200 and json.loads(body)["body"] == "ok"
+        writer.close()
+        await server.stop(1)
+        return interim
+
+    assert run(main()) == b"HTTP/1.1 100 Continue\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        post("/big", b"x" * 101),  # declared too large: refused before the body is read
+        b"POST /big HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n40\r\n" + b"x" * 64 + b"\r\n"
+        b"40\r\n" + b"x" * 64 + b"\r\n0\r\n\r\n",  # grows past the limit
+    ],
+    ids=["content-length", "chunked"],
+)
+def test_a_body_over_the_limit_is_413_and_the_connection_closes(run: Any, request_bytes: bytes) -> None:
+    async def main() -> tuple[int, dict[str, str], bytes, bytes]:
+        server = HttpServer(echo, max_body_bytes=100)
+        reader, writer = await serve(server)
+        writer.write(request_bytes + post("/after", b""))
+        status, headers, body = await read_response(reader)
+        rest = await reader.read()  # the request after it is never read: the connection ends
+        writer.close()
+        await server.stop(1)
+        return status, headers, body, rest
+
+    status, headers, body, rest = run(main())
+    assert status == 413 and headers["connection"] == "close" and rest == b""
+    assert "--http-max-input-size" in json.loads(body)["error"]
+
+
+def test_bytes_that_are_not_http_get_a_kserve_400_and_a_close(run: Any) -> None:
+    async def main() -> tuple[int, dict[str, str], bytes]:
+        server = HttpServer(echo, max_body_bytes=100)
+        reader, writer = await serve(server)
+        writer.write(b"\x16\x03\x01 this is no request line\r\n\r\n")
+        answer = await read_response(reader)
+        assert await reader.read() == b""
+        writer.close()
+        await server.stop(1)
+        return answer
+
+    status, headers, body = run(main())
+    assert status == 400 and headers["connection"] == "close"
+    assert headers["content-type"] == "application/json" and json.loads(body)["error"]
+
+
+def test_http_1_0_and_connection_close_end_the_connection(run: Any) -> None:
+    async def main() -> list[tuple[str, bytes]]:
+        server = HttpServer(echo, max_body_bytes=100)
+        port = await server.listen("127.0.0.1", 0)
+        seen = []
+        for raw in (b"GET /a HTTP/1.0\r\n\r\n", b"GET /b HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"):
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(raw)
+            _, headers, _ = await read_response(reader)
+            seen.append((headers["connection"], await reader.read()))
+            writer.close()
+        await server.stop(1)
+        return seen
+
+    assert run(main()) == [("close", b""), ("close", b"")]
+
+
+def test_admission_refuses_at_the_door_and_the_connection_goes_on(run: Any) -> None:
+    slots = Slots(limit=1)
+
+    async def main() -> list[int]:
+        server = HttpServer(
+            echo, max_body_bytes=1000, admission=slots, needs_slot=lambda method, url: url.startswith(b"/slow")
+        )
+        port = await server.listen("127.0.0.1", 0)
+        first_reader, first_writer = await asyncio.open_connection("127.0.0.1", port)
+        first_writer.write(post("/slow", b"1"))
+        await asyncio.sleep(0.05)  # the first holds the only slot
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post("/slow", b"2") + post("/free", b"3"))
+        statuses = [(await read_response(reader))[0], (await read_response(reader))[0]]
+        statuses.append((await read_response(first_reader))[0])
+        for w in (writer, first_writer):
+            w.close()
+        await server.stop(1)
+        return statuses
+
+    assert run(main()) == [503, 200, 200]
+    assert slots.held == 0 and slots.taken == 1
+
+
+def test_a_slot_taken_for_a_body_that_never_comes_goes_back(run: Any) -> None:
+    slots = Slots(limit=4)
+
+    async def main() -> tuple[int, int]:
+        server = HttpServer(echo, max_body_bytes=1000, admission=slots, needs_slot=lambda method, url: True)
+        reader, writer = await serve(server)
+        writer.write(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")
+        await writer.drain()
+        for _ in range(100):
+            if slots.held:
+                break
+            await asyncio.sleep(0.01)
+        held_mid_body = slots.held
+        writer.close()
+        for _ in range(100):
+            if not slots.held:
+                break
+            await asyncio.sleep(0.01)
+        await server.stop(1)
+        return held_mid_body, slots.held
+
+    assert run(main()) == (1, 0)
+
+
+def test_a_body_that_stops_coming_is_408(run: Any) -> None:
+    async def main() -> tuple[int, dict[str, str]]:
+        server = HttpServer(echo, max_body_bytes=1000, body_timeout_s=0.2)
+        reader, writer = await serve(server)
+        writer.write(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")
+        status, headers, _ = await read_response(reader)
+        writer.close()
+        await server.stop(1)
+        return status, headers
+
+    status, headers = run(main())
+    assert status == 408 and headers["connection"] == "close"
+
+
+def test_a_pipelining_flood_stops_being_read(run: Any) -> None:
+    async def main() -> tuple[int, bool]:
+        gate = asyncio.Event()
+
+        async def held(request: HttpRequest) -> HttpResponse:
+            await gate.wait()
+            return HttpResponse(200, b"{}", "application/json")
+
+        server = HttpServer(held, max_body_bytes=1000)
+        reader, writer = await serve(server)
+        writer.write(post("/x", b"") * (MAX_PIPELINED * 4))
+        await writer.drain()
+        await asyncio.sleep(0.1)
+        (connection,) = server._connections
+        queued, paused = len(connection._queue), connection._paused
+        gate.set()
+        for _ in range(MAX_PIPELINED * 4):
+            assert (await read_response(reader))[0] == 200
+        writer.close()
+        await server.stop(1)
+        return queued, paused
+
+    queued, paused = run(main())
+    assert queued > MAX_PIPELINED and paused
+
+
+def test_stop_lets_a_request_being_served_finish(run: Any) -> None:
+    async def main() -> int:
+        server = HttpServer(echo, max_body_bytes=1000)
+        reader, writer = await serve(server)
+        writer.write(post("/slow", b""))
+        await asyncio.sleep(0.05)
+        await server.stop(5)
+        status, _, _ = await read_response(reader)
+        writer.close()
+        return status
+
+    assert run(main()) == 200
