@@ -19,6 +19,8 @@ from perfkit.v2 import (
     InferTensor,
     RequestedOutput,
     _check_count,
+)
+from perfkit.v2_tensors import (
     _check_range,
     _dtype_for,
     _element_count,
