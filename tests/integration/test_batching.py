@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -12,20 +11,9 @@ import pytest
 import tritonclient.http as httpclient
 
 from reference_server.server import running_server
-from tests.servers import loopback_config
+from tests.servers import loopback_config, write_identity_model
 
 pytestmark = pytest.mark.integration
-
-
-def make_model(repository: Path, name: str, batching: str) -> None:
-    target = repository / name
-    shutil.copytree(repository / "identity", target)
-    (target / "config.pbtxt").write_text(
-        f'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: 8\n'
-        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
-        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
-        f"{batching}\n"
-    )
 
 
 def infer_concurrently(url: str, model: str, count: int) -> tuple[float, list[np.ndarray]]:
@@ -51,7 +39,7 @@ def batch_sizes(url: str, model: str) -> dict[int, int]:
 
 def test_preferred_batch_and_queue_delay(repository_copy: Path) -> None:
     # A long delay: a preferred-size batch must run at once, a smaller one only when the delay expires.
-    make_model(
+    write_identity_model(
         repository_copy,
         "delayed",
         "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 1500000 }",
@@ -71,7 +59,7 @@ def test_preferred_batch_and_queue_delay(repository_copy: Path) -> None:
 
 
 def test_no_dynamic_batching_runs_one_request_at_a_time(repository_copy: Path) -> None:
-    make_model(repository_copy, "unbatched", "")
+    write_identity_model(repository_copy, "unbatched", "")
     config = loopback_config(repository_copy, load=("unbatched",))
     with running_server(config) as server:
         _, results = infer_concurrently(server.http_url, "unbatched", 6)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from perfkit.embedded import reference_server_process
+from tests.servers import write_identity_model
 
 pytestmark = pytest.mark.integration
 
@@ -47,14 +47,11 @@ def test_server_process_binds_free_ports_and_exits_cleanly_on_sigterm(demo_repos
 
 
 def test_sigterm_lets_in_flight_requests_finish(repository_copy: Path) -> None:
-    slow = repository_copy / "slow"
-    shutil.copytree(repository_copy / "identity", slow)
     # Requests wait 1.5 s in the batcher for a batch of 4 that never comes: they are in flight.
-    (slow / "config.pbtxt").write_text(
-        'name: "slow"\nbackend: "onnxruntime"\nmax_batch_size: 8\n'
-        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
-        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
-        "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 1500000 }\n"
+    write_identity_model(
+        repository_copy,
+        "slow",
+        "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 1500000 }",
     )
     body = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}).encode()
     with reference_server_process(repository_copy, ["--exit-timeout-secs", "30"]) as server:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import shutil
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -20,7 +19,7 @@ from perfkit.embedded import reference_server_process
 from perfkit.errors import PerfkitError, TargetError
 from perfkit.inputs import build_requests
 from reference_server.server import ReferenceServer, running_server
-from tests.servers import loopback_config
+from tests.servers import loopback_config, write_identity_model
 
 pytestmark = pytest.mark.integration
 
@@ -127,13 +126,10 @@ async def test_closed_port_is_connection_refused(protocol: str) -> None:
 
 def test_request_timeout(repository_copy: Path) -> None:
     # A lone request waits for the preferred batch of 4 until the 2 s queue delay expires.
-    target = repository_copy / "slow"
-    shutil.copytree(repository_copy / "identity", target)
-    (target / "config.pbtxt").write_text(
-        'name: "slow"\nbackend: "onnxruntime"\nmax_batch_size: 8\n'
-        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
-        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
-        "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 2000000 }\n"
+    write_identity_model(
+        repository_copy,
+        "slow",
+        "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 2000000 }",
     )
     config = loopback_config(repository_copy, load=("slow",))
 
