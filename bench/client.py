@@ -204,36 +204,41 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def markdown_table(title: str, headings: list[str], align: str, rows: list[list[str]]) -> list[str]:
+    """`title`, a blank line, then a Markdown table; `align` has an l (left) or r (right) per column."""
+    return [
+        title,
+        "",
+        "| " + " | ".join(headings) + " |",
+        "|" + "".join("---:|" if a == "r" else "---|" for a in align),
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
+
+
 def agreement_table(main_runs: dict[tuple[str, str, int], Run], levels: list[int], protocols: list[str]) -> list[str]:
     """Issue #7 target 3: perfkit's throughput within 5% of perf_analyzer's and its p50 within 10%."""
-    lines = [
-        "agreement (target: throughput within 5%, p50 within 10% of perf_analyzer's):",
-        "",
-        "| protocol | concurrency | infer/s perfkit | infer/s PA | ratio | within 5% | p50 ms perfkit | p50 ms PA "
-        "| ratio | within 10% |",
-        "|---|---:|---:|---:|---:|---|---:|---:|---:|---|",
-    ]
+    rows: list[list[str]] = []
     for protocol in protocols:
         for concurrency in levels:
             pk, pa = main_runs[("perfkit", protocol, concurrency)], main_runs[("perf_analyzer", protocol, concurrency)]
-            lines.append(
-                f"| {protocol} | {concurrency} | {pk.infer_per_s:.0f} | {pa.infer_per_s:.0f} | "
-                f"{ratio(pk.infer_per_s, pa.infer_per_s)} | {verdict(pk.infer_per_s, pa.infer_per_s, 0.05)} | "
-                f"{pk.p50_us / 1000:.3f} | {pa.p50_us / 1000:.3f} | {ratio(pk.p50_us, pa.p50_us)} | "
-                f"{verdict(pk.p50_us, pa.p50_us, 0.10)} |"
-            )
-    return lines
+            rows.append([
+                protocol, str(concurrency), f"{pk.infer_per_s:.0f}", f"{pa.infer_per_s:.0f}",
+                ratio(pk.infer_per_s, pa.infer_per_s), verdict(pk.infer_per_s, pa.infer_per_s, 0.05),
+                f"{pk.p50_us / 1000:.3f}", f"{pa.p50_us / 1000:.3f}", ratio(pk.p50_us, pa.p50_us),
+                verdict(pk.p50_us, pa.p50_us, 0.10),
+            ])  # fmt: skip
+    return markdown_table(
+        "agreement (target: throughput within 5%, p50 within 10% of perf_analyzer's):",
+        ["protocol", "concurrency", "infer/s perfkit", "infer/s PA", "ratio", "within 5%", "p50 ms perfkit",
+         "p50 ms PA", "ratio", "within 10%"],
+        "lrrrrlrrrl",
+        rows,
+    )  # fmt: skip
 
 
 def capacity_table(main_runs: dict[tuple[str, str, int], Run], levels: list[int], protocols: list[str]) -> list[str]:
     """Issue #7 target 2, concurrency half: perfkit's highest throughput at least perf_analyzer's."""
-    lines = [
-        "client capacity (target: perfkit's highest infer/s >= perf_analyzer's at the same concurrency):",
-        "",
-        "| protocol | highest infer/s perfkit | at concurrency | highest infer/s PA | at concurrency | ratio | met "
-        "| levels where perfkit >= PA |",
-        "|---|---:|---:|---:|---:|---:|---|---:|",
-    ]
+    rows: list[list[str]] = []
     for protocol in protocols:
         best = {}
         for tool in TOOLS:
@@ -245,11 +250,17 @@ def capacity_table(main_runs: dict[tuple[str, str, int], Run], levels: list[int]
             main_runs[("perfkit", protocol, c)].infer_per_s >= main_runs[("perf_analyzer", protocol, c)].infer_per_s
             for c in levels
         )
-        lines.append(
-            f"| {protocol} | {pk.infer_per_s:.0f} | {pk.concurrency} | {pa.infer_per_s:.0f} | {pa.concurrency} | "
-            f"{ratio(pk.infer_per_s, pa.infer_per_s)} | {met} | {ahead}/{len(levels)} |"
-        )
-    return lines
+        rows.append([
+            protocol, f"{pk.infer_per_s:.0f}", str(pk.concurrency), f"{pa.infer_per_s:.0f}", str(pa.concurrency),
+            ratio(pk.infer_per_s, pa.infer_per_s), met, f"{ahead}/{len(levels)}",
+        ])  # fmt: skip
+    return markdown_table(
+        "client capacity (target: perfkit's highest infer/s >= perf_analyzer's at the same concurrency):",
+        ["protocol", "highest infer/s perfkit", "at concurrency", "highest infer/s PA", "at concurrency", "ratio",
+         "met", "levels where perfkit >= PA"],
+        "lrrrrrlr",
+        rows,
+    )  # fmt: skip
 
 
 def median_runs(runs: list[Run]) -> dict[tuple[str, str, int], Run]:
