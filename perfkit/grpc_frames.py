@@ -9,7 +9,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["MALFORMED", "EncodedCall", "encode_call", "frame", "framing_problem", "h2_error", "keeps_table"]
+__all__ = ["MALFORMED", "EncodedCall", "encode_call", "frame", "framing_problem", "h2_error", "keeps_table", "literal"]
 
 MALFORMED = -1  # not a gRPC status: the reply broke gRPC's or HTTP/2's framing
 # gRPC status codes (grpc/doc/statuscodes.md)
@@ -22,7 +22,9 @@ DATA, HEADERS, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, 
 )  # fmt: skip
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
 HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE = 1, 2, 3, 4, 5
-NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR, CANCEL, COMPRESSION_ERROR = 0, 1, 3, 6, 8, 9
+NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = (
+    0, 1, 3, 6, 7, 8, 9,
+)  # fmt: skip
 
 MAX_WINDOW = 2**31 - 1
 DEFAULT_WINDOW = 65_535
@@ -62,7 +64,7 @@ def _hpack_int(value: int, prefix_bits: int, first: int) -> bytes:
     return bytes(out)
 
 
-def _literal(name: int | bytes, value: bytes) -> bytes:
+def literal(name: int | bytes, value: bytes) -> bytes:
     """A literal header field without indexing (RFC 7541 §6.2.2), raw strings: it never touches the
     server's dynamic table. `name` is a static-table index or the name itself."""
     if isinstance(name, int):
@@ -112,14 +114,14 @@ def encode_call(
     fields = [
         b"\x83",  # :method POST
         b"\x87" if tls else b"\x86",  # :scheme https | http
-        _literal(4, path.encode()),  # :path
-        _literal(1, authority.encode()),  # :authority
-        _literal(b"te", b"trailers"),
-        _literal(b"grpc-timeout", _grpc_timeout(timeout_s)),
-        _literal(31, b"application/grpc"),  # content-type
-        _literal(58, b"perfkit-grpc"),  # user-agent
+        literal(4, path.encode()),  # :path
+        literal(1, authority.encode()),  # :authority
+        literal(b"te", b"trailers"),
+        literal(b"grpc-timeout", _grpc_timeout(timeout_s)),
+        literal(31, b"application/grpc"),  # content-type
+        literal(58, b"perfkit-grpc"),  # user-agent
     ]
-    fields += [_literal(key.encode(), value.encode()) for key, value in metadata]
+    fields += [literal(key.encode(), value.encode()) for key, value in metadata]
     block = b"".join(fields)
     body = b"\x00" + len(message).to_bytes(4, "big") + message
     largest = max(len(block), len(body))
@@ -146,15 +148,15 @@ def keeps_table(block: bytes) -> bool:
             elif first & 0xE0:  # 01xxxxxx with indexing, 001xxxxx size update; 0001xxxx never indexed
                 if first & 0xF0 != 0x10:
                     return False
-                pos = _skip_literal(block, pos)
+                pos = _skipliteral(block, pos)
             else:
-                pos = _skip_literal(block, pos)
+                pos = _skipliteral(block, pos)
     except IndexError:
         return False
     return True
 
 
-def _skip_literal(block: bytes, pos: int) -> int:
+def _skipliteral(block: bytes, pos: int) -> int:
     new_name = block[pos] & 0x0F == 0
     pos = _skip_int(block, pos, 0x0F)
     if new_name:

@@ -1,6 +1,7 @@
-"""KServe v2 over gRPC (grpc.aio): decode, call the data plane, encode. No business logic here.
+"""KServe v2 over gRPC: decode, call the data plane, encode. No business logic here.
 
-The servicer mirrors `rest.py`: every method turns a tritonclient `inference` proto into the data
+`grpc_server.GrpcServer` serves it, calling its methods as grpc.aio would (a request and a context
+with `abort` and `write`). The servicer mirrors `rest.py`: every method turns a tritonclient `inference` proto into the data
 plane's arguments, awaits it, and turns the answer back into a proto. Failures leave through one
 place, `_rpc`: a `ServerError` carries its own gRPC status-code name, a `CodecError` is a malformed
 request (INVALID_ARGUMENT), and anything else is a bug (INTERNAL, logged with its traceback).
@@ -25,13 +26,12 @@ from tritonclient.grpc import service_pb2_grpc
 
 from perfkit.v2 import CodecError
 from perfkit.v2_grpc import parameters_from_proto, request_from_proto, response_to_proto
-from reference_server.auth import OPEN_GRPC_METHODS, Token, Unauthenticated
 from reference_server.dataplane import DataPlane
 from reference_server.errors import ServerError, Unsupported
 
 log = logging.getLogger(__name__)
 
-__all__ = ["BearerTokenInterceptor", "InferenceServicer", "build_grpc_server"]
+__all__ = ["InferenceServicer", "lenient_deserializer"]
 
 Req = TypeVar("Req")
 Resp = TypeVar("Resp")
@@ -62,7 +62,7 @@ class _Malformed:
         self.error = error
 
 
-def _lenient(message_class: Any) -> Callable[[bytes], Any]:
+def lenient_deserializer(message_class: Any) -> Callable[[bytes], Any]:
     name = message_class.DESCRIPTOR.full_name
 
     def parse(data: bytes) -> Any:
@@ -240,74 +240,3 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     CudaSharedMemoryUnregister = _unsupported("the CUDA shared memory extension")
     TraceSetting = _unsupported("the trace extension")
     LogSettings = _unsupported("the logging extension")
-
-
-class BearerTokenInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Every method but the health probes wants metadata `authorization: Bearer <token>`.
-
-    A refused call never reaches the servicer: it is answered UNAUTHENTICATED by a handler of the
-    method's own kind (ModelStreamInfer is the one streaming method).
-    """
-
-    def __init__(self, token: Token) -> None:
-        self._token = token
-
-    async def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
-        if details.method in OPEN_GRPC_METHODS:
-            return await continuation(details)
-        metadata = details.invocation_metadata or ()
-        value = next((v for k, v in metadata if k == "authorization"), None)
-        try:
-            self._token.check(value if isinstance(value, str) else None)
-        except Unauthenticated as exc:
-            return _refusal(details.method, exc.message)
-        return await continuation(details)
-
-
-def _refusal(method: str, message: str) -> grpc.RpcMethodHandler:
-    async def unary(request: Any, context: Context) -> Any:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-
-    async def stream(requests: Any, context: Context) -> Any:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-
-    if method.endswith("/ModelStreamInfer"):
-        return grpc.stream_stream_rpc_method_handler(stream)
-    return grpc.unary_unary_rpc_method_handler(unary)
-
-
-def build_grpc_server(plane: DataPlane, *, max_message_bytes: int, token: Token | None = None) -> grpc.aio.Server:
-    """An unstarted grpc.aio server with the inference service; the caller binds a port and starts it.
-
-    One size limit for both front ends: `--http-max-input-size` caps gRPC messages in both
-    directions too (a larger one fails with RESOURCE_EXHAUSTED). With a `token`, every call but the
-    health probes must carry it.
-    """
-    server = grpc.aio.server(
-        interceptors=[] if token is None else [BearerTokenInterceptor(token)],
-        options=[
-            ("grpc.max_receive_message_length", max_message_bytes),
-            ("grpc.max_send_message_length", max_message_bytes),
-            # gRPC sets SO_REUSEPORT by default, which lets a second server bind a busy port and
-            # silently share its traffic; a busy --grpc-port must fail instead, as HTTP's does.
-            ("grpc.so_reuseport", 0),
-        ],
-    )
-    _add_service(InferenceServicer(plane), server)
-    return server
-
-
-def _add_service(servicer: InferenceServicer, server: grpc.aio.Server) -> None:
-    """`add_GRPCInferenceServiceServicer_to_server`, with deserializers that never raise."""
-    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
-    handlers = {}
-    for method in service.methods:
-        request_class, response_class = getattr(pb, method.input_type.name), getattr(pb, method.output_type.name)
-        kind = grpc.stream_stream_rpc_method_handler if method.client_streaming else grpc.unary_unary_rpc_method_handler
-        handlers[method.name] = kind(
-            getattr(servicer, method.name),
-            request_deserializer=_lenient(request_class),
-            response_serializer=response_class.SerializeToString,
-        )
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
-    server.add_registered_method_handlers(service.full_name, handlers)

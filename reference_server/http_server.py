@@ -333,9 +333,7 @@ class _Connection(asyncio.Protocol):
             server.access_log.info("%s %s %d", request.method, request.path, response.status)
         self._answer(response, keep_alive)
 
-    async def _respond(
-        self, request: HttpRequest, admitted: bool, transport: asyncio.Transport | None
-    ) -> HttpResponse:
+    async def _respond(self, request: HttpRequest, admitted: bool, transport: asyncio.Transport | None) -> HttpResponse:
         server = self._server
         if not admitted and server.needs_slot is not None:
             if server.needs_slot(request.method.encode("latin-1"), request.path.encode("latin-1")):

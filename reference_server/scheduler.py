@@ -12,7 +12,8 @@ none of it needs a lock.
 *When is a batch formed?* Only when an instance is idle, as in Triton (core
 `dynamic_batch_scheduler.cc`, `BatcherThread` waits for a free payload slot before it calls
 `GetDynamicBatch`). `_schedule` runs (1) one loop iteration after an arrival, if an instance is
-idle, so requests that arrive in the same iteration share a batch; (2) directly when an instance
+idle, so requests that arrive in the same iteration share a batch (without dynamic batching there
+is nothing to gather: at once); (2) directly when an instance
 finishes, so everything that queued while it was busy is gathered into its next batch even with
 `max_queue_delay_microseconds: 0`; (3) from a single loop timer, for queue delays and request
 timeouts. There is no batching coroutine: those three triggers are callbacks. Under a backlog
@@ -248,8 +249,11 @@ class Scheduler:
             self._next_deadline = deadline
             self._arm(deadline)
         if self._idle and not self._schedule_queued:
-            self._schedule_queued = True
-            loop.call_soon(self._schedule)
+            if self._batching:
+                self._schedule_queued = True
+                loop.call_soon(self._schedule)
+            else:
+                self._schedule()  # nothing to gather: an idle instance takes it now
         try:
             return await future
         except asyncio.CancelledError:

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-import grpc
 from aiohttp import web
 
 from reference_server import gpu
@@ -21,7 +20,8 @@ from reference_server.auth import Token
 from reference_server.config import ServerConfig
 from reference_server.dataplane import DataPlane
 from reference_server.errors import ServerError
-from reference_server.grpc_service import build_grpc_server
+from reference_server.grpc_server import GrpcServer
+from reference_server.grpc_service import InferenceServicer
 from reference_server.http_server import HttpServer
 from reference_server.metrics import build_metrics_app
 from reference_server.poller import RepositoryPoller
@@ -44,7 +44,7 @@ class ReferenceServer:
         self._runners: list[web.AppRunner] = []
         self._http: HttpServer | None = None
         self._poller: RepositoryPoller | None = None
-        self._grpc_server: grpc.aio.Server | None = None
+        self._grpc_server: GrpcServer | None = None
         self._token = Token(config.auth_token) if config.auth_token is not None else None
         self._ssl = _server_ssl_context(config)
 
@@ -111,19 +111,16 @@ class ReferenceServer:
 
     async def _listen_grpc(self, plane: DataPlane, port: int) -> int:
         # One size limit for both front ends: --http-max-input-size also caps gRPC messages.
-        server = build_grpc_server(plane, max_message_bytes=self.config.http_max_input_size, token=self._token)
+        server = GrpcServer(
+            InferenceServicer(plane), max_message_bytes=self.config.http_max_input_size, token=self._token
+        )
         self._grpc_server = server  # set first, so that stop() cleans up after a failed bind
         host = self.config.host
-        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         try:
-            if self.config.tls:
-                bound = server.add_secure_port(address, _grpc_credentials(self.config))
-            else:
-                bound = server.add_insecure_port(address)
-        except RuntimeError as exc:  # grpc says only "Failed to bind to address ..."
-            raise OSError(f"cannot bind the gRPC listener to {address} (--grpc-port): {exc}") from exc
-        await server.start()
-        return int(bound)
+            return await server.listen(host, port, _server_ssl_context(self.config, alpn="h2"))
+        except OSError as exc:
+            address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            raise OSError(exc.errno, f"cannot bind the gRPC listener to {address} (--grpc-port): {exc.strerror}") from exc
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Stop accepting, let in-flight requests finish within the grace period, then unload."""
@@ -158,8 +155,9 @@ class ReferenceServer:
         await self.stop()
 
 
-def _server_ssl_context(config: ServerConfig) -> ssl.SSLContext | None:
-    """TLS for the HTTP listener (and a check of the pair before anything listens), or None."""
+def _server_ssl_context(config: ServerConfig, alpn: str | None = None) -> ssl.SSLContext | None:
+    """TLS for a listener (and a check of the pair before anything listens), or None. gRPC's
+    listener offers ALPN `h2`, which gRPC clients require."""
     if config.ssl_certfile is None or config.ssl_keyfile is None:
         return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -171,13 +169,9 @@ def _server_ssl_context(config: ServerConfig) -> ssl.SSLContext | None:
             f"--ssl-certfile {config.ssl_certfile} / --ssl-keyfile {config.ssl_keyfile}: cannot use them as a "
             f"certificate and its key: {exc}"
         ) from None
+    if alpn is not None:
+        context.set_alpn_protocols([alpn])
     return context
-
-
-def _grpc_credentials(config: ServerConfig) -> grpc.ServerCredentials:
-    assert config.ssl_certfile is not None and config.ssl_keyfile is not None
-    pair = (config.ssl_keyfile.read_bytes(), config.ssl_certfile.read_bytes())
-    return grpc.ssl_server_credentials([pair])
 
 
 @contextlib.contextmanager

@@ -21,7 +21,8 @@ from tritonclient.utils import InferenceServerException
 from perfkit.v2 import CodecError
 from reference_server import errors
 from reference_server.config import ServerConfig
-from reference_server.grpc_service import build_grpc_server
+from reference_server.grpc_server import GrpcServer
+from reference_server.grpc_service import InferenceServicer
 from reference_server.rest import build_rest_server
 from reference_server.server import ReferenceServer, running_server
 from tests.servers import loopback_config
@@ -314,9 +315,8 @@ async def test_each_error_class_means_the_same_on_both_transports(
     plane: Any = RaisingPlane(cls("the reason"))
     http_server = build_rest_server(plane, max_request_bytes=1024)
     http_port = await http_server.listen("127.0.0.1", 0)
-    grpc_server = build_grpc_server(plane, max_message_bytes=1024)
-    grpc_port = grpc_server.add_insecure_port("127.0.0.1:0")
-    await grpc_server.start()
+    grpc_server = GrpcServer(InferenceServicer(plane), max_message_bytes=1024)
+    grpc_port = await grpc_server.listen("127.0.0.1", 0)
     try:
         async with aiohttp.ClientSession() as session:
             async with session.get(f"http://127.0.0.1:{http_port}/v2") as response:

@@ -32,7 +32,12 @@ async def echo(request: HttpRequest) -> HttpResponse:
     """Answers what it was asked, as JSON."""
     if request.path == "/slow":
         await asyncio.sleep(0.2)
-    payload = {"method": request.method, "path": request.path, "body": request.body.decode(), "headers": request.headers}
+    payload = {
+        "method": request.method,
+        "path": request.path,
+        "body": request.body.decode(),
+        "headers": request.headers,
+    }
     return HttpResponse(200, json.dumps(payload).encode(), "application/json")
 
 
@@ -91,7 +96,9 @@ def test_headers_and_a_split_chunked_body_reach_the_handler(run: Any) -> None:
     async def main() -> dict[str, Any]:
         server = HttpServer(echo, max_body_bytes=1000)
         reader, writer = await serve(server)
-        writer.write(b"POST /x?q=1 HTTP/1.1\r\nHost: x\r\nX-A: 1\r\nx-a: 2\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+        writer.write(
+            b"POST /x?q=1 HTTP/1.1\r\nHost: x\r\nX-A: 1\r\nx-a: 2\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n"
+        )
         await writer.drain()
         await asyncio.sleep(0.05)
         writer.write(b"2\r\nde\r\n0\r\n\r\n")
