@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 from urllib.parse import quote
@@ -42,6 +41,7 @@ from perfkit.grpc_frames import literal
 from reference_server.auth import OPEN_GRPC_METHODS, Token, Unauthenticated
 from reference_server.grpc_service import InferenceServicer, lenient_deserializer
 from reference_server.h2_server import H2Connection, H2Stream
+from reference_server.listener import Listener
 
 __all__ = ["GrpcServer"]
 
@@ -80,10 +80,11 @@ class _Method:
         self.streaming = streaming
 
 
-class GrpcServer:
+class GrpcServer(Listener):
     """Serves `servicer` over gRPC on one listening socket; see the module's docstring."""
 
     def __init__(self, servicer: InferenceServicer, *, max_message_bytes: int, token: Token | None = None) -> None:
+        super().__init__()
         self.max_message_bytes = max_message_bytes
         self.token = token
         self.methods: dict[str, _Method] = {}
@@ -92,42 +93,9 @@ class GrpcServer:
             deserialize = lenient_deserializer(getattr(pb, method.input_type.name))
             handler = getattr(servicer, method.name)
             self.methods[path] = _Method(method.name, handler, deserialize, method.client_streaming)
-        self.connections: set[_GrpcConnection] = set()
-        self._server: asyncio.AbstractServer | None = None
-        self._calls = 0
-        self._idle = asyncio.Event()
-        self._idle.set()
 
-    async def listen(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> int:
-        """Bind and start accepting; returns the bound port (`port` 0 picks a free one)."""
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _GrpcConnection(self), host, port, ssl=ssl_context, reuse_address=True, backlog=128
-        )
-        return int(self._server.sockets[0].getsockname()[1])
-
-    async def stop(self, grace_s: float) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            server.close()
-        for connection in list(self.connections):
-            connection.go_away()
-        if self._calls and grace_s > 0:
-            try:
-                await asyncio.wait_for(self._idle.wait(), grace_s)
-            except asyncio.TimeoutError:
-                pass
-        for connection in list(self.connections):
-            connection.abort()
-        if server is not None:
-            await server.wait_closed()
-
-    def busy(self, delta: int) -> None:
-        self._calls += delta
-        if self._calls:
-            self._idle.clear()
-        else:
-            self._idle.set()
+    def connection(self) -> asyncio.Protocol:
+        return _GrpcConnection(self)
 
 
 class _Call(H2Stream):

@@ -187,7 +187,7 @@ class H2Connection(asyncio.Protocol):
                 self._forget(stream)
                 self.stream_reset(stream)
         elif ftype == h2.GOAWAY:
-            self.go_away()
+            self.close_when_idle()
         elif ftype == h2.PUSH_PROMISE:
             self.fail(h2.PROTOCOL_ERROR)
         # PRIORITY and unknown frame types are ignored (RFC 9113 §4.1, §5.5).
@@ -428,8 +428,8 @@ class H2Connection(asyncio.Protocol):
 
     # -- the connection's end
 
-    def go_away(self) -> None:
-        """Take no new streams; close once those in progress have ended."""
+    def close_when_idle(self) -> None:
+        """Take no new streams (GOAWAY); close once those in progress have ended."""
         if self.going_away:
             return
         self.going_away = True

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable
 from http import HTTPStatus
@@ -42,6 +41,7 @@ from typing import Protocol, cast
 import httptools
 
 from perfkit import v2
+from reference_server.listener import Listener
 from reference_server.read_gate import ReadGate
 
 __all__ = ["MAX_PIPELINED", "Admission", "HttpRequest", "HttpResponse", "HttpServer"]
@@ -106,7 +106,7 @@ NeedsSlot = Callable[[bytes, bytes], bool]
 Refusal = Callable[[Exception], HttpResponse]
 
 
-class HttpServer:
+class HttpServer(Listener):
     """Serves `handler` on one listening socket; see the module's docstring."""
 
     def __init__(
@@ -121,6 +121,7 @@ class HttpServer:
         read_gate: ReadGate | None = None,
         access_log: logging.Logger | None = None,
     ) -> None:
+        super().__init__()
         self.handler = handler
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
@@ -129,42 +130,9 @@ class HttpServer:
         self.refusal = refusal or _default_refusal
         self.read_gate = read_gate
         self.access_log = access_log
-        self._connections: set[_Connection] = set()
-        self._server: asyncio.AbstractServer | None = None
-        self._idle = asyncio.Event()  # no connection is serving a request
-        self._idle.set()
-        self._serving = 0
 
-    async def listen(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> int:
-        """Bind and start accepting; returns the bound port (`port` 0 picks a free one)."""
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _Connection(self), host, port, ssl=ssl_context, reuse_address=True, backlog=128
-        )
-        return int(self._server.sockets[0].getsockname()[1])
-
-    async def stop(self, grace_s: float) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            server.close()
-        for connection in list(self._connections):
-            connection.close_when_idle()
-        if self._serving and grace_s > 0:
-            try:
-                await asyncio.wait_for(self._idle.wait(), grace_s)
-            except asyncio.TimeoutError:
-                pass
-        for connection in list(self._connections):
-            connection.abort()
-        if server is not None:
-            await server.wait_closed()
-
-    def _busy(self, delta: int) -> None:
-        self._serving += delta
-        if self._serving:
-            self._idle.clear()
-        else:
-            self._idle.set()
+    def connection(self) -> asyncio.Protocol:
+        return _Connection(self)
 
 
 def _default_refusal(exc: Exception) -> HttpResponse:
@@ -200,13 +168,13 @@ class _Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's TLS transport is no asyncio.Transport subclass, but has its methods.
         self._transport = cast(asyncio.Transport, transport)
-        self._server._connections.add(self)
+        self._server.connections.add(self)
         if self._server.read_gate is not None:
             self._server.read_gate.connection_made(transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         transport, self._transport = self._transport, None
-        self._server._connections.discard(self)
+        self._server.connections.discard(self)
         self._cancel_body_timer()
         if self._admitted:  # its body never came: the slot and the gate's count go back
             self._release(transport)
@@ -319,7 +287,7 @@ class _Connection(asyncio.Protocol):
         if isinstance(item, HttpResponse):
             self._answer(item, keep_alive)
             return
-        self._server._busy(+1)
+        self._server.busy(+1)
         self._task = asyncio.get_running_loop().create_task(self._serve(item, admitted, keep_alive))
 
     async def _serve(self, request: HttpRequest, admitted: bool, keep_alive: bool) -> None:
@@ -328,7 +296,7 @@ class _Connection(asyncio.Protocol):
             response = await self._respond(request, admitted, self._transport)
         finally:
             self._task = None
-            server._busy(-1)
+            server.busy(-1)
         if server.access_log is not None:
             server.access_log.info("%s %s %d", request.method, request.path, response.status)
         self._answer(response, keep_alive)

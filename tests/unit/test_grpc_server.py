@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 import hpack
 import pytest
-import uvloop
 from tritonclient.grpc import service_pb2 as pb
 
 from perfkit import grpc_frames as h2
@@ -23,17 +22,6 @@ from reference_server.h2_server import MAX_STREAMS
 T = TypeVar("T")
 SERVICE = "/inference.GRPCInferenceService/"
 FRAME = struct.Struct(">HBBBL")
-
-
-@pytest.fixture(params=["asyncio", "uvloop"])
-def run(request: pytest.FixtureRequest) -> Iterator[Any]:
-    factory = uvloop.new_event_loop if request.param == "uvloop" else asyncio.new_event_loop
-
-    def run_(coro: Coroutine[Any, Any, T]) -> T:
-        with asyncio.Runner(loop_factory=factory) as runner:
-            return runner.run(asyncio.wait_for(coro, 20))  # a hang fails the test, not the suite
-
-    yield run_
 
 
 class Servicer:

@@ -5,27 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
 import pytest
-import uvloop
 
 from reference_server.errors import Unavailable
 from reference_server.http_server import MAX_PIPELINED, HttpRequest, HttpResponse, HttpServer
 
 T = TypeVar("T")
-
-
-@pytest.fixture(params=["asyncio", "uvloop"])
-def run(request: pytest.FixtureRequest) -> Iterator[Any]:
-    factory = uvloop.new_event_loop if request.param == "uvloop" else asyncio.new_event_loop
-
-    def run_(coro: Coroutine[Any, Any, T]) -> T:
-        with asyncio.Runner(loop_factory=factory) as runner:
-            return runner.run(asyncio.wait_for(coro, 20))  # a hang fails the test, not the suite
-
-    yield run_
 
 
 async def echo(request: HttpRequest) -> HttpResponse:
@@ -262,7 +249,7 @@ def test_a_pipelining_flood_stops_being_read(run: Any) -> None:
         writer.write(post("/x", b"") * (MAX_PIPELINED * 4))
         await writer.drain()
         await asyncio.sleep(0.1)
-        (connection,) = server._connections
+        (connection,) = server.connections
         queued, paused = len(connection._queue), connection._paused
         gate.set()
         for _ in range(MAX_PIPELINED * 4):

@@ -8,14 +8,13 @@ import errno
 import socket
 import ssl
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
 import pytest
 import trustme
-import uvloop
 
 from perfkit import v2
 from perfkit.clients import HttpClient, _http_kind, make_client
@@ -27,17 +26,6 @@ T = TypeVar("T")
 Runner = Callable[[Coroutine[Any, Any, T]], T]
 
 OK_BODY = b'{"outputs":[{"name":"OUTPUT0","datatype":"FP32","shape":[1],"data":[1.0]}]}'
-
-
-@pytest.fixture(params=["asyncio", "uvloop"])
-def run(request: pytest.FixtureRequest) -> Iterator[Runner[Any]]:
-    factory = uvloop.new_event_loop if request.param == "uvloop" else asyncio.new_event_loop
-
-    def run_(coro: Coroutine[Any, Any, T]) -> T:
-        with asyncio.Runner(loop_factory=factory) as runner:
-            return runner.run(asyncio.wait_for(coro, 20))  # a hung exchange fails the test, not the suite
-
-    yield run_
 
 
 # --- a scripted server -------------------------------------------------------------------------------
