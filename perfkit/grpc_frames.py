@@ -1,15 +1,20 @@
-"""The lean gRPC client's sans-I/O half: HTTP/2 (RFC 9113) and HPACK (RFC 7541) constants, a
+"""The sans-I/O half of the lean gRPC client and of the reference server's gRPC front end: HTTP/2
+(RFC 9113) and HPACK (RFC 7541) constants, frames read out of a byte stream (`FrameReader`), a
 unary call encoded once (`encode_call`), whether a header block changes the HPACK decoder's table
 (`keeps_table`), and how HTTP/2 errors read as gRPC statuses (grpc/doc/PROTOCOL-HTTP2.md). No
-sockets and no event loop: `perfkit.grpc_wire` does the I/O."""
+sockets and no event loop: `perfkit.grpc_wire` and `reference_server.h2_server` do the I/O."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import struct
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-__all__ = ["MALFORMED", "EncodedCall", "encode_call", "frame", "framing_problem", "h2_error", "keeps_table", "literal"]
+__all__ = [
+    "MALFORMED", "EncodedCall", "FrameReader", "FrameTooLarge", "encode_call", "frame", "framing_problem", "h2_error",
+    "keeps_table", "literal",
+]  # fmt: skip
 
 MALFORMED = -1  # not a gRPC status: the reply broke gRPC's or HTTP/2's framing
 # gRPC status codes (grpc/doc/statuscodes.md)
@@ -41,6 +46,73 @@ _H2_ERRORS = (
 # http-grpc-status-mapping.md: an HTTP status without grpc-status (others: UNKNOWN).
 HTTP_STATUS = {"400": INTERNAL, "401": UNAUTHENTICATED, "403": PERMISSION_DENIED, "404": UNIMPLEMENTED}
 HTTP_STATUS.update(dict.fromkeys(("429", "502", "503", "504"), UNAVAILABLE))
+
+
+_HEAD = struct.Struct(">HBBBL")  # 24-bit length as 16 + 8 bits, type, flags, stream id
+
+#: One frame: type, flags, stream id (reserved bit cleared) and payload.
+Frame = tuple[int, int, int, memoryview]
+
+
+class FrameTooLarge(Exception):
+    """A frame longer than we accept (`DEFAULT_FRAME`, as we never advertise more)."""
+
+    def __init__(self, length: int) -> None:
+        super().__init__(f"a {length}-byte frame is over the {DEFAULT_FRAME}-byte limit")
+        self.length = length
+
+
+class FrameReader:
+    """Cuts a byte stream into HTTP/2 frames. A frame that came whole in one read is a view of that
+    read, never copied; only a frame split across reads is put together, once, from its pieces."""
+
+    __slots__ = ("_partial", "_size")
+
+    def __init__(self) -> None:
+        self._partial = bytearray()  # the start of a frame split across reads
+        self._size = 0  # that frame's whole size, once its header is in; 0 before
+
+    def feed(self, data: bytes) -> Iterator[Frame]:
+        """The frames `data` completes, in order; raises FrameTooLarge at an oversized one."""
+        pos, end = 0, len(data)
+        if self._partial:
+            partial = self._partial
+            if not self._size:
+                pos = min(9 - len(partial), end)
+                partial += data[:pos]
+                if len(partial) < 9:
+                    return
+                self._size = 9 + self._length(partial, 0)
+            take = min(self._size - len(partial), end - pos)
+            partial += data[pos : pos + take]
+            pos += take
+            if len(partial) < self._size:
+                return
+            self._partial, self._size = bytearray(), 0
+            _, _, ftype, flags, stream_id = _HEAD.unpack_from(partial, 0)
+            yield ftype, flags, stream_id & LAST_STREAM_ID, memoryview(partial)[9:]
+        view = memoryview(data)
+        while end - pos >= 9:
+            high, low, ftype, flags, stream_id = _HEAD.unpack_from(data, pos)
+            length = high << 8 | low
+            if length > DEFAULT_FRAME:
+                raise FrameTooLarge(length)
+            stop = pos + 9 + length
+            if stop > end:
+                break
+            yield ftype, flags, stream_id & LAST_STREAM_ID, view[pos + 9 : stop]
+            pos = stop
+        if pos < end:
+            self._partial = bytearray(view[pos:])
+            self._size = 9 + self._length(self._partial, 0) if end - pos >= 9 else 0
+
+    @staticmethod
+    def _length(head: bytes | bytearray, pos: int) -> int:
+        high, low = _HEAD.unpack_from(head, pos)[:2]
+        length = int(high << 8 | low)
+        if length > DEFAULT_FRAME:
+            raise FrameTooLarge(length)
+        return length
 
 
 def h2_error(code: int) -> str:
@@ -189,7 +261,7 @@ def _read_int(block: bytes, pos: int, mask: int) -> tuple[int, int]:
             return value, pos
 
 
-def framing_problem(body: bytes | bytearray) -> str:
+def framing_problem(body: bytes | bytearray | memoryview) -> str:
     if len(body) < 5:
         return f"the reply is {len(body)} bytes, shorter than gRPC's 5-byte message prefix"
     if body[0] != 0:

@@ -43,12 +43,21 @@ import hpack
 import hpack.exceptions
 
 from perfkit import grpc_frames as h2
-from perfkit.grpc_frames import MALFORMED, EncodedCall, encode_call, frame, framing_problem, h2_error, keeps_table
+from perfkit.grpc_frames import (
+    MALFORMED,
+    EncodedCall,
+    FrameReader,
+    FrameTooLarge,
+    encode_call,
+    frame,
+    framing_problem,
+    h2_error,
+    keeps_table,
+)  # fmt: skip
 
 __all__ = ["MALFORMED", "Call", "Channel", "EncodedCall"]
 
 _REPLENISH = 1 << 24  # give the receive window back after this many DATA bytes
-_HEAD = struct.Struct(">HBBBL")  # 24-bit length as 16 + 8 bits, type, flags, stream id
 _CACHE_LIMIT = 64  # decoded header blocks kept
 _TIMER_SLACK_S = 0.001  # a timer may fire this early (libuv counts milliseconds)
 _now = time.perf_counter_ns
@@ -74,7 +83,7 @@ class Call:
         self.stream_id = 0
         self.headers: dict[str, str] | None = None
         self.trailers: dict[str, str] | None = None
-        self.chunks: list[bytes | bytearray] = []
+        self.chunks: list[bytes | bytearray | memoryview] = []
         self.received = 0
         self.window = 0
         self.pending: memoryview | None = None  # the part of the body the windows have not let out yet
@@ -103,8 +112,7 @@ class _Connection(asyncio.Protocol):
         self._streams: dict[int, Call] = {}
         self._blocked: deque[Call] = deque()
         self._room: deque[asyncio.Future[None]] = deque()  # calls waiting for a stream slot
-        self._buffer = bytearray()
-        self._need = 9  # bytes `_buffer` must hold before the next frame can be parsed
+        self._frames = FrameReader()
         self._decoder = hpack.Decoder()
         self._decoded: dict[bytes, dict[str, str]] = {}
         self._continuation: tuple[int, int, bytearray] | None = None
@@ -154,36 +162,14 @@ class _Connection(asyncio.Protocol):
             self.closed.set_result(None)
 
     def data_received(self, data: bytes) -> None:
-        if self._buffer:
-            self._buffer += data
-            if len(self._buffer) < self._need:
-                return
-            view: bytes | bytearray = self._buffer
-        else:
-            view = data
-        end = len(view)
-        pos = 0
-        while end - pos >= 9:
-            high, low, ftype, flags, stream_id = _HEAD.unpack_from(view, pos)
-            length = high << 8 | low
-            if length > h2.DEFAULT_FRAME:
-                reason = f"a {length}-byte frame is over our limit" if self._got_settings else "it is not HTTP/2"
-                self._fail_connection(h2.UNAVAILABLE, f"cannot parse the reply from {self.target}: {reason}")
-                return
-            stop = pos + 9 + length
-            if stop > end:
-                self._need = stop - pos
-                break
-            self._on_frame(ftype, flags, stream_id & h2.LAST_STREAM_ID, view[pos + 9 : stop])
-            if self._transport is None or self._transport.is_closing():
-                return
-            pos = stop
-        else:
-            self._need = 9
-        if view is self._buffer:
-            del self._buffer[:pos]
-        elif pos < end:
-            self._buffer += view[pos:]
+        try:
+            for ftype, flags, stream_id, payload in self._frames.feed(data):
+                self._on_frame(ftype, flags, stream_id, payload)
+                if self._transport is None or self._transport.is_closing():
+                    return
+        except FrameTooLarge as exc:
+            reason = str(exc) if self._got_settings else "it is not HTTP/2"
+            self._fail_connection(h2.UNAVAILABLE, f"cannot parse the reply from {self.target}: {reason}")
 
     # -- sending
 
@@ -275,7 +261,7 @@ class _Connection(asyncio.Protocol):
 
     # -- receiving
 
-    def _on_frame(self, ftype: int, flags: int, stream_id: int, payload: bytes | bytearray) -> None:
+    def _on_frame(self, ftype: int, flags: int, stream_id: int, payload: bytes | bytearray | memoryview) -> None:
         if self._continuation is not None and ftype != h2.CONTINUATION:
             self._fail_connection(h2.UNAVAILABLE, f"{self.target} broke a header block (frame type {ftype})")
         elif ftype == h2.DATA:
@@ -307,7 +293,7 @@ class _Connection(asyncio.Protocol):
             self._fail_connection(h2.UNAVAILABLE, f"{self.target} pushed a stream, which we disabled")
         # PRIORITY and unknown frame types are ignored (RFC 9113 §4.1, §5.5).
 
-    def _on_data(self, stream_id: int, flags: int, payload: bytes | bytearray) -> None:
+    def _on_data(self, stream_id: int, flags: int, payload: bytes | bytearray | memoryview) -> None:
         size = len(payload)  # padding counts against the window too
         self._unacked += size
         if self._unacked >= _REPLENISH:
@@ -326,7 +312,7 @@ class _Connection(asyncio.Protocol):
         if flags & h2.END_STREAM:
             self._finish(call)
 
-    def _on_headers(self, stream_id: int, flags: int, payload: bytes | bytearray) -> None:
+    def _on_headers(self, stream_id: int, flags: int, payload: bytes | bytearray | memoryview) -> None:
         start, stop = 0, len(payload)
         if flags & h2.PADDED:
             start, stop = 1, stop - (payload[0] if stop else 0)
@@ -338,7 +324,7 @@ class _Connection(asyncio.Protocol):
         else:
             self._continuation = (stream_id, flags & h2.END_STREAM, bytearray(block))
 
-    def _on_continuation(self, stream_id: int, flags: int, payload: bytes | bytearray) -> None:
+    def _on_continuation(self, stream_id: int, flags: int, payload: bytes | bytearray | memoryview) -> None:
         if self._continuation is None or self._continuation[0] != stream_id:
             self._fail_connection(h2.UNAVAILABLE, f"{self.target} sent a CONTINUATION frame out of place")
             return
@@ -348,7 +334,7 @@ class _Connection(asyncio.Protocol):
             self._continuation = None
             self._on_block(stream_id, end_stream, block)
 
-    def _on_block(self, stream_id: int, end_stream: int, block: bytes | bytearray) -> None:
+    def _on_block(self, stream_id: int, end_stream: int, block: bytes | bytearray | memoryview) -> None:
         # Decoded even for calls given up on: the server's dynamic table must stay in step.
         if not isinstance(block, bytes):
             block = bytes(block)
@@ -379,7 +365,7 @@ class _Connection(asyncio.Protocol):
         if end_stream:
             self._finish(call)
 
-    def _on_settings(self, payload: bytes | bytearray) -> None:
+    def _on_settings(self, payload: bytes | bytearray | memoryview) -> None:
         if len(payload) % 6:
             self._fail_connection(h2.UNAVAILABLE, f"{self.target} sent a malformed SETTINGS frame", h2.FRAME_SIZE_ERROR)
             return
@@ -403,7 +389,7 @@ class _Connection(asyncio.Protocol):
         self._pump()
         self._wake(len(self._room))
 
-    def _on_window_update(self, stream_id: int, payload: bytes | bytearray) -> None:
+    def _on_window_update(self, stream_id: int, payload: bytes | bytearray | memoryview) -> None:
         increment = int.from_bytes(payload, "big") & h2.MAX_WINDOW if len(payload) == 4 else 0
         if stream_id == 0:
             self._send_window += increment
@@ -415,7 +401,7 @@ class _Connection(asyncio.Protocol):
         if self._blocked:
             self._pump()
 
-    def _on_goaway(self, payload: bytes | bytearray) -> None:
+    def _on_goaway(self, payload: bytes | bytearray | memoryview) -> None:
         if len(payload) < 8:
             self._fail_connection(h2.UNAVAILABLE, f"{self.target} sent a malformed GOAWAY", h2.FRAME_SIZE_ERROR)
             return

@@ -106,7 +106,7 @@ class _Call(H2Stream):
     def __init__(self, stream_id: int, window: int, method: _Method) -> None:
         super().__init__(stream_id, window)
         self.method = method
-        self.chunks: list[bytes | bytearray] = []
+        self.chunks: list[bytes | bytearray | memoryview] = []
         self.size = 0
         self.need = 5  # request bytes to have before the next message prefix is looked at
         self.task: asyncio.Task[None] | None = None
@@ -174,7 +174,7 @@ class _GrpcConnection(H2Connection):
             call.finished = True
             self.stream_finished(call)
 
-    def stream_data(self, stream: H2Stream, data: bytes | bytearray) -> None:
+    def stream_data(self, stream: H2Stream, data: bytes | bytearray | memoryview) -> None:
         assert isinstance(stream, _Call)
         stream.chunks.append(data)
         stream.size += len(data)
@@ -194,7 +194,7 @@ class _GrpcConnection(H2Connection):
         if len(body) < 5 or int.from_bytes(body[1:5], "big") != len(body) - 5:
             self._fail_call(stream, grpc.StatusCode.INVALID_ARGUMENT, "a unary call needs exactly one request message")
             return
-        self._start(stream, self._serve_unary(stream, stream.method.deserialize(bytes(body[5:]))))
+        self._start(stream, self._serve_unary(stream, stream.method.deserialize(memoryview(body)[5:])))
 
     def stream_reset(self, stream: H2Stream) -> None:
         assert isinstance(stream, _Call)
@@ -227,7 +227,7 @@ class _GrpcConnection(H2Connection):
             if end - pos - 5 < length:
                 call.need = 5 + length
                 break
-            call.requests.put_nowait(call.method.deserialize(bytes(buffer[pos + 5 : pos + 5 + length])))
+            call.requests.put_nowait(call.method.deserialize(buffer[pos + 5 : pos + 5 + length]))
             pos += 5 + length
         else:
             call.need = 5

@@ -29,7 +29,7 @@ import hpack
 import hpack.exceptions
 
 from perfkit import grpc_frames as h2
-from perfkit.grpc_frames import frame, keeps_table
+from perfkit.grpc_frames import FrameReader, FrameTooLarge, frame, keeps_table
 
 __all__ = ["MAX_STREAMS", "H2Connection", "H2Stream"]
 
@@ -39,7 +39,6 @@ logging.getLogger("hpack").setLevel(logging.INFO)
 #: Streams a client may have open at once on one connection (SETTINGS_MAX_CONCURRENT_STREAMS).
 MAX_STREAMS = 1024
 
-_HEAD = struct.Struct(">HBBBL")  # 24-bit length as 16 + 8 bits, type, flags, stream id
 _REPLENISH = 1 << 24  # give the receive window back after this many DATA bytes
 _CACHE_LIMIT = 64  # decoded header blocks kept per connection
 _MAX_HEADER_BLOCK = 1 << 20  # a longer header block (HEADERS and CONTINUATIONs) ends the connection
@@ -54,7 +53,7 @@ class H2Stream:
         self.id = stream_id
         self.window = window  # what the client's window lets us send on this stream
         self.received = 0  # DATA bytes since this stream's last WINDOW_UPDATE
-        self.pending = bytearray()  # DATA bytes the windows have not let out yet
+        self.pending: deque[memoryview] = deque()  # DATA the windows have not let out yet, in order
         self.trailers: bytes | None = None  # sent, ending the stream, once `pending` is out
         self.drained: asyncio.Future[None] | None = None  # a sender waiting for `pending` to go
         self.finished = False  # the client ended its side
@@ -69,9 +68,9 @@ class H2Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.streams: dict[int, H2Stream] = {}
         self.going_away = False
-        self._buffer = bytearray()
-        self._need = len(h2.PREFACE)
-        self._preface = True  # the client's preface has not arrived yet
+        self._frames = FrameReader()
+        self._preface = True  # the client's preface has not all arrived yet
+        self._preface_seen = b""
         self._last_stream = 0
         self._decoder = hpack.Decoder()
         self._decoded: dict[bytes, dict[str, str]] = {}
@@ -88,7 +87,7 @@ class H2Connection(asyncio.Protocol):
         """A client opened a stream; register an `H2Stream` in `streams` to take it."""
         raise NotImplementedError
 
-    def stream_data(self, stream: H2Stream, data: bytes | bytearray) -> None:
+    def stream_data(self, stream: H2Stream, data: bytes | bytearray | memoryview) -> None:
         raise NotImplementedError
 
     def stream_finished(self, stream: H2Stream) -> None:
@@ -121,50 +120,34 @@ class H2Connection(asyncio.Protocol):
             self.stream_reset(stream)
 
     def data_received(self, data: bytes) -> None:
-        if self._buffer:
-            self._buffer += data
-            if len(self._buffer) < self._need:
-                return
-            view: bytes | bytearray = self._buffer
-        else:
-            view = data
-        end = len(view)
-        pos = 0
         if self._preface:
-            size = len(h2.PREFACE)
-            if view[: min(end, size)] != h2.PREFACE[: min(end, size)]:
-                self.fail(h2.PROTOCOL_ERROR)
+            data = self._after_preface(data)
+            if not data:
                 return
-            if end < size:
-                if view is not self._buffer:
-                    self._buffer += view
-                return
-            self._preface = False
-            pos = size
-        while end - pos >= 9:
-            high, low, ftype, flags, stream_id = _HEAD.unpack_from(view, pos)
-            length = high << 8 | low
-            if length > h2.DEFAULT_FRAME:
-                self.fail(h2.FRAME_SIZE_ERROR)
-                return
-            stop = pos + 9 + length
-            if stop > end:
-                self._need = stop - pos
-                break
-            self._on_frame(ftype, flags, stream_id & h2.LAST_STREAM_ID, view[pos + 9 : stop])
-            if self.transport is None or self.transport.is_closing():
-                return
-            pos = stop
-        else:
-            self._need = 9
-        if view is self._buffer:
-            del self._buffer[:pos]
-        elif pos < end:
-            self._buffer += view[pos:]
+        try:
+            for ftype, flags, stream_id, payload in self._frames.feed(data):
+                self._on_frame(ftype, flags, stream_id, payload)
+                if self.transport is None or self.transport.is_closing():
+                    return
+        except FrameTooLarge:
+            self.fail(h2.FRAME_SIZE_ERROR)
+
+    def _after_preface(self, data: bytes) -> bytes:
+        """What follows the client's connection preface in `data` (b"" until it is all in)."""
+        size = len(h2.PREFACE)
+        seen = self._preface_seen + data
+        if seen[: min(len(seen), size)] != h2.PREFACE[: min(len(seen), size)]:
+            self.fail(h2.PROTOCOL_ERROR)
+            return b""
+        if len(seen) < size:
+            self._preface_seen = seen
+            return b""
+        self._preface = False
+        return seen[size:]
 
     # -- frames in
 
-    def _on_frame(self, ftype: int, flags: int, stream_id: int, payload: bytes | bytearray) -> None:
+    def _on_frame(self, ftype: int, flags: int, stream_id: int, payload: bytes | bytearray | memoryview) -> None:
         if self._continuation is not None and ftype != h2.CONTINUATION:
             self.fail(h2.PROTOCOL_ERROR)
         elif ftype == h2.DATA:
@@ -192,7 +175,7 @@ class H2Connection(asyncio.Protocol):
             self.fail(h2.PROTOCOL_ERROR)
         # PRIORITY and unknown frame types are ignored (RFC 9113 §4.1, §5.5).
 
-    def _on_settings(self, payload: bytes | bytearray) -> None:
+    def _on_settings(self, payload: bytes | bytearray | memoryview) -> None:
         if len(payload) % 6:
             self.fail(h2.FRAME_SIZE_ERROR)
             return
@@ -211,7 +194,7 @@ class H2Connection(asyncio.Protocol):
         self._write(frame(h2.SETTINGS, h2.ACK, 0))
         self._pump()
 
-    def _on_window_update(self, stream_id: int, payload: bytes | bytearray) -> None:
+    def _on_window_update(self, stream_id: int, payload: bytes | bytearray | memoryview) -> None:
         if len(payload) != 4:
             self.fail(h2.FRAME_SIZE_ERROR)
             return
@@ -225,7 +208,7 @@ class H2Connection(asyncio.Protocol):
             stream.window += increment
         self._pump()
 
-    def _on_headers(self, stream_id: int, flags: int, payload: bytes | bytearray) -> None:
+    def _on_headers(self, stream_id: int, flags: int, payload: bytes | bytearray | memoryview) -> None:
         start, stop = 0, len(payload)
         if flags & h2.PADDED:
             if not stop:
@@ -243,7 +226,7 @@ class H2Connection(asyncio.Protocol):
         else:
             self._continuation = (stream_id, flags & h2.END_STREAM, bytearray(block))
 
-    def _on_continuation(self, stream_id: int, flags: int, payload: bytes | bytearray) -> None:
+    def _on_continuation(self, stream_id: int, flags: int, payload: bytes | bytearray | memoryview) -> None:
         pending = self._continuation
         if pending is None or pending[0] != stream_id:
             self.fail(h2.PROTOCOL_ERROR)
@@ -292,7 +275,7 @@ class H2Connection(asyncio.Protocol):
             self._decoded.clear()  # the table changed: cached blocks may decode differently now
         return headers
 
-    def _on_data(self, stream_id: int, flags: int, payload: bytes | bytearray) -> None:
+    def _on_data(self, stream_id: int, flags: int, payload: bytes | bytearray | memoryview) -> None:
         size = len(payload)  # padding counts against the window too
         self._unacked += size
         if self._unacked >= _REPLENISH:
@@ -342,13 +325,13 @@ class H2Connection(asyncio.Protocol):
             return
         stream.headers_sent = True
         self.send_headers(stream.id, headers)
-        stream.pending += data
+        stream.pending.append(memoryview(data))
         self.send_trailers(stream, trailers)
 
     def send_data(self, stream: H2Stream, data: bytes) -> None:
         """Queue `data` on `stream` and send what the windows allow; `stream.drained` is set when
         some had to wait."""
-        stream.pending += data
+        stream.pending.append(memoryview(data))
         self._pump_stream(stream)
         if stream.pending:
             if stream.drained is None or stream.drained.done():
@@ -389,20 +372,23 @@ class H2Connection(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return
         pending = stream.pending
-        sent = 0
-        frames = []
-        while sent < len(pending):
-            size = min(len(pending) - sent, self._max_frame, self._send_window, stream.window)
+        parts: list[bytes | memoryview] = []  # frame headers and views of the data: no copy here
+        while pending:
+            chunk = pending[0]
+            size = min(len(chunk), self._max_frame, self._send_window, stream.window)
             if size <= 0:
                 break
-            frames.append(frame(h2.DATA, 0, stream.id, bytes(pending[sent : sent + size])))
-            sent += size
+            parts.append(_data_head(size, stream.id))
+            if size == len(chunk):
+                parts.append(chunk)
+                pending.popleft()
+            else:
+                parts.append(chunk[:size])
+                pending[0] = chunk[size:]
             self._send_window -= size
             stream.window -= size
-        if sent:
-            del pending[:sent]
-        if frames:
-            transport.write(b"".join(frames))
+        if parts:
+            transport.writelines(parts)
         if pending:
             return
         _wake(stream)
@@ -444,6 +430,11 @@ class H2Connection(asyncio.Protocol):
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.close()
+
+
+def _data_head(size: int, stream_id: int) -> bytes:
+    """A DATA frame's header (no flags): the stream ends with its trailers, not its data."""
+    return size.to_bytes(3, "big") + bytes((h2.DATA, 0)) + stream_id.to_bytes(4, "big")
 
 
 def _wake(stream: H2Stream) -> None:

@@ -1,0 +1,50 @@
+"""perfkit.grpc_frames.FrameReader: frames cut out of a byte stream however it was split."""
+
+from __future__ import annotations
+
+import pytest
+
+from perfkit import grpc_frames as h2
+from perfkit.grpc_frames import FrameReader, FrameTooLarge, frame
+
+STREAM = (
+    frame(h2.SETTINGS, 0, 0, b"\x00\x04\x00\x00\xff\xff")
+    + frame(h2.HEADERS, h2.END_HEADERS, 1, b"\x88")
+    + frame(h2.DATA, 0, 1, bytes(range(256)) * 40)
+    + frame(h2.PING, h2.ACK, 0, b"8 bytes!")
+    + frame(h2.DATA, h2.END_STREAM, 0x80000003, b"")  # the reserved bit is dropped
+)
+EXPECTED = [
+    (h2.SETTINGS, 0, 0, b"\x00\x04\x00\x00\xff\xff"),
+    (h2.HEADERS, h2.END_HEADERS, 1, b"\x88"),
+    (h2.DATA, 0, 1, bytes(range(256)) * 40),
+    (h2.PING, h2.ACK, 0, b"8 bytes!"),
+    (h2.DATA, h2.END_STREAM, 3, b""),
+]
+
+
+def read(chunks: list[bytes]) -> list[tuple[int, int, int, bytes]]:
+    reader = FrameReader()
+    return [(t, f, s, bytes(p)) for chunk in chunks for t, f, s, p in reader.feed(chunk)]
+
+
+@pytest.mark.parametrize("step", [1, 2, 7, 9, 10, 100, 4096, len(STREAM)])
+def test_frames_come_out_whole_however_the_stream_is_cut(step: int) -> None:
+    chunks = [STREAM[i : i + step] for i in range(0, len(STREAM), step)]
+    assert read(chunks) == EXPECTED
+
+
+def test_a_frame_that_came_whole_is_a_view_of_its_read() -> None:
+    data = frame(h2.DATA, 0, 1, b"x" * 1000)
+    ((_, _, _, payload),) = FrameReader().feed(data)
+    assert payload.obj is data and bytes(payload) == b"x" * 1000
+
+
+def test_an_oversized_frame_is_refused_even_with_its_header_split() -> None:
+    head = (h2.DEFAULT_FRAME + 1).to_bytes(3, "big") + bytes((h2.DATA, 0)) + (1).to_bytes(4, "big")
+    with pytest.raises(FrameTooLarge):
+        list(FrameReader().feed(head + b"x"))
+    reader = FrameReader()
+    assert list(reader.feed(head[:4])) == []
+    with pytest.raises(FrameTooLarge):
+        list(reader.feed(head[4:]))
