@@ -151,7 +151,7 @@ class _Connection(asyncio.Protocol):
         self._paused = False
         self._closing = False  # close once the requests read so far are answered
         self._body_timer: asyncio.TimerHandle | None = None
-        self._gave_up = False  # answered a request it could not read: the parser is done with
+        self._gave_up = False  # answered a request it could not read: nothing more is parsed
         self._reset()
 
     def _reset(self) -> None:
@@ -231,7 +231,8 @@ class _Connection(asyncio.Protocol):
         idle = self._task is None and not self._queue
         needs_slot = server.needs_slot
         if idle and needs_slot is not None and needs_slot(self._parser.get_method(), self._url):
-            self._admit()
+            self._refused = self._take_slot(self._transport)
+            self._admitted = self._refused is None
         if _expects_continue(self._headers):
             if self._refused is not None:
                 self._give_up(self._refused)  # the client waits for a go-ahead that will not come
@@ -305,14 +306,10 @@ class _Connection(asyncio.Protocol):
         server = self._server
         if not admitted and server.needs_slot is not None:
             if server.needs_slot(request.method.encode("latin-1"), request.path.encode("latin-1")):
-                assert server.admission is not None
-                try:
-                    server.admission.acquire()
-                except Exception as exc:
-                    return server.refusal(exc)
+                refusal = self._take_slot(transport)
+                if refusal is not None:
+                    return refusal
                 admitted = True
-                if server.read_gate is not None and transport is not None:
-                    server.read_gate.begin_serving(transport)
         try:
             return await server.handler(request)
         except Exception as exc:  # the handler maps every error it knows; this one is a bug
@@ -359,17 +356,17 @@ class _Connection(asyncio.Protocol):
 
     # -- admission and refusals
 
-    def _admit(self) -> None:
+    def _take_slot(self, transport: asyncio.Transport | None) -> HttpResponse | None:
+        """Take an admission slot and tell the read gate; or the answer to the refusal."""
         server = self._server
         assert server.admission is not None
         try:
             server.admission.acquire()
         except Exception as exc:
-            self._refused = server.refusal(exc)
-            return
-        self._admitted = True
-        if server.read_gate is not None and self._transport is not None:
-            server.read_gate.begin_serving(self._transport)
+            return server.refusal(exc)
+        if server.read_gate is not None and transport is not None:
+            server.read_gate.begin_serving(transport)
+        return None
 
     def _release(self, transport: asyncio.Transport | None) -> None:
         server = self._server
