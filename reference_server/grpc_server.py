@@ -19,8 +19,8 @@ deserialised leniently, and a `_Context` whose `abort` and `write` stand in for 
   5-byte prefix before it is buffered; a compressed message is UNIMPLEMENTED (we accept only
   identity, and say so in grpc-accept-encoding). With a token, every method but the health probes
   wants `authorization: Bearer ...`.
-- *Deadlines.* `grpc-timeout` is not enforced here: a client whose deadline passes resets the
-  stream, which cancels the call.
+- *Deadlines.* A call with `grpc-timeout` that has not ended by then is cancelled and answered
+  DEADLINE_EXCEEDED, as grpc's core does; one timer per connection, armed for the earliest.
 
 `stop(grace_s)` sends GOAWAY, lets the calls in progress finish within the grace period, then
 closes every connection.
@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any
 from urllib.parse import quote
@@ -54,6 +55,9 @@ _OK_TRAILERS = literal(b"grpc-status", b"0")
 _MESSAGE_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
 _SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 _UNARY_PENDING = 1 << 62  # a unary request's bytes are only kept until the client's side ends
+_TIMER_SLACK_S = 0.001  # a timer may fire this early (libuv counts milliseconds)
+#: grpc-timeout units (PROTOCOL-HTTP2.md: "Timeout → TimeoutValue TimeoutUnit"), in seconds.
+_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 
 
 def _code(status: grpc.StatusCode) -> int:
@@ -101,7 +105,7 @@ class GrpcServer(Listener):
 class _Call(H2Stream):
     """A stream carrying one call: its method, the request bytes not yet taken, and its task."""
 
-    __slots__ = ("method", "chunks", "size", "need", "task", "requests")
+    __slots__ = ("method", "chunks", "size", "need", "task", "requests", "deadline")
 
     def __init__(self, stream_id: int, window: int, method: _Method) -> None:
         super().__init__(stream_id, window)
@@ -111,6 +115,7 @@ class _Call(H2Stream):
         self.need = 5  # request bytes to have before the next message prefix is looked at
         self.task: asyncio.Task[None] | None = None
         self.requests: asyncio.Queue[Any] | None = None  # ModelStreamInfer's requests; None ends them
+        self.deadline = math.inf  # loop time by which the call must end (grpc-timeout)
 
 
 class _Context:
@@ -133,6 +138,8 @@ class _GrpcConnection(H2Connection):
     def __init__(self, server: GrpcServer) -> None:
         super().__init__()
         self._server = server
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._server.connections.add(self)
@@ -140,6 +147,8 @@ class _GrpcConnection(H2Connection):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)
+        if self._timer is not None:
+            self._timer.cancel()
         super().connection_lost(exc)
 
     # -- H2Connection's hooks
@@ -167,6 +176,11 @@ class _GrpcConnection(H2Connection):
         assert method is not None
         call = _Call(stream_id, self.initial_window, method)
         self.streams[stream_id] = call
+        timeout_s = _timeout_s(headers.get("grpc-timeout"))
+        if timeout_s is not None:
+            call.deadline = self.loop.time() + timeout_s
+            if call.deadline < self._timer_at:
+                self._arm(call.deadline)
         if method.streaming:
             call.requests = asyncio.Queue()
             self._start(call, self._serve_stream(call))
@@ -200,6 +214,25 @@ class _GrpcConnection(H2Connection):
         assert isinstance(stream, _Call)
         if stream.task is not None and not stream.task.done():
             stream.task.cancel()
+
+    # -- deadlines
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_at(when, self._expire_due)
+        self._timer_at = when
+
+    def _expire_due(self) -> None:
+        self._timer, self._timer_at = None, math.inf
+        now = self.loop.time() + _TIMER_SLACK_S
+        calls = [c for c in self.streams.values() if isinstance(c, _Call)]
+        for call in calls:
+            if call.deadline <= now:
+                self._fail_call(call, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        pending = [c.deadline for c in self.streams.values() if isinstance(c, _Call) and c.deadline < math.inf]
+        if pending:
+            self._arm(min(pending))
 
     # -- requests in
 
@@ -318,6 +351,13 @@ class _GrpcConnection(H2Connection):
         call.chunks = []
         call.size = 0
         self._finish(call, _code(status), details)
+
+
+def _timeout_s(value: str | None) -> float | None:
+    """A grpc-timeout header's seconds, or None when there is none or it is malformed."""
+    if not value or len(value) > 9 or value[-1] not in _TIMEOUT_UNITS or not value[:-1].isdigit():
+        return None
+    return int(value[:-1]) * _TIMEOUT_UNITS[value[-1]]
 
 
 def _prefixed(message: bytes) -> bytes:

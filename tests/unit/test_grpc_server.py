@@ -313,3 +313,29 @@ def test_stop_lets_a_call_in_progress_finish(run: Any) -> None:
         return trailers
 
     assert run(main())["grpc-status"] == "0"
+
+
+def test_a_call_past_its_deadline_is_cancelled_and_told_so(run: Any) -> None:
+    servicer = Servicer()
+
+    async def main() -> tuple[dict[str, str], dict[str, str], int]:
+        server, port = await start(servicer)
+        peer = await Peer.connect(port)
+        message = pb.ModelInferRequest(model_name="m").SerializeToString()
+        body = b"\x00" + len(message).to_bytes(4, "big") + message
+        for stream_id, timeout in ((1, "200m"), (3, "60S")):
+            block = peer.headers_block("ModelInfer", **{"grpc-timeout": timeout})
+            peer.writer.write(
+                frame(h2.HEADERS, h2.END_HEADERS, stream_id, block) + frame(h2.DATA, h2.END_STREAM, stream_id, body)
+            )
+        expired = (await peer.until(1))[2]
+        cancelled = servicer.cancelled
+        servicer.release.set()  # the call with a minute left is answered as usual
+        answered = (await peer.until(3))[2]
+        peer.close()
+        await server.stop(1)
+        return expired, answered, cancelled
+
+    expired, answered, cancelled = run(main())
+    assert expired["grpc-status"] == "4" and "Deadline" in expired["grpc-message"]  # DEADLINE_EXCEEDED
+    assert answered["grpc-status"] == "0" and cancelled == 1
