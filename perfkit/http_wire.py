@@ -43,6 +43,8 @@ __all__ = ["BadResponse", "ConnectFailed", "ConnectionPool", "Disconnected", "Re
 Reply = tuple[int, bytes | None, bytes, int, int, BaseException | None]
 
 _now = time.perf_counter_ns
+#: Woken with room for a connection but less time than this left: time out, connect to nobody.
+_CONNECT_MIN_S = 0.001
 _HEADER_LENGTH = b"inference-header-content-length"
 _FRAMING = (b"content-length", b"transfer-encoding")
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 field-name
@@ -271,7 +273,11 @@ class ConnectionPool:
                 raise
             if handed is not None:
                 return handed
-            # None: a connection closed and left room for a new one
+            # None: a connection closed and left room for a new one, maybe just as this wait ran out
+            # (a timed-out request's connection closes at about the deadline of the one waiting).
+            if deadline - loop.time() < _CONNECT_MIN_S:
+                self._wake()  # the room goes to the next task waiting
+                raise TimeoutError("no connection was free before the request's deadline")
         if self._idle:  # one came back while this task waited
             return self._idle.pop()
         self._opening += 1
