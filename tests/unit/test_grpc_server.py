@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 import hpack
@@ -20,6 +20,15 @@ from reference_server.grpc_server import GrpcServer
 from reference_server.h2_server import MAX_STREAMS
 
 T = TypeVar("T")
+
+
+async def eventually(condition: Callable[[], object], timeout_s: float = 10.0) -> None:
+    """Wait until `condition()` holds (checked every 5 ms), or fail after `timeout_s`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        assert loop.time() < deadline, "the condition never held"
+        await asyncio.sleep(0.005)
 SERVICE = "/inference.GRPCInferenceService/"
 FRAME = struct.Struct(">HBBBL")
 
@@ -29,6 +38,7 @@ class Servicer:
 
     def __init__(self) -> None:
         self.release = asyncio.Event()
+        self.started = 0
         self.cancelled = 0
 
     async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
@@ -38,6 +48,7 @@ class Servicer:
         return pb.ServerLiveResponse(live=True)
 
     async def ModelInfer(self, request: Any, context: Any) -> pb.ModelInferResponse:
+        self.started += 1
         try:
             await self.release.wait()
         except asyncio.CancelledError:
@@ -222,12 +233,9 @@ def test_a_reset_cancels_the_call(run: Any) -> None:
         server, port = await start(servicer)
         peer = await Peer.connect(port)
         peer.call(1, "ModelInfer", pb.ModelInferRequest(model_name="m").SerializeToString())
-        await asyncio.sleep(0.1)
+        await eventually(lambda: servicer.started == 1)
         peer.writer.write(frame(h2.RST_STREAM, 0, 1, h2.CANCEL.to_bytes(4, "big")))
-        for _ in range(100):
-            if servicer.cancelled:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: servicer.cancelled == 1)
         peer.close()
         await server.stop(1)
         return servicer.cancelled
@@ -305,7 +313,7 @@ def test_stop_lets_a_call_in_progress_finish(run: Any) -> None:
         server, port = await start(servicer)
         peer = await Peer.connect(port)
         peer.call(1, "ModelInfer", pb.ModelInferRequest(model_name="m").SerializeToString())
-        await asyncio.sleep(0.1)
+        await eventually(lambda: servicer.started == 1)
         asyncio.get_running_loop().call_later(0.2, servicer.release.set)
         await server.stop(5)
         _, _, trailers = await peer.until(1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pytest
@@ -13,6 +14,15 @@ from reference_server.errors import Unavailable
 from reference_server.http_server import MAX_PIPELINED, HttpRequest, HttpResponse, HttpServer
 
 T = TypeVar("T")
+
+
+async def eventually(condition: Callable[[], object], timeout_s: float = 10.0) -> None:
+    """Wait until `condition()` holds (checked every 5 ms), or fail after `timeout_s`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while not condition():
+        assert loop.time() < deadline, "the condition never held"
+        await asyncio.sleep(0.005)
 
 
 async def echo(request: HttpRequest) -> HttpResponse:
@@ -184,7 +194,7 @@ def test_admission_refuses_at_the_door_and_the_connection_goes_on(run: Any) -> N
         port = await server.listen("127.0.0.1", 0)
         first_reader, first_writer = await asyncio.open_connection("127.0.0.1", port)
         first_writer.write(post("/slow", b"1"))
-        await asyncio.sleep(0.05)  # the first holds the only slot
+        await eventually(lambda: slots.held == 1)  # the first holds the only slot
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write(post("/slow", b"2") + post("/free", b"3"))
         statuses = [(await read_response(reader))[0], (await read_response(reader))[0]]
@@ -201,25 +211,18 @@ def test_admission_refuses_at_the_door_and_the_connection_goes_on(run: Any) -> N
 def test_a_slot_taken_for_a_body_that_never_comes_goes_back(run: Any) -> None:
     slots = Slots(limit=4)
 
-    async def main() -> tuple[int, int]:
+    async def main() -> int:
         server = HttpServer(echo, max_body_bytes=1000, admission=slots, needs_slot=lambda method, url: True)
         reader, writer = await serve(server)
         writer.write(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc")
         await writer.drain()
-        for _ in range(100):
-            if slots.held:
-                break
-            await asyncio.sleep(0.01)
-        held_mid_body = slots.held
+        await eventually(lambda: slots.held == 1)  # taken at the headers, with the body still to come
         writer.close()
-        for _ in range(100):
-            if not slots.held:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(lambda: slots.held == 0)
         await server.stop(1)
-        return held_mid_body, slots.held
+        return slots.taken
 
-    assert run(main()) == (1, 0)
+    assert run(main()) == 1
 
 
 def test_a_body_that_stops_coming_is_408(run: Any) -> None:
@@ -248,7 +251,7 @@ def test_a_pipelining_flood_stops_being_read(run: Any) -> None:
         reader, writer = await serve(server)
         writer.write(post("/x", b"") * (MAX_PIPELINED * 4))
         await writer.drain()
-        await asyncio.sleep(0.1)
+        await eventually(lambda: any(len(c._queue) > MAX_PIPELINED for c in server.connections))
         (connection,) = server.connections
         queued, paused = len(connection._queue), connection._paused
         gate.set()
@@ -267,7 +270,7 @@ def test_stop_lets_a_request_being_served_finish(run: Any) -> None:
         server = HttpServer(echo, max_body_bytes=1000)
         reader, writer = await serve(server)
         writer.write(post("/slow", b""))
-        await asyncio.sleep(0.05)
+        await eventually(lambda: server._serving == 1)
         await server.stop(5)
         status, _, _ = await read_response(reader)
         writer.close()
