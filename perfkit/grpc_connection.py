@@ -14,25 +14,22 @@ from collections.abc import Sequence
 from typing import cast
 from urllib.parse import unquote
 
-import hpack
-import hpack.exceptions
-
 from perfkit import grpc_frames as h2
 from perfkit.grpc_frames import (
     MALFORMED,
+    BadHeaderBlock,
     EncodedCall,
     FrameReader,
     FrameTooLarge,
+    HeaderDecoder,
     frame,
     framing_problem,
     h2_error,
-    keeps_table,
 )  # fmt: skip
 
 __all__ = ["Call", "Connection", "failed"]
 
 _REPLENISH = 1 << 24  # give the receive window back after this many DATA bytes
-_CACHE_LIMIT = 64  # decoded header blocks kept
 _TIMER_SLACK_S = 0.001  # a timer may fire this early (libuv counts milliseconds)
 _now = time.perf_counter_ns
 
@@ -90,8 +87,7 @@ class Connection(asyncio.Protocol):
         self._blocked: deque[Call] = deque()
         self._room: deque[asyncio.Future[None]] = deque()  # calls waiting for a stream slot
         self._frames = FrameReader()
-        self._decoder = hpack.Decoder()
-        self._decoded: dict[bytes, dict[str, str]] = {}
+        self._headers = HeaderDecoder()
         self._continuation: tuple[int, int, bytearray] | None = None
         self._got_settings = False
         self._max_frame = h2.DEFAULT_FRAME
@@ -315,21 +311,11 @@ class Connection(asyncio.Protocol):
         # Decoded even for calls given up on: the server's dynamic table must stay in step.
         if not isinstance(block, bytes):
             block = bytes(block)
-        headers = self._decoded.get(block)
-        if headers is None:
-            try:
-                headers = {str(name): str(value) for name, value in self._decoder.decode(block)}
-            except (hpack.exceptions.HPACKError, UnicodeDecodeError) as exc:
-                self._fail_connection(
-                    h2.UNAVAILABLE, f"{self.target} sent a bad header block: {exc}", h2.COMPRESSION_ERROR
-                )
-                return
-            if keeps_table(block):
-                if len(self._decoded) >= _CACHE_LIMIT:
-                    self._decoded.clear()
-                self._decoded[block] = headers
-            elif self._decoded:
-                self._decoded.clear()
+        try:
+            headers = self._headers.decode(block)
+        except BadHeaderBlock as exc:
+            self._fail_connection(h2.UNAVAILABLE, f"{self.target} sent a bad header block: {exc}", h2.COMPRESSION_ERROR)
+            return
         call = self._streams.get(stream_id)
         if call is None:
             return

@@ -1,5 +1,6 @@
 """The sans-I/O half of the lean gRPC client and of the reference server's gRPC front end: HTTP/2
-(RFC 9113) and HPACK (RFC 7541) constants, frames read out of a byte stream (`FrameReader`), a
+(RFC 9113) and HPACK (RFC 7541) constants, frames read out of a byte stream (`FrameReader`), header
+blocks decoded with a cache for those that leave the table as it is (`HeaderDecoder`), a
 unary call encoded once (`encode_call`), whether a header block changes the HPACK decoder's table
 (`keeps_table`), and how HTTP/2 errors read as gRPC statuses (grpc/doc/PROTOCOL-HTTP2.md). No
 sockets and no event loop: `perfkit.grpc_wire` and `reference_server.h2_server` do the I/O."""
@@ -11,9 +12,12 @@ import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import hpack
+import hpack.exceptions
+
 __all__ = [
-    "MALFORMED", "EncodedCall", "FrameReader", "FrameTooLarge", "encode_call", "frame", "framing_problem", "h2_error",
-    "keeps_table", "literal",
+    "MALFORMED", "BadHeaderBlock", "EncodedCall", "FrameReader", "FrameTooLarge", "HeaderDecoder", "encode_call",
+    "frame", "framing_problem", "h2_error", "keeps_table", "literal",
 ]  # fmt: skip
 
 MALFORMED = -1  # not a gRPC status: the reply broke gRPC's or HTTP/2's framing
@@ -113,6 +117,41 @@ class FrameReader:
         if length > DEFAULT_FRAME:
             raise FrameTooLarge(length)
         return length
+
+
+class BadHeaderBlock(Exception):
+    """A header block HPACK cannot decode: the connection is beyond repair (COMPRESSION_ERROR)."""
+
+
+class HeaderDecoder:
+    """One connection's HPACK decoder. A peer that is warm sends the same few header blocks over
+    and over; those that leave the dynamic table as it is (`keeps_table`) are decoded once and
+    kept by their bytes, and any block that changes the table empties the cache."""
+
+    __slots__ = ("_decoder", "_decoded")
+
+    LIMIT = 64  # decoded blocks kept
+
+    def __init__(self) -> None:
+        self._decoder = hpack.Decoder()
+        self._decoded: dict[bytes, dict[str, str]] = {}
+
+    def decode(self, block: bytes) -> dict[str, str]:
+        """The block's fields, by name (the last of a repeated name); raises BadHeaderBlock."""
+        headers = self._decoded.get(block)
+        if headers is not None:
+            return headers
+        try:
+            headers = {str(name): str(value) for name, value in self._decoder.decode(block)}
+        except (hpack.exceptions.HPACKError, UnicodeDecodeError, ValueError) as exc:
+            raise BadHeaderBlock(str(exc) or type(exc).__name__) from exc
+        if keeps_table(block):
+            if len(self._decoded) >= self.LIMIT:
+                self._decoded.clear()
+            self._decoded[block] = headers
+        elif self._decoded:
+            self._decoded.clear()  # the table changed: cached blocks may decode differently now
+        return headers
 
 
 def h2_error(code: int) -> str:

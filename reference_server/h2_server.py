@@ -10,8 +10,9 @@ headers, its data, its end, its reset) and answers with `send_headers`, `send_da
   (initial window, frame size) and WINDOW_UPDATEs, and sends nothing larger than the client's
   frame size or windows allow: data the windows cannot take yet waits, in order, until
   WINDOW_UPDATEs come, and trailers follow their stream's data.
-- HPACK decoding (`hpack.Decoder`, one per connection) is cached by the block's bytes for blocks
-  that leave the dynamic table as it is: a warm client sends the same few blocks over and over.
+- HPACK decoding (`grpc_frames.HeaderDecoder`, one per connection) is cached by the block's bytes
+  for blocks that leave the dynamic table as it is: a warm client sends the same few blocks over
+  and over.
   Our own header blocks are literals without indexing, so they never touch the client's table.
 - A broken preface, an oversized frame, a bad header block or a frame out of place ends the
   connection with GOAWAY; a stream past `MAX_STREAMS` is refused (RST_STREAM REFUSED_STREAM).
@@ -25,11 +26,8 @@ import struct
 from collections import deque
 from typing import cast
 
-import hpack
-import hpack.exceptions
-
 from perfkit import grpc_frames as h2
-from perfkit.grpc_frames import FrameReader, FrameTooLarge, frame, keeps_table
+from perfkit.grpc_frames import BadHeaderBlock, FrameReader, FrameTooLarge, HeaderDecoder, frame
 
 __all__ = ["MAX_STREAMS", "H2Connection", "H2Stream"]
 
@@ -40,7 +38,6 @@ logging.getLogger("hpack").setLevel(logging.INFO)
 MAX_STREAMS = 1024
 
 _REPLENISH = 1 << 24  # give the receive window back after this many DATA bytes
-_CACHE_LIMIT = 64  # decoded header blocks kept per connection
 _MAX_HEADER_BLOCK = 1 << 20  # a longer header block (HEADERS and CONTINUATIONs) ends the connection
 
 
@@ -72,8 +69,7 @@ class H2Connection(asyncio.Protocol):
         self._preface = True  # the client's preface has not all arrived yet
         self._preface_seen = b""
         self._last_stream = 0
-        self._decoder = hpack.Decoder()
-        self._decoded: dict[bytes, dict[str, str]] = {}
+        self._headers = HeaderDecoder()
         self._continuation: tuple[int, int, bytearray] | None = None
         self._max_frame = h2.DEFAULT_FRAME
         self.initial_window = h2.DEFAULT_WINDOW
@@ -259,21 +255,11 @@ class H2Connection(asyncio.Protocol):
         self.stream_opened(stream_id, headers, bool(end_stream))
 
     def _decode(self, block: bytes) -> dict[str, str] | None:
-        cached = self._decoded.get(block)
-        if cached is not None:
-            return cached
         try:
-            headers = {str(name): str(value) for name, value in self._decoder.decode(block)}
-        except (hpack.exceptions.HPACKError, UnicodeDecodeError, ValueError):
+            return self._headers.decode(block)
+        except BadHeaderBlock:
             self.fail(h2.COMPRESSION_ERROR)
             return None
-        if keeps_table(block):
-            if len(self._decoded) >= _CACHE_LIMIT:
-                self._decoded.clear()
-            self._decoded[block] = headers
-        else:
-            self._decoded.clear()  # the table changed: cached blocks may decode differently now
-        return headers
 
     def _on_data(self, stream_id: int, flags: int, payload: bytes | bytearray | memoryview) -> None:
         size = len(payload)  # padding counts against the window too
