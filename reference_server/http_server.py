@@ -157,6 +157,7 @@ class _Connection(asyncio.Protocol):
     def _reset(self) -> None:
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
+        self._fields: dict[str, str] = {}  # the headers by lower-case name, once all are in
         self._body: list[bytes] = []
         self._size = 0
         self._in_body = False
@@ -224,7 +225,8 @@ class _Connection(asyncio.Protocol):
             return
         server = self._server
         self._in_body = True
-        length = self._content_length()
+        fields = self._fields = _fields(self._headers)
+        length = _content_length(fields)
         if length is not None and length > server.max_body_bytes:
             self._refuse_too_large(length)
             return
@@ -233,7 +235,7 @@ class _Connection(asyncio.Protocol):
         if idle and needs_slot is not None and needs_slot(self._parser.get_method(), self._url):
             self._refused = self._take_slot(self._transport)
             self._admitted = self._refused is None
-        if _expects_continue(self._headers):
+        if fields.get("expect", "").strip().lower() == "100-continue":
             if self._refused is not None:
                 self._give_up(self._refused)  # the client waits for a go-ahead that will not come
             elif idle:
@@ -264,12 +266,7 @@ class _Connection(asyncio.Protocol):
             url = self._url
             query = url.find(b"?")
             path = (url if query < 0 else url[:query]).decode("latin-1")
-            headers: dict[str, str] = {}
-            for name, value in self._headers:
-                key = name.decode("latin-1").lower()
-                text = value.decode("latin-1")
-                headers[key] = f"{headers[key]}, {text}" if key in headers else text
-            item = HttpRequest(parser.get_method().decode("latin-1"), path, headers, body)
+            item = HttpRequest(parser.get_method().decode("latin-1"), path, self._fields, body)
         admitted, self._admitted = self._admitted, False
         self._queue.append((item, admitted, keep_alive))
         if self._task is None and len(self._queue) == 1:
@@ -375,15 +372,6 @@ class _Connection(asyncio.Protocol):
         if server.read_gate is not None and transport is not None:
             server.read_gate.end_serving(transport)
 
-    def _content_length(self) -> int | None:
-        for name, value in self._headers:
-            if name.lower() == b"content-length":
-                try:
-                    return int(value)
-                except ValueError:
-                    return None  # llhttp has refused it already
-        return None
-
     def _refuse_too_large(self, size: int) -> None:
         """413 and close: the rest of the body is never read, so nothing after it can be either."""
         limit = self._server.max_body_bytes
@@ -441,8 +429,23 @@ class _Connection(asyncio.Protocol):
             self._transport.close()
 
 
-def _expects_continue(headers: list[tuple[bytes, bytes]]) -> bool:
-    return any(name.lower() == b"expect" and value.strip().lower() == b"100-continue" for name, value in headers)
+def _fields(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """Headers by lower-case name; a repeated header's values joined with ', '."""
+    fields: dict[str, str] = {}
+    for name, value in headers:
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        fields[key] = f"{fields[key]}, {text}" if key in fields else text
+    return fields
+
+
+def _content_length(fields: dict[str, str]) -> int | None:
+    """The declared body size; None without one, or for a repeated one (the body's own size is
+    checked as it comes)."""
+    try:
+        return int(fields["content-length"])
+    except (KeyError, ValueError):
+        return None
 
 
 _STATUS_LINES: dict[int, str] = {}
