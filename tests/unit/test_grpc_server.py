@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import struct
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 import hpack
@@ -18,17 +18,10 @@ from perfkit.grpc_frames import frame
 from reference_server.auth import Token
 from reference_server.grpc_server import GrpcServer
 from reference_server.h2_server import MAX_STREAMS
+from tests.waiting import eventually
 
 T = TypeVar("T")
 
-
-async def eventually(condition: Callable[[], object], timeout_s: float = 10.0) -> None:
-    """Wait until `condition()` holds (checked every 5 ms), or fail after `timeout_s`."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not condition():
-        assert loop.time() < deadline, "the condition never held"
-        await asyncio.sleep(0.005)
 SERVICE = "/inference.GRPCInferenceService/"
 FRAME = struct.Struct(">HBBBL")
 

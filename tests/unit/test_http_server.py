@@ -5,24 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pytest
 
 from reference_server.errors import Unavailable
 from reference_server.http_server import MAX_PIPELINED, HttpRequest, HttpResponse, HttpServer
+from tests.waiting import eventually
 
 T = TypeVar("T")
 
-
-async def eventually(condition: Callable[[], object], timeout_s: float = 10.0) -> None:
-    """Wait until `condition()` holds (checked every 5 ms), or fail after `timeout_s`."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not condition():
-        assert loop.time() < deadline, "the condition never held"
-        await asyncio.sleep(0.005)
 
 
 async def echo(request: HttpRequest) -> HttpResponse:
