@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import get_json, load_model, peers_dir, perf_analyzer
 
-from perfkit.embedded import reference_server_process
-from reference_server.demo import build_demo_repository
+from perfkit.target import reference_server_process
+from v2kit.demo import build_demo_repository
 
 VARIANTS = [
     ("no batching, 1 instance", 1, False),

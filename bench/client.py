@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import TimedRun, machine, peers_dir, ratio, served_run
 
-from perfkit.embedded import ServerProcess, reference_server_process
-from reference_server.demo import build_demo_repository
+from perfkit.target import ServerProcess, reference_server_process
+from v2kit.demo import build_demo_repository
 
 TOOLS = ("perfkit", "perf_analyzer")
 # --pin-cores: on a small machine the tools otherwise take CPU from the server, and the cheaper tool
@@ -87,7 +87,7 @@ def reported_requests(tool: str, timed: TimedRun, out: Path) -> int:
     if tool == "perf_analyzer":
         match = re.search(r"Request count: (\d+)", timed.result.stdout)
         return int(match.group(1)) if match else 0
-    from perfkit.results import read_sweep
+    from perfkit.results.model import read_sweep
 
     paths = sorted((out / "reports").glob("sweep-*.json"))
     return sum(level.request_count for level in read_sweep(paths[-1]).levels) if paths else 0

@@ -37,9 +37,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from perfkit.config import DistributedSpec, LoadSpec, OutputSpec, SweepSpec, TargetSpec, WindowSpec
-from perfkit.results import LevelResult
-from perfkit.runner import run_sweep
+from perfkit.results.model import LevelResult
+from perfkit.sweep.run import run_sweep
+from perfkit.sweep.spec import DistributedSpec, LoadSpec, OutputSpec, SweepSpec, TargetSpec, WindowSpec
 from perfkit.testing.canned_server import MODEL, canned_server_process
 
 

@@ -40,8 +40,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import machine, peers_dir, perfkit_command, perfkit_levels, ratio
 
-from perfkit.embedded import reference_server_process
-from reference_server.demo import build_demo_repository
+from perfkit.target import reference_server_process
+from v2kit.demo import build_demo_repository
 
 TOOLS = ("perfkit", "perf_analyzer")
 MODEL = "identity"

@@ -43,8 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import ServedRun, machine, perfkit_command, perfkit_levels, served_run
 
-from perfkit.embedded import ServerProcess, reference_server_process
-from reference_server.demo import build_demo_repository
+from perfkit.target import ServerProcess, reference_server_process
+from v2kit.demo import build_demo_repository
 
 MODEL = "identity"
 KIB = 1024

@@ -25,7 +25,7 @@ usable cores / instances, the wrapper's own rule), 1 inter-op thread, sequential
 thread spinning (--allow-spinning, default 0, our server's own default; the wrapper is told the
 same). What differs: Triton runs the session in a separate Python process and converts tensors with
 pb_utils; ours runs it in a worker thread of the server process, or, for a lone instance whose
-session has one intra-op thread, on the event loop for short batches (reference_server/scheduler.py,
+session has one intra-op thread, on the event loop for short batches (reference_server/scheduling/scheduler.py,
 "Short runs on the loop").
 
 Columns:
@@ -74,10 +74,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import ServerTimes, machine, peers_dir, perf_analyzer, ratio, server_times, tree_cpu_s
 
-from perfkit.embedded import reference_server_process
+from perfkit.target import reference_server_process
 from perfkit.testing.models import read_ort_times, write_onnx_wrapper
 from perfkit.testing.triton import triton_server
-from reference_server.demo import build_demo_repository
+from v2kit.demo import build_demo_repository
 
 SERVERS = ("ours", "triton")
 VARIANTS = {"mlp_batching": True, "mlp_plain": False}

@@ -36,10 +36,10 @@ import psutil
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from perfkit import v2
-from perfkit.embedded import reference_server_process
-from perfkit.v2_grpc import request_to_proto, response_from_proto
-from reference_server.demo import ensure_demo_repository
+from perfkit.target import reference_server_process
+from v2kit import codec as v2
+from v2kit.demo import ensure_demo_repository
+from v2kit.grpc_proto import request_to_proto, response_from_proto
 
 MODEL = "identity"
 WIDTH = 16

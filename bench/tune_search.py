@@ -18,11 +18,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from perfkit.config import WindowSpec
-from perfkit.objectives import Objective
-from perfkit.search import SpaceSpec
-from perfkit.tune import TuneResult, TuneSpec, run_tune
-from reference_server.demo import build_demo_repository
+from perfkit.sweep.spec import WindowSpec
+from perfkit.tune.objectives import Objective
+from perfkit.tune.search import SpaceSpec
+from perfkit.tune.tuner import TuneResult, TuneSpec, run_tune
+from v2kit.demo import build_demo_repository
 
 
 def throughput(result: TuneResult, key: str, combined: bool = True) -> float:

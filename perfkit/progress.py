@@ -11,7 +11,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
-from perfkit.results import LevelResult
+from perfkit.results.model import LevelResult
 
 if TYPE_CHECKING:
     from rich.console import Console

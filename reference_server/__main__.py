@@ -11,10 +11,10 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from perfkit.eventloop import run
 from reference_server.config import config_from_args
 from reference_server.errors import ServerError
 from reference_server.server import ReferenceServer
+from v2kit.runtime.eventloop import run
 
 
 def main(argv: Sequence[str] | None = None) -> int:

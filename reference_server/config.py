@@ -75,7 +75,7 @@ class ServerConfig:
         if self.max_tensor_elements < 1:
             raise ServerError("--max-tensor-elements must be at least 1")
         if self.auth_token is not None:
-            from reference_server.auth import Token
+            from reference_server.frontends.auth import Token
 
             Token(self.auth_token)  # raises on an unusable token, without quoting it
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
@@ -253,8 +253,8 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         parser.error(str(exc))
     token = args.auth_token
     if args.auth_token_file is not None:
-        from reference_server.auth import read_token_file
         from reference_server.errors import ServerError
+        from reference_server.frontends.auth import read_token_file
 
         try:
             token = read_token_file(args.auth_token_file)

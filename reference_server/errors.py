@@ -7,6 +7,8 @@ UNAVAILABLE→503, UNSUPPORTED→501, INVALID_ARG and the rest→400).
 
 from __future__ import annotations
 
+from v2kit.model_config import ConfigError
+
 
 class ServerError(Exception):
     """Base of every error the server reports to a client."""
@@ -58,7 +60,7 @@ class InternalError(ServerError):
     grpc_code = "INTERNAL"
 
 
-class ModelConfigError(InvalidArgument):
+class ModelConfigError(InvalidArgument, ConfigError):
     """A model's configuration is malformed or contradicts its model file.
 
     The message names the file (and line and column where the parser knows them).

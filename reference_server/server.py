@@ -15,19 +15,19 @@ from typing import Any
 
 from aiohttp import web
 
-from reference_server import gpu
-from reference_server.auth import Token
 from reference_server.config import ServerConfig
-from reference_server.dataplane import DataPlane
+from reference_server.core.dataplane import DataPlane
+from reference_server.core.poller import RepositoryPoller
+from reference_server.core.repository import ModelRepository
 from reference_server.errors import ServerError
-from reference_server.grpc_server import GrpcServer
-from reference_server.grpc_service import InferenceServicer
-from reference_server.http_server import HttpServer
-from reference_server.metrics import build_metrics_app
-from reference_server.poller import RepositoryPoller
-from reference_server.read_gate import ReadGate
-from reference_server.repository import ModelRepository
-from reference_server.rest import build_rest_server
+from reference_server.frontends.auth import Token
+from reference_server.frontends.grpc.server import GrpcServer
+from reference_server.frontends.grpc.service import InferenceServicer
+from reference_server.frontends.http.read_gate import ReadGate
+from reference_server.frontends.http.rest import build_rest_server
+from reference_server.frontends.http.server import HttpServer
+from reference_server.frontends.metrics import build_metrics_app
+from v2kit.runtime import gpu
 
 log = logging.getLogger(__name__)
 

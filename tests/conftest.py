@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from reference_server.config import ServerConfig
-from reference_server.demo import build_demo_repository
 from reference_server.server import ReferenceServer, running_server
+from v2kit.demo import build_demo_repository
 
 
 @pytest.fixture(scope="session")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from perfkit.loadgen import FakeClock
+from perfkit.load.generator import FakeClock
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from perfkit.results import (
+from perfkit.analysis.stats import throughput_ci
+from perfkit.results.model import (
     Check,
     LatencyStats,
     LevelResult,
@@ -19,7 +20,6 @@ from perfkit.results import (
     WindowResult,
     sweep_to_json,
 )
-from perfkit.stats import throughput_ci
 
 WINDOW_NS = 1_000_000_000
 

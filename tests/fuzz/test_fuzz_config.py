@@ -141,8 +141,8 @@ def test_each_hostile_model_fails_alone_with_its_file_named(hostile_repository: 
 
 
 def test_an_escaping_model_filename_names_the_config_file(hostile_repository: Path) -> None:
+    from reference_server.core.model_config import model_file, read_config
     from reference_server.errors import ModelConfigError
-    from reference_server.model_config import model_file, read_config
 
     folder = hostile_repository / "escaping_filename"
     config = read_config(folder)
@@ -152,9 +152,9 @@ def test_an_escaping_model_filename_names_the_config_file(hostile_repository: Pa
 
 
 def test_a_non_integer_thread_count_names_the_config_file(tmp_path: Path) -> None:
+    from reference_server.backends.onnxruntime import session_options
+    from reference_server.core.model_config import parse_config_text
     from reference_server.errors import ModelConfigError
-    from reference_server.model_config import parse_config_text
-    from reference_server.onnx_backend import session_options
 
     path = tmp_path / "config.pbtxt"
     config = parse_config_text('parameters { key: "intra_op_thread_count" value: { string_value: "abc" } }', path)

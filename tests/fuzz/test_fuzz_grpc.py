@@ -18,10 +18,10 @@ from hypothesis import strategies as st
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from perfkit import v2
-from perfkit.v2_grpc import response_from_proto
 from reference_server.server import ReferenceServer
 from tests.fuzz.wire import fuzz_settings
+from v2kit import codec as v2
+from v2kit.grpc_proto import response_from_proto
 
 pytestmark = [pytest.mark.integration, pytest.mark.fuzz]
 

@@ -13,7 +13,7 @@ import psutil
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-from perfkit.embedded import ServerProcess, reference_server_process
+from perfkit.target import ServerProcess, reference_server_process
 from tests.fuzz.wire import RawHttp
 
 pytestmark = [pytest.mark.integration, pytest.mark.fuzz]

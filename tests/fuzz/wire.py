@@ -16,7 +16,7 @@ import onnx
 from hypothesis import HealthCheck, settings
 from onnx import TensorProto, helper
 
-from perfkit import v2
+from v2kit import codec as v2
 
 #: PERFKIT_FUZZ_EXAMPLES=N scales every fuzz test (N examples per HTTP/gRPC property, a share
 #: of it for the rest) and turns on random exploration; unset, the runs are modest and repeatable.

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from perfkit.embedded import reference_server_process
+from perfkit.target import reference_server_process
 from tests.servers import write_identity_model
 
 pytestmark = pytest.mark.integration

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from perfkit.cli import build_parser
-from perfkit.embedded import ServerProcess, reference_server_process
+from perfkit.target import ServerProcess, reference_server_process
 from perfkit.testing.faults import FaultProxy, fault_proxy
 
 pytestmark = pytest.mark.integration

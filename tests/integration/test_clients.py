@@ -1,4 +1,4 @@
-"""perfkit.clients against the reference server (both front ends) and small stub servers, loopback only."""
+"""perfkit.wire.client against the reference server (both front ends) and small stub servers, loopback only."""
 
 from __future__ import annotations
 
@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from aiohttp import web
 
-from perfkit import v2
-from perfkit.clients import MESSAGES_PER_KIND, InferClient, Outcome, make_client
-from perfkit.embedded import reference_server_process
 from perfkit.errors import PerfkitError, TargetError
-from perfkit.inputs import build_requests
+from perfkit.load.inputs import build_requests
+from perfkit.target import reference_server_process
+from perfkit.wire.client import MESSAGES_PER_KIND, InferClient, Outcome, make_client
 from reference_server.server import ReferenceServer, running_server
 from tests.servers import loopback_config, write_identity_model
+from v2kit import codec as v2
 
 pytestmark = pytest.mark.integration
 

@@ -22,13 +22,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from perfkit.config import DistributedSpec, LoadSpec, OutputSpec, SweepSpec, TargetSpec, WindowSpec
-from perfkit.distributed import actor_name
-from perfkit.embedded import ServerProcess, reference_server_process
 from perfkit.errors import ExitCode
-from perfkit.results import LevelResult, read_sweep
-from perfkit.runner import SweepRun, run_sweep
-from perfkit.schedule import OpenLoop, build_schedule
+from perfkit.load.distributed import actor_name
+from perfkit.load.schedule import OpenLoop, build_schedule
+from perfkit.results.model import LevelResult, read_sweep
+from perfkit.sweep.run import SweepRun, run_sweep
+from perfkit.sweep.spec import DistributedSpec, LoadSpec, OutputSpec, SweepSpec, TargetSpec, WindowSpec
+from perfkit.target import ServerProcess, reference_server_process
 from tests.ray_runtime import local_ray
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'perfkit[distributed]'")

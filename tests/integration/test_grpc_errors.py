@@ -18,14 +18,14 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from perfkit.v2 import CodecError
 from reference_server import errors
 from reference_server.config import ServerConfig
-from reference_server.grpc_server import GrpcServer
-from reference_server.grpc_service import InferenceServicer
-from reference_server.rest import build_rest_server
+from reference_server.frontends.grpc.server import GrpcServer
+from reference_server.frontends.grpc.service import InferenceServicer
+from reference_server.frontends.http.rest import build_rest_server
 from reference_server.server import ReferenceServer, running_server
 from tests.servers import loopback_config
+from v2kit.codec import CodecError
 
 pytestmark = pytest.mark.integration
 

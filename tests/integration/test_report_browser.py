@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from matplotlib import image
 
-from perfkit.report import render_html
-from perfkit.result_files import ReportItem, load_result
+from perfkit.report.html import render_html
+from perfkit.results.files import ReportItem, load_result
 from tests.synthetic import make_level, make_sweep, steady_sweep, tune_json
 
 CHROMIUM = shutil.which("chromium")

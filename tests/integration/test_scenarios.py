@@ -13,7 +13,7 @@ from xml.etree import ElementTree as ET
 import pytest
 
 from perfkit.cli import main
-from perfkit.results import read_sweep
+from perfkit.results.model import read_sweep
 from tests.synthetic import make_level, make_sweep, write_sweep_json
 
 pytestmark = pytest.mark.integration

@@ -27,17 +27,17 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from perfkit.cli import build_parser, main
-from perfkit.config import LoadSpec, SweepSpec, TargetSpec, TlsSpec
-from perfkit.embedded import ServerProcess, reference_server_process
+from perfkit.cli.report import command_parser
+from perfkit.cli.tune import spec_from_args
 from perfkit.errors import TargetError
-from perfkit.report_cli import command_parser
-from perfkit.runner import Target, provenance
-from perfkit.tune import read_model
-from perfkit.tune_cli import spec_from_args
-from perfkit.tune_distributed import EndpointActor
-from reference_server.auth import Token, Unauthenticated
+from perfkit.sweep.run import Target, provenance
+from perfkit.sweep.spec import LoadSpec, SweepSpec, TargetSpec, TlsSpec
+from perfkit.target import ServerProcess, reference_server_process
+from perfkit.tune.distributed import EndpointActor
+from perfkit.tune.tuner import read_model
 from reference_server.config import ServerConfig, config_from_args
 from reference_server.errors import ServerError
+from reference_server.frontends.auth import Token, Unauthenticated
 from reference_server.server import ReferenceServer, running_server
 from tests.fuzz.wire import RawHttp
 from tests.servers import loopback_config
@@ -200,7 +200,7 @@ def test_the_token_is_compared_in_constant_time_and_never_shown(monkeypatch: pyt
         calls.append((a, b))
         return original(a, b)
 
-    monkeypatch.setattr("reference_server.auth.hmac.compare_digest", spy)
+    monkeypatch.setattr("reference_server.frontends.auth.hmac.compare_digest", spy)
     token = Token(TOKEN)
     token.check(f"Bearer {TOKEN}")
     with pytest.raises(Unauthenticated):
@@ -280,7 +280,7 @@ def test_a_bad_certificate_or_key_stops_the_start_naming_the_flags(demo_reposito
 def test_make_client_tls_options(tls_server: ReferenceServer, pki: dict[str, Path]) -> None:
     import asyncio
 
-    from perfkit.clients import make_client
+    from perfkit.wire.client import make_client
 
     async def live(url: str, protocol: str, tls: TlsSpec) -> bool:
         client = make_client(url, protocol, tls=tls, request_timeout_s=10)

@@ -23,9 +23,9 @@ import pandas as pd
 import psutil
 import pytest
 
-from perfkit.embedded import ServerProcess, reference_server_process
-from perfkit.export import tidy_header
-from perfkit.results import read_sweep
+from perfkit.report.export import tidy_header
+from perfkit.results.model import read_sweep
+from perfkit.target import ServerProcess, reference_server_process
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +38,7 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     built into it once, here, rather than by the first sweep."""
     cache = tmp_path_factory.mktemp("perfkit-cache")
     subprocess.run(
-        [sys.executable, "-c", "from reference_server.demo import ensure_demo_repository as e; e()"],
+        [sys.executable, "-c", "from v2kit.demo import ensure_demo_repository as e; e()"],
         env={**os.environ, "PERFKIT_CACHE_DIR": str(cache)}, check=True, timeout=120,
     )  # fmt: skip
     return {**os.environ, "PERFKIT_CACHE_DIR": str(cache), "NO_COLOR": "1"}

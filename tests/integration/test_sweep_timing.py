@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from perfkit.results import LevelResult, read_sweep
+from perfkit.results.model import LevelResult, read_sweep
 from perfkit.testing import TritonProcess, triton_server, write_sleeper, write_staller
 from tests.integration.test_sweep_vs_perf_analyzer import BUSY_MACHINE_SHARE, OtherLoad
 

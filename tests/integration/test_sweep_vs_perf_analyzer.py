@@ -31,8 +31,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from perfkit.embedded import reference_server_process
-from perfkit.results import SweepResult, read_sweep
+from perfkit.results.model import SweepResult, read_sweep
+from perfkit.target import reference_server_process
 from perfkit.testing import triton_server, write_onnx_wrapper
 
 pytestmark = [pytest.mark.integration, pytest.mark.peers]

@@ -26,7 +26,7 @@ from perfkit.testing import (
     write_staller,
 )
 from perfkit.testing import triton as triton_module
-from reference_server.demo import build_demo_repository
+from v2kit.demo import build_demo_repository
 
 pytestmark = [pytest.mark.integration, pytest.mark.peers]
 

@@ -17,7 +17,7 @@ import pytest
 from perfkit.cli import main
 from perfkit.testing import triton_server, write_sleeper
 from reference_server.config import ServerConfig
-from reference_server.model_config import config_from_json, config_to_json, parse_config_text
+from reference_server.core.model_config import config_from_json, config_to_json, parse_config_text
 from reference_server.server import running_server
 
 pytestmark = pytest.mark.integration
@@ -240,8 +240,8 @@ def test_leaders_that_fall_behind_bring_the_new_leader_to_re_measurement(tmp_pat
     re-measurements fall to 1000 infer/s; C then leads without having been re-measured, so C and D
     are re-measured too, round-robin, before the ranking is final."""
     from perfkit.progress import Progress
-    from perfkit.search import Space, Variant
-    from perfkit.tune import Checkpoint, Model, Record, Tuner, TuneResult, TuneSpec
+    from perfkit.tune.search import Space, Variant
+    from perfkit.tune.tuner import Checkpoint, Model, Record, Tuner, TuneResult, TuneSpec
     from tests.unit.test_objectives import level
 
     spec = TuneSpec(config_path=tmp_path / "config.pbtxt", leaders=2, remeasure_rounds=2)

@@ -19,15 +19,15 @@ from typing import Any
 import pytest
 
 from perfkit.cli import build_parser
-from perfkit.embedded import ServerProcess, reference_server_process
+from perfkit.cli.tune import spec_from_args
 from perfkit.errors import ExitCode, PerfkitError, TargetError
-from perfkit.objectives import best_level, figures_of, rank
 from perfkit.progress import Progress
-from perfkit.results import LevelResult
-from perfkit.search import SpaceSpec, brute_batches, build_space, variant_of
-from perfkit.tune import Model, Record, TuneResult, TuneSpec, run_tune, sweep_variant
-from perfkit.tune_cli import spec_from_args
-from perfkit.tune_distributed import EndpointState, RayTuner
+from perfkit.results.model import LevelResult
+from perfkit.target import ServerProcess, reference_server_process
+from perfkit.tune.distributed import EndpointState, RayTuner
+from perfkit.tune.objectives import best_level, figures_of, rank
+from perfkit.tune.search import SpaceSpec, brute_batches, build_space, variant_of
+from perfkit.tune.tuner import Model, Record, TuneResult, TuneSpec, run_tune, sweep_variant
 from tests.ray_runtime import local_ray
 from tests.unit.test_objectives import level
 
@@ -184,7 +184,7 @@ def test_an_endpoint_failing_mid_search_fails_its_variant_and_the_search_goes_on
 
 @pytest.mark.parametrize("seed", range(8))
 def test_quick_batches_are_the_quick_sequence_in_neighbourhoods(seed: int) -> None:
-    from perfkit.search import quick_batches, quick_search
+    from perfkit.tune.search import quick_batches, quick_search
     from tests.unit.test_search import THROUGHPUT, run, separable
 
     space, land = separable(seed)
@@ -218,7 +218,7 @@ def test_worker_flags_are_checked(demo_repository: Path) -> None:
 
 
 def test_without_ray_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    from perfkit.tune_distributed import _import_ray
+    from perfkit.tune.distributed import _import_ray
 
     monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` meets when Ray is not installed
     with pytest.raises(PerfkitError, match=r"pip install 'perfkit\[distributed\]'"):

@@ -10,8 +10,7 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from perfkit.cli import main
-from perfkit.compare import (
+from perfkit.analysis.compare import (
     Thresholds,
     _u_counts,
     compare_sweeps,
@@ -24,9 +23,10 @@ from perfkit.compare import (
     render_junit,
     welch_t_test,
 )
+from perfkit.analysis.stats import _t_two_sided, student_t_quantile
+from perfkit.cli import main
+from perfkit.cli.scenario import check_slo
 from perfkit.errors import PerfkitError
-from perfkit.scenario import check_slo
-from perfkit.stats import _t_two_sided, student_t_quantile
 from tests.synthetic import make_level, make_sweep, steady_sweep, write_sweep_json
 
 # --------------------------------------------------------------------------------------------------

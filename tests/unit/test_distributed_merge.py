@@ -1,4 +1,4 @@
-"""perfkit.distributed without Ray: load shares, clock alignment, the sample merge, and whole levels on
+"""perfkit.load.distributed without Ray: load shares, clock alignment, the sample merge, and whole levels on
 fake workers in virtual time, each worker on a clock of its own, compared with one process; then the
 per-worker figures in the JSON and the HTML report, and the error when Ray is missing."""
 
@@ -12,16 +12,16 @@ import json
 import numpy as np
 import pytest
 
-from perfkit.config import DistributedSpec, LoadSpec, SweepSpec, TargetSpec, WindowSpec
-from perfkit.distributed import DistributedLoadGenerator, align_clock, merge_samples, split_load
 from perfkit.errors import PerfkitError
-from perfkit.loadgen import FakeClock, LoadGenerator
-from perfkit.measure import LevelMeasurement, measure_level
-from perfkit.report import render_html
-from perfkit.result_files import ReportItem
-from perfkit.results import WorkerFigures, sweep_from_json, sweep_to_json
-from perfkit.samples import SampleArrays, SampleBuffer
-from perfkit.schedule import ClosedLoop, Load, OpenLoop, ScheduleStream, build_schedule
+from perfkit.load.distributed import DistributedLoadGenerator, align_clock, merge_samples, split_load
+from perfkit.load.generator import FakeClock, LoadGenerator
+from perfkit.load.samples import SampleArrays, SampleBuffer
+from perfkit.load.schedule import ClosedLoop, Load, OpenLoop, ScheduleStream, build_schedule
+from perfkit.measure.level import LevelMeasurement, measure_level
+from perfkit.report.html import render_html
+from perfkit.results.files import ReportItem
+from perfkit.results.model import WorkerFigures, sweep_from_json, sweep_to_json
+from perfkit.sweep.spec import DistributedSpec, LoadSpec, SweepSpec, TargetSpec, WindowSpec
 from tests.fakes import FakeClient, FakePrepared
 from tests.synthetic import make_level, make_sweep
 

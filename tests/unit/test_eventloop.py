@@ -1,4 +1,4 @@
-"""perfkit.eventloop: commands run on uvloop, Ctrl-C still unwinds them, and the precise timer the
+"""v2kit.runtime.eventloop: commands run on uvloop, Ctrl-C still unwinds them, and the precise timer the
 open loop relies on keeps its promise there."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from functools import partial
 
 import pytest
 
-from perfkit import eventloop
-from perfkit.loadgen import RealClock
-from reference_server.timer import call_at_ns
+from perfkit.load.generator import RealClock
+from v2kit.runtime import eventloop
+from v2kit.runtime.timer import call_at_ns
 
 
 def test_run_returns_the_result_on_uvloop() -> None:

@@ -15,7 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from perfkit.export import (
+from perfkit.load.samples import SampleArrays, SampleBuffer
+from perfkit.report.export import (
     TIDY_COLUMNS,
     TIDY_SCHEMA_VERSION,
     ProfileExperiment,
@@ -27,7 +28,7 @@ from perfkit.export import (
     tidy_header,
     write_text_atomic,
 )
-from perfkit.results import (
+from perfkit.results.model import (
     Check,
     LatencyStats,
     LevelResult,
@@ -36,7 +37,6 @@ from perfkit.results import (
     SweepResult,
     WindowResult,
 )
-from perfkit.samples import SampleArrays, SampleBuffer
 
 # Written by perf_analyzer 2.48.0 (`-f`) against the reference server's `mlp` model, with the options
 # named; pasted verbatim.

@@ -1,11 +1,11 @@
-"""perfkit.grpc_frames.FrameReader: frames cut out of a byte stream however it was split."""
+"""v2kit.h2.frames.FrameReader: frames cut out of a byte stream however it was split."""
 
 from __future__ import annotations
 
 import pytest
 
-from perfkit import grpc_frames as h2
-from perfkit.grpc_frames import FrameReader, FrameTooLarge, frame
+from v2kit.h2 import frames as h2
+from v2kit.h2.frames import FrameReader, FrameTooLarge, frame
 
 STREAM = (
     frame(h2.SETTINGS, 0, 0, b"\x00\x04\x00\x00\xff\xff")

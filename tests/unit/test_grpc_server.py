@@ -1,4 +1,4 @@
-"""reference_server.grpc_server at the frame level, with a scripted servicer on loopback: what real
+"""reference_server.frontends.grpc.server at the frame level, with a scripted servicer on loopback: what real
 gRPC clients rarely do (small windows, CONTINUATION, compression, resets, bad prefaces) and what
 they always need (SETTINGS, PING, trailers), on asyncio's loop and on uvloop's."""
 
@@ -13,12 +13,12 @@ import hpack
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-from perfkit import grpc_frames as h2
-from perfkit.grpc_frames import frame
-from reference_server.auth import Token
-from reference_server.grpc_server import GrpcServer
-from reference_server.h2_server import MAX_STREAMS
+from reference_server.frontends.auth import Token
+from reference_server.frontends.grpc.h2 import MAX_STREAMS
+from reference_server.frontends.grpc.server import GrpcServer
 from tests.waiting import eventually
+from v2kit.h2 import frames as h2
+from v2kit.h2.frames import frame
 
 T = TypeVar("T")
 

@@ -1,4 +1,4 @@
-"""perfkit.grpc_wire: unary gRPC calls over its own HTTP/2 connection, against the reference server's
+"""perfkit.wire.grpc_channel: unary gRPC calls over its own HTTP/2 connection, against the reference server's
 gRPC front end (grpcio's server) and against a scripted HTTP/2 peer for the misbehaviour a real
 server rarely shows (GOAWAY, RST_STREAM, trailers-only, small windows, garbage, stalls). Loopback
 only; every scripted peer stops with its test."""
@@ -22,14 +22,14 @@ import trustme
 import uvloop
 from tritonclient.grpc import service_pb2 as pb
 
-from perfkit import v2
-from perfkit.clients import Outcome, make_client
 from perfkit.errors import PerfkitError
-from perfkit.grpc_frames import keeps_table
-from perfkit.grpc_wire import MALFORMED, Channel
 from perfkit.testing import TritonProcess, triton_server, write_sleeper
-from perfkit.v2_grpc import request_to_proto
+from perfkit.wire.client import Outcome, make_client
+from perfkit.wire.grpc_channel import MALFORMED, Channel
 from reference_server.server import ReferenceServer
+from v2kit import codec as v2
+from v2kit.grpc_proto import request_to_proto
+from v2kit.h2.frames import keeps_table
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"

@@ -1,4 +1,4 @@
-"""reference_server.http_server with a scripted handler on loopback, on asyncio's loop and on uvloop's
+"""reference_server.frontends.http.server with a scripted handler on loopback, on asyncio's loop and on uvloop's
 (the one the server runs on): framing, pipelining, limits, admission and shutdown, byte for byte."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import pytest
 
 from reference_server.errors import Unavailable
-from reference_server.http_server import MAX_PIPELINED, HttpRequest, HttpResponse, HttpServer
+from reference_server.frontends.http.server import MAX_PIPELINED, HttpRequest, HttpResponse, HttpServer
 from tests.waiting import eventually
 
 T = TypeVar("T")

@@ -1,4 +1,4 @@
-"""perfkit.http_wire and HttpClient's infer path against tiny scripted HTTP servers on loopback, on
+"""perfkit.wire.http_pool and HttpClient's infer path against tiny scripted HTTP servers on loopback, on
 asyncio's loop and on uvloop's (the one perfkit's commands run on)."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import trustme
 
-from perfkit import v2
-from perfkit.clients import HttpClient, _http_kind, make_client
-from perfkit.config import TlsSpec
 from perfkit.errors import PerfkitError
-from perfkit.http_wire import BadResponse, ConnectFailed, ConnectionPool, Disconnected, Reply, encode_request
+from perfkit.sweep.spec import TlsSpec
+from perfkit.wire.client import HttpClient, _http_kind, make_client
+from perfkit.wire.http_pool import BadResponse, ConnectFailed, ConnectionPool, Disconnected, Reply, encode_request
+from v2kit import codec as v2
 
 T = TypeVar("T")
 Runner = Callable[[Coroutine[Any, Any, T]], T]

@@ -1,4 +1,4 @@
-"""perfkit.inputs: perf_analyzer's input-data semantics, from metadata and config dicts to requests."""
+"""perfkit.load.inputs: perf_analyzer's input-data semantics, from metadata and config dicts to requests."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from perfkit import v2
 from perfkit.errors import PerfkitError, TargetError
-from perfkit.inputs import build_requests, parse_shape_flag, parse_shape_flags
+from perfkit.load.inputs import build_requests, parse_shape_flag, parse_shape_flags
+from v2kit import codec as v2
 
 ALL = [
     "BOOL",

@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from perfkit.cli import build_parser as build_perfkit_parser
+from perfkit.cli.sweep_flags import spec_from_args
 from perfkit.errors import ExitCode
-from perfkit.sweep_args import spec_from_args
 from reference_server.config import ServerConfig, config_from_args
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -176,7 +176,7 @@ def server_problems(deployment: Doc, service: Doc) -> list[str]:
         )
     for builder in pod.get("initContainers", []):
         command = builder.get("command", [])
-        if command[:3] == ["python", "-m", "reference_server.demo"]:
+        if command[:3] == ["python", "-m", "v2kit.demo"]:
             builder_mounts = {m["mountPath"]: m["name"] for m in builder.get("volumeMounts", [])}
             if builder_mounts.get(command[3]) != mounts.get(str(config.model_repository)):
                 problems.append("the demo models are built into a different volume than --model-repository")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from perfkit.loadgen import NOT_SENT, FakeClock, LoadGenerator
-from perfkit.samples import SampleBuffer
-from perfkit.schedule import ClosedLoop, OpenLoop
+from perfkit.load.generator import NOT_SENT, FakeClock, LoadGenerator
+from perfkit.load.samples import SampleBuffer
+from perfkit.load.schedule import ClosedLoop, OpenLoop
 from tests.fakes import FakeClient, FakePrepared
 
 MS = 1_000_000

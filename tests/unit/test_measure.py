@@ -1,4 +1,4 @@
-"""perfkit.measure on virtual time: windows, stability, warm-up, count windows, server statistics and
+"""perfkit.measure.level on virtual time: windows, stability, warm-up, count windows, server statistics and
 coordinated omission, each with a scripted client and exact expectations. No sleeps: a FakeClock
 level of several virtual seconds runs in milliseconds."""
 
@@ -11,11 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from perfkit.config import WindowSpec
-from perfkit.loadgen import FakeClock, LoadGenerator
-from perfkit.measure import POLL_NS, LevelMeasurement, ServerStatsProbe, measure_level
-from perfkit.samples import SampleBuffer
-from perfkit.schedule import ClosedLoop, Load, OpenLoop
+from perfkit.load.generator import FakeClock, LoadGenerator
+from perfkit.load.samples import SampleBuffer
+from perfkit.load.schedule import ClosedLoop, Load, OpenLoop
+from perfkit.measure.level import POLL_NS, LevelMeasurement, ServerStatsProbe, measure_level
+from perfkit.sweep.spec import WindowSpec
 from tests.fakes import FakeClient, FakePrepared
 
 MS = 1_000_000

@@ -7,15 +7,15 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from reference_server.gpu import GpuReading
-from reference_server.metrics import (
+from reference_server.frontends.metrics import (
     Family,
     gpu_families,
     model_families,
     model_memory_family,
     render_exposition,
 )
-from reference_server.stats import ModelStats
+from reference_server.scheduling.stats import ModelStats
+from v2kit.runtime.gpu import GpuReading
 
 
 def parse(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -11,8 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-from reference_server.errors import ModelConfigError
-from reference_server.model_config import (
+from reference_server.core.model_config import (
     ModelConfig,
     TensorSignature,
     available_versions,
@@ -26,6 +25,7 @@ from reference_server.model_config import (
     select_versions,
     signature_from_session,
 )
+from reference_server.errors import ModelConfigError
 
 # `GET /v2/models/pyadd/config` from a real Triton 2.51.0 (python backend, CPU), for this config.pbtxt:
 #   name: "pyadd"  backend: "python"  max_batch_size: 8

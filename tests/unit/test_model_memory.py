@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from reference_server import gpu
-from reference_server import repository as repository_module
-from reference_server.dataplane import DataPlane
-from reference_server.repository import ModelRepository
+from reference_server.core import repository as repository_module
+from reference_server.core.dataplane import DataPlane
+from reference_server.core.repository import ModelRepository
+from v2kit.runtime import gpu
 
 
 def readings(used: dict[int, int]) -> list[gpu.GpuReading]:

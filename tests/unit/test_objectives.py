@@ -1,4 +1,4 @@
-"""perfkit.objectives: parsing, scores with intervals, constraints, merging re-measurements, and the
+"""perfkit.tune.objectives: parsing, scores with intervals, constraints, merging re-measurements, and the
 noise-aware ranking, on hand-made figures and levels."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ import random
 import pytest
 
 from perfkit.errors import PerfkitError
-from perfkit.objectives import (
+from perfkit.results.model import LatencyStats, LevelResult, ResourceUsage
+from perfkit.tune.objectives import (
     METRICS,
     Estimate,
     Figures,
@@ -23,7 +24,6 @@ from perfkit.objectives import (
     rank,
     violations,
 )
-from perfkit.results import LatencyStats, LevelResult, ResourceUsage
 
 
 def level(throughput: float, p99_us: float, *, ok: int = 100, gpu: bool = False) -> LevelResult:

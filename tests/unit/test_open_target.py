@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from perfkit.cli import build_parser
-from perfkit.runner import open_target
-from perfkit.sweep_args import spec_from_args
+from perfkit.cli.sweep_flags import spec_from_args
+from perfkit.sweep.run import open_target
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from reference_server.backends.onnxruntime import Placement, plan_instances
 from reference_server.errors import ModelConfigError
-from reference_server.onnx_backend import Placement, plan_instances
 
 CONFIG = Path("models/m/config.pbtxt")
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from reference_server.core.poller import RepositoryPoller, model_fingerprint
+from reference_server.core.repository import ModelRepository
 from reference_server.errors import ServerError
-from reference_server.poller import RepositoryPoller, model_fingerprint
-from reference_server.repository import ModelRepository
 
 
 def add_identity(root: Path, demo_repository: Path, name: str) -> Path:

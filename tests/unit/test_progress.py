@@ -7,7 +7,7 @@ import io
 import pytest
 
 from perfkit.progress import Progress, level_label
-from perfkit.results import Check, LatencyStats, LevelResult, ResourceUsage
+from perfkit.results.model import Check, LatencyStats, LevelResult, ResourceUsage
 
 
 def make_result(**overrides: object) -> LevelResult:

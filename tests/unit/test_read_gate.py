@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from reference_server import read_gate
-from reference_server.read_gate import ReadGate
+from reference_server.frontends.http import read_gate
+from reference_server.frontends.http.read_gate import ReadGate
 
 
 class Transport:

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from perfkit import plots
 from perfkit.cli import main
 from perfkit.errors import PerfkitError
-from perfkit.export import tidy_header
-from perfkit.report import render_html
-from perfkit.result_files import ReportItem, load_result, render_tidy_schema, slo_from_sweep
-from perfkit.results import Check
+from perfkit.report import plots
+from perfkit.report.export import tidy_header
+from perfkit.report.html import render_html
+from perfkit.results.files import ReportItem, load_result, render_tidy_schema, slo_from_sweep
+from perfkit.results.model import Check
 from tests.synthetic import make_level, make_sweep, steady_sweep, tune_json, write_sweep_json
 
 ROOT = Path(__file__).resolve().parents[2]

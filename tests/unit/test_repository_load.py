@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from reference_server.core.model_config import parse_config_text
+from reference_server.core.repository import ModelRepository
 from reference_server.errors import ModelConfigError, NotFound
-from reference_server.model_config import parse_config_text
-from reference_server.repository import ModelRepository
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""perfkit.resources: readings driven one at a time, with a scripted clock, CPU and metrics text."""
+"""perfkit.measure.resources: readings driven one at a time, with a scripted clock, CPU and metrics text."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from collections.abc import Callable, Iterator
 import psutil
 import pytest
 
-from perfkit import resources
-from perfkit.resources import GpuSample, ResourceSampler, parse_metrics
-from reference_server.gpu import GpuReading
+from perfkit.measure import resources
+from perfkit.measure.resources import GpuSample, ResourceSampler, parse_metrics
+from v2kit.runtime.gpu import GpuReading
 
 S = 1_000_000_000
 GIB = 1 << 30

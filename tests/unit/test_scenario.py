@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from perfkit.cli import main
+from perfkit.cli.report import command_parser
+from perfkit.cli.scenario import command_argv, load_scenario, merge_argv, parse_scenario
+from perfkit.cli.sweep_flags import spec_from_args
 from perfkit.errors import PerfkitError
-from perfkit.report_cli import command_parser
-from perfkit.scenario import command_argv, load_scenario, merge_argv, parse_scenario
-from perfkit.sweep_args import spec_from_args
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.toml"))
@@ -42,7 +42,7 @@ def test_every_scenario_becomes_a_valid_command(path: Path) -> None:
 
 
 def load_baseline_levels(path: Path) -> list[float]:
-    from perfkit.results import read_sweep
+    from perfkit.results.model import read_sweep
 
     return [lv.level for lv in read_sweep(path).levels]
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from perfkit.errors import PerfkitError
-from perfkit.schedule import OpenLoop, ScheduleStream, build_schedule, linear_levels, parse_range, read_intervals
+from perfkit.load.schedule import OpenLoop, ScheduleStream, build_schedule, linear_levels, parse_range, read_intervals
 
 
 def test_constant_schedule_is_evenly_spaced_without_drift() -> None:

@@ -20,12 +20,12 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from reference_server.batch_run import Tensor
-from reference_server.batching_policy import BatchingPolicy
+from reference_server.backends.onnxruntime import OnnxInstance, Placement, session_options
 from reference_server.errors import InternalError, InvalidArgument, ModelConfigError, Unavailable
-from reference_server.onnx_backend import OnnxInstance, Placement, session_options
-from reference_server.scheduler import Scheduler
-from reference_server.stats import ModelStats
+from reference_server.scheduling.execute import Tensor
+from reference_server.scheduling.policy import BatchingPolicy
+from reference_server.scheduling.scheduler import Scheduler
+from reference_server.scheduling.stats import ModelStats
 
 HOLD = 1.0  # a batch starting with this value waits for the gate
 BOUND_S = 5.0  # upper bound for anything that should happen "now"

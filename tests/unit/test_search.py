@@ -1,4 +1,4 @@
-"""perfkit.search: the concurrency policy and the brute and quick searches, driven by synthetic
+"""perfkit.tune.search: the concurrency policy and the brute and quick searches, driven by synthetic
 performance models (pure functions of the load or of the variant); no server, no clock."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from collections.abc import Callable, Generator, Sequence
 
 import pytest
 
-from perfkit.objectives import Constraint, Estimate, Figures, Objective, merit, parse_constraint, parse_objective
-from perfkit.search import (
+from perfkit.tune.objectives import Constraint, Estimate, Figures, Objective, merit, parse_constraint, parse_objective
+from perfkit.tune.search import (
     Batching,
     BatchingChoice,
     Space,

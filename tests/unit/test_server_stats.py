@@ -1,4 +1,4 @@
-"""perfkit.server_stats on literal statistics-extension JSON."""
+"""perfkit.analysis.server_stats on literal statistics-extension JSON."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from perfkit.results import ServerStats
-from perfkit.server_stats import counters_reset, network_server_us, pick_model_stats, server_diff
+from perfkit.analysis.server_stats import counters_reset, network_server_us, pick_model_stats, server_diff
+from perfkit.results.model import ServerStats
 
 
 def d(count: int, ns: int) -> dict[str, int]:

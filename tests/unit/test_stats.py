@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from reference_server.stats import FAILURE_REASONS, ModelStats
+from reference_server.scheduling.stats import FAILURE_REASONS, ModelStats
 
 
 def test_empty_stats_have_the_extension_shape() -> None:

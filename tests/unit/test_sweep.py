@@ -1,4 +1,4 @@
-"""perfkit.sweep on virtual time: the levels a sweep measures (linear with -l, binary search), how it
+"""perfkit.sweep.engine on virtual time: the levels a sweep measures (linear with -l, binary search), how it
 stops when the server is gone, and how request errors are counted without stopping it."""
 
 from __future__ import annotations
@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 
-from perfkit.config import LoadSpec, SweepSpec, TargetSpec, WindowSpec
 from perfkit.errors import ExitCode
-from perfkit.export import render_pa_csv, render_summary_table, render_tidy_csv
-from perfkit.loadgen import FakeClock
-from perfkit.measure import LevelMeasurement
-from perfkit.results import LevelResult, SweepResult
-from perfkit.runner import exit_code
-from perfkit.sweep import Sweep, stabilizing_latency_us
+from perfkit.load.generator import FakeClock
+from perfkit.measure.level import LevelMeasurement
+from perfkit.report.export import render_pa_csv, render_summary_table, render_tidy_csv
+from perfkit.results.model import LevelResult, SweepResult
+from perfkit.sweep.engine import Sweep, stabilizing_latency_us
+from perfkit.sweep.run import exit_code
+from perfkit.sweep.spec import LoadSpec, SweepSpec, TargetSpec, WindowSpec
 from tests.fakes import FakeClient, FakePrepared
 
 MS = 1_000_000

@@ -1,4 +1,4 @@
-"""perfkit.stats: windows, percentiles, stability, intervals and validity, on hand-built samples.
+"""perfkit.analysis.stats: windows, percentiles, stability, intervals and validity, on hand-built samples.
 
 Every sample set is built from literal timestamps (ns): no clock, no sleeps.
 """
@@ -12,9 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from perfkit.results import LevelResult, ResourceUsage, ServerStats, WindowResult
-from perfkit.samples import SampleArrays, SampleBuffer
-from perfkit.stats import (
+from perfkit.analysis.stats import (
     is_stable,
     latency_stats,
     level_result,
@@ -28,6 +26,8 @@ from perfkit.stats import (
     validity_checks,
     window_result,
 )
+from perfkit.load.samples import SampleArrays, SampleBuffer
+from perfkit.results.model import LevelResult, ResourceUsage, ServerStats, WindowResult
 
 MS = 1_000_000
 S = 1_000_000_000

@@ -6,7 +6,7 @@ import asyncio
 import statistics
 import time
 
-from reference_server.timer import call_at_ns
+from v2kit.runtime.timer import call_at_ns
 
 
 async def fire_after(delay_ns: int) -> int:

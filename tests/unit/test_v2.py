@@ -1,4 +1,4 @@
-"""perfkit.v2: bytes in, objects out, and the reverse, checked against tritonclient's own encoders."""
+"""v2kit.codec: bytes in, objects out, and the reverse, checked against tritonclient's own encoders."""
 
 from __future__ import annotations
 
@@ -13,14 +13,9 @@ from tritonclient.grpc import _utils as grpc_utils
 from tritonclient.grpc import model_config_pb2, service_pb2
 from tritonclient.utils import serialize_byte_tensor
 
-from perfkit import v2, v2_grpc
-from perfkit.v2 import (
-    CodecError,
-    InferRequest,
-    InferResponse,
-    InferTensor,
-    RequestedOutput,
-)
+from v2kit import codec as v2
+from v2kit import grpc_proto as v2_grpc
+from v2kit.codec import CodecError, InferRequest, InferResponse, InferTensor, RequestedOutput
 
 NUMERIC = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64"]
 ALL = NUMERIC + ["BYTES"]

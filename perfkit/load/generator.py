@@ -1,0 +1,218 @@
+"""The load generator: drives a closed or open loop against an InferClient and records Samples.
+
+It knows nothing about HTTP or gRPC (the client does) and nothing about windows or statistics (the
+measurement does): it sends, times on an injected clock, and appends to a SampleBuffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from perfkit.load.samples import SampleBuffer
+from perfkit.load.schedule import ClosedLoop, Load, OpenLoop, ScheduleStream
+from v2kit.runtime.timer import PRECISE_BELOW_NS, call_at_ns
+
+CHUNK = 4096  # schedule offsets produced at a time
+NOT_SENT = "not sent: open-loop client limit reached"
+# The last stretch of a sleep that the precise timer thread waits: under its PRECISE_BELOW_NS, and
+# longer than the loop's timers can be late (up to about 1 ms, more on a busy machine).
+_PRECISE_SPAN_NS = PRECISE_BELOW_NS - 100_000
+
+
+class Clock(Protocol):
+    def now_ns(self) -> int: ...
+
+    async def sleep_until(self, t_ns: int) -> None: ...
+
+
+class RealClock:
+    """time.perf_counter_ns, and sleeps that end on time to well under a millisecond.
+
+    asyncio rounds selector timeouts up to whole milliseconds (epoll_wait takes milliseconds), so
+    an `asyncio.sleep` ends up to about 1 ms late: kept with it alone, an open-loop schedule at
+    20 req/s sent 25-50 % of its requests more than `delay_tolerance_ms` late (median lag 0.7 ms,
+    2-core VM), and the latency from the intended send carried the generator's own lag. So the
+    loop's timer sleeps until shortly before the deadline and the precise timer thread (futex wait,
+    then `call_soon_threadsafe`, which wakes the selector at once) ends the sleep: median lag
+    0.2-0.3 ms, for some tens of µs more CPU per open-loop send (a thread wake).
+    """
+
+    def now_ns(self) -> int:
+        return time.perf_counter_ns()
+
+    async def sleep_until(self, t_ns: int) -> None:
+        coarse_ns = t_ns - _PRECISE_SPAN_NS - time.perf_counter_ns()
+        if coarse_ns > 0:
+            await asyncio.sleep(coarse_ns / 1e9)
+        if t_ns <= time.perf_counter_ns():
+            await asyncio.sleep(0)
+            return
+        loop = asyncio.get_running_loop()
+        woken: asyncio.Future[None] = loop.create_future()
+        handle = call_at_ns(loop, t_ns, lambda: None if woken.done() else woken.set_result(None))
+        try:
+            await woken
+        finally:
+            handle.cancel()
+
+
+class FakeClock:
+    """Virtual time for tests: time stands still while any task can run, then jumps to the next
+    sleeper's deadline. Runs are exact and instant whatever the machine is doing."""
+
+    def __init__(self, start_ns: int = 0) -> None:
+        self._now = start_ns
+        self._sleepers: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._seq = itertools.count()
+        self._driver: asyncio.Task[None] | None = None
+
+    def now_ns(self) -> int:
+        return self._now
+
+    async def sleep_until(self, t_ns: int) -> None:
+        if self._driver is None or self._driver.done():
+            self._driver = asyncio.get_running_loop().create_task(self._drive())
+        if t_ns <= self._now:
+            await asyncio.sleep(0)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._sleepers, (t_ns, next(self._seq), future))
+        await future
+
+    async def _drive(self) -> None:
+        idle_rounds = 0
+        while True:
+            # Let every runnable task run to its next sleep before time moves.
+            for _ in range(64):
+                await asyncio.sleep(0)
+            while self._sleepers and self._sleepers[0][2].cancelled():
+                heapq.heappop(self._sleepers)
+            if not self._sleepers:
+                idle_rounds += 1
+                if idle_rounds > 8:
+                    return
+                continue
+            idle_rounds = 0
+            t_ns, _, future = heapq.heappop(self._sleepers)
+            self._now = max(self._now, t_ns)
+            future.set_result(None)
+
+
+class InferClientLike(Protocol):
+    async def send(self, prepared: Any) -> Any: ...
+
+
+class LoadGenerator:
+    """Runs one load at a time; `start` it, then `stop` it (in-flight requests are awaited)."""
+
+    def __init__(
+        self,
+        client: InferClientLike,
+        prepared: Sequence[Any],
+        buffer: SampleBuffer,
+        clock: Clock,
+        *,
+        max_outstanding: int = 10_000,
+    ) -> None:
+        if not prepared:
+            raise ValueError("the load generator needs at least one prepared request")
+        self.client = client
+        self.prepared = list(prepared)
+        self.buffer = buffer
+        self.clock = clock
+        self.max_outstanding = max_outstanding
+        self._stopping = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self.started_ns = 0
+
+    @property
+    def outstanding(self) -> int:
+        return len(self._in_flight)
+
+    async def sync(self) -> None:
+        """Nothing to do: samples land in the buffer as requests complete (a distributed load
+        generator pulls its workers' samples here)."""
+
+    def start(self, load: Load) -> None:
+        if self._tasks:
+            raise RuntimeError("a load is already running; stop it first")
+        self._stopping = False
+        self.started_ns = self.clock.now_ns()
+        loop = asyncio.get_running_loop()
+        if isinstance(load, ClosedLoop):
+            self._tasks = [loop.create_task(self._closed_worker(i, load.concurrency)) for i in range(load.concurrency)]
+        elif isinstance(load, OpenLoop):
+            self._tasks = [loop.create_task(self._open_dispatcher(ScheduleStream(load)))]
+        else:
+            raise TypeError(f"unknown load {load!r}")
+
+    async def stop(self, drain_timeout_s: float | None = None) -> None:
+        """Send nothing more; wait for requests already sent (bounded by the client's own timeout)."""
+        self._stopping = True
+        tasks, self._tasks = self._tasks, []
+        pending = [*tasks, *self._in_flight]
+        if not pending:
+            return
+        done, not_done = await asyncio.wait(pending, timeout=drain_timeout_s)
+        for task in not_done:
+            task.cancel()
+        if not_done:
+            await asyncio.wait(not_done)
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+
+    async def _closed_worker(self, index: int, concurrency: int) -> None:
+        client, clock, record = self.client, self.clock, self.buffer.record
+        prepared = self.prepared
+        count = len(prepared)
+        position = index
+        while not self._stopping:
+            request = prepared[position % count]
+            position += concurrency
+            sent = clock.now_ns()
+            outcome = await client.send(request)
+            done = clock.now_ns()
+            record(sent, sent, done, outcome.error, request.bytes_out, outcome.bytes_in,
+                   outcome.send_ns, outcome.recv_ns)  # fmt: skip
+
+    async def _open_dispatcher(self, stream: ScheduleStream) -> None:
+        clock, loop = self.clock, asyncio.get_running_loop()
+        prepared, count = self.prepared, len(self.prepared)
+        start = self.started_ns
+        position = 0
+        while not self._stopping:
+            for offset in stream.next_chunk(CHUNK).tolist():
+                intended = start + offset
+                if clock.now_ns() < intended:
+                    await clock.sleep_until(intended)
+                elif position % 16 == 0:
+                    # Behind schedule: send at once, but let responses and the measurement run.
+                    await asyncio.sleep(0)
+                if self._stopping:
+                    return
+                request = prepared[position % count]
+                position += 1
+                if len(self._in_flight) >= self.max_outstanding:
+                    # Open loop means never waiting for the server; past the limit the request is
+                    # counted as not sent (k6's dropped iterations), never silently delayed.
+                    now = clock.now_ns()
+                    self.buffer.record(intended, now, now, NOT_SENT, 0, 0)
+                    continue
+                task = loop.create_task(self._open_request(intended, request))
+                self._in_flight.add(task)
+                task.add_done_callback(self._in_flight.discard)
+
+    async def _open_request(self, intended: int, request: Any) -> None:
+        clock = self.clock
+        sent = clock.now_ns()
+        outcome = await self.client.send(request)
+        done = clock.now_ns()
+        self.buffer.record(intended, sent, done, outcome.error, request.bytes_out, outcome.bytes_in,
+                           outcome.send_ns, outcome.recv_ns)  # fmt: skip

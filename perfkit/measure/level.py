@@ -1,0 +1,203 @@
+"""One load level: warm up, measure contiguous windows until the last few agree, report them merged.
+
+perf_analyzer's procedure (inference_profiler.cc, ProfileHelper): windows follow each other without
+gaps; a request counts in the window in which it completes; after each window the last three are
+compared, and the level is stable when their throughputs and their stabilising latencies (average, or
+--percentile) each lie within ±stability%; the reported figures merge those last windows. Unlike
+perf_analyzer, an unstable level is not dropped: it is reported, flagged, and the exit code says so.
+Server statistics are read at every window boundary, so the server-side figures cover exactly the
+reported windows. The load may run elsewhere (perfkit.load.distributed): `sync()` after the start and after
+every window end brings every sample completed by then into the buffer before the window is computed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from perfkit.analysis import server_stats, stats
+from perfkit.load.generator import Clock
+from perfkit.load.samples import SampleArrays, SampleBuffer
+from perfkit.load.schedule import ClosedLoop, Load
+from perfkit.measure.resources import ResourceSampler
+from perfkit.results.model import LevelResult, ResourceUsage, WindowResult
+from perfkit.sweep.spec import WindowSpec
+
+log = logging.getLogger(__name__)
+
+POLL_NS = 10_000_000  # how often count windows and warmup look at the sample count
+# Error kinds that mean "no server there": a window of nothing else ends the level at once.
+CONNECTION_ERRORS = ("connection", "disconnected", "grpc UNAVAILABLE")
+
+
+class LevelLoad(Protocol):
+    """What a level needs of the load generator (perfkit.load.generator or perfkit.load.distributed)."""
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def buffer(self) -> SampleBuffer: ...
+
+    def start(self, load: Load) -> None: ...
+
+    async def sync(self) -> None: ...
+
+    async def stop(self, drain_timeout_s: float | None = None) -> None: ...
+
+
+class Progress(Protocol):
+    def window_done(
+        self, level: float, window_index: int, max_trials: int, throughput: float, latency_us: float, stable: bool
+    ) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class LevelMeasurement:
+    """A level's result plus what the profile export needs: its samples and window boundaries."""
+
+    result: LevelResult
+    samples: SampleArrays
+    window_boundaries_ns: tuple[int, ...]
+
+
+class ServerStatsProbe:
+    """Reads the model's entry of the statistics extension; a failure is noted once, never raised."""
+
+    def __init__(self, fetch: Callable[[], Awaitable[dict[str, Any]]], model: str, version: str) -> None:
+        self._fetch = fetch
+        self.model = model
+        self.version = version
+        self._previous: dict[str, Any] | None = None
+        self.note = ""
+
+    async def snapshot(self) -> dict[str, Any] | None:
+        try:
+            everything = await self._fetch()
+        except Exception as exc:  # the server may not offer the statistics extension
+            if not self.note:
+                self.note = f"no server-side statistics: {exc}"
+                log.info(self.note)
+            return None
+        entry = server_stats.pick_model_stats(everything, self.model, self.version, self._previous)
+        self._previous = everything
+        return entry
+
+
+def _mode_name(load: Load) -> str:
+    if isinstance(load, ClosedLoop):
+        return "concurrency"
+    return "custom_intervals" if load.intervals_ns else "request_rate"
+
+
+def _level_value(load: Load) -> float:
+    return float(load.concurrency) if isinstance(load, ClosedLoop) else load.label
+
+
+async def measure_level(
+    loadgen: LevelLoad,
+    load: Load,
+    spec: WindowSpec,
+    *,
+    batch_size: int,
+    server: ServerStatsProbe | None = None,
+    resources: ResourceSampler | None = None,
+    progress: Progress | None = None,
+    drain_timeout_s: float | None = None,
+) -> LevelMeasurement:
+    clock, buffer = loadgen.clock, loadgen.buffer
+    mode, level = _mode_name(load), _level_value(load)
+    first_index = len(buffer)
+    loadgen.start(load)
+    try:
+        await loadgen.sync()
+        if spec.warmup_request_count:
+            # Warm-up requests are sent under the same load and simply not counted.
+            while len(buffer) - first_index < spec.warmup_request_count:
+                await clock.sleep_until(clock.now_ns() + POLL_NS)
+        window_start = clock.now_ns()
+        boundaries = [window_start]
+        snapshots = [await server.snapshot() if server else None]
+        windows: list[WindowResult] = []
+        stable = False
+        threshold = spec.stability_pct / 100.0
+        percentile = spec.percentile
+        while len(windows) < spec.max_trials:
+            await _wait_window_end(loadgen, spec, window_start)
+            window_end = clock.now_ns()
+            await loadgen.sync()
+            snapshot = await server.snapshot() if server else None
+            window = stats.window_result(buffer.arrays(first_index), window_start, window_end, batch_size, percentile)
+            windows.append(window)
+            boundaries.append(window_end)
+            snapshots.append(snapshot)
+            stable = stats.is_stable(windows, threshold, spec.stable_window_count)
+            if progress is not None:
+                progress.window_done(
+                    level, len(windows) - 1, spec.max_trials, window.throughput_infer_per_s,
+                    window.stabilizing_latency_us, stable,
+                )  # fmt: skip
+            window_start = window_end
+            if stable or _server_gone(buffer.arrays(first_index).completed_between(boundaries[-2], window_end)):
+                break
+    finally:
+        await loadgen.stop(drain_timeout_s)
+    reported = min(spec.stable_window_count, len(windows))
+    first = len(windows) - reported
+    span_start, span_end = boundaries[first], boundaries[-1]
+    all_samples = buffer.arrays(first_index)
+    reported_count = len(all_samples.completed_between(span_start, span_end))
+    before, after = snapshots[first], snapshots[-1]
+    server_figures = server_stats.server_diff(before, after) if before is not None and after is not None else None
+    usage = resources.usage_between(span_start, span_end, reported_count) if resources is not None else ResourceUsage()
+    if server is not None and server.note:
+        usage = _with_note(usage, server.note)
+    result = stats.level_result(
+        mode=mode,
+        level=level,
+        batch_size=batch_size,
+        windows=windows[first:],
+        samples=all_samples,
+        server=server_figures,
+        resources=usage,
+        stable=stable,
+        all_windows=windows,
+        custom_percentile=percentile,
+        delay_tolerance_ns=int(spec.delay_tolerance_ms * 1e6),
+        stability_threshold=threshold,
+        stability_count=spec.stable_window_count,
+    )
+    return LevelMeasurement(result, all_samples, tuple(boundaries))
+
+
+async def _wait_window_end(loadgen: LevelLoad, spec: WindowSpec, window_start: int) -> None:
+    clock, buffer = loadgen.clock, loadgen.buffer
+    if spec.mode == "time_windows":
+        await clock.sleep_until(window_start + int(spec.interval_ms * 1e6))
+        return
+    # count_windows: at least N completions in the window, and at least one second (perf_analyzer).
+    # Samples are recorded at completion, so those appended since the window began completed in it.
+    recorded_at_start = len(buffer)
+    min_end = window_start + 1_000_000_000
+    while True:
+        now = clock.now_ns()
+        if now >= min_end and len(buffer) - recorded_at_start >= spec.request_count:
+            return
+        await clock.sleep_until(min_end if now < min_end else now + POLL_NS)
+
+
+def _server_gone(window: SampleArrays) -> bool:
+    """Every request of the window failed for lack of a server: more windows would only wait."""
+    errors = window.error_counts()
+    return (
+        len(window) > 0
+        and sum(errors.values()) == len(window)
+        and all(kind.startswith(CONNECTION_ERRORS) for kind in errors)
+    )
+
+
+def _with_note(usage: ResourceUsage, note: str) -> ResourceUsage:
+    return dataclasses.replace(usage, notes=(*usage.notes, note))

@@ -1,0 +1,536 @@
+"""The HTML report: one self-contained file a person can open, rendered from result files.
+
+`render_html(items) -> str` is a pure function (STYLE practice 15): figures from `plots.py` are
+inlined as base64 PNG data URIs, every interpolated string goes through `html.escape`, and nothing
+is fetched from the network (practice 16). Each result file carries a `kind`;
+`result_files.load_result` reads it and `SECTIONS` renders it:
+
+- `sweep` (perfkit sweep's JSON; files without a `kind` but with `levels` are sweeps): the
+  validity verdict first (practice 10), key figures, the per-level table, throughput and latency
+  against load, the throughput–p99 curve, the latency breakdown, the windows and utilisation over
+  the run, errors and late sends, each load worker's share (`--workers N` runs), the checks, and
+  the run's provenance.
+- `tune`: a ranked table, the throughput–p99 Pareto plot of every variant with the constraint, the
+  top variants' curves, and a sentence on the best configuration's gain over the default.
+
+Several results in one report open with a comparison: their curves overlaid, and, for two sweeps
+of the same levels, `perfkit compare`'s table of deltas.
+
+The page carries a tiny inline script that, once loaded, counts the images that decoded and the
+tables with rows and writes them on <body> (`data-images-ok`, `data-images-total`,
+`data-tables`): the browser test reads them back from Chromium's DOM dump.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import html
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from perfkit._version import __version__
+from perfkit.analysis.compare import GATE_METRICS, Thresholds, compare_sweeps, comparison_rows, level_label
+from perfkit.errors import PerfkitError
+from perfkit.report import plots
+from perfkit.report.export import TIDY_COLUMNS
+from perfkit.results.files import ReportItem, TuneView, Variant, slo_from_sweep
+from perfkit.results.model import LevelResult, SweepResult
+
+__all__ = ["SECTIONS", "render_html", "render_sweep_section", "render_tune_section"]
+
+# --------------------------------------------------------------------------------------------------
+# HTML pieces
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _img(png: bytes, alt: str, wide: bool = False) -> str:
+    data = base64.b64encode(png).decode("ascii")
+    return f'<figure class="{"wide" if wide else ""}"><img src="data:image/png;base64,{data}" alt="{_e(alt)}"></figure>'
+
+
+def _numeric(value: object) -> bool:
+    return not isinstance(value, _Badge) and _NUMERIC.fullmatch(str(value)) is not None
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[object]], classes: str = "") -> str:
+    """A table; columns whose cells are all numbers are right-aligned, header included."""
+    numeric = [bool(rows) and all(_numeric(row[i]) for row in rows) for i in range(len(header))]
+    head = "".join(f'<th class="n">{_e(h)}</th>' if n else f"<th>{_e(h)}</th>" for h, n in zip(header, numeric))
+    body = "".join("<tr>" + "".join(_cell(c) for c in row) + "</tr>" for row in rows)
+    return f'<table class="{_e(classes)}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+@dataclass(frozen=True, slots=True)
+class _Badge:
+    text: str
+    ok: bool
+
+
+_NUMERIC = re.compile(r"[-+]?[\d,.]+( ?[–%] ?[\d,.]*%?)?|-")
+
+
+def _cell(value: object) -> str:
+    if isinstance(value, _Badge):
+        return f'<td><span class="badge {"ok" if value.ok else "bad"}">{_e(value.text)}</span></td>'
+    return f'<td class="n">{_e(value)}</td>' if _numeric(value) else f"<td>{_e(value)}</td>"
+
+
+def _number(value: str | float | None, digits: int) -> str:
+    return "-" if value is None or isinstance(value, str) else f"{value:,.{digits}f}"
+
+
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+# --------------------------------------------------------------------------------------------------
+# A sweep
+
+
+def _verdict(result: SweepResult) -> str:
+    invalid = [lv for lv in result.levels if not lv.valid]
+    problems: list[str] = []
+    if not result.completed:
+        problems.append(f"<li>The sweep stopped early: {_e(result.stop_reason)}</li>")
+    for lv in invalid:
+        for check in lv.checks:
+            if not check.passed:
+                advice = f' <span class="advice">→ {_e(check.advice)}</span>' if check.advice else ""
+                problems.append(f"<li><b>{_e(level_label(lv))}</b>: {_e(check.name)}: {_e(check.detail)}{advice}</li>")
+    if not result.levels:
+        problems.append("<li>No level was measured.</li>")
+    n = len(result.levels)
+    if problems:
+        head = f"NOT VALID: {len(invalid)} of {n} levels failed a check" + ("" if result.completed else "; incomplete")
+        return f'<div class="verdict bad"><div class="title">{_e(head)}</div><ul>{"".join(problems)}</ul></div>'
+    return (
+        f'<div class="verdict ok"><div class="title">VALID: all {n} levels passed every check</div>'
+        "<div>stable windows, enough samples for p99, no failed requests, the schedule kept, "
+        "the client not saturated.</div></div>"
+    )
+
+
+def _kpis(result: SweepResult) -> str:
+    levels = result.levels
+    if not levels:
+        return ""
+    peak = max(levels, key=lambda lv: lv.throughput_infer_per_s)
+    measured = [lv for lv in levels if lv.latency.count]
+    cards = [("peak throughput", f"{peak.throughput_infer_per_s:,.1f} infer/s", f"at {level_label(peak)}")]
+    if measured:
+        best = min(measured, key=lambda lv: lv.latency.p99_us)
+        cards.append(("lowest p99", f"{best.latency.p99_us / 1e3:,.2f} ms", f"at {level_label(best)}"))
+    requests = sum(lv.request_count for lv in levels)
+    errors = sum(lv.error_count for lv in levels)
+    cards.append(("requests measured", f"{requests:,}", f"{errors:,} failed"))
+    stable = sum(lv.stable for lv in levels)
+    valid = sum(lv.valid for lv in levels)
+    cards.append(("levels", str(len(levels)), f"{stable} stable, {valid} valid"))
+    if result.mode != "concurrency":
+        worst = max(levels, key=lambda lv: lv.delayed_pct)
+        cards.append(("late sends (worst)", f"{worst.delayed_pct:.2f} %", f"at {level_label(worst)}"))
+    return '<div class="kpis">' + "".join(
+        f'<div class="kpi"><div class="k">{_e(k)}</div><div class="v">{_e(v)}</div><div class="s">{_e(s)}</div></div>'
+        for k, v, s in cards
+    ) + "</div>"  # fmt: skip
+
+
+#: The level table: (title, tidy CSV column, decimals, "-" range partner). The HTML is a view of the
+#: CSV contract (STYLE practice 16): its figures come from export.TIDY_COLUMNS' getters.
+_LEVEL_TABLE: tuple[tuple[str, str, int, str], ...] = (
+    ("throughput infer/s", "throughput_infer_per_s", 1, ""),
+    ("95% CI", "throughput_ci_low_infer_per_s", 1, "throughput_ci_high_infer_per_s"),
+    ("p50 ms", "p50_ms", 2, ""),
+    ("p90 ms", "p90_ms", 2, ""),
+    ("p95 ms", "p95_ms", 2, ""),
+    ("p99 ms", "p99_ms", 2, ""),
+    ("p99 95% CI", "p99_ci_low_ms", 2, "p99_ci_high_ms"),
+    ("p99.9 ms", "p999_ms", 2, ""),
+    ("p99 from intended ms", "p99_from_intended_ms", 2, ""),  # rate modes only
+    ("late sends %", "delayed_pct", 2, ""),  # rate modes only
+    ("errors", "error_count", 0, ""),
+    ("avg batch", "server_avg_batch_size", 2, ""),
+    ("client CPU %", "client_cpu_pct", 0, ""),
+    ("server CPU %", "server_cpu_pct", 0, ""),
+    ("GPU util %", "gpu_utilization_pct", 0, ""),
+)
+_RATE_ONLY = {"p99_from_intended_ms", "delayed_pct"}
+_COLUMNS = {column.name: column for column in TIDY_COLUMNS}
+
+
+def _level_rows(result: SweepResult) -> tuple[list[str], list[list[object]]]:
+    scheduled = result.mode != "concurrency"
+    table = [spec for spec in _LEVEL_TABLE if scheduled or spec[1] not in _RATE_ONLY]
+    header = ["level", *(title for title, *_ in table), "stable", "valid"]
+    rows: list[list[object]] = []
+    for lv in result.levels:
+        cells = {name: _COLUMNS[name].getter(result, lv) for _, name, _, high in table for name in (name, high) if name}
+        row: list[object] = [level_label(lv)]
+        for _, name, digits, high in table:
+            text = _number(cells[name], digits)
+            row.append(f"{text} – {_number(cells[high], digits)}" if high else text)
+        row += [_Badge("yes" if lv.stable else "no", lv.stable), _Badge("yes" if lv.valid else "no", lv.valid)]
+        rows.append(row)
+    return header, rows
+
+
+def _checks_table(levels: Sequence[LevelResult]) -> str:
+    rows = [
+        [level_label(lv), c.name, _Badge("pass" if c.passed else "fail", c.passed), c.detail, c.advice]
+        for lv in levels
+        for c in lv.checks
+    ]
+    return _table(["level", "check", "result", "detail", "what to do"], rows, "checks")
+
+
+def _workers_table(levels: Sequence[LevelResult]) -> str:
+    """Each load worker's share of each level of a distributed sweep (`--workers N`)."""
+    rows = [
+        [level_label(lv), w.index, w.host, w.load, w.request_count, w.error_count,
+         _fmt(w.throughput_infer_per_s, 1), f"{w.clock_offset_us:+,.0f}", _fmt(w.alignment_us, 0),
+         _fmt(w.cpu_pct, 0), _Badge(w.died or "no", not w.died)]
+        for lv in levels
+        for w in lv.workers
+    ]  # fmt: skip
+    header = ["level", "worker", "host", "share", "requests", "errors", "infer/s", "clock offset µs",
+              "± µs", "CPU %", "died"]  # fmt: skip
+    return (
+        '<p class="note">Each worker\'s requests over the reported windows; its samples are part of the '
+        "level's figures above. Clock offsets are estimated from round trips: timestamps are good to "
+        "± the value shown.</p>" + _table(header, rows, "workers")
+    )
+
+
+def _spec_text(spec: dict[str, Any]) -> dict[str, str]:
+    load, windows, inputs = spec.get("load") or {}, spec.get("windows") or {}, spec.get("inputs") or {}
+    out: dict[str, str] = {}
+    if load:
+        mode = load.get("mode", "")
+        text = f"{mode} {load.get('start', 0):g}:{load.get('end', 0):g}:{load.get('step', 0):g}"
+        if mode != "concurrency":
+            text += f", {load.get('distribution', 'constant')} arrivals"
+        if load.get("latency_threshold_ms"):
+            text += f", stop above {load['latency_threshold_ms']:g} ms" + (
+                " (binary search)" if load.get("binary_search") else ""
+            )
+        out["load"] = text
+    if windows:
+        if windows.get("mode") == "count_windows":
+            size = f"windows of {windows.get('request_count')} requests"
+        else:
+            size = f"windows of {windows.get('interval_ms', 0):g} ms"
+        stabilise = f"p{windows['percentile']:g}" if windows.get("percentile") else "average latency"
+        out["measurement"] = (
+            f"{size}; stable when the last {windows.get('stable_window_count', 3)} agree within "
+            f"{windows.get('stability_pct', 0):g}% (throughput and {stabilise}); at most {windows.get('max_trials')} windows"
+        )  # fmt: skip
+    if inputs:
+        out["inputs"] = f"batch {inputs.get('batch_size', 1)}, {inputs.get('input_data', 'random')} data"
+    return out
+
+
+def _provenance(result: SweepResult) -> str:
+    p = result.provenance
+    server = p.get("server") or {}
+    machine = p.get("machine") or {}
+    spec = p.get("spec") or {}
+    rows: list[tuple[str, str]] = [
+        ("perfkit", str(p.get("perfkit_version", "?"))),
+        ("git commit", str(p.get("git_commit") or "(not in a git checkout)")),
+        ("started", str(p.get("started_at", "?"))),
+        ("command", "perfkit " + " ".join(str(a) for a in p.get("argv", []))),
+        ("server", f"{server.get('name', '?')} {server.get('version', '')} at {result.url} over {result.protocol}"
+                   + (" (embedded reference server)" if server.get("embedded") else "")),
+        ("model", result.model + (f" version {result.model_version}" if result.model_version else " (latest version)")),
+        *_spec_text(spec).items(),
+        ("seed", str(p.get("seed", "?"))),
+        ("machine", ", ".join(f"{k} {v}" for k, v in machine.items())),
+        ("completed", "yes" if result.completed else f"no: {result.stop_reason}"),
+    ]  # fmt: skip
+    body = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows)
+    config = json.dumps(spec, indent=1, sort_keys=True)
+    return (
+        f'<table class="kv"><tbody>{body}</tbody></table>'
+        f"<details><summary>full configuration</summary><pre>{_e(config)}</pre></details>"
+    )
+
+
+def render_sweep_section(item: ReportItem, slo_ms: float | None = None) -> str:
+    result = item.result
+    assert isinstance(result, SweepResult)
+    slo = slo_ms if slo_ms is not None else slo_from_sweep(result)
+    runs = [(item.label, result)]
+    figures = [
+        _img(plots.throughput_vs_load(runs), "throughput vs load"),
+        _img(plots.latency_vs_load(runs, slo), "latency percentiles vs load"),
+        _img(plots.throughput_vs_p99(runs, slo), "throughput vs p99 latency"),
+        _img(plots.latency_breakdown(result), "latency breakdown"),
+        _img(plots.windows_over_run(result), "measurement windows over the run", wide=True),
+        _img(plots.utilization_over_run(result), "utilisation and memory over the run", wide=True),
+        _img(plots.errors_and_late_sends(result), "errors and late sends"),
+    ]
+    notes = sorted({note for lv in result.levels for note in lv.resources.notes})
+    header, rows = _level_rows(result)
+    title = f"Sweep of {result.model}: {result.mode.replace('_', ' ')}"
+    return (
+        f'<section id="{_e(_anchor(item))}"><h2>{_e(title)} <span class="muted">{_e(item.label)}</span></h2>'
+        f"{_verdict(result)}{_kpis(result)}"
+        f'<h3>Levels</h3><div class="scroll">{_table(header, rows, "levels")}</div>'
+        f'<h3>Figures</h3><div class="grid">{"".join(figures)}</div>'
+        + ("".join(f'<p class="note">{_e(n)}</p>' for n in notes))
+        + (f"<h3>Load workers</h3>{_workers_table(result.levels)}" if any(lv.workers for lv in result.levels) else "")
+        + f"<h3>Validity checks</h3>{_checks_table(result.levels)}"
+        f"<h3>Provenance</h3>{_provenance(result)}</section>"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# A tune
+
+
+def _gain(view: TuneView, variant: Variant) -> float | None:
+    """The tune's own gain over the default (a fraction), else the throughput ratio."""
+    if variant.gain is not None:
+        return float(variant.gain)
+    default = next((v for v in view.variants if v.default), None)
+    if default is None or not default.throughput_infer_per_s or variant.throughput_infer_per_s is None:
+        return None
+    return variant.throughput_infer_per_s / default.throughput_infer_per_s - 1
+
+
+def _best(view: TuneView) -> Variant | None:
+    by_name = {v.name: v for v in view.variants}
+    if view.best is not None:
+        return by_name.get(view.best)
+    ranked = view.ranked()
+    return ranked[0] if ranked and ranked[0].feasible else None
+
+
+def _gain_sentence(view: TuneView) -> str:
+    """model_analyzer's summary sentence (reports/report_manager.py), told with the tune's ties."""
+    best = _best(view)
+    constraints = f", under {', '.join(view.constraints)}" if view.constraints else ""
+    measured = f"In {view.measurements} measurements across {len(view.variants)} configurations"
+    if best is None:
+        return f"{measured}, no configuration met the constraints{constraints}."
+    at = f" ({_fmt(best.throughput_infer_per_s, 1)} infer/s, p99 {_fmt(best.p99_ms)} ms"
+    at += f" at concurrency {best.concurrency})" if best.concurrency is not None else ")"
+    goal = f"at maximizing {view.objective}{constraints}"
+    if best.default:
+        return f"{measured}, the default configuration {best.name} is the best {goal}{at}."
+    default = next((v.name for v in view.variants if v.default), None)
+    gain = _gain(view, best)
+    if default is None or gain is None:
+        return f"{measured}, {best.name} is the best {goal}{at}; no default configuration was measured."
+    versus = f"{abs(gain) * 100:.0f}% {'better' if gain >= 0 else 'worse'} than the default configuration"
+    if default in view.ties:
+        return (
+            f"{measured}, {best.name} is recommended{constraints}{at}, but it cannot be told apart from the "
+            f"default configuration {goal}: their 95% intervals overlap (it measured {versus})."
+        )
+    if len(view.ties) > 1:
+        return (
+            f"{measured}, {len(view.ties)} configurations tie for the best {goal}; {best.name}, the one that uses "
+            f"the fewest resources, is {versus}{at}."
+        )
+    return f"{measured}, {best.name} is {versus} {goal}{at}."
+
+
+def render_tune_section(item: ReportItem, slo_ms: float | None = None, top_n: int = 3) -> str:
+    view = item.result
+    assert isinstance(view, TuneView)
+    ranked = view.ranked()
+    best = _best(view)
+    rows = []
+    for i, v in enumerate(ranked, 1):
+        gain = _gain(view, v)
+        status = v.status + ("; " + "; ".join(v.violations) if v.violations else "")
+        rows.append([
+            v.rank or i, v.name + (" (default)" if v.default else "") + (" ★" if v is best else ""),
+            v.description or ", ".join(f"{k}={val}" for k, val in v.params.items()),
+            "-" if v.concurrency is None else str(v.concurrency), _fmt(v.throughput_infer_per_s, 1), _fmt(v.p99_ms),
+            "-" if gain is None else f"{gain * 100:+.1f}%", _Badge(status, v.feasible),
+        ])  # fmt: skip
+    points = [
+        plots.Point(v.name, v.p99_ms, v.throughput_infer_per_s, v.default, v is best)
+        for v in view.variants
+        if v.p99_ms is not None and v.throughput_infer_per_s is not None
+    ]
+    constraint = view.constraint_p99_ms or slo_ms
+    figures = [_img(plots.pareto(points, constraint), "throughput vs p99 of every variant")] if points else []
+    shown = [*ranked[:top_n], *(v for v in ranked if v is best or v.default)]  # the top N, the best, the default
+    unique = [v for i, v in enumerate(shown) if not any(v is w for w in shown[:i])]
+    top = [(v.name, v.sweep) for v in unique if v.sweep is not None]
+    if top:
+        figures += [
+            _img(plots.throughput_vs_p99(top, constraint), "throughput vs p99 of the top variants"),
+            _img(plots.throughput_vs_load(top), "throughput vs concurrency of the top variants"),
+        ]
+    header = ["rank", "variant", "configuration", "concurrency", "throughput infer/s", "p99 ms", "vs default", "status"]
+    command = " ".join(str(a) for a in view.provenance.get("argv", []))
+    return (
+        f'<section id="{_e(_anchor(item))}"><h2>{_e(f"Tune of {view.model}")} <span class="muted">{_e(item.label)}</span></h2>'
+        f'<div class="verdict {"ok" if best else "bad"}"><div class="title">{_e(_gain_sentence(view))}</div></div>'
+        f'<h3>Configurations, best first</h3><div class="scroll">{_table(header, rows)}</div>'
+        f'<h3>Figures</h3><div class="grid">{"".join(figures)}</div>'
+        + (f'<p class="note">{_e("perfkit " + command)}</p>' if command else "")
+        + "</section>"
+    )  # fmt: skip
+
+
+SECTIONS: dict[str, Callable[[ReportItem, float | None], str]] = {
+    "sweep": render_sweep_section,
+    "tune": render_tune_section,
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# Several results
+
+
+def _comparison_section(items: Sequence[ReportItem], thresholds: Thresholds, slo_ms: float | None) -> str:
+    sweeps = [(it.label, it.result) for it in items if isinstance(it.result, SweepResult)]
+    parts = ['<section id="comparison"><h2>Comparison</h2>']
+    runs_rows = [
+        [label, r.model, r.mode.replace("_", " "), str(r.provenance.get("started_at", "?")),
+         str(r.provenance.get("git_commit", ""))[:10] or "-", str((r.provenance.get("machine") or {}).get("hostname", "?")),
+         _fmt(max((lv.throughput_infer_per_s for lv in r.levels), default=0.0), 1),
+         _Badge(f"{sum(lv.valid for lv in r.levels)}/{len(r.levels)}", all(lv.valid for lv in r.levels))]
+        for label, r in sweeps
+    ]  # fmt: skip
+    parts.append(_table(["run", "model", "mode", "started", "commit", "machine", "peak infer/s", "valid levels"],
+                        runs_rows))  # fmt: skip
+    if len({r.mode for _, r in sweeps}) == 1:
+        parts.append(
+            '<div class="grid">'
+            + _img(plots.throughput_vs_load(sweeps), "throughput vs load, all runs")
+            + _img(plots.latency_vs_load(sweeps, slo_ms), "latency vs load, all runs")
+            + _img(plots.throughput_vs_p99(sweeps, slo_ms), "throughput vs p99, all runs")
+            + "</div>"
+        )
+    if len(sweeps) == 2:
+        (base_label, base), (cand_label, cand) = sweeps
+        assert isinstance(base, SweepResult) and isinstance(cand, SweepResult)
+        try:
+            comparison = compare_sweeps(base, cand, thresholds, names=(base_label, cand_label))
+        except PerfkitError as exc:
+            parts.append(f'<p class="note">Not compared level by level: {_e(exc)}</p>')
+        else:
+            header, rows = comparison_rows(comparison)
+            badge_rows = [[*r[:-1], _Badge(r[-1], not d.regression)] for r, d in zip(rows, comparison.deltas)]
+            regressions = len(comparison.regressions)
+            parts.append(
+                f"<h3>{_e(cand_label)} against {_e(base_label)}</h3>"
+                f'<div class="verdict {"bad" if regressions else "ok"}"><div class="title">'
+                + _e(f"{regressions} regression(s)" if regressions else "no regression")
+                + _e(
+                    f" (limits: throughput -{thresholds.max_throughput_drop_pct:g}%, latency "
+                    f"+{thresholds.max_latency_increase_pct:g}%, and beyond the runs' noise)"
+                )  # fmt: skip
+                + "</div></div>"
+                + f'<div class="scroll">{_table(header, badge_rows)}</div>'
+                + "".join(f'<p class="note">{_e(n)}</p>' for n in comparison.notes)
+            )
+    parts.append("</section>")
+    return "".join(parts)
+
+
+def _anchor(item: ReportItem) -> str:
+    return "run-" + "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in item.label)
+
+
+_CHECK_SCRIPT = """
+window.addEventListener('load', function () {
+  var images = document.images, ok = 0, tables = 0, rows = document.querySelectorAll('table');
+  for (var i = 0; i < images.length; i++) {
+    if (images[i].complete && images[i].naturalWidth > 0) { ok++; }
+  }
+  for (var j = 0; j < rows.length; j++) {
+    if (rows[j].querySelector('tbody tr')) { tables++; }
+  }
+  document.body.setAttribute('data-images-total', String(images.length));
+  document.body.setAttribute('data-images-ok', String(ok));
+  document.body.setAttribute('data-tables', String(tables));
+});
+"""
+
+_CSS = """
+:root { --ink:#1d2733; --muted:#5b6b7b; --line:#dde3ea; --ok:#0b7a4b; --okbg:#e8f6ef; --bad:#b42318; --badbg:#fdecea; }
+* { box-sizing: border-box; }
+body { margin:0; font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif;
+       color:var(--ink); background:#f5f7fa; }
+header { background:#16324f; color:#fff; padding:18px 32px; }
+header h1 { margin:0; font-size:22px; font-weight:600; }
+header .sub { color:#c9d6e3; font-size:13px; margin-top:4px; }
+nav { padding:8px 32px; background:#fff; border-bottom:1px solid var(--line); font-size:13px; }
+nav a { margin-right:16px; color:#16324f; text-decoration:none; }
+main { max-width:1480px; margin:0 auto; padding:8px 32px 40px; }
+section { background:#fff; border:1px solid var(--line); border-radius:8px; padding:16px 24px; margin:20px 0; }
+h2 { font-size:19px; margin:4px 0 12px; } h3 { font-size:15px; margin:22px 0 8px; color:#16324f; }
+.muted { color:var(--muted); font-weight:400; font-size:13px; margin-left:8px; }
+.verdict { border-radius:6px; padding:10px 14px; margin:8px 0 14px; border-left:6px solid; }
+.verdict.ok { background:var(--okbg); border-color:var(--ok); } .verdict.bad { background:var(--badbg); border-color:var(--bad); }
+.verdict .title { font-weight:600; } .verdict ul { margin:6px 0 0 18px; padding:0; } .advice { color:var(--muted); }
+.kpis { display:flex; flex-wrap:wrap; gap:12px; margin:6px 0 4px; }
+.kpi { border:1px solid var(--line); border-radius:6px; padding:8px 14px; min-width:170px; }
+.kpi .k { color:var(--muted); font-size:12px; text-transform:uppercase; letter-spacing:.03em; }
+.kpi .v { font-size:20px; font-weight:600; } .kpi .s { color:var(--muted); font-size:12px; }
+table { border-collapse:collapse; font-size:12.5px; margin:4px 0; }
+th, td { border-bottom:1px solid var(--line); padding:4px 8px; text-align:left; white-space:nowrap; }
+td.n, th.n { text-align:right; font-variant-numeric:tabular-nums; }
+th { background:#eef2f6; font-weight:600; white-space:normal; vertical-align:bottom; } tbody tr:nth-child(even) { background:#fafbfc; }
+td:first-child, th:first-child { text-align:left; white-space:nowrap; }
+table.checks td, table.kv td { text-align:left; white-space:normal; } table.checks td:first-child { white-space:nowrap; } table.kv th { text-align:left; width:160px; }
+.scroll { overflow-x:auto; }
+.badge { display:inline-block; padding:0 7px; border-radius:9px; font-size:11.5px; font-weight:600; }
+.badge.ok { background:var(--okbg); color:var(--ok); } .badge.bad { background:var(--badbg); color:var(--bad); }
+.grid { display:grid; grid-template-columns:repeat(auto-fit, minmax(560px, 1fr)); gap:14px; }
+figure { margin:0; border:1px solid var(--line); border-radius:6px; padding:6px; background:#fff; }
+figure.wide { grid-column:1 / -1; } figure img { width:100%; height:auto; display:block; }
+.note { color:var(--muted); font-size:12.5px; margin:6px 0; }
+pre { background:#f5f7fa; padding:10px; border-radius:6px; font-size:12px; overflow-x:auto; }
+footer { color:var(--muted); font-size:12px; text-align:center; padding:0 0 24px; }
+"""
+
+
+def render_html(
+    items: Sequence[ReportItem],
+    *,
+    title: str | None = None,
+    slo_ms: float | None = None,
+    thresholds: Thresholds | None = None,
+    generated_at: str | None = None,
+) -> str:
+    """The whole report as one HTML document. `slo_ms` draws a p99 bound on the latency figures
+    (default: the sweep's own -l when it stabilised on p99); `thresholds` are the comparison's."""
+    if not items:
+        raise PerfkitError("nothing to report: pass at least one result file")
+    thresholds = thresholds or Thresholds(metrics=tuple(GATE_METRICS))
+    models = sorted({it.result.model for it in items})
+    title = title or (
+        "perfkit report: " + ", ".join(models) if len(items) == 1 else f"perfkit comparison of {len(items)} runs"
+    )
+    stamp = generated_at or dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    compared = sum(isinstance(it.result, SweepResult) for it in items) > 1
+    sections = [_comparison_section(items, thresholds, slo_ms)] if compared else []
+    sections += [SECTIONS[it.kind](it, slo_ms) for it in items]
+    links = ([("comparison", "Comparison")] if compared else []) + [(_anchor(it), it.label) for it in items]
+    nav = "".join(f'<a href="#{_e(a)}">{_e(text)}</a>' for a, text in links)
+    sources = ", ".join(it.source or it.label for it in items)
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f'<link rel="icon" href="data:,"><title>{_e(title)}</title><style>{_CSS}</style></head><body>'
+        f'<header><h1>{_e(title)}</h1><div class="sub">{_e(f"generated {stamp} by perfkit {__version__} from {sources}")}'
+        f"</div></header><nav>{nav}</nav><main>{''.join(sections)}</main>"
+        "<footer>Latencies are exact percentiles of the reported windows' requests; confidence intervals are 95%. "
+        "Figures are PNG images inlined in this file, which needs no network.</footer>"
+        f"<script>{_CHECK_SCRIPT}</script></body></html>\n"
+    )  # fmt: skip

@@ -1,0 +1,409 @@
+"""The report's figures: pure functions from results to PNG bytes.
+
+matplotlib's object API on the Agg canvas (no pyplot, so no global state and no display needed).
+Colours are Okabe & Ito's colour-blind-safe palette, as model_analyzer's detailed report uses.
+Each function draws one figure and returns its PNG; `report.py` inlines them as data URIs.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from perfkit.results.model import LevelResult, SweepResult
+
+__all__ = [
+    "PALETTE",
+    "Point",
+    "errors_and_late_sends",
+    "latency_breakdown",
+    "latency_vs_load",
+    "pareto",
+    "throughput_vs_load",
+    "throughput_vs_p99",
+    "utilization_over_run",
+    "windows_over_run",
+]
+
+# Okabe & Ito (2008), "Color Universal Design".
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
+_GRID = "#d9d9d9"
+_SIZE = (6.4, 3.7)
+_DPI = 110
+
+Run = tuple[str, SweepResult]  # (label, result)
+
+
+def _figure(
+    size: tuple[float, float] = _SIZE, *, right: float = 0.2, bottom: float = 0.55, top: float = 0.35
+) -> tuple[Figure, Any]:
+    """A figure with one axes and fixed margins in inches (`right` wider for a twin axis). Fixed
+    margins rather than constrained layout, which lays out by drawing twice: half the time."""
+    fig = Figure(figsize=size, dpi=_DPI)
+    FigureCanvasAgg(fig)
+    width, height = size
+    fig.subplots_adjust(left=0.75 / width, right=1 - right / width, bottom=bottom / height, top=1 - top / height)
+    ax = fig.add_subplot()
+    ax.grid(True, color=_GRID, linewidth=0.6)
+    ax.set_axisbelow(True)
+    for side in ("top", "right"):
+        ax.spines[side].set_visible(False)
+    return fig, ax
+
+
+def _png(fig: Figure) -> bytes:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=_DPI, facecolor="white")
+    return buffer.getvalue()
+
+
+def _load_axis_label(mode: str) -> str:
+    return {"concurrency": "concurrency (requests in flight)", "request_rate": "offered rate (requests/s)"}.get(
+        mode, "offered rate (requests/s)"
+    )
+
+
+def _set_load_axis(ax: Any, levels: Sequence[float], mode: str) -> None:
+    ax.set_xlabel(_load_axis_label(mode))
+    positive = [v for v in levels if v > 0]
+    if positive and max(positive) / min(positive) >= 16:
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(lambda v, _pos: f"{v:g}")
+    elif mode == "concurrency":
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _note(ax: Any, text: str) -> None:
+    ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="#555555", fontsize=10)
+
+
+def _legend(ax: Any, **kwargs: Any) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(frameon=False, fontsize=8, **kwargs)
+
+
+def _top_legend(fig: Figure, *axes: Any) -> None:
+    """One legend for all axes, in the figure's top right corner, clear of the data."""
+    handles, labels = [], []
+    for ax in axes:
+        h, lab = ax.get_legend_handles_labels()
+        handles += h
+        labels += lab
+    if handles:
+        fig.legend(handles, labels, loc="upper right", ncols=len(handles), frameon=False, fontsize=8)
+
+
+def _ms(us: float) -> float:
+    return us / 1e3
+
+
+def _measured(levels: Sequence[LevelResult]) -> list[LevelResult]:
+    return [lv for lv in levels if lv.latency.count > 0]
+
+
+def throughput_vs_load(runs: Sequence[Run]) -> bytes:
+    """Throughput against concurrency or offered rate, with the 95 % CI of each level; in rate
+    modes the offered load is drawn as the line a keeping-up server would follow."""
+    fig, ax = _figure()
+    all_levels: list[float] = []
+    for i, (label, run) in enumerate(runs):
+        levels = sorted(run.levels, key=lambda lv: lv.level)
+        xs = [lv.level for lv in levels]
+        ys = [lv.throughput_infer_per_s for lv in levels]
+        low = [max(y - lv.throughput_ci_low, 0.0) for y, lv in zip(ys, levels)]
+        high = [max(lv.throughput_ci_high - y, 0.0) for y, lv in zip(ys, levels)]
+        ax.errorbar(xs, ys, yerr=[low, high], marker="o", markersize=4, capsize=3, color=PALETTE[i % 8],
+                    label=label if len(runs) > 1 else "measured")  # fmt: skip
+        all_levels += xs
+        if run.mode != "concurrency" and i == 0 and levels:
+            batch = levels[0].batch_size
+            ax.plot(xs, [x * batch for x in xs], linestyle="--", color="#888888", linewidth=1, label="offered")
+    _set_load_axis(ax, all_levels, runs[0][1].mode if runs else "concurrency")
+    ax.set_ylabel("throughput (infer/s)")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Throughput vs load", fontsize=11)
+    _legend(ax)
+    return _png(fig)
+
+
+def latency_vs_load(runs: Sequence[Run], slo_ms: float | None = None) -> bytes:
+    """Latency percentiles against load. One run: p50 to p99.9, the p99 95 % CI as a band and, in
+    rate modes, p99 from the intended send time. Several runs: p50 (dotted) and p99 of each."""
+    fig, ax = _figure()
+    all_levels: list[float] = []
+    for i, (label, run) in enumerate(runs):
+        levels = sorted(_measured(run.levels), key=lambda lv: lv.level)
+        xs = [lv.level for lv in levels]
+        all_levels += xs
+        if len(runs) == 1:
+            for j, (name, attr) in enumerate((("p50", "p50_us"), ("p90", "p90_us"), ("p95", "p95_us"),
+                                              ("p99", "p99_us"), ("p99.9", "p999_us"))):  # fmt: skip
+                ax.plot(xs, [_ms(getattr(lv.latency, attr)) for lv in levels], marker="o", markersize=3,
+                        color=PALETTE[j], label=name)  # fmt: skip
+            ax.fill_between(xs, [_ms(lv.latency.p99_ci_low_us) for lv in levels],
+                            [_ms(lv.latency.p99_ci_high_us) for lv in levels], color=PALETTE[3], alpha=0.15,
+                            linewidth=0, label="p99 95% CI")  # fmt: skip
+            if run.mode != "concurrency":
+                ax.plot(xs, [_ms(lv.latency_from_intended.p99_us) for lv in levels], linestyle="--",
+                        color=PALETTE[7], label="p99 from intended send")  # fmt: skip
+        else:
+            color = PALETTE[i % 8]
+            ax.plot(xs, [_ms(lv.latency.p99_us) for lv in levels], marker="o", markersize=3, color=color,
+                    label=f"{label} p99")  # fmt: skip
+            ax.plot(xs, [_ms(lv.latency.p50_us) for lv in levels], linestyle=":", color=color, label=f"{label} p50")
+    if slo_ms:
+        ax.axhline(slo_ms, color=PALETTE[3], linestyle="-.", linewidth=1, label=f"p99 ≤ {slo_ms:g} ms")
+    _set_load_axis(ax, all_levels, runs[0][1].mode if runs else "concurrency")
+    ax.set_ylabel("latency (ms)")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Latency percentiles vs load", fontsize=11)
+    _legend(ax, ncols=2)
+    return _png(fig)
+
+
+def throughput_vs_p99(runs: Sequence[Run], slo_ms: float | None = None) -> bytes:
+    """The throughput–latency curve: each level is a point (p99, throughput), joined in load order
+    and labelled with its level."""
+    fig, ax = _figure()
+    for i, (label, run) in enumerate(runs):
+        levels = sorted(_measured(run.levels), key=lambda lv: lv.level)
+        xs = [_ms(lv.latency.p99_us) for lv in levels]
+        ys = [lv.throughput_infer_per_s for lv in levels]
+        ax.plot(xs, ys, marker="o", markersize=4, color=PALETTE[i % 8], label=label if len(runs) > 1 else None)
+        if len(runs) <= 2:
+            for x, y, lv in zip(xs, ys, levels):
+                ax.annotate(f"{lv.level:g}", (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7,
+                            color=PALETTE[i % 8])  # fmt: skip
+    _throughput_p99_axes(ax, "Throughput vs p99 latency", slo_ms)
+    return _png(fig)
+
+
+def _throughput_p99_axes(ax: Any, title: str, bound_ms: float | None) -> None:
+    """Labels, limits and the latency bound of a throughput (y) against p99 (x) figure."""
+    if bound_ms:
+        ax.axvline(bound_ms, color=PALETTE[3], linestyle="-.", linewidth=1, label=f"p99 ≤ {bound_ms:g} ms")
+    ax.set_xlabel("p99 latency (ms)")
+    ax.set_ylabel("throughput (infer/s)")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.set_title(title, fontsize=11)
+    _legend(ax)
+
+
+#: perf_analyzer's latency decomposition (report_writer.cc), client side first.
+BREAKDOWN: tuple[tuple[str, Callable[[LevelResult], float]], ...] = (
+    ("client send", lambda lv: lv.client_send_us),
+    ("network + server send/recv", lambda lv: lv.network_server_us),
+    ("server queue", lambda lv: lv.server.queue_us if lv.server else 0.0),
+    ("compute input", lambda lv: lv.server.compute_input_us if lv.server else 0.0),
+    ("compute infer", lambda lv: lv.server.compute_infer_us if lv.server else 0.0),
+    ("compute output", lambda lv: lv.server.compute_output_us if lv.server else 0.0),
+    ("client recv", lambda lv: lv.client_recv_us),
+)
+
+
+def latency_breakdown(run: SweepResult) -> bytes:
+    """Where the average request's time went at each level, as stacked bars (model_analyzer's
+    latency_breakdown.png, with perf_analyzer's client-side terms added), throughput on the right."""
+    fig, ax = _figure((6.4, 4.3), right=0.75, bottom=1.15)
+    levels = sorted(run.levels, key=lambda lv: lv.level)
+    positions = list(range(len(levels)))
+    bottoms = [0.0] * len(levels)
+    for i, (name, get) in enumerate(BREAKDOWN):
+        heights = [_ms(get(lv)) for lv in levels]
+        ax.bar(positions, heights, bottom=bottoms, width=0.6, color=PALETTE[i], label=name)
+        bottoms = [b + h for b, h in zip(bottoms, heights)]
+    ax.set_xticks(positions, [f"{lv.level:g}" for lv in levels])
+    ax.set_xlabel(_load_axis_label(run.mode))
+    ax.set_ylabel("average latency (ms)")
+    if not any(lv.server for lv in levels):
+        ax.set_title("Latency breakdown (no server statistics)", fontsize=11)
+    else:
+        ax.set_title("Latency breakdown", fontsize=11)
+    right = ax.twinx()
+    right.plot(positions, [lv.throughput_infer_per_s for lv in levels], color="#000000", marker="D", markersize=4,
+               linewidth=1.2, label="throughput")  # fmt: skip
+    right.set_ylabel("throughput (infer/s)")
+    right.set_ylim(bottom=0)
+    right.spines["top"].set_visible(False)
+    handles, labels = ax.get_legend_handles_labels()
+    h2, l2 = right.get_legend_handles_labels()
+    fig.legend(handles + h2, labels + l2, frameon=False, fontsize=7, loc="lower center", ncols=4)
+    return _png(fig)
+
+
+def _origin_ns(run: SweepResult) -> int:
+    starts = [w.start_ns for lv in run.levels for w in lv.windows]
+    return min(starts) if starts else 0
+
+
+def _level_spans(ax: Any, run: SweepResult, origin: int) -> None:
+    """Shade every other level's time span and label it at the top."""
+    for i, lv in enumerate(run.levels):
+        if not lv.windows:
+            continue
+        start = (lv.windows[0].start_ns - origin) / 1e9
+        end = (lv.windows[-1].end_ns - origin) / 1e9
+        if i % 2 == 0:
+            ax.axvspan(start, end, color="#f0f0f0", zorder=0)
+        ax.text((start + end) / 2, 1.0, f"{lv.level:g}", transform=ax.get_xaxis_transform(), ha="center",
+                va="bottom", fontsize=7, color="#555555")  # fmt: skip
+
+
+def windows_over_run(run: SweepResult) -> bytes:
+    """Every measurement window's throughput over the run's time, level by level: shows warm-up,
+    drift and how the stability rule was met (the reported windows are the last of each level)."""
+    fig, ax = _figure((12.8, 3.4), right=0.75, top=0.55)
+    origin = _origin_ns(run)
+    _level_spans(ax, run, origin)
+    for lv in run.levels:
+        xs = [((w.start_ns + w.end_ns) / 2 - origin) / 1e9 for w in lv.windows]
+        ys = [w.throughput_infer_per_s for w in lv.windows]
+        ax.plot(xs, ys, marker="o", markersize=3, color=PALETTE[0], linewidth=1)
+    right = ax.twinx()
+    for lv in run.levels:
+        xs = [((w.start_ns + w.end_ns) / 2 - origin) / 1e9 for w in lv.windows]
+        right.plot(xs, [_ms(w.stabilizing_latency_us) for w in lv.windows], marker="s", markersize=3,
+                   color=PALETTE[1], linewidth=1)  # fmt: skip
+    right.set_ylabel("window latency (ms)", color=PALETTE[1])
+    ax.plot([], [], marker="o", markersize=3, color=PALETTE[0], label="throughput")
+    ax.plot([], [], marker="s", markersize=3, color=PALETTE[1], label="latency (stabilising: mean or --percentile)")
+    _top_legend(fig, *fig.axes)
+    right.set_ylim(bottom=0)
+    right.spines["top"].set_visible(False)
+    ax.set_xlabel("time since the first window (s)")
+    ax.set_ylabel("throughput (infer/s)", color=PALETTE[0])
+    ax.set_ylim(bottom=0)
+    ax.set_title("Measurement windows over the run (level shown on top)", fontsize=11, pad=14)
+    return _png(fig)
+
+
+#: What the utilisation figure draws, by the tidy CSV's column names (export.TIDY_COLUMNS).
+_UTILISATION = (
+    ("client CPU (% of one core)", "client_cpu_pct", PALETTE[0]),
+    ("server CPU (% of machine)", "server_cpu_pct", PALETTE[2]),
+    ("GPU utilisation (%)", "gpu_utilization_pct", PALETTE[3]),
+)
+
+
+def _steps(ax: Any, spans: Sequence[tuple[float, float]], values: Sequence[Any], label: str, **style: Any) -> bool:
+    """One horizontal segment per level that has a value; whether any was drawn."""
+    drawn = False
+    for (start, end), value in zip(spans, values):
+        if value is not None:
+            ax.hlines(value, start, end, linewidth=2.2, label=None if drawn else label, **style)
+            drawn = True
+    return drawn
+
+
+def utilization_over_run(run: SweepResult) -> bytes:
+    """Client and server CPU, GPU utilisation and GPU memory over the run: one step per level, drawn
+    over the level's reported windows, which its figures cover."""
+    from perfkit.report.export import TIDY_COLUMNS
+
+    columns = {c.name: c for c in TIDY_COLUMNS}
+    fig, ax = _figure((12.8, 3.4), right=0.75, top=0.55)
+    origin = _origin_ns(run)
+    _level_spans(ax, run, origin)
+    levels = [lv for lv in run.levels if lv.windows]
+    # The figures cover a level's reported windows: the last duration_s seconds of it.
+    ends = [(lv.windows[-1].end_ns - origin) / 1e9 for lv in levels]
+    spans = [(end - lv.duration_s, end) for lv, end in zip(levels, ends)]
+    drawn = False
+    for label, name, color in _UTILISATION:
+        drawn |= _steps(ax, spans, [columns[name].getter(run, lv) for lv in levels], label, color=color)
+    ax.set_ylabel("utilisation (%)")
+    ax.set_ylim(bottom=0)
+    memory = [columns["gpu_memory_used_max_bytes"].getter(run, lv) for lv in levels]
+    if any(m is not None for m in memory):
+        right = ax.twinx()
+        gib = [None if m is None else float(m) / 2**30 for m in memory]
+        _steps(right, spans, gib, "GPU memory used (GiB, max)", color=PALETTE[4], linestyle="--")
+        right.set_ylabel("GPU memory (GiB)")
+        right.set_ylim(bottom=0)
+        right.spines["top"].set_visible(False)
+    if not drawn:
+        _note(ax, "no CPU or GPU figures were recorded")
+    ax.set_xlabel("time since the first window (s)")
+    ax.set_title("Utilisation and memory over the run (level shown on top)", fontsize=11, pad=14)
+    _top_legend(fig, *fig.axes)
+    return _png(fig)
+
+
+def errors_and_late_sends(run: SweepResult) -> bytes:
+    """Failed requests per level, stacked by kind, and the share of late sends (rate modes)."""
+    scheduled = run.mode != "concurrency"
+    fig, ax = _figure(right=0.75 if scheduled else 0.2)
+    levels = sorted(run.levels, key=lambda lv: lv.level)
+    positions = list(range(len(levels)))
+    kinds = sorted({kind for lv in levels for kind in lv.errors})
+    bottoms = [0] * len(levels)
+    for i, kind in enumerate(kinds):
+        counts = [lv.errors.get(kind, 0) for lv in levels]
+        ax.bar(positions, counts, bottom=bottoms, width=0.6, color=PALETTE[(i + 3) % 8], label=kind)
+        bottoms = [b + c for b, c in zip(bottoms, counts)]
+    ax.set_xticks(positions, [f"{lv.level:g}" for lv in levels])
+    ax.set_xlabel(_load_axis_label(run.mode))
+    ax.set_ylabel("failed requests")
+    ax.set_ylim(bottom=0, top=max([*bottoms, 1]) * 1.15)
+    if scheduled:
+        right = ax.twinx()
+        right.plot(positions, [lv.delayed_pct for lv in levels], color="#000000", marker="o", markersize=4,
+                   label="late sends (%)")  # fmt: skip
+        right.set_ylabel("sends > 1 ms late (%)")
+        right.set_ylim(bottom=0, top=max([lv.delayed_pct for lv in levels] + [1.0]) * 1.15)
+        right.spines["top"].set_visible(False)
+        _legend(right, loc="upper right")
+    if not kinds and not (scheduled and any(lv.delayed_pct for lv in levels)):
+        _note(ax, "no failed requests" + (" and no late sends" if scheduled else ""))
+    ax.set_title("Errors" + (" and late sends" if scheduled else ""), fontsize=11)
+    _legend(ax, loc="upper left")
+    return _png(fig)
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One configuration in a throughput–latency plane."""
+
+    label: str
+    p99_ms: float
+    throughput: float
+    default: bool = False
+    best: bool = False
+
+
+def pareto_front(points: Sequence[Point]) -> list[Point]:
+    """The points no other point beats on both throughput (higher) and p99 (lower), by p99."""
+    front: list[Point] = []
+    for p in sorted(points, key=lambda p: (p.p99_ms, -p.throughput)):
+        if not front or p.throughput > front[-1].throughput:
+            front.append(p)
+    return front
+
+
+def pareto(points: Sequence[Point], constraint_ms: float | None = None) -> bytes:
+    """Every variant of a tune as a point (p99, throughput), the Pareto front joined, the default
+    and the best marked, and the latency constraint drawn with the region beyond it shaded."""
+    fig, ax = _figure()
+    ax.scatter([p.p99_ms for p in points], [p.throughput for p in points], s=18, color=PALETTE[5], label="variant")
+    front = pareto_front(points)
+    ax.plot([p.p99_ms for p in front], [p.throughput for p in front], color=PALETTE[0], linewidth=1.2,
+            label="Pareto front")  # fmt: skip
+    for p in points:
+        if p.default:
+            ax.scatter([p.p99_ms], [p.throughput], s=60, marker="s", color=PALETTE[1], label="default", zorder=3)
+        if p.best:
+            ax.scatter([p.p99_ms], [p.throughput], s=120, marker="*", color=PALETTE[3], label="best", zorder=3)
+        if p.default or p.best:
+            ax.annotate(p.label, (p.p99_ms, p.throughput), textcoords="offset points", xytext=(5, 4), fontsize=7)
+    if constraint_ms:  # shade what breaks the constraint
+        ax.axvspan(constraint_ms, max([p.p99_ms for p in points] + [constraint_ms]) * 1.05, color=PALETTE[3],
+                   alpha=0.06)  # fmt: skip
+    _throughput_p99_axes(ax, "Throughput vs p99 of every variant", constraint_ms)
+    return _png(fig)

@@ -1,0 +1,275 @@
+"""perfkit's result files: reading a JSON result of any kind, and the tidy CSV's documented schema.
+
+Every result file says what it is with a top-level `kind` ("sweep", "tune"); sweep files written
+before `kind` existed are recognised by their `levels`. `load_result` dispatches on the kind
+through `LOADERS`, so a new kind of result is one loader here and one section in `report.py`.
+
+A tune (`perfkit tune`'s tune.json) is read into `TuneView`, the little the report needs.
+
+`render_tidy_schema` writes the tidy CSV's column table (name, type, unit, meaning) as Markdown
+from `export.TIDY_COLUMNS` itself, so `docs/tidy_csv_schema.md` cannot drift from the code: a
+test compares the two.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from perfkit.errors import PerfkitError
+from perfkit.results.model import SweepResult, sweep_from_json
+
+__all__ = [
+    "LOADERS",
+    "ReportItem",
+    "TuneView",
+    "Variant",
+    "load_result",
+    "render_tidy_schema",
+    "slo_from_sweep",
+    "tune_view_from_json",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """One configuration a tune measured, with its figures at the concurrency the tune chose."""
+
+    name: str
+    params: dict[str, Any]
+    throughput_infer_per_s: float | None
+    p99_ms: float | None
+    default: bool = False
+    status: str = "feasible"  # feasible | infeasible | failed
+    rank: int | None = None
+    gain: float | None = None  # over the default, as a fraction (0.5: 50 % better)
+    description: str = ""
+    concurrency: int | None = None
+    violations: tuple[str, ...] = ()
+    sweep: SweepResult | None = None  # its levels, as a sweep over concurrency
+
+    @property
+    def feasible(self) -> bool:
+        return self.status == "feasible"
+
+
+@dataclass(frozen=True, slots=True)
+class TuneView:
+    """What the report needs from a tune: its variants, objective, constraints and verdict."""
+
+    model: str
+    variants: tuple[Variant, ...]
+    objective: str = "throughput"
+    constraints: tuple[str, ...] = ()
+    constraint_p99_ms: float | None = None
+    measurements: int = 0
+    best: str | None = None  # the recommended variant
+    ties: tuple[str, ...] = ()  # variants whose score intervals overlap the leader's
+    provenance: dict[str, Any] = field(default_factory=dict)
+
+    def ranked(self) -> list[Variant]:
+        """The tune's own ranking when it has one, else feasible first by throughput."""
+        return sorted(
+            self.variants,
+            key=lambda v: (
+                v.rank if v.rank is not None else 1 << 30,
+                not v.feasible,
+                -(v.throughput_infer_per_s or 0.0),
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ReportItem:
+    label: str
+    kind: str  # a key of LOADERS (and of report.SECTIONS)
+    result: SweepResult | TuneView
+    source: str = ""
+
+
+def _sweep_from_data(data: dict[str, Any], source: str) -> SweepResult:
+    return sweep_from_json(json.dumps(data), source)
+
+
+_P99_BOUND = re.compile(r"^\s*(p99_ms|latency)\s*<=?\s*([0-9.]+)\s*$")
+
+
+def _objective_text(weights: Any) -> str:
+    if not isinstance(weights, dict) or not weights:
+        return "throughput"
+    if len(weights) == 1:
+        return str(next(iter(weights)))
+    return ", ".join(f"{name} (weight {weight:g})" for name, weight in weights.items())
+
+
+def _value(figures: dict[str, Any] | None, name: str) -> float | None:
+    entry = (figures or {}).get(name)
+    return None if entry is None else float(entry["value"])
+
+
+def tune_view_from_json(data: dict[str, Any], source: str) -> TuneView:
+    """`perfkit tune`'s tune.json (tune_cli.render_json) as the report needs it; a missing key is named."""
+    try:
+        settings = data.get("settings") or {}
+        constraints = tuple(str(c) for c in settings.get("constraints") or ())
+        bounds = [float(m.group(2)) for m in map(_P99_BOUND.match, constraints) if m]
+        ranking = {entry["key"]: entry for entry in data.get("ranking") or ()}
+        header = {"schema_version": 1, "model": data["model"], "model_version": "", "url": str(settings.get("url") or ""),
+                  "protocol": str(settings.get("protocol", "http")), "mode": "concurrency", "provenance": {}}  # fmt: skip
+        variants = []
+        for v in data["variants"]:
+            entry = ranking.get(v["key"], {})
+            figures = v.get("combined_figures") or v.get("figures")
+            levels = v.get("levels") or []
+            variants.append(
+                Variant(
+                    name=str(v["key"]),
+                    params=dict(v.get("params") or {}),
+                    throughput_infer_per_s=_value(figures, "throughput"),
+                    p99_ms=_value(figures, "p99_ms"),
+                    default=bool(v.get("is_default", False)),
+                    status=str(entry.get("status") or v.get("status") or "failed"),
+                    rank=entry.get("rank"),
+                    gain=entry.get("gain_over_default"),
+                    description=str(v.get("description", "")),
+                    concurrency=v.get("chosen_concurrency"),
+                    violations=tuple(entry.get("violations") or ()),
+                    sweep=_sweep_from_data({**header, "levels": levels}, f"{source}: {v['key']}") if levels else None,
+                )
+            )
+        measurements = data.get("measurements") or {}
+        return TuneView(
+            model=str(data["model"]),
+            variants=tuple(variants),
+            objective=_objective_text(settings.get("objective")),
+            constraints=constraints,
+            constraint_p99_ms=min(bounds) if bounds else None,
+            measurements=int(measurements.get("levels", len(variants))),
+            best=data.get("best"),
+            ties=tuple(str(k) for k in data.get("ties") or ()),
+            provenance={k: data[k] for k in ("perfkit_version", "started_at", "argv", "server") if k in data},
+        )
+    except KeyError as exc:
+        raise PerfkitError(f"{source}: a tune result needs the key {exc} (as perfkit tune writes tune.json)") from None
+
+
+LOADERS: dict[str, Callable[[dict[str, Any], str], SweepResult | TuneView]] = {
+    "sweep": _sweep_from_data,
+    "tune": tune_view_from_json,
+}
+
+
+def load_result(path: Path, label: str | None = None) -> ReportItem:
+    """Read a result file and tell its kind (`kind`, else a sweep when it has `levels`)."""
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise PerfkitError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise PerfkitError(f"{path} is not JSON ({exc}); pass a perfkit result file") from None
+    if not isinstance(data, dict):
+        raise PerfkitError(f"{path} is not a perfkit result file")
+    kind = data.pop("kind", None) or ("sweep" if "levels" in data else "tune" if "ranking" in data else None)
+    if kind not in LOADERS:
+        raise PerfkitError(f"{path}: unknown result kind {kind!r}; perfkit reports {', '.join(LOADERS)} results")
+    try:
+        result = LOADERS[kind](data, str(path))
+    except (TypeError, ValueError) as exc:
+        raise PerfkitError(f"{path}: not a readable {kind} result ({exc})") from None
+    return ReportItem(label or path.stem, kind, result, str(path))
+
+
+def slo_from_sweep(result: SweepResult) -> float | None:
+    """The sweep's own p99 bound: `-l MS` when it stabilised on `--percentile 99`."""
+    spec = result.provenance.get("spec") or {}
+    threshold = (spec.get("load") or {}).get("latency_threshold_ms") or 0.0
+    percentile = (spec.get("windows") or {}).get("percentile")
+    return float(threshold) if threshold > 0 and percentile == 99 else None
+
+
+# --------------------------------------------------------------------------------------------------
+# The tidy CSV's schema, as documentation
+
+
+_TYPE_NAMES = {bool: "boolean", int: "integer", float: "number", str: "string"}
+
+
+def _schema_sample() -> SweepResult:
+    """A sweep whose one level has every optional figure present, to read each column's type."""
+    from perfkit.results.model import LatencyStats, LevelResult, ResourceUsage, ServerStats
+
+    latency = LatencyStats(count=1, custom_percentile=97.0, custom_us=1.0)
+    level = LevelResult(
+        mode="request_rate", level=1.0, batch_size=1, stable=True, duration_s=1.0, request_count=1, ok_count=1,
+        error_count=0, errors={}, throughput_infer_per_s=1.0, throughput_ci_low=1.0, throughput_ci_high=1.0,
+        send_rate_per_s=1.0, latency=latency, latency_from_intended=latency, delayed_pct=0.0, max_send_lag_us=0.0,
+        client_send_us=0.0, client_recv_us=0.0, network_server_us=0.0, server=ServerStats(),
+        resources=ResourceUsage({"gpu": 0.5}, {"gpu": 1.0}, {"gpu": 1}, {"gpu": 2}, 1.0, 1.0, 1.0),
+        windows=(), checks=(),
+    )  # fmt: skip
+    return SweepResult("m", "", "u", "http", "request_rate", (level,), {})
+
+
+def render_tidy_schema() -> str:
+    """docs/tidy_csv_schema.md: the tidy CSV's columns as a Markdown table, from TIDY_COLUMNS."""
+    from perfkit.report.export import TIDY_COLUMNS, TIDY_SCHEMA_VERSION
+
+    sample = _schema_sample()
+    level = sample.levels[0]
+    lines = [
+        "# The tidy CSV's schema",
+        "",
+        "<!-- Generated from perfkit.report.export.TIDY_COLUMNS by `perfkit report --tidy-schema`; do not edit. -->",
+        "",
+        f"Schema version {TIDY_SCHEMA_VERSION}. `perfkit sweep` writes one row per load level to `*_long.csv`; "
+        "`--append HISTORY.csv` (on `perfkit sweep` or `perfkit report`) adds a run's rows to a history file, "
+        "each led by `run_id` and `timestamp`. Comma-separated, UTF-8, a header row, `\\n` line ends. "
+        "An empty cell means *not measured*; booleans are `true`/`false`; numbers use `.` and no "
+        "thousands separator. Columns are only ever added with a new `schema_version`, never renamed in place.",
+        "",
+        "| column | type | unit | meaning |",
+        "| --- | --- | --- | --- |",
+        "| `run_id` | string |  | history files only: the result file's name without `.json` |",
+        "| `timestamp` | string | ISO 8601 | history files only: when the run started (UTC) |",
+    ]
+    for column in TIDY_COLUMNS:
+        value = column.getter(sample, level)
+        kind = _TYPE_NAMES.get(type(value), "string")
+        cells = (f"`{column.name}`", kind, column.unit, column.description)
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------------
+# The history CSV (--append)
+
+
+def check_history(path: Path, flag: str = "--append") -> None:
+    """Fail before measuring when `path` exists with another schema's header."""
+    from perfkit.report.export import append_tidy_csv
+
+    if not path.exists():
+        if not path.parent.is_dir():
+            raise PerfkitError(f"{flag} {path}: the folder {path.parent} does not exist")
+        return
+    try:
+        header = path.read_text(encoding="utf-8").split("\n", 1)[0]
+        append_tidy_csv(header + "\n", SweepResult("", "", "", "", "", (), {}), "", "")
+    except OSError as exc:
+        raise PerfkitError(f"{flag} {path}: cannot read it ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise PerfkitError(f"{flag} {path}: {exc}") from None
+
+
+def append_history(path: Path, result: SweepResult, run_id: str, flag: str = "--append") -> None:
+    """Add a sweep's tidy rows to the history CSV at `path`, led by its run id and start time."""
+    from perfkit.report.export import append_tidy_csv, write_text_atomic
+
+    check_history(path, flag)
+    existing = path.read_text(encoding="utf-8") if path.exists() else None
+    timestamp = str(result.provenance.get("started_at", ""))
+    write_text_atomic(path, append_tidy_csv(existing, result, run_id, timestamp))

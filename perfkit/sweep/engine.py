@@ -1,0 +1,228 @@
+"""A perf_analyzer-style sweep: measure load levels one after another, linearly or by binary
+search, and hand every finished level to the caller at once (so it is on disk before the next)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+from perfkit.load.distributed import DistributedLoadGenerator
+from perfkit.load.generator import Clock, LoadGenerator
+from perfkit.load.samples import SampleBuffer
+from perfkit.load.schedule import ClosedLoop, Load, OpenLoop, linear_levels
+from perfkit.measure import level as measure
+from perfkit.measure.level import LevelMeasurement, Progress, ServerStatsProbe, measure_level
+from perfkit.measure.resources import ResourceSampler
+from perfkit.results.model import LevelResult, SweepResult
+from perfkit.sweep.spec import SweepSpec
+
+log = logging.getLogger(__name__)
+
+# An END of 0 means "until the latency threshold"; these bound such a sweep so it stops by itself.
+MAX_CONCURRENCY = 4096
+MAX_RATE = 1_000_000.0
+CONNECTION_ERRORS = (*measure.CONNECTION_ERRORS, "timeout")
+
+
+class SweepProgress(Progress, Protocol):
+    def level_started(self, mode: str, level: float) -> None: ...
+
+    def level_done(self, result: LevelResult) -> None: ...
+
+    def note(self, text: str) -> None: ...
+
+
+def stabilizing_latency_us(result: LevelResult) -> float:
+    """The latency the threshold (-l) is compared with: --percentile's, else the average."""
+    if result.latency.custom_us is not None:
+        return result.latency.custom_us
+    return result.latency.mean_us
+
+
+def server_gone(result: LevelResult) -> bool:
+    """Every request of the level failed for lack of a server (refused, reset, unavailable)."""
+    return (
+        result.ok_count == 0
+        and bool(result.errors)
+        and all(kind.startswith(CONNECTION_ERRORS) for kind in result.errors)
+    )
+
+
+def make_load(spec: SweepSpec, value: float) -> Load:
+    load = spec.load
+    if load.mode == "concurrency":
+        return ClosedLoop(int(value))
+    if load.mode == "custom_intervals":
+        return OpenLoop(intervals_ns=load.intervals_ns, seed=spec.inputs.seed)
+    return OpenLoop(rate=value, distribution=load.distribution, seed=spec.inputs.seed)
+
+
+def linear_plan(spec: SweepSpec) -> Iterator[float]:
+    load = spec.load
+    if load.mode == "custom_intervals":
+        yield 0.0
+        return
+    if load.end != 0:
+        yield from linear_levels(load.start, load.end, load.step)
+        return
+    value, cap = load.start, MAX_CONCURRENCY if load.mode == "concurrency" else MAX_RATE
+    while value <= cap:
+        yield value
+        value += load.step
+
+
+class Sweep:
+    """Runs the levels of one sweep against a prepared client."""
+
+    def __init__(
+        self,
+        spec: SweepSpec,
+        *,
+        client: Any,
+        prepared: list[Any],
+        model: str,
+        model_version: str,
+        provenance: dict[str, Any],
+        clock: Clock,
+        progress: SweepProgress,
+        on_level: Callable[[SweepResult, LevelMeasurement], None],
+        resources: ResourceSampler | None = None,
+        workers: DistributedLoadGenerator | None = None,
+    ) -> None:
+        self.spec = spec
+        self.client = client
+        self.clock = clock
+        self.progress = progress
+        self.on_level = on_level
+        self.resources = resources
+        self.workers = workers
+        self.loadgen: LoadGenerator | DistributedLoadGenerator
+        if workers is not None:  # --workers: the load comes from Ray actors, the samples to us
+            self.buffer = workers.buffer
+            self.loadgen = workers
+        else:
+            self.buffer = SampleBuffer()
+            self.loadgen = LoadGenerator(
+                client, prepared, self.buffer, clock, max_outstanding=spec.load.max_outstanding
+            )
+        self.server = ServerStatsProbe(lambda: client.model_statistics(model, model_version), model, model_version)
+        self.result = SweepResult(
+            model=model,
+            model_version=model_version,
+            url=client.url,
+            protocol=client.protocol,
+            mode=spec.load.mode,
+            levels=(),
+            provenance=provenance,
+        )
+
+    async def run(self) -> SweepResult:
+        if self.resources is not None:
+            await self.resources.start()
+        try:
+            if self.spec.load.binary_search:
+                await self._binary_search()
+            else:
+                await self._linear()
+        except BaseException as exc:
+            # asyncio.run turns Ctrl-C into a cancellation of this task (KeyboardInterrupt comes after).
+            interrupted = isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError))
+            reason = "interrupted" if interrupted else f"{type(exc).__name__}: {exc}"
+            self.result = dataclasses.replace(self.result, completed=False, stop_reason=reason)
+            raise
+        finally:
+            if self.resources is not None:
+                await self.resources.stop()
+        return self.result
+
+    async def _measure(self, value: float) -> LevelResult | None:
+        """Measure one level; None when the sweep must stop (the server is gone)."""
+        spec = self.spec
+        load = make_load(spec, value)
+        label = float(load.concurrency) if isinstance(load, ClosedLoop) else load.label
+        self.progress.level_started(spec.load.mode, label)
+        measurement = await measure_level(
+            self.loadgen,
+            load,
+            spec.windows,
+            batch_size=spec.inputs.batch_size,
+            server=self.server,
+            resources=self.resources,
+            progress=self.progress,
+            drain_timeout_s=spec.target.request_timeout_s + 5,
+        )
+        if self.workers is not None:
+            measurement = self.workers.annotate(measurement, spec.windows.stable_window_count)
+        level = measurement.result
+        self.result = self.result.with_level(level)
+        self.on_level(self.result, measurement)
+        self.progress.level_done(level)
+        if server_gone(level):
+            kinds = ", ".join(f"{k} ×{n}" for k, n in level.errors.items())
+            self.result = dataclasses.replace(
+                self.result, completed=False, stop_reason=f"the server stopped answering ({kinds})"
+            )
+            self.on_level(self.result, measurement)
+            return None
+        if self.workers is not None:
+            return self._after_worker_deaths(level, measurement)
+        return level
+
+    def _after_worker_deaths(self, level: LevelResult, measurement: LevelMeasurement) -> LevelResult | None:
+        """Say which workers died in the level; None (the sweep ends) when none is left."""
+        assert self.workers is not None
+        failed = [check for check in level.checks if check.name == "workers" and not check.passed]
+        if not failed:
+            return level
+        left = len(self.workers.alive)
+        self.progress.note(failed[0].detail)
+        if left == 0:
+            self.result = dataclasses.replace(self.result, completed=False, stop_reason="every load worker died")
+            self.on_level(self.result, measurement)
+            return None
+        self.progress.note(f"going on with {left} load worker(s)")
+        return level
+
+    def _meets_threshold(self, level: LevelResult) -> bool:
+        threshold_ms = self.spec.load.latency_threshold_ms
+        return threshold_ms <= 0 or stabilizing_latency_us(level) <= threshold_ms * 1000
+
+    async def _linear(self) -> None:
+        for value in linear_plan(self.spec):
+            level = await self._measure(value)
+            if level is None:
+                return
+            if not self._meets_threshold(level):
+                self.progress.note(
+                    f"latency {stabilizing_latency_us(level) / 1000:.2f} ms passed -l "
+                    f"{self.spec.load.latency_threshold_ms:g} ms at level {level.level:g}: stopping"
+                )
+                return
+
+    async def _binary_search(self) -> None:
+        """perf_analyzer's binary search: the highest level within -l, to a precision of STEP."""
+        load = self.spec.load
+        integer = load.mode == "concurrency"
+        low, high = load.start, load.end
+        first = await self._measure(low)
+        if first is None or not self._meets_threshold(first):
+            return
+        last = await self._measure(high)
+        if last is None or self._meets_threshold(last):
+            return
+        while high - low > load.step:
+            mid = (low + high) / 2
+            if integer:
+                mid = float(int(mid))
+                if mid in (low, high):
+                    break
+            level = await self._measure(mid)
+            if level is None:
+                return
+            if self._meets_threshold(level):
+                low = mid
+            else:
+                high = mid

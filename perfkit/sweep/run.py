@@ -1,0 +1,340 @@
+"""`perfkit sweep` end to end: pick the target (the embedded server or -u), resolve the model, build
+and pre-encode its requests, run the sweep, and keep every finished level on disk."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import getpass
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from perfkit._version import __version__
+from perfkit.errors import ExitCode, PerfkitError, TargetError
+from perfkit.load.distributed import distributed_load
+from perfkit.load.generator import RealClock
+from perfkit.load.inputs import build_requests
+from perfkit.load.samples import SampleArrays
+from perfkit.measure.level import LevelMeasurement
+from perfkit.measure.resources import ResourceSampler
+from perfkit.progress import Progress
+from perfkit.report import export
+from perfkit.results.files import ReportItem, append_history, check_history
+from perfkit.results.model import SweepResult, write_sweep
+from perfkit.sweep.engine import Sweep
+from perfkit.sweep.spec import SweepSpec
+from perfkit.wire.client import InferClient, make_client
+from v2kit.runtime import eventloop
+
+DEFAULT_EMBEDDED_MODEL = "mlp"
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    url: str
+    protocol: str
+    metrics_url: str | None
+    server_pid: int | None
+    embedded: bool
+
+
+@contextlib.contextmanager
+def open_target(spec: SweepSpec) -> Iterator[Target]:
+    """The server to measure: -u as given, or the embedded reference server for the run's duration."""
+    t = spec.target
+    if t.url is not None:
+        metrics_url = spec.metrics.metrics_url
+        if spec.metrics.collect and metrics_url is None:
+            # perf_analyzer's rule: the metrics port 8002 on the host of -u (served in the clear, also
+            # beside an https:// server).
+            metrics_url = f"http://{t.url.split('://', 1)[-1].rsplit(':', 1)[0]}:8002/metrics"
+        yield Target(t.url, t.protocol, metrics_url, None, embedded=False)
+        return
+    from perfkit.target import reference_server_process
+
+    with reference_server_process() as server:
+        url = server.grpc_url if t.protocol == "grpc" else server.http_url
+        yield Target(url, t.protocol, spec.metrics.metrics_url or server.metrics_url, server.process.pid, True)
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False,
+            cwd=Path(__file__).resolve().parent,
+        )  # fmt: skip
+    except OSError:
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+_SECRET_HEADER_WORDS = ("authorization", "cookie", "token", "secret", "password", "api-key", "apikey")
+
+
+def _secret_header(name: str) -> bool:
+    return any(word in name.strip().lower() for word in _SECRET_HEADER_WORDS)
+
+
+def _redact_header(value: str) -> str:
+    """`Name: value` with the value hidden when the name says it holds a credential."""
+    name, sep, _ = value.partition(":")
+    return f"{name}: ***" if sep and _secret_header(name) else value
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if i and argv[i - 1] in ("-H", "--header"):
+            out.append(_redact_header(arg))
+        elif arg.startswith("--header="):
+            out.append("--header=" + _redact_header(arg[len("--header=") :]))
+        elif arg.startswith("-H") and len(arg) > 2:
+            out.append("-H" + _redact_header(arg[2:]))
+        else:
+            out.append(arg)
+    return out
+
+
+def provenance(spec: SweepSpec, target: Target, server_metadata: dict[str, Any], argv: list[str]) -> dict[str, Any]:
+    """What produced the result. Credentials never get in: secret -H values read `***`."""
+    spec_dict = _spec_dict(spec)
+    spec_dict["target"]["headers"] = [[k, "***" if _secret_header(k) else v] for k, v in spec.target.headers]
+    return {
+        "perfkit_version": __version__,
+        "git_commit": _git_commit(),
+        "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "argv": redact_argv(argv),
+        "seed": spec.inputs.seed,
+        "server": {"url": target.url, "embedded": target.embedded, **server_metadata},
+        "machine": {
+            "hostname": platform.node(),
+            "platform": platform.platform(),
+            "python": sys.version.split()[0],
+            "cpu_count": _cpu_count(),
+            "user": getpass.getuser(),
+        },
+        "spec": spec_dict,
+    }
+
+
+def _cpu_count() -> int:
+    import os
+
+    return os.cpu_count() or 0
+
+
+def _spec_dict(spec: SweepSpec) -> dict[str, Any]:
+    def clean(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v) for v in value]
+        if isinstance(value, Path):
+            return str(value)
+        return value
+
+    spec_dict: dict[str, Any] = clean(asdict(spec))
+    return spec_dict
+
+
+async def resolve_model(client: InferClient, spec: SweepSpec, embedded: bool) -> str:
+    if spec.target.model:
+        return spec.target.model
+    try:
+        index = await client.repository_index()
+    except Exception as exc:
+        raise PerfkitError(f"the server does not list its models ({exc}); name the model with -m") from None
+    ready = sorted({str(e["name"]) for e in index if e.get("state", "READY") == "READY"})
+    if embedded and DEFAULT_EMBEDDED_MODEL in ready:
+        return DEFAULT_EMBEDDED_MODEL
+    if len(ready) == 1:
+        return ready[0]
+    raise PerfkitError(f"the server has {len(ready)} ready models ({', '.join(ready) or 'none'}); pick one with -m")
+
+
+async def _model_error(client: InferClient, model: str, url: str, exc: Exception) -> PerfkitError:
+    """Why the model's metadata could not be read: a usage error (exit 2) when the server has no
+    such model, so -m is what to change; otherwise the server's own failure (exit 1)."""
+    try:
+        index = await client.repository_index()
+    except Exception:  # no repository extension: the server's error is all there is to say
+        index = None
+    if index is not None:
+        names = sorted({str(entry.get("name")) for entry in index})
+        if model not in names:
+            return PerfkitError(
+                f"-m {model}: the server at {url} has no model '{model}'; it has {', '.join(names) or 'none'}"
+            )
+    return TargetError(f"model '{model}' on {url}: {exc}")
+
+
+class Outputs:
+    """Where a sweep's files go; each finished level rewrites them atomically."""
+
+    def __init__(self, spec: SweepSpec, model: str) -> None:
+        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        out = spec.output
+        try:
+            out.report_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise PerfkitError(f"--report-dir {out.report_dir}: cannot create it ({exc.strerror or exc})") from None
+        for flag, path in (("-f/--latency-report-file", out.pa_csv), ("--profile-export-file", out.profile_export)):
+            if path is not None and not path.parent.is_dir():
+                raise PerfkitError(f"{flag} {path}: the folder {path.parent} does not exist")
+        base = out.report_dir / f"sweep-{model}-{spec.load.mode}-{stamp}"
+        for suffix in range(2, 1000):  # two sweeps started in the same second keep both results
+            if not base.with_suffix(".json").exists():
+                break
+            base = out.report_dir / f"sweep-{model}-{spec.load.mode}-{stamp}-{suffix}"
+        self.json_path = base.with_suffix(".json")
+        self.pa_csv_path = out.pa_csv or base.with_suffix(".csv")
+        self.tidy_csv_path = self.pa_csv_path.with_name(self.pa_csv_path.stem + "_long.csv")
+        self.html_path = self.pa_csv_path.with_suffix(".html") if out.html_report else None
+        self.history_path = out.history_csv
+        if self.history_path is not None:
+            check_history(self.history_path)
+        self.profile_path = out.profile_export
+        self.collect_metrics = spec.metrics.collect
+        self.experiments: list[tuple[str, float, SampleArrays, list[int]]] = []
+        self.epoch_offset_ns = time.time_ns() - time.perf_counter_ns()
+
+    def save(self, result: SweepResult, measurement: LevelMeasurement | None) -> None:
+        write_sweep(result, self.json_path)
+        export.write_text_atomic(
+            self.pa_csv_path, export.render_pa_csv(result.levels, collect_metrics=self.collect_metrics)
+        )
+        export.write_text_atomic(self.tidy_csv_path, export.render_tidy_csv(result))
+        if self.profile_path is not None and measurement is not None:
+            level = measurement.result
+            if not self.experiments or self.experiments[-1][1] != level.level:
+                self.experiments.append(
+                    (level.mode, level.level, measurement.samples, list(measurement.window_boundaries_ns))
+                )
+            export.write_text_atomic(
+                self.profile_path,
+                export.render_profile_export(
+                    self.experiments, version=__version__, epoch_offset_ns=self.epoch_offset_ns
+                ),
+            )
+
+    def finish(self, result: SweepResult) -> None:
+        """Once, when the sweep ends: the HTML report and the history CSV's new rows."""
+        if self.html_path is not None:
+            from perfkit.report.html import render_html
+
+            item = ReportItem(self.json_path.stem, "sweep", result, str(self.json_path))
+            export.write_text_atomic(self.html_path, render_html([item]))
+        if self.history_path is not None:
+            append_history(self.history_path, result, self.json_path.stem)
+
+    def paths(self) -> list[Path]:
+        paths = [self.pa_csv_path, self.tidy_csv_path, self.json_path]
+        paths += [p for p in (self.html_path, self.history_path) if p is not None]
+        return paths + ([self.profile_path] if self.profile_path else [])
+
+
+def exit_code(result: SweepResult) -> int:
+    """0: done; 1: the sweep could not finish, or a load worker died; 4: requests failed; 3: a level
+    never stabilised."""
+    if not result.completed:
+        return ExitCode.FAILED
+    if any(not check.passed for level in result.levels for check in level.checks if check.name == "workers"):
+        return ExitCode.FAILED
+    if any(level.error_count for level in result.levels):
+        return ExitCode.ERRORS
+    if any(not level.stable for level in result.levels):
+        return ExitCode.UNSTABLE
+    return ExitCode.OK
+
+
+@dataclass(slots=True)
+class SweepRun:
+    """What a sweep produced so far; filled as it goes so an interrupted run can still say."""
+
+    result: SweepResult | None = None
+    outputs: Outputs | None = None
+
+
+async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list[str], run: SweepRun) -> None:
+    t = spec.target
+    client = make_client(
+        target.url,
+        target.protocol,
+        request_timeout_s=t.request_timeout_s,
+        headers=dict(t.headers),
+        json_tensors=t.json_tensors,
+        connections=t.max_connections,
+        tls=t.tls,
+    )
+    try:
+        try:
+            live = await client.live()
+        except TargetError:
+            raise  # the client's message already says what could not be reached and names -u
+        except Exception as exc:
+            raise TargetError(f"cannot reach {target.url} over {target.protocol} ({exc}); check -u and -i") from None
+        if not live:
+            raise TargetError(f"{target.url} answers but is not live")
+        model = await resolve_model(client, spec, target.embedded)
+        try:
+            metadata = await client.model_metadata(model, t.model_version)
+            config = await client.model_config(model, t.model_version)
+        except Exception as exc:
+            raise await _model_error(client, model, target.url, exc) from None
+        server_metadata = await client.server_metadata()
+        requests = build_requests(
+            metadata, config, model=model, version=t.model_version, batch_size=spec.inputs.batch_size,
+            shapes={name: list(dims) for name, dims in spec.inputs.shapes}, input_data=spec.inputs.input_data, seed=spec.inputs.seed,
+        )  # fmt: skip
+        prepared = [client.prepare(r) for r in requests]
+        outputs = run.outputs = Outputs(spec, model)
+        resources = ResourceSampler(
+            interval_s=spec.metrics.interval_ms / 1000,
+            metrics_url=target.metrics_url if (spec.metrics.collect or target.embedded) else None,
+            server_pid=target.server_pid,
+        )
+        async with contextlib.AsyncExitStack() as stack:
+            workers = None
+            if spec.distributed.enabled:
+                workers = await stack.enter_async_context(distributed_load(
+                    spec.distributed, url=target.url, target=t, requests=requests,
+                    max_outstanding=spec.load.max_outstanding, clock=RealClock(),
+                ))  # fmt: skip
+                progress.note(workers.describe())
+            sweep = Sweep(
+                spec, client=client, prepared=prepared, model=model, model_version=t.model_version,
+                provenance=provenance(spec, target, server_metadata, argv), clock=RealClock(), progress=progress,
+                on_level=outputs.save, resources=resources, workers=workers,
+            )  # fmt: skip
+            try:
+                await sweep.run()
+            finally:
+                run.result = sweep.result
+                outputs.save(sweep.result, None)
+        outputs.finish(sweep.result)
+    finally:
+        await client.close()
+
+
+def run_sweep(spec: SweepSpec, argv: list[str]) -> tuple[SweepRun, int]:
+    """Run the sweep: what it produced (also when interrupted) and the exit code."""
+    spec.validate()
+    progress = Progress(quiet=spec.output.quiet)
+    run = SweepRun()
+    try:
+        with open_target(spec) as target:
+            if target.embedded:
+                progress.note(f"measuring the embedded reference server at {target.url}")
+            eventloop.run(_sweep(spec, target, progress, argv, run))
+    except KeyboardInterrupt:
+        return run, ExitCode.INTERRUPTED
+    finally:
+        progress.close()
+    assert run.result is not None
+    return run, exit_code(run.result)

@@ -1,0 +1,440 @@
+"""The search policies of `perfkit tune`: which model configurations to measure, and at which loads.
+
+Theory of operation. A policy is a generator with feedback, after model_analyzer's
+`config/generate/config_generator_interface.py`: it yields what to measure next and receives each
+measurement through `gen.send(result)`; it ends (StopIteration) when it has seen enough. It does no
+I/O, so its tests drive it with a synthetic performance model. Three policies live here:
+
+1. `concurrency_sweep` (model_analyzer `result/parameter_search.py`, `constants.py`): a variant is
+   measured at concurrency START, 2·START, 4·START, … ≤ END. After at least
+   THROUGHPUT_MINIMUM_CONSECUTIVE_TRIES (4) levels, the sweep stops once the best throughput of the
+   last 4 is less than THROUGHPUT_MINIMUM_GAIN (5 %) above the first of them: the server has
+   saturated. It also stops at the first level that breaks a constraint that only tightens with
+   load (an upper bound on latency): in a closed loop, more clients past that point only queue
+   longer (model_analyzer measures on to the plateau; we save those levels). It then bisects
+   between the last passing and the first failing level, for at most
+   run_config_search_max_binary_search_steps (5) steps, to find the highest load within the bound.
+   It receives each level's `Figures`, or None when no request of the level succeeded (it stops).
+
+2. `brute_search` (model_analyzer `automatic_model_config_generator.py`): the default
+   configuration first, then every point of the grid: instance count outermost, then
+   max_batch_size, then dynamic batching (off, then each queue delay and preferred size), then the
+   instance kind. A grid point equal to the default is not measured twice.
+
+3. `quick_search` (model_analyzer `quick_run_config_generator.py`, `neighborhood.py`): hill
+   climbing on the grid's coordinates (index per dimension; max_batch_size moves by doubling). The
+   default configuration is measured first, as the baseline; the climb starts at the grid point
+   nearest to it. At each home it measures every adjacent coordinate (±1 in one dimension) not yet
+   measured, which is model_analyzer's "slow mode", and moves to the best of them when it beats
+   home. When none does, it looks at the diagonal neighbours (±1 in two dimensions), because some
+   settings pay off only together: dynamic batching gains nothing at max_batch_size 1, and a
+   larger max_batch_size nothing without a batcher. It stops when neither look finds a better
+   variant, or when a home comes round a second time. "Best" is `merit`:
+   feasible first, then the smallest constraint excess, then the score; so, as model_analyzer does,
+   a climb from an infeasible home walks toward feasibility first and never leaves feasibility for
+   a higher score. Differences from model_analyzer: it measures whole neighbourhoods instead of
+   three points of a radius-3 ball followed by a weighted step (our grids have
+   three or four short dimensions, so the neighbourhood is small and a full look is robust to
+   noise), and it sweeps each variant's concurrency as brute does instead of fixing it at
+   2 × max_batch_size × instance_count, so that both searches compare like with like.
+   model_analyzer's documentation claims quick search reaches > 95 % of the best objective while
+   measuring < 10 % of the space; `bench/tune_search.py` measures ours.
+
+The two variant searches are written as batch policies (`brute_batches`, `quick_batches`): each
+batch holds variants whose measurements do not depend on one another, and its figures come back
+together. `one_at_a_time` turns a batch policy into the one-variant protocol above, with the same
+sequence; `perfkit tune --workers` measures a batch's variants on several servers at once.
+
+A `Variant` is the set of changes to the model's own configuration; `Variant.apply` makes the
+configuration JSON sent to the repository load API. Everything else the model's config says is kept.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from perfkit.errors import PerfkitError
+from perfkit.tune.objectives import Constraint, Figures, Objective, merit
+
+__all__ = [
+    "MAX_BINARY_SEARCH_STEPS",
+    "THROUGHPUT_MINIMUM_CONSECUTIVE_TRIES",
+    "THROUGHPUT_MINIMUM_GAIN",
+    "Batching",
+    "BatchingChoice",
+    "Space",
+    "SpaceSpec",
+    "Variant",
+    "brute_batches",
+    "brute_search",
+    "build_space",
+    "concurrency_sweep",
+    "doubling",
+    "one_at_a_time",
+    "quick_batches",
+    "quick_search",
+    "variant_of",
+]
+
+THROUGHPUT_MINIMUM_GAIN = 0.05
+THROUGHPUT_MINIMUM_CONSECUTIVE_TRIES = 4
+MAX_BINARY_SEARCH_STEPS = 5
+
+VariantFeedback = Generator["Variant", "Figures | None", None]
+VariantBatches = Generator[list["Variant"], list["Figures | None"], None]
+
+
+def doubling(start: int, end: int) -> list[int]:
+    """start, 2·start, 4·start, … up to end (model_analyzer's `generate_doubled_list`)."""
+    values, value = [], start
+    while value <= end:
+        values.append(value)
+        value *= 2
+    return values
+
+
+# --- concurrency ----------------------------------------------------------------------------------
+
+
+def _plateaued(throughputs: Sequence[float], tries: int, min_gain: float) -> bool:
+    if len(throughputs) < tries:
+        return False
+    window = throughputs[-tries:]
+    first = window[0]
+    return first > 0 and (max(window) - first) / first < min_gain
+
+
+def concurrency_sweep(
+    start: int,
+    end: int,
+    constraints: Sequence[Constraint] = (),
+    *,
+    min_gain: float = THROUGHPUT_MINIMUM_GAIN,
+    tries: int = THROUGHPUT_MINIMUM_CONSECUTIVE_TRIES,
+    max_binary_steps: int = MAX_BINARY_SEARCH_STEPS,
+) -> Generator[int, Figures | None, None]:
+    """Concurrency levels to measure for one variant; send each level's figures (None: it failed)."""
+    bounds = [c for c in constraints if c.tightens_with_load]
+    throughputs: list[float] = []
+    passing, failing = 0, 0
+    for level in doubling(start, end):
+        figures = yield level
+        if figures is None:
+            return
+        if not all(c.holds(figures) for c in bounds):
+            failing = level
+            break
+        passing = level
+        throughputs.append(figures["throughput"].value)
+        if _plateaued(throughputs, tries, min_gain):
+            return
+    if not failing:
+        return
+    for _ in range(max_binary_steps):
+        middle = (passing + failing) // 2
+        if middle <= passing:  # adjacent: the boundary is found (or level 1 already fails)
+            return
+        figures = yield middle
+        if figures is None:
+            return
+        if all(c.holds(figures) for c in bounds):
+            passing = middle
+        else:
+            failing = middle
+
+
+# --- variants and the grid ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Batching:
+    """Dynamic batching on, with this queue delay and these preferred batch sizes (none: Triton's)."""
+
+    delay_us: int
+    preferred: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class BatchingChoice:
+    """One value of the batching dimension: a delay and a preferred-size rule that is resolved
+    against each max_batch_size: 'none', 'max', or a number."""
+
+    delay_us: int
+    preferred: str = "none"
+
+    def resolve(self, max_batch_size: int) -> Batching:
+        if self.preferred == "none":
+            return Batching(self.delay_us)
+        if self.preferred == "max":
+            return Batching(self.delay_us, (max_batch_size,))
+        return Batching(self.delay_us, (int(self.preferred),))
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """A model configuration as tune varies it; `kind` "" keeps the configuration's own."""
+
+    instance_count: int
+    max_batch_size: int
+    batching: Batching | None
+    kind: str = ""
+
+    @property
+    def key(self) -> str:
+        batching = "off" if self.batching is None else f"{self.batching.delay_us}us"
+        if self.batching is not None and self.batching.preferred:
+            batching += "/pref" + "+".join(map(str, self.batching.preferred))
+        kind = f" kind={self.kind.removeprefix('KIND_').lower()}" if self.kind else ""
+        return f"count={self.instance_count} mbs={self.max_batch_size} batching={batching}{kind}"
+
+    @property
+    def cost(self) -> tuple[float, ...]:
+        """Smaller means fewer resources: instances, then batch size, then batching delay."""
+        delay = -1.0 if self.batching is None else float(self.batching.delay_us)
+        return (float(self.instance_count), float(self.max_batch_size), delay, float(self.kind == "KIND_GPU"))
+
+    def describe(self) -> str:
+        parts = [f"{self.instance_count} instance{'s' if self.instance_count != 1 else ''}"]
+        if self.kind:
+            parts[0] += f" ({self.kind})"
+        if self.max_batch_size:
+            parts.append(f"max batch {self.max_batch_size}")
+        if self.batching is None:
+            parts.append("no dynamic batching")
+        else:
+            text = f"dynamic batching, delay {self.batching.delay_us} µs"
+            if self.batching.preferred:
+                text += f", preferred {'/'.join(map(str, self.batching.preferred))}"
+            parts.append(text)
+        return ", ".join(parts)
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "instance_count": self.instance_count,
+            "max_batch_size": self.max_batch_size,
+            "dynamic_batching": self.batching is not None,
+            "max_queue_delay_us": None if self.batching is None else self.batching.delay_us,
+            "preferred_batch_sizes": [] if self.batching is None else list(self.batching.preferred),
+            "instance_kind": self.kind,
+        }
+
+    def apply(self, base: dict[str, Any]) -> dict[str, Any]:
+        """`base` (a model config as JSON, Triton's shape) with this variant's settings. Several
+        instance groups collapse into one (the first's settings, this count)."""
+        config = copy.deepcopy(base)
+        group = dict((config.get("instance_group") or [{}])[0])
+        group["count"] = self.instance_count
+        if self.kind:
+            group["kind"] = self.kind
+        config["instance_group"] = [group]
+        if config.get("max_batch_size", 0) > 0:
+            config["max_batch_size"] = self.max_batch_size
+        if self.batching is None:
+            config.pop("dynamic_batching", None)
+        else:
+            batching = dict(config.get("dynamic_batching") or {})
+            batching["max_queue_delay_microseconds"] = self.batching.delay_us
+            # Always set: a preferred size from the base may exceed this variant's max_batch_size.
+            batching["preferred_batch_size"] = list(self.batching.preferred)
+            config["dynamic_batching"] = batching
+        return config
+
+
+def variant_of(config: dict[str, Any]) -> Variant:
+    """The variant a configuration is (instances summed over its groups; KIND_AUTO is no kind)."""
+    groups = config.get("instance_group") or []
+    count = sum(max(1, int(g.get("count", 1))) for g in groups) if groups else 1
+    kind = str(groups[0].get("kind", "")) if groups else ""
+    batching_doc = config.get("dynamic_batching")
+    batching = None
+    if batching_doc is not None:
+        preferred = tuple(int(x) for x in batching_doc.get("preferred_batch_size", []))
+        batching = Batching(int(batching_doc.get("max_queue_delay_microseconds", 0)), preferred)
+    return Variant(count, int(config.get("max_batch_size", 0)), batching, "" if kind == "KIND_AUTO" else kind)
+
+
+@dataclass(frozen=True, slots=True)
+class Space:
+    """The grid: one tuple of values per dimension. A model that does not batch has the single
+    max_batch_size 0 and batching (None,)."""
+
+    instance_counts: tuple[int, ...]
+    max_batch_sizes: tuple[int, ...]
+    batchings: tuple[BatchingChoice | None, ...]
+    kinds: tuple[str, ...] = ("",)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.instance_counts), len(self.max_batch_sizes), len(self.batchings), len(self.kinds))
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def variant(self, coord: Sequence[int]) -> Variant:
+        i, b, d, k = coord
+        mbs = self.max_batch_sizes[b]
+        choice = self.batchings[d]
+        return Variant(self.instance_counts[i], mbs, None if choice is None else choice.resolve(mbs), self.kinds[k])
+
+    def coordinates(self) -> list[tuple[int, ...]]:
+        return list(itertools.product(*(range(n) for n in self.shape)))
+
+    def neighbours(self, coord: Sequence[int], dims: int = 1) -> list[tuple[int, ...]]:
+        """The coordinates ±1 away in exactly `dims` dimensions (1: along an axis; 2: diagonally)."""
+        out = []
+        for moved in itertools.combinations(range(len(self.shape)), dims):
+            for steps in itertools.product((-1, 1), repeat=dims):
+                point = list(coord)
+                for dim, step in zip(moved, steps):
+                    point[dim] += step
+                if all(0 <= point[dim] < self.shape[dim] for dim in moved):
+                    out.append(tuple(point))
+        return out
+
+    def nearest(self, variant: Variant) -> tuple[int, ...]:
+        """The grid point closest to `variant`, dimension by dimension (batch sizes in log scale)."""
+
+        def closest(values: Sequence[float], target: float) -> int:
+            return min(range(len(values)), key=lambda i: (abs(values[i] - target), i))
+
+        count = closest(self.instance_counts, variant.instance_count)
+        mbs = closest([math.log2(max(v, 1)) for v in self.max_batch_sizes], math.log2(max(variant.max_batch_size, 1)))
+        delays = [-1.0 if c is None else float(c.delay_us) for c in self.batchings]
+        target = -1.0 if variant.batching is None else float(variant.batching.delay_us)
+        kind = self.kinds.index(variant.kind) if variant.kind in self.kinds else 0
+        return (count, mbs, closest(delays, target), kind)
+
+
+@dataclass(frozen=True, slots=True)
+class SpaceSpec:
+    """The grid, with model_analyzer's defaults (instances 1..5, max_batch_size 1..128)."""
+
+    min_instances: int = 1
+    max_instances: int = 5
+    min_batch: int = 1
+    max_batch: int = 128
+    delays_us: tuple[int, ...] = (0,)
+    preferred: tuple[str, ...] = ("none",)  # none | max | a number
+    kinds: tuple[str, ...] = ()  # (): the config's own kind
+
+    def validate(self) -> None:
+        if not 1 <= self.min_instances <= self.max_instances:
+            raise PerfkitError("--min-instance-count and --max-instance-count need 1 <= MIN <= MAX")
+        if not 1 <= self.min_batch <= self.max_batch:
+            raise PerfkitError("--min-batch-size and --max-batch-size need 1 <= MIN <= MAX")
+        if not self.delays_us or any(d < 0 for d in self.delays_us):
+            raise PerfkitError("--batching-delays-us takes non-negative microseconds, e.g. 0,100,500")
+        for token in self.preferred:
+            if token not in ("none", "max") and not (token.isdigit() and int(token) > 0):
+                raise PerfkitError(f"--preferred-batch-sizes: '{token}' is not none, max or a positive number")
+        for kind in self.kinds:
+            if kind not in ("KIND_CPU", "KIND_GPU"):
+                raise PerfkitError(f"--instance-kinds: '{kind}' is not KIND_CPU or KIND_GPU")
+
+
+def build_space(spec: SpaceSpec, base: Variant) -> Space:
+    """The grid around a model whose own config is `base`."""
+    counts = tuple(range(spec.min_instances, spec.max_instances + 1))
+    kinds = spec.kinds or (base.kind,)
+    if base.max_batch_size == 0:  # the model does not batch: only instances to vary
+        return Space(counts, (0,), (None,), kinds)
+    batchings = (None, *(BatchingChoice(d, p) for d in spec.delays_us for p in spec.preferred))
+    return Space(counts, tuple(doubling(spec.min_batch, spec.max_batch)), batchings, kinds)
+
+
+# --- the searches ---------------------------------------------------------------------------------
+#
+# Each search is written as a batch policy: it yields a list of variants whose measurements do not
+# depend on one another, and receives their figures, in the same order, once all are measured. With
+# one server they are measured one after another (`one_at_a_time` gives the single-variant protocol
+# the tuner drives); with several, `perfkit tune --workers` measures a batch's variants at once.
+
+
+def one_at_a_time(batches: VariantBatches) -> VariantFeedback:
+    """A batch policy as a single-variant policy: each batch's variants in order, then the batch's
+    figures sent back together. The sequence of variants is the batch policy's, flattened."""
+    try:
+        batch = next(batches)
+    except StopIteration:
+        return
+    while True:
+        figures: list[Figures | None] = []
+        for variant in batch:
+            figures.append((yield variant))
+        try:
+            batch = batches.send(figures)
+        except StopIteration:
+            return
+
+
+def brute_batches(space: Space, default: Variant) -> VariantBatches:
+    """The default, then the whole grid, in one batch: no variant depends on another's result."""
+    variants = [default]
+    seen = {default.key}
+    for coord in space.coordinates():
+        variant = space.variant(coord)
+        if variant.key not in seen:
+            seen.add(variant.key)
+            variants.append(variant)
+    yield variants
+
+
+def brute_search(space: Space, default: Variant) -> VariantFeedback:
+    """The default, then the whole grid (feedback is not needed, but received like quick's)."""
+    return one_at_a_time(brute_batches(space, default))
+
+
+def quick_batches(
+    space: Space, default: Variant, objective: Objective, constraints: Sequence[Constraint] = ()
+) -> VariantBatches:
+    """Hill climbing from the grid point nearest the default (see the module header). A batch is the
+    default with the first home, or the part of one neighbourhood not yet measured: the climb looks
+    at a neighbourhood's results only once all of them are in."""
+    by_key: dict[str, Figures | None] = {}
+    results: dict[tuple[int, ...], Figures | None] = {}
+
+    def measure(coords: Sequence[tuple[int, ...]], first: Sequence[Variant] = ()) -> VariantBatches:
+        batch = list(first)
+        for coord in coords:
+            variant = space.variant(coord)
+            if variant.key not in by_key and variant.key not in {v.key for v in batch}:
+                batch.append(variant)
+        if batch:
+            by_key.update(zip((v.key for v in batch), (yield batch)))
+        for coord in coords:
+            results[coord] = by_key[space.variant(coord).key]
+
+    def merit_of(coord: tuple[int, ...]) -> tuple[float, ...]:
+        return merit(results[coord], objective, constraints)
+
+    home = space.nearest(default)
+    yield from measure([home], first=[default])
+    homes: set[tuple[int, ...]] = set()
+    while home not in homes:
+        homes.add(home)
+        # Along the axes first; diagonally only where no axis move helps: two settings that pay
+        # off only together (dynamic batching and a larger max_batch_size) form a ridge that axis
+        # moves cannot climb.
+        for dims in (1, 2):
+            around = space.neighbours(home, dims)
+            yield from measure([c for c in around if c not in results])
+            # Ties go to the cheaper variant, so that a flat dimension does not pull the climb up.
+            best = max(around, key=lambda c: (merit_of(c), tuple(-x for x in space.variant(c).cost)), default=home)
+            if merit_of(best) > merit_of(home):
+                home = best
+                break
+        else:
+            return
+
+
+def quick_search(
+    space: Space, default: Variant, objective: Objective, constraints: Sequence[Constraint] = ()
+) -> VariantFeedback:
+    """Hill climbing from the grid point nearest the default (see the module header)."""
+    return one_at_a_time(quick_batches(space, default, objective, constraints))

@@ -1,0 +1,427 @@
+"""`perfkit tune`: measure variants of a model's configuration and recommend the best, as
+model_analyzer's `profile` does, with perfkit's own measurement.
+
+Theory of operation:
+
+1. Target. Without -u, the bundled server runs in explicit model-control mode on the model
+   folder's parent, with nothing loaded. With -u, a running server in explicit mode (ours or
+   Triton) is used and its configuration of the model (`/config`) is the default variant; the tune
+   ends by loading that configuration back. Every variant is loaded through the repository load
+   API with a `config` override, the model's own config.pbtxt changed by `Variant.apply`: no file
+   is written on the server, and a reload replaces the previous variant.
+2. Search. The policy of `perfkit.tune.search` (brute or quick) yields variants; each is swept over
+   concurrency by `search.concurrency_sweep`, one `measure.measure_level` per level (warmup,
+   windows, stability: the statistics of `perfkit sweep`). The best level (feasible first, by the
+   objective) stands for the variant and its figures go back to the policy. A variant the server
+   refuses is recorded as failed, with the server's reason, and the policy is told (None).
+3. Checkpoint. Every level and every failure is saved at once to the checkpoint (JSON, with a
+   fingerprint of what makes measurements comparable: model, base config, server, protocol,
+   windows, inputs). A resumed tune replays the policies against the saved levels and measures
+   only what is missing; the objective, constraints and search may change between the runs.
+4. Ranking. The leaders of the first pass are re-measured at their chosen concurrency, round-robin
+   (A B C A B C, so that a slow spell of the machine does not favour one of them), and ranked by
+   `objectives.rank`: the leader, the variants tied with it, and the cheapest of them recommended.
+5. Several servers. With --workers, `perfkit.tune.distributed.RayTuner` keeps steps 2–4 and
+   measures the independent variants of a batch (see `perfkit.tune.search`) on several endpoints at
+   once, one Ray actor each, with this module's `Endpoint` and `sweep_variant`.
+
+This module measures and ranks; what a tune is asked for and keeps (`TuneSpec`, `Model`, `Record`,
+`TuneResult`, `Checkpoint`, `read_model`) is in `perfkit.tune.state`, and importable from here too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime as dt
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from perfkit.cli.probe import check_credentials
+from perfkit.errors import ExitCode, TargetError
+from perfkit.load.generator import LoadGenerator, RealClock
+from perfkit.load.inputs import build_requests
+from perfkit.load.samples import SampleBuffer
+from perfkit.load.schedule import ClosedLoop
+from perfkit.measure.level import ServerStatsProbe, measure_level
+from perfkit.measure.resources import ResourceSampler
+from perfkit.progress import Progress
+from perfkit.results.model import LevelResult, to_jsonable
+from perfkit.sweep.engine import server_gone
+from perfkit.sweep.run import Target
+from perfkit.tune.objectives import best_level, figures_of
+from perfkit.tune.search import Space, Variant, brute_search, build_space, concurrency_sweep, quick_search, variant_of
+from perfkit.tune.state import CHECKPOINT_SCHEMA as CHECKPOINT_SCHEMA
+from perfkit.tune.state import Checkpoint as Checkpoint
+from perfkit.tune.state import Model as Model
+from perfkit.tune.state import Record as Record
+from perfkit.tune.state import TuneResult as TuneResult
+from perfkit.tune.state import TuneSpec as TuneSpec
+from perfkit.tune.state import read_model as read_model
+from perfkit.wire.client import InferClient, make_client
+from v2kit.runtime import eventloop
+
+# --- the tuner ------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def open_target(spec: TuneSpec, model: Model) -> Iterator[Target]:
+    if spec.url is not None:
+        yield Target(spec.url, spec.protocol, metrics_url_of(spec, spec.url), None, embedded=False)
+        return
+    from perfkit.target import reference_server_process
+
+    with reference_server_process(model.folder.parent, ["--model-control-mode", "explicit"]) as server:
+        url = server.grpc_url if spec.protocol == "grpc" else server.http_url
+        yield Target(url, spec.protocol, server.metrics_url, server.process.pid, embedded=True)
+
+
+def metrics_url_of(spec: TuneSpec, url: str) -> str | None:
+    """Where a running server's metrics are read: --metrics-url, else port 8002 of its host."""
+    if spec.metrics_url:
+        return spec.metrics_url
+    host = url.split("://", 1)[-1].rsplit(":", 1)[0]  # an https:// server still serves metrics in the clear
+    return f"http://{host}:8002/metrics" if spec.collect_metrics else None
+
+
+class Endpoint:
+    """One server that variants are loaded on and measured against: its client, the model's
+    requests (prepared at the first load that succeeds), and the resource sampler."""
+
+    def __init__(self, spec: TuneSpec, model: Model, target: Target, progress: Progress) -> None:
+        self.spec, self.model, self.target, self.progress = spec, model, target, progress
+        self.client: InferClient = make_client(
+            target.url, target.protocol, request_timeout_s=spec.request_timeout_s, headers=dict(spec.headers),
+            tls=spec.tls,
+        )  # fmt: skip
+        self.prepared: list[Any] | None = None
+        self.resources = ResourceSampler(
+            interval_s=0.5, metrics_url=target.metrics_url, server_pid=target.server_pid, local_gpu=target.embedded
+        )
+
+    async def server_metadata(self) -> dict[str, Any]:
+        """The server's metadata ({} when it gives none). Being the first call that needs
+        credentials, it stops the tune when the server refuses them."""
+        try:
+            return await self.client.server_metadata()
+        except TargetError as exc:
+            check_credentials(exc)
+            return {}
+
+    async def served_config(self) -> dict[str, Any] | None:
+        """The configuration the server has loaded for the model; None when it has none."""
+        try:
+            return await self.client.model_config(self.model.name)
+        except TargetError as exc:
+            check_credentials(exc)
+            return None
+
+    async def load(self, config: dict[str, Any]) -> str:
+        """Load a variant; "" when it is ready, else the server's reason."""
+        try:
+            await self.client.load_model(self.model.name, config)
+        except TargetError as exc:
+            check_credentials(exc)  # not the variant's fault: every other load would be refused too
+            try:
+                alive = await self.client.live()
+            except TargetError:
+                alive = False
+            if not alive:
+                raise TargetError(f"the server at {self.target.url} stopped answering during a load: {exc}") from None
+            text = str(exc)
+            if "not allowed" in text or "polling is enabled" in text:
+                raise TargetError(
+                    f"{text}; tune loads each variant through the repository API: start the server with "
+                    "--model-control-mode explicit (or leave out -u to use the bundled server)"
+                ) from None
+            return text
+        if self.prepared is None:
+            metadata = await self.client.model_metadata(self.model.name)
+            config = await self.client.model_config(self.model.name)
+            requests = build_requests(
+                metadata, config, model=self.model.name, shapes={n: list(d) for n, d in self.spec.shapes},
+                input_data=self.spec.input_data, seed=self.spec.seed,
+            )  # fmt: skip
+            self.prepared = [self.client.prepare(r) for r in requests]
+        return ""
+
+    async def level(self, concurrency: int, record: Record) -> LevelResult:
+        assert self.prepared is not None
+        client, name = self.client, self.model.name
+        loadgen = LoadGenerator(client, self.prepared, SampleBuffer(), RealClock())
+        self.progress.level_started("concurrency", float(concurrency))
+        measurement = await measure_level(
+            loadgen, ClosedLoop(concurrency), self.spec.windows, batch_size=1,
+            server=ServerStatsProbe(lambda: client.model_statistics(name, ""), name, ""),
+            resources=self.resources, progress=self.progress, drain_timeout_s=self.spec.request_timeout_s + 5,
+        )  # fmt: skip
+        level = measurement.result
+        self.progress.level_done(level)
+        if server_gone(level):
+            raise TargetError(f"the server stopped answering while measuring {record.variant.key}")
+        return level
+
+    async def restore(self, config: dict[str, Any] | None) -> None:
+        """Leave the server serving `config` (None: the model unloaded), as before the tune (best effort)."""
+        try:
+            if config is not None:
+                await self.client.load_model(self.model.name, config)
+            else:
+                await self.client.unload_model(self.model.name)
+        except (TargetError, OSError) as exc:
+            self.progress.note(f"could not restore model '{self.model.name}' on {self.target.url}: {exc}")
+
+
+async def sweep_variant(
+    record: Record,
+    cached: dict[int, LevelResult],
+    spec: TuneSpec,
+    load: Callable[[dict[str, Any]], Awaitable[str]],
+    level: Callable[[int, Record], Awaitable[LevelResult]],
+    on_level: Callable[[], None],
+) -> None:
+    """Measure one variant over concurrency (`search.concurrency_sweep`), taking the levels in
+    `cached` instead of measuring them; the variant is loaded only when a level must be measured."""
+    policy = concurrency_sweep(spec.concurrency[0], spec.concurrency[1], spec.constraints)
+    loaded = False
+    concurrency = next(policy)
+    while True:
+        found = cached.get(concurrency)
+        if found is None:
+            if not loaded:
+                error = await load(record.config)
+                if error:
+                    record.status, record.error = "failed", error
+                    return
+                loaded = True
+            found = await level(concurrency, record)
+            record.measured += 1
+        record.levels.append(found)
+        on_level()
+        try:
+            concurrency = policy.send(figures_of(found))
+        except StopIteration:
+            break
+    record.chosen = best_level([figures_of(lv) for lv in record.levels], spec.objective, spec.constraints)
+    if record.chosen is None:
+        errors = "; ".join(f"{k} ×{n}" for lv in record.levels for k, n in lv.errors.items())
+        record.status, record.error = "failed", f"no request succeeded ({errors or 'no requests'})"
+    else:
+        record.status = "ok"
+
+
+class Tuner:
+    """Drives a tune on one server, one variant at a time. `perfkit.tune.distributed.RayTuner`
+    keeps the same search, checkpoint and ranking, and measures on several servers at once."""
+
+    def __init__(
+        self, spec: TuneSpec, model: Model, target: Target, progress: Progress, sink: Callable[[TuneResult], None]
+    ) -> None:
+        self.spec, self.model, self.progress = spec, model, progress
+        self.sink = sink  # called with the result after every change: writes the outputs
+        self.target = target
+        self.endpoint = Endpoint(spec, model, target, progress)
+        self.checkpoint: Checkpoint | None = None
+        self.default_config: dict[str, Any] = model.base
+        self.result: TuneResult | None = None
+
+    def fingerprint(self) -> dict[str, Any]:
+        return self._fingerprint("embedded" if self.target.embedded else self.target.url)
+
+    def _fingerprint(self, server: str) -> dict[str, Any]:
+        s = self.spec
+        fingerprint: dict[str, Any] = to_jsonable({
+            "model": self.model.name, "base_config": self.model.base, "server": server, "protocol": s.protocol,
+            "windows": dataclasses.asdict(s.windows), "shapes": s.shapes, "input_data": s.input_data, "seed": s.seed,
+        })  # fmt: skip
+        return fingerprint
+
+    async def run(self, checkpoint_path: Path) -> TuneResult:
+        client = self.endpoint.client
+        try:
+            try:
+                if not await client.live():
+                    raise TargetError(f"{self.target.url} answers but is not live")
+            except TargetError as exc:
+                raise TargetError(f"cannot reach the server: {exc}") from None
+            server = await self.endpoint.server_metadata()
+            checkpoint = self._open_checkpoint(checkpoint_path)
+            if checkpoint.default_config is None and not self.target.embedded:
+                served = await self.endpoint.served_config()
+                if served is not None:  # else the model is not loaded and the local config is the default
+                    self.default_config, checkpoint.server_had_model = served, True
+            result = self._new_result()
+            result.server = server
+            await self.endpoint.resources.start()
+            try:
+                await self._tune(result)
+            finally:
+                await self.endpoint.resources.stop()
+                if not self.target.embedded:
+                    await self.endpoint.restore(self.default_config if checkpoint.server_had_model else None)
+            return result
+        finally:
+            await client.close()
+
+    def _open_checkpoint(self, path: Path) -> Checkpoint:
+        checkpoint = self.checkpoint = Checkpoint(path, self.fingerprint())
+        if checkpoint.default_config is not None:  # a resumed tune: the server may hold any variant now
+            self.default_config = checkpoint.default_config
+        return checkpoint
+
+    def _new_result(self) -> TuneResult:
+        default = variant_of(self.default_config)
+        space = build_space(self.spec.space, variant_of(self.model.base))
+        self.result = result = TuneResult(self.spec, self.model, space, default.key)
+        result.started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+        return result
+
+    async def _tune(self, result: TuneResult) -> None:
+        await self._search(result, variant_of(self.default_config), result.space)
+        await self._remeasure(result)
+        result.ranking = result.rank(final=True)
+        result.completed = True
+        self._save(result)
+
+    async def _search(self, result: TuneResult, default: Variant, space: Space) -> None:
+        spec = self.spec
+        if spec.search == "quick":
+            policy = quick_search(space, default, spec.objective, spec.constraints)
+        else:
+            policy = brute_search(space, default)
+        variant = next(policy)
+        while True:
+            record = self._start_record(result, variant)
+            await self._measure_variant(record)
+            self._finish_record(result, record)
+            try:
+                variant = policy.send(record.figures())
+            except StopIteration:
+                return
+
+    def _start_record(self, result: TuneResult, variant: Variant, where: str = "") -> Record:
+        """A new record for `variant`, in the result (in the order the policy gave the variants)."""
+        default = variant.key == result.default_key
+        config = self.default_config if default else variant.apply(self.model.base)
+        record = result.records[variant.key] = Record(variant, config, default)
+        space = result.space
+        total = space.size + (0 if result.default_key in {space.variant(c).key for c in space.coordinates()} else 1)
+        of = f"{total}" if self.spec.search == "brute" else f"at most {total}, quick search"
+        self.progress.note(f"variant {len(result.records)} of {of}: {variant.key}{where}")
+        return record
+
+    def _finish_record(self, result: TuneResult, record: Record) -> None:
+        result.ranking = result.rank()
+        self.progress.note(describe_outcome(record, result))
+        self._save(result)
+
+    async def _measure_variant(self, record: Record) -> None:
+        assert self.checkpoint is not None
+        key = record.variant.key
+        if key in self.checkpoint.failures:
+            record.status, record.error = "failed", self.checkpoint.failures[key]
+            return
+        await sweep_variant(
+            record, self.checkpoint.levels.get(key, {}), self.spec, self._load, self._level, self._save_progress
+        )
+
+    def _save_progress(self) -> None:
+        if self.result is not None:
+            self._save(self.result)
+
+    async def _remeasure(self, result: TuneResult) -> None:
+        """Re-measure the leaders round-robin; again for any variant that overtakes them meanwhile
+        (their means may drop), so that the winner is always a re-measured variant."""
+        assert self.checkpoint is not None
+        for _ in range(3 if self.spec.remeasure_rounds else 0):
+            ranking = result.rank(final=bool(result.leaders))
+            group = [k for k in ranking.leaders(self.spec.leaders) if k not in result.leaders]
+            if ranking.leader in result.leaders or not group or len(group) + len(result.leaders) < 2:
+                return
+            result.leaders += group
+            self.progress.note(f"re-measuring, interleaved: {', '.join(group)}")
+            await self._remeasure_group(result, group)
+
+    async def _remeasure_group(self, result: TuneResult, group: list[str]) -> None:
+        assert self.checkpoint is not None
+        for round_ in range(self.spec.remeasure_rounds):
+            for key in group:
+                record = result.records[key]
+                saved = self.checkpoint.remeasures.get(key, [])
+                if round_ < len(saved):
+                    level = saved[round_]
+                else:
+                    assert record.chosen is not None
+                    if await self._load(record.config):
+                        continue  # it loaded before; a refusal now leaves the first measurement alone
+                    level = await self._level(int(record.levels[record.chosen].level), record)
+                    record.measured += 1
+                record.remeasures.append(level)
+                self._save(result)
+
+    async def _load(self, config: dict[str, Any]) -> str:
+        return await self.endpoint.load(config)
+
+    async def _level(self, concurrency: int, record: Record) -> LevelResult:
+        return await self.endpoint.level(concurrency, record)
+
+    def _save(self, result: TuneResult) -> None:
+        assert self.checkpoint is not None
+        self.checkpoint.save(result, self.default_config)
+        self.sink(result)
+
+
+def describe_outcome(record: Record, result: TuneResult) -> str:
+    """One progress line: what the variant reached, and the leader so far."""
+    if record.status == "failed":
+        text = f"  failed: {record.error}"
+    else:
+        assert record.chosen is not None and result.ranking is not None
+        lv = record.levels[record.chosen]
+        feasible = result.ranking.entry(record.variant.key).status == "feasible"
+        text = (
+            f"  {lv.throughput_infer_per_s:.1f} infer/s at concurrency {int(lv.level)}, "
+            f"p99 {lv.latency.p99_us / 1000:.2f} ms{'' if feasible else ', breaks the constraints'}"
+        )
+    leader = result.ranking.leader if result.ranking else None
+    return text + (f"; best so far: {leader}" if leader else "")
+
+
+@contextlib.contextmanager
+def open_tuner(spec: TuneSpec, model: Model, progress: Progress, sink: Callable[[TuneResult], None]) -> Iterator[Tuner]:
+    """The tuner for `spec`: on the bundled server or -u, or on Ray actors with --workers."""
+    if spec.workers:
+        from perfkit.tune.distributed import ray_tuner
+
+        with ray_tuner(spec, model, progress, sink) as tuner:
+            yield tuner
+        return
+    with open_target(spec, model) as target:
+        if target.embedded:
+            progress.note(f"tuning '{model.name}' on the bundled server at {target.url} (explicit mode)")
+        yield Tuner(spec, model, target, progress, sink)
+
+
+def run_tune(
+    spec: TuneSpec, sink: Callable[[TuneResult], None], checkpoint_path: Path
+) -> tuple[TuneResult | None, int]:
+    """Run the tune; its result (partial when interrupted) and the exit code."""
+    spec.validate()
+    model = read_model(spec.config_path)
+    progress = Progress(quiet=spec.quiet)
+    tuner: Tuner | None = None
+    try:
+        with open_tuner(spec, model, progress, sink) as tuner:
+            result = eventloop.run(tuner.run(checkpoint_path))
+    except KeyboardInterrupt:
+        return (tuner.result if tuner else None), ExitCode.INTERRUPTED
+    except TargetError as exc:
+        if tuner is not None and tuner.result is not None:
+            tuner.result.stop_reason = str(exc)
+            sink(tuner.result)
+            return tuner.result, ExitCode.FAILED
+        raise
+    finally:
+        progress.close()
+    return result, (ExitCode.OK if result.best is not None else ExitCode.FAILED)

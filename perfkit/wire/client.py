@@ -1,0 +1,548 @@
+"""The load generator's side of the wire: one `InferClient` protocol, an HTTP (keep-alive connections
+of `perfkit.wire.http_pool` for inference, aiohttp for the rest) and a gRPC (`perfkit.wire.grpc_channel` for inference,
+grpc.aio for the rest) adapter.
+
+`prepare()` encodes a request once (with `v2kit.codec` / `v2kit.grpc_proto`). `send()` is the hot path
+and does as little as it can: it sends the pre-encoded bytes, reads the whole reply, checks its
+framing without decoding tensors, and classifies every failure into a short kind for counting
+("HTTP 503", "grpc UNAVAILABLE", "timeout", "connection refused", ...). It never raises, except
+`asyncio.CancelledError`. Only the first `MESSAGES_PER_KIND` failures of a kind carry their text.
+
+What `Outcome.send_ns` and `Outcome.recv_ns` cover (time.perf_counter_ns, client side only):
+
+- HTTP. `send_ns`: from the call until the request bytes (request line, headers and body, encoded
+  once in `prepare()`) are written to the transport: taking a pooled keep-alive connection, or
+  opening one, and the write. `recv_ns`: from the reply's first bytes arriving to the body fully
+  read and checked (status, JSON header parsed, binary sizes adding up), as perf_analyzer's libcurl
+  client does; it includes the wait for the event loop to resume the request once the reply is in.
+- gRPC. `send_ns`: from the call until its HEADERS and DATA frames (encoded once in `prepare()`)
+  are handed to the transport: opening the HTTP/2 connection if there is none, a stream id, and
+  the write; for a body larger than the server's windows, until its last DATA frame left.
+  perf_analyzer's gRPC "send" is marshalling the request, which `prepare()` did once. `recv_ns`:
+  parsing the reply's message as a ModelInferResponse (perf_analyzer's "unmarshal response"), once
+  its frames are all in; like perf_analyzer's, it leaves out reading and de-framing the reply.
+
+Neither includes the network or the server: those are the rest of the request's latency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import json
+import socket
+import ssl
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiohttp
+import grpc
+import yarl
+from google.protobuf import json_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.message import DecodeError
+from multidict import CIMultiDict, CIMultiDictProxy
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+from perfkit.errors import PerfkitError, TargetError
+from perfkit.sweep.spec import TlsSpec
+from perfkit.wire import grpc_channel as grpc_wire
+from perfkit.wire import http_pool as http_wire
+from v2kit import codec as v2
+from v2kit.grpc_proto import request_to_proto
+
+__all__ = ["MESSAGES_PER_KIND", "Outcome", "Prepared", "InferClient", "HttpClient", "GrpcClient", "make_client"]
+
+MESSAGES_PER_KIND = 10
+LOAD_TIMEOUT_S = 300.0  # repository loads (sessions, instances, warmup) take far longer than inferences
+_HEADER_LENGTH = "Inference-Header-Content-Length"
+_now = time.perf_counter_ns
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    error: str  # "" on success, else the error's kind, used for counting
+    bytes_in: int
+    send_ns: int
+    recv_ns: int
+    message: str = ""  # the error's text, for the first occurrences of each kind
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A request encoded once for one client. `bytes_out` is the payload size (HTTP body or gRPC
+    message), without transport framing."""
+
+    payload: bytes
+    bytes_out: int
+    url: yarl.URL | None = None  # HTTP only
+    headers: Mapping[str, str] | None = None  # HTTP only
+    wire: bytes = b""  # HTTP only: the whole request as sent (request line, headers, body)
+    grpc_call: grpc_wire.EncodedCall | None = None  # gRPC only: the call's HTTP/2 frames, ready to send
+
+
+class InferClient(Protocol):
+    url: str
+    protocol: str  # "http" | "grpc"
+
+    def prepare(self, request: v2.InferRequest) -> Prepared: ...
+    async def send(self, prepared: Prepared) -> Outcome: ...
+    async def live(self) -> bool: ...
+    async def ready(self) -> bool: ...
+    async def server_metadata(self) -> dict[str, Any]: ...
+    async def model_metadata(self, model: str, version: str = "") -> dict[str, Any]: ...
+    async def model_config(self, model: str, version: str = "") -> dict[str, Any]: ...
+    async def model_statistics(self, model: str = "", version: str = "") -> dict[str, Any]: ...
+    async def repository_index(self) -> list[dict[str, Any]]: ...
+    async def load_model(self, name: str, config: dict[str, Any] | None = None) -> None: ...
+    async def unload_model(self, name: str) -> None: ...
+    async def close(self) -> None: ...
+
+
+def make_client(
+    url: str,
+    protocol: str,
+    *,
+    request_timeout_s: float = 30.0,
+    headers: Mapping[str, str] = {},  # read only
+    binary_outputs: bool = True,
+    connections: int = 0,
+    json_tensors: bool = False,
+    tls: TlsSpec | None = None,
+) -> InferClient:
+    """A client for `url` over `protocol` ("http" or "grpc"). `connections` caps the HTTP connection
+    pool (0: one per concurrent request); gRPC multiplexes every call on one channel. `json_tensors`
+    sends HTTP inputs as JSON (`--input-tensor-format json`); `binary_outputs` asks HTTP for binary
+    outputs (gRPC outputs are always raw). `headers` go with every call (HTTP headers, gRPC
+    metadata), `Authorization` included. `tls`: HTTPS is an `https://` url, verified against
+    `tls.https_ca_certs` (or the system's roots); gRPC uses TLS when `tls.grpc_use_ssl`."""
+    tls = tls or TlsSpec()
+    if request_timeout_s <= 0:
+        raise PerfkitError(f"the request timeout must be > 0 seconds, got {request_timeout_s}")
+    if connections < 0:
+        raise PerfkitError(f"the connection count must be >= 0 (0: unlimited), got {connections}")
+    if protocol == "http":
+        return HttpClient(url, request_timeout_s, headers, (not json_tensors, binary_outputs), connections, tls)
+    if protocol == "grpc":
+        if json_tensors:
+            raise PerfkitError("--input-tensor-format json is for HTTP only; use -i http or binary tensors")
+        return GrpcClient(url, request_timeout_s, headers, tls)
+    raise PerfkitError(f"-i must be http or grpc, got '{protocol}'")
+
+
+def _note(seen: dict[str, int], kind: str, message: str) -> str:
+    """`message` for the first few failures of a kind, "" after: samples stay small."""
+    seen[kind] = count = seen.get(kind, 0) + 1
+    return message if count <= MESSAGES_PER_KIND else ""
+
+
+def _read_pem(path: Any, flag: str) -> bytes:
+    try:
+        return bytes(path.read_bytes())
+    except OSError as exc:
+        raise PerfkitError(f"{flag} {path}: {exc.strerror or exc}") from None
+
+
+def _https_context(tls: TlsSpec) -> ssl.SSLContext:
+    if not tls.https_verify_peer:  # --ssl-https-verify-peer 0: encrypted, but the server is not checked
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        return context
+    try:
+        return ssl.create_default_context(cafile=tls.https_ca_certs)
+    except (OSError, ssl.SSLError) as exc:
+        raise PerfkitError(f"--ssl-https-ca-certificates-file {tls.https_ca_certs}: {exc}") from None
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+# --- HTTP ------------------------------------------------------------------------------------------
+
+
+def _http_kind(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, http_wire.Disconnected):
+        return "disconnected"
+    if isinstance(exc, http_wire.BadResponse):
+        return "bad response"
+    connecting = isinstance(exc, http_wire.ConnectFailed)
+    if isinstance(exc, http_wire.ConnectFailed):
+        exc = exc.os_error
+    if isinstance(exc, ssl.SSLError):  # certificate verification included
+        return "tls error"
+    if isinstance(exc, socket.gaierror):
+        return "name resolution failed"
+    if isinstance(exc, OSError):
+        if isinstance(exc, ConnectionRefusedError) or exc.errno == errno.ECONNREFUSED:
+            return "connection refused"
+        if isinstance(exc, ConnectionResetError) or exc.errno in (errno.ECONNRESET, errno.EPIPE):
+            return "connection reset"
+        return "connection failed" if connecting else "connection error"
+    return "client error"
+
+
+def _body_ok(body: bytes, header_length: bytes | str | None) -> bool:
+    """Framing check without decoding tensors: the JSON header parses, names outputs, and the binary
+    sections it declares fill the rest of the body exactly."""
+    try:
+        if header_length is None:
+            doc = json.loads(body)
+            return isinstance(doc.get("outputs"), list)
+        n = int(header_length)
+        outputs = json.loads(body[:n])["outputs"]
+        return bool(n + sum(o.get("parameters", {}).get("binary_data_size", 0) for o in outputs) == len(body))
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return False
+
+
+class HttpClient:
+    protocol = "http"
+
+    def __init__(
+        self,
+        url: str,
+        timeout_s: float,
+        headers: Mapping[str, str],
+        binary: tuple[bool, bool],
+        connections: int,
+        tls: TlsSpec | None = None,
+    ) -> None:
+        self.url = url
+        self._base = yarl.URL(url if "://" in url else f"http://{url}")
+        if self._base.scheme not in ("http", "https") or not self._base.host:
+            raise PerfkitError(f"-u {url}: expected HOST:PORT or http(s)://HOST:PORT for -i http")
+        https = _https_context(tls or TlsSpec()) if self._base.scheme == "https" else None
+        self._ssl: ssl.SSLContext | bool = https or True
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._headers = dict(headers)
+        self._binary = binary  # (inputs, outputs)
+        self._connections = connections
+        self._session: aiohttp.ClientSession | None = None  # control plane; opened in the event loop, on first use
+        # Inference goes over lean keep-alive connections of its own (see perfkit.wire.http_pool).
+        host, port = self._base.raw_host or "", self._base.port or 0
+        self._wire = http_wire.ConnectionPool(host, port, ssl_context=https, limit=connections, timeout_s=timeout_s)
+        authority = f"[{host}]" if ":" in host else host
+        self._host_header = authority if self._base.is_default_port() else f"{authority}:{port}"
+        self._seen: dict[str, int] = {}
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._connections, limit_per_host=0, ssl=self._ssl),
+                timeout=self._timeout,
+                headers=self._headers,  # every call, not only infer (Authorization)
+                auto_decompress=False,
+                # Triton compresses responses when asked to; perf_analyzer does not ask.
+                skip_auto_headers=("Accept-Encoding",),
+            )
+        return self._session
+
+    def _url(self, model: str, version: str, *tail: str) -> yarl.URL:
+        url = self._base / "v2" / "models" / model
+        return (url / "versions" / version if version else url).joinpath(*tail)
+
+    def prepare(self, request: v2.InferRequest) -> Prepared:
+        try:
+            body, header_length = v2.encode_infer_request(request, *self._binary)
+        except v2.CodecError as exc:
+            raise PerfkitError(f"cannot encode a request for model '{request.model_name}': {exc}") from None
+        content_type = "application/json" if header_length is None else "application/octet-stream"
+        headers = CIMultiDict({"Host": self._host_header, "Content-Type": content_type})
+        headers.update(self._headers)  # -H headers replace ours, whatever their case
+        if header_length is not None:
+            headers[_HEADER_LENGTH] = str(header_length)
+        url = self._url(request.model_name, request.model_version, "infer")
+        try:
+            wire = http_wire.encode_request("POST", url.raw_path_qs, headers, body)
+        except ValueError as exc:
+            raise PerfkitError(f"-H: {exc}; pass headers as 'Name: value' on one line") from None
+        return Prepared(body, len(body), url, CIMultiDictProxy(headers), wire)
+
+    async def send(self, prepared: Prepared) -> Outcome:
+        assert prepared.wire, "prepared by a GrpcClient"
+        start = _now()
+        status, header_length, body, sent, first, failure = await self._wire.exchange(prepared.wire)
+        if failure is not None:
+            kind = _http_kind(failure)
+            recv_ns = _now() - first if first else 0
+            return Outcome(kind, 0, sent - start if sent else 0, recv_ns, _note(self._seen, kind, _describe(failure)))
+        ok = status == 200 and _body_ok(body, header_length)
+        done = _now()
+        if ok:
+            return Outcome("", len(body), sent - start, done - first)
+        if status == 200:
+            kind, message = "bad response", "the JSON header or the binary sizes of the infer response are malformed"
+        else:  # decoded only while wanted
+            kind = f"HTTP {status}"
+            message = v2.decode_error(body) if self._seen.get(kind, 0) < MESSAGES_PER_KIND else ""
+        return Outcome(kind, len(body), sent - start, done - first, _note(self._seen, kind, message))
+
+    async def _call(self, method: str, url: yarl.URL, body: Any = None) -> tuple[int, bytes]:
+        session = self._session or self._open()
+        try:
+            async with session.request(method, url, json=body, timeout=self._timeout) as response:
+                return response.status, await response.read()
+        except asyncio.TimeoutError:
+            raise TargetError(f"{method} {url}: no answer within {self._timeout.total} s") from None
+        except aiohttp.ClientError as exc:
+            raise TargetError(f"cannot reach {self._base} over HTTP ({_describe(exc)}); is -u right?") from None
+
+    async def _json(self, method: str, url: yarl.URL, body: Any = None) -> Any:
+        status, data = await self._call(method, url, body)
+        if status != 200:
+            raise TargetError(f"{method} {url}: HTTP {status}: {v2.decode_error(data)}")
+        try:
+            return json.loads(data)
+        except ValueError:
+            raise TargetError(f"{method} {url}: the response is not JSON: {data[:200]!r}") from None
+
+    async def live(self) -> bool:
+        return (await self._call("GET", self._base / "v2" / "health" / "live"))[0] == 200
+
+    async def ready(self) -> bool:
+        return (await self._call("GET", self._base / "v2" / "health" / "ready"))[0] == 200
+
+    async def server_metadata(self) -> dict[str, Any]:
+        return await self._json("GET", self._base / "v2")  # type: ignore[no-any-return]
+
+    async def model_metadata(self, model: str, version: str = "") -> dict[str, Any]:
+        return await self._json("GET", self._url(model, version))  # type: ignore[no-any-return]
+
+    async def model_config(self, model: str, version: str = "") -> dict[str, Any]:
+        return await self._json("GET", self._url(model, version, "config"))  # type: ignore[no-any-return]
+
+    async def model_statistics(self, model: str = "", version: str = "") -> dict[str, Any]:
+        url = self._url(model, version, "stats") if model else self._base / "v2" / "models" / "stats"
+        return await self._json("GET", url)  # type: ignore[no-any-return]
+
+    async def repository_index(self) -> list[dict[str, Any]]:
+        return await self._json("POST", self._base / "v2" / "repository" / "index", {})  # type: ignore[no-any-return]
+
+    async def load_model(self, name: str, config: dict[str, Any] | None = None) -> None:
+        """Load (or reload) `name` through the repository API; `config` overrides its config.pbtxt.
+        Raises TargetError with the server's reason when it refuses."""
+        body = {"parameters": {"config": json.dumps(config)}} if config is not None else {}
+        await self._repository("load", name, body)
+
+    async def unload_model(self, name: str) -> None:
+        await self._repository("unload", name, {})
+
+    async def _repository(self, action: str, name: str, body: dict[str, Any]) -> None:
+        session = self._session or self._open()
+        url = self._base / "v2" / "repository" / "models" / name / action
+        try:
+            # A load builds sessions and instances: it may take far longer than an inference.
+            async with session.post(url, json=body, timeout=aiohttp.ClientTimeout(total=LOAD_TIMEOUT_S)) as response:
+                status, data = response.status, await response.read()
+        except asyncio.TimeoutError:
+            raise TargetError(f"{action} of model '{name}': no answer within {LOAD_TIMEOUT_S} s") from None
+        except aiohttp.ClientError as exc:
+            raise TargetError(f"cannot reach {self._base} over HTTP ({_describe(exc)}); is -u right?") from None
+        if status != 200:
+            raise TargetError(f"{action} of model '{name}' failed: HTTP {status}: {v2.decode_error(data)}")
+
+    async def close(self) -> None:
+        await self._wire.close()
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+
+# --- gRPC ------------------------------------------------------------------------------------------
+
+_INT64 = frozenset({FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64})
+
+
+def _message_dict(message: Any) -> dict[str, Any]:
+    """A proto as the HTTP JSON shows it: proto field names, fields at their defaults printed, and
+    64-bit integers as ints (protobuf's JSON mapping writes them as strings)."""
+    doc = json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    return _int64_to_int(doc, message.DESCRIPTOR)
+
+
+def _int64_to_int(doc: dict[str, Any], descriptor: Descriptor) -> dict[str, Any]:
+    for key, value in doc.items():
+        field = descriptor.fields_by_name.get(key)
+        if field is not None:
+            doc[key] = (
+                [_field_value(field, v) for v in value] if isinstance(value, list) else _field_value(field, value)
+            )
+    return doc
+
+
+def _field_value(field: FieldDescriptor, value: Any) -> Any:
+    message = field.message_type
+    if message is None:
+        return int(value) if field.cpp_type in _INT64 and isinstance(value, str) else value
+    if message.GetOptions().map_entry:
+        value_field = message.fields_by_name["value"]
+        return {k: _field_value(value_field, v) for k, v in value.items()}
+    return _int64_to_int(value, message) if isinstance(value, dict) else value
+
+
+_MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
+_STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def _host_port(target: str) -> tuple[str, int | None]:
+    """("host", port) from "host:port" or "[v6 address]:port"; port None when absent or not a number."""
+    host, _, port = target.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        return target, None
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host, int(port)
+
+
+def _grpc_kind(code: grpc.StatusCode, details: str) -> str:
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return "timeout"
+    if code == grpc.StatusCode.UNAVAILABLE:  # a failed connection reads the same as over HTTP
+        lowered = details.lower()
+        if "connection refused" in lowered:
+            return "connection refused"
+        if "connection reset" in lowered:
+            return "connection reset"
+    return f"grpc {code.name}"
+
+
+class GrpcClient:
+    protocol = "grpc"
+
+    def __init__(
+        self, url: str, request_timeout_s: float, headers: Mapping[str, str], tls: TlsSpec | None = None
+    ) -> None:
+        self.url = url
+        self._target = url.split("://", 1)[1] if "://" in url else url
+        host, port = _host_port(self._target)
+        if not host or port is None:
+            raise PerfkitError(f"-u {url}: expected HOST:PORT for -i grpc")
+        tls = tls or TlsSpec()
+        self._credentials: grpc.ChannelCredentials | None = None
+        context: ssl.SSLContext | None = None
+        if tls.grpc_use_ssl:
+            flag = "--ssl-grpc-root-certifications-file"
+            roots = _read_pem(tls.grpc_root_certs, flag) if tls.grpc_root_certs else None
+            self._credentials = grpc.ssl_channel_credentials(root_certificates=roots)
+            try:
+                context = ssl.create_default_context(cadata=roots.decode("ascii", "replace") if roots else None)
+            except ssl.SSLError as exc:
+                raise PerfkitError(f"{flag} {tls.grpc_root_certs}: not PEM certificates ({exc})") from None
+        self._timeout_s = request_timeout_s
+        # -H headers travel as call metadata, whose keys gRPC wants in lower case.
+        self._metadata = tuple((k.lower(), v) for k, v in headers.items()) or None
+        self._wire = grpc_wire.Channel(host, port, context)  # inference
+        self._channel: grpc.aio.Channel | None = None  # the rest; opened in the event loop, on first use
+        self._stub: Any = None
+        self._seen: dict[str, int] = {}
+
+    def _open(self) -> Any:
+        if self._channel is None:
+            options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+            if self._credentials is None:
+                self._channel = grpc.aio.insecure_channel(self._target, options=options)
+            else:
+                self._channel = grpc.aio.secure_channel(self._target, self._credentials, options=options)
+            self._stub = service_pb2_grpc.GRPCInferenceServiceStub(self._channel)
+        return self._stub
+
+    def prepare(self, request: v2.InferRequest) -> Prepared:
+        try:
+            payload = request_to_proto(request).SerializeToString()
+        except v2.CodecError as exc:
+            raise PerfkitError(f"cannot encode a request for model '{request.model_name}': {exc}") from None
+        call = self._wire.encode(_MODEL_INFER, payload, self._metadata or (), self._timeout_s)
+        return Prepared(payload, len(payload), grpc_call=call)
+
+    async def send(self, prepared: Prepared) -> Outcome:
+        assert prepared.grpc_call is not None, "prepared by an HttpClient"
+        start = _now()
+        try:
+            call = await self._wire.call(prepared.grpc_call)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # send() classifies every failure
+            return Outcome("client error", 0, 0, 0, _note(self._seen, "client error", _describe(exc)))
+        sent = call.sent_ns - start if call.sent_ns else 0
+        if call.status:
+            if call.status == grpc_wire.MALFORMED:
+                kind = "bad response"
+            else:
+                kind = _grpc_kind(_STATUS_CODES.get(call.status, grpc.StatusCode.UNKNOWN), call.details)
+            return Outcome(kind, 0, sent, 0, _note(self._seen, kind, call.details))
+        reply = call.message
+        received = _now()
+        try:
+            response = pb.ModelInferResponse.FromString(reply)
+            ok = len(response.raw_output_contents) in (0, len(response.outputs))
+            problem = "" if ok else "raw_output_contents does not match the outputs"
+        except DecodeError as exc:
+            problem = f"the reply is not a ModelInferResponse: {exc}"
+        done = _now()
+        if problem:
+            message = _note(self._seen, "bad response", problem)
+            return Outcome("bad response", len(reply), sent, done - received, message)
+        return Outcome("", len(reply), sent, done - received)
+
+    async def _rpc(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
+        if self._stub is None:
+            self._open()
+        try:
+            timeout = self._timeout_s if timeout_s is None else timeout_s
+            return await getattr(self._stub, method)(request, timeout=timeout, metadata=self._metadata)
+        except grpc.aio.AioRpcError as exc:
+            code, details = exc.code(), exc.details() or ""
+            if _grpc_kind(code, details) in ("connection refused", "connection reset"):
+                raise TargetError(f"cannot reach {self._target} over gRPC ({details}); is -u right?") from None
+            raise TargetError(f"gRPC {method} at {self._target}: {code.name}: {details}") from None
+
+    async def live(self) -> bool:
+        return bool((await self._rpc("ServerLive", pb.ServerLiveRequest())).live)
+
+    async def ready(self) -> bool:
+        return bool((await self._rpc("ServerReady", pb.ServerReadyRequest())).ready)
+
+    async def server_metadata(self) -> dict[str, Any]:
+        return _message_dict(await self._rpc("ServerMetadata", pb.ServerMetadataRequest()))
+
+    async def model_metadata(self, model: str, version: str = "") -> dict[str, Any]:
+        return _message_dict(await self._rpc("ModelMetadata", pb.ModelMetadataRequest(name=model, version=version)))
+
+    async def model_config(self, model: str, version: str = "") -> dict[str, Any]:
+        reply = await self._rpc("ModelConfig", pb.ModelConfigRequest(name=model, version=version))
+        return _message_dict(reply.config)
+
+    async def model_statistics(self, model: str = "", version: str = "") -> dict[str, Any]:
+        request = pb.ModelStatisticsRequest(name=model, version=version)
+        return _message_dict(await self._rpc("ModelStatistics", request))
+
+    async def load_model(self, name: str, config: dict[str, Any] | None = None) -> None:
+        """Load (or reload) `name` through the repository API; `config` overrides its config.pbtxt.
+        Raises TargetError with the server's reason when it refuses."""
+        request = pb.RepositoryModelLoadRequest(model_name=name)
+        if config is not None:
+            request.parameters["config"].string_param = json.dumps(config)
+        await self._rpc("RepositoryModelLoad", request, LOAD_TIMEOUT_S)
+
+    async def unload_model(self, name: str) -> None:
+        await self._rpc("RepositoryModelUnload", pb.RepositoryModelUnloadRequest(model_name=name))
+
+    async def repository_index(self) -> list[dict[str, Any]]:
+        reply = await self._rpc("RepositoryIndex", pb.RepositoryIndexRequest())
+        # proto3 has no absent strings. Triton's HTTP index gives a model known only by name as
+        # {"name"}, and a reason, even "", wherever there is a state: rebuild that shape.
+        entries = [_message_dict(m) for m in reply.models]
+        return [{k: v for k, v in e.items() if v != "" or (k == "reason" and e.get("state"))} for e in entries]
+
+    async def close(self) -> None:
+        channel, self._channel, self._stub = self._channel, None, None
+        await self._wire.close()
+        if channel is not None:
+            await channel.close()

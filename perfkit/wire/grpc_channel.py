@@ -1,0 +1,177 @@
+"""A lean gRPC client for unary calls over HTTP/2, for the load generator's hot path.
+
+Why: grpcio costs about 170-250 µs of Python-side CPU per call whatever the API (grpc.aio, sync
+threads, futures), more than perf_analyzer's whole request. A unary gRPC call is three frames each
+way, so this module speaks them itself: one `asyncio.Protocol` per connection, on asyncio or uvloop.
+Everything but inference (health, metadata, repository, statistics) stays on grpc.aio.
+
+Theory of operation (RFC 9113 for HTTP/2, RFC 7541 for HPACK, grpc/doc/PROTOCOL-HTTP2.md for gRPC):
+
+- A call is encoded once (`Channel.encode`): the gRPC length-prefixed message and an HPACK header
+  block made of static-table indexes and literals without indexing, so it never depends on the
+  dynamic table and stays valid on every connection. Per call, only the stream id in the two 9-byte
+  frame headers changes, and HEADERS and DATA leave in one write.
+- One connection carries every call, like grpc.aio's channel. It advertises a 2 GiB - 1 stream
+  window and raises the connection window to match at once, giving the window back in 16 MiB
+  batches, so the server never waits for us. Sending honours the server's windows, frame size and
+  stream limit: a body the windows cannot take yet waits in `_blocked` until WINDOW_UPDATEs come.
+- Replies: one `hpack.Decoder` per connection holds the server's dynamic table. Once warm, a server
+  sends the same few header blocks over and over, made of indexed fields and literals without
+  indexing (grpc-core's empty grpc-message); such a block leaves the table as it is, so its
+  decoding is cached by its bytes until a block that may change the table arrives.
+- A call ends as a `Call` whose `status` is the gRPC status (0: OK), `MALFORMED` when the reply
+  breaks gRPC's framing, and `details` says why. Transport failures read as grpc-core reports them:
+  UNAVAILABLE for a refused, reset, closed or garbled connection and for calls a GOAWAY left out,
+  DEADLINE_EXCEEDED when its deadline passes first (one timer a connection, at the earliest).
+- A connection that fails, is told GOAWAY, or runs out of stream ids takes no new calls: the next
+  call opens a new one, and the old one closes once its calls are done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Sequence
+
+from perfkit.wire.grpc_connection import Call, Connection, failed
+from v2kit.h2 import frames as h2
+from v2kit.h2.frames import MALFORMED, EncodedCall, encode_call
+
+__all__ = ["MALFORMED", "Call", "Channel", "EncodedCall"]
+
+
+# --- the channel -----------------------------------------------------------------------------------
+
+
+class Channel:
+    """Unary gRPC calls to `host:port` over one HTTP/2 connection, reopened when it fails. TLS when
+    `ssl_context` is given (ALPN "h2"). Use it from one event loop."""
+
+    def __init__(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> None:
+        self.target = f"{host}:{port}"
+        self._host, self._port = host, port
+        self._ssl = ssl_context
+        if ssl_context is not None:
+            ssl_context.set_alpn_protocols(["h2"])
+        self._connection: Connection | None = None  # the one new calls go to
+        self._open_connections: set[Connection] = set()  # it, and older ones still draining
+        self._opening: asyncio.Task[Connection] | None = None
+
+    def encode(
+        self, path: str, message: bytes, metadata: Sequence[tuple[str, str]] = (), timeout_s: float = 30.0
+    ) -> EncodedCall:
+        """A unary call to `path` ("/package.Service/Method") carrying `message`, with `metadata`
+        (lower-case keys) and a `timeout_s` deadline, encoded once for any number of calls."""
+        return encode_call(
+            path, message, authority=self.target, tls=self._ssl is not None, metadata=metadata, timeout_s=timeout_s
+        )
+
+    async def call(self, encoded: EncodedCall) -> Call:
+        """Make the call; never raises but for cancellation: failures are in the returned `Call`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + encoded.timeout_s
+        connection = self._connection
+        if connection is None or not connection.takes_calls():
+            opened = await self._open(deadline)
+            if isinstance(opened, Call):
+                return opened
+            connection = opened
+        if not connection.has_room():
+            waited = await self._wait_for_room(connection, deadline)
+            if isinstance(waited, Call):
+                return waited
+            connection = waited
+        call = Call(loop.create_future())
+        connection.start(encoded, call, deadline)
+        try:
+            return await call.future
+        except asyncio.CancelledError:
+            connection.cancel(call)
+            raise
+
+    async def _wait_for_room(self, connection: Connection, deadline: float) -> Connection | Call:
+        loop = asyncio.get_running_loop()
+        while connection.takes_calls() and not connection.has_room():
+            waiter = connection.room()
+            try:
+                await asyncio.wait_for(waiter, deadline - loop.time())
+            except asyncio.TimeoutError:
+                return failed(h2.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        if connection.takes_calls():
+            return connection
+        opened = await self._open(deadline)
+        return opened if isinstance(opened, Call) or opened.has_room() else await self._wait_for_room(opened, deadline)
+
+    async def _open(self, deadline: float) -> Connection | Call:
+        connection = self._connection
+        if connection is not None and connection.takes_calls():
+            return connection
+        if self._opening is None:
+            self._opening = asyncio.ensure_future(self._connect(deadline))
+            self._opening.add_done_callback(self._opened)
+        try:
+            # Shielded: a cancelled caller must not cancel the connect other callers wait for.
+            connection = await asyncio.shield(self._opening)
+        except asyncio.CancelledError:
+            raise
+        except asyncio.TimeoutError:
+            return failed(h2.DEADLINE_EXCEEDED, f"Deadline Exceeded while connecting to {self.target}")
+        except OSError as exc:
+            return failed(h2.UNAVAILABLE, f"failed to connect to {self.target}: {_connect_problem(exc)}")
+        if not connection.takes_calls():  # lost as soon as it opened
+            return failed(h2.UNAVAILABLE, connection.error or "the server closed the connection")
+        return connection
+
+    def _opened(self, task: asyncio.Task[Connection]) -> None:
+        self._opening = None
+        if not task.cancelled() and task.exception() is None:
+            self._connection = connection = task.result()
+            self._open_connections.add(connection)
+            connection.closed.add_done_callback(lambda _: self._open_connections.discard(connection))
+
+    async def _connect(self, deadline: float) -> Connection:
+        loop = asyncio.get_running_loop()
+        tls = self._ssl is not None
+        _, connection = await asyncio.wait_for(
+            loop.create_connection(
+                lambda: Connection(self.target, tls),
+                self._host,
+                self._port,
+                ssl=self._ssl,
+                server_hostname=self._host if tls else None,
+            ),
+            max(deadline - loop.time(), 0.001),
+        )
+        if not connection.usable:  # refused in connection_made (ALPN)
+            await _closed(connection)
+            raise ConnectionError(connection.error)
+        return connection
+
+    async def close(self) -> None:
+        """Close the connection and fail the calls still on it with UNAVAILABLE."""
+        if self._opening is not None:
+            self._opening.cancel()
+            await asyncio.gather(self._opening, return_exceptions=True)
+        self._connection = None
+        for connection in list(self._open_connections):
+            connection.close()
+            await _closed(connection)
+
+
+async def _closed(connection: Connection) -> None:
+    try:
+        await asyncio.wait_for(asyncio.shield(connection.closed), 5.0)
+    except asyncio.TimeoutError:
+        connection.abort()
+
+
+def _connect_problem(exc: BaseException) -> str:
+    if isinstance(exc, ConnectionRefusedError):
+        return "connection refused"
+    if isinstance(exc, ConnectionResetError):
+        return "connection reset by peer"
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return f"TLS handshake failed: {exc.verify_message or exc}"
+    if isinstance(exc, ssl.SSLError):
+        return f"TLS handshake failed: {exc.reason or exc}"
+    return str(exc) or type(exc).__name__

@@ -1,0 +1,348 @@
+"""Transport-agnostic KServe v2 operations. The REST and gRPC front ends only decode, call and encode.
+
+Everything here speaks codec types (`v2kit.codec`) and plain dicts in the protocol's JSON shapes, and
+raises `ServerError`s that carry their own HTTP and gRPC status.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+
+from reference_server._version import __version__
+from reference_server.core import model_config
+from reference_server.core.repository import ModelRepository, ModelVersion
+from reference_server.errors import InvalidArgument, NotFound, Unavailable, Unsupported
+from v2kit import codec as v2
+
+SERVER_NAME = "perfkit-reference-server"
+EXTENSIONS = [
+    "binary_tensor_data",
+    "model_configuration",
+    "model_repository",
+    "statistics",
+    "schedule_policy",
+]
+
+
+class DataPlane:
+    def __init__(
+        self,
+        repository: ModelRepository,
+        *,
+        model_control_mode: str = "none",
+        strict_readiness: bool = True,
+        max_inflight_requests: int = 0,
+        max_tensor_elements: int = 0,
+    ) -> None:
+        self.repository = repository
+        self.model_control_mode = model_control_mode
+        self.strict_readiness = strict_readiness
+        self.accepting = True
+        #: 0 = no limit. `inflight` is owned by the event loop, like everything else here.
+        self.max_inflight_requests = max_inflight_requests
+        self.max_tensor_elements = max_tensor_elements
+        self.inflight = 0
+        #: Told the new count whenever `inflight` changes (the HTTP front end's read gate).
+        self.inflight_listeners: list[Callable[[int], None]] = []
+
+    # --- admission -------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def admit(self) -> Iterator[None]:
+        """Hold one of the server-wide in-flight slots for an inference request, or fail at once
+        (`acquire` and `release` around the block)."""
+        self.acquire()
+        try:
+            yield
+        finally:
+            self.release()
+
+    def acquire(self) -> None:
+        """Take one of the server-wide in-flight slots for an inference request, or fail at once.
+
+        The front ends take the slot before they read or decode the request, so a burst beyond the
+        limit costs neither memory nor latency: it is answered UNAVAILABLE (HTTP 503) straight away,
+        which tells a client to back off and retry, as Triton's full queues do.
+        """
+        if self.max_inflight_requests and self.inflight >= self.max_inflight_requests:
+            raise Unavailable(
+                f"server is overloaded: {self.inflight} inference requests in flight, the limit is "
+                f"{self.max_inflight_requests} (--max-inflight-requests); retry later"
+            )
+        self.inflight += 1
+        for listener in self.inflight_listeners:
+            listener(self.inflight)
+
+    def release(self) -> None:
+        """Give back a slot taken by `acquire`."""
+        self.inflight -= 1
+        for listener in self.inflight_listeners:
+            listener(self.inflight)
+
+    # --- health and metadata ---------------------------------------------------------------------
+
+    def live(self) -> bool:
+        return True
+
+    def ready(self) -> bool:
+        if not self.accepting:
+            return False
+        return self.repository.all_ready() if self.strict_readiness else True
+
+    def server_metadata(self) -> dict[str, Any]:
+        return {"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS}
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        try:
+            _model_name(name)
+        except NotFound:
+            return False
+        return self.repository.is_ready(name, version)
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        served = self.repository.get(_model_name(name), version)
+        config = served.config
+        batch_dim = [-1] if config.max_batch_size > 0 else []
+        versions = [str(v) for v in self._versions(name)] if not version else [version]
+        return {
+            "name": name,
+            "versions": versions,
+            "platform": config.platform or "onnxruntime_onnx",
+            "inputs": [
+                {"name": t.name, "datatype": _datatype(t.data_type), "shape": batch_dim + list(t.dims)}
+                for t in config.input
+            ],
+            "outputs": [
+                {"name": t.name, "datatype": _datatype(t.data_type), "shape": batch_dim + list(t.dims)}
+                for t in config.output
+            ],
+        }
+
+    def model_config(self, name: str, version: str = "") -> dict[str, Any]:
+        return model_config.config_to_json(self.repository.get(_model_name(name), version).config)
+
+    def model_config_proto(self, name: str, version: str = "") -> mc.ModelConfig:
+        return self.repository.get(_model_name(name), version).config
+
+    def _versions(self, name: str) -> list[int]:
+        return sorted(mv.version for mv in self.repository.loaded() if mv.name == name)
+
+    # --- inference -------------------------------------------------------------------------------
+
+    async def infer(self, request: v2.InferRequest) -> v2.InferResponse:
+        received_ns = time.perf_counter_ns()
+        self._check_elements(request)
+        served = self.repository.get(_model_name(request.model_name), request.model_version)
+        inputs = _validated_inputs(served, request)
+        output_names = _validated_outputs(served, request)
+        timeout_us = request.parameters.get("timeout")
+        if timeout_us is not None and (
+            not isinstance(timeout_us, int) or isinstance(timeout_us, bool) or timeout_us < 0
+        ):
+            raise InvalidArgument("request parameter 'timeout' must be a non-negative integer (microseconds)")
+        results = await served.scheduler.infer(inputs, output_names, timeout_us=timeout_us, received_ns=received_ns)
+        outputs = []
+        for name in output_names:
+            array = results[name]
+            outputs.append(v2.InferTensor(name, _datatype(served.outputs[name].data_type), list(array.shape), array))
+        return v2.InferResponse(
+            model_name=served.name, model_version=str(served.version), id=request.id, outputs=outputs
+        )
+
+    def _check_elements(self, request: v2.InferRequest) -> None:
+        # After the wire decode (whose allocations the body-size limit bounds, and which checks each
+        # shape against the bytes present) and before the batcher or the model allocate anything.
+        limit = self.max_tensor_elements
+        if not limit:
+            return
+        total = sum(math.prod(t.shape) for t in request.inputs)
+        if total > limit:
+            raise InvalidArgument(
+                f"inference request for model '{request.model_name}' holds {total} input elements, more than "
+                f"the server's limit of {limit} (--max-tensor-elements)"
+            )
+
+    def decode_raw_request(self, name: str, version: str, body: bytes) -> v2.InferRequest:
+        """The binary extension's raw form: the body is the only input's bytes, batch size 1."""
+        served = self.repository.get(_model_name(name), version)
+        if len(served.inputs) != 1:
+            raise InvalidArgument(
+                f"raw binary request (Inference-Header-Content-Length: 0) needs a model with exactly one "
+                f"input; model '{name}' has {len(served.inputs)}"
+            )
+        (spec,) = served.inputs.values()
+        dims = ([1] if served.config.max_batch_size > 0 else []) + list(spec.dims)
+        datatype = _datatype(spec.data_type)
+        if datatype == "BYTES":
+            dims = [1]
+        elif dims.count(-1) == 1:
+            itemsize = v2.datatype_to_numpy(datatype).itemsize
+            known = int(np.prod([d for d in dims if d != -1], dtype=np.int64))
+            if known == 0 or len(body) % (known * itemsize):
+                raise InvalidArgument(
+                    f"raw binary request for '{name}': {len(body)} bytes do not fill input '{spec.name}' "
+                    f"of shape {dims} {datatype}"
+                )
+            dims[dims.index(-1)] = len(body) // (known * itemsize)
+        elif -1 in dims:
+            raise InvalidArgument(
+                f"raw binary request for '{name}': input '{spec.name}' has more than one variable dimension "
+                f"({dims}); send a JSON header with the shape"
+            )
+        return v2.decode_raw_binary_request(body, name, version, spec.name, datatype, dims)
+
+    # --- statistics and repository ---------------------------------------------------------------
+
+    def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        if not name:
+            served = self.repository.loaded()
+        elif version:
+            served = [self.repository.get(_model_name(name), version)]
+        else:
+            self.repository.get(_model_name(name))  # raises NotFound / Unavailable for the right reason
+            served = [mv for mv in self.repository.loaded() if mv.name == name]
+        served.sort(key=lambda mv: (mv.name, mv.version))
+        return {"model_stats": [mv.stats.to_dict(mv.name, str(mv.version), _memory_usage(mv)) for mv in served]}
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        return self.repository.index(ready_only)
+
+    async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        self._require_explicit("load")
+        parameters = parameters or {}
+        override = None
+        for key, value in parameters.items():
+            if key == "config":
+                if not isinstance(value, str):
+                    raise InvalidArgument("load parameter 'config' must be a JSON string of a model config")
+                override = model_config.config_from_json(value, f"load request for model '{name}'")
+            elif key.startswith("file:"):
+                raise Unsupported(f"load parameter '{key}': file overrides are not supported by this server")
+            else:
+                raise InvalidArgument(f"unknown load parameter '{key}'; the only one accepted is 'config'")
+        await self.repository.load(_model_name(name), override)
+
+    async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        self._require_explicit("unload")
+        for key in parameters or {}:
+            if key != "unload_dependents":
+                raise InvalidArgument(f"unknown unload parameter '{key}'")
+        await self.repository.unload(_model_name(name))
+
+    def _require_explicit(self, action: str) -> None:
+        if self.model_control_mode != "explicit":
+            # Triton answers model control outside explicit mode with UNAVAILABLE.
+            raise Unavailable(
+                f"explicit model {action} is not allowed in model control mode '{self.model_control_mode}'; "
+                "start the server with --model-control-mode explicit"
+            )
+
+
+#: The longest file name most file systems take (NAME_MAX); a longer name is no model folder.
+_NAME_MAX_BYTES = 255
+
+
+def _model_name(name: str) -> str:
+    """`name`, if it can name a model folder at all; NotFound before the file system is asked (which
+    would fail with ENAMETOOLONG or on an unencodable name)."""
+    try:
+        size = len(name.encode("utf-8", "surrogateescape"))
+    except UnicodeEncodeError:
+        size = -1
+    if not 0 < size <= _NAME_MAX_BYTES:
+        shown = name if len(name) <= 64 else name[:61] + "..."
+        raise NotFound(f"model '{shown}' is not found: not a model folder name")
+    return name
+
+
+def _memory_usage(served: ModelVersion) -> list[dict[str, Any]]:
+    # Only GPU memory is measured (per version, at load): CPU memory cannot be told apart by model
+    # inside one process.
+    return [{"type": "GPU", "id": index, "byte_size": size} for index, size in sorted(served.gpu_memory_bytes.items())]
+
+
+def _datatype(data_type: int) -> str:
+    return v2.config_type_to_datatype(mc.DataType.Name(data_type))
+
+
+def _validated_inputs(served: ModelVersion, request: v2.InferRequest) -> dict[str, np.ndarray]:
+    """The request's inputs as arrays, after Triton's checks: names, datatypes, shapes, batch size."""
+    name = served.name
+    max_batch = served.config.max_batch_size
+    arrays: dict[str, np.ndarray] = {}
+    batch_size: int | None = None
+    for tensor in request.inputs:
+        spec = served.inputs.get(tensor.name)
+        if spec is None:
+            raise InvalidArgument(
+                f"unexpected inference input '{tensor.name}' for model '{name}'; "
+                f"expected inputs: {sorted(served.inputs)}"
+            )
+        expected_type = _datatype(spec.data_type)
+        if tensor.datatype != expected_type:
+            raise InvalidArgument(
+                f"inference input '{tensor.name}' data-type is '{tensor.datatype}', "
+                f"but model '{name}' expects '{expected_type}'"
+            )
+        shape = list(tensor.shape)
+        dims = list(spec.dims)
+        if max_batch > 0:
+            if not shape:
+                raise InvalidArgument(
+                    f"input '{tensor.name}' for model '{name}' has no batch dimension; expected shape "
+                    f"[-1,{','.join(map(str, dims))}]"
+                )
+            if batch_size is None:
+                batch_size = shape[0]
+            elif shape[0] != batch_size:
+                raise InvalidArgument(
+                    f"inputs of model '{name}' disagree on the batch size ({batch_size} vs {shape[0]} "
+                    f"for '{tensor.name}')"
+                )
+            if not 1 <= shape[0] <= max_batch:
+                raise InvalidArgument(
+                    f"inference request batch-size must be <= {max_batch} for '{name}' "
+                    f"(input '{tensor.name}' has batch size {shape[0]})"
+                )
+            shape = shape[1:]
+        if len(shape) != len(dims) or any(d != -1 and d != s for d, s in zip(dims, shape)):
+            expected = ([-1] if max_batch > 0 else []) + dims
+            raise InvalidArgument(
+                f"unexpected shape for input '{tensor.name}' for model '{name}'. "
+                f"Expected {_fmt(expected)}, got {_fmt(tensor.shape)}"
+            )
+        arrays[tensor.name] = tensor.data
+    missing = [n for n, spec in served.inputs.items() if n not in arrays and not spec.optional]
+    if missing:
+        raise InvalidArgument(f"model '{name}' expects input(s) {missing} that the request does not carry")
+    return arrays
+
+
+def _validated_outputs(served: ModelVersion, request: v2.InferRequest) -> list[str]:
+    if request.outputs is None:
+        return list(served.outputs)
+    names = []
+    for output in request.outputs:
+        if output.name not in served.outputs:
+            raise InvalidArgument(
+                f"unexpected inference output '{output.name}' for model '{served.name}'; "
+                f"outputs: {sorted(served.outputs)}"
+            )
+        if "classification" in output.parameters:
+            raise Unsupported("the classification extension is not supported by this server")
+        names.append(output.name)
+    return names
+
+
+def _fmt(shape: list[int]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+__all__ = ["DataPlane", "SERVER_NAME"]

@@ -1,0 +1,380 @@
+"""Triton model configuration: parse it, print it as Triton does, and check it against an ONNX graph.
+
+A model in a Triton repository is a folder `<name>/` holding an optional `config.pbtxt` (a text
+`inference.ModelConfig`, the schema tritonclient ships as `model_config_pb2`) and numbered version
+folders with the model file. This module turns that text (parsed by `v2kit.model_config`), or the
+JSON a client sends to the repository load API, into a complete, validated `ModelConfig`.
+
+Theory of operation:
+
+1. Parse. `parse_config_text` / `read_config` (config.pbtxt) and `config_from_json` (load API)
+   give a raw `ModelConfig`; syntax errors name the file, line and column.
+2. Complete and validate. `complete_config` does what Triton's onnxruntime backend auto-complete
+   does with the graph's signature (`signature_from_session`): fill the name, backend, platform,
+   missing inputs/outputs, and (for a config without tensors whose graph batches) the default
+   max_batch_size plus `dynamic_batching {}`. It then applies the normalisations Triton's core
+   applies (we saw them in `GET /v2/models/{m}/config` of Triton 2.51) and rejects configs that
+   contradict the graph, naming the config file, the model file and the tensor.
+3. Print. `config_to_json` renders the completed config the way Triton's config endpoint does,
+   which is what perf_analyzer and model_analyzer parse.
+
+Where Triton 2.51 accepts something that looks wrong, we accept it too, so that a repository
+that loads on Triton loads here: `dynamic_batching` with `max_batch_size: 0` (requests are queued
+and run one at a time) and an instance_group `count` below 1 (Triton serves one instance).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING, Any
+
+from tritonclient.grpc import model_config_pb2
+
+from reference_server.errors import ModelConfigError
+from v2kit import model_config as text
+from v2kit.model_config import CONFIG_FILENAME, ConfigError, ModelConfig, config_parameter, config_to_json
+
+if TYPE_CHECKING:
+    import onnxruntime
+
+__all__ = [
+    "CONFIG_FILENAME",
+    "DEFAULT_MODEL_FILENAME",
+    "ModelConfig",
+    "TensorSignature",
+    "available_versions",
+    "complete_config",
+    "config_from_json",
+    "config_parameter",
+    "config_to_json",
+    "model_file",
+    "parse_config_text",
+    "read_config",
+    "select_versions",
+    "signature_from_session",
+]
+
+DEFAULT_MODEL_FILENAME = "model.onnx"
+ONNX_BACKEND = "onnxruntime"
+ONNX_PLATFORM = "onnxruntime_onnx"
+
+# ORT's element type strings → config DataType names. Anything else (sequences, maps, optional
+# types) becomes TYPE_INVALID and complete_config refuses the model with the file names.
+_ORT_TO_CONFIG_TYPE = {
+    "tensor(bool)": "TYPE_BOOL",
+    "tensor(uint8)": "TYPE_UINT8",
+    "tensor(uint16)": "TYPE_UINT16",
+    "tensor(uint32)": "TYPE_UINT32",
+    "tensor(uint64)": "TYPE_UINT64",
+    "tensor(int8)": "TYPE_INT8",
+    "tensor(int16)": "TYPE_INT16",
+    "tensor(int32)": "TYPE_INT32",
+    "tensor(int64)": "TYPE_INT64",
+    "tensor(float16)": "TYPE_FP16",
+    "tensor(float)": "TYPE_FP32",
+    "tensor(double)": "TYPE_FP64",
+    "tensor(bfloat16)": "TYPE_BF16",
+    "tensor(string)": "TYPE_STRING",
+}
+_INVALID_TYPE = "TYPE_INVALID"
+
+_VERSION_DIR = re.compile(r"^[0-9]+$")
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSignature:
+    """One graph input or output as the config describes it."""
+
+    name: str
+    datatype: str  # config enum name, e.g. "TYPE_FP32"
+    dims: tuple[int, ...]  # full model dims, -1 for dynamic
+
+
+# --------------------------------------------------------------------------------------------
+# Parsing, with the server's error (a 400 / INVALID_ARGUMENT to a client)
+
+
+def parse_config_text(source: str, path: Path) -> ModelConfig:
+    """`v2kit.model_config.parse_config_text`, failing with ModelConfigError."""
+    try:
+        return text.parse_config_text(source, path)
+    except ConfigError as exc:
+        raise ModelConfigError(str(exc)) from None
+
+
+def read_config(model_dir: Path) -> ModelConfig | None:
+    """`v2kit.model_config.read_config`, failing with ModelConfigError."""
+    try:
+        return text.read_config(model_dir)
+    except ConfigError as exc:
+        raise ModelConfigError(str(exc)) from None
+
+
+def config_from_json(source: str | bytes, where: str) -> ModelConfig:
+    """`v2kit.model_config.config_from_json`, failing with ModelConfigError."""
+    try:
+        return text.config_from_json(source, where)
+    except ConfigError as exc:
+        raise ModelConfigError(str(exc)) from None
+
+
+# --------------------------------------------------------------------------------------------
+# The ONNX graph's signature
+
+
+def signature_from_session(
+    session: onnxruntime.InferenceSession,
+) -> tuple[list[TensorSignature], list[TensorSignature]]:
+    """The (inputs, outputs) of a loaded ONNX model, in config terms."""
+    return (
+        [_signature(arg.name, arg.type, arg.shape) for arg in session.get_inputs()],
+        [_signature(arg.name, arg.type, arg.shape) for arg in session.get_outputs()],
+    )
+
+
+def _signature(name: str, ort_type: str, shape: Sequence[Any] | None) -> TensorSignature:
+    # ORT reports a symbolic dim as its name (str) and an unknown one as None; both are dynamic.
+    dims = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in (shape or ()))
+    return TensorSignature(name, _ORT_TO_CONFIG_TYPE.get(ort_type, _INVALID_TYPE), dims)
+
+
+# --------------------------------------------------------------------------------------------
+# Auto-complete and validation
+
+
+@dataclass(frozen=True, slots=True)
+class _Where:
+    """The two files every completion error names."""
+
+    config_path: Path
+    model_path: Path
+
+    def error(self, message: str) -> ModelConfigError:
+        return ModelConfigError(f"{self.config_path}: {message} (model file {self.model_path})")
+
+
+def complete_config(
+    config: ModelConfig | None,
+    inputs: Sequence[TensorSignature],
+    outputs: Sequence[TensorSignature],
+    *,
+    model_name: str,
+    config_path: Path,
+    model_path: Path,
+    default_max_batch_size: int = 4,
+) -> ModelConfig:
+    """Return a new config completed from the graph signature and checked against it.
+
+    Raises ModelConfigError naming `config_path`, `model_path` and the offending tensor when the
+    config contradicts the graph or is invalid. `config` itself is not modified.
+    """
+    where = _Where(config_path, model_path)
+    completed = ModelConfig()
+    if config is not None:
+        completed.CopyFrom(config)
+
+    _complete_identity(completed, model_name, where)
+    for sig in (*inputs, *outputs):
+        if sig.datatype == _INVALID_TYPE:
+            raise where.error(f"tensor '{sig.name}' is not a tensor of a supported element type")
+    if completed.max_batch_size < 0:
+        raise where.error(f"max_batch_size must be >= 0, got {completed.max_batch_size}")
+
+    # Triton's onnxruntime backend: a config that names no tensors, for a graph whose every
+    # input and output has a dynamic first dim, gets default-max-batch-size and, when that is
+    # above 1 and no scheduler is given, dynamic batching.
+    if (
+        completed.max_batch_size == 0
+        and not completed.input
+        and not completed.output
+        and inputs
+        and all(sig.dims and sig.dims[0] == -1 for sig in (*inputs, *outputs))
+    ):
+        completed.max_batch_size = default_max_batch_size
+        scheduled = completed.HasField("dynamic_batching") or completed.HasField("sequence_batching")
+        if default_max_batch_size > 1 and not scheduled:
+            completed.dynamic_batching.SetInParent()
+
+    if completed.max_batch_size > 0:
+        for sig in (*inputs, *outputs):
+            if not sig.dims or sig.dims[0] != -1:
+                raise where.error(
+                    f"max_batch_size {completed.max_batch_size} needs a dynamic first dimension on every "
+                    f"model input and output, but tensor '{sig.name}' has shape {list(sig.dims)}; "
+                    "set max_batch_size: 0 or export the model with a dynamic batch dimension"
+                )
+
+    _complete_tensors(completed.input, inputs, "input", completed.max_batch_size, where)
+    _complete_tensors(completed.output, outputs, "output", completed.max_batch_size, where)
+    _complete_dynamic_batching(completed, where)
+    _complete_instance_groups(completed)
+    _complete_version_policy(completed, where)
+    if not completed.default_model_filename:
+        completed.default_model_filename = DEFAULT_MODEL_FILENAME
+    return completed
+
+
+def _complete_identity(config: ModelConfig, model_name: str, where: _Where) -> None:
+    if config.name and config.name != model_name:
+        raise where.error(
+            f"the configuration's name '{config.name}' does not match the model folder name '{model_name}'"
+        )
+    config.name = model_name
+    if config.backend not in ("", ONNX_BACKEND) or config.platform not in ("", ONNX_PLATFORM):
+        given = (("backend", config.backend), ("platform", config.platform))
+        got = ", ".join(f"{field} '{value}'" for field, value in given if value)
+        raise where.error(
+            f"only ONNX Runtime models are served (backend '{ONNX_BACKEND}', platform '{ONNX_PLATFORM}'); got {got}"
+        )
+    # Triton's onnxruntime backend reports both.
+    config.backend = ONNX_BACKEND
+    config.platform = ONNX_PLATFORM
+
+
+def _complete_tensors(
+    declared: Any,  # RepeatedCompositeFieldContainer[ModelInput] or [ModelOutput]
+    graph: Sequence[TensorSignature],
+    kind: str,
+    max_batch_size: int,
+    where: _Where,
+) -> None:
+    by_name = {sig.name: sig for sig in graph}
+    seen: set[str] = set()
+    for tensor in declared:
+        if tensor.name in seen:
+            raise where.error(f"{kind} '{tensor.name}' is declared more than once")
+        seen.add(tensor.name)
+        sig = by_name.get(tensor.name)
+        if sig is None:
+            raise where.error(f"{kind} '{tensor.name}' is not a model {kind}; the model's {kind}s are {_names(graph)}")
+        if tensor.HasField("reshape"):
+            raise where.error(f"{kind} '{tensor.name}': reshape is not supported")
+        if tensor.data_type == model_config_pb2.TYPE_INVALID:
+            tensor.data_type = model_config_pb2.DataType.Value(sig.datatype)
+        declared_type = model_config_pb2.DataType.Name(tensor.data_type)
+        if declared_type != sig.datatype:
+            raise where.error(f"{kind} '{tensor.name}' has data_type {declared_type} but the model's is {sig.datatype}")
+        _check_dims(tensor.name, kind, list(tensor.dims), sig.dims, max_batch_size, where)
+    # Tensors the config leaves out are filled from the graph, in graph order.
+    for sig in graph:
+        if sig.name not in seen:
+            tensor = declared.add()
+            tensor.name = sig.name
+            tensor.data_type = model_config_pb2.DataType.Value(sig.datatype)
+            tensor.dims.extend(sig.dims[1:] if max_batch_size > 0 else sig.dims)
+
+
+def _check_dims(
+    name: str, kind: str, dims: list[int], graph_dims: tuple[int, ...], max_batch_size: int, where: _Where
+) -> None:
+    if any(d < -1 for d in dims):
+        raise where.error(f"{kind} '{name}' has dims {dims}; each dimension must be >= -1")
+    full = [-1, *dims] if max_batch_size > 0 else dims
+    shown = f"dims {dims}" + (" plus the batch dimension" if max_batch_size > 0 else "")
+    if len(full) != len(graph_dims):
+        hint = ""
+        if max_batch_size == 0 and len(graph_dims) == len(full) + 1 and graph_dims[0] == -1:
+            hint = "; the model has a leading batch dimension: set max_batch_size > 0 or list it in dims"
+        raise where.error(
+            f"{kind} '{name}' has {shown} (rank {len(full)}) but the model's shape is "
+            f"{list(graph_dims)} (rank {len(graph_dims)}){hint}"
+        )
+    # -1 in the config is "variable" and a fixed config dim may narrow a dynamic graph dim; only
+    # two different fixed values contradict each other.
+    for config_dim, graph_dim in zip(full, graph_dims):
+        if config_dim != -1 and graph_dim != -1 and config_dim != graph_dim:
+            raise where.error(f"{kind} '{name}' has {shown} but the model's shape is {list(graph_dims)}")
+
+
+def _complete_dynamic_batching(config: ModelConfig, where: _Where) -> None:
+    if not config.HasField("dynamic_batching"):
+        return
+    batching = config.dynamic_batching
+    for size in batching.preferred_batch_size:
+        if size <= 0 or size > config.max_batch_size:
+            raise where.error(
+                f"dynamic_batching preferred_batch_size {size} must be between 1 and "
+                f"max_batch_size ({config.max_batch_size})"
+            )
+    # Triton fills the preferred size with max_batch_size; it batches the same way either way.
+    if not batching.preferred_batch_size and config.max_batch_size > 0:
+        batching.preferred_batch_size.append(config.max_batch_size)
+
+
+def _complete_instance_groups(config: ModelConfig) -> None:
+    # Simpler than Triton: one instance per group when count is unset or below 1 (Triton's
+    # onnxruntime backend gives KIND_CPU groups without a count 2). The kind stays as written;
+    # KIND_AUTO is resolved where the devices are known.
+    if not config.instance_group:
+        group = config.instance_group.add()
+        group.name = config.name
+        group.kind = model_config_pb2.ModelInstanceGroup.KIND_AUTO
+    for index, group in enumerate(config.instance_group):
+        if not group.name:
+            group.name = f"{config.name}_{index}"
+        if group.count < 1:
+            group.count = 1
+
+
+def _complete_version_policy(config: ModelConfig, where: _Where) -> None:
+    policy = config.version_policy
+    choice = policy.WhichOneof("policy_choice")
+    if choice is None:
+        policy.latest.num_versions = 1
+    elif choice == "latest" and policy.latest.num_versions < 1:
+        raise where.error("version_policy latest must set num_versions >= 1")
+    elif choice == "specific" and not policy.specific.versions:
+        raise where.error("version_policy specific must list at least one version")
+
+
+def _names(graph: Iterable[TensorSignature]) -> str:
+    return ", ".join(f"'{sig.name}'" for sig in graph) or "(none)"
+
+
+# --------------------------------------------------------------------------------------------
+# Versions and files
+
+
+def available_versions(model_dir: Path) -> list[int]:
+    """The numeric version folders under `model_dir`, ascending; other entries are ignored."""
+    if not model_dir.is_dir():
+        return []
+    return sorted(int(entry.name) for entry in model_dir.iterdir() if _VERSION_DIR.match(entry.name) and entry.is_dir())
+
+
+def select_versions(config: ModelConfig, available: Sequence[int]) -> list[int]:
+    """The versions `config.version_policy` serves out of `available`, ascending.
+
+    latest {num_versions: n} (the default, n = 1) takes the n highest, all {} takes all, and
+    specific {versions} takes those listed that exist. An empty result means the model cannot
+    load; Triton then says "at least one version must be available under the version policy".
+    """
+    versions = sorted(set(available))
+    policy = config.version_policy
+    choice = policy.WhichOneof("policy_choice")
+    if choice == "all":
+        return versions
+    if choice == "specific":
+        wanted = set(policy.specific.versions)
+        return [v for v in versions if v in wanted]
+    count = policy.latest.num_versions if choice == "latest" else 1
+    return versions[-max(count, 1) :] if versions else []
+
+
+def model_file(model_dir: Path, version: int, config: ModelConfig) -> Path:
+    """`<model_dir>/<version>/<default_model_filename or model.onnx>`.
+
+    The file name may come from a client (the load API), so it must stay inside the version
+    folder: absolute names and '..' are refused.
+    """
+    name = config.default_model_filename or DEFAULT_MODEL_FILENAME
+    relative = PurePosixPath(name)
+    if relative.is_absolute() or "\\" in name or any(part == ".." for part in relative.parts):
+        raise ModelConfigError(
+            f"{model_dir / CONFIG_FILENAME}: model '{config.name}': default_model_filename '{name}' must be a path "
+            "inside the version folder"
+        )
+    return model_dir / str(version) / name

@@ -1,0 +1,397 @@
+"""The model repository: Triton's layout on disk, and the models loaded from it.
+
+`<root>/<model>/config.pbtxt` (optional: completed from the ONNX graph) and numeric version folders
+`<root>/<model>/<version>/model.onnx`. Loading a model builds every version its version_policy
+selects, each with its instances (warmed up), scheduler and statistics; a model that fails to load
+is recorded as UNAVAILABLE with the reason and never stops the others.
+
+Reloading without dropping requests: a (re)load builds the new versions completely (sessions and
+warmup in a worker thread, schedulers on the loop) while the old ones keep serving, then swaps
+`record.versions` in one assignment on the event loop. `get` and the scheduler's admission check
+both run on the loop with no await between them (see `DataPlane.infer`), so every request either
+enters an old scheduler before it starts closing or sees the new versions: none is told "not
+ready". Replaced versions close in the background with a grace period, and requests already queued
+on them finish there. A failed load swaps nothing: the old versions and the READY state stay, and
+the reason is recorded for the index. Loads of one model serialize on its lock; different models
+load in parallel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from reference_server.backends.onnxruntime import OnnxInstance, plan_instances, session_options
+from reference_server.core import model_config
+from reference_server.core.poller import Fingerprint, model_fingerprint
+from reference_server.core.warmup import run_warmup
+from reference_server.errors import ModelConfigError, NotFound, ServerError, Unavailable
+from reference_server.scheduling.policy import BatchingPolicy
+from reference_server.scheduling.scheduler import Scheduler
+from reference_server.scheduling.stats import ModelStats
+from v2kit.runtime import gpu
+
+log = logging.getLogger(__name__)
+
+READY = "READY"
+UNAVAILABLE = "UNAVAILABLE"
+LOADING = "LOADING"
+UNLOADING = "UNLOADING"
+
+#: Replaced and unloaded versions get this long to finish the requests queued on them.
+RETIRE_GRACE_S = 30.0
+
+
+@dataclass(slots=True)
+class ModelVersion:
+    """One served version of a model: its completed config, instances, scheduler and statistics."""
+
+    name: str
+    version: int
+    config: mc.ModelConfig
+    instances: list[OnnxInstance]
+    scheduler: Scheduler
+    stats: ModelStats
+    inputs: dict[str, mc.ModelInput]
+    outputs: dict[str, mc.ModelOutput]
+    #: GPU index → bytes this version's instances took on that GPU when they were created and
+    #: warmed up (NVML); empty without GPU instances.
+    gpu_memory_bytes: dict[int, int] = field(default_factory=dict)
+
+    async def close(self, grace_s: float) -> None:
+        await self.scheduler.close(grace_s)
+
+
+@dataclass(frozen=True, slots=True)
+class _PreparedVersion:
+    name: str
+    version: int
+    config: mc.ModelConfig
+    instances: list[OnnxInstance]
+    gpu_memory_bytes: dict[int, int]
+
+
+def _start_version(prepared: _PreparedVersion) -> ModelVersion:
+    stats = ModelStats()
+    config = prepared.config
+    return ModelVersion(
+        name=prepared.name,
+        version=prepared.version,
+        config=config,
+        instances=prepared.instances,
+        scheduler=Scheduler(BatchingPolicy.from_config(config), prepared.instances, stats),
+        stats=stats,
+        inputs={i.name: i for i in config.input},
+        outputs={o.name: o for o in config.output},
+        gpu_memory_bytes=prepared.gpu_memory_bytes,
+    )
+
+
+@dataclass(slots=True)
+class ModelRecord:
+    name: str
+    state: str = UNAVAILABLE
+    reason: str = ""
+    versions: dict[int, ModelVersion] = field(default_factory=dict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: The model folder as the last load attempt read it; None after an unload.
+    fingerprint: Fingerprint | None = None
+
+
+# NVML reports memory per process, not per model: serialise the creation of GPU instances so that
+# the before/after difference belongs to one version. CPU-only loads do not take the lock.
+_gpu_measure_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _gpu_memory_delta(gpus: Iterable[int]) -> Iterator[dict[int, int]]:
+    """Fill the yielded dict with the GPU memory the block took on each of `gpus`.
+
+    The first model on a GPU also pays for the CUDA context (a few hundred MB), as it would when
+    measured from outside the process.
+    """
+    wanted = sorted(set(gpus))
+    delta: dict[int, int] = {}
+    if not wanted:
+        yield delta
+        return
+    with _gpu_measure_lock:
+        process_before, device_before = _gpu_memory_readings()
+        yield delta
+        process_after, device_after = _gpu_memory_readings()
+    for index in wanted:
+        if index in process_after:
+            # Before the first instance the process is not on the GPU at all: that reads as 0.
+            delta[index] = max(0, process_after[index] - process_before.get(index, 0))
+        else:
+            # In a container NVML may list processes by their host pid, so ours is never found;
+            # the device's used memory is the next best reading (other processes' changes count too).
+            delta[index] = max(0, device_after.get(index, 0) - device_before.get(index, 0))
+
+
+def _gpu_memory_readings() -> tuple[dict[int, int], dict[int, int]]:
+    """(this process's, the whole device's) used GPU memory in bytes, per GPU index."""
+    process = gpu.process_gpu_memory_bytes(os.getpid())
+    device = {reading.index: reading.memory_used_bytes for reading in gpu.read_gpus()}
+    return process, device
+
+
+class ModelRepository:
+    def __init__(self, root: Path, *, gpu_count: int = 0, default_max_batch_size: int = 4) -> None:
+        self.root = root.resolve()
+        if not self.root.is_dir():
+            raise ModelConfigError(f"{root}: model repository is not a directory; pass --model-repository DIR")
+        self.gpu_count = gpu_count
+        self.default_max_batch_size = default_max_batch_size
+        self._records: dict[str, ModelRecord] = {}
+        self._retired: set[asyncio.Task[None]] = set()
+
+    # --- discovery -------------------------------------------------------------------------------
+
+    def model_names(self) -> list[str]:
+        """Models present on disk: every non-hidden folder of the repository."""
+        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+    def on_disk(self, name: str) -> bool:
+        """Whether `name` is a model folder of the repository (names that would leave it are not)."""
+        bad = not name or name in (".", "..") or any(c in name for c in "/\\\x00") or name.startswith(".")
+        return not bad and (self.root / name).is_dir()
+
+    def model_dir(self, name: str) -> Path:
+        """The folder of model `name`; names that would leave the repository are not models."""
+        if not self.on_disk(name):
+            raise NotFound(f"model '{name}' is not in the model repository")
+        candidate = self.root / name
+        resolved = candidate.resolve()
+        if resolved.parent != self.root:
+            raise ModelConfigError(
+                f"{candidate}: model folder resolves to {resolved}, outside the model repository {self.root}"
+            )
+        return candidate
+
+    def resolve_load_models(self, requested: Iterable[str]) -> list[str]:
+        """The models `--load-model` names ('*' means all of them), in order, without repeats.
+
+        A name that is not in the repository is an error, as in tritonserver, which exits when a
+        model it was told to load fails.
+        """
+        requested = list(requested)
+        on_disk = self.model_names()
+        if "*" in requested:
+            return on_disk
+        for name in requested:
+            if not self.on_disk(name):
+                raise NotFound(
+                    f"--load-model '{name}': model '{name}' is not in the model repository {self.root} "
+                    f"(models there: {', '.join(on_disk) or 'none'})"
+                )
+        return list(dict.fromkeys(requested))
+
+    def fingerprint(self, name: str) -> Fingerprint | None:
+        """The model folder as its last load attempt saw it; None if never loaded or unloaded."""
+        record = self._records.get(name)
+        return None if record is None else record.fingerprint
+
+    def known(self) -> list[str]:
+        """Models that were loaded or asked to load and not unloaded since."""
+        return sorted(name for name, record in self._records.items() if record.fingerprint is not None)
+
+    # --- loading ---------------------------------------------------------------------------------
+
+    async def load(self, name: str, override: mc.ModelConfig | None = None) -> None:
+        """Load (or reload) `name`. A failed load raises and leaves any serving versions in place."""
+        if not self.on_disk(name):
+            # Checked before a record exists, so that a typo never shows up in the index.
+            raise NotFound(f"model '{name}' is not in the model repository {self.root}")
+        record = self._records.setdefault(name, ModelRecord(name))
+        async with record.lock:
+            if not record.versions:
+                record.state, record.reason = LOADING, ""
+            loop = asyncio.get_running_loop()
+            try:
+                # Before reading anything, so that a change made while we load is seen by the next
+                # poll, and before any check, so that a model refused for good is not retried.
+                record.fingerprint = await loop.run_in_executor(None, model_fingerprint, self.root / name)
+                model_dir = self.model_dir(name)
+                # Sessions and warmup take long: build them off the loop, schedulers on it.
+                prepared = await loop.run_in_executor(None, self._prepare_versions, name, model_dir, override)
+                versions = await self._start_versions(prepared)
+            except asyncio.CancelledError:
+                # The caller gave up (server stopping); the half-built versions are dropped.
+                if not record.versions:
+                    record.state, record.reason = UNAVAILABLE, "load cancelled"
+                raise
+            except Exception as exc:
+                # Whatever served before keeps serving, and keeps its state.
+                if not record.versions:
+                    record.state = UNAVAILABLE
+                record.reason = str(exc) if isinstance(exc, ServerError) else f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, ServerError):
+                    log.error("failed to load '%s': %s", name, exc)
+                    raise
+                log.exception("failed to load '%s'", name)
+                raise ModelConfigError(f"model '{name}' failed to load: {exc}") from exc
+            old = record.versions
+            record.versions = versions
+            record.state, record.reason = READY, ""
+            self._retire(old.values())
+            log.info("loaded model '%s' versions %s", name, sorted(versions))
+
+    async def _start_versions(self, prepared: list[_PreparedVersion]) -> dict[int, ModelVersion]:
+        versions: dict[int, ModelVersion] = {}
+        try:
+            for p in prepared:
+                versions[p.version] = _start_version(p)
+        except BaseException:
+            # Nothing was served from them: stop their worker threads now.
+            await asyncio.gather(*(mv.close(0) for mv in versions.values()))
+            raise
+        return versions
+
+    async def load_all(self, names: Iterable[str] | None = None) -> None:
+        """Load several models; failures are recorded per model and logged, never raised."""
+        for name in self.model_names() if names is None else names:
+            try:
+                await self.load(name)
+            except ServerError:
+                pass
+
+    async def unload(self, name: str) -> None:
+        record = self._records.get(name)
+        if record is None:
+            if not self.on_disk(name):
+                raise NotFound(f"model '{name}' is not in the model repository")
+            self._records[name] = ModelRecord(name, UNAVAILABLE, "unloaded")
+            return
+        async with record.lock:
+            old = record.versions
+            record.versions = {}
+            record.state, record.reason = UNAVAILABLE, "unloaded"
+            record.fingerprint = None
+            self._retire(old.values())
+        log.info("unloaded model '%s'", name)
+
+    def _prepare_versions(self, name: str, model_dir: Path, override: mc.ModelConfig | None) -> list[_PreparedVersion]:
+        config_path = model_dir / "config.pbtxt"
+        raw = override if override is not None else model_config.read_config(model_dir)
+        base = mc.ModelConfig()
+        if raw is not None:
+            base.CopyFrom(raw)
+        if not base.name:
+            base.name = name
+        available = model_config.available_versions(model_dir)
+        selected = model_config.select_versions(base, available)
+        if not selected:
+            raise ModelConfigError(
+                f"{model_dir}: no version to serve (version folders found: {available or 'none'}; "
+                "a version is a numeric folder holding the model file)"
+            )
+        return [self._prepare_version(name, v, model_dir, config_path, raw, base) for v in selected]
+
+    def _prepare_version(
+        self,
+        name: str,
+        version: int,
+        model_dir: Path,
+        config_path: Path,
+        raw: mc.ModelConfig | None,
+        base: mc.ModelConfig,
+    ) -> _PreparedVersion:
+        model_path = model_config.model_file(model_dir, version, base)
+        placements = plan_instances(base, self.gpu_count, config_path)
+        options = session_options(base, config_path)
+        gpus = [p.gpu for p in placements if p.device == "GPU" and p.gpu is not None]
+        with _gpu_memory_delta(gpus) as gpu_memory:
+            instances = [OnnxInstance(p, model_path, options) for p in placements]
+            inputs, outputs = model_config.signature_from_session(instances[0].session)
+            config = model_config.complete_config(
+                raw,
+                inputs,
+                outputs,
+                model_name=name,
+                config_path=config_path,
+                model_path=model_path,
+                default_max_batch_size=self.default_max_batch_size,
+            )
+            # Inside the measurement: the memory the runtime grows into on the first runs is the model's.
+            run_warmup(config, instances, model_dir)
+        return _PreparedVersion(name, version, config, instances, gpu_memory)
+
+    def _retire(self, versions: Iterable[ModelVersion], grace_s: float = RETIRE_GRACE_S) -> None:
+        """Close replaced versions in the background: requests already queued on them still finish."""
+        for model_version in versions:
+            task = asyncio.get_running_loop().create_task(model_version.close(grace_s))
+            self._retired.add(task)
+            task.add_done_callback(self._retired.discard)
+
+    # --- lookup ----------------------------------------------------------------------------------
+
+    def get(self, name: str, version: str = "") -> ModelVersion:
+        """The version to serve: `version` when given, else the highest ready one."""
+        record = self._records.get(name)
+        if record is None:
+            if self.on_disk(name):
+                raise Unavailable(f"model '{name}' is not loaded")
+            raise NotFound(f"model '{name}' is not found")
+        if not record.versions:
+            why = f": {record.reason}" if record.reason else ""
+            raise Unavailable(f"model '{name}' is not ready (state {record.state}){why}")
+        if not version:
+            return record.versions[max(record.versions)]
+        if not version.isdigit():
+            raise NotFound(f"model '{name}' has no version '{version}' (versions are integers)")
+        model_version = record.versions.get(int(version))
+        if model_version is None:
+            raise NotFound(f"model '{name}' version {version} is not served (served: {sorted(record.versions)})")
+        return model_version
+
+    def is_ready(self, name: str, version: str = "") -> bool:
+        try:
+            self.get(name, version)
+        except ServerError:
+            return False
+        return True
+
+    def loaded(self) -> list[ModelVersion]:
+        return [mv for record in self._records.values() for mv in record.versions.values()]
+
+    def all_ready(self) -> bool:
+        """Every model the repository was asked to load is serving."""
+        return all(record.state == READY or record.reason == "unloaded" for record in self._records.values())
+
+    def index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        """Repository index entries as Triton's POST /v2/repository/index returns them.
+
+        Every model folder on disk is listed (Triton lists the repository), plus any model still
+        serving after its folder went away. A serving version carries the reason of a failed
+        reload, if the last load attempt failed.
+        """
+        entries: list[dict[str, str]] = []
+        serving = {name for name, record in self._records.items() if record.versions}
+        for name in sorted(set(self.model_names()) | serving):
+            record = self._records.get(name)
+            if record is None:
+                if not ready_only:
+                    entries.append({"name": name})
+                continue
+            if record.versions:
+                for version in sorted(record.versions):
+                    entries.append({"name": name, "version": str(version), "state": READY, "reason": record.reason})
+            elif not ready_only:
+                entries.append({"name": name, "state": record.state, "reason": record.reason})
+        return entries
+
+    async def close(self, grace_s: float) -> None:
+        versions = self.loaded()
+        for record in self._records.values():
+            record.versions = {}
+            record.state, record.reason = UNAVAILABLE, "server shutting down"
+        await asyncio.gather(*(mv.close(grace_s) for mv in versions), *self._retired)

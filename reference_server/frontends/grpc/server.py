@@ -1,0 +1,375 @@
+"""A gRPC server on HTTP/2 of its own, on asyncio protocols: the gRPC front end's transport.
+
+grpcio's server spent 360 us of CPU per call on the demo identity at concurrency 8, where our
+HTTP/1.1 front end spends 135 on the whole request: its call objects, contexts, completion-queue
+hand-offs and C-core round trips cost more than the work (bench/README.md). A unary gRPC call is
+three frames each way, so the server speaks them itself (`h2_server.H2Connection` for HTTP/2), as
+the load generator's client does (`perfkit.wire.grpc_channel`). The servicer
+(`grpc_service.InferenceServicer`) is the one grpcio would serve: each method gets its request,
+deserialised leniently, and a `_Context` whose `abort` and `write` stand in for grpc.aio's
+(grpc/doc/PROTOCOL-HTTP2.md for the mapping onto HTTP/2).
+
+- *Calls.* The path names the method. A unary call runs, as one task, once its request has
+  ended; ModelStreamInfer runs from its headers on, its requests fed to the servicer as they
+  complete. A client's RST_STREAM cancels the call's task.
+- *Answers.* A unary answer leaves as HEADERS, DATA and trailers in one write where the windows
+  allow; a failure before any answer as trailers only (grpc-status, and grpc-message
+  percent-encoded).
+- *Limits.* A message over `max_message_bytes` either way is RESOURCE_EXHAUSTED, checked on its
+  5-byte prefix before it is buffered; a compressed message is UNIMPLEMENTED (we accept only
+  identity, and say so in grpc-accept-encoding). With a token, every method but the health probes
+  wants `authorization: Bearer ...`.
+- *Deadlines.* A call with `grpc-timeout` that has not ended by then is cancelled and answered
+  DEADLINE_EXCEEDED, as grpc's core does; one timer per connection, armed for the earliest.
+
+`stop(grace_s)` sends GOAWAY, lets the calls in progress finish within the grace period, then
+closes every connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any
+from urllib.parse import quote
+
+import grpc
+from tritonclient.grpc import service_pb2 as pb
+
+from reference_server.frontends.auth import OPEN_GRPC_METHODS, Token, Unauthenticated
+from reference_server.frontends.grpc.h2 import H2Connection, H2Stream
+from reference_server.frontends.grpc.service import InferenceServicer, lenient_deserializer
+from reference_server.frontends.listener import Listener
+from v2kit.h2.frames import literal
+
+__all__ = ["GrpcServer"]
+
+log = logging.getLogger(__name__)
+
+_CONTENT_TYPE = literal(31, b"application/grpc")
+_RESPONSE_HEADERS = b"\x88" + _CONTENT_TYPE + literal(b"grpc-accept-encoding", b"identity")  # :status 200
+_OK_TRAILERS = literal(b"grpc-status", b"0")
+# grpc-message: percent-encode everything but printable ASCII, and '%' itself.
+_MESSAGE_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
+_SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+_UNARY_PENDING = 1 << 62  # a unary request's bytes are only kept until the client's side ends
+_TIMER_SLACK_S = 0.001  # a timer may fire this early (libuv counts milliseconds)
+#: grpc-timeout units (PROTOCOL-HTTP2.md: "Timeout → TimeoutValue TimeoutUnit"), in seconds.
+_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+
+
+def _code(status: grpc.StatusCode) -> int:
+    return int(status.value[0])
+
+
+class _Abort(grpc.aio.AbortError):  # type: ignore[misc]
+    """Raised by `_Context.abort`: the call ends with this status. An AbortError, so that the
+    servicer's own wrapper passes it through as it does grpc.aio's."""
+
+    def __init__(self, code: int, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+
+
+class _Method:
+    __slots__ = ("name", "handler", "deserialize", "streaming")
+
+    def __init__(self, name: str, handler: Callable[..., Awaitable[Any]], deserialize: Any, streaming: bool) -> None:
+        self.name = name
+        self.handler = handler
+        self.deserialize = deserialize
+        self.streaming = streaming
+
+
+class GrpcServer(Listener):
+    """Serves `servicer` over gRPC on one listening socket; see the module's docstring."""
+
+    def __init__(self, servicer: InferenceServicer, *, max_message_bytes: int, token: Token | None = None) -> None:
+        super().__init__()
+        self.max_message_bytes = max_message_bytes
+        self.token = token
+        self.methods: dict[str, _Method] = {}
+        for method in _SERVICE.methods:
+            path = f"/{_SERVICE.full_name}/{method.name}"
+            deserialize = lenient_deserializer(getattr(pb, method.input_type.name))
+            handler = getattr(servicer, method.name)
+            self.methods[path] = _Method(method.name, handler, deserialize, method.client_streaming)
+
+    def connection(self) -> asyncio.Protocol:
+        return _GrpcConnection(self)
+
+
+class _Call(H2Stream):
+    """A stream carrying one call: its method, the request bytes not yet taken, and its task."""
+
+    __slots__ = ("method", "chunks", "size", "need", "task", "requests", "deadline")
+
+    def __init__(self, stream_id: int, window: int, method: _Method) -> None:
+        super().__init__(stream_id, window)
+        self.method = method
+        self.chunks: list[bytes | bytearray | memoryview] = []
+        self.size = 0
+        self.need = 5  # request bytes to have before the next message prefix is looked at
+        self.task: asyncio.Task[None] | None = None
+        self.requests: asyncio.Queue[Any] | None = None  # ModelStreamInfer's requests; None ends them
+        self.deadline = math.inf  # loop time by which the call must end (grpc-timeout)
+
+
+class _Context:
+    """What the servicer's methods use of grpc.aio's ServicerContext."""
+
+    __slots__ = ("_connection", "_call")
+
+    def __init__(self, connection: _GrpcConnection, call: _Call) -> None:
+        self._connection = connection
+        self._call = call
+
+    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
+        raise _Abort(_code(code), details)
+
+    async def write(self, message: Any) -> None:
+        await self._connection.send_message(self._call, message.SerializeToString())
+
+
+class _GrpcConnection(H2Connection):
+    def __init__(self, server: GrpcServer) -> None:
+        super().__init__()
+        self._server = server
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._server.connections.add(self)
+        super().connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._server.connections.discard(self)
+        if self._timer is not None:
+            self._timer.cancel()
+        super().connection_lost(exc)
+
+    # -- H2Connection's hooks
+
+    def stream_opened(self, stream_id: int, headers: dict[str, str], end_stream: bool) -> None:
+        path = headers.get(":path", "")
+        server = self._server
+        method = server.methods.get(path)
+        refusal = None
+        if headers.get(":method") != "POST" or not headers.get("content-type", "").startswith("application/grpc"):
+            refusal = (grpc.StatusCode.UNIMPLEMENTED, "not a gRPC call (POST application/grpc)")
+        elif method is None:
+            refusal = (grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {path}")
+        elif server.token is not None and path not in OPEN_GRPC_METHODS:
+            try:
+                server.token.check(headers.get("authorization"))
+            except Unauthenticated as exc:
+                refusal = (grpc.StatusCode.UNAUTHENTICATED, exc.message)
+        if refusal is not None:
+            code, details = refusal
+            self.send_headers(stream_id, _trailers_only(_code(code), details), end_stream=True)
+            if not end_stream:
+                self.reset(stream_id, 0)  # NO_ERROR: we read no more of it
+            return
+        assert method is not None
+        call = _Call(stream_id, self.initial_window, method)
+        self.streams[stream_id] = call
+        timeout_s = _timeout_s(headers.get("grpc-timeout"))
+        if timeout_s is not None:
+            call.deadline = self.loop.time() + timeout_s
+            if call.deadline < self._timer_at:
+                self._arm(call.deadline)
+        if method.streaming:
+            call.requests = asyncio.Queue()
+            self._start(call, self._serve_stream(call))
+        if end_stream:
+            call.finished = True
+            self.stream_finished(call)
+
+    def stream_data(self, stream: H2Stream, data: bytes | bytearray | memoryview) -> None:
+        assert isinstance(stream, _Call)
+        stream.chunks.append(data)
+        stream.size += len(data)
+        if stream.size >= stream.need:
+            self._take_messages(stream)
+
+    def stream_finished(self, stream: H2Stream) -> None:
+        assert isinstance(stream, _Call)
+        if stream.requests is not None:
+            if stream.size:
+                self._fail_call(stream, grpc.StatusCode.INVALID_ARGUMENT, "the stream ended inside a message")
+            else:
+                stream.requests.put_nowait(None)
+            return
+        body = stream.chunks[0] if len(stream.chunks) == 1 else b"".join(stream.chunks)
+        stream.chunks = []
+        if len(body) < 5 or int.from_bytes(body[1:5], "big") != len(body) - 5:
+            self._fail_call(stream, grpc.StatusCode.INVALID_ARGUMENT, "a unary call needs exactly one request message")
+            return
+        self._start(stream, self._serve_unary(stream, stream.method.deserialize(memoryview(body)[5:])))
+
+    def stream_reset(self, stream: H2Stream) -> None:
+        assert isinstance(stream, _Call)
+        if stream.task is not None and not stream.task.done():
+            stream.task.cancel()
+
+    # -- deadlines
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_at(when, self._expire_due)
+        self._timer_at = when
+
+    def _expire_due(self) -> None:
+        self._timer, self._timer_at = None, math.inf
+        now = self.loop.time() + _TIMER_SLACK_S
+        calls = [c for c in self.streams.values() if isinstance(c, _Call)]
+        for call in calls:
+            if call.deadline <= now:
+                self._fail_call(call, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+        pending = [c.deadline for c in self.streams.values() if isinstance(c, _Call) and c.deadline < math.inf]
+        if pending:
+            self._arm(min(pending))
+
+    # -- requests in
+
+    def _take_messages(self, call: _Call) -> None:
+        """Look at each message's 5-byte prefix as soon as it is in; a streaming call's complete
+        messages go to its queue. A message too large or compressed fails the call."""
+        buffer = call.chunks[0] if len(call.chunks) == 1 else b"".join(call.chunks)
+        pos, end = 0, len(buffer)
+        limit = self._server.max_message_bytes
+        while end - pos >= 5:
+            length = int.from_bytes(buffer[pos + 1 : pos + 5], "big")
+            if buffer[pos]:
+                self._fail_call(call, grpc.StatusCode.UNIMPLEMENTED, "compressed messages are not supported")
+                return
+            if length > limit:
+                details = f"Received message larger than max ({length} vs. {limit})"
+                self._fail_call(call, grpc.StatusCode.RESOURCE_EXHAUSTED, details)
+                return
+            if call.requests is None:
+                # Unary: the request is taken whole once the client's side ends; until then its
+                # chunks are only kept, never joined again.
+                call.chunks = [buffer]
+                call.need = _UNARY_PENDING
+                return
+            if end - pos - 5 < length:
+                call.need = 5 + length
+                break
+            call.requests.put_nowait(call.method.deserialize(buffer[pos + 5 : pos + 5 + length]))
+            pos += 5 + length
+        else:
+            call.need = 5
+        rest = buffer[pos:]
+        call.chunks = [rest] if rest else []
+        call.size = len(rest)
+
+    async def _requests(self, call: _Call) -> AsyncIterator[Any]:
+        queue = call.requests
+        assert queue is not None
+        while (request := await queue.get()) is not None:
+            yield request
+
+    # -- running calls
+
+    def _start(self, call: _Call, coroutine: Coroutine[Any, Any, None]) -> None:
+        server = self._server
+        server.busy(+1)
+        call.task = self.loop.create_task(coroutine)
+        call.task.add_done_callback(lambda _: server.busy(-1))
+
+    async def _serve_unary(self, call: _Call, request: Any) -> None:
+        try:
+            response = await call.method.handler(request, _Context(self, call))
+        except _Abort as exc:
+            self._finish(call, exc.code, exc.details)
+            return
+        except Exception as exc:  # the servicer maps every error it knows; this one is a bug
+            self._crashed(call, exc)
+            return
+        data = response.SerializeToString()
+        if self.streams.get(call.id) is call and self._sendable(call, len(data)):
+            self.send_answer(call, _RESPONSE_HEADERS, _prefixed(data), _OK_TRAILERS)
+
+    async def _serve_stream(self, call: _Call) -> None:
+        try:
+            await call.method.handler(self._requests(call), _Context(self, call))
+        except _Abort as exc:
+            self._finish(call, exc.code, exc.details)
+            return
+        except Exception as exc:
+            self._crashed(call, exc)
+            return
+        self._finish(call, 0, "")
+
+    def _crashed(self, call: _Call, exc: Exception) -> None:
+        log.exception("internal error serving gRPC %s", call.method.name, exc_info=exc)
+        self._finish(call, _code(grpc.StatusCode.INTERNAL), f"internal error: {type(exc).__name__}: {exc}")
+
+    async def send_message(self, call: _Call, data: bytes) -> None:
+        """A streaming call's reply message; returns once the windows have let it out."""
+        if not self._sendable(call, len(data)):
+            raise _Abort(_code(grpc.StatusCode.RESOURCE_EXHAUSTED), "reply too large")
+        if self.streams.get(call.id) is not call:
+            raise _Abort(_code(grpc.StatusCode.CANCELLED), "the client reset the stream")
+        if not call.headers_sent:
+            call.headers_sent = True
+            self.send_headers(call.id, _RESPONSE_HEADERS)
+        self.send_data(call, _prefixed(data))
+        if call.pending and call.drained is not None:
+            await call.drained
+
+    def _sendable(self, call: _Call, size: int) -> bool:
+        limit = self._server.max_message_bytes
+        if size > limit:
+            self._finish(
+                call, _code(grpc.StatusCode.RESOURCE_EXHAUSTED), f"Sent message larger than max ({size} vs. {limit})"
+            )
+            return False
+        return True
+
+    # -- ends
+
+    def _finish(self, call: _Call, code: int, details: str) -> None:
+        """End `call` with `code`: trailers after what it still has to send, or trailers only."""
+        if self.streams.get(call.id) is not call:
+            return
+        if call.headers_sent:
+            self.send_trailers(call, _trailers(code, details))
+        else:
+            self.send_headers(call.id, _trailers_only(code, details), end_stream=True)
+            self.close_stream(call)
+
+    def _fail_call(self, call: _Call, status: grpc.StatusCode, details: str) -> None:
+        """A call that cannot go on: its task is cancelled and the client told why."""
+        if call.task is not None and not call.task.done():
+            call.task.cancel()
+        call.chunks = []
+        call.size = 0
+        self._finish(call, _code(status), details)
+
+
+def _timeout_s(value: str | None) -> float | None:
+    """A grpc-timeout header's seconds, or None when there is none or it is malformed."""
+    if not value or len(value) > 9 or value[-1] not in _TIMEOUT_UNITS or not value[:-1].isdigit():
+        return None
+    return int(value[:-1]) * _TIMEOUT_UNITS[value[-1]]
+
+
+def _prefixed(message: bytes) -> bytes:
+    return b"\x00" + len(message).to_bytes(4, "big") + message
+
+
+def _trailers(code: int, details: str) -> bytes:
+    block = literal(b"grpc-status", str(code).encode())
+    if details:
+        block += literal(b"grpc-message", quote(details, safe=_MESSAGE_SAFE).encode())
+    return block
+
+
+def _trailers_only(code: int, details: str) -> bytes:
+    return b"\x88" + _CONTENT_TYPE + _trailers(code, details)

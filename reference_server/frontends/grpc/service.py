@@ -1,0 +1,242 @@
+"""KServe v2 over gRPC: decode, call the data plane, encode. No business logic here.
+
+`grpc_server.GrpcServer` serves it, calling its methods as grpc.aio would (a request and a context
+with `abort` and `write`). The servicer mirrors `rest.py`: every method turns a tritonclient `inference` proto into the data
+plane's arguments, awaits it, and turns the answer back into a proto. Failures leave through one
+place, `_rpc`: a `ServerError` carries its own gRPC status-code name, a `CodecError` is a malformed
+request (INVALID_ARGUMENT), and anything else is a bug (INTERNAL, logged with its traceback).
+
+ModelInfer is the hot path: the request's raw bytes become zero-copy numpy views (`tensor_from_raw`)
+and the only copy on the way out is the one protobuf needs to own the output bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeAlias, TypeVar
+
+import grpc
+from google.protobuf import json_format
+from google.protobuf.message import DecodeError
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+from reference_server.core.dataplane import DataPlane
+from reference_server.errors import ServerError, Unsupported
+from v2kit.codec import CodecError
+from v2kit.grpc_proto import parameters_from_proto, request_from_proto, response_to_proto
+
+log = logging.getLogger(__name__)
+
+__all__ = ["InferenceServicer", "lenient_deserializer"]
+
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Context: TypeAlias = grpc.aio.ServicerContext  # Any to mypy: grpcio ships no type hints
+Method: TypeAlias = Callable[[Any, Req, Context], Awaitable[Resp]]
+
+
+def _status(exc: Exception, method: str) -> tuple[grpc.StatusCode, str]:
+    """The one error mapping of the gRPC front end (the REST middleware reads the same attributes).
+
+    Call it from an `except` block: unexpected errors are logged with their traceback here.
+    """
+    if isinstance(exc, ServerError):
+        return grpc.StatusCode[exc.grpc_code], exc.message
+    if isinstance(exc, CodecError):
+        return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+    log.exception("internal error serving gRPC %s", method)
+    return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+
+
+class _Malformed:
+    """A request whose bytes are not the method's message: answered INVALID_ARGUMENT, not the
+    UNKNOWN that grpc gives when a deserializer raises."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def lenient_deserializer(message_class: Any) -> Callable[[bytes], Any]:
+    name = message_class.DESCRIPTOR.full_name
+
+    def parse(data: bytes) -> Any:
+        try:
+            return message_class.FromString(data)
+        except DecodeError as exc:
+            return _Malformed(f"the request is not a valid {name} message: {exc}")
+
+    return parse
+
+
+def _rpc(method: Method[Req, Resp]) -> Method[Req, Resp]:
+    """Wraps every servicer method so that a failure aborts the call with the status its error names."""
+
+    @functools.wraps(method)
+    async def handler(self: Any, request: Req, context: Context) -> Resp:
+        if isinstance(request, _Malformed):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.error)
+        try:
+            return await method(self, request, context)
+        except grpc.aio.AbortError:
+            raise  # already a status: context.abort was called below us
+        except Exception as exc:
+            code, message = _status(exc, method.__name__)
+        await context.abort(code, message)
+        raise AssertionError("unreachable: context.abort raises")
+
+    return handler
+
+
+def _unsupported(what: str) -> Method[Any, Any]:
+    async def handler(self: Any, request: Any, context: Context) -> Any:
+        raise Unsupported(f"{what} is not supported by this server")
+
+    return _rpc(handler)
+
+
+def _check_repository(name: str) -> None:
+    # Triton serves one repository and refuses a named one rather than ignoring the field.
+    if name:
+        raise Unsupported(f"repository_name '{name}': named repositories are not supported by this server")
+
+
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    """`inference.GRPCInferenceService` over a DataPlane."""
+
+    def __init__(self, plane: DataPlane) -> None:
+        self._plane = plane
+
+    # --- health and metadata ---------------------------------------------------------------------
+
+    @_rpc
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: Context) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=self._plane.live())
+
+    @_rpc
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: Context) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self._plane.ready())
+
+    @_rpc
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Context) -> pb.ModelReadyResponse:
+        return pb.ModelReadyResponse(ready=self._plane.model_ready(request.name, request.version))
+
+    @_rpc
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Context) -> pb.ServerMetadataResponse:
+        return json_format.ParseDict(self._plane.server_metadata(), pb.ServerMetadataResponse())
+
+    @_rpc
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Context) -> pb.ModelMetadataResponse:
+        metadata = self._plane.model_metadata(request.name, request.version)
+        return json_format.ParseDict(metadata, pb.ModelMetadataResponse())
+
+    @_rpc
+    async def ModelConfig(self, request: pb.ModelConfigRequest, context: Context) -> pb.ModelConfigResponse:
+        return pb.ModelConfigResponse(config=self._plane.model_config_proto(request.name, request.version))
+
+    # --- inference -------------------------------------------------------------------------------
+
+    @_rpc
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
+        with self._plane.admit():
+            return response_to_proto(await self._plane.infer(request_from_proto(request)))
+
+    @_rpc
+    async def ModelStreamInfer(self, requests: AsyncIterator[pb.ModelInferRequest], context: Context) -> None:
+        # Requests on one stream run concurrently, so that a single stream can fill a dynamic batch;
+        # replies leave in completion order, each carrying its request's id (Triton does the same for
+        # models that are not decoupled). grpc.aio allows one write in flight, hence the lock.
+        write_lock = asyncio.Lock()
+        tasks: set[asyncio.Task[None]] = set()
+        failures: list[BaseException] = []
+
+        async def answer(request: pb.ModelInferRequest) -> None:
+            reply = await self._stream_reply(request)
+            async with write_lock:
+                await context.write(reply)
+
+        def finished(task: asyncio.Task[None]) -> None:
+            tasks.discard(task)
+            if not task.cancelled() and (exc := task.exception()) is not None:
+                failures.append(exc)
+
+        try:
+            async for request in requests:
+                if failures:
+                    break
+                task = asyncio.create_task(answer(request))
+                tasks.add(task)
+                task.add_done_callback(finished)
+            # The client half-closed: finish what it sent, then end the call with OK.
+            if tasks:
+                await asyncio.gather(*tasks, return_exceptions=True)
+            if failures:
+                raise failures[0]  # only a write can fail: _stream_reply answers every error itself
+        finally:
+            # Cancelled, or the call failed: nothing is left to answer.
+            for pending in tasks:
+                pending.cancel()
+
+    async def _stream_reply(self, request: pb.ModelInferRequest | _Malformed) -> pb.ModelStreamInferResponse:
+        if isinstance(request, _Malformed):
+            return pb.ModelStreamInferResponse(error_message=request.error, infer_response=pb.ModelInferResponse())
+        try:
+            with self._plane.admit():
+                response = response_to_proto(await self._plane.infer(request_from_proto(request)))
+        except Exception as exc:
+            # A failed request is reported on the stream, which stays open, as Triton does. The id
+            # lets the client tell which request failed.
+            _, message = _status(exc, "ModelStreamInfer")
+            failed = pb.ModelInferResponse(
+                id=request.id, model_name=request.model_name, model_version=request.model_version
+            )
+            return pb.ModelStreamInferResponse(error_message=message, infer_response=failed)
+        return pb.ModelStreamInferResponse(infer_response=response)
+
+    # --- statistics and repository ---------------------------------------------------------------
+
+    @_rpc
+    async def ModelStatistics(self, request: pb.ModelStatisticsRequest, context: Context) -> pb.ModelStatisticsResponse:
+        # The data plane speaks the statistics extension's JSON, whose field names are the proto's.
+        stats = self._plane.statistics(request.name, request.version)
+        return json_format.ParseDict(stats, pb.ModelStatisticsResponse())
+
+    @_rpc
+    async def RepositoryIndex(self, request: pb.RepositoryIndexRequest, context: Context) -> pb.RepositoryIndexResponse:
+        _check_repository(request.repository_name)
+        models = self._plane.repository_index(request.ready)
+        return json_format.ParseDict({"models": models}, pb.RepositoryIndexResponse())
+
+    @_rpc
+    async def RepositoryModelLoad(
+        self, request: pb.RepositoryModelLoadRequest, context: Context
+    ) -> pb.RepositoryModelLoadResponse:
+        _check_repository(request.repository_name)
+        # ModelRepositoryParameter shares InferParameter's `parameter_choice` oneof; a `file:`
+        # override arrives as bytes_param and the data plane refuses it by name.
+        await self._plane.load_model(request.model_name, parameters_from_proto(request.parameters))
+        return pb.RepositoryModelLoadResponse()
+
+    @_rpc
+    async def RepositoryModelUnload(
+        self, request: pb.RepositoryModelUnloadRequest, context: Context
+    ) -> pb.RepositoryModelUnloadResponse:
+        _check_repository(request.repository_name)
+        await self._plane.unload_model(request.model_name, parameters_from_proto(request.parameters))
+        return pb.RepositoryModelUnloadResponse()
+
+    # --- not offered: UNIMPLEMENTED with a reason rather than the generated "Method not implemented!"
+
+    SystemSharedMemoryStatus = _unsupported("the system shared memory extension")
+    SystemSharedMemoryRegister = _unsupported("the system shared memory extension")
+    SystemSharedMemoryUnregister = _unsupported("the system shared memory extension")
+    CudaSharedMemoryStatus = _unsupported("the CUDA shared memory extension")
+    CudaSharedMemoryRegister = _unsupported("the CUDA shared memory extension")
+    CudaSharedMemoryUnregister = _unsupported("the CUDA shared memory extension")
+    TraceSetting = _unsupported("the trace extension")
+    LogSettings = _unsupported("the logging extension")

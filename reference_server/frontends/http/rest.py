@@ -1,0 +1,239 @@
+"""KServe v2 over HTTP/REST: route, decode, call the data plane, encode. No business logic here.
+
+`RestApi` is the handler of `http_server.HttpServer`, which owns the transport, the size limit,
+the body timeout, admission and the read gate. Routing compares the path's percent-decoded
+segments with the protocol's routes; a decoded segment that holds a '/' (`%2F`) stays one segment,
+so it can never reach another route, and a model name is only ever one segment.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import unquote
+
+from reference_server.core.dataplane import DataPlane
+from reference_server.errors import InvalidArgument, ServerError
+from reference_server.frontends.auth import OPEN_HTTP_PATHS, Token, Unauthenticated
+from reference_server.frontends.http.read_gate import ReadGate
+from reference_server.frontends.http.server import HttpRequest, HttpResponse, HttpServer, error_response
+from v2kit import codec as v2
+
+__all__ = ["HEADER_LENGTH", "RestApi", "build_rest_server", "is_infer"]
+
+log = logging.getLogger(__name__)
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+_HEADER_LENGTH_KEY = HEADER_LENGTH.lower()
+_JSON = "application/json"
+_CHALLENGE = (("WWW-Authenticate", 'Bearer realm="perfkit-reference-server"'),)
+
+#: A handler's arguments: the API, the request, the model name and the version ('' for none).
+Endpoint = Callable[["RestApi", HttpRequest, str, str], Awaitable[HttpResponse]]
+
+
+def is_infer(method: bytes, url: bytes) -> bool:
+    """Whether a request, by its method and raw URL, is an inference request (takes a slot)."""
+    return method == b"POST" and url.split(b"?", 1)[0].endswith(b"/infer")
+
+
+def _refusal(exc: Exception) -> HttpResponse:
+    if isinstance(exc, ServerError):
+        return error_response(exc.message, exc.http_status)
+    log.error("admission failed: %s: %s", type(exc).__name__, exc)
+    return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
+
+
+class RestApi:
+    """The KServe v2 REST routes over a DataPlane, with optional bearer-token authentication."""
+
+    def __init__(self, plane: DataPlane, token: Token | None = None) -> None:
+        self.plane = plane
+        self.token = token
+
+    async def __call__(self, request: HttpRequest) -> HttpResponse:
+        """Every failure leaves as a KServe error JSON with the status its error class names."""
+        try:
+            return await self._route(request)
+        except Unauthenticated as exc:
+            return HttpResponse(exc.http_status, v2.error_body(exc.message), _JSON, _CHALLENGE)
+        except ServerError as exc:
+            return error_response(exc.message, exc.http_status)
+        except v2.CodecError as exc:
+            return error_response(str(exc), 400)
+
+    async def _route(self, request: HttpRequest) -> HttpResponse:
+        path = request.path
+        segments = [unquote(s, errors="surrogateescape") if "%" in s else s for s in path.split("/")]
+        endpoint, methods, model, version = _match(segments)
+        # The matched route, not the path's spelling, decides: no spelling of a path (%2F, '..')
+        # reaches a protected handler through an open name. Unmatched paths want the token too.
+        if self.token is not None and not (endpoint is not None and path in OPEN_HTTP_PATHS):
+            self.token.check(request.headers.get("authorization"))
+        if endpoint is None:
+            return error_response(f"Not Found: {request.method} {path}", 404)
+        if request.method not in methods:
+            return error_response(f"Method Not Allowed: {request.method} {path}", 405)
+        return await endpoint(self, request, model, version)
+
+    # -- endpoints
+
+    async def health_live(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+        return _status(self.plane.live())
+
+    async def health_ready(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+        return _status(self.plane.ready())
+
+    async def server_metadata(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+        return _json(self.plane.server_metadata())
+
+    async def model_metadata(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+        return _json(self.plane.model_metadata(model, version))
+
+    async def model_ready(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+        return _status(self.plane.model_ready(model, version))
+
+    async def model_config(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+        return _json(self.plane.model_config(model, version))
+
+    async def model_stats(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+        return _json(self.plane.statistics(model, version))
+
+    async def infer(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+        plane = self.plane
+        raw_length = request.headers.get(_HEADER_LENGTH_KEY)
+        if raw_length is None:
+            header_length = None
+        else:
+            try:
+                header_length = int(raw_length)
+            except ValueError:
+                raise InvalidArgument(f"{HEADER_LENGTH} must be an integer, got '{raw_length}'") from None
+        if header_length == 0:
+            infer_request = plane.decode_raw_request(model, version, request.body)
+        else:
+            infer_request = v2.decode_infer_request(request.body, header_length, model, version)
+        response = await plane.infer(infer_request)
+        payload, json_length = v2.encode_infer_response(response, infer_request)
+        if json_length is None:
+            return HttpResponse(200, payload, _JSON)
+        return HttpResponse(200, payload, "application/octet-stream", ((HEADER_LENGTH, str(json_length)),))
+
+    async def repository_index(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+        ready = _json_object(request.body).get("ready", False)
+        if not isinstance(ready, bool):
+            raise InvalidArgument("repository index field 'ready' must be a boolean")
+        return _json(self.plane.repository_index(ready))
+
+    async def repository_load(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+        await self.plane.load_model(model, _parameters(request.body))
+        return HttpResponse(200)
+
+    async def repository_unload(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+        await self.plane.unload_model(model, _parameters(request.body))
+        return HttpResponse(200)
+
+
+_GET = frozenset({"GET"})
+_POST = frozenset({"POST"})
+_NO_ROUTE: tuple[Endpoint | None, frozenset[str], str, str] = (None, frozenset(), "", "")
+
+#: Routes by their fixed segments after '/v2'.
+_FIXED: dict[tuple[str, ...], tuple[Endpoint, frozenset[str]]] = {
+    (): (RestApi.server_metadata, _GET),
+    ("health", "live"): (RestApi.health_live, _GET),
+    ("health", "ready"): (RestApi.health_ready, _GET),
+    ("models", "stats"): (RestApi.model_stats, _GET),
+    ("repository", "index"): (RestApi.repository_index, _POST),
+}
+#: Routes by what follows '/v2/models/{model}[/versions/{version}]'.
+_MODEL: dict[str, tuple[Endpoint, frozenset[str]]] = {
+    "": (RestApi.model_metadata, _GET),
+    "ready": (RestApi.model_ready, _GET),
+    "config": (RestApi.model_config, _GET),
+    "stats": (RestApi.model_stats, _GET),
+    "infer": (RestApi.infer, _POST),
+}
+_REPOSITORY: dict[str, tuple[Endpoint, frozenset[str]]] = {
+    "load": (RestApi.repository_load, _POST),
+    "unload": (RestApi.repository_unload, _POST),
+}
+
+
+def _match(segments: list[str]) -> tuple[Endpoint | None, frozenset[str], str, str]:
+    """(endpoint, its methods, model, version) for a path split at '/', or no endpoint."""
+    if len(segments) < 2 or segments[0] or segments[1] != "v2":
+        return _NO_ROUTE
+    rest = segments[2:]
+    fixed = _FIXED.get(tuple(rest))
+    if fixed is not None:
+        return fixed[0], fixed[1], "", ""
+    count = len(rest)
+    if count >= 2 and rest[0] == "models" and rest[1]:
+        model = rest[1]
+        if count >= 4 and rest[2] == "versions" and rest[3]:
+            version, tail = rest[3], rest[4:]
+        else:
+            version, tail = "", rest[2:]
+        route = _MODEL[""] if not tail else _MODEL.get(tail[0]) if len(tail) == 1 and tail[0] else None
+        if route is not None:
+            return route[0], route[1], model, version
+    elif count == 4 and rest[0] == "repository" and rest[1] == "models" and rest[2]:
+        route = _REPOSITORY.get(rest[3])
+        if route is not None:
+            return route[0], route[1], rest[2], ""
+    return _NO_ROUTE
+
+
+def _json(payload: Any) -> HttpResponse:
+    return HttpResponse(200, json.dumps(payload, separators=(",", ":")).encode(), _JSON)
+
+
+def _status(ok: bool) -> HttpResponse:
+    return HttpResponse(200 if ok else 400)
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    """An optional JSON object body (repository calls): empty means {}."""
+    if not body.strip():
+        return {}
+    try:
+        payload = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InvalidArgument(f"request body is not valid JSON: {exc}") from exc
+    if not isinstance(payload, dict):
+        raise InvalidArgument("request body must be a JSON object")
+    return payload
+
+
+def _parameters(body: bytes) -> dict[str, Any]:
+    parameters = _json_object(body).get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise InvalidArgument("field 'parameters' must be a JSON object")
+    return parameters
+
+
+def build_rest_server(
+    plane: DataPlane,
+    *,
+    max_request_bytes: int,
+    token: Token | None = None,
+    read_gate: ReadGate | None = None,
+    body_timeout_s: float = 60.0,
+    access_log: logging.Logger | None = None,
+) -> HttpServer:
+    """The KServe v2 REST front end over `plane`, not yet listening (`HttpServer.listen`)."""
+    if read_gate is not None:
+        plane.inflight_listeners.append(read_gate.inflight_changed)
+    return HttpServer(
+        RestApi(plane, token),
+        max_body_bytes=max_request_bytes,
+        body_timeout_s=body_timeout_s,
+        admission=plane,
+        needs_slot=is_infer,
+        refusal=_refusal,
+        read_gate=read_gate,
+        access_log=access_log,
+    )

@@ -1,0 +1,209 @@
+"""Prometheus metrics with Triton's names and labels, served on the metrics port at /metrics.
+
+Per-model figures are read from each served version's statistics at scrape time, so nothing is
+counted twice and nothing on the inference path pays for metrics. The exposition is written here
+rather than by prometheus_client because Triton's counters carry no `_total` suffix (for example
+`nv_inference_request_success`), and dashboards and model_analyzer query those exact names;
+prometheus_client would rename every counter family.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import psutil
+from aiohttp import web
+
+from reference_server.core.repository import ModelRepository
+from reference_server.scheduling.stats import FAILURE_REASONS, ModelStats
+from v2kit.runtime import gpu
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+Labels = dict[str, str]
+
+
+@dataclass(slots=True)
+class Family:
+    name: str
+    kind: str  # counter | gauge
+    help: str
+    samples: list[tuple[Labels, float]] = field(default_factory=list)
+
+
+def _model_families() -> list[tuple[str, str, str, str]]:
+    # name, kind, help, ModelStats attribute (a duration attribute is converted ns → us)
+    return [
+        (
+            "nv_inference_request_success",
+            "counter",
+            "Number of successful inference requests, all batch sizes",
+            "success_count",
+        ),
+        (
+            "nv_inference_count",
+            "counter",
+            "Number of inferences performed (does not include cached requests)",
+            "inference_count",
+        ),
+        (
+            "nv_inference_exec_count",
+            "counter",
+            "Number of model executions performed (does not include cached requests)",
+            "execution_count",
+        ),
+        (
+            "nv_inference_request_duration_us",
+            "counter",
+            "Cumulative inference request duration in microseconds (includes cached requests)",
+            "request_ns_total",
+        ),
+        (
+            "nv_inference_queue_duration_us",
+            "counter",
+            "Cumulative inference queuing duration in microseconds (includes cached requests)",
+            "queue_ns_total",
+        ),
+        (
+            "nv_inference_compute_input_duration_us",
+            "counter",
+            "Cumulative compute input duration in microseconds (does not include cached requests)",
+            "compute_input_ns_total",
+        ),
+        (
+            "nv_inference_compute_infer_duration_us",
+            "counter",
+            "Cumulative compute inference duration in microseconds (does not include cached requests)",
+            "compute_infer_ns_total",
+        ),
+        (
+            "nv_inference_compute_output_duration_us",
+            "counter",
+            "Cumulative inference compute output duration in microseconds (does not include cached requests)",
+            "compute_output_ns_total",
+        ),
+        (
+            "nv_inference_pending_request_count",
+            "gauge",
+            "Instantaneous number of pending requests awaiting execution per-model.",
+            "pending",
+        ),
+    ]
+
+
+def model_families(served: Iterable[tuple[str, str, ModelStats]]) -> list[Family]:
+    specs = _model_families()
+    families = [Family(name, kind, text) for name, kind, text, _ in specs]
+    failure = Family("nv_inference_request_failure", "counter", "Number of failed inference requests, all batch sizes")
+    for model, version, stats in served:
+        labels = {"model": model, "version": version}
+        for family, (_, _, _, attribute) in zip(families, specs):
+            value = getattr(stats, attribute)
+            family.samples.append((labels, value // 1000 if attribute.endswith("_ns_total") else value))
+        for reason in FAILURE_REASONS:
+            failure.samples.append(({**labels, "reason": reason}, stats.failures[reason]))
+    return [*families, failure]
+
+
+def gpu_families(readings: list[gpu.GpuReading], process_memory: dict[int, int]) -> list[Family]:
+    if not readings:
+        return []
+    specs: list[tuple[str, str, Callable[[gpu.GpuReading], float]]] = [
+        ("nv_gpu_utilization", "GPU utilization rate [0.0 - 1.0)", lambda r: r.utilization),
+        ("nv_gpu_memory_total_bytes", "GPU total memory, in bytes", lambda r: r.memory_total_bytes),
+        ("nv_gpu_memory_used_bytes", "GPU used memory, in bytes", lambda r: r.memory_used_bytes),
+        ("nv_gpu_power_usage", "GPU power usage in watts", lambda r: r.power_usage_w),
+        ("nv_gpu_power_limit", "GPU power management limit in watts", lambda r: r.power_limit_w),
+    ]
+    families = [
+        Family(name, "gauge", text, [({"gpu_uuid": r.uuid}, read(r)) for r in readings]) for name, text, read in specs
+    ]
+    if process_memory:
+        uuids = {r.index: r.uuid for r in readings}
+        families.append(
+            Family(
+                "nv_gpu_process_memory_used_bytes",
+                "gauge",
+                "GPU memory used by this server process, in bytes",
+                [({"gpu_uuid": uuids.get(index, str(index))}, used) for index, used in process_memory.items()],
+            )
+        )
+    return families
+
+
+def cpu_families() -> list[Family]:
+    memory = psutil.virtual_memory()
+    return [
+        # Utilisation since the previous scrape, as Triton's per-interval figure.
+        Family(
+            "nv_cpu_utilization",
+            "gauge",
+            "CPU utilization rate [0.0 - 1.0]",
+            [({}, psutil.cpu_percent(interval=None) / 100.0)],
+        ),
+        Family("nv_cpu_memory_total_bytes", "gauge", "CPU total memory (RAM), in bytes", [({}, memory.total)]),
+        Family(
+            "nv_cpu_memory_used_bytes",
+            "gauge",
+            "CPU used memory (RAM), in bytes",
+            [({}, memory.total - memory.available)],
+        ),
+    ]
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def render_exposition(families: Iterable[Family]) -> str:
+    """Prometheus text format 0.0.4."""
+    lines: list[str] = []
+    for family in families:
+        lines.append(f"# HELP {family.name} {family.help}")
+        lines.append(f"# TYPE {family.name} {family.kind}")
+        for labels, value in family.samples:
+            if labels:
+                inner = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
+                lines.append(f"{family.name}{{{inner}}} {_number(value)}")
+            else:
+                lines.append(f"{family.name} {_number(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def model_memory_family(repository: ModelRepository, uuids: dict[int, str]) -> list[Family]:
+    samples: list[tuple[Labels, float]] = [
+        ({"model": mv.name, "version": str(mv.version), "gpu_uuid": uuids.get(index, str(index))}, size)
+        for mv in repository.loaded()
+        for index, size in sorted(mv.gpu_memory_bytes.items())
+    ]
+    if not samples:
+        return []
+    return [Family("nv_model_gpu_memory_bytes", "gauge", "GPU memory used by the model version's instances, in bytes",
+                   samples)]  # fmt: skip
+
+
+def scrape(repository: ModelRepository) -> str:
+    served = [(mv.name, str(mv.version), mv.stats) for mv in repository.loaded()]
+    readings = gpu.read_gpus()
+    process_memory = gpu.process_gpu_memory_bytes(os.getpid()) if readings else {}
+    uuids = {r.index: r.uuid for r in readings}
+    return render_exposition([
+        *model_families(served), *gpu_families(readings, process_memory),
+        *model_memory_family(repository, uuids), *cpu_families(),
+    ])  # fmt: skip
+
+
+def build_metrics_app(repository: ModelRepository) -> web.Application:
+    psutil.cpu_percent(interval=None)  # primes the interval the first scrape reads
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text=scrape(repository), headers={"Content-Type": CONTENT_TYPE})
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    return app

@@ -1,0 +1,575 @@
+"""Triton's default scheduler and dynamic batcher, for one model version.
+
+Theory of operation
+-------------------
+Requests enter `Scheduler.infer`, which validates the batch dimension, applies the queue policy's
+size limit, appends a `_Request` to a FIFO deque and awaits a plain future: no task per request.
+Each model instance owns one worker thread fed by a `SimpleQueue`; the event loop calls
+`ModelInstance.run` itself only for short batches of a lone instance (see "Short runs on the
+loop"). Everything else (queue, idle instances, timers, statistics) is owned by the event loop, so
+none of it needs a lock.
+
+*When is a batch formed?* Only when an instance is idle, as in Triton (core
+`dynamic_batch_scheduler.cc`, `BatcherThread` waits for a free payload slot before it calls
+`GetDynamicBatch`). `_schedule` runs (1) one loop iteration after an arrival, if an instance is
+idle, so requests that arrive in the same iteration share a batch (without dynamic batching there
+is nothing to gather: at once); (2) directly when an instance
+finishes, so everything that queued while it was busy is gathered into its next batch even with
+`max_queue_delay_microseconds: 0`; (3) from a single loop timer, for queue delays and request
+timeouts. There is no batching coroutine: those three triggers are callbacks. Under a backlog
+whole batches also go to busy instances ahead of time (see "Backlogs").
+
+*Which requests form the batch?* `_take` replays `GetDynamicBatch` on the head of the queue:
+
+- Requests join in arrival order while they are batchable with the first one (same input names,
+  dtypes and shapes apart from dim 0; Triton enforces equal shapes for non-ragged inputs) and
+  the total of their dim 0 stays within `max_batch_size`. The first mismatch ends the scan:
+  Triton never reorders to find a better partner.
+- If a prefix totals a preferred batch size, the largest such prefix is sent at once.
+  Without configured preferred sizes, Triton's config normaliser uses `[max_batch_size]`.
+- If the scan passes the largest preferred size first, the prefix before that point counts as
+  the preferred batch, so preferred sizes also cap batches (Triton's `max_preferred_batch_size_`).
+- Otherwise the whole prefix is sent when it cannot grow (size limit or mismatch), when
+  `max_queue_delay` is 0, or when the oldest request in it has waited the delay. Else the
+  scheduler sleeps until that moment; an arrival that completes a preferred batch sends it
+  earlier. Once the delay has expired, the whole prefix (up to `max_batch_size`) goes, even if a
+  smaller preferred size fits.
+
+Without `dynamic_batching` (or with `max_batch_size: 0`) each request runs alone, FIFO, on the
+next free instance. Its own dim 0 is still its batch size when `max_batch_size > 0`.
+
+*Short runs on the loop.* Each batch a worker runs costs two thread hand-offs (a `SimpleQueue`
+wake-up one way, `call_soon_threadsafe`'s self-pipe the other) and a GIL round trip, about 100 us
+of CPU per batch on a 2-core box, more than a small MLP's whole `run`. So a model with exactly one
+instance that says it may (`runs_on_loop`: onnxruntime on CPU with one intra-op thread) runs a
+batch on the event-loop thread itself when its expected cost is at most `INLINE_MAX_NS`. The
+expectation is the last batches' time per input element (an exponential average, updated by every
+batch, inline or not) times the batch's elements; with no history yet the batch goes to the
+worker. The bound caps how long one batch holds up every other connection and model. Requests that
+arrive meanwhile wait in the sockets instead of the queue and are read as soon as the batch ends,
+so the dynamic batcher still finds them together (measured under perf_analyzer: more throughput
+with dynamic batching, not less). Several instances keep their worker threads, which run in
+parallel. Nothing else changes: the same `batch_run.execute` and the same statistics, and
+`_finish` runs one loop iteration later, as it would.
+
+*Backlogs.* A worker's finished batch reaches the loop through `call_soon_threadsafe`, and the
+next batch goes back only when the loop runs that callback: one batch per instance per loop
+iteration. A loop busy with many connections makes iterations long, and the instance then idles
+between batches (at concurrency 8 on the demo identity, 4300 infer/s against 6600 with batches
+handed ahead; under open-loop overload, far worse). So when every instance is busy and the queue
+holds whole batches (any request without dynamic batching; the largest preferred size with it), a
+completion hands them out at once, up to `AHEAD_BATCHES` per instance, to the least loaded ones;
+the worker runs them back to back. A lone instance that runs on the loop takes them inline, for at
+most `INLINE_MAX_NS` per callback. A partial batch still waits for an idle instance, so it can
+grow, and a queue policy with a timeout turns this off: a request handed ahead cannot expire.
+Batches handed ahead count as executing, not queued (`pending`, `max_queue_size`), and their
+queue time runs until their run starts. Triton forms a batch only for an idle instance.
+
+*Queue policy* (`default_queue_policy`; priority levels are not modelled): `max_queue_size`
+counts queued requests, not executing ones, and a full queue rejects at once. A request's deadline
+is its enqueue time plus `default_timeout_microseconds`, or its own lower `timeout_us` when
+`allow_timeout_override` is set. As in `PolicyQueue::Enqueue`, a request cannot add a timeout
+when the default is 0. The timer expires requests while the instances are still busy, so
+clients get "Request timeout expired" on time. REJECT fails them with UNAVAILABLE. DELAY moves
+them to a second deque that is served only after the regular queue.
+
+*preserve_ordering* numbers batches as they are dispatched and releases completed batches in
+that order. Requests rejected while queued never got a number, so, as in Triton (whose
+`DelegateResponse` runs at dequeue), they never hold anyone up.
+
+*Statistics* (`stats.ModelStats`): queue time runs from `received_ns` to the moment the worker
+thread starts the batch. compute_input covers gathering and concatenating inputs,
+compute_infer covers `run`, and compute_output covers splitting outputs. All three are measured
+in the worker on `time.perf_counter_ns`. Request time runs from `received_ns` until the response
+is released on the loop. Each request ends in exactly one of success, REJECTED (queue full or
+timeout), CANCELED (caller gave up), BACKEND (`run` raised) or OTHER (failed by `close`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+from collections import deque
+from collections.abc import Iterable, Sequence
+from time import perf_counter_ns
+
+from reference_server.errors import InternalError, InvalidArgument, Unavailable
+from reference_server.scheduling.execute import ModelInstance, Outcome, Tensors, execute
+from reference_server.scheduling.policy import BatchingPolicy
+from reference_server.scheduling.stats import ModelStats
+from v2kit.runtime.timer import TimerHandle, call_at_ns
+
+__all__ = ["AHEAD_BATCHES", "INLINE_MAX_NS", "Scheduler"]
+
+#: The longest expected batch (ns) that a `runs_on_loop` instance executes on the event loop.
+INLINE_MAX_NS = 1_000_000
+
+#: How many batches an instance may hold, running and waiting their turn, under a backlog (see "Backlogs").
+AHEAD_BATCHES = 16
+
+_STOPPING = "Server is stopping, scheduler for model has stopped accepting new inference requests"
+
+
+class _Request:
+    __slots__ = (
+        "inputs",
+        "output_names",
+        "batch_size",
+        "key",
+        "future",
+        "received_ns",
+        "enqueued_ns",
+        "deadline_ns",
+        "queued",
+    )
+
+    def __init__(
+        self,
+        inputs: Tensors,
+        output_names: Sequence[str],
+        batch_size: int,
+        key: object,
+        future: asyncio.Future[Tensors],
+        received_ns: int,
+        enqueued_ns: int,
+        deadline_ns: int,
+    ) -> None:
+        self.inputs = inputs
+        self.output_names = output_names
+        self.batch_size = batch_size
+        self.key = key
+        self.future = future
+        self.received_ns = received_ns
+        self.enqueued_ns = enqueued_ns
+        self.deadline_ns = deadline_ns  # perf_counter_ns; 0 = none
+        self.queued = True  # False once dispatched, expired, withdrawn or failed by close()
+
+
+# A dispatched batch: its preserve_ordering number and its requests.
+_Batch = tuple[int, "list[_Request]"]
+
+
+class _Slot:
+    """One instance, its worker thread, and the batches handed to it that have not finished."""
+
+    __slots__ = ("instance", "inbox", "thread", "running")
+
+    def __init__(self, instance: ModelInstance) -> None:
+        self.instance = instance
+        self.inbox: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None
+        self.running: deque[_Batch] = deque()
+
+
+class Scheduler:
+    """Queue, batch and run inference requests for one model version on its instances."""
+
+    def __init__(self, policy: BatchingPolicy, instances: Sequence[ModelInstance], stats: ModelStats) -> None:
+        if not instances:
+            raise ValueError("a scheduler needs at least one model instance")
+        self._policy = policy
+        self._stats = stats
+        self._batching = policy.dynamic and policy.max_batch_size > 0
+        preferred = policy.preferred_batch_sizes or (policy.max_batch_size,)
+        self._preferred = frozenset(preferred)
+        self._max_preferred = max(preferred)
+        self._ordered = policy.preserve_ordering
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: deque[_Request] = deque()
+        self._delayed: deque[_Request] = deque()  # expired under timeout_action DELAY
+        self._next_deadline = 0  # earliest deadline in _queue, or 0; may be stale-early
+        self._timer: TimerHandle | None = None
+        self._timer_ns = 0
+        self._schedule_queued = False
+        self._closing = False
+        self._closed = False
+        self._close_task: asyncio.Future[None] | None = None
+        self._drained: asyncio.Event | None = None
+        self._next_seq = 0  # preserve_ordering: next batch number to hand out
+        self._release_seq = 0  # ... and the next one to release
+        self._held: dict[int, tuple[list[_Request], Outcome]] = {}
+        self._slots = [_Slot(instance) for instance in instances]
+        self._idle: deque[_Slot] = deque(self._slots)
+        inline = len(instances) == 1 and getattr(instances[0], "runs_on_loop", False) is True
+        self._inline_slot = self._slots[0] if inline else None
+        self._ns_per_element = 0.0  # average run cost of the inline slot's batches; 0 = not known yet
+        # Handing busy instances batches ahead would let a queued request outlive its timeout unseen.
+        self._ahead = 0 if policy.default_timeout_ns else AHEAD_BATCHES
+        for slot in self._slots:
+            # Daemon, so a scheduler that is never closed cannot keep the process alive.
+            slot.thread = threading.Thread(
+                target=self._work, args=(slot,), name=f"{slot.instance.name}-worker", daemon=True
+            )
+            slot.thread.start()
+
+    # -- public API ------------------------------------------------------------------------------
+
+    async def infer(
+        self,
+        inputs: Tensors,
+        output_names: Sequence[str],
+        *,
+        timeout_us: int | None = None,
+        received_ns: int | None = None,
+    ) -> Tensors:
+        """Run one request, batched with others where the policy allows; returns its outputs.
+
+        `received_ns` is on the `time.perf_counter_ns` clock (default: now). An empty
+        `output_names` asks for every output. Raises InvalidArgument for a bad batch dimension,
+        Unavailable when the queue is full, the request times out or the scheduler is closing,
+        and InternalError when the model fails.
+        """
+        if self._closing:
+            raise Unavailable(_STOPPING)
+        now = perf_counter_ns()
+        if received_ns is None:
+            received_ns = now
+        batch_size, key = self._admit(inputs)
+        policy = self._policy
+        if policy.max_queue_size and len(self._queue) + len(self._delayed) >= policy.max_queue_size:
+            self._stats.record_failure(perf_counter_ns() - received_ns, "REJECTED")
+            raise Unavailable(f"Exceeds maximum queue size ({policy.max_queue_size})")
+        deadline = 0
+        if policy.default_timeout_ns:
+            timeout_ns = policy.default_timeout_ns
+            # Only lower, and only when allowed: PolicyQueue::Enqueue ignores the rest.
+            if policy.allow_timeout_override and timeout_us and timeout_us * 1000 < timeout_ns:
+                timeout_ns = timeout_us * 1000
+            deadline = now + timeout_ns
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        future: asyncio.Future[Tensors] = loop.create_future()
+        request = _Request(inputs, output_names, batch_size, key, future, received_ns, now, deadline)
+        self._queue.append(request)
+        self._stats.pending += 1
+        if deadline and (not self._next_deadline or deadline < self._next_deadline):
+            self._next_deadline = deadline
+            self._arm(deadline)
+        if self._idle and not self._schedule_queued:
+            if self._batching:
+                self._schedule_queued = True
+                loop.call_soon(self._schedule)
+            else:
+                self._schedule()  # nothing to gather: an idle instance takes it now
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if request.queued:
+                self._unqueue(request)
+                self._stats.record_failure(perf_counter_ns() - received_ns, "CANCELED")
+                self._check_drained()
+            raise
+
+    async def close(self, grace_s: float) -> None:
+        """Stop accepting requests, let queued and running ones finish for up to `grace_s`
+        seconds, fail the rest with Unavailable, and stop the worker threads.
+
+        Batches waiting for their queue delay are sent at once. A `run` still executing after
+        the grace period cannot be interrupted: its callers get Unavailable now and its worker
+        thread exits once `run` returns. Safe to call more than once; later calls wait for the
+        first.
+        """
+        if self._close_task is None:
+            self._closing = True
+            if self._loop is None:
+                self._loop = asyncio.get_running_loop()
+            self._close_task = asyncio.ensure_future(self._shut_down(grace_s))
+        # Shielded: a caller that gives up waiting must not leave the shutdown half done.
+        await asyncio.shield(self._close_task)
+
+    async def _shut_down(self, grace_s: float) -> None:
+        self._schedule()  # flush batches that were waiting for their queue delay
+        if grace_s > 0 and not self._is_drained():
+            self._drained = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._drained.wait(), grace_s)
+            except asyncio.TimeoutError:
+                pass
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        now = perf_counter_ns()
+        for request in itertools.chain(self._queue, self._delayed):
+            request.queued = False
+            self._fail(request, Unavailable("Server is stopping: request was still queued"), "OTHER", now)
+        self._stats.pending -= len(self._queue) + len(self._delayed)
+        self._queue.clear()
+        self._delayed.clear()
+        for slot in self._slots:
+            for _, batch in slot.running:
+                for request in batch:
+                    error = Unavailable("Server is stopping: request was still executing")
+                    self._fail(request, error, "OTHER", now)
+        # Batches held back for ordering have their outputs; their predecessors just failed.
+        for seq in sorted(self._held):
+            self._resolve(*self._held.pop(seq))
+        for slot in self._slots:
+            slot.inbox.put(None)
+        for slot in self._slots:
+            # Idle workers exit at once; busy ones are left to finish `run` on their own.
+            if not slot.running and slot.thread is not None:
+                slot.thread.join()
+
+    # -- admission -------------------------------------------------------------------------------
+
+    def _admit(self, inputs: Tensors) -> tuple[int, object]:
+        """Return the request's batch size and batching key, or raise InvalidArgument."""
+        max_batch_size = self._policy.max_batch_size
+        if max_batch_size == 0:
+            return 1, None
+        batch_size = -1
+        for name, array in inputs.items():
+            if array.ndim == 0:
+                raise InvalidArgument(f"input '{name}' has no batch dimension but the model batches")
+            if batch_size < 0:
+                batch_size = array.shape[0]
+            elif array.shape[0] != batch_size:
+                raise InvalidArgument(
+                    f"input '{name}' batch size {array.shape[0]} does not match other inputs' batch size {batch_size}"
+                )
+        if batch_size < 1:
+            raise InvalidArgument("inference request batch-size must be >= 1")
+        if batch_size > max_batch_size:
+            raise InvalidArgument(f"inference request batch-size must be <= {max_batch_size}")
+        if not self._batching:
+            return batch_size, None
+        # Sorted so that two clients listing the same inputs in another order still batch.
+        return batch_size, tuple(sorted((n, a.dtype, a.shape[1:]) for n, a in inputs.items()))
+
+    # -- batch formation (event loop) ------------------------------------------------------------
+
+    def _schedule(self) -> None:
+        self._schedule_queued = False
+        now = perf_counter_ns()
+        if self._next_deadline and now >= self._next_deadline:
+            self._expire(now)
+        idle = self._idle
+        while idle and (self._queue or self._delayed):
+            count = self._take(now) if self._batching else 1
+            if count == 0:
+                break  # waiting for the queue delay; _take armed the timer
+            self._dispatch(idle.popleft(), [self._pop() for _ in range(count)])
+        if self._ahead and not idle:
+            self._dispatch_ahead(now)
+        if self._next_deadline:
+            self._arm(self._next_deadline)
+
+    def _take(self, now: int) -> int:
+        """How many requests from the head of the queue to batch now; 0 means wait."""
+        max_batch_size = self._policy.max_batch_size
+        max_preferred = self._max_preferred
+        preferred = self._preferred
+        candidates: Iterable[_Request] = itertools.chain(self._queue, self._delayed) if self._delayed else self._queue
+        total = count = best = 0
+        oldest = now
+        key: object = None
+        send_now = False
+        for request in candidates:
+            size = request.batch_size
+            if count == 0:
+                key = request.key
+            else:
+                if best == 0 and total + size > max_preferred:
+                    best = count  # what fits under the largest preferred size
+                if total + size > max_batch_size or request.key != key:
+                    send_now = True
+                    break
+            total += size
+            count += 1
+            if request.enqueued_ns < oldest:
+                oldest = request.enqueued_ns
+            if total in preferred:
+                best = count
+        delay = self._policy.max_queue_delay_ns
+        # While closing, nobody else will come to fill the batch: send it.
+        delay_expired = delay > 0 and (now - oldest >= delay or self._closing)
+        if best and not delay_expired:
+            return best
+        if send_now or total >= max_preferred or delay == 0 or delay_expired:
+            return count
+        self._arm(oldest + delay)
+        return 0
+
+    def _dispatch_ahead(self, now: int) -> None:
+        """Every instance is busy and the queue holds whole batches: hand them out now, up to
+        `AHEAD_BATCHES` per instance, so an instance that finishes starts its next batch at once
+        instead of one event-loop iteration later (see "Backlogs")."""
+        inline_until = now + INLINE_MAX_NS  # the loop runs inline batches here for at most this long
+        while self._queue and len(self._queue) >= (self._max_preferred if self._batching else 1):
+            slot = min(self._slots, key=_backlog)
+            if len(slot.running) >= self._ahead or (slot is self._inline_slot and perf_counter_ns() > inline_until):
+                return
+            count = self._take(now) if self._batching else 1
+            if count == 0:
+                return
+            self._dispatch(slot, [self._pop() for _ in range(count)])
+
+    def _pop(self) -> _Request:
+        return self._queue.popleft() if self._queue else self._delayed.popleft()
+
+    def _dispatch(self, slot: _Slot, batch: list[_Request]) -> None:
+        for request in batch:
+            request.queued = False
+        self._stats.pending -= len(batch)
+        entry = (self._next_seq, batch)
+        self._next_seq += 1
+        slot.running.append(entry)
+        if slot is self._inline_slot and 0 < _elements(batch) * self._ns_per_element <= INLINE_MAX_NS:
+            loop = self._loop
+            assert loop is not None  # set by infer() before anything is dispatched
+            loop.call_soon(self._finish, slot, entry, execute(slot.instance, batch))
+            return
+        slot.inbox.put(entry)
+
+    def _expire(self, now: int) -> None:
+        """Apply timeout_action to every queued request whose deadline has passed."""
+        queue_ = self._queue
+        if not self._policy.allow_timeout_override:
+            # Every deadline is enqueue time + the same timeout, so they ascend along the queue
+            # and only its head needs looking at: O(1) per request under load.
+            while queue_ and now >= queue_[0].deadline_ns:
+                self._timed_out(queue_.popleft(), now)
+            self._next_deadline = queue_[0].deadline_ns if queue_ else 0
+        else:
+            keep: deque[_Request] = deque()
+            next_deadline = 0
+            for request in queue_:
+                deadline = request.deadline_ns
+                if deadline and now >= deadline:
+                    self._timed_out(request, now)
+                    continue
+                keep.append(request)
+                if deadline and (not next_deadline or deadline < next_deadline):
+                    next_deadline = deadline
+            self._queue = keep
+            self._next_deadline = next_deadline
+        self._check_drained()
+
+    def _timed_out(self, request: _Request, now: int) -> None:
+        if self._policy.timeout_action == "DELAY":
+            request.deadline_ns = 0
+            self._delayed.append(request)
+        else:
+            request.queued = False
+            self._stats.pending -= 1
+            self._fail(request, Unavailable("Request timeout expired"), "REJECTED", now)
+
+    def _arm(self, when_ns: int) -> None:
+        """Make sure _schedule runs at `when_ns` (perf_counter_ns) or earlier."""
+        if self._closed or self._loop is None:
+            return
+        if self._timer is not None:
+            if self._timer_ns <= when_ns:
+                return
+            self._timer.cancel()
+        self._timer = call_at_ns(self._loop, when_ns, self._on_timer)
+        self._timer_ns = when_ns
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._schedule()
+
+    def _unqueue(self, request: _Request) -> None:
+        request.queued = False
+        self._stats.pending -= 1
+        try:
+            self._queue.remove(request)
+        except ValueError:
+            self._delayed.remove(request)
+
+    # -- execution (worker threads) --------------------------------------------------------------
+
+    def _work(self, slot: _Slot) -> None:
+        instance = slot.instance
+        inbox = slot.inbox
+        while (entry := inbox.get()) is not None:
+            if self._closed:
+                continue  # close() failed what waited here; the sentinel follows
+            outcome = execute(instance, entry[1])
+            loop = self._loop
+            assert loop is not None  # set by infer() before anything is dispatched
+            try:
+                loop.call_soon_threadsafe(self._finish, slot, entry, outcome)
+            except RuntimeError:
+                return  # the loop is closed; nobody is waiting for this batch any more
+
+    # -- completion (event loop) -----------------------------------------------------------------
+
+    def _finish(self, slot: _Slot, entry: _Batch, outcome: Outcome) -> None:
+        seq, batch = entry
+        running = slot.running
+        if running and running[0] is entry:
+            running.popleft()
+        elif entry in running:  # an inline batch that overtook one on the worker
+            running.remove(entry)
+        else:
+            return  # close() already failed it
+        if not self._closed and not running:
+            self._idle.append(slot)
+        t0, t1, t2, t3, _, error = outcome
+        if error is None:
+            self._stats.record_execution(sum(r.batch_size for r in batch), t1 - t0, t2 - t1, t3 - t2)
+            if slot is self._inline_slot:
+                cost = (t3 - t0) / max(1, _elements(batch))
+                average = self._ns_per_element
+                # 1/4 weight: a run far over the bound sends the next batch to the worker at once.
+                self._ns_per_element = cost if average == 0 else average + (cost - average) / 4
+        if self._ordered and not self._closed:
+            self._held[seq] = (batch, outcome)
+            while self._release_seq in self._held:
+                self._resolve(*self._held.pop(self._release_seq))
+                self._release_seq += 1
+        else:
+            self._resolve(batch, outcome)
+        if not self._closed:
+            self._schedule()
+            self._check_drained()
+
+    def _resolve(self, batch: list[_Request], outcome: Outcome) -> None:
+        t0, t1, t2, t3, results, error = outcome
+        done = perf_counter_ns()
+        stats = self._stats
+        if results is None:
+            message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+            for request in batch:
+                self._fail(request, InternalError(message), "BACKEND", done)
+            return
+        for request, result in zip(batch, results):
+            future = request.future
+            if future.done():
+                if future.cancelled():
+                    stats.record_failure(done - request.received_ns, "CANCELED")
+                continue  # otherwise close() failed it and counted it already
+            received = request.received_ns
+            stats.record_success(done - received, t0 - received, t1 - t0, t2 - t1, t3 - t2)
+            future.set_result(result)
+
+    def _fail(self, request: _Request, error: Exception, reason: str, now: int) -> None:
+        future = request.future
+        if future.cancelled():
+            reason = "CANCELED"
+        elif future.done():
+            return  # already answered and counted
+        else:
+            future.set_exception(error)
+        self._stats.record_failure(now - request.received_ns, reason)
+
+    def _is_drained(self) -> bool:
+        idle = len(self._idle) == len(self._slots)
+        return idle and not self._queue and not self._delayed and not self._held
+
+    def _check_drained(self) -> None:
+        if self._drained is not None and self._is_drained():
+            self._drained.set()
+
+
+def _backlog(slot: _Slot) -> int:
+    return len(slot.running)
+
+
+def _elements(batch: list[_Request]) -> int:
+    return sum(array.size for request in batch for array in request.inputs.values())

@@ -1,0 +1,385 @@
+"""Sans-I/O codec for the KServe v2 inference protocol (Triton's dialect).
+
+No sockets, no event loop: bytes in, objects out. The load generator and the reference server both
+use it. This module holds the request and response messages and their HTTP bodies: v2 JSON, and the
+binary tensor data extension (`Inference-Header-Content-Length` plus appended tensors). The tensors
+themselves, datatypes, the datatype ↔ numpy mapping and the binary and JSON tensor forms, are in
+`v2kit.tensors` and re-exported here. gRPC protos ↔ dataclasses are in `v2kit.grpc_proto`.
+
+Decoders raise only `CodecError` whatever the bytes, with a message fit for an HTTP 400 body
+(`error_body`) or an INVALID_ARGUMENT status. Sizes are checked against the bytes actually present
+before anything is allocated, and numeric tensors decoded from binary are zero-copy views of the body
+(read-only when it is `bytes`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from v2kit.tensors import (
+    DATATYPES,
+    CodecError,
+    _dtype_for,
+    _element_count,
+    _fmt,
+    _json_type,
+    _object_array,
+    _raw_buffer,
+    _short,
+    config_type_to_datatype,
+    datatype_to_config_type,
+    datatype_to_numpy,
+    deserialize_bytes_tensor,
+    numpy_to_datatype,
+    serialize_bytes_tensor,
+    tensor_from_json,
+    tensor_from_raw,
+    tensor_to_json,
+    tensor_to_raw,
+)
+
+__all__ = [
+    "CodecError",
+    "InferTensor",
+    "RequestedOutput",
+    "InferRequest",
+    "InferResponse",
+    "DATATYPES",
+    "datatype_to_numpy",
+    "numpy_to_datatype",
+    "config_type_to_datatype",
+    "datatype_to_config_type",
+    "serialize_bytes_tensor",
+    "deserialize_bytes_tensor",
+    "tensor_to_raw",
+    "tensor_from_raw",
+    "tensor_from_json",
+    "tensor_to_json",
+    "decode_infer_request",
+    "decode_raw_binary_request",
+    "encode_infer_response",
+    "encode_infer_request",
+    "decode_infer_response",
+    "decode_error",
+    "error_body",
+]
+
+
+@dataclass(slots=True)
+class InferTensor:
+    """One input or output tensor. `data` is a numpy array of `shape`; BYTES tensors hold `object`
+    arrays of `bytes`."""
+
+    name: str
+    datatype: str
+    shape: list[int]
+    data: np.ndarray
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    """An output the client asked for. `binary` is the per-output `binary_data` parameter, or None
+    when the client did not say (the request-level `binary_data_output` then decides)."""
+
+    name: str
+    binary: bool | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferRequest:
+    model_name: str
+    model_version: str = ""
+    id: str = ""
+    inputs: list[InferTensor] = field(default_factory=list)
+    # None: all outputs, with the request-level binary default.
+    outputs: list[RequestedOutput] | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferResponse:
+    model_name: str
+    model_version: str
+    id: str = ""
+    outputs: list[InferTensor] = field(default_factory=list)
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+# --- shared helpers ------------------------------------------------------------------------------
+
+
+def _check_count(t: InferTensor, what: str) -> None:
+    count, size = _element_count(t.shape, what), np.size(t.data)
+    if size != count:
+        raise CodecError(f"{what}: shape {_fmt(t.shape)} needs {count} elements but data has {size}")
+
+
+def _dumps(doc: Any, what: str) -> bytes:
+    try:
+        return json.dumps(doc, separators=(",", ":")).encode()
+    except (TypeError, ValueError) as e:
+        raise CodecError(f"cannot encode {what} as JSON: {e}") from None
+
+
+# --- HTTP bodies: JSON header, then binary sections ----------------------------------------------
+
+
+def _header_length(value: Any, size: int) -> int | None:
+    if value is None:
+        return None
+    try:  # the raw header string is welcome too
+        value = int(value) if isinstance(value, str) else value
+    except ValueError:
+        pass
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CodecError(f"Inference-Header-Content-Length must be an integer, got {_short(value)}")
+    if not 0 <= value <= size:
+        raise CodecError(f"Inference-Header-Content-Length {value} is outside the {size}-byte body")
+    return value
+
+
+def _split_body(body: Any, header_length: Any, what: str) -> tuple[dict[str, Any], memoryview | None]:
+    mv = memoryview(body).cast("B")
+    n = _header_length(header_length, len(mv))
+    header, rest = (mv, None) if n is None else (mv[:n], mv[n:])
+    try:
+        doc = json.loads(str(header, "utf-8"))
+    except UnicodeDecodeError as e:
+        raise CodecError(f"{what} JSON is not valid UTF-8: {e}") from None
+    except (ValueError, RecursionError) as e:
+        raise CodecError(f"{what} JSON is malformed: {e}") from None
+    if not isinstance(doc, dict):
+        raise CodecError(f"{what} JSON must be an object, got a {_json_type(doc)}")
+    return doc, rest
+
+
+def _params(container: dict[str, Any], what: str) -> dict[str, Any]:
+    params = container.get("parameters", {})
+    if not isinstance(params, dict):
+        raise CodecError(f"{what}: 'parameters' must be a JSON object")
+    return params
+
+
+def _parse_tensors(items: Any, kind: str, rest: memoryview | None) -> list[InferTensor]:
+    """Validates every `inputs`/`outputs` entry and the binary sizes, then decodes the data."""
+    if not isinstance(items, list):
+        raise CodecError(f"'{kind}s' must be a JSON array")
+    specs = []
+    seen: set[str] = set()
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
+            raise CodecError(f"{kind}s[{i}] must be a JSON object with a non-empty string 'name'")
+        name = item["name"]
+        what = f"{kind} {name!r}"
+        if name in seen:
+            raise CodecError(f"duplicate {kind} name {name!r}")
+        seen.add(name)
+        _dtype_for(item.get("datatype"), what)
+        if "shape" not in item:
+            raise CodecError(f"{what}: missing 'shape'")
+        _element_count(item["shape"], what)
+        params = _params(item, what)
+        size = params.get("binary_data_size")
+        if size is not None:
+            if "data" in item:
+                raise CodecError(f"{what}: has both 'data' and parameters.binary_data_size; send one")
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+                raise CodecError(f"{what}: binary_data_size must be an integer >= 0, got {_short(size)}")
+            params = {k: v for k, v in params.items() if k != "binary_data_size"}
+        elif "data" not in item:
+            if "shared_memory_region" in params:
+                raise CodecError(f"{what}: shared memory tensors are not supported")
+            raise CodecError(f"{what}: has neither 'data' nor parameters.binary_data_size")
+        specs.append((name, item["datatype"], item["shape"], params, item.get("data"), size))
+
+    sized = [(name, size) for name, *_, size in specs if size is not None]
+    total, available = sum(size for _, size in sized), 0 if rest is None else len(rest)
+    if total != available:
+        listed = ", ".join(f"{kind} {n!r}: {s}" for n, s in sized) or "none"
+        where = (
+            "the body has no binary part (no Inference-Header-Content-Length)"
+            if rest is None
+            else (f"{available} bytes follow the JSON header")
+        )
+        raise CodecError(f"binary_data_size values ({listed}) add up to {total} bytes but {where}")
+    tensors, off = [], 0
+    for name, datatype, shape, params, data, size in specs:
+        if size is None:
+            arr = tensor_from_json(data, datatype, shape, name, kind=kind)
+        else:
+            section = rest[off : off + size]  # type: ignore[index]  # sizes matched, so rest is there
+            arr = tensor_from_raw(section, datatype, shape, name, kind=kind)
+            off += size
+        tensors.append(InferTensor(name, datatype, [int(d) for d in shape], arr, params))
+    return tensors
+
+
+def _parse_requested_outputs(items: Any) -> list[RequestedOutput] | None:
+    if items is None:
+        return None
+    if not isinstance(items, list):
+        raise CodecError("'outputs' must be a JSON array")
+    outputs: dict[str, RequestedOutput] = {}
+    for i, item in enumerate(items):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
+            raise CodecError(f"outputs[{i}] must be a JSON object with a non-empty string 'name'")
+        what = f"output {item['name']!r}"
+        if item["name"] in outputs:
+            raise CodecError(f"duplicate requested output name {item['name']!r}")
+        params = _params(item, what)
+        binary, classes = params.get("binary_data"), params.get("classification")
+        if binary is not None and not isinstance(binary, bool):
+            raise CodecError(f"{what}: binary_data must be true or false, got {_short(binary)}")
+        if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int) or classes < 0):
+            raise CodecError(f"{what}: classification must be a non-negative integer")
+        params = {k: v for k, v in params.items() if k != "binary_data"}
+        outputs[item["name"]] = RequestedOutput(item["name"], binary, params)
+    return list(outputs.values()) or None  # `"outputs": []` names nothing, like no list: all outputs
+
+
+def _parse_common(doc: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    rid, params = doc.get("id", ""), _params(doc, "request")
+    if not isinstance(rid, str):
+        raise CodecError(f"'id' must be a string, got a {_json_type(rid)}")
+    if not isinstance(params.get("binary_data_output", False), bool):
+        raise CodecError("parameter binary_data_output must be true or false")
+    return rid, params
+
+
+def decode_infer_request(
+    body: bytes, header_length: int | None, model_name: str, model_version: str = ""
+) -> InferRequest:
+    """Server side: an HTTP infer body. `header_length` is Inference-Header-Content-Length (None when
+    absent). Length 0 means a raw binary request, which needs `decode_raw_binary_request`."""
+    if _header_length(header_length, memoryview(body).nbytes) == 0:
+        raise CodecError(
+            "Inference-Header-Content-Length: 0 (raw binary request) needs the model's input metadata; "
+            "the server must decode it with decode_raw_binary_request"
+        )
+    doc, rest = _split_body(body, header_length, "request")
+    rid, params = _parse_common(doc)
+    if "inputs" not in doc:
+        raise CodecError("request JSON has no 'inputs'")
+    inputs = _parse_tensors(doc["inputs"], "input", rest)
+    if not inputs:
+        raise CodecError("'inputs' must not be empty")
+    outputs = _parse_requested_outputs(doc.get("outputs"))
+    return InferRequest(model_name, model_version, rid, inputs, outputs, params)
+
+
+def decode_raw_binary_request(
+    body: bytes, model_name: str, model_version: str, input_name: str, datatype: str, shape: list[int]
+) -> InferRequest:
+    """Server side: a raw binary request (Inference-Header-Content-Length: 0) to a one-input model with
+    input `shape`, where one -1 is deduced from the size. BYTES needs shape [1]: the body is the one
+    element, with no length prefix. All outputs are asked for, binary."""
+    what = f"input {input_name!r}"
+    dtype, shape = _dtype_for(datatype, what), list(shape)
+    if datatype == "BYTES":
+        if shape not in ([1], [-1]):
+            raise CodecError(f"{what}: a raw binary request needs BYTES shape [1], not {_fmt(shape)}")
+        data, shape = _object_array([bytes(body)]), [1]
+    else:
+        variable = [i for i, d in enumerate(shape) if d == -1]
+        if len(variable) > 1:
+            raise CodecError(f"{what}: a raw binary request allows one variable dimension, not {_fmt(shape)}")
+        if variable:
+            n, row = memoryview(body).nbytes, math.prod(d for d in shape if d != -1) * dtype.itemsize
+            if (n and not row) or (row and n % row):
+                raise CodecError(f"{what}: {n} bytes is not a whole number of {_fmt(shape)} {datatype} rows")
+            shape[variable[0]] = n // row if row else 0
+        data = tensor_from_raw(body, datatype, shape, input_name)
+    tensor = InferTensor(input_name, datatype, shape, data)
+    return InferRequest(model_name, model_version, "", [tensor], None, {"binary_data_output": True})
+
+
+def _encode_tensor(t: InferTensor, binary: bool, kind: str, parts: list[Any]) -> dict[str, Any]:
+    what = f"{kind} {t.name!r}"
+    _check_count(t, what)
+    entry: dict[str, Any] = {"name": t.name, "shape": [int(d) for d in t.shape], "datatype": t.datatype}
+    params = dict(t.parameters)
+    if binary:
+        parts.append(_raw_buffer(t.data, t.datatype, what))
+        params["binary_data_size"] = len(parts[-1])
+    if params:
+        entry["parameters"] = params
+    if not binary:
+        entry["data"] = tensor_to_json(t.data, t.datatype, name=t.name, kind=kind)
+    return entry
+
+
+def encode_infer_response(response: InferResponse, request: InferRequest) -> tuple[bytes, int | None]:
+    """Server side: (body, Inference-Header-Content-Length), or (JSON body, None) when no output is
+    binary. An output's own `binary` wins over the request's `binary_data_output` (default false)."""
+    default = request.parameters.get("binary_data_output", False) is True
+    chosen = {o.name: o.binary for o in request.outputs or ()}
+    parts: list[Any] = []
+    outputs = []
+    for t in response.outputs:
+        binary = chosen.get(t.name)
+        outputs.append(_encode_tensor(t, default if binary is None else binary, "output", parts))
+    doc: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
+    if response.id:
+        doc["id"] = response.id
+    if response.parameters:
+        doc["parameters"] = response.parameters
+    doc["outputs"] = outputs
+    header = _dumps(doc, "response")
+    return (b"".join([header, *parts]), len(header)) if parts else (header, None)
+
+
+def encode_infer_request(
+    request: InferRequest, binary_inputs: bool = True, binary_outputs: bool = True
+) -> tuple[bytes, int | None]:
+    """Client side: (body, Inference-Header-Content-Length or None), byte for byte what tritonclient
+    sends. The model stays in the URL; outputs whose `binary` is None get `binary_outputs`."""
+    parts: list[Any] = []
+    inputs = [_encode_tensor(t, binary_inputs, "input", parts) for t in request.inputs]
+    doc: dict[str, Any] = {"id": request.id} if request.id else {}
+    doc["inputs"] = inputs
+    params = dict(request.parameters)
+    if request.outputs:
+        doc["outputs"] = []
+        for o in request.outputs:
+            binary = binary_outputs if o.binary is None else o.binary
+            doc["outputs"].append({"name": o.name, "parameters": {**o.parameters, "binary_data": binary}})
+    elif binary_outputs:
+        params["binary_data_output"] = True
+    if params:
+        doc["parameters"] = params
+    header = _dumps(doc, "request")
+    return (b"".join([header, *parts]), len(header)) if binary_inputs else (header, None)
+
+
+def decode_infer_response(body: bytes, header_length: int | None) -> InferResponse:
+    """Client side: an HTTP infer response body. Raises only CodecError (an error body included)."""
+    doc, rest = _split_body(body, header_length, "response")
+    if isinstance(doc.get("error"), str) and "outputs" not in doc:
+        raise CodecError(f"server error: {doc['error']}")
+    rid, params = _parse_common(doc)
+    name, version = doc.get("model_name", ""), doc.get("model_version", "")
+    if not isinstance(name, str) or not isinstance(version, str):
+        raise CodecError("'model_name' and 'model_version' must be strings")
+    return InferResponse(name, version, rid, _parse_tensors(doc.get("outputs", []), "output", rest), params)
+
+
+def error_body(message: str) -> bytes:
+    """The KServe REST error body `{"error": message}`."""
+    return json.dumps({"error": message}).encode()
+
+
+def decode_error(body: bytes) -> str:
+    """The `error` of a KServe error body, or the body's text when it is not one."""
+    text = bytes(body).decode("utf-8", errors="replace")
+    try:
+        doc = json.loads(text)
+    except (ValueError, RecursionError):
+        doc = None
+    return doc["error"] if isinstance(doc, dict) and isinstance(doc.get("error"), str) else text.strip()

@@ -1,0 +1,167 @@
+"""KServe v2 over gRPC: tritonclient's generated `inference` protos ↔ the codec's dataclasses.
+
+Sans-I/O like `v2kit.codec`: ModelInferRequest/Response messages in, dataclasses out, and back.
+Decoders raise only `CodecError` (an INVALID_ARGUMENT status for a server).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from tritonclient.grpc import service_pb2
+
+from v2kit.codec import CodecError, InferRequest, InferResponse, InferTensor, RequestedOutput, _check_count
+from v2kit.tensors import (
+    _check_range,
+    _dtype_for,
+    _element_count,
+    _fmt,
+    _object_array,
+    _raw_buffer,
+    _reshape,
+    _short,
+    tensor_from_raw,
+)
+
+__all__ = [
+    "parameters_from_proto",
+    "parameters_to_proto",
+    "request_from_proto",
+    "request_to_proto",
+    "response_to_proto",
+    "response_from_proto",
+]
+
+_CONTENTS = {  # datatype → (typed contents field, that field's numpy dtype)
+    "BOOL": ("bool_contents", "?"), "INT8": ("int_contents", "i4"), "INT16": ("int_contents", "i4"),
+    "INT32": ("int_contents", "i4"), "INT64": ("int64_contents", "i8"), "UINT8": ("uint_contents", "u4"),
+    "UINT16": ("uint_contents", "u4"), "UINT32": ("uint_contents", "u4"), "UINT64": ("uint64_contents", "u8"),
+    "FP32": ("fp32_contents", "f4"), "FP64": ("fp64_contents", "f8"), "BYTES": ("bytes_contents", "O"),
+}  # fmt: skip
+_CONTENT_FIELDS = sorted({f for f, _ in _CONTENTS.values()})
+
+
+def parameters_from_proto(pb_map: Any) -> dict[str, Any]:
+    """`map<string, InferParameter>` → dict of bool/int/str/float (entries with nothing set are skipped)."""
+    out = {}
+    for key, p in pb_map.items():
+        which = p.WhichOneof("parameter_choice")
+        if which is not None:
+            out[key] = getattr(p, which)
+    return out
+
+
+def parameters_to_proto(params: Mapping[str, Any], target: Any) -> None:
+    """Fills the `map<string, InferParameter>` field `target` from bool/int/str/float values (ints past
+    int64 go as uint64_param)."""
+    for key, value in params.items():
+        if not isinstance(key, str):
+            raise CodecError(f"parameter names must be strings, got {_short(key)}")
+        p = target[key]
+        if isinstance(value, (bool, np.bool_)):
+            p.bool_param = bool(value)
+        elif isinstance(value, (int, np.integer)):
+            if not -(2**63) <= int(value) < 2**64:
+                raise CodecError(f"parameter {key!r}: {value} does not fit int64 or uint64")
+            if value < 2**63:
+                p.int64_param = int(value)
+            else:
+                p.uint64_param = int(value)
+        elif isinstance(value, str):
+            p.string_param = value
+        elif isinstance(value, (float, np.floating)):
+            p.double_param = float(value)
+        else:
+            raise CodecError(f"parameter {key!r}: a {type(value).__name__} is not a bool, int, str or float")
+
+
+def _from_contents(t: Any, present: list[str], raw_name: str, what: str) -> np.ndarray:
+    dtype, count = _dtype_for(t.datatype, what), _element_count(list(t.shape), what)
+    if t.datatype == "FP16":
+        raise CodecError(f"{what}: FP16 data must be sent in {raw_name}")
+    field, base = _CONTENTS[t.datatype]
+    if [f for f in present if f != field]:
+        raise CodecError(f"{what}: datatype {t.datatype} takes {field}, got {', '.join(present)}")
+    values = getattr(t.contents, field)
+    if len(values) != count:
+        raise CodecError(f"{what}: shape {_fmt(t.shape)} needs {count} elements, {field} has {len(values)}")
+    if t.datatype == "BYTES":
+        return _reshape(_object_array(list(values)), t.shape, what)
+    arr = np.fromiter(values, dtype=base, count=count)
+    if arr.dtype != dtype and count:
+        _check_range(int(arr.min()), int(arr.max()), dtype, t.datatype, what)
+    return _reshape(arr.astype(dtype, copy=False), t.shape, what)
+
+
+def _tensors_from_proto(tensors: Any, raw: Any, kind: str) -> list[InferTensor]:
+    raw_name = f"raw_{kind}_contents"
+    if len(raw) and len(raw) != len(tensors):
+        raise CodecError(f"{raw_name} has {len(raw)} entries for {len(tensors)} {kind}s; send one per {kind}")
+    out: list[InferTensor] = []
+    seen: set[str] = set()
+    for i, t in enumerate(tensors):
+        what = f"{kind} {t.name!r}"
+        if t.name in seen:
+            raise CodecError(f"duplicate {kind} name {t.name!r}")
+        seen.add(t.name)
+        present = [f for f in _CONTENT_FIELDS if len(getattr(t.contents, f))]
+        if len(raw) and present:
+            raise CodecError(f"{what}: contents must not be set when {raw_name} is used")
+        if len(raw):
+            data = tensor_from_raw(raw[i], t.datatype, list(t.shape), t.name, kind=kind)
+        else:
+            data = _from_contents(t, present, raw_name, what)
+        out.append(InferTensor(t.name, t.datatype, list(t.shape), data, parameters_from_proto(t.parameters)))
+    return out
+
+
+def _tensors_to_proto(tensors: list[InferTensor], target: Any, raw: Any, kind: str) -> None:
+    for t in tensors:
+        what = f"{kind} {t.name!r}"
+        _check_count(t, what)
+        pt = target.add(name=t.name, datatype=t.datatype, shape=[int(d) for d in t.shape])
+        parameters_to_proto(t.parameters, pt.parameters)
+        buf = _raw_buffer(t.data, t.datatype, what)
+        raw.append(buf if isinstance(buf, bytes) else buf.tobytes())  # protobuf wants bytes
+
+
+def request_from_proto(pb: Any) -> InferRequest:
+    """gRPC `ModelInferRequest` → InferRequest (raw or typed contents). Raises only CodecError."""
+    inputs = _tensors_from_proto(pb.inputs, pb.raw_input_contents, "input")
+    if not inputs:
+        raise CodecError("request has no inputs")
+    outputs: dict[str, RequestedOutput] = {}
+    for o in pb.outputs:
+        if o.name in outputs:
+            raise CodecError(f"duplicate requested output name {o.name!r}")
+        outputs[o.name] = RequestedOutput(o.name, None, parameters_from_proto(o.parameters))
+    params, requested = parameters_from_proto(pb.parameters), list(outputs.values()) or None
+    return InferRequest(pb.model_name, pb.model_version, pb.id, inputs, requested, params)
+
+
+def request_to_proto(req: InferRequest) -> Any:
+    """InferRequest → gRPC `ModelInferRequest` with raw_input_contents (RequestedOutput.binary, an
+    HTTP notion, is dropped)."""
+    pb = service_pb2.ModelInferRequest(model_name=req.model_name, model_version=req.model_version, id=req.id)
+    parameters_to_proto(req.parameters, pb.parameters)
+    _tensors_to_proto(req.inputs, pb.inputs, pb.raw_input_contents, "input")
+    for o in req.outputs or ():
+        parameters_to_proto(o.parameters, pb.outputs.add(name=o.name).parameters)
+    return pb
+
+
+def response_to_proto(resp: InferResponse) -> Any:
+    """InferResponse → gRPC `ModelInferResponse` with raw_output_contents."""
+    pb = service_pb2.ModelInferResponse(model_name=resp.model_name, model_version=resp.model_version, id=resp.id)
+    parameters_to_proto(resp.parameters, pb.parameters)
+    _tensors_to_proto(resp.outputs, pb.outputs, pb.raw_output_contents, "output")
+    return pb
+
+
+def response_from_proto(pb: Any) -> InferResponse:
+    """gRPC `ModelInferResponse` → InferResponse (raw or typed contents). Raises only CodecError."""
+    outputs = _tensors_from_proto(pb.outputs, pb.raw_output_contents, "output")
+    params = parameters_from_proto(pb.parameters)
+    return InferResponse(pb.model_name, pb.model_version, pb.id, outputs, params)
