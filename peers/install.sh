@@ -57,8 +57,10 @@ if ready; then
     exit 0
 fi
 
-# perf_analyzer links libb64; the python backend's stub links Debian's libpython3.11.
-if ! ldconfig -p | grep -q 'libb64\.so\.0d' || ! ldconfig -p | grep -q 'libpython3\.11\.so\.1'; then
+# perf_analyzer links libb64; the python backend's stub links Debian's libpython3.11. (The cache is
+# read once into a variable: grep -q on a pipe can stop ldconfig early and fail it under pipefail.)
+libs=$(ldconfig -p)
+if ! grep -q 'libb64\.so\.0d' <<<"$libs" || ! grep -q 'libpython3\.11\.so\.1' <<<"$libs"; then
     as_root apt-get update -qq >/dev/null
     as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libb64-0d python3.11 libpython3.11 >/dev/null
 fi
