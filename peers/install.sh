@@ -23,10 +23,13 @@ as_root() {
     if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
 }
 
+model_packages_ready() {
+    [ -d "$MODEL_SITE/numpy" ] && [ -d "$MODEL_SITE/onnxruntime" ]
+}
+
 ready() {
     [ -x "$DIR/bin/tritonserver" ] && [ -x "$DIR/backends/python/triton_python_backend_stub" ] \
-        && [ -d "$MODEL_SITE/numpy" ] && [ -d "$MODEL_SITE/onnxruntime" ] \
-        && "$DIR/bin/perf_analyzer" --version >/dev/null 2>&1
+        && model_packages_ready && "$DIR/bin/perf_analyzer" --version >/dev/null 2>&1
 }
 
 # extract WHEEL DEST PREFIX...: the wheel's members under any PREFIX, without needing unzip.
@@ -41,13 +44,12 @@ with zipfile.ZipFile(wheel) as archive:
 EOF
 }
 
-# wrapper NAME LIBDIR [ENV...]: DIR/bin/NAME runs DIR/libexec/NAME with LIBDIR on the library path.
+# wrapper NAME LIBDIR [VAR=VALUE]: DIR/bin/NAME runs DIR/libexec/NAME with LIBDIR on the library path.
 wrapper() {
-    local name=$1 libdir=$2
-    shift 2
+    local name=$1 libdir=$2 env=${3:-}
     cat >"$DIR/bin/$name" <<EOF
 #!/bin/sh
-$* LD_LIBRARY_PATH="$libdir\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" exec "$DIR/libexec/$name" "\$@"
+${env:+$env }LD_LIBRARY_PATH="$libdir\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" exec "$DIR/libexec/$name" "\$@"
 EOF
     chmod +x "$DIR/bin/$name"
 }
@@ -92,7 +94,7 @@ wrapper perf_analyzer "$DIR/lib"
 wrapper tritonserver "$DIR/triton_libs" PYTHONHOME=/usr
 
 # What python-backend models import (perfkit/testing/models.py), where the stub looks for it.
-if [ ! -d "$MODEL_SITE/numpy" ] || [ ! -d "$MODEL_SITE/onnxruntime" ]; then
+if ! model_packages_ready; then
     as_root "$PY" -m pip install -q "${CP311[@]}" --target "$MODEL_SITE" "numpy<2" onnxruntime
 fi
 
