@@ -21,7 +21,7 @@ import psutil
 def peers_dir() -> Path:
     value = os.environ.get("PERFKIT_PEERS")
     if not value:
-        sys.exit("PERFKIT_PEERS is not set: run `bash ../shared/peers/install.sh DIR` and export PERFKIT_PEERS=DIR")
+        sys.exit("PERFKIT_PEERS is not set: run `bash peers/install.sh DIR` and export PERFKIT_PEERS=DIR")
     return Path(value)
 
 

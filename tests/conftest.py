@@ -41,11 +41,11 @@ def peers() -> Path:
     value = os.environ.get("PERFKIT_PEERS")
     if not value:
         pytest.skip(
-            "PERFKIT_PEERS is not set: install the peers with `bash ../shared/peers/install.sh DIR` "
+            "PERFKIT_PEERS is not set: install the peers with `bash peers/install.sh DIR` "
             "and set PERFKIT_PEERS=DIR to run the tests against NVIDIA's perf_analyzer and tritonserver"
         )
     root = Path(value)
     for tool in ("perf_analyzer", "tritonserver"):
         if not (root / "bin" / tool).exists():
-            pytest.fail(f"PERFKIT_PEERS={root} has no bin/{tool}; rerun ../shared/peers/install.sh {root}")
+            pytest.fail(f"PERFKIT_PEERS={root} has no bin/{tool}; rerun peers/install.sh {root}")
     return root
