@@ -28,10 +28,9 @@ cannot be compared level by level, and that is a usage error (exit 2), not a pas
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
-from xml.etree import ElementTree as ET
 
 from perfkit.analysis.significance import Significance, windows_differ
 from perfkit.errors import PerfkitError
@@ -46,11 +45,6 @@ __all__ = [
     "compare_sweeps",
     "level_label",
     "parse_percent",
-    "JUnitCase",
-    "comparison_cases",
-    "comparison_properties",
-    "render_comparison_lines",
-    "render_junit",
 ]
 
 DEFAULT_ALPHA = 0.05
@@ -172,6 +166,7 @@ class MetricDelta:
     level: str
     metric: str
     unit: str
+    better: Literal["higher", "lower"]
     baseline: float | None
     candidate: float | None
     change_pct: float | None  # signed: (candidate − baseline) / baseline
@@ -238,7 +233,7 @@ def _delta(base: LevelResult, cand: LevelResult, metric: GateMetric, thresholds:
     notes = tuple(f"{side} level not valid" for side, lv in (("baseline", base), ("candidate", cand)) if not lv.valid)
     b, c = metric.value(base), metric.value(cand)
     if b is None or c is None:
-        return MetricDelta(label, metric.name, metric.unit, b, c, None, limit, False,
+        return MetricDelta(label, metric.name, metric.unit, metric.better, b, c, None, limit, False,
                            Significance(False, "none"), "not measured", notes)  # fmt: skip
     if b == 0.0:
         change = 0.0 if c == 0.0 else math.copysign(math.inf, c)
@@ -254,7 +249,9 @@ def _delta(base: LevelResult, cand: LevelResult, metric: GateMetric, thresholds:
         verdict = "improved"
     else:
         verdict = "ok"
-    return MetricDelta(label, metric.name, metric.unit, b, c, change, limit, worse > limit, noise, verdict, notes)
+    return MetricDelta(
+        label, metric.name, metric.unit, metric.better, b, c, change, limit, worse > limit, noise, verdict, notes
+    )
 
 
 def compare_sweeps(
@@ -286,124 +283,3 @@ def compare_sweeps(
         _delta(base, cand, GATE_METRICS[name], thresholds) for base, cand in pairs for name in thresholds.metrics
     )
     return Comparison(names[0], names[1], thresholds, deltas, tuple(notes))
-
-
-# --------------------------------------------------------------------------------------------------
-# Renderers
-
-
-def _fmt(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:.1f}" if abs(value) >= 100 else f"{value:.3g}"
-
-
-def _fmt_change(change: float | None) -> str:
-    if change is None:
-        return "-"
-    return f"{change:+.1f}%" if math.isfinite(change) else ("+inf%" if change > 0 else "-inf%")
-
-
-def comparison_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]:
-    """The comparison as a header and rows of text, for the console and the HTML report."""
-    header = ["level", "metric", "baseline", "candidate", "change", "limit", "noise", "verdict"]
-    rows = []
-    for d in comparison.deltas:
-        metric = GATE_METRICS[d.metric]
-        sign = "-" if metric.better == "higher" else "+"
-        rows.append([
-            d.level, f"{d.metric} {d.unit}", _fmt(d.baseline), _fmt(d.candidate), _fmt_change(d.change_pct),
-            f"{sign}{d.limit_pct:g}%", d.noise.detail or d.noise.method,
-            d.verdict.upper() if d.regression else d.verdict,
-        ])  # fmt: skip
-    return header, rows
-
-
-def render_comparison_lines(comparison: Comparison) -> list[str]:
-    header, rows = comparison_rows(comparison)
-    widths = [max(len(cell) for cell in column) for column in zip(header, *rows)]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(cell.ljust(width) for cell, width in zip(cells, widths)).rstrip()
-
-    lines = [line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)]
-    lines += [f"note: {note}" for note in comparison.notes]
-    regressions = comparison.regressions
-    if regressions:
-        lines.append(
-            f"REGRESSION: {len(regressions)} of {len(comparison.deltas)} comparisons are worse than their limit "
-            "and beyond the runs' noise"
-        )
-    else:
-        noisy = sum(1 for d in comparison.deltas if d.verdict == "within noise")
-        tail = f" ({noisy} worse than the limit but within the runs' noise)" if noisy else ""
-        lines.append(f"no regression in {len(comparison.deltas)} comparisons{tail}")
-    return lines
-
-
-@dataclass(frozen=True, slots=True)
-class JUnitCase:
-    """One test case of a JUnit report: failed when `failure` is set, skipped when `skipped` is."""
-
-    classname: str
-    name: str
-    summary: str
-    failure: bool = False
-    skipped: bool = False
-
-
-def comparison_cases(comparison: Comparison) -> list[JUnitCase]:
-    """A test case per metric and level: failed where it regressed, skipped where not measured."""
-    cases = []
-    for d in comparison.deltas:
-        summary = (
-            f"{d.metric} at {d.level}: {_fmt(d.baseline)} -> {_fmt(d.candidate)} {d.unit} "
-            f"({_fmt_change(d.change_pct)}, limit {d.limit_pct:g}%); {d.noise.detail or d.noise.method}: {d.verdict}"
-        )
-        classname = "perfkit.analysis.compare." + d.level.replace(" ", "_").replace(".", "_").replace("/", "_per_")
-        cases.append(JUnitCase(classname, d.metric, summary, d.regression, d.verdict == "not measured"))
-    return cases
-
-
-def render_junit(
-    suite: str,
-    cases: Sequence[JUnitCase],
-    properties: Sequence[tuple[str, str]] = (),
-    output: str = "",
-) -> str:
-    """JUnit XML that CI systems (GitLab, Jenkins, GitHub test reporters) show as tests."""
-    counts = {
-        "tests": str(len(cases)),
-        "failures": str(sum(c.failure for c in cases)),
-        "errors": "0",
-        "skipped": str(sum(c.skipped and not c.failure for c in cases)),
-    }
-    root = ET.Element("testsuites", {"name": "perfkit", **counts})
-    element = ET.SubElement(root, "testsuite", {"name": suite, "time": "0", **counts})
-    if properties:
-        props = ET.SubElement(element, "properties")
-        for name, value in properties:
-            ET.SubElement(props, "property", name=name, value=value)
-    for case in cases:
-        node = ET.SubElement(element, "testcase", classname=case.classname, name=case.name, time="0")
-        if case.failure:
-            ET.SubElement(node, "failure", message=case.summary, type="PerformanceRegression").text = case.summary
-        elif case.skipped:
-            ET.SubElement(node, "skipped", message=case.summary)
-        else:
-            ET.SubElement(node, "system-out").text = case.summary
-    if output:
-        ET.SubElement(element, "system-out").text = output
-    ET.indent(root)
-    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
-
-
-def comparison_properties(comparison: Comparison) -> list[tuple[str, str]]:
-    t = comparison.thresholds
-    return [
-        ("baseline", comparison.baseline),
-        ("candidate", comparison.candidate),
-        ("max_throughput_drop_pct", f"{t.max_throughput_drop_pct:g}"),
-        ("max_latency_increase_pct", f"{t.max_latency_increase_pct:g}"),
-        ("alpha", f"{t.alpha:g}"),
-    ]

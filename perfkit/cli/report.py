@@ -18,18 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from perfkit.analysis.compare import (
-    GATE_METRICS,
-    Comparison,
-    JUnitCase,
-    Thresholds,
-    compare_sweeps,
-    comparison_cases,
-    comparison_properties,
-    parse_percent,
-    render_comparison_lines,
-    render_junit,
-)
+from perfkit.analysis.compare import GATE_METRICS, Comparison, Thresholds, compare_sweeps, parse_percent
 from perfkit.cli.scenario import (
     Scenario,
     check_slo,
@@ -40,6 +29,8 @@ from perfkit.cli.scenario import (
     touched_dests,
 )
 from perfkit.errors import ExitCode, PerfkitError
+from perfkit.report.compare_text import render_comparison_lines
+from perfkit.report.junit import JUnitCase, comparison_cases, comparison_properties, render_junit
 from perfkit.results.files import ReportItem, append_history, load_result, render_tidy_schema
 from perfkit.results.model import SweepResult
 

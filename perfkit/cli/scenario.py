@@ -46,8 +46,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfkit.analysis.compare import GATE_METRICS, JUnitCase, Thresholds, level_label, parse_percent
+from perfkit.analysis.compare import GATE_METRICS, Thresholds, level_label, parse_percent
 from perfkit.errors import PerfkitError
+from perfkit.report.junit import JUnitCase
 from perfkit.results.model import SweepResult
 
 __all__ = [

@@ -33,9 +33,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfkit._version import __version__
-from perfkit.analysis.compare import GATE_METRICS, Thresholds, compare_sweeps, comparison_rows, level_label
+from perfkit.analysis.compare import GATE_METRICS, Thresholds, compare_sweeps, level_label
 from perfkit.errors import PerfkitError
 from perfkit.report import plots
+from perfkit.report.compare_text import comparison_rows
 from perfkit.report.export import TIDY_COLUMNS
 from perfkit.results.files import ReportItem, TuneView, Variant, slo_from_sweep
 from perfkit.results.model import LevelResult, SweepResult

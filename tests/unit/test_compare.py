@@ -9,17 +9,12 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from perfkit.analysis.compare import (
-    Thresholds,
-    compare_sweeps,
-    comparison_cases,
-    parse_percent,
-    render_comparison_lines,
-    render_junit,
-)
+from perfkit.analysis.compare import Thresholds, compare_sweeps, parse_percent
 from perfkit.cli import main
 from perfkit.cli.scenario import check_slo
 from perfkit.errors import PerfkitError
+from perfkit.report.compare_text import render_comparison_lines
+from perfkit.report.junit import comparison_cases, render_junit
 from tests.synthetic import make_level, make_sweep, steady_sweep, write_sweep_json
 
 # --------------------------------------------------------------------------------------------------
