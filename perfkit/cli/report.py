@@ -19,18 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from perfkit.analysis.compare import GATE_METRICS, Comparison, Thresholds, compare_sweeps, parse_percent
-from perfkit.cli.scenario import (
-    Scenario,
-    check_slo,
-    command_argv,
-    expand_demo,
-    load_scenario,
-    merge_argv,
-    touched_dests,
-)
+from perfkit.analysis.slo import check_slo
+from perfkit.cli.scenario import Scenario, command_argv, expand_demo, load_scenario, merge_argv, touched_dests
 from perfkit.errors import ExitCode, PerfkitError
 from perfkit.report.compare_text import render_comparison_lines
-from perfkit.report.junit import JUnitCase, comparison_cases, comparison_properties, render_junit
+from perfkit.report.junit import JUnitCase, comparison_cases, comparison_properties, render_junit, slo_case
 from perfkit.results.files import ReportItem, append_history, load_result, render_tidy_schema
 from perfkit.results.model import SweepResult
 
@@ -369,7 +362,7 @@ def _run_sweep_scenario(
     if gates.slo_p99_ms:
         verdict = check_slo(result, gates.slo_p99_ms, gates.min_throughput_at_slo)
         print("\n".join(verdict.lines()))
-        cases.append(verdict.junit_case())
+        cases.append(slo_case(verdict))
         gate_failed |= not verdict.passed and not values.get("no_gate")
     junit = values.get("junit", gates.junit)
     if junit is not None and (comparison is not None or cases):

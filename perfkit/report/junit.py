@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from xml.etree import ElementTree as ET
 
 from perfkit.analysis.compare import Comparison
+from perfkit.analysis.slo import SloVerdict
 from perfkit.report.compare_text import format_change, format_value
 
-__all__ = ["JUnitCase", "comparison_cases", "comparison_properties", "render_junit"]
+__all__ = ["JUnitCase", "comparison_cases", "comparison_properties", "render_junit", "slo_case"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,3 +84,8 @@ def comparison_properties(comparison: Comparison) -> list[tuple[str, str]]:
         ("max_latency_increase_pct", f"{t.max_latency_increase_pct:g}"),
         ("alpha", f"{t.alpha:g}"),
     ]
+
+
+def slo_case(verdict: SloVerdict) -> JUnitCase:
+    """The SLO gate as one case, failed when the capacity within the SLO is too low."""
+    return JUnitCase("perfkit.slo", f"p99<={verdict.slo_p99_ms:g}ms", verdict.lines()[0], failure=not verdict.passed)

@@ -10,8 +10,8 @@ from xml.etree import ElementTree as ET
 import pytest
 
 from perfkit.analysis.compare import Thresholds, compare_sweeps, parse_percent
+from perfkit.analysis.slo import check_slo
 from perfkit.cli import main
-from perfkit.cli.scenario import check_slo
 from perfkit.errors import PerfkitError
 from perfkit.report.compare_text import render_comparison_lines
 from perfkit.report.junit import comparison_cases, render_junit
