@@ -21,6 +21,9 @@ fails on differences too small to matter once enough data is collected. So a met
      confidence interval of p99 from order statistics; the change is significant when the two
      intervals do not overlap.
 
+The metrics a gate can look at are the catalogue's (`analysis.metrics`) that have a gate name; any
+spelling of one names it (`p99`, `p99_ms`), and the verdicts carry the gate name.
+
 Levels are matched by load mode, level and batch size. Runs that did not measure the same levels
 cannot be compared level by level, and that is a usage error (exit 2), not a pass.
 """
@@ -32,52 +35,49 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from perfkit.analysis.metrics import METRICS, Metric, find, ms
 from perfkit.analysis.significance import Significance, windows_differ
 from perfkit.errors import PerfkitError
-from perfkit.results.model import LatencyStats, LevelResult, SweepResult
+from perfkit.results.model import LevelResult, SweepResult
 
 __all__ = [
     "GATE_METRICS",
     "Comparison",
-    "GateMetric",
     "MetricDelta",
     "Thresholds",
     "compare_sweeps",
+    "gated",
     "level_label",
     "parse_percent",
 ]
 
 DEFAULT_ALPHA = 0.05
 
+Noise = Callable[[LevelResult, LevelResult, float], Significance]
+
 
 # --------------------------------------------------------------------------------------------------
-# The metrics a gate can look at
-
-
-def _window_throughputs(level: LevelResult) -> list[float]:
-    return [w.throughput_infer_per_s for w in level.windows]
-
-
-def _window_latencies(level: LevelResult) -> list[float]:
-    return [w.stabilizing_latency_us for w in level.windows]
+# How a gate tells a metric's change from noise
 
 
 def _throughput_noise(base: LevelResult, cand: LevelResult, alpha: float) -> Significance:
-    return windows_differ(_window_throughputs(base), _window_throughputs(cand), alpha, "windows")
+    a, b = ([w.throughput_infer_per_s for w in lv.windows] for lv in (base, cand))
+    return windows_differ(a, b, alpha, "windows")
 
 
 def _latency_noise(base: LevelResult, cand: LevelResult, alpha: float) -> Significance:
-    return windows_differ(_window_latencies(base), _window_latencies(cand), alpha, "window latencies")
+    a, b = ([w.stabilizing_latency_us for w in lv.windows] for lv in (base, cand))
+    return windows_differ(a, b, alpha, "window latencies")
 
 
-def _p99_ci_noise(corrected: bool) -> Callable[[LevelResult, LevelResult, float], Significance]:
+def _p99_ci_noise(corrected: bool) -> Noise:
     def noise(base: LevelResult, cand: LevelResult, alpha: float) -> Significance:
         a = base.latency_from_intended if corrected else base.latency
         b = cand.latency_from_intended if corrected else cand.latency
         disjoint = b.p99_ci_low_us > a.p99_ci_high_us or a.p99_ci_low_us > b.p99_ci_high_us
         detail = (
-            f"95% CIs [{a.p99_ci_low_us / 1e3:.3g}, {a.p99_ci_high_us / 1e3:.3g}] and "
-            f"[{b.p99_ci_low_us / 1e3:.3g}, {b.p99_ci_high_us / 1e3:.3g}] ms "
+            f"95% CIs [{ms(a.p99_ci_low_us):.3g}, {ms(a.p99_ci_high_us):.3g}] and "
+            f"[{ms(b.p99_ci_low_us):.3g}, {ms(b.p99_ci_high_us):.3g}] ms "
             + ("do not overlap" if disjoint else "overlap")
         )
         return Significance(disjoint, "p99 CI", None, detail)
@@ -85,41 +85,22 @@ def _p99_ci_noise(corrected: bool) -> Callable[[LevelResult, LevelResult, float]
     return noise
 
 
-@dataclass(frozen=True, slots=True)
-class GateMetric:
-    """A metric a gate can compare: where to read it and how to tell its change from noise."""
+#: What each gated metric's change is tested against, by canonical name; the other latencies use
+#: the windows' stabilising latencies.
+_NOISE: dict[str, Noise] = {
+    "throughput_infer_per_s": _throughput_noise,
+    "p99_ms": _p99_ci_noise(False),
+    "p99_from_intended_ms": _p99_ci_noise(True),
+}
 
-    name: str
-    label: str
-    unit: str
-    better: Literal["higher", "lower"]
-    value: Callable[[LevelResult], float | None]
-    noise: Callable[[LevelResult, LevelResult, float], Significance]
-
-
-def _latency_ms(attr: str, corrected: bool = False) -> Callable[[LevelResult], float | None]:
-    def get(level: LevelResult) -> float | None:
-        stats: LatencyStats = level.latency_from_intended if corrected else level.latency
-        return getattr(stats, attr) / 1e3 if stats.count > 0 else None
-
-    return get
+#: The metrics a gate can compare, by the name compare prints.
+GATE_METRICS: dict[str, Metric] = {m.gate: m for m in METRICS if m.gate}
 
 
-GATE_METRICS: dict[str, GateMetric] = {
-    m.name: m
-    for m in (
-        GateMetric("throughput", "throughput", "infer/s", "higher", lambda lv: lv.throughput_infer_per_s,
-                   _throughput_noise),
-        GateMetric("p50", "p50 latency", "ms", "lower", _latency_ms("p50_us"), _latency_noise),
-        GateMetric("p90", "p90 latency", "ms", "lower", _latency_ms("p90_us"), _latency_noise),
-        GateMetric("p95", "p95 latency", "ms", "lower", _latency_ms("p95_us"), _latency_noise),
-        GateMetric("p99", "p99 latency", "ms", "lower", _latency_ms("p99_us"), _p99_ci_noise(False)),
-        GateMetric("p999", "p99.9 latency", "ms", "lower", _latency_ms("p999_us"), _latency_noise),
-        GateMetric("mean", "mean latency", "ms", "lower", _latency_ms("mean_us"), _latency_noise),
-        GateMetric("p99_from_intended", "p99 latency from intended send", "ms", "lower",
-                   _latency_ms("p99_us", corrected=True), _p99_ci_noise(True)),
-    )
-}  # fmt: skip
+def gated(name: str) -> Metric | None:
+    """The gated metric `name` spells (its gate name, canonical name or an alias); None if none."""
+    metric = find(name)
+    return metric if metric is not None and metric.gate else None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -147,7 +128,7 @@ class Thresholds:
     alpha: float = DEFAULT_ALPHA
 
     def validate(self) -> None:
-        unknown = [m for m in self.metrics if m not in GATE_METRICS]
+        unknown = [m for m in self.metrics if gated(m) is None]
         if unknown:
             raise PerfkitError(f"--metric {', '.join(unknown)}: choose from {', '.join(GATE_METRICS)}")
         if not self.metrics:
@@ -155,7 +136,12 @@ class Thresholds:
         if not 0.0 < self.alpha < 1.0:
             raise PerfkitError(f"--alpha must be between 0 and 1, not {self.alpha}")
 
-    def limit_pct(self, metric: GateMetric) -> float:
+    def gates(self) -> tuple[Metric, ...]:
+        """The gated metrics `metrics` name, in their order; raises PerfkitError on an unknown one."""
+        self.validate()
+        return tuple(m for m in map(gated, self.metrics) if m is not None)
+
+    def limit_pct(self, metric: Metric) -> float:
         return self.max_throughput_drop_pct if metric.better == "higher" else self.max_latency_increase_pct
 
 
@@ -228,19 +214,19 @@ def _match_levels(baseline: SweepResult, candidate: SweepResult) -> list[tuple[L
     return [(base[k], cand[k]) for k in base]
 
 
-def _delta(base: LevelResult, cand: LevelResult, metric: GateMetric, thresholds: Thresholds) -> MetricDelta:
-    label, limit = level_label(base), thresholds.limit_pct(metric)
+def _delta(base: LevelResult, cand: LevelResult, metric: Metric, thresholds: Thresholds) -> MetricDelta:
+    label, limit, name = level_label(base), thresholds.limit_pct(metric), metric.gate or metric.name
     notes = tuple(f"{side} level not valid" for side, lv in (("baseline", base), ("candidate", cand)) if not lv.valid)
     b, c = metric.value(base), metric.value(cand)
     if b is None or c is None:
-        return MetricDelta(label, metric.name, metric.unit, metric.better, b, c, None, limit, False,
+        return MetricDelta(label, name, metric.unit, metric.better, b, c, None, limit, False,
                            Significance(False, "none"), "not measured", notes)  # fmt: skip
     if b == 0.0:
         change = 0.0 if c == 0.0 else math.copysign(math.inf, c)
     else:
         change = (c - b) / abs(b) * 100.0
     worse = -change if metric.better == "higher" else change  # positive: the candidate is worse
-    noise = metric.noise(base, cand, thresholds.alpha)
+    noise = _NOISE.get(metric.name, _latency_noise)(base, cand, thresholds.alpha)
     if worse > limit:
         verdict: Literal["regression", "within noise", "improved", "ok"] = (
             "regression" if noise.significant else "within noise"
@@ -249,9 +235,8 @@ def _delta(base: LevelResult, cand: LevelResult, metric: GateMetric, thresholds:
         verdict = "improved"
     else:
         verdict = "ok"
-    return MetricDelta(
-        label, metric.name, metric.unit, metric.better, b, c, change, limit, worse > limit, noise, verdict, notes
-    )
+    return MetricDelta(label, name, metric.unit, metric.better, b, c, change, limit, worse > limit, noise, verdict,
+                       notes)  # fmt: skip
 
 
 def compare_sweeps(
@@ -263,7 +248,7 @@ def compare_sweeps(
 ) -> Comparison:
     """Each gated metric at each level of two sweeps. Raises PerfkitError (exit 2) when the runs
     cannot be compared: different load modes or levels, or an unknown metric."""
-    thresholds.validate()
+    gates = thresholds.gates()
     if baseline.mode != candidate.mode:
         raise PerfkitError(
             f"the baseline measured {baseline.mode} levels and the candidate {candidate.mode}; "
@@ -279,7 +264,5 @@ def compare_sweeps(
     for name, result in zip(names, (baseline, candidate)):
         if not result.completed:
             notes.append(f"the {name} sweep stopped early: {result.stop_reason}")
-    deltas = tuple(
-        _delta(base, cand, GATE_METRICS[name], thresholds) for base, cand in pairs for name in thresholds.metrics
-    )
+    deltas = tuple(_delta(base, cand, metric, thresholds) for base, cand in pairs for metric in gates)
     return Comparison(names[0], names[1], thresholds, deltas, tuple(notes))

@@ -15,14 +15,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = [
-    "Significance",
-    "mann_whitney_min_p",
-    "mann_whitney_u",
-    "regularized_beta",
-    "welch_t_test",
-    "windows_differ",
-]
+__all__ = ["Significance", "mann_whitney_min_p", "mann_whitney_u", "regularized_beta", "welch_t_test", "windows_differ"]
 
 
 def _u_counts(m: int, n: int) -> list[int]:

@@ -10,9 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from perfkit.analysis.compare import level_label
+from perfkit.analysis.metrics import metric
 from perfkit.results.model import LevelResult, SweepResult
 
 __all__ = ["SloVerdict", "check_slo"]
+
+_P99 = metric("p99_from_intended_ms")
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,8 +45,8 @@ class SloVerdict:
 
 
 def _meets(level: LevelResult, slo_p99_ms: float) -> bool:
-    p99 = level.latency_from_intended
-    return p99.count > 0 and level.error_count == 0 and p99.p99_us / 1e3 <= slo_p99_ms
+    p99 = _P99.value(level)
+    return p99 is not None and level.error_count == 0 and p99 <= slo_p99_ms
 
 
 def check_slo(result: SweepResult, slo_p99_ms: float, min_throughput: float | None = None) -> SloVerdict:

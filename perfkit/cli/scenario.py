@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfkit.analysis.compare import GATE_METRICS, Thresholds, parse_percent
+from perfkit.analysis.compare import GATE_METRICS, Thresholds, gated, parse_percent
 from perfkit.errors import PerfkitError
 
 __all__ = [
@@ -179,7 +179,7 @@ def _gates(table: dict[str, Any], base: Path, where: str) -> GateSpec:
         tuple(str(m) for m in metrics),
         float(alpha),
     )
-    unknown = [m for m in thresholds.metrics if m not in GATE_METRICS]
+    unknown = [m for m in thresholds.metrics if gated(m) is None]
     if unknown:
         raise PerfkitError(f"{where}: metrics {unknown}: choose from {', '.join(GATE_METRICS)}")
     if min_tp is not None and slo is None:
