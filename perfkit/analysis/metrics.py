@@ -99,6 +99,7 @@ METRICS: tuple[Metric, ...] = (
                gate="p99_from_intended" if stat == "p99" else None, description=_INTENDED)
         for stat in ("p50", "p90", "p95", "p99", "p999", "mean", "max")
     ),
+    # Not a tidy column: the CSV keeps the bytes (gpu_memory_used_max_bytes), tune's bounds are in MB.
     Metric("gpu_memory_mb", "MB", "lower", _gpu_memory_mb, ("gpu_used_memory",), figure="gpu_memory_mb",
            fmt="{:.0f}", description="max over GPUs"),
     Metric("gpu_utilization_pct", "%", "higher", _gpu_utilization_pct, ("gpu_utilization",),
