@@ -18,34 +18,18 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from perfkit.analysis.compare import (
-    GATE_METRICS,
-    Comparison,
-    JUnitCase,
-    Thresholds,
-    compare_sweeps,
-    comparison_cases,
-    comparison_properties,
-    parse_percent,
-    render_comparison_lines,
-    render_junit,
-)
-from perfkit.cli.scenario import (
-    Scenario,
-    check_slo,
-    command_argv,
-    expand_demo,
-    load_scenario,
-    merge_argv,
-    touched_dests,
-)
+from perfkit.analysis.compare import GATE_METRICS, Comparison, Thresholds, compare_sweeps, gated, parse_percent
+from perfkit.analysis.slo import check_slo
+from perfkit.cli.scenario import Scenario, command_argv, expand_demo, load_scenario, merge_argv, touched_dests
 from perfkit.errors import ExitCode, PerfkitError
+from perfkit.report.compare_text import render_comparison_lines
+from perfkit.report.junit import JUnitCase, comparison_cases, comparison_properties, render_junit, slo_case
 from perfkit.results.files import ReportItem, append_history, load_result, render_tidy_schema
 from perfkit.results.model import SweepResult
 
 __all__ = ["add_parsers", "command_parser"]
 
-REPORT_METRICS = ("throughput", "p50", "p99")
+REPORT_METRICS = ("throughput_infer_per_s", "p50_ms", "p99_ms")
 _DEFAULT_THRESHOLDS = Thresholds()
 
 
@@ -129,6 +113,13 @@ def _report(args: argparse.Namespace) -> int:
 # perfkit compare
 
 
+def _gate_spelling(text: str) -> str:
+    # Any spelling of a gated metric passes --metric's choices as the gate's name (p99_ms -> p99),
+    # so that an unknown one still gets argparse's message listing the choices.
+    metric = gated(text)
+    return metric.gate if metric is not None and metric.gate else text
+
+
 def _add_gate_arguments(parser: argparse.ArgumentParser, suppress: bool) -> None:
     """The thresholds of a comparison. With `suppress`, flags not given leave no attribute, so
     that a scenario's own values stand (STYLE practice 12: the SUPPRESS trick)."""
@@ -153,6 +144,7 @@ def _add_gate_arguments(parser: argparse.ArgumentParser, suppress: bool) -> None
         "--metric",
         action="extend",
         nargs="+",
+        type=_gate_spelling,
         choices=list(GATE_METRICS),
         default=default(None),
         metavar="METRIC",
@@ -378,7 +370,7 @@ def _run_sweep_scenario(
     if gates.slo_p99_ms:
         verdict = check_slo(result, gates.slo_p99_ms, gates.min_throughput_at_slo)
         print("\n".join(verdict.lines()))
-        cases.append(verdict.junit_case())
+        cases.append(slo_case(verdict))
         gate_failed |= not verdict.passed and not values.get("no_gate")
     junit = values.get("junit", gates.junit)
     if junit is not None and (comparison is not None or cases):

@@ -46,17 +46,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfkit.analysis.compare import GATE_METRICS, JUnitCase, Thresholds, level_label, parse_percent
+from perfkit.analysis.compare import GATE_METRICS, Thresholds, gated, parse_percent
 from perfkit.errors import PerfkitError
-from perfkit.results.model import SweepResult
 
 __all__ = [
     "COMMANDS",
     "GateSpec",
     "Scenario",
     "ServerSection",
-    "SloVerdict",
-    "check_slo",
     "command_argv",
     "expand_demo",
     "load_scenario",
@@ -182,7 +179,7 @@ def _gates(table: dict[str, Any], base: Path, where: str) -> GateSpec:
         tuple(str(m) for m in metrics),
         float(alpha),
     )
-    unknown = [m for m in thresholds.metrics if m not in GATE_METRICS]
+    unknown = [m for m in thresholds.metrics if gated(m) is None]
     if unknown:
         raise PerfkitError(f"{where}: metrics {unknown}: choose from {', '.join(GATE_METRICS)}")
     if min_tp is not None and slo is None:
@@ -322,57 +319,3 @@ def merge_argv(parser: argparse.ArgumentParser, from_file: list[str], from_cli: 
             kept += from_file[i : i + width]
         i += width
     return [*kept, *from_cli]
-
-
-# --------------------------------------------------------------------------------------------------
-# An SLO gate
-
-
-@dataclass(frozen=True, slots=True)
-class SloVerdict:
-    """Which levels kept p99 (from the intended send time) within the bound, and the capacity."""
-
-    slo_p99_ms: float
-    min_throughput: float | None
-    within: tuple[str, ...]  # level labels
-    capacity: float  # highest throughput among the levels within the SLO (0: none)
-    capacity_level: str
-
-    @property
-    def passed(self) -> bool:
-        return self.min_throughput is None or self.capacity >= self.min_throughput
-
-    def lines(self) -> list[str]:
-        head = f"SLO p99 <= {self.slo_p99_ms:g} ms"
-        if not self.within:
-            text = f"{head}: no level met it"
-        else:
-            text = f"{head}: {len(self.within)} level(s) met it; capacity {self.capacity:,.1f} infer/s at {self.capacity_level}"
-        if self.min_throughput is not None:
-            verdict = "passed" if self.passed else "FAILED"
-            text += f"; gate {verdict} (needs {self.min_throughput:,.1f} infer/s within the SLO)"
-        return [text]
-
-    def junit_case(self) -> JUnitCase:
-        return JUnitCase("perfkit.slo", f"p99<={self.slo_p99_ms:g}ms", self.lines()[0], failure=not self.passed)
-
-
-def check_slo(result: SweepResult, slo_p99_ms: float, min_throughput: float | None = None) -> SloVerdict:
-    """The SLO is judged on p99 from the intended send time, which is what a user arriving on
-    schedule sees (equal to the service latency in concurrency mode); a level with failed
-    requests does not meet it."""
-    within = [
-        lv
-        for lv in result.levels
-        if lv.latency_from_intended.count > 0
-        and lv.error_count == 0
-        and lv.latency_from_intended.p99_us / 1e3 <= slo_p99_ms
-    ]
-    best = max(within, key=lambda lv: lv.throughput_infer_per_s, default=None)
-    return SloVerdict(
-        slo_p99_ms,
-        min_throughput,
-        tuple(level_label(lv) for lv in within),
-        best.throughput_infer_per_s if best else 0.0,
-        level_label(best) if best else "-",
-    )

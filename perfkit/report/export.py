@@ -6,7 +6,8 @@ Four outputs:
   (checked against perf_analyzer 2.48.0), so tools that parse it (model_analyzer, scripts) read ours.
 - `render_tidy_csv` / `append_tidy_csv`: perfkit's own CSV, one row per load level, every column
   snake_case with its unit in the name. It is driven by the one column table `TIDY_COLUMNS`, which
-  docs and other renderers share; a change to that table is a change of `TIDY_SCHEMA_VERSION`.
+  docs and other renderers share; a change to that table is a change of `TIDY_SCHEMA_VERSION`. Its
+  metric columns are the catalogue's (`analysis.metrics`): name, unit, getter and meaning.
 - `render_profile_export`: perf_analyzer's `--profile-export-file` JSON (what genai-perf reads), with
   perfkit's per-request extras under their own keys.
 - `render_summary_table`: the console table, as lines.
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from perfkit.analysis.metrics import latency_ms, metric, ms
 from perfkit.load.samples import SampleArrays
 from perfkit.results.model import LatencyStats, LevelResult, SweepResult
 
@@ -198,18 +200,15 @@ class Column:
     description: str = ""
 
 
-def _ms(us: float) -> float:
-    return us / 1000.0
+def _metric_column(name: str) -> Column:
+    """The column of a catalogue metric: its canonical name, unit, getter and description."""
+    spec = metric(name)
+    return Column(name, spec.unit, lambda s, lv: spec.value(lv), spec.description)
 
 
-def _latency(attr: str, corrected: bool = False) -> Callable[[SweepResult, LevelResult], Cell]:
-    """A latency statistic in ms; empty when no request succeeded (the stats are then all zeros)."""
-
-    def get(_: SweepResult, lv: LevelResult) -> Cell:
-        stats = lv.latency_from_intended if corrected else lv.latency
-        return _ms(getattr(stats, attr)) if stats.count > 0 else None
-
-    return get
+def _latency(attr: str) -> Callable[[SweepResult, LevelResult], Cell]:
+    get = latency_ms(attr)
+    return lambda s, lv: get(lv)
 
 
 def _server(attr: str) -> Callable[[SweepResult, LevelResult], Cell]:
@@ -225,15 +224,8 @@ def _mean(values: dict[str, float]) -> float | None:
 
 def _custom_ms(_: SweepResult, lv: LevelResult) -> Cell:
     stats = lv.latency
-    return _ms(stats.custom_us) if stats.custom_us is not None and stats.count > 0 else None
+    return ms(stats.custom_us) if stats.custom_us is not None and stats.count > 0 else None
 
-
-def _gpu_util_pct(_: SweepResult, lv: LevelResult) -> Cell:
-    mean = _mean(lv.resources.gpu_utilization)
-    return None if mean is None else mean * 100.0
-
-
-_CORRECTED = ("p50", "p90", "p95", "p99", "p999", "mean", "max")
 
 TIDY_COLUMNS: tuple[Column, ...] = (
     Column("schema_version", "", lambda s, lv: TIDY_SCHEMA_VERSION, "version of this column table"),
@@ -255,29 +247,18 @@ TIDY_COLUMNS: tuple[Column, ...] = (
         lambda s, lv: ";".join(f"{kind}={count}" for kind, count in sorted(lv.errors.items())),
         "kind=count;... sorted by kind",
     ),
-    Column("throughput_infer_per_s", "infer/s", lambda s, lv: lv.throughput_infer_per_s),
+    _metric_column("throughput_infer_per_s"),
     Column("throughput_ci_low_infer_per_s", "infer/s", lambda s, lv: lv.throughput_ci_low, "95% CI"),
     Column("throughput_ci_high_infer_per_s", "infer/s", lambda s, lv: lv.throughput_ci_high, "95% CI"),
     Column("send_rate_per_s", "req/s", lambda s, lv: lv.send_rate_per_s, "requests actually sent per second"),
-    *(
-        Column(f"{stat}_ms", "ms", _latency(f"{stat}_us"), "completion - actual send")
-        for stat in ("p50", "p90", "p95", "p99", "p999", "mean", "std", "min", "max")
-    ),  # fmt: skip
+    *(_metric_column(f"{stat}_ms") for stat in ("p50", "p90", "p95", "p99", "p999", "mean", "std", "min", "max")),
     Column("p99_ci_low_ms", "ms", _latency("p99_ci_low_us"), "95% CI of p99"),
     Column("p99_ci_high_ms", "ms", _latency("p99_ci_high_us"), "95% CI of p99"),
     Column("custom_percentile", "", lambda s, lv: lv.latency.custom_percentile, "--percentile, when asked for"),
     Column("custom_percentile_ms", "ms", _custom_ms, "latency at --percentile"),
-    *(
-        Column(
-            f"{stat}_from_intended_ms",
-            "ms",
-            _latency(f"{stat}_us", corrected=True),
-            "completion - intended send (coordinated omission corrected)",
-        )
-        for stat in _CORRECTED
-    ),  # fmt: skip
+    *(_metric_column(f"{stat}_from_intended_ms") for stat in ("p50", "p90", "p95", "p99", "p999", "mean", "max")),
     Column("delayed_pct", "%", lambda s, lv: lv.delayed_pct, "sends more than 1 ms after their intended time"),
-    Column("max_send_lag_ms", "ms", lambda s, lv: _ms(lv.max_send_lag_us)),
+    Column("max_send_lag_ms", "ms", lambda s, lv: ms(lv.max_send_lag_us)),
     Column("client_send_us", "us", lambda s, lv: lv.client_send_us),
     Column("client_recv_us", "us", lambda s, lv: lv.client_recv_us),
     Column("network_server_us", "us", lambda s, lv: lv.network_server_us, "perf_analyzer's Network+Server Send/Recv"),
@@ -288,7 +269,7 @@ TIDY_COLUMNS: tuple[Column, ...] = (
     Column("server_avg_batch_size", "count", _server("avg_batch_size")),
     Column("server_inference_count", "count", _server("inference_count")),
     Column("server_execution_count", "count", _server("execution_count")),
-    Column("gpu_utilization_pct", "%", _gpu_util_pct, "mean over GPUs"),
+    _metric_column("gpu_utilization_pct"),
     Column(
         "gpu_memory_used_max_bytes",
         "bytes",
@@ -458,7 +439,7 @@ def _fmt_level(level: LevelResult) -> str:
 
 
 def _fmt_ms(stats: LatencyStats, us: float) -> str:
-    return f"{us / 1000:.2f}" if stats.count > 0 else "-"
+    return f"{ms(us):.2f}" if stats.count > 0 else "-"
 
 
 def render_summary_table(levels: Sequence[LevelResult]) -> list[str]:

@@ -33,9 +33,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfkit._version import __version__
-from perfkit.analysis.compare import GATE_METRICS, Thresholds, compare_sweeps, comparison_rows, level_label
+from perfkit.analysis.compare import GATE_METRICS, Thresholds, compare_sweeps, level_label
+from perfkit.analysis.metrics import ms
 from perfkit.errors import PerfkitError
 from perfkit.report import plots
+from perfkit.report.compare_text import comparison_rows
 from perfkit.report.export import TIDY_COLUMNS
 from perfkit.results.files import ReportItem, TuneView, Variant, slo_from_sweep
 from perfkit.results.model import LevelResult, SweepResult
@@ -126,7 +128,7 @@ def _kpis(result: SweepResult) -> str:
     cards = [("peak throughput", f"{peak.throughput_infer_per_s:,.1f} infer/s", f"at {level_label(peak)}")]
     if measured:
         best = min(measured, key=lambda lv: lv.latency.p99_us)
-        cards.append(("lowest p99", f"{best.latency.p99_us / 1e3:,.2f} ms", f"at {level_label(best)}"))
+        cards.append(("lowest p99", f"{ms(best.latency.p99_us):,.2f} ms", f"at {level_label(best)}"))
     requests = sum(lv.request_count for lv in levels)
     errors = sum(lv.error_count for lv in levels)
     cards.append(("requests measured", f"{requests:,}", f"{errors:,} failed"))

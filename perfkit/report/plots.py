@@ -16,6 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from perfkit.analysis.metrics import metric, ms
 from perfkit.results.model import LevelResult, SweepResult
 
 __all__ = [
@@ -99,10 +100,6 @@ def _top_legend(fig: Figure, *axes: Any) -> None:
         fig.legend(handles, labels, loc="upper right", ncols=len(handles), frameon=False, fontsize=8)
 
 
-def _ms(us: float) -> float:
-    return us / 1e3
-
-
 def _measured(levels: Sequence[LevelResult]) -> list[LevelResult]:
     return [lv for lv in levels if lv.latency.count > 0]
 
@@ -142,21 +139,21 @@ def latency_vs_load(runs: Sequence[Run], slo_ms: float | None = None) -> bytes:
         xs = [lv.level for lv in levels]
         all_levels += xs
         if len(runs) == 1:
-            for j, (name, attr) in enumerate((("p50", "p50_us"), ("p90", "p90_us"), ("p95", "p95_us"),
-                                              ("p99", "p99_us"), ("p99.9", "p999_us"))):  # fmt: skip
-                ax.plot(xs, [_ms(getattr(lv.latency, attr)) for lv in levels], marker="o", markersize=3,
+            for j, (name, key) in enumerate((("p50", "p50_ms"), ("p90", "p90_ms"), ("p95", "p95_ms"),
+                                             ("p99", "p99_ms"), ("p99.9", "p999_ms"))):  # fmt: skip
+                ax.plot(xs, [metric(key).value(lv) for lv in levels], marker="o", markersize=3,
                         color=PALETTE[j], label=name)  # fmt: skip
-            ax.fill_between(xs, [_ms(lv.latency.p99_ci_low_us) for lv in levels],
-                            [_ms(lv.latency.p99_ci_high_us) for lv in levels], color=PALETTE[3], alpha=0.15,
+            ax.fill_between(xs, [ms(lv.latency.p99_ci_low_us) for lv in levels],
+                            [ms(lv.latency.p99_ci_high_us) for lv in levels], color=PALETTE[3], alpha=0.15,
                             linewidth=0, label="p99 95% CI")  # fmt: skip
             if run.mode != "concurrency":
-                ax.plot(xs, [_ms(lv.latency_from_intended.p99_us) for lv in levels], linestyle="--",
+                ax.plot(xs, [ms(lv.latency_from_intended.p99_us) for lv in levels], linestyle="--",
                         color=PALETTE[7], label="p99 from intended send")  # fmt: skip
         else:
             color = PALETTE[i % 8]
-            ax.plot(xs, [_ms(lv.latency.p99_us) for lv in levels], marker="o", markersize=3, color=color,
+            ax.plot(xs, [ms(lv.latency.p99_us) for lv in levels], marker="o", markersize=3, color=color,
                     label=f"{label} p99")  # fmt: skip
-            ax.plot(xs, [_ms(lv.latency.p50_us) for lv in levels], linestyle=":", color=color, label=f"{label} p50")
+            ax.plot(xs, [ms(lv.latency.p50_us) for lv in levels], linestyle=":", color=color, label=f"{label} p50")
     if slo_ms:
         ax.axhline(slo_ms, color=PALETTE[3], linestyle="-.", linewidth=1, label=f"p99 ≤ {slo_ms:g} ms")
     _set_load_axis(ax, all_levels, runs[0][1].mode if runs else "concurrency")
@@ -173,7 +170,7 @@ def throughput_vs_p99(runs: Sequence[Run], slo_ms: float | None = None) -> bytes
     fig, ax = _figure()
     for i, (label, run) in enumerate(runs):
         levels = sorted(_measured(run.levels), key=lambda lv: lv.level)
-        xs = [_ms(lv.latency.p99_us) for lv in levels]
+        xs = [ms(lv.latency.p99_us) for lv in levels]
         ys = [lv.throughput_infer_per_s for lv in levels]
         ax.plot(xs, ys, marker="o", markersize=4, color=PALETTE[i % 8], label=label if len(runs) > 1 else None)
         if len(runs) <= 2:
@@ -216,7 +213,7 @@ def latency_breakdown(run: SweepResult) -> bytes:
     positions = list(range(len(levels)))
     bottoms = [0.0] * len(levels)
     for i, (name, get) in enumerate(BREAKDOWN):
-        heights = [_ms(get(lv)) for lv in levels]
+        heights = [ms(get(lv)) for lv in levels]
         ax.bar(positions, heights, bottom=bottoms, width=0.6, color=PALETTE[i], label=name)
         bottoms = [b + h for b, h in zip(bottoms, heights)]
     ax.set_xticks(positions, [f"{lv.level:g}" for lv in levels])
@@ -269,7 +266,7 @@ def windows_over_run(run: SweepResult) -> bytes:
     right = ax.twinx()
     for lv in run.levels:
         xs = [((w.start_ns + w.end_ns) / 2 - origin) / 1e9 for w in lv.windows]
-        right.plot(xs, [_ms(w.stabilizing_latency_us) for w in lv.windows], marker="s", markersize=3,
+        right.plot(xs, [ms(w.stabilizing_latency_us) for w in lv.windows], marker="s", markersize=3,
                    color=PALETTE[1], linewidth=1)  # fmt: skip
     right.set_ylabel("window latency (ms)", color=PALETTE[1])
     ax.plot([], [], marker="o", markersize=3, color=PALETTE[0], label="throughput")

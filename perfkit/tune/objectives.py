@@ -1,10 +1,12 @@
 """What `perfkit tune` optimises: the measured figures, objectives with weights, constraints, and the
 noise-aware ranking of variants. Pure: no I/O, so the search policies and their tests use it as is.
 
-Figures. A load level is reduced to `Figures`, a mapping from the metric names of `METRICS` to an
+Figures. A load level is reduced to `Figures`, a mapping from the figure names of `FIGURES` to an
 `Estimate` (a value and its 95 % interval): throughput with the Student-t interval of its windows,
 p99 with its order-statistics interval, mean latency with a normal interval; p50/p90/p95 and the
 GPU figures come without an interval (zero width), because a level keeps no per-window percentiles.
+The figures are the metrics of the catalogue (`analysis.metrics`) that have a figure name, and any
+spelling of one names it (`latency`, `p99`, `p99_ms`).
 
 Objectives. model_analyzer compares two measurements by Σ wᵢ·(aᵢ − bᵢ)/mean(aᵢ, bᵢ) with the sign
 of each metric's direction (result/model_config_measurement.py). perfkit scores each measurement on
@@ -40,16 +42,16 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from perfkit.analysis.metrics import METRICS, Metric, find, ms
 from perfkit.analysis.stats import student_t_quantile
 from perfkit.errors import PerfkitError
 from perfkit.results.model import LevelResult
 
 __all__ = [
-    "METRICS",
+    "FIGURES",
     "Constraint",
     "Estimate",
     "Figures",
-    "MetricSpec",
     "Objective",
     "Ranked",
     "Ranking",
@@ -87,17 +89,13 @@ Figures = Mapping[str, Estimate]
 def _mean_ci(level: LevelResult) -> Estimate:
     lat = level.latency
     half = 1.96 * lat.std_us / math.sqrt(lat.count) if lat.count > 1 else 0.0
-    return Estimate(lat.mean_us / 1e3, max(0.0, lat.mean_us - half) / 1e3, (lat.mean_us + half) / 1e3)
-
-
-def _percentile(attr: str) -> Callable[[LevelResult], Estimate | None]:
-    return lambda level: Estimate.exact(getattr(level.latency, attr) / 1e3)
+    return Estimate(ms(lat.mean_us), ms(max(0.0, lat.mean_us - half)), ms(lat.mean_us + half))
 
 
 def _p99(level: LevelResult) -> Estimate:
     lat = level.latency
     low, high = min(lat.p99_ci_low_us, lat.p99_us), max(lat.p99_ci_high_us, lat.p99_us)
-    return Estimate(lat.p99_us / 1e3, low / 1e3, high / 1e3)
+    return Estimate(ms(lat.p99_us), ms(low), ms(high))
 
 
 def _throughput(level: LevelResult) -> Estimate:
@@ -105,50 +103,25 @@ def _throughput(level: LevelResult) -> Estimate:
     return Estimate(value, min(level.throughput_ci_low, value), max(level.throughput_ci_high, value))
 
 
-def _gpu_memory(level: LevelResult) -> Estimate | None:
-    used = level.resources.gpu_memory_used_bytes
-    return Estimate.exact(max(used.values()) / 1e6) if used else None
+#: The figures with an interval, by canonical name; a level keeps no per-window percentiles or GPU
+#: figures, so the others are exact.
+_INTERVALS: dict[str, Callable[[LevelResult], Estimate]] = {
+    "throughput_infer_per_s": _throughput,
+    "p99_ms": _p99,
+    "mean_ms": _mean_ci,
+}
+
+#: The figures tune can optimise or constrain: the catalogue's metrics with a figure name, by it.
+FIGURES: dict[str, Metric] = {m.figure: m for m in METRICS if m.figure}
 
 
-def _gpu_utilization(level: LevelResult) -> Estimate | None:
-    util = level.resources.gpu_utilization
-    return Estimate.exact(100.0 * sum(util.values()) / len(util)) if util else None
-
-
-@dataclass(frozen=True, slots=True)
-class MetricSpec:
-    """One figure tune can optimise or constrain. `grows_with_load`: under a closed loop the figure
-    only rises with concurrency, so an upper bound on it has one boundary worth bisecting."""
-
-    name: str
-    unit: str
-    better: Literal["lower", "higher"]
-    fmt: str
-    getter: Callable[[LevelResult], Estimate | None]
-    aliases: tuple[str, ...] = ()
-    grows_with_load: bool = False
-
-
-METRICS: tuple[MetricSpec, ...] = (
-    MetricSpec("throughput", "infer/s", "higher", "{:.1f}", _throughput, ("perf_throughput", "throughput_infer_per_s")),
-    MetricSpec("p50_ms", "ms", "lower", "{:.2f}", _percentile("p50_us"), ("perf_latency_p50",), True),
-    MetricSpec("p90_ms", "ms", "lower", "{:.2f}", _percentile("p90_us"), ("perf_latency_p90",), True),
-    MetricSpec("p95_ms", "ms", "lower", "{:.2f}", _percentile("p95_us"), ("perf_latency_p95",), True),
-    MetricSpec("p99_ms", "ms", "lower", "{:.2f}", _p99, ("latency", "perf_latency_p99"), True),
-    MetricSpec("mean_ms", "ms", "lower", "{:.2f}", _mean_ci, ("perf_latency_avg",), True),
-    MetricSpec("gpu_memory_mb", "MB", "lower", "{:.0f}", _gpu_memory, ("gpu_used_memory",)),
-    MetricSpec("gpu_utilization_pct", "%", "higher", "{:.1f}", _gpu_utilization, ("gpu_utilization",)),
-)
-_BY_NAME = {name: spec for spec in METRICS for name in (spec.name, *spec.aliases)}
-
-
-def metric(name: str, flag: str) -> MetricSpec:
-    """The metric called `name` (or one of its aliases); the error names `flag` and lists them."""
-    spec = _BY_NAME.get(name.strip().lower())
-    if spec is None:
-        known = ", ".join(f"{m.name} ({m.unit})" for m in METRICS)
+def _figure_name(name: str, flag: str) -> str:
+    """The figure `name` spells (any of its metric's spellings); the error names `flag` and lists them."""
+    found = find(name)
+    if found is None or found.figure is None:
+        known = ", ".join(f"{key} ({m.unit})" for key, m in FIGURES.items())
         raise PerfkitError(f"{flag}: unknown figure '{name}'; use one of {known} (latency means p99_ms)")
-    return spec
+    return found.figure
 
 
 def figures_of(level: LevelResult) -> dict[str, Estimate] | None:
@@ -156,10 +129,11 @@ def figures_of(level: LevelResult) -> dict[str, Estimate] | None:
     if level.ok_count == 0 or level.latency.count == 0:
         return None
     figures = {}
-    for spec in METRICS:
-        estimate = spec.getter(level)
-        if estimate is not None:
-            figures[spec.name] = estimate
+    for name, metric in FIGURES.items():
+        value = metric.value(level)
+        if value is not None:
+            interval = _INTERVALS.get(metric.name)
+            figures[name] = interval(level) if interval is not None else Estimate.exact(value)
     return figures
 
 
@@ -181,7 +155,7 @@ class Objective:
             if est is None:
                 continue
             ln = [math.log(max(x, _FLOOR)) for x in (est.value, est.low, est.high)]
-            if _BY_NAME[name].better == "higher":
+            if FIGURES[name].better == "higher":
                 value, low, high = value + weight * ln[0], low + weight * ln[1], high + weight * ln[2]
             else:
                 value, low, high = value - weight * ln[0], low - weight * ln[2], high - weight * ln[1]
@@ -190,7 +164,7 @@ class Objective:
     def describe(self) -> str:
         if len(self.weights) == 1:
             name = self.weights[0][0]
-            return f"{'maximising' if _BY_NAME[name].better == 'higher' else 'minimising'} {name}"
+            return f"{'maximising' if FIGURES[name].better == 'higher' else 'minimising'} {name}"
         return "the weighted objective " + " + ".join(f"{w:.2g}×{name}" for name, w in self.weights)
 
 
@@ -199,16 +173,16 @@ def parse_objective(text: str) -> Objective:
     weights: dict[str, float] = {}
     for part in filter(None, (p.strip() for p in text.split(","))):
         name, _, weight_text = part.partition(":")
-        spec = metric(name, "--objective")
+        figure = _figure_name(name, "--objective")
         try:
             weight = float(weight_text) if weight_text else 1.0
         except ValueError:
             weight = -1.0
         if not weight > 0 or not math.isfinite(weight):
             raise PerfkitError(f"--objective {part}: the weight must be a positive number, as in throughput:3")
-        if spec.name in weights:
-            raise PerfkitError(f"--objective names {spec.name} twice; give each figure once")
-        weights[spec.name] = weight
+        if figure in weights:
+            raise PerfkitError(f"--objective names {figure} twice; give each figure once")
+        weights[figure] = weight
     if not weights:
         raise PerfkitError("--objective is empty; give e.g. throughput, latency or throughput:3,p99_ms:1")
     total = sum(weights.values())
@@ -227,7 +201,7 @@ class Constraint:
     @property
     def tightens_with_load(self) -> bool:
         """An upper bound on a figure that rises with concurrency: it holds below some level only."""
-        return self.op == "<=" and _BY_NAME[self.metric].grows_with_load
+        return self.op == "<=" and FIGURES[self.metric].grows_with_load
 
     def excess(self, figures: Figures) -> float | None:
         """How far the figure is past the bound, relative to it (0 when it holds); None: not measured."""
@@ -251,13 +225,13 @@ def parse_constraint(text: str) -> Constraint:
         raise PerfkitError(
             f"--constraint '{text}' must look like FIGURE<=BOUND or FIGURE>=BOUND, e.g. 'p99_ms<=20' or 'throughput>=500'"
         )
-    spec = metric(match.group(1), "--constraint")
+    figure = _figure_name(match.group(1), "--constraint")
     try:
         bound = float(match.group(3))
     except ValueError:
         raise PerfkitError(f"--constraint '{text}': '{match.group(3)}' is not a number") from None
     op: Literal["<=", ">="] = "<=" if match.group(2) == "<=" else ">="
-    return Constraint(spec.name, op, bound)
+    return Constraint(figure, op, bound)
 
 
 def violations(figures: Figures, constraints: Iterable[Constraint]) -> list[str]:
@@ -265,7 +239,7 @@ def violations(figures: Figures, constraints: Iterable[Constraint]) -> list[str]
     out = []
     for c in constraints:
         if c.excess(figures):
-            shown = _BY_NAME[c.metric].fmt.format(figures[c.metric].value)
+            shown = FIGURES[c.metric].fmt.format(figures[c.metric].value)
             out.append(f"{c.metric} {shown} {'>' if c.op == '<=' else '<'} {c.bound:g}")
     return out
 
