@@ -228,7 +228,8 @@ def _run_sweep(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _run_probe(args: argparse.Namespace) -> int:
-    from perfkit.cli.probe import probe, render_probe
+    from perfkit.measure.probe import probe
+    from perfkit.report.summary import render_probe
     from perfkit.sweep.spec import LoadSpec, SweepSpec, TargetSpec
 
     if args.requests < 1:

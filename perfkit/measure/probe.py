@@ -1,8 +1,8 @@
-"""`perfkit probe`: is the server up, what does it serve, and does inference work on each model?
+"""A probe of a server: is it up, what does it serve, and does inference work on each model?
 
-A quick check before a long measurement: health, server metadata, the repository index, then a few
-sequential requests per model with inputs built from the model's metadata (variable dimensions get
-a size of 16).
+What `perfkit probe` runs, a quick check before a long measurement: health, server metadata, the
+repository index, then a few sequential requests per model with inputs built from the model's
+metadata (variable dimensions get a size of 16). `check_credentials` is shared with the tuner.
 """
 
 from __future__ import annotations
@@ -146,20 +146,3 @@ async def probe(
         extensions=list(meta.get("extensions", [])),
         models=results,
     )
-
-
-def render_probe(result: ServerProbe) -> list[str]:
-    lines = [
-        f"server   {result.name} {result.version} at {result.url}",
-        f"health   live={result.live} ready={result.ready}",
-        f"features {', '.join(result.extensions) or '-'}",
-        "",
-        f"{'model':<16} {'versions':>8} {'inputs':<30} {'ok':>7} {'p50 ms':>8} {'max ms':>8}",
-    ]
-    for m in result.models:
-        ins = " ".join(f"{k}{v}" for k, v in m.input_shapes.items())
-        ok = f"{m.requests - m.errors}/{m.requests}"
-        lines.append(f"{m.model:<16} {m.versions:>8} {ins:<30} {ok:>7} {m.p50_ms:>8.3f} {m.max_ms:>8.3f}")
-        if m.error:
-            lines.append(f"  error: {m.error}")
-    return lines
