@@ -1,5 +1,5 @@
-"""The edge of `perfkit tune`: its flags into a validated TuneSpec (nothing below sees a Namespace),
-and its results into files and console lines, rendered by `perfkit.report.tune_tables`.
+"""`perfkit tune`: its flags into a validated TuneSpec (nothing below sees a Namespace), and its
+results into files and console lines, rendered by `perfkit.report.tune_tables`.
 
 Files in the output folder (default `reports/<timestamp>-tune/`), rewritten after every variant:
 `results.csv` (one row per variant × concurrency: the variant's parameters, then every column of
@@ -13,15 +13,18 @@ import argparse
 import datetime as dt
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from perfkit.cli.sweep_flags import add_connection_flags, headers_from_args, tls_from_args
+from perfkit.cli.common import Command, add_connection_flags, headers_from_args, tls_from_args, windows_from_args
 from perfkit.errors import ExitCode, PerfkitError
+from perfkit.load.inputs import parse_shape_flags
+from perfkit.report.export import write_text_atomic
 from perfkit.report.tune_tables import best_pbtxt, render_csv, render_json, render_summary
+from perfkit.results.files import load_result
 from perfkit.sweep.run import redact_argv
-
-if TYPE_CHECKING:  # the heavy modules load only when tune runs
-    from perfkit.tune.tuner import TuneResult, TuneSpec
+from perfkit.tune.objectives import parse_constraint, parse_objective
+from perfkit.tune.search import SpaceSpec
+from perfkit.tune.state import TuneResult, TuneSpec
+from perfkit.tune.tuner import run_tune
 
 DESCRIPTION = """\
 Find the model configuration that serves best, as model_analyzer's profile does: variants of
@@ -67,13 +70,7 @@ def _endpoints(values: list[str]) -> tuple[str, ...]:
     return urls
 
 
-def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = commands.add_parser(
-        "tune",
-        help="search model configurations (instances, batch size, dynamic batching) for the best one",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", type=Path, metavar="CONFIG.pbtxt", help="the model's config, in its model folder")
     target = p.add_argument_group("target")
     target.add_argument(
@@ -141,12 +138,6 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def spec_from_args(args: argparse.Namespace) -> TuneSpec:
-    from perfkit.load.inputs import parse_shape_flags
-    from perfkit.sweep.spec import WindowSpec
-    from perfkit.tune.objectives import parse_constraint, parse_objective
-    from perfkit.tune.search import SpaceSpec
-    from perfkit.tune.tuner import TuneSpec
-
     if not args.config.is_file():
         raise PerfkitError(f"CONFIG.pbtxt: {args.config} is not a file; give the config.pbtxt of a model folder")
     if args.metrics_url and not args.collect_metrics:
@@ -165,11 +156,7 @@ def spec_from_args(args: argparse.Namespace) -> TuneSpec:
             args.min_instance_count, args.max_instance_count, args.min_batch_size, args.max_batch_size,
             _ints(args.batching_delays_us, "--batching-delays-us"), preferred, kinds,
         ),
-        windows=WindowSpec(
-            mode=args.measurement_mode, interval_ms=args.measurement_interval,
-            request_count=args.measurement_request_count, stability_pct=args.stability_percentage,
-            max_trials=args.max_trials, percentile=args.percentile, warmup_request_count=args.warmup_request_count,
-        ),
+        windows=windows_from_args(args),
         shapes=tuple((name, tuple(dims)) for name, dims in parse_shape_flags(args.shape).items()),
         input_data=args.input_data, seed=args.seed, request_timeout_s=args.request_timeout, top=args.top,
         leaders=args.leaders, remeasure_rounds=args.remeasure, checkpoint=args.checkpoint,
@@ -188,14 +175,12 @@ class Outputs:
         self.folder, self.argv = folder, redact_argv(argv)  # secret -H values read `***` in tune.json
 
     def __call__(self, result: TuneResult) -> None:
-        from perfkit.report.export import write_text_atomic
-
         self.folder.mkdir(parents=True, exist_ok=True)  # on the first result: a refused tune leaves nothing
         write_text_atomic(self.folder / "results.csv", render_csv(result))
         write_text_atomic(self.folder / "tune.json", render_json(result, self.argv))
 
     def finish(self, result: TuneResult) -> list[Path]:
-        from perfkit.report.export import write_text_atomic
+        from perfkit.report.html import render_html  # it loads matplotlib, which most runs never need
 
         self(result)
         paths = [self.folder / "results.csv", self.folder / "tune.json", self.folder / "summary.txt"]
@@ -205,9 +190,6 @@ class Outputs:
             paths.append(self.folder / "best" / "config.pbtxt")
             write_text_atomic(paths[-1], best_pbtxt(result.best.config))
         # The report a person opens, from the same tune.json that `perfkit report` reads.
-        from perfkit.report.html import render_html
-        from perfkit.results.files import load_result
-
         paths.append(self.folder / "report.html")
         write_text_atomic(paths[-1], render_html([load_result(self.folder / "tune.json")]))
         return paths
@@ -216,8 +198,6 @@ class Outputs:
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     """`perfkit tune`: 0 a configuration is recommended; 1 none met the constraints or the tune
     could not finish (the checkpoint resumes it); 2 usage; 130 interrupted."""
-    from perfkit.tune.tuner import run_tune
-
     spec = spec_from_args(args)
     folder = spec.output_dir or Path("reports") / f"{dt.datetime.now():%Y%m%d-%H%M%S}-tune"
     outputs = Outputs(folder, argv)
@@ -236,3 +216,13 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     elif code == ExitCode.FAILED:
         print("error: no variant met the constraints; loosen --constraint or widen the search", file=sys.stderr)
     return int(code)
+
+
+COMMAND = Command(
+    "tune",
+    help="search model configurations (instances, batch size, dynamic batching) for the best one",
+    description=DESCRIPTION,
+    add_arguments=add_arguments,
+    run=run,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+)

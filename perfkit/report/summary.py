@@ -1,8 +1,37 @@
-"""What the console shows at the end of `perfkit probe`, as lines; the CLI prints them."""
+"""What the console shows at the end of `perfkit sweep` (also when `perfkit run` sweeps) and of
+`perfkit probe`, as lines, and the JUnit file of a regression gate; the CLI prints and writes them."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
+
+from perfkit.analysis.compare import (
+    Comparison,
+    JUnitCase,
+    comparison_cases,
+    comparison_properties,
+    render_comparison_lines,
+    render_junit,
+)
+from perfkit.errors import ExitCode
 from perfkit.measure.probe import ServerProbe
+from perfkit.report.export import render_summary_table
+from perfkit.results.model import SweepResult
+
+
+def sweep_table(result: SweepResult | None) -> list[str]:
+    """The summary table of the levels measured, or nothing when none was."""
+    return render_summary_table(result.levels) if result is not None and result.levels else []
+
+
+def sweep_notes(result: SweepResult | None, written: Sequence[Path], code: int) -> list[str]:
+    """The files written, then why the sweep stopped early when it did; an interrupt (Ctrl-C) is
+    left to the caller, which knows what was kept."""
+    notes = [f"wrote {path}" for path in written]
+    if result is not None and not result.completed and code != ExitCode.INTERRUPTED:
+        notes.append(f"error: the sweep stopped early: {result.stop_reason}")
+    return notes
 
 
 def render_probe(result: ServerProbe) -> list[str]:
@@ -20,3 +49,11 @@ def render_probe(result: ServerProbe) -> list[str]:
         if m.error:
             lines.append(f"  error: {m.error}")
     return lines
+
+
+def render_gate_junit(comparison: Comparison | None, extra: Sequence[JUnitCase] = ()) -> str:
+    """The JUnit XML of a gate: the comparison's verdicts (if any) and `extra` cases (an SLO)."""
+    cases = (comparison_cases(comparison) if comparison else []) + list(extra)
+    properties = comparison_properties(comparison) if comparison else []
+    output = "\n".join(render_comparison_lines(comparison)) if comparison else ""
+    return render_junit("perfkit performance gate", cases, properties, output)

@@ -1,0 +1,63 @@
+"""`perfkit probe`: check a server (health, metadata, a few inferences per model) before a long
+measurement. The probe itself is `perfkit.measure.probe`; its lines, `perfkit.report.summary`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from perfkit.cli.common import Command, add_connection_flags, headers_from_args, tls_from_args
+from perfkit.errors import ExitCode, PerfkitError
+from perfkit.measure.probe import probe
+from perfkit.report.summary import render_probe
+from perfkit.sweep.spec import LoadSpec, SweepSpec, TargetSpec
+from perfkit.target import reference_server_process
+from v2kit.runtime import eventloop
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    target = p.add_argument_group("target")
+    target.add_argument("-u", "--url", metavar="HOST:PORT", help="server endpoint (default: embedded server)")
+    target.add_argument("-i", "--protocol", choices=("http", "grpc"), default="http")
+    add_connection_flags(p, target)
+    p.add_argument(
+        "-m",
+        "--model-name",
+        action="append",
+        default=[],
+        metavar="MODEL",
+        help="model to probe (repeatable; default: every ready model)",
+    )
+    p.add_argument("-n", "--requests", type=int, default=20, metavar="N", help="requests per model (default 20)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random input data (default 0)")
+
+
+def run(args: argparse.Namespace, argv: list[str]) -> int:
+    """0 every model answered; 1 the server is down, serves no model, or a request failed."""
+    if args.requests < 1:
+        raise PerfkitError("-n/--requests must be at least 1")
+    target = TargetSpec(args.url, args.protocol, headers=headers_from_args(args), tls=tls_from_args(args))
+    SweepSpec(target, LoadSpec("concurrency")).validate()  # -u, -i, -H and TLS by the sweep's rules
+
+    def go(url: str) -> int:
+        result = eventloop.run(
+            probe(url, args.model_name, args.requests, args.seed, args.protocol, headers=target.headers, tls=target.tls)
+        )
+        print("\n".join(render_probe(result)))
+        return ExitCode.OK if result.ok else ExitCode.FAILED
+
+    if args.url:
+        return go(args.url)
+    print("starting the embedded reference server on the demo models...", file=sys.stderr, flush=True)
+    with reference_server_process() as server:
+        return go(server.grpc_url if args.protocol == "grpc" else server.http_url)
+
+
+COMMAND = Command(
+    "probe",
+    help="check a server: health, metadata, and a few inferences per model",
+    description="Check a KServe v2 server. With no -u, starts the bundled reference server on the "
+    "demo model repository and probes that.",
+    add_arguments=add_arguments,
+    run=run,
+)
