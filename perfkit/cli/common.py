@@ -1,5 +1,6 @@
-"""What the sub-commands share: the `Command` each module declares, the connection flags of sweep,
-tune and probe, the regression-gate flags of compare and run, and writing files at the edge."""
+"""What the sub-commands share: the `Command` each module declares, the -H and TLS flags of sweep,
+tune and probe, the window flags of sweep and tune, the regression-gate flags of compare and run,
+and writing files at the edge."""
 
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def write(path: Path, text: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------------
-# The target and measurement flags: sweep, tune and probe
+# -H and TLS (sweep, tune and probe), and the measurement windows (sweep and tune)
 
 
 def add_connection_flags(parser: argparse.ArgumentParser, target: argparse._ArgumentGroup) -> None:
