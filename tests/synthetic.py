@@ -149,7 +149,7 @@ def write_sweep_json(result: SweepResult, path: Path, *, kind: bool = False) -> 
 
 
 def tune_json(tmp_path: Path) -> Path:
-    """A tune.json laid out as `perfkit tune` writes it (tune_cli.render_json), three variants."""
+    """A tune.json laid out as `perfkit tune` writes it (report.tune_tables.render_json), three variants."""
     levels = [json.loads(sweep_to_json(steady_sweep(s)))["levels"] for s in (1.0, 1.5)]
 
     def figures(tp: float, p99: float) -> dict[str, object]:

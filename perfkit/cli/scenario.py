@@ -277,7 +277,7 @@ def expand_demo(argv: Sequence[str]) -> list[str]:
     """Replace `{demo}` by the built demo model repository's folder (built on first use)."""
     if not any(DEMO_PLACEHOLDER in token for token in argv):
         return list(argv)
-    from v2kit.demo import ensure_demo_repository
+    from v2kit.demo import ensure_demo_repository  # it loads onnx: only when a scenario names {demo}
 
     demo = str(ensure_demo_repository())
     return [token.replace(DEMO_PLACEHOLDER, demo) for token in argv]

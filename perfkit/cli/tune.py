@@ -1,5 +1,5 @@
-"""The edge of `perfkit tune`: its flags into a validated TuneSpec (nothing below sees a Namespace),
-and its results into files and console lines. The renderers are pure functions of a TuneResult.
+"""`perfkit tune`: its flags into a validated TuneSpec (nothing below sees a Namespace), and its
+results into files and console lines, rendered by `perfkit.report.tune_tables`.
 
 Files in the output folder (default `reports/<timestamp>-tune/`), rewritten after every variant:
 `results.csv` (one row per variant × concurrency: the variant's parameters, then every column of
@@ -10,21 +10,21 @@ another file); at the end `summary.txt` (the ranked summary, also printed) and `
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime as dt
-import io
-import json
-import math
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-from perfkit.cli.sweep_flags import add_connection_flags, headers_from_args, tls_from_args
+from perfkit.cli.common import Command, add_connection_flags, headers_from_args, tls_from_args, windows_from_args
 from perfkit.errors import ExitCode, PerfkitError
-
-if TYPE_CHECKING:  # the heavy modules load only when tune runs
-    from perfkit.tune.objectives import Estimate, Figures
-    from perfkit.tune.tuner import Record, TuneResult, TuneSpec
+from perfkit.load.inputs import parse_shape_flags
+from perfkit.report.export import write_text_atomic
+from perfkit.report.tune_tables import best_pbtxt, render_csv, render_json, render_summary
+from perfkit.results.files import load_result
+from perfkit.sweep.run import redact_argv
+from perfkit.tune.objectives import parse_constraint, parse_objective
+from perfkit.tune.search import SpaceSpec
+from perfkit.tune.state import TuneResult, TuneSpec
+from perfkit.tune.tuner import run_tune
 
 DESCRIPTION = """\
 Find the model configuration that serves best, as model_analyzer's profile does: variants of
@@ -70,13 +70,7 @@ def _endpoints(values: list[str]) -> tuple[str, ...]:
     return urls
 
 
-def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = commands.add_parser(
-        "tune",
-        help="search model configurations (instances, batch size, dynamic batching) for the best one",
-        description=DESCRIPTION,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", type=Path, metavar="CONFIG.pbtxt", help="the model's config, in its model folder")
     target = p.add_argument_group("target")
     target.add_argument(
@@ -144,12 +138,6 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def spec_from_args(args: argparse.Namespace) -> TuneSpec:
-    from perfkit.load.inputs import parse_shape_flags
-    from perfkit.sweep.spec import WindowSpec
-    from perfkit.tune.objectives import parse_constraint, parse_objective
-    from perfkit.tune.search import SpaceSpec
-    from perfkit.tune.tuner import TuneSpec
-
     if not args.config.is_file():
         raise PerfkitError(f"CONFIG.pbtxt: {args.config} is not a file; give the config.pbtxt of a model folder")
     if args.metrics_url and not args.collect_metrics:
@@ -168,11 +156,7 @@ def spec_from_args(args: argparse.Namespace) -> TuneSpec:
             args.min_instance_count, args.max_instance_count, args.min_batch_size, args.max_batch_size,
             _ints(args.batching_delays_us, "--batching-delays-us"), preferred, kinds,
         ),
-        windows=WindowSpec(
-            mode=args.measurement_mode, interval_ms=args.measurement_interval,
-            request_count=args.measurement_request_count, stability_pct=args.stability_percentage,
-            max_trials=args.max_trials, percentile=args.percentile, warmup_request_count=args.warmup_request_count,
-        ),
+        windows=windows_from_args(args),
         shapes=tuple((name, tuple(dims)) for name, dims in parse_shape_flags(args.shape).items()),
         input_data=args.input_data, seed=args.seed, request_timeout_s=args.request_timeout, top=args.top,
         leaders=args.leaders, remeasure_rounds=args.remeasure, checkpoint=args.checkpoint,
@@ -184,253 +168,19 @@ def spec_from_args(args: argparse.Namespace) -> TuneSpec:
     return spec
 
 
-# --- renderers ------------------------------------------------------------------------------------
-
-
-def _gain(result: TuneResult, key: str) -> float | None:
-    """exp(score − default's score) − 1: how much better than the default configuration."""
-    ranking = result.ranking
-    if ranking is None:
-        return None
-    entries = {e.key: e for e in ranking.entries}
-    own, default = entries.get(key), entries.get(result.default_key)
-    if own is None or default is None or own.score is None or default.score is None:
-        return None
-    return math.expm1(own.score.value - default.score.value)
-
-
-WIDE_INTERVAL = 0.5  # a score interval wider than ×1.5 / ÷1.5 (about ±25 %) is worth a warning
-
-
-def _relative_width(score: Estimate | None) -> float:
-    return 0.0 if score is None else math.expm1(score.high - score.low)
-
-
-def _figure(record: Record, name: str) -> str:
-    figures = record.combined()
-    return "-" if figures is None or name not in figures else f"{figures[name].value:.1f}"
-
-
-def render_summary(result: TuneResult) -> list[str]:
-    """The ranked summary as lines: the verdict in words, then the top variants."""
-    spec, ranking = result.spec, result.ranking
-    measured = sum(r.measured for r in result.records.values())
-    levels = sum(len(r.levels) + len(r.remeasures) for r in result.records.values())
-    constraints = ", ".join(map(str, spec.constraints)) or "none"
-    lines = [
-        f"perfkit tune of model '{result.model.name}': {spec.search} search, {spec.objective.describe()}, "
-        f"constraints: {constraints}",
-        f"{len(result.records)} variants measured ({levels} load levels, {measured} of them in this run) "
-        f"out of a grid of {result.space.size}.",
-    ]
-    if not result.completed:
-        lines.append("The tune did not finish: this ranking is provisional (the leaders were not re-measured).")
-    if ranking is None or ranking.best is None:
-        lines.append("No variant met the constraints: nothing to recommend (see the ranking below).")
-    else:
-        best = result.records[ranking.best]
-        assert best.chosen is not None  # a feasible variant has a chosen level
-        lv = best.levels[best.chosen]
-        default = result.records.get(result.default_key)
-        lines.append(f"Best: {best.variant.key} ({best.variant.describe()}),")
-        lines.append(
-            f"  {_figure(best, 'throughput')} infer/s at concurrency {int(lv.level)}, p99 {_figure(best, 'p99_ms')} ms"
-        )
-        gain = _gain(result, ranking.best)
-        if ranking.best == result.default_key:
-            lines.append("  The default configuration is the best: no variant beat it.")
-        elif result.default_key in ranking.tie:
-            lines.append("  It is not distinguishable from the default configuration (their intervals overlap).")
-        elif gain is not None and default is not None:
-            what = "more throughput" if [n for n, _ in spec.objective.weights] == ["throughput"] else "better"
-            lines.append(
-                f"  That is {gain * 100:.0f} % {what} than the default configuration ({result.default_key}: "
-                f"{_figure(default, 'throughput')} infer/s, p99 {_figure(default, 'p99_ms')} ms)"
-                + (", under the constraints." if spec.constraints else ".")
-            )
-        if len(ranking.tie) > 1:
-            lines.append(
-                f"Tie: {', '.join(ranking.tie)} have overlapping 95 % intervals"
-                f"{' after re-measurement' if result.leaders else ''}; "
-                f"recommending {ranking.best}, the one with the fewest resources."
-            )
-            wide = [k for k in ranking.tie if _relative_width(ranking.entry(k).score) > WIDE_INTERVAL]
-            if wide:
-                lines.append(
-                    f"  The intervals of {', '.join(wide)} span more than ±{WIDE_INTERVAL * 50:.0f} %: the machine "
-                    "was too noisy to tell them apart. Longer windows (-p), a tighter -s or more --remeasure "
-                    "rounds narrow them."
-                )
-    lines += ["", *_table(result)]
-    failed = [r for r in result.records.values() if r.status == "failed"]
-    if failed:
-        lines += ["", f"{len(failed)} variant(s) failed:"] + [f"  {r.variant.key}: {r.error}" for r in failed]
-    if result.lost_endpoints:
-        lines += ["", "Endpoints left out of the tune:"] + [f"  {why}" for why in result.lost_endpoints]
-    return lines
-
-
-def _gain_interval(result: TuneResult, key: str) -> str:
-    """The gain over the default with the 95 % interval of this variant's score."""
-    ranking = result.ranking
-    assert ranking is not None
-    own, default = ranking.entry(key), ranking.entry(result.default_key)
-    if own.score is None or default.score is None:
-        return "-"
-    low, mid, high = (
-        math.expm1(x - default.score.value) * 100 for x in (own.score.low, own.score.value, own.score.high)
-    )
-    return f"{mid:+.0f} % ({low:+.0f}..{high:+.0f})"
-
-
-def _table(result: TuneResult) -> list[str]:
-    ranking = result.ranking
-    if ranking is None:
-        return []
-    rows = [["rank", "variant", "concurrency", "infer/s (95% CI)", "p99 ms", "vs default (95% CI)", "status"]]
-    # The top N, and whatever the verdict names: the tie (the recommendation among it) and the default.
-    measured = [e for e in ranking.entries if e.status != "failed"]
-    wanted = {e.key for e in measured[: result.spec.top]} | set(ranking.tie) | {result.default_key}
-    for e in (e for e in ranking.entries if e.key in wanted):
-        record = result.records[e.key]
-        figures = record.combined()
-        tp = None if figures is None else figures.get("throughput")
-        mark = " (recommended)" if e.key == ranking.best else (" (tied)" if e.key in ranking.tie else "")
-        rows.append([
-            str(ranking.entries.index(e) + 1), e.key + (" [default]" if record.default else ""),
-            "-" if record.chosen is None else str(int(record.levels[record.chosen].level)),
-            "-" if tp is None else f"{tp.value:.1f} ({tp.low:.0f}..{tp.high:.0f})",
-            _figure(record, "p99_ms"), _gain_interval(result, e.key),
-            e.status + mark + ("; " + "; ".join(e.violations) if e.violations else ""),
-        ])  # fmt: skip
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-
-
-def _variant_cells(record: Record) -> list[str]:
-    p = record.variant.params()
-    delay = "" if p["max_queue_delay_us"] is None else str(p["max_queue_delay_us"])
-    return [record.variant.key, str(record.default).lower(), str(p["instance_count"]), str(p["max_batch_size"]),
-            str(p["dynamic_batching"]).lower(), delay, ";".join(map(str, p["preferred_batch_sizes"])),
-            p["instance_kind"], record.status]  # fmt: skip
-
-
-VARIANT_COLUMNS = [
-    "variant", "is_default", "instance_count", "max_batch_size", "dynamic_batching", "max_queue_delay_us",
-    "preferred_batch_sizes", "instance_kind", "status", "phase", "chosen", "feasible", "violations", "error",
-]  # fmt: skip
-
-
-def render_csv(result: TuneResult) -> str:
-    """One row per variant × concurrency (re-measurements are rows of phase 'remeasure')."""
-    from perfkit.report.export import render_tidy_csv, tidy_header
-    from perfkit.results.model import SweepResult
-    from perfkit.tune.objectives import figures_of, violations
-
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(VARIANT_COLUMNS + tidy_header())
-    blank = [""] * len(tidy_header())
-    for record in result.records.values():
-        levels = [*record.levels, *record.remeasures]
-        if not levels:
-            writer.writerow([*_variant_cells(record), "search", "false", "", "", record.error, *blank])
-            continue
-        sweep = SweepResult(result.model.name, "", "", result.spec.protocol, "concurrency", tuple(levels), {})
-        rows = list(csv.reader(io.StringIO(render_tidy_csv(sweep))))[1:]
-        for i, (level, row) in enumerate(zip(levels, rows)):
-            figures = figures_of(level)
-            broken = violations(figures, result.spec.constraints) if figures is not None else ["no successful request"]
-            phase = "search" if i < len(record.levels) else "remeasure"
-            chosen = str(i == record.chosen).lower()
-            writer.writerow([*_variant_cells(record), phase, chosen, str(not broken).lower(), "; ".join(broken),
-                             record.error, *row])  # fmt: skip
-    return out.getvalue()
-
-
-def _estimates(figures: Figures | None) -> dict[str, dict[str, float]] | None:
-    return (
-        None if figures is None else {k: {"value": e.value, "low": e.low, "high": e.high} for k, e in figures.items()}
-    )
-
-
-def render_json(result: TuneResult, argv: list[str]) -> str:
-    """tune.json: everything the HTML report needs. Secret -H values read `***`, as in a sweep's
-    provenance."""
-    from dataclasses import asdict
-
-    from perfkit._version import __version__
-    from perfkit.results.model import to_jsonable
-    from perfkit.sweep.run import redact_argv
-
-    spec, ranking = result.spec, result.ranking
-    variants = []
-    for key, r in result.records.items():
-        variants.append({
-            "key": key, "description": r.variant.describe(), "params": r.variant.params(), "is_default": r.default,
-            "status": r.status, "error": r.error, "config": r.config, "levels": to_jsonable(r.levels),
-            "chosen_concurrency": None if r.chosen is None else int(r.levels[r.chosen].level),
-            "figures": _estimates(r.figures()), "remeasures": to_jsonable(r.remeasures),
-            "combined_figures": _estimates(r.combined()), "measured_in_this_run": r.measured,
-            "endpoint": r.endpoint or None,
-        })  # fmt: skip
-    entries = [] if ranking is None else [
-        {"rank": i + 1, "key": e.key, "status": e.status, "violations": list(e.violations),
-         "score": None if e.score is None else {"value": e.score.value, "low": e.score.low, "high": e.score.high},
-         "gain_over_default": _gain(result, e.key)}
-        for i, e in enumerate(ranking.entries)
-    ]  # fmt: skip
-    best = result.best
-    doc = {
-        "schema_version": 1, "perfkit_version": __version__, "started_at": result.started_at,
-        "argv": redact_argv(argv),
-        "model": result.model.name, "config_path": str(spec.config_path), "server": result.server,
-        "settings": {
-            "url": spec.url, "endpoints": list(spec.endpoints), "workers": spec.workers, "protocol": spec.protocol,
-            "search": spec.search,
-            "objective": dict(spec.objective.weights), "constraints": [str(c) for c in spec.constraints],
-            "concurrency_range": list(spec.concurrency), "space": asdict(spec.space), "windows": asdict(spec.windows),
-            "top": spec.top, "leaders": spec.leaders, "remeasure_rounds": spec.remeasure_rounds,
-        },
-        "space": {"shape": list(result.space.shape), "size": result.space.size},
-        "base_config": result.model.base, "default": result.default_key, "variants": variants,
-        "measurements": {
-            "variants": len(result.records),
-            "levels": sum(len(r.levels) + len(r.remeasures) for r in result.records.values()),
-            "measured_in_this_run": sum(r.measured for r in result.records.values()),
-        },
-        "ranking": entries, "leaders": result.leaders,
-        "leader": None if ranking is None else ranking.leader, "ties": [] if ranking is None else list(ranking.tie),
-        "best": None if best is None else best.variant.key, "best_config": None if best is None else best.config,
-        "completed": result.completed, "stop_reason": result.stop_reason, "lost_endpoints": result.lost_endpoints,
-    }  # fmt: skip
-    return json.dumps(doc, indent=1)
-
-
-def best_pbtxt(config: dict[str, Any]) -> str:
-    """A configuration JSON as config.pbtxt text (it parses back to the same ModelConfig)."""
-    from google.protobuf import text_format
-
-    from v2kit.model_config import config_from_json
-
-    return str(text_format.MessageToString(config_from_json(json.dumps(config), "the best configuration")))
-
-
 class Outputs:
     """Writes the output folder; called after every change, and `finish` at the end."""
 
     def __init__(self, folder: Path, argv: list[str]) -> None:
-        self.folder, self.argv = folder, argv
+        self.folder, self.argv = folder, redact_argv(argv)  # secret -H values read `***` in tune.json
 
     def __call__(self, result: TuneResult) -> None:
-        from perfkit.report.export import write_text_atomic
-
         self.folder.mkdir(parents=True, exist_ok=True)  # on the first result: a refused tune leaves nothing
         write_text_atomic(self.folder / "results.csv", render_csv(result))
         write_text_atomic(self.folder / "tune.json", render_json(result, self.argv))
 
     def finish(self, result: TuneResult) -> list[Path]:
-        from perfkit.report.export import write_text_atomic
+        from perfkit.report.html import render_html  # it loads matplotlib, which most runs never need
 
         self(result)
         paths = [self.folder / "results.csv", self.folder / "tune.json", self.folder / "summary.txt"]
@@ -440,9 +190,6 @@ class Outputs:
             paths.append(self.folder / "best" / "config.pbtxt")
             write_text_atomic(paths[-1], best_pbtxt(result.best.config))
         # The report a person opens, from the same tune.json that `perfkit report` reads.
-        from perfkit.report.html import render_html
-        from perfkit.results.files import load_result
-
         paths.append(self.folder / "report.html")
         write_text_atomic(paths[-1], render_html([load_result(self.folder / "tune.json")]))
         return paths
@@ -451,8 +198,6 @@ class Outputs:
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     """`perfkit tune`: 0 a configuration is recommended; 1 none met the constraints or the tune
     could not finish (the checkpoint resumes it); 2 usage; 130 interrupted."""
-    from perfkit.tune.tuner import run_tune
-
     spec = spec_from_args(args)
     folder = spec.output_dir or Path("reports") / f"{dt.datetime.now():%Y%m%d-%H%M%S}-tune"
     outputs = Outputs(folder, argv)
@@ -471,3 +216,13 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     elif code == ExitCode.FAILED:
         print("error: no variant met the constraints; loosen --constraint or widen the search", file=sys.stderr)
     return int(code)
+
+
+COMMAND = Command(
+    "tune",
+    help="search model configurations (instances, batch size, dynamic batching) for the best one",
+    description=DESCRIPTION,
+    add_arguments=add_arguments,
+    run=run,
+    formatter_class=argparse.RawDescriptionHelpFormatter,
+)

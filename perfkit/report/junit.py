@@ -12,9 +12,9 @@ from xml.etree import ElementTree as ET
 
 from perfkit.analysis.compare import Comparison
 from perfkit.analysis.slo import SloVerdict
-from perfkit.report.compare_text import format_change, format_value
+from perfkit.report.compare_text import format_change, format_value, render_comparison_lines
 
-__all__ = ["JUnitCase", "comparison_cases", "comparison_properties", "render_junit", "slo_case"]
+__all__ = ["JUnitCase", "comparison_cases", "comparison_properties", "render_gate_junit", "render_junit", "slo_case"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,3 +89,11 @@ def comparison_properties(comparison: Comparison) -> list[tuple[str, str]]:
 def slo_case(verdict: SloVerdict) -> JUnitCase:
     """The SLO gate as one case, failed when the capacity within the SLO is too low."""
     return JUnitCase("perfkit.slo", f"p99<={verdict.slo_p99_ms:g}ms", verdict.lines()[0], failure=not verdict.passed)
+
+
+def render_gate_junit(comparison: Comparison | None, extra: Sequence[JUnitCase] = ()) -> str:
+    """The JUnit XML of a gate: the comparison's verdicts (if any) and `extra` cases (an SLO)."""
+    cases = (comparison_cases(comparison) if comparison else []) + list(extra)
+    properties = comparison_properties(comparison) if comparison else []
+    output = "\n".join(render_comparison_lines(comparison)) if comparison else ""
+    return render_junit("perfkit performance gate", cases, properties, output)

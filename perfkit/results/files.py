@@ -112,7 +112,7 @@ def _value(figures: dict[str, Any] | None, name: str) -> float | None:
 
 
 def tune_view_from_json(data: dict[str, Any], source: str) -> TuneView:
-    """`perfkit tune`'s tune.json (tune_cli.render_json) as the report needs it; a missing key is named."""
+    """`perfkit tune`'s tune.json (report.tune_tables.render_json) as the report needs it; a missing key is named."""
     try:
         settings = data.get("settings") or {}
         constraints = tuple(str(c) for c in settings.get("constraints") or ())

@@ -38,13 +38,13 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from perfkit.cli.probe import check_credentials
 from perfkit.errors import ExitCode, TargetError
 from perfkit.load.generator import LoadGenerator, RealClock
 from perfkit.load.inputs import build_requests
 from perfkit.load.samples import SampleBuffer
 from perfkit.load.schedule import ClosedLoop
 from perfkit.measure.level import ServerStatsProbe, measure_level
+from perfkit.measure.probe import check_credentials
 from perfkit.measure.resources import ResourceSampler
 from perfkit.progress import Progress
 from perfkit.results.model import LevelResult, to_jsonable

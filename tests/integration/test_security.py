@@ -26,8 +26,7 @@ import trustme
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from perfkit.cli import build_parser, main
-from perfkit.cli.report import command_parser
+from perfkit.cli import COMMANDS, build_parser, main
 from perfkit.cli.tune import spec_from_args
 from perfkit.errors import TargetError
 from perfkit.sweep.run import Target, provenance
@@ -383,7 +382,7 @@ CONNECTION_FLAGS = ("--header", "--ssl-grpc-use-ssl", "--ssl-grpc-root-certifica
 
 def test_probe_and_tune_take_the_sweeps_connection_flags() -> None:
     def flags(command: str) -> dict[str, tuple[Any, ...]]:
-        parser = command_parser(command)
+        parser = COMMANDS[command].parser()
         assert parser is not None
         return {
             a.option_strings[-1]: (tuple(a.option_strings), a.help, a.type, a.choices, a.default, a.metavar)

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from perfkit.cli import build_parser as build_perfkit_parser
-from perfkit.cli.sweep_flags import spec_from_args
+from perfkit.cli.sweep import spec_from_args
 from perfkit.errors import ExitCode
 from reference_server.config import ServerConfig, config_from_args
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from perfkit.cli import build_parser
-from perfkit.cli.sweep_flags import spec_from_args
+from perfkit.cli.sweep import spec_from_args
 from perfkit.sweep.run import open_target
 
 

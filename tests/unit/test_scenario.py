@@ -8,15 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from perfkit.cli import main
-from perfkit.cli.report import command_parser
+from perfkit.cli import COMMANDS, main
 from perfkit.cli.scenario import command_argv, load_scenario, merge_argv, parse_scenario
-from perfkit.cli.sweep_flags import spec_from_args
+from perfkit.cli.sweep import spec_from_args
 from perfkit.errors import PerfkitError
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIOS = sorted((ROOT / "scenarios").glob("*.toml"))
-SWEEP = command_parser("sweep")
+SWEEP = COMMANDS["sweep"].parser()
 assert SWEEP is not None
 
 
@@ -27,7 +26,7 @@ def test_the_shipped_scenarios_are_there() -> None:
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
 def test_every_scenario_becomes_a_valid_command(path: Path) -> None:
     scenario = load_scenario(path)
-    parser = command_parser(scenario.command)
+    parser = COMMANDS[scenario.command].parser()
     if parser is None:
         pytest.skip(f"this perfkit has no `perfkit {scenario.command}` yet")
     argv = command_argv(parser, scenario.settings, str(path))

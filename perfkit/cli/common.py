@@ -1,0 +1,201 @@
+"""What the sub-commands share: the `Command` each module declares, the -H and TLS flags of sweep,
+tune and probe, the window flags of sweep and tune, the regression-gate flags of compare and run,
+and writing files at the edge."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from perfkit.analysis.compare import GATE_METRICS, Thresholds, gated, parse_percent
+from perfkit.errors import PerfkitError
+from perfkit.report.export import write_text_atomic
+from perfkit.results.files import load_result
+from perfkit.results.model import SweepResult
+from perfkit.sweep.spec import TlsSpec, WindowSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """A sub-command: its line in `perfkit --help`, its parser's texts, its arguments, and `run`,
+    which takes the parsed arguments and perfkit's whole argv (the results record it), returns the
+    exit code, and raises PerfkitError for what the user can fix."""
+
+    name: str
+    help: str
+    description: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace, list[str]], int]
+    epilog: str | None = None
+    formatter_class: type[argparse.HelpFormatter] = argparse.HelpFormatter
+
+    def add_to(self, commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+        parser = commands.add_parser(self.name, help=self.help, **self._texts())
+        self.add_arguments(parser)
+
+    def parser(self) -> argparse.ArgumentParser:
+        """The command's parser on its own, parsing as `perfkit NAME` does (for scenario files)."""
+        parser = argparse.ArgumentParser(prog=f"perfkit {self.name}", **self._texts())
+        self.add_arguments(parser)
+        return parser
+
+    def _texts(self) -> dict[str, Any]:
+        return {"description": self.description, "epilog": self.epilog, "formatter_class": self.formatter_class}
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
+def write(path: Path, text: str) -> None:
+    """Write an output file, its folder made if need be, and say so."""
+    if not path.parent.is_dir():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, text)
+    say(f"wrote {path}")
+
+
+# --------------------------------------------------------------------------------------------------
+# -H and TLS (sweep, tune and probe), and the measurement windows (sweep and tune)
+
+
+def add_connection_flags(parser: argparse.ArgumentParser, target: argparse._ArgumentGroup) -> None:
+    """-H into the `target` group, and a TLS group with perf_analyzer's client TLS options (a
+    subset: no client certificates). Read them back with `headers_from_args` and `tls_from_args`;
+    `TargetSpec` validation checks them together with -u and -i."""
+    target.add_argument(
+        "-H", "--header", action="append", default=[], metavar="'NAME: VALUE'", help="extra HTTP header (repeatable)"
+    )
+    tls = parser.add_argument_group("TLS", "HTTPS: give -u https://HOST:PORT. gRPC: add --ssl-grpc-use-ssl.")
+    tls.add_argument("--ssl-grpc-use-ssl", action="store_true", help="connect to the gRPC server over TLS")
+    tls.add_argument(
+        "--ssl-grpc-root-certifications-file",
+        type=Path,
+        metavar="PEM",
+        help="CA certificates to verify the gRPC server with (default: the system's)",
+    )
+    tls.add_argument(
+        "--ssl-https-ca-certificates-file",
+        type=Path,
+        metavar="PEM",
+        help="CA certificates to verify the HTTPS server with (default: the system's)",
+    )
+    tls.add_argument(
+        "--ssl-https-verify-peer",
+        type=int,
+        choices=(0, 1),
+        default=1,
+        metavar="0|1",
+        help="0: do not verify the HTTPS server's certificate (default 1)",
+    )
+
+
+def headers_from_args(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
+    headers = []
+    for value in args.header:
+        name, sep, content = value.partition(":")
+        if not sep or not name.strip():
+            raise PerfkitError(f"-H '{value}' must look like 'Name: value'")
+        headers.append((name.strip(), content.strip()))
+    return tuple(headers)
+
+
+def tls_from_args(args: argparse.Namespace) -> TlsSpec:
+    return TlsSpec(
+        grpc_use_ssl=args.ssl_grpc_use_ssl,
+        grpc_root_certs=args.ssl_grpc_root_certifications_file,
+        https_ca_certs=args.ssl_https_ca_certificates_file,
+        https_verify_peer=bool(args.ssl_https_verify_peer),
+    )
+
+
+def windows_from_args(args: argparse.Namespace) -> WindowSpec:
+    """The measurement flags of sweep and tune (their defaults differ)."""
+    return WindowSpec(
+        mode=args.measurement_mode,
+        interval_ms=args.measurement_interval,
+        request_count=args.measurement_request_count,
+        stability_pct=args.stability_percentage,
+        max_trials=args.max_trials,
+        percentile=args.percentile,
+        warmup_request_count=args.warmup_request_count,
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# The regression gate: compare and run
+
+
+def _gate_spelling(text: str) -> str:
+    # Any spelling of a gated metric passes --metric's choices as the gate's name (p99_ms -> p99),
+    # so that an unknown one still gets argparse's message listing the choices.
+    metric = gated(text)
+    return metric.gate if metric is not None and metric.gate else text
+
+
+def add_gate_arguments(parser: argparse.ArgumentParser, suppress: bool) -> None:
+    """The thresholds of a comparison. With `suppress`, flags not given leave no attribute, so
+    that a scenario's own values stand (STYLE practice 12: the SUPPRESS trick)."""
+
+    def default(value: Any) -> Any:
+        return argparse.SUPPRESS if suppress else value
+
+    g = parser.add_argument_group("regression gate")
+    g.add_argument(
+        "--max-throughput-drop",
+        metavar="PCT",
+        default=default("5%"),
+        help="a throughput drop beyond PCT (and beyond noise) is a regression (default 5%%)",
+    )
+    g.add_argument(
+        "--max-latency-increase",
+        metavar="PCT",
+        default=default("10%"),
+        help="a latency increase beyond PCT (and beyond noise) is a regression (default 10%%)",
+    )
+    g.add_argument(
+        "--metric",
+        action="extend",
+        nargs="+",
+        type=_gate_spelling,
+        choices=list(GATE_METRICS),
+        default=default(None),
+        metavar="METRIC",
+        help=f"metrics to gate on (default: throughput p99); any of {', '.join(GATE_METRICS)}",
+    )
+    g.add_argument(
+        "--alpha",
+        type=float,
+        default=default(0.05),
+        metavar="P",
+        help="significance level of the noise tests (default 0.05)",
+    )
+    g.add_argument(
+        "--junit", type=Path, default=default(None), metavar="OUT.xml", help="also write the verdicts as JUnit XML"
+    )
+
+
+def thresholds_from(values: dict[str, Any], base: Thresholds | None = None) -> Thresholds:
+    """Thresholds from parsed gate flags: those present override `base` (default: the defaults)."""
+    base = base or Thresholds()
+    return Thresholds(
+        parse_percent(values["max_throughput_drop"], "--max-throughput-drop")
+        if "max_throughput_drop" in values
+        else base.max_throughput_drop_pct,
+        parse_percent(values["max_latency_increase"], "--max-latency-increase")
+        if "max_latency_increase" in values
+        else base.max_latency_increase_pct,
+        tuple(values["metric"]) if values.get("metric") else base.metrics,
+        float(values["alpha"]) if "alpha" in values else base.alpha,
+    )
+
+
+def load_sweep(path: Path, role: str) -> SweepResult:
+    item = load_result(path)
+    if not isinstance(item.result, SweepResult):
+        raise PerfkitError(f"{role} {path} is a {item.kind} result; compare takes two sweep results")
+    return item.result

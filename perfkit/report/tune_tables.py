@@ -1,0 +1,238 @@
+"""`perfkit tune`'s results as text, pure functions of a TuneResult: the ranked summary (printed and
+`summary.txt`), `results.csv` (one row per variant × concurrency: the variant's parameters, then
+every column of `perfkit sweep`'s tidy CSV), `tune.json` (everything the HTML report reads) and the
+winner's `config.pbtxt`. The CLI decides where each goes.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+from dataclasses import asdict
+from typing import Any
+
+from google.protobuf import text_format
+
+from perfkit._version import __version__
+from perfkit.report.export import render_tidy_csv, tidy_header
+from perfkit.results.model import SweepResult, to_jsonable
+from perfkit.tune.objectives import Estimate, Figures, figures_of, violations
+from perfkit.tune.state import Record, TuneResult
+from v2kit.model_config import config_from_json
+
+
+def _gain(result: TuneResult, key: str) -> float | None:
+    """exp(score − default's score) − 1: how much better than the default configuration."""
+    ranking = result.ranking
+    if ranking is None:
+        return None
+    entries = {e.key: e for e in ranking.entries}
+    own, default = entries.get(key), entries.get(result.default_key)
+    if own is None or default is None or own.score is None or default.score is None:
+        return None
+    return math.expm1(own.score.value - default.score.value)
+
+
+WIDE_INTERVAL = 0.5  # a score interval wider than ×1.5 / ÷1.5 (about ±25 %) is worth a warning
+
+
+def _relative_width(score: Estimate | None) -> float:
+    return 0.0 if score is None else math.expm1(score.high - score.low)
+
+
+def _figure(record: Record, name: str) -> str:
+    figures = record.combined()
+    return "-" if figures is None or name not in figures else f"{figures[name].value:.1f}"
+
+
+def render_summary(result: TuneResult) -> list[str]:
+    """The ranked summary as lines: the verdict in words, then the top variants."""
+    spec, ranking = result.spec, result.ranking
+    measured = sum(r.measured for r in result.records.values())
+    levels = sum(len(r.levels) + len(r.remeasures) for r in result.records.values())
+    constraints = ", ".join(map(str, spec.constraints)) or "none"
+    lines = [
+        f"perfkit tune of model '{result.model.name}': {spec.search} search, {spec.objective.describe()}, "
+        f"constraints: {constraints}",
+        f"{len(result.records)} variants measured ({levels} load levels, {measured} of them in this run) "
+        f"out of a grid of {result.space.size}.",
+    ]
+    if not result.completed:
+        lines.append("The tune did not finish: this ranking is provisional (the leaders were not re-measured).")
+    if ranking is None or ranking.best is None:
+        lines.append("No variant met the constraints: nothing to recommend (see the ranking below).")
+    else:
+        best = result.records[ranking.best]
+        assert best.chosen is not None  # a feasible variant has a chosen level
+        lv = best.levels[best.chosen]
+        default = result.records.get(result.default_key)
+        lines.append(f"Best: {best.variant.key} ({best.variant.describe()}),")
+        lines.append(
+            f"  {_figure(best, 'throughput')} infer/s at concurrency {int(lv.level)}, p99 {_figure(best, 'p99_ms')} ms"
+        )
+        gain = _gain(result, ranking.best)
+        if ranking.best == result.default_key:
+            lines.append("  The default configuration is the best: no variant beat it.")
+        elif result.default_key in ranking.tie:
+            lines.append("  It is not distinguishable from the default configuration (their intervals overlap).")
+        elif gain is not None and default is not None:
+            what = "more throughput" if [n for n, _ in spec.objective.weights] == ["throughput"] else "better"
+            lines.append(
+                f"  That is {gain * 100:.0f} % {what} than the default configuration ({result.default_key}: "
+                f"{_figure(default, 'throughput')} infer/s, p99 {_figure(default, 'p99_ms')} ms)"
+                + (", under the constraints." if spec.constraints else ".")
+            )
+        if len(ranking.tie) > 1:
+            lines.append(
+                f"Tie: {', '.join(ranking.tie)} have overlapping 95 % intervals"
+                f"{' after re-measurement' if result.leaders else ''}; "
+                f"recommending {ranking.best}, the one with the fewest resources."
+            )
+            wide = [k for k in ranking.tie if _relative_width(ranking.entry(k).score) > WIDE_INTERVAL]
+            if wide:
+                lines.append(
+                    f"  The intervals of {', '.join(wide)} span more than ±{WIDE_INTERVAL * 50:.0f} %: the machine "
+                    "was too noisy to tell them apart. Longer windows (-p), a tighter -s or more --remeasure "
+                    "rounds narrow them."
+                )
+    lines += ["", *_table(result)]
+    failed = [r for r in result.records.values() if r.status == "failed"]
+    if failed:
+        lines += ["", f"{len(failed)} variant(s) failed:"] + [f"  {r.variant.key}: {r.error}" for r in failed]
+    if result.lost_endpoints:
+        lines += ["", "Endpoints left out of the tune:"] + [f"  {why}" for why in result.lost_endpoints]
+    return lines
+
+
+def _gain_interval(result: TuneResult, key: str) -> str:
+    """The gain over the default with the 95 % interval of this variant's score."""
+    ranking = result.ranking
+    assert ranking is not None
+    own, default = ranking.entry(key), ranking.entry(result.default_key)
+    if own.score is None or default.score is None:
+        return "-"
+    low, mid, high = (
+        math.expm1(x - default.score.value) * 100 for x in (own.score.low, own.score.value, own.score.high)
+    )
+    return f"{mid:+.0f} % ({low:+.0f}..{high:+.0f})"
+
+
+def _table(result: TuneResult) -> list[str]:
+    ranking = result.ranking
+    if ranking is None:
+        return []
+    rows = [["rank", "variant", "concurrency", "infer/s (95% CI)", "p99 ms", "vs default (95% CI)", "status"]]
+    # The top N, and whatever the verdict names: the tie (the recommendation among it) and the default.
+    measured = [e for e in ranking.entries if e.status != "failed"]
+    wanted = {e.key for e in measured[: result.spec.top]} | set(ranking.tie) | {result.default_key}
+    for e in (e for e in ranking.entries if e.key in wanted):
+        record = result.records[e.key]
+        figures = record.combined()
+        tp = None if figures is None else figures.get("throughput")
+        mark = " (recommended)" if e.key == ranking.best else (" (tied)" if e.key in ranking.tie else "")
+        rows.append([
+            str(ranking.entries.index(e) + 1), e.key + (" [default]" if record.default else ""),
+            "-" if record.chosen is None else str(int(record.levels[record.chosen].level)),
+            "-" if tp is None else f"{tp.value:.1f} ({tp.low:.0f}..{tp.high:.0f})",
+            _figure(record, "p99_ms"), _gain_interval(result, e.key),
+            e.status + mark + ("; " + "; ".join(e.violations) if e.violations else ""),
+        ])  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def _variant_cells(record: Record) -> list[str]:
+    p = record.variant.params()
+    delay = "" if p["max_queue_delay_us"] is None else str(p["max_queue_delay_us"])
+    return [record.variant.key, str(record.default).lower(), str(p["instance_count"]), str(p["max_batch_size"]),
+            str(p["dynamic_batching"]).lower(), delay, ";".join(map(str, p["preferred_batch_sizes"])),
+            p["instance_kind"], record.status]  # fmt: skip
+
+
+VARIANT_COLUMNS = [
+    "variant", "is_default", "instance_count", "max_batch_size", "dynamic_batching", "max_queue_delay_us",
+    "preferred_batch_sizes", "instance_kind", "status", "phase", "chosen", "feasible", "violations", "error",
+]  # fmt: skip
+
+
+def render_csv(result: TuneResult) -> str:
+    """One row per variant × concurrency (re-measurements are rows of phase 'remeasure')."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(VARIANT_COLUMNS + tidy_header())
+    blank = [""] * len(tidy_header())
+    for record in result.records.values():
+        levels = [*record.levels, *record.remeasures]
+        if not levels:
+            writer.writerow([*_variant_cells(record), "search", "false", "", "", record.error, *blank])
+            continue
+        sweep = SweepResult(result.model.name, "", "", result.spec.protocol, "concurrency", tuple(levels), {})
+        rows = list(csv.reader(io.StringIO(render_tidy_csv(sweep))))[1:]
+        for i, (level, row) in enumerate(zip(levels, rows)):
+            figures = figures_of(level)
+            broken = violations(figures, result.spec.constraints) if figures is not None else ["no successful request"]
+            phase = "search" if i < len(record.levels) else "remeasure"
+            chosen = str(i == record.chosen).lower()
+            writer.writerow([*_variant_cells(record), phase, chosen, str(not broken).lower(), "; ".join(broken),
+                             record.error, *row])  # fmt: skip
+    return out.getvalue()
+
+
+def _estimates(figures: Figures | None) -> dict[str, dict[str, float]] | None:
+    return (
+        None if figures is None else {k: {"value": e.value, "low": e.low, "high": e.high} for k, e in figures.items()}
+    )
+
+
+def render_json(result: TuneResult, argv: list[str]) -> str:
+    """tune.json: everything the HTML report needs. `argv` is recorded as given: the caller redacts
+    secret -H values to `***`, as in a sweep's provenance."""
+    spec, ranking = result.spec, result.ranking
+    variants = []
+    for key, r in result.records.items():
+        variants.append({
+            "key": key, "description": r.variant.describe(), "params": r.variant.params(), "is_default": r.default,
+            "status": r.status, "error": r.error, "config": r.config, "levels": to_jsonable(r.levels),
+            "chosen_concurrency": None if r.chosen is None else int(r.levels[r.chosen].level),
+            "figures": _estimates(r.figures()), "remeasures": to_jsonable(r.remeasures),
+            "combined_figures": _estimates(r.combined()), "measured_in_this_run": r.measured,
+            "endpoint": r.endpoint or None,
+        })  # fmt: skip
+    entries = [] if ranking is None else [
+        {"rank": i + 1, "key": e.key, "status": e.status, "violations": list(e.violations),
+         "score": None if e.score is None else {"value": e.score.value, "low": e.score.low, "high": e.score.high},
+         "gain_over_default": _gain(result, e.key)}
+        for i, e in enumerate(ranking.entries)
+    ]  # fmt: skip
+    best = result.best
+    doc = {
+        "schema_version": 1, "perfkit_version": __version__, "started_at": result.started_at,
+        "argv": argv,
+        "model": result.model.name, "config_path": str(spec.config_path), "server": result.server,
+        "settings": {
+            "url": spec.url, "endpoints": list(spec.endpoints), "workers": spec.workers, "protocol": spec.protocol,
+            "search": spec.search,
+            "objective": dict(spec.objective.weights), "constraints": [str(c) for c in spec.constraints],
+            "concurrency_range": list(spec.concurrency), "space": asdict(spec.space), "windows": asdict(spec.windows),
+            "top": spec.top, "leaders": spec.leaders, "remeasure_rounds": spec.remeasure_rounds,
+        },
+        "space": {"shape": list(result.space.shape), "size": result.space.size},
+        "base_config": result.model.base, "default": result.default_key, "variants": variants,
+        "measurements": {
+            "variants": len(result.records),
+            "levels": sum(len(r.levels) + len(r.remeasures) for r in result.records.values()),
+            "measured_in_this_run": sum(r.measured for r in result.records.values()),
+        },
+        "ranking": entries, "leaders": result.leaders,
+        "leader": None if ranking is None else ranking.leader, "ties": [] if ranking is None else list(ranking.tie),
+        "best": None if best is None else best.variant.key, "best_config": None if best is None else best.config,
+        "completed": result.completed, "stop_reason": result.stop_reason, "lost_endpoints": result.lost_endpoints,
+    }  # fmt: skip
+    return json.dumps(doc, indent=1)
+
+
+def best_pbtxt(config: dict[str, Any]) -> str:
+    """A configuration JSON as config.pbtxt text (it parses back to the same ModelConfig)."""
+    return str(text_format.MessageToString(config_from_json(json.dumps(config), "the best configuration")))
