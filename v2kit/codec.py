@@ -44,6 +44,7 @@ from v2kit.tensors import (
 )
 
 __all__ = [
+    "HEADER_LENGTH",
     "CodecError",
     "InferTensor",
     "RequestedOutput",
@@ -68,6 +69,10 @@ __all__ = [
     "decode_error",
     "error_body",
 ]
+
+
+#: The binary tensor data extension's header: the length of the JSON that starts the body.
+HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
 @dataclass(slots=True)
@@ -139,9 +144,9 @@ def _header_length(value: Any, size: int) -> int | None:
     except ValueError:
         pass
     if isinstance(value, bool) or not isinstance(value, int):
-        raise CodecError(f"Inference-Header-Content-Length must be an integer, got {_short(value)}")
+        raise CodecError(f"{HEADER_LENGTH} must be an integer, got {_short(value)}")
     if not 0 <= value <= size:
-        raise CodecError(f"Inference-Header-Content-Length {value} is outside the {size}-byte body")
+        raise CodecError(f"{HEADER_LENGTH} {value} is outside the {size}-byte body")
     return value
 
 

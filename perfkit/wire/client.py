@@ -58,7 +58,6 @@ __all__ = ["MESSAGES_PER_KIND", "Outcome", "Prepared", "InferClient", "HttpClien
 
 MESSAGES_PER_KIND = 10
 LOAD_TIMEOUT_S = 300.0  # repository loads (sessions, instances, warmup) take far longer than inferences
-_HEADER_LENGTH = "Inference-Header-Content-Length"
 _now = time.perf_counter_ns
 
 
@@ -257,7 +256,7 @@ class HttpClient:
         headers = CIMultiDict({"Host": self._host_header, "Content-Type": content_type})
         headers.update(self._headers)  # -H headers replace ours, whatever their case
         if header_length is not None:
-            headers[_HEADER_LENGTH] = str(header_length)
+            headers[v2.HEADER_LENGTH] = str(header_length)
         url = self._url(request.model_name, request.model_version, "infer")
         try:
             wire = http_wire.encode_request("POST", url.raw_path_qs, headers, body)

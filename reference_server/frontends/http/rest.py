@@ -21,12 +21,11 @@ from reference_server.frontends.http.read_gate import ReadGate
 from reference_server.frontends.http.server import HttpRequest, HttpResponse, HttpServer, error_response
 from v2kit import codec as v2
 
-__all__ = ["HEADER_LENGTH", "RestApi", "build_rest_server", "is_infer"]
+__all__ = ["RestApi", "build_rest_server", "is_infer"]
 
 log = logging.getLogger(__name__)
 
-HEADER_LENGTH = "Inference-Header-Content-Length"
-_HEADER_LENGTH_KEY = HEADER_LENGTH.lower()
+_HEADER_LENGTH_KEY = v2.HEADER_LENGTH.lower()
 _JSON = "application/json"
 _CHALLENGE = (("WWW-Authenticate", 'Bearer realm="perfkit-reference-server"'),)
 
@@ -110,7 +109,7 @@ class RestApi:
             try:
                 header_length = int(raw_length)
             except ValueError:
-                raise InvalidArgument(f"{HEADER_LENGTH} must be an integer, got '{raw_length}'") from None
+                raise InvalidArgument(f"{v2.HEADER_LENGTH} must be an integer, got '{raw_length}'") from None
         if header_length == 0:
             infer_request = plane.decode_raw_request(model, version, request.body)
         else:
@@ -119,7 +118,7 @@ class RestApi:
         payload, json_length = v2.encode_infer_response(response, infer_request)
         if json_length is None:
             return HttpResponse(200, payload, _JSON)
-        return HttpResponse(200, payload, "application/octet-stream", ((HEADER_LENGTH, str(json_length)),))
+        return HttpResponse(200, payload, "application/octet-stream", ((v2.HEADER_LENGTH, str(json_length)),))
 
     async def repository_index(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
         ready = _json_object(request.body).get("ready", False)
