@@ -726,3 +726,18 @@ def test_parameters_proto_helpers():
     for bad in ({"x": None}, {"x": 2**64}, {"x": [1]}):
         with pytest.raises(CodecError, match="parameter 'x'"):
             v2_grpc.parameters_to_proto(bad, pb.parameters)
+
+
+def test_message_to_json_writes_64_bit_integers_as_numbers():
+    stats = service_pb2.ModelStatisticsResponse()
+    model = stats.model_stats.add(name="m", version="1", inference_count=2**63 + 1)
+    model.inference_stats.success.ns = 7
+    model.batch_stats.add(batch_size=4).compute_infer.count = 3
+    doc = v2_grpc.message_to_json(stats)
+    entry = doc["model_stats"][0]
+    assert entry["inference_count"] == 2**63 + 1 and entry["execution_count"] == 0  # defaults printed
+    assert entry["inference_stats"]["success"] == {"count": 0, "ns": 7}
+    assert entry["batch_stats"][0]["batch_size"] == 4 and entry["batch_stats"][0]["compute_infer"]["count"] == 3
+    metadata = service_pb2.ModelMetadataResponse(name="m")
+    metadata.inputs.add(name="x", datatype="FP32", shape=[-1, 3])
+    assert v2_grpc.message_to_json(metadata)["inputs"][0]["shape"] == [-1, 3]
