@@ -15,17 +15,18 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from tritonclient.grpc import service_pb2
 
-from v2kit.codec import CodecError, InferRequest, InferResponse, InferTensor, RequestedOutput, _check_count
+from v2kit.codec import CodecError, InferRequest, InferResponse, InferTensor, RequestedOutput
 from v2kit.tensors import (
-    _check_range,
-    _dtype_for,
-    _element_count,
-    _fmt,
-    _object_array,
-    _raw_buffer,
-    _reshape,
-    _short,
+    check_count,
+    check_range,
+    datatype_to_numpy,
+    element_count,
+    format_shape,
+    object_array,
+    reshape,
+    short_repr,
     tensor_from_raw,
+    tensor_to_raw,
 )
 
 __all__ = [
@@ -123,7 +124,7 @@ def parameters_to_proto(params: Mapping[str, Any], target: Any) -> None:
     int64 go as uint64_param)."""
     for key, value in params.items():
         if not isinstance(key, str):
-            raise CodecError(f"parameter names must be strings, got {_short(key)}")
+            raise CodecError(f"parameter names must be strings, got {short_repr(key)}")
         p = target[key]
         if isinstance(value, (bool, np.bool_)):
             p.bool_param = bool(value)
@@ -143,7 +144,7 @@ def parameters_to_proto(params: Mapping[str, Any], target: Any) -> None:
 
 
 def _from_contents(t: Any, present: list[str], raw_name: str, what: str) -> np.ndarray:
-    dtype, count = _dtype_for(t.datatype, what), _element_count(list(t.shape), what)
+    dtype, count = datatype_to_numpy(t.datatype, what), element_count(list(t.shape), what)
     if t.datatype == "FP16":
         raise CodecError(f"{what}: FP16 data must be sent in {raw_name}")
     field, base = _CONTENTS[t.datatype]
@@ -151,13 +152,13 @@ def _from_contents(t: Any, present: list[str], raw_name: str, what: str) -> np.n
         raise CodecError(f"{what}: datatype {t.datatype} takes {field}, got {', '.join(present)}")
     values = getattr(t.contents, field)
     if len(values) != count:
-        raise CodecError(f"{what}: shape {_fmt(t.shape)} needs {count} elements, {field} has {len(values)}")
+        raise CodecError(f"{what}: shape {format_shape(t.shape)} needs {count} elements, {field} has {len(values)}")
     if t.datatype == "BYTES":
-        return _reshape(_object_array(list(values)), t.shape, what)
+        return reshape(object_array(list(values)), t.shape, what)
     arr = np.fromiter(values, dtype=base, count=count)
     if arr.dtype != dtype and count:
-        _check_range(int(arr.min()), int(arr.max()), dtype, t.datatype, what)
-    return _reshape(arr.astype(dtype, copy=False), t.shape, what)
+        check_range(int(arr.min()), int(arr.max()), dtype, t.datatype, what)
+    return reshape(arr.astype(dtype, copy=False), t.shape, what)
 
 
 def _tensors_from_proto(tensors: Any, raw: Any, kind: str) -> list[InferTensor]:
@@ -185,11 +186,10 @@ def _tensors_from_proto(tensors: Any, raw: Any, kind: str) -> list[InferTensor]:
 def _tensors_to_proto(tensors: list[InferTensor], target: Any, raw: Any, kind: str) -> None:
     for t in tensors:
         what = f"{kind} {t.name!r}"
-        _check_count(t, what)
+        check_count(t.data, t.shape, what)
         pt = target.add(name=t.name, datatype=t.datatype, shape=[int(d) for d in t.shape])
         parameters_to_proto(t.parameters, pt.parameters)
-        buf = _raw_buffer(t.data, t.datatype, what)
-        raw.append(buf if isinstance(buf, bytes) else buf.tobytes())  # protobuf wants bytes
+        raw.append(tensor_to_raw(t.data, t.datatype, what))  # protobuf wants bytes, not a view
 
 
 def request_from_proto(pb: Any) -> InferRequest:
