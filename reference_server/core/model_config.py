@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Any
 
 from tritonclient.grpc import model_config_pb2
 
-from reference_server.errors import ModelConfigError
+from reference_server.errors import ModelConfigError, raising_server_errors
 from v2kit import model_config as text
-from v2kit.model_config import CONFIG_FILENAME, ConfigError, ModelConfig, config_parameter, config_to_json
+from v2kit.model_config import CONFIG_FILENAME, ModelConfig, config_parameter, config_to_json
 
 if TYPE_CHECKING:
     import onnxruntime
@@ -94,31 +94,11 @@ class TensorSignature:
 
 
 # --------------------------------------------------------------------------------------------
-# Parsing, with the server's error (a 400 / INVALID_ARGUMENT to a client)
+# Parsing: v2kit.model_config's readers, failing with ModelConfigError (a 400 / INVALID_ARGUMENT)
 
-
-def parse_config_text(source: str, path: Path) -> ModelConfig:
-    """`v2kit.model_config.parse_config_text`, failing with ModelConfigError."""
-    try:
-        return text.parse_config_text(source, path)
-    except ConfigError as exc:
-        raise ModelConfigError(str(exc)) from None
-
-
-def read_config(model_dir: Path) -> ModelConfig | None:
-    """`v2kit.model_config.read_config`, failing with ModelConfigError."""
-    try:
-        return text.read_config(model_dir)
-    except ConfigError as exc:
-        raise ModelConfigError(str(exc)) from None
-
-
-def config_from_json(source: str | bytes, where: str) -> ModelConfig:
-    """`v2kit.model_config.config_from_json`, failing with ModelConfigError."""
-    try:
-        return text.config_from_json(source, where)
-    except ConfigError as exc:
-        raise ModelConfigError(str(exc)) from None
+parse_config_text = raising_server_errors(text.parse_config_text)
+read_config = raising_server_errors(text.read_config)
+config_from_json = raising_server_errors(text.config_from_json)
 
 
 # --------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from reference_server.core.dataplane import DataPlane
-from reference_server.errors import InvalidArgument, ServerError
+from reference_server.errors import InvalidArgument, server_error
 from reference_server.frontends.auth import OPEN_HTTP_PATHS, Token, Unauthenticated
 from reference_server.frontends.http.read_gate import ReadGate
 from reference_server.frontends.http.server import HttpRequest, HttpResponse, HttpServer, error_response
@@ -39,8 +39,9 @@ def is_infer(method: bytes, url: bytes) -> bool:
 
 
 def _refusal(exc: Exception) -> HttpResponse:
-    if isinstance(exc, ServerError):
-        return error_response(exc.message, exc.http_status)
+    error = server_error(exc)
+    if error is not None:
+        return error_response(error.message, error.http_status)
     log.error("admission failed: %s: %s", type(exc).__name__, exc)
     return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
 
@@ -58,10 +59,11 @@ class RestApi:
             return await self._route(request)
         except Unauthenticated as exc:
             return HttpResponse(exc.http_status, v2.error_body(exc.message), _JSON, _CHALLENGE)
-        except ServerError as exc:
-            return error_response(exc.message, exc.http_status)
-        except v2.CodecError as exc:
-            return error_response(str(exc), 400)
+        except Exception as exc:
+            error = server_error(exc)
+            if error is None:
+                raise  # a bug: the transport logs it with its traceback and answers 500
+            return error_response(error.message, error.http_status)
 
     async def _route(self, request: HttpRequest) -> HttpResponse:
         path = request.path
