@@ -24,16 +24,18 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from reference_server.backends.onnxruntime import OnnxInstance, plan_instances, session_options
+from reference_server.backends import instance_factory
+from reference_server.backends.placement import plan_instances
 from reference_server.core import model_config
 from reference_server.core.warmup import run_warmup
 from reference_server.errors import ModelConfigError, NotFound, ServerError, Unavailable
+from reference_server.scheduling.execute import ModelInstance
 from reference_server.scheduling.policy import BatchingPolicy
 from reference_server.scheduling.scheduler import Scheduler
 from reference_server.scheduling.stats import ModelStats
@@ -85,7 +87,7 @@ class ModelVersion:
     name: str
     version: int
     config: mc.ModelConfig
-    instances: list[OnnxInstance]
+    instances: Sequence[ModelInstance]
     scheduler: Scheduler
     stats: ModelStats
     inputs: dict[str, mc.ModelInput]
@@ -103,7 +105,7 @@ class _PreparedVersion:
     name: str
     version: int
     config: mc.ModelConfig
-    instances: list[OnnxInstance]
+    instances: Sequence[ModelInstance]
     gpu_memory_bytes: dict[int, int]
 
 
@@ -335,11 +337,10 @@ class ModelRepository:
     ) -> _PreparedVersion:
         model_path = model_config.model_file(model_dir, version, base)
         placements = plan_instances(base, self.gpu_count, config_path)
-        options = session_options(base, config_path)
+        create_instances = instance_factory(base)
         gpus = [p.gpu for p in placements if p.device == "GPU" and p.gpu is not None]
         with _gpu_memory_delta(gpus) as gpu_memory:
-            instances = [OnnxInstance(p, model_path, options) for p in placements]
-            inputs, outputs = model_config.signature_from_session(instances[0].session)
+            instances, (inputs, outputs) = create_instances(base, model_path, placements, config_path)
             config = model_config.complete_config(
                 raw,
                 inputs,
