@@ -54,7 +54,8 @@ class RestApi:
         self.token = token
 
     async def __call__(self, request: HttpRequest) -> HttpResponse:
-        """Every failure leaves as a KServe error JSON with the status its error class names."""
+        """Every error `errors.server_error` knows leaves as a KServe error JSON with its status; a bug
+        goes on to the transport, which logs it and answers 500."""
         try:
             return await self._route(request)
         except Unauthenticated as exc:
@@ -62,7 +63,7 @@ class RestApi:
         except Exception as exc:
             error = server_error(exc)
             if error is None:
-                raise  # a bug: the transport logs it with its traceback and answers 500
+                raise
             return error_response(error.message, error.http_status)
 
     async def _route(self, request: HttpRequest) -> HttpResponse:
