@@ -15,7 +15,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server.backends import onnxruntime
 from reference_server.backends.placement import Placement
-from reference_server.core.model_config import TensorSignature
+from reference_server.core.model_config import ONNX_BACKEND, ONNX_PLATFORM, TensorSignature
 from reference_server.scheduling.execute import ModelInstance
 
 __all__ = ["InstanceFactory", "instance_factory"]
@@ -28,8 +28,8 @@ InstanceFactory = Callable[
 ]
 
 _BACKENDS: dict[str, InstanceFactory] = {
-    "onnxruntime": onnxruntime.create_instances,
-    "onnxruntime_onnx": onnxruntime.create_instances,
+    ONNX_BACKEND: onnxruntime.create_instances,
+    ONNX_PLATFORM: onnxruntime.create_instances,
 }
 
 

@@ -115,7 +115,8 @@ class DataPlane:
             kind: [{"name": t.name, "datatype": _datatype(t.data_type), "shape": batch_dim + list(t.dims)} for t in ts]
             for kind, ts in (("inputs", config.input), ("outputs", config.output))
         }
-        return {"name": name, "versions": versions, "platform": config.platform or "onnxruntime_onnx", **tensors}
+        platform = config.platform or model_config.ONNX_PLATFORM
+        return {"name": name, "versions": versions, "platform": platform, **tensors}
 
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:
         return model_config.config_to_json(self.repository.get(_model_name(name), version).config)
