@@ -30,7 +30,7 @@ _JSON = "application/json"
 _CHALLENGE = (("WWW-Authenticate", 'Bearer realm="perfkit-reference-server"'),)
 
 #: A handler's arguments: the API, the request, the model name and the version ('' for none).
-Endpoint = Callable[["RestApi", HttpRequest, str, str], Awaitable[HttpResponse]]
+RouteHandler = Callable[["RestApi", HttpRequest, str, str], Awaitable[HttpResponse]]
 
 
 def is_infer(method: bytes, url: bytes) -> bool:
@@ -140,10 +140,10 @@ class RestApi:
 
 _GET = frozenset({"GET"})
 _POST = frozenset({"POST"})
-_NO_ROUTE: tuple[Endpoint | None, frozenset[str], str, str] = (None, frozenset(), "", "")
+_NO_ROUTE: tuple[RouteHandler | None, frozenset[str], str, str] = (None, frozenset(), "", "")
 
 #: Routes by their fixed segments after '/v2'.
-_FIXED: dict[tuple[str, ...], tuple[Endpoint, frozenset[str]]] = {
+_FIXED: dict[tuple[str, ...], tuple[RouteHandler, frozenset[str]]] = {
     (): (RestApi.server_metadata, _GET),
     ("health", "live"): (RestApi.health_live, _GET),
     ("health", "ready"): (RestApi.health_ready, _GET),
@@ -151,20 +151,20 @@ _FIXED: dict[tuple[str, ...], tuple[Endpoint, frozenset[str]]] = {
     ("repository", "index"): (RestApi.repository_index, _POST),
 }
 #: Routes by what follows '/v2/models/{model}[/versions/{version}]'.
-_MODEL: dict[str, tuple[Endpoint, frozenset[str]]] = {
+_MODEL: dict[str, tuple[RouteHandler, frozenset[str]]] = {
     "": (RestApi.model_metadata, _GET),
     "ready": (RestApi.model_ready, _GET),
     "config": (RestApi.model_config, _GET),
     "stats": (RestApi.model_stats, _GET),
     "infer": (RestApi.infer, _POST),
 }
-_REPOSITORY: dict[str, tuple[Endpoint, frozenset[str]]] = {
+_REPOSITORY: dict[str, tuple[RouteHandler, frozenset[str]]] = {
     "load": (RestApi.repository_load, _POST),
     "unload": (RestApi.repository_unload, _POST),
 }
 
 
-def _match(segments: list[str]) -> tuple[Endpoint | None, frozenset[str], str, str]:
+def _match(segments: list[str]) -> tuple[RouteHandler | None, frozenset[str], str, str]:
     """(endpoint, its methods, model, version) for a path split at '/', or no endpoint."""
     if len(segments) < 2 or segments[0] or segments[1] != "v2":
         return _NO_ROUTE
