@@ -1,5 +1,5 @@
 """KServe v2 over gRPC: tritonclient's generated `inference` protos ↔ the codec's dataclasses, and
-any of those protos as the JSON Triton's HTTP API shows.
+any of its protos (ModelConfig included) as the JSON Triton's HTTP API shows.
 
 Sans-I/O like `v2kit.codec`: ModelInferRequest/Response messages in, dataclasses out, and back.
 Decoders raise only `CodecError` (an INVALID_ARGUMENT status for a server).
