@@ -7,6 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from reference_server.errors import ServerError
+from reference_server.frontends.auth import Token, read_token_file
+
 CONTROL_MODES = ("none", "explicit", "poll")
 
 #: Safe defaults for the overload limits: a few thousand requests in flight server-wide, and 2**24
@@ -49,8 +52,6 @@ class ServerConfig:
         return self.ssl_certfile is not None
 
     def validate(self) -> None:
-        from reference_server.errors import ServerError
-
         if self.model_control_mode not in CONTROL_MODES:
             raise ServerError(f"--model-control-mode must be one of {', '.join(CONTROL_MODES)}")
         for flag, port in (
@@ -75,8 +76,6 @@ class ServerConfig:
         if self.max_tensor_elements < 1:
             raise ServerError("--max-tensor-elements must be at least 1")
         if self.auth_token is not None:
-            from reference_server.frontends.auth import Token
-
             Token(self.auth_token)  # raises on an unusable token, without quoting it
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
             raise ServerError("--ssl-certfile and --ssl-keyfile go together: give both for TLS, or neither")
@@ -253,9 +252,6 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         parser.error(str(exc))
     token = args.auth_token
     if args.auth_token_file is not None:
-        from reference_server.errors import ServerError
-        from reference_server.frontends.auth import read_token_file
-
         try:
             token = read_token_file(args.auth_token_file)
         except ServerError as exc:

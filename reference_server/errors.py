@@ -3,11 +3,23 @@
 Each class carries the HTTP status and the gRPC status-code name that Triton uses for it, so the
 REST middleware and the gRPC interceptor read one mapping (Triton: INTERNAL→500, NOT_FOUND→404,
 UNAVAILABLE→503, UNSUPPORTED→501, INVALID_ARG and the rest→400).
+
+v2kit raises its own errors, and this module alone says what they are to a client (`server_error`):
+a `CodecError` is a malformed request (InvalidArgument), a `ConfigError` a malformed model
+configuration (ModelConfigError).
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
+
+from v2kit.codec import CodecError
 from v2kit.model_config import ConfigError
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 class ServerError(Exception):
@@ -60,8 +72,35 @@ class InternalError(ServerError):
     grpc_code = "INTERNAL"
 
 
-class ModelConfigError(InvalidArgument, ConfigError):
+class ModelConfigError(InvalidArgument):
     """A model's configuration is malformed or contradicts its model file.
 
     The message names the file (and line and column where the parser knows them).
     """
+
+
+def server_error(exc: Exception) -> ServerError | None:
+    """What a client is told of `exc`: a ServerError as it is, v2kit's errors as their ServerError,
+    and None for anything else, which is a bug."""
+    if isinstance(exc, ServerError):
+        return exc
+    if isinstance(exc, (CodecError, ConfigError)):
+        return _from_v2kit(exc)
+    return None
+
+
+def _from_v2kit(exc: CodecError | ConfigError) -> ServerError:
+    return InvalidArgument(str(exc)) if isinstance(exc, CodecError) else ModelConfigError(str(exc))
+
+
+def raising_server_errors(fn: Callable[P, R]) -> Callable[P, R]:
+    """`fn`, raising v2kit's errors as their ServerError."""
+
+    @functools.wraps(fn)
+    def call(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return fn(*args, **kwargs)
+        except (CodecError, ConfigError) as exc:
+            raise _from_v2kit(exc) from None
+
+    return call

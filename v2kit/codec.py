@@ -24,26 +24,27 @@ import numpy as np
 from v2kit.tensors import (
     DATATYPES,
     CodecError,
-    _dtype_for,
-    _element_count,
-    _fmt,
-    _json_type,
-    _object_array,
-    _raw_buffer,
-    _short,
+    check_count,
     config_type_to_datatype,
     datatype_to_config_type,
     datatype_to_numpy,
     deserialize_bytes_tensor,
+    element_count,
+    format_shape,
+    json_type_name,
     numpy_to_datatype,
+    object_array,
     serialize_bytes_tensor,
+    short_repr,
     tensor_from_json,
     tensor_from_raw,
+    tensor_to_buffer,
     tensor_to_json,
     tensor_to_raw,
 )
 
 __all__ = [
+    "HEADER_LENGTH",
     "CodecError",
     "InferTensor",
     "RequestedOutput",
@@ -68,6 +69,10 @@ __all__ = [
     "decode_error",
     "error_body",
 ]
+
+
+#: The binary tensor data extension's header: the length of the JSON that starts the body.
+HEADER_LENGTH = "Inference-Header-Content-Length"
 
 
 @dataclass(slots=True)
@@ -115,12 +120,6 @@ class InferResponse:
 # --- shared helpers ------------------------------------------------------------------------------
 
 
-def _check_count(t: InferTensor, what: str) -> None:
-    count, size = _element_count(t.shape, what), np.size(t.data)
-    if size != count:
-        raise CodecError(f"{what}: shape {_fmt(t.shape)} needs {count} elements but data has {size}")
-
-
 def _dumps(doc: Any, what: str) -> bytes:
     try:
         return json.dumps(doc, separators=(",", ":")).encode()
@@ -139,9 +138,9 @@ def _header_length(value: Any, size: int) -> int | None:
     except ValueError:
         pass
     if isinstance(value, bool) or not isinstance(value, int):
-        raise CodecError(f"Inference-Header-Content-Length must be an integer, got {_short(value)}")
+        raise CodecError(f"{HEADER_LENGTH} must be an integer, got {short_repr(value)}")
     if not 0 <= value <= size:
-        raise CodecError(f"Inference-Header-Content-Length {value} is outside the {size}-byte body")
+        raise CodecError(f"{HEADER_LENGTH} {value} is outside the {size}-byte body")
     return value
 
 
@@ -156,7 +155,7 @@ def _split_body(body: Any, header_length: Any, what: str) -> tuple[dict[str, Any
     except (ValueError, RecursionError) as e:
         raise CodecError(f"{what} JSON is malformed: {e}") from None
     if not isinstance(doc, dict):
-        raise CodecError(f"{what} JSON must be an object, got a {_json_type(doc)}")
+        raise CodecError(f"{what} JSON must be an object, got a {json_type_name(doc)}")
     return doc, rest
 
 
@@ -181,17 +180,17 @@ def _parse_tensors(items: Any, kind: str, rest: memoryview | None) -> list[Infer
         if name in seen:
             raise CodecError(f"duplicate {kind} name {name!r}")
         seen.add(name)
-        _dtype_for(item.get("datatype"), what)
+        datatype_to_numpy(item.get("datatype"), what)
         if "shape" not in item:
             raise CodecError(f"{what}: missing 'shape'")
-        _element_count(item["shape"], what)
+        element_count(item["shape"], what)
         params = _params(item, what)
         size = params.get("binary_data_size")
         if size is not None:
             if "data" in item:
                 raise CodecError(f"{what}: has both 'data' and parameters.binary_data_size; send one")
             if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-                raise CodecError(f"{what}: binary_data_size must be an integer >= 0, got {_short(size)}")
+                raise CodecError(f"{what}: binary_data_size must be an integer >= 0, got {short_repr(size)}")
             params = {k: v for k, v in params.items() if k != "binary_data_size"}
         elif "data" not in item:
             if "shared_memory_region" in params:
@@ -236,7 +235,7 @@ def _parse_requested_outputs(items: Any) -> list[RequestedOutput] | None:
         params = _params(item, what)
         binary, classes = params.get("binary_data"), params.get("classification")
         if binary is not None and not isinstance(binary, bool):
-            raise CodecError(f"{what}: binary_data must be true or false, got {_short(binary)}")
+            raise CodecError(f"{what}: binary_data must be true or false, got {short_repr(binary)}")
         if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int) or classes < 0):
             raise CodecError(f"{what}: classification must be a non-negative integer")
         params = {k: v for k, v in params.items() if k != "binary_data"}
@@ -247,7 +246,7 @@ def _parse_requested_outputs(items: Any) -> list[RequestedOutput] | None:
 def _parse_common(doc: dict[str, Any]) -> tuple[str, dict[str, Any]]:
     rid, params = doc.get("id", ""), _params(doc, "request")
     if not isinstance(rid, str):
-        raise CodecError(f"'id' must be a string, got a {_json_type(rid)}")
+        raise CodecError(f"'id' must be a string, got a {json_type_name(rid)}")
     if not isinstance(params.get("binary_data_output", False), bool):
         raise CodecError("parameter binary_data_output must be true or false")
     return rid, params
@@ -281,19 +280,19 @@ def decode_raw_binary_request(
     input `shape`, where one -1 is deduced from the size. BYTES needs shape [1]: the body is the one
     element, with no length prefix. All outputs are asked for, binary."""
     what = f"input {input_name!r}"
-    dtype, shape = _dtype_for(datatype, what), list(shape)
+    dtype, shape = datatype_to_numpy(datatype, what), list(shape)
     if datatype == "BYTES":
         if shape not in ([1], [-1]):
-            raise CodecError(f"{what}: a raw binary request needs BYTES shape [1], not {_fmt(shape)}")
-        data, shape = _object_array([bytes(body)]), [1]
+            raise CodecError(f"{what}: a raw binary request needs BYTES shape [1], not {format_shape(shape)}")
+        data, shape = object_array([bytes(body)]), [1]
     else:
         variable = [i for i, d in enumerate(shape) if d == -1]
         if len(variable) > 1:
-            raise CodecError(f"{what}: a raw binary request allows one variable dimension, not {_fmt(shape)}")
+            raise CodecError(f"{what}: a raw binary request allows one variable dimension, not {format_shape(shape)}")
         if variable:
             n, row = memoryview(body).nbytes, math.prod(d for d in shape if d != -1) * dtype.itemsize
             if (n and not row) or (row and n % row):
-                raise CodecError(f"{what}: {n} bytes is not a whole number of {_fmt(shape)} {datatype} rows")
+                raise CodecError(f"{what}: {n} bytes is not a whole number of {format_shape(shape)} {datatype} rows")
             shape[variable[0]] = n // row if row else 0
         data = tensor_from_raw(body, datatype, shape, input_name)
     tensor = InferTensor(input_name, datatype, shape, data)
@@ -302,11 +301,11 @@ def decode_raw_binary_request(
 
 def _encode_tensor(t: InferTensor, binary: bool, kind: str, parts: list[Any]) -> dict[str, Any]:
     what = f"{kind} {t.name!r}"
-    _check_count(t, what)
+    check_count(t.data, t.shape, what)
     entry: dict[str, Any] = {"name": t.name, "shape": [int(d) for d in t.shape], "datatype": t.datatype}
     params = dict(t.parameters)
     if binary:
-        parts.append(_raw_buffer(t.data, t.datatype, what))
+        parts.append(tensor_to_buffer(t.data, t.datatype, what))
         params["binary_data_size"] = len(parts[-1])
     if params:
         entry["parameters"] = params

@@ -1,4 +1,5 @@
-"""KServe v2 over gRPC: tritonclient's generated `inference` protos ↔ the codec's dataclasses.
+"""KServe v2 over gRPC: tritonclient's generated `inference` protos ↔ the codec's dataclasses, and
+any of its protos (ModelConfig included) as the JSON Triton's HTTP API shows.
 
 Sans-I/O like `v2kit.codec`: ModelInferRequest/Response messages in, dataclasses out, and back.
 Decoders raise only `CodecError` (an INVALID_ARGUMENT status for a server).
@@ -6,26 +7,31 @@ Decoders raise only `CodecError` (an INVALID_ARGUMENT status for a server).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+from google.protobuf import json_format
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from tritonclient.grpc import service_pb2
 
-from v2kit.codec import CodecError, InferRequest, InferResponse, InferTensor, RequestedOutput, _check_count
+from v2kit.codec import CodecError, InferRequest, InferResponse, InferTensor, RequestedOutput
 from v2kit.tensors import (
-    _check_range,
-    _dtype_for,
-    _element_count,
-    _fmt,
-    _object_array,
-    _raw_buffer,
-    _reshape,
-    _short,
+    check_count,
+    check_range,
+    datatype_to_numpy,
+    element_count,
+    format_shape,
+    object_array,
+    reshape,
+    short_repr,
     tensor_from_raw,
+    tensor_to_raw,
 )
 
 __all__ = [
+    "map_json_scalars",
+    "message_to_json",
     "parameters_from_proto",
     "parameters_to_proto",
     "request_from_proto",
@@ -41,6 +47,66 @@ _CONTENTS = {  # datatype → (typed contents field, that field's numpy dtype)
     "FP32": ("fp32_contents", "f4"), "FP64": ("fp64_contents", "f8"), "BYTES": ("bytes_contents", "O"),
 }  # fmt: skip
 _CONTENT_FIELDS = sorted({f for f, _ in _CONTENTS.values()})
+_INT64_CPP_TYPES = (FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64)
+
+#: `fn(field, value)` for one scalar of a JSON-shaped message.
+ScalarMap = Callable[[FieldDescriptor, Any], Any]
+
+
+def message_to_json(message: Any) -> dict[str, Any]:
+    """A proto as Triton's HTTP API shows it (its `GET /v2/models/{m}/config`, metadata, statistics).
+
+    Observed on Triton 2.51: snake_case field names, enums by name, every scalar, repeated and map
+    field printed even at its default, unset sub-messages and oneofs left out, and 64-bit integers
+    (dims, max_queue_delay_microseconds, ...) as JSON numbers, not protobuf's strings.
+    """
+    document = json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    return map_json_scalars(document, message.DESCRIPTOR, _int64_as_number)
+
+
+def _int64_as_number(field: FieldDescriptor, value: Any) -> Any:
+    if field.cpp_type in _INT64_CPP_TYPES and isinstance(value, str):
+        return int(value)
+    return value
+
+
+def map_json_scalars(document: dict[str, Any], descriptor: Descriptor, fn: ScalarMap) -> dict[str, Any]:
+    """Apply `fn(field, value)` to every scalar in a JSON-shaped message, guided by its schema.
+
+    Keys the schema does not know are kept as they are, so that json_format reports them.
+    """
+    fields = {**descriptor.fields_by_name, **{f.json_name: f for f in descriptor.fields}}
+    result: dict[str, Any] = {}
+    for key, value in document.items():
+        field = fields.get(key)
+        result[key] = value if field is None else _map_field(field, value, fn)
+    return result
+
+
+def _map_field(field: FieldDescriptor, value: Any, fn: ScalarMap) -> Any:
+    message = field.message_type
+    if message is not None and message.GetOptions().map_entry:
+        value_field = message.fields_by_name["value"]
+        if isinstance(value, dict):
+            return {k: _map_single(value_field, v, fn) for k, v in value.items()}
+        return value
+    if _is_repeated(field) and isinstance(value, list):
+        return [_map_single(field, item, fn) for item in value]
+    return _map_single(field, value, fn)
+
+
+def _is_repeated(field: FieldDescriptor) -> bool:
+    # protobuf >= 5.28 has is_repeated and warns on label; older releases only have label.
+    flag = getattr(field, "is_repeated", None)
+    return bool(flag) if flag is not None else field.label == FieldDescriptor.LABEL_REPEATED
+
+
+def _map_single(field: FieldDescriptor, value: Any, fn: ScalarMap) -> Any:
+    if field.message_type is not None:
+        return map_json_scalars(value, field.message_type, fn) if isinstance(value, dict) else value
+    return fn(field, value)
 
 
 def parameters_from_proto(pb_map: Any) -> dict[str, Any]:
@@ -58,7 +124,7 @@ def parameters_to_proto(params: Mapping[str, Any], target: Any) -> None:
     int64 go as uint64_param)."""
     for key, value in params.items():
         if not isinstance(key, str):
-            raise CodecError(f"parameter names must be strings, got {_short(key)}")
+            raise CodecError(f"parameter names must be strings, got {short_repr(key)}")
         p = target[key]
         if isinstance(value, (bool, np.bool_)):
             p.bool_param = bool(value)
@@ -78,7 +144,7 @@ def parameters_to_proto(params: Mapping[str, Any], target: Any) -> None:
 
 
 def _from_contents(t: Any, present: list[str], raw_name: str, what: str) -> np.ndarray:
-    dtype, count = _dtype_for(t.datatype, what), _element_count(list(t.shape), what)
+    dtype, count = datatype_to_numpy(t.datatype, what), element_count(list(t.shape), what)
     if t.datatype == "FP16":
         raise CodecError(f"{what}: FP16 data must be sent in {raw_name}")
     field, base = _CONTENTS[t.datatype]
@@ -86,13 +152,13 @@ def _from_contents(t: Any, present: list[str], raw_name: str, what: str) -> np.n
         raise CodecError(f"{what}: datatype {t.datatype} takes {field}, got {', '.join(present)}")
     values = getattr(t.contents, field)
     if len(values) != count:
-        raise CodecError(f"{what}: shape {_fmt(t.shape)} needs {count} elements, {field} has {len(values)}")
+        raise CodecError(f"{what}: shape {format_shape(t.shape)} needs {count} elements, {field} has {len(values)}")
     if t.datatype == "BYTES":
-        return _reshape(_object_array(list(values)), t.shape, what)
+        return reshape(object_array(list(values)), t.shape, what)
     arr = np.fromiter(values, dtype=base, count=count)
     if arr.dtype != dtype and count:
-        _check_range(int(arr.min()), int(arr.max()), dtype, t.datatype, what)
-    return _reshape(arr.astype(dtype, copy=False), t.shape, what)
+        check_range(int(arr.min()), int(arr.max()), dtype, t.datatype, what)
+    return reshape(arr.astype(dtype, copy=False), t.shape, what)
 
 
 def _tensors_from_proto(tensors: Any, raw: Any, kind: str) -> list[InferTensor]:
@@ -120,11 +186,10 @@ def _tensors_from_proto(tensors: Any, raw: Any, kind: str) -> list[InferTensor]:
 def _tensors_to_proto(tensors: list[InferTensor], target: Any, raw: Any, kind: str) -> None:
     for t in tensors:
         what = f"{kind} {t.name!r}"
-        _check_count(t, what)
+        check_count(t.data, t.shape, what)
         pt = target.add(name=t.name, datatype=t.datatype, shape=[int(d) for d in t.shape])
         parameters_to_proto(t.parameters, pt.parameters)
-        buf = _raw_buffer(t.data, t.datatype, what)
-        raw.append(buf if isinstance(buf, bytes) else buf.tobytes())  # protobuf wants bytes
+        raw.append(tensor_to_raw(t.data, t.datatype, what))  # protobuf wants bytes, not a view
 
 
 def request_from_proto(pb: Any) -> InferRequest:

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeAlias
 
 from google.protobuf import json_format, text_format
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from google.protobuf.descriptor import FieldDescriptor
 from tritonclient.grpc import model_config_pb2
+
+from v2kit.grpc_proto import map_json_scalars, message_to_json
 
 __all__ = [
     "CONFIG_FILENAME",
@@ -37,7 +38,6 @@ ModelConfig: TypeAlias = model_config_pb2.ModelConfig
 CONFIG_FILENAME = "config.pbtxt"
 
 _PARSE_LOCATION = re.compile(r"^\d+(?::\d+)? : ")
-_INT64_CPP_TYPES = (FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64)
 
 
 class ConfigError(ValueError):
@@ -90,7 +90,7 @@ def config_from_json(text: str | bytes, source: str) -> ModelConfig:
         raise ConfigError(f"{source}: the model configuration is not valid JSON: {exc}") from None
     if not isinstance(document, dict):
         raise ConfigError(f"{source}: the model configuration must be a JSON object")
-    document = _map_scalars(document, ModelConfig.DESCRIPTOR, _upper_case_enum)
+    document = map_json_scalars(document, ModelConfig.DESCRIPTOR, _upper_case_enum)
     try:
         return json_format.ParseDict(document, ModelConfig())
     except json_format.ParseError as exc:
@@ -99,22 +99,9 @@ def config_from_json(text: str | bytes, source: str) -> ModelConfig:
 
 
 def config_to_json(config: ModelConfig) -> dict[str, Any]:
-    """The model configuration as Triton's `GET /v2/models/{m}/config` returns it.
-
-    Observed on Triton 2.51: snake_case field names, enums by name, every scalar, repeated and
-    map field printed even at its default, unset sub-messages and oneofs left out, and 64-bit
-    integers (dims, max_queue_delay_microseconds, ...) as JSON numbers, not protobuf's strings.
-    """
-    document = json_format.MessageToDict(
-        config, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-    )
-    return _map_scalars(document, ModelConfig.DESCRIPTOR, _int64_as_number)
-
-
-def _int64_as_number(field: FieldDescriptor, value: Any) -> Any:
-    if field.cpp_type in _INT64_CPP_TYPES and isinstance(value, str):
-        return int(value)
-    return value
+    """The model configuration as Triton's `GET /v2/models/{m}/config` returns it (see
+    `v2kit.grpc_proto.message_to_json`)."""
+    return message_to_json(config)
 
 
 def _upper_case_enum(field: FieldDescriptor, value: Any) -> Any:
@@ -123,45 +110,6 @@ def _upper_case_enum(field: FieldDescriptor, value: Any) -> Any:
         if value.upper() in field.enum_type.values_by_name:
             return value.upper()
     return value
-
-
-def _map_scalars(
-    document: dict[str, Any], descriptor: Descriptor, fn: Callable[[FieldDescriptor, Any], Any]
-) -> dict[str, Any]:
-    """Apply `fn(field, value)` to every scalar in a JSON-shaped message, guided by its schema.
-
-    Keys the schema does not know are kept as they are, so that json_format reports them.
-    """
-    fields = {**descriptor.fields_by_name, **{f.json_name: f for f in descriptor.fields}}
-    result: dict[str, Any] = {}
-    for key, value in document.items():
-        field = fields.get(key)
-        result[key] = value if field is None else _map_field(field, value, fn)
-    return result
-
-
-def _map_field(field: FieldDescriptor, value: Any, fn: Callable[[FieldDescriptor, Any], Any]) -> Any:
-    message = field.message_type
-    if message is not None and message.GetOptions().map_entry:
-        value_field = message.fields_by_name["value"]
-        if isinstance(value, dict):
-            return {k: _map_single(value_field, v, fn) for k, v in value.items()}
-        return value
-    if _is_repeated(field) and isinstance(value, list):
-        return [_map_single(field, item, fn) for item in value]
-    return _map_single(field, value, fn)
-
-
-def _is_repeated(field: FieldDescriptor) -> bool:
-    # protobuf >= 5.28 has is_repeated and warns on label; older releases only have label.
-    flag = getattr(field, "is_repeated", None)
-    return bool(flag) if flag is not None else field.label == FieldDescriptor.LABEL_REPEATED
-
-
-def _map_single(field: FieldDescriptor, value: Any, fn: Callable[[FieldDescriptor, Any], Any]) -> Any:
-    if field.message_type is not None:
-        return _map_scalars(value, field.message_type, fn) if isinstance(value, dict) else value
-    return fn(field, value)
 
 
 def config_parameter(config: ModelConfig, key: str) -> str | None:

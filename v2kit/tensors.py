@@ -3,7 +3,9 @@ a tensor's binary and JSON forms.
 
 Binary is the tensor data extension's: little-endian, row-major, BYTES elements as a 4-byte length
 then the bytes. JSON is v2's `data` array, nested or flat. `v2kit.codec` builds the request and
-response bodies from these, and re-exports the public names here.
+response bodies from these, and re-exports the first group of `__all__`. The second group is what the
+message codecs (`codec`, `grpc_proto`) check tensors and word their errors with; each takes `what`,
+the words an error message starts with ("input 'x'").
 
 Decoders raise only `CodecError` whatever the bytes, with a message that names the tensor. Sizes are
 checked against the bytes actually present before anything is allocated, and numeric tensors decoded
@@ -31,6 +33,16 @@ __all__ = [
     "tensor_from_raw",
     "tensor_from_json",
     "tensor_to_json",
+    # for the message codecs
+    "check_count",
+    "check_range",
+    "element_count",
+    "format_shape",
+    "json_type_name",
+    "object_array",
+    "reshape",
+    "short_repr",
+    "tensor_to_buffer",
 ]
 
 
@@ -55,9 +67,12 @@ _VALID = ", ".join(DATATYPES)
 _JSON_NOUN = {"b": "booleans", "i": "integers", "u": "integers", "f": "numbers", "U": "strings"}
 
 
-def datatype_to_numpy(datatype: str) -> np.dtype:
-    """The numpy dtype of a v2 datatype (BYTES → object)."""
-    return _dtype_for(datatype, "datatype")
+def datatype_to_numpy(datatype: Any, what: str = "datatype") -> np.dtype:
+    """The numpy dtype of a v2 datatype (BYTES → object); an error message starts with `what`."""
+    try:
+        return DATATYPES[datatype]
+    except (KeyError, TypeError):
+        raise CodecError(f"{what}: unknown datatype {short_repr(datatype)}; expected one of {_VALID}") from None
 
 
 def numpy_to_datatype(dtype: Any) -> str:
@@ -88,54 +103,59 @@ def datatype_to_config_type(datatype: str) -> str:
     return "TYPE_STRING" if datatype == "BYTES" else "TYPE_" + datatype
 
 
-# --- shared helpers ------------------------------------------------------------------------------
+# --- checks and message pieces for the message codecs --------------------------------------------
 
 
-def _fmt(shape: Any) -> str:
+def format_shape(shape: Any) -> str:
+    """`[2, 3]`, as error messages write a shape."""
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
-def _short(value: Any) -> str:
+def short_repr(value: Any) -> str:
+    """The repr of a client's value, cut to 80 characters for an error message."""
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _json_type(value: Any) -> str:
+def json_type_name(value: Any) -> str:
+    """The JSON name of a decoded value's type ("array", "object", ...)."""
     if isinstance(value, bool):
         return "boolean"
     names = {int: "number", float: "number", str: "string", list: "array", dict: "object"}
     return names.get(type(value), "null")
 
 
-def _dtype_for(datatype: Any, what: str) -> np.dtype:
-    try:
-        return DATATYPES[datatype]
-    except (KeyError, TypeError):
-        raise CodecError(f"{what}: unknown datatype {_short(datatype)}; expected one of {_VALID}") from None
-
-
-def _element_count(shape: Any, what: str) -> int:
+def element_count(shape: Any, what: str) -> int:
     """Validates a shape; its element count as a Python int, which cannot overflow."""
     bad = not isinstance(shape, (list, tuple))
     bad = bad or any(isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)) for d in shape)
     if bad:
-        raise CodecError(f"{what}: shape must be a list of non-negative integers, got {_short(shape)}")
+        raise CodecError(f"{what}: shape must be a list of non-negative integers, got {short_repr(shape)}")
     for d in shape:
         if d < 0:
-            raise CodecError(f"{what}: negative dimension {d} in shape {_fmt(shape)}")
+            raise CodecError(f"{what}: negative dimension {d} in shape {format_shape(shape)}")
         if d > _MAX_DIM:
-            raise CodecError(f"{what}: dimension {d} in shape {_fmt(shape)} exceeds int64")
+            raise CodecError(f"{what}: dimension {d} in shape {format_shape(shape)} exceeds int64")
     return math.prod(int(d) for d in shape)
 
 
-def _reshape(arr: np.ndarray, shape: Any, what: str) -> np.ndarray:
+def check_count(data: Any, shape: Any, what: str) -> None:
+    """That `data` holds exactly the elements a valid `shape` needs."""
+    count, size = element_count(shape, what), np.size(data)
+    if size != count:
+        raise CodecError(f"{what}: shape {format_shape(shape)} needs {count} elements but data has {size}")
+
+
+def reshape(arr: np.ndarray, shape: Any, what: str) -> np.ndarray:
+    """`arr` in `shape`, whose element count was checked."""
     try:
         return arr.reshape([int(d) for d in shape])
     except (ValueError, OverflowError) as e:
-        raise CodecError(f"{what}: cannot build a tensor of shape {_fmt(shape)}: {e}") from None
+        raise CodecError(f"{what}: cannot build a tensor of shape {format_shape(shape)}: {e}") from None
 
 
-def _check_range(lo: int, hi: int, dtype: np.dtype, datatype: str, what: str) -> None:
+def check_range(lo: int, hi: int, dtype: np.dtype, datatype: str, what: str) -> None:
+    """That integers from `lo` to `hi` fit the integer `dtype` of `datatype`."""
     info = np.iinfo(dtype)
     if lo < info.min or hi > info.max:
         raise CodecError(f"{what}: value {lo if lo < info.min else hi} is out of range for {datatype}")
@@ -143,7 +163,7 @@ def _check_range(lo: int, hi: int, dtype: np.dtype, datatype: str, what: str) ->
 
 def _as_dtype(arr: Any, datatype: str, what: str) -> np.ndarray:
     """C-contiguous `arr` in `datatype`'s dtype; casts within a kind (float64 → FP32), never across."""
-    dtype = _dtype_for(datatype, what)
+    dtype = datatype_to_numpy(datatype, what)
     arr = np.asarray(arr)
     if arr.dtype != dtype:
         if not np.can_cast(arr.dtype, dtype, casting="same_kind"):
@@ -191,10 +211,11 @@ def _deserialize(buf: Any, count: int | None, what: str) -> np.ndarray:
         off += length
     if count is not None and len(items) != count:
         raise CodecError(f"{what}: expected {count} BYTES elements, got {len(items)}")
-    return _object_array(items)
+    return object_array(items)
 
 
-def _object_array(items: list[Any]) -> np.ndarray:
+def object_array(items: list[Any]) -> np.ndarray:
+    """A flat object array of BYTES elements."""
     arr = np.empty(len(items), dtype=object)
     arr[:] = items  # element-wise, so bytes never turn into a 2-D array
     return arr
@@ -205,33 +226,34 @@ def deserialize_bytes_tensor(buf: bytes, count: int | None = None) -> np.ndarray
     return _deserialize(buf, count, "BYTES tensor")
 
 
-def _raw_buffer(arr: Any, datatype: str, what: str) -> bytes | memoryview:
+def tensor_to_buffer(arr: Any, datatype: str, what: str) -> bytes | memoryview:
+    """`tensor_to_raw` without the copy where it can: a memoryview of numeric tensors."""
     # A memoryview spares numeric tensors a copy on the HTTP path, where bytes.join takes it as is.
     if datatype == "BYTES":
         return serialize_bytes_tensor(arr)
     return memoryview(_as_dtype(arr, datatype, what).reshape(-1).view(np.uint8))  # type: ignore[arg-type]
 
 
-def tensor_to_raw(arr: np.ndarray, datatype: str) -> bytes:
+def tensor_to_raw(arr: np.ndarray, datatype: str, what: str = "tensor") -> bytes:
     """Little-endian, row-major bytes of `arr` as `datatype` (BYTES length-prefixed)."""
-    buf = _raw_buffer(arr, datatype, "tensor")
+    buf = tensor_to_buffer(arr, datatype, what)
     return buf if isinstance(buf, bytes) else buf.tobytes()
 
 
 def tensor_from_raw(buf: Any, datatype: str, shape: Any, name: str, *, kind: str = "input") -> np.ndarray:
     """A tensor from its binary form, sizes checked exactly; numeric ones are zero-copy views of `buf`."""
     what = f"{kind} {name!r}"
-    dtype = _dtype_for(datatype, what)
-    count = _element_count(shape, what)
+    dtype = datatype_to_numpy(datatype, what)
+    count = element_count(shape, what)
     if datatype == "BYTES":
-        return _reshape(_deserialize(buf, count, what), shape, what)
+        return reshape(_deserialize(buf, count, what), shape, what)
     size, expected = memoryview(buf).nbytes, count * dtype.itemsize
     if size != expected:
-        raise CodecError(f"{what}: expected {expected} bytes for shape {_fmt(shape)} {datatype}, got {size}")
+        raise CodecError(f"{what}: expected {expected} bytes for shape {format_shape(shape)} {datatype}, got {size}")
     arr = np.frombuffer(buf, dtype=dtype) if expected else np.empty(0, dtype)
     if datatype == "BOOL" and expected and arr.view(np.uint8).max() > 1:
         raise CodecError(f"{what}: BOOL bytes must be 0 or 1")
-    return _reshape(arr, shape, what)
+    return reshape(arr, shape, what)
 
 
 # --- JSON tensors --------------------------------------------------------------------------------
@@ -247,7 +269,7 @@ def _flatten_strings(data: list[Any], what: str) -> list[bytes]:
             out.append(node.encode())
             return ()
         if not isinstance(node, list):
-            raise CodecError(f"{what}: BYTES data must hold JSON strings, got a {_json_type(node)}")
+            raise CodecError(f"{what}: BYTES data must hold JSON strings, got a {json_type_name(node)}")
         subs = {walk(item) for item in node}
         if len(subs) > 1:
             raise CodecError(f"{what}: data is a ragged array")
@@ -270,13 +292,13 @@ def _numeric_from_json(data: list[Any], datatype: str, dtype: np.dtype, what: st
         # re-read such integers exactly.
         ints = np.asarray(data, dtype=object).ravel().tolist()
         if all(type(x) is int for x in ints):
-            _check_range(min(ints), max(ints), dtype, datatype, what)
+            check_range(min(ints), max(ints), dtype, datatype, what)
             return np.array(ints, dtype=dtype)
     if k not in {"b": "b", "f": "iuf"}.get(dtype.kind, "iu"):
         got = "non-integer numbers" if k == "f" else _JSON_NOUN.get(k, "mixed or out-of-range values")
         raise CodecError(f"{what}: {datatype} data must be JSON {_JSON_NOUN[dtype.kind]}, got {got}")
     if dtype.kind in "iu":
-        _check_range(int(raw.min()), int(raw.max()), dtype, datatype, what)
+        check_range(int(raw.min()), int(raw.max()), dtype, datatype, what)
     with np.errstate(over="ignore"):
         arr = raw.astype(dtype).ravel()
     if dtype.kind == "f" and k == "f" and np.any(np.isinf(arr) & np.isfinite(raw.ravel())):
@@ -287,15 +309,15 @@ def _numeric_from_json(data: list[Any], datatype: str, dtype: np.dtype, what: st
 def tensor_from_json(data: Any, datatype: str, shape: Any, name: str, *, kind: str = "input") -> np.ndarray:
     """A tensor from v2 JSON `data`, nested or flat (row-major). FP16 is binary-only."""
     what = f"{kind} {name!r}"
-    dtype = _dtype_for(datatype, what)
+    dtype = datatype_to_numpy(datatype, what)
     if datatype == "FP16":
         raise CodecError(f"{what}: FP16 cannot be sent as JSON; use binary tensor data (binary_data_size)")
-    count = _element_count(shape, what)
+    count = element_count(shape, what)
     if not isinstance(data, list):
-        raise CodecError(f"{what}: 'data' must be a JSON array, got a {_json_type(data)}")
+        raise CodecError(f"{what}: 'data' must be a JSON array, got a {json_type_name(data)}")
     try:
         if datatype == "BYTES":
-            arr = _object_array(_flatten_strings(data, what))
+            arr = object_array(_flatten_strings(data, what))
         else:
             arr = _numeric_from_json(data, datatype, dtype, what)
     except UnicodeEncodeError:
@@ -303,8 +325,8 @@ def tensor_from_json(data: Any, datatype: str, shape: Any, name: str, *, kind: s
     except RecursionError:
         raise CodecError(f"{what}: data is nested too deeply") from None
     if arr.size != count:
-        raise CodecError(f"{what}: shape {_fmt(shape)} needs {count} elements but data has {arr.size}")
-    return _reshape(arr, shape, what)
+        raise CodecError(f"{what}: shape {format_shape(shape)} needs {count} elements but data has {arr.size}")
+    return reshape(arr, shape, what)
 
 
 def tensor_to_json(arr: Any, datatype: str, *, name: str = "", kind: str = "output") -> list[Any]:

@@ -40,8 +40,6 @@ from typing import Any, Protocol
 import aiohttp
 import grpc
 import yarl
-from google.protobuf import json_format
-from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from google.protobuf.message import DecodeError
 from multidict import CIMultiDict, CIMultiDictProxy
 from tritonclient.grpc import service_pb2 as pb
@@ -52,13 +50,12 @@ from perfkit.sweep.spec import TlsSpec
 from perfkit.wire import grpc_channel as grpc_wire
 from perfkit.wire import http_pool as http_wire
 from v2kit import codec as v2
-from v2kit.grpc_proto import request_to_proto
+from v2kit.grpc_proto import message_to_json, request_to_proto
 
 __all__ = ["MESSAGES_PER_KIND", "Outcome", "Prepared", "InferClient", "HttpClient", "GrpcClient", "make_client"]
 
 MESSAGES_PER_KIND = 10
 LOAD_TIMEOUT_S = 300.0  # repository loads (sessions, instances, warmup) take far longer than inferences
-_HEADER_LENGTH = "Inference-Header-Content-Length"
 _now = time.perf_counter_ns
 
 
@@ -257,7 +254,7 @@ class HttpClient:
         headers = CIMultiDict({"Host": self._host_header, "Content-Type": content_type})
         headers.update(self._headers)  # -H headers replace ours, whatever their case
         if header_length is not None:
-            headers[_HEADER_LENGTH] = str(header_length)
+            headers[v2.HEADER_LENGTH] = str(header_length)
         url = self._url(request.model_name, request.model_version, "infer")
         try:
             wire = http_wire.encode_request("POST", url.raw_path_qs, headers, body)
@@ -356,38 +353,6 @@ class HttpClient:
 
 
 # --- gRPC ------------------------------------------------------------------------------------------
-
-_INT64 = frozenset({FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64})
-
-
-def _message_dict(message: Any) -> dict[str, Any]:
-    """A proto as the HTTP JSON shows it: proto field names, fields at their defaults printed, and
-    64-bit integers as ints (protobuf's JSON mapping writes them as strings)."""
-    doc = json_format.MessageToDict(
-        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-    )
-    return _int64_to_int(doc, message.DESCRIPTOR)
-
-
-def _int64_to_int(doc: dict[str, Any], descriptor: Descriptor) -> dict[str, Any]:
-    for key, value in doc.items():
-        field = descriptor.fields_by_name.get(key)
-        if field is not None:
-            doc[key] = (
-                [_field_value(field, v) for v in value] if isinstance(value, list) else _field_value(field, value)
-            )
-    return doc
-
-
-def _field_value(field: FieldDescriptor, value: Any) -> Any:
-    message = field.message_type
-    if message is None:
-        return int(value) if field.cpp_type in _INT64 and isinstance(value, str) else value
-    if message.GetOptions().map_entry:
-        value_field = message.fields_by_name["value"]
-        return {k: _field_value(value_field, v) for k, v in value.items()}
-    return _int64_to_int(value, message) if isinstance(value, dict) else value
-
 
 _MODEL_INFER = "/inference.GRPCInferenceService/ModelInfer"
 _STATUS_CODES = {code.value[0]: code for code in grpc.StatusCode}
@@ -510,18 +475,18 @@ class GrpcClient:
         return bool((await self._rpc("ServerReady", pb.ServerReadyRequest())).ready)
 
     async def server_metadata(self) -> dict[str, Any]:
-        return _message_dict(await self._rpc("ServerMetadata", pb.ServerMetadataRequest()))
+        return message_to_json(await self._rpc("ServerMetadata", pb.ServerMetadataRequest()))
 
     async def model_metadata(self, model: str, version: str = "") -> dict[str, Any]:
-        return _message_dict(await self._rpc("ModelMetadata", pb.ModelMetadataRequest(name=model, version=version)))
+        return message_to_json(await self._rpc("ModelMetadata", pb.ModelMetadataRequest(name=model, version=version)))
 
     async def model_config(self, model: str, version: str = "") -> dict[str, Any]:
         reply = await self._rpc("ModelConfig", pb.ModelConfigRequest(name=model, version=version))
-        return _message_dict(reply.config)
+        return message_to_json(reply.config)
 
     async def model_statistics(self, model: str = "", version: str = "") -> dict[str, Any]:
         request = pb.ModelStatisticsRequest(name=model, version=version)
-        return _message_dict(await self._rpc("ModelStatistics", request))
+        return message_to_json(await self._rpc("ModelStatistics", request))
 
     async def load_model(self, name: str, config: dict[str, Any] | None = None) -> None:
         """Load (or reload) `name` through the repository API; `config` overrides its config.pbtxt.
@@ -538,7 +503,7 @@ class GrpcClient:
         reply = await self._rpc("RepositoryIndex", pb.RepositoryIndexRequest())
         # proto3 has no absent strings. Triton's HTTP index gives a model known only by name as
         # {"name"}, and a reason, even "", wherever there is a state: rebuild that shape.
-        entries = [_message_dict(m) for m in reply.models]
+        entries = [message_to_json(m) for m in reply.models]
         return [{k: v for k, v in e.items() if v != "" or (k == "reason" and e.get("state"))} for e in entries]
 
     async def close(self) -> None:

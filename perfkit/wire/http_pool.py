@@ -35,6 +35,8 @@ from typing import cast
 
 import httptools
 
+from v2kit.codec import HEADER_LENGTH
+
 __all__ = ["BadResponse", "ConnectFailed", "ConnectionPool", "Disconnected", "Reply", "encode_request"]
 
 #: (status, Inference-Header-Content-Length value or None, body, sent_ns, first_byte_ns, failure).
@@ -45,7 +47,7 @@ Reply = tuple[int, bytes | None, bytes, int, int, BaseException | None]
 _now = time.perf_counter_ns
 #: Woken with room for a connection but less time than this left: time out, connect to nobody.
 _CONNECT_MIN_S = 0.001
-_HEADER_LENGTH = b"inference-header-content-length"
+_HEADER_LENGTH = HEADER_LENGTH.lower().encode()  # compared with lower-cased names
 _FRAMING = (b"content-length", b"transfer-encoding")
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 field-name
 _UNSAFE_VALUE = re.compile(r"[\r\n\0]")

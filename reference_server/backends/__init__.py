@@ -1,0 +1,43 @@
+"""Model backends, chosen as Triton chooses them: by the config's `backend`, else its `platform`.
+
+A backend is an `InstanceFactory`: from a version's config, its model file and where its instances
+go (`placement`), it builds the instances the scheduler runs and reads the model's own inputs and
+outputs, which complete the config. Adding one (python, ensemble) is a module in this folder and a
+line in `_BACKENDS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from reference_server.backends import onnxruntime
+from reference_server.backends.placement import Placement
+from reference_server.core.model_config import ONNX_BACKEND, ONNX_PLATFORM, TensorSignature
+from reference_server.scheduling.execute import ModelInstance
+
+__all__ = ["InstanceFactory", "instance_factory"]
+
+#: (config, model file, placements, config file for messages) → (one instance per placement,
+#: (the model's inputs, its outputs)).
+InstanceFactory = Callable[
+    [mc.ModelConfig, Path, Sequence[Placement], Path],
+    tuple[Sequence[ModelInstance], tuple[list[TensorSignature], list[TensorSignature]]],
+]
+
+_BACKENDS: dict[str, InstanceFactory] = {
+    ONNX_BACKEND: onnxruntime.create_instances,
+    ONNX_PLATFORM: onnxruntime.create_instances,
+}
+
+
+def instance_factory(config: mc.ModelConfig) -> InstanceFactory:
+    """The factory of `config`'s backend, or of its platform when it names no backend.
+
+    A config that names neither, or a backend not served here, gets ONNX Runtime: Triton completes
+    a bare config from its model.onnx, and `complete_config` refuses a backend not served here,
+    naming the files.
+    """
+    return _BACKENDS.get(config.backend or config.platform, onnxruntime.create_instances)

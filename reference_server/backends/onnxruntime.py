@@ -1,79 +1,38 @@
-"""ONNX Runtime model instances and their placement on CPU or GPUs, as Triton's instance_group does."""
+"""The ONNX Runtime backend: one InferenceSession per model instance, on CPU or a GPU."""
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 from tritonclient.grpc import model_config_pb2 as mc
 
+from reference_server.backends.placement import Placement
+from reference_server.core.model_config import TensorSignature
 from reference_server.errors import ModelConfigError
 
-log = logging.getLogger(__name__)
-
-MAX_INSTANCES_PER_GROUP = 64
-KIND_NAMES = {mc.ModelInstanceGroup.KIND_CPU: "CPU", mc.ModelInstanceGroup.KIND_GPU: "GPU"}
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """Where one model instance runs: `device` is "CPU" or "GPU", `gpu` the device id for GPUs."""
-
-    name: str
-    device: str
-    gpu: int | None = None
-
-
-def plan_instances(config: mc.ModelConfig, gpu_count: int, config_path: Path) -> list[Placement]:
-    """Expand instance_group into one Placement per instance.
-
-    Triton's rules: count is per listed GPU for GPU groups (an empty `gpus` means every GPU);
-    KIND_AUTO means GPU when every listed GPU exists, else CPU; KIND_GPU without a GPU cannot load.
-    """
-    groups = list(config.instance_group) or [mc.ModelInstanceGroup(count=1)]
-    placements: list[Placement] = []
-    for group_index, group in enumerate(groups):
-        group_name = group.name or f"{config.name}_{group_index}"
-        count = group.count if group.count > 0 else 1
-        if count > MAX_INSTANCES_PER_GROUP:
-            # Each instance is a session and a thread: a hostile count must not exhaust the machine.
-            raise ModelConfigError(
-                f"{config_path}: instance_group '{group_name}' count {count} is over the limit of "
-                f"{MAX_INSTANCES_PER_GROUP} instances per group (per GPU)"
-            )
-        listed = list(group.gpus)
-        missing = [g for g in listed if g >= gpu_count]
-        kind = group.kind
-        if kind in (mc.ModelInstanceGroup.KIND_MODEL, mc.ModelInstanceGroup.KIND_AUTO):
-            kind = mc.ModelInstanceGroup.KIND_GPU if gpu_count > 0 and not missing else mc.ModelInstanceGroup.KIND_CPU
-        if kind == mc.ModelInstanceGroup.KIND_GPU:
-            if gpu_count == 0:
-                raise ModelConfigError(
-                    f"{config_path}: instance_group '{group_name}' asks for KIND_GPU but no GPU is "
-                    "available; use kind: KIND_CPU (or leave kind unset to use a GPU when present)"
-                )
-            if missing:
-                raise ModelConfigError(
-                    f"{config_path}: instance_group '{group_name}' lists GPU(s) {missing} but only "
-                    f"{gpu_count} GPU(s) exist (ids 0..{gpu_count - 1})"
-                )
-            for gpu in listed or list(range(gpu_count)):
-                for _ in range(count):
-                    placements.append(Placement(f"{group_name}_{len(placements)}", "GPU", gpu))
-        elif kind == mc.ModelInstanceGroup.KIND_CPU:
-            for _ in range(count):
-                placements.append(Placement(f"{group_name}_{len(placements)}", "CPU"))
-        else:
-            raise ModelConfigError(
-                f"{config_path}: instance_group '{group_name}' kind {mc.ModelInstanceGroup.Kind.Name(kind)} "
-                "is not supported; use KIND_CPU or KIND_GPU"
-            )
-    return placements
+# ORT's element type strings → config DataType names. Anything else (sequences, maps, optional
+# types) becomes TYPE_INVALID and complete_config refuses the model with the file names.
+_ORT_TO_CONFIG_TYPE = {
+    "tensor(bool)": "TYPE_BOOL",
+    "tensor(uint8)": "TYPE_UINT8",
+    "tensor(uint16)": "TYPE_UINT16",
+    "tensor(uint32)": "TYPE_UINT32",
+    "tensor(uint64)": "TYPE_UINT64",
+    "tensor(int8)": "TYPE_INT8",
+    "tensor(int16)": "TYPE_INT16",
+    "tensor(int32)": "TYPE_INT32",
+    "tensor(int64)": "TYPE_INT64",
+    "tensor(float16)": "TYPE_FP16",
+    "tensor(float)": "TYPE_FP32",
+    "tensor(double)": "TYPE_FP64",
+    "tensor(bfloat16)": "TYPE_BF16",
+    "tensor(string)": "TYPE_STRING",
+}
 
 
 def session_options(config: mc.ModelConfig, config_path: Path | None = None) -> ort.SessionOptions:
@@ -95,6 +54,31 @@ def session_options(config: mc.ModelConfig, config_path: Path | None = None) -> 
     options.add_session_config_entry("session.intra_op.allow_spinning", params.get("allow_spinning", "0"))
     options.log_severity_level = 3
     return options
+
+
+def create_instances(
+    config: mc.ModelConfig, model_path: Path, placements: Sequence[Placement], config_path: Path
+) -> tuple[list[OnnxInstance], tuple[list[TensorSignature], list[TensorSignature]]]:
+    """One session per placement, and the graph's (inputs, outputs) in config terms."""
+    options = session_options(config, config_path)
+    instances = [OnnxInstance(p, model_path, options) for p in placements]
+    return instances, signature_from_session(instances[0].session)
+
+
+def signature_from_session(
+    session: ort.InferenceSession,
+) -> tuple[list[TensorSignature], list[TensorSignature]]:
+    """The (inputs, outputs) of a loaded ONNX model, in config terms."""
+    return (
+        [_signature(arg.name, arg.type, arg.shape) for arg in session.get_inputs()],
+        [_signature(arg.name, arg.type, arg.shape) for arg in session.get_outputs()],
+    )
+
+
+def _signature(name: str, ort_type: str, shape: Sequence[Any] | None) -> TensorSignature:
+    # ORT reports a symbolic dim as its name (str) and an unknown one as None; both are dynamic.
+    dims = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in (shape or ()))
+    return TensorSignature(name, _ORT_TO_CONFIG_TYPE.get(ort_type, "TYPE_INVALID"), dims)
 
 
 class OnnxInstance:

@@ -111,19 +111,12 @@ class DataPlane:
         config = served.config
         batch_dim = [-1] if config.max_batch_size > 0 else []
         versions = [str(v) for v in self._versions(name)] if not version else [version]
-        return {
-            "name": name,
-            "versions": versions,
-            "platform": config.platform or "onnxruntime_onnx",
-            "inputs": [
-                {"name": t.name, "datatype": _datatype(t.data_type), "shape": batch_dim + list(t.dims)}
-                for t in config.input
-            ],
-            "outputs": [
-                {"name": t.name, "datatype": _datatype(t.data_type), "shape": batch_dim + list(t.dims)}
-                for t in config.output
-            ],
+        tensors = {
+            kind: [{"name": t.name, "datatype": _datatype(t.data_type), "shape": batch_dim + list(t.dims)} for t in ts]
+            for kind, ts in (("inputs", config.input), ("outputs", config.output))
         }
+        platform = config.platform or model_config.ONNX_PLATFORM
+        return {"name": name, "versions": versions, "platform": platform, **tensors}
 
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:
         return model_config.config_to_json(self.repository.get(_model_name(name), version).config)

@@ -10,9 +10,9 @@ Theory of operation:
 1. Parse. `parse_config_text` / `read_config` (config.pbtxt) and `config_from_json` (load API)
    give a raw `ModelConfig`; syntax errors name the file, line and column.
 2. Complete and validate. `complete_config` does what Triton's onnxruntime backend auto-complete
-   does with the graph's signature (`signature_from_session`): fill the name, backend, platform,
-   missing inputs/outputs, and (for a config without tensors whose graph batches) the default
-   max_batch_size plus `dynamic_batching {}`. It then applies the normalisations Triton's core
+   does with the graph's signature (`backends.onnxruntime.signature_from_session`): fill the name,
+   backend, platform, missing inputs/outputs, and (for a config without tensors whose graph
+   batches) the default max_batch_size plus `dynamic_batching {}`. It then applies the normalisations Triton's core
    applies (we saw them in `GET /v2/models/{m}/config` of Triton 2.51) and rejects configs that
    contradict the graph, naming the config file, the model file and the tensor.
 3. Print. `config_to_json` renders the completed config the way Triton's config endpoint does,
@@ -29,16 +29,13 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tritonclient.grpc import model_config_pb2
 
-from reference_server.errors import ModelConfigError
+from reference_server.errors import ModelConfigError, raising_server_errors
 from v2kit import model_config as text
-from v2kit.model_config import CONFIG_FILENAME, ConfigError, ModelConfig, config_parameter, config_to_json
-
-if TYPE_CHECKING:
-    import onnxruntime
+from v2kit.model_config import CONFIG_FILENAME, ModelConfig, config_parameter, config_to_json
 
 __all__ = [
     "CONFIG_FILENAME",
@@ -54,32 +51,11 @@ __all__ = [
     "parse_config_text",
     "read_config",
     "select_versions",
-    "signature_from_session",
 ]
 
 DEFAULT_MODEL_FILENAME = "model.onnx"
 ONNX_BACKEND = "onnxruntime"
 ONNX_PLATFORM = "onnxruntime_onnx"
-
-# ORT's element type strings → config DataType names. Anything else (sequences, maps, optional
-# types) becomes TYPE_INVALID and complete_config refuses the model with the file names.
-_ORT_TO_CONFIG_TYPE = {
-    "tensor(bool)": "TYPE_BOOL",
-    "tensor(uint8)": "TYPE_UINT8",
-    "tensor(uint16)": "TYPE_UINT16",
-    "tensor(uint32)": "TYPE_UINT32",
-    "tensor(uint64)": "TYPE_UINT64",
-    "tensor(int8)": "TYPE_INT8",
-    "tensor(int16)": "TYPE_INT16",
-    "tensor(int32)": "TYPE_INT32",
-    "tensor(int64)": "TYPE_INT64",
-    "tensor(float16)": "TYPE_FP16",
-    "tensor(float)": "TYPE_FP32",
-    "tensor(double)": "TYPE_FP64",
-    "tensor(bfloat16)": "TYPE_BF16",
-    "tensor(string)": "TYPE_STRING",
-}
-_INVALID_TYPE = "TYPE_INVALID"
 
 _VERSION_DIR = re.compile(r"^[0-9]+$")
 
@@ -89,56 +65,16 @@ class TensorSignature:
     """One graph input or output as the config describes it."""
 
     name: str
-    datatype: str  # config enum name, e.g. "TYPE_FP32"
+    datatype: str  # config enum name, e.g. "TYPE_FP32"; TYPE_INVALID for types a config cannot name
     dims: tuple[int, ...]  # full model dims, -1 for dynamic
 
 
 # --------------------------------------------------------------------------------------------
-# Parsing, with the server's error (a 400 / INVALID_ARGUMENT to a client)
+# Parsing: v2kit.model_config's readers, failing with ModelConfigError (a 400 / INVALID_ARGUMENT)
 
-
-def parse_config_text(source: str, path: Path) -> ModelConfig:
-    """`v2kit.model_config.parse_config_text`, failing with ModelConfigError."""
-    try:
-        return text.parse_config_text(source, path)
-    except ConfigError as exc:
-        raise ModelConfigError(str(exc)) from None
-
-
-def read_config(model_dir: Path) -> ModelConfig | None:
-    """`v2kit.model_config.read_config`, failing with ModelConfigError."""
-    try:
-        return text.read_config(model_dir)
-    except ConfigError as exc:
-        raise ModelConfigError(str(exc)) from None
-
-
-def config_from_json(source: str | bytes, where: str) -> ModelConfig:
-    """`v2kit.model_config.config_from_json`, failing with ModelConfigError."""
-    try:
-        return text.config_from_json(source, where)
-    except ConfigError as exc:
-        raise ModelConfigError(str(exc)) from None
-
-
-# --------------------------------------------------------------------------------------------
-# The ONNX graph's signature
-
-
-def signature_from_session(
-    session: onnxruntime.InferenceSession,
-) -> tuple[list[TensorSignature], list[TensorSignature]]:
-    """The (inputs, outputs) of a loaded ONNX model, in config terms."""
-    return (
-        [_signature(arg.name, arg.type, arg.shape) for arg in session.get_inputs()],
-        [_signature(arg.name, arg.type, arg.shape) for arg in session.get_outputs()],
-    )
-
-
-def _signature(name: str, ort_type: str, shape: Sequence[Any] | None) -> TensorSignature:
-    # ORT reports a symbolic dim as its name (str) and an unknown one as None; both are dynamic.
-    dims = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in (shape or ()))
-    return TensorSignature(name, _ORT_TO_CONFIG_TYPE.get(ort_type, _INVALID_TYPE), dims)
+parse_config_text = raising_server_errors(text.parse_config_text)
+read_config = raising_server_errors(text.read_config)
+config_from_json = raising_server_errors(text.config_from_json)
 
 
 # --------------------------------------------------------------------------------------------
@@ -178,7 +114,7 @@ def complete_config(
 
     _complete_identity(completed, model_name, where)
     for sig in (*inputs, *outputs):
-        if sig.datatype == _INVALID_TYPE:
+        if sig.datatype == "TYPE_INVALID":
             raise where.error(f"tensor '{sig.name}' is not a tensor of a supported element type")
     if completed.max_batch_size < 0:
         raise where.error(f"max_batch_size must be >= 0, got {completed.max_batch_size}")

@@ -1,7 +1,7 @@
 """Poll mode (`--model-control-mode poll`): follow the model repository as it changes on disk.
 
 Every `interval_s` seconds (`--repository-poll-secs`) the poller fingerprints each model folder
-(`model_fingerprint`: a stat of every entry, no hashing) and compares it with the fingerprint the
+(`repository.model_fingerprint`: a stat of every entry, no hashing) and compares it with the fingerprint the
 repository recorded when it last tried to load that model:
 
 - a folder whose fingerprint differs, or that was never loaded, is (re)loaded. A reload swaps the
@@ -21,46 +21,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING
 
+from reference_server.core.repository import Fingerprint, ModelRepository, model_fingerprint
 from reference_server.errors import ServerError
 
-if TYPE_CHECKING:
-    from reference_server.core.repository import ModelRepository
-
-__all__ = ["Fingerprint", "PollResult", "RepositoryPoller", "model_fingerprint"]
+__all__ = ["PollResult", "RepositoryPoller"]
 
 log = logging.getLogger(__name__)
-
-#: (path relative to the model folder, size, mtime_ns, inode) of every entry, sorted.
-Fingerprint = tuple[tuple[str, int, int, int], ...]
-
-
-def model_fingerprint(model_dir: Path) -> Fingerprint:
-    """Every entry under the model folder with its size, modification time and inode.
-
-    stat() only: hashing multi-gigabyte model files on every poll would cost more than the reloads
-    it could save. As in Triton, which compares modification times, a rewrite that keeps the size,
-    the mtime (in ns) and the inode goes unnoticed. Hidden entries (editor swap files) are skipped.
-    """
-    entries: list[tuple[str, int, int, int]] = []
-    for dirpath, dirnames, filenames in os.walk(model_dir):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        for entry in (*dirnames, *filenames):
-            if entry.startswith("."):
-                continue
-            path = os.path.join(dirpath, entry)
-            relative = os.path.relpath(path, model_dir)
-            try:
-                st = os.stat(path)  # follows links: pointing a link elsewhere is a change
-            except OSError:
-                entries.append((relative, -1, -1, -1))  # a dangling link, or removed while we walk
-                continue
-            entries.append((relative, st.st_size, st.st_mtime_ns, st.st_ino))
-    return tuple(sorted(entries))
 
 
 @dataclass(slots=True)

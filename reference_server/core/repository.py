@@ -13,7 +13,8 @@ enters an old scheduler before it starts closing or sees the new versions: none 
 ready". Replaced versions close in the background with a grace period, and requests already queued
 on them finish there. A failed load swaps nothing: the old versions and the READY state stay, and
 the reason is recorded for the index. Loads of one model serialize on its lock; different models
-load in parallel.
+load in parallel. Each load attempt records the model folder's fingerprint (`model_fingerprint`),
+which poll mode (`poller`) compares with the folder now.
 """
 
 from __future__ import annotations
@@ -23,17 +24,18 @@ import contextlib
 import logging
 import os
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from reference_server.backends.onnxruntime import OnnxInstance, plan_instances, session_options
+from reference_server.backends import instance_factory
+from reference_server.backends.placement import plan_instances
 from reference_server.core import model_config
-from reference_server.core.poller import Fingerprint, model_fingerprint
 from reference_server.core.warmup import run_warmup
 from reference_server.errors import ModelConfigError, NotFound, ServerError, Unavailable
+from reference_server.scheduling.execute import ModelInstance
 from reference_server.scheduling.policy import BatchingPolicy
 from reference_server.scheduling.scheduler import Scheduler
 from reference_server.scheduling.stats import ModelStats
@@ -50,6 +52,34 @@ UNLOADING = "UNLOADING"
 RETIRE_GRACE_S = 30.0
 
 
+#: (path relative to the model folder, size, mtime_ns, inode) of every entry, sorted.
+Fingerprint = tuple[tuple[str, int, int, int], ...]
+
+
+def model_fingerprint(model_dir: Path) -> Fingerprint:
+    """Every entry under the model folder with its size, modification time and inode.
+
+    stat() only: hashing multi-gigabyte model files on every poll would cost more than the reloads
+    it could save. As in Triton, which compares modification times, a rewrite that keeps the size,
+    the mtime (in ns) and the inode goes unnoticed. Hidden entries (editor swap files) are skipped.
+    """
+    entries: list[tuple[str, int, int, int]] = []
+    for dirpath, dirnames, filenames in os.walk(model_dir):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        for entry in (*dirnames, *filenames):
+            if entry.startswith("."):
+                continue
+            path = os.path.join(dirpath, entry)
+            relative = os.path.relpath(path, model_dir)
+            try:
+                st = os.stat(path)  # follows links: pointing a link elsewhere is a change
+            except OSError:
+                entries.append((relative, -1, -1, -1))  # a dangling link, or removed while we walk
+                continue
+            entries.append((relative, st.st_size, st.st_mtime_ns, st.st_ino))
+    return tuple(sorted(entries))
+
+
 @dataclass(slots=True)
 class ModelVersion:
     """One served version of a model: its completed config, instances, scheduler and statistics."""
@@ -57,7 +87,7 @@ class ModelVersion:
     name: str
     version: int
     config: mc.ModelConfig
-    instances: list[OnnxInstance]
+    instances: Sequence[ModelInstance]
     scheduler: Scheduler
     stats: ModelStats
     inputs: dict[str, mc.ModelInput]
@@ -75,7 +105,7 @@ class _PreparedVersion:
     name: str
     version: int
     config: mc.ModelConfig
-    instances: list[OnnxInstance]
+    instances: Sequence[ModelInstance]
     gpu_memory_bytes: dict[int, int]
 
 
@@ -307,11 +337,10 @@ class ModelRepository:
     ) -> _PreparedVersion:
         model_path = model_config.model_file(model_dir, version, base)
         placements = plan_instances(base, self.gpu_count, config_path)
-        options = session_options(base, config_path)
+        create_instances = instance_factory(base)
         gpus = [p.gpu for p in placements if p.device == "GPU" and p.gpu is not None]
         with _gpu_memory_delta(gpus) as gpu_memory:
-            instances = [OnnxInstance(p, model_path, options) for p in placements]
-            inputs, outputs = model_config.signature_from_session(instances[0].session)
+            instances, (inputs, outputs) = create_instances(base, model_path, placements, config_path)
             config = model_config.complete_config(
                 raw,
                 inputs,

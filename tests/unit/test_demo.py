@@ -9,7 +9,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from reference_server.core.model_config import complete_config, read_config, signature_from_session
+from reference_server.backends.onnxruntime import signature_from_session
+from reference_server.core.model_config import complete_config, read_config
 from v2kit import demo
 
 # name → (input shape for a batch of 3, output shape, config input dims, max_batch_size,

@@ -11,6 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
+from reference_server.backends.onnxruntime import signature_from_session
 from reference_server.core.model_config import (
     ModelConfig,
     TensorSignature,
@@ -23,7 +24,6 @@ from reference_server.core.model_config import (
     parse_config_text,
     read_config,
     select_versions,
-    signature_from_session,
 )
 from reference_server.errors import ModelConfigError
 

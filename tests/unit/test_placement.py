@@ -1,4 +1,4 @@
-"""instance_group expands into instances placed as Triton places them."""
+"""instance_group expands into instances placed as Triton places them, by the backend the config names."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from reference_server.backends.onnxruntime import Placement, plan_instances
+from reference_server.backends import instance_factory, onnxruntime
+from reference_server.backends.placement import Placement, plan_instances
 from reference_server.errors import ModelConfigError
 
 CONFIG = Path("models/m/config.pbtxt")
@@ -68,3 +69,11 @@ def test_listed_gpu_that_does_not_exist_is_refused() -> None:
 def test_an_instance_count_past_the_limit_is_refused() -> None:
     with pytest.raises(ModelConfigError, match=r"count 100000 is over the limit"):
         plan("instance_group [ { count: 100000, kind: KIND_CPU } ]", 0)
+
+
+@pytest.mark.parametrize(
+    "text", ["", 'backend: "onnxruntime"', 'platform: "onnxruntime_onnx"', 'backend: "python"', 'platform: "x"']
+)
+def test_the_backend_is_chosen_by_backend_then_platform(text: str) -> None:
+    # Unknown ones go to ONNX Runtime too, whose config completion refuses them naming the files.
+    assert instance_factory(text_format.Parse(text, mc.ModelConfig())) is onnxruntime.create_instances

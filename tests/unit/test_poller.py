@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from reference_server.core.poller import RepositoryPoller, model_fingerprint
-from reference_server.core.repository import ModelRepository
+from reference_server.core.poller import RepositoryPoller
+from reference_server.core.repository import ModelRepository, model_fingerprint
 from reference_server.errors import ServerError
 
 

@@ -20,7 +20,8 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from reference_server.backends.onnxruntime import OnnxInstance, Placement, session_options
+from reference_server.backends.onnxruntime import OnnxInstance, session_options
+from reference_server.backends.placement import Placement
 from reference_server.errors import InternalError, InvalidArgument, ModelConfigError, Unavailable
 from reference_server.scheduling.execute import Tensor
 from reference_server.scheduling.policy import BatchingPolicy

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +15,7 @@ from tritonclient.grpc import _utils as grpc_utils
 from tritonclient.grpc import model_config_pb2, service_pb2
 from tritonclient.utils import serialize_byte_tensor
 
+import v2kit
 from v2kit import codec as v2
 from v2kit import grpc_proto as v2_grpc
 from v2kit.codec import CodecError, InferRequest, InferResponse, InferTensor, RequestedOutput
@@ -726,3 +729,27 @@ def test_parameters_proto_helpers():
     for bad in ({"x": None}, {"x": 2**64}, {"x": [1]}):
         with pytest.raises(CodecError, match="parameter 'x'"):
             v2_grpc.parameters_to_proto(bad, pb.parameters)
+
+
+def test_message_to_json_writes_64_bit_integers_as_numbers():
+    stats = service_pb2.ModelStatisticsResponse()
+    model = stats.model_stats.add(name="m", version="1", inference_count=2**63 + 1)
+    model.inference_stats.success.ns = 7
+    model.batch_stats.add(batch_size=4).compute_infer.count = 3
+    doc = v2_grpc.message_to_json(stats)
+    entry = doc["model_stats"][0]
+    assert entry["inference_count"] == 2**63 + 1 and entry["execution_count"] == 0  # defaults printed
+    assert entry["inference_stats"]["success"] == {"count": 0, "ns": 7}
+    assert entry["batch_stats"][0]["batch_size"] == 4 and entry["batch_stats"][0]["compute_infer"]["count"] == 3
+    metadata = service_pb2.ModelMetadataResponse(name="m")
+    metadata.inputs.add(name="x", datatype="FP32", shape=[-1, 3])
+    assert v2_grpc.message_to_json(metadata)["inputs"][0]["shape"] == [-1, 3]
+
+
+def test_the_codec_modules_use_only_public_names_of_each_other():
+    private = []
+    for path in Path(v2kit.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("v2kit"):
+                private += [f"{path.name}: {a.name}" for a in node.names if a.name.startswith("_")]
+    assert private == []

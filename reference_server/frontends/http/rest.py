@@ -15,23 +15,22 @@ from typing import Any
 from urllib.parse import unquote
 
 from reference_server.core.dataplane import DataPlane
-from reference_server.errors import InvalidArgument, ServerError
+from reference_server.errors import InvalidArgument, server_error
 from reference_server.frontends.auth import OPEN_HTTP_PATHS, Token, Unauthenticated
 from reference_server.frontends.http.read_gate import ReadGate
 from reference_server.frontends.http.server import HttpRequest, HttpResponse, HttpServer, error_response
 from v2kit import codec as v2
 
-__all__ = ["HEADER_LENGTH", "RestApi", "build_rest_server", "is_infer"]
+__all__ = ["RestApi", "build_rest_server", "is_infer"]
 
 log = logging.getLogger(__name__)
 
-HEADER_LENGTH = "Inference-Header-Content-Length"
-_HEADER_LENGTH_KEY = HEADER_LENGTH.lower()
+_HEADER_LENGTH_KEY = v2.HEADER_LENGTH.lower()
 _JSON = "application/json"
 _CHALLENGE = (("WWW-Authenticate", 'Bearer realm="perfkit-reference-server"'),)
 
 #: A handler's arguments: the API, the request, the model name and the version ('' for none).
-Endpoint = Callable[["RestApi", HttpRequest, str, str], Awaitable[HttpResponse]]
+RouteHandler = Callable[["RestApi", HttpRequest, str, str], Awaitable[HttpResponse]]
 
 
 def is_infer(method: bytes, url: bytes) -> bool:
@@ -40,8 +39,9 @@ def is_infer(method: bytes, url: bytes) -> bool:
 
 
 def _refusal(exc: Exception) -> HttpResponse:
-    if isinstance(exc, ServerError):
-        return error_response(exc.message, exc.http_status)
+    error = server_error(exc)
+    if error is not None:
+        return error_response(error.message, error.http_status)
     log.error("admission failed: %s: %s", type(exc).__name__, exc)
     return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
 
@@ -54,15 +54,17 @@ class RestApi:
         self.token = token
 
     async def __call__(self, request: HttpRequest) -> HttpResponse:
-        """Every failure leaves as a KServe error JSON with the status its error class names."""
+        """Every error `errors.server_error` knows leaves as a KServe error JSON with its status; a bug
+        goes on to the transport, which logs it and answers 500."""
         try:
             return await self._route(request)
         except Unauthenticated as exc:
             return HttpResponse(exc.http_status, v2.error_body(exc.message), _JSON, _CHALLENGE)
-        except ServerError as exc:
-            return error_response(exc.message, exc.http_status)
-        except v2.CodecError as exc:
-            return error_response(str(exc), 400)
+        except Exception as exc:
+            error = server_error(exc)
+            if error is None:
+                raise
+            return error_response(error.message, error.http_status)
 
     async def _route(self, request: HttpRequest) -> HttpResponse:
         path = request.path
@@ -110,7 +112,7 @@ class RestApi:
             try:
                 header_length = int(raw_length)
             except ValueError:
-                raise InvalidArgument(f"{HEADER_LENGTH} must be an integer, got '{raw_length}'") from None
+                raise InvalidArgument(f"{v2.HEADER_LENGTH} must be an integer, got '{raw_length}'") from None
         if header_length == 0:
             infer_request = plane.decode_raw_request(model, version, request.body)
         else:
@@ -119,7 +121,7 @@ class RestApi:
         payload, json_length = v2.encode_infer_response(response, infer_request)
         if json_length is None:
             return HttpResponse(200, payload, _JSON)
-        return HttpResponse(200, payload, "application/octet-stream", ((HEADER_LENGTH, str(json_length)),))
+        return HttpResponse(200, payload, "application/octet-stream", ((v2.HEADER_LENGTH, str(json_length)),))
 
     async def repository_index(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
         ready = _json_object(request.body).get("ready", False)
@@ -138,10 +140,10 @@ class RestApi:
 
 _GET = frozenset({"GET"})
 _POST = frozenset({"POST"})
-_NO_ROUTE: tuple[Endpoint | None, frozenset[str], str, str] = (None, frozenset(), "", "")
+_NO_ROUTE: tuple[RouteHandler | None, frozenset[str], str, str] = (None, frozenset(), "", "")
 
 #: Routes by their fixed segments after '/v2'.
-_FIXED: dict[tuple[str, ...], tuple[Endpoint, frozenset[str]]] = {
+_FIXED: dict[tuple[str, ...], tuple[RouteHandler, frozenset[str]]] = {
     (): (RestApi.server_metadata, _GET),
     ("health", "live"): (RestApi.health_live, _GET),
     ("health", "ready"): (RestApi.health_ready, _GET),
@@ -149,20 +151,20 @@ _FIXED: dict[tuple[str, ...], tuple[Endpoint, frozenset[str]]] = {
     ("repository", "index"): (RestApi.repository_index, _POST),
 }
 #: Routes by what follows '/v2/models/{model}[/versions/{version}]'.
-_MODEL: dict[str, tuple[Endpoint, frozenset[str]]] = {
+_MODEL: dict[str, tuple[RouteHandler, frozenset[str]]] = {
     "": (RestApi.model_metadata, _GET),
     "ready": (RestApi.model_ready, _GET),
     "config": (RestApi.model_config, _GET),
     "stats": (RestApi.model_stats, _GET),
     "infer": (RestApi.infer, _POST),
 }
-_REPOSITORY: dict[str, tuple[Endpoint, frozenset[str]]] = {
+_REPOSITORY: dict[str, tuple[RouteHandler, frozenset[str]]] = {
     "load": (RestApi.repository_load, _POST),
     "unload": (RestApi.repository_unload, _POST),
 }
 
 
-def _match(segments: list[str]) -> tuple[Endpoint | None, frozenset[str], str, str]:
+def _match(segments: list[str]) -> tuple[RouteHandler | None, frozenset[str], str, str]:
     """(endpoint, its methods, model, version) for a path split at '/', or no endpoint."""
     if len(segments) < 2 or segments[0] or segments[1] != "v2":
         return _NO_ROUTE

@@ -1,0 +1,70 @@
+"""Where a model's instances run: Triton's instance_group rules, the same for every backend."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from reference_server.errors import ModelConfigError
+
+__all__ = ["MAX_INSTANCES_PER_GROUP", "Placement", "plan_instances"]
+
+MAX_INSTANCES_PER_GROUP = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where one model instance runs: `device` is "CPU" or "GPU", `gpu` the device id for GPUs."""
+
+    name: str
+    device: str
+    gpu: int | None = None
+
+
+def plan_instances(config: mc.ModelConfig, gpu_count: int, config_path: Path) -> list[Placement]:
+    """Expand instance_group into one Placement per instance.
+
+    Triton's rules: count is per listed GPU for GPU groups (an empty `gpus` means every GPU);
+    KIND_AUTO means GPU when every listed GPU exists, else CPU; KIND_GPU without a GPU cannot load.
+    """
+    groups = list(config.instance_group) or [mc.ModelInstanceGroup(count=1)]
+    placements: list[Placement] = []
+    for group_index, group in enumerate(groups):
+        group_name = group.name or f"{config.name}_{group_index}"
+        count = group.count if group.count > 0 else 1
+        if count > MAX_INSTANCES_PER_GROUP:
+            # Each instance is a session and a thread: a hostile count must not exhaust the machine.
+            raise ModelConfigError(
+                f"{config_path}: instance_group '{group_name}' count {count} is over the limit of "
+                f"{MAX_INSTANCES_PER_GROUP} instances per group (per GPU)"
+            )
+        listed = list(group.gpus)
+        missing = [g for g in listed if g >= gpu_count]
+        kind = group.kind
+        if kind in (mc.ModelInstanceGroup.KIND_MODEL, mc.ModelInstanceGroup.KIND_AUTO):
+            kind = mc.ModelInstanceGroup.KIND_GPU if gpu_count > 0 and not missing else mc.ModelInstanceGroup.KIND_CPU
+        if kind == mc.ModelInstanceGroup.KIND_GPU:
+            if gpu_count == 0:
+                raise ModelConfigError(
+                    f"{config_path}: instance_group '{group_name}' asks for KIND_GPU but no GPU is "
+                    "available; use kind: KIND_CPU (or leave kind unset to use a GPU when present)"
+                )
+            if missing:
+                raise ModelConfigError(
+                    f"{config_path}: instance_group '{group_name}' lists GPU(s) {missing} but only "
+                    f"{gpu_count} GPU(s) exist (ids 0..{gpu_count - 1})"
+                )
+            for gpu in listed or list(range(gpu_count)):
+                for _ in range(count):
+                    placements.append(Placement(f"{group_name}_{len(placements)}", "GPU", gpu))
+        elif kind == mc.ModelInstanceGroup.KIND_CPU:
+            for _ in range(count):
+                placements.append(Placement(f"{group_name}_{len(placements)}", "CPU"))
+        else:
+            raise ModelConfigError(
+                f"{config_path}: instance_group '{group_name}' kind {mc.ModelInstanceGroup.Kind.Name(kind)} "
+                "is not supported; use KIND_CPU or KIND_GPU"
+            )
+    return placements
