@@ -61,7 +61,7 @@ def _say(text: str) -> None:
 
 
 def _write(path: Path, text: str) -> None:
-    from perfkit.report.export import write_text_atomic
+    from perfkit.results.files import write_text_atomic
 
     if not path.parent.is_dir():
         path.parent.mkdir(parents=True, exist_ok=True)

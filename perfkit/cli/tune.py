@@ -361,7 +361,7 @@ def render_json(result: TuneResult, argv: list[str]) -> str:
 
     from perfkit._version import __version__
     from perfkit.results.model import to_jsonable
-    from perfkit.sweep.run import redact_argv
+    from perfkit.results.provenance import redact_argv
 
     spec, ranking = result.spec, result.ranking
     variants = []
@@ -423,14 +423,14 @@ class Outputs:
         self.folder, self.argv = folder, argv
 
     def __call__(self, result: TuneResult) -> None:
-        from perfkit.report.export import write_text_atomic
+        from perfkit.results.files import write_text_atomic
 
         self.folder.mkdir(parents=True, exist_ok=True)  # on the first result: a refused tune leaves nothing
         write_text_atomic(self.folder / "results.csv", render_csv(result))
         write_text_atomic(self.folder / "tune.json", render_json(result, self.argv))
 
     def finish(self, result: TuneResult) -> list[Path]:
-        from perfkit.report.export import write_text_atomic
+        from perfkit.results.files import write_text_atomic
 
         self(result)
         paths = [self.folder / "results.csv", self.folder / "tune.json", self.folder / "summary.txt"]

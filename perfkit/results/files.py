@@ -14,7 +14,9 @@ test compares the two.
 from __future__ import annotations
 
 import json
+import os
 import re
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +34,22 @@ __all__ = [
     "render_tidy_schema",
     "slo_from_sweep",
     "tune_view_from_json",
+    "write_text_atomic",
 ]
+
+
+def write_text_atomic(path: Path | str, text: str) -> None:
+    """Write `text` to `path` through a temporary file in the same folder, so that an interrupted
+    run never leaves a half-written report."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +284,7 @@ def check_history(path: Path, flag: str = "--append") -> None:
 
 def append_history(path: Path, result: SweepResult, run_id: str, flag: str = "--append") -> None:
     """Add a sweep's tidy rows to the history CSV at `path`, led by its run id and start time."""
-    from perfkit.report.export import append_tidy_csv, write_text_atomic
+    from perfkit.report.export import append_tidy_csv
 
     check_history(path, flag)
     existing = path.read_text(encoding="utf-8") if path.exists() else None

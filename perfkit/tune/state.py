@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from perfkit.errors import PerfkitError
+from perfkit.results.files import write_text_atomic
 from perfkit.results.model import RESULT_SCHEMA_VERSION, LevelResult, sweep_from_json, to_jsonable
 from perfkit.sweep.spec import TlsSpec, WindowSpec
 from perfkit.tune.objectives import Constraint, Figures, Objective, Ranking, combine, figures_of, rank
@@ -213,8 +214,6 @@ class Checkpoint:
         self.server_had_model = bool(doc.get("server_had_model"))
 
     def save(self, result: TuneResult, default_config: dict[str, Any]) -> None:
-        from perfkit.report.export import write_text_atomic
-
         variants = {
             k: {"levels": to_jsonable(r.levels), "error": r.error if r.status == "failed" and not r.levels else ""}
             for k, r in result.records.items()
