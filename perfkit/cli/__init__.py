@@ -229,14 +229,14 @@ def _run_sweep(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _run_probe(args: argparse.Namespace) -> int:
     from perfkit.cli.probe import probe, render_probe
-    from perfkit.sweep.spec import LoadSpec, SweepSpec, TargetSpec
+    from perfkit.sweep.spec import TargetSpec
 
     if args.requests < 1:
         raise PerfkitError("-n/--requests must be at least 1")
     target = TargetSpec(
         args.url, args.protocol, headers=sweep_args.headers_from_args(args), tls=sweep_args.tls_from_args(args)
     )
-    SweepSpec(target, LoadSpec("concurrency")).validate()  # -u, -i, -H and TLS by the sweep's rules
+    target.validate()  # -u, -i, -H and TLS by the sweep's rules
 
     def go(url: str) -> int:
         result = eventloop.run(

@@ -145,7 +145,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def spec_from_args(args: argparse.Namespace) -> TuneSpec:
     from perfkit.load.inputs import parse_shape_flags
-    from perfkit.sweep.spec import WindowSpec
+    from perfkit.sweep.spec import TargetSpec, WindowSpec
     from perfkit.tune.objectives import parse_constraint, parse_objective
     from perfkit.tune.search import SpaceSpec
     from perfkit.tune.tuner import TuneSpec
@@ -161,7 +161,11 @@ def spec_from_args(args: argparse.Namespace) -> TuneSpec:
     preferred = tuple(t.strip().lower() for t in args.preferred_batch_sizes.split(",") if t.strip())
     kinds = tuple(t.strip().upper() for t in (args.instance_kinds or "").split(",") if t.strip())
     spec = TuneSpec(
-        config_path=args.config, url=urls[0] if urls else None, protocol=args.protocol, search=args.search,
+        config_path=args.config, search=args.search,
+        target=TargetSpec(
+            urls[0] if urls else None, args.protocol, headers=headers_from_args(args),
+            request_timeout_s=args.request_timeout, tls=tls_from_args(args),
+        ),
         objective=parse_objective(args.objective), constraints=tuple(map(parse_constraint, args.constraint)),
         concurrency=_concurrency(args.concurrency_range),
         space=SpaceSpec(
@@ -174,11 +178,11 @@ def spec_from_args(args: argparse.Namespace) -> TuneSpec:
             max_trials=args.max_trials, percentile=args.percentile, warmup_request_count=args.warmup_request_count,
         ),
         shapes=tuple((name, tuple(dims)) for name, dims in parse_shape_flags(args.shape).items()),
-        input_data=args.input_data, seed=args.seed, request_timeout_s=args.request_timeout, top=args.top,
+        input_data=args.input_data, seed=args.seed, top=args.top,
         leaders=args.leaders, remeasure_rounds=args.remeasure, checkpoint=args.checkpoint,
         output_dir=args.output_dir, quiet=args.quiet, collect_metrics=args.collect_metrics,
         metrics_url=args.metrics_url, endpoints=urls if workers or len(urls) > 1 else (), workers=workers,
-        ray_address=args.ray_address, headers=headers_from_args(args), tls=tls_from_args(args),
+        ray_address=args.ray_address,
     )  # fmt: skip
     spec.validate()
     return spec
@@ -336,7 +340,7 @@ def render_csv(result: TuneResult) -> str:
         if not levels:
             writer.writerow([*_variant_cells(record), "search", "false", "", "", record.error, *blank])
             continue
-        sweep = SweepResult(result.model.name, "", "", result.spec.protocol, "concurrency", tuple(levels), {})
+        sweep = SweepResult(result.model.name, "", "", result.spec.target.protocol, "concurrency", tuple(levels), {})
         rows = list(csv.reader(io.StringIO(render_tidy_csv(sweep))))[1:]
         for i, (level, row) in enumerate(zip(levels, rows)):
             figures = figures_of(level)
@@ -386,7 +390,8 @@ def render_json(result: TuneResult, argv: list[str]) -> str:
         "argv": redact_argv(argv),
         "model": result.model.name, "config_path": str(spec.config_path), "server": result.server,
         "settings": {
-            "url": spec.url, "endpoints": list(spec.endpoints), "workers": spec.workers, "protocol": spec.protocol,
+            "url": spec.target.url, "endpoints": list(spec.endpoints), "workers": spec.workers,
+            "protocol": spec.target.protocol,
             "search": spec.search,
             "objective": dict(spec.objective.weights), "constraints": [str(c) for c in spec.constraints],
             "concurrency_range": list(spec.concurrency), "space": asdict(spec.space), "windows": asdict(spec.windows),

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,38 +24,11 @@ from perfkit.results.model import SweepResult, write_sweep
 from perfkit.results.provenance import provenance
 from perfkit.sweep.engine import Sweep
 from perfkit.sweep.spec import SweepSpec
+from perfkit.target import Target, open_target
 from perfkit.wire.client import InferClient, make_client
 from v2kit.runtime import eventloop
 
 DEFAULT_EMBEDDED_MODEL = "mlp"
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    url: str
-    protocol: str
-    metrics_url: str | None
-    server_pid: int | None
-    embedded: bool
-
-
-@contextlib.contextmanager
-def open_target(spec: SweepSpec) -> Iterator[Target]:
-    """The server to measure: -u as given, or the embedded reference server for the run's duration."""
-    t = spec.target
-    if t.url is not None:
-        metrics_url = spec.metrics.metrics_url
-        if spec.metrics.collect and metrics_url is None:
-            # perf_analyzer's rule: the metrics port 8002 on the host of -u (served in the clear, also
-            # beside an https:// server).
-            metrics_url = f"http://{t.url.split('://', 1)[-1].rsplit(':', 1)[0]}:8002/metrics"
-        yield Target(t.url, t.protocol, metrics_url, None, embedded=False)
-        return
-    from perfkit.target import reference_server_process
-
-    with reference_server_process() as server:
-        url = server.grpc_url if t.protocol == "grpc" else server.http_url
-        yield Target(url, t.protocol, spec.metrics.metrics_url or server.metrics_url, server.process.pid, True)
 
 
 async def resolve_model(client: InferClient, spec: SweepSpec, embedded: bool) -> str:
@@ -243,7 +215,8 @@ def run_sweep(spec: SweepSpec, argv: list[str]) -> tuple[SweepRun, int]:
     progress = Progress(quiet=spec.output.quiet)
     run = SweepRun()
     try:
-        with open_target(spec) as target:
+        t, metrics = spec.target, spec.metrics
+        with open_target(t.url, t.protocol, metrics_url=metrics.metrics_url, collect_metrics=metrics.collect) as target:
             if target.embedded:
                 progress.note(f"measuring the embedded reference server at {target.url}")
             eventloop.run(_sweep(spec, target, progress, argv, run))

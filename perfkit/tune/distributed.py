@@ -35,9 +35,9 @@ from typing import Any, Protocol, TypeVar
 from perfkit.errors import PerfkitError, TargetError
 from perfkit.progress import Progress
 from perfkit.results.model import LevelResult
-from perfkit.sweep.run import Target
+from perfkit.target import Target, metrics_url_of
 from perfkit.tune.search import Space, Variant, brute_batches, quick_batches
-from perfkit.tune.tuner import Endpoint, Model, Record, Tuner, TuneResult, TuneSpec, metrics_url_of, sweep_variant
+from perfkit.tune.tuner import Endpoint, Model, Record, Tuner, TuneResult, TuneSpec, sweep_variant
 
 __all__ = ["EndpointActor", "EndpointState", "RayTuner", "RayWorker", "Worker", "ray_tuner"]
 
@@ -79,7 +79,8 @@ class EndpointActor:
         self.endpoint: Endpoint | None = None
 
     async def open(self) -> EndpointState:
-        target = Target(self.url, self.spec.protocol, metrics_url_of(self.spec, self.url), None, embedded=False)
+        metrics_url = metrics_url_of(self.url, self.spec.metrics_url, self.spec.collect_metrics)
+        target = Target(self.url, self.spec.target.protocol, metrics_url, None, embedded=False)
         endpoint = self.endpoint = Endpoint(self.spec, self.model, target, Progress(quiet=True))
         if not await endpoint.client.live():
             raise TargetError(f"{self.url} answers but is not live")

@@ -49,7 +49,7 @@ from perfkit.measure.resources import ResourceSampler
 from perfkit.progress import Progress
 from perfkit.results.model import LevelResult, to_jsonable
 from perfkit.sweep.engine import server_gone
-from perfkit.sweep.run import Target
+from perfkit.target import Target, open_target
 from perfkit.tune.objectives import best_level, figures_of
 from perfkit.tune.search import Space, Variant, brute_search, build_space, concurrency_sweep, quick_search, variant_of
 from perfkit.tune.state import CHECKPOINT_SCHEMA as CHECKPOINT_SCHEMA
@@ -65,26 +65,6 @@ from v2kit.runtime import eventloop
 # --- the tuner ------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def open_target(spec: TuneSpec, model: Model) -> Iterator[Target]:
-    if spec.url is not None:
-        yield Target(spec.url, spec.protocol, metrics_url_of(spec, spec.url), None, embedded=False)
-        return
-    from perfkit.target import reference_server_process
-
-    with reference_server_process(model.folder.parent, ["--model-control-mode", "explicit"]) as server:
-        url = server.grpc_url if spec.protocol == "grpc" else server.http_url
-        yield Target(url, spec.protocol, server.metrics_url, server.process.pid, embedded=True)
-
-
-def metrics_url_of(spec: TuneSpec, url: str) -> str | None:
-    """Where a running server's metrics are read: --metrics-url, else port 8002 of its host."""
-    if spec.metrics_url:
-        return spec.metrics_url
-    host = url.split("://", 1)[-1].rsplit(":", 1)[0]  # an https:// server still serves metrics in the clear
-    return f"http://{host}:8002/metrics" if spec.collect_metrics else None
-
-
 class Endpoint:
     """One server that variants are loaded on and measured against: its client, the model's
     requests (prepared at the first load that succeeds), and the resource sampler."""
@@ -92,8 +72,8 @@ class Endpoint:
     def __init__(self, spec: TuneSpec, model: Model, target: Target, progress: Progress) -> None:
         self.spec, self.model, self.target, self.progress = spec, model, target, progress
         self.client: InferClient = make_client(
-            target.url, target.protocol, request_timeout_s=spec.request_timeout_s, headers=dict(spec.headers),
-            tls=spec.tls,
+            target.url, target.protocol, request_timeout_s=spec.target.request_timeout_s,
+            headers=dict(spec.target.headers), tls=spec.target.tls,
         )  # fmt: skip
         self.prepared: list[Any] | None = None
         self.resources = ResourceSampler(
@@ -154,7 +134,7 @@ class Endpoint:
         measurement = await measure_level(
             loadgen, ClosedLoop(concurrency), self.spec.windows, batch_size=1,
             server=ServerStatsProbe(lambda: client.model_statistics(name, ""), name, ""),
-            resources=self.resources, progress=self.progress, drain_timeout_s=self.spec.request_timeout_s + 5,
+            resources=self.resources, progress=self.progress, drain_timeout_s=self.spec.target.request_timeout_s + 5,
         )  # fmt: skip
         level = measurement.result
         self.progress.level_done(level)
@@ -232,7 +212,7 @@ class Tuner:
     def _fingerprint(self, server: str) -> dict[str, Any]:
         s = self.spec
         fingerprint: dict[str, Any] = to_jsonable({
-            "model": self.model.name, "base_config": self.model.base, "server": server, "protocol": s.protocol,
+            "model": self.model.name, "base_config": self.model.base, "server": server, "protocol": s.target.protocol,
             "windows": dataclasses.asdict(s.windows), "shapes": s.shapes, "input_data": s.input_data, "seed": s.seed,
         })  # fmt: skip
         return fingerprint
@@ -397,7 +377,14 @@ def open_tuner(spec: TuneSpec, model: Model, progress: Progress, sink: Callable[
         with ray_tuner(spec, model, progress, sink) as tuner:
             yield tuner
         return
-    with open_target(spec, model) as target:
+    with open_target(
+        spec.target.url,
+        spec.target.protocol,
+        metrics_url=spec.metrics_url,
+        collect_metrics=spec.collect_metrics,
+        model_repository=model.folder.parent,
+        server_args=["--model-control-mode", "explicit"],
+    ) as target:
         if target.embedded:
             progress.note(f"tuning '{model.name}' on the bundled server at {target.url} (explicit mode)")
         yield Tuner(spec, model, target, progress, sink)

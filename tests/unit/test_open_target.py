@@ -6,7 +6,7 @@ import pytest
 
 from perfkit.cli import build_parser
 from perfkit.cli.sweep_flags import spec_from_args
-from perfkit.sweep.run import open_target
+from perfkit.target import open_target
 
 
 @pytest.mark.parametrize(
@@ -20,5 +20,9 @@ from perfkit.sweep.run import open_target
 )
 def test_the_default_metrics_url_is_port_8002_on_the_host_of_u(url: str, expected: str) -> None:
     args = build_parser().parse_args(["sweep", "-u", url, "-m", "mlp", "--collect-metrics"])
-    with open_target(spec_from_args(args)) as target:
+    spec = spec_from_args(args)
+    metrics = spec.metrics
+    with open_target(
+        spec.target.url, "http", metrics_url=metrics.metrics_url, collect_metrics=metrics.collect
+    ) as target:
         assert target.metrics_url == expected
