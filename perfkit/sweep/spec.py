@@ -6,13 +6,11 @@ probe's settings, each with its own `validate()`, so the three commands check th
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfkit.errors import PerfkitError
-
-RAY_MISSING = "--workers needs Ray: pip install 'perfkit[distributed]'"
+from perfkit.load.ray import RAY_MISSING, ray_installed
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +172,7 @@ class SweepSpec:
 
 
 def _validate_distributed(d: DistributedSpec, t: TargetSpec) -> None:
-    if d.enabled and importlib.util.find_spec("ray") is None:
+    if d.enabled and not ray_installed():
         raise PerfkitError(RAY_MISSING)
     if d.workers < 1:
         raise PerfkitError(f"--workers must be at least 1, got {d.workers}")

@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from perfkit.errors import PerfkitError, TargetError
+from perfkit.errors import TargetError
+from perfkit.load.ray import ray_runtime
 from perfkit.progress import Progress
 from perfkit.results.model import LevelResult
 from perfkit.target import Target, metrics_url_of
@@ -324,40 +325,18 @@ class RayTuner(Tuner):
             self._save(result)
 
 
-def _import_ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise PerfkitError(
-            "--workers runs the tune on Ray actors, and Ray is not installed: pip install 'perfkit[distributed]'"
-        ) from None
-    return ray
-
-
 @contextlib.contextmanager
 def ray_tuner(
     spec: TuneSpec, model: Model, progress: Progress, sink: Callable[[TuneResult], None]
 ) -> Iterator[RayTuner]:
     """A RayTuner with one actor per endpoint of `spec`, on the Ray cluster at --ray-address, on
     the one this process already joined, or else on a local one started for the tune."""
-    ray = _import_ray()
-    started = not ray.is_initialized()
-    if started:
+    with ray_runtime(spec.ray_address, spec.workers) as ray:
+        actor_class = ray.remote(num_cpus=1, max_restarts=0)(EndpointActor)
+        workers = [RayWorker(ray, actor_class.remote(spec, model, url), url) for url in spec.endpoints]
         try:
-            if spec.ray_address:
-                ray.init(address=spec.ray_address, log_to_driver=False)
-            else:
-                ray.init(include_dashboard=False, log_to_driver=False)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            where = f"--ray-address {spec.ray_address}: cannot join" if spec.ray_address else "cannot start"
-            raise PerfkitError(f"{where} the Ray cluster ({exc})") from None
-    actor_class = ray.remote(num_cpus=1, max_restarts=0)(EndpointActor)
-    workers = [RayWorker(ray, actor_class.remote(spec, model, url), url) for url in spec.endpoints]
-    try:
-        progress.note(f"tuning '{model.name}' on {len(workers)} endpoints, one Ray actor each")
-        yield RayTuner(spec, model, workers, progress, sink)
-    finally:
-        for worker in workers:
-            ray.kill(worker.actor)
-        if started:
-            ray.shutdown()
+            progress.note(f"tuning '{model.name}' on {len(workers)} endpoints, one Ray actor each")
+            yield RayTuner(spec, model, workers, progress, sink)
+        finally:
+            for worker in workers:
+                ray.kill(worker.actor)
