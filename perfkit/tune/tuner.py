@@ -44,11 +44,10 @@ from perfkit.load.generator import LoadGenerator, RealClock
 from perfkit.load.inputs import build_requests
 from perfkit.load.samples import SampleBuffer
 from perfkit.load.schedule import ClosedLoop
-from perfkit.measure.level import ServerStatsProbe, measure_level
+from perfkit.measure.level import ServerStatsProbe, observe_level, server_gone
 from perfkit.measure.resources import ResourceSampler
 from perfkit.progress import Progress
 from perfkit.results.model import LevelResult, to_jsonable
-from perfkit.sweep.engine import server_gone
 from perfkit.target import Target, open_target
 from perfkit.tune.objectives import best_level, figures_of
 from perfkit.tune.search import Space, Variant, brute_search, build_space, concurrency_sweep, quick_search, variant_of
@@ -130,15 +129,13 @@ class Endpoint:
         assert self.prepared is not None
         client, name = self.client, self.model.name
         loadgen = LoadGenerator(client, self.prepared, SampleBuffer(), RealClock())
-        self.progress.level_started("concurrency", float(concurrency))
-        measurement = await measure_level(
-            loadgen, ClosedLoop(concurrency), self.spec.windows, batch_size=1,
+        measurement = await observe_level(
+            self.progress, loadgen, ClosedLoop(concurrency), self.spec.windows, batch_size=1,
             server=ServerStatsProbe(lambda: client.model_statistics(name, ""), name, ""),
-            resources=self.resources, progress=self.progress, drain_timeout_s=self.spec.target.request_timeout_s + 5,
+            resources=self.resources, drain_timeout_s=self.spec.target.request_timeout_s + 5,
         )  # fmt: skip
         level = measurement.result
-        self.progress.level_done(level)
-        if server_gone(level):
+        if server_gone(level.errors, level.ok_count):
             raise TargetError(f"the server stopped answering while measuring {record.variant.key}")
         return level
 
