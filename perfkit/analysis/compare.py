@@ -38,7 +38,7 @@ from typing import Literal
 from xml.etree import ElementTree as ET
 
 from perfkit.errors import PerfkitError
-from perfkit.results.model import LatencyStats, LevelResult, SweepResult
+from perfkit.results.model import LatencyStats, LevelResult, SweepResult, level_name
 
 __all__ = [
     "GATE_METRICS",
@@ -345,12 +345,7 @@ class Comparison:
 
 
 def level_label(level: LevelResult) -> str:
-    if level.mode == "concurrency":
-        text = f"concurrency {int(level.level)}"
-    elif level.mode == "request_rate":
-        text = f"rate {level.level:g}/s"
-    else:
-        text = f"intervals {level.level:g}/s"
+    text = level_name(level.mode, level.level, short=True)
     return text if level.batch_size == 1 else f"{text} (batch {level.batch_size})"
 
 
