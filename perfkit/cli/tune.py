@@ -24,7 +24,7 @@ from perfkit.errors import ExitCode, PerfkitError
 
 if TYPE_CHECKING:  # the heavy modules load only when tune runs
     from perfkit.tune.objectives import Estimate, Figures
-    from perfkit.tune.tuner import Record, TuneResult, TuneSpec
+    from perfkit.tune.state import Record, TuneResult, TuneSpec
 
 DESCRIPTION = """\
 Find the model configuration that serves best, as model_analyzer's profile does: variants of
@@ -148,7 +148,7 @@ def spec_from_args(args: argparse.Namespace) -> TuneSpec:
     from perfkit.sweep.spec import TargetSpec, WindowSpec
     from perfkit.tune.objectives import parse_constraint, parse_objective
     from perfkit.tune.search import SpaceSpec
-    from perfkit.tune.tuner import TuneSpec
+    from perfkit.tune.state import TuneSpec
 
     if not args.config.is_file():
         raise PerfkitError(f"CONFIG.pbtxt: {args.config} is not a file; give the config.pbtxt of a model folder")
@@ -456,13 +456,14 @@ class Outputs:
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     """`perfkit tune`: 0 a configuration is recommended; 1 none met the constraints or the tune
     could not finish (the checkpoint resumes it); 2 usage; 130 interrupted."""
+    from perfkit.tune.distributed import open_tuner
     from perfkit.tune.tuner import run_tune
 
     spec = spec_from_args(args)
     folder = spec.output_dir or Path("reports") / f"{dt.datetime.now():%Y%m%d-%H%M%S}-tune"
     outputs = Outputs(folder, argv)
     checkpoint = spec.checkpoint or folder / "checkpoint.json"
-    result, code = run_tune(spec, outputs, checkpoint)
+    result, code = run_tune(spec, outputs, checkpoint, open_tuner)
     if result is not None and result.ranking is not None:
         paths = outputs.finish(result)
         if not spec.quiet:

@@ -23,10 +23,12 @@ Theory of operation:
    `objectives.rank`: the leader, the variants tied with it, and the cheapest of them recommended.
 5. Several servers. With --workers, `perfkit.tune.distributed.RayTuner` keeps steps 2–4 and
    measures the independent variants of a batch (see `perfkit.tune.search`) on several endpoints at
-   once, one Ray actor each, with this module's `Endpoint` and `sweep_variant`.
+   once, one Ray actor each, with this module's `TuneServer` and `sweep_variant`. Which tuner runs
+   is chosen by whoever opens it (`perfkit.tune.distributed.open_tuner`), so this module never
+   imports the Ray one.
 
 This module measures and ranks; what a tune is asked for and keeps (`TuneSpec`, `Model`, `Record`,
-`TuneResult`, `Checkpoint`, `read_model`) is in `perfkit.tune.state`, and importable from here too.
+`TuneResult`, `Checkpoint`, `read_model`) is in `perfkit.tune.state`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -51,20 +54,14 @@ from perfkit.results.model import LevelResult, to_jsonable
 from perfkit.target import Target, open_target
 from perfkit.tune.objectives import best_level, figures_of
 from perfkit.tune.search import Space, Variant, brute_search, build_space, concurrency_sweep, quick_search, variant_of
-from perfkit.tune.state import CHECKPOINT_SCHEMA as CHECKPOINT_SCHEMA
-from perfkit.tune.state import Checkpoint as Checkpoint
-from perfkit.tune.state import Model as Model
-from perfkit.tune.state import Record as Record
-from perfkit.tune.state import TuneResult as TuneResult
-from perfkit.tune.state import TuneSpec as TuneSpec
-from perfkit.tune.state import read_model as read_model
+from perfkit.tune.state import Checkpoint, Model, Record, TuneResult, TuneSpec, read_model
 from perfkit.wire.client import InferClient, make_client
 from v2kit.runtime import eventloop
 
 # --- the tuner ------------------------------------------------------------------------------------
 
 
-class Endpoint:
+class TuneServer:
     """One server that variants are loaded on and measured against: its client, the model's
     requests (prepared at the first load that succeeds), and the resource sampler."""
 
@@ -198,7 +195,7 @@ class Tuner:
         self.spec, self.model, self.progress = spec, model, progress
         self.sink = sink  # called with the result after every change: writes the outputs
         self.target = target
-        self.endpoint = Endpoint(spec, model, target, progress)
+        self.server = TuneServer(spec, model, target, progress)
         self.checkpoint: Checkpoint | None = None
         self.default_config: dict[str, Any] = model.base
         self.result: TuneResult | None = None
@@ -215,28 +212,28 @@ class Tuner:
         return fingerprint
 
     async def run(self, checkpoint_path: Path) -> TuneResult:
-        client = self.endpoint.client
+        client = self.server.client
         try:
             try:
                 if not await client.live():
                     raise TargetError(f"{self.target.url} answers but is not live")
             except TargetError as exc:
                 raise TargetError(f"cannot reach the server: {exc}") from None
-            server = await self.endpoint.server_metadata()
+            server = await self.server.server_metadata()
             checkpoint = self._open_checkpoint(checkpoint_path)
             if checkpoint.default_config is None and not self.target.embedded:
-                served = await self.endpoint.served_config()
+                served = await self.server.served_config()
                 if served is not None:  # else the model is not loaded and the local config is the default
                     self.default_config, checkpoint.server_had_model = served, True
             result = self._new_result()
             result.server = server
-            await self.endpoint.resources.start()
+            await self.server.resources.start()
             try:
                 await self._tune(result)
             finally:
-                await self.endpoint.resources.stop()
+                await self.server.resources.stop()
                 if not self.target.embedded:
-                    await self.endpoint.restore(self.default_config if checkpoint.server_had_model else None)
+                    await self.server.restore(self.default_config if checkpoint.server_had_model else None)
             return result
         finally:
             await client.close()
@@ -338,10 +335,10 @@ class Tuner:
                 self._save(result)
 
     async def _load(self, config: dict[str, Any]) -> str:
-        return await self.endpoint.load(config)
+        return await self.server.load(config)
 
     async def _level(self, concurrency: int, record: Record) -> LevelResult:
-        return await self.endpoint.level(concurrency, record)
+        return await self.server.level(concurrency, record)
 
     def _save(self, result: TuneResult) -> None:
         assert self.checkpoint is not None
@@ -365,15 +362,16 @@ def describe_outcome(record: Record, result: TuneResult) -> str:
     return text + (f"; best so far: {leader}" if leader else "")
 
 
-@contextlib.contextmanager
-def open_tuner(spec: TuneSpec, model: Model, progress: Progress, sink: Callable[[TuneResult], None]) -> Iterator[Tuner]:
-    """The tuner for `spec`: on the bundled server or -u, or on Ray actors with --workers."""
-    if spec.workers:
-        from perfkit.tune.distributed import ray_tuner
+#: Opens the tuner for a tune (`one_server_tuner`, or `perfkit.tune.distributed.open_tuner`,
+#: which runs a RayTuner with --workers).
+TunerOpener = Callable[[TuneSpec, Model, Progress, Callable[[TuneResult], None]], AbstractContextManager[Tuner]]
 
-        with ray_tuner(spec, model, progress, sink) as tuner:
-            yield tuner
-        return
+
+@contextlib.contextmanager
+def one_server_tuner(
+    spec: TuneSpec, model: Model, progress: Progress, sink: Callable[[TuneResult], None]
+) -> Iterator[Tuner]:
+    """The tuner on one server: -u, or the bundled server in explicit mode on the model folder's parent."""
     with open_target(
         spec.target.url,
         spec.target.protocol,
@@ -388,9 +386,9 @@ def open_tuner(spec: TuneSpec, model: Model, progress: Progress, sink: Callable[
 
 
 def run_tune(
-    spec: TuneSpec, sink: Callable[[TuneResult], None], checkpoint_path: Path
+    spec: TuneSpec, sink: Callable[[TuneResult], None], checkpoint_path: Path, open_tuner: TunerOpener
 ) -> tuple[TuneResult | None, int]:
-    """Run the tune; its result (partial when interrupted) and the exit code."""
+    """Run the tune on the tuner `open_tuner` gives; its result (partial when interrupted) and the exit code."""
     spec.validate()
     model = read_model(spec.config_path)
     progress = Progress(quiet=spec.quiet)

@@ -34,7 +34,7 @@ from perfkit.results.provenance import provenance
 from perfkit.sweep.spec import LoadSpec, SweepSpec, TargetSpec, TlsSpec
 from perfkit.target import ServerProcess, reference_server_process
 from perfkit.tune.distributed import EndpointActor
-from perfkit.tune.tuner import read_model
+from perfkit.tune.state import read_model
 from reference_server.config import ServerConfig, config_from_args
 from reference_server.errors import ServerError
 from reference_server.frontends.auth import Token, Unauthenticated
