@@ -29,7 +29,7 @@ __all__ = [
     "LOADERS",
     "ReportItem",
     "TuneView",
-    "Variant",
+    "VariantView",
     "load_result",
     "render_tidy_schema",
     "slo_from_sweep",
@@ -53,7 +53,7 @@ def write_text_atomic(path: Path | str, text: str) -> None:
 
 
 @dataclass(frozen=True, slots=True)
-class Variant:
+class VariantView:
     """One configuration a tune measured, with its figures at the concurrency the tune chose."""
 
     name: str
@@ -79,7 +79,7 @@ class TuneView:
     """What the report needs from a tune: its variants, objective, constraints and verdict."""
 
     model: str
-    variants: tuple[Variant, ...]
+    variants: tuple[VariantView, ...]
     objective: str = "throughput"
     constraints: tuple[str, ...] = ()
     constraint_p99_ms: float | None = None
@@ -88,7 +88,7 @@ class TuneView:
     ties: tuple[str, ...] = ()  # variants whose score intervals overlap the leader's
     provenance: dict[str, Any] = field(default_factory=dict)
 
-    def ranked(self) -> list[Variant]:
+    def ranked(self) -> list[VariantView]:
         """The tune's own ranking when it has one, else feasible first by throughput."""
         return sorted(
             self.variants,
@@ -143,7 +143,7 @@ def tune_view_from_json(data: dict[str, Any], source: str) -> TuneView:
             figures = v.get("combined_figures") or v.get("figures")
             levels = v.get("levels") or []
             variants.append(
-                Variant(
+                VariantView(
                     name=str(v["key"]),
                     params=dict(v.get("params") or {}),
                     throughput_infer_per_s=_value(figures, "throughput"),
