@@ -40,23 +40,14 @@ class Target:
 def metrics_url_of(url: str, metrics_url: str | None, collect_metrics: bool) -> str | None:
     """Where the metrics of the server at `url` are read: --metrics-url, else with --collect-metrics
     perf_analyzer's port 8002 on the host of -u (served in the clear, also beside an https:// server)."""
-    if metrics_url:
-        return metrics_url
-    if not collect_metrics:
-        return None
+    if metrics_url or not collect_metrics:
+        return metrics_url or None
     return f"http://{url.split('://', 1)[-1].rsplit(':', 1)[0]}:8002/metrics"
 
 
 @contextlib.contextmanager
-def open_target(
-    url: str | None,
-    protocol: str,
-    *,
-    metrics_url: str | None = None,
-    collect_metrics: bool = False,
-    model_repository: Path | None = None,
-    server_args: Sequence[str] = (),
-) -> Iterator[Target]:
+def open_target(url: str | None, protocol: str, *, metrics_url: str | None = None, collect_metrics: bool = False,
+                model_repository: Path | None = None, server_args: Sequence[str] = ()) -> Iterator[Target]:  # fmt: skip
     """The server at `url` (-u) as given; with no `url`, the embedded reference server on
     `model_repository` (default: the demo models) with `server_args`, until the block ends."""
     if url is not None:

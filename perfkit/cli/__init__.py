@@ -230,6 +230,7 @@ def _run_sweep(args: argparse.Namespace, argv: list[str]) -> int:
 def _run_probe(args: argparse.Namespace) -> int:
     from perfkit.cli.probe import probe, render_probe
     from perfkit.sweep.spec import TargetSpec
+    from perfkit.target import open_target
 
     if args.requests < 1:
         raise PerfkitError("-n/--requests must be at least 1")
@@ -238,20 +239,15 @@ def _run_probe(args: argparse.Namespace) -> int:
     )
     target.validate()  # -u, -i, -H and TLS by the sweep's rules
 
-    def go(url: str) -> int:
+    if not args.url:
+        print("starting the embedded reference server on the demo models...", file=sys.stderr, flush=True)
+    with open_target(args.url, args.protocol) as opened:
         result = eventloop.run(
-            probe(url, args.model_name, args.requests, args.seed, args.protocol, headers=target.headers, tls=target.tls)
-        )
-        print("\n".join(render_probe(result)))
-        return ExitCode.OK if result.ok else ExitCode.FAILED
-
-    if args.url:
-        return go(args.url)
-    from perfkit.target import reference_server_process
-
-    print("starting the embedded reference server on the demo models...", file=sys.stderr, flush=True)
-    with reference_server_process() as server:
-        return go(server.grpc_url if args.protocol == "grpc" else server.http_url)
+            probe(opened.url, args.model_name, args.requests, args.seed, args.protocol, headers=target.headers,
+                  tls=target.tls)
+        )  # fmt: skip
+    print("\n".join(render_probe(result)))
+    return ExitCode.OK if result.ok else ExitCode.FAILED
 
 
 def main(argv: Sequence[str] | None = None) -> int:

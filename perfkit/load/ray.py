@@ -1,9 +1,6 @@
 """The Ray runtime behind `--workers`, for `perfkit sweep`'s load workers and `perfkit tune`'s
-endpoint actors alike: joined at --ray-address, or the one this process already has, or else a
-local one started for the command with a CPU for each worker and a small object store, and
-stopped at the end with its processes reaped. Ray is an optional extra; without it, one message
-says how to get it.
-"""
+endpoint actors alike (`ray_runtime`). Ray is an optional extra; without it, one message says how
+to get it."""
 
 from __future__ import annotations
 

@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any, Protocol
 
 from perfkit.load.distributed import DistributedLoadGenerator
@@ -127,11 +128,12 @@ class Sweep:
 
     async def _measure(self, value: float) -> LevelResult | None:
         """Measure one level; None when the sweep must stop (the server is gone)."""
-        spec = self.spec
+        spec, workers, count = self.spec, self.workers, self.spec.windows.stable_window_count
+        annotate = None if workers is None else partial(workers.annotate, stable_window_count=count)
         measurement = await observe_level(
             self.progress, self.loadgen, make_load(spec, value), spec.windows, batch_size=spec.inputs.batch_size,
             server=self.server, resources=self.resources, drain_timeout_s=spec.target.request_timeout_s + 5,
-            annotate=None if self.workers is None else self._annotate,
+            annotate=annotate,
         )  # fmt: skip
         level = measurement.result
         self.result = self.result.with_level(level)
@@ -146,10 +148,6 @@ class Sweep:
         if self.workers is not None:
             return self._after_worker_deaths(level, measurement)
         return level
-
-    def _annotate(self, measurement: LevelMeasurement) -> LevelMeasurement:
-        assert self.workers is not None
-        return self.workers.annotate(measurement, self.spec.windows.stable_window_count)
 
     def _after_worker_deaths(self, level: LevelResult, measurement: LevelMeasurement) -> LevelResult | None:
         """Say which workers died in the level; None (the sweep ends) when none is left."""

@@ -157,8 +157,8 @@ class SweepSpec:
     distributed: DistributedSpec = field(default_factory=DistributedSpec)
 
     def validate(self) -> None:
-        t, load = self.target, self.load
-        t.validate()
+        load = self.load
+        self.target.validate()
         if self.inputs.batch_size < 1:
             raise PerfkitError("-b/--batch-size must be at least 1")
         self.windows.validate()
@@ -168,7 +168,7 @@ class SweepSpec:
             raise PerfkitError("--binary-search needs an explicit range START:END and -l/--latency-threshold MS")
         if self.metrics.interval_ms <= 0:
             raise PerfkitError("--metrics-interval must be a positive number of milliseconds")
-        _validate_distributed(self.distributed, t)
+        _validate_distributed(self.distributed, self.target)
 
 
 def _validate_distributed(d: DistributedSpec, t: TargetSpec) -> None:

@@ -347,8 +347,7 @@ def ray_tuner(
 def open_tuner(
     spec: TuneSpec, model: Model, progress: Progress, sink: Callable[[TuneResult], None]
 ) -> AbstractContextManager[Tuner]:
-    """The tuner for `spec` (a `tuner.TunerOpener`): on Ray actors with --workers, else on the
-    bundled server or -u."""
+    """The tuner for `spec` (a `tuner.TunerOpener`): on Ray actors with --workers, else on one server."""
     if spec.workers:
         return ray_tuner(spec, model, progress, sink)
     return one_server_tuner(spec, model, progress, sink)

@@ -372,14 +372,9 @@ def one_server_tuner(
     spec: TuneSpec, model: Model, progress: Progress, sink: Callable[[TuneResult], None]
 ) -> Iterator[Tuner]:
     """The tuner on one server: -u, or the bundled server in explicit mode on the model folder's parent."""
-    with open_target(
-        spec.target.url,
-        spec.target.protocol,
-        metrics_url=spec.metrics_url,
-        collect_metrics=spec.collect_metrics,
-        model_repository=model.folder.parent,
-        server_args=["--model-control-mode", "explicit"],
-    ) as target:
+    t = spec.target
+    with open_target(t.url, t.protocol, metrics_url=spec.metrics_url, collect_metrics=spec.collect_metrics,
+                     model_repository=model.folder.parent, server_args=["--model-control-mode", "explicit"]) as target:  # fmt: skip
         if target.embedded:
             progress.note(f"tuning '{model.name}' on the bundled server at {target.url} (explicit mode)")
         yield Tuner(spec, model, target, progress, sink)
