@@ -50,8 +50,7 @@ class LevelLoad(Protocol):
 
 
 class LevelObserver(Protocol):
-    """What watches a level being measured (the console progress): told when it starts, after
-    every window, and with its result."""
+    """What watches a level being measured (the console progress): its start, windows and result."""
 
     def level_started(self, mode: str, level: float) -> None: ...
 
