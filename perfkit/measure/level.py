@@ -212,14 +212,14 @@ def _window_server_gone(window: SampleArrays) -> bool:
 
 async def observe_level(observer: LevelObserver, loadgen: LevelLoad, load: Load, spec: WindowSpec, *, batch_size: int,
                         server: ServerStatsProbe | None, resources: ResourceSampler | None, drain_timeout_s: float,
-                        annotate: Callable[[LevelMeasurement], LevelMeasurement] | None = None) -> LevelMeasurement:  # fmt: skip
+                        finish: Callable[[LevelMeasurement], LevelMeasurement] | None = None) -> LevelMeasurement:  # fmt: skip
     """`measure_level` as sweep and tune run it, with `observer` told of the level's start, its
-    windows and its result; `annotate` completes the result first (the load workers' figures)."""
+    windows and its result; `finish` completes and keeps the level before it is reported."""
     observer.level_started(_mode_name(load), _level_value(load))
     measurement = await measure_level(loadgen, load, spec, batch_size=batch_size, server=server, resources=resources,
                                       progress=observer, drain_timeout_s=drain_timeout_s)  # fmt: skip
-    if annotate is not None:
-        measurement = annotate(measurement)
+    if finish is not None:
+        measurement = finish(measurement)
     observer.level_done(measurement.result)
     return measurement
 

@@ -7,7 +7,6 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Iterator
-from functools import partial
 from typing import Any, Protocol
 
 from perfkit.load.distributed import DistributedLoadGenerator
@@ -128,16 +127,13 @@ class Sweep:
 
     async def _measure(self, value: float) -> LevelResult | None:
         """Measure one level; None when the sweep must stop (the server is gone)."""
-        spec, workers, count = self.spec, self.workers, self.spec.windows.stable_window_count
-        annotate = None if workers is None else partial(workers.annotate, stable_window_count=count)
+        spec = self.spec
         measurement = await observe_level(
             self.progress, self.loadgen, make_load(spec, value), spec.windows, batch_size=spec.inputs.batch_size,
             server=self.server, resources=self.resources, drain_timeout_s=spec.target.request_timeout_s + 5,
-            annotate=annotate,
+            finish=self._keep,
         )  # fmt: skip
         level = measurement.result
-        self.result = self.result.with_level(level)
-        self.on_level(self.result, measurement)
         if server_gone(level.errors, level.ok_count):
             kinds = ", ".join(f"{k} ×{n}" for k, n in level.errors.items())
             self.result = dataclasses.replace(
@@ -148,6 +144,14 @@ class Sweep:
         if self.workers is not None:
             return self._after_worker_deaths(level, measurement)
         return level
+
+    def _keep(self, measurement: LevelMeasurement) -> LevelMeasurement:
+        """The level with its load workers' figures, in the result and on disk before it is reported."""
+        if self.workers is not None:
+            measurement = self.workers.annotate(measurement, self.spec.windows.stable_window_count)
+        self.result = self.result.with_level(measurement.result)
+        self.on_level(self.result, measurement)
+        return measurement
 
     def _after_worker_deaths(self, level: LevelResult, measurement: LevelMeasurement) -> LevelResult | None:
         """Say which workers died in the level; None (the sweep ends) when none is left."""
