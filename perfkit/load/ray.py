@@ -53,10 +53,13 @@ def ray_runtime(address: str | None, workers: int) -> Iterator[ModuleType]:
                 "RAY_AUTH_MODE=token and its token"
             ) from None
     else:
-        ray.init(
-            address="local", include_dashboard=False, log_to_driver=False, configure_logging=False,
-            num_cpus=max(workers, 2), object_store_memory=OBJECT_STORE_BYTES,
-        )  # fmt: skip
+        try:
+            ray.init(
+                address="local", include_dashboard=False, log_to_driver=False, configure_logging=False,
+                num_cpus=max(workers, 2), object_store_memory=OBJECT_STORE_BYTES,
+            )  # fmt: skip
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise PerfkitError(f"cannot start the Ray cluster ({exc})") from None
     started = [child for child in psutil.Process().children() if child.pid not in before]
     try:
         yield ray
