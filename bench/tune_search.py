@@ -21,7 +21,8 @@ from pathlib import Path
 from perfkit.sweep.spec import WindowSpec
 from perfkit.tune.objectives import Objective
 from perfkit.tune.search import SpaceSpec
-from perfkit.tune.tuner import TuneResult, TuneSpec, run_tune
+from perfkit.tune.state import TuneResult, TuneSpec
+from perfkit.tune.tuner import one_server_tuner, run_tune
 from v2kit.demo import build_demo_repository
 
 
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(f"{search} search ...", file=sys.stderr, flush=True)
             began = time.monotonic()
-            result, code = run_tune(spec, lambda _: None, Path(tmp) / f"{search}-checkpoint.json")
+            result, code = run_tune(spec, lambda _: None, Path(tmp) / f"{search}-checkpoint.json", one_server_tuner)
             if result is None or result.ranking is None or result.ranking.leader is None:
                 print(f"{search} search did not finish (exit code {code})", file=sys.stderr)
                 return 1

@@ -24,3 +24,9 @@ class TargetError(PerfkitError):
     """The server cannot be reached or does not speak the protocol as expected."""
 
     exit_code = ExitCode.FAILED
+
+
+def describe_exception(exc: BaseException) -> str:
+    """An exception in one line, for an error message: its type and the first line of its text."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

@@ -11,22 +11,13 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
-from perfkit.results.model import LevelResult
+from perfkit.results.model import LevelResult, level_name
 
 if TYPE_CHECKING:
     from rich.console import Console
     from rich.status import Status
 
-__all__ = ["Progress", "level_label"]
-
-
-def level_label(mode: str, level: float) -> str:
-    """How a load level is named in progress lines: `concurrency 4`, `request rate 12.5/s`."""
-    if mode == "concurrency":
-        return f"concurrency {int(level)}"
-    if mode == "custom_intervals":
-        return "custom intervals"
-    return f"request rate {level:g}/s"
+__all__ = ["Progress"]
 
 
 def _window_text(label: str, window_index: int, max_trials: int, throughput: float, latency_us: float,
@@ -47,7 +38,7 @@ def _verdict_text(result: LevelResult) -> str:
     parts.append("stable" if result.stable else "UNSTABLE")
     failed = [check.name for check in result.checks if not check.passed]
     parts.append(f"INVALID ({', '.join(failed)})" if failed else "valid")
-    return f"{level_label(result.mode, result.level)}: {', '.join(parts)}"
+    return f"{level_name(result.mode, result.level)}: {', '.join(parts)}"
 
 
 class Progress:
@@ -93,7 +84,7 @@ class Progress:
 
     def level_started(self, mode: str, level: float) -> None:
         self._mode = mode
-        text = f"{level_label(mode, level)}: measuring"
+        text = f"{level_name(mode, level)}: measuring"
         if self._console is not None:
             self._stop_status()
             self._status = self._console.status(self._live_text(text), spinner="dots")
@@ -110,7 +101,7 @@ class Progress:
         latency_us: float,
         stable_so_far: bool,
     ) -> None:
-        label = level_label(self._mode, level)
+        label = level_name(self._mode, level)
         text = _window_text(label, window_index, max_trials, throughput, latency_us, stable_so_far)
         if self._status is not None:
             self._status.update(self._live_text(text))

@@ -1,5 +1,7 @@
-"""The embedded default target: the bundled reference server, started as a child process on free
-loopback ports for the duration of one command, on the demo model repository unless told otherwise.
+"""The server a command measures: the one given with -u, or else the embedded default target, the
+bundled reference server started as a child process on free loopback ports for the duration of one
+command, on the demo model repository unless told otherwise. Sweep and tune open it with
+`open_target`, which also applies perf_analyzer's rule for where a -u server's metrics are read.
 
 A child process rather than a thread, so that the server's work never competes with the load
 generator for the interpreter lock and a crash on one side is seen as such by the other.
@@ -22,6 +24,38 @@ from pathlib import Path
 from perfkit.errors import TargetError
 
 _STARTED = re.compile(r"Started (HTTPService|GRPCInferenceService|Metrics Service) at (\S+):(\d+)")
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """The server being measured, open for the command's duration."""
+
+    url: str
+    protocol: str
+    metrics_url: str | None
+    server_pid: int | None  # the embedded server's process, whose CPU and memory are sampled
+    embedded: bool
+
+
+def metrics_url_of(url: str, metrics_url: str | None, collect_metrics: bool) -> str | None:
+    """Where the metrics of the server at `url` are read: --metrics-url, else with --collect-metrics
+    perf_analyzer's port 8002 on the host of -u (served in the clear, also beside an https:// server)."""
+    if metrics_url or not collect_metrics:
+        return metrics_url or None
+    return f"http://{url.split('://', 1)[-1].rsplit(':', 1)[0]}:8002/metrics"
+
+
+@contextlib.contextmanager
+def open_target(url: str | None, protocol: str, *, metrics_url: str | None = None, collect_metrics: bool = False,
+                model_repository: Path | None = None, server_args: Sequence[str] = ()) -> Iterator[Target]:  # fmt: skip
+    """The server at `url` (-u) as given; with no `url`, the embedded reference server on
+    `model_repository` (default: the demo models) with `server_args`, until the block ends."""
+    if url is not None:
+        yield Target(url, protocol, metrics_url_of(url, metrics_url, collect_metrics), None, embedded=False)
+        return
+    with reference_server_process(model_repository, server_args) as server:
+        url = server.grpc_url if protocol == "grpc" else server.http_url
+        yield Target(url, protocol, metrics_url or server.metrics_url, server.process.pid, embedded=True)
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,7 +38,7 @@ from typing import Literal
 from perfkit.analysis.metrics import METRICS, Metric, find, ms
 from perfkit.analysis.significance import Significance, windows_differ
 from perfkit.errors import PerfkitError
-from perfkit.results.model import LevelResult, SweepResult
+from perfkit.results.model import LevelResult, SweepResult, level_name
 
 __all__ = [
     "GATE_METRICS",
@@ -181,12 +181,7 @@ class Comparison:
 
 
 def level_label(level: LevelResult) -> str:
-    if level.mode == "concurrency":
-        text = f"concurrency {int(level.level)}"
-    elif level.mode == "request_rate":
-        text = f"rate {level.level:g}/s"
-    else:
-        text = f"intervals {level.level:g}/s"
+    text = level_name(level.mode, level.level, short=True)
     return text if level.batch_size == 1 else f"{text} (batch {level.batch_size})"
 
 

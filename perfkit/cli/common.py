@@ -13,8 +13,7 @@ from typing import Any
 
 from perfkit.analysis.compare import GATE_METRICS, Thresholds, gated, parse_percent
 from perfkit.errors import PerfkitError
-from perfkit.report.export import write_text_atomic
-from perfkit.results.files import load_result
+from perfkit.results.files import load_result, write_text_atomic
 from perfkit.results.model import SweepResult
 from perfkit.sweep.spec import TlsSpec, WindowSpec
 

@@ -10,8 +10,8 @@ from perfkit.cli.common import Command, add_connection_flags, headers_from_args,
 from perfkit.errors import ExitCode, PerfkitError
 from perfkit.measure.probe import probe
 from perfkit.report.summary import render_probe
-from perfkit.sweep.spec import LoadSpec, SweepSpec, TargetSpec
-from perfkit.target import reference_server_process
+from perfkit.sweep.spec import TargetSpec
+from perfkit.target import open_target
 from v2kit.runtime import eventloop
 
 
@@ -37,20 +37,17 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.requests < 1:
         raise PerfkitError("-n/--requests must be at least 1")
     target = TargetSpec(args.url, args.protocol, headers=headers_from_args(args), tls=tls_from_args(args))
-    SweepSpec(target, LoadSpec("concurrency")).validate()  # -u, -i, -H and TLS by the sweep's rules
+    target.validate()  # -u, -i, -H and TLS by the sweep's rules
 
-    def go(url: str) -> int:
+    if not args.url:
+        print("starting the embedded reference server on the demo models...", file=sys.stderr, flush=True)
+    with open_target(args.url, args.protocol) as opened:
         result = eventloop.run(
-            probe(url, args.model_name, args.requests, args.seed, args.protocol, headers=target.headers, tls=target.tls)
-        )
-        print("\n".join(render_probe(result)))
-        return ExitCode.OK if result.ok else ExitCode.FAILED
-
-    if args.url:
-        return go(args.url)
-    print("starting the embedded reference server on the demo models...", file=sys.stderr, flush=True)
-    with reference_server_process() as server:
-        return go(server.grpc_url if args.protocol == "grpc" else server.http_url)
+            probe(opened.url, args.model_name, args.requests, args.seed, args.protocol, headers=target.headers,
+                  tls=target.tls)
+        )  # fmt: skip
+    print("\n".join(render_probe(result)))
+    return ExitCode.OK if result.ok else ExitCode.FAILED
 
 
 COMMAND = Command(

@@ -17,10 +17,11 @@ from pathlib import Path
 from perfkit.cli.common import Command, add_connection_flags, headers_from_args, tls_from_args, windows_from_args
 from perfkit.errors import ExitCode, PerfkitError
 from perfkit.load.inputs import parse_shape_flags
-from perfkit.report.export import write_text_atomic
 from perfkit.report.tune_tables import best_pbtxt, render_csv, render_json, render_summary
-from perfkit.results.files import load_result
-from perfkit.sweep.run import redact_argv
+from perfkit.results.files import load_result, write_text_atomic
+from perfkit.results.provenance import redact_argv
+from perfkit.sweep.spec import TargetSpec
+from perfkit.tune.distributed import open_tuner
 from perfkit.tune.objectives import parse_constraint, parse_objective
 from perfkit.tune.search import SpaceSpec
 from perfkit.tune.state import TuneResult, TuneSpec
@@ -149,7 +150,11 @@ def spec_from_args(args: argparse.Namespace) -> TuneSpec:
     preferred = tuple(t.strip().lower() for t in args.preferred_batch_sizes.split(",") if t.strip())
     kinds = tuple(t.strip().upper() for t in (args.instance_kinds or "").split(",") if t.strip())
     spec = TuneSpec(
-        config_path=args.config, url=urls[0] if urls else None, protocol=args.protocol, search=args.search,
+        config_path=args.config, search=args.search,
+        target=TargetSpec(
+            urls[0] if urls else None, args.protocol, headers=headers_from_args(args),
+            request_timeout_s=args.request_timeout, tls=tls_from_args(args),
+        ),
         objective=parse_objective(args.objective), constraints=tuple(map(parse_constraint, args.constraint)),
         concurrency=_concurrency(args.concurrency_range),
         space=SpaceSpec(
@@ -158,11 +163,11 @@ def spec_from_args(args: argparse.Namespace) -> TuneSpec:
         ),
         windows=windows_from_args(args),
         shapes=tuple((name, tuple(dims)) for name, dims in parse_shape_flags(args.shape).items()),
-        input_data=args.input_data, seed=args.seed, request_timeout_s=args.request_timeout, top=args.top,
+        input_data=args.input_data, seed=args.seed, top=args.top,
         leaders=args.leaders, remeasure_rounds=args.remeasure, checkpoint=args.checkpoint,
         output_dir=args.output_dir, quiet=args.quiet, collect_metrics=args.collect_metrics,
         metrics_url=args.metrics_url, endpoints=urls if workers or len(urls) > 1 else (), workers=workers,
-        ray_address=args.ray_address, headers=headers_from_args(args), tls=tls_from_args(args),
+        ray_address=args.ray_address,
     )  # fmt: skip
     spec.validate()
     return spec
@@ -202,7 +207,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     folder = spec.output_dir or Path("reports") / f"{dt.datetime.now():%Y%m%d-%H%M%S}-tune"
     outputs = Outputs(folder, argv)
     checkpoint = spec.checkpoint or folder / "checkpoint.json"
-    result, code = run_tune(spec, outputs, checkpoint)
+    result, code = run_tune(spec, outputs, checkpoint, open_tuner)
     if result is not None and result.ranking is not None:
         paths = outputs.finish(result)
         if not spec.quiet:

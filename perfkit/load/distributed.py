@@ -48,26 +48,25 @@ import dataclasses
 import logging
 import math
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
-import psutil
 
-from perfkit.errors import PerfkitError, TargetError
+from perfkit.errors import PerfkitError, TargetError, describe_exception
 from perfkit.load.generator import Clock
+from perfkit.load.ray import ray_runtime
 from perfkit.load.samples import SampleArrays, SampleBuffer
 from perfkit.load.schedule import ClosedLoop, Load
 from perfkit.load.worker import LoadWorker, WorkerInfo
 from perfkit.measure.level import LevelMeasurement
 from perfkit.results.model import Check, WorkerFigures
-from perfkit.sweep.spec import RAY_MISSING, DistributedSpec, TargetSpec
+from perfkit.sweep.spec import DistributedSpec, TargetSpec
 from v2kit import codec as v2
 
 __all__ = [
-    "RAY_MISSING",
     "ClockAlignment",
     "DistributedLoadGenerator",
     "WorkerLink",
@@ -84,8 +83,6 @@ PULL_INTERVAL_NS = 100_000_000
 CALL_TIMEOUT_S = 30.0
 OPEN_TIMEOUT_S = 120.0  # a worker's first call waits for Ray to place and start its process
 ALIGN_ROUNDS = 7
-OBJECT_STORE_BYTES = 80 * 1024 * 1024  # samples pass through it in small pulls
-SHUTDOWN_WAIT_S = 30.0
 
 T = TypeVar("T")
 
@@ -231,7 +228,7 @@ class DistributedLoadGenerator:
             except PerfkitError:
                 raise
             except Exception as exc:
-                raise TargetError(f"load worker {w.index + 1} could not start: {_describe(exc)}") from None
+                raise TargetError(f"load worker {w.index + 1} could not start: {describe_exception(exc)}") from None
             w.clock = await align_clock(self.clock.now_ns, w.link.now_ns)
 
         await asyncio.gather(*(open_one(w) for w in self.workers))
@@ -327,7 +324,7 @@ class DistributedLoadGenerator:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # a dead actor, a lost node, a hung or broken worker: that worker is out
-            self._mark_dead(w, f"{what} failed: {_describe(exc)}")
+            self._mark_dead(w, f"{what} failed: {describe_exception(exc)}")
             raise _WorkerLost from None
 
     def _mark_dead(self, w: _Worker, reason: str) -> None:
@@ -396,21 +393,8 @@ class DistributedLoadGenerator:
         )  # fmt: skip
 
 
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
 # --------------------------------------------------------------------------------------------------
 # Ray
-
-
-def import_ray() -> ModuleType:
-    try:
-        import ray
-    except ImportError:
-        raise PerfkitError(RAY_MISSING) from None
-    return ray
 
 
 class RayLink:
@@ -451,40 +435,6 @@ def actor_name(index: int, driver_pid: int | None = None) -> str:
     return f"perfkit-{driver_pid or os.getpid()}-worker-{index + 1}"
 
 
-@contextlib.contextmanager
-def _ray_runtime(spec: DistributedSpec) -> Iterator[ModuleType]:
-    """Ray connected: to the runtime this process already has (left as it is), to --ray-address
-    (disconnected at the end, the cluster left running), or to a local runtime started here and
-    stopped at the end."""
-    ray = import_ray()
-    if ray.is_initialized():
-        yield ray
-        return
-    before = {child.pid for child in psutil.Process().children()}
-    if spec.ray_address is not None:
-        try:
-            ray.init(address=spec.ray_address, log_to_driver=False, configure_logging=False)
-        except Exception as exc:
-            raise TargetError(
-                f"--ray-address {spec.ray_address}: cannot join the Ray cluster ({_describe(exc)}); check the "
-                "address (the head's GCS, HOST:6379) and, for a cluster with token authentication, "
-                "RAY_AUTH_MODE=token and its token"
-            ) from None
-    else:
-        ray.init(
-            address="local", include_dashboard=False, log_to_driver=False, configure_logging=False,
-            num_cpus=max(spec.workers, 2), object_store_memory=OBJECT_STORE_BYTES,
-        )  # fmt: skip
-    started = [child for child in psutil.Process().children() if child.pid not in before]
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
-        # A local runtime's processes can outlive the shutdown's short wait on a busy machine;
-        # reaped here, they leave no zombie behind for the rest of this process's life.
-        psutil.wait_procs(started, timeout=SHUTDOWN_WAIT_S)
-
-
 @contextlib.asynccontextmanager
 async def distributed_load(
     spec: DistributedSpec,
@@ -496,7 +446,7 @@ async def distributed_load(
     clock: Clock,
 ) -> AsyncIterator[DistributedLoadGenerator]:
     """N load workers on Ray, opened and clock-aligned, for the duration of the block."""
-    with _ray_runtime(spec) as ray:
+    with ray_runtime(spec.ray_address, spec.workers) as ray:
         actor_class = ray.remote(LoadWorker)
         per_worker = math.ceil(max_outstanding / spec.workers)
         if target.max_connections:

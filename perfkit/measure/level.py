@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -49,10 +49,16 @@ class LevelLoad(Protocol):
     async def stop(self, drain_timeout_s: float | None = None) -> None: ...
 
 
-class Progress(Protocol):
+class LevelObserver(Protocol):
+    """What watches a level being measured (the console progress): its start, windows and result."""
+
+    def level_started(self, mode: str, level: float) -> None: ...
+
     def window_done(
         self, level: float, window_index: int, max_trials: int, throughput: float, latency_us: float, stable: bool
     ) -> None: ...
+
+    def level_done(self, result: LevelResult) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,9 +111,10 @@ async def measure_level(
     batch_size: int,
     server: ServerStatsProbe | None = None,
     resources: ResourceSampler | None = None,
-    progress: Progress | None = None,
+    progress: LevelObserver | None = None,
     drain_timeout_s: float | None = None,
 ) -> LevelMeasurement:
+    """Measure one level (module header); `progress` hears of every window."""
     clock, buffer = loadgen.clock, loadgen.buffer
     mode, level = _mode_name(load), _level_value(load)
     first_index = len(buffer)
@@ -141,7 +148,7 @@ async def measure_level(
                     window.stabilizing_latency_us, stable,
                 )  # fmt: skip
             window_start = window_end
-            if stable or _server_gone(buffer.arrays(first_index).completed_between(boundaries[-2], window_end)):
+            if stable or _window_server_gone(buffer.arrays(first_index).completed_between(boundaries[-2], window_end)):
                 break
     finally:
         await loadgen.stop(drain_timeout_s)
@@ -189,14 +196,32 @@ async def _wait_window_end(loadgen: LevelLoad, spec: WindowSpec, window_start: i
         await clock.sleep_until(min_end if now < min_end else now + POLL_NS)
 
 
-def _server_gone(window: SampleArrays) -> bool:
-    """Every request of the window failed for lack of a server: more windows would only wait."""
+def server_gone(errors: Mapping[str, int], ok_count: int, *, timeouts: bool = True) -> bool:
+    """Every request failed for lack of a server: refused, reset, unavailable, or (with `timeouts`)
+    timed out. A level like that ends a sweep or a tune. A level's windows end early on connection
+    failures only: timeouts there may be a stall the server recovers from within the level."""
+    kinds = (*CONNECTION_ERRORS, "timeout") if timeouts else CONNECTION_ERRORS
+    return ok_count == 0 and bool(errors) and all(kind.startswith(kinds) for kind in errors)
+
+
+def _window_server_gone(window: SampleArrays) -> bool:
+    """The window's requests all failed for lack of a server: more windows would only wait."""
     errors = window.error_counts()
-    return (
-        len(window) > 0
-        and sum(errors.values()) == len(window)
-        and all(kind.startswith(CONNECTION_ERRORS) for kind in errors)
-    )
+    return server_gone(errors, len(window) - sum(errors.values()), timeouts=False)
+
+
+async def observe_level(observer: LevelObserver, loadgen: LevelLoad, load: Load, spec: WindowSpec, *, batch_size: int,
+                        server: ServerStatsProbe | None, resources: ResourceSampler | None, drain_timeout_s: float,
+                        finish: Callable[[LevelMeasurement], LevelMeasurement] | None = None) -> LevelMeasurement:  # fmt: skip
+    """`measure_level` as sweep and tune run it, with `observer` told of the level's start, its
+    windows and its result; `finish` completes and keeps the level before it is reported."""
+    observer.level_started(_mode_name(load), _level_value(load))
+    measurement = await measure_level(loadgen, load, spec, batch_size=batch_size, server=server, resources=resources,
+                                      progress=observer, drain_timeout_s=drain_timeout_s)  # fmt: skip
+    if finish is not None:
+        measurement = finish(measurement)
+    observer.level_done(measurement.result)
+    return measurement
 
 
 def _with_note(usage: ResourceUsage, note: str) -> ResourceUsage:

@@ -20,11 +20,8 @@ import io
 import json
 import math
 import numbers
-import os
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import NamedTuple
 
 from perfkit.analysis.metrics import latency_ms, metric, ms
@@ -42,24 +39,9 @@ __all__ = [
     "render_summary_table",
     "render_tidy_csv",
     "tidy_header",
-    "write_text_atomic",
 ]
 
 TIDY_SCHEMA_VERSION = 1
-
-
-def write_text_atomic(path: Path | str, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same folder, so that an interrupted
-    run never leaves a half-written report."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 # --------------------------------------------------------------------------------------------------

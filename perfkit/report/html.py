@@ -39,7 +39,7 @@ from perfkit.errors import PerfkitError
 from perfkit.report import plots
 from perfkit.report.compare_text import comparison_rows
 from perfkit.report.export import TIDY_COLUMNS
-from perfkit.results.files import ReportItem, TuneView, Variant, slo_from_sweep
+from perfkit.results.files import ReportItem, TuneView, VariantView, slo_from_sweep
 from perfkit.results.model import LevelResult, SweepResult
 
 __all__ = ["SECTIONS", "render_html", "render_sweep_section", "render_tune_section"]
@@ -297,7 +297,7 @@ def render_sweep_section(item: ReportItem, slo_ms: float | None = None) -> str:
 # A tune
 
 
-def _gain(view: TuneView, variant: Variant) -> float | None:
+def _gain(view: TuneView, variant: VariantView) -> float | None:
     """The tune's own gain over the default (a fraction), else the throughput ratio."""
     if variant.gain is not None:
         return float(variant.gain)
@@ -307,7 +307,7 @@ def _gain(view: TuneView, variant: Variant) -> float | None:
     return variant.throughput_infer_per_s / default.throughput_infer_per_s - 1
 
 
-def _best(view: TuneView) -> Variant | None:
+def _best(view: TuneView) -> VariantView | None:
     by_name = {v.name: v for v in view.variants}
     if view.best is not None:
         return by_name.get(view.best)

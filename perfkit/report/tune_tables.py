@@ -168,7 +168,7 @@ def render_csv(result: TuneResult) -> str:
         if not levels:
             writer.writerow([*_variant_cells(record), "search", "false", "", "", record.error, *blank])
             continue
-        sweep = SweepResult(result.model.name, "", "", result.spec.protocol, "concurrency", tuple(levels), {})
+        sweep = SweepResult(result.model.name, "", "", result.spec.target.protocol, "concurrency", tuple(levels), {})
         rows = list(csv.reader(io.StringIO(render_tidy_csv(sweep))))[1:]
         for i, (level, row) in enumerate(zip(levels, rows)):
             figures = figures_of(level)
@@ -212,7 +212,8 @@ def render_json(result: TuneResult, argv: list[str]) -> str:
         "argv": argv,
         "model": result.model.name, "config_path": str(spec.config_path), "server": result.server,
         "settings": {
-            "url": spec.url, "endpoints": list(spec.endpoints), "workers": spec.workers, "protocol": spec.protocol,
+            "url": spec.target.url, "endpoints": list(spec.endpoints), "workers": spec.workers,
+            "protocol": spec.target.protocol,
             "search": spec.search,
             "objective": dict(spec.objective.weights), "constraints": [str(c) for c in spec.constraints],
             "concurrency_range": list(spec.concurrency), "space": asdict(spec.space), "windows": asdict(spec.windows),

@@ -14,7 +14,9 @@ test compares the two.
 from __future__ import annotations
 
 import json
+import os
 import re
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,16 +29,31 @@ __all__ = [
     "LOADERS",
     "ReportItem",
     "TuneView",
-    "Variant",
+    "VariantView",
     "load_result",
     "render_tidy_schema",
     "slo_from_sweep",
     "tune_view_from_json",
+    "write_text_atomic",
 ]
 
 
+def write_text_atomic(path: Path | str, text: str) -> None:
+    """Write `text` to `path` through a temporary file in the same folder, so that an interrupted
+    run never leaves a half-written report."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 @dataclass(frozen=True, slots=True)
-class Variant:
+class VariantView:
     """One configuration a tune measured, with its figures at the concurrency the tune chose."""
 
     name: str
@@ -62,7 +79,7 @@ class TuneView:
     """What the report needs from a tune: its variants, objective, constraints and verdict."""
 
     model: str
-    variants: tuple[Variant, ...]
+    variants: tuple[VariantView, ...]
     objective: str = "throughput"
     constraints: tuple[str, ...] = ()
     constraint_p99_ms: float | None = None
@@ -71,7 +88,7 @@ class TuneView:
     ties: tuple[str, ...] = ()  # variants whose score intervals overlap the leader's
     provenance: dict[str, Any] = field(default_factory=dict)
 
-    def ranked(self) -> list[Variant]:
+    def ranked(self) -> list[VariantView]:
         """The tune's own ranking when it has one, else feasible first by throughput."""
         return sorted(
             self.variants,
@@ -126,7 +143,7 @@ def tune_view_from_json(data: dict[str, Any], source: str) -> TuneView:
             figures = v.get("combined_figures") or v.get("figures")
             levels = v.get("levels") or []
             variants.append(
-                Variant(
+                VariantView(
                     name=str(v["key"]),
                     params=dict(v.get("params") or {}),
                     throughput_infer_per_s=_value(figures, "throughput"),
@@ -267,7 +284,7 @@ def check_history(path: Path, flag: str = "--append") -> None:
 
 def append_history(path: Path, result: SweepResult, run_id: str, flag: str = "--append") -> None:
     """Add a sweep's tidy rows to the history CSV at `path`, led by its run id and start time."""
-    from perfkit.report.export import append_tidy_csv, write_text_atomic
+    from perfkit.report.export import append_tidy_csv
 
     check_history(path, flag)
     existing = path.read_text(encoding="utf-8") if path.exists() else None

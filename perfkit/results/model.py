@@ -145,6 +145,16 @@ class LevelResult:
         return all(check.passed for check in self.checks)
 
 
+def level_name(mode: str, level: float, *, short: bool = False) -> str:
+    """How a load level is named: `concurrency 4`, `request rate 12.5/s`, `custom intervals` in
+    progress lines; with `short`, as comparisons and reports name it: `rate 12.5/s`, `intervals 8/s`."""
+    if mode == "concurrency":
+        return f"concurrency {int(level)}"
+    if mode == "custom_intervals":
+        return f"intervals {level:g}/s" if short else "custom intervals"
+    return f"{'rate' if short else 'request rate'} {level:g}/s"
+
+
 @dataclass(frozen=True, slots=True)
 class SweepResult:
     model: str

@@ -13,8 +13,7 @@ from perfkit.load.distributed import DistributedLoadGenerator
 from perfkit.load.generator import Clock, LoadGenerator
 from perfkit.load.samples import SampleBuffer
 from perfkit.load.schedule import ClosedLoop, Load, OpenLoop, linear_levels
-from perfkit.measure import level as measure
-from perfkit.measure.level import LevelMeasurement, Progress, ServerStatsProbe, measure_level
+from perfkit.measure.level import LevelMeasurement, LevelObserver, ServerStatsProbe, observe_level, server_gone
 from perfkit.measure.resources import ResourceSampler
 from perfkit.results.model import LevelResult, SweepResult
 from perfkit.sweep.spec import SweepSpec
@@ -24,13 +23,10 @@ log = logging.getLogger(__name__)
 # An END of 0 means "until the latency threshold"; these bound such a sweep so it stops by itself.
 MAX_CONCURRENCY = 4096
 MAX_RATE = 1_000_000.0
-CONNECTION_ERRORS = (*measure.CONNECTION_ERRORS, "timeout")
 
 
-class SweepProgress(Progress, Protocol):
-    def level_started(self, mode: str, level: float) -> None: ...
-
-    def level_done(self, result: LevelResult) -> None: ...
+class SweepObserver(LevelObserver, Protocol):
+    """The sweep's progress: its levels, and notes between them."""
 
     def note(self, text: str) -> None: ...
 
@@ -40,15 +36,6 @@ def stabilizing_latency_us(result: LevelResult) -> float:
     if result.latency.custom_us is not None:
         return result.latency.custom_us
     return result.latency.mean_us
-
-
-def server_gone(result: LevelResult) -> bool:
-    """Every request of the level failed for lack of a server (refused, reset, unavailable)."""
-    return (
-        result.ok_count == 0
-        and bool(result.errors)
-        and all(kind.startswith(CONNECTION_ERRORS) for kind in result.errors)
-    )
 
 
 def make_load(spec: SweepSpec, value: float) -> Load:
@@ -87,7 +74,7 @@ class Sweep:
         model_version: str,
         provenance: dict[str, Any],
         clock: Clock,
-        progress: SweepProgress,
+        progress: SweepObserver,
         on_level: Callable[[SweepResult, LevelMeasurement], None],
         resources: ResourceSampler | None = None,
         workers: DistributedLoadGenerator | None = None,
@@ -141,26 +128,13 @@ class Sweep:
     async def _measure(self, value: float) -> LevelResult | None:
         """Measure one level; None when the sweep must stop (the server is gone)."""
         spec = self.spec
-        load = make_load(spec, value)
-        label = float(load.concurrency) if isinstance(load, ClosedLoop) else load.label
-        self.progress.level_started(spec.load.mode, label)
-        measurement = await measure_level(
-            self.loadgen,
-            load,
-            spec.windows,
-            batch_size=spec.inputs.batch_size,
-            server=self.server,
-            resources=self.resources,
-            progress=self.progress,
-            drain_timeout_s=spec.target.request_timeout_s + 5,
-        )
-        if self.workers is not None:
-            measurement = self.workers.annotate(measurement, spec.windows.stable_window_count)
+        measurement = await observe_level(
+            self.progress, self.loadgen, make_load(spec, value), spec.windows, batch_size=spec.inputs.batch_size,
+            server=self.server, resources=self.resources, drain_timeout_s=spec.target.request_timeout_s + 5,
+            finish=self._keep,
+        )  # fmt: skip
         level = measurement.result
-        self.result = self.result.with_level(level)
-        self.on_level(self.result, measurement)
-        self.progress.level_done(level)
-        if server_gone(level):
+        if server_gone(level.errors, level.ok_count):
             kinds = ", ".join(f"{k} ×{n}" for k, n in level.errors.items())
             self.result = dataclasses.replace(
                 self.result, completed=False, stop_reason=f"the server stopped answering ({kinds})"
@@ -170,6 +144,14 @@ class Sweep:
         if self.workers is not None:
             return self._after_worker_deaths(level, measurement)
         return level
+
+    def _keep(self, measurement: LevelMeasurement) -> LevelMeasurement:
+        """The level with its load workers' figures, in the result and on disk before it is reported."""
+        if self.workers is not None:
+            measurement = self.workers.annotate(measurement, self.spec.windows.stable_window_count)
+        self.result = self.result.with_level(measurement.result)
+        self.on_level(self.result, measurement)
+        return measurement
 
     def _after_worker_deaths(self, level: LevelResult, measurement: LevelMeasurement) -> LevelResult | None:
         """Say which workers died in the level; None (the sweep ends) when none is left."""

@@ -5,15 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import getpass
-import platform
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from perfkit._version import __version__
 from perfkit.errors import ExitCode, PerfkitError, TargetError
@@ -25,122 +19,16 @@ from perfkit.measure.level import LevelMeasurement
 from perfkit.measure.resources import ResourceSampler
 from perfkit.progress import Progress
 from perfkit.report import export
-from perfkit.results.files import ReportItem, append_history, check_history
+from perfkit.results.files import ReportItem, append_history, check_history, write_text_atomic
 from perfkit.results.model import SweepResult, write_sweep
+from perfkit.results.provenance import provenance
 from perfkit.sweep.engine import Sweep
 from perfkit.sweep.spec import SweepSpec
+from perfkit.target import Target, open_target
 from perfkit.wire.client import InferClient, make_client
 from v2kit.runtime import eventloop
 
 DEFAULT_EMBEDDED_MODEL = "mlp"
-
-
-@dataclass(frozen=True, slots=True)
-class Target:
-    url: str
-    protocol: str
-    metrics_url: str | None
-    server_pid: int | None
-    embedded: bool
-
-
-@contextlib.contextmanager
-def open_target(spec: SweepSpec) -> Iterator[Target]:
-    """The server to measure: -u as given, or the embedded reference server for the run's duration."""
-    t = spec.target
-    if t.url is not None:
-        metrics_url = spec.metrics.metrics_url
-        if spec.metrics.collect and metrics_url is None:
-            # perf_analyzer's rule: the metrics port 8002 on the host of -u (served in the clear, also
-            # beside an https:// server).
-            metrics_url = f"http://{t.url.split('://', 1)[-1].rsplit(':', 1)[0]}:8002/metrics"
-        yield Target(t.url, t.protocol, metrics_url, None, embedded=False)
-        return
-    from perfkit.target import reference_server_process
-
-    with reference_server_process() as server:
-        url = server.grpc_url if t.protocol == "grpc" else server.http_url
-        yield Target(url, t.protocol, spec.metrics.metrics_url or server.metrics_url, server.process.pid, True)
-
-
-def _git_commit() -> str:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=False,
-            cwd=Path(__file__).resolve().parent,
-        )  # fmt: skip
-    except OSError:
-        return ""
-    return out.stdout.strip() if out.returncode == 0 else ""
-
-
-_SECRET_HEADER_WORDS = ("authorization", "cookie", "token", "secret", "password", "api-key", "apikey")
-
-
-def _secret_header(name: str) -> bool:
-    return any(word in name.strip().lower() for word in _SECRET_HEADER_WORDS)
-
-
-def _redact_header(value: str) -> str:
-    """`Name: value` with the value hidden when the name says it holds a credential."""
-    name, sep, _ = value.partition(":")
-    return f"{name}: ***" if sep and _secret_header(name) else value
-
-
-def redact_argv(argv: list[str]) -> list[str]:
-    out: list[str] = []
-    for i, arg in enumerate(argv):
-        if i and argv[i - 1] in ("-H", "--header"):
-            out.append(_redact_header(arg))
-        elif arg.startswith("--header="):
-            out.append("--header=" + _redact_header(arg[len("--header=") :]))
-        elif arg.startswith("-H") and len(arg) > 2:
-            out.append("-H" + _redact_header(arg[2:]))
-        else:
-            out.append(arg)
-    return out
-
-
-def provenance(spec: SweepSpec, target: Target, server_metadata: dict[str, Any], argv: list[str]) -> dict[str, Any]:
-    """What produced the result. Credentials never get in: secret -H values read `***`."""
-    spec_dict = _spec_dict(spec)
-    spec_dict["target"]["headers"] = [[k, "***" if _secret_header(k) else v] for k, v in spec.target.headers]
-    return {
-        "perfkit_version": __version__,
-        "git_commit": _git_commit(),
-        "started_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "argv": redact_argv(argv),
-        "seed": spec.inputs.seed,
-        "server": {"url": target.url, "embedded": target.embedded, **server_metadata},
-        "machine": {
-            "hostname": platform.node(),
-            "platform": platform.platform(),
-            "python": sys.version.split()[0],
-            "cpu_count": _cpu_count(),
-            "user": getpass.getuser(),
-        },
-        "spec": spec_dict,
-    }
-
-
-def _cpu_count() -> int:
-    import os
-
-    return os.cpu_count() or 0
-
-
-def _spec_dict(spec: SweepSpec) -> dict[str, Any]:
-    def clean(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: clean(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [clean(v) for v in value]
-        if isinstance(value, Path):
-            return str(value)
-        return value
-
-    spec_dict: dict[str, Any] = clean(asdict(spec))
-    return spec_dict
 
 
 async def resolve_model(client: InferClient, spec: SweepSpec, embedded: bool) -> str:
@@ -206,17 +94,15 @@ class Outputs:
 
     def save(self, result: SweepResult, measurement: LevelMeasurement | None) -> None:
         write_sweep(result, self.json_path)
-        export.write_text_atomic(
-            self.pa_csv_path, export.render_pa_csv(result.levels, collect_metrics=self.collect_metrics)
-        )
-        export.write_text_atomic(self.tidy_csv_path, export.render_tidy_csv(result))
+        write_text_atomic(self.pa_csv_path, export.render_pa_csv(result.levels, collect_metrics=self.collect_metrics))
+        write_text_atomic(self.tidy_csv_path, export.render_tidy_csv(result))
         if self.profile_path is not None and measurement is not None:
             level = measurement.result
             if not self.experiments or self.experiments[-1][1] != level.level:
                 self.experiments.append(
                     (level.mode, level.level, measurement.samples, list(measurement.window_boundaries_ns))
                 )
-            export.write_text_atomic(
+            write_text_atomic(
                 self.profile_path,
                 export.render_profile_export(
                     self.experiments, version=__version__, epoch_offset_ns=self.epoch_offset_ns
@@ -229,7 +115,7 @@ class Outputs:
             from perfkit.report.html import render_html
 
             item = ReportItem(self.json_path.stem, "sweep", result, str(self.json_path))
-            export.write_text_atomic(self.html_path, render_html([item]))
+            write_text_atomic(self.html_path, render_html([item]))
         if self.history_path is not None:
             append_history(self.history_path, result, self.json_path.stem)
 
@@ -287,7 +173,7 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
             config = await client.model_config(model, t.model_version)
         except Exception as exc:
             raise await _model_error(client, model, target.url, exc) from None
-        server_metadata = await client.server_metadata()
+        server = {"url": target.url, "embedded": target.embedded, **await client.server_metadata()}
         requests = build_requests(
             metadata, config, model=model, version=t.model_version, batch_size=spec.inputs.batch_size,
             shapes={name: list(dims) for name, dims in spec.inputs.shapes}, input_data=spec.inputs.input_data, seed=spec.inputs.seed,
@@ -309,7 +195,8 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
                 progress.note(workers.describe())
             sweep = Sweep(
                 spec, client=client, prepared=prepared, model=model, model_version=t.model_version,
-                provenance=provenance(spec, target, server_metadata, argv), clock=RealClock(), progress=progress,
+                provenance=provenance(spec, seed=spec.inputs.seed, server=server, argv=argv), clock=RealClock(),
+                progress=progress,
                 on_level=outputs.save, resources=resources, workers=workers,
             )  # fmt: skip
             try:
@@ -328,7 +215,8 @@ def run_sweep(spec: SweepSpec, argv: list[str]) -> tuple[SweepRun, int]:
     progress = Progress(quiet=spec.output.quiet)
     run = SweepRun()
     try:
-        with open_target(spec) as target:
+        t, metrics = spec.target, spec.metrics
+        with open_target(t.url, t.protocol, metrics_url=metrics.metrics_url, collect_metrics=metrics.collect) as target:
             if target.embedded:
                 progress.note(f"measuring the embedded reference server at {target.url}")
             eventloop.run(_sweep(spec, target, progress, argv, run))

@@ -1,14 +1,16 @@
-"""The sweep's settings: one frozen tree built from the command line, validated in one place."""
+"""The sweep's settings: one frozen tree built from the command line, validated in one place.
+
+Its target (`TargetSpec`, with TLS) and measurement windows (`WindowSpec`) are also tune's and
+probe's settings, each with its own `validate()`, so the three commands check those flags alike.
+"""
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfkit.errors import PerfkitError
-
-RAY_MISSING = "--workers needs Ray: pip install 'perfkit[distributed]'"
+from perfkit.load.ray import RAY_MISSING, ray_installed
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +35,30 @@ class TargetSpec:
     tls: TlsSpec = field(default_factory=TlsSpec)
     max_connections: int = 0  # HTTP connections per load process; 0: one per outstanding request
 
+    def validate(self) -> None:
+        """The rules of the target flags, shared by sweep, tune and probe: -i, the tensor format,
+        --request-timeout, and the TLS options against -u."""
+        if self.protocol not in ("http", "grpc"):
+            raise PerfkitError(f"-i must be http or grpc, got '{self.protocol}'")
+        if self.json_tensors and self.protocol != "http":
+            raise PerfkitError("--input-tensor-format json applies to HTTP only; drop it or use -i http")
+        if self.request_timeout_s <= 0:
+            raise PerfkitError("--request-timeout must be a positive number of seconds")
+        tls = self.tls
+        https = (tls.https_ca_certs is not None or not tls.https_verify_peer) and self.protocol == "http"
+        if https and not (self.url or "").startswith("https://"):
+            raise PerfkitError("--ssl-https-* options apply to an HTTPS server: give -u https://HOST:PORT")
+        if tls.grpc_root_certs is not None and not tls.grpc_use_ssl:
+            raise PerfkitError("--ssl-grpc-root-certifications-file needs --ssl-grpc-use-ssl")
+        if tls.grpc_use_ssl and self.url is None:
+            raise PerfkitError("--ssl-grpc-use-ssl needs -u: the embedded server listens in the clear on loopback")
+        for flag, path in (
+            ("--ssl-grpc-root-certifications-file", tls.grpc_root_certs),
+            ("--ssl-https-ca-certificates-file", tls.https_ca_certs),
+        ):
+            if path is not None and not path.is_file():
+                raise PerfkitError(f"{flag} {path}: no such file")
+
 
 @dataclass(frozen=True, slots=True)
 class InputSpec:
@@ -55,6 +81,26 @@ class WindowSpec:
     percentile: float | None = None  # None: stabilise on (and report) the average latency
     warmup_request_count: int = 0
     delay_tolerance_ms: float = 1.0
+
+    def validate(self) -> None:
+        """The measurement flags' rules, shared by sweep and tune."""
+        if self.mode not in ("time_windows", "count_windows"):
+            raise PerfkitError("--measurement-mode must be time_windows or count_windows")
+        if self.interval_ms <= 0:
+            raise PerfkitError("-p/--measurement-interval must be a positive number of milliseconds")
+        if self.request_count < 1:
+            raise PerfkitError("--measurement-request-count must be at least 1")
+        if not 0 < self.stability_pct:
+            raise PerfkitError("-s/--stability-percentage must be positive")
+        if self.max_trials < self.stable_window_count:
+            raise PerfkitError(
+                f"-r/--max-trials must be at least {self.stable_window_count}: stability compares the last "
+                f"{self.stable_window_count} windows"
+            )
+        if self.percentile is not None and not 0 < self.percentile < 100:
+            raise PerfkitError("--percentile must be between 0 and 100 (e.g. 99 or 99.9)")
+        if self.warmup_request_count < 0:
+            raise PerfkitError("--warmup-request-count must not be negative")
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,44 +157,22 @@ class SweepSpec:
     distributed: DistributedSpec = field(default_factory=DistributedSpec)
 
     def validate(self) -> None:
-        t, load, w = self.target, self.load, self.windows
-        if t.protocol not in ("http", "grpc"):
-            raise PerfkitError(f"-i must be http or grpc, got '{t.protocol}'")
-        if t.json_tensors and t.protocol != "http":
-            raise PerfkitError("--input-tensor-format json applies to HTTP only; drop it or use -i http")
-        if t.request_timeout_s <= 0:
-            raise PerfkitError("--request-timeout must be a positive number of seconds")
-        _validate_tls(t)
+        load = self.load
+        self.target.validate()
         if self.inputs.batch_size < 1:
             raise PerfkitError("-b/--batch-size must be at least 1")
-        if w.mode not in ("time_windows", "count_windows"):
-            raise PerfkitError("--measurement-mode must be time_windows or count_windows")
-        if w.interval_ms <= 0:
-            raise PerfkitError("-p/--measurement-interval must be a positive number of milliseconds")
-        if w.request_count < 1:
-            raise PerfkitError("--measurement-request-count must be at least 1")
-        if not 0 < w.stability_pct:
-            raise PerfkitError("-s/--stability-percentage must be positive")
-        if w.max_trials < w.stable_window_count:
-            raise PerfkitError(
-                f"-r/--max-trials must be at least {w.stable_window_count}: stability compares the last "
-                f"{w.stable_window_count} windows"
-            )
-        if w.percentile is not None and not 0 < w.percentile < 100:
-            raise PerfkitError("--percentile must be between 0 and 100 (e.g. 99 or 99.9)")
-        if w.warmup_request_count < 0:
-            raise PerfkitError("--warmup-request-count must not be negative")
+        self.windows.validate()
         if load.end == 0 and load.latency_threshold_ms <= 0:
             raise PerfkitError("a range END of 0 means 'until the latency threshold': pass -l/--latency-threshold MS")
         if load.binary_search and (load.end == 0 or load.latency_threshold_ms <= 0):
             raise PerfkitError("--binary-search needs an explicit range START:END and -l/--latency-threshold MS")
         if self.metrics.interval_ms <= 0:
             raise PerfkitError("--metrics-interval must be a positive number of milliseconds")
-        _validate_distributed(self.distributed, t)
+        _validate_distributed(self.distributed, self.target)
 
 
 def _validate_distributed(d: DistributedSpec, t: TargetSpec) -> None:
-    if d.enabled and importlib.util.find_spec("ray") is None:
+    if d.enabled and not ray_installed():
         raise PerfkitError(RAY_MISSING)
     if d.workers < 1:
         raise PerfkitError(f"--workers must be at least 1, got {d.workers}")
@@ -159,20 +183,3 @@ def _validate_distributed(d: DistributedSpec, t: TargetSpec) -> None:
             "--ray-address: workers on other machines cannot reach the embedded server (it listens on "
             "this machine's loopback); give the server with -u HOST:PORT"
         )
-
-
-def _validate_tls(t: TargetSpec) -> None:
-    tls = t.tls
-    https = (tls.https_ca_certs is not None or not tls.https_verify_peer) and t.protocol == "http"
-    if https and not (t.url or "").startswith("https://"):
-        raise PerfkitError("--ssl-https-* options apply to an HTTPS server: give -u https://HOST:PORT")
-    if tls.grpc_root_certs is not None and not tls.grpc_use_ssl:
-        raise PerfkitError("--ssl-grpc-root-certifications-file needs --ssl-grpc-use-ssl")
-    if tls.grpc_use_ssl and t.url is None:
-        raise PerfkitError("--ssl-grpc-use-ssl needs -u: the embedded server listens in the clear on loopback")
-    for flag, path in (
-        ("--ssl-grpc-root-certifications-file", tls.grpc_root_certs),
-        ("--ssl-https-ca-certificates-file", tls.https_ca_certs),
-    ):
-        if path is not None and not path.is_file():
-            raise PerfkitError(f"{flag} {path}: no such file")

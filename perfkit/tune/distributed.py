@@ -28,18 +28,21 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from perfkit.errors import PerfkitError, TargetError
+from perfkit.errors import TargetError
+from perfkit.load.ray import ray_runtime
 from perfkit.progress import Progress
 from perfkit.results.model import LevelResult
-from perfkit.sweep.run import Target
+from perfkit.target import Target, metrics_url_of
 from perfkit.tune.search import Space, Variant, brute_batches, quick_batches
-from perfkit.tune.tuner import Endpoint, Model, Record, Tuner, TuneResult, TuneSpec, metrics_url_of, sweep_variant
+from perfkit.tune.state import Model, Record, TuneResult, TuneSpec
+from perfkit.tune.tuner import Tuner, TuneServer, one_server_tuner, sweep_variant
 
-__all__ = ["EndpointActor", "EndpointState", "RayTuner", "RayWorker", "Worker", "ray_tuner"]
+__all__ = ["EndpointActor", "EndpointState", "RayTuner", "RayWorker", "Worker", "open_tuner", "ray_tuner"]
 
 #: How long the actors may take to start; Ray queues an actor while no CPU is free for it.
 ACTOR_START_TIMEOUT_S = 120.0
@@ -76,41 +79,42 @@ class EndpointActor:
 
     def __init__(self, spec: TuneSpec, model: Model, url: str) -> None:
         self.spec, self.model, self.url = spec, model, url
-        self.endpoint: Endpoint | None = None
+        self.server: TuneServer | None = None
 
     async def open(self) -> EndpointState:
-        target = Target(self.url, self.spec.protocol, metrics_url_of(self.spec, self.url), None, embedded=False)
-        endpoint = self.endpoint = Endpoint(self.spec, self.model, target, Progress(quiet=True))
-        if not await endpoint.client.live():
+        metrics_url = metrics_url_of(self.url, self.spec.metrics_url, self.spec.collect_metrics)
+        target = Target(self.url, self.spec.target.protocol, metrics_url, None, embedded=False)
+        server = self.server = TuneServer(self.spec, self.model, target, Progress(quiet=True))
+        if not await server.client.live():
             raise TargetError(f"{self.url} answers but is not live")
-        server = await endpoint.server_metadata()  # raises when the server refuses -H's credentials
-        config = await endpoint.served_config()
-        await endpoint.resources.start()
-        return EndpointState(config, server)
+        metadata = await server.server_metadata()  # raises when the server refuses -H's credentials
+        config = await server.served_config()
+        await server.resources.start()
+        return EndpointState(config, metadata)
 
     async def measure_variant(self, record: Record, cached: dict[int, LevelResult]) -> Record:
-        assert self.endpoint is not None
-        endpoint = self.endpoint
+        assert self.server is not None
+        server = self.server
         record.endpoint = self.url
-        await sweep_variant(record, cached, self.spec, endpoint.load, endpoint.level, on_level=lambda: None)
+        await sweep_variant(record, cached, self.spec, server.load, server.level, on_level=lambda: None)
         return record
 
     async def measure_level(self, config: dict[str, Any], concurrency: int, record: Record) -> LevelResult | None:
         """One level of an already measured variant; None when the server now refuses it."""
-        assert self.endpoint is not None
-        if await self.endpoint.load(config):
+        assert self.server is not None
+        if await self.server.load(config):
             return None
-        return await self.endpoint.level(concurrency, record)
+        return await self.server.level(concurrency, record)
 
     async def close(self, restore: bool, config: dict[str, Any] | None) -> None:
-        if self.endpoint is None:
+        if self.server is None:
             return
         try:
-            await self.endpoint.resources.stop()
+            await self.server.resources.stop()
             if restore:
-                await self.endpoint.restore(config)
+                await self.server.restore(config)
         finally:
-            await self.endpoint.client.close()
+            await self.server.client.close()
 
 
 class RayWorker:
@@ -323,40 +327,27 @@ class RayTuner(Tuner):
             self._save(result)
 
 
-def _import_ray() -> Any:
-    try:
-        import ray
-    except ImportError:
-        raise PerfkitError(
-            "--workers runs the tune on Ray actors, and Ray is not installed: pip install 'perfkit[distributed]'"
-        ) from None
-    return ray
-
-
 @contextlib.contextmanager
 def ray_tuner(
     spec: TuneSpec, model: Model, progress: Progress, sink: Callable[[TuneResult], None]
 ) -> Iterator[RayTuner]:
     """A RayTuner with one actor per endpoint of `spec`, on the Ray cluster at --ray-address, on
     the one this process already joined, or else on a local one started for the tune."""
-    ray = _import_ray()
-    started = not ray.is_initialized()
-    if started:
+    with ray_runtime(spec.ray_address, spec.workers) as ray:
+        actor_class = ray.remote(num_cpus=1, max_restarts=0)(EndpointActor)
+        workers = [RayWorker(ray, actor_class.remote(spec, model, url), url) for url in spec.endpoints]
         try:
-            if spec.ray_address:
-                ray.init(address=spec.ray_address, log_to_driver=False)
-            else:
-                ray.init(include_dashboard=False, log_to_driver=False)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            where = f"--ray-address {spec.ray_address}: cannot join" if spec.ray_address else "cannot start"
-            raise PerfkitError(f"{where} the Ray cluster ({exc})") from None
-    actor_class = ray.remote(num_cpus=1, max_restarts=0)(EndpointActor)
-    workers = [RayWorker(ray, actor_class.remote(spec, model, url), url) for url in spec.endpoints]
-    try:
-        progress.note(f"tuning '{model.name}' on {len(workers)} endpoints, one Ray actor each")
-        yield RayTuner(spec, model, workers, progress, sink)
-    finally:
-        for worker in workers:
-            ray.kill(worker.actor)
-        if started:
-            ray.shutdown()
+            progress.note(f"tuning '{model.name}' on {len(workers)} endpoints, one Ray actor each")
+            yield RayTuner(spec, model, workers, progress, sink)
+        finally:
+            for worker in workers:
+                ray.kill(worker.actor)
+
+
+def open_tuner(
+    spec: TuneSpec, model: Model, progress: Progress, sink: Callable[[TuneResult], None]
+) -> AbstractContextManager[Tuner]:
+    """The tuner for `spec` (a `tuner.TunerOpener`): on Ray actors with --workers, else on one server."""
+    if spec.workers:
+        return ray_tuner(spec, model, progress, sink)
+    return one_server_tuner(spec, model, progress, sink)

@@ -5,14 +5,16 @@ resumed tune reads its measurements from. No measuring happens here; `perfkit.tu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from perfkit.errors import PerfkitError
+from perfkit.results.files import write_text_atomic
 from perfkit.results.model import RESULT_SCHEMA_VERSION, LevelResult, sweep_from_json, to_jsonable
-from perfkit.sweep.spec import TlsSpec, WindowSpec
+from perfkit.sweep.spec import TargetSpec, WindowSpec
 from perfkit.tune.objectives import Constraint, Figures, Objective, Ranking, combine, figures_of, rank
 from perfkit.tune.search import Space, SpaceSpec, Variant
 
@@ -22,8 +24,8 @@ CHECKPOINT_SCHEMA = 1
 @dataclass(frozen=True, slots=True)
 class TuneSpec:
     config_path: Path
-    url: str | None = None
-    protocol: str = "http"
+    #: -u (the first of several), -i, -H (in tune.json only within argv, redacted), TLS, --request-timeout.
+    target: TargetSpec = field(default_factory=lambda: TargetSpec(None))
     search: str = "brute"
     objective: Objective = field(default_factory=Objective)
     constraints: tuple[Constraint, ...] = ()
@@ -33,7 +35,6 @@ class TuneSpec:
     shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
     input_data: str = "random"
     seed: int = 0
-    request_timeout_s: float = 30.0
     top: int = 3
     leaders: int = 3
     remeasure_rounds: int = 2
@@ -46,12 +47,8 @@ class TuneSpec:
     endpoints: tuple[str, ...] = ()
     workers: int = 0  # Ray actors, one per endpoint; 0: measured in this process, one variant at a time
     ray_address: str | None = None
-    headers: tuple[tuple[str, str], ...] = ()  # -H, sent with every call; tune.json has them in argv only, redacted
-    tls: TlsSpec = field(default_factory=TlsSpec)
 
     def validate(self) -> None:
-        from perfkit.sweep.spec import LoadSpec, SweepSpec, TargetSpec
-
         if self.search not in ("brute", "quick"):
             raise PerfkitError(f"--search must be brute or quick, got '{self.search}'")
         if not 1 <= self.concurrency[0] <= self.concurrency[1]:
@@ -64,11 +61,9 @@ class TuneSpec:
             raise PerfkitError("--remeasure must be 0 (no re-measurement) or more rounds")
         self._validate_workers()
         # The measurement and connection flags are perfkit sweep's, checked by its own rules.
-        for url in self.endpoints or (self.url,):
-            target = TargetSpec(
-                url, self.protocol, headers=self.headers, request_timeout_s=self.request_timeout_s, tls=self.tls
-            )
-            SweepSpec(target, LoadSpec("concurrency"), windows=self.windows).validate()
+        for url in self.endpoints or (self.target.url,):
+            dataclasses.replace(self.target, url=url).validate()
+        self.windows.validate()
 
     def _validate_workers(self) -> None:
         if self.workers < 0:
@@ -213,8 +208,6 @@ class Checkpoint:
         self.server_had_model = bool(doc.get("server_had_model"))
 
     def save(self, result: TuneResult, default_config: dict[str, Any]) -> None:
-        from perfkit.report.export import write_text_atomic
-
         variants = {
             k: {"levels": to_jsonable(r.levels), "error": r.error if r.status == "failed" and not r.levels else ""}
             for k, r in result.records.items()

@@ -23,10 +23,12 @@ Theory of operation:
    `objectives.rank`: the leader, the variants tied with it, and the cheapest of them recommended.
 5. Several servers. With --workers, `perfkit.tune.distributed.RayTuner` keeps steps 2–4 and
    measures the independent variants of a batch (see `perfkit.tune.search`) on several endpoints at
-   once, one Ray actor each, with this module's `Endpoint` and `sweep_variant`.
+   once, one Ray actor each, with this module's `TuneServer` and `sweep_variant`. Which tuner runs
+   is chosen by whoever opens it (`perfkit.tune.distributed.open_tuner`), so this module never
+   imports the Ray one.
 
 This module measures and ranks; what a tune is asked for and keeps (`TuneSpec`, `Model`, `Record`,
-`TuneResult`, `Checkpoint`, `read_model`) is in `perfkit.tune.state`, and importable from here too.
+`TuneResult`, `Checkpoint`, `read_model`) is in `perfkit.tune.state`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import contextlib
 import dataclasses
 import datetime as dt
 from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -43,57 +46,30 @@ from perfkit.load.generator import LoadGenerator, RealClock
 from perfkit.load.inputs import build_requests
 from perfkit.load.samples import SampleBuffer
 from perfkit.load.schedule import ClosedLoop
-from perfkit.measure.level import ServerStatsProbe, measure_level
+from perfkit.measure.level import ServerStatsProbe, observe_level, server_gone
 from perfkit.measure.probe import check_credentials
 from perfkit.measure.resources import ResourceSampler
 from perfkit.progress import Progress
 from perfkit.results.model import LevelResult, to_jsonable
-from perfkit.sweep.engine import server_gone
-from perfkit.sweep.run import Target
+from perfkit.target import Target, open_target
 from perfkit.tune.objectives import best_level, figures_of
 from perfkit.tune.search import Space, Variant, brute_search, build_space, concurrency_sweep, quick_search, variant_of
-from perfkit.tune.state import CHECKPOINT_SCHEMA as CHECKPOINT_SCHEMA
-from perfkit.tune.state import Checkpoint as Checkpoint
-from perfkit.tune.state import Model as Model
-from perfkit.tune.state import Record as Record
-from perfkit.tune.state import TuneResult as TuneResult
-from perfkit.tune.state import TuneSpec as TuneSpec
-from perfkit.tune.state import read_model as read_model
+from perfkit.tune.state import Checkpoint, Model, Record, TuneResult, TuneSpec, read_model
 from perfkit.wire.client import InferClient, make_client
 from v2kit.runtime import eventloop
 
 # --- the tuner ------------------------------------------------------------------------------------
 
 
-@contextlib.contextmanager
-def open_target(spec: TuneSpec, model: Model) -> Iterator[Target]:
-    if spec.url is not None:
-        yield Target(spec.url, spec.protocol, metrics_url_of(spec, spec.url), None, embedded=False)
-        return
-    from perfkit.target import reference_server_process
-
-    with reference_server_process(model.folder.parent, ["--model-control-mode", "explicit"]) as server:
-        url = server.grpc_url if spec.protocol == "grpc" else server.http_url
-        yield Target(url, spec.protocol, server.metrics_url, server.process.pid, embedded=True)
-
-
-def metrics_url_of(spec: TuneSpec, url: str) -> str | None:
-    """Where a running server's metrics are read: --metrics-url, else port 8002 of its host."""
-    if spec.metrics_url:
-        return spec.metrics_url
-    host = url.split("://", 1)[-1].rsplit(":", 1)[0]  # an https:// server still serves metrics in the clear
-    return f"http://{host}:8002/metrics" if spec.collect_metrics else None
-
-
-class Endpoint:
+class TuneServer:
     """One server that variants are loaded on and measured against: its client, the model's
     requests (prepared at the first load that succeeds), and the resource sampler."""
 
     def __init__(self, spec: TuneSpec, model: Model, target: Target, progress: Progress) -> None:
         self.spec, self.model, self.target, self.progress = spec, model, target, progress
         self.client: InferClient = make_client(
-            target.url, target.protocol, request_timeout_s=spec.request_timeout_s, headers=dict(spec.headers),
-            tls=spec.tls,
+            target.url, target.protocol, request_timeout_s=spec.target.request_timeout_s,
+            headers=dict(spec.target.headers), tls=spec.target.tls,
         )  # fmt: skip
         self.prepared: list[Any] | None = None
         self.resources = ResourceSampler(
@@ -150,15 +126,13 @@ class Endpoint:
         assert self.prepared is not None
         client, name = self.client, self.model.name
         loadgen = LoadGenerator(client, self.prepared, SampleBuffer(), RealClock())
-        self.progress.level_started("concurrency", float(concurrency))
-        measurement = await measure_level(
-            loadgen, ClosedLoop(concurrency), self.spec.windows, batch_size=1,
+        measurement = await observe_level(
+            self.progress, loadgen, ClosedLoop(concurrency), self.spec.windows, batch_size=1,
             server=ServerStatsProbe(lambda: client.model_statistics(name, ""), name, ""),
-            resources=self.resources, progress=self.progress, drain_timeout_s=self.spec.request_timeout_s + 5,
+            resources=self.resources, drain_timeout_s=self.spec.target.request_timeout_s + 5,
         )  # fmt: skip
         level = measurement.result
-        self.progress.level_done(level)
-        if server_gone(level):
+        if server_gone(level.errors, level.ok_count):
             raise TargetError(f"the server stopped answering while measuring {record.variant.key}")
         return level
 
@@ -221,7 +195,7 @@ class Tuner:
         self.spec, self.model, self.progress = spec, model, progress
         self.sink = sink  # called with the result after every change: writes the outputs
         self.target = target
-        self.endpoint = Endpoint(spec, model, target, progress)
+        self.server = TuneServer(spec, model, target, progress)
         self.checkpoint: Checkpoint | None = None
         self.default_config: dict[str, Any] = model.base
         self.result: TuneResult | None = None
@@ -232,34 +206,34 @@ class Tuner:
     def _fingerprint(self, server: str) -> dict[str, Any]:
         s = self.spec
         fingerprint: dict[str, Any] = to_jsonable({
-            "model": self.model.name, "base_config": self.model.base, "server": server, "protocol": s.protocol,
+            "model": self.model.name, "base_config": self.model.base, "server": server, "protocol": s.target.protocol,
             "windows": dataclasses.asdict(s.windows), "shapes": s.shapes, "input_data": s.input_data, "seed": s.seed,
         })  # fmt: skip
         return fingerprint
 
     async def run(self, checkpoint_path: Path) -> TuneResult:
-        client = self.endpoint.client
+        client = self.server.client
         try:
             try:
                 if not await client.live():
                     raise TargetError(f"{self.target.url} answers but is not live")
             except TargetError as exc:
                 raise TargetError(f"cannot reach the server: {exc}") from None
-            server = await self.endpoint.server_metadata()
+            server = await self.server.server_metadata()
             checkpoint = self._open_checkpoint(checkpoint_path)
             if checkpoint.default_config is None and not self.target.embedded:
-                served = await self.endpoint.served_config()
+                served = await self.server.served_config()
                 if served is not None:  # else the model is not loaded and the local config is the default
                     self.default_config, checkpoint.server_had_model = served, True
             result = self._new_result()
             result.server = server
-            await self.endpoint.resources.start()
+            await self.server.resources.start()
             try:
                 await self._tune(result)
             finally:
-                await self.endpoint.resources.stop()
+                await self.server.resources.stop()
                 if not self.target.embedded:
-                    await self.endpoint.restore(self.default_config if checkpoint.server_had_model else None)
+                    await self.server.restore(self.default_config if checkpoint.server_had_model else None)
             return result
         finally:
             await client.close()
@@ -361,10 +335,10 @@ class Tuner:
                 self._save(result)
 
     async def _load(self, config: dict[str, Any]) -> str:
-        return await self.endpoint.load(config)
+        return await self.server.load(config)
 
     async def _level(self, concurrency: int, record: Record) -> LevelResult:
-        return await self.endpoint.level(concurrency, record)
+        return await self.server.level(concurrency, record)
 
     def _save(self, result: TuneResult) -> None:
         assert self.checkpoint is not None
@@ -388,25 +362,28 @@ def describe_outcome(record: Record, result: TuneResult) -> str:
     return text + (f"; best so far: {leader}" if leader else "")
 
 
-@contextlib.contextmanager
-def open_tuner(spec: TuneSpec, model: Model, progress: Progress, sink: Callable[[TuneResult], None]) -> Iterator[Tuner]:
-    """The tuner for `spec`: on the bundled server or -u, or on Ray actors with --workers."""
-    if spec.workers:
-        from perfkit.tune.distributed import ray_tuner
+#: Opens the tuner for a tune (`one_server_tuner`, or `perfkit.tune.distributed.open_tuner`,
+#: which runs a RayTuner with --workers).
+TunerOpener = Callable[[TuneSpec, Model, Progress, Callable[[TuneResult], None]], AbstractContextManager[Tuner]]
 
-        with ray_tuner(spec, model, progress, sink) as tuner:
-            yield tuner
-        return
-    with open_target(spec, model) as target:
+
+@contextlib.contextmanager
+def one_server_tuner(
+    spec: TuneSpec, model: Model, progress: Progress, sink: Callable[[TuneResult], None]
+) -> Iterator[Tuner]:
+    """The tuner on one server: -u, or the bundled server in explicit mode on the model folder's parent."""
+    t = spec.target
+    with open_target(t.url, t.protocol, metrics_url=spec.metrics_url, collect_metrics=spec.collect_metrics,
+                     model_repository=model.folder.parent, server_args=["--model-control-mode", "explicit"]) as target:  # fmt: skip
         if target.embedded:
             progress.note(f"tuning '{model.name}' on the bundled server at {target.url} (explicit mode)")
         yield Tuner(spec, model, target, progress, sink)
 
 
 def run_tune(
-    spec: TuneSpec, sink: Callable[[TuneResult], None], checkpoint_path: Path
+    spec: TuneSpec, sink: Callable[[TuneResult], None], checkpoint_path: Path, open_tuner: TunerOpener
 ) -> tuple[TuneResult | None, int]:
-    """Run the tune; its result (partial when interrupted) and the exit code."""
+    """Run the tune on the tuner `open_tuner` gives; its result (partial when interrupted) and the exit code."""
     spec.validate()
     model = read_model(spec.config_path)
     progress = Progress(quiet=spec.quiet)

@@ -29,11 +29,11 @@ from tritonclient.grpc import service_pb2_grpc
 from perfkit.cli import COMMANDS, build_parser, main
 from perfkit.cli.tune import spec_from_args
 from perfkit.errors import TargetError
-from perfkit.sweep.run import Target, provenance
+from perfkit.results.provenance import provenance
 from perfkit.sweep.spec import LoadSpec, SweepSpec, TargetSpec, TlsSpec
 from perfkit.target import ServerProcess, reference_server_process
 from perfkit.tune.distributed import EndpointActor
-from perfkit.tune.tuner import read_model
+from perfkit.tune.state import read_model
 from reference_server.config import ServerConfig, config_from_args
 from reference_server.errors import ServerError
 from reference_server.frontends.auth import Token, Unauthenticated
@@ -368,7 +368,7 @@ def test_provenance_redacts_credential_headers() -> None:
     )
     argv = ["sweep", "-H", f"Authorization: Bearer {TOKEN}", f"-HX-Api-Key: {TOKEN}", f"--header=Cookie: s={TOKEN}"]
     argv += ["-H", "X-Trace: visible"]
-    record = provenance(spec, Target("h:1", "http", None, None, False), {}, argv)
+    record = provenance(spec, seed=spec.inputs.seed, server={"url": "h:1", "embedded": False}, argv=argv)
     text = json.dumps(record)
     assert TOKEN not in text
     assert "X-Trace: visible" in record["argv"] and ["X-Trace", "visible"] in record["spec"]["target"]["headers"]

@@ -241,7 +241,8 @@ def test_leaders_that_fall_behind_bring_the_new_leader_to_re_measurement(tmp_pat
     are re-measured too, round-robin, before the ranking is final."""
     from perfkit.progress import Progress
     from perfkit.tune.search import Space, Variant
-    from perfkit.tune.tuner import Checkpoint, Model, Record, Tuner, TuneResult, TuneSpec
+    from perfkit.tune.state import Checkpoint, Model, Record, TuneResult, TuneSpec
+    from perfkit.tune.tuner import Tuner
     from tests.unit.test_objectives import level
 
     spec = TuneSpec(config_path=tmp_path / "config.pbtxt", leaders=2, remeasure_rounds=2)

@@ -24,10 +24,11 @@ from perfkit.errors import ExitCode, PerfkitError, TargetError
 from perfkit.progress import Progress
 from perfkit.results.model import LevelResult
 from perfkit.target import ServerProcess, reference_server_process
-from perfkit.tune.distributed import EndpointState, RayTuner
+from perfkit.tune.distributed import EndpointState, RayTuner, open_tuner
 from perfkit.tune.objectives import best_level, figures_of, rank
 from perfkit.tune.search import SpaceSpec, brute_batches, build_space, variant_of
-from perfkit.tune.tuner import Model, Record, TuneResult, TuneSpec, run_tune, sweep_variant
+from perfkit.tune.state import Model, Record, TuneResult, TuneSpec
+from perfkit.tune.tuner import run_tune, sweep_variant
 from tests.ray_runtime import local_ray
 from tests.unit.test_objectives import level
 
@@ -93,7 +94,7 @@ def test_variants_are_spread_over_both_endpoints(
     spec = tune_spec(demo_repository / "identity" / "config.pbtxt", "-u", f"{a.http_url},{b.http_url}",
                      "--leaders", "2", "--remeasure", "1")  # fmt: skip
     assert spec.workers == 2 and spec.endpoints == (a.http_url, b.http_url)
-    result, code = run_tune(spec, lambda _: None, tmp_path / "checkpoint.json")
+    result, code = run_tune(spec, lambda _: None, tmp_path / "checkpoint.json", open_tuner)
     assert code == ExitCode.OK and result is not None and result.completed
     assert list(result.records) == grid_order(result) and len(result.records) == 4
     assert all(r.status == "ok" for r in result.records.values()), [r.error for r in result.records.values()]
@@ -118,7 +119,7 @@ def test_an_endpoint_that_is_down_is_reported_and_the_others_measure(
     live, down = servers[0].http_url, f"127.0.0.1:{free_port()}"
     spec = tune_spec(demo_repository / "identity" / "config.pbtxt", "-u", live, "-u", down, "--workers", "2",
                      "--remeasure", "0")  # fmt: skip
-    result, code = run_tune(spec, lambda _: None, tmp_path / "checkpoint.json")
+    result, code = run_tune(spec, lambda _: None, tmp_path / "checkpoint.json", open_tuner)
     assert code == ExitCode.OK and result is not None and result.completed
     assert [why.split(": ", 1)[0] for why in result.lost_endpoints] == [down]
     assert {r.endpoint for r in result.records.values()} == {live}
@@ -218,8 +219,8 @@ def test_worker_flags_are_checked(demo_repository: Path) -> None:
 
 
 def test_without_ray_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    from perfkit.tune.distributed import _import_ray
+    from perfkit.load.ray import import_ray
 
     monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` meets when Ray is not installed
     with pytest.raises(PerfkitError, match=r"pip install 'perfkit\[distributed\]'"):
-        _import_ray()
+        import_ray()

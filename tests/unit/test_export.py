@@ -26,8 +26,8 @@ from perfkit.report.export import (
     render_summary_table,
     render_tidy_csv,
     tidy_header,
-    write_text_atomic,
 )
+from perfkit.results.files import write_text_atomic
 from perfkit.results.model import (
     Check,
     LatencyStats,

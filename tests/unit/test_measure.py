@@ -14,7 +14,7 @@ import pytest
 from perfkit.load.generator import FakeClock, LoadGenerator
 from perfkit.load.samples import SampleBuffer
 from perfkit.load.schedule import ClosedLoop, Load, OpenLoop
-from perfkit.measure.level import POLL_NS, LevelMeasurement, ServerStatsProbe, measure_level
+from perfkit.measure.level import POLL_NS, LevelMeasurement, ServerStatsProbe, measure_level, server_gone
 from perfkit.sweep.spec import WindowSpec
 from tests.fakes import FakeClient, FakePrepared
 
@@ -292,3 +292,12 @@ async def test_the_stabilising_latency_is_the_mean_or_the_percentile(percentile:
     else:
         assert latencies == {10_000.0}
         assert m.result.latency.custom_us == 10_000.0
+
+
+def test_a_level_of_connection_failures_or_timeouts_means_the_server_is_gone() -> None:
+    assert server_gone({"connection refused": 3, "grpc UNAVAILABLE": 1}, 0)
+    assert server_gone({"timeout": 5, "disconnected": 1}, 0)
+    assert not server_gone({"timeout": 5}, 0, timeouts=False)  # a window's rule: timeouts alone keep measuring
+    assert not server_gone({"connection refused": 3}, 1)  # one answer: the server is there
+    assert not server_gone({"HTTP 500": 3}, 0)
+    assert not server_gone({}, 0)  # nothing completed: nothing to tell

@@ -6,7 +6,7 @@ import pytest
 
 from perfkit.cli import build_parser
 from perfkit.cli.sweep import spec_from_args
-from perfkit.sweep.run import open_target
+from perfkit.target import open_target
 
 
 @pytest.mark.parametrize(
@@ -20,5 +20,6 @@ from perfkit.sweep.run import open_target
 )
 def test_the_default_metrics_url_is_port_8002_on_the_host_of_u(url: str, expected: str) -> None:
     args = build_parser().parse_args(["sweep", "-u", url, "-m", "mlp", "--collect-metrics"])
-    with open_target(spec_from_args(args)) as target:
+    metrics = spec_from_args(args).metrics
+    with open_target(url, "http", metrics_url=metrics.metrics_url, collect_metrics=metrics.collect) as target:
         assert target.metrics_url == expected

@@ -6,8 +6,8 @@ import io
 
 import pytest
 
-from perfkit.progress import Progress, level_label
-from perfkit.results.model import Check, LatencyStats, LevelResult, ResourceUsage
+from perfkit.progress import Progress
+from perfkit.results.model import Check, LatencyStats, LevelResult, ResourceUsage, level_name
 
 
 def make_result(**overrides: object) -> LevelResult:
@@ -92,6 +92,12 @@ def test_close_without_a_level_and_twice() -> None:
 
 
 def test_level_labels() -> None:
-    assert level_label("concurrency", 8.0) == "concurrency 8"
-    assert level_label("request_rate", 250.0) == "request rate 250/s"
-    assert level_label("custom_intervals", 6.0) == "custom intervals"
+    assert level_name("concurrency", 8.0) == "concurrency 8"
+    assert level_name("request_rate", 250.0) == "request rate 250/s"
+    assert level_name("custom_intervals", 6.0) == "custom intervals"
+
+
+def test_short_level_names_are_the_comparisons() -> None:
+    assert level_name("concurrency", 8.0, short=True) == "concurrency 8"
+    assert level_name("request_rate", 12.5, short=True) == "rate 12.5/s"
+    assert level_name("custom_intervals", 6.0, short=True) == "intervals 6/s"
