@@ -37,9 +37,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from perfkit.load.distributed import DistributedSpec
+from perfkit.measure.level import WindowSpec
 from perfkit.results.model import LevelResult
 from perfkit.sweep.run import run_sweep
-from perfkit.sweep.spec import DistributedSpec, LoadSpec, OutputSpec, SweepSpec, TargetSpec, WindowSpec
+from perfkit.sweep.spec import LoadSpec, OutputSpec, SweepSpec
+from perfkit.target import TargetSpec
 from perfkit.testing.canned_server import MODEL, canned_server_process
 
 

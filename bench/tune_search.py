@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from perfkit.sweep.spec import WindowSpec
+from perfkit.measure.level import WindowSpec
 from perfkit.tune.objectives import Objective
 from perfkit.tune.search import SpaceSpec
 from perfkit.tune.state import TuneResult, TuneSpec

@@ -2,6 +2,8 @@
 bundled reference server started as a child process on free loopback ports for the duration of one
 command, on the demo model repository unless told otherwise. Sweep and tune open it with
 `open_target`, which also applies perf_analyzer's rule for where a -u server's metrics are read.
+`TargetSpec` is what sweep, tune and probe are told about it (-u, -i, headers, TLS), checked by one
+`validate()`.
 
 A child process rather than a thread, so that the server's work never competes with the load
 generator for the interpreter lock and a crash on one side is seen as such by the other.
@@ -18,10 +20,58 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from perfkit.errors import TargetError
+from perfkit.errors import PerfkitError, TargetError
+
+
+@dataclass(frozen=True, slots=True)
+class TlsSpec:
+    """Client TLS, with perf_analyzer's options: HTTPS is `-u https://...`; gRPC needs grpc_use_ssl."""
+
+    grpc_use_ssl: bool = False
+    grpc_root_certs: Path | None = None  # PEM CA bundle; None: the system's roots
+    https_ca_certs: Path | None = None  # PEM CA bundle; None: the system's roots
+    https_verify_peer: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class TargetSpec:
+    url: str | None  # None: start the embedded reference server
+    protocol: str = "http"  # http | grpc
+    model: str | None = None
+    model_version: str = ""
+    headers: tuple[tuple[str, str], ...] = ()
+    request_timeout_s: float = 30.0
+    json_tensors: bool = False
+    tls: TlsSpec = field(default_factory=TlsSpec)
+    max_connections: int = 0  # HTTP connections per load process; 0: one per outstanding request
+
+    def validate(self) -> None:
+        """The rules of the target flags, shared by sweep, tune and probe: -i, the tensor format,
+        --request-timeout, and the TLS options against -u."""
+        if self.protocol not in ("http", "grpc"):
+            raise PerfkitError(f"-i must be http or grpc, got '{self.protocol}'")
+        if self.json_tensors and self.protocol != "http":
+            raise PerfkitError("--input-tensor-format json applies to HTTP only; drop it or use -i http")
+        if self.request_timeout_s <= 0:
+            raise PerfkitError("--request-timeout must be a positive number of seconds")
+        tls = self.tls
+        https = (tls.https_ca_certs is not None or not tls.https_verify_peer) and self.protocol == "http"
+        if https and not (self.url or "").startswith("https://"):
+            raise PerfkitError("--ssl-https-* options apply to an HTTPS server: give -u https://HOST:PORT")
+        if tls.grpc_root_certs is not None and not tls.grpc_use_ssl:
+            raise PerfkitError("--ssl-grpc-root-certifications-file needs --ssl-grpc-use-ssl")
+        if tls.grpc_use_ssl and self.url is None:
+            raise PerfkitError("--ssl-grpc-use-ssl needs -u: the embedded server listens in the clear on loopback")
+        for flag, path in (
+            ("--ssl-grpc-root-certifications-file", tls.grpc_root_certs),
+            ("--ssl-https-ca-certificates-file", tls.https_ca_certs),
+        ):
+            if path is not None and not path.is_file():
+                raise PerfkitError(f"{flag} {path}: no such file")
+
 
 _STARTED = re.compile(r"Started (HTTPService|GRPCInferenceService|Metrics Service) at (\S+):(\d+)")
 
@@ -92,7 +142,7 @@ def reference_server_process(
     file whose tail is quoted if the server fails to start.
     """
     if model_repository is None:
-        from v2kit.demo import ensure_demo_repository
+        from v2kit.demo import ensure_demo_repository  # it loads onnx: only for the demo models
 
         model_repository = ensure_demo_repository()
     command = [

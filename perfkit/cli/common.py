@@ -13,9 +13,10 @@ from typing import Any
 
 from perfkit.analysis.compare import GATE_METRICS, Thresholds, gated, parse_percent
 from perfkit.errors import PerfkitError
+from perfkit.measure.level import WindowSpec
 from perfkit.results.files import load_result, write_text_atomic
 from perfkit.results.model import SweepResult
-from perfkit.sweep.spec import TlsSpec, WindowSpec
+from perfkit.target import TlsSpec
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,8 +10,7 @@ from perfkit.cli.common import Command, add_connection_flags, headers_from_args,
 from perfkit.errors import ExitCode, PerfkitError
 from perfkit.measure.probe import probe
 from perfkit.report.summary import render_probe
-from perfkit.sweep.spec import TargetSpec
-from perfkit.target import open_target
+from perfkit.target import TargetSpec, open_target
 from v2kit.runtime import eventloop
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 from perfkit.analysis.compare import Thresholds
 from perfkit.cli.common import Command, say, write
 from perfkit.errors import ExitCode, PerfkitError
-from perfkit.results.files import ReportItem, append_history, load_result, render_tidy_schema
+from perfkit.report.tidy import append_history, render_tidy_schema
+from perfkit.results.files import ReportItem, load_result
 from perfkit.results.model import SweepResult
 
 REPORT_METRICS = ("throughput_infer_per_s", "p50_ms", "p99_ms")

@@ -10,19 +10,13 @@ from pathlib import Path
 
 from perfkit.cli.common import Command, add_connection_flags, headers_from_args, tls_from_args, windows_from_args
 from perfkit.errors import ExitCode, PerfkitError
+from perfkit.load.distributed import DistributedSpec
 from perfkit.load.inputs import parse_shape_flag
 from perfkit.load.schedule import parse_range, read_intervals
 from perfkit.report.summary import sweep_notes, sweep_table
 from perfkit.sweep.run import SweepRun, run_sweep
-from perfkit.sweep.spec import (
-    DistributedSpec,
-    InputSpec,
-    LoadSpec,
-    MetricsSpec,
-    OutputSpec,
-    SweepSpec,
-    TargetSpec,
-)
+from perfkit.sweep.spec import InputSpec, LoadSpec, MetricsSpec, OutputSpec, SweepSpec
+from perfkit.target import TargetSpec
 
 DESCRIPTION = """\
 Measure a KServe v2 server over a range of load levels, as perf_analyzer does, with its flag names

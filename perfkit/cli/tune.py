@@ -20,7 +20,7 @@ from perfkit.load.inputs import parse_shape_flags
 from perfkit.report.tune_tables import best_pbtxt, render_csv, render_json, render_summary
 from perfkit.results.files import load_result, write_text_atomic
 from perfkit.results.provenance import redact_argv
-from perfkit.sweep.spec import TargetSpec
+from perfkit.target import TargetSpec
 from perfkit.tune.distributed import open_tuner
 from perfkit.tune.objectives import parse_constraint, parse_objective
 from perfkit.tune.search import SpaceSpec

@@ -61,9 +61,8 @@ from perfkit.load.ray import ray_runtime
 from perfkit.load.samples import SampleArrays, SampleBuffer
 from perfkit.load.schedule import ClosedLoop, Load
 from perfkit.load.worker import LoadWorker, WorkerInfo
-from perfkit.measure.level import LevelMeasurement
-from perfkit.results.model import Check, WorkerFigures
-from perfkit.sweep.spec import DistributedSpec, TargetSpec
+from perfkit.results.model import Check, LevelResult, WorkerFigures
+from perfkit.target import TargetSpec
 from v2kit import codec as v2
 
 __all__ = [
@@ -85,6 +84,19 @@ OPEN_TIMEOUT_S = 120.0  # a worker's first call waits for Ray to place and start
 ALIGN_ROUNDS = 7
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class DistributedSpec:
+    """`--workers N [--ray-address ADDR]`: the load from N Ray actors instead of this process."""
+
+    workers: int = 1
+    ray_address: str | None = None  # None: a local Ray runtime for the run's duration
+
+    @property
+    def enabled(self) -> bool:
+        """One worker with no cluster is today's in-process load generator."""
+        return self.workers > 1 or self.ray_address is not None
 
 
 class WorkerLink(Protocol):
@@ -336,10 +348,8 @@ class DistributedLoadGenerator:
         with contextlib.suppress(Exception):
             w.link.kill()  # a worker that merely hangs must not keep loading the server
 
-    def annotate(self, measurement: LevelMeasurement, stable_window_count: int) -> LevelMeasurement:
+    def annotate(self, result: LevelResult, samples: SampleArrays, stable_window_count: int) -> LevelResult:
         """The level's result with each worker's figures and the `workers` check."""
-        result = measurement.result
-        samples = measurement.samples
         owner = np.asarray(self._owner[self._level_first :], dtype=np.int64)
         if len(owner) != len(samples):
             raise RuntimeError("the driver's buffer changed outside the distributed load generator")
@@ -360,8 +370,7 @@ class DistributedLoadGenerator:
                 cpu_pct=w.cpu_pct, died=self._death_text(w),
             ))  # fmt: skip
         check = self._workers_check(owner)
-        annotated = dataclasses.replace(result, workers=tuple(figures), checks=(*result.checks, check))
-        return dataclasses.replace(measurement, result=annotated)
+        return dataclasses.replace(result, workers=tuple(figures), checks=(*result.checks, check))
 
     def _into_level_s(self, w: _Worker) -> float:
         return ((w.died_at_ns or 0) - self.start_ns) / 1e9

@@ -16,7 +16,7 @@ import time
 from perfkit.load.generator import LoadGenerator, RealClock
 from perfkit.load.samples import SampleArrays, SampleBuffer
 from perfkit.load.schedule import Load, OpenLoop
-from perfkit.sweep.spec import TargetSpec
+from perfkit.target import TargetSpec
 from perfkit.wire.client import InferClient, make_client
 from v2kit import codec as v2
 

@@ -19,18 +19,53 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from perfkit.analysis import server_stats, stats
+from perfkit.errors import PerfkitError
 from perfkit.load.generator import Clock
 from perfkit.load.samples import SampleArrays, SampleBuffer
 from perfkit.load.schedule import ClosedLoop, Load
 from perfkit.measure.resources import ResourceSampler
 from perfkit.results.model import LevelResult, ResourceUsage, WindowResult
-from perfkit.sweep.spec import WindowSpec
 
 log = logging.getLogger(__name__)
 
 POLL_NS = 10_000_000  # how often count windows and warmup look at the sample count
 # Error kinds that mean "no server there": a window of nothing else ends the level at once.
 CONNECTION_ERRORS = ("connection", "disconnected", "grpc UNAVAILABLE")
+
+
+@dataclass(frozen=True, slots=True)
+class WindowSpec:
+    """perf_analyzer's measurement settings, with its defaults."""
+
+    mode: str = "time_windows"  # time_windows | count_windows
+    interval_ms: float = 5000.0
+    request_count: int = 50
+    stability_pct: float = 10.0
+    max_trials: int = 10
+    stable_window_count: int = 3
+    percentile: float | None = None  # None: stabilise on (and report) the average latency
+    warmup_request_count: int = 0
+    delay_tolerance_ms: float = 1.0
+
+    def validate(self) -> None:
+        """The measurement flags' rules, shared by sweep and tune."""
+        if self.mode not in ("time_windows", "count_windows"):
+            raise PerfkitError("--measurement-mode must be time_windows or count_windows")
+        if self.interval_ms <= 0:
+            raise PerfkitError("-p/--measurement-interval must be a positive number of milliseconds")
+        if self.request_count < 1:
+            raise PerfkitError("--measurement-request-count must be at least 1")
+        if not 0 < self.stability_pct:
+            raise PerfkitError("-s/--stability-percentage must be positive")
+        if self.max_trials < self.stable_window_count:
+            raise PerfkitError(
+                f"-r/--max-trials must be at least {self.stable_window_count}: stability compares the last "
+                f"{self.stable_window_count} windows"
+            )
+        if self.percentile is not None and not 0 < self.percentile < 100:
+            raise PerfkitError("--percentile must be between 0 and 100 (e.g. 99 or 99.9)")
+        if self.warmup_request_count < 0:
+            raise PerfkitError("--warmup-request-count must not be negative")
 
 
 class LevelLoad(Protocol):

@@ -15,7 +15,7 @@ import numpy as np
 
 from perfkit.errors import PerfkitError, TargetError
 from perfkit.load.inputs import build_requests
-from perfkit.sweep.spec import TlsSpec
+from perfkit.target import TlsSpec
 from perfkit.wire.client import InferClient, make_client
 
 VARIABLE_DIM = 16  # size given to a variable (-1) non-batch dimension

@@ -1,13 +1,9 @@
 """Report renderers: pure functions from results to text. The CLI decides where the text goes.
 
-Four outputs:
+Three outputs here (perfkit's tidy CSV has its own module, `report.tidy`):
 
 - `render_pa_csv`: perf_analyzer's `-f` CSV, byte for byte in the layout of its `report_writer.cc`
   (checked against perf_analyzer 2.48.0), so tools that parse it (model_analyzer, scripts) read ours.
-- `render_tidy_csv` / `append_tidy_csv`: perfkit's own CSV, one row per load level, every column
-  snake_case with its unit in the name. It is driven by the one column table `TIDY_COLUMNS`, which
-  docs and other renderers share; a change to that table is a change of `TIDY_SCHEMA_VERSION`. Its
-  metric columns are the catalogue's (`analysis.metrics`): name, unit, getter and meaning.
 - `render_profile_export`: perf_analyzer's `--profile-export-file` JSON (what genai-perf reads), with
   perfkit's per-request extras under their own keys.
 - `render_summary_table`: the console table, as lines.
@@ -15,33 +11,17 @@ Four outputs:
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import numbers
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import NamedTuple
 
-from perfkit.analysis.metrics import latency_ms, metric, ms
+from perfkit.analysis.metrics import ms
 from perfkit.load.samples import SampleArrays
-from perfkit.results.model import LatencyStats, LevelResult, SweepResult
+from perfkit.results.model import LatencyStats, LevelResult
 
-__all__ = [
-    "TIDY_COLUMNS",
-    "TIDY_SCHEMA_VERSION",
-    "Column",
-    "ProfileExperiment",
-    "append_tidy_csv",
-    "render_pa_csv",
-    "render_profile_export",
-    "render_summary_table",
-    "render_tidy_csv",
-    "tidy_header",
-]
-
-TIDY_SCHEMA_VERSION = 1
+__all__ = ["ProfileExperiment", "render_pa_csv", "render_profile_export", "render_summary_table"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -163,186 +143,6 @@ def render_pa_csv(levels: Sequence[LevelResult], *, collect_metrics: bool = Fals
                 ]
         lines.append(",".join(row))
     return "\n".join(lines) + "\n"
-
-
-# --------------------------------------------------------------------------------------------------
-# perfkit's tidy CSV
-
-Cell = str | int | float | bool | None
-
-
-@dataclass(frozen=True, slots=True)
-class Column:
-    """One column of the tidy CSV: its name (snake_case, unit suffixed), its unit, and how to read it
-    from a level of a sweep. A getter returns None for "not measured", written as an empty cell."""
-
-    name: str
-    unit: str
-    getter: Callable[[SweepResult, LevelResult], Cell]
-    description: str = ""
-
-
-def _metric_column(name: str) -> Column:
-    """The column of a catalogue metric: its canonical name, unit, getter and description."""
-    spec = metric(name)
-    return Column(name, spec.unit, lambda s, lv: spec.value(lv), spec.description)
-
-
-def _latency(attr: str) -> Callable[[SweepResult, LevelResult], Cell]:
-    get = latency_ms(attr)
-    return lambda s, lv: get(lv)
-
-
-def _server(attr: str) -> Callable[[SweepResult, LevelResult], Cell]:
-    def get(_: SweepResult, lv: LevelResult) -> Cell:
-        return None if lv.server is None else getattr(lv.server, attr)
-
-    return get
-
-
-def _mean(values: dict[str, float]) -> float | None:
-    return sum(values.values()) / len(values) if values else None
-
-
-def _custom_ms(_: SweepResult, lv: LevelResult) -> Cell:
-    stats = lv.latency
-    return ms(stats.custom_us) if stats.custom_us is not None and stats.count > 0 else None
-
-
-TIDY_COLUMNS: tuple[Column, ...] = (
-    Column("schema_version", "", lambda s, lv: TIDY_SCHEMA_VERSION, "version of this column table"),
-    Column("model", "", lambda s, lv: s.model),
-    Column("model_version", "", lambda s, lv: s.model_version, "empty: the server's choice"),
-    Column("protocol", "", lambda s, lv: s.protocol, "http or grpc"),
-    Column("mode", "", lambda s, lv: lv.mode, "concurrency, request_rate or custom_intervals"),
-    Column("level", "", lambda s, lv: lv.level, "concurrency, or requests per second"),
-    Column("batch_size", "count", lambda s, lv: lv.batch_size),
-    Column("stable", "bool", lambda s, lv: lv.stable, "the level met the stability rule"),
-    Column("valid", "bool", lambda s, lv: lv.valid, "every validity check passed"),
-    Column("duration_s", "s", lambda s, lv: lv.duration_s, "length of the reported windows"),
-    Column("request_count", "count", lambda s, lv: lv.request_count),
-    Column("ok_count", "count", lambda s, lv: lv.ok_count),
-    Column("error_count", "count", lambda s, lv: lv.error_count),
-    Column(
-        "errors",
-        "",
-        lambda s, lv: ";".join(f"{kind}={count}" for kind, count in sorted(lv.errors.items())),
-        "kind=count;... sorted by kind",
-    ),
-    _metric_column("throughput_infer_per_s"),
-    Column("throughput_ci_low_infer_per_s", "infer/s", lambda s, lv: lv.throughput_ci_low, "95% CI"),
-    Column("throughput_ci_high_infer_per_s", "infer/s", lambda s, lv: lv.throughput_ci_high, "95% CI"),
-    Column("send_rate_per_s", "req/s", lambda s, lv: lv.send_rate_per_s, "requests actually sent per second"),
-    *(_metric_column(f"{stat}_ms") for stat in ("p50", "p90", "p95", "p99", "p999", "mean", "std", "min", "max")),
-    Column("p99_ci_low_ms", "ms", _latency("p99_ci_low_us"), "95% CI of p99"),
-    Column("p99_ci_high_ms", "ms", _latency("p99_ci_high_us"), "95% CI of p99"),
-    Column("custom_percentile", "", lambda s, lv: lv.latency.custom_percentile, "--percentile, when asked for"),
-    Column("custom_percentile_ms", "ms", _custom_ms, "latency at --percentile"),
-    *(_metric_column(f"{stat}_from_intended_ms") for stat in ("p50", "p90", "p95", "p99", "p999", "mean", "max")),
-    Column("delayed_pct", "%", lambda s, lv: lv.delayed_pct, "sends more than 1 ms after their intended time"),
-    Column("max_send_lag_ms", "ms", lambda s, lv: ms(lv.max_send_lag_us)),
-    Column("client_send_us", "us", lambda s, lv: lv.client_send_us),
-    Column("client_recv_us", "us", lambda s, lv: lv.client_recv_us),
-    Column("network_server_us", "us", lambda s, lv: lv.network_server_us, "perf_analyzer's Network+Server Send/Recv"),
-    Column("server_queue_us", "us", _server("queue_us")),
-    Column("server_compute_input_us", "us", _server("compute_input_us")),
-    Column("server_compute_infer_us", "us", _server("compute_infer_us")),
-    Column("server_compute_output_us", "us", _server("compute_output_us")),
-    Column("server_avg_batch_size", "count", _server("avg_batch_size")),
-    Column("server_inference_count", "count", _server("inference_count")),
-    Column("server_execution_count", "count", _server("execution_count")),
-    _metric_column("gpu_utilization_pct"),
-    Column(
-        "gpu_memory_used_max_bytes",
-        "bytes",
-        lambda s, lv: max(lv.resources.gpu_memory_used_bytes.values(), default=None),
-        "max over GPUs",
-    ),
-    Column("gpu_power_mean_w", "W", lambda s, lv: _mean(lv.resources.gpu_power_w), "mean over GPUs"),
-    Column("client_cpu_pct", "%", lambda s, lv: lv.resources.client_cpu_pct, "of one core"),
-    Column("client_cpu_us_per_request", "us/req", lambda s, lv: lv.resources.client_cpu_us_per_request),
-    Column("server_cpu_pct", "%", lambda s, lv: lv.resources.server_cpu_pct, "of the whole machine"),
-    Column("bytes_out_per_request", "bytes", lambda s, lv: lv.bytes_out_per_request),
-    Column("bytes_in_per_request", "bytes", lambda s, lv: lv.bytes_in_per_request),
-    Column(
-        "failed_checks",
-        "",
-        lambda s, lv: ";".join(check.name for check in lv.checks if not check.passed),
-        "names of the validity checks that failed, ;-separated",
-    ),
-)
-
-_HISTORY_COLUMNS = ("run_id", "timestamp")
-
-
-def _cell(value: Cell) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, numbers.Integral):
-        return str(int(value))
-    if isinstance(value, numbers.Real):
-        x = float(value)
-        if math.isnan(x):
-            return ""
-        if math.isinf(x):
-            return "inf" if x > 0 else "-inf"
-        text = f"{x:.6f}".rstrip("0").rstrip(".")
-        return "0" if text == "-0" else text
-    return str(value)
-
-
-def _csv_text(rows: list[list[str]]) -> str:
-    buffer = io.StringIO()
-    csv.writer(buffer, lineterminator="\n").writerows(rows)
-    return buffer.getvalue()
-
-
-def tidy_header(*, history: bool = False) -> list[str]:
-    """The tidy CSV's column names; with `history`, led by `run_id` and `timestamp`."""
-    return [*(_HISTORY_COLUMNS if history else ()), *(column.name for column in TIDY_COLUMNS)]
-
-
-def _tidy_rows(result: SweepResult) -> list[list[str]]:
-    return [[_cell(column.getter(result, level)) for column in TIDY_COLUMNS] for level in result.levels]
-
-
-def render_tidy_csv(result: SweepResult) -> str:
-    """One row per load level, in the order the sweep measured them, columns from `TIDY_COLUMNS`."""
-    return _csv_text([tidy_header(), *_tidy_rows(result)])
-
-
-def append_tidy_csv(existing_text: str | None, result: SweepResult, run_id: str, timestamp: str) -> str:
-    """A history CSV: `existing_text` (None or empty for a new file) followed by this sweep's rows,
-    each led by `run_id` and `timestamp`. Raises ValueError when the existing header is not this
-    version's."""
-    expected = tidy_header(history=True)
-    rows = [[run_id, timestamp, *row] for row in _tidy_rows(result)]
-    if not existing_text:
-        return _csv_text([expected, *rows])
-    found = next(csv.reader(io.StringIO(existing_text)), [])
-    if found != expected:
-        missing = [name for name in expected if name not in found]
-        extra = [name for name in found if name not in expected]
-        if missing or extra:
-            detail = "; ".join(
-                part
-                for part in (
-                    f"missing columns {missing}" if missing else "",
-                    f"unexpected columns {extra}" if extra else "",
-                )
-                if part
-            )
-        else:
-            index = next(i for i, (a, b) in enumerate(zip(found, expected)) if a != b)
-            detail = f"column {index + 1} is {found[index]!r}, expected {expected[index]!r}"
-        raise ValueError(
-            f"the history CSV's header does not match tidy schema version {TIDY_SCHEMA_VERSION}: {detail}; "
-            "write to a new history file"
-        )
-    separator = "" if existing_text.endswith("\n") else "\n"
-    return existing_text + separator + _csv_text(rows)
 
 
 # --------------------------------------------------------------------------------------------------

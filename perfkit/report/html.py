@@ -38,7 +38,7 @@ from perfkit.analysis.metrics import ms
 from perfkit.errors import PerfkitError
 from perfkit.report import plots
 from perfkit.report.compare_text import comparison_rows
-from perfkit.report.export import TIDY_COLUMNS
+from perfkit.report.tidy import TIDY_COLUMNS
 from perfkit.results.files import ReportItem, TuneView, VariantView, slo_from_sweep
 from perfkit.results.model import LevelResult, SweepResult
 
@@ -145,7 +145,7 @@ def _kpis(result: SweepResult) -> str:
 
 
 #: The level table: (title, tidy CSV column, decimals, "-" range partner). The HTML is a view of the
-#: CSV contract (STYLE practice 16): its figures come from export.TIDY_COLUMNS' getters.
+#: CSV contract (STYLE practice 16): its figures come from tidy.TIDY_COLUMNS' getters.
 _LEVEL_TABLE: tuple[tuple[str, str, int, str], ...] = (
     ("throughput infer/s", "throughput_infer_per_s", 1, ""),
     ("95% CI", "throughput_ci_low_infer_per_s", 1, "throughput_ci_high_infer_per_s"),

@@ -17,6 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from perfkit.analysis.metrics import metric, ms
+from perfkit.report.tidy import TIDY_COLUMNS
 from perfkit.results.model import LevelResult, SweepResult
 
 __all__ = [
@@ -281,7 +282,7 @@ def windows_over_run(run: SweepResult) -> bytes:
     return _png(fig)
 
 
-#: What the utilisation figure draws, by the tidy CSV's column names (export.TIDY_COLUMNS).
+#: What the utilisation figure draws, by the tidy CSV's column names (tidy.TIDY_COLUMNS).
 _UTILISATION = (
     ("client CPU (% of one core)", "client_cpu_pct", PALETTE[0]),
     ("server CPU (% of machine)", "server_cpu_pct", PALETTE[2]),
@@ -302,8 +303,6 @@ def _steps(ax: Any, spans: Sequence[tuple[float, float]], values: Sequence[Any],
 def utilization_over_run(run: SweepResult) -> bytes:
     """Client and server CPU, GPU utilisation and GPU memory over the run: one step per level, drawn
     over the level's reported windows, which its figures cover."""
-    from perfkit.report.export import TIDY_COLUMNS
-
     columns = {c.name: c for c in TIDY_COLUMNS}
     fig, ax = _figure((12.8, 3.4), right=0.75, top=0.55)
     origin = _origin_ns(run)

@@ -16,7 +16,7 @@ from typing import Any
 from google.protobuf import text_format
 
 from perfkit._version import __version__
-from perfkit.report.export import render_tidy_csv, tidy_header
+from perfkit.report.tidy import render_tidy_csv, tidy_header
 from perfkit.results.model import SweepResult, to_jsonable
 from perfkit.tune.objectives import Estimate, Figures, figures_of, violations
 from perfkit.tune.state import Record, TuneResult

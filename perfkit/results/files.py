@@ -1,14 +1,10 @@
-"""perfkit's result files: reading a JSON result of any kind, and the tidy CSV's documented schema.
+"""perfkit's result files: reading a JSON result of any kind, and writing any file atomically.
 
 Every result file says what it is with a top-level `kind` ("sweep", "tune"); sweep files written
 before `kind` existed are recognised by their `levels`. `load_result` dispatches on the kind
 through `LOADERS`, so a new kind of result is one loader here and one section in `report.py`.
 
 A tune (`perfkit tune`'s tune.json) is read into `TuneView`, the little the report needs.
-
-`render_tidy_schema` writes the tidy CSV's column table (name, type, unit, meaning) as Markdown
-from `export.TIDY_COLUMNS` itself, so `docs/tidy_csv_schema.md` cannot drift from the code: a
-test compares the two.
 """
 
 from __future__ import annotations
@@ -31,7 +27,6 @@ __all__ = [
     "TuneView",
     "VariantView",
     "load_result",
-    "render_tidy_schema",
     "slo_from_sweep",
     "tune_view_from_json",
     "write_text_atomic",
@@ -206,87 +201,3 @@ def slo_from_sweep(result: SweepResult) -> float | None:
     threshold = (spec.get("load") or {}).get("latency_threshold_ms") or 0.0
     percentile = (spec.get("windows") or {}).get("percentile")
     return float(threshold) if threshold > 0 and percentile == 99 else None
-
-
-# --------------------------------------------------------------------------------------------------
-# The tidy CSV's schema, as documentation
-
-
-_TYPE_NAMES = {bool: "boolean", int: "integer", float: "number", str: "string"}
-
-
-def _schema_sample() -> SweepResult:
-    """A sweep whose one level has every optional figure present, to read each column's type."""
-    from perfkit.results.model import LatencyStats, LevelResult, ResourceUsage, ServerStats
-
-    latency = LatencyStats(count=1, custom_percentile=97.0, custom_us=1.0)
-    level = LevelResult(
-        mode="request_rate", level=1.0, batch_size=1, stable=True, duration_s=1.0, request_count=1, ok_count=1,
-        error_count=0, errors={}, throughput_infer_per_s=1.0, throughput_ci_low=1.0, throughput_ci_high=1.0,
-        send_rate_per_s=1.0, latency=latency, latency_from_intended=latency, delayed_pct=0.0, max_send_lag_us=0.0,
-        client_send_us=0.0, client_recv_us=0.0, network_server_us=0.0, server=ServerStats(),
-        resources=ResourceUsage({"gpu": 0.5}, {"gpu": 1.0}, {"gpu": 1}, {"gpu": 2}, 1.0, 1.0, 1.0),
-        windows=(), checks=(),
-    )  # fmt: skip
-    return SweepResult("m", "", "u", "http", "request_rate", (level,), {})
-
-
-def render_tidy_schema() -> str:
-    """docs/tidy_csv_schema.md: the tidy CSV's columns as a Markdown table, from TIDY_COLUMNS."""
-    from perfkit.report.export import TIDY_COLUMNS, TIDY_SCHEMA_VERSION
-
-    sample = _schema_sample()
-    level = sample.levels[0]
-    lines = [
-        "# The tidy CSV's schema",
-        "",
-        "<!-- Generated from perfkit.report.export.TIDY_COLUMNS by `perfkit report --tidy-schema`; do not edit. -->",
-        "",
-        f"Schema version {TIDY_SCHEMA_VERSION}. `perfkit sweep` writes one row per load level to `*_long.csv`; "
-        "`--append HISTORY.csv` (on `perfkit sweep` or `perfkit report`) adds a run's rows to a history file, "
-        "each led by `run_id` and `timestamp`. Comma-separated, UTF-8, a header row, `\\n` line ends. "
-        "An empty cell means *not measured*; booleans are `true`/`false`; numbers use `.` and no "
-        "thousands separator. Columns are only ever added with a new `schema_version`, never renamed in place.",
-        "",
-        "| column | type | unit | meaning |",
-        "| --- | --- | --- | --- |",
-        "| `run_id` | string |  | history files only: the result file's name without `.json` |",
-        "| `timestamp` | string | ISO 8601 | history files only: when the run started (UTC) |",
-    ]
-    for column in TIDY_COLUMNS:
-        value = column.getter(sample, level)
-        kind = _TYPE_NAMES.get(type(value), "string")
-        cells = (f"`{column.name}`", kind, column.unit, column.description)
-        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-# --------------------------------------------------------------------------------------------------
-# The history CSV (--append)
-
-
-def check_history(path: Path, flag: str = "--append") -> None:
-    """Fail before measuring when `path` exists with another schema's header."""
-    from perfkit.report.export import append_tidy_csv
-
-    if not path.exists():
-        if not path.parent.is_dir():
-            raise PerfkitError(f"{flag} {path}: the folder {path.parent} does not exist")
-        return
-    try:
-        header = path.read_text(encoding="utf-8").split("\n", 1)[0]
-        append_tidy_csv(header + "\n", SweepResult("", "", "", "", "", (), {}), "", "")
-    except OSError as exc:
-        raise PerfkitError(f"{flag} {path}: cannot read it ({exc.strerror or exc})") from None
-    except ValueError as exc:
-        raise PerfkitError(f"{flag} {path}: {exc}") from None
-
-
-def append_history(path: Path, result: SweepResult, run_id: str, flag: str = "--append") -> None:
-    """Add a sweep's tidy rows to the history CSV at `path`, led by its run id and start time."""
-    from perfkit.report.export import append_tidy_csv
-
-    check_history(path, flag)
-    existing = path.read_text(encoding="utf-8") if path.exists() else None
-    timestamp = str(result.provenance.get("started_at", ""))
-    write_text_atomic(path, append_tidy_csv(existing, result, run_id, timestamp))

@@ -148,7 +148,9 @@ class Sweep:
     def _keep(self, measurement: LevelMeasurement) -> LevelMeasurement:
         """The level with its load workers' figures, in the result and on disk before it is reported."""
         if self.workers is not None:
-            measurement = self.workers.annotate(measurement, self.spec.windows.stable_window_count)
+            stable = self.spec.windows.stable_window_count
+            annotated = self.workers.annotate(measurement.result, measurement.samples, stable)
+            measurement = dataclasses.replace(measurement, result=annotated)
         self.result = self.result.with_level(measurement.result)
         self.on_level(self.result, measurement)
         return measurement

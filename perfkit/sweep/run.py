@@ -18,8 +18,9 @@ from perfkit.load.samples import SampleArrays
 from perfkit.measure.level import LevelMeasurement
 from perfkit.measure.resources import ResourceSampler
 from perfkit.progress import Progress
-from perfkit.report import export
-from perfkit.results.files import ReportItem, append_history, check_history, write_text_atomic
+from perfkit.report import export, tidy
+from perfkit.report.tidy import append_history, check_history
+from perfkit.results.files import ReportItem, write_text_atomic
 from perfkit.results.model import SweepResult, write_sweep
 from perfkit.results.provenance import provenance
 from perfkit.sweep.engine import Sweep
@@ -95,7 +96,7 @@ class Outputs:
     def save(self, result: SweepResult, measurement: LevelMeasurement | None) -> None:
         write_sweep(result, self.json_path)
         write_text_atomic(self.pa_csv_path, export.render_pa_csv(result.levels, collect_metrics=self.collect_metrics))
-        write_text_atomic(self.tidy_csv_path, export.render_tidy_csv(result))
+        write_text_atomic(self.tidy_csv_path, tidy.render_tidy_csv(result))
         if self.profile_path is not None and measurement is not None:
             level = measurement.result
             if not self.experiments or self.experiments[-1][1] != level.level:
@@ -112,7 +113,7 @@ class Outputs:
     def finish(self, result: SweepResult) -> None:
         """Once, when the sweep ends: the HTML report and the history CSV's new rows."""
         if self.html_path is not None:
-            from perfkit.report.html import render_html
+            from perfkit.report.html import render_html  # it loads matplotlib: only when a report is drawn
 
             item = ReportItem(self.json_path.stem, "sweep", result, str(self.json_path))
             write_text_atomic(self.html_path, render_html([item]))

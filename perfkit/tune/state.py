@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 from perfkit.errors import PerfkitError
+from perfkit.measure.level import WindowSpec
 from perfkit.results.files import write_text_atomic
 from perfkit.results.model import RESULT_SCHEMA_VERSION, LevelResult, sweep_from_json, to_jsonable
-from perfkit.sweep.spec import TargetSpec, WindowSpec
+from perfkit.target import TargetSpec
 from perfkit.tune.objectives import Constraint, Figures, Objective, Ranking, combine, figures_of, rank
 from perfkit.tune.search import Space, SpaceSpec, Variant
+from v2kit.model_config import ConfigError, config_to_json, parse_config_text
 
 CHECKPOINT_SCHEMA = 1
 
@@ -99,8 +101,6 @@ class Model:
 
 def read_model(config_path: Path) -> Model:
     """The model whose folder holds `config_path`; the config as the JSON the load API takes."""
-    from v2kit.model_config import ConfigError, config_to_json, parse_config_text
-
     try:
         text = config_path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

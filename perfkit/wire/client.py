@@ -46,7 +46,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from perfkit.errors import PerfkitError, TargetError
-from perfkit.sweep.spec import TlsSpec
+from perfkit.target import TlsSpec
 from perfkit.wire import grpc_channel as grpc_wire
 from perfkit.wire import http_pool as http_wire
 from v2kit import codec as v2

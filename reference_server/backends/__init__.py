@@ -14,9 +14,9 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server.backends import onnxruntime
+from reference_server.backends.onnxruntime import ONNX_BACKEND, ONNX_PLATFORM
 from reference_server.backends.placement import Placement
-from reference_server.core.model_config import ONNX_BACKEND, ONNX_PLATFORM, TensorSignature
-from reference_server.scheduling.execute import ModelInstance
+from reference_server.scheduling.execute import ModelInstance, TensorSignature
 
 __all__ = ["InstanceFactory", "instance_factory"]
 

@@ -12,8 +12,12 @@ import onnxruntime as ort
 from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server.backends.placement import Placement
-from reference_server.core.model_config import TensorSignature
 from reference_server.errors import ModelConfigError
+from reference_server.scheduling.execute import TensorSignature
+
+# The names a config.pbtxt gives this backend (Triton: backend "onnxruntime", platform "onnxruntime_onnx").
+ONNX_BACKEND = "onnxruntime"
+ONNX_PLATFORM = "onnxruntime_onnx"
 
 # ORT's element type strings → config DataType names. Anything else (sequences, maps, optional
 # types) becomes TYPE_INVALID and complete_config refuses the model with the file names.

@@ -16,6 +16,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server._version import __version__
+from reference_server.backends.onnxruntime import ONNX_PLATFORM
 from reference_server.core import model_config
 from reference_server.core.repository import ModelRepository, ModelVersion
 from reference_server.errors import InvalidArgument, NotFound, Unavailable, Unsupported
@@ -115,7 +116,7 @@ class DataPlane:
             kind: [{"name": t.name, "datatype": _datatype(t.data_type), "shape": batch_dim + list(t.dims)} for t in ts]
             for kind, ts in (("inputs", config.input), ("outputs", config.output))
         }
-        platform = config.platform or model_config.ONNX_PLATFORM
+        platform = config.platform or ONNX_PLATFORM
         return {"name": name, "versions": versions, "platform": platform, **tensors}
 
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:

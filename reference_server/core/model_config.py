@@ -33,7 +33,9 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2
 
+from reference_server.backends.onnxruntime import ONNX_BACKEND, ONNX_PLATFORM
 from reference_server.errors import ModelConfigError, raising_server_errors
+from reference_server.scheduling.execute import TensorSignature
 from v2kit import model_config as text
 from v2kit.model_config import CONFIG_FILENAME, ModelConfig, config_parameter, config_to_json
 
@@ -54,19 +56,8 @@ __all__ = [
 ]
 
 DEFAULT_MODEL_FILENAME = "model.onnx"
-ONNX_BACKEND = "onnxruntime"
-ONNX_PLATFORM = "onnxruntime_onnx"
 
 _VERSION_DIR = re.compile(r"^[0-9]+$")
-
-
-@dataclass(frozen=True, slots=True)
-class TensorSignature:
-    """One graph input or output as the config describes it."""
-
-    name: str
-    datatype: str  # config enum name, e.g. "TYPE_FP32"; TYPE_INVALID for types a config cannot name
-    dims: tuple[int, ...]  # full model dims, -1 for dynamic
 
 
 # --------------------------------------------------------------------------------------------

@@ -6,16 +6,26 @@ What the scheduler hands an instance and what it gets back, apart from when and 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["BatchItem", "ModelInstance", "Outcome", "Tensor", "Tensors", "execute"]
+__all__ = ["BatchItem", "ModelInstance", "Outcome", "Tensor", "TensorSignature", "Tensors", "execute"]
 
 Tensor = npt.NDArray[Any]
 Tensors = dict[str, Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSignature:
+    """One graph input or output as the config describes it."""
+
+    name: str
+    datatype: str  # config enum name, e.g. "TYPE_FP32"; TYPE_INVALID for types a config cannot name
+    dims: tuple[int, ...]  # full model dims, -1 for dynamic
 
 
 class ModelInstance(Protocol):

@@ -23,12 +23,13 @@ import numpy as np
 import pytest
 
 from perfkit.errors import ExitCode
-from perfkit.load.distributed import actor_name
+from perfkit.load.distributed import DistributedSpec, actor_name
 from perfkit.load.schedule import OpenLoop, build_schedule
+from perfkit.measure.level import WindowSpec
 from perfkit.results.model import LevelResult, read_sweep
 from perfkit.sweep.run import SweepRun, run_sweep
-from perfkit.sweep.spec import DistributedSpec, LoadSpec, OutputSpec, SweepSpec, TargetSpec, WindowSpec
-from perfkit.target import ServerProcess, reference_server_process
+from perfkit.sweep.spec import LoadSpec, OutputSpec, SweepSpec
+from perfkit.target import ServerProcess, TargetSpec, reference_server_process
 from tests.ray_runtime import local_ray
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'perfkit[distributed]'")

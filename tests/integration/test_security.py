@@ -30,8 +30,8 @@ from perfkit.cli import COMMANDS, build_parser, main
 from perfkit.cli.tune import spec_from_args
 from perfkit.errors import TargetError
 from perfkit.results.provenance import provenance
-from perfkit.sweep.spec import LoadSpec, SweepSpec, TargetSpec, TlsSpec
-from perfkit.target import ServerProcess, reference_server_process
+from perfkit.sweep.spec import LoadSpec, SweepSpec
+from perfkit.target import ServerProcess, TargetSpec, TlsSpec, reference_server_process
 from perfkit.tune.distributed import EndpointActor
 from perfkit.tune.state import read_model
 from reference_server.config import ServerConfig, config_from_args

@@ -23,7 +23,7 @@ import pandas as pd
 import psutil
 import pytest
 
-from perfkit.report.export import tidy_header
+from perfkit.report.tidy import tidy_header
 from perfkit.results.model import read_sweep
 from perfkit.target import ServerProcess, reference_server_process
 

@@ -13,15 +13,16 @@ import numpy as np
 import pytest
 
 from perfkit.errors import PerfkitError
-from perfkit.load.distributed import DistributedLoadGenerator, align_clock, merge_samples, split_load
+from perfkit.load.distributed import DistributedLoadGenerator, DistributedSpec, align_clock, merge_samples, split_load
 from perfkit.load.generator import FakeClock, LoadGenerator
 from perfkit.load.samples import SampleArrays, SampleBuffer
 from perfkit.load.schedule import ClosedLoop, Load, OpenLoop, ScheduleStream, build_schedule
-from perfkit.measure.level import LevelMeasurement, measure_level
+from perfkit.measure.level import LevelMeasurement, WindowSpec, measure_level
 from perfkit.report.html import render_html
 from perfkit.results.files import ReportItem
 from perfkit.results.model import WorkerFigures, sweep_from_json, sweep_to_json
-from perfkit.sweep.spec import DistributedSpec, LoadSpec, SweepSpec, TargetSpec, WindowSpec
+from perfkit.sweep.spec import LoadSpec, SweepSpec
+from perfkit.target import TargetSpec
 from tests.fakes import FakeClient, FakePrepared
 from tests.synthetic import make_level, make_sweep
 
@@ -105,7 +106,8 @@ async def distributed_level(load: Load, offsets: list[int], latency_ns: int = 10
     generator = DistributedLoadGenerator(workers, clock)
     await generator.open()
     measurement = await measure_level(generator, load, WINDOWS, batch_size=1)
-    return generator.annotate(measurement, WINDOWS.stable_window_count), generator, workers
+    annotated = generator.annotate(measurement.result, measurement.samples, WINDOWS.stable_window_count)
+    return dataclasses.replace(measurement, result=annotated), generator, workers
 
 
 async def single_level(load: Load, latency_ns: int = 10 * MS) -> LevelMeasurement:
@@ -213,7 +215,7 @@ async def test_a_worker_that_dies_mid_level_keeps_its_samples_and_flags_the_leve
     killer = asyncio.get_running_loop().create_task(kill_later())
     measurement = await measure_level(generator, ClosedLoop(2), WINDOWS, batch_size=1)
     await killer
-    result = generator.annotate(measurement, WINDOWS.stable_window_count).result
+    result = generator.annotate(measurement.result, measurement.samples, WINDOWS.stable_window_count)
     check = result.checks[-1]
     assert check.name == "workers" and not check.passed
     first, second = result.workers
@@ -227,7 +229,8 @@ async def test_a_worker_that_dies_mid_level_keeps_its_samples_and_flags_the_leve
     assert not result.valid and result.ok_count == 299 + second.request_count
     # The survivor carries the next level alone.
     assert [w.index for w in generator.alive] == [0]
-    again = generator.annotate(await measure_level(generator, ClosedLoop(2), WINDOWS, batch_size=1), 3).result
+    remeasured = await measure_level(generator, ClosedLoop(2), WINDOWS, batch_size=1)
+    again = generator.annotate(remeasured.result, remeasured.samples, 3)
     assert workers[0].loads[-1] == ClosedLoop(2)
     assert again.checks[-1].passed and again.workers[1].died.startswith("in an earlier level")
 

@@ -16,17 +16,8 @@ import pandas as pd
 import pytest
 
 from perfkit.load.samples import SampleArrays, SampleBuffer
-from perfkit.report.export import (
-    TIDY_COLUMNS,
-    TIDY_SCHEMA_VERSION,
-    ProfileExperiment,
-    append_tidy_csv,
-    render_pa_csv,
-    render_profile_export,
-    render_summary_table,
-    render_tidy_csv,
-    tidy_header,
-)
+from perfkit.report.export import ProfileExperiment, render_pa_csv, render_profile_export, render_summary_table
+from perfkit.report.tidy import TIDY_COLUMNS, TIDY_SCHEMA_VERSION, append_tidy_csv, render_tidy_csv, tidy_header
 from perfkit.results.files import write_text_atomic
 from perfkit.results.model import (
     Check,

@@ -17,7 +17,7 @@ import pytest
 import trustme
 
 from perfkit.errors import PerfkitError
-from perfkit.sweep.spec import TlsSpec
+from perfkit.target import TlsSpec
 from perfkit.wire.client import HttpClient, _http_kind, make_client
 from perfkit.wire.http_pool import BadResponse, ConnectFailed, ConnectionPool, Disconnected, Reply, encode_request
 from v2kit import codec as v2

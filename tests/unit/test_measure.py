@@ -14,8 +14,7 @@ import pytest
 from perfkit.load.generator import FakeClock, LoadGenerator
 from perfkit.load.samples import SampleBuffer
 from perfkit.load.schedule import ClosedLoop, Load, OpenLoop
-from perfkit.measure.level import POLL_NS, LevelMeasurement, ServerStatsProbe, measure_level, server_gone
-from perfkit.sweep.spec import WindowSpec
+from perfkit.measure.level import POLL_NS, LevelMeasurement, ServerStatsProbe, WindowSpec, measure_level, server_gone
 from tests.fakes import FakeClient, FakePrepared
 
 MS = 1_000_000

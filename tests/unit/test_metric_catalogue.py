@@ -15,7 +15,7 @@ from perfkit.analysis.metrics import METRICS, Metric, find, metric
 from perfkit.cli import main
 from perfkit.cli.scenario import parse_scenario
 from perfkit.errors import PerfkitError
-from perfkit.report.export import TIDY_COLUMNS, render_tidy_csv
+from perfkit.report.tidy import TIDY_COLUMNS, render_tidy_csv
 from perfkit.tune.objectives import FIGURES, figures_of, parse_constraint, parse_objective
 from tests.synthetic import make_level, make_sweep, steady_sweep, write_sweep_json
 

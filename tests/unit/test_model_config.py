@@ -14,7 +14,6 @@ from onnx import TensorProto, helper
 from reference_server.backends.onnxruntime import signature_from_session
 from reference_server.core.model_config import (
     ModelConfig,
-    TensorSignature,
     available_versions,
     complete_config,
     config_from_json,
@@ -26,6 +25,7 @@ from reference_server.core.model_config import (
     select_versions,
 )
 from reference_server.errors import ModelConfigError
+from reference_server.scheduling.execute import TensorSignature
 
 # `GET /v2/models/pyadd/config` from a real Triton 2.51.0 (python backend, CPU), for this config.pbtxt:
 #   name: "pyadd"  backend: "python"  max_batch_size: 8

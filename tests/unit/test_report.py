@@ -16,9 +16,9 @@ import pytest
 from perfkit.cli import main
 from perfkit.errors import PerfkitError
 from perfkit.report import plots
-from perfkit.report.export import tidy_header
 from perfkit.report.html import render_html
-from perfkit.results.files import ReportItem, load_result, render_tidy_schema, slo_from_sweep
+from perfkit.report.tidy import render_tidy_schema, tidy_header
+from perfkit.results.files import ReportItem, load_result, slo_from_sweep
 from perfkit.results.model import Check
 from tests.synthetic import make_level, make_sweep, steady_sweep, tune_json, write_sweep_json
 

@@ -11,12 +11,14 @@ import pytest
 
 from perfkit.errors import ExitCode
 from perfkit.load.generator import FakeClock
-from perfkit.measure.level import LevelMeasurement
-from perfkit.report.export import render_pa_csv, render_summary_table, render_tidy_csv
+from perfkit.measure.level import LevelMeasurement, WindowSpec
+from perfkit.report.export import render_pa_csv, render_summary_table
+from perfkit.report.tidy import render_tidy_csv
 from perfkit.results.model import LevelResult, SweepResult
 from perfkit.sweep.engine import Sweep, stabilizing_latency_us
 from perfkit.sweep.run import exit_code
-from perfkit.sweep.spec import LoadSpec, SweepSpec, TargetSpec, WindowSpec
+from perfkit.sweep.spec import LoadSpec, SweepSpec
+from perfkit.target import TargetSpec
 from tests.fakes import FakeClient, FakePrepared
 
 MS = 1_000_000
