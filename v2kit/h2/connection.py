@@ -21,12 +21,12 @@ What it owns, once for both ends:
   waits, in order, until WINDOW_UPDATEs come, and trailers (or END_STREAM) follow their data.
 - Streams: ids, bookkeeping, the peer's stream limit and ours (refused past it, or once going away),
   draining after GOAWAY (close once the last stream is gone).
-- Deadlines: one timer per connection, at the earliest deadline of its streams, rather than one a
-  stream: streams of one peer mostly share a timeout, so it fires about once per timeout and finds
-  those due then, while a timer a stream costs a heap entry per stream. The clock is the driver's.
+- Deadlines: one timer per connection (on the driver's clock), at its streams' earliest deadline:
+  streams of one peer mostly share a timeout, so it fires about once per timeout, where a timer a
+  stream would cost a heap entry per stream.
 
-Both ends are hot paths: frames are views of what arrived (`FrameReader`), nothing is allocated per
-frame, and the events are plain method calls.
+Both ends are hot paths: frames are views of what arrived, nothing is allocated per frame, and the
+events are plain method calls.
 """
 
 from __future__ import annotations
@@ -522,8 +522,8 @@ class Connection(Generic[S]):
             while pending:
                 chunk = pending[0]
                 size = min(len(chunk), self._max_frame, self._send_window, stream.window)
-                if size <= 0:
-                    break
+                if size < 0 or (size == 0 and chunk):
+                    break  # a window is shut (an empty chunk, END_STREAM alone, needs none)
                 whole = size == len(chunk)
                 flags = h2.END_STREAM if whole and stream.end_data and len(pending) == 1 else 0
                 parts.append(size.to_bytes(3, "big") + bytes((h2.DATA, flags)) + stream.id.to_bytes(4, "big"))
