@@ -30,7 +30,7 @@ class Call(Stream):
     __slots__ = ("future", "status", "details", "message", "sent_ns", "headers", "trailers", "chunks")
 
     def __init__(self, future: asyncio.Future[Call]) -> None:
-        super().__init__()
+        Stream.__init__(self)  # not super(): this runs once a call, and super() costs a lookup
         self.future = future
         self.status = status.UNKNOWN
         self.details = ""

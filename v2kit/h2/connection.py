@@ -151,7 +151,7 @@ class Connection(Generic[S]):
         self._preface: bytes | None = None if client else b""  # the client's preface so far (server)
         self._frames = FrameReader()
         self._headers = HeaderDecoder()
-        self._continuation: tuple[int, int, bytearray] | None = None
+        self._continuation: tuple[int, bool, bytearray] | None = None
         self._got_settings = False
         self._max_frame = h2.DEFAULT_FRAME
         self._initial_window = h2.DEFAULT_WINDOW  # the peer's, for the streams we send on
@@ -302,9 +302,9 @@ class Connection(Generic[S]):
             return
         block = payload[start:stop] if start or stop != len(payload) else payload
         if flags & h2.END_HEADERS:
-            self._on_block(stream_id, flags & h2.END_STREAM, block)
+            self._on_block(stream_id, flags & h2.END_STREAM != 0, block)
         else:
-            self._continuation = (stream_id, flags & h2.END_STREAM, bytearray(block))
+            self._continuation = (stream_id, flags & h2.END_STREAM != 0, bytearray(block))
 
     def _on_continuation(self, stream_id: int, flags: int, payload: Payload) -> None:
         pending = self._continuation
@@ -319,7 +319,7 @@ class Connection(Generic[S]):
             self._continuation = None
             self._on_block(stream_id, pending[1], pending[2])
 
-    def _on_block(self, stream_id: int, end_stream: int, block: Payload) -> None:
+    def _on_block(self, stream_id: int, end_stream: bool, block: Payload) -> None:
         # Decoded even on streams given up on: the peer's dynamic table must stay in step.
         try:
             headers = self._headers.decode(block if isinstance(block, bytes) else bytes(block))
@@ -330,7 +330,7 @@ class Connection(Generic[S]):
         if stream is not None:
             if stream.remote_ended:
                 return
-            self.events.headers_received(stream, headers, bool(end_stream))
+            self.events.headers_received(stream, headers, end_stream)
             if end_stream and self.streams.get(stream_id) is stream:
                 stream.remote_ended = True
                 self.events.stream_ended(stream)
@@ -341,7 +341,7 @@ class Connection(Generic[S]):
         elif stream_id <= self._last_peer_stream:
             self.fail(h2.PROTOCOL_ERROR, f"{self._peer} sent headers on stream {stream_id}, which is closed")
         else:
-            self._open_peer_stream(stream_id, headers, bool(end_stream))
+            self._open_peer_stream(stream_id, headers, end_stream)
 
     def _open_peer_stream(self, stream_id: int, headers: dict[str, str], end_stream: bool) -> None:
         self._last_peer_stream = stream_id
@@ -484,8 +484,7 @@ class Connection(Generic[S]):
 
     def close_stream(self, stream: S) -> None:
         """Forget `stream`; a side still open is told to stop (RST_STREAM NO_ERROR, RFC 9113 §8.1)."""
-        if self.streams.get(stream.id) is stream:
-            del self.streams[stream.id]
+        self.streams.pop(stream.id, None)
         if not (stream.local_ended and stream.remote_ended):
             self.send_reset(stream.id, h2.NO_ERROR)
         self._forget(stream)
@@ -562,7 +561,8 @@ class Connection(Generic[S]):
         """Bookkeeping once `stream` has left `streams`."""
         if (stream.pending or stream.end_block is not None) and stream in self._blocked:
             self._blocked.remove(stream)
-        self._close_if_idle()
+        if self.draining:
+            self._close_if_idle()
 
     def _close_if_idle(self) -> None:
         if self.draining and not self.streams and self._sink is not None:
