@@ -117,7 +117,7 @@ class Connection(asyncio.Protocol, Events[Call]):
         """Send `call`'s HEADERS and as much of its DATA as the windows allow; it fails with
         DEADLINE_EXCEEDED unless it ends by `deadline` (loop time)."""
         h2 = self.h2
-        stream_id = h2.open_stream(call)
+        stream_id = h2.open_stream(call, deadline)
         body = encoded.body
         if h2.reserve_final(call, len(body), encoded.largest_frame):
             sid = stream_id.to_bytes(4, "big")
@@ -126,7 +126,6 @@ class Connection(asyncio.Protocol, Events[Call]):
         else:
             h2.send_headers(stream_id, encoded.block)
             h2.send_data(call, body, end_stream=True)
-        h2.set_deadline(call, deadline)
 
     def cancel(self, call: Call) -> None:
         """Give up on `call` (its caller was cancelled): RST_STREAM, and forget it."""

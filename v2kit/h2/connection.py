@@ -1,14 +1,10 @@
-"""One HTTP/2 connection's state (RFC 9113), sans-I/O and blind to the role it plays: the lean gRPC
-client (`perfkit.wire.grpc_connection`) and the reference server's gRPC front end
-(`reference_server.frontends.grpc.server`) both drive a `Connection`.
-
-The driver feeds it what arrived (`receive`) and asks it to send (`open_stream`, `send_headers`,
-`send_data`, `send_trailers`, `reset_stream`); the connection writes frames to a `Sink` (a
-transport, or a test's buffer) and tells the driver what happened through its `Events`: headers,
-data and the end of a stream, a reset, a GOAWAY, a broken connection, a deadline passed. The roles
-differ only in what they feed in: a client opens streams and reads the answers, a server reads the
-streams the peer opens (`Events.stream_opened`) and answers them. `client` only says which side
-sends the connection preface and which stream ids are whose (RFC 9113 §3.4, §5.1.1).
+"""One HTTP/2 connection's state (RFC 9113), sans-I/O and blind to its role: the lean gRPC client
+(`perfkit.wire.grpc_connection`) and the server's gRPC front end (`reference_server.frontends.grpc.server`)
+both drive one. The driver feeds it what arrived (`receive`) and asks it to send (`open_stream`,
+`send_headers`, `send_data`, `send_trailers`, `reset_stream`); it writes frames to a `Sink` (a
+transport, or a test's buffer) and tells the driver what happened through `Events`. A client opens
+streams and reads the answers; a server reads the streams the peer opens (`Events.stream_opened`)
+and answers them. `client` only says who sends the preface and which stream ids are whose.
 
 What it owns, once for both ends:
 - Frames in: one dispatch (`_on_frame`), CONTINUATION assembly, HPACK decoding (`HeaderDecoder`),
@@ -53,11 +49,8 @@ class Sink(Protocol):
     """Where a connection's bytes go: an asyncio transport has these methods."""
 
     def write(self, data: bytes) -> None: ...
-
     def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None: ...
-
     def is_closing(self) -> bool: ...
-
     def close(self) -> None: ...
 
 
@@ -98,7 +91,7 @@ class Events(Generic[S]):
         """A header block on an open stream (response headers, or trailers when `end_stream`)."""
 
     def stream_data(self, stream: S, data: Payload) -> None:
-        """DATA on `stream`, padding removed; a view of what arrived, valid until `receive` returns."""
+        """DATA on `stream`, padding removed: a view of what arrived, not a copy."""
 
     def stream_ended(self, stream: S) -> None:
         """The peer ended its side of `stream` (END_STREAM)."""
@@ -426,8 +419,9 @@ class Connection(Generic[S]):
         if sink is not None and not sink.is_closing():
             sink.write(data)
 
-    def open_stream(self, stream: S) -> int:
-        """Register `stream` under our next stream id, and return the id; the last id drains us."""
+    def open_stream(self, stream: S, deadline: float = math.inf) -> int:
+        """Register `stream` under our next stream id, to end by `deadline` (`set_deadline`), and
+        return the id; the last id drains us."""
         stream_id = self.next_stream_id
         self.next_stream_id = stream_id + 2
         if self.next_stream_id > h2.LAST_STREAM_ID:
@@ -435,6 +429,9 @@ class Connection(Generic[S]):
         stream.id = stream_id
         stream.window = self._initial_window
         self.streams[stream_id] = stream
+        stream.deadline = deadline
+        if deadline < self._timer_at:
+            self._arm(deadline)
         return stream_id
 
     def can_open(self) -> bool:
@@ -487,7 +484,9 @@ class Connection(Generic[S]):
         self.streams.pop(stream.id, None)
         if not (stream.local_ended and stream.remote_ended):
             self.send_reset(stream.id, h2.NO_ERROR)
-        self._forget(stream)
+            self._forget(stream)  # it may be waiting for a window
+        elif self.draining:
+            self._close_if_idle()
 
     def reset_stream(self, stream: S, code: int) -> bool:
         """Give up on `stream`, if still open (returns whether it was): forget it, RST_STREAM `code`."""
