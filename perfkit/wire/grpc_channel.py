@@ -11,11 +11,11 @@ Theory of operation (RFC 9113 for HTTP/2, RFC 7541 for HPACK, grpc/doc/PROTOCOL-
   block made of static-table indexes and literals without indexing, so it never depends on the
   dynamic table and stays valid on every connection. Per call, only the stream id in the two 9-byte
   frame headers changes, and HEADERS and DATA leave in one write.
-- One connection carries every call, like grpc.aio's channel. It advertises a 2 GiB - 1 stream
-  window and raises the connection window to match at once, giving the window back in 16 MiB
-  batches, so the server never waits for us. Sending honours the server's windows, frame size and
-  stream limit: a body the windows cannot take yet waits in `_blocked` until WINDOW_UPDATEs come.
-- Replies: one `hpack.Decoder` per connection holds the server's dynamic table. Once warm, a server
+- One connection carries every call, like grpc.aio's channel; its HTTP/2 (windows, frame sizes,
+  the server's stream limit, SETTINGS, PING, GOAWAY) is `v2kit.h2.connection`'s, which the
+  reference server's front end shares: a body the windows cannot take yet waits there until
+  WINDOW_UPDATEs come.
+- Replies: one HPACK decoder per connection holds the server's dynamic table. Once warm, a server
   sends the same few header blocks over and over, made of indexed fields and literals without
   indexing (grpc-core's empty grpc-message); such a block leaves the table as it is, so its
   decoding is cached by its bytes until a block that may change the table arrives.
@@ -34,8 +34,9 @@ import ssl
 from collections.abc import Sequence
 
 from perfkit.wire.grpc_connection import Call, Connection, failed
-from v2kit.h2 import frames as h2
-from v2kit.h2.frames import MALFORMED, EncodedCall, encode_call
+from v2kit import grpc_status as status
+from v2kit.grpc_status import MALFORMED
+from v2kit.h2.frames import EncodedCall, encode_call
 
 __all__ = ["MALFORMED", "Call", "Channel", "EncodedCall"]
 
@@ -96,7 +97,7 @@ class Channel:
             try:
                 await asyncio.wait_for(waiter, deadline - loop.time())
             except asyncio.TimeoutError:
-                return failed(h2.DEADLINE_EXCEEDED, "Deadline Exceeded")
+                return failed(status.DEADLINE_EXCEEDED, "Deadline Exceeded")
         if connection.takes_calls():
             return connection
         opened = await self._open(deadline)
@@ -115,11 +116,11 @@ class Channel:
         except asyncio.CancelledError:
             raise
         except asyncio.TimeoutError:
-            return failed(h2.DEADLINE_EXCEEDED, f"Deadline Exceeded while connecting to {self.target}")
+            return failed(status.DEADLINE_EXCEEDED, f"Deadline Exceeded while connecting to {self.target}")
         except OSError as exc:
-            return failed(h2.UNAVAILABLE, f"failed to connect to {self.target}: {_connect_problem(exc)}")
+            return failed(status.UNAVAILABLE, f"failed to connect to {self.target}: {_connect_problem(exc)}")
         if not connection.takes_calls():  # lost as soon as it opened
-            return failed(h2.UNAVAILABLE, connection.error or "the server closed the connection")
+            return failed(status.UNAVAILABLE, connection.error or "the server closed the connection")
         return connection
 
     def _opened(self, task: asyncio.Task[Connection]) -> None:

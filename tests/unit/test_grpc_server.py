@@ -14,8 +14,7 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 
 from reference_server.frontends.auth import Token
-from reference_server.frontends.grpc.h2 import MAX_STREAMS
-from reference_server.frontends.grpc.server import GrpcServer
+from reference_server.frontends.grpc.server import MAX_STREAMS, GrpcServer
 from tests.waiting import eventually
 from v2kit.h2 import frames as h2
 from v2kit.h2.frames import frame

@@ -433,7 +433,7 @@ async def test_a_connection_out_of_stream_ids_is_replaced() -> None:
         encoded = channel.encode(INFER, b"m", timeout_s=5)
         assert (await channel.call(encoded)).status == OK
         assert channel._connection is not None
-        channel._connection.next_stream_id = 2**31 - 1  # the last odd id
+        channel._connection.h2.next_stream_id = 2**31 - 1  # the last odd id
         assert [(await channel.call(encoded)).status for _ in range(2)] == [OK, OK]
     assert ids == [[1, 2**31 - 1], [1]]
 

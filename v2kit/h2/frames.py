@@ -1,9 +1,8 @@
-"""The sans-I/O half of the lean gRPC client and of the reference server's gRPC front end: HTTP/2
-(RFC 9113) and HPACK (RFC 7541) constants, frames read out of a byte stream (`FrameReader`), header
-blocks decoded with a cache for those that leave the table as it is (`HeaderDecoder`), a
-unary call encoded once (`encode_call`), whether a header block changes the HPACK decoder's table
-(`keeps_table`), and how HTTP/2 errors read as gRPC statuses (grpc/doc/PROTOCOL-HTTP2.md). No
-sockets and no event loop: `perfkit.wire.grpc_channel` and `reference_server.frontends.grpc.h2` do the I/O."""
+"""HTTP/2's frame codec and HPACK (RFC 9113, RFC 7541) for the lean gRPC client and the reference
+server's gRPC front end: constants, frames read out of a byte stream (`FrameReader`), header blocks
+decoded with a cache for those that leave the table as it is (`HeaderDecoder`), a unary call
+encoded once (`encode_call`), and whether a header block changes the HPACK decoder's table
+(`keeps_table`). No state beyond that: `v2kit.h2.connection` is the connection built on it."""
 
 from __future__ import annotations
 
@@ -16,14 +15,9 @@ import hpack
 import hpack.exceptions
 
 __all__ = [
-    "MALFORMED", "BadHeaderBlock", "EncodedCall", "FrameReader", "FrameTooLarge", "HeaderDecoder", "encode_call",
+    "BadHeaderBlock", "EncodedCall", "FrameReader", "FrameTooLarge", "HeaderDecoder", "encode_call",
     "frame", "framing_problem", "h2_error", "keeps_table", "literal",
 ]  # fmt: skip
-
-MALFORMED = -1  # not a gRPC status: the reply broke gRPC's or HTTP/2's framing
-# gRPC status codes (grpc/doc/statuscodes.md)
-OK, CANCELLED, UNKNOWN, DEADLINE_EXCEEDED, PERMISSION_DENIED, RESOURCE_EXHAUSTED = 0, 1, 2, 4, 7, 8
-UNIMPLEMENTED, INTERNAL, UNAVAILABLE, UNAUTHENTICATED = 12, 13, 14, 16
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = (
@@ -41,16 +35,10 @@ DEFAULT_FRAME = 16_384  # also the largest frame we accept: we never advertise m
 LAST_STREAM_ID = 2**31 - 1
 _LARGEST_FRAME = 1 << 24  # frame lengths have 24 bits
 
-# PROTOCOL-HTTP2.md "Errors": RST_STREAM and GOAWAY codes as gRPC statuses (others: INTERNAL).
-RESET_STATUS = {7: UNAVAILABLE, 8: CANCELLED, 11: RESOURCE_EXHAUSTED, 12: PERMISSION_DENIED}
 _H2_ERRORS = (
     "NO_ERROR PROTOCOL_ERROR INTERNAL_ERROR FLOW_CONTROL_ERROR SETTINGS_TIMEOUT STREAM_CLOSED FRAME_SIZE_ERROR "
     "REFUSED_STREAM CANCEL COMPRESSION_ERROR CONNECT_ERROR ENHANCE_YOUR_CALM INADEQUATE_SECURITY HTTP_1_1_REQUIRED"
 ).split()
-# http-grpc-status-mapping.md: an HTTP status without grpc-status (others: UNKNOWN).
-HTTP_STATUS = {"400": INTERNAL, "401": UNAUTHENTICATED, "403": PERMISSION_DENIED, "404": UNIMPLEMENTED}
-HTTP_STATUS.update(dict.fromkeys(("429", "502", "503", "504"), UNAVAILABLE))
-
 
 _HEAD = struct.Struct(">HBBBL")  # 24-bit length as 16 + 8 bits, type, flags, stream id
 

@@ -3,9 +3,9 @@
 grpcio's server spent 360 us of CPU per call on the demo identity at concurrency 8, where our
 HTTP/1.1 front end spends 135 on the whole request: its call objects, contexts, completion-queue
 hand-offs and C-core round trips cost more than the work (bench/README.md). A unary gRPC call is
-three frames each way, so the server speaks them itself (`h2_server.H2Connection` for HTTP/2), as
-the load generator's client does (`perfkit.wire.grpc_channel`). The servicer
-(`grpc_service.InferenceServicer`) is the one grpcio would serve: each method gets its request,
+three frames each way, so the server speaks them itself, on the HTTP/2 connection the load
+generator's client drives too (`v2kit.h2.connection`, here in the server's role). The servicer
+(`service.InferenceServicer`) is the one grpcio would serve: each method gets its request,
 deserialised leniently, and a `_Context` whose `abort` and `write` stand in for grpc.aio's
 (grpc/doc/PROTOCOL-HTTP2.md for the mapping onto HTTP/2).
 
@@ -20,7 +20,11 @@ deserialised leniently, and a `_Context` whose `abort` and `write` stand in for 
   identity, and say so in grpc-accept-encoding). With a token, every method but the health probes
   wants `authorization: Bearer ...`.
 - *Deadlines.* A call with `grpc-timeout` that has not ended by then is cancelled and answered
-  DEADLINE_EXCEEDED, as grpc's core does; one timer per connection, armed for the earliest.
+  DEADLINE_EXCEEDED, as grpc's core does (the connection's one timer).
+- *HTTP/2.* Stream windows of 2 GiB - 1 and at most `MAX_STREAMS` streams a connection (past it,
+  RST_STREAM REFUSED_STREAM); a broken preface, an oversized frame, a bad header block or a frame
+  out of place ends the connection with GOAWAY. Our header blocks are literals without indexing,
+  so they never touch the client's HPACK table.
 
 `stop(grace_s)` sends GOAWAY, lets the calls in progress finish within the grace period, then
 closes every connection.
@@ -30,23 +34,31 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from reference_server.frontends.auth import OPEN_GRPC_METHODS, Token, Unauthenticated
-from reference_server.frontends.grpc.h2 import H2Connection, H2Stream
 from reference_server.frontends.grpc.service import InferenceServicer, lenient_deserializer
 from reference_server.frontends.listener import Listener
-from v2kit.h2.frames import literal
+from v2kit import grpc_status as status
+from v2kit.grpc_status import code_of
+from v2kit.h2.connection import Connection as H2Connection
+from v2kit.h2.connection import Events, Payload, Stream
+from v2kit.h2.frames import DATA, END_HEADERS, END_STREAM, HEADERS, NO_ERROR, frame, literal
 
-__all__ = ["GrpcServer"]
+__all__ = ["MAX_STREAMS", "GrpcServer"]
 
 log = logging.getLogger(__name__)
+
+# hpack logs every header it decodes at DEBUG, `authorization` values included: never that.
+logging.getLogger("hpack").setLevel(logging.INFO)
+
+#: Streams a client may have open at once on one connection (SETTINGS_MAX_CONCURRENT_STREAMS).
+MAX_STREAMS = 1024
 
 _CONTENT_TYPE = literal(31, b"application/grpc")
 _RESPONSE_HEADERS = b"\x88" + _CONTENT_TYPE + literal(b"grpc-accept-encoding", b"identity")  # :status 200
@@ -55,13 +67,8 @@ _OK_TRAILERS = literal(b"grpc-status", b"0")
 _MESSAGE_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
 _SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 _UNARY_PENDING = 1 << 62  # a unary request's bytes are only kept until the client's side ends
-_TIMER_SLACK_S = 0.001  # a timer may fire this early (libuv counts milliseconds)
 #: grpc-timeout units (PROTOCOL-HTTP2.md: "Timeout → TimeoutValue TimeoutUnit"), in seconds.
 _TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
-
-
-def _code(status: grpc.StatusCode) -> int:
-    return int(status.value[0])
 
 
 class _Abort(grpc.aio.AbortError):  # type: ignore[misc]
@@ -102,20 +109,22 @@ class GrpcServer(Listener):
         return _GrpcConnection(self)
 
 
-class _Call(H2Stream):
-    """A stream carrying one call: its method, the request bytes not yet taken, and its task."""
+class _Call(Stream):
+    """A stream carrying one call: its method, the request bytes not yet taken, its task, and
+    whether its answer's headers are out and a sender waits for its data to leave."""
 
-    __slots__ = ("method", "chunks", "size", "need", "task", "requests", "deadline")
+    __slots__ = ("method", "chunks", "size", "need", "task", "requests", "headers_sent", "drained")
 
-    def __init__(self, stream_id: int, window: int, method: _Method) -> None:
-        super().__init__(stream_id, window)
+    def __init__(self, method: _Method) -> None:
+        super().__init__()
         self.method = method
-        self.chunks: list[bytes | bytearray | memoryview] = []
+        self.chunks: list[Payload] = []
         self.size = 0
         self.need = 5  # request bytes to have before the next message prefix is looked at
         self.task: asyncio.Task[None] | None = None
         self.requests: asyncio.Queue[Any] | None = None  # ModelStreamInfer's requests; None ends them
-        self.deadline = math.inf  # loop time by which the call must end (grpc-timeout)
+        self.headers_sent = False
+        self.drained: asyncio.Future[None] | None = None  # a sender waiting for its data to leave
 
 
 class _Context:
@@ -128,111 +137,111 @@ class _Context:
         self._call = call
 
     async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
-        raise _Abort(_code(code), details)
+        raise _Abort(code_of(code), details)
 
     async def write(self, message: Any) -> None:
         await self._connection.send_message(self._call, message.SerializeToString())
 
 
-class _GrpcConnection(H2Connection):
+class _GrpcConnection(asyncio.Protocol, Events[_Call]):
+    """One client's connection: `v2kit.h2.connection` in the server's role, and the calls on it."""
+
     def __init__(self, server: GrpcServer) -> None:
-        super().__init__()
         self._server = server
-        self._timer: asyncio.TimerHandle | None = None
-        self._timer_at = math.inf
+        self.loop = loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.h2 = H2Connection[_Call](
+            self, client=False, peer="the client", now=loop.time, call_at=loop.call_at, max_peer_streams=MAX_STREAMS
+        )
+
+    # -- asyncio.Protocol, and the listener's Connection
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._server.connections.add(self)
-        super().connection_made(transport)
+        # uvloop's transports are not asyncio.Transport subclasses, but they have its methods.
+        self.transport = cast(asyncio.Transport, transport)
+        self.h2.start(self.transport)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)
-        if self._timer is not None:
-            self._timer.cancel()
-        super().connection_lost(exc)
+        self.transport = None
+        self.h2.lost()
 
-    # -- H2Connection's hooks
+    def data_received(self, data: bytes) -> None:
+        self.h2.receive(data)
 
-    def stream_opened(self, stream_id: int, headers: dict[str, str], end_stream: bool) -> None:
+    def close_when_idle(self) -> None:
+        self.h2.close_when_idle()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    # -- the HTTP/2 connection's events
+
+    def stream_opened(self, stream_id: int, headers: dict[str, str], end_stream: bool) -> _Call | None:
         path = headers.get(":path", "")
         server = self._server
         method = server.methods.get(path)
         refusal = None
         if headers.get(":method") != "POST" or not headers.get("content-type", "").startswith("application/grpc"):
-            refusal = (grpc.StatusCode.UNIMPLEMENTED, "not a gRPC call (POST application/grpc)")
+            refusal = (status.UNIMPLEMENTED, "not a gRPC call (POST application/grpc)")
         elif method is None:
-            refusal = (grpc.StatusCode.UNIMPLEMENTED, f"Method not found: {path}")
+            refusal = (status.UNIMPLEMENTED, f"Method not found: {path}")
         elif server.token is not None and path not in OPEN_GRPC_METHODS:
             try:
                 server.token.check(headers.get("authorization"))
             except Unauthenticated as exc:
-                refusal = (grpc.StatusCode.UNAUTHENTICATED, exc.message)
+                refusal = (status.UNAUTHENTICATED, exc.message)
         if refusal is not None:
             code, details = refusal
-            self.send_headers(stream_id, _trailers_only(_code(code), details), end_stream=True)
+            self.h2.send_headers(stream_id, _trailers_only(code, details), end_stream=True)
             if not end_stream:
-                self.reset(stream_id, 0)  # NO_ERROR: we read no more of it
-            return
+                self.h2.send_reset(stream_id, NO_ERROR)  # we read no more of it
+            return None
         assert method is not None
-        call = _Call(stream_id, self.initial_window, method)
-        self.streams[stream_id] = call
+        call = _Call(method)
         timeout_s = _timeout_s(headers.get("grpc-timeout"))
         if timeout_s is not None:
-            call.deadline = self.loop.time() + timeout_s
-            if call.deadline < self._timer_at:
-                self._arm(call.deadline)
+            self.h2.set_deadline(call, self.loop.time() + timeout_s)
         if method.streaming:
             call.requests = asyncio.Queue()
             self._start(call, self._serve_stream(call))
-        if end_stream:
-            call.finished = True
-            self.stream_finished(call)
+        return call
 
-    def stream_data(self, stream: H2Stream, data: bytes | bytearray | memoryview) -> None:
-        assert isinstance(stream, _Call)
+    def stream_data(self, stream: _Call, data: Payload) -> None:
         stream.chunks.append(data)
         stream.size += len(data)
         if stream.size >= stream.need:
             self._take_messages(stream)
 
-    def stream_finished(self, stream: H2Stream) -> None:
-        assert isinstance(stream, _Call)
+    def stream_ended(self, stream: _Call) -> None:
         if stream.requests is not None:
             if stream.size:
-                self._fail_call(stream, grpc.StatusCode.INVALID_ARGUMENT, "the stream ended inside a message")
+                self._fail_call(stream, status.INVALID_ARGUMENT, "the stream ended inside a message")
             else:
                 stream.requests.put_nowait(None)
             return
         body = stream.chunks[0] if len(stream.chunks) == 1 else b"".join(stream.chunks)
         stream.chunks = []
         if len(body) < 5 or int.from_bytes(body[1:5], "big") != len(body) - 5:
-            self._fail_call(stream, grpc.StatusCode.INVALID_ARGUMENT, "a unary call needs exactly one request message")
+            self._fail_call(stream, status.INVALID_ARGUMENT, "a unary call needs exactly one request message")
             return
         self._start(stream, self._serve_unary(stream, stream.method.deserialize(memoryview(body)[5:])))
 
-    def stream_reset(self, stream: H2Stream) -> None:
-        assert isinstance(stream, _Call)
+    def stream_reset(self, stream: _Call, code: int | None) -> None:
+        _wake(stream)
         if stream.task is not None and not stream.task.done():
             stream.task.cancel()
 
-    # -- deadlines
+    def drained(self, stream: _Call) -> None:
+        _wake(stream)
 
-    def _arm(self, when: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer = self.loop.call_at(when, self._expire_due)
-        self._timer_at = when
+    def goaway_received(self, last_stream_id: int, code: int, debug: bytes) -> None:
+        self.h2.close_when_idle()
 
-    def _expire_due(self) -> None:
-        self._timer, self._timer_at = None, math.inf
-        now = self.loop.time() + _TIMER_SLACK_S
-        calls = [c for c in self.streams.values() if isinstance(c, _Call)]
-        for call in calls:
-            if call.deadline <= now:
-                self._fail_call(call, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
-        pending = [c.deadline for c in self.streams.values() if isinstance(c, _Call) and c.deadline < math.inf]
-        if pending:
-            self._arm(min(pending))
+    def deadline_passed(self, stream: _Call) -> None:
+        self._fail_call(stream, status.DEADLINE_EXCEEDED, "Deadline Exceeded")
 
     # -- requests in
 
@@ -245,11 +254,11 @@ class _GrpcConnection(H2Connection):
         while end - pos >= 5:
             length = int.from_bytes(buffer[pos + 1 : pos + 5], "big")
             if buffer[pos]:
-                self._fail_call(call, grpc.StatusCode.UNIMPLEMENTED, "compressed messages are not supported")
+                self._fail_call(call, status.UNIMPLEMENTED, "compressed messages are not supported")
                 return
             if length > limit:
                 details = f"Received message larger than max ({length} vs. {limit})"
-                self._fail_call(call, grpc.StatusCode.RESOURCE_EXHAUSTED, details)
+                self._fail_call(call, status.RESOURCE_EXHAUSTED, details)
                 return
             if call.requests is None:
                 # Unary: the request is taken whole once the client's side ends; until then its
@@ -292,8 +301,8 @@ class _GrpcConnection(H2Connection):
             self._crashed(call, exc)
             return
         data = response.SerializeToString()
-        if self.streams.get(call.id) is call and self._sendable(call, len(data)):
-            self.send_answer(call, _RESPONSE_HEADERS, _prefixed(data), _OK_TRAILERS)
+        if self.h2.streams.get(call.id) is call and self._sendable(call, len(data)):
+            self._answer(call, _prefixed(data))
 
     async def _serve_stream(self, call: _Call) -> None:
         try:
@@ -308,27 +317,27 @@ class _GrpcConnection(H2Connection):
 
     def _crashed(self, call: _Call, exc: Exception) -> None:
         log.exception("internal error serving gRPC %s", call.method.name, exc_info=exc)
-        self._finish(call, _code(grpc.StatusCode.INTERNAL), f"internal error: {type(exc).__name__}: {exc}")
+        self._finish(call, status.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
 
     async def send_message(self, call: _Call, data: bytes) -> None:
         """A streaming call's reply message; returns once the windows have let it out."""
         if not self._sendable(call, len(data)):
-            raise _Abort(_code(grpc.StatusCode.RESOURCE_EXHAUSTED), "reply too large")
-        if self.streams.get(call.id) is not call:
-            raise _Abort(_code(grpc.StatusCode.CANCELLED), "the client reset the stream")
+            raise _Abort(status.RESOURCE_EXHAUSTED, "reply too large")
+        if self.h2.streams.get(call.id) is not call:
+            raise _Abort(status.CANCELLED, "the client reset the stream")
         if not call.headers_sent:
             call.headers_sent = True
-            self.send_headers(call.id, _RESPONSE_HEADERS)
-        self.send_data(call, _prefixed(data))
-        if call.pending and call.drained is not None:
+            self.h2.send_headers(call.id, _RESPONSE_HEADERS)
+        self.h2.send_data(call, _prefixed(data))
+        if call.pending:
+            if call.drained is None or call.drained.done():
+                call.drained = self.loop.create_future()
             await call.drained
 
     def _sendable(self, call: _Call, size: int) -> bool:
         limit = self._server.max_message_bytes
         if size > limit:
-            self._finish(
-                call, _code(grpc.StatusCode.RESOURCE_EXHAUSTED), f"Sent message larger than max ({size} vs. {limit})"
-            )
+            self._finish(call, status.RESOURCE_EXHAUSTED, f"Sent message larger than max ({size} vs. {limit})")
             return False
         return True
 
@@ -336,21 +345,43 @@ class _GrpcConnection(H2Connection):
 
     def _finish(self, call: _Call, code: int, details: str) -> None:
         """End `call` with `code`: trailers after what it still has to send, or trailers only."""
-        if self.streams.get(call.id) is not call:
-            return
-        if call.headers_sent:
-            self.send_trailers(call, _trailers(code, details))
-        else:
-            self.send_headers(call.id, _trailers_only(code, details), end_stream=True)
-            self.close_stream(call)
+        if self.h2.streams.get(call.id) is call:
+            self.h2.send_trailers(
+                call, _trailers(code, details) if call.headers_sent else _trailers_only(code, details)
+            )
 
-    def _fail_call(self, call: _Call, status: grpc.StatusCode, details: str) -> None:
+    def _answer(self, call: _Call, data: bytes) -> None:
+        """A unary call's answer: headers, data and trailers, in one write when the windows allow."""
+        h2 = self.h2
+        size = len(data)
+        if h2.reserve_final(call, size, size):
+            sid = call.id
+            h2.write(
+                b"".join((
+                    frame(HEADERS, END_HEADERS, sid, _RESPONSE_HEADERS),
+                    frame(DATA, 0, sid, data),
+                    frame(HEADERS, END_HEADERS | END_STREAM, sid, _OK_TRAILERS),
+                ))
+            )  # fmt: skip
+            h2.close_stream(call)
+            return
+        call.headers_sent = True
+        h2.send_headers(call.id, _RESPONSE_HEADERS)
+        h2.send_data(call, data)
+        h2.send_trailers(call, _OK_TRAILERS)
+
+    def _fail_call(self, call: _Call, code: int, details: str) -> None:
         """A call that cannot go on: its task is cancelled and the client told why."""
         if call.task is not None and not call.task.done():
             call.task.cancel()
         call.chunks = []
         call.size = 0
-        self._finish(call, _code(status), details)
+        self._finish(call, code, details)
+
+
+def _wake(call: _Call) -> None:
+    if call.drained is not None and not call.drained.done():
+        call.drained.set_result(None)
 
 
 def _timeout_s(value: str | None) -> float | None:
