@@ -1,10 +1,11 @@
 """KServe v2 over gRPC: decode, call the data plane, encode. No business logic here.
 
-`grpc_server.GrpcServer` serves it, calling its methods as grpc.aio would (a request and a context
+`frontends.grpc.server.GrpcServer` serves it, calling its methods as grpc.aio would (a request and a context
 with `abort` and `write`). The servicer mirrors `rest.py`: every method turns a tritonclient `inference` proto into the data
 plane's arguments, awaits it, and turns the answer back into a proto. Failures leave through one
-place, `_rpc`: a `ServerError` carries its own gRPC status-code name, a `CodecError` is a malformed
-request (INVALID_ARGUMENT), and anything else is a bug (INTERNAL, logged with its traceback).
+place, `_rpc`: a `ServerError` carries its own gRPC status-code name, v2kit's errors are mapped to
+theirs by `errors.server_error` (a malformed request is INVALID_ARGUMENT), and anything else is a
+bug (INTERNAL, logged with its traceback).
 
 ModelInfer is the hot path: the request's raw bytes become zero-copy numpy views (`tensor_from_raw`)
 and the only copy on the way out is the one protobuf needs to own the output bytes.
@@ -25,8 +26,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
 from reference_server.core.dataplane import DataPlane
-from reference_server.errors import ServerError, Unsupported
-from v2kit.codec import CodecError
+from reference_server.errors import Unsupported, server_error
 from v2kit.grpc_proto import parameters_from_proto, request_from_proto, response_to_proto
 
 log = logging.getLogger(__name__)
@@ -44,10 +44,9 @@ def _status(exc: Exception, method: str) -> tuple[grpc.StatusCode, str]:
 
     Call it from an `except` block: unexpected errors are logged with their traceback here.
     """
-    if isinstance(exc, ServerError):
-        return grpc.StatusCode[exc.grpc_code], exc.message
-    if isinstance(exc, CodecError):
-        return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+    error = server_error(exc)
+    if error is not None:
+        return grpc.StatusCode[error.grpc_code], error.message
     log.exception("internal error serving gRPC %s", method)
     return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
 
