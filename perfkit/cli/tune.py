@@ -173,7 +173,7 @@ def spec_from_args(args: argparse.Namespace) -> TuneSpec:
     return spec
 
 
-class Outputs:
+class TuneFiles:
     """Writes the output folder; called after every change, and `finish` at the end."""
 
     def __init__(self, folder: Path, argv: list[str]) -> None:
@@ -205,7 +205,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     could not finish (the checkpoint resumes it); 2 usage; 130 interrupted."""
     spec = spec_from_args(args)
     folder = spec.output_dir or Path("reports") / f"{dt.datetime.now():%Y%m%d-%H%M%S}-tune"
-    outputs = Outputs(folder, argv)
+    outputs = TuneFiles(folder, argv)
     checkpoint = spec.checkpoint or folder / "checkpoint.json"
     result, code = run_tune(spec, outputs, checkpoint, open_tuner)
     if result is not None and result.ranking is not None:

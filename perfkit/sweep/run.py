@@ -63,7 +63,7 @@ async def _model_error(client: InferClient, model: str, url: str, exc: Exception
     return TargetError(f"model '{model}' on {url}: {exc}")
 
 
-class Outputs:
+class SweepFiles:
     """Where a sweep's files go; each finished level rewrites them atomically."""
 
     def __init__(self, spec: SweepSpec, model: str) -> None:
@@ -145,7 +145,7 @@ class SweepRun:
     """What a sweep produced so far; filled as it goes so an interrupted run can still say."""
 
     result: SweepResult | None = None
-    outputs: Outputs | None = None
+    outputs: SweepFiles | None = None
 
 
 async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list[str], run: SweepRun) -> None:
@@ -180,7 +180,7 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
             shapes={name: list(dims) for name, dims in spec.inputs.shapes}, input_data=spec.inputs.input_data, seed=spec.inputs.seed,
         )  # fmt: skip
         prepared = [client.prepare(r) for r in requests]
-        outputs = run.outputs = Outputs(spec, model)
+        outputs = run.outputs = SweepFiles(spec, model)
         resources = ResourceSampler(
             interval_s=spec.metrics.interval_ms / 1000,
             metrics_url=target.metrics_url if (spec.metrics.collect or target.embedded) else None,
