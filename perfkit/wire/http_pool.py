@@ -14,6 +14,12 @@ pool itself, before the waiting task even resumes. A connection that fails, time
 mid-reply, says `Connection: close` or sends bytes nobody asked for is closed and forgotten, never
 reused: what it would read next is unknowable.
 
+A server cannot make a reply cost without bound (`perfkit.wire.limits`): the request's deadline
+runs from the write to the reply's last byte, so a head or body trickled forever times out; a head
+(interim replies included) past `max_head` bytes, a Content-Length past `max_body`, or a body that
+grows past it, fail the request as a `ReplyTooLarge` and drop the connection at once. The checks
+are one comparison a read while the head is incomplete, and one a body chunk.
+
 The request timeout costs no timer per request: each connection keeps one loop timer and a
 deadline; a request moves the deadline, and the timer, when it fires early, re-arms itself for the
 current one.
@@ -35,9 +41,12 @@ from typing import cast
 
 import httptools
 
+from perfkit.wire.limits import MAX_REPLY_BODY, MAX_REPLY_HEAD
 from v2kit.codec import HEADER_LENGTH
 
-__all__ = ["BadResponse", "ConnectFailed", "ConnectionPool", "Disconnected", "Reply", "encode_request"]
+__all__ = [
+    "BadResponse", "ConnectFailed", "ConnectionPool", "Disconnected", "Reply", "ReplyTooLarge", "encode_request",
+]  # fmt: skip
 
 #: (status, Inference-Header-Content-Length value or None, body, sent_ns, first_byte_ns, failure).
 #: `sent_ns`: when the request was written to the transport (0: never); `first_byte_ns`: when the
@@ -59,6 +68,10 @@ class Disconnected(ConnectionError):
 
 class BadResponse(Exception):
     """The reply is not HTTP/1.1, or it ended before its body did."""
+
+
+class ReplyTooLarge(BadResponse):
+    """The reply's head or body is past what any inference answer needs (`perfkit.wire.limits`)."""
 
 
 class ConnectFailed(Exception):
@@ -91,6 +104,7 @@ class _Connection(asyncio.Protocol):
     __slots__ = (
         "_pool", "_loop", "_parser", "_transport", "_waiter", "_deadline", "_timer", "_gone",
         "_sent_ns", "_first_ns", "_chunks", "_header_length", "_headers_done", "_framed",
+        "_head_size", "_interim", "_body_size", "_max_head", "_max_body", "_long_length",
     )  # fmt: skip
 
     def __init__(self, pool: ConnectionPool, loop: asyncio.AbstractEventLoop) -> None:
@@ -106,6 +120,10 @@ class _Connection(asyncio.Protocol):
         self._chunks: list[bytes] = []
         self._header_length: bytes | None = None
         self._headers_done = self._framed = False
+        self._head_size = self._interim = self._body_size = 0  # this reply's, so far
+        self._max_head, self._max_body = pool.max_head, pool.max_body
+        # A Content-Length with this many digits or more may be over max_body: only those are parsed.
+        self._long_length = len(str(pool.max_body))
 
     # --- the request side, called by the pool ---
 
@@ -115,6 +133,7 @@ class _Connection(asyncio.Protocol):
         self._header_length = None
         self._first_ns = 0
         self._headers_done = self._framed = False
+        self._head_size = self._interim = self._body_size = 0
         self._deadline = deadline
         if self._timer is None:
             self._timer = self._loop.call_at(deadline, self._check_deadline)
@@ -159,12 +178,28 @@ class _Connection(asyncio.Protocol):
         self._transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio's classes
 
     def data_received(self, data: bytes) -> None:
+        if self._waiter is None:  # bytes nobody asked for: the stream is out of step
+            self.discard()
+            return
         if not self._first_ns:
             self._first_ns = _now()
+        head_open = not self._headers_done
+        if head_open:  # llhttp keeps a header line until it ends: bound what a head may take
+            self._head_size += len(data)
         try:
             self._parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:  # a callback refused the reply (ReplyTooLarge)
+            failure = exc.__context__
+            if not isinstance(failure, ReplyTooLarge):
+                failure = BadResponse(f"the reply could not be read: {failure!r}")
+            self._fail(failure)
+            return
         except (httptools.HttpParserError, httptools.HttpParserUpgrade) as exc:
             self._fail(BadResponse(f"the reply is not valid HTTP/1.1: {exc or type(exc).__name__}"))
+            return
+        if head_open and not self._headers_done and self._head_size > self._max_head and not self._gone:
+            interim = f" after {self._interim} interim (1xx) replies" if self._interim else ""
+            self._fail(ReplyTooLarge(f"the reply's head is over {self._max_head} bytes{interim}"))
 
     def eof_received(self) -> bool | None:
         # A connection the server is closing must not be handed out; the reply in flight, if
@@ -193,11 +228,18 @@ class _Connection(asyncio.Protocol):
             self._header_length = value
         elif (size == 14 or size == 17) and name.lower() in _FRAMING:
             self._framed = True
+            if size == 14 and len(value) >= self._long_length and int(value) > self._max_body:
+                # Refused before a byte of it is read; raised to stop the parser (data_received fails the reply).
+                raise ReplyTooLarge(f"the reply announces {int(value)} body bytes, over the {self._max_body} we take")
 
     def on_headers_complete(self) -> None:
         self._headers_done = True
 
     def on_body(self, body: bytes) -> None:
+        self._body_size += len(body)
+        if self._body_size > self._max_body:  # chunked or EOF-framed without end
+            self._chunks = []
+            raise ReplyTooLarge(f"the reply's body is over the {self._max_body} bytes we take")
         self._chunks.append(body)
 
     def on_message_complete(self) -> None:
@@ -205,8 +247,10 @@ class _Connection(asyncio.Protocol):
         if self._waiter is None:  # a reply nobody asked for: the stream is out of step
             self.discard()
             return
-        if status < 200:  # an interim reply (100 Continue); the real one follows
+        if status < 200:  # an interim reply (100 Continue); the real one follows, its head bounded with these
             self._chunks, self._header_length, self._headers_done, self._framed = [], None, False, False
+            self._interim += 1
+            self._body_size = 0
             return
         self._complete(status, None)
         if self._parser.should_keep_alive() and not self._gone:
@@ -217,14 +261,24 @@ class _Connection(asyncio.Protocol):
 
 class ConnectionPool:
     """Keep-alive connections to one server. `limit` caps them (0: one per outstanding request);
-    `ssl_context` makes them HTTPS. Open it in the event loop that uses it; `close()` when done."""
+    `ssl_context` makes them HTTPS; `max_head` and `max_body` bound a reply (`perfkit.wire.limits`).
+    Open it in the event loop that uses it; `close()` when done."""
 
     def __init__(
-        self, host: str, port: int, *, ssl_context: ssl.SSLContext | None, limit: int, timeout_s: float
+        self,
+        host: str,
+        port: int,
+        *,
+        ssl_context: ssl.SSLContext | None,
+        limit: int,
+        timeout_s: float,
+        max_head: int = MAX_REPLY_HEAD,
+        max_body: int = MAX_REPLY_BODY,
     ) -> None:
         self.host = host
         self.port = port
         self.timeout_s = timeout_s
+        self.max_head, self.max_body = max_head, max_body
         self._ssl = ssl_context
         self._limit = limit
         self._loop: asyncio.AbstractEventLoop | None = None

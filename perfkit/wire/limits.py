@@ -1,0 +1,26 @@
+"""What one reply may cost the load generator: the bounds its lean clients (`http_pool`, `grpc_connection`)
+hold a server to, so that a hostile or broken server makes a request fail, counted, and never makes
+the load generator grow without bound or hang.
+
+Why these values:
+- `MAX_REPLY_HEAD`: an inference server's reply head (status line and headers, interim replies such
+  as 100 Continue included) is well under 1 KiB; aiohttp's client refuses header lines over 8 KiB and
+  h11 heads over 16 KiB. 64 KiB leaves room for any proxy's headers and still bounds an endless
+  header line, endless headers or an endless run of 1xx replies.
+- `MAX_REPLY_BODY`: an inference answer is a protobuf message over gRPC, which cannot reach 2 GiB,
+  and tritonclient and perf_analyzer accept up to that (INT32_MAX) where grpc's 4 MiB default would
+  refuse real image outputs. Half of it, 1 GiB, is larger than any answer a load test measures, and it
+  bounds what one outstanding request may hold: a connection (HTTP) or stream (gRPC) holds at most
+  one reply, so the load generator holds at most this much per outstanding request.
+- `MAX_CONTROL_BACKLOG`: what HTTP/2 makes us answer (PING and SETTINGS acknowledgements), queued
+  because the server sends frames but does not read our answers, beyond what our own requests
+  explain. 4 MiB is a quarter of a million PING ACKs: no server that reads lags that far.
+"""
+
+from __future__ import annotations
+
+__all__ = ["MAX_CONTROL_BACKLOG", "MAX_REPLY_BODY", "MAX_REPLY_HEAD"]
+
+MAX_REPLY_HEAD = 64 << 10
+MAX_REPLY_BODY = 1 << 30
+MAX_CONTROL_BACKLOG = 4 << 20
