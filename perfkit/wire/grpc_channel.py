@@ -34,6 +34,7 @@ import ssl
 from collections.abc import Sequence
 
 from perfkit.wire.grpc_connection import Call, Connection, failed
+from perfkit.wire.limits import MAX_REPLY_BODY
 from v2kit import grpc_status as status
 from v2kit.grpc_status import MALFORMED
 from v2kit.h2.frames import EncodedCall, encode_call
@@ -48,8 +49,12 @@ class Channel:
     """Unary gRPC calls to `host:port` over one HTTP/2 connection, reopened when it fails. TLS when
     `ssl_context` is given (ALPN "h2"). Use it from one event loop."""
 
-    def __init__(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> None:
+    def __init__(
+        self, host: str, port: int, ssl_context: ssl.SSLContext | None = None, *, max_message: int = MAX_REPLY_BODY
+    ) -> None:
+        """`max_message`: the largest reply message a call takes (`perfkit.wire.limits`)."""
         self.target = f"{host}:{port}"
+        self._max_message = max_message
         self._host, self._port = host, port
         self._ssl = ssl_context
         if ssl_context is not None:
@@ -135,7 +140,7 @@ class Channel:
         tls = self._ssl is not None
         _, connection = await asyncio.wait_for(
             loop.create_connection(
-                lambda: Connection(self.target, tls),
+                lambda: Connection(self.target, tls, self._max_message),
                 self._host,
                 self._port,
                 ssl=self._ssl,

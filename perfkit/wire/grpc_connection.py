@@ -1,6 +1,22 @@
 """The lean gRPC client's connection: one HTTP/2 connection to a server (`v2kit.h2.connection`
 in the client's role), the unary calls on it (`Call`), and how each call ends. The theory of
-operation is `perfkit.wire.grpc_channel`'s, which opens these connections for its `Channel`."""
+operation is `perfkit.wire.grpc_channel`'s, which opens these connections for its `Channel`.
+
+What a server may make a call or the connection cost (`perfkit.wire.limits`):
+- A reply's message is read as it comes, bounded by its own 5-byte prefix: a prefix announcing
+  more than `max_message` fails the call with RESOURCE_EXHAUSTED at once (grpc-core's behaviour past
+  its max receive message size), and DATA past what the prefix announced fails it as malformed.
+  Either way the stream is reset and nothing more of it is kept. Per DATA frame this costs an
+  addition and a comparison; the prefix is read once a call.
+- A header block without end is the engine's to refuse (`v2kit.h2.connection.MAX_HEADER_BLOCK`,
+  and hpack's bound on a decoded block).
+- What HTTP/2 makes us answer (PING and SETTINGS ACKs) while the server reads none of it: once the
+  transport's write buffer is over its high-water mark, every read checks that the backlog is
+  explained by the requests written since, give or take `MAX_CONTROL_BACKLOG`, else the
+  connection fails with GOAWAY ENHANCE_YOUR_CALM (nghttp2 fails a session with too many ACKs
+  queued alike). Reading never stops for it: a server slow to read our large requests must still
+  get its replies read, or both ends would wait on each other.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +26,7 @@ from collections import deque
 from typing import cast
 from urllib.parse import unquote
 
+from perfkit.wire.limits import MAX_CONTROL_BACKLOG, MAX_REPLY_BODY
 from v2kit import grpc_status as status
 from v2kit.grpc_status import MALFORMED
 from v2kit.h2.connection import Connection as H2Connection
@@ -19,6 +36,8 @@ from v2kit.h2.frames import CANCEL, EncodedCall, framing_problem, h2_error
 __all__ = ["Call", "Connection", "failed"]
 
 _now = time.perf_counter_ns
+_ENHANCE_YOUR_CALM = 0xB  # RFC 9113 §7: the peer may be generating excessive load
+_PREFIX_UNREAD = 4  # a Call's `limit` until its message prefix is read: the 5th byte reads it
 
 
 class Call(Stream):
@@ -27,7 +46,7 @@ class Call(Stream):
     reply without its 5-byte prefix), and `sent_ns` (perf_counter_ns when its last request byte was
     handed to the transport; 0 if it never was)."""
 
-    __slots__ = ("future", "status", "details", "message", "sent_ns", "headers", "trailers", "chunks")
+    __slots__ = ("future", "status", "details", "message", "sent_ns", "headers", "trailers", "chunks", "size", "limit")
 
     def __init__(self, future: asyncio.Future[Call]) -> None:
         Stream.__init__(self)  # not super(): this runs once a call, and super() costs a lookup
@@ -39,6 +58,8 @@ class Call(Stream):
         self.headers: dict[str, str] | None = None
         self.trailers: dict[str, str] | None = None
         self.chunks: list[Payload] = []
+        self.size = 0  # DATA bytes so far, padding removed
+        self.limit = _PREFIX_UNREAD  # past it, `Connection._check_length`: its prefix, then its end
 
 
 def failed(code: int, details: str) -> Call:
@@ -54,8 +75,10 @@ def failed(code: int, details: str) -> Call:
 class Connection(asyncio.Protocol, Events[Call]):
     """One HTTP/2 connection to a gRPC server and the unary calls on it (see `perfkit.wire.grpc_channel`)."""
 
-    def __init__(self, target: str, tls: bool) -> None:
+    def __init__(self, target: str, tls: bool, max_message: int = MAX_REPLY_BODY) -> None:
+        """`max_message`: the largest reply message a call takes (`perfkit.wire.limits`)."""
         self.target = target
+        self.max_message = max_message
         self.usable = True  # takes new calls
         self.error = ""  # why the connection failed, for calls that find it failed
         self.closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -63,6 +86,10 @@ class Connection(asyncio.Protocol, Events[Call]):
         self._loop = loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._room: deque[asyncio.Future[None]] = deque()  # calls waiting for a stream slot
+        # Request bytes handed to the engine; and, while the transport says its write buffer is over
+        # its high-water mark, that count and what the buffer held or may yet hold of them (None: it is not).
+        self._written = 0
+        self._backed_up: tuple[int, int] | None = None
         self.h2 = H2Connection[Call](self, client=True, peer=target, now=loop.time, call_at=loop.call_at)
 
     # -- asyncio.Protocol
@@ -98,6 +125,34 @@ class Connection(asyncio.Protocol, Events[Call]):
 
     def data_received(self, data: bytes) -> None:
         self.h2.receive(data)
+        if self._backed_up is not None:
+            self._check_backlog()
+
+    def pause_writing(self) -> None:
+        if self._transport is not None:
+            # What may yet reach the buffer legitimately: what is in it, and the request data the
+            # windows still hold back in the engine (it goes out as the server reads and grants more).
+            held = sum(len(chunk) for stream in self.h2.streams.values() if stream.pending for chunk in stream.pending)
+            self._backed_up = (self._written, self._transport.get_write_buffer_size() + held)
+
+    def resume_writing(self) -> None:
+        self._backed_up = None
+
+    def _check_backlog(self) -> None:
+        """Fail a connection whose server sends us frames to answer and reads none of our answers."""
+        assert self._backed_up is not None
+        written, buffered = self._backed_up
+        transport = self._transport
+        if transport is None or transport.is_closing():
+            return
+        backlog = transport.get_write_buffer_size() - buffered - (self._written - written)
+        if backlog > MAX_CONTROL_BACKLOG:
+            self.h2.fail(
+                _ENHANCE_YOUR_CALM,
+                f"{self.target} sent frames we must answer (PING, SETTINGS) but read none of the answers: "
+                f"{backlog} bytes of them queued",
+            )
+            transport.abort()  # a graceful close would wait for a server that does not read
 
     # -- sending
 
@@ -119,6 +174,7 @@ class Connection(asyncio.Protocol, Events[Call]):
         h2 = self.h2
         stream_id = h2.open_stream(call, deadline)
         body = encoded.body
+        self._written += len(body) + len(encoded.block)
         if h2.reserve_final(call, len(body), encoded.largest_frame):
             sid = stream_id.to_bytes(4, "big")
             h2.write(b"".join((encoded.headers_head, sid, encoded.block_data_head, sid, body)))
@@ -144,6 +200,33 @@ class Connection(asyncio.Protocol, Events[Call]):
 
     def stream_data(self, stream: Call, data: Payload) -> None:
         stream.chunks.append(data)
+        stream.size += len(data)
+        if stream.size > stream.limit:  # the prefix is in: once a call; then only a reply past its message
+            self._check_length(stream)
+
+    def _check_length(self, call: Call) -> None:
+        """Read `call`'s message prefix, and refuse a message over `max_message` or DATA past its end."""
+        if call.limit == _PREFIX_UNREAD:
+            chunks = call.chunks
+            head = chunks[0] if len(chunks[0]) >= 5 else b"".join(chunks)
+            declared = int.from_bytes(head[1:5], "big")
+            call.limit = 5 + declared
+            if declared > self.max_message:
+                self._refuse(
+                    call,
+                    status.RESOURCE_EXHAUSTED,
+                    f"received message larger than max ({declared} vs. {self.max_message})",
+                )
+                return
+        if call.size > call.limit:
+            self._refuse(
+                call, MALFORMED, f"the reply's DATA runs past the {call.limit - 5}-byte message its prefix announced"
+            )
+
+    def _refuse(self, call: Call, code: int, details: str) -> None:
+        call.chunks = []
+        self.h2.reset_stream(call, CANCEL)
+        self._settle(call, code, details)
 
     def stream_ended(self, stream: Call) -> None:
         self._finish(stream)
