@@ -49,6 +49,7 @@ from perfkit.errors import PerfkitError, TargetError
 from perfkit.target import TlsSpec
 from perfkit.wire import grpc_channel as grpc_wire
 from perfkit.wire import http_pool as http_wire
+from perfkit.wire.limits import MAX_CONTROL_REPLY
 from v2kit import codec as v2
 from v2kit.grpc_proto import message_to_json, request_to_proto
 
@@ -199,6 +200,19 @@ def _body_ok(body: bytes, header_length: bytes | str | None) -> bool:
         return False
 
 
+async def _read_bounded(response: aiohttp.ClientResponse, what: str) -> bytes:
+    """A control-plane answer's body, refused past MAX_CONTROL_REPLY (announced, or as it comes)."""
+    too_large = TargetError(f"{what}: the answer is over {MAX_CONTROL_REPLY} bytes; is -u an inference server?")
+    if (response.content_length or 0) > MAX_CONTROL_REPLY:
+        raise too_large
+    body = bytearray()
+    async for chunk in response.content.iter_chunked(1 << 16):
+        body += chunk
+        if len(body) > MAX_CONTROL_REPLY:
+            raise too_large
+    return bytes(body)
+
+
 class HttpClient:
     protocol = "http"
 
@@ -285,7 +299,7 @@ class HttpClient:
         session = self._session or self._open()
         try:
             async with session.request(method, url, json=body, timeout=self._timeout) as response:
-                return response.status, await response.read()
+                return response.status, await _read_bounded(response, f"{method} {url}")
         except asyncio.TimeoutError:
             raise TargetError(f"{method} {url}: no answer within {self._timeout.total} s") from None
         except aiohttp.ClientError as exc:
@@ -410,7 +424,8 @@ class GrpcClient:
 
     def _open(self) -> Any:
         if self._channel is None:
-            options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1)]
+            # Control-plane answers only (inference goes over the lean channel): bounded, see perfkit.wire.limits.
+            options = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", MAX_CONTROL_REPLY)]
             if self._credentials is None:
                 self._channel = grpc.aio.insecure_channel(self._target, options=options)
             else:

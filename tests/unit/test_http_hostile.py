@@ -15,9 +15,10 @@ from typing import Any, TypeVar
 import numpy as np
 import pytest
 
+from perfkit.errors import TargetError
 from perfkit.wire.client import make_client
 from perfkit.wire.http_pool import ConnectionPool, Reply, ReplyTooLarge, encode_request
-from perfkit.wire.limits import MAX_REPLY_BODY, MAX_REPLY_HEAD
+from perfkit.wire.limits import MAX_CONTROL_REPLY, MAX_REPLY_BODY, MAX_REPLY_HEAD
 from v2kit import codec as v2
 
 T = TypeVar("T")
@@ -41,8 +42,9 @@ class Hostile:
     """An HTTP/1.1 server on 127.0.0.1 whose first connection gets `script` after the first request's
     head; later connections get a good reply to every request. Counts what it sent."""
 
-    def __init__(self, script: Script, *, pause_s: float = 0.0) -> None:
+    def __init__(self, script: Script, *, pause_s: float = 0.0, budget: int = BUDGET) -> None:
         self.script = script
+        self.budget = budget
         self.pause_s = pause_s  # between chunks: a trickle
         self.connections = 0
         self.sent = 0  # by the hostile connection
@@ -70,7 +72,8 @@ class Hostile:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                framing = head.lower().split(b"content-length: ")
+                length = int(framing[1].split(b"\r\n")[0]) if len(framing) > 1 else 0
                 await reader.readexactly(length)
                 if not hostile:
                     writer.write(OK_REPLY)
@@ -80,7 +83,7 @@ class Hostile:
                 writer.write(first)
                 self.sent += len(first)
                 for chunk in endless():
-                    if self.sent >= BUDGET:
+                    if self.sent >= self.budget:
                         return
                     writer.write(chunk)
                     self.sent += len(chunk)
@@ -116,7 +119,7 @@ async def refused(hostile: Hostile, pool: ConnectionPool) -> tuple[BaseException
     assert (status, body, problem) == (200, OK_BODY, None)
     await asyncio.wait_for(hostile.done.wait(), 10)
     assert hostile.connections == 2
-    assert hostile.stopped_by_client and hostile.sent < BUDGET, hostile.sent
+    assert hostile.stopped_by_client and hostile.sent < hostile.budget, hostile.sent
     return failure, took
 
 
@@ -249,5 +252,29 @@ def test_the_client_counts_an_oversized_reply_as_a_bad_response(run: Runner[None
                 assert (await client.send(prepared)).error == ""  # carries on, on a new connection
             finally:
                 await client.close()
+
+    run(scenario())
+
+
+CONTROL: dict[str, Script] = {
+    "a 10 GB Content-Length": (b"HTTP/1.1 200 OK\r\nContent-Length: 10000000000\r\n\r\n", repeat(bytes(65536))),
+    "chunked without end": BODIES["chunked without end"],
+}
+
+
+@pytest.mark.parametrize("case", list(CONTROL))
+def test_a_control_plane_answer_without_end_is_refused(run: Runner[None], case: str) -> None:
+    """Metadata, config, statistics and the like go through aiohttp: bounded too (MAX_CONTROL_REPLY)."""
+
+    async def scenario() -> None:
+        async with Hostile(CONTROL[case], budget=2 * MAX_CONTROL_REPLY) as hostile:
+            client = make_client(f"127.0.0.1:{hostile.port}", "http", request_timeout_s=15.0)
+            try:
+                with pytest.raises(TargetError, match=f"the answer is over {MAX_CONTROL_REPLY} bytes"):
+                    await client.server_metadata()
+            finally:
+                await client.close()
+            await asyncio.wait_for(hostile.done.wait(), 10)
+        assert hostile.stopped_by_client and hostile.sent < hostile.budget
 
     run(scenario())
