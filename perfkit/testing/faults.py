@@ -13,6 +13,9 @@ every connection to `upstream` until told otherwise with `set_fault`:
   then close.
 - `"bad_body"`: answer the next HTTP request with `200 OK` and a body that is not a KServe
   response, keeping the connection.
+- `"endless_head"`: answer the next HTTP request with a head whose header line never ends, and
+  `"huge_body"` with a Content-Length of 10 GB and zeros: a hostile server's replies, streamed
+  until the client hangs up (at most `HOSTILE_BUDGET` bytes a connection, so the proxy stays bounded).
 
 With `upstream=None` there is nothing to forward to, and a connection under `"none"` is closed.
 Being at the TCP level, it serves HTTP/1.1 and gRPC alike (`"bad_body"` is HTTP only). Loopback
@@ -31,7 +34,7 @@ from dataclasses import dataclass, field
 
 __all__ = ["FAULTS", "FaultProxy", "fault_proxy"]
 
-FAULTS = ("none", "stall", "reset", "close", "garbage", "bad_body")
+FAULTS = ("none", "stall", "reset", "close", "garbage", "bad_body", "endless_head", "huge_body")
 GARBAGE = b"\x00\xff\xfe this is not a protocol reply \x00\r\n\r\n\x13\x37"
 _NOT_KSERVE = b"{not: json \xff\xfe}!"
 BAD_BODY = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
@@ -39,6 +42,14 @@ BAD_BODY = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length
     _NOT_KSERVE,
 )
 _CHUNK = 1 << 16
+HOSTILE_BUDGET = 256 << 20
+_HOSTILE = {
+    "endless_head": (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nX-Endless: ", b"a" * _CHUNK),
+    "huge_body": (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 10000000000\r\n\r\n",
+        bytes(_CHUNK),
+    ),
+}
 
 
 @dataclass(slots=True, eq=False)  # identity-hashed: links live in a set
@@ -155,6 +166,10 @@ class FaultProxy:
                     link.client.write(BAD_BODY)
                     await link.client.drain()
                     continue  # the request is swallowed; the connection stays up
+                if fault in _HOSTILE and not to_client:
+                    await _stream_hostile(link.client, *_HOSTILE[fault])
+                    self._drop(link, rst=False)
+                    return
                 if dst is None:
                     continue
                 dst.write(data)
@@ -184,6 +199,16 @@ class FaultProxy:
         for task in link.tasks:
             if task is not asyncio.current_task():
                 task.cancel()
+
+
+async def _stream_hostile(client: asyncio.StreamWriter, head: bytes, endless: bytes) -> None:
+    """`head`, then `endless` over and over, until the client hangs up or HOSTILE_BUDGET is sent."""
+    client.write(head)
+    sent = len(head)
+    while sent < HOSTILE_BUDGET and not client.is_closing():
+        client.write(endless)
+        sent += len(endless)
+        await client.drain()
 
 
 def _check(fault: str) -> None:

@@ -9,6 +9,7 @@ sweep's own tests (test_sweep_cli.py).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import subprocess
@@ -17,6 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from perfkit.cli import build_parser
@@ -117,6 +119,41 @@ def test_a_fault_mid_sweep_is_counted_kept_and_ends_the_run(
         # Some requests failed: the sweep finished, and exit code 4 says requests failed.
         assert returncode == 4, stderr
         assert result["completed"]
+
+
+#: What a sweep may grow by while a hostile server streams replies without end at it: far below what
+#: reading them would take (the proxy streams up to 256 MiB a connection, at loopback speed), far
+#: above what the client's bounds let it hold (a 64 KiB head a connection; a 10 GB body refused unread).
+HOSTILE_GROWTH_MIB = 150
+
+
+@pytest.mark.parametrize("fault", ["endless_head", "huge_body"])
+def test_a_hostile_server_mid_sweep_costs_counted_errors_not_memory(
+    server: ServerProcess, tmp_path: Path, fault: str
+) -> None:
+    """Replies without end (a header line, a 10 GB body) after the first level: every request fails
+    as a bad response, the sweep finishes with exit 4, and its memory stays bounded."""
+    with fault_proxy(server.http_url) as proxy:
+        started = time.monotonic()
+        process = _sweep(proxy.address, "http", tmp_path)
+        sweep = psutil.Process(process.pid)
+        _wait_for_levels(tmp_path, 1, process)
+        baseline = sweep.memory_info().rss
+        proxy.set_fault(fault)
+        peak = baseline
+        while process.poll() is None:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                peak = max(peak, sweep.memory_info().rss)
+            assert time.monotonic() - started < RUN_LIMIT_S, "the sweep hung"
+            time.sleep(0.01)
+        returncode, stderr, elapsed = _finish(process, started)
+    assert elapsed < 40, elapsed
+    result = _results(tmp_path)
+    first, faulted = result["levels"]
+    assert first["errors"] == {} and first["ok_count"] > 0
+    assert set(faulted["errors"]) == {"bad response"}, faulted["errors"]
+    assert returncode == 4 and result["completed"], stderr
+    assert (peak - baseline) >> 20 < HOSTILE_GROWTH_MIB, (baseline >> 20, peak >> 20)
 
 
 def test_a_server_that_drops_everyone_and_comes_back_only_costs_errors(server: ServerProcess, tmp_path: Path) -> None:
