@@ -2,8 +2,8 @@
 block, a reply message past the size a call takes, DATA past the message its prefix announced, and
 PING or SETTINGS floods from a server that reads none of the answers. Each must fail its call with a
 clear, counted status and hold no more than `perfkit.wire.limits` allows; a call that fails alone
-leaves its connection serving. Every server here is bounded: it stops after BUDGET bytes or when the
-client hangs up, and a scripted server never outlives its test."""
+leaves its connection serving. Each runs on asyncio's loop and on uvloop's. Every server here is
+bounded: it stops after BUDGET bytes or when the client hangs up, and never outlives its test."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ import asyncio
 import contextlib
 import re
 import struct
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import hpack
 import numpy as np
@@ -29,6 +30,8 @@ DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION =
 END_STREAM, ACK, END_HEADERS = 0x1, 0x1, 0x4
 OK, RESOURCE_EXHAUSTED, UNAVAILABLE = 0, 8, 14
 CANCEL, ENHANCE_YOUR_CALM = 8, 11
+T = TypeVar("T")
+Runner = Callable[[Coroutine[Any, Any, T]], T]  # tests/unit/conftest.py's `run`: asyncio's loop, then uvloop's
 BUDGET = 64 << 20  # the most a hostile server here sends on one connection
 
 
@@ -157,83 +160,95 @@ async def serve_then_answer(peer: Peer, hostile: Callable[[Peer, int], Awaitable
 # --- a reply's message --------------------------------------------------------------------------------
 
 
-async def test_a_message_announced_past_the_limit_is_refused_at_its_prefix() -> None:
-    huge = 0xFFFFFFFF
+def test_a_message_announced_past_the_limit_is_refused_at_its_prefix(run: Runner[None]) -> None:
+    async def scenario() -> None:
+        huge = 0xFFFFFFFF
 
-    async def hostile(peer: Peer, sid: int) -> None:
-        await peer.send(peer.headers(sid) + frame(DATA, 0, sid, b"\x00" + huge.to_bytes(4, "big")))
-        while not peer.resets:  # the client gives up on the stream at once: more would be dropped
-            await peer.frame()
+        async def hostile(peer: Peer, sid: int) -> None:
+            await peer.send(peer.headers(sid) + frame(DATA, 0, sid, b"\x00" + huge.to_bytes(4, "big")))
+            while not peer.resets:  # the client gives up on the stream at once: more would be dropped
+                await peer.frame()
 
-    async with scripted(lambda peer: serve_then_answer(peer, hostile)) as server, channel_to(server) as channel:
-        call = await channel.call(channel.encode(INFER, b"m", timeout_s=10))
-        after = await channel.call(channel.encode(INFER, b"m", timeout_s=10))
-    assert (call.status, call.details) == (
-        RESOURCE_EXHAUSTED,
-        f"received message larger than max ({huge} vs. {MAX_REPLY_BODY})",
-    )
-    assert server.peers[0].resets == [(1, CANCEL)]
-    assert (after.status, after.message, len(server.peers)) == (OK, b"after", 1)  # the connection serves on
+        async with scripted(lambda peer: serve_then_answer(peer, hostile)) as server, channel_to(server) as channel:
+            call = await channel.call(channel.encode(INFER, b"m", timeout_s=10))
+            after = await channel.call(channel.encode(INFER, b"m", timeout_s=10))
+        assert (call.status, call.details) == (
+            RESOURCE_EXHAUSTED,
+            f"received message larger than max ({huge} vs. {MAX_REPLY_BODY})",
+        )
+        assert server.peers[0].resets == [(1, CANCEL)]
+        assert (after.status, after.message, len(server.peers)) == (OK, b"after", 1)  # the connection serves on
+
+    run(scenario())
 
 
 @pytest.mark.parametrize("announced", [2 << 20, 10])
-async def test_data_past_the_limit_or_past_its_message_fails_the_call_as_it_comes(announced: int) -> None:
-    cap = 1 << 20
-    chunk = b"\0" * 16384
+def test_data_past_the_limit_or_past_its_message_fails_the_call_as_it_comes(run: Runner[None], announced: int) -> None:
+    async def scenario() -> None:
+        cap = 1 << 20
+        chunk = b"\0" * 16384
 
-    async def hostile(peer: Peer, sid: int) -> None:
-        await peer.send(peer.headers(sid) + frame(DATA, 0, sid, b"\x00" + announced.to_bytes(4, "big")))
-        reset = asyncio.ensure_future(peer.until_reset())
-        while not reset.done() and peer.sent < BUDGET:  # DATA without end, until the client resets the stream
-            await peer.send(frame(DATA, 0, sid, chunk))
-            await asyncio.sleep(0)
-        await reset
+        async def hostile(peer: Peer, sid: int) -> None:
+            await peer.send(peer.headers(sid) + frame(DATA, 0, sid, b"\x00" + announced.to_bytes(4, "big")))
+            reset = asyncio.ensure_future(peer.until_reset())
+            while not reset.done() and peer.sent < BUDGET:  # DATA without end, until the client resets the stream
+                await peer.send(frame(DATA, 0, sid, chunk))
+                await asyncio.sleep(0)
+            await reset
 
-    script = lambda peer: serve_then_answer(peer, hostile)  # noqa: E731
-    async with scripted(script) as server, channel_to(server, max_message=cap) as channel:
-        call = await channel.call(channel.encode(INFER, b"m", timeout_s=10))
-        after = await channel.call(channel.encode(INFER, b"m", timeout_s=10))
-    if announced > cap:
-        assert (call.status, call.details) == (
-            RESOURCE_EXHAUSTED,
-            f"received message larger than max ({announced} vs. {cap})",
-        )
-    else:
-        assert call.status == MALFORMED
-        assert call.details == "the reply's DATA runs past the 10-byte message its prefix announced"
-    assert (after.status, after.message) == (OK, b"after")
-    assert server.peers[0].sent < 8 << 20  # refused within a few frames, not after the budget
+        script = lambda peer: serve_then_answer(peer, hostile)  # noqa: E731
+        async with scripted(script) as server, channel_to(server, max_message=cap) as channel:
+            call = await channel.call(channel.encode(INFER, b"m", timeout_s=10))
+            after = await channel.call(channel.encode(INFER, b"m", timeout_s=10))
+        if announced > cap:
+            assert (call.status, call.details) == (
+                RESOURCE_EXHAUSTED,
+                f"received message larger than max ({announced} vs. {cap})",
+            )
+        else:
+            assert call.status == MALFORMED
+            assert call.details == "the reply's DATA runs past the 10-byte message its prefix announced"
+        assert (after.status, after.message) == (OK, b"after")
+        assert server.peers[0].sent < 8 << 20  # refused within a few frames, not after the budget
+
+    run(scenario())
 
 
-async def test_a_message_at_the_limit_is_taken_whole() -> None:
-    cap = 1 << 20
-    message = bytes(range(256)) * (cap // 256)
+def test_a_message_at_the_limit_is_taken_whole(run: Runner[None]) -> None:
+    async def scenario() -> None:
+        cap = 1 << 20
+        message = bytes(range(256)) * (cap // 256)
 
-    async def script(peer: Peer) -> None:
-        await peer.handshake()
-        await peer.respond(await peer.request(), message)
-        await peer.reader.read()
+        async def script(peer: Peer) -> None:
+            await peer.handshake()
+            await peer.respond(await peer.request(), message)
+            await peer.reader.read()
 
-    async with scripted(script) as server, channel_to(server, max_message=cap) as channel:
-        call = await channel.call(channel.encode(INFER, b"m", timeout_s=10))
-    assert (call.status, call.message == message) == (OK, True), call.details
+        async with scripted(script) as server, channel_to(server, max_message=cap) as channel:
+            call = await channel.call(channel.encode(INFER, b"m", timeout_s=10))
+        assert (call.status, call.message == message) == (OK, True), call.details
+
+    run(scenario())
 
 
 # --- header blocks and floods ---------------------------------------------------------------------------
 
 
-async def test_an_endless_header_block_fails_the_connection() -> None:
-    async def script(peer: Peer) -> None:
-        await peer.handshake()
-        sid = await peer.request()
-        await peer.send(peer.headers(sid, flags=0))  # no END_HEADERS: CONTINUATIONs follow, without end
-        await peer.flood(frame(CONTINUATION, 0, sid, b"\x00\x01a\x01b" * 3000))
+def test_an_endless_header_block_fails_the_connection(run: Runner[None]) -> None:
+    async def scenario() -> None:
+        async def script(peer: Peer) -> None:
+            await peer.handshake()
+            sid = await peer.request()
+            await peer.send(peer.headers(sid, flags=0))  # no END_HEADERS: CONTINUATIONs follow, without end
+            await peer.flood(frame(CONTINUATION, 0, sid, b"\x00\x01a\x01b" * 3000))
 
-    async with scripted(script) as server, channel_to(server) as channel:
-        call = await channel.call(channel.encode(INFER, b"m", timeout_s=10))
-        await asyncio.wait_for(server.done.wait(), 10)
-    assert call.status == UNAVAILABLE and "header block over" in call.details, call.details
-    assert server.peers[0].sent < 16 << 20
+        async with scripted(script) as server, channel_to(server) as channel:
+            call = await channel.call(channel.encode(INFER, b"m", timeout_s=10))
+            await asyncio.wait_for(server.done.wait(), 10)
+        assert call.status == UNAVAILABLE and "header block over" in call.details, call.details
+        assert server.peers[0].sent < 16 << 20
+
+    run(scenario())
 
 
 FLOODS = {
@@ -243,71 +258,83 @@ FLOODS = {
 
 
 @pytest.mark.parametrize("kind", list(FLOODS))
-async def test_a_flood_of_frames_to_answer_from_a_server_that_reads_none_is_cut_off(kind: str) -> None:
-    async def script(peer: Peer) -> None:
-        await peer.handshake()
-        await peer.request()
-        await peer.flood(FLOODS[kind])  # and never reads again
+def test_a_flood_of_frames_to_answer_from_a_server_that_reads_none_is_cut_off(run: Runner[None], kind: str) -> None:
+    async def scenario() -> None:
+        async def script(peer: Peer) -> None:
+            await peer.handshake()
+            await peer.request()
+            await peer.flood(FLOODS[kind])  # and never reads again
 
-    async with scripted(script) as server, channel_to(server) as channel:
-        call = await channel.call(channel.encode(INFER, b"m", timeout_s=15))
-        await asyncio.wait_for(server.done.wait(), 15)
-    assert call.status == UNAVAILABLE and "read none of the answers" in call.details, call.details
-    queued = int(re.search(r"(\d+) bytes of them queued", call.details)[1])  # type: ignore[index]
-    assert MAX_CONTROL_BACKLOG < queued < MAX_CONTROL_BACKLOG + (1 << 20)  # one read's answers past the bound
-    assert server.peers[0].sent < BUDGET  # the client hung up: it did not read on forever
+        async with scripted(script) as server, channel_to(server) as channel:
+            call = await channel.call(channel.encode(INFER, b"m", timeout_s=15))
+            await asyncio.wait_for(server.done.wait(), 15)
+        assert call.status == UNAVAILABLE and "read none of the answers" in call.details, call.details
+        queued = int(re.search(r"(\d+) bytes of them queued", call.details)[1])  # type: ignore[index]
+        assert MAX_CONTROL_BACKLOG < queued < MAX_CONTROL_BACKLOG + (1 << 20)  # one read's answers past the bound
+        assert server.peers[0].sent < BUDGET  # the client hung up: it did not read on forever
+
+    run(scenario())
 
 
-async def test_a_large_request_to_a_slow_reader_is_no_flood() -> None:
+def test_a_large_request_to_a_slow_reader_is_no_flood(run: Runner[None]) -> None:
     """Our own request data backed up in the transport, and the data the server's windows let out
     while it reads slowly, with pings on the way, are not answers queued for a server that never
     reads: the call goes through."""
-    request = b"\1" * (48 << 20)
 
-    async def script(peer: Peer) -> None:
-        await peer.handshake(initial_window_size=65535)
-        await asyncio.sleep(0.2)  # let the client's buffer back up
-        await peer.send(
-            frame(WINDOW_UPDATE, 0, 0, (1 << 30).to_bytes(4, "big"))
-            + frame(WINDOW_UPDATE, 0, 1, (1 << 30).to_bytes(4, "big"))
-        )
-        received = 0
-        while True:
-            ftype, flags, sid, payload = await peer.frame()
-            if ftype == DATA:
-                received += len(payload)
-                if received % (4 << 20) < 16384:
-                    await peer.send(frame(PING, 0, 0, b"slowslow"))
-                    await asyncio.sleep(0.01)
-                if flags & END_STREAM:
-                    break
-        await peer.respond(sid, b"%d" % received)
-        await peer.reader.read()
+    async def scenario() -> None:
+        request = b"\1" * (48 << 20)
 
-    async with scripted(script) as server, channel_to(server) as channel:
-        call = await channel.call(channel.encode(INFER, request, timeout_s=15))
-    assert (call.status, call.message) == (OK, b"%d" % (len(request) + 5)), call.details
+        async def script(peer: Peer) -> None:
+            await peer.handshake(initial_window_size=65535)
+            await asyncio.sleep(0.2)  # let the client's buffer back up
+            await peer.send(
+                frame(WINDOW_UPDATE, 0, 0, (1 << 30).to_bytes(4, "big"))
+                + frame(WINDOW_UPDATE, 0, 1, (1 << 30).to_bytes(4, "big"))
+            )
+            received = 0
+            while True:
+                ftype, flags, sid, payload = await peer.frame()
+                if ftype == DATA:
+                    received += len(payload)
+                    if received % (4 << 20) < 16384:
+                        await peer.send(frame(PING, 0, 0, b"slowslow"))
+                        await asyncio.sleep(0.01)
+                    if flags & END_STREAM:
+                        break
+            await peer.respond(sid, b"%d" % received)
+            await peer.reader.read()
+
+        async with scripted(script) as server, channel_to(server) as channel:
+            call = await channel.call(channel.encode(INFER, request, timeout_s=15))
+        assert (call.status, call.message) == (OK, b"%d" % (len(request) + 5)), call.details
+
+    run(scenario())
 
 
 # --- through perfkit's GrpcClient: the kinds reports count ----------------------------------------------
 
 
-async def test_the_client_counts_refused_replies_by_kind() -> None:
-    replies = iter([(0xFFFFFFFF, "grpc RESOURCE_EXHAUSTED"), (3, "bad response")])
+def test_the_client_counts_refused_replies_by_kind(run: Runner[None]) -> None:
+    async def scenario() -> None:
+        replies = iter([(0xFFFFFFFF, "grpc RESOURCE_EXHAUSTED"), (3, "bad response")])
 
-    async def script(peer: Peer) -> None:
-        await peer.handshake()
-        while True:
-            sid = await peer.request()
-            announced, _ = next(replies)
-            await peer.send(peer.headers(sid) + frame(DATA, 0, sid, b"\x00" + announced.to_bytes(4, "big") + b"12345"))
+        async def script(peer: Peer) -> None:
+            await peer.handshake()
+            while True:
+                sid = await peer.request()
+                announced, _ = next(replies)
+                await peer.send(
+                    peer.headers(sid) + frame(DATA, 0, sid, b"\x00" + announced.to_bytes(4, "big") + b"12345")
+                )
 
-    async with scripted(script) as server:
-        client = make_client(f"127.0.0.1:{server.port}", "grpc", request_timeout_s=10.0)
-        try:
-            tensor = v2.InferTensor("INPUT0", "FP32", [1], np.zeros(1, np.float32))
-            prepared = client.prepare(v2.InferRequest("m", inputs=[tensor]))
-            kinds = [(await client.send(prepared)).error for _ in range(2)]
-        finally:
-            await client.close()
-    assert kinds == ["grpc RESOURCE_EXHAUSTED", "bad response"]
+        async with scripted(script) as server:
+            client = make_client(f"127.0.0.1:{server.port}", "grpc", request_timeout_s=10.0)
+            try:
+                tensor = v2.InferTensor("INPUT0", "FP32", [1], np.zeros(1, np.float32))
+                prepared = client.prepare(v2.InferRequest("m", inputs=[tensor]))
+                kinds = [(await client.send(prepared)).error for _ in range(2)]
+            finally:
+                await client.close()
+        assert kinds == ["grpc RESOURCE_EXHAUSTED", "bad response"]
+
+    run(scenario())
