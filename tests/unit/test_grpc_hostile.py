@@ -28,7 +28,7 @@ INFER = "/inference.GRPCInferenceService/ModelInfer"
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, RST_STREAM, SETTINGS, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = 0, 1, 3, 4, 6, 7, 8, 9
 END_STREAM, ACK, END_HEADERS = 0x1, 0x1, 0x4
-OK, RESOURCE_EXHAUSTED, UNAVAILABLE = 0, 8, 14
+OK, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, UNAVAILABLE = 0, 4, 8, 14
 CANCEL, ENHANCE_YOUR_CALM = 8, 11
 T = TypeVar("T")
 Runner = Callable[[Coroutine[Any, Any, T]], T]  # tests/unit/conftest.py's `run`: asyncio's loop, then uvloop's
@@ -247,6 +247,31 @@ def test_an_endless_header_block_fails_the_connection(run: Runner[None]) -> None
             await asyncio.wait_for(server.done.wait(), 10)
         assert call.status == UNAVAILABLE and "header block over" in call.details, call.details
         assert server.peers[0].sent < 16 << 20
+
+    run(scenario())
+
+
+def test_empty_continuations_without_end_cost_the_call_its_deadline_not_memory(run: Runner[None]) -> None:
+    """Empty CONTINUATIONs grow no header block; the call's deadline ends the wait (or the engine,
+    should it bound the frames of one block, the connection)."""
+
+    async def scenario() -> None:
+        async def script(peer: Peer) -> None:
+            await peer.handshake()
+            sid = await peer.request()
+            await peer.send(peer.headers(sid, flags=0))
+            await peer.flood(frame(CONTINUATION, 0, sid) * 4096)
+
+        async with scripted(script) as server:
+            loop = asyncio.get_running_loop()
+            async with channel_to(server) as channel:
+                started = loop.time()
+                call = await channel.call(channel.encode(INFER, b"m", timeout_s=0.3))
+                took = loop.time() - started
+            await asyncio.wait_for(server.done.wait(), 10)
+        assert call.status in (DEADLINE_EXCEEDED, UNAVAILABLE), call.details
+        assert took < 5
+        assert server.peers[0].sent < BUDGET  # the client hung up when closed: it did not read on forever
 
     run(scenario())
 
