@@ -15,13 +15,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import grpc
 import hpack
 import numpy as np
 import pytest
+from tritonclient.grpc import service_pb2 as pb
 
+from perfkit.errors import TargetError
 from perfkit.wire.client import make_client
 from perfkit.wire.grpc_channel import MALFORMED, Channel
-from perfkit.wire.limits import MAX_CONTROL_BACKLOG, MAX_REPLY_BODY
+from perfkit.wire.limits import MAX_CONTROL_BACKLOG, MAX_CONTROL_REPLY, MAX_REPLY_BODY
 from v2kit import codec as v2
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -361,5 +364,32 @@ def test_the_client_counts_refused_replies_by_kind(run: Runner[None]) -> None:
             finally:
                 await client.close()
         assert kinds == ["grpc RESOURCE_EXHAUSTED", "bad response"]
+
+    run(scenario())
+
+
+def test_a_control_plane_answer_past_its_limit_is_refused(run: Runner[None]) -> None:
+    """Metadata, config, statistics and the like go through grpc.aio: its receive limit is MAX_CONTROL_REPLY."""
+
+    async def scenario() -> None:
+        huge = pb.ServerMetadataResponse(name="a" * (MAX_CONTROL_REPLY + 1)).SerializeToString()
+
+        async def metadata(request: bytes, context: object) -> bytes:
+            return huge
+
+        handler = grpc.method_handlers_generic_handler(
+            "inference.GRPCInferenceService", {"ServerMetadata": grpc.unary_unary_rpc_method_handler(metadata)}
+        )
+        server = grpc.aio.server(options=[("grpc.max_send_message_length", -1)])
+        server.add_generic_rpc_handlers((handler,))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        client = make_client(f"127.0.0.1:{port}", "grpc", request_timeout_s=10.0)
+        try:
+            with pytest.raises(TargetError, match="RESOURCE_EXHAUSTED"):
+                await client.server_metadata()
+        finally:
+            await client.close()
+            await server.stop(None)
 
     run(scenario())
