@@ -37,6 +37,12 @@ class Sink:
     def close(self) -> None:
         self.closing = True
 
+    def abort(self) -> None:
+        self.closing = True
+
+    def get_write_buffer_size(self) -> int:
+        return len(self.data)  # all of it waits until `take`, as if the peer did not read
+
     def take(self) -> bytes:
         data, self.data = bytes(self.data), bytearray()
         return data
@@ -139,7 +145,7 @@ class Pair:
     def request(self, body: bytes = b"hello", **extra: str) -> Stream:
         stream = Stream()
         stream_id = self.client.open_stream(stream)
-        self.client.send_headers(stream_id, block(**{":method": "POST", ":path": "/x", **extra}))
+        self.client.send_headers(stream_id, block(**{":method": "POST", ":scheme": "http", ":path": "/x", **extra}))
         self.client.send_data(stream, body, end_stream=True)
         return stream
 
@@ -166,7 +172,7 @@ def test_a_request_and_its_response() -> None:
     assert stream.id == 1 and stream.local_ended
     pair.exchange()
     assert pair.server_events.take() == [
-        ("opened", 1, {":method": "POST", ":path": "/x"}, False),
+        ("opened", 1, {":method": "POST", ":scheme": "http", ":path": "/x"}, False),
         ("data", 1, b"hello"),
         ("ended", 1),
     ]
@@ -318,7 +324,7 @@ def test_a_deadline_passes_once() -> None:
         (b"GET / HTTP/1.1\r\n\r\n", "the client did not start with the HTTP/2 preface: it is not HTTP/2"),
         (h2.PREFACE + frame(h2.PING, 0, 0, bytes(8)), "the client did not start with SETTINGS: it is not HTTP/2"),
         (h2.PREFACE + frame(h2.SETTINGS, 0, 0, b"12345"), "the client sent a malformed SETTINGS frame"),
-        (h2.PREFACE + bytes(9) + frame(h2.HEADERS, 4, 2, b""), "the client sent headers on stream 2, which we never opened"),
+        (h2.PREFACE + frame(h2.SETTINGS, 0, 0) + frame(h2.HEADERS, 4, 2, b""), "the client sent headers on stream 2, which we never opened"),
     ],
 )  # fmt: skip
 def test_a_peer_that_breaks_the_rules_gets_goaway(data: bytes, reason: str) -> None:
