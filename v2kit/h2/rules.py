@@ -140,7 +140,7 @@ def control_problem(
             return h2.FRAME_SIZE_ERROR, "a malformed WINDOW_UPDATE"
         if not stream_id and not int.from_bytes(payload, "big") & h2.MAX_WINDOW:
             return h2.PROTOCOL_ERROR, "a WINDOW_UPDATE of 0 on the connection"
-    elif ftype == h2.PRIORITY and not stream_id:
+    elif ftype == h2.PRIORITY_FRAME and not stream_id:
         return h2.PROTOCOL_ERROR, "PRIORITY on stream 0"
     return None
 
