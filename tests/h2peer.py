@@ -41,11 +41,17 @@ def request_fields(path: str = LIVE, method: str = "POST") -> list[tuple[str, st
 class Peer:
     """One connection: `send` raw bytes, `next` frame in (None once the server has closed)."""
 
-    def __init__(self, port: int, *, timeout_s: float = 5.0) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout_s)
+    def __init__(self, port: int, *, timeout_s: float = 5.0, receive_buffer: int = 0) -> None:
+        """`receive_buffer`: the socket's SO_RCVBUF (0: the system's), small for a peer that never reads."""
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if receive_buffer:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        self.sock.settimeout(timeout_s)
+        self.sock.connect(("127.0.0.1", port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.timeout_s = timeout_s
         self.encoder = hpack.Encoder()
+        self.decoder = hpack.Decoder()
         self.buffer = bytearray()
         self.read = 0
         self.closed = False
@@ -125,6 +131,10 @@ class Peer:
                 self.closed = True
             self.read += len(data)
             self.buffer += data
+
+    def fields(self, f: Frame) -> dict[str, str]:
+        """A HEADERS frame's fields (decoded in order: call it for every HEADERS that comes)."""
+        return {str(k): str(v) for k, v in self.decoder.decode(f.payload)}
 
     def ping(self, data: bytes = b"h2spec\x00\x01") -> None:
         self.send(frame(h2.PING, 0, 0, data))
