@@ -53,9 +53,7 @@ def still_serves(server: ServerProcess) -> None:
         raise AssertionError("the server closed a good connection")
 
 
-@pytest.mark.parametrize(
-    "flood", [frame(h2.PING, 0, 0, bytes(8)), frame(h2.SETTINGS, 0, 0)], ids=["PING", "SETTINGS"]
-)
+@pytest.mark.parametrize("flood", [frame(h2.PING, 0, 0, bytes(8)), frame(h2.SETTINGS, 0, 0)], ids=["PING", "SETTINGS"])
 def test_a_flood_from_a_client_that_never_reads_is_cut_off(server: ServerProcess, flood: bytes) -> None:
     before = rss_mb(server)
     with Peer(grpc_port(server), timeout_s=30, receive_buffer=4096) as p:
