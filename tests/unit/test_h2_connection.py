@@ -336,3 +336,66 @@ def test_a_peer_that_breaks_the_rules_gets_goaway(data: bytes, reason: str) -> N
     server.receive(data)
     assert events.take() == [("failed", reason)]
     assert frames_in(sink.take())[-1][0] == h2.GOAWAY and sink.closing
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        {"content-type": "application/grpc"},  # no :status
+        {":status": "200", ":path": "/x"},  # a request's pseudo-header
+        {":status": "2000"},
+        {":status": "200", "Content-Type": "application/grpc"},
+        {":status": "200", "connection": "close"},
+    ],
+)
+def test_a_malformed_response_is_a_stream_error(response: dict[str, str]) -> None:
+    pair = Pair()
+    pair.request()
+    pair.exchange()
+    pair.client_events.take()
+    pair.server.send_headers(1, block(**response))
+    pair.client.receive(pair.server_sink.take())
+    assert pair.client_events.take() == [("reset", 1, h2.PROTOCOL_ERROR)]
+    assert (h2.RST_STREAM, 0, 1, h2.PROTOCOL_ERROR.to_bytes(4, "big")) in frames_in(pair.client_sink.take())
+    assert not pair.client.closed()
+
+
+def test_trailers_with_a_pseudo_header_or_without_end_stream_are_a_stream_error() -> None:
+    pair = Pair()
+    pair.request()
+    pair.request()
+    pair.exchange()
+    pair.server.send_headers(1, block(**{":status": "200"}))
+    pair.server.send_headers(1, block(**{":status": "200"}), end_stream=True)  # pseudo-header in trailers
+    pair.server.send_headers(3, block(**{":status": "200"}))
+    pair.server.send_headers(3, block(**{"grpc-status": "0"}))  # a second block, not the end
+    pair.client_events.take()
+    pair.client.receive(pair.server_sink.take())
+    resets = [e for e in pair.client_events.take() if e[0] == "reset"]
+    assert resets == [("reset", 1, h2.PROTOCOL_ERROR), ("reset", 3, h2.PROTOCOL_ERROR)]
+
+
+def test_rapid_reset_ends_the_connection_and_a_slow_one_does_not() -> None:
+    pair = Pair(max_streams=2000)
+    for _ in range(100):
+        stream = pair.request()
+        pair.exchange()
+        pair.client.reset_stream(stream, h2.CANCEL)
+        pair.exchange()
+        pair.clock.advance(1 / 30)  # under 33/s
+    assert not pair.server.closed()
+    pair.server_events.take()
+    for _ in range(1100):  # at once: over the burst of 1000
+        pair.client.reset_stream(pair.request(), h2.CANCEL)
+    pair.exchange()
+    assert ("failed", "the client reset streams faster than 33/s") in pair.server_events.take()
+    assert pair.server.closed()
+
+
+def test_unread_answers_past_the_cap_end_the_connection() -> None:
+    pair = Pair()
+    pair.server.receive(frame(h2.PING, 0, 0, bytes(8)) * 1000)  # the test sink holds them all: unread
+    assert not pair.server.closed()
+    pair.server.receive(frame(h2.PING, 0, 0, bytes(8)) * 2)
+    assert pair.server.closed()
+    assert pair.server_events.take() == [("failed", "the client floods us with frames to answer and reads none")]
