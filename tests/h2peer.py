@@ -69,7 +69,9 @@ class Peer:
     def send(self, data: bytes) -> None:
         try:
             self.sock.sendall(data)
-        except OSError:
+        except TimeoutError:
+            raise AssertionError("the server stopped reading") from None
+        except OSError:  # reset or closed by the server
             self.closed = True
 
     def handshake(self, settings: bytes = b"") -> None:
