@@ -16,15 +16,17 @@ deserialised leniently, and a `_Context` whose `abort` and `write` stand in for 
   allow; a failure before any answer as trailers only (grpc-status, and grpc-message
   percent-encoded).
 - *Limits.* A message over `max_message_bytes` either way is RESOURCE_EXHAUSTED, checked on its
-  5-byte prefix before it is buffered; a compressed message is UNIMPLEMENTED (we accept only
-  identity, and say so in grpc-accept-encoding). With a token, every method but the health probes
-  wants `authorization: Bearer ...`.
+  5-byte prefix before it is buffered, and so is a unary request whose DATA runs past the message
+  its prefix announced (at its first extra byte: nothing past it is kept) and a connection whose
+  calls together hold more than one largest message (`max_held_bytes`). A compressed message is
+  UNIMPLEMENTED (we accept only identity, and say so in grpc-accept-encoding). With a token,
+  every method but the health probes wants `authorization: Bearer ...`.
 - *Deadlines.* A call with `grpc-timeout` that has not ended by then is cancelled and answered
   DEADLINE_EXCEEDED, as grpc's core does (the connection's one timer).
 - *HTTP/2.* Stream windows of 2 GiB - 1 and at most `MAX_STREAMS` streams a connection (past it,
-  RST_STREAM REFUSED_STREAM); a broken preface, an oversized frame, a bad header block or a frame
-  out of place ends the connection with GOAWAY. Our header blocks are literals without indexing,
-  so they never touch the client's HPACK table.
+  RST_STREAM REFUSED_STREAM); whatever breaks RFC 9113 gets the RFC's answer from the engine
+  (GOAWAY, or RST_STREAM for a malformed request), floods and rapid reset ENHANCE_YOUR_CALM.
+  Our header blocks are literals without indexing, so they never touch the client's HPACK table.
 
 `stop(grace_s)` sends GOAWAY, lets the calls in progress finish within the grace period, then
 closes every connection.
