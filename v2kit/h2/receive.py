@@ -308,8 +308,7 @@ class Receiver(Generic[S]):
                         self.fail(h2.FLOW_CONTROL_ERROR, f"{self._peer}'s SETTINGS took a window over 2^31-1")
                         return
             elif key == h2.MAX_FRAME_SIZE:
-                # We never send more than the default: larger frames save nothing on a unary call.
-                self._max_frame = min(value, h2.DEFAULT_FRAME) if value >= h2.DEFAULT_FRAME else h2.DEFAULT_FRAME
+                self._max_frame = value  # within 2^14..2^24-1: `rules.settings_problem` checked it
             elif key == h2.MAX_CONCURRENT_STREAMS:
                 self.peer_max_streams = value
         self._answer(frame(h2.SETTINGS, h2.ACK, 0))
