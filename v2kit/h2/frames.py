@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import hpack
 import hpack.exceptions
 
-from v2kit.h2.rules import Fields, classify
+from v2kit.h2.fields import Fields, classify
 
 __all__ = [
     "BadHeaderBlock", "EncodedCall", "FrameReader", "FrameTooLarge", "HeaderDecoder", "encode_call",

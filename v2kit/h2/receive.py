@@ -18,6 +18,7 @@ from typing import Generic
 from v2kit.h2 import frames as h2
 from v2kit.h2 import rules
 from v2kit.h2.events import Cancellable, Events, Payload, S, Sink
+from v2kit.h2.fields import Fields
 from v2kit.h2.frames import BadHeaderBlock, FrameReader, FrameTooLarge, HeaderDecoder, frame
 
 __all__ = ["Receiver"]
@@ -262,7 +263,7 @@ class Receiver(Generic[S]):
         else:
             self._open_peer_stream(stream_id, fields, end_stream, problem)
 
-    def _open_peer_stream(self, stream_id: int, fields: rules.Fields, end_stream: bool, problem: str | None) -> None:
+    def _open_peer_stream(self, stream_id: int, fields: Fields, end_stream: bool, problem: str | None) -> None:
         self._last_peer_stream = stream_id
         problem = problem or fields.request
         if problem is not None:
