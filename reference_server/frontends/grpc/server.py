@@ -116,7 +116,7 @@ class _Call(Stream):
     """A stream carrying one call: its method, the request bytes not yet taken, its task, and
     whether its answer's headers are out and a sender waits for its data to leave."""
 
-    __slots__ = ("method", "chunks", "size", "need", "task", "requests", "headers_sent", "drained")
+    __slots__ = ("method", "chunks", "size", "need", "task", "requests", "queued", "headers_sent", "drained")
 
     def __init__(self, method: _Method) -> None:
         super().__init__()
@@ -125,7 +125,9 @@ class _Call(Stream):
         self.size = 0
         self.need = 5  # request bytes to have before the next message prefix is looked at
         self.task: asyncio.Task[None] | None = None
-        self.requests: asyncio.Queue[Any] | None = None  # ModelStreamInfer's requests; None ends them
+        # ModelStreamInfer's requests and their sizes on the wire; None ends them.
+        self.requests: asyncio.Queue[tuple[Any, int] | None] | None = None
+        self.queued = 0  # bytes of the requests in `requests`, not yet taken by the servicer
         self.headers_sent = False
         self.drained: asyncio.Future[None] | None = None  # a sender waiting for its data to leave
 
@@ -289,21 +291,27 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
             if end - pos - 5 < length:
                 call.need = 5 + length
                 break
-            call.requests.put_nowait(call.method.deserialize(buffer[pos + 5 : pos + 5 + length]))
+            # Still held until the servicer takes it: a client that streams faster than the
+            # servicer serves meets the connection's bound, not the machine's memory.
+            call.requests.put_nowait((call.method.deserialize(buffer[pos + 5 : pos + 5 + length]), 5 + length))
+            call.queued += 5 + length
             pos += 5 + length
         else:
             call.need = 5
         rest = buffer[pos:]
         call.chunks = [rest] if rest else []
-        self.buffered -= call.size - len(rest)
-        call.size = len(rest)
+        call.size = len(rest)  # and `buffered` as it was: what left `chunks` is in `requests` now
         if self.buffered > self._server.max_held_bytes:
             self._over_held(call)
 
     async def _requests(self, call: _Call) -> AsyncIterator[Any]:
         queue = call.requests
         assert queue is not None
-        while (request := await queue.get()) is not None:
+        while (item := await queue.get()) is not None:
+            request, size = item
+            if call.queued >= size:  # else `_release` has dropped it from the count already
+                call.queued -= size
+                self.buffered -= size
             yield request
 
     # -- running calls
@@ -336,6 +344,8 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
         except Exception as exc:
             self._crashed(call, exc)
             return
+        finally:
+            self._release(call)  # requests the servicer left unread
         self._finish(call, 0, "")
 
     def _crashed(self, call: _Call, exc: Exception) -> None:
@@ -405,10 +415,11 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
         self._fail_call(call, status.RESOURCE_EXHAUSTED, f"the calls on this connection hold over {limit} bytes")
 
     def _release(self, call: _Call) -> None:
-        """Drop what `call` holds of its request."""
-        self.buffered -= call.size
+        """Drop what `call` holds of its request (its requests queued included, from the count)."""
+        self.buffered -= call.size + call.queued
         call.chunks = []
         call.size = 0
+        call.queued = 0
 
 
 def _wake(call: _Call) -> None:
