@@ -339,3 +339,44 @@ def test_a_call_past_its_deadline_is_cancelled_and_told_so(run: Any) -> None:
     expired, answered, cancelled = run(main())
     assert expired["grpc-status"] == "4" and "Deadline" in expired["grpc-message"]  # DEADLINE_EXCEEDED
     assert answered["grpc-status"] == "0" and cancelled == 1
+
+
+class Deaf(Servicer):
+    """A ModelStreamInfer that never reads its requests."""
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> None:
+        await self.release.wait()
+
+
+def test_requests_a_stream_servicer_leaves_unread_count_against_the_connection(run: Any) -> None:
+    async def main() -> dict[str, str]:
+        server, port = await start(Deaf(), max_message_bytes=1000)
+        peer = await Peer.connect(port)
+        peer.writer.write(frame(h2.HEADERS, h2.END_HEADERS, 1, peer.headers_block("ModelStreamInfer")))
+        message = pb.ModelInferRequest(id="x" * 200).SerializeToString()
+        for _ in range(10):  # 2 KB queued, unread: over one largest message
+            peer.writer.write(frame(h2.DATA, 0, 1, b"\x00" + len(message).to_bytes(4, "big") + message))
+        _, _, trailers = await peer.until(1)
+        peer.call(3, "ServerLive", b"")  # the connection goes on, its count back to nothing
+        assert (await peer.until(3))[2]["grpc-status"] == "0"
+        peer.close()
+        await server.stop(1)
+        return trailers
+
+    trailers = run(main())
+    assert trailers["grpc-status"] == "8" and "hold over 1005 bytes" in trailers["grpc-message"]
+
+
+def test_a_unary_request_past_its_announced_length_is_refused_at_once(run: Any) -> None:
+    async def main() -> dict[str, str]:
+        server, port = await start(Servicer())
+        peer = await Peer.connect(port)
+        peer.call(1, "ServerLive", b"", end=False)  # a prefix announcing 0 bytes, the stream left open
+        peer.writer.write(frame(h2.DATA, 0, 1, b"more"))
+        _, _, trailers = await peer.until(1)
+        peer.close()
+        await server.stop(1)
+        return trailers
+
+    trailers = run(main())
+    assert trailers["grpc-status"] == "8" and "announced length" in trailers["grpc-message"]

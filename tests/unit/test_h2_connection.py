@@ -37,6 +37,12 @@ class Sink:
     def close(self) -> None:
         self.closing = True
 
+    def abort(self) -> None:
+        self.closing = True
+
+    def get_write_buffer_size(self) -> int:
+        return len(self.data)  # all of it waits until `take`, as if the peer did not read
+
     def take(self) -> bytes:
         data, self.data = bytes(self.data), bytearray()
         return data
@@ -139,7 +145,7 @@ class Pair:
     def request(self, body: bytes = b"hello", **extra: str) -> Stream:
         stream = Stream()
         stream_id = self.client.open_stream(stream)
-        self.client.send_headers(stream_id, block(**{":method": "POST", ":path": "/x", **extra}))
+        self.client.send_headers(stream_id, block(**{":method": "POST", ":scheme": "http", ":path": "/x", **extra}))
         self.client.send_data(stream, body, end_stream=True)
         return stream
 
@@ -166,7 +172,7 @@ def test_a_request_and_its_response() -> None:
     assert stream.id == 1 and stream.local_ended
     pair.exchange()
     assert pair.server_events.take() == [
-        ("opened", 1, {":method": "POST", ":path": "/x"}, False),
+        ("opened", 1, {":method": "POST", ":scheme": "http", ":path": "/x"}, False),
         ("data", 1, b"hello"),
         ("ended", 1),
     ]
@@ -318,7 +324,7 @@ def test_a_deadline_passes_once() -> None:
         (b"GET / HTTP/1.1\r\n\r\n", "the client did not start with the HTTP/2 preface: it is not HTTP/2"),
         (h2.PREFACE + frame(h2.PING, 0, 0, bytes(8)), "the client did not start with SETTINGS: it is not HTTP/2"),
         (h2.PREFACE + frame(h2.SETTINGS, 0, 0, b"12345"), "the client sent a malformed SETTINGS frame"),
-        (h2.PREFACE + bytes(9) + frame(h2.HEADERS, 4, 2, b""), "the client sent headers on stream 2, which we never opened"),
+        (h2.PREFACE + frame(h2.SETTINGS, 0, 0) + frame(h2.HEADERS, 4, 2, b""), "the client sent headers on stream 2, which we never opened"),
     ],
 )  # fmt: skip
 def test_a_peer_that_breaks_the_rules_gets_goaway(data: bytes, reason: str) -> None:
@@ -330,3 +336,66 @@ def test_a_peer_that_breaks_the_rules_gets_goaway(data: bytes, reason: str) -> N
     server.receive(data)
     assert events.take() == [("failed", reason)]
     assert frames_in(sink.take())[-1][0] == h2.GOAWAY and sink.closing
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        {"content-type": "application/grpc"},  # no :status
+        {":status": "200", ":path": "/x"},  # a request's pseudo-header
+        {":status": "2000"},
+        {":status": "200", "Content-Type": "application/grpc"},
+        {":status": "200", "connection": "close"},
+    ],
+)
+def test_a_malformed_response_is_a_stream_error(response: dict[str, str]) -> None:
+    pair = Pair()
+    pair.request()
+    pair.exchange()
+    pair.client_events.take()
+    pair.server.send_headers(1, block(**response))
+    pair.client.receive(pair.server_sink.take())
+    assert pair.client_events.take() == [("reset", 1, h2.PROTOCOL_ERROR)]
+    assert (h2.RST_STREAM, 0, 1, h2.PROTOCOL_ERROR.to_bytes(4, "big")) in frames_in(pair.client_sink.take())
+    assert not pair.client.closed()
+
+
+def test_trailers_with_a_pseudo_header_or_without_end_stream_are_a_stream_error() -> None:
+    pair = Pair()
+    pair.request()
+    pair.request()
+    pair.exchange()
+    pair.server.send_headers(1, block(**{":status": "200"}))
+    pair.server.send_headers(1, block(**{":status": "200"}), end_stream=True)  # pseudo-header in trailers
+    pair.server.send_headers(3, block(**{":status": "200"}))
+    pair.server.send_headers(3, block(**{"grpc-status": "0"}))  # a second block, not the end
+    pair.client_events.take()
+    pair.client.receive(pair.server_sink.take())
+    resets = [e for e in pair.client_events.take() if e[0] == "reset"]
+    assert resets == [("reset", 1, h2.PROTOCOL_ERROR), ("reset", 3, h2.PROTOCOL_ERROR)]
+
+
+def test_rapid_reset_ends_the_connection_and_a_slow_one_does_not() -> None:
+    pair = Pair(max_streams=2000)
+    for _ in range(100):
+        stream = pair.request()
+        pair.exchange()
+        pair.client.reset_stream(stream, h2.CANCEL)
+        pair.exchange()
+        pair.clock.advance(1 / 30)  # under 33/s
+    assert not pair.server.closed()
+    pair.server_events.take()
+    for _ in range(1100):  # at once: over the burst of 1000
+        pair.client.reset_stream(pair.request(), h2.CANCEL)
+    pair.exchange()
+    assert ("failed", "the client reset streams faster than 33/s") in pair.server_events.take()
+    assert pair.server.closed()
+
+
+def test_unread_answers_past_the_cap_end_the_connection() -> None:
+    pair = Pair()
+    pair.server.receive(frame(h2.PING, 0, 0, bytes(8)) * 1000)  # the test sink holds them all: unread
+    assert not pair.server.closed()
+    pair.server.receive(frame(h2.PING, 0, 0, bytes(8)) * 2)
+    assert pair.server.closed()
+    assert pair.server_events.take() == [("failed", "the client floods us with frames to answer and reads none")]

@@ -7,10 +7,13 @@ streams and reads the answers; a server reads the streams the peer opens (`Event
 and answers them. `client` only says who sends the preface and which stream ids are whose.
 
 What it owns, once for both ends:
-- Frames in: one dispatch (`_on_frame`), CONTINUATION assembly, HPACK decoding (`HeaderDecoder`),
-  PING answered, SETTINGS followed and acknowledged, RST_STREAM, GOAWAY, PUSH_PROMISE refused.
-  A rule the peer breaks ends the connection in one place (`fail`: GOAWAY with its code, and a
-  reason the driver can show), so a new validation rule is one more check before a `fail`.
+- Frames in (`v2kit.h2.receive`, the base class): one dispatch, CONTINUATION assembly, HPACK
+  decoding, PING answered, SETTINGS followed and acknowledged, RST_STREAM, GOAWAY, PUSH_PROMISE
+  refused, every rule of RFC 9113 the peer may break (`v2kit.h2.rules`). A broken rule ends the
+  connection in one place (`fail`: GOAWAY with its code, and a reason the driver can show) or,
+  where the RFC says so, only its stream (RST_STREAM, and `Events.stream_reset` with the code).
+- Hostile peers: answers to the peer's own frames are capped while it reads none (PING and
+  SETTINGS floods: ENHANCE_YOUR_CALM), and so are the streams it opens and resets (rapid reset).
 - Flow control both ways. We advertise stream windows of 2 GiB - 1 and raise the connection window
   to match at once, giving the window back in 16 MiB batches, so a peer never waits for us. We send
   nothing larger than the peer's frame size or windows allow: data the windows cannot take yet
@@ -30,132 +33,19 @@ from __future__ import annotations
 import math
 import struct
 from collections import deque
-from collections.abc import Callable, Iterable
-from typing import Generic, Protocol, TypeVar
 
 from v2kit.h2 import frames as h2
-from v2kit.h2.frames import BadHeaderBlock, FrameReader, FrameTooLarge, HeaderDecoder, frame
+from v2kit.h2.events import Events, Payload, S, Sink, Stream
+from v2kit.h2.frames import frame
+from v2kit.h2.receive import Receiver
 
-__all__ = ["Connection", "Events", "Sink", "Stream"]
+__all__ = ["Connection", "Events", "Payload", "Sink", "Stream"]
 
-REPLENISH = 1 << 24  # give the receive window back after this many DATA bytes
-MAX_HEADER_BLOCK = 1 << 20  # a longer header block (HEADERS and CONTINUATIONs) ends the connection
 TIMER_SLACK_S = 0.001  # a timer may fire this early (libuv counts milliseconds)
 
-Payload = bytes | bytearray | memoryview
 
-
-class Sink(Protocol):
-    """Where a connection's bytes go: an asyncio transport has these methods."""
-
-    def write(self, data: bytes) -> None: ...
-    def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None: ...
-    def is_closing(self) -> bool: ...
-    def close(self) -> None: ...
-
-
-class Cancellable(Protocol):
-    def cancel(self) -> None: ...
-
-
-class Stream:
-    """One stream's state; drivers subclass it for what they keep per call."""
-
-    __slots__ = ("id", "window", "received", "pending", "end_data", "end_block", "local_ended", "remote_ended",
-                 "deadline")  # fmt: skip
-
-    def __init__(self) -> None:
-        self.id = 0  # set when the stream opens
-        self.window = 0  # what the peer's window lets us send on this stream
-        self.received = 0  # DATA bytes since this stream's last WINDOW_UPDATE
-        self.pending: deque[memoryview] | None = None  # DATA the windows have not let out yet, in order
-        self.end_data = False  # the last of `pending` ends our side (END_STREAM)
-        self.end_block: bytes | None = None  # trailers that end our side once `pending` is out
-        self.local_ended = False  # we sent END_STREAM
-        self.remote_ended = False  # the peer sent END_STREAM
-        self.deadline = math.inf  # by when it must end, on the driver's clock
-
-
-S = TypeVar("S", bound=Stream)
-
-
-class Events(Generic[S]):
-    """What a connection tells its driver; each does nothing unless the driver overrides it."""
-
-    def stream_opened(self, stream_id: int, headers: dict[str, str], end_stream: bool) -> S | None:
-        """The peer opened a stream: the driver's `Stream` for it, or None when the driver has
-        answered it already (refused it)."""
-        return None
-
-    def headers_received(self, stream: S, headers: dict[str, str], end_stream: bool) -> None:
-        """A header block on an open stream (response headers, or trailers when `end_stream`)."""
-
-    def stream_data(self, stream: S, data: Payload) -> None:
-        """DATA on `stream`, padding removed: a view of what arrived, not a copy."""
-
-    def stream_ended(self, stream: S) -> None:
-        """The peer ended its side of `stream` (END_STREAM)."""
-
-    def stream_reset(self, stream: S, code: int | None) -> None:
-        """`stream` is gone, forgotten already: the peer reset it with `code`, or (None) the
-        connection failed, was lost, or the peer's GOAWAY left it out."""
-
-    def drained(self, stream: S) -> None:
-        """The data queued on `stream` has all been written."""
-
-    def settings_changed(self) -> None:
-        """The peer's SETTINGS arrived (its stream limit may have changed)."""
-
-    def goaway_received(self, last_stream_id: int, code: int, debug: bytes) -> None:
-        """The peer will take no new streams; ours after `last_stream_id` are reset next."""
-
-    def connection_failed(self, reason: str) -> None:
-        """The peer broke HTTP/2: the connection is closing (GOAWAY sent); its streams are reset next."""
-
-    def deadline_passed(self, stream: S) -> None:
-        """`stream`'s deadline (`Connection.set_deadline`) has passed; it is still open."""
-
-
-class Connection(Generic[S]):
+class Connection(Receiver[S]):
     """One HTTP/2 connection, either end of it; see the module's docstring."""
-
-    def __init__(
-        self,
-        events: Events[S],
-        *,
-        client: bool,
-        peer: str,
-        now: Callable[[], float],
-        call_at: Callable[[float, Callable[[], None]], Cancellable],
-        max_peer_streams: int = 0,
-    ) -> None:
-        """`peer` names the other end in failure reasons; `now` and `call_at` are the driver's
-        clock and timers (an event loop's `time` and `call_at`); `max_peer_streams` is how many
-        streams the peer may have open (0: it may open none; not advertised)."""
-        self.events = events
-        self.streams: dict[int, S] = {}
-        self.next_stream_id = 1 if client else 2
-        self.peer_max_streams = h2.LAST_STREAM_ID  # streams the peer lets us have open
-        self.draining = False  # no new streams; closes once the last one is gone
-        self._client = client
-        self._peer = peer
-        self._now, self._call_at = now, call_at
-        self._sink: Sink | None = None
-        self._preface: bytes | None = None if client else b""  # the client's preface so far (server)
-        self._frames = FrameReader()
-        self._headers = HeaderDecoder()
-        self._continuation: tuple[int, bool, bytearray] | None = None
-        self._got_settings = False
-        self._max_frame = h2.DEFAULT_FRAME
-        self._initial_window = h2.DEFAULT_WINDOW  # the peer's, for the streams we send on
-        self._send_window = h2.DEFAULT_WINDOW
-        self._blocked: deque[S] = deque()  # streams with data or trailers the windows hold back
-        self._unacked = 0  # DATA bytes received since the last connection WINDOW_UPDATE
-        self._max_peer_streams = max_peer_streams
-        self._last_peer_stream = 0
-        self._goaway_sent = False
-        self._timer: Cancellable | None = None
-        self._timer_at = math.inf
 
     # -- the connection's life
 
@@ -199,216 +89,6 @@ class Connection(Generic[S]):
 
     def closed(self) -> bool:
         return self._sink is None or self._sink.is_closing()
-
-    # -- frames in
-
-    def receive(self, data: bytes) -> None:
-        """Take what arrived; the events follow, in order, before it returns."""
-        if self._preface is not None:
-            data = self._after_preface(data)
-            if not data:
-                return
-        sink = self._sink
-        if sink is None:
-            return
-        try:
-            for ftype, flags, stream_id, payload in self._frames.feed(data):
-                self._on_frame(ftype, flags, stream_id, payload)
-                if sink.is_closing():
-                    return
-        except FrameTooLarge as exc:
-            # Before SETTINGS, an oversized "frame" is most likely not HTTP/2 at all.
-            reason = str(exc) if self._got_settings else "it is not HTTP/2"
-            code = h2.FRAME_SIZE_ERROR if self._got_settings else h2.PROTOCOL_ERROR
-            self.fail(code, f"cannot parse the reply from {self._peer}: {reason}")
-
-    def _after_preface(self, data: bytes) -> bytes:
-        """What follows the client's connection preface in `data` (b"" until it is all in)."""
-        assert self._preface is not None
-        size = len(h2.PREFACE)
-        seen = self._preface + data
-        if seen[: min(len(seen), size)] != h2.PREFACE[: min(len(seen), size)]:
-            self.fail(h2.PROTOCOL_ERROR, f"{self._peer} did not start with the HTTP/2 preface: it is not HTTP/2")
-            return b""
-        if len(seen) < size:
-            self._preface = seen
-            return b""
-        self._preface = None
-        return seen[size:]
-
-    def _on_frame(self, ftype: int, flags: int, stream_id: int, payload: Payload) -> None:
-        if self._continuation is not None and ftype != h2.CONTINUATION:
-            self.fail(h2.PROTOCOL_ERROR, f"{self._peer} broke a header block (frame type {ftype})")
-        elif ftype == h2.DATA:
-            self._on_data(stream_id, flags, payload)
-        elif ftype == h2.HEADERS:
-            self._on_headers(stream_id, flags, payload)
-        elif not self._got_settings and ftype != h2.SETTINGS:
-            self.fail(h2.PROTOCOL_ERROR, f"{self._peer} did not start with SETTINGS: it is not HTTP/2")
-        elif ftype == h2.SETTINGS:
-            if not flags & h2.ACK:
-                self._on_settings(payload)
-        elif ftype == h2.WINDOW_UPDATE:
-            self._on_window_update(stream_id, payload)
-        elif ftype == h2.PING:
-            if not flags & h2.ACK:
-                self.write(frame(h2.PING, h2.ACK, 0, bytes(payload)))
-        elif ftype == h2.RST_STREAM:
-            self._on_reset(stream_id, payload)
-        elif ftype == h2.GOAWAY:
-            self._on_goaway(payload)
-        elif ftype == h2.CONTINUATION:
-            self._on_continuation(stream_id, flags, payload)
-        elif ftype == h2.PUSH_PROMISE:
-            self.fail(h2.PROTOCOL_ERROR, f"{self._peer} pushed a stream, which we disabled")
-        # PRIORITY and unknown frame types are ignored (RFC 9113 §4.1, §5.5).
-
-    def _on_data(self, stream_id: int, flags: int, payload: Payload) -> None:
-        size = len(payload)  # padding counts against the window too
-        self._unacked += size
-        if self._unacked >= REPLENISH:
-            self._window_update(0, self._unacked)
-            self._unacked = 0
-        stream = self.streams.get(stream_id)
-        if stream is None or stream.remote_ended:
-            return  # a stream answered, reset or given up on already
-        if flags & h2.PADDED:
-            payload = payload[1 : size - payload[0]] if size and payload[0] < size else b""
-        stream.received += size
-        if stream.received >= REPLENISH:
-            self._window_update(stream_id, stream.received)
-            stream.received = 0
-        if payload:
-            self.events.stream_data(stream, payload)
-        if flags & h2.END_STREAM and self.streams.get(stream_id) is stream:
-            stream.remote_ended = True
-            self.events.stream_ended(stream)
-
-    def _on_headers(self, stream_id: int, flags: int, payload: Payload) -> None:
-        start, stop = 0, len(payload)
-        if flags & h2.PADDED:
-            start, stop = 1, stop - (payload[0] if stop else 1)
-        if flags & h2.PRIORITY:
-            start += 5
-        if start > stop:
-            self.fail(h2.PROTOCOL_ERROR, f"{self._peer} sent a malformed HEADERS frame")
-            return
-        block = payload[start:stop] if start or stop != len(payload) else payload
-        if flags & h2.END_HEADERS:
-            self._on_block(stream_id, flags & h2.END_STREAM != 0, block)
-        else:
-            self._continuation = (stream_id, flags & h2.END_STREAM != 0, bytearray(block))
-
-    def _on_continuation(self, stream_id: int, flags: int, payload: Payload) -> None:
-        pending = self._continuation
-        if pending is None or pending[0] != stream_id:
-            self.fail(h2.PROTOCOL_ERROR, f"{self._peer} sent a CONTINUATION frame out of place")
-            return
-        pending[2].extend(payload)
-        if len(pending[2]) > MAX_HEADER_BLOCK:
-            self.fail(h2.PROTOCOL_ERROR, f"{self._peer} sent a header block over {MAX_HEADER_BLOCK} bytes")
-            return
-        if flags & h2.END_HEADERS:
-            self._continuation = None
-            self._on_block(stream_id, pending[1], pending[2])
-
-    def _on_block(self, stream_id: int, end_stream: bool, block: Payload) -> None:
-        # Decoded even on streams given up on: the peer's dynamic table must stay in step.
-        try:
-            headers = self._headers.decode(block if isinstance(block, bytes) else bytes(block))
-        except BadHeaderBlock as exc:
-            self.fail(h2.COMPRESSION_ERROR, f"{self._peer} sent a bad header block: {exc}")
-            return
-        stream = self.streams.get(stream_id)
-        if stream is not None:
-            if stream.remote_ended:
-                return
-            self.events.headers_received(stream, headers, end_stream)
-            if end_stream and self.streams.get(stream_id) is stream:
-                stream.remote_ended = True
-                self.events.stream_ended(stream)
-        elif stream_id % 2 == self.next_stream_id % 2:  # ours (or 0)
-            if stream_id == 0 or stream_id >= self.next_stream_id:
-                self.fail(h2.PROTOCOL_ERROR, f"{self._peer} sent headers on stream {stream_id}, which we never opened")
-            # else one we have given up on: nothing more to do
-        elif stream_id <= self._last_peer_stream:
-            self.fail(h2.PROTOCOL_ERROR, f"{self._peer} sent headers on stream {stream_id}, which is closed")
-        else:
-            self._open_peer_stream(stream_id, headers, end_stream)
-
-    def _open_peer_stream(self, stream_id: int, headers: dict[str, str], end_stream: bool) -> None:
-        self._last_peer_stream = stream_id
-        if self.draining or len(self.streams) >= self._max_peer_streams:
-            self.send_reset(stream_id, h2.REFUSED_STREAM)
-            return
-        stream = self.events.stream_opened(stream_id, headers, end_stream)
-        if stream is None:
-            return
-        stream.id = stream_id
-        stream.window = self._initial_window
-        self.streams[stream_id] = stream
-        if end_stream:
-            stream.remote_ended = True
-            self.events.stream_ended(stream)
-
-    def _on_settings(self, payload: Payload) -> None:
-        if len(payload) % 6:
-            self.fail(h2.FRAME_SIZE_ERROR, f"{self._peer} sent a malformed SETTINGS frame")
-            return
-        self._got_settings = True
-        for offset in range(0, len(payload), 6):
-            key, value = struct.unpack_from(">HL", payload, offset)
-            if key == h2.INITIAL_WINDOW_SIZE:
-                if value > h2.MAX_WINDOW:
-                    self.fail(h2.FLOW_CONTROL_ERROR, f"{self._peer} set a window over 2^31-1")
-                    return
-                delta = value - self._initial_window
-                self._initial_window = value
-                for stream in self.streams.values():
-                    stream.window += delta
-            elif key == h2.MAX_FRAME_SIZE:
-                self._max_frame = max(h2.DEFAULT_FRAME, min(value, (1 << 24) - 1))
-            elif key == h2.MAX_CONCURRENT_STREAMS:
-                self.peer_max_streams = value
-        self.write(frame(h2.SETTINGS, h2.ACK, 0))
-        self._pump()
-        self.events.settings_changed()
-
-    def _on_window_update(self, stream_id: int, payload: Payload) -> None:
-        if len(payload) != 4:
-            self.fail(h2.FRAME_SIZE_ERROR, f"{self._peer} sent a malformed WINDOW_UPDATE")
-            return
-        increment = int.from_bytes(payload, "big") & h2.MAX_WINDOW
-        if stream_id == 0:
-            self._send_window += increment
-        else:
-            stream = self.streams.get(stream_id)
-            if stream is None:
-                return
-            stream.window += increment
-        if self._blocked:
-            self._pump()
-
-    def _on_reset(self, stream_id: int, payload: Payload) -> None:
-        if len(payload) != 4:
-            self.fail(h2.FRAME_SIZE_ERROR, f"{self._peer} sent a malformed RST_STREAM")
-            return
-        stream = self.streams.pop(stream_id, None)
-        if stream is not None:
-            self._forget(stream)
-            self.events.stream_reset(stream, int.from_bytes(payload, "big"))
-
-    def _on_goaway(self, payload: Payload) -> None:
-        if len(payload) < 8:
-            self.fail(h2.FRAME_SIZE_ERROR, f"{self._peer} sent a malformed GOAWAY")
-            return
-        last_id, code = struct.unpack_from(">LL", payload)
-        last_id &= h2.LAST_STREAM_ID
-        self.draining = True
-        self.events.goaway_received(last_id, code, bytes(payload[8:]))
-        ours = self.next_stream_id % 2
-        self._reset_all([s for i, s in self.streams.items() if i > last_id and i % 2 == ours])
-        self._close_if_idle()
 
     # -- frames out
 
@@ -499,6 +179,7 @@ class Connection(Generic[S]):
 
     def send_reset(self, stream_id: int, code: int) -> None:
         self.write(frame(h2.RST_STREAM, 0, stream_id, code.to_bytes(4, "big")))
+        self._remember_reset(stream_id)
 
     def _pump(self) -> None:
         """Send what the windows allow of the waiting streams, oldest first."""

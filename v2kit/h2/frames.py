@@ -14,25 +14,27 @@ from dataclasses import dataclass
 import hpack
 import hpack.exceptions
 
+from v2kit.h2.fields import Fields, classify
+
 __all__ = [
     "BadHeaderBlock", "EncodedCall", "FrameReader", "FrameTooLarge", "HeaderDecoder", "encode_call",
     "frame", "framing_problem", "h2_error", "keeps_table", "literal",
 ]  # fmt: skip
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = (
-    0, 1, 3, 4, 5, 6, 7, 8, 9,
+DATA, HEADERS, PRIORITY_FRAME, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = (
+    0, 1, 2, 3, 4, 5, 6, 7, 8, 9,
 )  # fmt: skip
 END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
 HEADER_TABLE_SIZE, ENABLE_PUSH, MAX_CONCURRENT_STREAMS, INITIAL_WINDOW_SIZE, MAX_FRAME_SIZE = 1, 2, 3, 4, 5
-NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR, REFUSED_STREAM, CANCEL, COMPRESSION_ERROR = (
-    0, 1, 3, 6, 7, 8, 9,
-)  # fmt: skip
+NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR, STREAM_CLOSED, FRAME_SIZE_ERROR = 0, 1, 2, 3, 5, 6
+REFUSED_STREAM, CANCEL, COMPRESSION_ERROR, ENHANCE_YOUR_CALM = 7, 8, 9, 11
 
 MAX_WINDOW = 2**31 - 1
 DEFAULT_WINDOW = 65_535
 DEFAULT_FRAME = 16_384  # also the largest frame we accept: we never advertise more
 LAST_STREAM_ID = 2**31 - 1
+LARGEST_FRAME_SETTING = 2**24 - 1  # SETTINGS_MAX_FRAME_SIZE's upper bound
 _LARGEST_FRAME = 1 << 24  # frame lengths have 24 bits
 
 _H2_ERRORS = (
@@ -113,8 +115,9 @@ class BadHeaderBlock(Exception):
 
 class HeaderDecoder:
     """One connection's HPACK decoder. A peer that is warm sends the same few header blocks over
-    and over; those that leave the dynamic table as it is (`keeps_table`) are decoded once and
-    kept by their bytes, and any block that changes the table empties the cache."""
+    and over; those that leave the dynamic table as it is (`keeps_table`) are decoded and judged
+    (`rules.classify`) once and kept by their bytes, and any block that changes the table empties
+    the cache."""
 
     __slots__ = ("_decoder", "_decoded")
 
@@ -122,16 +125,18 @@ class HeaderDecoder:
 
     def __init__(self) -> None:
         self._decoder = hpack.Decoder()
-        self._decoded: dict[bytes, dict[str, str]] = {}
+        # RFC 7541 §4.2: a size update above what we allow (the default, never changed) is an error.
+        self._decoder.max_allowed_table_size = 4096
+        self._decoded: dict[bytes, Fields] = {}
 
-    def decode(self, block: bytes) -> dict[str, str]:
-        """The block's fields, by name (the last of a repeated name); raises BadHeaderBlock."""
+    def decode(self, block: bytes) -> Fields:
+        """The block's fields and what makes it malformed; raises BadHeaderBlock."""
         headers = self._decoded.get(block)
         if headers is not None:
             return headers
         try:
-            headers = {str(name): str(value) for name, value in self._decoder.decode(block)}
-        except (hpack.exceptions.HPACKError, UnicodeDecodeError, ValueError) as exc:
+            headers = classify([(str(name), str(value)) for name, value in self._decoder.decode(block)])
+        except (hpack.exceptions.HPACKError, UnicodeDecodeError, ValueError, IndexError) as exc:
             raise BadHeaderBlock(str(exc) or type(exc).__name__) from exc
         if keeps_table(block):
             if len(self._decoded) >= self.LIMIT:

@@ -16,15 +16,17 @@ deserialised leniently, and a `_Context` whose `abort` and `write` stand in for 
   allow; a failure before any answer as trailers only (grpc-status, and grpc-message
   percent-encoded).
 - *Limits.* A message over `max_message_bytes` either way is RESOURCE_EXHAUSTED, checked on its
-  5-byte prefix before it is buffered; a compressed message is UNIMPLEMENTED (we accept only
-  identity, and say so in grpc-accept-encoding). With a token, every method but the health probes
-  wants `authorization: Bearer ...`.
+  5-byte prefix before it is buffered, and so is a unary request whose DATA runs past the message
+  its prefix announced (at its first extra byte: nothing past it is kept) and a connection whose
+  calls together hold more than one largest message (`max_held_bytes`). A compressed message is
+  UNIMPLEMENTED (we accept only identity, and say so in grpc-accept-encoding). With a token,
+  every method but the health probes wants `authorization: Bearer ...`.
 - *Deadlines.* A call with `grpc-timeout` that has not ended by then is cancelled and answered
   DEADLINE_EXCEEDED, as grpc's core does (the connection's one timer).
 - *HTTP/2.* Stream windows of 2 GiB - 1 and at most `MAX_STREAMS` streams a connection (past it,
-  RST_STREAM REFUSED_STREAM); a broken preface, an oversized frame, a bad header block or a frame
-  out of place ends the connection with GOAWAY. Our header blocks are literals without indexing,
-  so they never touch the client's HPACK table.
+  RST_STREAM REFUSED_STREAM); whatever breaks RFC 9113 gets the RFC's answer from the engine
+  (GOAWAY, or RST_STREAM for a malformed request), floods and rapid reset ENHANCE_YOUR_CALM.
+  Our header blocks are literals without indexing, so they never touch the client's HPACK table.
 
 `stop(grace_s)` sends GOAWAY, lets the calls in progress finish within the grace period, then
 closes every connection.
@@ -66,7 +68,6 @@ _OK_TRAILERS = literal(b"grpc-status", b"0")
 # grpc-message: percent-encode everything but printable ASCII, and '%' itself.
 _MESSAGE_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
 _SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
-_UNARY_PENDING = 1 << 62  # a unary request's bytes are only kept until the client's side ends
 #: grpc-timeout units (PROTOCOL-HTTP2.md: "Timeout → TimeoutValue TimeoutUnit"), in seconds.
 _TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 
@@ -97,6 +98,8 @@ class GrpcServer(Listener):
     def __init__(self, servicer: InferenceServicer, *, max_message_bytes: int, token: Token | None = None) -> None:
         super().__init__()
         self.max_message_bytes = max_message_bytes
+        #: Request bytes the calls of one connection may hold together: one largest message.
+        self.max_held_bytes = max_message_bytes + 5
         self.token = token
         self.methods: dict[str, _Method] = {}
         for method in _SERVICE.methods:
@@ -113,7 +116,7 @@ class _Call(Stream):
     """A stream carrying one call: its method, the request bytes not yet taken, its task, and
     whether its answer's headers are out and a sender waits for its data to leave."""
 
-    __slots__ = ("method", "chunks", "size", "need", "task", "requests", "headers_sent", "drained")
+    __slots__ = ("method", "chunks", "size", "need", "task", "requests", "queued", "headers_sent", "drained")
 
     def __init__(self, method: _Method) -> None:
         super().__init__()
@@ -122,7 +125,9 @@ class _Call(Stream):
         self.size = 0
         self.need = 5  # request bytes to have before the next message prefix is looked at
         self.task: asyncio.Task[None] | None = None
-        self.requests: asyncio.Queue[Any] | None = None  # ModelStreamInfer's requests; None ends them
+        # ModelStreamInfer's requests and their sizes on the wire; None ends them.
+        self.requests: asyncio.Queue[tuple[Any, int] | None] | None = None
+        self.queued = 0  # bytes of the requests in `requests`, not yet taken by the servicer
         self.headers_sent = False
         self.drained: asyncio.Future[None] | None = None  # a sender waiting for its data to leave
 
@@ -150,6 +155,7 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
         self._server = server
         self.loop = loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
+        self.buffered = 0  # request bytes held for the calls on this connection, all together
         self.h2 = H2Connection[_Call](
             self, client=False, peer="the client", now=loop.time, call_at=loop.call_at, max_peer_streams=MAX_STREAMS
         )
@@ -211,9 +217,13 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
 
     def stream_data(self, stream: _Call, data: Payload) -> None:
         stream.chunks.append(data)
-        stream.size += len(data)
+        size = len(data)
+        stream.size += size
+        self.buffered += size
         if stream.size >= stream.need:
             self._take_messages(stream)
+        elif self.buffered > self._server.max_held_bytes:
+            self._over_held(stream)
 
     def stream_ended(self, stream: _Call) -> None:
         if stream.requests is not None:
@@ -223,13 +233,14 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
                 stream.requests.put_nowait(None)
             return
         body = stream.chunks[0] if len(stream.chunks) == 1 else b"".join(stream.chunks)
-        stream.chunks = []
+        self._release(stream)
         if len(body) < 5 or int.from_bytes(body[1:5], "big") != len(body) - 5:
             self._fail_call(stream, status.INVALID_ARGUMENT, "a unary call needs exactly one request message")
             return
         self._start(stream, self._serve_unary(stream, stream.method.deserialize(memoryview(body)[5:])))
 
     def stream_reset(self, stream: _Call, code: int | None) -> None:
+        self._release(stream)
         _wake(stream)
         if stream.task is not None and not stream.task.done():
             stream.task.cancel()
@@ -247,7 +258,12 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
 
     def _take_messages(self, call: _Call) -> None:
         """Look at each message's 5-byte prefix as soon as it is in; a streaming call's complete
-        messages go to its queue. A message too large or compressed fails the call."""
+        messages go to its queue. A message too large or compressed fails the call, and so does
+        a unary request that runs past the one message its prefix announced."""
+        if call.requests is None and call.need > 5:
+            # Its prefix is in and said how long it is: more is refused at once, not kept (grpc core).
+            self._fail_call(call, status.RESOURCE_EXHAUSTED, "the request runs past its message's announced length")
+            return
         buffer = call.chunks[0] if len(call.chunks) == 1 else b"".join(call.chunks)
         pos, end = 0, len(buffer)
         limit = self._server.max_message_bytes
@@ -262,25 +278,40 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
                 return
             if call.requests is None:
                 # Unary: the request is taken whole once the client's side ends; until then its
-                # chunks are only kept, never joined again.
+                # chunks are only kept, never joined again, and one byte past it fails the call.
                 call.chunks = [buffer]
-                call.need = _UNARY_PENDING
+                call.need = 6 + length
+                if end - pos > 5 + length:
+                    self._fail_call(
+                        call, status.RESOURCE_EXHAUSTED, "the request runs past its message's announced length"
+                    )
+                elif self.buffered > self._server.max_held_bytes:
+                    self._over_held(call)
                 return
             if end - pos - 5 < length:
                 call.need = 5 + length
                 break
-            call.requests.put_nowait(call.method.deserialize(buffer[pos + 5 : pos + 5 + length]))
+            # Still held until the servicer takes it: a client that streams faster than the
+            # servicer serves meets the connection's bound, not the machine's memory.
+            call.requests.put_nowait((call.method.deserialize(buffer[pos + 5 : pos + 5 + length]), 5 + length))
+            call.queued += 5 + length
             pos += 5 + length
         else:
             call.need = 5
         rest = buffer[pos:]
         call.chunks = [rest] if rest else []
-        call.size = len(rest)
+        call.size = len(rest)  # and `buffered` as it was: what left `chunks` is in `requests` now
+        if self.buffered > self._server.max_held_bytes:
+            self._over_held(call)
 
     async def _requests(self, call: _Call) -> AsyncIterator[Any]:
         queue = call.requests
         assert queue is not None
-        while (request := await queue.get()) is not None:
+        while (item := await queue.get()) is not None:
+            request, size = item
+            if call.queued >= size:  # else `_release` has dropped it from the count already
+                call.queued -= size
+                self.buffered -= size
             yield request
 
     # -- running calls
@@ -313,6 +344,8 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
         except Exception as exc:
             self._crashed(call, exc)
             return
+        finally:
+            self._release(call)  # requests the servicer left unread
         self._finish(call, 0, "")
 
     def _crashed(self, call: _Call, exc: Exception) -> None:
@@ -374,9 +407,19 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
         """A call that cannot go on: its task is cancelled and the client told why."""
         if call.task is not None and not call.task.done():
             call.task.cancel()
+        self._release(call)
+        self._finish(call, code, details)
+
+    def _over_held(self, call: _Call) -> None:
+        limit = self._server.max_held_bytes
+        self._fail_call(call, status.RESOURCE_EXHAUSTED, f"the calls on this connection hold over {limit} bytes")
+
+    def _release(self, call: _Call) -> None:
+        """Drop what `call` holds of its request (its requests queued included, from the count)."""
+        self.buffered -= call.size + call.queued
         call.chunks = []
         call.size = 0
-        self._finish(call, code, details)
+        call.queued = 0
 
 
 def _wake(call: _Call) -> None:
