@@ -27,7 +27,10 @@ from v2kit.h2 import frames as h2
 
 pytestmark = pytest.mark.integration
 
-_SILENT = "grpc core neither sends the error RFC 9113 names nor closes the connection within the case's 5 s"
+_SILENT = "grpc core neither sends the error RFC 9113 names nor closes the connection within the case's wait"
+#: How long a case waits on Triton where it is known to fail: the run stays short, and a silence of
+#: a second already breaks the case (every server that passes answers within milliseconds).
+SILENT_WAIT_S = 1.0
 _MALFORMED = (
     "grpc core does not answer this malformed request with PROTOCOL_ERROR (it ignores it or resets INTERNAL_ERROR)"
 )
@@ -102,9 +105,9 @@ def triton_port(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield server.grpc_port
 
 
-def run_case(port: int, key: str, strict: bool) -> None:
+def run_case(port: int, key: str, strict: bool, timeout_s: float = 5.0) -> None:
     _, run = CASES[key]
-    with Peer(port) as p:
+    with Peer(port, timeout_s=timeout_s) as p:
         p.strict = strict
         p.handshake()
         run(p)
@@ -122,7 +125,7 @@ def test_our_server_passes(our_port: int, key: str) -> None:
      for k in CASES if k != "http2/3.5/2"],
 )  # fmt: skip
 def test_triton_for_reference(triton_port: int, key: str) -> None:
-    run_case(triton_port, key, strict=False)
+    run_case(triton_port, key, strict=False, timeout_s=SILENT_WAIT_S if key in TRITON_FAILS else 5.0)
 
 
 def _invalid_preface(port: int, strict: bool) -> None:
