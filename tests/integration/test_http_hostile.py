@@ -195,7 +195,7 @@ def test_a_trickled_head_is_408_after_the_head_timeout(server: Server) -> None:
                 break
         elapsed = time.monotonic() - start
     assert answer.startswith(b"HTTP/1.1 408 ") and b"--http-head-timeout-secs" in answer
-    assert HEAD_TIMEOUT_S <= elapsed < 10 * HEAD_TIMEOUT_S
+    assert HEAD_TIMEOUT_S * 0.9 <= elapsed < 10 * HEAD_TIMEOUT_S  # 0.9: the two clocks differ
 
 
 def test_an_idle_keep_alive_connection_is_closed(server: Server) -> None:

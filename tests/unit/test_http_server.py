@@ -394,7 +394,7 @@ def test_a_trickled_head_is_408_after_the_head_timeout(run: Any) -> None:
         return status, headers, elapsed
 
     status, headers, elapsed = run(main())
-    assert status == 408 and headers["connection"] == "close" and elapsed >= 0.3
+    assert status == 408 and headers["connection"] == "close" and elapsed >= 0.3 * 0.9  # the loop clock is in ms
 
 
 def test_an_idle_keep_alive_connection_closes_quietly(run: Any) -> None:

@@ -13,7 +13,8 @@ The defaults follow the servers that clients already meet:
 - *Head timeout* 30 s from a head's first byte (`head_timeout_s`): half nginx's
   `client_header_timeout`; a client that trickles its head (slowloris) is answered 408 and closed.
 - *Idle keep-alive timeout* 75 s (`idle_timeout_s`): nginx's `keepalive_timeout`; a kept-open
-  connection with no request in progress is closed without an answer, as RFC 9112 §9.5 allows.
+  connection with no request in progress is closed without an answer, as RFC 9112 §9.5 allows
+  (looked at every half timeout: between 75 and 112 s after its last answer).
 - *Write buffer* 256 KiB high, 64 KiB low: above the high-water mark the connection stops being
   read until its client has taken the answers down to the low one, so a client that pipelines and
   never reads costs the server one buffer, not every answer. Not a flag: a client that reads is

@@ -50,23 +50,24 @@ def error_response(message: str, status: int, *, close: bool = False) -> HttpRes
     return HttpResponse(status, v2.error_body(message), _JSON, close=close)
 
 
-def parse_fields(headers: list[tuple[bytes, bytes]]) -> tuple[dict[str, str], int]:
-    """Headers by lower-case name, a repeated header's values joined with ', '; and how many Host
-    lines there were."""
+class DuplicateHost(Exception):
+    """A request with more than one Host line (RFC 9112 §3.2: 400)."""
+
+
+def parse_fields(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """Headers by lower-case name, a repeated header's values joined with ', '. Raises
+    DuplicateHost for a second Host line (an exception, so the common case pays nothing)."""
     fields: dict[str, str] = {}
-    hosts = 0
     for name, value in headers:
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         if key in fields:
-            fields[key] = f"{fields[key]}, {text}"
             if key == "host":
-                hosts += 1
+                raise DuplicateHost
+            fields[key] = f"{fields[key]}, {text}"
         else:
             fields[key] = text
-    if "host" in fields:
-        hosts += 1
-    return fields, hosts
+    return fields
 
 
 def expects_continue(expect: str, parser: httptools.HttpRequestParser) -> bool:

@@ -29,8 +29,9 @@ what every request must pass before a handler sees it:
   nothing more read. The bytes of a line llhttp has not finished are counted read by read, so
   memory never follows a client that streams an endless head (`limits.py`).
 - *Idle*: a connection with nothing in progress for `limits.idle_timeout_s` is closed without an
-  answer (RFC 9112 §9.5). One timer per connection, re-armed when it fires, so a request costs
-  none; connections whose reading the server paused are not idle.
+  answer (RFC 9112 §9.5). One timer per connection looks every half timeout, so a request costs
+  no timer and no clock read: it closes between one and one and a half timeouts after its last
+  answer. Connections whose reading the server paused are not idle.
 - *Write back-pressure*: while the transport holds more than `limits.write_high_water` bytes of
   answers the connection is neither read nor served, until its client has taken them down to
   `write_low_water`; one that takes nothing for `idle_timeout_s` is aborted.
@@ -120,6 +121,20 @@ class HttpServer(Listener):
         return _Connection(self)
 
 
+_HEAD_FLAGS = {
+    "line": "--http-max-header-line",
+    "count": "--http-max-headers",
+    "head": "--http-max-head-size",
+    "target": "--http-max-request-line",
+}
+
+
+def _head_too_large(message: str, limit: str) -> HttpResponse:
+    """The answer to a head over a limit (RFC 6585 §5, RFC 9112 §3: 431, or 414 for the target), and close."""
+    status = 414 if limit == "target" else 431
+    return error_response(f"{message} (raise the limit with {_HEAD_FLAGS[limit]})", status, close=True)
+
+
 def _default_refusal(exc: Exception) -> HttpResponse:
     return error_response(str(exc), 503)
 
@@ -133,7 +148,10 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, server: HttpServer) -> None:
         self._server = server
-        self._limits = server.limits
+        limits = self._limits = server.limits
+        self._max_request_line = limits.max_request_line  # read per request: one attribute, not two
+        self._max_header_line = limits.max_header_line
+        self._max_headers = limits.max_headers
         self._transport: asyncio.Transport | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._parser = httptools.HttpRequestParser(self)
@@ -143,18 +161,22 @@ class _Connection(asyncio.Protocol):
         self._closing = False  # close once the requests read so far are answered
         self._body_timer: asyncio.TimerHandle | None = None
         self._gave_up = False  # answered a request it could not read: nothing more is parsed
-        self._progress = False  # llhttp handed over part of the head during this read
+        self._read_size = 0  # bytes in the read being parsed
+        # A head that spans reads (rare) is accounted for in these, reset when it is complete.
+        self._spanned = False  # the head has taken more than one read
+        self._head_size = 0  # its bytes llhttp has handed over, 4 a line for ': ' and CRLF
+        self._counted = 0  # header lines in _head_size
+        self._target_seen = 0  # bytes of the target seen at the last read
+        self._pending = 0  # bytes read since llhttp last handed over any: its unfinished line
         self._head_timer: asyncio.TimerHandle | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
-        self._idle_since: float | None = 0.0  # when the connection last had nothing to do; None: busy
+        self._idle_since: float | None = None  # idle since, seen by the idle timer; None: a request since
         self._write_paused = False  # the transport's buffer is over its high-water mark
         self._write_paused_at = 0.0
         self._reset()
 
     def _reset(self) -> None:
         self._in_head = False  # a head has begun and is not complete
-        self._head_size = 0  # bytes of the head llhttp has handed over, 4 a line for ': ' and CRLF
-        self._pending = 0  # bytes read since llhttp last handed over any: its unfinished line
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
         self._fields: dict[str, str] = {}  # the headers by lower-case name, once all are in
@@ -174,7 +196,7 @@ class _Connection(asyncio.Protocol):
         self._transport.set_write_buffer_limits(high=limits.write_high_water, low=limits.write_low_water)
         loop = self._loop = asyncio.get_running_loop()
         self._idle_since = loop.time()
-        self._idle_timer = loop.call_later(limits.idle_timeout_s, self._idle_check)
+        self._idle_timer = loop.call_later(limits.idle_timeout_s / 2, self._idle_check)
         if self._server.read_gate is not None:
             self._server.read_gate.connection_made(transport)
 
@@ -201,7 +223,7 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._gave_up:
             return
-        self._progress = False
+        self._read_size = len(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
@@ -219,26 +241,51 @@ class _Connection(asyncio.Protocol):
             self._transport.pause_reading()  # the read gate resumed it: the answers still wait
 
     def _head_unfinished(self, size: int) -> None:
-        """A head is still coming after a read of `size` bytes: bound its unfinished line, time it."""
+        """A head is still coming after a read of `size` bytes: bound what it holds, time it.
+
+        A head that arrives in one read costs nothing here (on_headers_complete checks it). One
+        that spans reads is checked after each: the lines llhttp has handed over, counted once
+        each, and the line it has not finished, whose bytes are counted read by read."""
+        began_here, self._spanned = not self._spanned, True
+        counted, target = self._counted, self._target_seen
+        refusal = self._count_head()
+        if refusal is not None:
+            self._give_up(refusal)
+            return
         limits = self._limits
-        if self._progress:
+        self._target_seen = len(self._url)
+        if began_here or self._counted != counted or self._target_seen != target:
             # A line ended in this read; the part of it after that line is under one read, and
             # counted from the next read on, so the count never exceeds the line.
             self._pending = 0
         else:
             pending = self._pending = self._pending + size
             if pending > limits.max_header_line:
-                self._refuse_head(
-                    431, f"a request head line is longer than {limits.max_header_line} bytes", "--http-max-header-line"
-                )
-                return
-            if self._head_size + pending > limits.max_head_bytes:
-                self._refuse_head(
-                    431, f"the request head is larger than {limits.max_head_bytes} bytes", "--http-max-head-size"
-                )
+                refusal = _head_too_large(f"a request head line is longer than {limits.max_header_line} bytes", "line")
+            elif self._head_size + pending > limits.max_head_bytes:
+                refusal = _head_too_large(f"the request head is larger than {limits.max_head_bytes} bytes", "head")
+            if refusal is not None:
+                self._give_up(refusal)
                 return
         if self._head_timer is None and self._loop is not None:
             self._head_timer = self._loop.call_later(limits.head_timeout_s, self._head_timed_out)
+
+    def _count_head(self) -> HttpResponse | None:
+        """Add the header lines llhttp has handed over since the last count to the head's size;
+        the 431 for a line, a count or a size over its limit, else None."""
+        limits, headers = self._limits, self._headers
+        if len(headers) > limits.max_headers:
+            return _head_too_large(f"the request has more than {limits.max_headers} header lines", "count")
+        size = self._head_size + len(self._url) - self._target_seen
+        for name, value in headers[self._counted :]:
+            line = len(name) + len(value)
+            if line > limits.max_header_line:
+                return _head_too_large(f"a request header line is longer than {limits.max_header_line} bytes", "line")
+            size += line + 4
+        self._head_size, self._counted, self._target_seen = size, len(headers), len(self._url)
+        if size > limits.max_head_bytes:
+            return _head_too_large(f"the request head is larger than {limits.max_head_bytes} bytes", "head")
+        return None
 
     def eof_received(self) -> bool | None:
         self._closing = True
@@ -252,54 +299,45 @@ class _Connection(asyncio.Protocol):
         if self._gave_up:
             raise _Refused  # a refusal is answered after what came before it, and nothing after
         self._reset()
-        self._in_head = self._progress = True
+        self._in_head = True
         self._idle_since = None
 
     def on_url(self, url: bytes) -> None:
         self._url += url
-        self._progress = True
-        self._head_size += len(url)
-        if len(self._url) > self._limits.max_request_line:
-            limit = self._limits.max_request_line
-            self._refuse_head(414, f"the request target is longer than {limit} bytes", "--http-max-request-line")
-            raise _Refused
+        if len(self._url) > self._max_request_line:
+            limit = self._max_request_line
+            self._give_up(_head_too_large(f"the request target is longer than {limit} bytes", "target"))
+            raise _Refused  # stop llhttp: nothing after the refusal is parsed
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))
-        self._progress = True
-        limits = self._limits
-        size = len(name) + len(value)
-        self._head_size += size + 4
-        if size > limits.max_header_line:
-            self._refuse_head(
-                431, f"a request header line is longer than {limits.max_header_line} bytes", "--http-max-header-line"
-            )
-        elif len(self._headers) > limits.max_headers:
-            self._refuse_head(431, f"the request has more than {limits.max_headers} header lines", "--http-max-headers")
-        elif self._head_size > limits.max_head_bytes:
-            self._refuse_head(
-                431, f"the request head is larger than {limits.max_head_bytes} bytes", "--http-max-head-size"
-            )
-        else:
-            return
-        raise _Refused
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        self._progress = True
         if self._head_timer is not None:
             self._cancel_head_timer()
         if self._gave_up:
             return
         server = self._server
         self._in_body = True
-        fields, hosts = messages.parse_fields(self._headers)
-        self._fields = fields
+        # A head that came in one read no larger than the line limit can be over no limit but the
+        # count: most heads are checked with two comparisons, not a look at every line.
+        if self._spanned or self._read_size > self._max_header_line or len(self._headers) > self._max_headers:
+            refusal = self._count_head()
+            self._spanned, self._head_size, self._counted, self._target_seen, self._pending = False, 0, 0, 0, 0
+            if refusal is not None:
+                self._give_up(refusal)
+                return
         # RFC 9112 §3.2: one Host, and on HTTP/1.1 at least one; §6.1: Transfer-Encoding on an
         # HTTP/1.0 request cannot be trusted to frame it, so the connection cannot go on.
-        if hosts != 1 and (hosts > 1 or self._parser.get_http_version() != "1.0"):
-            message = "more than one Host header" if hosts else "no Host header in an HTTP/1.1 request"
-            self._give_up(error_response(f"bad request: {message} (RFC 9112 §3.2)", 400, close=True))
+        try:
+            fields = self._fields = messages.parse_fields(self._headers)
+        except messages.DuplicateHost:
+            self._give_up(error_response("bad request: more than one Host header (RFC 9112 §3.2)", 400, close=True))
+            return
+        if "host" not in fields and self._parser.get_http_version() != "1.0":
+            message = "bad request: no Host header in an HTTP/1.1 request (RFC 9112 §3.2)"
+            self._give_up(error_response(message, 400, close=True))
             return
         if "transfer-encoding" in fields and self._parser.get_http_version() == "1.0":
             message = "bad request: Transfer-Encoding in an HTTP/1.0 request (RFC 9112 §6.1)"
@@ -368,7 +406,6 @@ class _Connection(asyncio.Protocol):
             self._answer(item, keep_alive)
             return
         self._server.busy(+1)
-        self._idle_since = None
         self._task = asyncio.get_running_loop().create_task(self._serve(item, admitted, keep_alive))
 
     async def _serve(self, request: HttpRequest, admitted: bool, keep_alive: bool) -> None:
@@ -437,13 +474,10 @@ class _Connection(asyncio.Protocol):
         if self._queue:
             if not self._write_paused:  # else resume_writing serves the next
                 self._next()
-        elif self._in_body:
-            if self._body_timer is None:
-                # A request's body was coming in while this one was served: its clock runs from now.
-                loop = asyncio.get_running_loop()
-                self._body_timer = loop.call_later(self._server.body_timeout_s, self._body_timed_out)
-        elif not self._in_head and self._loop is not None:
-            self._idle_since = self._loop.time()
+        elif self._in_body and self._body_timer is None:
+            # A request's body was coming in while this one was served: its clock runs from now.
+            loop = asyncio.get_running_loop()
+            self._body_timer = loop.call_later(self._server.body_timeout_s, self._body_timed_out)
 
     def _linger(self, transport: asyncio.Transport) -> None:
         """Close after a refusal without losing it: closing a socket with unread bytes makes the
@@ -477,8 +511,10 @@ class _Connection(asyncio.Protocol):
             self._next()
 
     def _idle_check(self) -> None:
-        """The idle timer: close a connection idle for `idle_timeout_s`, abort one whose client
-        has taken none of its answers for as long, else look again when that could next be so."""
+        """The idle timer, every half `idle_timeout_s`: close a connection seen idle, with no
+        request begun, for `idle_timeout_s` (so between that and half as long again after its
+        last answer); abort one whose client has taken none of its answers for as long. A request
+        only clears `_idle_since` (on_message_begin): no clock is read per request."""
         self._idle_timer = None
         transport, loop = self._transport, self._loop
         if transport is None or loop is None:
@@ -486,26 +522,26 @@ class _Connection(asyncio.Protocol):
         now = loop.time()
         timeout_s = self._limits.idle_timeout_s
         if self._write_paused:
-            since: float | None = self._write_paused_at
             if now - self._write_paused_at >= timeout_s:
                 transport.abort()  # close() would wait for the client to read what it never will
                 return
-        elif not transport.is_reading() and not self._gave_up:
-            since = None  # paused by the server (read gate, pipelining): its requests wait unread
-        else:
-            since = self._idle_since
-            if since is not None and now - since >= timeout_s:
-                self._closing = True
-                transport.close()
-                return
-        delay = timeout_s if since is None else since + timeout_s - now
-        self._idle_timer = loop.call_later(max(delay, 0.001), self._idle_check)
+        elif (
+            self._task is not None
+            or self._queue
+            or self._in_head
+            or self._in_body
+            or (not transport.is_reading() and not self._gave_up)  # paused by the server: requests wait unread
+        ):
+            self._idle_since = None
+        elif self._idle_since is None:
+            self._idle_since = now  # idle since the last look at the latest
+        elif now - self._idle_since >= timeout_s:
+            self._closing = True
+            transport.close()
+            return
+        self._idle_timer = loop.call_later(timeout_s / 2, self._idle_check)
 
     # -- admission and refusals
-
-    def _refuse_head(self, status: int, message: str, flag: str) -> None:
-        """414 or 431 and close: the rest of the head is never read."""
-        self._give_up(error_response(f"{message} (raise the limit with {flag})", status, close=True))
 
     def _take_slot(self, transport: asyncio.Transport | None) -> HttpResponse | None:
         """Take an admission slot and tell the read gate; or the answer to the refusal."""
