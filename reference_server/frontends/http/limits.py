@@ -29,7 +29,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DEFAULT_LIMITS", "HttpLimits"]
+from reference_server.frontends.http.messages import HttpResponse, error_response
+
+__all__ = ["DEFAULT_LIMITS", "HttpLimits", "measure_head", "refusal"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,3 +68,30 @@ class HttpLimits:
 
 
 DEFAULT_LIMITS = HttpLimits()
+
+
+def measure_head(
+    limits: HttpLimits, headers: list[tuple[bytes, bytes]], start: int, size: int
+) -> tuple[int, str | None]:
+    """`size` plus the header lines from `start` on (4 bytes each for ': ' and CRLF), and the
+    limit the head breaks ('count', 'line', 'head'), or None."""
+    if len(headers) > limits.max_headers:
+        return size, "count"
+    for name, value in headers[start:]:
+        line = len(name) + len(value)
+        if line > limits.max_header_line:
+            return size, "line"
+        size += line + 4
+    return size, "head" if size > limits.max_head_bytes else None
+
+
+def refusal(limits: HttpLimits, broken: str) -> HttpResponse:
+    """The answer to a head over the limit `broken` names, and close: 414 for the request target,
+    431 for the rest (RFC 9112 §3, RFC 6585 §5)."""
+    message, flag = {
+        "target": (f"the request target is longer than {limits.max_request_line} bytes", "--http-max-request-line"),
+        "line": (f"a request head line is longer than {limits.max_header_line} bytes", "--http-max-header-line"),
+        "count": (f"the request has more than {limits.max_headers} header lines", "--http-max-headers"),
+        "head": (f"the request head is larger than {limits.max_head_bytes} bytes", "--http-max-head-size"),
+    }[broken]
+    return error_response(f"{message} (raise the limit with {flag})", 414 if broken == "target" else 431, close=True)

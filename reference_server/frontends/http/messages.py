@@ -1,16 +1,18 @@
 """What the HTTP/1.1 front end reads and writes, apart from its connections: a parsed request, an
-answer, and the pure functions on a request's head (its fields, its target's form, its declared
-length) and on an answer's status line."""
+answer, the signatures of what serves and admits them, and the pure functions on a request's head
+(its fields, its target's form, its declared length) and on an answer's status line."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
+from typing import Protocol
 
 import httptools
 
 from v2kit import codec as v2
 
-__all__ = ["HttpRequest", "HttpResponse", "error_response"]
+__all__ = ["Admission", "Handler", "HttpRequest", "HttpResponse", "NeedsSlot", "Refusal", "error_response"]
 
 _JSON = "application/json"
 
@@ -48,6 +50,21 @@ class HttpResponse:
 
 def error_response(message: str, status: int, *, close: bool = False) -> HttpResponse:
     return HttpResponse(status, v2.error_body(message), _JSON, close=close)
+
+
+class Admission(Protocol):
+    """The in-flight limit: `acquire` takes a slot or raises the error to answer with."""
+
+    def acquire(self) -> None: ...
+
+    def release(self) -> None: ...
+
+
+Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
+#: Whether a request, by its method and raw path, takes an admission slot.
+NeedsSlot = Callable[[bytes, bytes], bool]
+#: The answer to a request whose admission raised this exception.
+Refusal = Callable[[Exception], HttpResponse]
 
 
 class DuplicateHost(Exception):

@@ -49,14 +49,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
-from typing import Protocol, cast
+from typing import cast
 
 import httptools
 
+from reference_server.frontends.http import limits as limits_
 from reference_server.frontends.http import messages
 from reference_server.frontends.http.limits import DEFAULT_LIMITS, HttpLimits
-from reference_server.frontends.http.messages import HttpRequest, HttpResponse, error_response
+from reference_server.frontends.http.messages import Admission, HttpRequest, HttpResponse, error_response
 from reference_server.frontends.http.read_gate import ReadGate
 from reference_server.frontends.listener import Listener
 
@@ -74,33 +74,18 @@ _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LARGE_BODY = 1 << 16  # from here on the head and the body go out in two writes, not one copy
 
 
-class Admission(Protocol):
-    """The in-flight limit: `acquire` takes a slot or raises the error to answer with."""
-
-    def acquire(self) -> None: ...
-
-    def release(self) -> None: ...
-
-
-Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
-#: Whether a request, by its method and raw path, takes an admission slot.
-NeedsSlot = Callable[[bytes, bytes], bool]
-#: The answer to a request whose admission raised this exception.
-Refusal = Callable[[Exception], HttpResponse]
-
-
 class HttpServer(Listener):
     """Serves `handler` on one listening socket; see the module's docstring."""
 
     def __init__(
         self,
-        handler: Handler,
+        handler: messages.Handler,
         *,
         max_body_bytes: int,
         body_timeout_s: float = 60.0,
         admission: Admission | None = None,
-        needs_slot: NeedsSlot | None = None,
-        refusal: Refusal | None = None,
+        needs_slot: messages.NeedsSlot | None = None,
+        refusal: messages.Refusal | None = None,
         read_gate: ReadGate | None = None,
         access_log: logging.Logger | None = None,
         limits: HttpLimits = DEFAULT_LIMITS,
@@ -119,20 +104,6 @@ class HttpServer(Listener):
 
     def connection(self) -> asyncio.Protocol:
         return _Connection(self)
-
-
-_HEAD_FLAGS = {
-    "line": "--http-max-header-line",
-    "count": "--http-max-headers",
-    "head": "--http-max-head-size",
-    "target": "--http-max-request-line",
-}
-
-
-def _head_too_large(message: str, limit: str) -> HttpResponse:
-    """The answer to a head over a limit (RFC 6585 §5, RFC 9112 §3: 431, or 414 for the target), and close."""
-    status = 414 if limit == "target" else 431
-    return error_response(f"{message} (raise the limit with {_HEAD_FLAGS[limit]})", status, close=True)
 
 
 def _default_refusal(exc: Exception) -> HttpResponse:
@@ -261,9 +232,9 @@ class _Connection(asyncio.Protocol):
         else:
             pending = self._pending = self._pending + size
             if pending > limits.max_header_line:
-                refusal = _head_too_large(f"a request head line is longer than {limits.max_header_line} bytes", "line")
+                refusal = limits_.refusal(self._limits, "line")
             elif self._head_size + pending > limits.max_head_bytes:
-                refusal = _head_too_large(f"the request head is larger than {limits.max_head_bytes} bytes", "head")
+                refusal = limits_.refusal(self._limits, "head")
             if refusal is not None:
                 self._give_up(refusal)
                 return
@@ -271,21 +242,13 @@ class _Connection(asyncio.Protocol):
             self._head_timer = self._loop.call_later(limits.head_timeout_s, self._head_timed_out)
 
     def _count_head(self) -> HttpResponse | None:
-        """Add the header lines llhttp has handed over since the last count to the head's size;
-        the 431 for a line, a count or a size over its limit, else None."""
-        limits, headers = self._limits, self._headers
-        if len(headers) > limits.max_headers:
-            return _head_too_large(f"the request has more than {limits.max_headers} header lines", "count")
-        size = self._head_size + len(self._url) - self._target_seen
-        for name, value in headers[self._counted :]:
-            line = len(name) + len(value)
-            if line > limits.max_header_line:
-                return _head_too_large(f"a request header line is longer than {limits.max_header_line} bytes", "line")
-            size += line + 4
-        self._head_size, self._counted, self._target_seen = size, len(headers), len(self._url)
-        if size > limits.max_head_bytes:
-            return _head_too_large(f"the request head is larger than {limits.max_head_bytes} bytes", "head")
-        return None
+        """Add what llhttp has handed over since the last count to the head's size; the 431 for a
+        line, a count or a size over its limit, else None."""
+        headers, url_size = self._headers, len(self._url)
+        size = self._head_size + url_size - self._target_seen
+        size, broken = limits_.measure_head(self._limits, headers, self._counted, size)
+        self._head_size, self._counted, self._target_seen = size, len(headers), url_size
+        return None if broken is None else limits_.refusal(self._limits, broken)
 
     def eof_received(self) -> bool | None:
         self._closing = True
@@ -305,8 +268,7 @@ class _Connection(asyncio.Protocol):
     def on_url(self, url: bytes) -> None:
         self._url += url
         if len(self._url) > self._max_request_line:
-            limit = self._max_request_line
-            self._give_up(_head_too_large(f"the request target is longer than {limit} bytes", "target"))
+            self._give_up(limits_.refusal(self._limits, "target"))
             raise _Refused  # stop llhttp: nothing after the refusal is parsed
 
     def on_header(self, name: bytes, value: bytes) -> None:
