@@ -217,6 +217,8 @@ class _Connection(asyncio.Protocol):
         A head that arrives in one read costs nothing here (on_headers_complete checks it). One
         that spans reads is checked after each: the lines llhttp has handed over, counted once
         each, and the line it has not finished, whose bytes are counted read by read."""
+        if self._gave_up:  # a request before this one in the read was refused: nothing more is served
+            return
         began_here, self._spanned = not self._spanned, True
         counted, target = self._counted, self._target_seen
         refusal = self._count_head()
@@ -259,15 +261,13 @@ class _Connection(asyncio.Protocol):
     # -- llhttp callbacks
 
     def on_message_begin(self) -> None:
-        if self._gave_up:
-            raise _Refused  # a refusal is answered after what came before it, and nothing after
         self._reset()
         self._in_head = True
         self._idle_since = None
 
     def on_url(self, url: bytes) -> None:
         self._url += url
-        if len(self._url) > self._max_request_line:
+        if len(self._url) > self._max_request_line and not self._gave_up:
             self._give_up(limits_.refusal(self._limits, "target"))
             raise _Refused  # stop llhttp: nothing after the refusal is parsed
 
