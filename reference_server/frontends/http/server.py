@@ -70,6 +70,10 @@ MAX_PIPELINED = 16
 #: How long a refused connection is read and its bytes dropped before it is closed.
 LINGER_S = 2.0
 
+#: How far an unfinished line's raw bytes may run past its size as limits.py counts it (': ',
+#: CRLF; before the first header, ' HTTP/1.1'), so that no line at its limit is refused for them.
+_RAW_SLACK = 64
+
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LARGE_BODY = 1 << 16  # from here on the head and the body go out in two writes, not one copy
 
@@ -212,11 +216,8 @@ class _Connection(asyncio.Protocol):
             self._transport.pause_reading()  # the read gate resumed it: the answers still wait
 
     def _head_unfinished(self, size: int) -> None:
-        """A head is still coming after a read of `size` bytes: bound what it holds, time it.
-
-        A head that arrives in one read costs nothing here (on_headers_complete checks it). One
-        that spans reads is checked after each: the lines llhttp has handed over, counted once
-        each, and the line it has not finished, whose bytes are counted read by read."""
+        """A head spans reads (one that does not is checked by on_headers_complete): after each,
+        count the lines llhttp has handed over and the bytes of the one it has not; time it."""
         if self._gave_up:  # a request before this one in the read was refused: nothing more is served
             return
         began_here, self._spanned = not self._spanned, True
@@ -233,9 +234,9 @@ class _Connection(asyncio.Protocol):
             self._pending = 0
         else:
             pending = self._pending = self._pending + size
-            if pending > limits.max_header_line:
+            if pending > limits.max_header_line + _RAW_SLACK:
                 refusal = limits_.refusal(self._limits, "line")
-            elif self._head_size + pending > limits.max_head_bytes:
+            elif self._head_size + pending > limits.max_head_bytes + _RAW_SLACK:
                 refusal = limits_.refusal(self._limits, "head")
             if refusal is not None:
                 self._give_up(refusal)
