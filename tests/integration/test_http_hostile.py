@@ -23,6 +23,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from reference_server.config import config_from_args
+from reference_server.frontends.http.limits import HttpLimits
+
 pytestmark = pytest.mark.integration
 
 #: Short timers, so that the timeout cases take seconds; passed as the flags a user would.
@@ -244,3 +247,28 @@ def test_rfc_9112_targets_and_host(server: Server) -> None:
             status, headers, _ = read_answer(sock)
             assert (status, headers.get("connection")) == (400, "close"), raw
             assert closed(sock)
+
+
+def test_the_head_flags_have_their_defaults_and_refuse_nonsense(
+    demo_repository: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = config_from_args(["--model-repository", str(demo_repository)])
+    assert config.http_limits == HttpLimits()
+    assert (HttpLimits().max_request_line, HttpLimits().max_header_line) == (8192, 16384)
+    assert (HttpLimits().max_head_bytes, HttpLimits().max_headers) == (65536, 100)
+    chosen = config_from_args(
+        ["--model-repository", str(demo_repository), "--http-max-headers", "7", "--http-idle-timeout-secs", "5"]
+    )
+    assert (chosen.http_limits.max_headers, chosen.http_limits.idle_timeout_s) == (7, 5.0)
+    for flag in (
+        "--http-max-request-line",
+        "--http-max-header-line",
+        "--http-max-head-size",
+        "--http-max-headers",
+        "--http-head-timeout-secs",
+        "--http-idle-timeout-secs",
+    ):
+        with pytest.raises(SystemExit) as exited:
+            config_from_args(["--model-repository", str(demo_repository), flag, "0"])
+        assert exited.value.code == 2
+        assert flag in capsys.readouterr().err

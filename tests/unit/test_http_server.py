@@ -335,6 +335,28 @@ def test_limits_at_their_bounds_are_served(run: Any) -> None:
     assert status == 200 and json.loads(body)["path"] == target.decode()
 
 
+@pytest.mark.parametrize("over", [0, 1], ids=["at-the-limits", "one-byte-over"])
+def test_a_head_split_into_one_byte_reads_is_held_to_the_same_limits(run: Any, over: int) -> None:
+    """However llhttp is fed, a head at its limits is served and one byte more is refused."""
+    limits = small_limits(max_head_bytes=100_000)
+    line = b"X-Long: " + b"v" * (limits.max_header_line - len("X-Long") + over) + b"\r\n"
+    raw = b"GET /a HTTP/1.1\r\n" + line + b"Host: x\r\nConnection: close\r\n\r\n"
+
+    async def main() -> int:
+        server = HttpServer(echo, max_body_bytes=1000, limits=limits)
+        reader, writer = await serve(server)
+        for byte in raw:
+            writer.write(bytes([byte]))
+            await writer.drain()
+            await asyncio.sleep(0)  # let the server read it alone
+        status, _, _ = await asyncio.wait_for(read_response(reader), 20)
+        writer.close()
+        await server.stop(1)
+        return status
+
+    assert run(main()) == (431 if over else 200)
+
+
 @pytest.mark.parametrize("endless", [b"X-Endless: ", b"GET /"], ids=["header-value", "request-target"])
 def test_an_endless_head_is_cut_off_while_it_streams(run: Any, endless: bytes) -> None:
     """The head never ends: the refusal comes while it streams, counted before llhttp has a line."""
