@@ -9,6 +9,7 @@ from pathlib import Path
 
 from reference_server.errors import ServerError
 from reference_server.frontends.auth import Token, read_token_file
+from reference_server.frontends.http.limits import DEFAULT_LIMITS, HttpLimits
 
 CONTROL_MODES = ("none", "explicit", "poll")
 
@@ -35,6 +36,12 @@ class ServerConfig:
     strict_readiness: bool = True
     http_max_input_size: int = 64 * 1024 * 1024
     http_body_timeout_secs: float = 60.0
+    http_max_request_line: int = DEFAULT_LIMITS.max_request_line
+    http_max_header_line: int = DEFAULT_LIMITS.max_header_line
+    http_max_head_size: int = DEFAULT_LIMITS.max_head_bytes
+    http_max_headers: int = DEFAULT_LIMITS.max_headers
+    http_head_timeout_secs: float = DEFAULT_LIMITS.head_timeout_s
+    http_idle_timeout_secs: float = DEFAULT_LIMITS.idle_timeout_s
     exit_timeout_secs: float = 30.0
     default_max_batch_size: int = 4
     log_verbose: int = 0
@@ -50,6 +57,18 @@ class ServerConfig:
     @property
     def tls(self) -> bool:
         return self.ssl_certfile is not None
+
+    @property
+    def http_limits(self) -> HttpLimits:
+        """The HTTP front end's limits on a request head and its connection's timers."""
+        return HttpLimits(
+            max_request_line=self.http_max_request_line,
+            max_header_line=self.http_max_header_line,
+            max_head_bytes=self.http_max_head_size,
+            max_headers=self.http_max_headers,
+            head_timeout_s=self.http_head_timeout_secs,
+            idle_timeout_s=self.http_idle_timeout_secs,
+        )
 
     def validate(self) -> None:
         if self.model_control_mode not in CONTROL_MODES:
@@ -69,6 +88,10 @@ class ServerConfig:
             raise ServerError("--http-max-input-size must be a positive number of bytes")
         if not self.http_body_timeout_secs > 0:
             raise ServerError("--http-body-timeout-secs must be a positive number of seconds")
+        try:
+            self.http_limits.validate()
+        except ValueError as exc:
+            raise ServerError(str(exc)) from None
         if self.max_inflight_requests < 1:
             raise ServerError("--max-inflight-requests must be at least 1")
         if self.http_read_pause_inflight == 1 or self.http_read_pause_inflight < 0:
@@ -162,6 +185,48 @@ def build_parser() -> argparse.ArgumentParser:
         default=60.0,
         metavar="SECONDS",
         help="an HTTP request body not all in within SECONDS of its headers gets 408 and the connection closes",
+    )
+    net.add_argument(
+        "--http-max-request-line",
+        type=int,
+        default=DEFAULT_LIMITS.max_request_line,
+        metavar="BYTES",
+        help="longest HTTP request target (path and query); longer gets 414 and the connection closes",
+    )
+    net.add_argument(
+        "--http-max-header-line",
+        type=int,
+        default=DEFAULT_LIMITS.max_header_line,
+        metavar="BYTES",
+        help="longest HTTP header line (name and value); longer gets 431 and the connection closes",
+    )
+    net.add_argument(
+        "--http-max-head-size",
+        type=int,
+        default=DEFAULT_LIMITS.max_head_bytes,
+        metavar="BYTES",
+        help="largest HTTP request head (target and every header line); larger gets 431 and the connection closes",
+    )
+    net.add_argument(
+        "--http-max-headers",
+        type=int,
+        default=DEFAULT_LIMITS.max_headers,
+        metavar="N",
+        help="most header lines in an HTTP request; more get 431 and the connection closes",
+    )
+    net.add_argument(
+        "--http-head-timeout-secs",
+        type=float,
+        default=DEFAULT_LIMITS.head_timeout_s,
+        metavar="SECONDS",
+        help="an HTTP request head not all in within SECONDS of its first byte gets 408 and the connection closes",
+    )
+    net.add_argument(
+        "--http-idle-timeout-secs",
+        type=float,
+        default=DEFAULT_LIMITS.idle_timeout_s,
+        metavar="SECONDS",
+        help="a kept-alive HTTP connection with no request for SECONDS is closed",
     )
     limits = parser.add_argument_group("limits")
     limits.add_argument(
@@ -271,6 +336,12 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         strict_readiness=args.strict_readiness,
         http_max_input_size=args.http_max_input_size,
         http_body_timeout_secs=args.http_body_timeout_secs,
+        http_max_request_line=args.http_max_request_line,
+        http_max_header_line=args.http_max_header_line,
+        http_max_head_size=args.http_max_head_size,
+        http_max_headers=args.http_max_headers,
+        http_head_timeout_secs=args.http_head_timeout_secs,
+        http_idle_timeout_secs=args.http_idle_timeout_secs,
         exit_timeout_secs=args.exit_timeout_secs,
         default_max_batch_size=default_mbs,
         log_verbose=args.log_verbose,

@@ -83,6 +83,7 @@ class ReferenceServer:
                     read_gate=gate,
                     body_timeout_s=config.http_body_timeout_secs,
                     access_log=log if config.log_verbose > 0 else None,
+                    limits=config.http_limits,
                 )
                 self.http_port = await self._http.listen(config.host, config.http_port, self._ssl)
                 print(f"Started HTTPService at {config.host}:{self.http_port}", flush=True)

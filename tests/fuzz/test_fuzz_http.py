@@ -21,6 +21,7 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
+from reference_server.frontends.http.limits import HttpLimits
 from reference_server.server import ReferenceServer
 from tests.fuzz.wire import RawHttp, check_http_answer, fuzz_settings
 
@@ -245,6 +246,56 @@ def test_malformed_requests_to_every_route_get_client_errors(
     status, headers, payload = http.request(method, path, body)
     event(f"HTTP {status}")
     check_http_answer(status, headers, payload, infer=False, ready_probe=ready_probe)
+
+
+#: The HTTP front end's head limits: the fuzz server runs with the defaults.
+LIMITS = HttpLimits()
+#: What RawHttp adds to every head, as the limits count it: 'Host' + '127.0.0.1' and
+#: 'Content-Length' + '0', each with 4 bytes for ': ' and CRLF.
+RAW_HTTP_LINES = [len("Host") + len("127.0.0.1"), len("Content-Length") + len("0")]
+
+
+def near(limit: int) -> st.SearchStrategy[int]:
+    return st.integers(limit - 48, limit + 8)
+
+
+@st.composite
+def request_heads(draw: st.DrawFn) -> tuple[bytes, dict[str, bytes], int]:
+    """A GET to the ready probe whose target, lines and count fall far from or right at the head's
+    limits; with the status the limits give it (414, 431, or 200)."""
+    target_size = draw(st.one_of(st.integers(17, 200), near(LIMITS.max_request_line)))
+    target = b"/v2/health/ready?" + b"q" * (target_size - 17)
+    sizes = draw(st.lists(st.one_of(st.integers(6, 60), near(LIMITS.max_header_line)), max_size=6))
+    sizes += [6] * draw(st.one_of(st.just(0), st.integers(LIMITS.max_headers - 12, LIMITS.max_headers)))
+    headers = {f"x-{i:03}": b"v" * (size - 5) for i, size in enumerate(sizes)}  # a name is 5 bytes
+    lines = sizes + RAW_HTTP_LINES
+    if target_size > LIMITS.max_request_line:
+        status = 414
+    elif (
+        len(lines) > LIMITS.max_headers
+        or max(lines) > LIMITS.max_header_line
+        or target_size + sum(size + 4 for size in lines) > LIMITS.max_head_bytes
+    ):
+        status = 431
+    else:
+        status = 200
+    return target, headers, status
+
+
+@fuzz_settings(200)
+@given(head=request_heads())
+def test_request_heads_at_the_limits_get_exactly_their_status(
+    http: RawHttp, crashes: list[logging.LogRecord], head: tuple[bytes, dict[str, bytes], int]
+) -> None:
+    """A head one byte over a limit is refused (414 / 431 with the KServe error JSON and close), one
+    at it is served, however the head is split into reads on its way."""
+    target, headers, expected = head
+    status, response_headers, payload = http.request("GET", target, b"", headers)
+    event(f"HTTP {status}")
+    assert status == expected, (status, payload[:200])
+    if status != 200:
+        assert response_headers["connection"] == "close"
+        assert response_headers["content-type"] == "application/json" and json.loads(payload)["error"]
 
 
 def test_no_path_leaves_the_repository(http: RawHttp, fuzz_server: ReferenceServer) -> None:

@@ -4,17 +4,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any, TypeVar
 
 import pytest
 
 from reference_server.errors import Unavailable
+from reference_server.frontends.http.limits import HttpLimits
 from reference_server.frontends.http.server import MAX_PIPELINED, HttpRequest, HttpResponse, HttpServer
 from tests.waiting import eventually
 
 T = TypeVar("T")
-
 
 
 async def echo(request: HttpRequest) -> HttpResponse:
@@ -269,3 +270,250 @@ def test_stop_lets_a_request_being_served_finish(run: Any) -> None:
         return status
 
     assert run(main()) == 200
+
+
+# -- hostile clients: the head's limits, its timer, the idle timer, write back-pressure, RFC 9112
+
+
+def small_limits(**overrides: Any) -> HttpLimits:
+    values: dict[str, Any] = {
+        "max_request_line": 256,
+        "max_header_line": 512,
+        "max_head_bytes": 2048,
+        "max_headers": 10,
+        **overrides,
+    }
+    return HttpLimits(**values)
+
+
+async def answer_to(server: HttpServer, raw: bytes) -> tuple[int, dict[str, str], bytes, bytes]:
+    """The answer to `raw`, and what follows it before the connection ends."""
+    reader, writer = await serve(server)
+    writer.write(raw)
+    status, headers, body = await read_response(reader)
+    rest = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    await server.stop(1)
+    return status, headers, body, rest
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "flag"),
+    [
+        (b"GET /" + b"a" * 300 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, "--http-max-request-line"),
+        (b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"v" * 600 + b"\r\n\r\n", 431, "--http-max-header-line"),
+        (b"GET / HTTP/1.1\r\nHost: x\r\n" + b"X-N: 1\r\n" * 10 + b"\r\n", 431, "--http-max-headers"),
+        (
+            b"GET / HTTP/1.1\r\nHost: x\r\n"
+            + b"X-Big: "
+            + b"v" * 500
+            + b"\r\n" * 1
+            + (b"X-Big: " + b"v" * 500 + b"\r\n") * 4
+            + b"\r\n",
+            431,
+            "--http-max-head-size",
+        ),
+    ],
+    ids=["request-line", "header-line", "header-count", "head-size"],
+)
+def test_a_head_over_a_limit_is_refused_and_the_connection_closes(run: Any, raw: bytes, status: int, flag: str) -> None:
+    server = HttpServer(echo, max_body_bytes=1000, limits=small_limits())
+    # The request after it is never read: the connection ends with the refusal.
+    got, headers, body, rest = run(answer_to(server, raw + b"GET /after HTTP/1.1\r\nHost: x\r\n\r\n"))
+    assert (got, headers["connection"], rest) == (status, "close", b"")
+    assert headers["content-type"] == "application/json" and flag in json.loads(body)["error"]
+
+
+def test_limits_at_their_bounds_are_served(run: Any) -> None:
+    limits = small_limits()
+    target = b"/" + b"a" * (limits.max_request_line - 1)
+    fields = b"".join(
+        b"X-%d: %s\r\n" % (i, b"v" * 100) for i in range(limits.max_headers - 2)
+    )  # with Host and Connection
+    raw = b"GET " + target + b" HTTP/1.1\r\nHost: x\r\n" + fields + b"Connection: close\r\n\r\n"
+    status, _, body, _ = run(answer_to(HttpServer(echo, max_body_bytes=1000, limits=limits), raw))
+    assert status == 200 and json.loads(body)["path"] == target.decode()
+
+
+@pytest.mark.parametrize("over", [0, 1], ids=["at-the-limits", "one-byte-over"])
+def test_a_head_split_into_one_byte_reads_is_held_to_the_same_limits(run: Any, over: int) -> None:
+    """However llhttp is fed, a head at its limits is served and one byte more is refused."""
+    limits = small_limits(max_head_bytes=100_000)
+    line = b"X-Long: " + b"v" * (limits.max_header_line - len("X-Long") + over) + b"\r\n"
+    raw = b"GET /a HTTP/1.1\r\n" + line + b"Host: x\r\nConnection: close\r\n\r\n"
+
+    async def main() -> int:
+        server = HttpServer(echo, max_body_bytes=1000, limits=limits)
+        reader, writer = await serve(server)
+        for byte in raw:
+            writer.write(bytes([byte]))
+            await writer.drain()
+            await asyncio.sleep(0)  # let the server read it alone
+        status, _, _ = await asyncio.wait_for(read_response(reader), 20)
+        writer.close()
+        await server.stop(1)
+        return status
+
+    assert run(main()) == (431 if over else 200)
+
+
+@pytest.mark.parametrize("endless", [b"X-Endless: ", b"GET /"], ids=["header-value", "request-target"])
+def test_an_endless_head_is_cut_off_while_it_streams(run: Any, endless: bytes) -> None:
+    """The head never ends: the refusal comes while it streams, counted before llhttp has a line."""
+
+    async def main() -> tuple[int, int, int]:
+        server = HttpServer(echo, max_body_bytes=1000, limits=small_limits())
+        reader, writer = await serve(server)
+        start = b"GET / HTTP/1.1\r\nHost: x\r\n" if endless.startswith(b"X") else b""
+        writer.write(start + endless)
+        sent = 0
+
+        async def stream() -> None:
+            nonlocal sent
+            piece = b"v" * 4096
+            with contextlib.suppress(ConnectionError):
+                while sent < 64 << 20:  # bounded: the server must have answered long before
+                    writer.write(piece)
+                    sent += len(piece)
+                    await writer.drain()
+
+        streamer = asyncio.get_running_loop().create_task(stream())
+        status, _, _ = await asyncio.wait_for(read_response(reader), 20)
+        streamer.cancel()
+        held = max((c._pending + len(c._url) for c in server.connections), default=0)
+        writer.close()
+        await server.stop(1)
+        return status, sent, held
+
+    status, sent, held = run(main())
+    assert status == (414 if endless == b"GET /" else 431)
+    # What the parser held when it was cut off: the limit, and at most one read past it (256 KiB on
+    # both loops); the client's bytes beyond are in the kernel's buffers or never sent.
+    assert sent < 64 << 20 and held <= 2048 + (256 << 10)
+
+
+def test_a_trickled_head_is_408_after_the_head_timeout(run: Any) -> None:
+    async def main() -> tuple[int, dict[str, str], float]:
+        server = HttpServer(echo, max_body_bytes=1000, limits=HttpLimits(head_timeout_s=0.3))
+        reader, writer = await serve(server)
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+
+        async def trickle() -> None:
+            with contextlib.suppress(ConnectionError):
+                for byte in b"GET / HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"s" * 10_000:
+                    writer.write(bytes([byte]))
+                    await writer.drain()
+                    await asyncio.sleep(0.02)
+
+        trickler = loop.create_task(trickle())
+        status, headers, _ = await asyncio.wait_for(read_response(reader), 20)
+        elapsed = loop.time() - started
+        trickler.cancel()
+        assert await asyncio.wait_for(reader.read(), 10) == b""
+        writer.close()
+        await server.stop(1)
+        return status, headers, elapsed
+
+    status, headers, elapsed = run(main())
+    assert status == 408 and headers["connection"] == "close" and elapsed >= 0.3 * 0.9  # the loop clock is in ms
+
+
+def test_an_idle_keep_alive_connection_closes_quietly(run: Any) -> None:
+    async def main() -> tuple[int, bytes, bytes]:
+        server = HttpServer(echo, max_body_bytes=1000, limits=HttpLimits(idle_timeout_s=0.3))
+        port = await server.listen("127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(post("/slow", b""))  # served for longer than the idle timeout: not idle
+        status, _, _ = await read_response(reader)
+        after_answer = await asyncio.wait_for(reader.read(), 10)
+        silent_reader, silent_writer = await asyncio.open_connection("127.0.0.1", port)
+        never_asked = await asyncio.wait_for(silent_reader.read(), 10)
+        for w in (writer, silent_writer):
+            w.close()
+        await server.stop(1)
+        return status, after_answer, never_asked
+
+    assert run(main()) == (200, b"", b"")
+
+
+def test_a_client_that_never_reads_stops_being_read(run: Any) -> None:
+    """Pipelined GETs into a socket that is never read: the server's buffer stops at its high-water mark."""
+    answer = b"x" * (64 << 10)
+    count = 400  # 25 MiB of answers, more than loopback's socket buffers take
+
+    async def big(request: HttpRequest) -> HttpResponse:
+        return HttpResponse(200, answer, "application/octet-stream")
+
+    async def main() -> tuple[int, int, int]:
+        limits = HttpLimits()
+        server = HttpServer(big, max_body_bytes=1000, limits=limits)
+        reader, writer = await serve(server)
+        writer.write(b"GET /x HTTP/1.1\r\nHost: x\r\n\r\n" * count)
+        await eventually(lambda: any(c._write_paused for c in server.connections))
+        (connection,) = server.connections
+        assert connection._transport is not None
+        buffered = connection._transport.get_write_buffer_size()
+        waiting = len(connection._queue)
+        answered = 0
+        for _ in range(count):  # reading again, every answer comes
+            status, _, body = await asyncio.wait_for(read_response(reader), 20)
+            answered += status == 200 and body == answer
+        writer.close()
+        await server.stop(1)
+        return buffered, waiting, answered
+
+    buffered, waiting, answered = run(main())
+    assert buffered <= HttpLimits().write_high_water + len(answer) + 1024
+    assert waiting < count and answered == count
+
+
+def test_head_is_get_without_the_body(run: Any) -> None:
+    async def main() -> list[tuple[int, dict[str, str], bytes]]:
+        server = HttpServer(echo, max_body_bytes=1000)
+        reader, writer = await serve(server)
+        writer.write(b"HEAD /h HTTP/1.1\r\nHost: x\r\n\r\nGET /g HTTP/1.1\r\nHost: x\r\n\r\n")
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")
+        headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+        after = await read_response(reader)  # the next answer starts right after the head
+        writer.close()
+        await server.stop(1)
+        return [(int(lines[0].split()[1]), headers, b""), after]
+
+    (status, headers, _), (next_status, _, next_body) = run(main())
+    assert status == 200 and int(headers["content-length"]) > 0
+    assert next_status == 200 and json.loads(next_body)["path"] == "/g"
+
+
+@pytest.mark.parametrize(
+    ("raw", "fragment"),
+    [
+        (b"GET / HTTP/1.1\r\n\r\n", "no Host"),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", "more than one Host"),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n", "more than one Host"),
+        (b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n0\r\n\r\n", "HTTP/1.0"),
+    ],
+    ids=["no-host", "two-hosts", "host-twice", "te-on-1.0"],
+)
+def test_rfc_9112_framing_faults_are_400_and_close(run: Any, raw: bytes, fragment: str) -> None:
+    server = HttpServer(echo, max_body_bytes=1000)
+    status, headers, body, rest = run(answer_to(server, raw + b"GET /after HTTP/1.1\r\nHost: x\r\n\r\n"))
+    assert (status, headers["connection"], rest) == (400, "close", b"")
+    assert fragment in json.loads(body)["error"]
+
+
+@pytest.mark.parametrize(
+    ("target", "path"),
+    [(b"http://example.com:8000/v2/health/ready?x=1", "/v2/health/ready"), (b"HTTPS://h", "/"), (b"http://h?q", "/")],
+)
+def test_an_absolute_form_target_is_served_as_its_path(run: Any, target: bytes, path: str) -> None:
+    raw = b"GET " + target + b" HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n"
+    status, _, body, _ = run(answer_to(HttpServer(echo, max_body_bytes=1000), raw))
+    assert status == 200 and json.loads(body)["path"] == path
+
+
+def test_http_1_0_gets_no_100_continue_and_needs_no_host(run: Any) -> None:
+    raw = b"POST /e HTTP/1.0\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\nok"
+    status, headers, body, rest = run(answer_to(HttpServer(echo, max_body_bytes=1000), raw))
+    assert status == 200 and json.loads(body)["body"] == "ok" and headers["connection"] == "close"

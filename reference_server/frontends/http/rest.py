@@ -17,6 +17,7 @@ from urllib.parse import unquote
 from reference_server.core.dataplane import DataPlane
 from reference_server.errors import InvalidArgument, server_error
 from reference_server.frontends.auth import OPEN_HTTP_PATHS, Token, Unauthenticated
+from reference_server.frontends.http.limits import DEFAULT_LIMITS, HttpLimits
 from reference_server.frontends.http.read_gate import ReadGate
 from reference_server.frontends.http.server import HttpRequest, HttpResponse, HttpServer, error_response
 from v2kit import codec as v2
@@ -76,8 +77,11 @@ class RestApi:
             self.token.check(request.headers.get("authorization"))
         if endpoint is None:
             return error_response(f"Not Found: {request.method} {path}", 404)
-        if request.method not in methods:
-            return error_response(f"Method Not Allowed: {request.method} {path}", 405)
+        # HEAD is GET without the body (RFC 9110 §9.3.2), which the transport leaves out.
+        if request.method not in methods and not (request.method == "HEAD" and "GET" in methods):
+            response = error_response(f"Method Not Allowed: {request.method} {path}", 405)
+            response.headers = (("Allow", _ALLOW[methods]),)  # RFC 9110 §15.5.6
+            return response
         return await endpoint(self, request, model, version)
 
     # -- endpoints
@@ -140,6 +144,7 @@ class RestApi:
 
 _GET = frozenset({"GET"})
 _POST = frozenset({"POST"})
+_ALLOW = {_GET: "GET, HEAD", _POST: "POST"}
 _NO_ROUTE: tuple[RouteHandler | None, frozenset[str], str, str] = (None, frozenset(), "", "")
 
 #: Routes by their fixed segments after '/v2'.
@@ -225,6 +230,7 @@ def build_rest_server(
     read_gate: ReadGate | None = None,
     body_timeout_s: float = 60.0,
     access_log: logging.Logger | None = None,
+    limits: HttpLimits = DEFAULT_LIMITS,
 ) -> HttpServer:
     """The KServe v2 REST front end over `plane`, not yet listening (`HttpServer.listen`)."""
     if read_gate is not None:
@@ -238,4 +244,5 @@ def build_rest_server(
         refusal=_refusal,
         read_gate=read_gate,
         access_log=access_log,
+        limits=limits,
     )

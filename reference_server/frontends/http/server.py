@@ -23,6 +23,21 @@ what every request must pass before a handler sees it:
   a request that arrives whole (as small ones do) costs no timer.
 - *Read gate* (`read_gate.ReadGate`): told of every connection, and of every admitted request from
   its admission to its answer.
+- *Head*: a request target past `limits.max_request_line` is answered 414, a header line past
+  `max_header_line`, more than `max_headers` lines or a head past `max_head_bytes` 431, and a head
+  not all in within `head_timeout_s` of its first byte 408, each with `Connection: close` and
+  nothing more read. The bytes of a line llhttp has not finished are counted read by read, so
+  memory never follows a client that streams an endless head (`limits.py`).
+- *Idle*: a connection with nothing in progress for `limits.idle_timeout_s` is closed without an
+  answer (RFC 9112 §9.5). One timer per connection looks every half timeout, so a request costs
+  no timer and no clock read: it closes between one and one and a half timeouts after its last
+  answer. Connections whose reading the server paused are not idle.
+- *Write back-pressure*: while the transport holds more than `limits.write_high_water` bytes of
+  answers the connection is neither read nor served, until its client has taken them down to
+  `write_low_water`; one that takes nothing for `idle_timeout_s` is aborted.
+- *RFC 9112*: HEAD is answered as GET without the body; a missing Host (HTTP/1.1), a repeated
+  Host, or Transfer-Encoding on an HTTP/1.0 request is 400 and close; an absolute-form target is
+  served as its path; HTTP/1.0 clients get no `100 Continue`.
 - *Bad HTTP*: bytes llhttp refuses get a KServe error JSON, 400, and `Connection: close`.
 
 `stop(grace_s)` stops accepting, lets the requests being served finish within the grace period,
@@ -34,76 +49,33 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable
-from http import HTTPStatus
-from typing import Protocol, cast
+from typing import cast
 
 import httptools
 
+from reference_server.frontends.http import limits as limits_
+from reference_server.frontends.http import messages
+from reference_server.frontends.http.limits import DEFAULT_LIMITS, HttpLimits
+from reference_server.frontends.http.messages import Admission, HttpRequest, HttpResponse, error_response
 from reference_server.frontends.http.read_gate import ReadGate
 from reference_server.frontends.listener import Listener
-from v2kit import codec as v2
 
-__all__ = ["MAX_PIPELINED", "Admission", "HttpRequest", "HttpResponse", "HttpServer"]
+__all__ = ["MAX_PIPELINED", "Admission", "HttpRequest", "HttpResponse", "HttpServer", "error_response"]
 
 log = logging.getLogger(__name__)
 
 #: Requests a connection may have waiting behind the one being served before it is no longer read.
 MAX_PIPELINED = 16
 
-_JSON = "application/json"
+#: How long a refused connection is read and its bytes dropped before it is closed.
+LINGER_S = 2.0
+
+#: How far an unfinished line's raw bytes may run past its size as limits.py counts it (': ',
+#: CRLF; before the first header, ' HTTP/1.1'), so that no line at its limit is refused for them.
+_RAW_SLACK = 64
+
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LARGE_BODY = 1 << 16  # from here on the head and the body go out in two writes, not one copy
-
-
-class HttpRequest:
-    """One parsed request. `path` is as sent (percent-encoded, without the query); header names
-    are lower case, and a repeated header's values are joined with ', '."""
-
-    __slots__ = ("method", "path", "headers", "body")
-
-    def __init__(self, method: str, path: str, headers: dict[str, str], body: bytes) -> None:
-        self.method = method
-        self.path = path
-        self.headers = headers
-        self.body = body
-
-
-class HttpResponse:
-    __slots__ = ("status", "body", "content_type", "headers", "close")
-
-    def __init__(
-        self,
-        status: int = 200,
-        body: bytes = b"",
-        content_type: str | None = None,
-        headers: tuple[tuple[str, str], ...] = (),
-        close: bool = False,
-    ) -> None:
-        self.status = status
-        self.body = body
-        self.content_type = content_type
-        self.headers = headers
-        self.close = close  # answer with Connection: close, then close
-
-
-def error_response(message: str, status: int, *, close: bool = False) -> HttpResponse:
-    return HttpResponse(status, v2.error_body(message), _JSON, close=close)
-
-
-class Admission(Protocol):
-    """The in-flight limit: `acquire` takes a slot or raises the error to answer with."""
-
-    def acquire(self) -> None: ...
-
-    def release(self) -> None: ...
-
-
-Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
-#: Whether a request, by its method and raw path, takes an admission slot.
-NeedsSlot = Callable[[bytes, bytes], bool]
-#: The answer to a request whose admission raised this exception.
-Refusal = Callable[[Exception], HttpResponse]
 
 
 class HttpServer(Listener):
@@ -111,20 +83,23 @@ class HttpServer(Listener):
 
     def __init__(
         self,
-        handler: Handler,
+        handler: messages.Handler,
         *,
         max_body_bytes: int,
         body_timeout_s: float = 60.0,
         admission: Admission | None = None,
-        needs_slot: NeedsSlot | None = None,
-        refusal: Refusal | None = None,
+        needs_slot: messages.NeedsSlot | None = None,
+        refusal: messages.Refusal | None = None,
         read_gate: ReadGate | None = None,
         access_log: logging.Logger | None = None,
+        limits: HttpLimits = DEFAULT_LIMITS,
     ) -> None:
         super().__init__()
+        limits.validate()
         self.handler = handler
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
+        self.limits = limits
         self.admission = admission
         self.needs_slot = needs_slot if admission is not None else None
         self.refusal = refusal or _default_refusal
@@ -139,12 +114,21 @@ def _default_refusal(exc: Exception) -> HttpResponse:
     return error_response(str(exc), 503)
 
 
+class _Refused(Exception):
+    """Raised from a parser callback to stop llhttp once the request has been refused."""
+
+
 class _Connection(asyncio.Protocol):
     """One client connection: parser callbacks, the queue of its requests, and their answers."""
 
     def __init__(self, server: HttpServer) -> None:
         self._server = server
+        limits = self._limits = server.limits
+        self._max_request_line = limits.max_request_line  # read per request: one attribute, not two
+        self._max_header_line = limits.max_header_line
+        self._max_headers = limits.max_headers
         self._transport: asyncio.Transport | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._parser = httptools.HttpRequestParser(self)
         self._queue: deque[tuple[HttpRequest | HttpResponse, bool, bool]] = deque()
         self._task: asyncio.Task[None] | None = None  # the request being served
@@ -152,9 +136,22 @@ class _Connection(asyncio.Protocol):
         self._closing = False  # close once the requests read so far are answered
         self._body_timer: asyncio.TimerHandle | None = None
         self._gave_up = False  # answered a request it could not read: nothing more is parsed
+        self._read_size = 0  # bytes in the read being parsed
+        # A head that spans reads (rare) is accounted for in these, reset when it is complete.
+        self._spanned = False  # the head has taken more than one read
+        self._head_size = 0  # its bytes llhttp has handed over, 4 a line for ': ' and CRLF
+        self._counted = 0  # header lines in _head_size
+        self._target_seen = 0  # bytes of the target seen at the last read
+        self._pending = 0  # bytes read since llhttp last handed over any: its unfinished line
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._idle_since: float | None = None  # idle since, seen by the idle timer; None: a request since
+        self._write_paused = False  # the transport's buffer is over its high-water mark
+        self._write_paused_at = 0.0
         self._reset()
 
     def _reset(self) -> None:
+        self._in_head = False  # a head has begun and is not complete
         self._url = b""
         self._headers: list[tuple[bytes, bytes]] = []
         self._fields: dict[str, str] = {}  # the headers by lower-case name, once all are in
@@ -170,6 +167,11 @@ class _Connection(asyncio.Protocol):
         # uvloop's TLS transport is no asyncio.Transport subclass, but has its methods.
         self._transport = cast(asyncio.Transport, transport)
         self._server.connections.add(self)
+        limits = self._limits
+        self._transport.set_write_buffer_limits(high=limits.write_high_water, low=limits.write_low_water)
+        loop = self._loop = asyncio.get_running_loop()
+        self._idle_since = loop.time()
+        self._idle_timer = loop.call_later(limits.idle_timeout_s / 2, self._idle_check)
         if self._server.read_gate is not None:
             self._server.read_gate.connection_made(transport)
 
@@ -177,6 +179,10 @@ class _Connection(asyncio.Protocol):
         transport, self._transport = self._transport, None
         self._server.connections.discard(self)
         self._cancel_body_timer()
+        self._cancel_head_timer()
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
         if self._admitted:  # its body never came: the slot and the gate's count go back
             self._release(transport)
             self._admitted = False
@@ -192,16 +198,60 @@ class _Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._gave_up:
             return
+        self._read_size = len(data)
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             self._closing = True  # what follows is another protocol's: answer what was asked, then close
         except httptools.HttpParserError as exc:
-            self._bad_http(exc)
+            if not self._gave_up:  # else a limit refused the request and stopped llhttp (_Refused)
+                self._bad_http(exc)
             return
-        if self._in_body and self._body_timer is None and self._task is None and self._transport is not None:
+        if self._in_head:
+            self._head_unfinished(len(data))
+        elif self._in_body and self._body_timer is None and self._task is None and self._transport is not None:
             loop = asyncio.get_running_loop()
             self._body_timer = loop.call_later(self._server.body_timeout_s, self._body_timed_out)
+        if self._write_paused and self._transport is not None:
+            self._transport.pause_reading()  # the read gate resumed it: the answers still wait
+
+    def _head_unfinished(self, size: int) -> None:
+        """A head spans reads (one that does not is checked by on_headers_complete): after each,
+        count the lines llhttp has handed over and the bytes of the one it has not; time it."""
+        if self._gave_up:  # a request before this one in the read was refused: nothing more is served
+            return
+        began_here, self._spanned = not self._spanned, True
+        counted, target = self._counted, self._target_seen
+        refusal = self._count_head()
+        if refusal is not None:
+            self._give_up(refusal)
+            return
+        limits = self._limits
+        self._target_seen = len(self._url)
+        if began_here or self._counted != counted or self._target_seen != target:
+            # A line ended in this read; the part of it after that line is under one read, and
+            # counted from the next read on, so the count never exceeds the line.
+            self._pending = 0
+        else:
+            pending = self._pending = self._pending + size
+            if pending > limits.max_header_line + _RAW_SLACK:
+                refusal = limits_.refusal(self._limits, "line")
+            elif self._head_size + pending > limits.max_head_bytes + _RAW_SLACK:
+                refusal = limits_.refusal(self._limits, "head")
+            if refusal is not None:
+                self._give_up(refusal)
+                return
+        if self._head_timer is None and self._loop is not None:
+            self._head_timer = self._loop.call_later(limits.head_timeout_s, self._head_timed_out)
+
+    def _count_head(self) -> HttpResponse | None:
+        """Add what llhttp has handed over since the last count to the head's size; the 431 for a
+        line, a count or a size over its limit, else None."""
+        headers, url_size = self._headers, len(self._url)
+        size = self._head_size + url_size - self._target_seen
+        size, broken = limits_.measure_head(self._limits, headers, self._counted, size)
+        self._head_size, self._counted, self._target_seen = size, len(headers), url_size
+        return None if broken is None else limits_.refusal(self._limits, broken)
 
     def eof_received(self) -> bool | None:
         self._closing = True
@@ -213,20 +263,50 @@ class _Connection(asyncio.Protocol):
 
     def on_message_begin(self) -> None:
         self._reset()
+        self._in_head = True
+        self._idle_since = None
 
     def on_url(self, url: bytes) -> None:
         self._url += url
+        if len(self._url) > self._max_request_line and not self._gave_up:
+            self._give_up(limits_.refusal(self._limits, "target"))
+            raise _Refused  # stop llhttp: nothing after the refusal is parsed
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        self._in_head = False
+        if self._head_timer is not None:
+            self._cancel_head_timer()
         if self._gave_up:
             return
         server = self._server
         self._in_body = True
-        fields = self._fields = _fields(self._headers)
-        length = _content_length(fields)
+        # A head that came in one read no larger than the line limit can be over no limit but the
+        # count: most heads are checked with two comparisons, not a look at every line.
+        if self._spanned or self._read_size > self._max_header_line or len(self._headers) > self._max_headers:
+            refusal = self._count_head()
+            self._spanned, self._head_size, self._counted, self._target_seen, self._pending = False, 0, 0, 0, 0
+            if refusal is not None:
+                self._give_up(refusal)
+                return
+        # RFC 9112 §3.2: one Host, and on HTTP/1.1 at least one; §6.1: Transfer-Encoding on an
+        # HTTP/1.0 request cannot be trusted to frame it, so the connection cannot go on.
+        try:
+            fields = self._fields = messages.parse_fields(self._headers)
+        except messages.DuplicateHost:
+            self._give_up(error_response("bad request: more than one Host header (RFC 9112 §3.2)", 400, close=True))
+            return
+        if "host" not in fields and self._parser.get_http_version() != "1.0":
+            message = "bad request: no Host header in an HTTP/1.1 request (RFC 9112 §3.2)"
+            self._give_up(error_response(message, 400, close=True))
+            return
+        if "transfer-encoding" in fields and self._parser.get_http_version() == "1.0":
+            message = "bad request: Transfer-Encoding in an HTTP/1.0 request (RFC 9112 §6.1)"
+            self._give_up(error_response(message, 400, close=True))
+            return
+        length = messages.content_length(fields)
         if length is not None and length > server.max_body_bytes:
             self._refuse_too_large(length)
             return
@@ -235,7 +315,8 @@ class _Connection(asyncio.Protocol):
         if idle and needs_slot is not None and needs_slot(self._parser.get_method(), self._url):
             self._refused = self._take_slot(self._transport)
             self._admitted = self._refused is None
-        if fields.get("expect", "").strip().lower() == "100-continue":
+        # RFC 9110 §10.1.1: an HTTP/1.0 client's expectation is ignored; it sends its body anyway.
+        if "expect" in fields and messages.expects_continue(fields["expect"], self._parser):
             if self._refused is not None:
                 self._give_up(self._refused)  # the client waits for a go-ahead that will not come
             elif idle:
@@ -264,6 +345,8 @@ class _Connection(asyncio.Protocol):
         else:
             body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
             url = self._url
+            if url[0] != 0x2F:  # not '/': absolute-form (RFC 9112 §3.2.2) is served as its path
+                url = messages.origin_form(url)
             query = url.find(b"?")
             path = (url if query < 0 else url[:query]).decode("latin-1")
             item = HttpRequest(parser.get_method().decode("latin-1"), path, self._fields, body)
@@ -297,7 +380,7 @@ class _Connection(asyncio.Protocol):
             server.busy(-1)
         if server.access_log is not None:
             server.access_log.info("%s %s %d", request.method, request.path, response.status)
-        self._answer(response, keep_alive)
+        self._answer(response, keep_alive, request.method == "HEAD")
 
     async def _respond(self, request: HttpRequest, admitted: bool, transport: asyncio.Transport | None) -> HttpResponse:
         server = self._server
@@ -316,14 +399,15 @@ class _Connection(asyncio.Protocol):
             if admitted:
                 self._release(transport)
 
-    def _answer(self, response: HttpResponse, keep_alive: bool) -> None:
+    def _answer(self, response: HttpResponse, keep_alive: bool, head_only: bool = False) -> None:
+        """Write `response`; for a HEAD request (`head_only`) its head alone, Content-Length and all."""
         transport = self._transport
         if transport is None:
             return
         # Closing for another reason (EOF, a refusal queued behind) waits until the last answer.
         close = response.close or not keep_alive or (self._closing and not self._queue)
         body = response.body
-        head = [_status_line(response.status), f"Content-Length: {len(body)}\r\n"]
+        head = [messages.status_line(response.status), f"Content-Length: {len(body)}\r\n"]
         if response.content_type is not None:
             head.append(f"Content-Type: {response.content_type}\r\n")
         for name, value in response.headers:
@@ -332,24 +416,93 @@ class _Connection(asyncio.Protocol):
             head.append("Connection: close\r\n")
         head.append("\r\n")
         encoded = "".join(head).encode("latin-1")
-        if len(body) < _LARGE_BODY:
+        if head_only:
+            transport.write(encoded)
+        elif len(body) < _LARGE_BODY:
             transport.write(encoded + body)
         else:
             transport.write(encoded)
             transport.write(body)
         if close:
             self._queue.clear()
-            transport.close()
+            if self._gave_up and transport.can_write_eof():
+                self._linger(transport)
+            else:
+                transport.close()
             return
         if self._paused and not self._closing and len(self._queue) <= MAX_PIPELINED // 2:
             self._paused = False
-            transport.resume_reading()
+            if not self._write_paused:
+                transport.resume_reading()
         if self._queue:
-            self._next()
+            if not self._write_paused:  # else resume_writing serves the next
+                self._next()
         elif self._in_body and self._body_timer is None:
             # A request's body was coming in while this one was served: its clock runs from now.
             loop = asyncio.get_running_loop()
             self._body_timer = loop.call_later(self._server.body_timeout_s, self._body_timed_out)
+
+    def _linger(self, transport: asyncio.Transport) -> None:
+        """Close after a refusal without losing it: closing a socket with unread bytes makes the
+        kernel reset the connection, and a client still sending (the rest of a body or a head)
+        may lose the answer with it. So end the writing side, read and drop what comes for up to
+        `LINGER_S`, then close (RFC 9112 §9.6; nginx's lingering close)."""
+        transport.write_eof()
+        self._paused = False
+        transport.resume_reading()  # data_received drops everything once the request is refused
+        if self._loop is not None:
+            self._loop.call_later(LINGER_S, transport.abort)
+
+    # -- write back-pressure and the idle timer
+
+    def pause_writing(self) -> None:
+        """The transport holds more answers than its high-water mark: read and serve nothing more."""
+        self._write_paused = True
+        if self._loop is not None:
+            self._write_paused_at = self._loop.time()
+        if self._transport is not None:
+            self._transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        transport = self._transport
+        if transport is None:
+            return
+        if not self._paused:  # else paused for a reason of its own (pipelining, a refusal)
+            transport.resume_reading()
+        if self._task is None and self._queue:
+            self._next()
+
+    def _idle_check(self) -> None:
+        """The idle timer, every half `idle_timeout_s`: close a connection seen idle, with no
+        request begun, for `idle_timeout_s` (so between that and half as long again after its
+        last answer); abort one whose client has taken none of its answers for as long. A request
+        only clears `_idle_since` (on_message_begin): no clock is read per request."""
+        self._idle_timer = None
+        transport, loop = self._transport, self._loop
+        if transport is None or loop is None:
+            return
+        now = loop.time()
+        timeout_s = self._limits.idle_timeout_s
+        if self._write_paused:
+            if now - self._write_paused_at >= timeout_s:
+                transport.abort()  # close() would wait for the client to read what it never will
+                return
+        elif (
+            self._task is not None
+            or self._queue
+            or self._in_head
+            or self._in_body
+            or (not transport.is_reading() and not self._gave_up)  # paused by the server: requests wait unread
+        ):
+            self._idle_since = None
+        elif self._idle_since is None:
+            self._idle_since = now  # idle since the last look at the latest
+        elif now - self._idle_since >= timeout_s:
+            self._closing = True
+            transport.close()
+            return
+        self._idle_timer = loop.call_later(timeout_s / 2, self._idle_check)
 
     # -- admission and refusals
 
@@ -382,6 +535,18 @@ class _Connection(asyncio.Protocol):
         )
         self._give_up(response)
 
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        transport, loop = self._transport, self._loop
+        if transport is None or loop is None or self._gave_up:
+            return
+        timeout_s = self._limits.head_timeout_s
+        if not transport.is_reading():  # the server stopped reading it, not the client sending
+            self._head_timer = loop.call_later(timeout_s, self._head_timed_out)
+            return
+        message = f"the request head did not all arrive within {timeout_s:g} s (--http-head-timeout-secs)"
+        self._give_up(error_response(message, 408, close=True))
+
     def _body_timed_out(self) -> None:
         self._body_timer = None
         timeout_s = self._server.body_timeout_s
@@ -396,6 +561,8 @@ class _Connection(asyncio.Protocol):
     def _give_up(self, response: HttpResponse) -> None:
         """Answer `response` after the requests already read, and read nothing more."""
         self._cancel_body_timer()
+        self._cancel_head_timer()
+        self._in_head = False
         if self._admitted:
             self._release(self._transport)
             self._admitted = False
@@ -412,6 +579,11 @@ class _Connection(asyncio.Protocol):
         else:
             self._queue.append((response, False, False))
 
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
     def _cancel_body_timer(self) -> None:
         if self._body_timer is not None:
             self._body_timer.cancel()
@@ -427,36 +599,3 @@ class _Connection(asyncio.Protocol):
     def abort(self) -> None:
         if self._transport is not None:
             self._transport.close()
-
-
-def _fields(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
-    """Headers by lower-case name; a repeated header's values joined with ', '."""
-    fields: dict[str, str] = {}
-    for name, value in headers:
-        key = name.decode("latin-1").lower()
-        text = value.decode("latin-1")
-        fields[key] = f"{fields[key]}, {text}" if key in fields else text
-    return fields
-
-
-def _content_length(fields: dict[str, str]) -> int | None:
-    """The declared body size; None without one, or for a repeated one (the body's own size is
-    checked as it comes)."""
-    try:
-        return int(fields["content-length"])
-    except (KeyError, ValueError):
-        return None
-
-
-_STATUS_LINES: dict[int, str] = {}
-
-
-def _status_line(status: int) -> str:
-    line = _STATUS_LINES.get(status)
-    if line is None:
-        try:
-            reason = HTTPStatus(status).phrase
-        except ValueError:
-            reason = "Unknown"
-        line = _STATUS_LINES[status] = f"HTTP/1.1 {status} {reason}\r\n"
-    return line

@@ -1,0 +1,97 @@
+"""What the HTTP/1.1 front end allows a client before it answers 414 / 431 / 408 or closes: the
+request head's sizes, its timers, and the write buffer's water marks.
+
+The defaults follow the servers that clients already meet:
+
+- *Request target* 8 KiB (`max_request_line`): nginx's `large_client_header_buffers` (8k) and
+  Apache's `LimitRequestLine` (8190). KServe's longest routes are a few hundred bytes.
+- *One header line* 16 KiB (`max_header_line`): h11's `max_incomplete_event_size` and Node's
+  whole-head limit; generous for a bearer token or a cookie.
+- *The whole head* 64 KiB (`max_head_bytes`): four lines at the limit, and Tomcat, Node and nginx
+  all refuse less.
+- *Header lines* 100 (`max_headers`): Apache's `LimitRequestFields`.
+- *Head timeout* 30 s from a head's first byte (`head_timeout_s`): half nginx's
+  `client_header_timeout`; a client that trickles its head (slowloris) is answered 408 and closed.
+- *Idle keep-alive timeout* 75 s (`idle_timeout_s`): nginx's `keepalive_timeout`; a kept-open
+  connection with no request in progress is closed without an answer, as RFC 9112 §9.5 allows
+  (looked at every half timeout: between 75 and 112 s after its last answer).
+- *Write buffer* 256 KiB high, 64 KiB low: above the high-water mark the connection stops being
+  read until its client has taken the answers down to the low one, so a client that pipelines and
+  never reads costs the server one buffer, not every answer. Not a flag: a client that reads is
+  never held up by it, and one that does not is what it is for.
+
+The sizes are what llhttp has handed over (the target, each field name and value) plus four bytes a
+line for ': ' and CRLF, so whitespace around a value is not counted; the bytes of a line llhttp has
+not finished yet are counted as they arrive (`_Connection.data_received`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reference_server.frontends.http.messages import HttpResponse, error_response
+
+__all__ = ["DEFAULT_LIMITS", "HttpLimits", "measure_head", "refusal"]
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """The request head's limits and the connection's timers; see the module's docstring."""
+
+    max_request_line: int = 8 * 1024
+    max_header_line: int = 16 * 1024
+    max_head_bytes: int = 64 * 1024
+    max_headers: int = 100
+    head_timeout_s: float = 30.0
+    idle_timeout_s: float = 75.0
+    write_high_water: int = 256 * 1024
+    write_low_water: int = 64 * 1024
+
+    def validate(self) -> None:
+        """Raises ValueError naming the flag of a limit that cannot work."""
+        for flag, value in (
+            ("--http-max-request-line", self.max_request_line),
+            ("--http-max-header-line", self.max_header_line),
+            ("--http-max-head-size", self.max_head_bytes),
+            ("--http-max-headers", self.max_headers),
+        ):
+            if value < 1:
+                raise ValueError(f"{flag} must be at least 1, got {value}")
+        for flag, seconds in (
+            ("--http-head-timeout-secs", self.head_timeout_s),
+            ("--http-idle-timeout-secs", self.idle_timeout_s),
+        ):
+            if not seconds > 0:
+                raise ValueError(f"{flag} must be a positive number of seconds, got {seconds}")
+        if not 0 <= self.write_low_water <= self.write_high_water:
+            raise ValueError("the write buffer's low-water mark must be between 0 and its high-water mark")
+
+
+DEFAULT_LIMITS = HttpLimits()
+
+
+def measure_head(
+    limits: HttpLimits, headers: list[tuple[bytes, bytes]], start: int, size: int
+) -> tuple[int, str | None]:
+    """`size` plus the header lines from `start` on (4 bytes each for ': ' and CRLF), and the
+    limit the head breaks ('count', 'line', 'head'), or None."""
+    if len(headers) > limits.max_headers:
+        return size, "count"
+    for name, value in headers[start:]:
+        line = len(name) + len(value)
+        if line > limits.max_header_line:
+            return size, "line"
+        size += line + 4
+    return size, "head" if size > limits.max_head_bytes else None
+
+
+def refusal(limits: HttpLimits, broken: str) -> HttpResponse:
+    """The answer to a head over the limit `broken` names, and close: 414 for the request target,
+    431 for the rest (RFC 9112 §3, RFC 6585 §5)."""
+    message, flag = {
+        "target": (f"the request target is longer than {limits.max_request_line} bytes", "--http-max-request-line"),
+        "line": (f"a request head line is longer than {limits.max_header_line} bytes", "--http-max-header-line"),
+        "count": (f"the request has more than {limits.max_headers} header lines", "--http-max-headers"),
+        "head": (f"the request head is larger than {limits.max_head_bytes} bytes", "--http-max-head-size"),
+    }[broken]
+    return error_response(f"{message} (raise the limit with {flag})", 414 if broken == "target" else 431, close=True)

@@ -1,0 +1,128 @@
+"""What the HTTP/1.1 front end reads and writes, apart from its connections: a parsed request, an
+answer, the signatures of what serves and admits them, and the pure functions on a request's head
+(its fields, its target's form, its declared length) and on an answer's status line."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from http import HTTPStatus
+from typing import Protocol
+
+import httptools
+
+from v2kit import codec as v2
+
+__all__ = ["Admission", "Handler", "HttpRequest", "HttpResponse", "NeedsSlot", "Refusal", "error_response"]
+
+_JSON = "application/json"
+
+
+class HttpRequest:
+    """One parsed request. `path` is as sent (percent-encoded, without the query); header names
+    are lower case, and a repeated header's values are joined with ', '."""
+
+    __slots__ = ("method", "path", "headers", "body")
+
+    def __init__(self, method: str, path: str, headers: dict[str, str], body: bytes) -> None:
+        self.method = method
+        self.path = path
+        self.headers = headers
+        self.body = body
+
+
+class HttpResponse:
+    __slots__ = ("status", "body", "content_type", "headers", "close")
+
+    def __init__(
+        self,
+        status: int = 200,
+        body: bytes = b"",
+        content_type: str | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
+        close: bool = False,
+    ) -> None:
+        self.status = status
+        self.body = body
+        self.content_type = content_type
+        self.headers = headers
+        self.close = close  # answer with Connection: close, then close
+
+
+def error_response(message: str, status: int, *, close: bool = False) -> HttpResponse:
+    return HttpResponse(status, v2.error_body(message), _JSON, close=close)
+
+
+class Admission(Protocol):
+    """The in-flight limit: `acquire` takes a slot or raises the error to answer with."""
+
+    def acquire(self) -> None: ...
+
+    def release(self) -> None: ...
+
+
+Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
+#: Whether a request, by its method and raw path, takes an admission slot.
+NeedsSlot = Callable[[bytes, bytes], bool]
+#: The answer to a request whose admission raised this exception.
+Refusal = Callable[[Exception], HttpResponse]
+
+
+class DuplicateHost(Exception):
+    """A request with more than one Host line (RFC 9112 §3.2: 400)."""
+
+
+def parse_fields(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """Headers by lower-case name, a repeated header's values joined with ', '. Raises
+    DuplicateHost for a second Host line (an exception, so the common case pays nothing)."""
+    fields: dict[str, str] = {}
+    for name, value in headers:
+        key = name.decode("latin-1").lower()
+        text = value.decode("latin-1")
+        if key in fields:
+            if key == "host":
+                raise DuplicateHost
+            fields[key] = f"{fields[key]}, {text}"
+        else:
+            fields[key] = text
+    return fields
+
+
+def expects_continue(expect: str, parser: httptools.HttpRequestParser) -> bool:
+    return expect.strip().lower() == "100-continue" and parser.get_http_version() != "1.0"
+
+
+def origin_form(url: bytes) -> bytes:
+    """The path and query of an absolute-form target ('http://host:port/path?q' -> '/path?q'); any
+    other target that does not start with '/' as it is (no route matches it)."""
+    scheme_end = url.find(b"://")
+    if scheme_end < 0 or url[:scheme_end].lower() not in (b"http", b"https"):
+        return url
+    start = scheme_end + 3
+    ends = [i for i in (url.find(b"/", start), url.find(b"?", start)) if i >= 0]
+    if not ends:
+        return b"/"
+    rest = url[min(ends) :]
+    return rest if rest[0] == 0x2F else b"/" + rest
+
+
+def content_length(fields: dict[str, str]) -> int | None:
+    """The declared body size; None without one, or for a repeated one (the body's own size is
+    checked as it comes)."""
+    try:
+        return int(fields["content-length"])
+    except (KeyError, ValueError):
+        return None
+
+
+_STATUS_LINES: dict[int, str] = {}
+
+
+def status_line(status: int) -> str:
+    line = _STATUS_LINES.get(status)
+    if line is None:
+        try:
+            reason = HTTPStatus(status).phrase
+        except ValueError:
+            reason = "Unknown"
+        line = _STATUS_LINES[status] = f"HTTP/1.1 {status} {reason}\r\n"
+    return line
