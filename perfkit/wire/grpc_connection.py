@@ -10,12 +10,10 @@ What a server may make a call or the connection cost (`perfkit.wire.limits`):
   addition and a comparison; the prefix is read once a call.
 - A header block without end is the engine's to refuse (`v2kit.h2.connection.MAX_HEADER_BLOCK`,
   and hpack's bound on a decoded block).
-- What HTTP/2 makes us answer (PING and SETTINGS ACKs) while the server reads none of it: once the
-  transport's write buffer is over its high-water mark, every read checks that the backlog is
-  explained by the requests written since, give or take `MAX_CONTROL_BACKLOG`, else the
-  connection fails with GOAWAY ENHANCE_YOUR_CALM (nghttp2 fails a session with too many ACKs
-  queued alike). Reading never stops for it: a server slow to read our large requests must still
-  get its replies read, or both ends would wait on each other.
+- What HTTP/2 makes us answer (PING and SETTINGS ACKs) while the server reads none of it is the
+  engine's to bound too (`v2kit.h2.rules.MAX_INDUCED`: the connection fails with GOAWAY
+  ENHANCE_YOUR_CALM, as the server's does). Reading never stops for it: a server slow to read our
+  large requests must still get its replies read, or both ends would wait on each other.
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ from collections import deque
 from typing import cast
 from urllib.parse import unquote
 
-from perfkit.wire.limits import MAX_CONTROL_BACKLOG, MAX_REPLY_BODY
+from perfkit.wire.limits import MAX_REPLY_BODY
 from v2kit import grpc_status as status
 from v2kit.grpc_status import MALFORMED
 from v2kit.h2.connection import Connection as H2Connection
@@ -36,7 +34,6 @@ from v2kit.h2.frames import CANCEL, EncodedCall, framing_problem, h2_error
 __all__ = ["Call", "Connection", "failed"]
 
 _now = time.perf_counter_ns
-_ENHANCE_YOUR_CALM = 0xB  # RFC 9113 §7: the peer may be generating excessive load
 _PREFIX_UNREAD = 4  # a Call's `limit` until its message prefix is read: the 5th byte reads it
 
 
@@ -86,10 +83,6 @@ class Connection(asyncio.Protocol, Events[Call]):
         self._loop = loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._room: deque[asyncio.Future[None]] = deque()  # calls waiting for a stream slot
-        # Request bytes handed to the engine; and, while the transport says its write buffer is over
-        # its high-water mark, that count and what the buffer held or may yet hold of them (None: it is not).
-        self._written = 0
-        self._backed_up: tuple[int, int] | None = None
         self.h2 = H2Connection[Call](self, client=True, peer=target, now=loop.time, call_at=loop.call_at)
 
     # -- asyncio.Protocol
@@ -125,34 +118,6 @@ class Connection(asyncio.Protocol, Events[Call]):
 
     def data_received(self, data: bytes) -> None:
         self.h2.receive(data)
-        if self._backed_up is not None:
-            self._check_backlog()
-
-    def pause_writing(self) -> None:
-        if self._transport is not None:
-            # What may yet reach the buffer legitimately: what is in it, and the request data the
-            # windows still hold back in the engine (it goes out as the server reads and grants more).
-            held = sum(len(chunk) for stream in self.h2.streams.values() if stream.pending for chunk in stream.pending)
-            self._backed_up = (self._written, self._transport.get_write_buffer_size() + held)
-
-    def resume_writing(self) -> None:
-        self._backed_up = None
-
-    def _check_backlog(self) -> None:
-        """Fail a connection whose server sends us frames to answer and reads none of our answers."""
-        assert self._backed_up is not None
-        written, buffered = self._backed_up
-        transport = self._transport
-        if transport is None or transport.is_closing():
-            return
-        backlog = transport.get_write_buffer_size() - buffered - (self._written - written)
-        if backlog > MAX_CONTROL_BACKLOG:
-            self.h2.fail(
-                _ENHANCE_YOUR_CALM,
-                f"{self.target} sent frames we must answer (PING, SETTINGS) but read none of the answers: "
-                f"{backlog} bytes of them queued",
-            )
-            transport.abort()  # a graceful close would wait for a server that does not read
 
     # -- sending
 
@@ -174,7 +139,6 @@ class Connection(asyncio.Protocol, Events[Call]):
         h2 = self.h2
         stream_id = h2.open_stream(call, deadline)
         body = encoded.body
-        self._written += len(body) + len(encoded.block)
         if h2.reserve_final(call, len(body), encoded.largest_frame):
             sid = stream_id.to_bytes(4, "big")
             h2.write(b"".join((encoded.headers_head, sid, encoded.block_data_head, sid, body)))

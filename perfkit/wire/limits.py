@@ -15,16 +15,12 @@ Why these values:
 - `MAX_CONTROL_REPLY`: a control-plane answer (health, metadata, config, statistics, the repository
   index, read through aiohttp and grpc.aio) is JSON or protobuf of a few KiB, a few MiB for the
   statistics of hundreds of models; 64 MiB bounds one that never ends.
-- `MAX_CONTROL_BACKLOG`: what HTTP/2 makes us answer (PING and SETTINGS acknowledgements), queued
-  because the server sends frames but does not read our answers, beyond what our own requests
-  explain. 4 MiB is a quarter of a million PING ACKs: no server that reads lags that far.
 """
 
 from __future__ import annotations
 
-__all__ = ["MAX_CONTROL_BACKLOG", "MAX_CONTROL_REPLY", "MAX_REPLY_BODY", "MAX_REPLY_HEAD"]
+__all__ = ["MAX_CONTROL_REPLY", "MAX_REPLY_BODY", "MAX_REPLY_HEAD"]
 
 MAX_REPLY_HEAD = 64 << 10
 MAX_REPLY_BODY = 1 << 30
 MAX_CONTROL_REPLY = 64 << 20
-MAX_CONTROL_BACKLOG = 4 << 20

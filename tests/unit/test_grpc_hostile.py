@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from tritonclient.grpc import service_pb2 as pb
 from perfkit.errors import TargetError
 from perfkit.wire.client import make_client
 from perfkit.wire.grpc_channel import MALFORMED, Channel
-from perfkit.wire.limits import MAX_CONTROL_BACKLOG, MAX_CONTROL_REPLY, MAX_REPLY_BODY
+from perfkit.wire.limits import MAX_CONTROL_REPLY, MAX_REPLY_BODY
 from v2kit import codec as v2
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
@@ -296,9 +295,7 @@ def test_a_flood_of_frames_to_answer_from_a_server_that_reads_none_is_cut_off(ru
         async with scripted(script) as server, channel_to(server) as channel:
             call = await channel.call(channel.encode(INFER, b"m", timeout_s=15))
             await asyncio.wait_for(server.done.wait(), 15)
-        assert call.status == UNAVAILABLE and "read none of the answers" in call.details, call.details
-        queued = int(re.search(r"(\d+) bytes of them queued", call.details)[1])  # type: ignore[index]
-        assert MAX_CONTROL_BACKLOG < queued < MAX_CONTROL_BACKLOG + (1 << 20)  # one read's answers past the bound
+        assert call.status == UNAVAILABLE and "floods us with frames to answer" in call.details, call.details
         assert server.peers[0].sent < BUDGET  # the client hung up: it did not read on forever
 
     run(scenario())

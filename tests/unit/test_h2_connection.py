@@ -399,3 +399,25 @@ def test_unread_answers_past_the_cap_end_the_connection() -> None:
     pair.server.receive(frame(h2.PING, 0, 0, bytes(8)) * 2)
     assert pair.server.closed()
     assert pair.server_events.take() == [("failed", "the client floods us with frames to answer and reads none")]
+
+
+def test_empty_frames_without_end_end_the_connection() -> None:
+    pair = Pair()
+    stream = Stream()
+    pair.client.open_stream(stream)
+    pair.client.send_headers(1, block(**{":method": "POST", ":scheme": "http", ":path": "/x"}))
+    pair.exchange()
+    pair.server_events.take()
+    empty_data = frame(h2.DATA, 0, 1, b"")
+    pair.server.receive(empty_data * 1000 + frame(h2.DATA, 0, 1, b"x") + empty_data * 1000)  # data in between
+    assert not pair.server.closed()
+    pair.server.receive(empty_data)
+    assert ("failed", "the client sends empty frames without end") in pair.server_events.take()
+    assert pair.server.closed()
+
+
+def test_empty_continuations_without_end_end_the_connection() -> None:
+    pair = Pair()
+    pair.server.receive(frame(h2.HEADERS, 0, 1, b"") + frame(h2.CONTINUATION, 0, 1, b"") * 1001)
+    assert pair.server_events.take() == [("failed", "the client sends empty frames without end")]
+    assert pair.server.closed()

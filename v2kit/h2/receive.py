@@ -69,6 +69,7 @@ class Receiver(Generic[S]):
         self._timer: Cancellable | None = None
         self._timer_at = math.inf
         self._induced = 0  # answers to the peer's frames written since our output last drained
+        self._empty = 0  # DATA and CONTINUATION frames in a row that carried nothing (rules.MAX_EMPTY_FRAMES)
         self._reset_ids: dict[int, None] = {}  # streams we reset lately (rules.RESET_MEMORY), oldest first
         self._reset_tokens = float(rules.RESET_BURST)  # streams the peer may still reset (rapid reset)
         self._reset_at = now()
@@ -143,6 +144,10 @@ class Receiver(Generic[S]):
 
     def _on_data(self, stream_id: int, flags: int, payload: Payload) -> None:
         size = len(payload)  # padding counts against the window too
+        if size:
+            self._empty = 0
+        elif not flags & h2.END_STREAM and self._empty_frame():
+            return
         self._unacked += size
         if self._unacked >= REPLENISH:
             self._window_update(0, self._unacked)
@@ -170,6 +175,15 @@ class Receiver(Generic[S]):
         if flags & h2.END_STREAM and self.streams.get(stream_id) is stream:
             stream.remote_ended = True
             self.events.stream_ended(stream)
+
+    def _empty_frame(self) -> bool:
+        """Count a frame that carried nothing and ended nothing; True once there were too many in a row,
+        and the connection has failed."""
+        self._empty += 1
+        if self._empty > rules.MAX_EMPTY_FRAMES:
+            self.fail(h2.ENHANCE_YOUR_CALM, f"{self._peer} sends empty frames without end")
+            return True
+        return False
 
     def _stray_data(self, stream_id: int, stream: S | None) -> None:
         """DATA on a stream that takes none (RFC 9113 §5.1, §6.1)."""
@@ -212,6 +226,10 @@ class Receiver(Generic[S]):
         pending = self._continuation
         if pending is None or pending[0] != stream_id:
             self.fail(h2.PROTOCOL_ERROR, f"{self._peer} sent a CONTINUATION frame out of place")
+            return
+        if payload:
+            self._empty = 0
+        elif not flags & h2.END_HEADERS and self._empty_frame():
             return
         pending[2].extend(payload)
         if len(pending[2]) > MAX_HEADER_BLOCK:

@@ -10,11 +10,15 @@ import struct
 
 from v2kit.h2 import frames as h2
 
-__all__ = ["MAX_INDUCED", "RESET_BURST", "RESET_MEMORY", "RESET_RATE_PER_S", "control_problem", "settings_problem"]
+__all__ = ["MAX_EMPTY_FRAMES", "MAX_INDUCED", "RESET_BURST", "RESET_MEMORY", "RESET_RATE_PER_S", "control_problem", "settings_problem"]
 
 #: Answers the peer's own frames make us send (PING and SETTINGS ACKs, RST_STREAMs) that may wait,
 #: unread, behind what the peer has not read yet; one more is ENHANCE_YOUR_CALM (nghttp2: 1000).
 MAX_INDUCED = 1000
+#: DATA frames that carry nothing and end nothing, and empty CONTINUATIONs, in a row: they cost us a
+#: frame's work each and move nothing, so one more is ENHANCE_YOUR_CALM (the empty-frames flood of
+#: CVE-2019-9518; nghttp2 and Go's x/net bound them too). Any frame that carries data starts anew.
+MAX_EMPTY_FRAMES = 1000
 #: Streams the peer may reset at once (a burst), and per second after it, before the connection
 #: ends with ENHANCE_YOUR_CALM: the rapid-reset attack (CVE-2023-44487); nghttp2's numbers.
 RESET_BURST = 1000
