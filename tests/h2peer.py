@@ -1,12 +1,15 @@
 """A raw HTTP/2 client on a blocking loopback socket, for tests that must misbehave as no real
 client would (h2spec's cases, floods, oversized bodies). Bounded: every read has a timeout and a
-connection reads at most `MAX_READ` bytes, so a test never hangs or grows without bound."""
+connection reads at most `MAX_READ` bytes, so a test never hangs or grows without bound.
+
+`MemorySink` is the other way in: a transport in memory for the HTTP/2 engine itself."""
 
 from __future__ import annotations
 
 import socket
 import struct
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import hpack
@@ -140,3 +143,37 @@ class Peer:
 
     def ping(self, data: bytes = b"h2spec\x00\x01") -> None:
         self.send(frame(h2.PING, 0, 0, data))
+
+
+class MemorySink:
+    """A transport for `v2kit.h2.connection` in memory: it keeps what is written until `take`.
+    With `reads`, the peer takes every write as it comes, so nothing waits; without, all of it waits
+    until `take`, as if the peer did not read (the engine's caps on unread answers then count)."""
+
+    def __init__(self, *, reads: bool = False) -> None:
+        self.data = bytearray()
+        self.closing = False
+        self.reads = reads
+
+    def write(self, data: bytes) -> None:
+        self.data += data
+
+    def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
+        for part in list_of_data:
+            self.data += part
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def abort(self) -> None:
+        self.closing = True
+
+    def get_write_buffer_size(self) -> int:
+        return 0 if self.reads else len(self.data)
+
+    def take(self) -> bytes:
+        data, self.data = bytes(self.data), bytearray()
+        return data

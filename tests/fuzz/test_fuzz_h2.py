@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Iterable
 
 import hpack
 import pytest
@@ -17,7 +16,7 @@ from hypothesis import strategies as st
 
 from reference_server.server import ReferenceServer
 from tests.fuzz.wire import fuzz_settings
-from tests.h2peer import EMPTY_MESSAGE, Peer, request_fields
+from tests.h2peer import EMPTY_MESSAGE, MemorySink, Peer, request_fields
 from v2kit.h2 import frames as h2
 from v2kit.h2.connection import Connection, Events, Stream
 from v2kit.h2.frames import FrameReader, frame
@@ -54,31 +53,6 @@ frames = st.builds(
 sequences = st.lists(frames, max_size=24)
 
 
-class Sink:
-    def __init__(self) -> None:
-        self.data = bytearray()
-        self.closing = False
-
-    def write(self, data: bytes) -> None:
-        self.data += data
-
-    def writelines(self, parts: Iterable[bytes | bytearray | memoryview]) -> None:
-        for part in parts:
-            self.data += part
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def close(self) -> None:
-        self.closing = True
-
-    def abort(self) -> None:
-        self.closing = True
-
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-
 class Taker(Events[Stream]):
     """Takes every stream; answers each request once its side ends (the server's role)."""
 
@@ -102,7 +76,7 @@ def run_engine(client: bool, data: list[bytes]) -> None:
         max_peer_streams=4,
     )  # fmt: skip
     events.connection = connection
-    sink = Sink()
+    sink = MemorySink(reads=True)
     connection.start(sink)
     if client:
         stream = Stream()

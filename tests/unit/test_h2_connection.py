@@ -5,47 +5,17 @@ never says (small windows, PINGs, garbage)."""
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from tests.h2peer import MemorySink
 from v2kit.h2 import frames as h2
 from v2kit.h2.connection import Connection, Events, Payload, Stream
 from v2kit.h2.frames import FrameReader, frame, literal
 
 Event = tuple[Any, ...]
-
-
-class Sink:
-    """A transport that keeps what is written until `take`."""
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-        self.closing = False
-
-    def write(self, data: bytes) -> None:
-        self.data += data
-
-    def writelines(self, list_of_data: Iterable[bytes | bytearray | memoryview]) -> None:
-        for part in list_of_data:
-            self.data += part
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def close(self) -> None:
-        self.closing = True
-
-    def abort(self) -> None:
-        self.closing = True
-
-    def get_write_buffer_size(self) -> int:
-        return len(self.data)  # all of it waits until `take`, as if the peer did not read
-
-    def take(self) -> bytes:
-        data, self.data = bytes(self.data), bytearray()
-        return data
 
 
 class Timer:
@@ -130,7 +100,7 @@ class Pair:
             self.server_events, client=False, peer="the client", now=self.clock.time, call_at=self.clock.call_at,
             max_peer_streams=max_streams,
         )  # fmt: skip
-        self.client_sink, self.server_sink = Sink(), Sink()
+        self.client_sink, self.server_sink = MemorySink(), MemorySink()
         self.client.start(self.client_sink)
         self.server.start(self.server_sink)
         self.exchange()
@@ -331,7 +301,7 @@ def test_a_peer_that_breaks_the_rules_gets_goaway(data: bytes, reason: str) -> N
     events = Recorder()
     clock = Clock()
     server = Connection(events, client=False, peer="the client", now=clock.time, call_at=clock.call_at)
-    sink = Sink()
+    sink = MemorySink()
     server.start(sink)
     server.receive(data)
     assert events.take() == [("failed", reason)]
