@@ -151,7 +151,9 @@ class _Stub:
 
     # --- requests and answers -------------------------------------------------------------------
 
-    def call(self, message: dict[str, Any], timeout_s: float, fds: list[int] | None = None) -> tuple[dict[str, Any], list[int]]:
+    def call(
+        self, message: dict[str, Any], timeout_s: float, fds: list[int] | None = None
+    ) -> tuple[dict[str, Any], list[int]]:
         """Send `message` and wait for its answer (execute by id; load, initialize and finalize are
         one at a time). Raises TimeoutError, or ipc.ChannelClosed when the stub died."""
         key: object = message.get("id", "control")
@@ -482,7 +484,12 @@ class PythonInstance:
                     reply, fds = stub.call({"op": "finalize"}, self.model.stub_timeout_s)
                     ipc.close_fds(fds)
                     if reply["error"] is not None:
-                        log.error("model '%s' instance '%s': finalize() failed: %s", self.model.name, self.name, reply["error"])
+                        log.error(
+                            "model '%s' instance '%s': finalize() failed: %s",
+                            self.model.name,
+                            self.name,
+                            reply["error"],
+                        )
                 except (TimeoutError, ipc.ChannelClosed):
                     stub.kill()
             stub.channel.close()  # EOF: a stub that did not finalize exits now
@@ -509,9 +516,7 @@ class PythonInstance:
                 raise ModelConfigError(f"failed to load the model file: {reply['error']}")
             self._initialize(stub)
         except ModelConfigError as exc:
-            raise InternalError(
-                f"Stub process '{self.name}' is not healthy, and restarting it failed: {exc}"
-            ) from None
+            raise InternalError(f"Stub process '{self.name}' is not healthy, and restarting it failed: {exc}") from None
         return stub
 
     # --- execution ------------------------------------------------------------------------------------
@@ -596,4 +601,3 @@ class PythonInstance:
         for request, blocks in zip(batch, per_request):
             if request.sink is None:
                 stub.release(blocks)
-

@@ -125,7 +125,10 @@ class Stub:
             try:
                 completed = self.model_class.auto_complete_config(pb_utils.ModelConfig(message["model_config"]))
                 if not isinstance(completed, pb_utils.ModelConfig):
-                    return {"error": "auto_complete_config() must return the pb_utils.ModelConfig it was given", "config": None}
+                    return {
+                        "error": "auto_complete_config() must return the pb_utils.ModelConfig it was given",
+                        "config": None,
+                    }
                 config = json.dumps(completed.as_dict())
             except Exception as exc:
                 return {"error": format_exception(exc), "config": None}
@@ -177,7 +180,9 @@ class Stub:
                     )
             else:
                 if not isinstance(result, list):
-                    raise pb_utils.TritonModelException(f"Expected a list in the execute return; {_EXECUTE_RESULT_HINT}")
+                    raise pb_utils.TritonModelException(
+                        f"Expected a list in the execute return; {_EXECUTE_RESULT_HINT}"
+                    )
                 if len(result) != len(requests):
                     raise pb_utils.TritonModelException(
                         "Number of InferenceResponse objects do not match the number of InferenceRequest "
