@@ -152,7 +152,7 @@ class DataPlane:
             timeout_us=timeout_us,
             received_ns=received_ns,
             request_id=request.id,
-            parameters=request.parameters,
+            parameters={k: v for k, v in request.parameters.items() if k not in _RESERVED_PARAMETERS},
         )
         outputs = []
         for name in output_names:
@@ -279,6 +279,11 @@ class DataPlane:
                 "start the server with --model-control-mode explicit"
             )
 
+
+#: Request parameters the protocol itself reads; as in Triton's front ends, models never see them.
+_RESERVED_PARAMETERS = frozenset(
+    ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output")
+)
 
 #: The longest file name most file systems take (NAME_MAX); a longer name is no model folder.
 _NAME_MAX_BYTES = 255

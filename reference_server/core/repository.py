@@ -387,7 +387,9 @@ class ModelRepository:
         version_config = mc.ModelConfig()
         version_config.CopyFrom(base)  # a backend may complete it in place (python's auto_complete_config)
         with _gpu_memory_delta(gpus) as gpu_memory:
-            instances, (inputs, outputs) = create_instances(version_config, model_path, placements, config_path, context)
+            instances, (inputs, outputs) = create_instances(
+                version_config, model_path, placements, config_path, context
+            )
             try:
                 config = complete(version_config, inputs, outputs)
                 # Inside the measurement: the memory the runtime grows into on the first runs is the model's.

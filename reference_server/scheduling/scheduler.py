@@ -274,14 +274,17 @@ class Scheduler:
         Leaving the iteration early withdraws a request that is still queued.
         """
         if not self._policy.decoupled:
-            yield await self.infer(
-                inputs,
-                output_names,
-                timeout_us=timeout_us,
-                received_ns=received_ns,
-                request_id=request_id,
-                parameters=parameters,
-            ), True
+            yield (
+                await self.infer(
+                    inputs,
+                    output_names,
+                    timeout_us=timeout_us,
+                    received_ns=received_ns,
+                    request_id=request_id,
+                    parameters=parameters,
+                ),
+                True,
+            )
             return
         loop = asyncio.get_running_loop()
         items: asyncio.Queue[tuple[Tensors | None, bool, Exception | None]] = asyncio.Queue()

@@ -36,6 +36,10 @@ def test_layout(repository: Path) -> None:
         "identity/config.pbtxt",
         "mlp/1/model.onnx",
         "mlp/config.pbtxt",
+        "python_linear/1/bias.npy",
+        "python_linear/1/model.py",
+        "python_linear/1/weights.npy",
+        "python_linear/config.pbtxt",
     ]
     assert (repository / "mlp" / "1" / "model.onnx").stat().st_size < 6_000_000
 

@@ -191,6 +191,8 @@ class _Stub:
         return next(self._ids)
 
     def kill(self) -> None:
+        with self._lock:
+            self.alive = False  # now, not when the reader sees EOF: the next batch must start a new stub
         try:
             self.process.kill()
         except OSError:

@@ -162,11 +162,11 @@ class Arena:
             return sum(length for _, length in self._free)
 
     def close(self) -> None:
-        self.view.release()
         try:
+            self.view.release()
             self.map.close()
         except BufferError:
-            pass  # a model still holds a view; the mapping goes when it lets go
+            pass  # someone still holds a view; the mapping goes when it lets go
         os.close(self.fd)
 
 
