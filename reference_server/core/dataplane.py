@@ -121,7 +121,8 @@ class DataPlane:
             kind: [{"name": t.name, "datatype": _datatype(t.data_type), "shape": batch_dim + list(t.dims)} for t in ts]
             for kind, ts in (("inputs", config.input), ("outputs", config.output))
         }
-        platform = config.platform or ONNX_PLATFORM
+        # Triton reports a python model's backend as its platform here (its config's platform is "").
+        platform = config.platform or config.backend or ONNX_PLATFORM
         return {"name": name, "versions": versions, "platform": platform, **tensors}
 
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:

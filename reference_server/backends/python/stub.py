@@ -40,9 +40,14 @@ def format_exception(exc: BaseException) -> str:
     """`Type: message` then the model-side frames, as Triton's stub reports a Python error."""
     frames = traceback.extract_tb(exc.__traceback__)
     own = os.path.dirname(__file__)
-    lines = [f"  {f.filename}({f.lineno}): {f.name}" for f in frames if not f.filename.startswith(own)]
+    # The model's frames only: not ours, nor importlib's (<frozen ...>) around a failing import.
+    lines = [
+        f"  {f.filename}({f.lineno}): {f.name}"
+        for f in frames
+        if not f.filename.startswith(own) and not f.filename.startswith("<")
+    ]
     text = f"{type(exc).__name__}: {exc}"
-    return text + ("\n\nAt:\n" + "\n".join(reversed(lines)) if lines else "")
+    return text + ("\n\nAt:\n" + "".join(line + "\n" for line in reversed(lines)) if lines else "")
 
 
 class Stub:
