@@ -4,7 +4,6 @@ model.py files importing triton_python_backend_utils, each instance in its own s
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import shutil
 import signal
