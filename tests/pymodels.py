@@ -131,6 +131,35 @@ output [
 ]
 """
 
+_BLS_STREAM = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            n = pb_utils.get_input_tensor_by_name(request, "N")
+            call = pb_utils.InferenceRequest(model_name="py_decoupled", inputs=[n], requested_output_names=["OUT"])
+            values = []
+            for response in call.exec(decoupled=True):
+                if response.has_error():
+                    raise pb_utils.TritonModelException(response.error().message())
+                out = pb_utils.get_output_tensor_by_name(response, "OUT")
+                if out is not None:
+                    values.append(int(out.as_numpy()[0]))
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("VALUES", np.array(values + [-1], dtype=np.int32))]))
+        return responses
+"""
+
+_BLS_STREAM_CONFIG = """\
+name: "py_bls_stream"
+backend: "python"
+input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "VALUES" data_type: TYPE_INT32 dims: [ -1 ] } ]
+"""
+
 _DECOUPLED = """
 import json
 import numpy as np
@@ -242,6 +271,7 @@ MODELS: dict[str, tuple[str, str]] = {
     "py_batch": (_BATCH_CONFIG, _BATCH),
     "py_bls": (_BLS_CONFIG, _BLS),
     "py_decoupled": (_DECOUPLED_CONFIG, _DECOUPLED),
+    "py_bls_stream": (_BLS_STREAM_CONFIG, _BLS_STREAM),
     "py_auto": ('backend: "python"\n', _AUTO),
     "py_finalize": (_config("py_finalize", ""), _FINALIZE),
     "py_syntax": (

@@ -173,6 +173,22 @@ def test_bls_calls_onnx_and_python_models_counted_in_their_statistics(
         assert execution_count(http, model) == (inferences + 1, executions + 1), model
 
 
+def test_bls_streams_a_decoupled_model(http: httpclient.InferenceServerClient) -> None:
+    result = http.infer("py_bls_stream", [http_input(np.array([3], dtype=np.int32), "INT32", "N")])
+    assert result.as_numpy("VALUES").tolist() == [0, 1, 2, -1]
+
+
+def test_statistics_time_the_python_model(http: httpclient.InferenceServerClient) -> None:
+    http.infer("py_identity", [http_input(fp32(1.0))])
+    stats = http.get_inference_statistics("py_identity")["model_stats"][0]
+    inference = stats["inference_stats"]
+    assert inference["success"]["count"] >= 1
+    for part in ("compute_input", "compute_infer", "compute_output"):
+        assert inference[part]["ns"] > 0, part
+    # The stub's execute is most of the time the model takes.
+    assert inference["compute_infer"]["ns"] < inference["success"]["ns"]
+
+
 # --- decoupled, at the scheduler ------------------------------------------------------------------
 
 

@@ -19,6 +19,7 @@ import itertools
 import json
 import os
 import queue
+import signal
 import socket
 import sys
 import threading
@@ -299,6 +300,9 @@ def _resolve(future: asyncio.Future[Any], value: Any) -> None:
 
 
 def main(argv: list[str]) -> int:
+    # Ctrl-C in a terminal reaches the whole process group: the server stops its stubs itself
+    # (finalize, then EOF), so the stub must not die half-way on the same signal.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     fd, server_arena_fd, stub_arena_fd, size = (int(a) for a in argv[:4])
     channel = ipc.Channel(socket.socket(fileno=fd))
     stub = Stub(channel, ipc.Arena(server_arena_fd, size), ipc.Arena(stub_arena_fd, size))
