@@ -146,6 +146,8 @@ class _Stub:
         self._waiters: dict[object, _Waiter] = {}
         self._streams: dict[int, _Stream] = {}
         self._ids = itertools.count(1)
+        self._to_free: list[tuple[int, int]] = []  # stub-arena blocks read and copied, not yet given back
+        self._to_free_bytes = 0
         self._reader = threading.Thread(target=self._read, name=f"{instance_name}-stub-reader", daemon=True)
         self._reader.start()
 
@@ -186,6 +188,24 @@ class _Stub:
     def release(self, blocks: list[tuple[int, int]]) -> None:
         for offset, nbytes in blocks:
             self.server_arena.release(offset, nbytes)
+
+    def give_back(self, blocks: list[tuple[int, int]]) -> None:
+        """Free stub-arena blocks we have copied out of: they ride on the next execute message, or
+        go at once when they add up to an eighth of the arena (decoupled and BLS traffic)."""
+        if not blocks:
+            return
+        with self._lock:
+            self._to_free += blocks
+            self._to_free_bytes += sum(nbytes for _, nbytes in blocks)
+            if self._to_free_bytes < self.stub_arena.size // 8:
+                return
+            pending, self._to_free, self._to_free_bytes = self._to_free, [], 0
+        self.channel.send({"op": "free", "blocks": pending})
+
+    def take_frees(self) -> list[tuple[int, int]]:
+        with self._lock:
+            pending, self._to_free, self._to_free_bytes = self._to_free, [], 0
+        return pending
 
     def next_id(self) -> int:
         return next(self._ids)
@@ -281,8 +301,7 @@ class _Stub:
                 outputs[tensor[0]] = ipc.read_tensor(self.stub_arena, tensor, fds, copy=True)
                 if tensor[3][0] == "a":
                     blocks.append((tensor[3][1], tensor[3][2]))
-            if blocks:
-                self.channel.send({"op": "free", "blocks": blocks})
+            self.give_back(blocks)
             if desc["error"] is not None:
                 return None, server_error_from_code(*desc["error"])
             return outputs, self.model_check(outputs)
@@ -323,9 +342,7 @@ class _Stub:
             inputs = {d[0]: ipc.read_tensor(self.stub_arena, d, fds, copy=True) for d in message["inputs"]}
         finally:
             ipc.close_fds(fds)
-        blocks = [(d[3][1], d[3][2]) for d in message["inputs"] if d[3][0] == "a"]
-        if blocks:
-            self.channel.send({"op": "free", "blocks": blocks})
+        self.give_back([(d[3][1], d[3][2]) for d in message["inputs"] if d[3][0] == "a"])
         try:
             parameters = json.loads(message["parameters"] or "{}")
         except json.JSONDecodeError:
@@ -557,7 +574,13 @@ class PythonInstance:
             t1 = perf_counter_ns()
             try:
                 reply, out_fds = stub.call(
-                    {"op": "execute", "id": batch_id, "model_name": model.name, "requests": items},
+                    {
+                        "op": "execute",
+                        "id": batch_id,
+                        "model_name": model.name,
+                        "requests": items,
+                        "free": stub.take_frees(),
+                    },  # fmt: skip
                     model.execute_timeout_s,
                     fds,
                 )

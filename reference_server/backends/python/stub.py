@@ -74,6 +74,8 @@ class Stub:
             while True:
                 message, fds = self.channel.recv()
                 op = message["op"]
+                for offset, nbytes in message.get("free", ()):
+                    self.arena.release(offset, nbytes)  # given back with an execute
                 if op == "free":
                     for offset, nbytes in message["blocks"]:
                         self.arena.release(offset, nbytes)
