@@ -33,7 +33,7 @@ def _echo(marker: str = "pass") -> str:
     return _ECHO.replace("MARKER", marker)
 
 
-def _config(name: str, body: str, datatype: str = "TYPE_FP32") -> str:
+def _config(name: str, body: str, datatype: str = "TYPE_FP32", count: int = 1) -> str:
     return (
         textwrap.dedent(
             f"""\
@@ -42,7 +42,7 @@ def _config(name: str, body: str, datatype: str = "TYPE_FP32") -> str:
         max_batch_size: 8
         input [ {{ name: "INPUT0" data_type: {datatype} dims: [ -1 ] }} ]
         output [ {{ name: "OUTPUT0" data_type: {datatype} dims: [ -1 ] }}, {{ name: "PID" data_type: TYPE_INT64 dims: [ 1 ] }} ]
-        instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+        instance_group [ {{ count: {count} kind: KIND_CPU }} ]
         """
         )
         + body
@@ -266,7 +266,7 @@ class TritonPythonModel:
 
 #: name → (config.pbtxt, model.py)
 MODELS: dict[str, tuple[str, str]] = {
-    "py_identity": (_config("py_identity", ""), _echo()),
+    "py_identity": (_config("py_identity", "", count=2), _echo()),
     "py_bytes": (_config("py_bytes", "", "TYPE_STRING"), _echo()),
     "py_batch": (_BATCH_CONFIG, _BATCH),
     "py_bls": (_BLS_CONFIG, _BLS),

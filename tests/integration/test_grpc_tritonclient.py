@@ -167,7 +167,12 @@ def test_repository_index_lists_models(client: grpcclient.InferenceServerClient)
         ("identity", "READY"),
         ("python_linear", "READY"),
     }
-    assert {m.name for m in client.get_model_repository_index().models} == {"mlp", "convnet", "identity", "python_linear"}
+    assert {m.name for m in client.get_model_repository_index().models} == {
+        "mlp",
+        "convnet",
+        "identity",
+        "python_linear",
+    }
 
 
 async def test_asyncio_client_covers_every_method(demo_server: ReferenceServer) -> None:

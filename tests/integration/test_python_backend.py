@@ -112,6 +112,11 @@ def test_fp32_identity_over_http_and_grpc(
     assert metadata["inputs"] == [{"name": "INPUT0", "datatype": "FP32", "shape": [-1, -1]}]
 
 
+def test_each_instance_runs_in_its_own_process(http: httpclient.InferenceServerClient) -> None:
+    pids = {int(http.infer("py_identity", [http_input(fp32(1.0))]).as_numpy("PID")[0, 0]) for _ in range(4)}
+    assert len(pids) == 2 and os.getpid() not in pids  # instance_group count: 2
+
+
 def test_bytes_round_trip_exactly(
     http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient
 ) -> None:

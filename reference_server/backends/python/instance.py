@@ -492,9 +492,19 @@ class PythonInstance:
             ) from None
 
     def close(self) -> None:
-        """Call the model's finalize and stop the stub."""
-        with self._lock:
-            self._closed = True
+        """Call the model's finalize and stop the stub.
+
+        Called after the scheduler's grace period: a batch still running then has been failed
+        already, so its stub gets a second and is then killed, rather than holding up the unload
+        or the server's exit until the execute timeout.
+        """
+        self._closed = True
+        if not self._lock.acquire(timeout=1.0):
+            stub = self._stub
+            if stub is not None:
+                stub.kill()
+            self._lock.acquire()
+        try:
             stub, self._stub = self._stub, None
             if stub is None:
                 return
@@ -513,6 +523,8 @@ class PythonInstance:
                     stub.kill()
             stub.channel.close()  # EOF: a stub that did not finalize exits now
             stub.close()
+        finally:
+            self._lock.release()
 
     def _running_stub(self) -> _Stub:
         stub = self._stub
