@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import textwrap
+from collections.abc import Iterable
 from pathlib import Path
 
 _ECHO = """
@@ -81,8 +82,9 @@ output [
   { name: "ID" data_type: TYPE_STRING dims: [ 1 ] },
   { name: "PARAMS" data_type: TYPE_STRING dims: [ 1 ] }
 ]
-# Four requests make the preferred batch; the long delay only matters if they straggle.
-dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 5000000 }
+# Four requests make the preferred batch; the long delay only matters if they straggle (and for a
+# lone request, which waits it out).
+dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 1000000 }
 """
 
 _BLS = """
@@ -292,9 +294,10 @@ MODELS: dict[str, tuple[str, str]] = {
 }
 
 
-def write_python_models(repository: Path) -> Path:
-    """Write every model of MODELS into `repository` (version 1); return `repository`."""
-    for name, (config, source) in MODELS.items():
+def write_python_models(repository: Path, names: Iterable[str] | None = None) -> Path:
+    """Write the models of MODELS named (all by default) into `repository` (version 1); return it."""
+    for name in MODELS if names is None else names:
+        config, source = MODELS[name]
         version = repository / name / "1"
         version.mkdir(parents=True, exist_ok=True)
         (repository / name / "config.pbtxt").write_text(config)

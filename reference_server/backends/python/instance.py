@@ -66,6 +66,23 @@ __all__ = ["PythonInstance", "PythonModel", "server_error_from_code"]
 log = logging.getLogger(__name__)
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[3])
+
+# The stub's command. Importing `reference_server.backends.python.stub` the usual way would first run
+# `reference_server/backends/__init__.py`, which loads every backend (onnxruntime, tritonclient's
+# protobufs): a quarter second per stub start. The stub needs none of it, so its parent packages
+# are stood in by bare package objects (their folders as __path__), and only the stub's own
+# modules (stub, ipc, pb) and v2kit.tensors are imported.
+_BOOTSTRAP = """\
+import sys, types
+from pathlib import Path
+root = Path(sys.argv[1])
+for name in ("reference_server", "reference_server.backends", "reference_server.backends.python"):
+    package = types.ModuleType(name)
+    package.__path__ = [str(root.joinpath(*name.split(".")))]
+    sys.modules[name] = package
+from reference_server.backends.python import stub
+stub.run(sys.argv[2:])
+"""
 _FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
 # TRITONSERVER_Error_Code → our errors, which carry Triton's HTTP and gRPC statuses for each.
@@ -134,7 +151,7 @@ class _Stub:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH", "")) if p)
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "reference_server.backends.python.stub", *map(str, fds), str(model.arena_bytes)],
+                [sys.executable, "-c", _BOOTSTRAP, _REPO_ROOT, *map(str, fds), str(model.arena_bytes)],
                 pass_fds=fds,
                 env=env,
                 stdin=subprocess.DEVNULL,

@@ -1,7 +1,8 @@
 """The stub: the child process that runs one instance of a python-backend model.
 
-`python -m reference_server.backends.python.stub FD SERVER_ARENA_FD STUB_ARENA_FD ARENA_BYTES`, started
-by `instance.StubProcess`, which says what to load over the control channel (see `ipc`). The main
+`python -m reference_server.backends.python.stub FD SERVER_ARENA_FD STUB_ARENA_FD ARENA_BYTES` (the
+server starts it through a lighter bootstrap, `instance._BOOTSTRAP`, that calls `run`), which is
+told what to load over the control channel (see `ipc`). The main
 thread runs the model (load, `auto_complete_config`, `initialize`, `execute`, `finalize`) one call at
 a time, as Triton's stub does; a reader thread takes the server's messages, so BLS answers and
 frees arrive while `execute` runs, and decoupled responses may be sent from any thread.
@@ -314,7 +315,13 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    code = main(sys.argv[1:])
+def run(argv: list[str]) -> None:
+    """The process's whole life: serve, then exit at once."""
+    code = main(argv)
     sys.stdout.flush()
+    sys.stderr.flush()
     os._exit(code)  # daemon threads and a model's own threads must not keep us alive
+
+
+if __name__ == "__main__":
+    run(sys.argv[1:])
