@@ -266,6 +266,21 @@ class TritonPythonModel:
         return responses
 """
 
+_SENDER = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            x = request.inputs()[0].as_numpy()
+            pid = np.zeros((x.shape[0], 1), dtype=np.int64)
+            response = pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x + 1), pb_utils.Tensor("PID", pid)])
+            request.get_response_sender().send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
 #: name → (config.pbtxt, model.py)
 MODELS: dict[str, tuple[str, str]] = {
     "py_identity": (_config("py_identity", "", count=2), _echo()),
@@ -275,6 +290,7 @@ MODELS: dict[str, tuple[str, str]] = {
     "py_decoupled": (_DECOUPLED_CONFIG, _DECOUPLED),
     "py_bls_stream": (_BLS_STREAM_CONFIG, _BLS_STREAM),
     "py_auto": ('backend: "python"\n', _AUTO),
+    "py_sender": (_config("py_sender", ""), _SENDER),
     "py_finalize": (_config("py_finalize", ""), _FINALIZE),
     "py_syntax": (
         _config("py_syntax", ""),

@@ -157,6 +157,11 @@ def test_dynamic_batching_hands_execute_several_requests(http: httpclient.Infere
     assert (after[0] - before[0], after[1] - before[1]) == (4, 1)
 
 
+def test_a_model_may_answer_through_the_response_sender(http: httpclient.InferenceServerClient) -> None:
+    # Not decoupled: one response per request through its sender, and execute returns None.
+    np.testing.assert_array_equal(http.infer("py_sender", [http_input(fp32(1.0, 2.0))]).as_numpy("OUTPUT0"), fp32(2, 3))
+
+
 def test_auto_complete_config_completes_the_model(http: httpclient.InferenceServerClient) -> None:
     config = http.get_model_config("py_auto")
     assert config["max_batch_size"] == 4 and "dynamic_batching" in config

@@ -134,6 +134,7 @@ class _Waiter:
 class _Stream:
     sink: ResponseSink
     blocks: list[tuple[int, int]]  # the request's inputs in the server arena
+    output_names: Sequence[str]  # empty = all
 
 
 class _Stub:
@@ -192,9 +193,11 @@ class _Stub:
             raise ipc.ChannelClosed("stub is gone")
         return waiter.message, waiter.fds
 
-    def open_stream(self, token: int, sink: ResponseSink, blocks: list[tuple[int, int]]) -> None:
+    def open_stream(
+        self, token: int, sink: ResponseSink, blocks: list[tuple[int, int]], output_names: Sequence[str]
+    ) -> None:
         with self._lock:
-            self._streams[token] = _Stream(sink, blocks)
+            self._streams[token] = _Stream(sink, blocks, output_names)
 
     def drop_stream(self, token: int) -> None:
         with self._lock:
@@ -300,6 +303,11 @@ class _Stub:
             return  # the request already ended (its execute failed)
         if final:
             self.drop_stream(token)
+        if outputs is not None and stream.output_names:
+            missing = [name for name in stream.output_names if name not in outputs]
+            if missing:
+                error = InternalError(f"model '{self.model.name}' did not produce requested output(s) {missing}")
+            outputs = {name: outputs[name] for name in stream.output_names if name in outputs}
         if error is not None:
             self.drop_stream(token)
             stream.sink(None, True, error)
@@ -598,7 +606,7 @@ class PythonInstance:
                     "parameters": json.dumps(request.parameters, separators=(",", ":")), "flags": 0, "correlation_id": 0,
                 })  # fmt: skip
                 if request.sink is not None:
-                    stub.open_stream(token, request.sink, per_request[-1])
+                    stub.open_stream(token, request.sink, per_request[-1], request.output_names)
             batch_id = stub.next_id()
             t1 = perf_counter_ns()
             try:
@@ -640,7 +648,11 @@ class PythonInstance:
         results: list[Tensors | Exception] = []
         for response in reply["responses"]:
             if response is None:
-                results.append(InternalError(f"model instance '{self.name}' returned None for a request"))
+                results.append(
+                    InternalError(
+                        f"model instance '{self.name}' gave no response for a request (returned None, sent none)"
+                    )
+                )
                 continue
             outputs, error = stub.read_response(response, out_fds)
             results.append(error if error is not None else outputs or {})

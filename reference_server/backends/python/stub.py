@@ -188,6 +188,8 @@ class Stub:
                         "function must return None."
                     )
             else:
+                if result is None:  # the responses went through each request's sender
+                    result = [request._sender.kept if request._sender else None for request in requests]
                 if not isinstance(result, list):
                     raise pb_utils.TritonModelException(
                         f"Expected a list in the execute return; {_EXECUTE_RESULT_HINT}"

@@ -239,12 +239,15 @@ class InferenceResponse:
 
 
 class InferenceResponseSender:
-    """Sends a request's responses (decoupled models), from any thread, until the final flag."""
+    """Sends a request's responses, from any thread, until the final flag. A decoupled model sends
+    any number; any other model may send its one response here instead of returning it from
+    `execute` (which then returns None), before `execute` returns."""
 
     def __init__(self, token: int, decoupled: bool) -> None:
         self._token = token
         self._decoupled = decoupled
         self._closed = False
+        self.kept: InferenceResponse | None = None  # a non-decoupled model's response
 
     def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
         if self._closed:
@@ -255,6 +258,14 @@ class InferenceResponseSender:
             )
         if response is not None and not isinstance(response, InferenceResponse):
             raise TritonModelException(f"send() takes a pb_utils.InferenceResponse, got {type(response).__name__}")
+        if not self._decoupled:
+            if response is not None and self.kept is not None:
+                raise TritonModelException(
+                    "Unable to send response. Non-decoupled model cannot send more than one response."
+                )
+            self.kept = response or self.kept
+            self._closed = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            return
         if flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL:
             self._closed = True
         _bridge().send_response(self._token, response, flags)
