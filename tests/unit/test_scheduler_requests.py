@@ -1,0 +1,113 @@
+"""The scheduler with instances that take a batch as its requests (`run_requests`, the python
+backend's kind): requests unconcatenated with their ids and parameters, errors per request, and a
+decoupled model's responses through `Scheduler.infer_stream`."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from time import perf_counter_ns
+from typing import Any
+
+import numpy as np
+import pytest
+
+from reference_server.errors import InvalidArgument, ServerError, Unsupported
+from reference_server.scheduling.execute import BatchItem, RequestsOutcome, Tensors
+from reference_server.scheduling.policy import BatchingPolicy
+from reference_server.scheduling.scheduler import Scheduler
+from reference_server.scheduling.stats import ModelStats
+from tests.waiting import eventually
+
+BOUND_S = 5.0
+
+
+class RequestsFake:
+    """OUT = IN + 1 per request; a request whose IN starts negative gets InvalidArgument alone.
+    Decoupled requests get IN[0] responses from another thread after `run_requests` returned."""
+
+    def __init__(self) -> None:
+        self.name = "fake"
+        self.batches: list[list[tuple[str, dict[str, Any]]]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def run_requests(self, batch: Sequence[BatchItem]) -> RequestsOutcome:
+        assert self.gate.wait(BOUND_S)
+        t1 = perf_counter_ns()
+        self.batches.append([(r.request_id, r.parameters) for r in batch])
+        results: list[Tensors | Exception] = []
+        for request in batch:
+            x = request.inputs["IN"]
+            if request.sink is not None:
+                threading.Thread(target=_stream, args=(request.sink, int(x.flat[0]))).start()
+                results.append({})
+            elif x.flat[0] < 0:
+                results.append(InvalidArgument("negative"))
+            else:
+                results.append({"OUT": x + 1})
+        return results, t1, perf_counter_ns()
+
+
+def _stream(sink: Any, count: int) -> None:
+    for index in range(count):
+        sink({"OUT": np.array([index])}, index == count - 1, None)
+    if count == 0:
+        sink(None, True, None)
+
+
+def tensor(value: float) -> Tensors:
+    return {"IN": np.array([[value]], dtype=np.float32)}
+
+
+async def test_requests_arrive_unconcatenated_with_their_ids_and_errors_stay_their_own() -> None:
+    fake, stats = RequestsFake(), ModelStats()
+    scheduler = Scheduler(BatchingPolicy(max_batch_size=8, dynamic=True, max_queue_delay_ns=0), [fake], stats)
+    fake.gate.clear()  # the first batch waits, so the next three queue and batch together
+    try:
+        first = asyncio.ensure_future(scheduler.infer(tensor(0), ["OUT"], request_id="a", parameters={"k": 1}))
+        await asyncio.sleep(0)
+        rest = [
+            asyncio.ensure_future(scheduler.infer(tensor(v), ["OUT"], request_id=f"r{v}", parameters={"v": v}))
+            for v in (1.0, -1.0, 2.0)
+        ]
+        await eventually(lambda: stats.pending == 3)  # queued behind the held batch
+        fake.gate.set()
+        assert (await asyncio.wait_for(first, BOUND_S))["OUT"].tolist() == [[1.0]]
+        done = await asyncio.wait_for(asyncio.gather(*rest, return_exceptions=True), BOUND_S)
+    finally:
+        await scheduler.close(BOUND_S)
+    assert done[0]["OUT"].tolist() == [[2.0]] and done[2]["OUT"].tolist() == [[3.0]]  # type: ignore[index]
+    assert isinstance(done[1], InvalidArgument) and str(done[1]) == "negative"  # its own error, its own status
+    assert fake.batches == [[("a", {"k": 1})], [("r1.0", {"v": 1.0}), ("r-1.0", {"v": -1.0}), ("r2.0", {"v": 2.0})]]
+    assert (stats.success_count, stats.fail_count, stats.execution_count) == (3, 1, 2)
+
+
+@pytest.mark.parametrize("count", [0, 1, 3])
+async def test_infer_stream_yields_a_decoupled_models_responses(count: int) -> None:
+    scheduler = Scheduler(BatchingPolicy(decoupled=True), [RequestsFake()], ModelStats())
+    try:
+        items = [
+            (None if out is None else int(out["OUT"][0]), final)
+            async for out, final in scheduler.infer_stream({"IN": np.array([count])}, ["OUT"])
+        ]
+        with pytest.raises(Unsupported, match="decoupled"):
+            await scheduler.infer({"IN": np.array([1])}, ["OUT"])
+    finally:
+        await scheduler.close(BOUND_S)
+    expected = [(None, True)] if count == 0 else [(i, i == count - 1) for i in range(count)]
+    assert items == expected
+
+
+async def test_infer_stream_on_a_model_that_is_not_decoupled_yields_one_final_response() -> None:
+    scheduler = Scheduler(BatchingPolicy(max_batch_size=8), [RequestsFake()], ModelStats())
+    try:
+        items = [item async for item in scheduler.infer_stream(tensor(4), ["OUT"])]
+        with pytest.raises(ServerError, match="negative"):
+            async for _ in scheduler.infer_stream(tensor(-4), ["OUT"]):
+                pass
+    finally:
+        await scheduler.close(BOUND_S)
+    ((outputs, final),) = items
+    assert final is True and outputs is not None and outputs["OUT"].tolist() == [[5.0]]
