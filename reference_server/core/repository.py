@@ -355,7 +355,7 @@ class ModelRepository:
                 f"{model_dir}: no version to serve (version folders found: {available or 'none'}; "
                 "a version is a numeric folder holding the model file)"
             )
-        return [self._prepare_version(name, v, model_dir, config_path, raw, base) for v in selected]
+        return [self._prepare_version(name, v, model_dir, config_path, base) for v in selected]
 
     def _prepare_version(
         self,
@@ -363,7 +363,6 @@ class ModelRepository:
         version: int,
         model_dir: Path,
         config_path: Path,
-        raw: mc.ModelConfig | None,
         base: mc.ModelConfig,
     ) -> _PreparedVersion:
         model_path = model_config.model_file(model_dir, version, base)
