@@ -41,7 +41,7 @@ from perfkit.testing.triton import triton_server
 SERVERS = ("ours", "triton")
 MODELS = ("py_identity", "py_identity_plain", "ensemble", "ensemble_plain")
 
-_IDENTITY_PY = '''\
+_IDENTITY_PY = """\
 import triton_python_backend_utils as pb_utils
 
 
@@ -52,7 +52,7 @@ class TritonPythonModel:
             data = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", data)]))
         return responses
-'''
+"""
 
 
 def _identity_config(name: str, elements: int, batching: bool) -> str:
@@ -80,7 +80,7 @@ def _ensemble_config(name: str, step_model: str, elements: int) -> str:
         f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: 64\n'
         f'input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ {elements} ] }} ]\n'
         f'output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ {elements} ] }} ]\n'
-        f'ensemble_scheduling {{ step [ {step("INPUT0", "middle")}, {step("middle", "OUTPUT0")} ] }}\n'
+        f"ensemble_scheduling {{ step [ {step('INPUT0', 'middle')}, {step('middle', 'OUTPUT0')} ] }}\n"
     )
 
 
@@ -206,8 +206,9 @@ def main(argv: list[str] | None = None) -> int:
                     for server in SERVERS if step % 2 == 0 else SERVERS[::-1]:
                         print(f"measuring: {server} {model} c={concurrency} ...", file=sys.stderr, flush=True)
                         runs.append(
-                            measure(peers, endpoints[server], server, model, args.protocol, concurrency,
-                                    args.window_ms, tmp)  # fmt: skip
+                            measure(
+                                peers, endpoints[server], server, model, args.protocol, concurrency, args.window_ms, tmp
+                            )  # fmt: skip
                         )
                     step += 1
     print()
