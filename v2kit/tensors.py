@@ -355,9 +355,10 @@ def tensor_to_json(arr: Any, datatype: str, *, name: str = "", kind: str = "outp
             try:
                 x = x.decode()
             except UnicodeDecodeError as e:
+                fix = "send it as binary data" if kind == "input" else "ask for it as binary data (binary_data: true)"
                 raise CodecError(
                     f"{what}: BYTES element {i} is not valid UTF-8 ({e.reason} at byte {e.start}), so it cannot "
-                    "be sent as JSON; ask for it as binary data (binary_data: true)"
+                    f"be sent as JSON; {fix}"
                 ) from None
         elif not isinstance(x, str):
             raise CodecError(f"{what}: BYTES elements must be bytes or str, got {type(x).__name__}")
