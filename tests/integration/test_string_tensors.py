@@ -111,6 +111,10 @@ def test_http_round_trips_bytes_exactly(
     assert got.ravel().tolist() == TEXTS
 
 
+def test_an_empty_string_tensor_round_trips(http: httpclient.InferenceServerClient) -> None:
+    assert http_echo(http, [], True, True).shape == (1, 0)
+
+
 def test_grpc_raw_contents_round_trip_bytes_exactly(grpc_url: str) -> None:
     with grpcclient.InferenceServerClient(grpc_url) as client:
         inp = grpcclient.InferInput("TEXT", [1, len(TEXTS)], "BYTES")
