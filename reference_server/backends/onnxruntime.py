@@ -163,7 +163,7 @@ def _decoded(arr: np.ndarray, model: str, name: str) -> np.ndarray:
     """An object array of `str` from BYTES elements (`bytes`, or already `str`), strict UTF-8."""
     items = arr.reshape(-1).tolist()
     try:
-        texts = [x if type(x) is str else x.decode("utf-8") for x in items]
+        texts = [x if isinstance(x, str) else x.decode("utf-8") for x in items]
     except (UnicodeDecodeError, AttributeError):
         raise _not_text(items, model, name) from None
     return object_array(texts).reshape(arr.shape)
