@@ -34,6 +34,10 @@ class ModelInstance(Protocol):
     name: str
     # Optional: `runs_on_loop = True` lets the scheduler call `run` on the event-loop thread for
     # short batches (see "Short runs on the loop"); an instance without it always gets a worker.
+    # Optional: `prepare_inputs(inputs) -> inputs`, which the scheduler calls on the event loop for
+    # each request before it joins a batch: it converts what the backend takes in another form
+    # and raises InvalidArgument for what the backend cannot take, failing that request alone
+    # (onnxruntime's strings). The scheduler reads it from the first instance, once.
 
     def run(self, inputs: Tensors, output_names: Sequence[str]) -> Tensors:
         """Execute one batch. Blocking; called from this instance's worker thread, or from the event

@@ -92,7 +92,7 @@ import itertools
 import queue
 import threading
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from time import perf_counter_ns
 
 from reference_server.errors import InternalError, InvalidArgument, Unavailable
@@ -193,6 +193,7 @@ class Scheduler:
         self._slots = [_Slot(instance) for instance in instances]
         self._idle: deque[_Slot] = deque(self._slots)
         inline = len(instances) == 1 and getattr(instances[0], "runs_on_loop", False) is True
+        self._prepare: Callable[[Tensors], Tensors] | None = getattr(instances[0], "prepare_inputs", None)
         self._inline_slot = self._slots[0] if inline else None
         self._ns_per_element = 0.0  # average run cost of the inline slot's batches; 0 = not known yet
         # Handing busy instances batches ahead would let a queued request outlive its timeout unseen.
@@ -217,7 +218,8 @@ class Scheduler:
         """Run one request, batched with others where the policy allows; returns its outputs.
 
         `received_ns` is on the `time.perf_counter_ns` clock (default: now). An empty
-        `output_names` asks for every output. Raises InvalidArgument for a bad batch dimension,
+        `output_names` asks for every output. Raises InvalidArgument for a bad batch dimension or
+        an input the instances' `prepare_inputs` refuses,
         Unavailable when the queue is full, the request times out or the scheduler is closing,
         and InternalError when the model fails.
         """
@@ -226,6 +228,8 @@ class Scheduler:
         now = perf_counter_ns()
         if received_ns is None:
             received_ns = now
+        if self._prepare is not None:
+            inputs = self._prepare(inputs)
         batch_size, key = self._admit(inputs)
         policy = self._policy
         if policy.max_queue_size and len(self._queue) + len(self._delayed) >= policy.max_queue_size:
