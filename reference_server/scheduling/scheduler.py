@@ -92,8 +92,9 @@ import itertools
 import queue
 import threading
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from time import perf_counter_ns
+from typing import Any
 
 from reference_server.errors import InternalError, InvalidArgument, Unavailable
 from reference_server.scheduling.execute import ModelInstance, Outcome, Tensors, execute
@@ -262,6 +263,21 @@ class Scheduler:
                 self._stats.record_failure(perf_counter_ns() - received_ns, "CANCELED")
                 self._check_drained()
             raise
+
+    async def infer_stream(
+        self,
+        inputs: Tensors,
+        output_names: Sequence[str],
+        *,
+        timeout_us: int | None = None,
+        received_ns: int | None = None,
+        request_id: str = "",
+        parameters: Mapping[str, Any] | None = None,
+    ) -> AsyncIterator[tuple[Tensors | None, bool]]:
+        """The responses to one request, each with whether it is the last: (None, True) is a final
+        flag sent alone. A model that is not decoupled answers exactly once, `(outputs, True)`;
+        errors raise as from `infer`. Closing the iteration early cancels the request."""
+        yield await self.infer(inputs, output_names, timeout_us=timeout_us, received_ns=received_ns), True
 
     async def close(self, grace_s: float) -> None:
         """Stop accepting requests, let queued and running ones finish for up to `grace_s`
