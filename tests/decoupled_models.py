@@ -20,7 +20,7 @@ __all__ = ["LATE_DELAY_MS", "write_decoupled_models"]
 #: How long `late` waits, after execute has returned, before it answers.
 LATE_DELAY_MS = 200
 
-_REPEAT = '''\
+_REPEAT = """\
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
@@ -42,9 +42,9 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse(output_tensors=outputs))
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
-'''
+"""
 
-_SILENT = '''\
+_SILENT = """\
 import triton_python_backend_utils as pb_utils
 
 
@@ -53,9 +53,9 @@ class TritonPythonModel:
         for request in requests:
             request.get_response_sender().send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         return None
-'''
+"""
 
-_LATE = f'''\
+_LATE = f"""\
 import threading
 import time
 
@@ -86,7 +86,7 @@ class TritonPythonModel:
     def finalize(self):
         for thread in self.threads:
             thread.join()
-'''
+"""
 
 _IO = {
     "repeat": (
@@ -117,6 +117,6 @@ def write_decoupled_models(repository: Path) -> list[str]:
         (folder / "config.pbtxt").write_text(
             f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n{_IO[name]}'
             "model_transaction_policy { decoupled: true }\n"
-            'instance_group [ { count: 1 kind: KIND_CPU } ]\n'
+            "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
         )
     return list(_SOURCES)

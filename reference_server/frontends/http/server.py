@@ -259,8 +259,8 @@ class _Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool | None:
         self._closing = True
-        if self._task is None and not self._queue:
-            return False  # nothing to answer: close now
+        if (self._task is None and not self._queue) or self._streaming:
+            return False  # nothing to answer, or a stream with no one left to read it: close now
         return True  # keep the transport open to write the answers
 
     # -- llhttp callbacks
