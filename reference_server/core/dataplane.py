@@ -249,12 +249,14 @@ class DataPlane:
         )
 
     async def stream_model(self, call: ModelCall) -> AsyncIterator[tuple[Tensors | None, bool]]:
-        """`call_model` for a decoupled target: its responses as they come."""
+        """`call_model` for a decoupled target: its responses as they come; an error response ends it."""
         served, request, inputs, output_names = self._model_call(call)
-        async for item in served.scheduler.infer_stream(
+        async for outputs, final in served.scheduler.infer_stream(
             inputs, output_names, timeout_us=call.timeout_us, request_id=request.id, parameters=request.parameters
         ):
-            yield item
+            if isinstance(outputs, ServerError):
+                raise outputs
+            yield outputs, final
 
     def _check_elements(self, request: v2.InferRequest) -> None:
         # After the wire decode (whose allocations the body-size limit bounds, and which checks each

@@ -33,7 +33,7 @@ Tensor = npt.NDArray[Any]
 Tensors = dict[str, Tensor]
 
 #: Where a decoupled model's responses go, from any thread: (outputs or None, final flag, error or
-#: None). An error ends the stream.
+#: None). An error is one response sent as an error: the stream ends with the final flag.
 ResponseSink = Callable[["Tensors | None", bool, "Exception | None"], None]
 
 

@@ -265,34 +265,34 @@ class Scheduler:
         received_ns: int | None = None,
         request_id: str = "",
         parameters: dict[str, Any] | None = None,
-    ) -> AsyncIterator[tuple[Tensors | None, bool]]:
+    ) -> AsyncIterator[tuple[Tensors | ServerError | None, bool]]:
         """Run one request and yield its responses as (outputs, final) as they come.
 
         A decoupled model yields 0..N responses, the last with final True; a final flag sent
-        without a response yields (None, True). Any other model yields exactly one (outputs,
-        True). Errors, also ones after some responses, raise `ServerError`s as `infer` does.
+        without a response yields (None, True), and a response the model sent as an error yields
+        that `ServerError` in place of the outputs (the stream goes on, as Triton's does, unless
+        it is final). Any other model yields exactly one (outputs, True). A request that fails as
+        a whole (refused, or its execute raised) raises a `ServerError` as `infer` does.
         Leaving the iteration early withdraws a request that is still queued.
         """
         if not self._policy.decoupled:
-            yield (
-                await self.infer(
-                    inputs,
-                    output_names,
-                    timeout_us=timeout_us,
-                    received_ns=received_ns,
-                    request_id=request_id,
-                    parameters=parameters,
-                ),
-                True,
-            )
+            yield await self.infer(
+                inputs,
+                output_names,
+                timeout_us=timeout_us,
+                received_ns=received_ns,
+                request_id=request_id,
+                parameters=parameters,
+            ), True
             return
         loop = asyncio.get_running_loop()
-        items: asyncio.Queue[tuple[Tensors | None, bool, Exception | None]] = asyncio.Queue()
+        # (outputs, final, error, whether the error fails the request as a whole)
+        items: asyncio.Queue[tuple[Tensors | None, bool, Exception | None, bool]] = asyncio.Queue()
 
         def sink(outputs: Tensors | None, final: bool, error: Exception | None) -> None:
             # Called from the backend's threads, or from the loop itself.
             try:
-                loop.call_soon_threadsafe(items.put_nowait, (outputs, final, error))
+                loop.call_soon_threadsafe(items.put_nowait, (outputs, final, error, False))
             except RuntimeError:
                 pass  # the loop is closed: nobody is listening any more
 
@@ -300,16 +300,20 @@ class Scheduler:
             # The model's execute failed (or the request was refused): that ends the stream.
             if not future.cancelled() and (error := future.exception()) is not None:
                 assert isinstance(error, Exception)
-                items.put_nowait((None, True, error))
+                items.put_nowait((None, True, error, True))
 
         request = self._submit(inputs, output_names, timeout_us, received_ns, request_id, parameters, sink)
         request.future.add_done_callback(executed)
         try:
             while True:
-                outputs, final, error = await items.get()
+                outputs, final, error, fatal = await items.get()
                 if error is not None:
-                    raise error if isinstance(error, ServerError) else InternalError(str(error))
-                yield outputs, final
+                    failure = error if isinstance(error, ServerError) else InternalError(str(error))
+                    if fatal:
+                        raise failure
+                    yield failure, final
+                else:
+                    yield outputs, final
                 if final:
                     return
         finally:

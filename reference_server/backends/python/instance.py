@@ -13,7 +13,7 @@ request's sink, from that thread), BLS requests (run on the server's loop throug
 Failures, each confined to what it touches:
 
 - `execute` raises: that batch fails with Triton's "Failed to process the request(s) for model
-  '<instance>', message: ..." and the exception's text and frames; the stub keeps serving.
+  instance ..." and the exception's text; the stub keeps serving.
 - A response carrying `TritonError`: that request fails with its message and the code's status.
 - The stub exits or is killed: the reader sees EOF; the batch in flight and every open stream
   fail with "Stub process '<instance>' is not healthy."; the next batch starts a new stub
@@ -191,8 +191,6 @@ class _Stub:
         return next(self._ids)
 
     def kill(self) -> None:
-        with self._lock:
-            self.alive = False  # now, not when the reader sees EOF: the next batch must start a new stub
         try:
             self.process.kill()
         except OSError:
@@ -264,8 +262,8 @@ class _Stub:
         if final:
             self.drop_stream(token)
         if error is not None:
-            self.drop_stream(token)
-            stream.sink(None, True, error)
+            # An error response, as Triton's: the stream goes on unless it carried the final flag.
+            stream.sink(None, final, error)
         elif outputs is not None or final:
             stream.sink(outputs, final, None)
 
@@ -549,7 +547,7 @@ class PythonInstance:
                 tokens.append(token)
                 items.append({
                     "token": token, "inputs": inputs, "outputs": list(request.output_names), "id": request.request_id,
-                    "parameters": json.dumps(request.parameters, separators=(",", ":")), "flags": 0, "correlation_id": 0,
+                    "parameters": json.dumps(request.parameters), "flags": 0, "correlation_id": 0,
                 })  # fmt: skip
                 if request.sink is not None:
                     stub.open_stream(token, request.sink, per_request[-1])
@@ -564,7 +562,7 @@ class PythonInstance:
             except TimeoutError:
                 stub.kill()
                 raise InternalError(
-                    f"Failed to process the request(s) for model '{self.name}', message: execute() did not "
+                    f"Failed to process the request(s) for model instance '{self.name}', message: execute() did not "
                     f"return within {model.execute_timeout_s:g} s (--backend-config=python,execute-timeout-seconds=N); "
                     "the stub process was killed and is restarted for the next request"
                 ) from None
@@ -579,7 +577,9 @@ class PythonInstance:
             for token in decoupled_tokens:
                 stub.drop_stream(token)
             self._release_unary(stub, batch, per_request)
-            raise InternalError(f"Failed to process the request(s) for model '{self.name}', message: {reply['error']}")
+            raise InternalError(
+                f"Failed to process the request(s) for model instance '{self.name}', message: {reply['error']}"
+            )
         self._release_unary(stub, batch, per_request)
         if decoupled_tokens:
             ipc.close_fds(out_fds)
