@@ -146,6 +146,11 @@ def execute(instance: ModelInstance | RequestsInstance, batch: Sequence[BatchIte
         t3 = perf_counter_ns()
     except Exception as error:  # any failure of this batch is reported to its requests
         return t0, t0, t0, t0, None, error
+    for request, result in zip(batch, results):
+        # A decoupled config on an instance that answers once (onnxruntime): that answer is its
+        # one response, final, as Triton's backends send it.
+        if request.sink is not None and not isinstance(result, Exception):
+            request.sink(result, True, None)
     return t0, t1, t2, t3, results, None
 
 
