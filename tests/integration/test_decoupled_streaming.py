@@ -3,9 +3,6 @@ and its asyncio one), the HTTP generate extension, and perf_analyzer --streaming
 reference server and against real tritonserver 2.51 serving the same decoupled python models
 (tests/decoupled_models.py). Triton's replies are the ground truth the expectations below were
 taken from; the reference server must give the same.
-
-Decoupled python models need the python backend: until the reference server has one, the
-decoupled tests against it are expected to fail (xfail, not strict).
 """
 
 from __future__ import annotations
@@ -42,10 +39,7 @@ pytestmark = [pytest.mark.integration]
 #: (HTTP host:port, gRPC host:port) of a server.
 Endpoints = tuple[str, str]
 
-NO_PYTHON_BACKEND = pytest.mark.xfail(
-    reason="decoupled python models need the reference server's python backend (branch pybackend)", strict=False
-)
-SERVERS = [pytest.param("triton", marks=pytest.mark.peers), pytest.param("ours", marks=NO_PYTHON_BACKEND)]
+SERVERS = [pytest.param("triton", marks=pytest.mark.peers), "ours"]
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +53,7 @@ def ours(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceServer]:
     config = (repository / "identity" / "config.pbtxt").read_text().replace('"identity"', '"identity_decoupled"')
     (decoupled / "config.pbtxt").write_text(config + "\nmodel_transaction_policy { decoupled: true }\n")
     write_decoupled_models(repository)
-    with running_server(loopback_config(repository, strict_readiness=False)) as server:
+    with running_server(loopback_config(repository)) as server:
         yield server
 
 
