@@ -364,6 +364,28 @@ def test_generate_stream_flushes_each_event_as_it_comes(run: Any) -> None:
     assert [first, second] == sse(*({"OUT": v, "model_name": "slow", "model_version": "1"} for v in (1, 2)))
 
 
+@pytest.mark.parametrize("endpoint", ["generate", "generate_stream"])
+def test_a_client_that_goes_away_before_the_first_response_cancels_its_request(run: Any, endpoint: str) -> None:
+    never = asyncio.Event()
+    plane = ScriptedPlane({"stuck": [("wait", never), out(1, final=True)]})
+
+    async def main() -> None:
+        server = HttpServer(RestApi(plane), max_body_bytes=1 << 20)  # type: ignore[arg-type]
+        port = await server.listen("127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        body = b'{"IN": [1]}'
+        writer.write(
+            f"POST /v2/models/stuck/{endpoint} HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\n\r\n".encode() + body
+        )
+        await eventually(lambda: plane.started == [""])
+        writer.close()
+        await eventually(lambda: plane.closed == [""])
+        await eventually(lambda: plane.inflight == 0)
+        await server.stop(1)
+
+    run(main())
+
+
 def test_a_client_that_goes_away_cancels_its_generate_stream(run: Any) -> None:
     never = asyncio.Event()
     plane = ScriptedPlane({"stuck": [out(1), ("wait", never), out(2, final=True)]})
@@ -394,8 +416,8 @@ def test_generate_wants_exactly_one_response(run: Any, script: list[Step], statu
 
     async def main() -> tuple[str, bytes]:
         server, reader, writer, head = await http_exchange(plane, "/v2/models/m/generate", {"IN": [1]})
-        length = int(head.split("Content-Length: ")[1].split("\r\n")[0])
-        data = await reader.readexactly(length)
+        data = await read_chunk(reader)  # chunked, as Triton's: the body in one chunk, then the end
+        assert await read_chunk(reader) == b""
         writer.close()
         await server.stop(1)
         return head, data

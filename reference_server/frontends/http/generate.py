@@ -11,7 +11,8 @@ parameter (a string, number or boolean).
 (one element as a scalar, more as a flat array), the response's parameters, `id` when the
 request had one, `model_name` and `model_version`. An error is `{"error": message}`.
 
-- `/generate` wants exactly one response: any other count is Triton's error, in the body.
+- `/generate` wants exactly one response: any other count is Triton's error, in the body (sent
+  once the model's final flag is in, in one chunk).
 - `/generate_stream` sends each response as it comes, as a server-sent event (`data: {json}\n\n`,
   `text/event-stream`), and ends when the model's final flag arrives.
 
@@ -59,15 +60,12 @@ async def generate(plane: DataPlane, request: HttpRequest, model: str, version: 
     except BaseException:
         plane.release()
         raise
+    # Streamed either way, as Triton's are: the head waits for the first response (whose status
+    # it carries), and a client that goes away meanwhile cancels the request.
+    response = HttpResponse(200, content_type=_SSE if stream else _JSON)
     events = _events(plane, responses)
-    if not stream:
-        answers = [item async for item in events]
-        if len(answers) != 1:
-            return _json(answers[0][1] if answers else 200, {"error": ONE_RESPONSE})
-        event, status = answers[0]
-        return _json(status, event)
-    first = await anext(events, None)
-    return HttpResponse(200 if first is None else first[1], content_type=_SSE, stream=_sse(first, events))
+    response.stream = _sse(response, events) if stream else _single(response, events)
+    return response
 
 
 async def _events(
@@ -95,25 +93,29 @@ async def _events(
 
 
 async def _sse(
-    first: tuple[dict[str, Any], int] | None, events: AsyncGenerator[tuple[dict[str, Any], int], None]
+    response: HttpResponse, events: AsyncGenerator[tuple[dict[str, Any], int], None]
 ) -> AsyncGenerator[bytes, None]:
+    """Each response as a server-sent event; the first sets the answer's status."""
+    first = True
     async with contextlib.aclosing(events):
-        if first is not None:
-            yield _event_bytes(first[0])
-        async for event, _status in events:
-            yield _event_bytes(event)
+        async for event, status in events:
+            if first:
+                response.status, first = status, False
+            yield b"data: " + _dumps(event) + b"\n\n"
 
 
-def _event_bytes(event: dict[str, Any]) -> bytes:
-    return b"data: " + _dumps(event) + b"\n\n"
+async def _single(
+    response: HttpResponse, events: AsyncGenerator[tuple[dict[str, Any], int], None]
+) -> AsyncGenerator[bytes, None]:
+    """The one response as the body, or Triton's error when there are more or none."""
+    async with contextlib.aclosing(events):
+        answers = [item async for item in events]
+    response.status = answers[0][1] if answers else 200
+    yield _dumps(answers[0][0] if len(answers) == 1 else {"error": ONE_RESPONSE})
 
 
 def _dumps(payload: dict[str, Any]) -> bytes:
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def _json(status: int, payload: dict[str, Any]) -> HttpResponse:
-    return HttpResponse(status, _dumps(payload), _JSON)
 
 
 def generate_event(response: v2.InferResponse) -> dict[str, Any]:

@@ -4,7 +4,8 @@ A handler answers with `HttpResponse(stream=...)`, an async generator of byte st
 events, for the generate extension). The head goes out at once with `Transfer-Encoding: chunked`;
 each non-empty piece becomes one chunk, written as soon as it is yielded (nothing is held back to
 fill a buffer: an event reaches the client when the model sends it), and the last chunk ends the
-body. While the client is slower than the stream, `writable` holds the next piece back (the
+body. The head waits for the first piece, which may still set the answer's status (a generator
+that holds the response can). While the client is slower than the stream, `writable` holds the next piece back (the
 connection's write back-pressure), so memory never follows a stalled client. The generator is
 closed in every case, which is how a client that went away cancels what it asked for.
 """
@@ -36,7 +37,12 @@ async def send_stream(
     try:
         if transport is None:
             return
+        # The first piece before the head: it may set the answer's status (the generate extension's
+        # is its first response's).
+        first = await anext(stream, None)
         transport.write(encode_head(response, close))
+        if first:
+            transport.write(chunk(first))
         async for data in stream:
             if data:
                 transport.write(chunk(data))
