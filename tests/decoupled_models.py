@@ -5,8 +5,8 @@ streaming tests, served by real tritonserver and by ours.
   the FINAL flag alone. An empty IN gives no response at all; a negative element gives an error
   response in its place, and the stream goes on.
 - `silent`: no response, the FINAL flag alone.
-- `late`: execute returns at once; a thread sends OUT = IN after DELAY_MS milliseconds in one
-  response that carries the FINAL flag itself.
+- `late`: execute returns at once; a thread sends OUT = IN after `LATE_DELAY_MS` milliseconds (or
+  the request parameter `delay_ms`) in one response that carries the FINAL flag itself.
 
 The sources run in Triton's stub (Debian's Python 3.11 with numpy): nothing from the checkout.
 """
@@ -56,36 +56,30 @@ class TritonPythonModel:
 """
 
 _LATE = f"""\
+import json
 import threading
 import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-DELAY_S = {LATE_DELAY_MS} / 1000.0
+DELAY_MS = {LATE_DELAY_MS}
 
 
 class TritonPythonModel:
-    def initialize(self, args):
-        self.threads = []
-
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
             value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().copy()
-            thread = threading.Thread(target=self._answer, args=(sender, value), daemon=True)
-            thread.start()
-            self.threads.append(thread)
+            delay_s = json.loads(request.parameters() or "{{}}").get("delay_ms", DELAY_MS) / 1000.0
+            # A daemon: a request that was given up on does not hold up the model's unloading.
+            threading.Thread(target=self._answer, args=(sender, value, delay_s), daemon=True).start()
         return None
 
-    def _answer(self, sender, value):
-        time.sleep(DELAY_S)
+    def _answer(self, sender, value, delay_s):
+        time.sleep(delay_s)
         response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUT", value.astype(np.int32))])
         sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-
-    def finalize(self):
-        for thread in self.threads:
-            thread.join()
 """
 
 _IO = {

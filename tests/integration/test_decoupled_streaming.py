@@ -331,7 +331,7 @@ def test_perf_analyzer_streams_to_a_decoupled_model(peers: Path, server: Endpoin
     result = subprocess.run(
         [
             str(peers / "bin" / "perf_analyzer"), "-m", "repeat", "-u", server[1], "-i", "grpc", "--streaming",
-            "--shape", "IN:4", "--input-data", "zero", "--concurrency-range", "2", "-p", "300", "-s", "1000", "-r", "4",
+            "--shape", "IN:4", "--input-data", "zero", "--concurrency-range", "2", "-p", "300", "-s", "1000", "-r", "10",
         ],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
@@ -342,5 +342,39 @@ def test_perf_analyzer_streams_to_a_decoupled_model(peers: Path, server: Endpoin
         name, _, value = line.strip().partition(": ")
         if name in ("Throughput", "Response Throughput"):
             figures[name] = float(value.split()[0])
-    assert figures["Throughput"] > 0
-    assert 3.5 < figures["Response Throughput"] / figures["Throughput"] < 4.5
+    assert figures["Throughput"] > 0, result.stdout
+    assert 3.5 < figures["Response Throughput"] / figures["Throughput"] < 4.5, result.stdout
+
+
+# --- a client that goes away -----------------------------------------------------------------------------
+
+
+def wait_until(condition: Any, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.01)
+
+
+def test_a_client_that_goes_away_cancels_its_requests(ours: ReferenceServer) -> None:
+    # `late` would answer these after 10 s; the requests must be gone long before.
+    plane = ours.dataplane
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{ours.grpc_port}")
+    client.start_stream(callback=lambda result, error: None)
+    tensor = grpcclient.InferInput("IN", [1], "INT32")
+    tensor.set_data_from_numpy(np.array([1], np.int32))
+    for rid in ("a", "b"):
+        client.async_stream_infer("late", [tensor], request_id=rid, parameters={"delay_ms": 10_000})
+    wait_until(lambda: plane.inflight == 2)
+    client.stop_stream(cancel_requests=True)
+    wait_until(lambda: plane.inflight == 0, timeout_s=5)
+    client.close()
+    connection = http.client.HTTPConnection(f"127.0.0.1:{ours.http_port}", timeout=30)
+    connection.request("POST", "/v2/models/late/generate_stream", json.dumps({"IN": [1], "delay_ms": 10_000}))
+    wait_until(lambda: plane.inflight == 1)
+    connection.close()
+    wait_until(lambda: plane.inflight == 0, timeout_s=5)
+    # The server goes on serving the model.
+    assert post(f"127.0.0.1:{ours.http_port}", "/v2/models/late/generate", {"IN": [3]})[2] == (
+        b'{"OUT":3,"model_name":"late","model_version":"1"}'
+    )
