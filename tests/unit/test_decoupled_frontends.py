@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
-from reference_server.errors import InternalError, InvalidArgument, NotFound, ServerError
+from reference_server.errors import InternalError, InvalidArgument, NotFound, ServerError, Unavailable
 from reference_server.frontends.grpc.service import InferenceServicer
 from reference_server.frontends.http.generate import ONE_RESPONSE, generate_event, generate_request
 from reference_server.frontends.http.rest import RestApi
@@ -39,13 +39,16 @@ class ScriptedPlane:
     """What the front ends use of a DataPlane, answering each model with its script: responses,
     errors sent in place of one, a final flag alone, a raise, or a wait on an event."""
 
-    def __init__(self, scripts: dict[str, list[Step]]) -> None:
+    def __init__(self, scripts: dict[str, list[Step]], limit: int = 100) -> None:
         self.scripts = scripts
+        self.limit = limit
         self.inflight = 0
         self.started: list[str] = []
         self.closed: list[str] = []
 
     def acquire(self) -> None:
+        if self.inflight >= self.limit:
+            raise Unavailable("server is overloaded")
         self.inflight += 1
 
     def release(self) -> None:
@@ -449,3 +452,21 @@ def test_server_errors_keep_their_message_in_the_stream(run: Any) -> None:
     plane = ScriptedPlane({"busy": [("raise", Busy("try later"))]})
     head, chunks = generate_stream(run, plane, "busy", {"IN": [1]})
     assert head.startswith("HTTP/1.1 503 ") and chunks == sse({"error": "try later"})
+
+
+def test_an_overloaded_server_refuses_streamed_requests_and_runs_nothing(run: Any) -> None:
+    plane = ScriptedPlane({"m": [out(1, final=True)]}, limit=0)
+    assert stream(plane, stream_request("m", "x")) == [("x", "server is overloaded", [], None, "")]
+
+    async def main() -> tuple[str, bytes]:
+        server, reader, writer, head = await http_exchange(plane, "/v2/models/m/generate", {"IN": [1]})
+        data = await read_chunk(reader)
+        writer.close()
+        await server.stop(1)
+        return head, data
+
+    head, data = run(main())
+    assert head.startswith("HTTP/1.1 503 ") and json.loads(data) == {"error": "server is overloaded"}
+    head, chunks = generate_stream(run, plane, "m", {"IN": [1]})
+    assert head.startswith("HTTP/1.1 503 ") and chunks == sse({"error": "server is overloaded"})
+    assert plane.started == []

@@ -54,12 +54,7 @@ async def generate(plane: DataPlane, request: HttpRequest, model: str, version: 
     """The answer to a generate (`stream` False) or generate_stream request."""
     inputs = {t["name"]: t for t in plane.model_metadata(model, version)["inputs"]}
     infer_request = generate_request(request.body, model, version, inputs)
-    plane.acquire()
-    try:
-        responses = plane.infer_stream(infer_request)
-    except BaseException:
-        plane.release()
-        raise
+    responses = plane.infer_stream(infer_request)  # checks the request; runs nothing yet
     # Streamed either way, as Triton's are: the head waits for the first response (whose status
     # it carries), and a client that goes away meanwhile cancels the request.
     response = HttpResponse(200, content_type=_SSE if stream else _JSON)
@@ -71,8 +66,15 @@ async def generate(plane: DataPlane, request: HttpRequest, model: str, version: 
 async def _events(
     plane: DataPlane, responses: AsyncGenerator[tuple[StreamResponse, bool], None]
 ) -> AsyncGenerator[tuple[dict[str, Any], int], None]:
-    """Each response as its JSON object and the status it gives when it comes first; releases the
-    request's slot when the stream ends or is closed."""
+    """Each response as its JSON object and the status it gives when it comes first. The request
+    holds an in-flight slot from its first step to the end of its stream: a stream never started
+    (its client gone before) takes none and runs nothing."""
+    try:
+        plane.acquire()
+    except ServerError as exc:
+        await responses.aclose()
+        yield {"error": exc.message}, exc.http_status
+        return
     try:
         async with contextlib.aclosing(responses):
             try:
