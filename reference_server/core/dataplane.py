@@ -225,10 +225,14 @@ class DataPlane:
 
     async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
         self._require_explicit("unload")
-        for key in parameters or {}:
+        parameters = parameters or {}
+        for key in parameters:
             if key != "unload_dependents":
                 raise InvalidArgument(f"unknown unload parameter '{key}'")
-        await self.repository.unload(_model_name(name))
+        dependents = parameters.get("unload_dependents", False)
+        if not isinstance(dependents, bool):
+            raise InvalidArgument("unload parameter 'unload_dependents' must be a boolean")
+        await self.repository.unload(_model_name(name), unload_dependents=dependents)
 
     def _require_explicit(self, action: str) -> None:
         if self.model_control_mode != "explicit":

@@ -33,11 +33,13 @@ from tritonclient.grpc import model_config_pb2 as mc
 from reference_server.backends import instance_factory
 from reference_server.backends.placement import plan_instances
 from reference_server.core import model_config
+from reference_server.core.ensemble import EnsembleScheduler
+from reference_server.core.ensemble_config import Step, check_composing, ensemble_plan, is_ensemble
 from reference_server.core.warmup import run_warmup
 from reference_server.errors import ModelConfigError, NotFound, ServerError, Unavailable
 from reference_server.scheduling.execute import ModelInstance
 from reference_server.scheduling.policy import BatchingPolicy
-from reference_server.scheduling.scheduler import Scheduler
+from reference_server.scheduling.scheduler import ModelScheduler, Scheduler
 from reference_server.scheduling.stats import ModelStats
 from v2kit.runtime import gpu
 
@@ -82,19 +84,24 @@ def model_fingerprint(model_dir: Path) -> Fingerprint:
 
 @dataclass(slots=True)
 class ModelVersion:
-    """One served version of a model: its completed config, instances, scheduler and statistics."""
+    """One served version of a model: its completed config, instances, scheduler and statistics.
+
+    An ensemble has no instances; its scheduler runs its steps on the composing models.
+    """
 
     name: str
     version: int
     config: mc.ModelConfig
     instances: Sequence[ModelInstance]
-    scheduler: Scheduler
+    scheduler: ModelScheduler
     stats: ModelStats
     inputs: dict[str, mc.ModelInput]
     outputs: dict[str, mc.ModelOutput]
     #: GPU index → bytes this version's instances took on that GPU when they were created and
     #: warmed up (NVML); empty without GPU instances.
     gpu_memory_bytes: dict[int, int] = field(default_factory=dict)
+    #: An ensemble's composing models, as (name, version or "" for the latest).
+    composing: tuple[tuple[str, str], ...] = ()
 
     async def close(self, grace_s: float) -> None:
         await self.scheduler.close(grace_s)
@@ -183,6 +190,8 @@ class ModelRepository:
         self.default_max_batch_size = default_max_batch_size
         self._records: dict[str, ModelRecord] = {}
         self._retired: set[asyncio.Task[None]] = set()
+        #: Models `load_all` has tried to load in its current call; None outside one.
+        self._load_pass: set[str] | None = None
 
     # --- discovery -------------------------------------------------------------------------------
 
@@ -242,6 +251,8 @@ class ModelRepository:
             # Checked before a record exists, so that a typo never shows up in the index.
             raise NotFound(f"model '{name}' is not in the model repository {self.root}")
         record = self._records.setdefault(name, ModelRecord(name))
+        if self._load_pass is not None:
+            self._load_pass.add(name)
         async with record.lock:
             if not record.versions:
                 record.state, record.reason = LOADING, ""
@@ -251,9 +262,14 @@ class ModelRepository:
                 # poll, and before any check, so that a model refused for good is not retried.
                 record.fingerprint = await loop.run_in_executor(None, model_fingerprint, self.root / name)
                 model_dir = self.model_dir(name)
-                # Sessions and warmup take long: build them off the loop, schedulers on it.
-                prepared = await loop.run_in_executor(None, self._prepare_versions, name, model_dir, override)
-                versions = await self._start_versions(prepared)
+                raw = override if override is not None else model_config.read_config(model_dir)
+                if is_ensemble(raw):
+                    assert raw is not None
+                    versions = await self._load_ensemble(name, model_dir, raw)
+                else:
+                    # Sessions and warmup take long: build them off the loop, schedulers on it.
+                    prepared = await loop.run_in_executor(None, self._prepare_versions, name, model_dir, raw)
+                    versions = await self._start_versions(prepared)
             except asyncio.CancelledError:
                 # The caller gave up (server stopping); the half-built versions are dropped.
                 if not record.versions:
@@ -287,14 +303,140 @@ class ModelRepository:
         return versions
 
     async def load_all(self, names: Iterable[str] | None = None) -> None:
-        """Load several models; failures are recorded per model and logged, never raised."""
-        for name in self.model_names() if names is None else names:
-            try:
-                await self.load(name)
-            except ServerError:
-                pass
+        """Load several models; failures are recorded per model and logged, never raised.
 
-    async def unload(self, name: str) -> None:
+        An ensemble loads its composing models first; a model that an ensemble already loaded (or
+        failed to) in this call is not loaded again.
+        """
+        self._load_pass = set()
+        try:
+            for name in self.model_names() if names is None else names:
+                if name in self._load_pass:
+                    continue
+                try:
+                    await self.load(name)
+                except ServerError:
+                    pass
+        finally:
+            self._load_pass = None
+
+    # --- ensembles -------------------------------------------------------------------------------
+
+    async def _load_ensemble(self, name: str, model_dir: Path, raw: mc.ModelConfig) -> dict[int, ModelVersion]:
+        """Check an ensemble's config, load its composing models, check it against them, and serve it."""
+        config_path = model_dir / model_config.CONFIG_FILENAME
+        config = mc.ModelConfig()
+        config.CopyFrom(raw)
+        if config.name and config.name != name:
+            raise ModelConfigError(
+                f"{config_path}: the configuration's name '{config.name}' does not match the model folder name '{name}'"
+            )
+        config.name = name
+        plan = ensemble_plan(config, config_path)
+        self._check_circular(name, plan.composing_models())
+        await self._load_composing(name, plan.steps, config_path)
+
+        def composing(step: Step) -> mc.ModelConfig:
+            try:
+                return self.get(step.model_name, step.version).config
+            except ServerError as exc:
+                raise ModelConfigError(
+                    f"{config_path}: ensemble '{name}' depends on '{step.model_name}' whose required version "
+                    f"{step.model_version} is not loaded ({step.label}): {exc}"
+                ) from None
+
+        check_composing(config, plan, composing, config_path)
+        if config.version_policy.WhichOneof("policy_choice") is None:
+            config.version_policy.latest.num_versions = 1
+        config.model_transaction_policy.SetInParent()
+        available = model_config.available_versions(model_dir)
+        selected = model_config.select_versions(config, available)
+        if not selected:
+            raise ModelConfigError(
+                f"{config_path}: at least one version must be available under the version policy of model '{name}' "
+                f"(version folders found: {available or 'none'}; an ensemble's version folder, such as {name}/1/, "
+                "may be empty)"
+            )
+        composing_versions = tuple(dict.fromkeys((step.model_name, step.version) for step in plan.steps))
+        versions = {}
+        for version in selected:
+            stats = ModelStats()
+            versions[version] = ModelVersion(
+                name=name,
+                version=version,
+                config=config,
+                instances=(),
+                scheduler=EnsembleScheduler(plan, config.max_batch_size, stats, self.get),
+                stats=stats,
+                inputs={i.name: i for i in config.input},
+                outputs={o.name: o for o in config.output},
+                composing=composing_versions,
+            )
+        return versions
+
+    def _check_circular(self, name: str, composing: Sequence[str]) -> None:
+        """Refuse an ensemble that reaches itself through ensembles (before loading any of them,
+        whose loads would wait for each other)."""
+        path = [name]
+
+        def walk(models: Sequence[str]) -> None:
+            for model in models:
+                if model == name:
+                    raise ModelConfigError(
+                        f"circular dependency between ensembles: {name} -> ... -> {path[-1]} -> {name}"
+                    )
+                if model not in path:
+                    path.append(model)
+                    walk(self._composing_on_disk(model))
+                    path.pop()
+
+        walk(composing)
+
+    def _composing_on_disk(self, name: str) -> list[str]:
+        """The composing models that `name`'s config.pbtxt names, if it is an ensemble."""
+        if not self.on_disk(name):
+            return []
+        try:
+            raw = model_config.read_config(self.root / name)
+        except ServerError:
+            return []  # its own load reports it
+        if raw is None or not is_ensemble(raw):
+            return []
+        return [step.model_name for step in raw.ensemble_scheduling.step]
+
+    async def _load_composing(self, name: str, steps: Sequence[Step], config_path: Path) -> None:
+        """Load the composing models that are not serving, as Triton loads an ensemble's dependencies."""
+        missing = [step for step in steps if not self.on_disk(step.model_name)]
+        if missing:
+            names = ", ".join(dict.fromkeys(step.model_name for step in missing))
+            raise ModelConfigError(
+                f"{config_path}: ensemble {name} contains models that are not available or ambiguous: {names} "
+                f"({', '.join(step.label for step in missing)} of ensemble '{name}'; no such folder in the "
+                "model repository)"
+            )
+        for step in {step.model_name: step for step in reversed(steps)}.values():
+            record = self._records.get(step.model_name)
+            if record is not None and record.versions:
+                continue
+            if record is not None and self._load_pass is not None and step.model_name in self._load_pass:
+                reason = record.reason  # tried in this pass already
+            else:
+                try:
+                    await self.load(step.model_name)
+                    continue
+                except ServerError as exc:
+                    reason = str(exc)
+            raise ModelConfigError(
+                f"ensemble '{name}' depends on '{step.model_name}' which has no loaded version. Model "
+                f"'{step.model_name}' loading failed with error: {reason} ({step.label} of ensemble '{name}')"
+            )
+
+    async def unload(self, name: str, *, unload_dependents: bool = False) -> None:
+        """Unload `name`; with `unload_dependents`, also the ensembles that use it (Triton's
+        unload parameter). Without it those ensembles stay loaded but not ready."""
+        if unload_dependents:
+            for dependent in self._dependents(name):
+                await self.unload(dependent, unload_dependents=True)
         record = self._records.get(name)
         if record is None:
             if not self.on_disk(name):
@@ -309,9 +451,16 @@ class ModelRepository:
             self._retire(old.values())
         log.info("unloaded model '%s'", name)
 
-    def _prepare_versions(self, name: str, model_dir: Path, override: mc.ModelConfig | None) -> list[_PreparedVersion]:
+    def _dependents(self, name: str) -> list[str]:
+        """The loaded ensembles with a step on `name`."""
+        return [
+            other
+            for other, record in self._records.items()
+            if any(model == name for mv in record.versions.values() for model, _ in mv.composing)
+        ]
+
+    def _prepare_versions(self, name: str, model_dir: Path, raw: mc.ModelConfig | None) -> list[_PreparedVersion]:
         config_path = model_dir / "config.pbtxt"
-        raw = override if override is not None else model_config.read_config(model_dir)
         base = mc.ModelConfig()
         if raw is not None:
             base.CopyFrom(raw)
@@ -383,11 +532,13 @@ class ModelRepository:
         return model_version
 
     def is_ready(self, name: str, version: str = "") -> bool:
+        """Whether `name` serves; an ensemble serves while each of its composing models does."""
         try:
-            self.get(name, version)
+            served = self.get(name, version)
         except ServerError:
             return False
-        return True
+        # Load-time checks rule out cycles, so this recursion ends.
+        return all(self.is_ready(model, model_version) for model, model_version in served.composing)
 
     def loaded(self) -> list[ModelVersion]:
         return [mv for record in self._records.values() for mv in record.versions.values()]

@@ -94,6 +94,7 @@ import threading
 from collections import deque
 from collections.abc import Iterable, Sequence
 from time import perf_counter_ns
+from typing import Protocol
 
 from reference_server.errors import InternalError, InvalidArgument, Unavailable
 from reference_server.scheduling.execute import ModelInstance, Outcome, Tensors, execute
@@ -101,7 +102,7 @@ from reference_server.scheduling.policy import BatchingPolicy
 from reference_server.scheduling.stats import ModelStats
 from v2kit.runtime.timer import TimerHandle, call_at_ns
 
-__all__ = ["AHEAD_BATCHES", "INLINE_MAX_NS", "Scheduler"]
+__all__ = ["AHEAD_BATCHES", "INLINE_MAX_NS", "ModelScheduler", "Scheduler"]
 
 #: The longest expected batch (ns) that a `runs_on_loop` instance executes on the event loop.
 INLINE_MAX_NS = 1_000_000
@@ -110,6 +111,23 @@ INLINE_MAX_NS = 1_000_000
 AHEAD_BATCHES = 16
 
 _STOPPING = "Server is stopping, scheduler for model has stopped accepting new inference requests"
+
+
+class ModelScheduler(Protocol):
+    """A model version's scheduler: `Scheduler`, or an ensemble's. `secondary_stats` also counts the
+    request (Triton's secondary stats aggregator): an ensemble sums its steps' compute times in it."""
+
+    async def infer(
+        self,
+        inputs: Tensors,
+        output_names: Sequence[str],
+        *,
+        timeout_us: int | None = None,
+        received_ns: int | None = None,
+        secondary_stats: ModelStats | None = None,
+    ) -> Tensors: ...
+
+    async def close(self, grace_s: float) -> None: ...
 
 
 class _Request:
@@ -123,6 +141,7 @@ class _Request:
         "enqueued_ns",
         "deadline_ns",
         "queued",
+        "secondary_stats",
     )
 
     def __init__(
@@ -135,6 +154,7 @@ class _Request:
         received_ns: int,
         enqueued_ns: int,
         deadline_ns: int,
+        secondary_stats: ModelStats | None,
     ) -> None:
         self.inputs = inputs
         self.output_names = output_names
@@ -145,6 +165,7 @@ class _Request:
         self.enqueued_ns = enqueued_ns
         self.deadline_ns = deadline_ns  # perf_counter_ns; 0 = none
         self.queued = True  # False once dispatched, expired, withdrawn or failed by close()
+        self.secondary_stats = secondary_stats
 
 
 # A dispatched batch: its preserve_ordering number and its requests.
@@ -213,13 +234,14 @@ class Scheduler:
         *,
         timeout_us: int | None = None,
         received_ns: int | None = None,
+        secondary_stats: ModelStats | None = None,
     ) -> Tensors:
         """Run one request, batched with others where the policy allows; returns its outputs.
 
         `received_ns` is on the `time.perf_counter_ns` clock (default: now). An empty
         `output_names` asks for every output. Raises InvalidArgument for a bad batch dimension,
         Unavailable when the queue is full, the request times out or the scheduler is closing,
-        and InternalError when the model fails.
+        and InternalError when the model fails. `secondary_stats`: see `ModelScheduler`.
         """
         if self._closing:
             raise Unavailable(_STOPPING)
@@ -229,7 +251,7 @@ class Scheduler:
         batch_size, key = self._admit(inputs)
         policy = self._policy
         if policy.max_queue_size and len(self._queue) + len(self._delayed) >= policy.max_queue_size:
-            self._stats.record_failure(perf_counter_ns() - received_ns, "REJECTED")
+            _record_failure(self._stats, secondary_stats, perf_counter_ns() - received_ns, "REJECTED")
             raise Unavailable(f"Exceeds maximum queue size ({policy.max_queue_size})")
         deadline = 0
         if policy.default_timeout_ns:
@@ -242,7 +264,7 @@ class Scheduler:
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         future: asyncio.Future[Tensors] = loop.create_future()
-        request = _Request(inputs, output_names, batch_size, key, future, received_ns, now, deadline)
+        request = _Request(inputs, output_names, batch_size, key, future, received_ns, now, deadline, secondary_stats)
         self._queue.append(request)
         self._stats.pending += 1
         if deadline and (not self._next_deadline or deadline < self._next_deadline):
@@ -259,7 +281,7 @@ class Scheduler:
         except asyncio.CancelledError:
             if request.queued:
                 self._unqueue(request)
-                self._stats.record_failure(perf_counter_ns() - received_ns, "CANCELED")
+                _record_failure(self._stats, secondary_stats, perf_counter_ns() - received_ns, "CANCELED")
                 self._check_drained()
             raise
 
@@ -542,10 +564,12 @@ class Scheduler:
             future = request.future
             if future.done():
                 if future.cancelled():
-                    stats.record_failure(done - request.received_ns, "CANCELED")
+                    _record_failure(stats, request.secondary_stats, done - request.received_ns, "CANCELED")
                 continue  # otherwise close() failed it and counted it already
             received = request.received_ns
             stats.record_success(done - received, t0 - received, t1 - t0, t2 - t1, t3 - t2)
+            if request.secondary_stats is not None:
+                request.secondary_stats.record_success(done - received, t0 - received, t1 - t0, t2 - t1, t3 - t2)
             future.set_result(result)
 
     def _fail(self, request: _Request, error: Exception, reason: str, now: int) -> None:
@@ -556,7 +580,7 @@ class Scheduler:
             return  # already answered and counted
         else:
             future.set_exception(error)
-        self._stats.record_failure(now - request.received_ns, reason)
+        _record_failure(self._stats, request.secondary_stats, now - request.received_ns, reason)
 
     def _is_drained(self) -> bool:
         idle = len(self._idle) == len(self._slots)
@@ -565,6 +589,12 @@ class Scheduler:
     def _check_drained(self) -> None:
         if self._drained is not None and self._is_drained():
             self._drained.set()
+
+
+def _record_failure(stats: ModelStats, secondary: ModelStats | None, request_ns: int, reason: str) -> None:
+    stats.record_failure(request_ns, reason)
+    if secondary is not None:
+        secondary.record_failure(request_ns, reason)
 
 
 def _backlog(slot: _Slot) -> int:

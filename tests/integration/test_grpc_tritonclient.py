@@ -156,13 +156,17 @@ def test_statistics_count_what_was_sent(client: grpcclient.InferenceServerClient
     assert after.last_inference > 0
     assert {b.batch_size for b in after.batch_stats} >= {4}
     everything = client.get_inference_statistics().model_stats
-    assert {s.name for s in everything} == {"mlp", "convnet", "identity"}
+    assert {s.name for s in everything} == {"mlp", "convnet", "identity", "preprocess", "mlp_pipeline"}
 
 
 def test_repository_index_lists_models(client: grpcclient.InferenceServerClient) -> None:
     index = client.get_model_repository_index(as_json=True)["models"]
-    assert {(e["name"], e["state"]) for e in index} == {("mlp", "READY"), ("convnet", "READY"), ("identity", "READY")}
-    assert {m.name for m in client.get_model_repository_index().models} == {"mlp", "convnet", "identity"}
+    assert {(e["name"], e["state"]) for e in index} == {
+        ("mlp", "READY"), ("convnet", "READY"), ("identity", "READY"), ("preprocess", "READY"), ("mlp_pipeline", "READY"),
+    }  # fmt: skip
+    assert {m.name for m in client.get_model_repository_index().models} == {
+        "mlp", "convnet", "identity", "preprocess", "mlp_pipeline",
+    }  # fmt: skip
 
 
 async def test_asyncio_client_covers_every_method(demo_server: ReferenceServer) -> None:
