@@ -101,7 +101,9 @@ def ensemble_plan(config: mc.ModelConfig, config_path: Path) -> EnsemblePlan:
         raise error(f"must specify 'step' for ensemble '{name}'")
     for tensor in (*config.input, *config.output):
         if tensor.data_type == mc.TYPE_INVALID:
-            raise error(f"ensemble '{name}': tensor '{tensor.name}' needs a data_type (an ensemble is not auto-completed)")
+            raise error(
+                f"ensemble '{name}': tensor '{tensor.name}' needs a data_type (an ensemble is not auto-completed)"
+            )
     inputs = {t.name for t in config.input}
     steps = []
     writer: dict[str, Step] = {}
@@ -146,10 +148,21 @@ def _check_data_flow(plan: EnsemblePlan, writer: dict[str, Step], error: Callabl
         if tensor not in writer and tensor not in plan.inputs:
             raise error(f"ensemble output '{tensor}' for ensemble {name}' is not used: no step's output_map writes it")
         if tensor not in ready:
-            raise error(f"output '{tensor}' for ensemble '{name}' is not written: {_why_not_written(plan, writer, tensor)}")
-    for tensor, step in writer.items():
-        if tensor not in plan.outputs and tensor not in read:
-            raise error(f"ensemble tensor '{tensor}' is unused in ensemble '{name}': {step.label} writes it, no step reads it")
+            raise error(
+                f"output '{tensor}' for ensemble '{name}' is not written: {_why_not_written(plan, writer, tensor)}"
+            )
+    for tensor in (*writer, *read):
+        if tensor in plan.outputs or tensor in plan.inputs:
+            continue
+        if tensor not in ready:
+            # On no path to an output: Triton calls it unused too.
+            why = _why_not_written(plan, writer, tensor) if tensor in writer else f"no step writes '{tensor}'"
+            raise error(f"ensemble tensor '{tensor}' is unused in ensemble '{name}': {why}")
+        if tensor not in read:
+            raise error(
+                f"ensemble tensor '{tensor}' is unused in ensemble '{name}': {writer[tensor].label} writes it, "
+                "no step reads it"
+            )
 
 
 def _why_not_written(plan: EnsemblePlan, writer: dict[str, Step], output: str) -> str:

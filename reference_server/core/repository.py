@@ -563,8 +563,16 @@ class ModelRepository:
                     entries.append({"name": name})
                 continue
             if record.versions:
-                for version in sorted(record.versions):
-                    entries.append({"name": name, "version": str(version), "state": READY, "reason": record.reason})
+                for version, served in sorted(record.versions.items()):
+                    entry = {"name": name, "version": str(version), "state": READY, "reason": record.reason}
+                    missing = [model for model, v in served.composing if not self.is_ready(model, v)]
+                    if missing:
+                        # An ensemble whose composing model went away serves nothing until it is back.
+                        if ready_only:
+                            continue
+                        entry["state"] = UNAVAILABLE
+                        entry["reason"] = f"composing model(s) not ready: {', '.join(missing)}"
+                    entries.append(entry)
             elif not ready_only:
                 entries.append({"name": name, "state": record.state, "reason": record.reason})
         return entries

@@ -202,7 +202,7 @@ async def test_asyncio_client_covers_every_method(demo_server: ReferenceServer) 
         after = (await client.get_inference_statistics("convnet")).model_stats[0].inference_count
         assert after - before == 5 * 5
         index = await client.get_model_repository_index()
-        assert {m.name for m in index.models} == {"mlp", "convnet", "identity"}
+        assert {m.name for m in index.models} == {"mlp", "convnet", "identity", "preprocess", "mlp_pipeline"}
         with pytest.raises(InferenceServerException) as refused:
             await client.load_model("convnet")
         assert refused.value.status() == "StatusCode.UNAVAILABLE"
