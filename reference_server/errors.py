@@ -56,6 +56,23 @@ class Unsupported(ServerError):
     grpc_code = "UNIMPLEMENTED"
 
 
+class Unknown(ServerError):
+    """TRITONSERVER_ERROR_UNKNOWN, which Triton answers with HTTP 400."""
+
+    http_status = 400
+    grpc_code = "UNKNOWN"
+
+
+class AlreadyExists(ServerError):
+    http_status = 400
+    grpc_code = "ALREADY_EXISTS"
+
+
+class Cancelled(ServerError):
+    http_status = 400
+    grpc_code = "CANCELLED"
+
+
 class PayloadTooLarge(InvalidArgument):
     http_status = 413
 

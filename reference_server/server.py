@@ -58,6 +58,7 @@ class ReferenceServer:
             config.model_repository,
             gpu_count=gpu.gpu_count(),
             default_max_batch_size=config.default_max_batch_size,
+            backend_config=config.backend_config,
         )
         self.dataplane = DataPlane(
             self.repository,

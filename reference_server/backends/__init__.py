@@ -1,9 +1,10 @@
 """Model backends, chosen as Triton chooses them: by the config's `backend`, else its `platform`.
 
-A backend is an `InstanceFactory`: from a version's config, its model file and where its instances
-go (`placement`), it builds the instances the scheduler runs and reads the model's own inputs and
-outputs, which complete the config. Adding one (python, ensemble) is a module in this folder and a
-line in `_BACKENDS`.
+A backend is an `InstanceFactory`: from a version's config, its model file, where its instances
+go (`placement`) and the server around it (`context.BackendContext`), it builds the instances the
+scheduler runs and reads the model's own inputs and outputs, which complete the config. Adding one
+is a module (or folder) here and a line in `_BACKENDS`: ONNX Runtime (`onnxruntime.py`) and
+Triton's python backend (`python/`).
 """
 
 from __future__ import annotations
@@ -13,23 +14,28 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from reference_server.backends import onnxruntime
+from reference_server.backends import onnxruntime, python
+from reference_server.backends.context import BackendContext
 from reference_server.backends.onnxruntime import ONNX_BACKEND, ONNX_PLATFORM
 from reference_server.backends.placement import Placement
+from reference_server.backends.python import PYTHON_BACKEND
 from reference_server.scheduling.execute import ModelInstance, TensorSignature
 
-__all__ = ["InstanceFactory", "instance_factory"]
+__all__ = ["BackendContext", "InstanceFactory", "instance_factory"]
 
-#: (config, model file, placements, config file for messages) → (one instance per placement,
-#: (the model's inputs, its outputs)).
+#: (config, model file, placements, config file for messages, the server around it) → (one
+#: instance per placement, (the model's inputs, its outputs)). A factory may complete `config` in
+#: place (python's auto_complete_config). Instances that also offer `run_requests` (python) get
+#: their batches unconcatenated.
 InstanceFactory = Callable[
-    [mc.ModelConfig, Path, Sequence[Placement], Path],
+    [mc.ModelConfig, Path, Sequence[Placement], Path, BackendContext],
     tuple[Sequence[ModelInstance], tuple[list[TensorSignature], list[TensorSignature]]],
 ]
 
 _BACKENDS: dict[str, InstanceFactory] = {
     ONNX_BACKEND: onnxruntime.create_instances,
     ONNX_PLATFORM: onnxruntime.create_instances,
+    PYTHON_BACKEND: python.create_instances,
 }
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import onnxruntime as ort
 from tritonclient.grpc import model_config_pb2 as mc
 
+from reference_server.backends.context import BackendContext
 from reference_server.backends.placement import Placement
 from reference_server.errors import ModelConfigError
 from reference_server.scheduling.execute import TensorSignature
@@ -61,7 +62,11 @@ def session_options(config: mc.ModelConfig, config_path: Path | None = None) -> 
 
 
 def create_instances(
-    config: mc.ModelConfig, model_path: Path, placements: Sequence[Placement], config_path: Path
+    config: mc.ModelConfig,
+    model_path: Path,
+    placements: Sequence[Placement],
+    config_path: Path,
+    context: BackendContext | None = None,
 ) -> tuple[list[OnnxInstance], tuple[list[TensorSignature], list[TensorSignature]]]:
     """One session per placement, and the graph's (inputs, outputs) in config terms."""
     options = session_options(config, config_path)

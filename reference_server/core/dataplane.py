@@ -9,17 +9,19 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server._version import __version__
+from reference_server.backends.context import ModelCall
 from reference_server.backends.onnxruntime import ONNX_PLATFORM
 from reference_server.core import model_config
 from reference_server.core.repository import ModelRepository, ModelVersion
 from reference_server.errors import InvalidArgument, NotFound, Unavailable, Unsupported
+from reference_server.scheduling.execute import Tensors
 from v2kit import codec as v2
 
 SERVER_NAME = "perfkit-reference-server"
@@ -52,6 +54,9 @@ class DataPlane:
         self.inflight = 0
         #: Told the new count whenever `inflight` changes (the HTTP front end's read gate).
         self.inflight_listeners: list[Callable[[int], None]] = []
+        # Models calling models (python BLS) go through the same checks as a client's request.
+        repository.call_model = self.call_model
+        repository.stream_model = self.stream_model
 
     # --- admission -------------------------------------------------------------------------------
 
@@ -141,7 +146,14 @@ class DataPlane:
             not isinstance(timeout_us, int) or isinstance(timeout_us, bool) or timeout_us < 0
         ):
             raise InvalidArgument("request parameter 'timeout' must be a non-negative integer (microseconds)")
-        results = await served.scheduler.infer(inputs, output_names, timeout_us=timeout_us, received_ns=received_ns)
+        results = await served.scheduler.infer(
+            inputs,
+            output_names,
+            timeout_us=timeout_us,
+            received_ns=received_ns,
+            request_id=request.id,
+            parameters=request.parameters,
+        )
         outputs = []
         for name in output_names:
             array = results[name]
@@ -149,6 +161,35 @@ class DataPlane:
         return v2.InferResponse(
             model_name=served.name, model_version=str(served.version), id=request.id, outputs=outputs
         )
+
+    def _model_call(self, call: ModelCall) -> tuple[ModelVersion, v2.InferRequest, Tensors, list[str]]:
+        request = v2.InferRequest(
+            model_name=call.model_name,
+            model_version=call.model_version,
+            id=call.request_id,
+            inputs=[v2.InferTensor(n, v2.numpy_to_datatype(a.dtype), list(a.shape), a) for n, a in call.inputs.items()],
+            outputs=[v2.RequestedOutput(n) for n in call.output_names] or None,
+            parameters=dict(call.parameters),
+        )
+        self._check_elements(request)
+        served = self.repository.get(_model_name(call.model_name), call.model_version)
+        return served, request, _validated_inputs(served, request), _validated_outputs(served, request)
+
+    async def call_model(self, call: ModelCall) -> Tensors:
+        """A request from one model to another (python BLS), checked as a client's and run through
+        the target's scheduler, so that it shows in the target's statistics."""
+        served, request, inputs, output_names = self._model_call(call)
+        return await served.scheduler.infer(
+            inputs, output_names, timeout_us=call.timeout_us, request_id=request.id, parameters=request.parameters
+        )
+
+    async def stream_model(self, call: ModelCall) -> AsyncIterator[tuple[Tensors | None, bool]]:
+        """`call_model` for a decoupled target: its responses as they come."""
+        served, request, inputs, output_names = self._model_call(call)
+        async for item in served.scheduler.infer_stream(
+            inputs, output_names, timeout_us=call.timeout_us, request_id=request.id, parameters=request.parameters
+        ):
+            yield item
 
     def _check_elements(self, request: v2.InferRequest) -> None:
         # After the wire decode (whose allocations the body-size limit bounds, and which checks each

@@ -12,7 +12,7 @@ An ensemble version's `scheduler` is an `EnsembleScheduler` (the `ModelScheduler
   The composing model is looked up per request, as Triton takes its model handles per request: a
   reload is seen at once, and an unloaded composing model fails the request as UNAVAILABLE.
 - *Passes tensors as they are*: a step's output arrays (views of its batch's outputs) become the
-  next step's inputs without a copy. Request timeouts go to every step.
+  next step's inputs without a copy. The request's timeout, id and parameters go to every step.
 - *Fails with the first failing step's error*, unchanged (its message names the composing model's
   failure); the steps still running are cancelled.
 
@@ -27,9 +27,9 @@ ensemble beside each composing model, and perf_analyzer's composing-model breakd
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from time import perf_counter_ns
-from typing import Protocol
+from typing import Any, Protocol
 
 from reference_server.core.ensemble_config import EnsemblePlan, Step
 from reference_server.errors import Unavailable
@@ -72,6 +72,8 @@ class EnsembleScheduler:
         *,
         timeout_us: int | None = None,
         received_ns: int | None = None,
+        request_id: str = "",
+        parameters: dict[str, Any] | None = None,
         secondary_stats: ModelStats | None = None,
     ) -> Tensors:
         """Run one ensemble request; returns the requested outputs (all of them when none are named)."""
@@ -83,7 +85,8 @@ class EnsembleScheduler:
         steps_stats = ModelStats()
         self._inflight += 1
         try:
-            tensors = await self._run(dict(inputs), self._steps_for(wanted), timeout_us, steps_stats)
+            call = _Call(timeout_us, request_id, parameters, steps_stats)
+            tensors = await self._run(dict(inputs), self._steps_for(wanted), call)
         except BaseException as error:
             reason = "CANCELED" if isinstance(error, asyncio.CancelledError) else "OTHER"
             self._record_failure(perf_counter_ns() - received, reason, secondary_stats)
@@ -105,6 +108,27 @@ class EnsembleScheduler:
         if secondary_stats is not None:
             secondary_stats.record_success(*times)
         return {name: tensors[name] for name in wanted}
+
+    async def infer_stream(
+        self,
+        inputs: Tensors,
+        output_names: Sequence[str],
+        *,
+        timeout_us: int | None = None,
+        received_ns: int | None = None,
+        request_id: str = "",
+        parameters: dict[str, Any] | None = None,
+    ) -> AsyncIterator[tuple[Tensors | None, bool]]:
+        """One response, final (load refuses decoupled composing models)."""
+        outputs = await self.infer(
+            inputs,
+            output_names,
+            timeout_us=timeout_us,
+            received_ns=received_ns,
+            request_id=request_id,
+            parameters=parameters,
+        )
+        yield outputs, True
 
     async def close(self, grace_s: float) -> None:
         """Refuse new requests and give those in flight up to `grace_s` to finish.
@@ -129,9 +153,7 @@ class EnsembleScheduler:
                 self._pruned[wanted] = steps
         return steps
 
-    async def _run(
-        self, tensors: Tensors, steps: tuple[Step, ...], timeout_us: int | None, steps_stats: ModelStats
-    ) -> Tensors:
+    async def _run(self, tensors: Tensors, steps: tuple[Step, ...], call: _Call) -> Tensors:
         waiting = list(steps)
         running: set[asyncio.Future[tuple[Step, Tensors]]] = set()
         try:
@@ -142,10 +164,10 @@ class EnsembleScheduler:
                 if len(ready) == 1 and not running:
                     # The common chain: no task, no wait set.
                     step = ready[0]
-                    _merge(tensors, step, await self._step(step, tensors, timeout_us, steps_stats))
+                    _merge(tensors, step, await self._step(step, tensors, call))
                     continue
                 for step in ready:
-                    running.add(asyncio.ensure_future(self._step_task(step, tensors, timeout_us, steps_stats)))
+                    running.add(asyncio.ensure_future(self._step_task(step, tensors, call)))
                 if not running:
                     return tensors
                 done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
@@ -158,16 +180,21 @@ class EnsembleScheduler:
             for task in running:
                 task.cancel()
 
-    async def _step(self, step: Step, tensors: Tensors, timeout_us: int | None, steps_stats: ModelStats) -> Tensors:
+    async def _step(self, step: Step, tensors: Tensors, call: _Call) -> Tensors:
         served = self._lookup(step.model_name, step.version)
         inputs = {model_input: tensors[tensor] for model_input, tensor in step.inputs}
         outputs = [model_output for model_output, _ in step.outputs]
-        return await served.scheduler.infer(inputs, outputs, timeout_us=timeout_us, secondary_stats=steps_stats)
+        return await served.scheduler.infer(
+            inputs,
+            outputs,
+            timeout_us=call.timeout_us,
+            request_id=call.request_id,
+            parameters=call.parameters,
+            secondary_stats=call.steps_stats,
+        )
 
-    async def _step_task(
-        self, step: Step, tensors: Tensors, timeout_us: int | None, steps_stats: ModelStats
-    ) -> tuple[Step, Tensors]:
-        return step, await self._step(step, tensors, timeout_us, steps_stats)
+    async def _step_task(self, step: Step, tensors: Tensors, call: _Call) -> tuple[Step, Tensors]:
+        return step, await self._step(step, tensors, call)
 
     def _batch_size(self, inputs: Tensors) -> int:
         if self._batching:
@@ -179,6 +206,20 @@ class EnsembleScheduler:
         self._stats.record_failure(request_ns, reason)
         if secondary_stats is not None:
             secondary_stats.record_failure(request_ns, reason)
+
+
+class _Call:
+    """What every step of one ensemble request carries."""
+
+    __slots__ = ("timeout_us", "request_id", "parameters", "steps_stats")
+
+    def __init__(
+        self, timeout_us: int | None, request_id: str, parameters: dict[str, Any] | None, steps_stats: ModelStats
+    ) -> None:
+        self.timeout_us = timeout_us
+        self.request_id = request_id
+        self.parameters = parameters
+        self.steps_stats = steps_stats
 
 
 def _merge(tensors: Tensors, step: Step, outputs: Tensors) -> None:

@@ -257,6 +257,12 @@ def check_composing(
                 f"ensemble {name} allows maximum batch size {config.max_batch_size}, but it contains model "
                 f"{step.model_name} which only allows maximum batch size to be {model.max_batch_size}",
             )
+        if model.model_transaction_policy.decoupled:
+            raise error(
+                step,
+                f"ensemble {name}: composing model {step.model_name} is decoupled; ensembles of decoupled models "
+                "are not served by this server",
+            )
         model_inputs = {t.name: t for t in model.input}
         model_outputs = {t.name: t for t in model.output}
         for model_input, ensemble_tensor in step.inputs:

@@ -34,6 +34,7 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2
 
 from reference_server.backends.onnxruntime import ONNX_BACKEND, ONNX_PLATFORM
+from reference_server.backends.python import PYTHON_BACKEND, PYTHON_MODEL_FILENAME
 from reference_server.errors import ModelConfigError, raising_server_errors
 from reference_server.scheduling.execute import TensorSignature
 from v2kit import model_config as text
@@ -140,8 +141,12 @@ def complete_config(
     _complete_instance_groups(completed)
     _complete_version_policy(completed, where)
     if not completed.default_model_filename:
-        completed.default_model_filename = DEFAULT_MODEL_FILENAME
+        completed.default_model_filename = _default_filename(completed)
     return completed
+
+
+def _default_filename(config: ModelConfig) -> str:
+    return PYTHON_MODEL_FILENAME if config.backend == PYTHON_BACKEND else DEFAULT_MODEL_FILENAME
 
 
 def _complete_identity(config: ModelConfig, model_name: str, where: _Where) -> None:
@@ -150,11 +155,14 @@ def _complete_identity(config: ModelConfig, model_name: str, where: _Where) -> N
             f"the configuration's name '{config.name}' does not match the model folder name '{model_name}'"
         )
     config.name = model_name
+    if config.backend == PYTHON_BACKEND and not config.platform:
+        return  # Triton reports a python model with its backend only
     if config.backend not in ("", ONNX_BACKEND) or config.platform not in ("", ONNX_PLATFORM):
         given = (("backend", config.backend), ("platform", config.platform))
         got = ", ".join(f"{field} '{value}'" for field, value in given if value)
         raise where.error(
-            f"only ONNX Runtime models are served (backend '{ONNX_BACKEND}', platform '{ONNX_PLATFORM}'); got {got}"
+            f"only ONNX Runtime models (backend '{ONNX_BACKEND}', platform '{ONNX_PLATFORM}') and python models "
+            f"(backend '{PYTHON_BACKEND}') are served; got {got}"
         )
     # Triton's onnxruntime backend reports both.
     config.backend = ONNX_BACKEND
@@ -297,7 +305,7 @@ def model_file(model_dir: Path, version: int, config: ModelConfig) -> Path:
     The file name may come from a client (the load API), so it must stay inside the version
     folder: absolute names and '..' are refused.
     """
-    name = config.default_model_filename or DEFAULT_MODEL_FILENAME
+    name = config.default_model_filename or _default_filename(config)
     relative = PurePosixPath(name)
     if relative.is_absolute() or "\\" in name or any(part == ".." for part in relative.parts):
         raise ModelConfigError(

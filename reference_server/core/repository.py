@@ -21,23 +21,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server.backends import instance_factory
+from reference_server.backends.context import BackendContext, ModelCall
 from reference_server.backends.placement import plan_instances
 from reference_server.core import model_config
 from reference_server.core.ensemble import EnsembleScheduler
 from reference_server.core.ensemble_config import Step, check_composing, ensemble_plan, is_ensemble
 from reference_server.core.warmup import run_warmup
 from reference_server.errors import ModelConfigError, NotFound, ServerError, Unavailable
-from reference_server.scheduling.execute import ModelInstance
+from reference_server.scheduling.execute import ModelInstance, Tensors
 from reference_server.scheduling.policy import BatchingPolicy
 from reference_server.scheduling.scheduler import ModelScheduler, Scheduler
 from reference_server.scheduling.stats import ModelStats
@@ -105,6 +107,19 @@ class ModelVersion:
 
     async def close(self, grace_s: float) -> None:
         await self.scheduler.close(grace_s)
+        # Then the instances that hold more than memory (python stubs: finalize, then exit).
+        await asyncio.get_running_loop().run_in_executor(None, close_instances, self.instances)
+
+
+def close_instances(instances: Iterable[ModelInstance]) -> None:
+    """Close the instances that need it (python's stub processes); blocking."""
+    for instance in instances:
+        close = getattr(instance, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception:
+                log.exception("closing model instance '%s' failed", instance.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,8 +197,20 @@ def _gpu_memory_readings() -> tuple[dict[int, int], dict[int, int]]:
 
 
 class ModelRepository:
-    def __init__(self, root: Path, *, gpu_count: int = 0, default_max_batch_size: int = 4) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        gpu_count: int = 0,
+        default_max_batch_size: int = 4,
+        backend_config: Mapping[str, str] | None = None,
+    ) -> None:
         self.root = root.resolve()
+        self.backend_config = dict(backend_config or {})
+        #: How a model calls another (python BLS); the data plane fills them in, validating as for a client.
+        self.call_model: Callable[[ModelCall], Awaitable[Tensors]] | None = None
+        self.stream_model: Callable[[ModelCall], AsyncIterator[tuple[Tensors | None, bool]]] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         if not self.root.is_dir():
             raise ModelConfigError(f"{root}: model repository is not a directory; pass --model-repository DIR")
         self.gpu_count = gpu_count
@@ -251,6 +278,7 @@ class ModelRepository:
             # Checked before a record exists, so that a typo never shows up in the index.
             raise NotFound(f"model '{name}' is not in the model repository {self.root}")
         record = self._records.setdefault(name, ModelRecord(name))
+        self._loop = asyncio.get_running_loop()
         if self._load_pass is not None:
             self._load_pass.add(name)
         async with record.lock:
@@ -299,6 +327,9 @@ class ModelRepository:
         except BaseException:
             # Nothing was served from them: stop their worker threads now.
             await asyncio.gather(*(mv.close(0) for mv in versions.values()))
+            for p in prepared:
+                if p.version not in versions:
+                    close_instances(p.instances)
             raise
         return versions
 
@@ -488,20 +519,45 @@ class ModelRepository:
         placements = plan_instances(base, self.gpu_count, config_path)
         create_instances = instance_factory(base)
         gpus = [p.gpu for p in placements if p.device == "GPU" and p.gpu is not None]
+        complete = functools.partial(
+            model_config.complete_config,
+            model_name=name,
+            config_path=config_path,
+            model_path=model_path,
+            default_max_batch_size=self.default_max_batch_size,
+        )
+        context = BackendContext(
+            settings=self.backend_config,
+            complete_config=complete,
+            call_model=self._call_model,
+            stream_model=self._stream_model,
+            loop=self._loop,
+        )
+        version_config = mc.ModelConfig()
+        version_config.CopyFrom(base)  # a backend may complete it in place (python's auto_complete_config)
         with _gpu_memory_delta(gpus) as gpu_memory:
-            instances, (inputs, outputs) = create_instances(base, model_path, placements, config_path)
-            config = model_config.complete_config(
-                raw,
-                inputs,
-                outputs,
-                model_name=name,
-                config_path=config_path,
-                model_path=model_path,
-                default_max_batch_size=self.default_max_batch_size,
+            instances, (inputs, outputs) = create_instances(
+                version_config, model_path, placements, config_path, context
             )
-            # Inside the measurement: the memory the runtime grows into on the first runs is the model's.
-            run_warmup(config, instances, model_dir)
+            try:
+                config = complete(version_config, inputs, outputs)
+                # Inside the measurement: the memory the runtime grows into on the first runs is the model's.
+                run_warmup(config, instances, model_dir)
+            except BaseException:
+                close_instances(instances)
+                raise
         return _PreparedVersion(name, version, config, instances, gpu_memory)
+
+    async def _call_model(self, call: ModelCall) -> Tensors:
+        if self.call_model is None:
+            raise Unavailable(f"model '{call.model_name}' cannot be called from a model on this server")
+        return await self.call_model(call)
+
+    async def _stream_model(self, call: ModelCall) -> AsyncIterator[tuple[Tensors | None, bool]]:
+        if self.stream_model is None:
+            raise Unavailable(f"model '{call.model_name}' cannot be called from a model on this server")
+        async for item in self.stream_model(call):
+            yield item
 
     def _retire(self, versions: Iterable[ModelVersion], grace_s: float = RETIRE_GRACE_S) -> None:
         """Close replaced versions in the background: requests already queued on them still finish."""

@@ -1,11 +1,14 @@
 """One batch through one model instance: gather the requests' inputs, run, split the outputs back.
 
 What the scheduler hands an instance and what it gets back, apart from when and where it runs.
+Two kinds of instance: one that runs a concatenated batch (`ModelInstance.run`: ONNX Runtime), and
+one that takes the requests as they are (`RequestsInstance.run_requests`: the python backend, whose
+`execute` gets a list of requests, as in Triton) and answers each, or fails each, on its own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import Any, Protocol
@@ -13,10 +16,25 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["BatchItem", "ModelInstance", "Outcome", "Tensor", "TensorSignature", "Tensors", "execute"]
+__all__ = [
+    "BatchItem",
+    "ModelInstance",
+    "Outcome",
+    "RequestsInstance",
+    "RequestsOutcome",
+    "ResponseSink",
+    "Tensor",
+    "TensorSignature",
+    "Tensors",
+    "execute",
+]
 
 Tensor = npt.NDArray[Any]
 Tensors = dict[str, Tensor]
+
+#: Where a decoupled model's responses go, from any thread: (outputs or None, final flag, error or
+#: None). An error ends the stream.
+ResponseSink = Callable[["Tensors | None", bool, "Exception | None"], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,16 +68,53 @@ class BatchItem(Protocol):
     inputs: Tensors
     output_names: Sequence[str]
     batch_size: int
+    #: The client's request id and parameters (KServe v2 `id`, `parameters`), for backends that show
+    #: them to the model.
+    request_id: str
+    parameters: dict[str, Any]
+    #: Set for a request to a decoupled model: its responses go there, not to the batch's result.
+    sink: ResponseSink | None
 
 
-# (t0, t1, t2, t3, per-request outputs, error); t0..t3 bracket compute_input, compute_infer and
-# compute_output.
-Outcome = tuple[int, int, int, int, "list[Tensors] | None", "Exception | None"]
+#: (one entry per request: its outputs, or the error that fails it alone; start and end of the
+#: model's own run, perf_counter_ns, which bound compute_infer).
+RequestsOutcome = tuple["list[Tensors | Exception]", int, int]
 
 
-def execute(instance: ModelInstance, batch: Sequence[BatchItem]) -> Outcome:
+class RequestsInstance(Protocol):
+    """An instance that takes a batch as its requests, unconcatenated (Triton's backend API)."""
+
+    name: str
+
+    def run_requests(self, batch: Sequence[BatchItem]) -> RequestsOutcome:
+        """Execute the requests together; blocking, called like `ModelInstance.run`. Raising fails
+        every request of the batch."""
+        ...
+
+
+# (t0, t1, t2, t3, per-request outputs or errors, error); t0..t3 bracket compute_input,
+# compute_infer and compute_output.
+Outcome = tuple[int, int, int, int, "list[Tensors | Exception] | None", "Exception | None"]
+
+
+def execute(instance: ModelInstance | RequestsInstance, batch: Sequence[BatchItem]) -> Outcome:
     """Gather, run and split one batch, in the instance's worker thread or on the event loop."""
     t0 = perf_counter_ns()
+    run_requests = getattr(instance, "run_requests", None)
+    if run_requests is not None:
+        try:
+            answers, t1, t2 = run_requests(batch)
+            selected: list[Tensors | Exception] = []
+            for request, result in zip(batch, answers):
+                if not isinstance(result, Exception) and request.sink is None:
+                    try:
+                        result = _select(result, request.output_names)
+                    except RuntimeError as error:
+                        result = error
+                selected.append(result)
+        except Exception as error:
+            return t0, t0, t0, t0, None, error
+        return t0, t1, t2, perf_counter_ns(), selected, None
     try:
         first = batch[0]
         if len(batch) == 1:
@@ -69,10 +124,10 @@ def execute(instance: ModelInstance, batch: Sequence[BatchItem]) -> Outcome:
             inputs = {name: np.concatenate([r.inputs[name] for r in batch]) for name in first.inputs}
             names = _union_outputs(batch)
         t1 = perf_counter_ns()
-        outputs = instance.run(inputs, names)
+        outputs = instance.run(inputs, names)  # type: ignore[union-attr]
         t2 = perf_counter_ns()
         if len(batch) == 1:
-            results = [_select(outputs, first.output_names)]
+            results: list[Tensors | Exception] = [_select(outputs, first.output_names)]
         else:
             total = sum(r.batch_size for r in batch)
             for name in names or outputs:
@@ -85,8 +140,8 @@ def execute(instance: ModelInstance, batch: Sequence[BatchItem]) -> Outcome:
             start = 0
             for request in batch:
                 end = start + request.batch_size
-                selected = _select(outputs, request.output_names)
-                results.append({name: array[start:end] for name, array in selected.items()})
+                chosen = _select(outputs, request.output_names)
+                results.append({name: array[start:end] for name, array in chosen.items()})
                 start = end
         t3 = perf_counter_ns()
     except Exception as error:  # any failure of this batch is reported to its requests

@@ -30,6 +30,8 @@ class BatchingPolicy:
     default_timeout_ns: int = 0
     timeout_action: TimeoutAction = "REJECT"
     allow_timeout_override: bool = False
+    #: model_transaction_policy { decoupled: true }: 0..N responses per request (`Scheduler.infer_stream`).
+    decoupled: bool = False
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 0:
@@ -46,8 +48,9 @@ class BatchingPolicy:
     @classmethod
     def from_config(cls, cfg: model_config_pb2.ModelConfig) -> BatchingPolicy:
         """Read `max_batch_size` and `dynamic_batching` from a parsed config.pbtxt."""
+        decoupled = cfg.model_transaction_policy.decoupled
         if not cfg.HasField("dynamic_batching"):
-            return cls(max_batch_size=cfg.max_batch_size)
+            return cls(max_batch_size=cfg.max_batch_size, decoupled=decoupled)
         db = cfg.dynamic_batching
         qp = db.default_queue_policy
         return cls(
@@ -60,4 +63,5 @@ class BatchingPolicy:
             default_timeout_ns=qp.default_timeout_microseconds * 1000,
             timeout_action="DELAY" if qp.timeout_action == qp.DELAY else "REJECT",
             allow_timeout_override=qp.allow_timeout_override,
+            decoupled=decoupled,
         )

@@ -92,12 +92,19 @@ import itertools
 import queue
 import threading
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from time import perf_counter_ns
-from typing import Protocol
+from typing import Any, Protocol
 
-from reference_server.errors import InternalError, InvalidArgument, Unavailable
-from reference_server.scheduling.execute import ModelInstance, Outcome, Tensors, execute
+from reference_server.errors import InternalError, InvalidArgument, ServerError, Unavailable, Unsupported
+from reference_server.scheduling.execute import (
+    ModelInstance,
+    Outcome,
+    RequestsInstance,
+    ResponseSink,
+    Tensors,
+    execute,
+)
 from reference_server.scheduling.policy import BatchingPolicy
 from reference_server.scheduling.stats import ModelStats
 from v2kit.runtime.timer import TimerHandle, call_at_ns
@@ -124,8 +131,21 @@ class ModelScheduler(Protocol):
         *,
         timeout_us: int | None = None,
         received_ns: int | None = None,
+        request_id: str = "",
+        parameters: dict[str, Any] | None = None,
         secondary_stats: ModelStats | None = None,
     ) -> Tensors: ...
+
+    def infer_stream(
+        self,
+        inputs: Tensors,
+        output_names: Sequence[str],
+        *,
+        timeout_us: int | None = None,
+        received_ns: int | None = None,
+        request_id: str = "",
+        parameters: dict[str, Any] | None = None,
+    ) -> AsyncIterator[tuple[Tensors | None, bool]]: ...
 
     async def close(self, grace_s: float) -> None: ...
 
@@ -141,6 +161,9 @@ class _Request:
         "enqueued_ns",
         "deadline_ns",
         "queued",
+        "request_id",
+        "parameters",
+        "sink",
         "secondary_stats",
     )
 
@@ -154,7 +177,10 @@ class _Request:
         received_ns: int,
         enqueued_ns: int,
         deadline_ns: int,
-        secondary_stats: ModelStats | None,
+        request_id: str = "",
+        parameters: dict[str, Any] | None = None,
+        sink: ResponseSink | None = None,
+        secondary_stats: ModelStats | None = None,
     ) -> None:
         self.inputs = inputs
         self.output_names = output_names
@@ -165,6 +191,9 @@ class _Request:
         self.enqueued_ns = enqueued_ns
         self.deadline_ns = deadline_ns  # perf_counter_ns; 0 = none
         self.queued = True  # False once dispatched, expired, withdrawn or failed by close()
+        self.request_id = request_id
+        self.parameters = parameters if parameters is not None else {}
+        self.sink = sink
         self.secondary_stats = secondary_stats
 
 
@@ -177,7 +206,7 @@ class _Slot:
 
     __slots__ = ("instance", "inbox", "thread", "running")
 
-    def __init__(self, instance: ModelInstance) -> None:
+    def __init__(self, instance: ModelInstance | RequestsInstance) -> None:
         self.instance = instance
         self.inbox: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
         self.thread: threading.Thread | None = None
@@ -187,7 +216,9 @@ class _Slot:
 class Scheduler:
     """Queue, batch and run inference requests for one model version on its instances."""
 
-    def __init__(self, policy: BatchingPolicy, instances: Sequence[ModelInstance], stats: ModelStats) -> None:
+    def __init__(
+        self, policy: BatchingPolicy, instances: Sequence[ModelInstance | RequestsInstance], stats: ModelStats
+    ) -> None:
         if not instances:
             raise ValueError("a scheduler needs at least one model instance")
         self._policy = policy
@@ -234,15 +265,105 @@ class Scheduler:
         *,
         timeout_us: int | None = None,
         received_ns: int | None = None,
+        request_id: str = "",
+        parameters: dict[str, Any] | None = None,
         secondary_stats: ModelStats | None = None,
     ) -> Tensors:
         """Run one request, batched with others where the policy allows; returns its outputs.
 
         `received_ns` is on the `time.perf_counter_ns` clock (default: now). An empty
-        `output_names` asks for every output. Raises InvalidArgument for a bad batch dimension,
+        `output_names` asks for every output. `request_id` and `parameters` reach backends that
+        show them to the model (python). Raises InvalidArgument for a bad batch dimension,
         Unavailable when the queue is full, the request times out or the scheduler is closing,
-        and InternalError when the model fails. `secondary_stats`: see `ModelScheduler`.
+        Unsupported for a decoupled model (use `infer_stream`), and InternalError (or the model's
+        own error) when the model fails. `secondary_stats`: see `ModelScheduler`.
         """
+        if self._policy.decoupled:
+            raise Unsupported(
+                "ModelInfer RPC doesn't support models with decoupled transaction policy: this model sends "
+                "its responses as a stream (gRPC ModelStreamInfer, HTTP generate_stream)"
+            )
+        request = self._submit(
+            inputs, output_names, timeout_us, received_ns, request_id, parameters, None, secondary_stats
+        )
+        try:
+            return await request.future
+        except asyncio.CancelledError:
+            self._withdraw(request)
+            raise
+
+    async def infer_stream(
+        self,
+        inputs: Tensors,
+        output_names: Sequence[str],
+        *,
+        timeout_us: int | None = None,
+        received_ns: int | None = None,
+        request_id: str = "",
+        parameters: dict[str, Any] | None = None,
+    ) -> AsyncIterator[tuple[Tensors | None, bool]]:
+        """Run one request and yield its responses as (outputs, final) as they come.
+
+        A decoupled model yields 0..N responses, the last with final True; a final flag sent
+        without a response yields (None, True). Any other model yields exactly one (outputs,
+        True). Errors, also ones after some responses, raise `ServerError`s as `infer` does.
+        Leaving the iteration early withdraws a request that is still queued.
+        """
+        if not self._policy.decoupled:
+            yield (
+                await self.infer(
+                    inputs,
+                    output_names,
+                    timeout_us=timeout_us,
+                    received_ns=received_ns,
+                    request_id=request_id,
+                    parameters=parameters,
+                ),
+                True,
+            )
+            return
+        loop = asyncio.get_running_loop()
+        items: asyncio.Queue[tuple[Tensors | None, bool, Exception | None]] = asyncio.Queue()
+
+        def sink(outputs: Tensors | None, final: bool, error: Exception | None) -> None:
+            # Called from the backend's threads, or from the loop itself.
+            try:
+                loop.call_soon_threadsafe(items.put_nowait, (outputs, final, error))
+            except RuntimeError:
+                pass  # the loop is closed: nobody is listening any more
+
+        def executed(future: asyncio.Future[Tensors]) -> None:
+            # The model's execute failed (or the request was refused): that ends the stream.
+            if not future.cancelled() and (error := future.exception()) is not None:
+                assert isinstance(error, Exception)
+                items.put_nowait((None, True, error))
+
+        request = self._submit(inputs, output_names, timeout_us, received_ns, request_id, parameters, sink)
+        request.future.add_done_callback(executed)
+        try:
+            while True:
+                outputs, final, error = await items.get()
+                if error is not None:
+                    raise error if isinstance(error, ServerError) else InternalError(str(error))
+                yield outputs, final
+                if final:
+                    return
+        finally:
+            if not request.future.done():
+                self._withdraw(request)
+
+    def _submit(
+        self,
+        inputs: Tensors,
+        output_names: Sequence[str],
+        timeout_us: int | None,
+        received_ns: int | None,
+        request_id: str,
+        parameters: dict[str, Any] | None,
+        sink: ResponseSink | None,
+        secondary_stats: ModelStats | None = None,
+    ) -> _Request:
+        """Admit and queue one request; its future resolves when its batch has run."""
         if self._closing:
             raise Unavailable(_STOPPING)
         now = perf_counter_ns()
@@ -264,7 +385,10 @@ class Scheduler:
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         future: asyncio.Future[Tensors] = loop.create_future()
-        request = _Request(inputs, output_names, batch_size, key, future, received_ns, now, deadline, secondary_stats)
+        request = _Request(
+            inputs, output_names, batch_size, key, future, received_ns, now, deadline, request_id, parameters, sink,
+            secondary_stats,
+        )  # fmt: skip
         self._queue.append(request)
         self._stats.pending += 1
         if deadline and (not self._next_deadline or deadline < self._next_deadline):
@@ -276,14 +400,15 @@ class Scheduler:
                 loop.call_soon(self._schedule)
             else:
                 self._schedule()  # nothing to gather: an idle instance takes it now
-        try:
-            return await future
-        except asyncio.CancelledError:
-            if request.queued:
-                self._unqueue(request)
-                _record_failure(self._stats, secondary_stats, perf_counter_ns() - received_ns, "CANCELED")
-                self._check_drained()
-            raise
+        return request
+
+    def _withdraw(self, request: _Request) -> None:
+        """The caller gave up: a request still queued leaves the queue and counts as CANCELED."""
+        if request.queued:
+            self._unqueue(request)
+            _record_failure(self._stats, request.secondary_stats, perf_counter_ns() - request.received_ns, "CANCELED")
+            self._check_drained()
+            request.future.cancel()
 
     async def close(self, grace_s: float) -> None:
         """Stop accepting requests, let queued and running ones finish for up to `grace_s`
@@ -556,11 +681,18 @@ class Scheduler:
         done = perf_counter_ns()
         stats = self._stats
         if results is None:
-            message = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+            if isinstance(error, ServerError):
+                failure: ServerError = error
+            else:
+                failure = InternalError(f"{type(error).__name__}: {error}" if str(error) else type(error).__name__)
             for request in batch:
-                self._fail(request, InternalError(message), "BACKEND", done)
+                self._fail(request, failure, "BACKEND", done)
             return
         for request, result in zip(batch, results):
+            if isinstance(result, Exception):
+                own = result if isinstance(result, ServerError) else InternalError(f"{type(result).__name__}: {result}")
+                self._fail(request, own, "BACKEND", done)
+                continue
             future = request.future
             if future.done():
                 if future.cancelled():

@@ -429,7 +429,7 @@ def test_complete_keeps_dynamic_batching_without_batching(
     ("text", "expected"),
     [
         ('name: "other"', "name 'other' does not match the model folder name 'tiny'"),
-        ('backend: "python"', "only ONNX Runtime models are served"),
+        ('backend: "tensorrt"', "python models (backend 'python') are served; got backend 'tensorrt'"),
         ('platform: "tensorrt_plan"', "got platform 'tensorrt_plan'"),
         ('input [{ name: "NOPE" data_type: TYPE_FP32 dims: [16] }]', "input 'NOPE' is not a model input"),
         ('output [{ name: "NOPE" data_type: TYPE_FP32 dims: [16] }]', "output 'NOPE' is not a model output"),

@@ -1,0 +1,229 @@
+"""What the server and a python-backend stub process say to each other, and where the tensors lie.
+
+Two things join the server to one stub (one `instance_group` instance):
+
+- **Arenas.** Two anonymous shared-memory files (`memfd_create`), mapped by both processes: the
+  server writes into one (request inputs, BLS answers), the stub into the other (outputs, BLS
+  requests). The writer owns its arena's allocator; the reader sees a tensor where it lies, as a
+  numpy view (numeric) or decodes it from Triton's length-prefixed form (BYTES). A tensor too big for
+  the free space gets a memfd of its own, sent with the message (SCM_RIGHTS), so no size is refused.
+  Being anonymous, nothing is left in /dev/shm when either side dies.
+- **A control channel.** One SOCK_SEQPACKET socket pair: each message is one pickled dict of
+  metadata (operation, ids, tensor names, datatypes, shapes, offsets), never tensor bytes. Its EOF
+  is how a stub learns that the server is gone (it exits) and how the server learns that a stub died.
+
+Who frees what: the stub only reads the server's inputs while it runs them, so the server frees
+them when the batch (or, for a decoupled model, the request's final response) is back. Everything
+else a reader copies out of the arena and then answers `{"op": "free", ...}` so the writer can
+reuse the space.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import pickle
+import socket
+import threading
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from v2kit.tensors import DATATYPES, deserialize_bytes_tensor, numpy_to_datatype, serialize_bytes_tensor
+
+__all__ = [
+    "Arena",
+    "Channel",
+    "ChannelClosed",
+    "TensorDesc",
+    "read_tensor",
+    "write_tensor",
+]
+
+#: Largest control message; metadata only, so this is generous (error tracebacks, parameters).
+MAX_MESSAGE_BYTES = 4 << 20
+_ALIGN = 64
+
+#: (name, datatype, shape, where): where is ("a", offset, nbytes) in the writer's arena or
+#: ("f", index into the message's fds, nbytes) for a tensor in a memfd of its own.
+TensorDesc = tuple[str, str, tuple[int, ...], tuple[str, int, int]]
+
+
+class ChannelClosed(Exception):
+    """The other end of the control channel is gone."""
+
+
+class Channel:
+    """One end of the control channel: whole pickled messages, sent from any thread."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._send_lock = threading.Lock()
+        for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, option, MAX_MESSAGE_BYTES)
+            except OSError:
+                pass  # the system's cap applies; messages are small
+
+    @staticmethod
+    def pair() -> tuple[Channel, socket.socket]:
+        """The server's end, and the socket to hand to the child (inheritable)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        theirs.set_inheritable(True)
+        return Channel(ours), theirs
+
+    def send(self, message: dict[str, Any], fds: list[int] | None = None) -> None:
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        if len(data) > MAX_MESSAGE_BYTES:
+            raise ValueError(f"control message of {len(data)} bytes is over the {MAX_MESSAGE_BYTES}-byte limit")
+        try:
+            with self._send_lock:
+                if fds:
+                    socket.send_fds(self.sock, [data], fds)
+                else:
+                    self.sock.sendall(data)
+        except OSError as exc:
+            raise ChannelClosed(str(exc)) from exc
+
+    def recv(self) -> tuple[dict[str, Any], list[int]]:
+        """The next message and the file descriptors that came with it; ChannelClosed at EOF."""
+        try:
+            data, fds, _, _ = socket.recv_fds(self.sock, MAX_MESSAGE_BYTES, 16)
+        except OSError as exc:
+            raise ChannelClosed(str(exc)) from exc
+        if not data:
+            for fd in fds:
+                os.close(fd)
+            raise ChannelClosed("end of file")
+        message: dict[str, Any] = pickle.loads(data)
+        return message, fds
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+class Arena:
+    """A shared-memory file mapped here; the writer allocates in it with a first-fit free list."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd = fd
+        self.size = size
+        self.map = mmap.mmap(fd, size)
+        self.view = memoryview(self.map)
+        self._lock = threading.Lock()
+        self._free: list[tuple[int, int]] = [(0, size)]  # (offset, length), by offset
+
+    @staticmethod
+    def create(name: str, size: int) -> Arena:
+        fd = os.memfd_create(name, os.MFD_CLOEXEC)
+        os.ftruncate(fd, size)  # sparse: pages cost memory only once written
+        return Arena(fd, size)
+
+    def allocate(self, nbytes: int) -> int | None:
+        """The offset of `nbytes` of free space, or None when no free block is large enough."""
+        need = max(_ALIGN, (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN)
+        with self._lock:
+            for index, (offset, length) in enumerate(self._free):
+                if length >= need:
+                    if length == need:
+                        del self._free[index]
+                    else:
+                        self._free[index] = (offset + need, length - need)
+                    return offset
+        return None
+
+    def release(self, offset: int, nbytes: int) -> None:
+        need = max(_ALIGN, (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN)
+        with self._lock:
+            free = self._free
+            low, high = 0, len(free)
+            while low < high:
+                middle = (low + high) // 2
+                if free[middle][0] < offset:
+                    low = middle + 1
+                else:
+                    high = middle
+            free.insert(low, (offset, need))
+            # Merge with the neighbours so that large blocks come back.
+            if low + 1 < len(free) and free[low][0] + free[low][1] == free[low + 1][0]:
+                free[low] = (free[low][0], free[low][1] + free[low + 1][1])
+                del free[low + 1]
+            if low > 0 and free[low - 1][0] + free[low - 1][1] == free[low][0]:
+                free[low - 1] = (free[low - 1][0], free[low - 1][1] + free[low][1])
+                del free[low]
+
+    def free_bytes(self) -> int:
+        with self._lock:
+            return sum(length for _, length in self._free)
+
+    def close(self) -> None:
+        self.view.release()
+        try:
+            self.map.close()
+        except BufferError:
+            pass  # a model still holds a view; the mapping goes when it lets go
+        os.close(self.fd)
+
+
+def write_tensor(arena: Arena, name: str, array: Any, fds: list[int]) -> TensorDesc:
+    """Put `array` into the arena (or a memfd of its own, appended to `fds`) and describe it."""
+    array = np.asarray(array)
+    datatype = numpy_to_datatype(array.dtype)
+    shape = tuple(int(d) for d in array.shape)
+    if datatype == "BYTES":
+        data: Any = serialize_bytes_tensor(array)
+        nbytes = len(data)
+    else:
+        data = np.ascontiguousarray(array, dtype=DATATYPES[datatype])
+        nbytes = data.nbytes
+    offset = arena.allocate(nbytes)
+    if offset is not None:
+        target = arena.view[offset : offset + nbytes]
+        where = ("a", offset, nbytes)
+    else:
+        fd = os.memfd_create(f"pb-{name}"[:200], os.MFD_CLOEXEC)
+        os.ftruncate(fd, max(nbytes, 1))
+        own = mmap.mmap(fd, max(nbytes, 1))
+        target = memoryview(own)[:nbytes]
+        where = ("f", len(fds), nbytes)
+        fds.append(fd)
+    if datatype == "BYTES":
+        target[:] = data
+    else:
+        np.frombuffer(target, dtype=np.uint8)[:] = data.reshape(-1).view(np.uint8)
+    if where[0] == "f":
+        target.release()
+        own.close()
+    return name, datatype, shape, where
+
+
+def read_tensor(arena: Arena, desc: TensorDesc, fds: list[int], *, copy: bool) -> npt.NDArray[Any]:
+    """The tensor `desc` describes. Numeric ones are views of shared memory unless `copy`; BYTES
+    are always decoded into an object array of `bytes`. A memfd of its own is mapped and closed here."""
+    _, datatype, shape, (kind, place, nbytes) = desc
+    if kind == "a":
+        source: Any = arena.view[place : place + nbytes]
+    else:
+        fd = fds[place]
+        size = max(nbytes, 1)
+        source = memoryview(mmap.mmap(fd, size))[:nbytes]
+    if datatype == "BYTES":
+        array: npt.NDArray[Any] = deserialize_bytes_tensor(bytes(source)).reshape(shape)
+    else:
+        array = np.frombuffer(source, dtype=DATATYPES[datatype]).reshape(shape)
+        if copy:
+            array = array.copy()
+    return array
+
+
+def close_fds(fds: list[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass

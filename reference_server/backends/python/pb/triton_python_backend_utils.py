@@ -1,0 +1,546 @@
+"""`triton_python_backend_utils`, for model files served by perfkit-server's python backend.
+
+Model files import it as Triton's own: `import triton_python_backend_utils as pb_utils`. The names,
+signatures and behaviour follow Triton's python backend (its README and
+src/resources/triton_python_backend_utils.py, plus the classes its stub defines in C++:
+Tensor, InferenceRequest, InferenceResponse, InferenceResponseSender, TritonError, Logger); the
+code is this server's. It runs inside the stub process, which installs `_runtime`: the bridge that
+sends responses, BLS requests and log lines to the server.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+from collections.abc import Awaitable, Iterator, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "InferenceRequest",
+    "InferenceResponse",
+    "InferenceResponseSender",
+    "Logger",
+    "ModelConfig",
+    "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END",
+    "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
+    "TRITONSERVER_RESPONSE_COMPLETE_FINAL",
+    "Tensor",
+    "TritonError",
+    "TritonModelException",
+    "deserialize_bytes_tensor",
+    "get_input_config_by_name",
+    "get_input_tensor_by_name",
+    "get_output_config_by_name",
+    "get_output_tensor_by_name",
+    "numpy_to_triton_type",
+    "serialize_byte_tensor",
+    "triton_string_to_numpy",
+    "triton_to_numpy_type",
+    "using_decoupled_model_transaction_policy",
+]
+
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
+
+TRITON_STRING_TO_NUMPY: dict[str, Any] = {
+    "TYPE_BOOL": bool,
+    "TYPE_UINT8": np.uint8,
+    "TYPE_UINT16": np.uint16,
+    "TYPE_UINT32": np.uint32,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_INT8": np.int8,
+    "TYPE_INT16": np.int16,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_FP16": np.float16,
+    "TYPE_FP32": np.float32,
+    "TYPE_FP64": np.float64,
+    "TYPE_STRING": np.object_,
+}
+
+# TRITONSERVER_DataType values (BOOL = 1 ... BYTES = 13), as triton_to_numpy_type numbers them.
+_TRITON_TYPES: list[Any] = [
+    np.bool_, np.uint8, np.uint16, np.uint32, np.uint64, np.int8, np.int16, np.int32, np.int64,
+    np.float16, np.float32, np.float64, np.object_,
+]  # fmt: skip
+
+
+class _Runtime(Protocol):
+    """What the stub provides to this module (see stub.py)."""
+
+    def send_response(self, token: int, response: InferenceResponse | None, flags: int) -> None: ...
+
+    def infer(self, request: InferenceRequest) -> list[InferenceResponse]: ...
+
+    def infer_stream(self, request: InferenceRequest) -> Iterator[InferenceResponse]: ...
+
+    def infer_async(self, request: InferenceRequest) -> Awaitable[InferenceResponse]: ...
+
+    def log(self, level: str, message: str) -> None: ...
+
+
+_runtime: _Runtime | None = None
+
+
+def _bridge() -> _Runtime:
+    if _runtime is None:
+        raise TritonModelException("triton_python_backend_utils is only usable inside a model served by the server")
+    return _runtime
+
+
+# --- errors ----------------------------------------------------------------------------------------
+
+
+class TritonModelException(Exception):
+    """Raised by the utilities on misuse (Triton's pb_utils.TritonModelException)."""
+
+    def message(self) -> str:
+        return str(self)
+
+
+class TritonError:
+    """An error to put in an InferenceResponse: its message and TRITONSERVER_Error_Code."""
+
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
+    def __init__(self, message: str, code: int = INTERNAL) -> None:
+        self._message = str(message)
+        self._code = int(code)
+
+    def message(self) -> str:
+        return self._message
+
+    def code(self) -> int:
+        return self._code
+
+    def __repr__(self) -> str:
+        return f"TritonError({self._message!r}, code={self._code})"
+
+
+# --- tensors ---------------------------------------------------------------------------------------
+
+
+class Tensor:
+    """A named tensor on the CPU, holding a numpy array (BYTES: an object array of bytes)."""
+
+    def __init__(self, name: str, data: Any) -> None:
+        if not isinstance(name, str):
+            raise TritonModelException(f"tensor name must be a str, got {type(name).__name__}")
+        if not isinstance(data, np.ndarray):
+            raise TritonModelException(f"tensor '{name}': data must be a numpy array, got {type(data).__name__}")
+        if data.dtype.kind in "SU":
+            data = _bytes_array(data)
+        elif data.dtype.kind not in "biufO":
+            raise TritonModelException(f"tensor '{name}': numpy dtype {data.dtype} has no Triton data type")
+        self._name = name
+        self._array: npt.NDArray[Any] = data
+
+    def name(self) -> str:
+        return self._name
+
+    def as_numpy(self) -> npt.NDArray[Any]:
+        return self._array
+
+    def shape(self) -> list[int]:
+        return list(self._array.shape)
+
+    def triton_dtype(self) -> int:
+        return numpy_to_triton_type(self._array.dtype) or 0
+
+    def is_cpu(self) -> bool:
+        return True
+
+    def to_dlpack(self) -> Any:
+        if self._array.dtype == np.object_:
+            raise TritonModelException(f"tensor '{self._name}': BYTES tensors cannot be shared through DLPack")
+        return self._array.__dlpack__()
+
+    @staticmethod
+    def from_dlpack(name: str, capsule: Any) -> Tensor:
+        """A tensor from any object implementing `__dlpack__` (numpy, torch on the CPU)."""
+        return Tensor(name, np.from_dlpack(capsule))
+
+    def __repr__(self) -> str:
+        return f"Tensor({self._name!r}, shape={list(self._array.shape)}, dtype={self._array.dtype})"
+
+
+def _bytes_array(data: npt.NDArray[Any]) -> npt.NDArray[Any]:
+    out = np.empty(data.shape, dtype=object)
+    flat = out.reshape(-1)
+    for index, item in enumerate(data.reshape(-1)):
+        flat[index] = item.encode() if isinstance(item, str) else bytes(item)
+    return out
+
+
+def get_input_tensor_by_name(inference_request: InferenceRequest, name: str) -> Tensor | None:
+    for tensor in inference_request.inputs():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) -> Tensor | None:
+    for tensor in inference_response.output_tensors():
+        if tensor.name() == name:
+            return tensor
+    return None
+
+
+# --- requests and responses ------------------------------------------------------------------------
+
+
+class InferenceResponse:
+    """Outputs for one request, or an error."""
+
+    def __init__(
+        self,
+        output_tensors: Sequence[Tensor] | None = None,
+        error: TritonError | None = None,
+        parameters: dict[str, Any] | str | None = None,
+    ) -> None:
+        tensors = list(output_tensors or [])
+        for tensor in tensors:
+            if not isinstance(tensor, Tensor):
+                raise TritonModelException(
+                    f"InferenceResponse output_tensors must be pb_utils.Tensor objects, got {type(tensor).__name__}"
+                )
+        if error is not None and not isinstance(error, TritonError):
+            raise TritonModelException(f"InferenceResponse error must be a pb_utils.TritonError, got {type(error).__name__}")
+        self._tensors = tensors
+        self._error = error
+        self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters or {})
+
+    def output_tensors(self) -> list[Tensor]:
+        return list(self._tensors)
+
+    def has_error(self) -> bool:
+        return self._error is not None
+
+    def error(self) -> TritonError | None:
+        return self._error
+
+    def parameters(self) -> str:
+        return self._parameters
+
+
+class InferenceResponseSender:
+    """Sends a request's responses (decoupled models), from any thread, until the final flag."""
+
+    def __init__(self, token: int, decoupled: bool) -> None:
+        self._token = token
+        self._decoupled = decoupled
+        self._closed = False
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        if self._closed:
+            raise TritonModelException("Unable to send response. Response sender has been closed.")
+        if response is None and flags != TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            raise TritonModelException("Inference Response object must be provided when the response flags is not final.")
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(f"send() takes a pb_utils.InferenceResponse, got {type(response).__name__}")
+        if flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            self._closed = True
+        _bridge().send_response(self._token, response, flags)
+
+    def is_cancelled(self) -> bool:
+        return False
+
+
+class InferenceRequest:
+    """A request: one that `execute` receives, or one a model builds to call another model (BLS)."""
+
+    def __init__(
+        self,
+        model_name: str = "",
+        inputs: Sequence[Tensor] | None = None,
+        requested_output_names: Sequence[str] | None = None,
+        request_id: str = "",
+        correlation_id: int | str = 0,
+        flags: int = 0,
+        timeout: int = 0,
+        model_version: int = -1,
+        parameters: dict[str, Any] | str | None = None,
+        preferred_memory: Any = None,
+        trace: Any = None,
+    ) -> None:
+        self._model_name = model_name
+        self._inputs = list(inputs or [])
+        for tensor in self._inputs:
+            if not isinstance(tensor, Tensor):
+                raise TritonModelException(f"InferenceRequest inputs must be pb_utils.Tensor objects, got {type(tensor).__name__}")
+        self._requested = list(requested_output_names or [])
+        self._request_id = request_id
+        self._correlation_id = correlation_id
+        self._flags = flags
+        self._timeout = timeout
+        self._model_version = model_version
+        if parameters is None:
+            self._parameters = "{}"
+        elif isinstance(parameters, str):
+            self._parameters = parameters
+        else:
+            self._parameters = json.dumps(parameters)
+        self._sender: InferenceResponseSender | None = None
+
+    def inputs(self) -> list[Tensor]:
+        return list(self._inputs)
+
+    def requested_output_names(self) -> list[str]:
+        return list(self._requested)
+
+    def request_id(self) -> str:
+        return self._request_id
+
+    def correlation_id(self) -> int | str:
+        return self._correlation_id
+
+    def flags(self) -> int:
+        return self._flags
+
+    def timeout(self) -> int:
+        return self._timeout
+
+    def model_name(self) -> str:
+        return self._model_name
+
+    def model_version(self) -> int:
+        return self._model_version
+
+    def parameters(self) -> str:
+        return self._parameters
+
+    def is_cancelled(self) -> bool:
+        return False
+
+    def get_response_sender(self) -> InferenceResponseSender:
+        if self._sender is None:
+            raise TritonModelException("this request has no response sender: only requests given to execute() have one")
+        return self._sender
+
+    def exec(self, decoupled: bool = False) -> Any:
+        """Run the request on the model it names and wait: an InferenceResponse, or with
+        `decoupled=True` an iterator over the responses (the last one carries the final flag)."""
+        if decoupled:
+            return _bridge().infer_stream(self)
+        return _bridge().infer(self)[0]
+
+    def async_exec(self, decoupled: bool = False) -> Awaitable[Any]:
+        """`exec` as an awaitable, for `async def execute`."""
+        if decoupled:
+            raise TritonModelException("async_exec(decoupled=True) is not supported by this server; use exec(decoupled=True)")
+        return _bridge().infer_async(self)
+
+
+class _ResponseIterator:
+    """The responses of a decoupled BLS call, as they arrive."""
+
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue[InferenceResponse | None] = queue.SimpleQueue()
+
+    def __iter__(self) -> Iterator[InferenceResponse]:
+        while (item := self.queue.get()) is not None:
+            yield item
+
+
+# --- logging -----------------------------------------------------------------------------------------
+
+
+class Logger:
+    """Log lines into the server's log, tagged with the model instance."""
+
+    INFO = 0
+    WARNING = 1
+    ERROR = 2
+    VERBOSE = 3
+    _NAMES = {0: "INFO", 1: "WARNING", 2: "ERROR", 3: "VERBOSE"}
+
+    @staticmethod
+    def log(message: str, level: int = 0) -> None:
+        _bridge().log(Logger._NAMES.get(level, "INFO"), str(message))
+
+    @staticmethod
+    def log_info(message: str) -> None:
+        Logger.log(message, Logger.INFO)
+
+    @staticmethod
+    def log_warn(message: str) -> None:
+        Logger.log(message, Logger.WARNING)
+
+    @staticmethod
+    def log_error(message: str) -> None:
+        Logger.log(message, Logger.ERROR)
+
+    @staticmethod
+    def log_verbose(message: str) -> None:
+        Logger.log(message, Logger.VERBOSE)
+
+
+# --- config helpers ------------------------------------------------------------------------------------
+
+
+def get_input_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    for properties in model_config.get("input", []):
+        if properties.get("name") == name:
+            return dict(properties)
+    return None
+
+
+def get_output_config_by_name(model_config: dict[str, Any], name: str) -> dict[str, Any] | None:
+    for properties in model_config.get("output", []):
+        if properties.get("name") == name:
+            return dict(properties)
+    return None
+
+
+def using_decoupled_model_transaction_policy(model_config: dict[str, Any]) -> bool:
+    return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
+
+
+def triton_to_numpy_type(data_type: int) -> Any:
+    return _TRITON_TYPES[data_type - 1] if 1 <= data_type <= len(_TRITON_TYPES) else None
+
+
+def numpy_to_triton_type(data_type: Any) -> int | None:
+    if data_type == np.bytes_:
+        return 13
+    dtype = np.dtype(data_type)
+    for index, candidate in enumerate(_TRITON_TYPES):
+        if dtype == np.dtype(candidate):
+            return index + 1
+    return None
+
+
+def triton_string_to_numpy(triton_type_string: str) -> Any:
+    return TRITON_STRING_TO_NUMPY[triton_type_string]
+
+
+def serialize_byte_tensor(input_tensor: npt.NDArray[Any]) -> npt.NDArray[Any] | None:
+    """BYTES elements as Triton lays them out (4-byte little-endian length, then the bytes), as a
+    uint8 array; None for an empty tensor."""
+    if input_tensor.size == 0:
+        return None
+    parts = []
+    for item in input_tensor.reshape(-1):
+        raw = item.encode() if isinstance(item, str) else bytes(item)
+        parts += [len(raw).to_bytes(4, "little"), raw]
+    return np.frombuffer(b"".join(parts), dtype=np.uint8)
+
+
+def deserialize_bytes_tensor(encoded_tensor: bytes) -> npt.NDArray[Any]:
+    items = []
+    offset = 0
+    while offset < len(encoded_tensor):
+        length = int.from_bytes(encoded_tensor[offset : offset + 4], "little")
+        offset += 4
+        items.append(bytes(encoded_tensor[offset : offset + length]))
+        offset += length
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out
+
+
+# --- auto-complete ---------------------------------------------------------------------------------------
+
+
+class ModelConfig:
+    """The configuration `auto_complete_config` receives and may complete (Triton's rules)."""
+
+    def __init__(self, model_config: str) -> None:
+        self._config: dict[str, Any] = json.loads(model_config)
+        self._config.setdefault("input", [])
+        self._config.setdefault("output", [])
+        self._config.setdefault("max_batch_size", 0)
+
+    def as_dict(self) -> dict[str, Any]:
+        return self._config
+
+    def max_batch_size(self) -> int:
+        return int(self._config.get("max_batch_size", 0))
+
+    def set_max_batch_size(self, max_batch_size: int) -> None:
+        if self._config["max_batch_size"] > max_batch_size:
+            raise ValueError(
+                f"configuration specified max_batch_size {self._config['max_batch_size']}, but in "
+                f"auto-complete-config function for model '{self._config['name']}' specified max_batch_size {max_batch_size}"
+            )
+        self._config["max_batch_size"] = max_batch_size
+
+    def set_dynamic_batching(self) -> None:
+        for scheduler in ("sequence_batching", "ensemble_scheduling"):
+            if scheduler in self._config:
+                raise ValueError(
+                    f"Configuration specified scheduling_choice as '{scheduler}', but auto-complete-config "
+                    f"function for model '{self._config['name']}' tries to set scheduling_choice as 'dynamic_batching'"
+                )
+        self._config.setdefault("dynamic_batching", {})
+
+    def add_input(self, input: dict[str, Any]) -> None:
+        self._add("input", input, ("name", "data_type", "dims", "optional"))
+
+    def add_output(self, output: dict[str, Any]) -> None:
+        self._add("output", output, ("name", "data_type", "dims"))
+
+    def _add(self, kind: str, tensor: dict[str, Any], valid: tuple[str, ...]) -> None:
+        model = self._config["name"]
+        for key in tensor:
+            if key not in valid:
+                allowed = ", ".join(f"'{v}'" for v in valid)
+                raise ValueError(
+                    f"{kind} '{tensor.get('name')}' in auto-complete-config function for model '{model}' "
+                    f"contains property other than {allowed}."
+                )
+        for key in ("name", "data_type", "dims"):
+            if key not in tensor:
+                raise ValueError(
+                    f"{kind} '{tensor.get('name', '')}' in auto-complete-config function for model '{model}' "
+                    f"is missing '{key}' property."
+                )
+        for current in self._config[kind]:
+            if current["name"] != tensor["name"]:
+                continue
+            declared = current.get("data_type", "TYPE_INVALID")
+            if declared not in ("TYPE_INVALID", tensor["data_type"]):
+                raise ValueError(
+                    f"unable to load model '{model}', configuration expects datatype {declared} for {kind} "
+                    f"'{tensor['name']}', model provides {tensor['data_type']}"
+                )
+            dims = [int(d) for d in current.get("dims", [])]
+            if dims and dims != [int(d) for d in tensor["dims"]]:
+                raise ValueError(
+                    f"model '{model}', tensor '{tensor['name']}': the model expects dims {list(tensor['dims'])} "
+                    f"but the model configuration specifies dims {dims}"
+                )
+            current.update(tensor)
+            return
+        self._config[kind].append(dict(tensor))
+
+    def set_model_transaction_policy(self, transaction_policy_dict: dict[str, Any]) -> None:
+        model = self._config["name"]
+        for key in transaction_policy_dict:
+            if key != "decoupled":
+                raise ValueError(
+                    f"model transaction property in auto-complete-config function for model '{model}' "
+                    "contains property other than 'decoupled'."
+                )
+        policy = self._config.setdefault("model_transaction_policy", {})
+        if "decoupled" in transaction_policy_dict:
+            wanted = bool(transaction_policy_dict["decoupled"])
+            if "decoupled" in policy and bool(policy["decoupled"]) != wanted:
+                raise ValueError(
+                    f"trying to change decoupled property in auto-complete-config for model '{model}', "
+                    f"which is already set to '{policy['decoupled']}'."
+                )
+            policy["decoupled"] = wanted

@@ -1,0 +1,304 @@
+"""The stub: the child process that runs one instance of a python-backend model.
+
+`python -m reference_server.backends.python.stub FD SERVER_ARENA_FD STUB_ARENA_FD ARENA_BYTES`, started
+by `instance.StubProcess`, which says what to load over the control channel (see `ipc`). The main
+thread runs the model (load, `auto_complete_config`, `initialize`, `execute`, `finalize`) one call at
+a time, as Triton's stub does; a reader thread takes the server's messages, so BLS answers and
+frees arrive while `execute` runs, and decoupled responses may be sent from any thread.
+
+When the control channel reaches EOF (the server exited, even by SIGKILL) the stub exits at once,
+whatever the model is doing: no stub outlives its server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import inspect
+import itertools
+import json
+import os
+import queue
+import socket
+import sys
+import threading
+import traceback
+from collections.abc import Awaitable, Iterator
+from pathlib import Path
+from typing import Any
+
+from reference_server.backends.python import ipc
+from reference_server.backends.python.pb import triton_python_backend_utils as pb_utils
+
+# Model files import it by Triton's name; it must be this very module, which holds `_runtime`.
+sys.modules.setdefault("triton_python_backend_utils", pb_utils)
+
+_EXECUTE_RESULT_HINT = "execute() must return a list with one pb_utils.InferenceResponse per request"
+
+
+def format_exception(exc: BaseException) -> str:
+    """`Type: message` then the model-side frames, as Triton's stub reports a Python error."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    own = os.path.dirname(__file__)
+    lines = [f"  {f.filename}({f.lineno}): {f.name}" for f in frames if not f.filename.startswith(own)]
+    text = f"{type(exc).__name__}: {exc}"
+    return text + ("\n\nAt:\n" + "\n".join(reversed(lines)) if lines else "")
+
+
+class Stub:
+    """The model and the bridge `pb_utils._runtime` that its utilities call."""
+
+    def __init__(self, channel: ipc.Channel, server_arena: ipc.Arena, stub_arena: ipc.Arena) -> None:
+        self.channel = channel
+        self.server_arena = server_arena  # the server writes, we read
+        self.arena = stub_arena  # we write, the server reads and frees
+        self.work: queue.SimpleQueue[tuple[dict[str, Any], list[int]]] = queue.SimpleQueue()
+        self.model: Any = None
+        self.model_class: Any = None
+        self.decoupled = False
+        self.loop = asyncio.new_event_loop()
+        self._bls_ids = itertools.count(1)
+        self._bls: dict[int, Any] = {}
+        self._bls_lock = threading.Lock()
+
+    # --- the reader thread --------------------------------------------------------------------
+
+    def read(self) -> None:
+        try:
+            while True:
+                message, fds = self.channel.recv()
+                op = message["op"]
+                if op == "free":
+                    for offset, nbytes in message["blocks"]:
+                        self.arena.release(offset, nbytes)
+                elif op == "bls_result":
+                    self._bls_result(message, fds)
+                else:
+                    self.work.put((message, fds))
+        except ipc.ChannelClosed:
+            pass
+        except BaseException:  # the reader must never die silently: that would orphan nothing but hang the model
+            traceback.print_exc()
+        # The server is gone (or broke the protocol): never outlive it.
+        os._exit(0)
+
+    # --- the main thread ----------------------------------------------------------------------
+
+    def serve(self) -> None:
+        while True:
+            message, fds = self.work.get()
+            op = message["op"]
+            if op == "load":
+                self.channel.send({"op": "loaded", **self._load(message)})
+            elif op == "initialize":
+                self.channel.send({"op": "initialized", "error": self._initialize(message["args"])})
+            elif op == "execute":
+                self._execute(message, fds)
+            elif op == "finalize":
+                error = None
+                if self.model is not None and hasattr(self.model, "finalize"):
+                    try:
+                        self.model.finalize()
+                    except Exception as exc:
+                        error = format_exception(exc)
+                self.channel.send({"op": "finalized", "error": error})
+                return
+
+    def _load(self, message: dict[str, Any]) -> dict[str, Any]:
+        path = Path(message["model_file"])
+        # Triton puts the version folder on sys.path, so model.py may import its neighbours.
+        sys.path.insert(0, str(path.parent))
+        try:
+            spec = importlib.util.spec_from_file_location("model", path)
+            if spec is None or spec.loader is None:
+                return {"error": f"cannot import {path}", "config": None}
+            module = importlib.util.module_from_spec(spec)
+            sys.modules["model"] = module
+            spec.loader.exec_module(module)
+        except BaseException as exc:  # SyntaxError, ImportError, SystemExit from a model file
+            return {"error": format_exception(exc), "config": None}
+        self.model_class = getattr(module, "TritonPythonModel", None)
+        if self.model_class is None:
+            return {"error": f"{path} does not define class TritonPythonModel", "config": None}
+        config = None
+        if message["auto_complete"] and hasattr(self.model_class, "auto_complete_config"):
+            try:
+                completed = self.model_class.auto_complete_config(pb_utils.ModelConfig(message["model_config"]))
+                if not isinstance(completed, pb_utils.ModelConfig):
+                    return {"error": "auto_complete_config() must return the pb_utils.ModelConfig it was given", "config": None}
+                config = json.dumps(completed.as_dict())
+            except Exception as exc:
+                return {"error": format_exception(exc), "config": None}
+        return {"error": None, "config": config}
+
+    def _initialize(self, args: dict[str, str]) -> str | None:
+        config = json.loads(args["model_config"])
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        try:
+            self.model = self.model_class()
+            if hasattr(self.model, "initialize"):
+                result = self.model.initialize(args)
+                if inspect.iscoroutine(result):
+                    self.loop.run_until_complete(result)
+        except Exception as exc:
+            return format_exception(exc)
+        return None
+
+    def _execute(self, message: dict[str, Any], fds: list[int]) -> None:
+        requests = []
+        for item in message["requests"]:
+            tensors = [
+                pb_utils.Tensor(desc[0], ipc.read_tensor(self.server_arena, desc, fds, copy=False))
+                for desc in item["inputs"]
+            ]
+            request = pb_utils.InferenceRequest(
+                model_name=message["model_name"],
+                inputs=tensors,
+                requested_output_names=item["outputs"],
+                request_id=item["id"],
+                correlation_id=item["correlation_id"],
+                flags=item["flags"],
+                parameters=item["parameters"],
+            )
+            request._sender = pb_utils.InferenceResponseSender(item["token"], self.decoupled)
+            requests.append(request)
+        ipc.close_fds(fds)
+        reply: dict[str, Any] = {"op": "executed", "id": message["id"], "responses": None, "error": None}
+        out_fds: list[int] = []
+        try:
+            result = self.model.execute(requests)
+            if inspect.iscoroutine(result):
+                result = self.loop.run_until_complete(result)
+            if self.decoupled:
+                if result is not None:
+                    raise pb_utils.TritonModelException(
+                        f"Python model '{message['model_name']}' is using the decoupled mode and the execute "
+                        "function must return None."
+                    )
+            else:
+                if not isinstance(result, list):
+                    raise pb_utils.TritonModelException(f"Expected a list in the execute return; {_EXECUTE_RESULT_HINT}")
+                if len(result) != len(requests):
+                    raise pb_utils.TritonModelException(
+                        "Number of InferenceResponse objects do not match the number of InferenceRequest "
+                        f"objects. InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) "
+                        f"size is:{len(result)}"
+                    )
+                reply["responses"] = [self._response(r, out_fds) for r in result]
+        except Exception as exc:
+            reply["error"] = format_exception(exc)
+            reply["responses"] = None
+        self.channel.send(reply, out_fds)
+        ipc.close_fds(out_fds)
+
+    def _response(self, response: Any, fds: list[int]) -> dict[str, Any] | None:
+        if response is None:
+            return None
+        if not isinstance(response, pb_utils.InferenceResponse):
+            raise pb_utils.TritonModelException(
+                f"execute() returned a {type(response).__name__}; {_EXECUTE_RESULT_HINT}"
+            )
+        error = response.error()
+        return {
+            "outputs": [ipc.write_tensor(self.arena, t.name(), t.as_numpy(), fds) for t in response.output_tensors()],
+            "error": None if error is None else (error.message(), error.code()),
+            "parameters": response.parameters(),
+        }
+
+    # --- pb_utils._runtime --------------------------------------------------------------------
+
+    def send_response(self, token: int, response: pb_utils.InferenceResponse | None, flags: int) -> None:
+        fds: list[int] = []
+        desc = self._response(response, fds)
+        self.channel.send({"op": "response", "token": token, "response": desc, "flags": flags}, fds)
+        ipc.close_fds(fds)
+
+    def log(self, level: str, message: str) -> None:
+        self.channel.send({"op": "log", "level": level, "message": message})
+
+    def _send_bls(self, request: pb_utils.InferenceRequest, decoupled: bool, waiter: Any) -> None:
+        bls_id = next(self._bls_ids)
+        with self._bls_lock:
+            self._bls[bls_id] = waiter
+        fds: list[int] = []
+        inputs = [ipc.write_tensor(self.arena, t.name(), t.as_numpy(), fds) for t in request.inputs()]
+        version = request.model_version()
+        self.channel.send(
+            {
+                "op": "bls",
+                "id": bls_id,
+                "model_name": request.model_name(),
+                "model_version": "" if version < 0 else str(version),
+                "inputs": inputs,
+                "outputs": request.requested_output_names(),
+                "request_id": request.request_id(),
+                "parameters": request.parameters(),
+                "timeout": request.timeout(),
+                "decoupled": decoupled,
+            },
+            fds,
+        )
+        ipc.close_fds(fds)
+
+    def infer(self, request: pb_utils.InferenceRequest) -> list[pb_utils.InferenceResponse]:
+        waiter: queue.SimpleQueue[pb_utils.InferenceResponse | None] = queue.SimpleQueue()
+        self._send_bls(request, False, waiter)
+        response = waiter.get()
+        assert response is not None
+        return [response]
+
+    def infer_stream(self, request: pb_utils.InferenceRequest) -> Iterator[pb_utils.InferenceResponse]:
+        responses = pb_utils._ResponseIterator()
+        self._send_bls(request, True, responses.queue)
+        return iter(responses)
+
+    def infer_async(self, request: pb_utils.InferenceRequest) -> Awaitable[pb_utils.InferenceResponse]:
+        future: asyncio.Future[pb_utils.InferenceResponse] = self.loop.create_future()
+        self._send_bls(request, False, future)
+        return future
+
+    def _bls_result(self, message: dict[str, Any], fds: list[int]) -> None:
+        final = message["final"]
+        with self._bls_lock:
+            waiter: Any = self._bls.pop(message["id"]) if final else self._bls[message["id"]]
+        response = None
+        if message["error"] is not None:
+            text, code = message["error"]
+            response = pb_utils.InferenceResponse(error=pb_utils.TritonError(text, code))
+        elif message["response"] is not None:
+            outputs = message["response"]["outputs"]
+            tensors = [pb_utils.Tensor(d[0], ipc.read_tensor(self.server_arena, d, fds, copy=True)) for d in outputs]
+            blocks = [(d[3][1], d[3][2]) for d in outputs if d[3][0] == "a"]
+            if blocks:
+                self.channel.send({"op": "free", "blocks": blocks})
+            response = pb_utils.InferenceResponse(tensors, parameters=message["response"]["parameters"])
+        ipc.close_fds(fds)
+        if isinstance(waiter, asyncio.Future):
+            assert response is not None
+            self.loop.call_soon_threadsafe(_resolve, waiter, response)
+            return
+        if response is not None:
+            waiter.put(response)
+        if final and message.get("decoupled"):
+            waiter.put(None)
+
+
+def _resolve(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
+
+
+def main(argv: list[str]) -> int:
+    fd, server_arena_fd, stub_arena_fd, size = (int(a) for a in argv[:4])
+    channel = ipc.Channel(socket.socket(fileno=fd))
+    stub = Stub(channel, ipc.Arena(server_arena_fd, size), ipc.Arena(stub_arena_fd, size))
+    pb_utils._runtime = stub
+    threading.Thread(target=stub.read, name="stub-reader", daemon=True).start()
+    stub.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    os._exit(code)  # daemon threads and a model's own threads must not keep us alive
