@@ -1,7 +1,7 @@
 """Ensembles against NVIDIA's own programs: real perf_analyzer measures an ensemble on the reference
-server and prints its composing-model breakdown, and real tritonserver, serving the same ensemble
-over python-backend steps, gives statistics of the same shape and the same relations between the
-ensemble's entry and its composing models' entries."""
+server and prints its composing-model breakdown, and real tritonserver and the reference server,
+serving one copy of an ensemble over python-backend steps, give the same answers and statistics of
+the same shape, with the same relations between the ensemble's entry and its composing models'."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ ensemble_scheduling { step [
 ] }
 """
 
-# For tritonserver, whose peers bundle only the python backend.
+# Python steps: tritonserver's peers bundle only the python backend.
 PYTHON_STEP = """\
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -164,8 +164,9 @@ def relations(url: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def test_statistics_have_tritons_shape_and_relations(triton: TritonProcess, tmp_path: Path) -> None:
-    # A server of our own, which perf_analyzer's load never touched: the counts are exact.
-    repository = write_repository(tmp_path / "models", "onnxruntime")
+    # The same python-step folders as tritonserver's, on a server of our own that perf_analyzer's
+    # load never touched: the counts are exact.
+    repository = write_repository(tmp_path / "models", "python")
     results = {}
     with running_server(loopback_config(repository)) as ours:
         for label, url in (("triton", triton.http_url), ("ours", ours.http_url)):

@@ -78,6 +78,7 @@ ENSEMBLES = {
     "nested": ensemble_config("nested", [step("chain", "IN", "x", inp="IN", out="OUT"), step("add_one", "x", "OUT")]),
     "failing": ensemble_config("failing", [step("add_one", "IN", "mid"), step("reshape3", "mid", "OUT")]),
     "batched": ensemble_config("batched", [step("add_one", "IN", "mid"), step("gather", "mid", "OUT")]),
+    "mixed": ensemble_config("mixed", [step("add_one", "IN", "mid"), step("py_square", "mid", "OUT")]),
     # Refused at load:
     "bad_cycle": ensemble_config(
         "bad_cycle",
@@ -89,6 +90,20 @@ ENSEMBLES = {
     "loop_a": ensemble_config("loop_a", [step("loop_b", "IN", "OUT", inp="IN", out="OUT")]),
     "loop_b": ensemble_config("loop_b", [step("loop_a", "IN", "OUT", inp="IN", out="OUT")]),
 }
+
+
+PY_SQUARE = """\
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x * x)]))
+        return responses
+"""
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +122,9 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (root / name / "1").mkdir(parents=True)
         (root / name / "1" / "model.onnx").write_bytes(model)
         (root / name / "config.pbtxt").write_text(composing_config(name, batching))
+    (root / "py_square" / "1").mkdir(parents=True)
+    (root / "py_square" / "1" / "model.py").write_text(PY_SQUARE)
+    (root / "py_square" / "config.pbtxt").write_text(composing_config("py_square").replace("onnxruntime", "python"))
     for name, config in ENSEMBLES.items():
         (root / name / "1").mkdir(parents=True)  # empty: an ensemble has no model file
         (root / name / "config.pbtxt").write_text(config)
@@ -151,6 +169,8 @@ def test_composed_answers(transport: str, request: pytest.FixtureRequest) -> Non
     assert client.is_model_ready("chain") and client.is_model_ready("nested")
     np.testing.assert_array_equal(infer(client, "chain", X).as_numpy("OUT"), (X + 1) * 2)
     np.testing.assert_array_equal(infer(client, "nested", X).as_numpy("OUT"), (X + 1) * 2 + 1)
+    # An ONNX step feeding a python-backend step.
+    np.testing.assert_array_equal(infer(client, "mixed", X).as_numpy("OUT"), (X + 1) ** 2)
     fork = infer(client, "fork", X)
     np.testing.assert_array_equal(fork.as_numpy("A"), X + 1)
     np.testing.assert_array_equal(fork.as_numpy("B"), X * 3)
