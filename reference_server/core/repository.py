@@ -15,6 +15,11 @@ on them finish there. A failed load swaps nothing: the old versions and the READ
 the reason is recorded for the index. Loads of one model serialize on its lock; different models
 load in parallel. Each load attempt records the model folder's fingerprint (`model_fingerprint`),
 which poll mode (`poller`) compares with the folder now.
+
+An ensemble (`platform: "ensemble"`) has no model file and no instances: its load checks its steps
+(`ensemble_config`), loads the composing models that are not serving, as Triton loads an
+ensemble's dependencies, checks the steps against their configs, and serves it through an
+`ensemble.EnsembleScheduler`. It is ready while its composing models are.
 """
 
 from __future__ import annotations
