@@ -32,7 +32,7 @@ from time import perf_counter_ns
 from typing import Any, Protocol
 
 from reference_server.core.ensemble_config import EnsemblePlan, Step
-from reference_server.errors import Unavailable
+from reference_server.errors import InvalidArgument, Unavailable
 from reference_server.scheduling.execute import Tensors
 from reference_server.scheduling.scheduler import ModelScheduler
 from reference_server.scheduling.stats import ModelStats
@@ -169,6 +169,13 @@ class EnsembleScheduler:
                 for step in ready:
                     running.add(asyncio.ensure_future(self._step_task(step, tensors, call)))
                 if not running:
+                    if waiting:
+                        # Only an optional ensemble input left out can starve a step.
+                        missing = sorted({t for s in waiting for _, t in s.inputs if t not in tensors})
+                        raise InvalidArgument(
+                            f"ensemble '{self._plan.name}': {waiting[0].label} needs tensor(s) {missing}, "
+                            "which the request does not carry"
+                        )
                     return tensors
                 done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
                 failed = [task.exception() for task in done if task.exception() is not None]

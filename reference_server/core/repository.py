@@ -369,7 +369,7 @@ class ModelRepository:
             )
         config.name = name
         plan = ensemble_plan(config, config_path)
-        self._check_circular(name, plan.composing_models())
+        self._check_circular(name, plan.steps, config_path)
         await self._load_composing(name, plan.steps, config_path)
 
         def composing(step: Step) -> mc.ModelConfig:
@@ -410,23 +410,30 @@ class ModelRepository:
             )
         return versions
 
-    def _check_circular(self, name: str, composing: Sequence[str]) -> None:
+    def _check_circular(self, name: str, steps: Sequence[Step], config_path: Path) -> None:
         """Refuse an ensemble that reaches itself through ensembles (before loading any of them,
         whose loads would wait for each other)."""
-        path = [name]
 
-        def walk(models: Sequence[str]) -> None:
-            for model in models:
-                if model == name:
-                    raise ModelConfigError(
-                        f"circular dependency between ensembles: {name} -> ... -> {path[-1]} -> {name}"
-                    )
-                if model not in path:
-                    path.append(model)
-                    walk(self._composing_on_disk(model))
-                    path.pop()
+        def back_to_name(model: str, seen: set[str]) -> list[str] | None:
+            if model == name:
+                return [model]
+            if model in seen:
+                return None
+            seen.add(model)
+            for composing in self._composing_on_disk(model):
+                found = back_to_name(composing, seen)
+                if found:
+                    return [model, *found]
+            return None
 
-        walk(composing)
+        for step in steps:
+            path = back_to_name(step.model_name, set())
+            if path:
+                last = path[-2] if len(path) > 1 else name
+                raise ModelConfigError(
+                    f"{config_path}: circular dependency between ensembles: {name} -> ... -> {last} -> {name} "
+                    f"({step.label} of ensemble '{name}': {' -> '.join([name, *path])})"
+                )
 
     def _composing_on_disk(self, name: str) -> list[str]:
         """The composing models that `name`'s config.pbtxt names, if it is an ensemble."""

@@ -87,6 +87,7 @@ ENSEMBLES = {
     "bad_tensor": ensemble_config("bad_tensor", [step("add_one", "IN", "mid"), step("double", "nothing", "OUT")]),
     "bad_model": ensemble_config("bad_model", [step("add_one", "IN", "mid"), step("no_such_model", "mid", "OUT")]),
     "bad_input": ensemble_config("bad_input", [step("add_one", "IN", "OUT", inp="NOPE")]),
+    "bad_dep": ensemble_config("bad_dep", [step("add_one", "IN", "mid"), step("broken", "mid", "OUT")]),
     "loop_a": ensemble_config("loop_a", [step("loop_b", "IN", "OUT", inp="IN", out="OUT")]),
     "loop_b": ensemble_config("loop_b", [step("loop_a", "IN", "OUT", inp="IN", out="OUT")]),
 }
@@ -122,6 +123,8 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
         (root / name / "1").mkdir(parents=True)
         (root / name / "1" / "model.onnx").write_bytes(model)
         (root / name / "config.pbtxt").write_text(composing_config(name, batching))
+    (root / "broken" / "1").mkdir(parents=True)
+    (root / "broken" / "config.pbtxt").write_text('name: "broken"\nmax_batch_size: [\n')
     (root / "py_square" / "1").mkdir(parents=True)
     (root / "py_square" / "1" / "model.py").write_text(PY_SQUARE)
     (root / "py_square" / "config.pbtxt").write_text(composing_config("py_square").replace("onnxruntime", "python"))
@@ -275,7 +278,16 @@ def infer_model_input(client: httpclient.InferenceServerClient, model: str, x: n
             "in ensemble bad_input, ensemble tensor IN is mapping to non-existing input NOPE in model add_one "
             "(step 0 (model 'add_one') of ensemble 'bad_input')",
         ),
-        ("loop_a", "circular dependency between ensembles: loop_a -> ... -> loop_b -> loop_a"),
+        (
+            "loop_a",
+            "circular dependency between ensembles: loop_a -> ... -> loop_b -> loop_a "
+            "(step 0 (model 'loop_b') of ensemble 'loop_a': loop_a -> loop_b -> loop_a)",
+        ),
+        (
+            "bad_dep",
+            "ensemble 'bad_dep' depends on 'broken' which has no loaded version. Model 'broken' loading failed "
+            "with error: ",
+        ),
     ],
 )
 def test_bad_ensembles_are_refused_at_load(http: httpclient.InferenceServerClient, name: str, words: str) -> None:
