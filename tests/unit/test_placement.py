@@ -8,7 +8,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from reference_server.backends import instance_factory, onnxruntime
+from reference_server.backends import instance_factory, onnxruntime, python
 from reference_server.backends.placement import Placement, plan_instances
 from reference_server.errors import ModelConfigError
 
@@ -72,8 +72,9 @@ def test_an_instance_count_past_the_limit_is_refused() -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", 'backend: "onnxruntime"', 'platform: "onnxruntime_onnx"', 'backend: "python"', 'platform: "x"']
+    "text", ["", 'backend: "onnxruntime"', 'platform: "onnxruntime_onnx"', 'backend: "x"', 'platform: "x"']
 )
 def test_the_backend_is_chosen_by_backend_then_platform(text: str) -> None:
     # Unknown ones go to ONNX Runtime too, whose config completion refuses them naming the files.
     assert instance_factory(text_format.Parse(text, mc.ModelConfig())) is onnxruntime.create_instances
+    assert instance_factory(text_format.Parse('backend: "python"', mc.ModelConfig())) is python.create_instances
