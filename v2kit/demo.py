@@ -1,4 +1,5 @@
-"""The demo model repository: small ONNX models built locally with onnx.helper, and an ensemble.
+"""The demo model repository: small ONNX models built locally with onnx.helper, a python-backend
+model, and an ensemble.
 
 Nothing is downloaded. The weights come from seeded numpy generators with He scaling
 (std = sqrt(2 / fan_in)), so every build is byte-identical and the ReLU layers neither die out nor
@@ -9,6 +10,9 @@ blow up: the outputs are finite and vary with the input.
 - `convnet`: a LeNet-sized CNN on 1×28×28 images; exercises 4-D inputs.
 - `identity`: copies its input; the server does almost nothing, so its latency is client and
   transport overhead.
+- `python_linear`: a python-backend model (`model.py`) in the pattern most deployments follow:
+  `initialize` loads numpy weights (`weights.npy`, `bias.npy`) from its version folder, `execute`
+  applies them (64 → 16, ReLU) to each request of the batch the dynamic batcher hands it.
 - `mlp_pipeline`: an ensemble (Triton's `platform: "ensemble"`, no model file) of two steps:
   `preprocess` (an ONNX model scaling [0, 1] inputs to [-1, 1]) feeding `mlp`; the shape of the
   model pipelines Triton users deploy.
@@ -34,7 +38,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 __all__ = ["BUILDER_VERSION", "build_demo_repository", "ensure_demo_repository", "main"]
 
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3
 # Opset 17 with IR version 8 (the pair onnx released together) loads in every onnxruntime from
 # 1.14 on; the installed onnx would otherwise stamp a newer IR version than some runtimes accept.
 OPSET = 17
@@ -126,7 +130,55 @@ def build_demo_repository(dest: Path) -> Path:
             onnx.checker.check_model(model, full_check=True)
             (version_dir / "model.onnx").write_bytes(model.SerializeToString())
         (dest / name / "config.pbtxt").write_text(config, encoding="utf-8")
+    _python_linear(dest / "python_linear", np.random.default_rng(4))
     return dest
+
+
+_PYTHON_LINEAR_CONFIG = """\
+name: "python_linear"
+backend: "python"
+max_batch_size: 16
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 64 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+dynamic_batching { max_queue_delay_microseconds: 100 }
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
+_PYTHON_LINEAR_MODEL = """\
+import json
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        folder = os.path.join(args["model_repository"], args["model_version"])
+        self.weights = np.load(os.path.join(folder, "weights.npy"))
+        self.bias = np.load(os.path.join(folder, "bias.npy"))
+        config = json.loads(args["model_config"])
+        output = pb_utils.get_output_config_by_name(config, "OUTPUT0")
+        self.dtype = pb_utils.triton_string_to_numpy(output["data_type"])
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            y = np.maximum(x @ self.weights + self.bias, 0).astype(self.dtype)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", y)]))
+        return responses
+"""
+
+
+def _python_linear(folder: Path, rng: np.random.Generator) -> None:
+    """The python-backend demo: model.py and its numpy weights (64 → 16, ReLU)."""
+    version_dir = folder / "1"
+    version_dir.mkdir(parents=True, exist_ok=True)
+    np.save(version_dir / "weights.npy", _he(rng, (64, 16), 64))
+    np.save(version_dir / "bias.npy", _bias(rng, 16))
+    (version_dir / "model.py").write_text(_PYTHON_LINEAR_MODEL, encoding="utf-8")
+    (folder / "config.pbtxt").write_text(_PYTHON_LINEAR_CONFIG, encoding="utf-8")
 
 
 def ensure_demo_repository() -> Path:
@@ -157,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """`python -m v2kit.demo DEST`: build the demo repository into DEST."""
     parser = argparse.ArgumentParser(
         prog="python -m v2kit.demo",
-        description="Build the demo model repository (mlp, convnet, identity, preprocess, mlp_pipeline) with onnx.helper.",
+        description="Build the demo model repository (mlp, convnet, identity, preprocess, mlp_pipeline, python_linear).",
     )
     parser.add_argument("dest", metavar="DEST", type=Path, help="folder to write the model repository into")
     args = parser.parse_args(argv)

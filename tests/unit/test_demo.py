@@ -40,6 +40,10 @@ def test_layout(repository: Path) -> None:
         "mlp_pipeline/config.pbtxt",
         "preprocess/1/model.onnx",
         "preprocess/config.pbtxt",
+        "python_linear/1/bias.npy",
+        "python_linear/1/model.py",
+        "python_linear/1/weights.npy",
+        "python_linear/config.pbtxt",
     ]
     assert (repository / "mlp_pipeline" / "1").is_dir()  # empty, as Triton wants for an ensemble
     assert (repository / "mlp" / "1" / "model.onnx").stat().st_size < 6_000_000

@@ -72,9 +72,12 @@ def test_an_instance_count_past_the_limit_is_refused() -> None:
 
 
 @pytest.mark.parametrize(
-    "text", ["", 'backend: "onnxruntime"', 'platform: "onnxruntime_onnx"', 'backend: "x"', 'platform: "x"']
+    "text", ["", 'backend: "onnxruntime"', 'platform: "onnxruntime_onnx"', 'backend: "tensorrt"', 'platform: "x"']
 )
 def test_the_backend_is_chosen_by_backend_then_platform(text: str) -> None:
     # Unknown ones go to ONNX Runtime too, whose config completion refuses them naming the files.
     assert instance_factory(text_format.Parse(text, mc.ModelConfig())) is onnxruntime.create_instances
+
+
+def test_python_models_get_the_python_backend() -> None:
     assert instance_factory(text_format.Parse('backend: "python"', mc.ModelConfig())) is python.create_instances

@@ -127,6 +127,8 @@ def _signature(config: mc.ModelConfig, config_path: Path) -> tuple[list[TensorSi
     for tensors, into in ((config.input, signature[0]), (config.output, signature[1])):
         for tensor in tensors:
             if tensor.data_type == mc.TYPE_INVALID:
-                raise ModelConfigError(f"{config_path}: python model '{config.name}': tensor '{tensor.name}' has no data_type")
+                raise ModelConfigError(
+                    f"{config_path}: python model '{config.name}': tensor '{tensor.name}' has no data_type"
+                )
             into.append(TensorSignature(tensor.name, mc.DataType.Name(tensor.data_type), batch + tuple(tensor.dims)))
     return signature

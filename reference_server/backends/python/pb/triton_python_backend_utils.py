@@ -218,7 +218,9 @@ class InferenceResponse:
                     f"InferenceResponse output_tensors must be pb_utils.Tensor objects, got {type(tensor).__name__}"
                 )
         if error is not None and not isinstance(error, TritonError):
-            raise TritonModelException(f"InferenceResponse error must be a pb_utils.TritonError, got {type(error).__name__}")
+            raise TritonModelException(
+                f"InferenceResponse error must be a pb_utils.TritonError, got {type(error).__name__}"
+            )
         self._tensors = tensors
         self._error = error
         self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters or {})
@@ -248,7 +250,9 @@ class InferenceResponseSender:
         if self._closed:
             raise TritonModelException("Unable to send response. Response sender has been closed.")
         if response is None and flags != TRITONSERVER_RESPONSE_COMPLETE_FINAL:
-            raise TritonModelException("Inference Response object must be provided when the response flags is not final.")
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is not final."
+            )
         if response is not None and not isinstance(response, InferenceResponse):
             raise TritonModelException(f"send() takes a pb_utils.InferenceResponse, got {type(response).__name__}")
         if flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL:
@@ -280,7 +284,9 @@ class InferenceRequest:
         self._inputs = list(inputs or [])
         for tensor in self._inputs:
             if not isinstance(tensor, Tensor):
-                raise TritonModelException(f"InferenceRequest inputs must be pb_utils.Tensor objects, got {type(tensor).__name__}")
+                raise TritonModelException(
+                    f"InferenceRequest inputs must be pb_utils.Tensor objects, got {type(tensor).__name__}"
+                )
         self._requested = list(requested_output_names or [])
         self._request_id = request_id
         self._correlation_id = correlation_id
@@ -340,7 +346,9 @@ class InferenceRequest:
     def async_exec(self, decoupled: bool = False) -> Awaitable[Any]:
         """`exec` as an awaitable, for `async def execute`."""
         if decoupled:
-            raise TritonModelException("async_exec(decoupled=True) is not supported by this server; use exec(decoupled=True)")
+            raise TritonModelException(
+                "async_exec(decoupled=True) is not supported by this server; use exec(decoupled=True)"
+            )
         return _bridge().infer_async(self)
 
 
