@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from reference_server.core.ensemble_config import EnsemblePlan, Step
 from reference_server.errors import InvalidArgument, Unavailable
 from reference_server.scheduling.execute import Tensors
-from reference_server.scheduling.scheduler import ModelScheduler
+from reference_server.scheduling.model_scheduler import ModelScheduler
 from reference_server.scheduling.stats import ModelStats
 
 __all__ = ["Composing", "EnsembleScheduler"]

@@ -27,9 +27,20 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from reference_server.core import model_config
 from reference_server.errors import ModelConfigError
 
-__all__ = ["ENSEMBLE_PLATFORM", "EnsemblePlan", "Step", "check_composing", "ensemble_plan", "is_ensemble"]
+__all__ = [
+    "ENSEMBLE_PLATFORM",
+    "EnsemblePlan",
+    "Step",
+    "check_circular",
+    "check_composing",
+    "complete_ensemble_config",
+    "ensemble_plan",
+    "ensemble_versions",
+    "is_ensemble",
+]
 
 ENSEMBLE_PLATFORM = "ensemble"
 
@@ -80,6 +91,65 @@ class EnsemblePlan:
                 needed.add(step.index)
                 todo.extend(tensor for _, tensor in step.inputs)
         return tuple(step for step in self.steps if step.index in needed)
+
+
+def complete_ensemble_config(raw: mc.ModelConfig, name: str, config_path: Path) -> tuple[mc.ModelConfig, EnsemblePlan]:
+    """The ensemble's config as Triton completes it (no instances, no backend, the default version
+    policy, not decoupled), and its plan, after the checks on the config alone."""
+    config = mc.ModelConfig()
+    config.CopyFrom(raw)
+    if config.name and config.name != name:
+        raise ModelConfigError(
+            f"{config_path}: the configuration's name '{config.name}' does not match the model folder name '{name}'"
+        )
+    config.name = name
+    plan = ensemble_plan(config, config_path)
+    if config.version_policy.WhichOneof("policy_choice") is None:
+        config.version_policy.latest.num_versions = 1
+    config.model_transaction_policy.SetInParent()
+    return config, plan
+
+
+def ensemble_versions(config: mc.ModelConfig, model_dir: Path, config_path: Path) -> list[int]:
+    """The versions to serve: Triton wants a version folder even for an ensemble."""
+    available = model_config.available_versions(model_dir)
+    selected = model_config.select_versions(config, available)
+    if not selected:
+        raise ModelConfigError(
+            f"{config_path}: at least one version must be available under the version policy of model "
+            f"'{config.name}' (version folders found: {available or 'none'}; an ensemble's version folder, such as "
+            f"{config.name}/1/, may be empty)"
+        )
+    return selected
+
+
+def check_circular(
+    name: str, steps: Sequence[Step], composing_of: Callable[[str], Sequence[str]], config_path: Path
+) -> None:
+    """Refuse an ensemble that reaches itself through ensembles (`composing_of(model)`: the models
+    an ensemble's steps name, none for other models), before loading any of them: their loads
+    would wait for each other."""
+
+    def back_to_name(model: str, seen: set[str]) -> list[str] | None:
+        if model == name:
+            return [model]
+        if model in seen:
+            return None
+        seen.add(model)
+        for composing in composing_of(model):
+            found = back_to_name(composing, seen)
+            if found:
+                return [model, *found]
+        return None
+
+    for step in steps:
+        path = back_to_name(step.model_name, set())
+        if path:
+            last = path[-2] if len(path) > 1 else name
+            raise ModelConfigError(
+                f"{config_path}: circular dependency between ensembles: {name} -> ... -> {last} -> {name} "
+                f"({step.label} of ensemble '{name}': {' -> '.join([name, *path])})"
+            )
 
 
 def ensemble_plan(config: mc.ModelConfig, config_path: Path) -> EnsemblePlan:

@@ -41,12 +41,20 @@ from reference_server.backends.context import BackendContext, ModelCall
 from reference_server.backends.placement import plan_instances
 from reference_server.core import model_config
 from reference_server.core.ensemble import EnsembleScheduler
-from reference_server.core.ensemble_config import Step, check_composing, ensemble_plan, is_ensemble
+from reference_server.core.ensemble_config import (
+    Step,
+    check_circular,
+    check_composing,
+    complete_ensemble_config,
+    ensemble_versions,
+    is_ensemble,
+)
 from reference_server.core.warmup import run_warmup
 from reference_server.errors import ModelConfigError, NotFound, ServerError, Unavailable
 from reference_server.scheduling.execute import ModelInstance, Tensors
+from reference_server.scheduling.model_scheduler import ModelScheduler
 from reference_server.scheduling.policy import BatchingPolicy
-from reference_server.scheduling.scheduler import ModelScheduler, Scheduler
+from reference_server.scheduling.scheduler import Scheduler
 from reference_server.scheduling.stats import ModelStats
 from v2kit.runtime import gpu
 
@@ -361,15 +369,8 @@ class ModelRepository:
     async def _load_ensemble(self, name: str, model_dir: Path, raw: mc.ModelConfig) -> dict[int, ModelVersion]:
         """Check an ensemble's config, load its composing models, check it against them, and serve it."""
         config_path = model_dir / model_config.CONFIG_FILENAME
-        config = mc.ModelConfig()
-        config.CopyFrom(raw)
-        if config.name and config.name != name:
-            raise ModelConfigError(
-                f"{config_path}: the configuration's name '{config.name}' does not match the model folder name '{name}'"
-            )
-        config.name = name
-        plan = ensemble_plan(config, config_path)
-        self._check_circular(name, plan.steps, config_path)
+        config, plan = complete_ensemble_config(raw, name, config_path)
+        check_circular(name, plan.steps, self._composing_on_disk, config_path)
         await self._load_composing(name, plan.steps, config_path)
 
         def composing(step: Step) -> mc.ModelConfig:
@@ -382,20 +383,9 @@ class ModelRepository:
                 ) from None
 
         check_composing(config, plan, composing, config_path)
-        if config.version_policy.WhichOneof("policy_choice") is None:
-            config.version_policy.latest.num_versions = 1
-        config.model_transaction_policy.SetInParent()
-        available = model_config.available_versions(model_dir)
-        selected = model_config.select_versions(config, available)
-        if not selected:
-            raise ModelConfigError(
-                f"{config_path}: at least one version must be available under the version policy of model '{name}' "
-                f"(version folders found: {available or 'none'}; an ensemble's version folder, such as {name}/1/, "
-                "may be empty)"
-            )
         composing_versions = tuple(dict.fromkeys((step.model_name, step.version) for step in plan.steps))
         versions = {}
-        for version in selected:
+        for version in ensemble_versions(config, model_dir, config_path):
             stats = ModelStats()
             versions[version] = ModelVersion(
                 name=name,
@@ -409,31 +399,6 @@ class ModelRepository:
                 composing=composing_versions,
             )
         return versions
-
-    def _check_circular(self, name: str, steps: Sequence[Step], config_path: Path) -> None:
-        """Refuse an ensemble that reaches itself through ensembles (before loading any of them,
-        whose loads would wait for each other)."""
-
-        def back_to_name(model: str, seen: set[str]) -> list[str] | None:
-            if model == name:
-                return [model]
-            if model in seen:
-                return None
-            seen.add(model)
-            for composing in self._composing_on_disk(model):
-                found = back_to_name(composing, seen)
-                if found:
-                    return [model, *found]
-            return None
-
-        for step in steps:
-            path = back_to_name(step.model_name, set())
-            if path:
-                last = path[-2] if len(path) > 1 else name
-                raise ModelConfigError(
-                    f"{config_path}: circular dependency between ensembles: {name} -> ... -> {last} -> {name} "
-                    f"({step.label} of ensemble '{name}': {' -> '.join([name, *path])})"
-                )
 
     def _composing_on_disk(self, name: str) -> list[str]:
         """The composing models that `name`'s config.pbtxt names, if it is an ensemble."""

@@ -94,7 +94,7 @@ import threading
 from collections import deque
 from collections.abc import AsyncIterator, Iterable, Sequence
 from time import perf_counter_ns
-from typing import Any, Protocol
+from typing import Any
 
 from reference_server.errors import InternalError, InvalidArgument, ServerError, Unavailable, Unsupported
 from reference_server.scheduling.execute import (
@@ -109,7 +109,7 @@ from reference_server.scheduling.policy import BatchingPolicy
 from reference_server.scheduling.stats import ModelStats
 from v2kit.runtime.timer import TimerHandle, call_at_ns
 
-__all__ = ["AHEAD_BATCHES", "INLINE_MAX_NS", "ModelScheduler", "Scheduler"]
+__all__ = ["AHEAD_BATCHES", "INLINE_MAX_NS", "Scheduler"]
 
 #: The longest expected batch (ns) that a `runs_on_loop` instance executes on the event loop.
 INLINE_MAX_NS = 1_000_000
@@ -118,36 +118,6 @@ INLINE_MAX_NS = 1_000_000
 AHEAD_BATCHES = 16
 
 _STOPPING = "Server is stopping, scheduler for model has stopped accepting new inference requests"
-
-
-class ModelScheduler(Protocol):
-    """A model version's scheduler: `Scheduler`, or an ensemble's. `secondary_stats` also counts the
-    request (Triton's secondary stats aggregator): an ensemble sums its steps' compute times in it."""
-
-    async def infer(
-        self,
-        inputs: Tensors,
-        output_names: Sequence[str],
-        *,
-        timeout_us: int | None = None,
-        received_ns: int | None = None,
-        request_id: str = "",
-        parameters: dict[str, Any] | None = None,
-        secondary_stats: ModelStats | None = None,
-    ) -> Tensors: ...
-
-    def infer_stream(
-        self,
-        inputs: Tensors,
-        output_names: Sequence[str],
-        *,
-        timeout_us: int | None = None,
-        received_ns: int | None = None,
-        request_id: str = "",
-        parameters: dict[str, Any] | None = None,
-    ) -> AsyncIterator[tuple[Tensors | None, bool]]: ...
-
-    async def close(self, grace_s: float) -> None: ...
 
 
 class _Request:
@@ -276,7 +246,7 @@ class Scheduler:
         show them to the model (python). Raises InvalidArgument for a bad batch dimension,
         Unavailable when the queue is full, the request times out or the scheduler is closing,
         Unsupported for a decoupled model (use `infer_stream`), and InternalError (or the model's
-        own error) when the model fails. `secondary_stats`: see `ModelScheduler`.
+        own error) when the model fails. `secondary_stats`: see `model_scheduler.ModelScheduler`.
         """
         if self._policy.decoupled:
             raise Unsupported(
