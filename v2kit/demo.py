@@ -1,4 +1,5 @@
-"""The demo model repository: three small ONNX models built locally with onnx.helper.
+"""The demo model repository: small ONNX models built locally with onnx.helper, a python-backend
+model, and an ensemble.
 
 Nothing is downloaded. The weights come from seeded numpy generators with He scaling
 (std = sqrt(2 / fan_in)), so every build is byte-identical and the ReLU layers neither die out nor
@@ -9,6 +10,12 @@ blow up: the outputs are finite and vary with the input.
 - `convnet`: a LeNet-sized CNN on 1×28×28 images; exercises 4-D inputs.
 - `identity`: copies its input; the server does almost nothing, so its latency is client and
   transport overhead.
+- `python_linear`: a python-backend model (`model.py`) in the pattern most deployments follow:
+  `initialize` loads numpy weights (`weights.npy`, `bias.npy`) from its version folder, `execute`
+  applies them (64 → 16, ReLU) to each request of the batch the dynamic batcher hands it.
+- `mlp_pipeline`: an ensemble (Triton's `platform: "ensemble"`, no model file) of two steps:
+  `preprocess` (an ONNX model scaling [0, 1] inputs to [-1, 1]) feeding `mlp`; the shape of the
+  model pipelines Triton users deploy.
 
 `ensure_demo_repository()` keeps one built copy per BUILDER_VERSION in the cache folder. Bump
 BUILDER_VERSION whenever the models or configs change, so that old caches are not reused.
@@ -31,7 +38,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 __all__ = ["BUILDER_VERSION", "build_demo_repository", "ensure_demo_repository", "main"]
 
-BUILDER_VERSION = 1
+BUILDER_VERSION = 3
 # Opset 17 with IR version 8 (the pair onnx released together) loads in every onnxruntime from
 # 1.14 on; the installed onnx would otherwise stamp a newer IR version than some runtimes accept.
 OPSET = 17
@@ -72,20 +79,106 @@ instance_group [ { count: 1 } ]
 """
 
 
+_PREPROCESS_CONFIG = """\
+name: "preprocess"
+backend: "onnxruntime"
+max_batch_size: 64
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 256 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 256 ] } ]
+dynamic_batching { max_queue_delay_microseconds: 100 }
+"""
+
+_PIPELINE_CONFIG = """\
+name: "mlp_pipeline"
+platform: "ensemble"
+max_batch_size: 64
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 256 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 10 ] } ]
+ensemble_scheduling {
+  step [
+    {
+      model_name: "preprocess"
+      model_version: -1
+      input_map { key: "INPUT0" value: "INPUT0" }
+      output_map { key: "OUTPUT0" value: "scaled" }
+    },
+    {
+      model_name: "mlp"
+      model_version: -1
+      input_map { key: "INPUT0" value: "scaled" }
+      output_map { key: "OUTPUT0" value: "OUTPUT0" }
+    }
+  ]
+}
+"""
+
+
 def build_demo_repository(dest: Path) -> Path:
-    """Write the `mlp`, `convnet` and `identity` models into `dest` in Triton layout; return `dest`."""
-    models = {
+    """Write the demo models into `dest` in Triton layout; return `dest`."""
+    models: dict[str, tuple[onnx.ModelProto | None, str]] = {
         "mlp": (_mlp(np.random.default_rng(1)), _MLP_CONFIG),
         "convnet": (_convnet(np.random.default_rng(2)), _CONVNET_CONFIG),
         "identity": (_identity(), _IDENTITY_CONFIG),
+        "preprocess": (_preprocess(), _PREPROCESS_CONFIG),
+        # An ensemble has no model file, but Triton still wants a version folder.
+        "mlp_pipeline": (None, _PIPELINE_CONFIG),
     }
     for name, (model, config) in models.items():
-        onnx.checker.check_model(model, full_check=True)
         version_dir = dest / name / "1"
         version_dir.mkdir(parents=True, exist_ok=True)
-        (version_dir / "model.onnx").write_bytes(model.SerializeToString())
+        if model is not None:
+            onnx.checker.check_model(model, full_check=True)
+            (version_dir / "model.onnx").write_bytes(model.SerializeToString())
         (dest / name / "config.pbtxt").write_text(config, encoding="utf-8")
+    _python_linear(dest / "python_linear", np.random.default_rng(4))
     return dest
+
+
+_PYTHON_LINEAR_CONFIG = """\
+name: "python_linear"
+backend: "python"
+max_batch_size: 16
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 64 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+dynamic_batching { max_queue_delay_microseconds: 100 }
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
+_PYTHON_LINEAR_MODEL = """\
+import json
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        folder = os.path.join(args["model_repository"], args["model_version"])
+        self.weights = np.load(os.path.join(folder, "weights.npy"))
+        self.bias = np.load(os.path.join(folder, "bias.npy"))
+        config = json.loads(args["model_config"])
+        output = pb_utils.get_output_config_by_name(config, "OUTPUT0")
+        self.dtype = pb_utils.triton_string_to_numpy(output["data_type"])
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            y = np.maximum(x @ self.weights + self.bias, 0).astype(self.dtype)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", y)]))
+        return responses
+"""
+
+
+def _python_linear(folder: Path, rng: np.random.Generator) -> None:
+    """The python-backend demo: model.py and its numpy weights (64 → 16, ReLU)."""
+    version_dir = folder / "1"
+    version_dir.mkdir(parents=True, exist_ok=True)
+    np.save(version_dir / "weights.npy", _he(rng, (64, 16), 64))
+    np.save(version_dir / "bias.npy", _bias(rng, 16))
+    (version_dir / "model.py").write_text(_PYTHON_LINEAR_MODEL, encoding="utf-8")
+    (folder / "config.pbtxt").write_text(_PYTHON_LINEAR_CONFIG, encoding="utf-8")
 
 
 def ensure_demo_repository() -> Path:
@@ -116,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """`python -m v2kit.demo DEST`: build the demo repository into DEST."""
     parser = argparse.ArgumentParser(
         prog="python -m v2kit.demo",
-        description="Build the demo model repository (mlp, convnet, identity) with onnx.helper.",
+        description="Build the demo model repository (mlp, convnet, identity, preprocess, mlp_pipeline, python_linear).",
     )
     parser.add_argument("dest", metavar="DEST", type=Path, help="folder to write the model repository into")
     args = parser.parse_args(argv)
@@ -220,6 +313,20 @@ def _identity() -> onnx.ModelProto:
         [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", "n"])],
         [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", "n"])],
         {},
+    )
+
+
+def _preprocess() -> onnx.ModelProto:
+    """(x - 0.5) * 2: [0, 1] pixels to [-1, 1]."""
+    return _model(
+        "preprocess",
+        [
+            helper.make_node("Sub", ["INPUT0", "half"], ["centred"]),
+            helper.make_node("Mul", ["centred", "two"], ["OUTPUT0"]),
+        ],
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", 256])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", 256])],
+        {"half": np.array(0.5, dtype=np.float32), "two": np.array(2.0, dtype=np.float32)},
     )
 
 

@@ -136,7 +136,8 @@ class DataPlane:
             kind: [{"name": t.name, "datatype": _datatype(t.data_type), "shape": batch_dim + list(t.dims)} for t in ts]
             for kind, ts in (("inputs", config.input), ("outputs", config.output))
         }
-        platform = config.platform or ONNX_PLATFORM
+        # Triton reports a python model's backend as its platform here (its config's platform is "").
+        platform = config.platform or config.backend or ONNX_PLATFORM
         return {"name": name, "versions": versions, "platform": platform, **tensors}
 
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:
@@ -165,7 +166,7 @@ class DataPlane:
             timeout_us=timeout_us,
             received_ns=received_ns,
             request_id=request.id,
-            parameters=request.parameters,
+            parameters={k: v for k, v in request.parameters.items() if k not in _RESERVED_PARAMETERS},
         )
         return _response(served, request.id, output_names, results)
 
@@ -333,10 +334,14 @@ class DataPlane:
 
     async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
         self._require_explicit("unload")
-        for key in parameters or {}:
+        parameters = parameters or {}
+        for key in parameters:
             if key != "unload_dependents":
                 raise InvalidArgument(f"unknown unload parameter '{key}'")
-        await self.repository.unload(_model_name(name))
+        dependents = parameters.get("unload_dependents", False)
+        if not isinstance(dependents, bool):
+            raise InvalidArgument("unload parameter 'unload_dependents' must be a boolean")
+        await self.repository.unload(_model_name(name), unload_dependents=dependents)
 
     def _require_explicit(self, action: str) -> None:
         if self.model_control_mode != "explicit":
@@ -346,6 +351,11 @@ class DataPlane:
                 "start the server with --model-control-mode explicit"
             )
 
+
+#: Request parameters the protocol itself reads; as in Triton's front ends, models never see them.
+_RESERVED_PARAMETERS = frozenset(
+    ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output")
+)
 
 #: The longest file name most file systems take (NAME_MAX); a longer name is no model folder.
 _NAME_MAX_BYTES = 255

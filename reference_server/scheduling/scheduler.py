@@ -134,6 +134,7 @@ class _Request:
         "request_id",
         "parameters",
         "sink",
+        "secondary_stats",
     )
 
     def __init__(
@@ -149,6 +150,7 @@ class _Request:
         request_id: str = "",
         parameters: dict[str, Any] | None = None,
         sink: ResponseSink | None = None,
+        secondary_stats: ModelStats | None = None,
     ) -> None:
         self.inputs = inputs
         self.output_names = output_names
@@ -162,6 +164,7 @@ class _Request:
         self.request_id = request_id
         self.parameters = parameters if parameters is not None else {}
         self.sink = sink
+        self.secondary_stats = secondary_stats
 
 
 # A dispatched batch: its preserve_ordering number and its requests.
@@ -235,6 +238,7 @@ class Scheduler:
         received_ns: int | None = None,
         request_id: str = "",
         parameters: dict[str, Any] | None = None,
+        secondary_stats: ModelStats | None = None,
     ) -> Tensors:
         """Run one request, batched with others where the policy allows; returns its outputs.
 
@@ -244,14 +248,16 @@ class Scheduler:
         input the instances' `prepare_inputs` refuses,
         Unavailable when the queue is full, the request times out or the scheduler is closing,
         Unsupported for a decoupled model (use `infer_stream`), and InternalError (or the model's
-        own error) when the model fails.
+        own error) when the model fails. `secondary_stats`: see `model_scheduler.ModelScheduler`.
         """
         if self._policy.decoupled:
             raise Unsupported(
                 "ModelInfer RPC doesn't support models with decoupled transaction policy: this model sends "
                 "its responses as a stream (gRPC ModelStreamInfer, HTTP generate_stream)"
             )
-        request = self._submit(inputs, output_names, timeout_us, received_ns, request_id, parameters, None)
+        request = self._submit(
+            inputs, output_names, timeout_us, received_ns, request_id, parameters, None, secondary_stats
+        )
         try:
             return await request.future
         except asyncio.CancelledError:
@@ -278,14 +284,17 @@ class Scheduler:
         Leaving the iteration early withdraws a request that is still queued.
         """
         if not self._policy.decoupled:
-            yield await self.infer(
-                inputs,
-                output_names,
-                timeout_us=timeout_us,
-                received_ns=received_ns,
-                request_id=request_id,
-                parameters=parameters,
-            ), True
+            yield (
+                await self.infer(
+                    inputs,
+                    output_names,
+                    timeout_us=timeout_us,
+                    received_ns=received_ns,
+                    request_id=request_id,
+                    parameters=parameters,
+                ),
+                True,
+            )
             return
         loop = asyncio.get_running_loop()
         # (outputs, final, error, whether the error fails the request as a whole)
@@ -331,6 +340,7 @@ class Scheduler:
         request_id: str,
         parameters: dict[str, Any] | None,
         sink: ResponseSink | None,
+        secondary_stats: ModelStats | None = None,
     ) -> _Request:
         """Admit and queue one request; its future resolves when its batch has run."""
         if self._closing:
@@ -343,7 +353,7 @@ class Scheduler:
         batch_size, key = self._admit(inputs)
         policy = self._policy
         if policy.max_queue_size and len(self._queue) + len(self._delayed) >= policy.max_queue_size:
-            self._stats.record_failure(perf_counter_ns() - received_ns, "REJECTED")
+            _record_failure(self._stats, secondary_stats, perf_counter_ns() - received_ns, "REJECTED")
             raise Unavailable(f"Exceeds maximum queue size ({policy.max_queue_size})")
         deadline = 0
         if policy.default_timeout_ns:
@@ -357,8 +367,9 @@ class Scheduler:
             loop = self._loop = asyncio.get_running_loop()
         future: asyncio.Future[Tensors] = loop.create_future()
         request = _Request(
-            inputs, output_names, batch_size, key, future, received_ns, now, deadline, request_id, parameters, sink
-        )
+            inputs, output_names, batch_size, key, future, received_ns, now, deadline, request_id, parameters, sink,
+            secondary_stats,
+        )  # fmt: skip
         self._queue.append(request)
         self._stats.pending += 1
         if deadline and (not self._next_deadline or deadline < self._next_deadline):
@@ -376,7 +387,7 @@ class Scheduler:
         """The caller gave up: a request still queued leaves the queue and counts as CANCELED."""
         if request.queued:
             self._unqueue(request)
-            self._stats.record_failure(perf_counter_ns() - request.received_ns, "CANCELED")
+            _record_failure(self._stats, request.secondary_stats, perf_counter_ns() - request.received_ns, "CANCELED")
             self._check_drained()
             request.future.cancel()
 
@@ -666,10 +677,12 @@ class Scheduler:
             future = request.future
             if future.done():
                 if future.cancelled():
-                    stats.record_failure(done - request.received_ns, "CANCELED")
+                    _record_failure(stats, request.secondary_stats, done - request.received_ns, "CANCELED")
                 continue  # otherwise close() failed it and counted it already
             received = request.received_ns
             stats.record_success(done - received, t0 - received, t1 - t0, t2 - t1, t3 - t2)
+            if request.secondary_stats is not None:
+                request.secondary_stats.record_success(done - received, t0 - received, t1 - t0, t2 - t1, t3 - t2)
             future.set_result(result)
 
     def _fail(self, request: _Request, error: Exception, reason: str, now: int) -> None:
@@ -680,7 +693,7 @@ class Scheduler:
             return  # already answered and counted
         else:
             future.set_exception(error)
-        self._stats.record_failure(now - request.received_ns, reason)
+        _record_failure(self._stats, request.secondary_stats, now - request.received_ns, reason)
 
     def _is_drained(self) -> bool:
         idle = len(self._idle) == len(self._slots)
@@ -689,6 +702,12 @@ class Scheduler:
     def _check_drained(self) -> None:
         if self._drained is not None and self._is_drained():
             self._drained.set()
+
+
+def _record_failure(stats: ModelStats, secondary: ModelStats | None, request_ns: int, reason: str) -> None:
+    stats.record_failure(request_ns, reason)
+    if secondary is not None:
+        secondary.record_failure(request_ns, reason)
 
 
 def _backlog(slot: _Slot) -> int:

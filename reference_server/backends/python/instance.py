@@ -13,7 +13,7 @@ request's sink, from that thread), BLS requests (run on the server's loop throug
 Failures, each confined to what it touches:
 
 - `execute` raises: that batch fails with Triton's "Failed to process the request(s) for model
-  instance ..." and the exception's text; the stub keeps serving.
+  '<instance>', message: ..." and the exception's text and frames; the stub keeps serving.
 - A response carrying `TritonError`: that request fails with its message and the code's status.
 - The stub exits or is killed: the reader sees EOF; the batch in flight and every open stream
   fail with "Stub process '<instance>' is not healthy."; the next batch starts a new stub
@@ -146,6 +146,8 @@ class _Stub:
         self._waiters: dict[object, _Waiter] = {}
         self._streams: dict[int, _Stream] = {}
         self._ids = itertools.count(1)
+        self._to_free: list[tuple[int, int]] = []  # stub-arena blocks read and copied, not yet given back
+        self._to_free_bytes = 0
         self._reader = threading.Thread(target=self._read, name=f"{instance_name}-stub-reader", daemon=True)
         self._reader.start()
 
@@ -187,10 +189,30 @@ class _Stub:
         for offset, nbytes in blocks:
             self.server_arena.release(offset, nbytes)
 
+    def give_back(self, blocks: list[tuple[int, int]]) -> None:
+        """Free stub-arena blocks we have copied out of: they ride on the next execute message, or
+        go at once when they add up to an eighth of the arena (decoupled and BLS traffic)."""
+        if not blocks:
+            return
+        with self._lock:
+            self._to_free += blocks
+            self._to_free_bytes += sum(nbytes for _, nbytes in blocks)
+            if self._to_free_bytes < self.stub_arena.size // 8:
+                return
+            pending, self._to_free, self._to_free_bytes = self._to_free, [], 0
+        self.channel.send({"op": "free", "blocks": pending})
+
+    def take_frees(self) -> list[tuple[int, int]]:
+        with self._lock:
+            pending, self._to_free, self._to_free_bytes = self._to_free, [], 0
+        return pending
+
     def next_id(self) -> int:
         return next(self._ids)
 
     def kill(self) -> None:
+        with self._lock:
+            self.alive = False  # now, not when the reader sees EOF: the next batch must start a new stub
         try:
             self.process.kill()
         except OSError:
@@ -279,8 +301,7 @@ class _Stub:
                 outputs[tensor[0]] = ipc.read_tensor(self.stub_arena, tensor, fds, copy=True)
                 if tensor[3][0] == "a":
                     blocks.append((tensor[3][1], tensor[3][2]))
-            if blocks:
-                self.channel.send({"op": "free", "blocks": blocks})
+            self.give_back(blocks)
             if desc["error"] is not None:
                 return None, server_error_from_code(*desc["error"])
             return outputs, self.model_check(outputs)
@@ -321,9 +342,7 @@ class _Stub:
             inputs = {d[0]: ipc.read_tensor(self.stub_arena, d, fds, copy=True) for d in message["inputs"]}
         finally:
             ipc.close_fds(fds)
-        blocks = [(d[3][1], d[3][2]) for d in message["inputs"] if d[3][0] == "a"]
-        if blocks:
-            self.channel.send({"op": "free", "blocks": blocks})
+        self.give_back([(d[3][1], d[3][2]) for d in message["inputs"] if d[3][0] == "a"])
         try:
             parameters = json.loads(message["parameters"] or "{}")
         except json.JSONDecodeError:
@@ -473,9 +492,19 @@ class PythonInstance:
             ) from None
 
     def close(self) -> None:
-        """Call the model's finalize and stop the stub."""
-        with self._lock:
-            self._closed = True
+        """Call the model's finalize and stop the stub.
+
+        Called after the scheduler's grace period: a batch still running then has been failed
+        already, so its stub gets a second and is then killed, rather than holding up the unload
+        or the server's exit until the execute timeout.
+        """
+        self._closed = True
+        if not self._lock.acquire(timeout=1.0):
+            stub = self._stub
+            if stub is not None:
+                stub.kill()
+            self._lock.acquire()
+        try:
             stub, self._stub = self._stub, None
             if stub is None:
                 return
@@ -494,6 +523,8 @@ class PythonInstance:
                     stub.kill()
             stub.channel.close()  # EOF: a stub that did not finalize exits now
             stub.close()
+        finally:
+            self._lock.release()
 
     def _running_stub(self) -> _Stub:
         stub = self._stub
@@ -547,7 +578,7 @@ class PythonInstance:
                 tokens.append(token)
                 items.append({
                     "token": token, "inputs": inputs, "outputs": list(request.output_names), "id": request.request_id,
-                    "parameters": json.dumps(request.parameters), "flags": 0, "correlation_id": 0,
+                    "parameters": json.dumps(request.parameters, separators=(",", ":")), "flags": 0, "correlation_id": 0,
                 })  # fmt: skip
                 if request.sink is not None:
                     stub.open_stream(token, request.sink, per_request[-1])
@@ -555,14 +586,20 @@ class PythonInstance:
             t1 = perf_counter_ns()
             try:
                 reply, out_fds = stub.call(
-                    {"op": "execute", "id": batch_id, "model_name": model.name, "requests": items},
+                    {
+                        "op": "execute",
+                        "id": batch_id,
+                        "model_name": model.name,
+                        "requests": items,
+                        "free": stub.take_frees(),
+                    },  # fmt: skip
                     model.execute_timeout_s,
                     fds,
                 )
             except TimeoutError:
                 stub.kill()
                 raise InternalError(
-                    f"Failed to process the request(s) for model instance '{self.name}', message: execute() did not "
+                    f"Failed to process the request(s) for model '{self.name}', message: execute() did not "
                     f"return within {model.execute_timeout_s:g} s (--backend-config=python,execute-timeout-seconds=N); "
                     "the stub process was killed and is restarted for the next request"
                 ) from None
@@ -577,9 +614,7 @@ class PythonInstance:
             for token in decoupled_tokens:
                 stub.drop_stream(token)
             self._release_unary(stub, batch, per_request)
-            raise InternalError(
-                f"Failed to process the request(s) for model instance '{self.name}', message: {reply['error']}"
-            )
+            raise InternalError(f"Failed to process the request(s) for model '{self.name}', message: {reply['error']}")
         self._release_unary(stub, batch, per_request)
         if decoupled_tokens:
             ipc.close_fds(out_fds)

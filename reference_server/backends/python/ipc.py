@@ -14,8 +14,10 @@ Two things join the server to one stub (one `instance_group` instance):
 
 Who frees what: the stub only reads the server's inputs while it runs them, so the server frees
 them when the batch (or, for a decoupled model, the request's final response) is back. Everything
-else a reader copies out of the arena and then answers `{"op": "free", ...}` so the writer can
-reuse the space.
+else a reader copies out of the arena and then gives back: the stub with a `{"op": "free", ...}`
+message, the server with its next `execute` message (a message less per request), or a `free`
+message once an eighth of the arena waits. Should the writer find no room meanwhile, the tensor
+goes into a memfd of its own: slower, never refused.
 """
 
 from __future__ import annotations
@@ -162,11 +164,11 @@ class Arena:
             return sum(length for _, length in self._free)
 
     def close(self) -> None:
-        self.view.release()
         try:
+            self.view.release()
             self.map.close()
         except BufferError:
-            pass  # a model still holds a view; the mapping goes when it lets go
+            pass  # someone still holds a view; the mapping goes when it lets go
         os.close(self.fd)
 
 

@@ -19,6 +19,7 @@ import itertools
 import json
 import os
 import queue
+import signal
 import socket
 import sys
 import threading
@@ -40,9 +41,14 @@ def format_exception(exc: BaseException) -> str:
     """`Type: message` then the model-side frames, as Triton's stub reports a Python error."""
     frames = traceback.extract_tb(exc.__traceback__)
     own = os.path.dirname(__file__)
-    lines = [f"  {f.filename}({f.lineno}): {f.name}" for f in frames if not f.filename.startswith(own)]
+    # The model's frames only: not ours, nor importlib's (<frozen ...>) around a failing import.
+    lines = [
+        f"  {f.filename}({f.lineno}): {f.name}"
+        for f in frames
+        if not f.filename.startswith(own) and not f.filename.startswith("<")
+    ]
     text = f"{type(exc).__name__}: {exc}"
-    return text + ("\n\nAt:\n" + "\n".join(reversed(lines)) if lines else "")
+    return text + ("\n\nAt:\n" + "".join(line + "\n" for line in reversed(lines)) if lines else "")
 
 
 class Stub:
@@ -68,6 +74,8 @@ class Stub:
             while True:
                 message, fds = self.channel.recv()
                 op = message["op"]
+                for offset, nbytes in message.get("free", ()):
+                    self.arena.release(offset, nbytes)  # given back with an execute
                 if op == "free":
                     for offset, nbytes in message["blocks"]:
                         self.arena.release(offset, nbytes)
@@ -294,6 +302,9 @@ def _resolve(future: asyncio.Future[Any], value: Any) -> None:
 
 
 def main(argv: list[str]) -> int:
+    # Ctrl-C in a terminal reaches the whole process group: the server stops its stubs itself
+    # (finalize, then EOF), so the stub must not die half-way on the same signal.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     fd, server_arena_fd, stub_arena_fd, size = (int(a) for a in argv[:4])
     channel = ipc.Channel(socket.socket(fileno=fd))
     stub = Stub(channel, ipc.Arena(server_arena_fd, size), ipc.Arena(stub_arena_fd, size))
