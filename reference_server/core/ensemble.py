@@ -32,7 +32,7 @@ from time import perf_counter_ns
 from typing import Any, Protocol
 
 from reference_server.core.ensemble_config import EnsemblePlan, Step
-from reference_server.errors import InvalidArgument, Unavailable
+from reference_server.errors import InvalidArgument, ServerError, Unavailable
 from reference_server.scheduling.execute import Tensors
 from reference_server.scheduling.model_scheduler import ModelScheduler
 from reference_server.scheduling.stats import ModelStats
@@ -118,7 +118,7 @@ class EnsembleScheduler:
         received_ns: int | None = None,
         request_id: str = "",
         parameters: dict[str, Any] | None = None,
-    ) -> AsyncIterator[tuple[Tensors | None, bool]]:
+    ) -> AsyncIterator[tuple[Tensors | ServerError | None, bool]]:
         """One response, final (load refuses decoupled composing models)."""
         outputs = await self.infer(
             inputs,

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
 
+from reference_server.errors import ServerError
 from reference_server.scheduling.execute import Tensors
 from reference_server.scheduling.stats import ModelStats
 
@@ -17,7 +18,10 @@ __all__ = ["ModelScheduler"]
 
 class ModelScheduler(Protocol):
     """A model version's scheduler: `Scheduler`, or an ensemble's. `secondary_stats` also counts the
-    request (Triton's secondary stats aggregator): an ensemble sums its steps' compute times in it."""
+    request (Triton's secondary stats aggregator): an ensemble sums its steps' compute times in it.
+
+    `infer_stream` yields (outputs, final) per response: a `ServerError` in place of the outputs is
+    an error response the model sent (the stream goes on), None a final flag sent on its own."""
 
     async def infer(
         self,
@@ -40,6 +44,6 @@ class ModelScheduler(Protocol):
         received_ns: int | None = None,
         request_id: str = "",
         parameters: dict[str, Any] | None = None,
-    ) -> AsyncIterator[tuple[Tensors | None, bool]]: ...
+    ) -> AsyncIterator[tuple[Tensors | ServerError | None, bool]]: ...
 
     async def close(self, grace_s: float) -> None: ...
