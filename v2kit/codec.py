@@ -78,7 +78,8 @@ HEADER_LENGTH = "Inference-Header-Content-Length"
 @dataclass(slots=True)
 class InferTensor:
     """One input or output tensor. `data` is a numpy array of `shape`; BYTES tensors hold `object`
-    arrays of `bytes`."""
+    arrays of `bytes`, byte for byte what the wire carried (`v2kit.tensors` says how JSON and `str`
+    elements map to them)."""
 
     name: str
     datatype: str

@@ -1,5 +1,5 @@
-"""The demo model repository: three small ONNX models built locally with onnx.helper, and one
-python-backend model.
+"""The demo model repository: small ONNX models built locally with onnx.helper, a python-backend
+model, and an ensemble.
 
 Nothing is downloaded. The weights come from seeded numpy generators with He scaling
 (std = sqrt(2 / fan_in)), so every build is byte-identical and the ReLU layers neither die out nor
@@ -13,6 +13,9 @@ blow up: the outputs are finite and vary with the input.
 - `python_linear`: a python-backend model (`model.py`) in the pattern most deployments follow:
   `initialize` loads numpy weights (`weights.npy`, `bias.npy`) from its version folder, `execute`
   applies them (64 → 16, ReLU) to each request of the batch the dynamic batcher hands it.
+- `mlp_pipeline`: an ensemble (Triton's `platform: "ensemble"`, no model file) of two steps:
+  `preprocess` (an ONNX model scaling [0, 1] inputs to [-1, 1]) feeding `mlp`; the shape of the
+  model pipelines Triton users deploy.
 
 `ensure_demo_repository()` keeps one built copy per BUILDER_VERSION in the cache folder. Bump
 BUILDER_VERSION whenever the models or configs change, so that old caches are not reused.
@@ -35,7 +38,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 __all__ = ["BUILDER_VERSION", "build_demo_repository", "ensure_demo_repository", "main"]
 
-BUILDER_VERSION = 2
+BUILDER_VERSION = 3
 # Opset 17 with IR version 8 (the pair onnx released together) loads in every onnxruntime from
 # 1.14 on; the installed onnx would otherwise stamp a newer IR version than some runtimes accept.
 OPSET = 17
@@ -76,19 +79,56 @@ instance_group [ { count: 1 } ]
 """
 
 
+_PREPROCESS_CONFIG = """\
+name: "preprocess"
+backend: "onnxruntime"
+max_batch_size: 64
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 256 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 256 ] } ]
+dynamic_batching { max_queue_delay_microseconds: 100 }
+"""
+
+_PIPELINE_CONFIG = """\
+name: "mlp_pipeline"
+platform: "ensemble"
+max_batch_size: 64
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 256 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 10 ] } ]
+ensemble_scheduling {
+  step [
+    {
+      model_name: "preprocess"
+      model_version: -1
+      input_map { key: "INPUT0" value: "INPUT0" }
+      output_map { key: "OUTPUT0" value: "scaled" }
+    },
+    {
+      model_name: "mlp"
+      model_version: -1
+      input_map { key: "INPUT0" value: "scaled" }
+      output_map { key: "OUTPUT0" value: "OUTPUT0" }
+    }
+  ]
+}
+"""
+
+
 def build_demo_repository(dest: Path) -> Path:
-    """Write the `mlp`, `convnet`, `identity` and `python_linear` models into `dest` in Triton
-    layout; return `dest`."""
-    models = {
+    """Write the demo models into `dest` in Triton layout; return `dest`."""
+    models: dict[str, tuple[onnx.ModelProto | None, str]] = {
         "mlp": (_mlp(np.random.default_rng(1)), _MLP_CONFIG),
         "convnet": (_convnet(np.random.default_rng(2)), _CONVNET_CONFIG),
         "identity": (_identity(), _IDENTITY_CONFIG),
+        "preprocess": (_preprocess(), _PREPROCESS_CONFIG),
+        # An ensemble has no model file, but Triton still wants a version folder.
+        "mlp_pipeline": (None, _PIPELINE_CONFIG),
     }
     for name, (model, config) in models.items():
-        onnx.checker.check_model(model, full_check=True)
         version_dir = dest / name / "1"
         version_dir.mkdir(parents=True, exist_ok=True)
-        (version_dir / "model.onnx").write_bytes(model.SerializeToString())
+        if model is not None:
+            onnx.checker.check_model(model, full_check=True)
+            (version_dir / "model.onnx").write_bytes(model.SerializeToString())
         (dest / name / "config.pbtxt").write_text(config, encoding="utf-8")
     _python_linear(dest / "python_linear", np.random.default_rng(4))
     return dest
@@ -169,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """`python -m v2kit.demo DEST`: build the demo repository into DEST."""
     parser = argparse.ArgumentParser(
         prog="python -m v2kit.demo",
-        description="Build the demo model repository (mlp, convnet, identity, python_linear).",
+        description="Build the demo model repository (mlp, convnet, identity, preprocess, mlp_pipeline, python_linear).",
     )
     parser.add_argument("dest", metavar="DEST", type=Path, help="folder to write the model repository into")
     args = parser.parse_args(argv)
@@ -273,6 +313,20 @@ def _identity() -> onnx.ModelProto:
         [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", "n"])],
         [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", "n"])],
         {},
+    )
+
+
+def _preprocess() -> onnx.ModelProto:
+    """(x - 0.5) * 2: [0, 1] pixels to [-1, 1]."""
+    return _model(
+        "preprocess",
+        [
+            helper.make_node("Sub", ["INPUT0", "half"], ["centred"]),
+            helper.make_node("Mul", ["centred", "two"], ["OUTPUT0"]),
+        ],
+        [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", 256])],
+        [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", 256])],
+        {"half": np.array(0.5, dtype=np.float32), "two": np.array(2.0, dtype=np.float32)},
     )
 
 

@@ -7,6 +7,15 @@ response bodies from these, and re-exports the first group of `__all__`. The sec
 message codecs (`codec`, `grpc_proto`) check tensors and word their errors with; each takes `what`,
 the words an error message starts with ("input 'x'").
 
+BYTES tensors have one representation in memory, as in Triton's python backend (pb_utils): a numpy
+object array whose elements are `bytes`, exactly the bytes on the wire (NUL, empty and non-UTF-8
+elements included). Every decoder returns that; encoders also take `str` elements (sent as UTF-8)
+and numpy `S`/`U` arrays, though numpy drops the trailing NULs of those, so exact data belongs in
+object arrays. JSON strings carry only text: a JSON BYTES element is its string's UTF-8 (`"\\u0000"`
+is one NUL byte), and an element that is not UTF-8 cannot be written as JSON, so `tensor_to_json`
+refuses it, naming the element and the fix (binary data); Triton 2.51 writes the raw bytes into its
+JSON instead, and tritonclient then fails to read the reply.
+
 Decoders raise only `CodecError` whatever the bytes, with a message that names the tensor. Sizes are
 checked against the bytes actually present before anything is allocated, and numeric tensors decoded
 from binary are zero-copy views of the buffer (read-only when it is `bytes`).
@@ -180,9 +189,12 @@ def serialize_bytes_tensor(arr: Any) -> bytes:
     """Row-major BYTES elements, each a 4-byte little-endian length then the bytes (str → UTF-8)."""
     pack = _U32.pack
     parts: list[bytes] = []
-    for x in np.asarray(arr, dtype=object).ravel():
+    for i, x in enumerate(np.asarray(arr, dtype=object).ravel()):
         if isinstance(x, str):
-            x = x.encode()
+            try:
+                x = x.encode()
+            except UnicodeEncodeError:
+                raise CodecError(f"BYTES element {i} is a str that is not valid Unicode: {short_repr(x)}") from None
         elif not isinstance(x, (bytes, bytearray)):
             raise CodecError(f"BYTES elements must be bytes or str, got {type(x).__name__}")
         parts += (pack(len(x)), x)
@@ -338,13 +350,16 @@ def tensor_to_json(arr: Any, datatype: str, *, name: str = "", kind: str = "outp
         values: list[Any] = _as_dtype(arr, datatype, what).ravel().tolist()
         return values
     out = []
-    for x in np.asarray(arr, dtype=object).ravel():
+    for i, x in enumerate(np.asarray(arr, dtype=object).ravel()):
         if isinstance(x, (bytes, bytearray)):
             try:
                 x = x.decode()
-            except UnicodeDecodeError:
-                msg = f"{what}: a BYTES element is not UTF-8, so cannot be JSON; use binary data"
-                raise CodecError(msg) from None
+            except UnicodeDecodeError as e:
+                fix = "send it as binary data" if kind == "input" else "ask for it as binary data (binary_data: true)"
+                raise CodecError(
+                    f"{what}: BYTES element {i} is not valid UTF-8 ({e.reason} at byte {e.start}), so it cannot "
+                    f"be sent as JSON; {fix}"
+                ) from None
         elif not isinstance(x, str):
             raise CodecError(f"{what}: BYTES elements must be bytes or str, got {type(x).__name__}")
         out.append(x)

@@ -1,4 +1,17 @@
-"""The ONNX Runtime backend: one InferenceSession per model instance, on CPU or a GPU."""
+"""The ONNX Runtime backend: one InferenceSession per model instance, on CPU or a GPU.
+
+String tensors. The server carries BYTES tensors as object arrays of `bytes` (`v2kit.tensors`), but
+onnxruntime's Python API carries string tensors as text: it turns a `bytes` element into the text of
+its repr (b"a" becomes "b'a'"), cuts numpy `S` and `U` arrays at a NUL, refuses `str` holding lone
+surrogates, and decodes its string outputs as UTF-8. So a TYPE_STRING input is decoded as strict
+UTF-8 into an object array of `str` (exact, NUL included) and each string output is encoded back to
+`bytes`; an element that is not UTF-8 cannot reach the model unchanged, so the request is refused
+(InvalidArgument) with the model, input, element and reason, before it joins a batch, rather than
+silently altered. The C API (`libonnxruntime.so`'s FillStringTensor) takes any bytes, but the wheel's
+Python session is a separate, statically linked copy of the runtime, so that route would mean
+driving a second runtime through ctypes for every model: not worth it for non-UTF-8 strings.
+Models without string tensors pay nothing: the string inputs and outputs are found once, at load.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +26,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server.backends.context import BackendContext
 from reference_server.backends.placement import Placement
-from reference_server.errors import ModelConfigError
+from reference_server.errors import InvalidArgument, ModelConfigError
 from reference_server.scheduling.execute import TensorSignature
+from v2kit.tensors import object_array
 
 # The names a config.pbtxt gives this backend (Triton: backend "onnxruntime", platform "onnxruntime_onnx").
 ONNX_BACKEND = "onnxruntime"
@@ -70,7 +84,7 @@ def create_instances(
 ) -> tuple[list[OnnxInstance], tuple[list[TensorSignature], list[TensorSignature]]]:
     """One session per placement, and the graph's (inputs, outputs) in config terms."""
     options = session_options(config, config_path)
-    instances = [OnnxInstance(p, model_path, options) for p in placements]
+    instances = [OnnxInstance(p, model_path, options, model_name=config.name) for p in placements]
     return instances, signature_from_session(instances[0].session)
 
 
@@ -93,8 +107,11 @@ def _signature(name: str, ort_type: str, shape: Sequence[Any] | None) -> TensorS
 class OnnxInstance:
     """One onnxruntime InferenceSession; `run` blocks and is called from the instance's worker thread."""
 
-    def __init__(self, placement: Placement, model_path: Path, options: ort.SessionOptions) -> None:
+    def __init__(
+        self, placement: Placement, model_path: Path, options: ort.SessionOptions, *, model_name: str = ""
+    ) -> None:
         self.name = placement.name
+        self.model_name = model_name or model_path.parent.parent.name
         self.placement = placement
         if not model_path.is_file():
             raise ModelConfigError(f"{model_path}: model file not found")
@@ -115,6 +132,11 @@ class OnnxInstance:
                 f"{placement.gpu}, but onnxruntime could not create it (is onnxruntime-gpu's CUDA runtime installed?)"
             )
         self.output_names = [o.name for o in self.session.get_outputs()]
+        self._string_inputs = frozenset(i.name for i in self.session.get_inputs() if i.type == _STRING)
+        self._string_outputs = frozenset(o.name for o in self.session.get_outputs() if o.type == _STRING)
+        if self._string_inputs:
+            # The scheduler calls it on each request before batching (scheduling/execute.py).
+            self.prepare_inputs = self._decode_inputs
         self._run_options = ort.RunOptions()
         # With one intra-op thread the calling thread does all the work and no pool threads spin
         # after it, so a short run may execute on the event loop (scheduler.INLINE_MAX_NS); with
@@ -123,5 +145,52 @@ class OnnxInstance:
 
     def run(self, inputs: dict[str, np.ndarray], output_names: Sequence[str]) -> dict[str, np.ndarray]:
         names = list(output_names) or self.output_names
+        if self._string_inputs:
+            # Requests arrive decoded by prepare_inputs; warmup and direct callers may pass bytes.
+            inputs = self._decode_inputs(inputs)
         results = self.session.run(names, inputs, self._run_options)
+        if self._string_outputs:
+            results = [_encoded(r) if n in self._string_outputs else r for n, r in zip(names, results)]
         return dict(zip(names, results))
+
+    def _decode_inputs(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """`inputs` with each string input as an object array of `str`, or InvalidArgument."""
+        decoded = dict(inputs)
+        for name in self._string_inputs.intersection(inputs):
+            decoded[name] = _decoded(inputs[name], self.model_name, name)
+        return decoded
+
+
+_STRING = "tensor(string)"
+
+
+def _decoded(arr: np.ndarray, model: str, name: str) -> np.ndarray:
+    """An object array of `str` from BYTES elements (`bytes`, or already `str`), strict UTF-8."""
+    items = arr.reshape(-1).tolist()
+    try:
+        texts = [x if isinstance(x, str) else x.decode("utf-8") for x in items]
+    except (UnicodeDecodeError, AttributeError):
+        raise _not_text(items, model, name) from None
+    return object_array(texts).reshape(arr.shape)
+
+
+def _not_text(items: list[Any], model: str, name: str) -> InvalidArgument:
+    where = f"inference input '{name}' for model '{model}'"
+    for i, x in enumerate(items):
+        if not isinstance(x, (bytes, bytearray, str)):
+            return InvalidArgument(f"{where}: element {i} is a {type(x).__name__}, not bytes")
+        try:
+            if not isinstance(x, str):
+                x.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return InvalidArgument(
+                f"{where}: element {i} is not valid UTF-8 ({e.reason} at byte {e.start}); onnxruntime's "
+                "Python API carries string tensors as UTF-8 text, so this model cannot take arbitrary bytes"
+            )
+    return InvalidArgument(f"{where}: a string element cannot be passed to onnxruntime")
+
+
+def _encoded(arr: np.ndarray) -> np.ndarray:
+    """onnxruntime's string output (`str` elements) as an object array of UTF-8 `bytes`."""
+    items = [x.encode("utf-8") if isinstance(x, str) else bytes(x) for x in arr.reshape(-1).tolist()]
+    return object_array(items).reshape(arr.shape)

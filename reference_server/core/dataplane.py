@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,7 @@ from reference_server.backends.context import ModelCall
 from reference_server.backends.onnxruntime import ONNX_PLATFORM
 from reference_server.core import model_config
 from reference_server.core.repository import ModelRepository, ModelVersion
-from reference_server.errors import InvalidArgument, NotFound, Unavailable, Unsupported
+from reference_server.errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported
 from reference_server.scheduling.execute import Tensors
 from v2kit import codec as v2
 
@@ -32,6 +32,21 @@ EXTENSIONS = [
     "statistics",
     "schedule_policy",
 ]
+
+
+#: The front ends' names in Triton's refusal of a decoupled model on a unary endpoint.
+HTTP_ENDPOINT = "HTTP end point"
+GRPC_ENDPOINT = "ModelInfer RPC"
+
+#: What a decoupled model's stream carries in place of a response: an error it sent (the stream
+#: goes on), or None for a final flag sent alone.
+StreamResponse = v2.InferResponse | ServerError | None
+
+#: Request parameters that are the server's business, not the model's (Triton keeps them too).
+_RESERVED_PARAMETERS = frozenset({
+    "timeout", "priority", "sequence_id", "sequence_start", "sequence_end", "binary_data_output",
+    "triton_enable_empty_final_response",
+})  # fmt: skip
 
 
 class DataPlane:
@@ -136,17 +151,15 @@ class DataPlane:
 
     # --- inference -------------------------------------------------------------------------------
 
-    async def infer(self, request: v2.InferRequest) -> v2.InferResponse:
+    async def infer(self, request: v2.InferRequest, *, endpoint: str = HTTP_ENDPOINT) -> v2.InferResponse:
+        """One request, one response. A decoupled model is refused with Triton's UNSUPPORTED, whose
+        message names the `endpoint` (`HTTP_ENDPOINT`, `GRPC_ENDPOINT`): it may answer 0..N times,
+        which only a stream can carry."""
         received_ns = time.perf_counter_ns()
-        self._check_elements(request)
         served = self.repository.get(_model_name(request.model_name), request.model_version)
-        inputs = _validated_inputs(served, request)
-        output_names = _validated_outputs(served, request)
-        timeout_us = request.parameters.get("timeout")
-        if timeout_us is not None and (
-            not isinstance(timeout_us, int) or isinstance(timeout_us, bool) or timeout_us < 0
-        ):
-            raise InvalidArgument("request parameter 'timeout' must be a non-negative integer (microseconds)")
+        if is_decoupled(served):
+            raise Unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
+        inputs, output_names, timeout_us = self._prepare(served, request)
         results = await served.scheduler.infer(
             inputs,
             output_names,
@@ -155,13 +168,65 @@ class DataPlane:
             request_id=request.id,
             parameters={k: v for k, v in request.parameters.items() if k not in _RESERVED_PARAMETERS},
         )
-        outputs = []
-        for name in output_names:
-            array = results[name]
-            outputs.append(v2.InferTensor(name, _datatype(served.outputs[name].data_type), list(array.shape), array))
-        return v2.InferResponse(
-            model_name=served.name, model_version=str(served.version), id=request.id, outputs=outputs
+        return _response(served, request.id, output_names, results)
+
+    def infer_stream(self, request: v2.InferRequest) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
+        """The responses to one request, as the model sends them, each with whether it is the last.
+
+        A response is a `v2.InferResponse`; a `ServerError` that the model sent in place of a
+        response (the stream goes on, as Triton's does); or None, when the model's last word is the
+        final flag alone. A model that is not decoupled answers once, with final True.
+
+        The request is checked here, before anything runs: a bad one raises at once (a
+        `ServerError`, as `infer` would). An error that ends the execution raises from the
+        iteration. Closing the iteration early (`aclose`, a cancelled task) cancels the request.
+        """
+        received_ns = time.perf_counter_ns()
+        served = self.repository.get(_model_name(request.model_name), request.model_version)
+        inputs, output_names, timeout_us = self._prepare(served, request)
+        return self._stream(served, request, inputs, output_names, timeout_us, received_ns)
+
+    async def _stream(
+        self,
+        served: ModelVersion,
+        request: v2.InferRequest,
+        inputs: dict[str, np.ndarray],
+        output_names: list[str],
+        timeout_us: int | None,
+        received_ns: int,
+    ) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
+        stream = served.scheduler.infer_stream(
+            inputs,
+            output_names,
+            timeout_us=timeout_us,
+            received_ns=received_ns,
+            request_id=request.id,
+            parameters=_model_parameters(request.parameters),
         )
+        try:
+            async for results, final in stream:
+                if results is None or isinstance(results, ServerError):
+                    yield results, final
+                else:
+                    yield _response(served, request.id, output_names, results), final
+        finally:
+            # Closed early (the client went away): the scheduler's iteration ends too, now.
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    def _prepare(
+        self, served: ModelVersion, request: v2.InferRequest
+    ) -> tuple[dict[str, np.ndarray], list[str], int | None]:
+        self._check_elements(request)
+        inputs = _validated_inputs(served, request)
+        output_names = _validated_outputs(served, request)
+        timeout_us = request.parameters.get("timeout")
+        if timeout_us is not None and (
+            not isinstance(timeout_us, int) or isinstance(timeout_us, bool) or timeout_us < 0
+        ):
+            raise InvalidArgument("request parameter 'timeout' must be a non-negative integer (microseconds)")
+        return inputs, output_names, timeout_us
 
     def _model_call(self, call: ModelCall) -> tuple[ModelVersion, v2.InferRequest, Tensors, list[str]]:
         request = v2.InferRequest(
@@ -185,12 +250,14 @@ class DataPlane:
         )
 
     async def stream_model(self, call: ModelCall) -> AsyncIterator[tuple[Tensors | None, bool]]:
-        """`call_model` for a decoupled target: its responses as they come."""
+        """`call_model` for a decoupled target: its responses as they come; an error response ends it."""
         served, request, inputs, output_names = self._model_call(call)
-        async for item in served.scheduler.infer_stream(
+        async for outputs, final in served.scheduler.infer_stream(
             inputs, output_names, timeout_us=call.timeout_us, request_id=request.id, parameters=request.parameters
         ):
-            yield item
+            if isinstance(outputs, ServerError):
+                raise outputs
+            yield outputs, final
 
     def _check_elements(self, request: v2.InferRequest) -> None:
         # After the wire decode (whose allocations the body-size limit bounds, and which checks each
@@ -267,10 +334,14 @@ class DataPlane:
 
     async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
         self._require_explicit("unload")
-        for key in parameters or {}:
+        parameters = parameters or {}
+        for key in parameters:
             if key != "unload_dependents":
                 raise InvalidArgument(f"unknown unload parameter '{key}'")
-        await self.repository.unload(_model_name(name))
+        dependents = parameters.get("unload_dependents", False)
+        if not isinstance(dependents, bool):
+            raise InvalidArgument("unload parameter 'unload_dependents' must be a boolean")
+        await self.repository.unload(_model_name(name), unload_dependents=dependents)
 
     def _require_explicit(self, action: str) -> None:
         if self.model_control_mode != "explicit":
@@ -301,6 +372,25 @@ def _model_name(name: str) -> str:
         shown = name if len(name) <= 64 else name[:61] + "..."
         raise NotFound(f"model '{shown}' is not found: not a model folder name")
     return name
+
+
+def is_decoupled(served: ModelVersion) -> bool:
+    """Whether `served` may answer a request 0..N times (`model_transaction_policy { decoupled: true }`)."""
+    return bool(served.config.model_transaction_policy.decoupled)
+
+
+def _model_parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in parameters.items() if k not in _RESERVED_PARAMETERS}
+
+
+def _response(served: ModelVersion, request_id: str, output_names: list[str], results: Tensors) -> v2.InferResponse:
+    # A decoupled model may send some of the outputs in a response: those it sent, in the order asked.
+    outputs = []
+    for name in output_names:
+        array = results.get(name)
+        if array is not None:
+            outputs.append(v2.InferTensor(name, _datatype(served.outputs[name].data_type), list(array.shape), array))
+    return v2.InferResponse(model_name=served.name, model_version=str(served.version), id=request_id, outputs=outputs)
 
 
 def _memory_usage(served: ModelVersion) -> list[dict[str, Any]]:
@@ -386,4 +476,4 @@ def _fmt(shape: list[int]) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"
 
 
-__all__ = ["DataPlane", "SERVER_NAME"]
+__all__ = ["GRPC_ENDPOINT", "HTTP_ENDPOINT", "DataPlane", "SERVER_NAME", "StreamResponse", "is_decoupled"]

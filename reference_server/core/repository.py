@@ -15,6 +15,11 @@ on them finish there. A failed load swaps nothing: the old versions and the READ
 the reason is recorded for the index. Loads of one model serialize on its lock; different models
 load in parallel. Each load attempt records the model folder's fingerprint (`model_fingerprint`),
 which poll mode (`poller`) compares with the folder now.
+
+An ensemble (`platform: "ensemble"`) has no model file and no instances: its load checks its steps
+(`ensemble_config`), loads the composing models that are not serving, as Triton loads an
+ensemble's dependencies, checks the steps against their configs, and serves it through an
+`ensemble.EnsembleScheduler`. It is ready while its composing models are.
 """
 
 from __future__ import annotations
@@ -35,9 +40,19 @@ from reference_server.backends import instance_factory
 from reference_server.backends.context import BackendContext, ModelCall
 from reference_server.backends.placement import plan_instances
 from reference_server.core import model_config
+from reference_server.core.ensemble import EnsembleScheduler
+from reference_server.core.ensemble_config import (
+    Step,
+    check_circular,
+    check_composing,
+    complete_ensemble_config,
+    ensemble_versions,
+    is_ensemble,
+)
 from reference_server.core.warmup import run_warmup
 from reference_server.errors import ModelConfigError, NotFound, ServerError, Unavailable
 from reference_server.scheduling.execute import ModelInstance, Tensors
+from reference_server.scheduling.model_scheduler import ModelScheduler
 from reference_server.scheduling.policy import BatchingPolicy
 from reference_server.scheduling.scheduler import Scheduler
 from reference_server.scheduling.stats import ModelStats
@@ -84,19 +99,24 @@ def model_fingerprint(model_dir: Path) -> Fingerprint:
 
 @dataclass(slots=True)
 class ModelVersion:
-    """One served version of a model: its completed config, instances, scheduler and statistics."""
+    """One served version of a model: its completed config, instances, scheduler and statistics.
+
+    An ensemble has no instances; its scheduler runs its steps on the composing models.
+    """
 
     name: str
     version: int
     config: mc.ModelConfig
     instances: Sequence[ModelInstance]
-    scheduler: Scheduler
+    scheduler: ModelScheduler
     stats: ModelStats
     inputs: dict[str, mc.ModelInput]
     outputs: dict[str, mc.ModelOutput]
     #: GPU index → bytes this version's instances took on that GPU when they were created and
     #: warmed up (NVML); empty without GPU instances.
     gpu_memory_bytes: dict[int, int] = field(default_factory=dict)
+    #: An ensemble's composing models, as (name, version or "" for the latest).
+    composing: tuple[tuple[str, str], ...] = ()
 
     async def close(self, grace_s: float) -> None:
         await self.scheduler.close(grace_s)
@@ -210,6 +230,8 @@ class ModelRepository:
         self.default_max_batch_size = default_max_batch_size
         self._records: dict[str, ModelRecord] = {}
         self._retired: set[asyncio.Task[None]] = set()
+        #: Models `load_all` has tried to load in its current call; None outside one.
+        self._load_pass: set[str] | None = None
 
     # --- discovery -------------------------------------------------------------------------------
 
@@ -270,6 +292,8 @@ class ModelRepository:
             raise NotFound(f"model '{name}' is not in the model repository {self.root}")
         record = self._records.setdefault(name, ModelRecord(name))
         self._loop = asyncio.get_running_loop()
+        if self._load_pass is not None:
+            self._load_pass.add(name)
         async with record.lock:
             if not record.versions:
                 record.state, record.reason = LOADING, ""
@@ -279,9 +303,14 @@ class ModelRepository:
                 # poll, and before any check, so that a model refused for good is not retried.
                 record.fingerprint = await loop.run_in_executor(None, model_fingerprint, self.root / name)
                 model_dir = self.model_dir(name)
-                # Sessions and warmup take long: build them off the loop, schedulers on it.
-                prepared = await loop.run_in_executor(None, self._prepare_versions, name, model_dir, override)
-                versions = await self._start_versions(prepared)
+                raw = override if override is not None else model_config.read_config(model_dir)
+                if is_ensemble(raw):
+                    assert raw is not None
+                    versions = await self._load_ensemble(name, model_dir, raw)
+                else:
+                    # Sessions and warmup take long: build them off the loop, schedulers on it.
+                    prepared = await loop.run_in_executor(None, self._prepare_versions, name, model_dir, raw)
+                    versions = await self._start_versions(prepared)
             except asyncio.CancelledError:
                 # The caller gave up (server stopping); the half-built versions are dropped.
                 if not record.versions:
@@ -318,14 +347,104 @@ class ModelRepository:
         return versions
 
     async def load_all(self, names: Iterable[str] | None = None) -> None:
-        """Load several models; failures are recorded per model and logged, never raised."""
-        for name in self.model_names() if names is None else names:
-            try:
-                await self.load(name)
-            except ServerError:
-                pass
+        """Load several models; failures are recorded per model and logged, never raised.
 
-    async def unload(self, name: str) -> None:
+        An ensemble loads its composing models first; a model that an ensemble already loaded (or
+        failed to) in this call is not loaded again.
+        """
+        self._load_pass = set()
+        try:
+            for name in self.model_names() if names is None else names:
+                if name in self._load_pass:
+                    continue
+                try:
+                    await self.load(name)
+                except ServerError:
+                    pass
+        finally:
+            self._load_pass = None
+
+    # --- ensembles -------------------------------------------------------------------------------
+
+    async def _load_ensemble(self, name: str, model_dir: Path, raw: mc.ModelConfig) -> dict[int, ModelVersion]:
+        """Check an ensemble's config, load its composing models, check it against them, and serve it."""
+        config_path = model_dir / model_config.CONFIG_FILENAME
+        config, plan = complete_ensemble_config(raw, name, config_path)
+        check_circular(name, plan.steps, self._composing_on_disk, config_path)
+        await self._load_composing(name, plan.steps, config_path)
+
+        def composing(step: Step) -> mc.ModelConfig:
+            try:
+                return self.get(step.model_name, step.version).config
+            except ServerError as exc:
+                raise ModelConfigError(
+                    f"{config_path}: ensemble '{name}' depends on '{step.model_name}' whose required version "
+                    f"{step.model_version} is not loaded ({step.label}): {exc}"
+                ) from None
+
+        check_composing(config, plan, composing, config_path)
+        composing_versions = tuple(dict.fromkeys((step.model_name, step.version) for step in plan.steps))
+        versions = {}
+        for version in ensemble_versions(config, model_dir, config_path):
+            stats = ModelStats()
+            versions[version] = ModelVersion(
+                name=name,
+                version=version,
+                config=config,
+                instances=(),
+                scheduler=EnsembleScheduler(plan, config.max_batch_size, stats, self.get),
+                stats=stats,
+                inputs={i.name: i for i in config.input},
+                outputs={o.name: o for o in config.output},
+                composing=composing_versions,
+            )
+        return versions
+
+    def _composing_on_disk(self, name: str) -> list[str]:
+        """The composing models that `name`'s config.pbtxt names, if it is an ensemble."""
+        if not self.on_disk(name):
+            return []
+        try:
+            raw = model_config.read_config(self.root / name)
+        except ServerError:
+            return []  # its own load reports it
+        if raw is None or not is_ensemble(raw):
+            return []
+        return [step.model_name for step in raw.ensemble_scheduling.step]
+
+    async def _load_composing(self, name: str, steps: Sequence[Step], config_path: Path) -> None:
+        """Load the composing models that are not serving, as Triton loads an ensemble's dependencies."""
+        missing = [step for step in steps if not self.on_disk(step.model_name)]
+        if missing:
+            names = ", ".join(dict.fromkeys(step.model_name for step in missing))
+            raise ModelConfigError(
+                f"{config_path}: ensemble {name} contains models that are not available or ambiguous: {names} "
+                f"({', '.join(step.label for step in missing)} of ensemble '{name}'; no such folder in the "
+                "model repository)"
+            )
+        for step in {step.model_name: step for step in reversed(steps)}.values():
+            record = self._records.get(step.model_name)
+            if record is not None and record.versions:
+                continue
+            if record is not None and self._load_pass is not None and step.model_name in self._load_pass:
+                reason = record.reason  # tried in this pass already
+            else:
+                try:
+                    await self.load(step.model_name)
+                    continue
+                except ServerError as exc:
+                    reason = str(exc)
+            raise ModelConfigError(
+                f"ensemble '{name}' depends on '{step.model_name}' which has no loaded version. Model "
+                f"'{step.model_name}' loading failed with error: {reason} ({step.label} of ensemble '{name}')"
+            )
+
+    async def unload(self, name: str, *, unload_dependents: bool = False) -> None:
+        """Unload `name`; with `unload_dependents`, also the ensembles that use it (Triton's
+        unload parameter). Without it those ensembles stay loaded but not ready."""
+        if unload_dependents:
+            for dependent in self._dependents(name):
+                await self.unload(dependent, unload_dependents=True)
         record = self._records.get(name)
         if record is None:
             if not self.on_disk(name):
@@ -340,9 +459,16 @@ class ModelRepository:
             self._retire(old.values())
         log.info("unloaded model '%s'", name)
 
-    def _prepare_versions(self, name: str, model_dir: Path, override: mc.ModelConfig | None) -> list[_PreparedVersion]:
+    def _dependents(self, name: str) -> list[str]:
+        """The loaded ensembles with a step on `name`."""
+        return [
+            other
+            for other, record in self._records.items()
+            if any(model == name for mv in record.versions.values() for model, _ in mv.composing)
+        ]
+
+    def _prepare_versions(self, name: str, model_dir: Path, raw: mc.ModelConfig | None) -> list[_PreparedVersion]:
         config_path = model_dir / "config.pbtxt"
-        raw = override if override is not None else model_config.read_config(model_dir)
         base = mc.ModelConfig()
         if raw is not None:
             base.CopyFrom(raw)
@@ -438,11 +564,13 @@ class ModelRepository:
         return model_version
 
     def is_ready(self, name: str, version: str = "") -> bool:
+        """Whether `name` serves; an ensemble serves while each of its composing models does."""
         try:
-            self.get(name, version)
+            served = self.get(name, version)
         except ServerError:
             return False
-        return True
+        # Load-time checks rule out cycles, so this recursion ends.
+        return all(self.is_ready(model, model_version) for model, model_version in served.composing)
 
     def loaded(self) -> list[ModelVersion]:
         return [mv for record in self._records.values() for mv in record.versions.values()]
@@ -467,8 +595,16 @@ class ModelRepository:
                     entries.append({"name": name})
                 continue
             if record.versions:
-                for version in sorted(record.versions):
-                    entries.append({"name": name, "version": str(version), "state": READY, "reason": record.reason})
+                for version, served in sorted(record.versions.items()):
+                    entry = {"name": name, "version": str(version), "state": READY, "reason": record.reason}
+                    missing = [model for model, v in served.composing if not self.is_ready(model, v)]
+                    if missing:
+                        # An ensemble whose composing model went away serves nothing until it is back.
+                        if ready_only:
+                            continue
+                        entry["state"] = UNAVAILABLE
+                        entry["reason"] = f"composing model(s) not ready: {', '.join(missing)}"
+                    entries.append(entry)
             elif not ready_only:
                 entries.append({"name": name, "state": record.state, "reason": record.reason})
         return entries

@@ -33,7 +33,7 @@ Tensor = npt.NDArray[Any]
 Tensors = dict[str, Tensor]
 
 #: Where a decoupled model's responses go, from any thread: (outputs or None, final flag, error or
-#: None). An error ends the stream.
+#: None). An error is one response sent as an error: the stream ends with the final flag.
 ResponseSink = Callable[["Tensors | None", bool, "Exception | None"], None]
 
 
@@ -52,6 +52,10 @@ class ModelInstance(Protocol):
     name: str
     # Optional: `runs_on_loop = True` lets the scheduler call `run` on the event-loop thread for
     # short batches (see "Short runs on the loop"); an instance without it always gets a worker.
+    # Optional: `prepare_inputs(inputs) -> inputs`, which the scheduler calls on the event loop for
+    # each request before it joins a batch: it converts what the backend takes in another form
+    # and raises InvalidArgument for what the backend cannot take, failing that request alone
+    # (onnxruntime's strings). The scheduler reads it from the first instance, once.
 
     def run(self, inputs: Tensors, output_names: Sequence[str]) -> Tensors:
         """Execute one batch. Blocking; called from this instance's worker thread, or from the event
@@ -146,6 +150,11 @@ def execute(instance: ModelInstance | RequestsInstance, batch: Sequence[BatchIte
         t3 = perf_counter_ns()
     except Exception as error:  # any failure of this batch is reported to its requests
         return t0, t0, t0, t0, None, error
+    for request, result in zip(batch, results):
+        # A decoupled config on an instance that answers once (onnxruntime): that answer is its
+        # one response, final, as Triton's backends send it.
+        if request.sink is not None and not isinstance(result, Exception):
+            request.sink(result, True, None)
     return t0, t1, t2, t3, results, None
 
 

@@ -92,7 +92,7 @@ import itertools
 import queue
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from time import perf_counter_ns
 from typing import Any
 
@@ -134,6 +134,7 @@ class _Request:
         "request_id",
         "parameters",
         "sink",
+        "secondary_stats",
     )
 
     def __init__(
@@ -149,6 +150,7 @@ class _Request:
         request_id: str = "",
         parameters: dict[str, Any] | None = None,
         sink: ResponseSink | None = None,
+        secondary_stats: ModelStats | None = None,
     ) -> None:
         self.inputs = inputs
         self.output_names = output_names
@@ -162,6 +164,7 @@ class _Request:
         self.request_id = request_id
         self.parameters = parameters if parameters is not None else {}
         self.sink = sink
+        self.secondary_stats = secondary_stats
 
 
 # A dispatched batch: its preserve_ordering number and its requests.
@@ -212,6 +215,7 @@ class Scheduler:
         self._slots = [_Slot(instance) for instance in instances]
         self._idle: deque[_Slot] = deque(self._slots)
         inline = len(instances) == 1 and getattr(instances[0], "runs_on_loop", False) is True
+        self._prepare: Callable[[Tensors], Tensors] | None = getattr(instances[0], "prepare_inputs", None)
         self._inline_slot = self._slots[0] if inline else None
         self._ns_per_element = 0.0  # average run cost of the inline slot's batches; 0 = not known yet
         # Handing busy instances batches ahead would let a queued request outlive its timeout unseen.
@@ -234,22 +238,26 @@ class Scheduler:
         received_ns: int | None = None,
         request_id: str = "",
         parameters: dict[str, Any] | None = None,
+        secondary_stats: ModelStats | None = None,
     ) -> Tensors:
         """Run one request, batched with others where the policy allows; returns its outputs.
 
         `received_ns` is on the `time.perf_counter_ns` clock (default: now). An empty
         `output_names` asks for every output. `request_id` and `parameters` reach backends that
-        show them to the model (python). Raises InvalidArgument for a bad batch dimension,
+        show them to the model (python). Raises InvalidArgument for a bad batch dimension or an
+        input the instances' `prepare_inputs` refuses,
         Unavailable when the queue is full, the request times out or the scheduler is closing,
         Unsupported for a decoupled model (use `infer_stream`), and InternalError (or the model's
-        own error) when the model fails.
+        own error) when the model fails. `secondary_stats`: see `model_scheduler.ModelScheduler`.
         """
         if self._policy.decoupled:
             raise Unsupported(
                 "ModelInfer RPC doesn't support models with decoupled transaction policy: this model sends "
                 "its responses as a stream (gRPC ModelStreamInfer, HTTP generate_stream)"
             )
-        request = self._submit(inputs, output_names, timeout_us, received_ns, request_id, parameters, None)
+        request = self._submit(
+            inputs, output_names, timeout_us, received_ns, request_id, parameters, None, secondary_stats
+        )
         try:
             return await request.future
         except asyncio.CancelledError:
@@ -265,12 +273,14 @@ class Scheduler:
         received_ns: int | None = None,
         request_id: str = "",
         parameters: dict[str, Any] | None = None,
-    ) -> AsyncIterator[tuple[Tensors | None, bool]]:
+    ) -> AsyncIterator[tuple[Tensors | ServerError | None, bool]]:
         """Run one request and yield its responses as (outputs, final) as they come.
 
         A decoupled model yields 0..N responses, the last with final True; a final flag sent
-        without a response yields (None, True). Any other model yields exactly one (outputs,
-        True). Errors, also ones after some responses, raise `ServerError`s as `infer` does.
+        without a response yields (None, True), and a response the model sent as an error yields
+        that `ServerError` in place of the outputs (the stream goes on, as Triton's does, unless
+        it is final). Any other model yields exactly one (outputs, True). A request that fails as
+        a whole (refused, or its execute raised) raises a `ServerError` as `infer` does.
         Leaving the iteration early withdraws a request that is still queued.
         """
         if not self._policy.decoupled:
@@ -287,12 +297,13 @@ class Scheduler:
             )
             return
         loop = asyncio.get_running_loop()
-        items: asyncio.Queue[tuple[Tensors | None, bool, Exception | None]] = asyncio.Queue()
+        # (outputs, final, error, whether the error fails the request as a whole)
+        items: asyncio.Queue[tuple[Tensors | None, bool, Exception | None, bool]] = asyncio.Queue()
 
         def sink(outputs: Tensors | None, final: bool, error: Exception | None) -> None:
             # Called from the backend's threads, or from the loop itself.
             try:
-                loop.call_soon_threadsafe(items.put_nowait, (outputs, final, error))
+                loop.call_soon_threadsafe(items.put_nowait, (outputs, final, error, False))
             except RuntimeError:
                 pass  # the loop is closed: nobody is listening any more
 
@@ -300,16 +311,20 @@ class Scheduler:
             # The model's execute failed (or the request was refused): that ends the stream.
             if not future.cancelled() and (error := future.exception()) is not None:
                 assert isinstance(error, Exception)
-                items.put_nowait((None, True, error))
+                items.put_nowait((None, True, error, True))
 
         request = self._submit(inputs, output_names, timeout_us, received_ns, request_id, parameters, sink)
         request.future.add_done_callback(executed)
         try:
             while True:
-                outputs, final, error = await items.get()
+                outputs, final, error, fatal = await items.get()
                 if error is not None:
-                    raise error if isinstance(error, ServerError) else InternalError(str(error))
-                yield outputs, final
+                    failure = error if isinstance(error, ServerError) else InternalError(str(error))
+                    if fatal:
+                        raise failure
+                    yield failure, final
+                else:
+                    yield outputs, final
                 if final:
                     return
         finally:
@@ -325,6 +340,7 @@ class Scheduler:
         request_id: str,
         parameters: dict[str, Any] | None,
         sink: ResponseSink | None,
+        secondary_stats: ModelStats | None = None,
     ) -> _Request:
         """Admit and queue one request; its future resolves when its batch has run."""
         if self._closing:
@@ -332,10 +348,12 @@ class Scheduler:
         now = perf_counter_ns()
         if received_ns is None:
             received_ns = now
+        if self._prepare is not None:
+            inputs = self._prepare(inputs)
         batch_size, key = self._admit(inputs)
         policy = self._policy
         if policy.max_queue_size and len(self._queue) + len(self._delayed) >= policy.max_queue_size:
-            self._stats.record_failure(perf_counter_ns() - received_ns, "REJECTED")
+            _record_failure(self._stats, secondary_stats, perf_counter_ns() - received_ns, "REJECTED")
             raise Unavailable(f"Exceeds maximum queue size ({policy.max_queue_size})")
         deadline = 0
         if policy.default_timeout_ns:
@@ -349,8 +367,9 @@ class Scheduler:
             loop = self._loop = asyncio.get_running_loop()
         future: asyncio.Future[Tensors] = loop.create_future()
         request = _Request(
-            inputs, output_names, batch_size, key, future, received_ns, now, deadline, request_id, parameters, sink
-        )
+            inputs, output_names, batch_size, key, future, received_ns, now, deadline, request_id, parameters, sink,
+            secondary_stats,
+        )  # fmt: skip
         self._queue.append(request)
         self._stats.pending += 1
         if deadline and (not self._next_deadline or deadline < self._next_deadline):
@@ -368,7 +387,7 @@ class Scheduler:
         """The caller gave up: a request still queued leaves the queue and counts as CANCELED."""
         if request.queued:
             self._unqueue(request)
-            self._stats.record_failure(perf_counter_ns() - request.received_ns, "CANCELED")
+            _record_failure(self._stats, request.secondary_stats, perf_counter_ns() - request.received_ns, "CANCELED")
             self._check_drained()
             request.future.cancel()
 
@@ -658,10 +677,12 @@ class Scheduler:
             future = request.future
             if future.done():
                 if future.cancelled():
-                    stats.record_failure(done - request.received_ns, "CANCELED")
+                    _record_failure(stats, request.secondary_stats, done - request.received_ns, "CANCELED")
                 continue  # otherwise close() failed it and counted it already
             received = request.received_ns
             stats.record_success(done - received, t0 - received, t1 - t0, t2 - t1, t3 - t2)
+            if request.secondary_stats is not None:
+                request.secondary_stats.record_success(done - received, t0 - received, t1 - t0, t2 - t1, t3 - t2)
             future.set_result(result)
 
     def _fail(self, request: _Request, error: Exception, reason: str, now: int) -> None:
@@ -672,7 +693,7 @@ class Scheduler:
             return  # already answered and counted
         else:
             future.set_exception(error)
-        self._stats.record_failure(now - request.received_ns, reason)
+        _record_failure(self._stats, request.secondary_stats, now - request.received_ns, reason)
 
     def _is_drained(self) -> bool:
         idle = len(self._idle) == len(self._slots)
@@ -681,6 +702,12 @@ class Scheduler:
     def _check_drained(self) -> None:
         if self._drained is not None and self._is_drained():
             self._drained.set()
+
+
+def _record_failure(stats: ModelStats, secondary: ModelStats | None, request_ns: int, reason: str) -> None:
+    stats.record_failure(request_ns, reason)
+    if secondary is not None:
+        secondary.record_failure(request_ns, reason)
 
 
 def _backlog(slot: _Slot) -> int:

@@ -156,23 +156,18 @@ def test_statistics_count_what_was_sent(client: grpcclient.InferenceServerClient
     assert after.last_inference > 0
     assert {b.batch_size for b in after.batch_stats} >= {4}
     everything = client.get_inference_statistics().model_stats
-    assert {s.name for s in everything} == {"mlp", "convnet", "identity", "python_linear"}
+    assert {s.name for s in everything} == {"mlp", "convnet", "identity", "preprocess", "mlp_pipeline", "python_linear"}
 
 
 def test_repository_index_lists_models(client: grpcclient.InferenceServerClient) -> None:
     index = client.get_model_repository_index(as_json=True)["models"]
     assert {(e["name"], e["state"]) for e in index} == {
-        ("mlp", "READY"),
-        ("convnet", "READY"),
-        ("identity", "READY"),
-        ("python_linear", "READY"),
-    }
+        ("mlp", "READY"), ("convnet", "READY"), ("identity", "READY"), ("preprocess", "READY"),
+        ("mlp_pipeline", "READY"), ("python_linear", "READY"),
+    }  # fmt: skip
     assert {m.name for m in client.get_model_repository_index().models} == {
-        "mlp",
-        "convnet",
-        "identity",
-        "python_linear",
-    }
+        "mlp", "convnet", "identity", "preprocess", "mlp_pipeline", "python_linear",
+    }  # fmt: skip
 
 
 async def test_asyncio_client_covers_every_method(demo_server: ReferenceServer) -> None:
@@ -208,7 +203,14 @@ async def test_asyncio_client_covers_every_method(demo_server: ReferenceServer) 
         after = (await client.get_inference_statistics("convnet")).model_stats[0].inference_count
         assert after - before == 5 * 5
         index = await client.get_model_repository_index()
-        assert {m.name for m in index.models} == {"mlp", "convnet", "identity", "python_linear"}
+        assert {m.name for m in index.models} == {
+            "mlp",
+            "convnet",
+            "identity",
+            "preprocess",
+            "mlp_pipeline",
+            "python_linear",
+        }
         with pytest.raises(InferenceServerException) as refused:
             await client.load_model("convnet")
         assert refused.value.status() == "StatusCode.UNAVAILABLE"

@@ -94,17 +94,22 @@ def test_statistics_count_inferences(client: httpclient.InferenceServerClient) -
     assert success["ns"] > 0 and after["inference_stats"]["compute_infer"]["ns"] > 0
     assert after["last_inference"] > 0
     everything = client.get_inference_statistics()["model_stats"]
-    assert {s["name"] for s in everything} == {"mlp", "convnet", "identity", "python_linear"}
+    assert {s["name"] for s in everything} == {
+        "mlp",
+        "convnet",
+        "identity",
+        "preprocess",
+        "mlp_pipeline",
+        "python_linear",
+    }
 
 
 def test_repository_index_lists_models(client: httpclient.InferenceServerClient) -> None:
     index = client.get_model_repository_index()
     assert {(e["name"], e["state"]) for e in index} == {
-        ("mlp", "READY"),
-        ("convnet", "READY"),
-        ("identity", "READY"),
-        ("python_linear", "READY"),
-    }
+        ("mlp", "READY"), ("convnet", "READY"), ("identity", "READY"), ("preprocess", "READY"),
+        ("mlp_pipeline", "READY"), ("python_linear", "READY"),
+    }  # fmt: skip
 
 
 def test_load_is_refused_outside_explicit_mode(client: httpclient.InferenceServerClient) -> None:

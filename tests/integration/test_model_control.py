@@ -122,6 +122,8 @@ def test_explicit_load_with_config_override_unload_and_reload(demo_repository: P
             "convnet": {"name": "convnet"},
             "identity": {"name": "identity"},
             "mlp": {"name": "mlp", "version": "1", "state": "READY", "reason": ""},
+            "mlp_pipeline": {"name": "mlp_pipeline"},
+            "preprocess": {"name": "preprocess"},
             "python_linear": {"name": "python_linear"},
         }
         with pytest.raises(InferenceServerException) as info:

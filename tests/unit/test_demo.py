@@ -19,6 +19,7 @@ EXPECTED = {
     "mlp": ((3, 256), (3, 10), [256], 64, 100),
     "convnet": ((3, 1, 28, 28), (3, 10), [1, 28, 28], 32, 0),
     "identity": ((3, 7), (3, 7), [-1], 8, None),
+    "preprocess": ((3, 256), (3, 256), [256], 64, 100),
 }
 
 
@@ -36,11 +37,15 @@ def test_layout(repository: Path) -> None:
         "identity/config.pbtxt",
         "mlp/1/model.onnx",
         "mlp/config.pbtxt",
+        "mlp_pipeline/config.pbtxt",
+        "preprocess/1/model.onnx",
+        "preprocess/config.pbtxt",
         "python_linear/1/bias.npy",
         "python_linear/1/model.py",
         "python_linear/1/weights.npy",
         "python_linear/config.pbtxt",
     ]
+    assert (repository / "mlp_pipeline" / "1").is_dir()  # empty, as Triton wants for an ensemble
     assert (repository / "mlp" / "1" / "model.onnx").stat().st_size < 6_000_000
 
 

@@ -9,10 +9,13 @@ from typing import Any
 
 import numpy as np
 import pytest
+from tritonclient.grpc import service_pb2
 
 from perfkit.errors import PerfkitError, TargetError
 from perfkit.load.inputs import build_requests, parse_shape_flag, parse_shape_flags
+from perfkit.wire.client import make_client
 from v2kit import codec as v2
+from v2kit.grpc_proto import request_from_proto
 
 ALL = [
     "BOOL",
@@ -307,3 +310,19 @@ def test_unreadable_data_sources(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(PerfkitError, match="bad.json: cannot read a JSON data file"):
         build_requests(MLP, MLP_CONFIG, model="mlp", input_data=str(tmp_path / "bad.json"))
+
+
+def test_bytes_from_a_data_file_reach_the_wire_exactly(tmp_path: Path) -> None:
+    items = [b"a\x00", b"", b"\xff\xfe", "\u00e9".encode()]
+    doc = {"data": [{"S": {"b64": base64.b64encode(v2.serialize_bytes_tensor(items)).decode()}}]}
+    path = write_data(tmp_path, doc)
+    (request,) = build_requests(meta(("S", "BYTES", [-1, 4])), BATCH8, model="m", batch_size=2, input_data=path)
+    http = make_client("127.0.0.1:1", "http").prepare(request)
+    header_length = int(http.headers["Inference-Header-Content-Length"]) if http.headers else None
+    sent = v2.decode_infer_request(http.payload, header_length, "m").inputs[0]
+    assert sent.shape == [2, 4] and sent.data.tolist() == [items, items]
+    grpc_payload = make_client("127.0.0.1:1", "grpc").prepare(request).payload
+    sent = request_from_proto(service_pb2.ModelInferRequest.FromString(grpc_payload)).inputs[0]
+    assert sent.data.tolist() == [items, items]
+    with pytest.raises(PerfkitError, match=r"input 'S': BYTES element 2 is not valid UTF-8.*send it as binary"):
+        make_client("127.0.0.1:1", "http", json_tensors=True).prepare(request)

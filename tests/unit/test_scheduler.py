@@ -708,3 +708,28 @@ async def test_onnx_instances_run_on_the_loop_only_with_one_intra_op_thread(
             np.testing.assert_allclose(result["OUTPUT0"], expected, rtol=1e-6)
     finally:
         await scheduler.close(BOUND_S)
+
+
+# -- prepare_inputs ----------------------------------------------------------------------------------
+
+
+class PreparingInstance(FakeInstance):
+    """Its `prepare_inputs` adds 0.5 to every input and refuses a request holding 7."""
+
+    def prepare_inputs(self, inputs: dict[str, Tensor]) -> dict[str, Tensor]:
+        if (inputs["IN"] == 7).any():
+            raise InvalidArgument("input 'IN' holds 7")
+        return {"IN": inputs["IN"] + 0.5}
+
+
+async def test_prepare_inputs_converts_each_request_and_refuses_one_alone(harness: Harness) -> None:
+    fake = PreparingInstance("preparing", harness.gate)
+    scheduler = Scheduler(DYNAMIC8, [fake], ModelStats())
+    harness.schedulers.append(scheduler)
+    tasks = [submit(scheduler, tensor(v)) for v in (2.0, 7.0, 3.0, 4.0)]
+    results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), BOUND_S)
+    assert isinstance(results[1], InvalidArgument) and "holds 7" in str(results[1])
+    for value, result in zip((2.0, 3.0, 4.0), results[:1] + results[2:]):
+        assert isinstance(result, dict)
+        np.testing.assert_array_equal(result["OUT"], (tensor(value)["IN"] + 0.5) * 2)
+    assert sum(fake.batches) == 3  # the refused request never reached a batch

@@ -309,8 +309,8 @@ class _Stub:
                 error = InternalError(f"model '{self.model.name}' did not produce requested output(s) {missing}")
             outputs = {name: outputs[name] for name in stream.output_names if name in outputs}
         if error is not None:
-            self.drop_stream(token)
-            stream.sink(None, True, error)
+            # An error response, as Triton's: the stream goes on unless it carried the final flag.
+            stream.sink(None, final, error)
         elif outputs is not None or final:
             stream.sink(outputs, final, None)
 

@@ -14,9 +14,10 @@ and the only copy on the way out is the one protobuf needs to own the output byt
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeAlias, TypeVar
 
 import grpc
@@ -25,8 +26,8 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from reference_server.core.dataplane import DataPlane
-from reference_server.errors import Unsupported, server_error
+from reference_server.core.dataplane import GRPC_ENDPOINT, DataPlane
+from reference_server.errors import ServerError, Unsupported, server_error
 from v2kit.grpc_proto import parameters_from_proto, request_from_proto, response_to_proto
 
 log = logging.getLogger(__name__)
@@ -105,6 +106,30 @@ def _check_repository(name: str) -> None:
         raise Unsupported(f"repository_name '{name}': named repositories are not supported by this server")
 
 
+_FINAL = "triton_final_response"
+_EMPTY_FINAL = "triton_enable_empty_final_response"
+
+
+def _wants_empty_final(request: pb.ModelInferRequest) -> bool:
+    parameter = request.parameters.get(_EMPTY_FINAL)
+    return parameter is not None and parameter.bool_param
+
+
+def _stream_reply(request: pb.ModelInferRequest, final: bool, error: str = "") -> pb.ModelStreamInferResponse:
+    """A reply without outputs (a failed response, or a final flag sent alone): the request's id,
+    model name and version as it asked for them, and whether it is the last."""
+    reply = pb.ModelInferResponse(id=request.id, model_name=request.model_name, model_version=request.model_version)
+    reply.parameters[_FINAL].bool_param = final
+    return pb.ModelStreamInferResponse(error_message=error, infer_response=reply)
+
+
+def _rejected(request: pb.ModelInferRequest, exc: Exception) -> pb.ModelStreamInferResponse:
+    # Refused before it ran: Triton's reply carries only the id, so the client can tell which
+    # request failed.
+    message = _status(exc, "ModelStreamInfer")[1]
+    return pb.ModelStreamInferResponse(error_message=message, infer_response=pb.ModelInferResponse(id=request.id))
+
+
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     """`inference.GRPCInferenceService` over a DataPlane."""
 
@@ -143,21 +168,22 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     @_rpc
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
         with self._plane.admit():
-            return response_to_proto(await self._plane.infer(request_from_proto(request)))
+            return response_to_proto(await self._plane.infer(request_from_proto(request), endpoint=GRPC_ENDPOINT))
 
     @_rpc
     async def ModelStreamInfer(self, requests: AsyncIterator[pb.ModelInferRequest], context: Context) -> None:
-        # Requests on one stream run concurrently, so that a single stream can fill a dynamic batch;
-        # replies leave in completion order, each carrying its request's id (Triton does the same for
-        # models that are not decoupled). grpc.aio allows one write in flight, hence the lock.
+        # Requests on one stream run concurrently, as in Triton, so that a single stream can fill a
+        # dynamic batch and a slow decoupled request holds up no other; replies leave as they come,
+        # each carrying its request's id. grpc.aio allows one write in flight, hence the lock.
         write_lock = asyncio.Lock()
         tasks: set[asyncio.Task[None]] = set()
         failures: list[BaseException] = []
 
-        async def answer(request: pb.ModelInferRequest) -> None:
-            reply = await self._stream_reply(request)
-            async with write_lock:
-                await context.write(reply)
+        async def answer(request: pb.ModelInferRequest | _Malformed) -> None:
+            async with contextlib.aclosing(self._stream_replies(request)) as replies:
+                async for reply in replies:
+                    async with write_lock:
+                        await context.write(reply)
 
         def finished(task: asyncio.Task[None]) -> None:
             tasks.discard(task)
@@ -175,27 +201,52 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
             if failures:
-                raise failures[0]  # only a write can fail: _stream_reply answers every error itself
+                raise failures[0]  # only a write can fail: _stream_replies answers every error itself
         finally:
-            # Cancelled, or the call failed: nothing is left to answer.
+            # Cancelled (the client went away), or the call failed: the requests still running
+            # are cancelled, and so are their models' executions.
             for pending in tasks:
                 pending.cancel()
 
-    async def _stream_reply(self, request: pb.ModelInferRequest | _Malformed) -> pb.ModelStreamInferResponse:
+    async def _stream_replies(
+        self, request: pb.ModelInferRequest | _Malformed
+    ) -> AsyncGenerator[pb.ModelStreamInferResponse, None]:
+        """Triton's replies to one request on the stream (src/grpc/stream_infer_handler.cc): each
+        response with `triton_final_response`; an error as `error_message` (the stream stays open);
+        a final flag sent alone as an empty response only when the request asked for one with
+        `triton_enable_empty_final_response`."""
         if isinstance(request, _Malformed):
-            return pb.ModelStreamInferResponse(error_message=request.error, infer_response=pb.ModelInferResponse())
+            yield pb.ModelStreamInferResponse(error_message=request.error, infer_response=pb.ModelInferResponse())
+            return
+        plane = self._plane
         try:
-            with self._plane.admit():
-                response = response_to_proto(await self._plane.infer(request_from_proto(request)))
+            plane.acquire()
         except Exception as exc:
-            # A failed request is reported on the stream, which stays open, as Triton does. The id
-            # lets the client tell which request failed.
-            _, message = _status(exc, "ModelStreamInfer")
-            failed = pb.ModelInferResponse(
-                id=request.id, model_name=request.model_name, model_version=request.model_version
-            )
-            return pb.ModelStreamInferResponse(error_message=message, infer_response=failed)
-        return pb.ModelStreamInferResponse(infer_response=response)
+            yield _rejected(request, exc)
+            return
+        try:
+            try:
+                responses = plane.infer_stream(request_from_proto(request))
+            except Exception as exc:
+                yield _rejected(request, exc)
+                return
+            async with contextlib.aclosing(responses):
+                try:
+                    async for response, final in responses:
+                        if response is None:
+                            if _wants_empty_final(request):
+                                yield _stream_reply(request, final)
+                        elif isinstance(response, ServerError):
+                            yield _stream_reply(request, final, response.message)
+                        else:
+                            proto = response_to_proto(response)
+                            proto.parameters[_FINAL].bool_param = final
+                            yield pb.ModelStreamInferResponse(infer_response=proto)
+                except Exception as exc:
+                    # The execution failed: Triton's last, failed response for the request.
+                    yield _stream_reply(request, True, _status(exc, "ModelStreamInfer")[1])
+        finally:
+            plane.release()
 
     # --- statistics and repository ---------------------------------------------------------------
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from reference_server.frontends.http.messages import HttpResponse, error_response
 
-__all__ = ["DEFAULT_LIMITS", "HttpLimits", "measure_head", "refusal"]
+__all__ = ["DEFAULT_LIMITS", "HttpLimits", "body_timeout", "measure_head", "refusal", "too_large"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,3 +95,15 @@ def refusal(limits: HttpLimits, broken: str) -> HttpResponse:
         "head": (f"the request head is larger than {limits.max_head_bytes} bytes", "--http-max-head-size"),
     }[broken]
     return error_response(f"{message} (raise the limit with {flag})", 414 if broken == "target" else 431, close=True)
+
+
+def too_large(size: int, limit: int) -> HttpResponse:
+    """The answer to a body over `--http-max-input-size`, and close."""
+    message = f"request body too large: {size} bytes, the limit is {limit} (raise it with --http-max-input-size)"
+    return error_response(message, 413, close=True)
+
+
+def body_timeout(timeout_s: float) -> HttpResponse:
+    """The answer to a body not all in within `--http-body-timeout-secs`, and close."""
+    message = f"the request body did not all arrive within {timeout_s:g} s (--http-body-timeout-secs)"
+    return error_response(message, 408, close=True)

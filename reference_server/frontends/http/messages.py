@@ -4,7 +4,7 @@ answer, the signatures of what serves and admits them, and the pure functions on
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from http import HTTPStatus
 from typing import Protocol
 
@@ -12,7 +12,18 @@ import httptools
 
 from v2kit import codec as v2
 
-__all__ = ["Admission", "Handler", "HttpRequest", "HttpResponse", "NeedsSlot", "Refusal", "error_response"]
+__all__ = [
+    "LAST_CHUNK",
+    "Admission",
+    "Handler",
+    "HttpRequest",
+    "HttpResponse",
+    "NeedsSlot",
+    "Refusal",
+    "chunk",
+    "encode_head",
+    "error_response",
+]
 
 _JSON = "application/json"
 
@@ -31,7 +42,10 @@ class HttpRequest:
 
 
 class HttpResponse:
-    __slots__ = ("status", "body", "content_type", "headers", "close")
+    """An answer: `body` with a Content-Length, or with `stream` the chunks it yields, each sent
+    as it comes in chunked transfer coding (a client that goes away closes the stream)."""
+
+    __slots__ = ("status", "body", "content_type", "headers", "close", "stream")
 
     def __init__(
         self,
@@ -40,12 +54,39 @@ class HttpResponse:
         content_type: str | None = None,
         headers: tuple[tuple[str, str], ...] = (),
         close: bool = False,
+        stream: AsyncGenerator[bytes, None] | None = None,
     ) -> None:
         self.status = status
         self.body = body
         self.content_type = content_type
         self.headers = headers
         self.close = close  # answer with Connection: close, then close
+        self.stream = stream
+
+
+def encode_head(response: HttpResponse, close: bool) -> bytes:
+    """The status line and headers of `response`, with `Connection: close` when `close`."""
+    framing = (
+        "Transfer-Encoding: chunked\r\n" if response.stream is not None else f"Content-Length: {len(response.body)}\r\n"
+    )
+    head = [status_line(response.status), framing]
+    if response.content_type is not None:
+        head.append(f"Content-Type: {response.content_type}\r\n")
+    for name, value in response.headers:
+        head.append(f"{name}: {value}\r\n")
+    if close:
+        head.append("Connection: close\r\n")
+    head.append("\r\n")
+    return "".join(head).encode("latin-1")
+
+
+def chunk(data: bytes) -> bytes:
+    """`data` as one chunk of chunked transfer coding (RFC 9112 §7.1); never empty, which would end it."""
+    return b"%x\r\n%b\r\n" % (len(data), data)
+
+
+#: The chunk that ends a chunked body (no trailers).
+LAST_CHUNK = b"0\r\n\r\n"
 
 
 def error_response(message: str, status: int, *, close: bool = False) -> HttpResponse:

@@ -17,6 +17,7 @@ from urllib.parse import unquote
 from reference_server.core.dataplane import DataPlane
 from reference_server.errors import InvalidArgument, server_error
 from reference_server.frontends.auth import OPEN_HTTP_PATHS, Token, Unauthenticated
+from reference_server.frontends.http.generate import generate
 from reference_server.frontends.http.limits import DEFAULT_LIMITS, HttpLimits
 from reference_server.frontends.http.read_gate import ReadGate
 from reference_server.frontends.http.server import HttpRequest, HttpResponse, HttpServer, error_response
@@ -127,6 +128,12 @@ class RestApi:
             return HttpResponse(200, payload, _JSON)
         return HttpResponse(200, payload, "application/octet-stream", ((v2.HEADER_LENGTH, str(json_length)),))
 
+    async def generate(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+        return await generate(self.plane, request, model, version, stream=False)
+
+    async def generate_stream(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+        return await generate(self.plane, request, model, version, stream=True)
+
     async def repository_index(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
         ready = _json_object(request.body).get("ready", False)
         if not isinstance(ready, bool):
@@ -162,6 +169,8 @@ _MODEL: dict[str, tuple[RouteHandler, frozenset[str]]] = {
     "config": (RestApi.model_config, _GET),
     "stats": (RestApi.model_stats, _GET),
     "infer": (RestApi.infer, _POST),
+    "generate": (RestApi.generate, _POST),
+    "generate_stream": (RestApi.generate_stream, _POST),
 }
 _REPOSITORY: dict[str, tuple[RouteHandler, frozenset[str]]] = {
     "load": (RestApi.repository_load, _POST),

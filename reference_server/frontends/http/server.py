@@ -54,7 +54,7 @@ from typing import cast
 import httptools
 
 from reference_server.frontends.http import limits as limits_
-from reference_server.frontends.http import messages
+from reference_server.frontends.http import messages, streaming
 from reference_server.frontends.http.limits import DEFAULT_LIMITS, HttpLimits
 from reference_server.frontends.http.messages import Admission, HttpRequest, HttpResponse, error_response
 from reference_server.frontends.http.read_gate import ReadGate
@@ -147,6 +147,8 @@ class _Connection(asyncio.Protocol):
         self._idle_timer: asyncio.TimerHandle | None = None
         self._idle_since: float | None = None  # idle since, seen by the idle timer; None: a request since
         self._write_paused = False  # the transport's buffer is over its high-water mark
+        self._streaming = False  # a streamed answer is being written
+        self._drained: asyncio.Future[None] | None = None  # a streamed answer waits for the client
         self._write_paused_at = 0.0
         self._reset()
 
@@ -189,7 +191,9 @@ class _Connection(asyncio.Protocol):
         if self._server.read_gate is not None and transport is not None:
             self._server.read_gate.connection_lost(transport)
         # A request being served runs to its end (and is counted as the server served it); its
-        # answer has nowhere to go. Those waiting behind it were never started.
+        # answer has nowhere to go, unless it streams: then it stops. Those behind it never started.
+        if self._streaming and self._task is not None:
+            self._task.cancel()
         for _item, admitted, _ in self._queue:
             if admitted:
                 self._release(transport)
@@ -205,7 +209,7 @@ class _Connection(asyncio.Protocol):
             self._closing = True  # what follows is another protocol's: answer what was asked, then close
         except httptools.HttpParserError as exc:
             if not self._gave_up:  # else a limit refused the request and stopped llhttp (_Refused)
-                self._bad_http(exc)
+                self._give_up(error_response(f"malformed HTTP request: {exc}", 400, close=True))
             return
         if self._in_head:
             self._head_unfinished(len(data))
@@ -255,8 +259,8 @@ class _Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool | None:
         self._closing = True
-        if self._task is None and not self._queue:
-            return False  # nothing to answer: close now
+        if (self._task is None and not self._queue) or self._streaming:
+            return False  # nothing to answer, or a stream with no one left to read it: close now
         return True  # keep the transport open to write the answers
 
     # -- llhttp callbacks
@@ -375,8 +379,12 @@ class _Connection(asyncio.Protocol):
         server = self._server
         try:
             response = await self._respond(request, admitted, self._transport)
+            if response.stream is not None:
+                self._streaming = True  # the client's leaving cancels it
+                response.close = self._closes(response, keep_alive)  # as its head says
+                await streaming.send_stream(self._transport, response, response.close, self._writable)
         finally:
-            self._task = None
+            self._task, self._streaming = None, False
             server.busy(-1)
         if server.access_log is not None:
             server.access_log.info("%s %s %d", request.method, request.path, response.status)
@@ -399,30 +407,29 @@ class _Connection(asyncio.Protocol):
             if admitted:
                 self._release(transport)
 
+    async def _writable(self) -> None:
+        """Return once the client has taken the answers down to the low-water mark (or is gone)."""
+        while self._write_paused and self._transport is not None and self._loop is not None:
+            self._drained = self._loop.create_future()
+            await self._drained
+
+    def _closes(self, response: HttpResponse, keep_alive: bool) -> bool:
+        # Closing for another reason (EOF, a refusal queued behind) waits until the last answer.
+        return response.close or not keep_alive or (self._closing and not self._queue)
+
     def _answer(self, response: HttpResponse, keep_alive: bool, head_only: bool = False) -> None:
-        """Write `response`; for a HEAD request (`head_only`) its head alone, Content-Length and all."""
+        """Write `response` (a streamed one is out already); for a HEAD request (`head_only`) its
+        head alone, Content-Length and all."""
         transport = self._transport
         if transport is None:
             return
-        # Closing for another reason (EOF, a refusal queued behind) waits until the last answer.
-        close = response.close or not keep_alive or (self._closing and not self._queue)
+        close = self._closes(response, keep_alive)
         body = response.body
-        head = [messages.status_line(response.status), f"Content-Length: {len(body)}\r\n"]
-        if response.content_type is not None:
-            head.append(f"Content-Type: {response.content_type}\r\n")
-        for name, value in response.headers:
-            head.append(f"{name}: {value}\r\n")
-        if close:
-            head.append("Connection: close\r\n")
-        head.append("\r\n")
-        encoded = "".join(head).encode("latin-1")
-        if head_only:
-            transport.write(encoded)
-        elif len(body) < _LARGE_BODY:
-            transport.write(encoded + body)
-        else:
-            transport.write(encoded)
-            transport.write(body)
+        encoded = b"" if response.stream is not None else messages.encode_head(response, close)
+        if head_only or len(body) >= _LARGE_BODY:
+            transport.write(encoded)  # a streamed answer's is out already (streaming.send_stream)
+        if not head_only:
+            transport.write(encoded + body if len(body) < _LARGE_BODY else body)
         if close:
             self._queue.clear()
             if self._gave_up and transport.can_write_eof():
@@ -465,6 +472,8 @@ class _Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
         transport = self._transport
         if transport is None:
             return
@@ -527,13 +536,7 @@ class _Connection(asyncio.Protocol):
 
     def _refuse_too_large(self, size: int) -> None:
         """413 and close: the rest of the body is never read, so nothing after it can be either."""
-        limit = self._server.max_body_bytes
-        response = error_response(
-            f"request body too large: {size} bytes, the limit is {limit} (raise it with --http-max-input-size)",
-            413,
-            close=True,
-        )
-        self._give_up(response)
+        self._give_up(limits_.too_large(size, self._server.max_body_bytes))
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
@@ -549,14 +552,7 @@ class _Connection(asyncio.Protocol):
 
     def _body_timed_out(self) -> None:
         self._body_timer = None
-        timeout_s = self._server.body_timeout_s
-        response = error_response(
-            f"the request body did not all arrive within {timeout_s:g} s (--http-body-timeout-secs)", 408, close=True
-        )
-        self._give_up(response)
-
-    def _bad_http(self, exc: Exception) -> None:
-        self._give_up(error_response(f"malformed HTTP request: {exc}", 400, close=True))
+        self._give_up(limits_.body_timeout(self._server.body_timeout_s))
 
     def _give_up(self, response: HttpResponse) -> None:
         """Answer `response` after the requests already read, and read nothing more."""

@@ -1,0 +1,220 @@
+"""Python-backend models and ensembles: the reference server next to real Triton 2.51 on the same
+model folders, measured by real perf_analyzer in one invocation.
+
+    PERFKIT_PEERS=DIR python bench/python_backend_vs_triton.py [-i http|grpc] [--concurrency 1,8]
+        [--window-ms 2000] [--elements 16]
+
+One repository, served by both servers unchanged:
+
+- `py_identity` / `py_identity_plain`: a python-backend identity (`model.py` copying INPUT0 to OUTPUT0
+  through pb_utils), FP32 [--elements], max_batch_size 64, with and without dynamic batching
+  (max_queue_delay_microseconds 100).
+- `ensemble` / `ensemble_plain`: two steps, each the identity above (with and without batching).
+
+Per model and concurrency: infer/s, p50 and p99 (perf_analyzer's CSV), the server's request time per
+request (statistics extension: success.ns / success.count, from the core receiving the parsed request to
+the response leaving it; for an ensemble, the ensemble's own entry), and server CPU per request (the
+server process and its children: both servers run one stub process per python instance). The model does
+no work, so all of these are per-request overhead: the stub crossing, pb_utils, and for the ensemble the
+step hand-off. Goal: ours no more than Triton's. The last table is the batching gain through the
+ensemble: infer/s with dynamic batching of the composing model over without, at the highest concurrency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _harness import ServerTimes, machine, peers_dir, perf_analyzer, ratio, server_times, tree_cpu_s
+
+from perfkit.target import reference_server_process
+from perfkit.testing.triton import triton_server
+
+SERVERS = ("ours", "triton")
+MODELS = ("py_identity", "py_identity_plain", "ensemble", "ensemble_plain")
+
+_IDENTITY_PY = """\
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            data = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", data)]))
+        return responses
+"""
+
+
+def _identity_config(name: str, elements: int, batching: bool) -> str:
+    lines = [
+        f'name: "{name}"',
+        'backend: "python"',
+        "max_batch_size: 64",
+        f'input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ {elements} ] }} ]',
+        f'output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ {elements} ] }} ]',
+        "instance_group [ { count: 1 kind: KIND_CPU } ]",
+    ]
+    if batching:
+        lines.append("dynamic_batching { max_queue_delay_microseconds: 100 }")
+    return "\n".join(lines) + "\n"
+
+
+def _ensemble_config(name: str, step_model: str, elements: int) -> str:
+    def step(source: str, target: str) -> str:
+        return (
+            f'{{ model_name: "{step_model}" model_version: -1 '
+            f'input_map {{ key: "INPUT0" value: "{source}" }} output_map {{ key: "OUTPUT0" value: "{target}" }} }}'
+        )
+
+    return (
+        f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: 64\n'
+        f'input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ {elements} ] }} ]\n'
+        f'output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ {elements} ] }} ]\n'
+        f"ensemble_scheduling {{ step [ {step('INPUT0', 'middle')}, {step('middle', 'OUTPUT0')} ] }}\n"
+    )
+
+
+def write_repository(root: Path, elements: int) -> Path:
+    for name, batching in (("py_identity", True), ("py_identity_plain", False)):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "1" / "model.py").write_text(_IDENTITY_PY)
+        (root / name / "config.pbtxt").write_text(_identity_config(name, elements, batching))
+    for name, step_model in (("ensemble", "py_identity"), ("ensemble_plain", "py_identity_plain")):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(_ensemble_config(name, step_model, elements))
+    return root
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    http_url: str
+    grpc_url: str
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    server: str
+    model: str
+    concurrency: int
+    infer_per_s: float
+    p50_us: float
+    p99_us: float
+    times: ServerTimes
+    server_cpu_s: float
+
+    @property
+    def cpu_us(self) -> float:
+        return self.server_cpu_s / self.times.success_count * 1e6 if self.times.success_count else math.nan
+
+
+@contextlib.contextmanager
+def both_servers(peers: Path, repository: Path) -> Iterator[dict[str, Endpoint]]:
+    with reference_server_process(repository) as ours, triton_server(peers, repository) as triton:
+        yield {
+            "ours": Endpoint(ours.http_url, ours.grpc_url, ours.process.pid),
+            "triton": Endpoint(triton.http_url, triton.grpc_url, triton.process.pid),
+        }
+
+
+def measure(
+    peers: Path, endpoint: Endpoint, server: str, model: str, protocol: str, concurrency: int, window_ms: int, tmp: Path
+) -> Run:
+    url = endpoint.http_url if protocol == "http" else endpoint.grpc_url
+    args = ["-i", protocol, "--concurrency-range", str(concurrency), "-p", str(window_ms), "-s", "25", "-r", "10"]
+    before = server_times(endpoint.http_url, model)
+    cpu_before = tree_cpu_s(endpoint.pid)
+    (row,) = perf_analyzer(peers, model, url, tmp / "pa.csv", args, attempts=3)
+    cpu_s = tree_cpu_s(endpoint.pid) - cpu_before
+    times = server_times(endpoint.http_url, model) - before
+    return Run(
+        server, model, concurrency, float(row["Inferences/Second"]), float(row["p50 latency"]),
+        float(row["p99 latency"]), times, cpu_s,
+    )  # fmt: skip
+
+
+def render(runs: list[Run], protocol: str, levels: list[int], window_ms: int, elements: int, host: str) -> str:
+    by_key = {(r.server, r.model, r.concurrency): r for r in runs}
+    lines = [
+        f"python-backend identity (FP32 [{elements}]) and a two-step ensemble of it, reference server vs Triton "
+        f"2.51, same model folders, perf_analyzer -i {protocol} -p {window_ms} -s 25 -r 10; {host}",
+        "",
+        "| model | concurrency | infer/s ours | infer/s Triton | p50 us ours | p50 us Triton | p99 us ours "
+        "| p99 us Triton | request us/req ours | request us/req Triton | ratio (<= 1) | server CPU us/req ours "
+        "| server CPU us/req Triton | ratio (<= 1) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for model in MODELS:
+        for concurrency in levels:
+            ours, triton = by_key[("ours", model, concurrency)], by_key[("triton", model, concurrency)]
+            request_ours = ours.times.per_request_us("request_ns")
+            request_triton = triton.times.per_request_us("request_ns")
+            lines.append(
+                f"| {model} | {concurrency} | {ours.infer_per_s:.0f} | {triton.infer_per_s:.0f} | "
+                f"{ours.p50_us:.0f} | {triton.p50_us:.0f} | {ours.p99_us:.0f} | {triton.p99_us:.0f} | "
+                f"{request_ours:.0f} | {request_triton:.0f} | {ratio(request_ours, request_triton)} | "
+                f"{ours.cpu_us:.0f} | {triton.cpu_us:.0f} | {ratio(ours.cpu_us, triton.cpu_us)} |"
+            )
+    top = max(levels)
+    lines += [
+        "",
+        f"dynamic batching of the composing model, through the ensemble, concurrency {top}:",
+        "",
+        "| server | infer/s ensemble (batching) | infer/s ensemble_plain | gain |",
+        "|---|---:|---:|---:|",
+    ]
+    for server in SERVERS:
+        batching, plain = by_key[(server, "ensemble", top)], by_key[(server, "ensemble_plain", top)]
+        lines.append(
+            f"| {server} | {batching.infer_per_s:.0f} | {plain.infer_per_s:.0f} | "
+            f"{ratio(batching.infer_per_s, plain.infer_per_s)} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-i", "--protocol", choices=("http", "grpc"), default="http")
+    parser.add_argument("--concurrency", default="1,8", help="comma-separated levels")
+    parser.add_argument("--window-ms", type=int, default=2000, help="perf_analyzer -p")
+    parser.add_argument("--elements", type=int, default=16, help="FP32 elements per request")
+    args = parser.parse_args(argv)
+    peers = peers_dir()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    runs: list[Run] = []
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        repository = write_repository(tmp / "repository", args.elements)
+        with both_servers(peers, repository) as endpoints:
+            for server in SERVERS:  # warm-up: stubs, connections
+                for model in MODELS:
+                    measure(peers, endpoints[server], server, model, args.protocol, max(levels), 500, tmp)
+            step = 0
+            for model in MODELS:
+                for concurrency in levels:
+                    # Alternate which server goes first, so that neither always follows the same one.
+                    for server in SERVERS if step % 2 == 0 else SERVERS[::-1]:
+                        print(f"measuring: {server} {model} c={concurrency} ...", file=sys.stderr, flush=True)
+                        runs.append(
+                            measure(
+                                peers, endpoints[server], server, model, args.protocol, concurrency, args.window_ms, tmp
+                            )  # fmt: skip
+                        )
+                    step += 1
+    print()
+    print(render(runs, args.protocol, levels, args.window_ms, args.elements, machine(peers)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""Triton's ensemble scheduler: one request through a graph of composing models.
+
+An ensemble version's `scheduler` is an `EnsembleScheduler` (the `ModelScheduler` surface of
+`scheduling/scheduler.py`), so the data plane serves it like any model. A request:
+
+- *Prunes* the steps that no requested output depends on, as Triton's `EnsembleContext` does (an
+  empty request for outputs asks for all of them).
+- *Runs each step when all its inputs exist*, through the composing model's own scheduler
+  (`ModelRepository.get(...).scheduler.infer`), so a composing model's dynamic batcher gathers the
+  steps of concurrent ensemble requests, and its queue policy and statistics apply. Steps whose
+  inputs are ready together run concurrently; a lone ready step is awaited directly (no task).
+  The composing model is looked up per request, as Triton takes its model handles per request: a
+  reload is seen at once, and an unloaded composing model fails the request as UNAVAILABLE.
+- *Passes tensors as they are*: a step's output arrays (views of its batch's outputs) become the
+  next step's inputs without a copy. The request's timeout, id and parameters go to every step.
+- *Fails with the first failing step's error*, unchanged (its message names the composing model's
+  failure); the steps still running are cancelled.
+
+Statistics as Triton keeps them (core `ensemble_scheduler.cc`, `RequestTracker`): each request
+passes a per-request `ModelStats` to its steps as their secondary statistics, and the ensemble
+records the request's time in the server, a queue time (receipt to start), and as its compute
+times the sum of its steps' compute times; one execution per request, of the request's batch
+size. Composing models record their own requests as usual, so the statistics extension lists the
+ensemble beside each composing model, and perf_analyzer's composing-model breakdown reads them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
+from time import perf_counter_ns
+from typing import Any, Protocol
+
+from reference_server.core.ensemble_config import EnsemblePlan, Step
+from reference_server.errors import InvalidArgument, ServerError, Unavailable
+from reference_server.scheduling.execute import Tensors
+from reference_server.scheduling.model_scheduler import ModelScheduler
+from reference_server.scheduling.stats import ModelStats
+
+__all__ = ["Composing", "EnsembleScheduler"]
+
+#: How many distinct sets of requested outputs keep their pruned step lists.
+_PRUNED_CACHE = 64
+
+
+class Composing(Protocol):
+    """What the ensemble needs of a served composing model version."""
+
+    @property
+    def scheduler(self) -> ModelScheduler: ...
+
+
+class EnsembleScheduler:
+    """Run ensemble requests step by step on the composing models' schedulers."""
+
+    def __init__(
+        self, plan: EnsemblePlan, max_batch_size: int, stats: ModelStats, lookup: Callable[[str, str], Composing]
+    ) -> None:
+        self._plan = plan
+        self._batching = max_batch_size > 0
+        self._stats = stats
+        self._lookup = lookup
+        self._pruned: dict[tuple[str, ...], tuple[Step, ...]] = {}
+        self._closing = False
+        self._inflight = 0
+        self._drained: asyncio.Event | None = None
+
+    async def infer(
+        self,
+        inputs: Tensors,
+        output_names: Sequence[str],
+        *,
+        timeout_us: int | None = None,
+        received_ns: int | None = None,
+        request_id: str = "",
+        parameters: dict[str, Any] | None = None,
+        secondary_stats: ModelStats | None = None,
+    ) -> Tensors:
+        """Run one ensemble request; returns the requested outputs (all of them when none are named)."""
+        if self._closing:
+            raise Unavailable(f"Server is stopping, ensemble '{self._plan.name}' has stopped accepting new requests")
+        start = perf_counter_ns()
+        received = start if received_ns is None else received_ns
+        wanted = tuple(output_names) or self._plan.outputs
+        steps_stats = ModelStats()
+        self._inflight += 1
+        try:
+            call = _Call(timeout_us, request_id, parameters, steps_stats)
+            tensors = await self._run(dict(inputs), self._steps_for(wanted), call)
+        except BaseException as error:
+            reason = "CANCELED" if isinstance(error, asyncio.CancelledError) else "OTHER"
+            self._record_failure(perf_counter_ns() - received, reason, secondary_stats)
+            raise
+        finally:
+            self._inflight -= 1
+            if self._drained is not None and not self._inflight:
+                self._drained.set()
+        done = perf_counter_ns()
+        times = (
+            done - received,
+            start - received,
+            steps_stats.compute_input_ns_total,
+            steps_stats.compute_infer_ns_total,
+            steps_stats.compute_output_ns_total,
+        )
+        self._stats.record_success(*times)
+        self._stats.record_execution(self._batch_size(inputs), *times[2:])
+        if secondary_stats is not None:
+            secondary_stats.record_success(*times)
+        return {name: tensors[name] for name in wanted}
+
+    async def infer_stream(
+        self,
+        inputs: Tensors,
+        output_names: Sequence[str],
+        *,
+        timeout_us: int | None = None,
+        received_ns: int | None = None,
+        request_id: str = "",
+        parameters: dict[str, Any] | None = None,
+    ) -> AsyncIterator[tuple[Tensors | ServerError | None, bool]]:
+        """One response, final (load refuses decoupled composing models)."""
+        outputs = await self.infer(
+            inputs,
+            output_names,
+            timeout_us=timeout_us,
+            received_ns=received_ns,
+            request_id=request_id,
+            parameters=parameters,
+        )
+        yield outputs, True
+
+    async def close(self, grace_s: float) -> None:
+        """Refuse new requests and give those in flight up to `grace_s` to finish.
+
+        Their steps run on the composing models' schedulers, which close on their own.
+        """
+        self._closing = True
+        if self._inflight and grace_s > 0:
+            self._drained = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._drained.wait(), grace_s)
+            except asyncio.TimeoutError:
+                pass
+
+    # -- one request -------------------------------------------------------------------------------
+
+    def _steps_for(self, wanted: tuple[str, ...]) -> tuple[Step, ...]:
+        steps = self._pruned.get(wanted)
+        if steps is None:
+            steps = self._plan.needed_steps(wanted)
+            if len(self._pruned) < _PRUNED_CACHE:
+                self._pruned[wanted] = steps
+        return steps
+
+    async def _run(self, tensors: Tensors, steps: tuple[Step, ...], call: _Call) -> Tensors:
+        waiting = list(steps)
+        running: set[asyncio.Future[tuple[Step, Tensors]]] = set()
+        try:
+            while True:
+                ready = [s for s in waiting if all(tensor in tensors for _, tensor in s.inputs)]
+                if ready:
+                    waiting = [s for s in waiting if s not in ready]
+                if len(ready) == 1 and not running:
+                    # The common chain: no task, no wait set.
+                    step = ready[0]
+                    _merge(tensors, step, await self._step(step, tensors, call))
+                    continue
+                for step in ready:
+                    running.add(asyncio.ensure_future(self._step_task(step, tensors, call)))
+                if not running:
+                    if waiting:
+                        # Only an optional ensemble input left out can starve a step.
+                        missing = sorted({t for s in waiting for _, t in s.inputs if t not in tensors})
+                        raise InvalidArgument(
+                            f"ensemble '{self._plan.name}': {waiting[0].label} needs tensor(s) {missing}, "
+                            "which the request does not carry"
+                        )
+                    return tensors
+                done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                failed = [task.exception() for task in done if task.exception() is not None]
+                if failed:
+                    raise failed[0]  # type: ignore[misc]  # an Exception: steps are not cancelled but by us
+                for task in done:
+                    _merge(tensors, *task.result())
+        finally:
+            for task in running:
+                task.cancel()
+
+    async def _step(self, step: Step, tensors: Tensors, call: _Call) -> Tensors:
+        served = self._lookup(step.model_name, step.version)
+        inputs = {model_input: tensors[tensor] for model_input, tensor in step.inputs}
+        outputs = [model_output for model_output, _ in step.outputs]
+        return await served.scheduler.infer(
+            inputs,
+            outputs,
+            timeout_us=call.timeout_us,
+            request_id=call.request_id,
+            parameters=call.parameters,
+            secondary_stats=call.steps_stats,
+        )
+
+    async def _step_task(self, step: Step, tensors: Tensors, call: _Call) -> tuple[Step, Tensors]:
+        return step, await self._step(step, tensors, call)
+
+    def _batch_size(self, inputs: Tensors) -> int:
+        if self._batching:
+            for array in inputs.values():
+                return int(array.shape[0]) if array.ndim else 1
+        return 1
+
+    def _record_failure(self, request_ns: int, reason: str, secondary_stats: ModelStats | None) -> None:
+        self._stats.record_failure(request_ns, reason)
+        if secondary_stats is not None:
+            secondary_stats.record_failure(request_ns, reason)
+
+
+class _Call:
+    """What every step of one ensemble request carries."""
+
+    __slots__ = ("timeout_us", "request_id", "parameters", "steps_stats")
+
+    def __init__(
+        self, timeout_us: int | None, request_id: str, parameters: dict[str, Any] | None, steps_stats: ModelStats
+    ) -> None:
+        self.timeout_us = timeout_us
+        self.request_id = request_id
+        self.parameters = parameters
+        self.steps_stats = steps_stats
+
+
+def _merge(tensors: Tensors, step: Step, outputs: Tensors) -> None:
+    for model_output, tensor in step.outputs:
+        tensors[tensor] = outputs[model_output]

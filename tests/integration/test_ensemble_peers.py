@@ -1,0 +1,177 @@
+"""Ensembles against NVIDIA's own programs: real perf_analyzer measures an ensemble on the reference
+server and prints its composing-model breakdown, and real tritonserver and the reference server,
+serving one copy of an ensemble over python-backend steps, give the same answers and statistics of
+the same shape, with the same relations between the ensemble's entry and its composing models'."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from onnx import TensorProto, helper
+
+from perfkit.testing import TritonProcess, triton_server
+from reference_server.server import ReferenceServer, running_server
+from tests.servers import loopback_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.peers]
+
+STEPS = {"plus1": ("Add", 1.0), "times2": ("Mul", 2.0)}
+
+COMPOSING_CONFIG = """\
+name: "{name}"
+backend: "{backend}"
+max_batch_size: 8
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+"""
+
+ENSEMBLE_CONFIG = """\
+name: "ens"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "plus1" model_version: -1 input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "mid" } },
+  { model_name: "times2" model_version: -1 input_map { key: "INPUT0" value: "mid" } output_map { key: "OUTPUT0" value: "OUT" } }
+] }
+"""
+
+# Python steps: tritonserver's peers bundle only the python backend.
+PYTHON_STEP = """\
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            y = (x {op} {constant}).astype(np.float32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", y)]))
+        return responses
+"""
+
+
+def write_repository(root: Path, backend: str) -> Path:
+    for name, (op, constant) in STEPS.items():
+        version = root / name / "1"
+        version.mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(COMPOSING_CONFIG.format(name=name, backend=backend))
+        if backend == "python":
+            (version / "model.py").write_text(PYTHON_STEP.format(op="+" if op == "Add" else "*", constant=constant))
+        else:
+            graph = helper.make_graph(
+                [helper.make_node(op, ["INPUT0", "C"], ["OUTPUT0"])],
+                name,
+                [helper.make_tensor_value_info("INPUT0", TensorProto.FLOAT, ["batch", "n"])],
+                [helper.make_tensor_value_info("OUTPUT0", TensorProto.FLOAT, ["batch", "n"])],
+                initializer=[helper.make_tensor("C", TensorProto.FLOAT, [], [constant])],
+            )
+            model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+            model.ir_version = 8
+            (version / "model.onnx").write_bytes(model.SerializeToString())
+    (root / "ens" / "1").mkdir(parents=True)
+    (root / "ens" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
+    return root
+
+
+@pytest.fixture(scope="module")
+def ours(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceServer]:
+    repository = write_repository(tmp_path_factory.mktemp("ours") / "models", "onnxruntime")
+    with running_server(loopback_config(repository)) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def triton(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonProcess]:
+    repository = write_repository(tmp_path_factory.mktemp("triton") / "models", "python")
+    with triton_server(peers, repository, start_timeout_s=90) as server:
+        yield server
+
+
+def test_perf_analyzer_prints_the_composing_model_breakdown(peers: Path, ours: ReferenceServer, tmp_path: Path) -> None:
+    out = tmp_path / "pa.csv"
+    result = subprocess.run(
+        [
+            str(peers / "bin" / "perf_analyzer"), "-m", "ens", "-u", ours.http_url, "--shape", "IN:4",
+            "--concurrency-range", "2", "-p", "500", "-s", "1000", "-r", "10", "-f", str(out), "--verbose-csv",
+        ],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = result.stdout
+    assert "Composing models:" in text
+    server, composing = text.split("Composing models:")
+    assert "Successful request count" in server
+    for name in STEPS:
+        assert f"{name}, version: 1" in composing
+    # Each composing model's block has its own figures, as perf_analyzer reads them from our statistics.
+    assert composing.count("Avg request latency") == 2 and composing.count("compute infer") == 2
+    rows = out.read_text().splitlines()
+    assert rows[0].startswith("Concurrency,Inferences/Second") and rows[1].startswith("2,")
+
+
+def run_ensemble(url: str, count: int) -> np.ndarray:
+    client = httpclient.InferenceServerClient(url)
+    x = np.array([[1.0, 2.0, 3.0, 4.0]], dtype=np.float32)
+    tensor = httpclient.InferInput("IN", [1, 4], "FP32")
+    tensor.set_data_from_numpy(x)
+    for _ in range(count):
+        out = client.infer("ens", [tensor]).as_numpy("OUT")
+    client.close()
+    assert out is not None
+    return out
+
+
+def shape_of(value: Any) -> Any:
+    """The JSON's keys, recursively, with lists reduced to their first element's shape."""
+    if isinstance(value, dict):
+        return {key: shape_of(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [shape_of(value[0])] if value else []
+    return type(value).__name__
+
+
+def relations(url: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the shapes of the ensemble's and a composing model's entries, what holds between them)."""
+    stats = {s["name"]: s for s in httpclient.InferenceServerClient(url).get_inference_statistics()["model_stats"]}
+    ens, plus1, times2 = stats["ens"], stats["plus1"], stats["times2"]
+    facts: dict[str, Any] = {"listed": sorted(stats)}
+    for name, entry in (("ens", ens), ("plus1", plus1), ("times2", times2)):
+        inference = entry["inference_stats"]
+        facts[name] = {
+            "inference_count": entry["inference_count"],
+            "execution_count": entry["execution_count"],
+            "counts": {phase: inference[phase]["count"] for phase in ("success", "fail", "queue", "compute_infer")},
+            "batch_stats": [(b["batch_size"], b["compute_infer"]["count"]) for b in entry["batch_stats"]],
+        }
+    for phase in ("compute_input", "compute_infer", "compute_output"):
+        steps = plus1["inference_stats"][phase]["ns"] + times2["inference_stats"][phase]["ns"]
+        facts[f"ensemble {phase} is the sum of its steps'"] = ens["inference_stats"][phase]["ns"] == steps
+    facts["ensemble request time covers its steps'"] = (
+        ens["inference_stats"]["success"]["ns"] >= plus1["inference_stats"]["compute_infer"]["ns"]
+    )
+    return {"ensemble": shape_of(ens), "composing": shape_of(plus1)}, facts
+
+
+def test_statistics_have_tritons_shape_and_relations(triton: TritonProcess, tmp_path: Path) -> None:
+    # The same python-step folders as tritonserver's, on a server of our own that perf_analyzer's
+    # load never touched: the counts are exact.
+    repository = write_repository(tmp_path / "models", "python")
+    results = {}
+    with running_server(loopback_config(repository)) as ours:
+        for label, url in (("triton", triton.http_url), ("ours", ours.http_url)):
+            np.testing.assert_array_equal(run_ensemble(url, 3), np.array([[4.0, 6.0, 8.0, 10.0]], dtype=np.float32))
+            results[label] = relations(url)
+    assert results["ours"][0] == results["triton"][0]
+    assert results["ours"][1] == results["triton"][1]
+    assert results["ours"][1]["ens"]["batch_stats"] == [(1, 3)]

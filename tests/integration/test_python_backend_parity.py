@@ -1,0 +1,343 @@
+"""The same python-backend model folders, served by real tritonserver 2.51 and by the reference
+server, answer the same requests alike: outputs byte for byte, and failures with the same status.
+
+The models are written as Triton users write them (`import triton_python_backend_utils as pb_utils`):
+Triton's add_sub example (output dtypes from `get_output_config_by_name`), a BYTES model that reverses
+each element (NUL, non-UTF-8 and empty elements), the common weights pattern (`initialize` loads a
+`.npy` from the version folder, `execute` runs it over the dynamic batcher's requests), a model that
+answers with an error response, one whose `execute` raises, one that reads request ids and parameters,
+a BLS model calling add_sub, and an ensemble of two python steps.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from perfkit.testing import triton_server
+from reference_server.server import running_server
+from tests.servers import loopback_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.peers]
+
+ADD_SUB = """\
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.dtypes = [
+            pb_utils.triton_string_to_numpy(pb_utils.get_output_config_by_name(config, name)["data_type"])
+            for name in ("OUTPUT0", "OUTPUT1")
+        ]
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+            out0 = pb_utils.Tensor("OUTPUT0", (a + b).astype(self.dtypes[0]))
+            out1 = pb_utils.Tensor("OUTPUT1", (a - b).astype(self.dtypes[1]))
+            responses.append(pb_utils.InferenceResponse(output_tensors=[out0, out1]))
+        return responses
+"""
+
+ADD_SUB_CONFIG = """\
+name: "add_sub"
+backend: "python"
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INPUT1" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT1" data_type: TYPE_INT32 dims: [ 4 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
+REVERSE = """\
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            text = pb_utils.get_input_tensor_by_name(request, "TEXT").as_numpy()
+            flat = [bytes(item)[::-1] for item in text.reshape(-1)]
+            out = np.array(flat, dtype=np.object_).reshape(text.shape)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("REVERSED", out)]))
+        return responses
+"""
+
+REVERSE_CONFIG = """\
+name: "reverse"
+backend: "python"
+max_batch_size: 8
+input [ { name: "TEXT" data_type: TYPE_STRING dims: [ -1 ] } ]
+output [ { name: "REVERSED" data_type: TYPE_STRING dims: [ -1 ] } ]
+"""
+
+WEIGHTS = """\
+import os
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        folder = os.path.join(args["model_repository"], args["model_version"])
+        self.weights = np.load(os.path.join(folder, "weights.npy"))
+
+    def execute(self, requests):
+        batch = [pb_utils.get_input_tensor_by_name(r, "X").as_numpy() for r in requests]
+        sizes = [len(x) for x in batch]
+        y = np.concatenate(batch) @ self.weights
+        responses, start = [], 0
+        for size in sizes:
+            part = y[start : start + size].astype(np.float32)
+            start += size
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", part)]))
+        return responses
+"""
+
+WEIGHTS_CONFIG = """\
+name: "weights"
+backend: "python"
+max_batch_size: 16
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 8 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 3 ] } ]
+dynamic_batching { max_queue_delay_microseconds: 2000 }
+"""
+
+ERROR_RESPONSE = """\
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError("value out of range: 7"))
+            for _ in requests
+        ]
+"""
+
+RAISES = """\
+class TritonPythonModel:
+    def execute(self, requests):
+        raise ValueError("weights are not loaded")
+"""
+
+ONE_IN_ONE_OUT_CONFIG = """\
+name: "{name}"
+backend: "python"
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+"""
+
+REQUEST_INFO = """\
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            info = {"id": request.request_id(), "parameters": json.loads(request.parameters())}
+            out = np.array([json.dumps(info, sort_keys=True).encode()], dtype=np.object_)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("INFO", out)]))
+        return responses
+"""
+
+REQUEST_INFO_CONFIG = """\
+name: "request_info"
+backend: "python"
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "INFO" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+
+BLS = """\
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            call = pb_utils.InferenceRequest(
+                model_name="add_sub",
+                requested_output_names=["OUTPUT0"],
+                inputs=[pb_utils.Tensor("INPUT0", x), pb_utils.Tensor("INPUT1", x)],
+            )
+            reply = call.exec()
+            if reply.has_error():
+                raise pb_utils.TritonModelException(reply.error().message())
+            doubled = pb_utils.get_output_tensor_by_name(reply, "OUTPUT0").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", doubled * 10)]))
+        return responses
+"""
+
+ENSEMBLE_CONFIG = """\
+name: "add_then_bls"
+platform: "ensemble"
+input [ { name: "A" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "B" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "RESULT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [
+  { model_name: "add_sub" model_version: -1
+    input_map { key: "INPUT0" value: "A" } input_map { key: "INPUT1" value: "B" }
+    output_map { key: "OUTPUT0" value: "sum" } },
+  { model_name: "bls" model_version: -1
+    input_map { key: "INPUT0" value: "sum" } output_map { key: "OUTPUT0" value: "RESULT" } }
+] }
+"""
+
+WEIGHTS_ARRAY = np.arange(24, dtype=np.float32).reshape(8, 3) / 10
+
+
+def write_repository(root: Path) -> Path:
+    def model(name: str, source: str | None, config: str) -> Path:
+        version = root / name / "1"
+        version.mkdir(parents=True)
+        if source is not None:
+            (version / "model.py").write_text(source)
+        (root / name / "config.pbtxt").write_text(config)
+        return version
+
+    model("add_sub", ADD_SUB, ADD_SUB_CONFIG)
+    model("reverse", REVERSE, REVERSE_CONFIG)
+    np.save(model("weights", WEIGHTS, WEIGHTS_CONFIG) / "weights.npy", WEIGHTS_ARRAY)
+    model("error_response", ERROR_RESPONSE, ONE_IN_ONE_OUT_CONFIG.format(name="error_response"))
+    model("raises", RAISES, ONE_IN_ONE_OUT_CONFIG.format(name="raises"))
+    model("request_info", REQUEST_INFO, REQUEST_INFO_CONFIG)
+    model("bls", BLS, ONE_IN_ONE_OUT_CONFIG.format(name="bls"))
+    model("add_then_bls", None, ENSEMBLE_CONFIG)
+    return root
+
+
+@pytest.fixture(scope="module")
+def urls(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[str, str]]]:
+    """{"triton": (http, grpc), "ours": (http, grpc)}, both serving one copy of the repository."""
+    repository = write_repository(tmp_path_factory.mktemp("parity") / "models")
+    with (
+        triton_server(peers, repository, start_timeout_s=90) as triton,
+        running_server(loopback_config(repository)) as ours,
+    ):
+        yield {
+            "triton": (triton.http_url, triton.grpc_url),
+            "ours": (ours.http_url, f"{ours.config.host}:{ours.grpc_port}"),
+        }
+
+
+def _http(url: str, model: str, inputs: dict[str, np.ndarray], **kwargs: object) -> dict[str, np.ndarray]:
+    client = httpclient.InferenceServerClient(url)
+    try:
+        tensors = []
+        for name, array in inputs.items():
+            datatype = "BYTES" if array.dtype == np.object_ else httpclient.np_to_triton_dtype(array.dtype)
+            tensor = httpclient.InferInput(name, list(array.shape), datatype)
+            tensor.set_data_from_numpy(array, binary_data=True)
+            tensors.append(tensor)
+        result = client.infer(model, tensors, **kwargs)  # type: ignore[arg-type]
+        response = result.get_response()
+        return {output["name"]: result.as_numpy(output["name"]) for output in response["outputs"]}
+    finally:
+        client.close()
+
+
+def _grpc(url: str, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        tensors = []
+        for name, array in inputs.items():
+            datatype = "BYTES" if array.dtype == np.object_ else grpcclient.np_to_triton_dtype(array.dtype)
+            tensor = grpcclient.InferInput(name, list(array.shape), datatype)
+            tensor.set_data_from_numpy(array)
+            tensors.append(tensor)
+        result = client.infer(model, tensors)
+        return {output.name: result.as_numpy(output.name) for output in result.get_response().outputs}
+    finally:
+        client.close()
+
+
+def _same(answers: dict[str, dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    triton, ours = answers["triton"], answers["ours"]
+    assert sorted(ours) == sorted(triton)
+    for name in triton:
+        assert ours[name].dtype == triton[name].dtype, name
+        assert ours[name].shape == triton[name].shape, name
+        assert ours[name].tolist() == triton[name].tolist(), name
+    return triton
+
+
+A = np.array([1.5, -2.0, 3.25, 100.0], dtype=np.float32)
+B = np.array([0.5, 4.0, -1.0, 0.75], dtype=np.float32)
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_add_sub_with_output_dtypes_from_the_config(urls: dict[str, tuple[str, str]], transport: str) -> None:
+    call = _http if transport == "http" else _grpc
+    index = 0 if transport == "http" else 1
+    answer = _same({server: call(pair[index], "add_sub", {"INPUT0": A, "INPUT1": B}) for server, pair in urls.items()})
+    assert answer["OUTPUT0"].tolist() == (A + B).tolist()
+    assert answer["OUTPUT1"].dtype == np.int32
+    assert answer["OUTPUT1"].tolist() == (A - B).astype(np.int32).tolist()
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_bytes_are_exact_through_a_python_model(urls: dict[str, tuple[str, str]], transport: str) -> None:
+    elements = [b"he\x00llo", b"\xff\xfe\x00", b"", "né".encode(), b"x" * 100_000]
+    text = np.array([elements], dtype=np.object_)
+    call = _http if transport == "http" else _grpc
+    index = 0 if transport == "http" else 1
+    answer = _same({server: call(pair[index], "reverse", {"TEXT": text}) for server, pair in urls.items()})
+    assert answer["REVERSED"].tolist() == [[e[::-1] for e in elements]]
+
+
+def test_weights_model_batches_requests(urls: dict[str, tuple[str, str]]) -> None:
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((5, 8)).astype(np.float32)
+    answer = _same({server: _http(pair[0], "weights", {"X": x}) for server, pair in urls.items()})
+    np.testing.assert_allclose(answer["Y"], x @ WEIGHTS_ARRAY, rtol=1e-5)
+
+
+def test_request_id_and_parameters_reach_the_model(urls: dict[str, tuple[str, str]]) -> None:
+    answers = {
+        server: _http(pair[0], "request_info", {"INPUT0": A}, request_id="req-42", parameters={"tenant": "a", "n": 3})
+        for server, pair in urls.items()
+    }
+    answer = _same(answers)
+    info = json.loads(answer["INFO"][0])
+    assert info == {"id": "req-42", "parameters": {"tenant": "a", "n": 3}}
+
+
+def test_bls_and_an_ensemble_of_python_steps(urls: dict[str, tuple[str, str]]) -> None:
+    bls = _same({server: _http(pair[0], "bls", {"INPUT0": A}) for server, pair in urls.items()})
+    assert bls["OUTPUT0"].tolist() == (A * 2 * 10).tolist()
+    ensemble = _same({server: _http(pair[0], "add_then_bls", {"A": A, "B": B}) for server, pair in urls.items()})
+    assert ensemble["RESULT"].tolist() == ((A + B) * 2 * 10).tolist()
+
+
+@pytest.mark.parametrize("model", ["error_response", "raises"])
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_model_errors_reach_the_client_alike(urls: dict[str, tuple[str, str]], model: str, transport: str) -> None:
+    failures: dict[str, InferenceServerException] = {}
+    for server, pair in urls.items():
+        with pytest.raises(InferenceServerException) as caught:
+            (_http if transport == "http" else _grpc)(pair[0 if transport == "http" else 1], model, {"INPUT0": A})
+        failures[server] = caught.value
+    assert failures["ours"].status() == failures["triton"].status()
+    expected = "value out of range: 7" if model == "error_response" else "weights are not loaded"
+    for failure in failures.values():
+        assert expected in failure.message()
