@@ -1,24 +1,20 @@
 """NVIDIA's real tritonserver serves perfkit.testing's python-backend models: the demo MLP gives the
 same outputs as onnxruntime on the ONNX file and its dynamic batcher forms batches; the sleeper
-and the staller take the time they promise; the reference server answers the same python models
-as Triton does; and `triton_server` never leaves a process behind."""
+and the staller take the time they promise; and `triton_server` never leaves a process behind."""
 
 from __future__ import annotations
 
-import shutil
 import statistics
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 import psutil
 import pytest
 import tritonclient.http as httpclient
-from tritonclient.utils import InferenceServerException
 
 from perfkit.testing import (
     TritonProcess,
@@ -30,9 +26,6 @@ from perfkit.testing import (
     write_staller,
 )
 from perfkit.testing import triton as triton_module
-from reference_server.server import running_server
-from tests.pymodels import write_python_models
-from tests.servers import loopback_config
 from v2kit.demo import build_demo_repository
 
 pytestmark = [pytest.mark.integration, pytest.mark.peers]
@@ -54,24 +47,17 @@ def ort_times(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def peer_repository(onnx_mlp: Path, ort_times: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The MLP wrapper (plain and timed), the sleeper and the staller; python models of the reference
-    server's tests and its demo's python_linear, which both servers must answer alike."""
+def triton(
+    peers: Path, onnx_mlp: Path, ort_times: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TritonProcess]:
+    """One tritonserver per module serving the MLP wrapper (plain and timed), the sleeper and the staller."""
     repo = tmp_path_factory.mktemp("triton") / "models"
     # A 5 ms queue delay: concurrent requests reliably share a batch even on a slow machine.
     write_onnx_wrapper(repo, "mlp", onnx_mlp, max_batch_size=64, dynamic_batching=True, max_queue_delay_us=5000)
     write_onnx_wrapper(repo, "mlp_timed", onnx_mlp, max_batch_size=64, allow_spinning=False, ort_time_dir=ort_times)
     write_sleeper(repo, "sleeper", service_ms=SLEEPER_MS)
     write_staller(repo, "staller", service_ms=STALLER_MS, stall_ms=STALL_MS, stall_every_s=STALL_EVERY_S)
-    write_python_models(repo, ("py_bytes", "py_batch", "py_error", "py_raises"))
-    shutil.copytree(onnx_mlp.parents[2] / "python_linear", repo / "python_linear")
-    return repo
-
-
-@pytest.fixture(scope="module")
-def triton(peers: Path, peer_repository: Path) -> Iterator[TritonProcess]:
-    """One tritonserver per module, on `peer_repository`."""
-    with triton_server(peers, peer_repository, start_timeout_s=90) as server:
+    with triton_server(peers, repo, start_timeout_s=90) as server:
         yield server
 
 
@@ -193,42 +179,6 @@ def test_staller_stalls_periodically(triton: TritonProcess) -> None:
     assert len(stalls) <= elapsed_s / STALL_EVERY_S + 1, stalls
     assert statistics.median(latencies_ms) < 0.25 * STALL_MS, statistics.median(latencies_ms)
     assert min(latencies_ms) >= STALLER_MS
-
-
-def test_the_reference_server_answers_python_models_as_triton_does(
-    triton: TritonProcess, peer_repository: Path
-) -> None:
-    """The same model.py files on both servers: the same outputs, bytes, ids, parameters and errors."""
-
-    def ask(url: str) -> list[Any]:
-        answers: list[Any] = []
-        with httpclient.InferenceServerClient(url) as client:
-            x = np.random.default_rng(5).standard_normal((3, 256), dtype=np.float32)
-            answers.append(infer(client, "mlp", x))
-            answers.append(infer(client, "python_linear", x[:, :64].copy()))
-            items = np.array([[b"he\x00llo", b"\xff\xfe", b""]], dtype=object)
-            tensor = httpclient.InferInput("INPUT0", [1, 3], "BYTES")
-            tensor.set_data_from_numpy(items)
-            answers.append(client.infer("py_bytes", [tensor]).as_numpy("OUTPUT0").tolist())
-            one = httpclient.InferInput("INPUT0", [1, 1], "FP32")
-            one.set_data_from_numpy(np.array([[-1.0]], dtype=np.float32))
-            result = client.infer("py_batch", [one], request_id="r-1", parameters={"tag": 1, "name": "x"})
-            answers.append(
-                (result.get_response()["id"], result.as_numpy("ID").tolist(), result.as_numpy("PARAMS").tolist())
-            )
-            for model in ("py_error", "py_raises"):
-                with pytest.raises(InferenceServerException) as failed:
-                    client.infer(model, [one])
-                answers.append((failed.value.status(), failed.value.message()))
-            answers.append(client.get_model_metadata("py_batch"))
-        return answers
-
-    theirs = ask(triton.http_url)
-    with running_server(loopback_config(peer_repository)) as server:
-        ours = ask(server.http_url)
-    np.testing.assert_allclose(ours[0], theirs[0], atol=1e-5, rtol=0)
-    np.testing.assert_allclose(ours[1], theirs[1], atol=1e-6, rtol=0)
-    assert ours[2:] == theirs[2:]
 
 
 def test_no_process_left_when_body_raises(peers: Path, tmp_path: Path) -> None:
