@@ -1,7 +1,8 @@
 """Triton's python backend: `backend: "python"` models, a `model.py` defining `TritonPythonModel`.
 
 Each `instance_group` instance runs in a stub process of its own (`stub.py`), as in Triton, with
-tensors passed through shared memory (`ipc.py`); `instance.py` is the server's side of one stub.
+tensors passed through shared memory (`ipc.py`); `process.py` is the server's side of one stub
+process, `instance.py` what runs through it and what happens when it fails.
 Model files import `triton_python_backend_utils` (`pb/`), this server's version of Triton's module.
 
 Loading a version (`create_instances`): the first instance's stub imports the model file and, if
@@ -28,7 +29,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server.backends.context import BackendContext
 from reference_server.backends.placement import Placement
-from reference_server.backends.python.instance import PythonInstance, PythonModel
+from reference_server.backends.python.instance import PythonInstance
+from reference_server.backends.python.process import PythonModel
 from reference_server.errors import ModelConfigError
 from reference_server.scheduling.execute import TensorSignature
 from v2kit.model_config import ConfigError, config_from_json, config_to_json

@@ -1,4 +1,5 @@
-"""The server's side of one python-backend model instance: its stub process and what runs through it.
+"""The server's side of one python-backend model instance: what runs through its stub process
+(`process.StubProcess`), and what happens when the stub fails.
 
 Theory of operation
 -------------------
@@ -29,405 +30,23 @@ timeout); a stub whose server dies sees EOF and exits by itself.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import logging
-import os
-import subprocess
-import sys
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from time import perf_counter_ns
 from typing import Any
 
-from reference_server.backends.context import BackendContext, ModelCall
 from reference_server.backends.placement import Placement
 from reference_server.backends.python import ipc
-from reference_server.errors import (
-    AlreadyExists,
-    Cancelled,
-    InternalError,
-    InvalidArgument,
-    ModelConfigError,
-    NotFound,
-    ServerError,
-    Unavailable,
-    Unknown,
-    Unsupported,
-)
+from reference_server.backends.python.process import PythonModel, StubProcess
+from reference_server.errors import InternalError, ModelConfigError, Unavailable
 from reference_server.scheduling.execute import BatchItem, RequestsOutcome, ResponseSink, Tensors
-from v2kit.tensors import numpy_to_datatype
 
-__all__ = ["PythonInstance", "PythonModel", "server_error_from_code"]
+__all__ = ["PythonInstance"]
 
 log = logging.getLogger(__name__)
-
-_REPO_ROOT = str(Path(__file__).resolve().parents[3])
-
-# The stub's command. Importing `reference_server.backends.python.stub` the usual way would first run
-# `reference_server/backends/__init__.py`, which loads every backend (onnxruntime, tritonclient's
-# protobufs): a quarter second per stub start. The stub needs none of it, so its parent packages
-# are stood in by bare package objects (their folders as __path__), and only the stub's own
-# modules (stub, ipc, pb) and v2kit.tensors are imported.
-_BOOTSTRAP = """\
-import sys, types
-from pathlib import Path
-root = Path(sys.argv[1])
-for name in ("reference_server", "reference_server.backends", "reference_server.backends.python"):
-    package = types.ModuleType(name)
-    package.__path__ = [str(root.joinpath(*name.split(".")))]
-    sys.modules[name] = package
-from reference_server.backends.python import stub
-stub.run(sys.argv[2:])
-"""
-_FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
-
-# TRITONSERVER_Error_Code → our errors, which carry Triton's HTTP and gRPC statuses for each.
-_BY_CODE: dict[int, type[ServerError]] = {
-    0: Unknown, 1: InternalError, 2: NotFound, 3: InvalidArgument, 4: Unavailable, 5: Unsupported,
-    6: AlreadyExists, 7: Cancelled,
-}  # fmt: skip
-_CODE_OF = {"UNKNOWN": 0, "INTERNAL": 1, "NOT_FOUND": 2, "INVALID_ARGUMENT": 3, "UNAVAILABLE": 4,
-            "UNIMPLEMENTED": 5, "ALREADY_EXISTS": 6, "CANCELLED": 7}  # fmt: skip
-
-
-def server_error_from_code(message: str, code: int) -> ServerError:
-    """The ServerError for a model's `TritonError(message, code)`."""
-    return _BY_CODE.get(code, InternalError)(message)
-
-
-def _code_of(error: ServerError) -> int:
-    return _CODE_OF.get(error.grpc_code, 1)
-
-
-@dataclass(slots=True)
-class PythonModel:
-    """What every instance of one python model version shares."""
-
-    name: str
-    version: int
-    model_file: Path
-    model_dir: Path
-    context: BackendContext
-    config_json: str = ""  # the completed config, as `args["model_config"]`
-    output_types: dict[str, str] = field(default_factory=dict)  # output name → v2 datatype
-    decoupled: bool = False
-    arena_bytes: int = 64 << 20
-    stub_timeout_s: float = 30.0
-    execute_timeout_s: float = 300.0
-
-
-class _Waiter:
-    __slots__ = ("event", "message", "fds", "dead")
-
-    def __init__(self) -> None:
-        self.event = threading.Event()
-        self.message: dict[str, Any] | None = None
-        self.fds: list[int] = []
-        self.dead = False
-
-
-@dataclass(slots=True)
-class _Stream:
-    sink: ResponseSink
-    blocks: list[tuple[int, int]]  # the request's inputs in the server arena
-    output_names: Sequence[str]  # empty = all
-
-
-class _Stub:
-    """One stub process and its channel, arenas and reader thread."""
-
-    def __init__(self, model: PythonModel, instance_name: str) -> None:
-        self.model = model
-        self.instance_name = instance_name
-        self.channel, child = ipc.Channel.pair()
-        label = f"pb-{model.name}-{instance_name}"[:200]
-        self.server_arena = ipc.Arena.create(label + "-in", model.arena_bytes)
-        self.stub_arena = ipc.Arena.create(label + "-out", model.arena_bytes)
-        fds = (child.fileno(), self.server_arena.fd, self.stub_arena.fd)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH", "")) if p)
-        try:
-            self.process = subprocess.Popen(
-                [sys.executable, "-c", _BOOTSTRAP, _REPO_ROOT, *map(str, fds), str(model.arena_bytes)],
-                pass_fds=fds,
-                env=env,
-                stdin=subprocess.DEVNULL,
-            )
-        finally:
-            child.close()
-        self.alive = True
-        self._lock = threading.Lock()
-        self._waiters: dict[object, _Waiter] = {}
-        self._streams: dict[int, _Stream] = {}
-        self._ids = itertools.count(1)
-        self._to_free: list[tuple[int, int]] = []  # stub-arena blocks read and copied, not yet given back
-        self._to_free_bytes = 0
-        self._reader = threading.Thread(target=self._read, name=f"{instance_name}-stub-reader", daemon=True)
-        self._reader.start()
-
-    # --- requests and answers -------------------------------------------------------------------
-
-    def call(
-        self, message: dict[str, Any], timeout_s: float, fds: list[int] | None = None
-    ) -> tuple[dict[str, Any], list[int]]:
-        """Send `message` and wait for its answer (execute by id; load, initialize and finalize are
-        one at a time). Raises TimeoutError, or ipc.ChannelClosed when the stub died."""
-        key: object = message.get("id", "control")
-        waiter = _Waiter()
-        with self._lock:
-            if not self.alive:
-                raise ipc.ChannelClosed("stub is gone")
-            self._waiters[key] = waiter
-        try:
-            self.channel.send(message, fds)
-            if not waiter.event.wait(timeout_s if timeout_s > 0 else None):
-                raise TimeoutError
-        finally:
-            with self._lock:
-                self._waiters.pop(key, None)
-        if waiter.dead or waiter.message is None:
-            raise ipc.ChannelClosed("stub is gone")
-        return waiter.message, waiter.fds
-
-    def open_stream(
-        self, token: int, sink: ResponseSink, blocks: list[tuple[int, int]], output_names: Sequence[str]
-    ) -> None:
-        with self._lock:
-            self._streams[token] = _Stream(sink, blocks, output_names)
-
-    def drop_stream(self, token: int) -> None:
-        with self._lock:
-            stream = self._streams.pop(token, None)
-        if stream is not None:
-            self.release(stream.blocks)
-
-    def release(self, blocks: list[tuple[int, int]]) -> None:
-        for offset, nbytes in blocks:
-            self.server_arena.release(offset, nbytes)
-
-    def give_back(self, blocks: list[tuple[int, int]]) -> None:
-        """Free stub-arena blocks we have copied out of: they ride on the next execute message, or
-        go at once when they add up to an eighth of the arena (decoupled and BLS traffic)."""
-        if not blocks:
-            return
-        with self._lock:
-            self._to_free += blocks
-            self._to_free_bytes += sum(nbytes for _, nbytes in blocks)
-            if self._to_free_bytes < self.stub_arena.size // 8:
-                return
-            pending, self._to_free, self._to_free_bytes = self._to_free, [], 0
-        self.channel.send({"op": "free", "blocks": pending})
-
-    def take_frees(self) -> list[tuple[int, int]]:
-        with self._lock:
-            pending, self._to_free, self._to_free_bytes = self._to_free, [], 0
-        return pending
-
-    def next_id(self) -> int:
-        return next(self._ids)
-
-    def kill(self) -> None:
-        with self._lock:
-            self.alive = False  # now, not when the reader sees EOF: the next batch must start a new stub
-        try:
-            self.process.kill()
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        """Wait for the exited (or killed) process and let go of the channel and arenas."""
-        try:
-            self.process.wait(timeout=self.model.stub_timeout_s)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            self.process.wait()
-        self.channel.close()
-        self._reader.join(5)
-        self.server_arena.close()
-        self.stub_arena.close()
-
-    # --- the reader thread ------------------------------------------------------------------------
-
-    def _read(self) -> None:
-        try:
-            while True:
-                message, fds = self.channel.recv()
-                self._dispatch(message, fds)
-        except ipc.ChannelClosed:
-            pass
-        except Exception:
-            log.exception("model '%s' instance '%s': bad message from the stub", self.model.name, self.instance_name)
-            self.kill()
-        self._died()
-
-    def _dispatch(self, message: dict[str, Any], fds: list[int]) -> None:
-        op = message["op"]
-        if op in ("executed", "loaded", "initialized", "finalized"):
-            key: object = message["id"] if op == "executed" else "control"
-            with self._lock:
-                waiter = self._waiters.get(key)
-            if waiter is None:
-                ipc.close_fds(fds)  # its caller gave up (timeout); the stub is being killed
-                return
-            waiter.message, waiter.fds = message, fds
-            waiter.event.set()
-        elif op == "response":
-            self._response(message, fds)
-        elif op == "free":
-            for offset, nbytes in message["blocks"]:
-                self.stub_arena.release(offset, nbytes)
-        elif op == "bls":
-            self._bls(message, fds)
-        elif op == "log":
-            level = {"WARNING": logging.WARNING, "ERROR": logging.ERROR, "VERBOSE": logging.DEBUG}.get(
-                message["level"], logging.INFO
-            )
-            log.log(level, "%s: %s", self.instance_name, message["message"])
-        else:
-            raise ValueError(f"unknown operation {op!r}")
-
-    def _response(self, message: dict[str, Any], fds: list[int]) -> None:
-        token = message["token"]
-        final = bool(message["flags"] & _FINAL)
-        with self._lock:
-            stream = self._streams.get(token)
-        try:
-            outputs, error = self.read_response(message["response"], fds)
-        finally:
-            ipc.close_fds(fds)
-        if stream is None:
-            return  # the request already ended (its execute failed)
-        if final:
-            self.drop_stream(token)
-        if outputs is not None and stream.output_names:
-            missing = [name for name in stream.output_names if name not in outputs]
-            if missing:
-                error = InternalError(f"model '{self.model.name}' did not produce requested output(s) {missing}")
-            outputs = {name: outputs[name] for name in stream.output_names if name in outputs}
-        if error is not None:
-            # An error response, as Triton's: the stream goes on unless it carried the final flag.
-            stream.sink(None, final, error)
-        elif outputs is not None or final:
-            stream.sink(outputs, final, None)
-
-    def read_response(self, desc: dict[str, Any] | None, fds: list[int]) -> tuple[Tensors | None, ServerError | None]:
-        """A response's outputs (copied out of shared memory, which is then freed) or its error.
-        The caller closes `fds`."""
-        try:
-            if desc is None:
-                return None, None
-            outputs: Tensors = {}
-            blocks = []
-            for tensor in desc["outputs"]:
-                outputs[tensor[0]] = ipc.read_tensor(self.stub_arena, tensor, fds, copy=True)
-                if tensor[3][0] == "a":
-                    blocks.append((tensor[3][1], tensor[3][2]))
-            self.give_back(blocks)
-            if desc["error"] is not None:
-                return None, server_error_from_code(*desc["error"])
-            return outputs, self.model_check(outputs)
-        except ipc.ChannelClosed:
-            return None, self.unhealthy()
-
-    def model_check(self, outputs: Tensors) -> ServerError | None:
-        types = self.model.output_types
-        for name, array in outputs.items():
-            want = types.get(name)
-            got = "BYTES" if array.dtype == object else numpy_to_datatype(array.dtype)
-            if want is not None and got != want:
-                return InternalError(
-                    f"model '{self.model.name}' output '{name}' has datatype {got}, but the model configuration "
-                    f"says {want}"
-                )
-        return None
-
-    def unhealthy(self) -> InternalError:
-        return InternalError(f"Stub process '{self.instance_name}' is not healthy.")
-
-    def _died(self) -> None:
-        with self._lock:
-            self.alive = False
-            waiters = list(self._waiters.values())
-            streams = list(self._streams.values())
-            self._streams.clear()
-        for waiter in waiters:
-            waiter.dead = True
-            waiter.event.set()
-        for stream in streams:
-            stream.sink(None, True, self.unhealthy())
-
-    # --- BLS ------------------------------------------------------------------------------------------
-
-    def _bls(self, message: dict[str, Any], fds: list[int]) -> None:
-        try:
-            inputs = {d[0]: ipc.read_tensor(self.stub_arena, d, fds, copy=True) for d in message["inputs"]}
-        finally:
-            ipc.close_fds(fds)
-        self.give_back([(d[3][1], d[3][2]) for d in message["inputs"] if d[3][0] == "a"])
-        try:
-            parameters = json.loads(message["parameters"] or "{}")
-        except json.JSONDecodeError:
-            parameters = {}
-        timeout = message["timeout"]
-        call = ModelCall(
-            model_name=message["model_name"],
-            model_version=message["model_version"],
-            inputs=inputs,
-            output_names=list(message["outputs"]),
-            request_id=message["request_id"],
-            parameters=parameters if isinstance(parameters, dict) else {},
-            timeout_us=timeout or None,
-        )
-        context = self.model.context
-        bls_id, decoupled = message["id"], bool(message["decoupled"])
-        if context.loop is None or context.call_model is None or context.stream_model is None:
-            self._bls_answer(bls_id, decoupled, None, Unsupported("this server offers no BLS here"), True)
-            return
-        asyncio.run_coroutine_threadsafe(self._run_bls(context, call, bls_id, decoupled), context.loop)
-
-    async def _run_bls(self, context: BackendContext, call: ModelCall, bls_id: int, decoupled: bool) -> None:
-        assert context.call_model is not None and context.stream_model is not None
-        try:
-            if decoupled:
-                final_sent = False
-                async for outputs, final in context.stream_model(call):
-                    self._bls_answer(bls_id, True, outputs, None, final)
-                    final_sent = final
-                if not final_sent:
-                    self._bls_answer(bls_id, True, None, None, True)
-            else:
-                self._bls_answer(bls_id, False, await context.call_model(call), None, True)
-        except ServerError as error:
-            self._bls_answer(bls_id, decoupled, None, error, True)
-        except Exception as error:  # a bug on our side must still answer the model
-            log.exception("BLS call from '%s' failed", self.instance_name)
-            self._bls_answer(bls_id, decoupled, None, InternalError(f"{type(error).__name__}: {error}"), True)
-
-    def _bls_answer(
-        self, bls_id: int, decoupled: bool, outputs: Tensors | None, error: ServerError | None, final: bool
-    ) -> None:
-        fds: list[int] = []
-        response = None
-        if outputs is not None:
-            response = {
-                "outputs": [ipc.write_tensor(self.server_arena, n, a, fds) for n, a in outputs.items()],
-                "parameters": "{}",
-            }
-        wire_error = None if error is None else (error.message, _code_of(error))
-        try:
-            self.channel.send(
-                {"op": "bls_result", "id": bls_id, "response": response, "error": wire_error, "final": final,
-                 "decoupled": decoupled},
-                fds,
-            )  # fmt: skip
-        except ipc.ChannelClosed:
-            pass
-        finally:
-            ipc.close_fds(fds)
 
 
 class _Single:
@@ -453,7 +72,7 @@ class PythonInstance:
         self.model = model
         self.name = placement.name
         self.placement = placement
-        self._stub: _Stub | None = None
+        self._stub: StubProcess | None = None
         self._lock = threading.Lock()  # one batch, start or close at a time
         self._tokens = itertools.count(1)
         self._closed = False
@@ -464,7 +83,7 @@ class PythonInstance:
         """Start a stub and import the model file; returns auto_complete_config's config as JSON
         (None when the model has none or `auto_complete` is off). Raises ModelConfigError."""
         with self._lock:
-            self._stub = _Stub(self.model, self.name)
+            self._stub = StubProcess(self.model, self.name)
             message = {"op": "load", "model_file": str(self.model.model_file), "model_config": config_json,
                        "auto_complete": auto_complete}  # fmt: skip
             reply = self._control(self._stub, message, "import")
@@ -480,7 +99,7 @@ class PythonInstance:
             assert self._stub is not None
             self._initialize(self._stub)
 
-    def _initialize(self, stub: _Stub) -> None:
+    def _initialize(self, stub: StubProcess) -> None:
         model = self.model
         args = {
             "model_config": model.config_json,
@@ -497,7 +116,7 @@ class PythonInstance:
                 f"{model.model_file}: model '{model.name}' instance '{self.name}': initialize() failed: {reply['error']}"
             )
 
-    def _control(self, stub: _Stub, message: dict[str, Any], what: str) -> dict[str, Any]:
+    def _control(self, stub: StubProcess, message: dict[str, Any], what: str) -> dict[str, Any]:
         timeout = self.model.stub_timeout_s
         try:
             reply, fds = stub.call(message, timeout)
@@ -551,7 +170,7 @@ class PythonInstance:
         finally:
             self._lock.release()
 
-    def _running_stub(self) -> _Stub:
+    def _running_stub(self) -> StubProcess:
         stub = self._stub
         if stub is not None and stub.alive:
             return stub
@@ -563,7 +182,7 @@ class PythonInstance:
             stub.close()
         self._stub = None
         try:
-            stub = _Stub(self.model, self.name)
+            stub = StubProcess(self.model, self.name)
             self._stub = stub
             message = {"op": "load", "model_file": str(self.model.model_file), "model_config": self.model.config_json,
                        "auto_complete": False}  # fmt: skip
@@ -589,7 +208,7 @@ class PythonInstance:
             stub = self._running_stub()
             return self._execute(stub, batch)
 
-    def _execute(self, stub: _Stub, batch: Sequence[BatchItem]) -> RequestsOutcome:
+    def _execute(self, stub: StubProcess, batch: Sequence[BatchItem]) -> RequestsOutcome:
         model = self.model
         fds: list[int] = []
         items = []
@@ -660,7 +279,7 @@ class PythonInstance:
         return results, t1, t2
 
     @staticmethod
-    def _release_unary(stub: _Stub, batch: Sequence[BatchItem], per_request: list[list[tuple[int, int]]]) -> None:
+    def _release_unary(stub: StubProcess, batch: Sequence[BatchItem], per_request: list[list[tuple[int, int]]]) -> None:
         # A decoupled request's inputs stay until its final response (drop_stream frees them).
         for request, blocks in zip(batch, per_request):
             if request.sink is None:
