@@ -122,7 +122,9 @@ class ReferenceServer:
             return await server.listen(host, port, _server_ssl_context(self.config, alpn="h2"))
         except OSError as exc:
             address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-            raise OSError(exc.errno, f"cannot bind the gRPC listener to {address} (--grpc-port): {exc.strerror}") from exc
+            raise OSError(
+                exc.errno, f"cannot bind the gRPC listener to {address} (--grpc-port): {exc.strerror}"
+            ) from exc
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Stop accepting, let in-flight requests finish within the grace period, then unload."""

@@ -27,6 +27,7 @@ __all__ = [
     "TensorSignature",
     "Tensors",
     "execute",
+    "requests_outcome",
 ]
 
 Tensor = npt.NDArray[Any]
@@ -86,7 +87,13 @@ RequestsOutcome = tuple["list[Tensors | Exception]", int, int]
 
 
 class RequestsInstance(Protocol):
-    """An instance that takes a batch as its requests, unconcatenated (Triton's backend API)."""
+    """An instance that takes a batch as its requests, unconcatenated (Triton's backend API).
+
+    It may also offer `start_requests(batch, done)`: called on the event loop, it must not block,
+    and calls `done` once, on the loop, with the `RequestsOutcome` or the exception that fails the
+    whole batch. The scheduler then runs that instance without a worker thread (the python
+    backend, whose stub answers through a socket the loop watches).
+    """
 
     name: str
 
@@ -94,6 +101,23 @@ class RequestsInstance(Protocol):
         """Execute the requests together; blocking, called like `ModelInstance.run`. Raising fails
         every request of the batch."""
         ...
+
+
+def requests_outcome(batch: Sequence[BatchItem], t0: int, result: RequestsOutcome | Exception) -> Outcome:
+    """The Outcome of a `run_requests` or `start_requests` batch that started at `t0`: each
+    request's outputs narrowed to those it asked for (a missing one fails that request alone)."""
+    if isinstance(result, Exception):
+        return t0, t0, t0, t0, None, result
+    answers, t1, t2 = result
+    selected: list[Tensors | Exception] = []
+    for request, answer in zip(batch, answers):
+        if not isinstance(answer, Exception) and request.sink is None:
+            try:
+                answer = _select(answer, request.output_names)
+            except RuntimeError as error:
+                answer = error
+        selected.append(answer)
+    return t0, t1, t2, perf_counter_ns(), selected, None
 
 
 # (t0, t1, t2, t3, per-request outputs or errors, error); t0..t3 bracket compute_input,
@@ -107,18 +131,10 @@ def execute(instance: ModelInstance | RequestsInstance, batch: Sequence[BatchIte
     run_requests = getattr(instance, "run_requests", None)
     if run_requests is not None:
         try:
-            answers, t1, t2 = run_requests(batch)
-            selected: list[Tensors | Exception] = []
-            for request, result in zip(batch, answers):
-                if not isinstance(result, Exception) and request.sink is None:
-                    try:
-                        result = _select(result, request.output_names)
-                    except RuntimeError as error:
-                        result = error
-                selected.append(result)
+            result: RequestsOutcome | Exception = run_requests(batch)
         except Exception as error:
-            return t0, t0, t0, t0, None, error
-        return t0, t1, t2, perf_counter_ns(), selected, None
+            result = error
+        return requests_outcome(batch, t0, result)
     try:
         first = batch[0]
         if len(batch) == 1:
@@ -150,11 +166,11 @@ def execute(instance: ModelInstance | RequestsInstance, batch: Sequence[BatchIte
         t3 = perf_counter_ns()
     except Exception as error:  # any failure of this batch is reported to its requests
         return t0, t0, t0, t0, None, error
-    for request, result in zip(batch, results):
+    for request, answer in zip(batch, results):
         # A decoupled config on an instance that answers once (onnxruntime): that answer is its
         # one response, final, as Triton's backends send it.
-        if request.sink is not None and not isinstance(result, Exception):
-            request.sink(result, True, None)
+        if request.sink is not None and not isinstance(answer, Exception):
+            request.sink(answer, True, None)
     return t0, t1, t2, t3, results, None
 
 

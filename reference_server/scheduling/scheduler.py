@@ -98,12 +98,15 @@ from typing import Any
 
 from reference_server.errors import InternalError, InvalidArgument, ServerError, Unavailable, Unsupported
 from reference_server.scheduling.execute import (
+    BatchItem,
     ModelInstance,
     Outcome,
     RequestsInstance,
+    RequestsOutcome,
     ResponseSink,
     Tensors,
     execute,
+    requests_outcome,
 )
 from reference_server.scheduling.policy import BatchingPolicy
 from reference_server.scheduling.stats import ModelStats
@@ -174,13 +177,17 @@ _Batch = tuple[int, "list[_Request]"]
 class _Slot:
     """One instance, its worker thread, and the batches handed to it that have not finished."""
 
-    __slots__ = ("instance", "inbox", "thread", "running")
+    __slots__ = ("instance", "inbox", "thread", "running", "start")
 
     def __init__(self, instance: ModelInstance | RequestsInstance) -> None:
         self.instance = instance
         self.inbox: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
         self.thread: threading.Thread | None = None
         self.running: deque[_Batch] = deque()
+        # An instance that starts batches from the loop and answers there needs no worker thread.
+        self.start: Callable[[Sequence[BatchItem], Callable[[Any], None]], None] | None = getattr(
+            instance, "start_requests", None
+        )
 
 
 class Scheduler:
@@ -221,6 +228,8 @@ class Scheduler:
         # Handing busy instances batches ahead would let a queued request outlive its timeout unseen.
         self._ahead = 0 if policy.default_timeout_ns else AHEAD_BATCHES
         for slot in self._slots:
+            if slot.start is not None:
+                continue
             # Daemon, so a scheduler that is never closed cannot keep the process alive.
             slot.thread = threading.Thread(
                 target=self._work, args=(slot,), name=f"{slot.instance.name}-worker", daemon=True
@@ -546,12 +555,31 @@ class Scheduler:
         entry = (self._next_seq, batch)
         self._next_seq += 1
         slot.running.append(entry)
+        if slot.start is not None:
+            self._start(slot, entry)
+            return
         if slot is self._inline_slot and 0 < _elements(batch) * self._ns_per_element <= INLINE_MAX_NS:
             loop = self._loop
             assert loop is not None  # set by infer() before anything is dispatched
             loop.call_soon(self._finish, slot, entry, execute(slot.instance, batch))
             return
         slot.inbox.put(entry)
+
+    def _start(self, slot: _Slot, entry: _Batch) -> None:
+        """Hand a batch to an instance that runs it without a worker (`start_requests`)."""
+        loop = self._loop
+        assert loop is not None and slot.start is not None
+        batch = entry[1]
+        t0 = perf_counter_ns()
+
+        def done(result: RequestsOutcome | Exception) -> None:
+            # One iteration later, as a worker's batch would finish: never inside _dispatch.
+            loop.call_soon(self._finish, slot, entry, requests_outcome(batch, t0, result))
+
+        try:
+            slot.start(batch, done)
+        except Exception as error:
+            done(error)
 
     def _expire(self, now: int) -> None:
         """Apply timeout_action to every queued request whose deadline has passed."""

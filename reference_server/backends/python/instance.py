@@ -30,11 +30,12 @@ timeout); a stub whose server dies sees EOF and exits by itself.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from time import perf_counter_ns
 from typing import Any
 
@@ -47,6 +48,31 @@ from reference_server.scheduling.execute import BatchItem, RequestsOutcome, Resp
 __all__ = ["PythonInstance"]
 
 log = logging.getLogger(__name__)
+
+
+#: Larger batches are copied into shared memory by a worker thread, not on the event loop.
+LOOP_MAX_INPUT_BYTES = 1 << 20
+
+
+class _Prepared:
+    """One batch written into the server's arena, not yet answered."""
+
+    __slots__ = ("batch_id", "fds", "items", "per_request", "tokens", "message")
+
+    def __init__(self, batch_id: int) -> None:
+        self.batch_id = batch_id
+        self.fds: list[int] = []  # memfds of tensors too large for the arena
+        self.items: list[dict[str, Any]] = []
+        self.per_request: list[list[tuple[int, int]]] = []  # each request's arena blocks
+        self.tokens: list[int] = []  # the decoupled requests' stream tokens
+        self.message: dict[str, Any] = {}
+
+
+def _result_of(future: asyncio.Future[RequestsOutcome]) -> RequestsOutcome | Exception:
+    error = future.exception()
+    if error is None:
+        return future.result()
+    return error if isinstance(error, Exception) else InternalError(repr(error))
 
 
 class _Single:
@@ -165,7 +191,7 @@ class PythonInstance:
                         )
                 except (TimeoutError, ipc.ChannelClosed):
                     stub.kill()
-            stub.channel.close()  # EOF: a stub that did not finalize exits now
+            stub.channel.shut()  # EOF: a stub that did not finalize exits now
             stub.close()
         finally:
             self._lock.release()
@@ -208,75 +234,150 @@ class PythonInstance:
             stub = self._running_stub()
             return self._execute(stub, batch)
 
-    def _execute(self, stub: StubProcess, batch: Sequence[BatchItem]) -> RequestsOutcome:
-        model = self.model
-        fds: list[int] = []
-        items = []
-        per_request: list[list[tuple[int, int]]] = []
-        tokens: list[int] = []
+    def start_requests(self, batch: Sequence[BatchItem], done: Callable[[RequestsOutcome | Exception], None]) -> None:
+        """`run_requests` from the event loop, without a thread: send now, and finish when the
+        loop reads the answer. A stub to (re)start, or inputs too large to copy on the loop, go
+        to a worker thread through `run_requests` instead."""
+        loop = asyncio.get_running_loop()
+        stub = self._stub
+        if (
+            stub is None
+            or not stub.alive
+            or stub.loop is not loop
+            or self._closed
+            or sum(array.nbytes for request in batch for array in request.inputs.values()) > LOOP_MAX_INPUT_BYTES
+        ):
+            future = loop.run_in_executor(None, self.run_requests, batch)
+            future.add_done_callback(lambda f: done(_result_of(f)))
+            return
+        try:
+            prepared = self._prepare(stub, batch)
+        except Exception as error:
+            done(error)
+            return
+        timer: list[asyncio.TimerHandle] = []
+        t1 = 0
+
+        def on_reply(reply: dict[str, Any] | None, out_fds: list[int]) -> None:
+            for handle in timer:
+                handle.cancel()
+            t2 = perf_counter_ns()
+            if reply is None:
+                done(stub.unhealthy())
+                return
+            try:
+                results = self._conclude(stub, batch, prepared, reply, out_fds)
+            except Exception as error:
+                done(error)
+                return
+            done((results, t1, t2))
+
+        def expired() -> None:
+            if stub.unexpect(prepared.batch_id) is not None:
+                stub.kill()
+                self._abandon(stub, batch, prepared)
+                done(self._timeout_error())
+
+        try:
+            stub.expect(prepared.batch_id, on_reply)
+            t1 = perf_counter_ns()
+            stub.channel.send(prepared.message, prepared.fds)
+        except ipc.ChannelClosed:
+            stub.unexpect(prepared.batch_id)
+            done(stub.unhealthy())
+            return
+        finally:
+            ipc.close_fds(prepared.fds)
+        if self.model.execute_timeout_s > 0:
+            timer.append(loop.call_later(self.model.execute_timeout_s, expired))
+
+    def _prepare(self, stub: StubProcess, batch: Sequence[BatchItem]) -> _Prepared:
+        """The inputs into the server's arena, and the execute message that names them."""
+        prepared = _Prepared(stub.next_id())
         try:
             for request in batch:
-                inputs = [ipc.write_tensor(stub.server_arena, n, a, fds) for n, a in request.inputs.items()]
-                per_request.append([(d[3][1], d[3][2]) for d in inputs if d[3][0] == "a"])
+                inputs = [ipc.write_tensor(stub.server_arena, n, a, prepared.fds) for n, a in request.inputs.items()]
+                prepared.per_request.append([(d[3][1], d[3][2]) for d in inputs if d[3][0] == "a"])
                 token = next(self._tokens)
-                tokens.append(token)
-                items.append({
+                parameters = json.dumps(request.parameters, separators=(",", ":")) if request.parameters else "{}"
+                prepared.items.append({
                     "token": token, "inputs": inputs, "outputs": list(request.output_names), "id": request.request_id,
-                    "parameters": json.dumps(request.parameters, separators=(",", ":")), "flags": 0, "correlation_id": 0,
+                    "parameters": parameters, "flags": 0, "correlation_id": 0,
                 })  # fmt: skip
                 if request.sink is not None:
-                    stub.open_stream(token, request.sink, per_request[-1], request.output_names)
-            batch_id = stub.next_id()
+                    prepared.tokens.append(token)
+                    stub.open_stream(token, request.sink, prepared.per_request[-1], request.output_names)
+        except BaseException:
+            self._abandon(stub, batch, prepared)
+            ipc.close_fds(prepared.fds)
+            raise
+        prepared.message = {
+            "op": "execute",
+            "id": prepared.batch_id,
+            "model_name": self.model.name,
+            "requests": prepared.items,
+            "free": stub.take_frees(),
+        }
+        return prepared
+
+    def _execute(self, stub: StubProcess, batch: Sequence[BatchItem]) -> RequestsOutcome:
+        prepared = self._prepare(stub, batch)
+        try:
             t1 = perf_counter_ns()
-            try:
-                reply, out_fds = stub.call(
-                    {
-                        "op": "execute",
-                        "id": batch_id,
-                        "model_name": model.name,
-                        "requests": items,
-                        "free": stub.take_frees(),
-                    },  # fmt: skip
-                    model.execute_timeout_s,
-                    fds,
-                )
-            except TimeoutError:
-                stub.kill()
-                raise InternalError(
-                    f"Failed to process the request(s) for model '{self.name}', message: execute() did not "
-                    f"return within {model.execute_timeout_s:g} s (--backend-config=python,execute-timeout-seconds=N); "
-                    "the stub process was killed and is restarted for the next request"
-                ) from None
-            except ipc.ChannelClosed:
-                raise stub.unhealthy() from None
-            t2 = perf_counter_ns()
+            reply, out_fds = stub.call(prepared.message, self.model.execute_timeout_s, prepared.fds)
+        except TimeoutError:
+            stub.kill()
+            self._abandon(stub, batch, prepared)
+            raise self._timeout_error() from None
+        except ipc.ChannelClosed:
+            raise stub.unhealthy() from None
         finally:
-            ipc.close_fds(fds)
-        decoupled_tokens = [t for t, r in zip(tokens, batch) if r.sink is not None]
-        if reply["error"] is not None:
-            ipc.close_fds(out_fds)
-            for token in decoupled_tokens:
-                stub.drop_stream(token)
-            self._release_unary(stub, batch, per_request)
-            raise InternalError(f"Failed to process the request(s) for model '{self.name}', message: {reply['error']}")
-        self._release_unary(stub, batch, per_request)
-        if decoupled_tokens:
-            ipc.close_fds(out_fds)
-            empty: list[Tensors | Exception] = [{} for _ in batch]
-            return empty, t1, t2
-        results: list[Tensors | Exception] = []
-        for response in reply["responses"]:
-            if response is None:
-                results.append(
-                    InternalError(
-                        f"model instance '{self.name}' gave no response for a request (returned None, sent none)"
-                    )
+            ipc.close_fds(prepared.fds)
+        t2 = perf_counter_ns()
+        return self._conclude(stub, batch, prepared, reply, out_fds), t1, t2
+
+    def _conclude(
+        self,
+        stub: StubProcess,
+        batch: Sequence[BatchItem],
+        prepared: _Prepared,
+        reply: dict[str, Any],
+        out_fds: list[int],
+    ) -> list[Tensors | Exception]:
+        """Each request's outputs (or error) from the stub's answer; raises when execute failed."""
+        try:
+            if reply["error"] is not None:
+                self._abandon(stub, batch, prepared)
+                raise InternalError(
+                    f"Failed to process the request(s) for model '{self.name}', message: {reply['error']}"
                 )
-                continue
-            outputs, error = stub.read_response(response, out_fds)
-            results.append(error if error is not None else outputs or {})
-        ipc.close_fds(out_fds)
-        return results, t1, t2
+            self._release_unary(stub, batch, prepared.per_request)
+            if prepared.tokens:
+                return [{} for _ in batch]  # a decoupled model answers through the streams
+            results: list[Tensors | Exception] = []
+            for response in reply["responses"]:
+                if response is None:
+                    message = f"model instance '{self.name}' gave no response for a request (returned None, sent none)"
+                    results.append(InternalError(message))
+                    continue
+                outputs, error = stub.read_response(response, out_fds)
+                results.append(error if error is not None else outputs or {})
+            return results
+        finally:
+            ipc.close_fds(out_fds)
+
+    def _abandon(self, stub: StubProcess, batch: Sequence[BatchItem], prepared: _Prepared) -> None:
+        """A batch that will not be answered: its streams end and its inputs' space is free."""
+        for token in prepared.tokens:
+            stub.drop_stream(token)
+        self._release_unary(stub, batch, prepared.per_request)
+
+    def _timeout_error(self) -> InternalError:
+        return InternalError(
+            f"Failed to process the request(s) for model '{self.name}', message: execute() did not return within "
+            f"{self.model.execute_timeout_s:g} s (--backend-config=python,execute-timeout-seconds=N); the stub "
+            "process was killed and is restarted for the next request"
+        )
 
     @staticmethod
     def _release_unary(stub: StubProcess, batch: Sequence[BatchItem], per_request: list[list[tuple[int, int]]]) -> None:

@@ -22,6 +22,7 @@ goes into a memfd of its own: slower, never refused.
 
 from __future__ import annotations
 
+import array
 import mmap
 import os
 import pickle
@@ -46,6 +47,7 @@ __all__ = [
 #: Largest control message; metadata only, so this is generous (error tracebacks, parameters).
 MAX_MESSAGE_BYTES = 4 << 20
 _ALIGN = 64
+_FDS_SPACE = socket.CMSG_LEN(16 * array.array("i").itemsize)  # up to 16 descriptors per message
 
 #: (name, datatype, shape, where): where is ("a", offset, nbytes) in the writer's arena or
 #: ("f", index into the message's fds, nbytes) for a tensor in a memfd of its own.
@@ -88,12 +90,24 @@ class Channel:
         except OSError as exc:
             raise ChannelClosed(str(exc)) from exc
 
-    def recv(self) -> tuple[dict[str, Any], list[int]]:
-        """The next message and the file descriptors that came with it; ChannelClosed at EOF."""
+    def recv(self, *, wait: bool = True) -> tuple[dict[str, Any], list[int]]:
+        """The next message and the file descriptors that came with it; ChannelClosed at EOF.
+        With `wait` False, BlockingIOError when none is there yet."""
+        # socket.recv_fds, but passing the flags on (3.11's drops them: MSG_DONTWAIT would block).
         try:
-            data, fds, _, _ = socket.recv_fds(self.sock, MAX_MESSAGE_BYTES, 16)
+            data, ancillary, _, _ = self.sock.recvmsg(
+                MAX_MESSAGE_BYTES, _FDS_SPACE, 0 if wait else socket.MSG_DONTWAIT
+            )
+        except BlockingIOError:
+            raise
         except OSError as exc:
             raise ChannelClosed(str(exc)) from exc
+        fds: list[int] = []
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                received = array.array("i")
+                received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
+                fds += received
         if not data:
             for fd in fds:
                 os.close(fd)
@@ -101,11 +115,15 @@ class Channel:
         message: dict[str, Any] = pickle.loads(data)
         return message, fds
 
-    def close(self) -> None:
+    def shut(self) -> None:
+        """End the conversation (the other end reads EOF) but keep the descriptor open."""
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+
+    def close(self) -> None:
+        self.shut()
         self.sock.close()
 
 

@@ -12,6 +12,7 @@ healthy." `instance.PythonInstance` decides what to do about it.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import json
 import logging
@@ -19,7 +20,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -145,8 +146,17 @@ class StubProcess:
         self._ids = itertools.count(1)
         self._to_free: list[tuple[int, int]] = []  # stub-arena blocks read and copied, not yet given back
         self._to_free_bytes = 0
-        self._reader = threading.Thread(target=self._read, name=f"{instance_name}-stub-reader", daemon=True)
-        self._reader.start()
+        self._callbacks: dict[int, Callable[[dict[str, Any] | None, list[int]], None]] = {}
+        # The server's event loop reads the channel when there is one (no thread hand-off per
+        # answer); without one (a backend used on its own) a reader thread does.
+        loop = model.context.loop
+        self.loop = loop if loop is not None and loop.is_running() and not loop.is_closed() else None
+        self._reader: threading.Thread | None = None
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self.loop.add_reader, self.channel.sock.fileno(), self._on_readable)
+        else:
+            self._reader = threading.Thread(target=self._read, name=f"{instance_name}-stub-reader", daemon=True)
+            self._reader.start()
 
     # --- requests and answers -------------------------------------------------------------------
 
@@ -171,6 +181,18 @@ class StubProcess:
         if waiter.dead or waiter.message is None:
             raise ipc.ChannelClosed("stub is gone")
         return waiter.message, waiter.fds
+
+    def expect(self, batch_id: int, callback: Callable[[dict[str, Any] | None, list[int]], None]) -> None:
+        """Have `callback(answer, fds)` called (on the reading side) when execute `batch_id` is
+        answered, or `callback(None, [])` if the stub dies first. On the loop only."""
+        with self._lock:
+            if not self.alive:
+                raise ipc.ChannelClosed("stub is gone")
+            self._callbacks[batch_id] = callback
+
+    def unexpect(self, batch_id: int) -> Callable[[dict[str, Any] | None, list[int]], None] | None:
+        with self._lock:
+            return self._callbacks.pop(batch_id, None)
 
     def open_stream(
         self, token: int, sink: ResponseSink, blocks: list[tuple[int, int]], output_names: Sequence[str]
@@ -218,18 +240,60 @@ class StubProcess:
             pass
 
     def close(self) -> None:
-        """Wait for the exited (or killed) process and let go of the channel and arenas."""
+        """Wait for the exited (or killed) process and let go of the channel and arenas.
+        Not on the loop (it waits for the loop to stop reading)."""
         try:
             self.process.wait(timeout=self.model.stub_timeout_s)
         except subprocess.TimeoutExpired:
             self.kill()
             self.process.wait()
+        self._detach()
         self.channel.close()
-        self._reader.join(5)
+        if self._reader is not None:
+            self._reader.join(5)
         self.server_arena.close()
         self.stub_arena.close()
 
-    # --- the reader thread ------------------------------------------------------------------------
+    def _detach(self) -> None:
+        """Stop the loop reading the socket before it is closed (its number could be reused)."""
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            return
+        detached = concurrent.futures.Future[None]()
+
+        def remove() -> None:
+            if self.channel.sock.fileno() >= 0:
+                loop.remove_reader(self.channel.sock.fileno())
+            detached.set_result(None)
+
+        try:
+            loop.call_soon_threadsafe(remove)
+            detached.result(5)
+        except (RuntimeError, concurrent.futures.TimeoutError):
+            pass  # the loop is closed or stopped: it reads nothing any more
+
+    # --- reading: the loop, or a reader thread ------------------------------------------------
+
+    def _on_readable(self) -> None:
+        # At most a few messages per callback, so one chatty stub cannot hold the loop.
+        for _ in range(32):
+            try:
+                message, fds = self.channel.recv(wait=False)
+            except BlockingIOError:
+                return
+            except ipc.ChannelClosed:
+                assert self.loop is not None
+                if self.channel.sock.fileno() >= 0:
+                    self.loop.remove_reader(self.channel.sock.fileno())
+                self._died()
+                return
+            try:
+                self._dispatch(message, fds)
+            except Exception:
+                log.exception(
+                    "model '%s' instance '%s': bad message from the stub", self.model.name, self.instance_name
+                )
+                self.kill()
 
     def _read(self) -> None:
         try:
@@ -247,6 +311,10 @@ class StubProcess:
         op = message["op"]
         if op in ("executed", "loaded", "initialized", "finalized"):
             key: object = message["id"] if op == "executed" else "control"
+            callback = self.unexpect(message["id"]) if op == "executed" else None
+            if callback is not None:
+                callback(message, fds)
+                return
             with self._lock:
                 waiter = self._waiters.get(key)
             if waiter is None:
@@ -333,9 +401,13 @@ class StubProcess:
             waiters = list(self._waiters.values())
             streams = list(self._streams.values())
             self._streams.clear()
+            callbacks = list(self._callbacks.values())
+            self._callbacks.clear()
         for waiter in waiters:
             waiter.dead = True
             waiter.event.set()
+        for callback in callbacks:
+            callback(None, [])
         for stream in streams:
             stream.sink(None, True, self.unhealthy())
 
