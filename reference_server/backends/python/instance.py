@@ -4,12 +4,14 @@
 Theory of operation
 -------------------
 A `PythonInstance` owns one stub process (`stub.py`) at a time, joined by the control channel and
-two shared-memory arenas of `ipc`. The scheduler's worker thread calls `run_requests`: the inputs
-go into the server's arena, one `execute` message names them, and the thread waits for the
-stub's answer, whose outputs it copies out of the stub's arena. A reader thread per stub takes
-everything the stub sends: answers to `execute`, a decoupled model's responses (handed to each
-request's sink, from that thread), BLS requests (run on the server's loop through the
-`BackendContext` hooks, answered through shared memory) and log lines.
+two shared-memory arenas of `ipc`. The scheduler calls `start_requests` on the event loop: the
+inputs go into the server's arena, one `execute` message names them, and the loop, which watches
+the control socket (`process.StubProcess`), reads the answer and copies the outputs out of the
+stub's arena; no thread hand-off on the way (each costs a futex wake-up and a GIL transfer, more
+than a small model's execute). Batches whose inputs exceed `LOOP_MAX_INPUT_BYTES`, and any batch
+that finds the stub to be restarted, go through `run_requests` in a worker thread instead, which
+waits for the same answer. Warmup uses `run`, also blocking. Everything else the stub sends (a
+decoupled model's responses, BLS requests, log lines) is dispatched where it is read.
 
 Failures, each confined to what it touches:
 
@@ -20,8 +22,9 @@ Failures, each confined to what it touches:
   fail with "Stub process '<instance>' is not healthy."; the next batch starts a new stub
   (import and `initialize` again) before it runs.
 - `execute` runs past `execute-timeout-seconds` (`--backend-config=python,execute-timeout-seconds=N`,
-  default 300; 0 = no limit): the batch fails, the stub is killed and a new one starts with the
-  next batch. Starting a stub (import, auto-complete, `initialize`) is bounded by
+  default 300; 0 = no limit; counted from the batch's send, so a batch queued in the stub behind
+  others counts their time too): the batch fails, the stub is killed and a new one starts with
+  the next batch. Starting a stub (import, auto-complete, `initialize`) is bounded by
   `stub-timeout-seconds` (Triton's knob, default 30).
 
 `close` calls the model's `finalize` and waits for the stub to exit (killing it after the stub
