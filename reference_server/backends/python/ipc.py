@@ -95,9 +95,7 @@ class Channel:
         With `wait` False, BlockingIOError when none is there yet."""
         # socket.recv_fds, but passing the flags on (3.11's drops them: MSG_DONTWAIT would block).
         try:
-            data, ancillary, _, _ = self.sock.recvmsg(
-                MAX_MESSAGE_BYTES, _FDS_SPACE, 0 if wait else socket.MSG_DONTWAIT
-            )
+            data, ancillary, _, _ = self.sock.recvmsg(MAX_MESSAGE_BYTES, _FDS_SPACE, 0 if wait else socket.MSG_DONTWAIT)
         except BlockingIOError:
             raise
         except OSError as exc:

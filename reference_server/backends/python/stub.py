@@ -1,31 +1,35 @@
 """The stub: the child process that runs one instance of a python-backend model.
 
 `python -m reference_server.backends.python.stub FD SERVER_ARENA_FD STUB_ARENA_FD ARENA_BYTES` (the
-server starts it through a lighter bootstrap, `instance._BOOTSTRAP`, that calls `run`), which is
-told what to load over the control channel (see `ipc`). The main
-thread runs the model (load, `auto_complete_config`, `initialize`, `execute`, `finalize`) one call at
-a time, as Triton's stub does; a reader thread takes the server's messages, so BLS answers and
-frees arrive while `execute` runs, and decoupled responses may be sent from any thread.
+server starts it through a lighter bootstrap, `process._BOOTSTRAP`, that calls `run`), which is
+told what to load over the control channel (see `ipc`). The main thread runs the model (load,
+`auto_complete_config`, `initialize`, `execute`, `finalize`) one call at a time, as Triton's stub
+does. There is no reader thread: a thread that waits reads (`Stub.pump`), so the idle main thread
+receives its next execute itself, and a thread waiting for a BLS answer reads until it comes
+(frees and other threads' answers are routed on the way). Decoupled responses may be sent from
+any thread.
 
-When the control channel reaches EOF (the server exited, even by SIGKILL) the stub exits at once,
-whatever the model is doing: no stub outlives its server.
+When the control channel reaches EOF (the server exited, even by SIGKILL) the stub exits; during
+an execute, when no one reads, a watchdog thread sees the server gone within a second: no stub
+outlives its server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import importlib.util
 import inspect
 import itertools
 import json
 import os
-import queue
 import signal
 import socket
 import sys
 import threading
+import time
 import traceback
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +63,10 @@ class Stub:
         self.channel = channel
         self.server_arena = server_arena  # the server writes, we read
         self.arena = stub_arena  # we write, the server reads and frees
-        self.work: queue.SimpleQueue[tuple[dict[str, Any], list[int]]] = queue.SimpleQueue()
+        self.work: collections.deque[tuple[dict[str, Any], list[int]]] = collections.deque()
+        # Whoever waits for something reads the channel while no one else does (see `pump`).
+        self._turn = threading.Condition()
+        self._reading = False
         self.model: Any = None
         self.model_class: Any = None
         self.decoupled = False
@@ -68,34 +75,53 @@ class Stub:
         self._bls: dict[int, Any] = {}
         self._bls_lock = threading.Lock()
 
-    # --- the reader thread --------------------------------------------------------------------
+    # --- reading: by whichever thread waits ------------------------------------------------------
 
-    def read(self) -> None:
-        try:
-            while True:
+    def pump(self, ready: Callable[[], bool]) -> None:
+        """Return once `ready()` holds, reading and routing messages meanwhile whenever no other
+        thread is reading. The model's thread, idle, reads its next execute itself: no hand-off
+        from a reader thread per batch. A thread waiting for a BLS answer reads too, so one is
+        there to read whenever someone waits."""
+        turn = self._turn
+        while True:
+            with turn:
+                while not ready() and self._reading:
+                    turn.wait()
+                if ready():
+                    return
+                self._reading = True
+            try:
                 message, fds = self.channel.recv()
-                op = message["op"]
-                for offset, nbytes in message.get("free", ()):
-                    self.arena.release(offset, nbytes)  # given back with an execute
-                if op == "free":
-                    for offset, nbytes in message["blocks"]:
-                        self.arena.release(offset, nbytes)
-                elif op == "bls_result":
-                    self._bls_result(message, fds)
-                else:
-                    self.work.put((message, fds))
-        except ipc.ChannelClosed:
-            pass
-        except BaseException:  # the reader must never die silently: that would orphan nothing but hang the model
-            traceback.print_exc()
-        # The server is gone (or broke the protocol): never outlive it.
-        os._exit(0)
+                self._route(message, fds)
+            except ipc.ChannelClosed:
+                os._exit(0)  # the server is gone: never outlive it
+            except BaseException:
+                traceback.print_exc()  # a broken protocol: stop, the server restarts us
+                os._exit(1)
+            finally:
+                with turn:
+                    self._reading = False
+                    turn.notify_all()
+
+    def _route(self, message: dict[str, Any], fds: list[int]) -> None:
+        op = message["op"]
+        for offset, nbytes in message.get("free", ()):
+            self.arena.release(offset, nbytes)  # given back with an execute
+        if op == "free":
+            for offset, nbytes in message["blocks"]:
+                self.arena.release(offset, nbytes)
+        elif op == "bls_result":
+            self._bls_result(message, fds)
+        else:
+            self.work.append((message, fds))
 
     # --- the main thread ----------------------------------------------------------------------
 
     def serve(self) -> None:
+        work = self.work
         while True:
-            message, fds = self.work.get()
+            self.pump(lambda: bool(work))
+            message, fds = work.popleft()
             op = message["op"]
             if op == "load":
                 self.channel.send({"op": "loaded", **self._load(message)})
@@ -257,21 +283,30 @@ class Stub:
         ipc.close_fds(fds)
 
     def infer(self, request: pb_utils.InferenceRequest) -> list[pb_utils.InferenceResponse]:
-        waiter: queue.SimpleQueue[pb_utils.InferenceResponse | None] = queue.SimpleQueue()
-        self._send_bls(request, False, waiter)
-        response = waiter.get()
+        answers: collections.deque[pb_utils.InferenceResponse | None] = collections.deque()
+        self._send_bls(request, False, answers)
+        self.pump(lambda: bool(answers))
+        response = answers.popleft()
         assert response is not None
         return [response]
 
     def infer_stream(self, request: pb_utils.InferenceRequest) -> Iterator[pb_utils.InferenceResponse]:
-        responses = pb_utils._ResponseIterator()
-        self._send_bls(request, True, responses.queue)
-        return iter(responses)
+        answers: collections.deque[pb_utils.InferenceResponse | None] = collections.deque()
+        self._send_bls(request, True, answers)
+
+        def responses() -> Iterator[pb_utils.InferenceResponse]:
+            while True:
+                self.pump(lambda: bool(answers))
+                response = answers.popleft()
+                if response is None:
+                    return
+                yield response
+
+        return responses()
 
     def infer_async(self, request: pb_utils.InferenceRequest) -> Awaitable[pb_utils.InferenceResponse]:
-        future: asyncio.Future[pb_utils.InferenceResponse] = self.loop.create_future()
-        self._send_bls(request, False, future)
-        return future
+        # The model's thread runs the asyncio loop meanwhile, so a pool thread waits (and reads).
+        return self.loop.run_in_executor(None, lambda: self.infer(request)[0])
 
     def _bls_result(self, message: dict[str, Any], fds: list[int]) -> None:
         final = message["final"]
@@ -289,19 +324,18 @@ class Stub:
                 self.channel.send({"op": "free", "blocks": blocks})
             response = pb_utils.InferenceResponse(tensors, parameters=message["response"]["parameters"])
         ipc.close_fds(fds)
-        if isinstance(waiter, asyncio.Future):
-            assert response is not None
-            self.loop.call_soon_threadsafe(_resolve, waiter, response)
-            return
         if response is not None:
-            waiter.put(response)
+            waiter.append(response)
         if final and message.get("decoupled"):
-            waiter.put(None)
+            waiter.append(None)
 
 
-def _resolve(future: asyncio.Future[Any], value: Any) -> None:
-    if not future.done():
-        future.set_result(value)
+def _watch_parent(parent: int) -> None:
+    # While the model's thread runs a long execute no one reads the channel, so its EOF would go
+    # unseen: a server that died meanwhile (even by SIGKILL) is noticed here within a second.
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
 
 
 def main(argv: list[str]) -> int:
@@ -312,7 +346,7 @@ def main(argv: list[str]) -> int:
     channel = ipc.Channel(socket.socket(fileno=fd))
     stub = Stub(channel, ipc.Arena(server_arena_fd, size), ipc.Arena(stub_arena_fd, size))
     pb_utils._runtime = stub
-    threading.Thread(target=stub.read, name="stub-reader", daemon=True).start()
+    threading.Thread(target=_watch_parent, args=(os.getppid(),), name="stub-parent-watch", daemon=True).start()
     stub.serve()
     return 0
 

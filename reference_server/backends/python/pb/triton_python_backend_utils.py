@@ -11,7 +11,6 @@ sends responses, BLS requests and log lines to the server.
 from __future__ import annotations
 
 import json
-import queue
 from collections.abc import Awaitable, Iterator, Sequence
 from typing import Any, Protocol
 
@@ -361,17 +360,6 @@ class InferenceRequest:
                 "async_exec(decoupled=True) is not supported by this server; use exec(decoupled=True)"
             )
         return _bridge().infer_async(self)
-
-
-class _ResponseIterator:
-    """The responses of a decoupled BLS call, as they arrive."""
-
-    def __init__(self) -> None:
-        self.queue: queue.SimpleQueue[InferenceResponse | None] = queue.SimpleQueue()
-
-    def __iter__(self) -> Iterator[InferenceResponse]:
-        while (item := self.queue.get()) is not None:
-            yield item
 
 
 # --- logging -----------------------------------------------------------------------------------------
