@@ -38,6 +38,8 @@ pytestmark = pytest.mark.integration
 
 # Three 1 s windows per level, stable by construction: these tests compare levels, not stability.
 WINDOWS = WindowSpec(interval_ms=1000, stability_pct=1_000_000, max_trials=3)
+# Half-second windows where a test checks how the load is split, not how many requests it holds.
+SHORT_WINDOWS = dataclasses.replace(WINDOWS, interval_ms=500)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -56,18 +58,22 @@ def server(demo_repository: Path) -> Iterator[ServerProcess]:
         yield process
 
 
-def spec(url: str, model: str, load: LoadSpec, workers: int, report_dir: Path) -> SweepSpec:
+def spec(
+    url: str, model: str, load: LoadSpec, workers: int, report_dir: Path, windows: WindowSpec = WINDOWS
+) -> SweepSpec:
     return SweepSpec(
         target=TargetSpec(url=url, model=model),
         load=load,
-        windows=WINDOWS,
+        windows=windows,
         output=OutputSpec(report_dir=report_dir, html_report=False, quiet=True),
         distributed=DistributedSpec(workers=workers),
     )
 
 
-def sweep(url: str, model: str, load: LoadSpec, workers: int, report_dir: Path) -> tuple[SweepRun, int]:
-    return run_sweep(spec(url, model, load, workers, report_dir), ["sweep", "--workers", str(workers)])
+def sweep(
+    url: str, model: str, load: LoadSpec, workers: int, report_dir: Path, windows: WindowSpec = WINDOWS
+) -> tuple[SweepRun, int]:
+    return run_sweep(spec(url, model, load, workers, report_dir, windows), ["sweep", "--workers", str(workers)])
 
 
 def only_level(run: SweepRun) -> LevelResult:
@@ -110,7 +116,7 @@ def test_merged_arrivals_are_the_schedule_asked_for(server: ServerProcess, tmp_p
 
 
 def test_closed_loop_five_over_two_workers_is_three_and_two(server: ServerProcess, tmp_path: Path) -> None:
-    run, code = sweep(server.http_url, "mlp", LoadSpec("concurrency", 5, 5), 2, tmp_path)
+    run, code = sweep(server.http_url, "mlp", LoadSpec("concurrency", 5, 5), 2, tmp_path, SHORT_WINDOWS)
     level = only_level(run)
     assert [w.load for w in level.workers] == ["concurrency 3", "concurrency 2"]
     assert sum(w.request_count for w in level.workers) == level.request_count
@@ -126,7 +132,9 @@ def test_a_worker_killed_mid_level_keeps_the_others_samples_and_flags_the_level(
 ) -> None:
     outcome: list[tuple[SweepRun, int]] = []
     load = LoadSpec("concurrency", 2, 2)
-    runner = threading.Thread(target=lambda: outcome.append(sweep(server.http_url, "mlp", load, 2, tmp_path)))
+    runner = threading.Thread(
+        target=lambda: outcome.append(sweep(server.http_url, "mlp", load, 2, tmp_path, SHORT_WINDOWS))
+    )
     runner.start()
     try:
         victim = None
@@ -159,7 +167,7 @@ def test_the_cli_joins_a_running_cluster_and_names_the_workers_hosts(server: Ser
     address = ray.get_runtime_context().gcs_address
     argv = [
         sys.executable, "-m", "perfkit", "sweep", "-u", server.http_url, "-m", "mlp", "--concurrency-range", "2",
-        "-p", "1000", "-r", "3", "-s", "1000000", "--workers", "2", "--ray-address", address,
+        "-p", "500", "-r", "3", "-s", "1000000", "--workers", "2", "--ray-address", address,
         "--report-dir", str(tmp_path), "--no-report",
     ]  # fmt: skip
     # The child inherits this process's environment, Ray's auth settings for the runtime included.

@@ -72,7 +72,8 @@ def sweep(url: str, model: str, tmp_path: Path, *args: str) -> LevelResult:
 
 
 def test_sleeper_latency_is_its_service_time(triton: TritonProcess, tmp_path: Path) -> None:
-    level = sweep(triton.http_url, "sleeper", tmp_path, "--concurrency-range", "1", "-p", "1000", "-s", "25", "-r", "6")
+    # Half-second windows: 25 requests each, at 20 ms apiece, steady enough for -s 25.
+    level = sweep(triton.http_url, "sleeper", tmp_path, "--concurrency-range", "1", "-p", "500", "-s", "25", "-r", "6")
     service_us = SLEEPER_MS * 1000
     print(
         f"sleeper {SLEEPER_MS:.0f} ms, concurrency 1: p50 {level.latency.p50_us / 1000:.2f} ms, "

@@ -38,9 +38,9 @@ from perfkit.testing import triton_server, write_onnx_wrapper
 pytestmark = [pytest.mark.integration, pytest.mark.peers]
 
 LEVELS = (1, 4)
-# Short windows: the stability bound is loose because this compares two tools, it does not judge
-# either one's stability. Both tools get the same window options.
-WINDOW_ARGS = ("-p", "500", "-s", "50", "-r", "8")
+# Short windows (hundreds of requests each): the stability bound is loose because this compares two
+# tools, it does not judge either one's stability. Both tools get the same window options.
+WINDOW_ARGS = ("-p", "300", "-s", "50", "-r", "8")
 RATIO_BOUNDS = (0.5, 2.0)
 # Other processes taking more than this share of the CPUs during a comparison make its result
 # a statement about the machine: such a run is skipped rather than failed.

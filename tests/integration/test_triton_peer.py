@@ -167,7 +167,8 @@ def test_staller_stalls_periodically(triton: TritonProcess) -> None:
     data = np.zeros((1, 4), dtype=np.float32)
     latencies_ms = []
     t_start = time.monotonic()
-    while time.monotonic() - t_start < 3.0:
+    # Two periods: stalls are aligned to the wall clock, so at least one whole stall falls in them.
+    while time.monotonic() - t_start < 2.0 * STALL_EVERY_S:
         t0 = time.perf_counter()
         infer(client, "staller", data)
         latencies_ms.append((time.perf_counter() - t0) * 1000)
