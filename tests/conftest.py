@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,12 @@ import pytest
 from reference_server.config import ServerConfig
 from reference_server.server import ReferenceServer, running_server
 from v2kit.demo import build_demo_repository
+
+# A shell starts background jobs (`cmd &`, nohup) with SIGINT ignored, and every process inherits
+# that: the tests of what Ctrl-C does would then see nothing. Python's own handler again here, and
+# so the default action in the processes the tests start.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
