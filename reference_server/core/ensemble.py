@@ -13,8 +13,13 @@ An ensemble version's `scheduler` is an `EnsembleScheduler` (the `ModelScheduler
   reload is seen at once, and an unloaded composing model fails the request as UNAVAILABLE.
 - *Passes tensors as they are*: a step's output arrays (views of its batch's outputs) become the
   next step's inputs without a copy. The request's timeout, id and parameters go to every step.
-- *Fails with the first failing step's error*, unchanged (its message names the composing model's
-  failure); the steps still running are cancelled.
+- *Fails with the first failing step's error*, its message prefixed with "in ensemble 'NAME', " as
+  Triton's; the steps still running are cancelled.
+- *Streams with a decoupled step* (`infer_stream`): each response of the decoupled step starts a
+  pass over the steps after it, on its own copy of the tensors, and each pass answers once. The
+  final flag rides on the response that leaves nothing in flight, else comes alone, as Triton's
+  `EnsembleContext` sends it. Load refuses a step whose inputs come from two decoupled steps'
+  responses (Triton's check), so a pass never mixes them.
 
 Statistics as Triton keeps them (core `ensemble_scheduler.cc`, `RequestTracker`): each request
 passes a per-request `ModelStats` to its steps as their secondary statistics, and the ensemble
@@ -27,7 +32,6 @@ ensemble beside each composing model, and perf_analyzer's composing-model breakd
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from time import perf_counter_ns
 from typing import Any, Protocol
@@ -198,9 +202,9 @@ class EnsembleScheduler:
                     if final:
                         break
             finally:
+                # Closed early (the client went away) or failed: the passes still running end too.
                 root.cancel()
-                with contextlib.suppress(BaseException):
-                    await root
+                await asyncio.gather(root, return_exceptions=True)
         except BaseException as error:
             self._failed(error, received, None)
             raise self._named(error) from None

@@ -246,3 +246,30 @@ def test_an_error_response_of_the_decoupled_step_ends_the_stream_named_after_the
             await asyncio.wait_for(collect(ensemble, [1, -1, 2]), 5)
 
     asyncio.run(main())
+
+
+def test_closing_the_stream_early_cancels_the_passes_in_flight() -> None:
+    async def main() -> None:
+        never = asyncio.Event()
+        both_waiting = asyncio.Event()
+        cancelled: list[bool] = []
+
+        async def hang() -> None:
+            if len(after.calls) == 2:
+                both_waiting.set()
+            try:
+                await never.wait()
+            except asyncio.CancelledError:
+                cancelled.append(True)
+                raise
+
+        after = FakeScheduler(lambda t: t["X"], hang)
+        stream = make_chain(FakeStream(), after).infer_stream({"IN": np.array([1, 2], np.float32)}, [])
+        pending = asyncio.ensure_future(anext(stream))
+        await asyncio.wait_for(both_waiting.wait(), 5)
+        pending.cancel()
+        await asyncio.gather(pending, return_exceptions=True)
+        await stream.aclose()  # type: ignore[attr-defined]
+        assert cancelled == [True, True]
+
+    asyncio.run(main())
