@@ -8,6 +8,9 @@ streaming tests, served by real tritonserver and by ours.
 - `late`: execute returns at once; a thread sends OUT = IN after `LATE_DELAY_MS` milliseconds (or
   the request parameter `delay_ms`) in one response that carries the FINAL flag itself.
 
+`write_decoupled_ensemble` adds `times10` (Y = 10 * X, not decoupled) and the ensemble
+`repeat_times10`: `repeat`, then `times10` on each of its responses (RESULT = 10 * OUT, INDEX = IDX).
+
 The sources run in Triton's stub (Debian's Python 3.11 with numpy): nothing from the checkout.
 """
 
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["LATE_DELAY_MS", "write_decoupled_models"]
+__all__ = ["LATE_DELAY_MS", "write_decoupled_ensemble", "write_decoupled_models"]
 
 #: How long `late` waits, after execute has returned, before it answers.
 LATE_DELAY_MS = 200
@@ -114,3 +117,49 @@ def write_decoupled_models(repository: Path) -> list[str]:
             "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
         )
     return list(_SOURCES)
+
+
+_TIMES10 = """\
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", (x * 10).astype(np.int32))]))
+        return responses
+"""
+
+_TIMES10_CONFIG = """\
+name: "times10"
+backend: "python"
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ 1 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
+_ENSEMBLE_CONFIG = """\
+name: "repeat_times10"
+platform: "ensemble"
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]
+output [ { name: "RESULT" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "INDEX" data_type: TYPE_UINT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "repeat" model_version: -1
+    input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "value" } output_map { key: "IDX" value: "INDEX" } },
+  { model_name: "times10" model_version: -1
+    input_map { key: "X" value: "value" } output_map { key: "Y" value: "RESULT" } }
+] }
+"""
+
+
+def write_decoupled_ensemble(repository: Path) -> str:
+    """Write `times10` and the ensemble `repeat_times10` (beside `write_decoupled_models`' `repeat`)."""
+    (repository / "times10" / "1").mkdir(parents=True, exist_ok=True)
+    (repository / "times10" / "1" / "model.py").write_text(_TIMES10)
+    (repository / "times10" / "config.pbtxt").write_text(_TIMES10_CONFIG)
+    (repository / "repeat_times10" / "1").mkdir(parents=True, exist_ok=True)
+    (repository / "repeat_times10" / "config.pbtxt").write_text(_ENSEMBLE_CONFIG)
+    return "repeat_times10"

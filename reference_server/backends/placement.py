@@ -28,8 +28,13 @@ def plan_instances(config: mc.ModelConfig, gpu_count: int, config_path: Path) ->
 
     Triton's rules: count is per listed GPU for GPU groups (an empty `gpus` means every GPU);
     KIND_AUTO means GPU when every listed GPU exists, else CPU; KIND_GPU without a GPU cannot load.
+
+    Names as Triton's (core `backend_model_instance.cc`, checked against tritonserver 2.51): instance
+    `c` of a group is `<group>_<c>`, counted within its group and the same on each of its GPUs; an
+    unnamed group `i` is `<model>_<i>`, and a config without instance_group gets one group named
+    after the model. So `instance_group [ { count: 1 } ]` gives `m_0_0`, no instance_group `m_0`.
     """
-    groups = list(config.instance_group) or [mc.ModelInstanceGroup(count=1)]
+    groups = list(config.instance_group) or [mc.ModelInstanceGroup(name=config.name, count=1)]
     placements: list[Placement] = []
     for group_index, group in enumerate(groups):
         group_name = group.name or f"{config.name}_{group_index}"
@@ -57,11 +62,11 @@ def plan_instances(config: mc.ModelConfig, gpu_count: int, config_path: Path) ->
                     f"{gpu_count} GPU(s) exist (ids 0..{gpu_count - 1})"
                 )
             for gpu in listed or list(range(gpu_count)):
-                for _ in range(count):
-                    placements.append(Placement(f"{group_name}_{len(placements)}", "GPU", gpu))
+                for index in range(count):
+                    placements.append(Placement(f"{group_name}_{index}", "GPU", gpu))
         elif kind == mc.ModelInstanceGroup.KIND_CPU:
-            for _ in range(count):
-                placements.append(Placement(f"{group_name}_{len(placements)}", "CPU"))
+            for index in range(count):
+                placements.append(Placement(f"{group_name}_{index}", "CPU"))
         else:
             raise ModelConfigError(
                 f"{config_path}: instance_group '{group_name}' kind {mc.ModelInstanceGroup.Kind.Name(kind)} "

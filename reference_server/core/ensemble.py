@@ -13,8 +13,13 @@ An ensemble version's `scheduler` is an `EnsembleScheduler` (the `ModelScheduler
   reload is seen at once, and an unloaded composing model fails the request as UNAVAILABLE.
 - *Passes tensors as they are*: a step's output arrays (views of its batch's outputs) become the
   next step's inputs without a copy. The request's timeout, id and parameters go to every step.
-- *Fails with the first failing step's error*, unchanged (its message names the composing model's
-  failure); the steps still running are cancelled.
+- *Fails with the first failing step's error*, its message prefixed with "in ensemble 'NAME', " as
+  Triton's; the steps still running are cancelled.
+- *Streams with a decoupled step* (`infer_stream`): each response of the decoupled step starts a
+  pass over the steps after it, on its own copy of the tensors, and each pass answers once. The
+  final flag rides on the response that leaves nothing in flight, else comes alone, as Triton's
+  `EnsembleContext` sends it. Load refuses a step whose inputs come from two decoupled steps'
+  responses (Triton's check), so a pass never mixes them.
 
 Statistics as Triton keeps them (core `ensemble_scheduler.cc`, `RequestTracker`): each request
 passes a per-request `ModelStats` to its steps as their secondary statistics, and the ensemble
@@ -54,9 +59,17 @@ class EnsembleScheduler:
     """Run ensemble requests step by step on the composing models' schedulers."""
 
     def __init__(
-        self, plan: EnsemblePlan, max_batch_size: int, stats: ModelStats, lookup: Callable[[str, str], Composing]
+        self,
+        plan: EnsemblePlan,
+        max_batch_size: int,
+        stats: ModelStats,
+        lookup: Callable[[str, str], Composing],
+        decoupled: frozenset[str] = frozenset(),
     ) -> None:
         self._plan = plan
+        #: The composing models that are decoupled: their steps stream, and the steps after them
+        #: run once per response.
+        self._decoupled = decoupled
         self._batching = max_batch_size > 0
         self._stats = stats
         self._lookup = lookup
@@ -77,8 +90,7 @@ class EnsembleScheduler:
         secondary_stats: ModelStats | None = None,
     ) -> Tensors:
         """Run one ensemble request; returns the requested outputs (all of them when none are named)."""
-        if self._closing:
-            raise Unavailable(f"Server is stopping, ensemble '{self._plan.name}' has stopped accepting new requests")
+        self._admit()
         start = perf_counter_ns()
         received = start if received_ns is None else received_ns
         wanted = tuple(output_names) or self._plan.outputs
@@ -88,13 +100,37 @@ class EnsembleScheduler:
             call = _Call(timeout_us, request_id, parameters, steps_stats)
             tensors = await self._run(dict(inputs), self._steps_for(wanted), call)
         except BaseException as error:
-            reason = "CANCELED" if isinstance(error, asyncio.CancelledError) else "OTHER"
-            self._record_failure(perf_counter_ns() - received, reason, secondary_stats)
-            raise
+            self._failed(error, received, secondary_stats)
+            raise self._named(error) from None
         finally:
-            self._inflight -= 1
-            if self._drained is not None and not self._inflight:
-                self._drained.set()
+            self._left()
+        self._succeeded(inputs, received, start, steps_stats, secondary_stats)
+        return {name: tensors[name] for name in wanted}
+
+    def _admit(self) -> None:
+        if self._closing:
+            raise Unavailable(f"Server is stopping, ensemble '{self._plan.name}' has stopped accepting new requests")
+
+    def _left(self) -> None:
+        self._inflight -= 1
+        if self._drained is not None and not self._inflight:
+            self._drained.set()
+
+    def _named(self, error: BaseException) -> BaseException:
+        """A step's error as Triton's ensemble reports it: "in ensemble 'NAME', " and its message."""
+        if isinstance(error, ServerError) and not error.message.startswith("in ensemble '"):
+            named = type(error)(f"in ensemble '{self._plan.name}', {error.message}")
+            named.__cause__ = error
+            return named
+        return error
+
+    def _failed(self, error: BaseException, received: int, secondary_stats: ModelStats | None) -> None:
+        reason = "CANCELED" if isinstance(error, asyncio.CancelledError) else "OTHER"
+        self._record_failure(perf_counter_ns() - received, reason, secondary_stats)
+
+    def _succeeded(
+        self, inputs: Tensors, received: int, start: int, steps_stats: ModelStats, secondary_stats: ModelStats | None
+    ) -> None:
         done = perf_counter_ns()
         times = (
             done - received,
@@ -107,7 +143,6 @@ class EnsembleScheduler:
         self._stats.record_execution(self._batch_size(inputs), *times[2:])
         if secondary_stats is not None:
             secondary_stats.record_success(*times)
-        return {name: tensors[name] for name in wanted}
 
     async def infer_stream(
         self,
@@ -119,16 +154,63 @@ class EnsembleScheduler:
         request_id: str = "",
         parameters: dict[str, Any] | None = None,
     ) -> AsyncIterator[tuple[Tensors | ServerError | None, bool]]:
-        """One response, final (load refuses decoupled composing models)."""
-        outputs = await self.infer(
-            inputs,
-            output_names,
-            timeout_us=timeout_us,
-            received_ns=received_ns,
-            request_id=request_id,
-            parameters=parameters,
-        )
-        yield outputs, True
+        """The ensemble's responses. Without a decoupled step: one, final. With one: a response per
+        completed pass through the steps after it, each pass started by one of its responses, as
+        Triton's ensemble does; the last carries the final flag when nothing is left in flight
+        then, else the flag comes alone (also when the decoupled step sent no response). The first
+        error ends the stream, raised from the iteration after the responses already completed."""
+        if not self._decoupled:
+            outputs = await self.infer(
+                inputs,
+                output_names,
+                timeout_us=timeout_us,
+                received_ns=received_ns,
+                request_id=request_id,
+                parameters=parameters,
+            )
+            yield outputs, True
+            return
+        self._admit()
+        start = perf_counter_ns()
+        received = start if received_ns is None else received_ns
+        wanted = tuple(output_names) or self._plan.outputs
+        steps_stats = ModelStats()
+        fanout = _Fanout(wanted)
+        self._inflight += 1
+        try:
+            call = _Call(timeout_us, request_id, parameters, steps_stats)
+            fanout.live = 1
+            root = asyncio.ensure_future(self._branch(dict(inputs), list(self._steps_for(wanted)), call, fanout))
+            try:
+                while True:
+                    if fanout.ready.empty():
+                        if root.done():
+                            root.result()  # raises the error that ended the request
+                            break  # unreachable: a finished request has put its final flag
+                        get = asyncio.ensure_future(fanout.ready.get())
+                        try:
+                            await asyncio.wait((get, root), return_when=asyncio.FIRST_COMPLETED)
+                        finally:
+                            if not get.done():
+                                get.cancel()
+                        if not get.done() or get.cancelled():
+                            continue
+                        response, final = get.result()
+                    else:
+                        response, final = fanout.ready.get_nowait()
+                    yield response, final
+                    if final:
+                        break
+            finally:
+                # Closed early (the client went away) or failed: the passes still running end too.
+                root.cancel()
+                await asyncio.gather(root, return_exceptions=True)
+        except BaseException as error:
+            self._failed(error, received, None)
+            raise self._named(error) from None
+        finally:
+            self._left()
+        self._succeeded(inputs, received, start, steps_stats, None)
 
     async def close(self, grace_s: float) -> None:
         """Refuse new requests and give those in flight up to `grace_s` to finish.
@@ -187,6 +269,82 @@ class EnsembleScheduler:
             for task in running:
                 task.cancel()
 
+    async def _branch(self, tensors: Tensors, waiting: list[Step], call: _Call, fanout: _Fanout) -> None:
+        """`_run` for an ensemble with a decoupled step: when that step is ready, the steps still
+        waiting run on in one branch per response it sends (`_fan_out`); a finished branch puts its
+        outputs on `fanout`. A branch counts in `fanout.live` until it finishes or hands over."""
+        running: set[asyncio.Future[tuple[Step, Tensors]]] = set()
+        try:
+            while True:
+                ready = [s for s in waiting if all(tensor in tensors for _, tensor in s.inputs)]
+                waiting = [s for s in waiting if s not in ready]
+                streaming = [s for s in ready if s.model_name in self._decoupled]
+                if streaming:
+                    # Each response starts a pass over the steps left, from the same tensors: the
+                    # steps in flight finish first, and the other ready steps run in every pass.
+                    waiting.extend(s for s in ready if s is not streaming[0])
+                    if running:
+                        for step, outputs in await asyncio.gather(*running):
+                            _merge(tensors, step, outputs)
+                        running.clear()
+                    await self._fan_out(streaming[0], tensors, waiting, call, fanout)
+                    return
+                for step in ready:
+                    running.add(asyncio.ensure_future(self._step_task(step, tensors, call)))
+                if not running:
+                    if waiting:
+                        missing = sorted({t for s in waiting for _, t in s.inputs if t not in tensors})
+                        raise InvalidArgument(
+                            f"ensemble '{self._plan.name}': {waiting[0].label} needs tensor(s) {missing}, "
+                            "which the request does not carry"
+                        )
+                    fanout.done({name: tensors[name] for name in fanout.wanted})
+                    return
+                done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                failed = [task.exception() for task in done if task.exception() is not None]
+                if failed:
+                    raise failed[0]  # type: ignore[misc]  # an Exception: steps are not cancelled but by us
+                for task in done:
+                    _merge(tensors, *task.result())
+        finally:
+            for task in running:
+                task.cancel()
+
+    async def _fan_out(self, step: Step, tensors: Tensors, waiting: list[Step], call: _Call, fanout: _Fanout) -> None:
+        """Run decoupled `step`; each of its responses starts a branch over `waiting`."""
+        served = self._lookup(step.model_name, step.version)
+        stream = served.scheduler.infer_stream(
+            {model_input: tensors[tensor] for model_input, tensor in step.inputs},
+            [model_output for model_output, _ in step.outputs],
+            timeout_us=call.timeout_us,
+            request_id=call.request_id,
+            parameters=call.parameters,
+        )
+        branches: set[asyncio.Future[None]] = set()
+        try:
+            async for outputs, _final in stream:
+                if isinstance(outputs, ServerError):
+                    raise outputs  # Triton's ensemble ends the request at a step's first error
+                failed = [b.exception() for b in branches if b.done() and b.exception() is not None]
+                if failed:
+                    raise failed[0]  # type: ignore[misc]  # an Exception: branches are not cancelled but by us
+                if outputs is None:
+                    continue
+                branch_tensors = dict(tensors)
+                _merge(branch_tensors, step, outputs)
+                fanout.live += 1
+                branches.add(asyncio.ensure_future(self._branch(branch_tensors, list(waiting), call, fanout)))
+            # The step's stream is over: this branch hands over to those it started.
+            fanout.left()
+            if branches:
+                await asyncio.gather(*branches)
+        finally:
+            for branch in branches:
+                branch.cancel()
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
     async def _step(self, step: Step, tensors: Tensors, call: _Call) -> Tensors:
         served = self._lookup(step.model_name, step.version)
         inputs = {model_input: tensors[tensor] for model_input, tensor in step.inputs}
@@ -213,6 +371,29 @@ class EnsembleScheduler:
         self._stats.record_failure(request_ns, reason)
         if secondary_stats is not None:
             secondary_stats.record_failure(request_ns, reason)
+
+
+class _Fanout:
+    """The responses of one streaming ensemble request, and how many branches are still live (a
+    branch running steps, or the stream of the decoupled step it handed over to)."""
+
+    __slots__ = ("wanted", "live", "ready")
+
+    def __init__(self, wanted: tuple[str, ...]) -> None:
+        self.wanted = wanted
+        self.live = 0
+        self.ready: asyncio.Queue[tuple[Tensors | None, bool]] = asyncio.Queue()
+
+    def done(self, outputs: Tensors) -> None:
+        """A branch finished with `outputs`: final when no other branch is live (Triton's rule)."""
+        self.live -= 1
+        self.ready.put_nowait((outputs, self.live == 0))
+
+    def left(self) -> None:
+        """A branch ended without outputs: the final flag alone when it was the last."""
+        self.live -= 1
+        if self.live == 0:
+            self.ready.put_nowait((None, True))
 
 
 class _Call:

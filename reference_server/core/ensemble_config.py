@@ -95,7 +95,8 @@ class EnsemblePlan:
 
 def complete_ensemble_config(raw: mc.ModelConfig, name: str, config_path: Path) -> tuple[mc.ModelConfig, EnsemblePlan]:
     """The ensemble's config as Triton completes it (no instances, no backend, the default version
-    policy, not decoupled), and its plan, after the checks on the config alone."""
+    policy, not decoupled until `check_composing` finds a decoupled step), and its plan, after the
+    checks on the config alone."""
     config = mc.ModelConfig()
     config.CopyFrom(raw)
     if config.name and config.name != name:
@@ -289,9 +290,11 @@ class _Tensor:
 
 def check_composing(
     config: mc.ModelConfig, plan: EnsemblePlan, composing: Callable[[Step], mc.ModelConfig], config_path: Path
-) -> None:
-    """Check every step against its composing model's completed config (`composing(step)`)."""
+) -> frozenset[str]:
+    """Check every step against its composing model's completed config (`composing(step)`); returns
+    the decoupled composing models (an ensemble with one is decoupled itself, as in Triton)."""
     name = plan.name
+    decoupled: set[str] = set()
     batching = config.max_batch_size > 0
     tensors: dict[str, _Tensor] = {}
     for tensor in (*config.input, *config.output):
@@ -328,11 +331,7 @@ def check_composing(
                 f"{step.model_name} which only allows maximum batch size to be {model.max_batch_size}",
             )
         if model.model_transaction_policy.decoupled:
-            raise error(
-                step,
-                f"ensemble {name}: composing model {step.model_name} is decoupled; ensembles of decoupled models "
-                "are not served by this server",
-            )
+            decoupled.add(step.model_name)
         model_inputs = {t.name: t for t in model.input}
         model_outputs = {t.name: t for t in model.output}
         for model_input, ensemble_tensor in step.inputs:
@@ -362,6 +361,43 @@ def check_composing(
                     f"{model_output} in model {step.model_name}",
                 )
             meet(step, ensemble_tensor, _Tensor.of(step.model_name, model_batching, out.data_type, out.dims))
+    _check_decoupled_origins(config, plan, decoupled, config_path)
+    return frozenset(decoupled)
+
+
+def _check_decoupled_origins(
+    config: mc.ModelConfig, plan: EnsemblePlan, decoupled: set[str], config_path: Path
+) -> None:
+    """Each step, and the ensemble's outputs together, must take tensors that come from one decoupled
+    step's responses (or from none): Triton labels each tensor with the decoupled step it descends
+    from (`ValidateEnsembleConfig`), so that the steps after a decoupled one run once per response."""
+    label: dict[str, int] = {tensor.name: 0 for tensor in config.input}
+    labels = 0
+    waiting = list(plan.steps)
+    while waiting:
+        ready = [s for s in waiting if all(tensor in label for _, tensor in s.inputs)]
+        if not ready:
+            return  # the data-flow checks report what cannot be reached
+        for step in ready:
+            origins = {label[tensor] for _, tensor in step.inputs}
+            if len(origins) > 1:
+                raise ModelConfigError(
+                    f"{config_path}: in ensemble {plan.name}, step of model '{step.model_name}' receives inputs "
+                    f"originated from different decoupled models ({step.label} of ensemble '{plan.name}')"
+                )
+            if step.model_name in decoupled:
+                labels += 1
+                origin = labels
+            else:
+                origin = origins.pop() if origins else 0
+            for _, tensor in step.outputs:
+                label[tensor] = origin
+        waiting = [s for s in waiting if s not in ready]
+    if len({label.get(output.name, 0) for output in config.output}) > 1:
+        raise ModelConfigError(
+            f"{config_path}: in ensemble {plan.name}, step of model '{plan.name}' receives inputs originated from "
+            "different decoupled models (the ensemble's outputs)"
+        )
 
 
 def _dims_match(a: tuple[int, ...], b: tuple[int, ...]) -> bool:

@@ -16,10 +16,10 @@ the reason is recorded for the index. Loads of one model serialize on its lock; 
 load in parallel. Each load attempt records the model folder's fingerprint (`model_fingerprint`),
 which poll mode (`poller`) compares with the folder now.
 
-An ensemble (`platform: "ensemble"`) has no model file and no instances: its load checks its steps
-(`ensemble_config`), loads the composing models that are not serving, as Triton loads an
-ensemble's dependencies, checks the steps against their configs, and serves it through an
-`ensemble.EnsembleScheduler`. It is ready while its composing models are.
+An ensemble (`platform: "ensemble"`) has no model file and no instances: `ensemble_loading` checks
+it, loading its composing models first, and it serves through an `ensemble.EnsembleScheduler`. It
+is ready while its composing models are. After a model (re)loads, the ensembles that use it load
+again, as in Triton: one that no longer fits the model's new config stops serving, with the reason.
 """
 
 from __future__ import annotations
@@ -41,14 +41,8 @@ from reference_server.backends.context import BackendContext, ModelCall
 from reference_server.backends.placement import plan_instances
 from reference_server.core import model_config
 from reference_server.core.ensemble import EnsembleScheduler
-from reference_server.core.ensemble_config import (
-    Step,
-    check_circular,
-    check_composing,
-    complete_ensemble_config,
-    ensemble_versions,
-    is_ensemble,
-)
+from reference_server.core.ensemble_config import is_ensemble
+from reference_server.core.ensemble_loading import prepare_ensemble
 from reference_server.core.warmup import run_warmup
 from reference_server.errors import ModelConfigError, NotFound, ServerError, Unavailable
 from reference_server.scheduling.execute import ModelInstance, Tensors
@@ -169,6 +163,10 @@ class ModelRecord:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: The model folder as the last load attempt read it; None after an unload.
     fingerprint: Fingerprint | None = None
+    #: The config the last load was given in place of config.pbtxt (the load API's override).
+    override: mc.ModelConfig | None = None
+    #: For an ensemble, the composing models its last load attempt named.
+    composing: frozenset[str] = frozenset()
 
 
 # NVML reports memory per process, not per model: serialise the creation of GPU instances so that
@@ -304,6 +302,9 @@ class ModelRepository:
                 record.fingerprint = await loop.run_in_executor(None, model_fingerprint, self.root / name)
                 model_dir = self.model_dir(name)
                 raw = override if override is not None else model_config.read_config(model_dir)
+                record.composing = (
+                    frozenset(step.model_name for step in raw.ensemble_scheduling.step) if raw else frozenset()
+                )
                 if is_ensemble(raw):
                     assert raw is not None
                     versions = await self._load_ensemble(name, model_dir, raw)
@@ -329,8 +330,10 @@ class ModelRepository:
             old = record.versions
             record.versions = versions
             record.state, record.reason = READY, ""
+            record.override = override
             self._retire(old.values())
             log.info("loaded model '%s' versions %s", name, sorted(versions))
+        await self._reload_dependents(name)
 
     async def _start_versions(self, prepared: list[_PreparedVersion]) -> dict[int, ModelVersion]:
         versions: dict[int, ModelVersion] = {}
@@ -364,80 +367,60 @@ class ModelRepository:
         finally:
             self._load_pass = None
 
-    # --- ensembles -------------------------------------------------------------------------------
+    # --- ensembles (see `ensemble_loading`) -------------------------------------------------------
 
     async def _load_ensemble(self, name: str, model_dir: Path, raw: mc.ModelConfig) -> dict[int, ModelVersion]:
-        """Check an ensemble's config, load its composing models, check it against them, and serve it."""
-        config_path = model_dir / model_config.CONFIG_FILENAME
-        config, plan = complete_ensemble_config(raw, name, config_path)
-        check_circular(name, plan.steps, self._composing_on_disk, config_path)
-        await self._load_composing(name, plan.steps, config_path)
-
-        def composing(step: Step) -> mc.ModelConfig:
-            try:
-                return self.get(step.model_name, step.version).config
-            except ServerError as exc:
-                raise ModelConfigError(
-                    f"{config_path}: ensemble '{name}' depends on '{step.model_name}' whose required version "
-                    f"{step.model_version} is not loaded ({step.label}): {exc}"
-                ) from None
-
-        check_composing(config, plan, composing, config_path)
-        composing_versions = tuple(dict.fromkeys((step.model_name, step.version) for step in plan.steps))
+        prepared = await prepare_ensemble(self, name, model_dir, raw)
+        config = prepared.config
         versions = {}
-        for version in ensemble_versions(config, model_dir, config_path):
+        for version in prepared.versions:
             stats = ModelStats()
             versions[version] = ModelVersion(
                 name=name,
                 version=version,
                 config=config,
                 instances=(),
-                scheduler=EnsembleScheduler(plan, config.max_batch_size, stats, self.get),
+                scheduler=EnsembleScheduler(prepared.plan, config.max_batch_size, stats, self.get, prepared.decoupled),
                 stats=stats,
                 inputs={i.name: i for i in config.input},
                 outputs={o.name: o for o in config.output},
-                composing=composing_versions,
+                composing=prepared.composing,
             )
         return versions
 
-    def _composing_on_disk(self, name: str) -> list[str]:
-        """The composing models that `name`'s config.pbtxt names, if it is an ensemble."""
-        if not self.on_disk(name):
-            return []
-        try:
-            raw = model_config.read_config(self.root / name)
-        except ServerError:
-            return []  # its own load reports it
-        if raw is None or not is_ensemble(raw):
-            return []
-        return [step.model_name for step in raw.ensemble_scheduling.step]
+    def serving(self, name: str) -> bool:
+        record = self._records.get(name)
+        return record is not None and bool(record.versions)
 
-    async def _load_composing(self, name: str, steps: Sequence[Step], config_path: Path) -> None:
-        """Load the composing models that are not serving, as Triton loads an ensemble's dependencies."""
-        missing = [step for step in steps if not self.on_disk(step.model_name)]
-        if missing:
-            names = ", ".join(dict.fromkeys(step.model_name for step in missing))
-            raise ModelConfigError(
-                f"{config_path}: ensemble {name} contains models that are not available or ambiguous: {names} "
-                f"({', '.join(step.label for step in missing)} of ensemble '{name}'; no such folder in the "
-                "model repository)"
-            )
-        for step in {step.model_name: step for step in reversed(steps)}.values():
-            record = self._records.get(step.model_name)
-            if record is not None and record.versions:
-                continue
-            if record is not None and self._load_pass is not None and step.model_name in self._load_pass:
-                reason = record.reason  # tried in this pass already
-            else:
-                try:
-                    await self.load(step.model_name)
-                    continue
-                except ServerError as exc:
-                    reason = str(exc)
-            raise ModelConfigError(
-                f"ensemble '{name}' depends on '{step.model_name}' which has no loaded version. Model "
-                f"'{step.model_name}' loading failed with error: {reason} ({step.label} of ensemble '{name}')"
-            )
+    def failed_in_pass(self, name: str) -> str | None:
+        record = self._records.get(name)
+        if record is None or self._load_pass is None or name not in self._load_pass:
+            return None
+        return record.reason
+
+    async def _reload_dependents(self, name: str) -> None:
+        """Load again the ensembles that use `name`, now that it (re)loaded, as Triton does: one that
+        no longer fits stops serving, with the reason; one that fits again serves again. Ensembles
+        loading now (`name` may be loading as their dependency) check it themselves."""
+        dependents = [
+            other
+            for other, record in self._records.items()
+            if name in record.composing and record.fingerprint is not None and not record.lock.locked()
+        ]
+        for dependent in dependents:
+            record = self._records[dependent]
+            if record.lock.locked():
+                continue  # another dependent's reload loads it already
+            try:
+                await self.load(dependent, record.override)
+            except ServerError as exc:
+                async with record.lock:
+                    old = record.versions
+                    record.versions = {}
+                    record.state = UNAVAILABLE
+                    record.reason = f"composing model '{name}' was reloaded and the ensemble no longer fits: {exc}"
+                    self._retire(old.values())
+                log.error("ensemble '%s' stops serving: %s", dependent, record.reason)
 
     async def unload(self, name: str, *, unload_dependents: bool = False) -> None:
         """Unload `name`; with `unload_dependents`, also the ensembles that use it (Triton's

@@ -30,7 +30,7 @@ from tritonclient.utils import InferenceServerException
 
 from perfkit.testing import TritonProcess, triton_server, write_sleeper
 from reference_server.server import ReferenceServer, running_server
-from tests.decoupled_models import write_decoupled_models
+from tests.decoupled_models import write_decoupled_ensemble, write_decoupled_models
 from tests.servers import loopback_config
 from v2kit.demo import build_demo_repository
 
@@ -53,6 +53,7 @@ def ours(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceServer]:
     config = (repository / "identity" / "config.pbtxt").read_text().replace('"identity"', '"identity_decoupled"')
     (decoupled / "config.pbtxt").write_text(config + "\nmodel_transaction_policy { decoupled: true }\n")
     write_decoupled_models(repository)
+    write_decoupled_ensemble(repository)
     with running_server(loopback_config(repository)) as server:
         yield server
 
@@ -62,6 +63,7 @@ def triton(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tr
     """Real tritonserver on the same decoupled models, and a python `identity` shaped as the demo's."""
     repository = tmp_path_factory.mktemp("triton") / "models"
     write_decoupled_models(repository)
+    write_decoupled_ensemble(repository)
     write_sleeper(repository, "identity", service_ms=0)
     with triton_server(peers, repository, start_timeout_s=90) as server:
         yield server
@@ -176,6 +178,82 @@ def test_tritonclient_aio_streams_a_decoupled_model(server: Endpoints) -> None:
         return got
 
     assert sorted(asyncio.run(asyncio.wait_for(main(), 30))) == [("a", [7, 8]), ("b", [7, 8])]
+
+
+# --- an ensemble with a decoupled step -------------------------------------------------------------
+
+#: (IN, what Triton 2.51 streams for it) for `repeat_times10`, with empty final responses asked for.
+ENSEMBLE_STREAMS: dict[str, tuple[list[int], list[Reply]]] = {
+    # `times10` runs once per response of `repeat`; the last response carries the final flag.
+    "three": (
+        [1, 2, 3],
+        [("", (("INDEX", [i]), ("RESULT", [10 * v])), i == 2, "1") for i, v in enumerate([1, 2, 3])],
+    ),
+    # `repeat` sends no response: the ensemble's final flag comes alone.
+    "none": ([], [EMPTY_FINAL]),
+}
+
+
+def _ensemble_replies(server: Endpoints, requests: list[pb.ModelInferRequest]) -> dict[str, list[Reply]]:
+    channel = grpc.insecure_channel(server[1])
+    stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    replies: dict[str, list[Reply]] = {request.id: [] for request in requests}
+    try:
+        for reply in stub.ModelStreamInfer(iter(requests), timeout=30):
+            error, outputs, final, version = summary(reply)
+            replies.setdefault(reply.infer_response.id, []).append((error, tuple(sorted(outputs)), final, version))
+    finally:
+        channel.close()
+    for rid, got in replies.items():
+        # Which response carries the final flag depends on what is still in flight when the last one
+        # completes (Triton's rule): a final flag alone after the last response counts as that one's.
+        if len(got) >= 2 and got[-1] == EMPTY_FINAL and got[-2][2] is False:
+            replies[rid] = [*got[:-2], (*got[-2][:2], True, got[-2][3])]
+        # Responses from different passes may complete in any order, in Triton as here.
+        replies[rid] = sorted(replies[rid], key=lambda reply: (reply[2] is True, reply[1]))
+    return replies
+
+
+@pytest.mark.parametrize("server", SERVERS, indirect=True)
+def test_an_ensemble_streams_the_responses_of_its_decoupled_step(server: Endpoints) -> None:
+    requests = [stream_request("repeat_times10", rid, values, True) for rid, (values, _) in ENSEMBLE_STREAMS.items()]
+    replies = _ensemble_replies(server, requests)
+    expected = {
+        rid: sorted(want, key=lambda reply: (reply[2] is True, reply[1])) for rid, (_, want) in ENSEMBLE_STREAMS.items()
+    }
+    assert replies == expected
+
+
+@pytest.mark.parametrize("server", SERVERS, indirect=True)
+def test_an_error_response_of_the_decoupled_step_ends_the_ensembles_stream(server: Endpoints) -> None:
+    (replies,) = _ensemble_replies(server, [stream_request("repeat_times10", "bad", [4, -1, 5], True)]).values()
+    # Triton sends the step's error, named after the ensemble, as the final reply.
+    assert replies[-1] == ("in ensemble 'repeat_times10', repeat: element 1 is negative (-1)", (), True, "")
+    assert all(reply[1] == (("INDEX", [0]), ("RESULT", [40])) for reply in replies[:-1])
+
+
+@pytest.mark.parametrize("server", SERVERS, indirect=True)
+def test_an_ensemble_with_a_decoupled_step_is_decoupled(server: Endpoints) -> None:
+    http_client = httpclient.InferenceServerClient(server[0])
+    grpc_client = grpcclient.InferenceServerClient(server[1])
+    try:
+        config = http_client.get_model_config("repeat_times10")
+        assert config["model_transaction_policy"] == {"decoupled": True}
+        with pytest.raises(InferenceServerException) as caught:
+            grpc_client.infer("repeat_times10", [stream_input(grpcclient, [1])])
+        assert caught.value.message() == "ModelInfer RPC doesn't support models with decoupled transaction policy"
+        with pytest.raises(InferenceServerException) as caught:
+            http_client.infer("repeat_times10", [stream_input(httpclient, [1])])
+        assert caught.value.message() == "HTTP end point doesn't support models with decoupled transaction policy"
+    finally:
+        http_client.close()
+        grpc_client.close()
+
+
+def stream_input(client: Any, values: list[int]) -> Any:
+    tensor = client.InferInput("IN", [len(values)], "INT32")
+    tensor.set_data_from_numpy(np.array(values, np.int32))
+    return tensor
 
 
 # --- models that are not decoupled, over the stream (the reference server's own) --------------------

@@ -85,16 +85,28 @@ def write_repository(root: Path, backend: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def ours(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceServer]:
-    repository = write_repository(tmp_path_factory.mktemp("ours") / "models", "onnxruntime")
-    with running_server(loopback_config(repository)) as server:
+def ours_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_repository(tmp_path_factory.mktemp("ours") / "models", "onnxruntime")
+
+
+@pytest.fixture(scope="module")
+def ours(ours_repository: Path) -> Iterator[ReferenceServer]:
+    # Explicit mode, every model loaded, as tritonserver's below.
+    with running_server(loopback_config(ours_repository, load=("*",))) as server:
         yield server
 
 
 @pytest.fixture(scope="module")
-def triton(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[TritonProcess]:
-    repository = write_repository(tmp_path_factory.mktemp("triton") / "models", "python")
-    with triton_server(peers, repository, start_timeout_s=90) as server:
+def triton_repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_repository(tmp_path_factory.mktemp("triton") / "models", "python")
+
+
+@pytest.fixture(scope="module")
+def triton(peers: Path, triton_repository: Path) -> Iterator[TritonProcess]:
+    repository = triton_repository
+    # Explicit mode, every model loaded: the last test reloads a composing model through the API.
+    explicit = ["--model-control-mode=explicit", "--load-model=*"]
+    with triton_server(peers, repository, start_timeout_s=90, extra_args=explicit) as server:
         yield server
 
 
@@ -175,3 +187,34 @@ def test_statistics_have_tritons_shape_and_relations(triton: TritonProcess, tmp_
     assert results["ours"][0] == results["triton"][0]
     assert results["ours"][1] == results["triton"][1]
     assert results["ours"][1]["ens"]["batch_stats"] == [(1, 3)]
+
+
+# Last in the module: it reloads `times2` and `ens`, which resets their statistics.
+def test_a_composing_model_reloaded_to_no_longer_fit_takes_the_ensemble_out_as_triton_does(
+    triton: TritonProcess, triton_repository: Path, ours: ReferenceServer, ours_repository: Path
+) -> None:
+    # As tritonserver 2.51 does in explicit mode: the reload of the composing model succeeds, the
+    # ensemble is loaded again against its new config, fails its check (max_batch_size 4 under an
+    # ensemble of 8) and stops serving; once the config fits again, the ensemble serves again.
+    # (On disk, not through a config override: Triton skips a load of a model unchanged on disk.)
+    for label, url, repository in (
+        ("triton", triton.http_url, triton_repository),
+        ("ours", ours.http_url, ours_repository),
+    ):
+        config = repository / "times2" / "config.pbtxt"
+        fits = config.read_text()
+        client = httpclient.InferenceServerClient(url, network_timeout=60)
+        try:
+            assert client.is_model_ready("ens"), label
+            config.write_text(fits.replace("max_batch_size: 8", "max_batch_size: 4"))
+            client.load_model("times2")  # the reload itself succeeds
+            assert client.is_model_ready("times2") and not client.is_model_ready("ens"), label
+            (entry,) = [e for e in client.get_model_repository_index() if e["name"] == "ens"]
+            assert entry["state"] == "UNAVAILABLE", (label, entry)
+            config.write_text(fits)
+            client.load_model("times2")
+            assert client.is_model_ready("ens"), label
+            np.testing.assert_array_equal(run_ensemble(url, 1), np.array([[4.0, 6.0, 8.0, 10.0]], np.float32))
+        finally:
+            config.write_text(fits)
+            client.close()

@@ -136,6 +136,17 @@ class TritonPythonModel:
         raise ValueError("weights are not loaded")
 """
 
+WRONG_SHAPE = """\
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = pb_utils.Tensor("OUTPUT0", np.zeros((3,), np.float32))
+        return [pb_utils.InferenceResponse([out]) for _ in requests]
+"""
+
 ONE_IN_ONE_OUT_CONFIG = """\
 name: "{name}"
 backend: "python"
@@ -220,6 +231,7 @@ def write_repository(root: Path) -> Path:
     np.save(model("weights", WEIGHTS, WEIGHTS_CONFIG) / "weights.npy", WEIGHTS_ARRAY)
     model("error_response", ERROR_RESPONSE, ONE_IN_ONE_OUT_CONFIG.format(name="error_response"))
     model("raises", RAISES, ONE_IN_ONE_OUT_CONFIG.format(name="raises"))
+    model("wrong_shape", WRONG_SHAPE, ONE_IN_ONE_OUT_CONFIG.format(name="wrong_shape"))
     model("request_info", REQUEST_INFO, REQUEST_INFO_CONFIG)
     model("bls", BLS, ONE_IN_ONE_OUT_CONFIG.format(name="bls"))
     model("add_then_bls", None, ENSEMBLE_CONFIG)
@@ -341,3 +353,22 @@ def test_model_errors_reach_the_client_alike(urls: dict[str, tuple[str, str]], m
     expected = "value out of range: 7" if model == "error_response" else "weights are not loaded"
     for failure in failures.values():
         assert expected in failure.message()
+    if model == "raises":
+        # The instance's name as Triton gives it: a config without instance_group has one group
+        # named after the model, and its instance 0 is `raises_0`.
+        for failure in failures.values():
+            assert failure.message().startswith("Failed to process the request(s) for model 'raises_0', message: ")
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_an_output_of_another_shape_than_the_config_says_reaches_the_client(
+    urls: dict[str, tuple[str, str]], transport: str
+) -> None:
+    # Triton 2.51 does not hold a python model's outputs to the config's dims: the client gets the
+    # shape the model made.
+    call = _http if transport == "http" else _grpc
+    answers = {
+        server: call(pair[0 if transport == "http" else 1], "wrong_shape", {"INPUT0": A})
+        for server, pair in urls.items()
+    }
+    assert _same(answers)["OUTPUT0"].shape == (3,)

@@ -103,3 +103,49 @@ def test_refused_against_the_composing_models(model: mc.ModelConfig, words: str)
         check_composing(ensemble(step("a", "IN", "OUT")), plan, lookup, PATH)
     assert words in str(info.value)
     assert "(step 0 (model 'a') of ensemble 'ens')" in str(info.value)
+
+
+def decoupled(config: mc.ModelConfig) -> mc.ModelConfig:
+    config.model_transaction_policy.decoupled = True
+    return config
+
+
+JOIN = parse_config_text(
+    'name: "join"\nbackend: "onnxruntime"\nmax_batch_size: 8\n'
+    'input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] }, { name: "Z" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+    'output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]\n',
+    PATH,
+)
+
+
+def join(first: str, second: str, target: str) -> str:
+    return (
+        f'{{ model_name: "join" input_map {{ key: "X" value: "{first}" }} input_map {{ key: "Z" value: "{second}" }} '
+        f'output_map {{ key: "Y" value: "{target}" }} }}'
+    )
+
+
+def test_the_steps_after_a_decoupled_step_and_the_decoupled_models_found() -> None:
+    config = ensemble(step("d", "IN", "mid"), step("b", "mid", "OUT"))
+    models = {"d": decoupled(composing()), "b": composing()}
+    assert check_composing(config, ensemble_plan(config, PATH), lambda s: models[s.model_name], PATH) == {"d"}
+    assert check_composing(config, ensemble_plan(config, PATH), lambda s: composing(), PATH) == frozenset()
+
+
+@pytest.mark.parametrize(
+    ("steps", "outputs", "words"),
+    [
+        # A step that joins a decoupled step's tensor with one from elsewhere (as tritonserver 2.51 words it).
+        ((step("d", "IN", "mid"), join("mid", "IN", "OUT")), "OUT",
+         "in ensemble ens, step of model 'join' receives inputs originated from different decoupled models "
+         "(step 1 (model 'join') of ensemble 'ens')"),
+        ((step("d", "IN", "A"), step("e", "IN", "B")), "A,B",
+         "in ensemble ens, step of model 'ens' receives inputs originated from different decoupled models"),
+    ],
+)  # fmt: skip
+def test_inputs_from_different_decoupled_steps_are_refused(steps: tuple[str, ...], outputs: str, words: str) -> None:
+    config = ensemble(*steps, outputs=outputs)
+    models = {"d": decoupled(composing()), "e": decoupled(composing()), "join": JOIN}
+    with pytest.raises(ModelConfigError) as info:
+        check_composing(config, ensemble_plan(config, PATH), lambda s: models[s.model_name], PATH)
+    assert words in str(info.value)

@@ -136,3 +136,140 @@ def test_a_failing_step_fails_the_request_and_cancels_its_sibling() -> None:
         assert stats.fail_count == 1 and stats.success_count == 0
 
     asyncio.run(main())
+
+
+CHAIN = """
+name: "chain"
+platform: "ensemble"
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "repeat" input_map { key: "X" value: "IN" } output_map { key: "Y" value: "mid" } },
+  { model_name: "after" input_map { key: "X" value: "mid" } output_map { key: "Y" value: "OUT" } }
+] }
+"""
+
+
+class FakeStream:
+    """A decoupled composing model: one response per element of X (Y = the element), then the
+    final flag alone once `before_final` (if any) lets it through; a negative element is an error
+    response."""
+
+    def __init__(self, before_final: Callable[[], Any] | None = None) -> None:
+        self.before_final = before_final
+
+    async def infer_stream(
+        self, inputs: Tensors, output_names: Sequence[str], **kwargs: Any
+    ) -> AsyncIterator[tuple[Tensors | InternalError | None, bool]]:
+        for value in inputs["X"].reshape(-1):
+            if value < 0:
+                yield InternalError(f"repeat: {value} is negative"), False
+            else:
+                yield {"Y": np.array([value], np.float32)}, False
+        if self.before_final is not None:
+            await self.before_final()
+        yield None, True
+
+
+def make_chain(repeat: FakeStream, after: FakeScheduler) -> EnsembleScheduler:
+    config = parse_config_text(CHAIN, Path("chain/config.pbtxt"))
+    plan = ensemble_plan(config, Path("chain/config.pbtxt"))
+    models: dict[str, Any] = {"repeat": repeat, "after": after}
+
+    class Step:
+        def __init__(self, scheduler: Any) -> None:
+            self.scheduler = scheduler
+
+    return EnsembleScheduler(plan, 0, ModelStats(), lambda name, version: Step(models[name]), frozenset({"repeat"}))
+
+
+async def collect(ensemble: EnsembleScheduler, values: list[float]) -> list[tuple[list[float] | None, bool]]:
+    got: list[tuple[list[float] | None, bool]] = []
+    async for outputs, final in ensemble.infer_stream({"IN": np.array(values, np.float32)}, []):
+        assert not isinstance(outputs, Exception)
+        got.append((None if outputs is None else outputs["OUT"].tolist(), final))
+    return got
+
+
+def test_the_steps_after_a_decoupled_step_run_once_per_response_and_the_last_one_is_final() -> None:
+    async def main() -> None:
+        # The decoupled step's final flag comes while the passes after it still run: the last
+        # response carries the final flag (Triton's rule: final when nothing is left in flight).
+        stream_over = asyncio.Event()
+        final_sent = asyncio.Event()
+
+        async def gate() -> None:
+            await stream_over.wait()
+
+        async def before_final() -> None:
+            final_sent.set()
+
+        after = FakeScheduler(lambda t: t["X"] * 10, gate)
+        task = asyncio.ensure_future(collect(make_chain(FakeStream(before_final), after), [1, 2, 3]))
+        # The final flag is taken in the same step as it is sent: once it is, the three passes wait.
+        await asyncio.wait_for(final_sent.wait(), 5)
+        assert len(after.calls) == 3
+        stream_over.set()
+        got = await asyncio.wait_for(task, 5)
+        assert sorted(got) == [([10.0], False), ([20.0], False), ([30.0], True)]
+        assert got[-1] == ([30.0], True)
+
+    asyncio.run(main())
+
+
+def test_a_final_flag_after_every_pass_finished_comes_alone() -> None:
+    async def main() -> None:
+        after = FakeScheduler(lambda t: t["X"] * 10)
+        both_answered = asyncio.Event()
+
+        async def before_final() -> None:
+            await both_answered.wait()
+
+        ensemble = make_chain(FakeStream(before_final), after)
+        got: list[tuple[list[float] | None, bool]] = []
+        async for outputs, final in ensemble.infer_stream({"IN": np.array([1, 2], np.float32)}, []):
+            assert not isinstance(outputs, Exception)
+            got.append((None if outputs is None else outputs["OUT"].tolist(), final))
+            if len(got) == 2:
+                both_answered.set()
+        assert got == [([10.0], False), ([20.0], False), (None, True)]
+        # No response at all from the decoupled step: the final flag alone.
+        assert await collect(make_chain(FakeStream(), after), []) == [(None, True)]
+
+    asyncio.run(main())
+
+
+def test_an_error_response_of_the_decoupled_step_ends_the_stream_named_after_the_ensemble() -> None:
+    async def main() -> None:
+        ensemble = make_chain(FakeStream(), FakeScheduler(lambda t: t["X"] * 10))
+        with pytest.raises(InternalError, match=r"^in ensemble 'chain', repeat: -1.0 is negative$"):
+            await asyncio.wait_for(collect(ensemble, [1, -1, 2]), 5)
+
+    asyncio.run(main())
+
+
+def test_closing_the_stream_early_cancels_the_passes_in_flight() -> None:
+    async def main() -> None:
+        never = asyncio.Event()
+        both_waiting = asyncio.Event()
+        cancelled: list[bool] = []
+
+        async def hang() -> None:
+            if len(after.calls) == 2:
+                both_waiting.set()
+            try:
+                await never.wait()
+            except asyncio.CancelledError:
+                cancelled.append(True)
+                raise
+
+        after = FakeScheduler(lambda t: t["X"], hang)
+        stream = make_chain(FakeStream(), after).infer_stream({"IN": np.array([1, 2], np.float32)}, [])
+        pending = asyncio.ensure_future(anext(stream))
+        await asyncio.wait_for(both_waiting.wait(), 5)
+        pending.cancel()
+        await asyncio.gather(pending, return_exceptions=True)
+        await stream.aclose()  # type: ignore[attr-defined]
+        assert cancelled == [True, True]
+
+    asyncio.run(main())

@@ -34,7 +34,23 @@ def test_count_is_per_listed_gpu() -> None:
         "instance_group [ { count: 1, kind: KIND_GPU, gpus: [0] }, { count: 2, kind: KIND_GPU, gpus: [1, 2] } ]", 3
     )
     assert devices(placements) == [("GPU", 0), ("GPU", 1), ("GPU", 1), ("GPU", 2), ("GPU", 2)]
-    assert len({p.name for p in placements}) == len(placements)
+    # Triton names an instance within its group, the same on each of the group's GPUs.
+    assert [p.name for p in placements] == ["m_0_0", "m_1_0", "m_1_1", "m_1_0", "m_1_1"]
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        # As tritonserver 2.51 names them in "Failed to process the request(s) for model '...'".
+        ("", ["m_0"]),
+        ("instance_group [ { count: 1, kind: KIND_CPU } ]", ["m_0_0"]),
+        ("instance_group [ { count: 2, kind: KIND_CPU } ]", ["m_0_0", "m_0_1"]),
+        ('instance_group [ { name: "grp", count: 2, kind: KIND_CPU } ]', ["grp_0", "grp_1"]),
+        ("instance_group [ { count: 1, kind: KIND_CPU }, { count: 2, kind: KIND_CPU } ]", ["m_0_0", "m_1_0", "m_1_1"]),
+    ],
+)
+def test_instances_are_named_as_triton_names_them(text: str, names: list[str]) -> None:
+    assert [p.name for p in plan(text, 0)] == names
 
 
 def test_gpu_group_without_gpus_uses_every_gpu() -> None:

@@ -6,12 +6,14 @@ import os
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from reference_server.core.poller import RepositoryPoller
 from reference_server.core.repository import ModelRepository, model_fingerprint
 from reference_server.errors import ServerError
+from tests.unit.test_repository_load import write_ensemble
 
 
 def add_identity(root: Path, demo_repository: Path, name: str) -> Path:
@@ -110,3 +112,28 @@ async def test_broken_config_keeps_the_old_version_and_is_not_retried_until_it_c
     assert (await poller.poll_once()).loaded == ["identity"]
     (entry,) = [e for e in repository.index() if e["name"] == "identity"]
     assert entry["reason"] == "" and repository.get("identity").config.max_batch_size == 2
+
+
+async def test_a_new_ensemble_and_its_new_composing_model_load_it_once(
+    polled: tuple[ModelRepository, RepositoryPoller], demo_repository: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The ensemble sorts before its composing model in one pair and after it in the other: either
+    # way the composing model loads once, as the ensemble's dependency or on its own.
+    repository, poller = polled
+    root = repository.root
+    for ensemble, composing in (("alpha_ens", "zeta"), ("zulu_ens", "beta")):
+        add_identity(root, demo_repository, composing)
+        write_ensemble(root, ensemble, composing)
+    loads: list[str] = []
+    load = repository.load
+
+    async def counted(name: str, override: Any = None) -> None:
+        loads.append(name)
+        await load(name, override)
+
+    monkeypatch.setattr(repository, "load", counted)
+    result = await poller.poll_once()
+    assert result.failed == {}
+    assert sorted(loads) == ["alpha_ens", "beta", "zeta", "zulu_ens"]
+    assert all(repository.is_ready(name) for name in ("alpha_ens", "zulu_ens"))
+    assert (await poller.poll_once()).loaded == []

@@ -97,3 +97,48 @@ def test_resolve_load_models(repository: ModelRepository) -> None:
     assert repository.resolve_load_models(["identity", "identity"]) == ["identity"]
     with pytest.raises(NotFound, match=r"--load-model 'mlp'.*\(models there: identity\)"):
         repository.resolve_load_models(["identity", "mlp"])
+
+
+def write_ensemble(root: Path, name: str, composing: str, max_batch_size: int = 8) -> None:
+    """An ensemble of one step on `composing` (an identity model)."""
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: {max_batch_size}\n'
+        'input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        f'ensemble_scheduling {{ step [ {{ model_name: "{composing}" model_version: -1 '
+        'input_map { key: "INPUT0" value: "IN" } output_map { key: "OUTPUT0" value: "OUT" } } ] }\n'
+    )
+
+
+async def test_a_composing_model_reloaded_with_a_config_that_no_longer_fits_takes_the_ensemble_out(
+    repository: ModelRepository,
+) -> None:
+    # As tritonserver 2.51 does in explicit mode: the reload succeeds, the ensemble using the model is
+    # loaded again against the new config, fails its checks and stops serving; when the model's
+    # config fits again, the ensemble serves again.
+    write_ensemble(repository.root, "ens", "identity")
+    await repository.load("ens")
+    assert repository.is_ready("ens")
+
+    await repository.load("identity", identity_config(2))
+    assert repository.is_ready("identity") and not repository.is_ready("ens")
+    (entry,) = [e for e in repository.index() if e["name"] == "ens"]
+    assert entry["state"] == "UNAVAILABLE"
+    assert "composing model 'identity' was reloaded and the ensemble no longer fits" in entry["reason"]
+    assert (
+        "ensemble ens allows maximum batch size 8, but it contains model identity which only allows maximum "
+        "batch size to be 2" in entry["reason"]
+    )
+
+    await repository.load("identity", identity_config(8))
+    assert repository.is_ready("ens")
+    assert repository.get("ens").config.max_batch_size == 8
+
+
+async def test_a_reload_that_still_fits_keeps_the_ensemble_serving(repository: ModelRepository) -> None:
+    write_ensemble(repository.root, "ens", "identity", max_batch_size=2)
+    await repository.load("ens")
+    before = repository.get("ens")
+    await repository.load("identity", identity_config(4))
+    assert repository.is_ready("ens") and repository.get("ens") is not before  # checked again, as in Triton
