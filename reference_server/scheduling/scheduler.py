@@ -571,15 +571,23 @@ class Scheduler:
         assert loop is not None and slot.start is not None
         batch = entry[1]
         t0 = perf_counter_ns()
+        starting = True
 
         def done(result: RequestsOutcome | Exception) -> None:
-            # One iteration later, as a worker's batch would finish: never inside _dispatch.
-            loop.call_soon(self._finish, slot, entry, requests_outcome(batch, t0, result))
+            outcome = requests_outcome(batch, t0, result)
+            if starting:
+                # Never inside _dispatch (it may be iterating the queue): one iteration later.
+                loop.call_soon(self._finish, slot, entry, outcome)
+            else:
+                # Answered later, from a callback of its own (the loop reading the stub): finish
+                # now, not one loop iteration later.
+                self._finish(slot, entry, outcome)
 
         try:
             slot.start(batch, done)
         except Exception as error:
             done(error)
+        starting = False
 
     def _expire(self, now: int) -> None:
         """Apply timeout_action to every queued request whose deadline has passed."""

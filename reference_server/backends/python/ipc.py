@@ -53,6 +53,9 @@ _FDS_SPACE = socket.CMSG_LEN(16 * array.array("i").itemsize)  # up to 16 descrip
 #: ("f", index into the message's fds, nbytes) for a tensor in a memfd of its own.
 TensorDesc = tuple[str, str, tuple[int, ...], tuple[str, int, int]]
 
+# The hot path's dtype → datatype lookups, without numpy_to_datatype's checks (native byte order only).
+_DATATYPE_OF: dict[Any, str] = {dtype: name for name, dtype in DATATYPES.items() if name != "BYTES" and dtype.isnative}
+
 
 class ChannelClosed(Exception):
     """The other end of the control channel is gone."""
@@ -190,14 +193,16 @@ class Arena:
 
 def write_tensor(arena: Arena, name: str, array: Any, fds: list[int]) -> TensorDesc:
     """Put `array` into the arena (or a memfd of its own, appended to `fds`) and describe it."""
-    array = np.asarray(array)
-    datatype = numpy_to_datatype(array.dtype)
-    shape = tuple(int(d) for d in array.shape)
+    if type(array) is not np.ndarray:
+        array = np.asarray(array)
+    dtype = array.dtype
+    datatype = _DATATYPE_OF.get(dtype) or numpy_to_datatype(dtype)
+    shape = array.shape
     if datatype == "BYTES":
         data: Any = serialize_bytes_tensor(array)
         nbytes = len(data)
     else:
-        data = np.ascontiguousarray(array, dtype=DATATYPES[datatype])
+        data = array if array.flags.c_contiguous and dtype.isnative else np.ascontiguousarray(array, DATATYPES[datatype])
         nbytes = data.nbytes
     offset = arena.allocate(nbytes)
     if offset is not None:
@@ -212,8 +217,9 @@ def write_tensor(arena: Arena, name: str, array: Any, fds: list[int]) -> TensorD
         fds.append(fd)
     if datatype == "BYTES":
         target[:] = data
-    else:
-        np.frombuffer(target, dtype=np.uint8)[:] = data.reshape(-1).view(np.uint8)
+    elif nbytes:
+        # memoryview assignment copies with memcpy, without building numpy views on both sides.
+        target[:] = memoryview(data).cast("B")
     if where[0] == "f":
         target.release()
         own.close()

@@ -184,23 +184,14 @@ class Stub:
 
     def _execute(self, message: dict[str, Any], fds: list[int]) -> None:
         requests = []
-        for item in message["requests"]:
-            tensors = [
-                pb_utils.Tensor(desc[0], ipc.read_tensor(self.server_arena, desc, fds, copy=False))
-                for desc in item["inputs"]
-            ]
-            request = pb_utils.InferenceRequest(
-                model_name=message["model_name"],
-                inputs=tensors,
-                requested_output_names=item["outputs"],
-                request_id=item["id"],
-                correlation_id=item["correlation_id"],
-                flags=item["flags"],
-                parameters=item["parameters"],
-            )
-            request._sender = pb_utils.InferenceResponseSender(item["token"], self.decoupled)
-            requests.append(request)
-        ipc.close_fds(fds)
+        arena, model_name, decoupled = self.server_arena, message["model_name"], self.decoupled
+        incoming, tensor, sender = pb_utils.InferenceRequest._incoming, pb_utils.Tensor._of, pb_utils.InferenceResponseSender
+        read = ipc.read_tensor
+        for token, inputs, outputs, request_id, parameters in message["requests"]:
+            tensors = [tensor(desc[0], read(arena, desc, fds, copy=False)) for desc in inputs]
+            requests.append(incoming(model_name, tensors, outputs, request_id, parameters, sender(token, decoupled)))
+        if fds:
+            ipc.close_fds(fds)
         reply: dict[str, Any] = {"op": "executed", "id": message["id"], "responses": None, "error": None}
         out_fds: list[int] = []
         try:
@@ -231,7 +222,8 @@ class Stub:
             reply["error"] = format_exception(exc)
             reply["responses"] = None
         self.channel.send(reply, out_fds)
-        ipc.close_fds(out_fds)
+        if out_fds:
+            ipc.close_fds(out_fds)
 
     def _response(self, response: Any, fds: list[int]) -> dict[str, Any] | None:
         if response is None:
@@ -240,11 +232,12 @@ class Stub:
             raise pb_utils.TritonModelException(
                 f"execute() returned a {type(response).__name__}; {_EXECUTE_RESULT_HINT}"
             )
-        error = response.error()
+        error = response._error
+        arena, write = self.arena, ipc.write_tensor
         return {
-            "outputs": [ipc.write_tensor(self.arena, t.name(), t.as_numpy(), fds) for t in response.output_tensors()],
+            "outputs": [write(arena, t._name, t._array, fds) for t in response._tensors],
             "error": None if error is None else (error.message(), error.code()),
-            "parameters": response.parameters(),
+            "parameters": response._parameters,
         }
 
     # --- pb_utils._runtime --------------------------------------------------------------------

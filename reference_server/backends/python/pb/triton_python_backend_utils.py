@@ -135,6 +135,8 @@ class TritonError:
 class Tensor:
     """A named tensor on the CPU, holding a numpy array (BYTES: an object array of bytes)."""
 
+    __slots__ = ("_name", "_array")
+
     def __init__(self, name: str, data: Any) -> None:
         if not isinstance(name, str):
             raise TritonModelException(f"tensor name must be a str, got {type(name).__name__}")
@@ -146,6 +148,14 @@ class Tensor:
             raise TritonModelException(f"tensor '{name}': numpy dtype {data.dtype} has no Triton data type")
         self._name = name
         self._array: npt.NDArray[Any] = data
+
+    @classmethod
+    def _of(cls, name: str, array: npt.NDArray[Any]) -> Tensor:
+        """A tensor the stub built from shared memory: already checked, so no checks."""
+        tensor = cls.__new__(cls)
+        tensor._name = name
+        tensor._array = array
+        return tensor
 
     def name(self) -> str:
         return self._name
@@ -204,6 +214,8 @@ def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) 
 class InferenceResponse:
     """Outputs for one request, or an error."""
 
+    __slots__ = ("_tensors", "_error", "_parameters")
+
     def __init__(
         self,
         output_tensors: Sequence[Tensor] | None = None,
@@ -222,7 +234,10 @@ class InferenceResponse:
             )
         self._tensors = tensors
         self._error = error
-        self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters or {})
+        if isinstance(parameters, str):
+            self._parameters = parameters
+        else:
+            self._parameters = json.dumps(parameters) if parameters else "{}"
 
     def output_tensors(self) -> list[Tensor]:
         return list(self._tensors)
@@ -241,6 +256,8 @@ class InferenceResponseSender:
     """Sends a request's responses, from any thread, until the final flag. A decoupled model sends
     any number; any other model may send its one response here instead of returning it from
     `execute` (which then returns None), before `execute` returns."""
+
+    __slots__ = ("_token", "_decoupled", "_closed", "kept")
 
     def __init__(self, token: int, decoupled: bool) -> None:
         self._token = token
@@ -276,6 +293,11 @@ class InferenceResponseSender:
 class InferenceRequest:
     """A request: one that `execute` receives, or one a model builds to call another model (BLS)."""
 
+    __slots__ = (
+        "_model_name", "_inputs", "_requested", "_request_id", "_correlation_id", "_flags", "_timeout",
+        "_model_version", "_parameters", "_sender",
+    )  # fmt: skip
+
     def __init__(
         self,
         model_name: str = "",
@@ -310,6 +332,25 @@ class InferenceRequest:
         else:
             self._parameters = json.dumps(parameters)
         self._sender: InferenceResponseSender | None = None
+
+    @classmethod
+    def _incoming(
+        cls, model_name: str, inputs: list[Tensor], outputs: list[str], request_id: str, parameters: str,
+        sender: InferenceResponseSender,
+    ) -> InferenceRequest:  # fmt: skip
+        """A request `execute` receives, built by the stub from checked parts: no checks, no copies."""
+        request = cls.__new__(cls)
+        request._model_name = model_name
+        request._inputs = inputs
+        request._requested = outputs
+        request._request_id = request_id
+        request._correlation_id = 0
+        request._flags = 0
+        request._timeout = 0
+        request._model_version = -1
+        request._parameters = parameters
+        request._sender = sender
+        return request
 
     def inputs(self) -> list[Tensor]:
         return list(self._inputs)
