@@ -108,6 +108,7 @@ class _TimerFd:
         self._armed_ns = when_ns
         # perf_counter_ns is CLOCK_MONOTONIC on Linux, which the fd counts on; 1 ns, not 0 (disarms).
         spec = _ITIMERSPEC(0, 0, max(when_ns, 1) // 1_000_000_000, max(when_ns, 1) % 1_000_000_000)
+        assert _libc is not None  # no _TimerFd without it
         if _libc.timerfd_settime(self._fd, _TFD_TIMER_ABSTIME, ctypes.byref(spec), None) != 0:
             raise OSError(ctypes.get_errno(), "timerfd_settime failed")
 
@@ -147,7 +148,7 @@ _timerfds: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _TimerFd | bool]
 
 
 def _timerfd_of(loop: asyncio.AbstractEventLoop) -> _TimerFd | None:
-    found = _timerfds.get(loop)
+    found: _TimerFd | bool | None = _timerfds.get(loop)
     if found is None:
         found = False
         if _libc is not None:
@@ -158,7 +159,7 @@ def _timerfd_of(loop: asyncio.AbstractEventLoop) -> _TimerFd | None:
                 except (NotImplementedError, RuntimeError, OSError):
                     os.close(fd)
         _timerfds[loop] = found
-    return found or None
+    return found if isinstance(found, _TimerFd) else None
 
 
 def _on_own_thread(loop: asyncio.AbstractEventLoop) -> bool:

@@ -294,6 +294,12 @@ class PythonInstance:
         if self.model.execute_timeout_s > 0:
             timer.append(loop.call_later(self.model.execute_timeout_s, expired))
 
+    def cancel(self, sink: ResponseSink) -> bool:
+        """The client gave up the decoupled request that `sink` feeds: tell the model. Whether the
+        request runs here."""
+        stub = self._stub
+        return stub is not None and stub.alive and stub.cancel_stream(sink)
+
     def _prepare(self, stub: StubProcess, batch: Sequence[BatchItem]) -> _Prepared:
         """The inputs into the server's arena, and the execute message that names them."""
         prepared = _Prepared(stub.next_id())

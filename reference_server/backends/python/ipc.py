@@ -202,7 +202,9 @@ def write_tensor(arena: Arena, name: str, array: Any, fds: list[int]) -> TensorD
         data: Any = serialize_bytes_tensor(array)
         nbytes = len(data)
     else:
-        data = array if array.flags.c_contiguous and dtype.isnative else np.ascontiguousarray(array, DATATYPES[datatype])
+        data = (
+            array if array.flags.c_contiguous and dtype.isnative else np.ascontiguousarray(array, DATATYPES[datatype])
+        )
         nbytes = data.nbytes
     offset = arena.allocate(nbytes)
     if offset is not None:

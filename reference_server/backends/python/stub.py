@@ -74,6 +74,8 @@ class Stub:
         self._bls_ids = itertools.count(1)
         self._bls: dict[int, Any] = {}
         self._bls_lock = threading.Lock()
+        # Tokens of requests whose client went away (the server's `cancel`), until their final response.
+        self.cancelled: set[int] = set()
 
     # --- reading: by whichever thread waits ------------------------------------------------------
 
@@ -103,6 +105,28 @@ class Stub:
                     self._reading = False
                     turn.notify_all()
 
+    def poll(self) -> None:
+        """Route whatever has come, without waiting; nothing when another thread is reading (it
+        routes them). For `is_cancelled` during a long execute, when no thread reads."""
+        turn = self._turn
+        with turn:
+            if self._reading:
+                return
+            self._reading = True
+        try:
+            while True:
+                try:
+                    message, fds = self.channel.recv(wait=False)
+                except BlockingIOError:
+                    return
+                self._route(message, fds)
+        except ipc.ChannelClosed:
+            os._exit(0)
+        finally:
+            with turn:
+                self._reading = False
+                turn.notify_all()
+
     def _route(self, message: dict[str, Any], fds: list[int]) -> None:
         op = message["op"]
         for offset, nbytes in message.get("free", ()):
@@ -110,6 +134,8 @@ class Stub:
         if op == "free":
             for offset, nbytes in message["blocks"]:
                 self.arena.release(offset, nbytes)
+        elif op == "cancel":
+            self.cancelled.add(message["token"])
         elif op == "bls_result":
             self._bls_result(message, fds)
         else:
@@ -185,7 +211,11 @@ class Stub:
     def _execute(self, message: dict[str, Any], fds: list[int]) -> None:
         requests = []
         arena, model_name, decoupled = self.server_arena, message["model_name"], self.decoupled
-        incoming, tensor, sender = pb_utils.InferenceRequest._incoming, pb_utils.Tensor._of, pb_utils.InferenceResponseSender
+        incoming, tensor, sender = (
+            pb_utils.InferenceRequest._incoming,
+            pb_utils.Tensor._of,
+            pb_utils.InferenceResponseSender,
+        )
         read = ipc.read_tensor
         for token, inputs, outputs, request_id, parameters in message["requests"]:
             tensors = [tensor(desc[0], read(arena, desc, fds, copy=False)) for desc in inputs]
@@ -242,7 +272,14 @@ class Stub:
 
     # --- pb_utils._runtime --------------------------------------------------------------------
 
+    def is_cancelled(self, token: int) -> bool:
+        if token not in self.cancelled:
+            self.poll()  # one non-blocking read: only models that ask pay for it
+        return token in self.cancelled
+
     def send_response(self, token: int, response: pb_utils.InferenceResponse | None, flags: int) -> None:
+        if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            self.cancelled.discard(token)
         fds: list[int] = []
         desc = self._response(response, fds)
         self.channel.send({"op": "response", "token": token, "response": desc, "flags": flags}, fds)
@@ -300,6 +337,12 @@ class Stub:
     def infer_async(self, request: pb_utils.InferenceRequest) -> Awaitable[pb_utils.InferenceResponse]:
         # The model's thread runs the asyncio loop meanwhile, so a pool thread waits (and reads).
         return self.loop.run_in_executor(None, lambda: self.infer(request)[0])
+
+    def infer_stream_async(self, request: pb_utils.InferenceRequest) -> Awaitable[Iterator[pb_utils.InferenceResponse]]:
+        # Sent now, so several can be in flight; the iterator waits (and reads) as `exec`'s does.
+        ready: asyncio.Future[Iterator[pb_utils.InferenceResponse]] = self.loop.create_future()
+        ready.set_result(self.infer_stream(request))
+        return ready
 
     def _bls_result(self, message: dict[str, Any], fds: list[int]) -> None:
         final = message["final"]

@@ -81,6 +81,10 @@ class _Runtime(Protocol):
 
     def infer_async(self, request: InferenceRequest) -> Awaitable[InferenceResponse]: ...
 
+    def infer_stream_async(self, request: InferenceRequest) -> Awaitable[Iterator[InferenceResponse]]: ...
+
+    def is_cancelled(self, token: int) -> bool: ...
+
     def log(self, level: str, message: str) -> None: ...
 
 
@@ -287,7 +291,8 @@ class InferenceResponseSender:
         _bridge().send_response(self._token, response, flags)
 
     def is_cancelled(self) -> bool:
-        return False
+        """Whether the client gave the request up (closed its stream or connection)."""
+        return _bridge().is_cancelled(self._token)
 
 
 class InferenceRequest:
@@ -380,7 +385,8 @@ class InferenceRequest:
         return self._parameters
 
     def is_cancelled(self) -> bool:
-        return False
+        """Whether the client gave this request up; False for a request the model built (BLS)."""
+        return self._sender is not None and self._sender.is_cancelled()
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
@@ -395,11 +401,11 @@ class InferenceRequest:
         return _bridge().infer(self)[0]
 
     def async_exec(self, decoupled: bool = False) -> Awaitable[Any]:
-        """`exec` as an awaitable, for `async def execute`."""
+        """`exec` as an awaitable, for `async def execute`. With `decoupled=True`, as in Triton, it
+        gives an iterator over the responses: the request is sent at once, and iterating waits for
+        each response in turn."""
         if decoupled:
-            raise TritonModelException(
-                "async_exec(decoupled=True) is not supported by this server; use exec(decoupled=True)"
-            )
+            return _bridge().infer_stream_async(self)
         return _bridge().infer_async(self)
 
 
