@@ -77,6 +77,12 @@ them to a second deque that is served only after the regular queue.
 that order. Requests rejected while queued never got a number, so, as in Triton (whose
 `DelegateResponse` runs at dequeue), they never hold anyone up.
 
+*Instances without a worker* (`start_requests`: the python backend) get their batch on the loop
+and call back when it is answered (`streaming.start_batch`); `_finish` then runs at once, or one
+iteration later when the answer came inside the dispatch itself. *Decoupled models* are served by
+`infer_stream` (`streaming.stream_responses`): a consumer that leaves early withdraws a queued
+request and cancels a running one through its instance.
+
 *Statistics* (`stats.ModelStats`): queue time runs from `received_ns` to the moment the worker
 thread starts the batch. compute_input covers gathering and concatenating inputs,
 compute_infer covers `run`, and compute_output covers splitting outputs. All three are measured
