@@ -11,6 +11,8 @@ Two things join the server to one stub (one `instance_group` instance):
 - **A control channel.** One SOCK_SEQPACKET socket pair: each message is one pickled dict of
   metadata (operation, ids, tensor names, datatypes, shapes, offsets), never tensor bytes. Its EOF
   is how a stub learns that the server is gone (it exits) and how the server learns that a stub died.
+  A stub that finds its next execute already waiting sends its answers together (`executed_many`):
+  a message and a wake-up of the server less per batch under load.
 
 Who frees what: the stub only reads the server's inputs while it runs them, so the server frees
 them when the batch (or, for a decoupled model, the request's final response) is back. Everything

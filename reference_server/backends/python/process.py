@@ -323,6 +323,10 @@ class StubProcess:
 
     def _dispatch(self, message: dict[str, Any], fds: list[int]) -> None:
         op = message["op"]
+        if op == "executed_many":  # answers the stub sent together (none of them with fds)
+            for answer in message["answers"]:
+                self._dispatch(answer, [])
+            return
         if op in ("executed", "loaded", "initialized", "finalized"):
             key: object = message["id"] if op == "executed" else "control"
             callback = self.unexpect(message["id"]) if op == "executed" else None

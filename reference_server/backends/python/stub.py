@@ -39,6 +39,8 @@ from reference_server.backends.python.pb import triton_python_backend_utils as p
 # Model files import it by Triton's name; it must be this very module, which holds `_runtime`.
 sys.modules.setdefault("triton_python_backend_utils", pb_utils)
 
+#: The most execute answers that go in one message.
+_MAX_ANSWERS = 16
 _EXECUTE_RESULT_HINT = "execute() must return a list with one pb_utils.InferenceResponse per request"
 
 
@@ -74,6 +76,7 @@ class Stub:
         self._bls_ids = itertools.count(1)
         self._bls: dict[int, Any] = {}
         self._bls_lock = threading.Lock()
+        self._answers: list[dict[str, Any]] = []  # executes answered, not sent yet (see _execute)
         # Tokens of requests whose client went away (the server's `cancel`), until their final response.
         self.cancelled: set[int] = set()
 
@@ -149,6 +152,8 @@ class Stub:
             self.pump(lambda: bool(work))
             message, fds = work.popleft()
             op = message["op"]
+            if op != "execute":
+                self._flush()
             if op == "load":
                 self.channel.send({"op": "loaded", **self._load(message)})
             elif op == "initialize":
@@ -251,9 +256,28 @@ class Stub:
         except Exception as exc:
             reply["error"] = format_exception(exc)
             reply["responses"] = None
-        self.channel.send(reply, out_fds)
         if out_fds:
+            self._flush()
+            self.channel.send(reply, out_fds)
             ipc.close_fds(out_fds)
+            return
+        # When the next execute is already here (batches handed ahead under load), its answer goes
+        # with this one: one message, one wake-up of the server, for both.
+        self._answers.append(reply)
+        if len(self._answers) >= _MAX_ANSWERS or not self._execute_next():
+            self._flush()
+
+    def _execute_next(self) -> bool:
+        if not self.work:
+            self.poll()
+        return bool(self.work) and self.work[0][0]["op"] == "execute"
+
+    def _flush(self) -> None:
+        answers, self._answers = self._answers, []
+        if len(answers) == 1:
+            self.channel.send(answers[0])
+        elif answers:
+            self.channel.send({"op": "executed_many", "answers": answers})
 
     def _response(self, response: Any, fds: list[int]) -> dict[str, Any] | None:
         if response is None:
