@@ -120,11 +120,13 @@ class _TimerFd:
         self._armed_ns = 0
         heap = self._heap
         now = time.perf_counter_ns()
-        while heap and (heap[0][2].cancelled or heap[0][0] <= now):
-            _, _, handle = heapq.heappop(heap)
-            handle._run()
-        if heap:
-            self._set(heap[0][0])
+        try:
+            while heap and (heap[0][2].cancelled or heap[0][0] <= now):
+                _, _, handle = heapq.heappop(heap)
+                handle._run()
+        finally:  # a callback that raised (the loop logs it) must not strand the timers after it
+            if heap and (not self._armed_ns or heap[0][0] < self._armed_ns):
+                self._set(heap[0][0])
 
 
 class _ITIMERSPEC(ctypes.Structure):
