@@ -3,7 +3,7 @@
 Theory of operation
 -------------------
 Requests enter `Scheduler.infer`, which validates the batch dimension, applies the queue policy's
-size limit, appends a `_Request` to a FIFO deque and awaits a plain future: no task per request.
+size limit, appends a `QueuedRequest` to a FIFO deque and awaits a plain future: no task per request.
 Each model instance owns one worker thread fed by a `SimpleQueue`; the event loop calls
 `ModelInstance.run` itself only for short batches of a lone instance (see "Short runs on the
 loop"). Everything else (queue, idle instances, timers, statistics) is owned by the event loop, so
@@ -77,6 +77,12 @@ them to a second deque that is served only after the regular queue.
 that order. Requests rejected while queued never got a number, so, as in Triton (whose
 `DelegateResponse` runs at dequeue), they never hold anyone up.
 
+*Instances without a worker* (`start_requests`: the python backend) get their batch on the loop
+and call back when it is answered (`streaming.start_batch`); `_finish` then runs at once, or one
+iteration later when the answer came inside the dispatch itself. *Decoupled models* are served by
+`infer_stream` (`streaming.stream_responses`): a consumer that leaves early withdraws a queued
+request and cancels a running one through its instance.
+
 *Statistics* (`stats.ModelStats`): queue time runs from `received_ns` to the moment the worker
 thread starts the batch. compute_input covers gathering and concatenating inputs,
 compute_infer covers `run`, and compute_output covers splitting outputs. All three are measured
@@ -89,27 +95,26 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import queue
 import threading
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from functools import partial
 from time import perf_counter_ns
 from typing import Any
 
 from reference_server.errors import InternalError, InvalidArgument, ServerError, Unavailable, Unsupported
 from reference_server.scheduling.execute import (
-    BatchItem,
     ModelInstance,
     Outcome,
     RequestsInstance,
-    RequestsOutcome,
     ResponseSink,
     Tensors,
     execute,
-    requests_outcome,
 )
 from reference_server.scheduling.policy import BatchingPolicy
+from reference_server.scheduling.queued import Batch, QueuedRequest, Slot, record_failure
 from reference_server.scheduling.stats import ModelStats
+from reference_server.scheduling.streaming import start_batch, stream_responses
 from v2kit.runtime.timer import TimerHandle, call_at_ns
 
 __all__ = ["AHEAD_BATCHES", "INLINE_MAX_NS", "Scheduler"]
@@ -121,73 +126,6 @@ INLINE_MAX_NS = 1_000_000
 AHEAD_BATCHES = 16
 
 _STOPPING = "Server is stopping, scheduler for model has stopped accepting new inference requests"
-
-
-class _Request:
-    __slots__ = (
-        "inputs",
-        "output_names",
-        "batch_size",
-        "key",
-        "future",
-        "received_ns",
-        "enqueued_ns",
-        "deadline_ns",
-        "queued",
-        "request_id",
-        "parameters",
-        "sink",
-        "secondary_stats",
-    )
-
-    def __init__(
-        self,
-        inputs: Tensors,
-        output_names: Sequence[str],
-        batch_size: int,
-        key: object,
-        future: asyncio.Future[Tensors],
-        received_ns: int,
-        enqueued_ns: int,
-        deadline_ns: int,
-        request_id: str = "",
-        parameters: dict[str, Any] | None = None,
-        sink: ResponseSink | None = None,
-        secondary_stats: ModelStats | None = None,
-    ) -> None:
-        self.inputs = inputs
-        self.output_names = output_names
-        self.batch_size = batch_size
-        self.key = key
-        self.future = future
-        self.received_ns = received_ns
-        self.enqueued_ns = enqueued_ns
-        self.deadline_ns = deadline_ns  # perf_counter_ns; 0 = none
-        self.queued = True  # False once dispatched, expired, withdrawn or failed by close()
-        self.request_id = request_id
-        self.parameters = parameters if parameters is not None else {}
-        self.sink = sink
-        self.secondary_stats = secondary_stats
-
-
-# A dispatched batch: its preserve_ordering number and its requests.
-_Batch = tuple[int, "list[_Request]"]
-
-
-class _Slot:
-    """One instance, its worker thread, and the batches handed to it that have not finished."""
-
-    __slots__ = ("instance", "inbox", "thread", "running", "start")
-
-    def __init__(self, instance: ModelInstance | RequestsInstance) -> None:
-        self.instance = instance
-        self.inbox: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
-        self.thread: threading.Thread | None = None
-        self.running: deque[_Batch] = deque()
-        # An instance that starts batches from the loop and answers there needs no worker thread.
-        self.start: Callable[[Sequence[BatchItem], Callable[[Any], None]], None] | None = getattr(
-            instance, "start_requests", None
-        )
 
 
 class Scheduler:
@@ -206,8 +144,8 @@ class Scheduler:
         self._max_preferred = max(preferred)
         self._ordered = policy.preserve_ordering
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._queue: deque[_Request] = deque()
-        self._delayed: deque[_Request] = deque()  # expired under timeout_action DELAY
+        self._queue: deque[QueuedRequest] = deque()
+        self._delayed: deque[QueuedRequest] = deque()  # expired under timeout_action DELAY
         self._next_deadline = 0  # earliest deadline in _queue, or 0; may be stale-early
         self._timer: TimerHandle | None = None
         self._timer_ns = 0
@@ -218,9 +156,9 @@ class Scheduler:
         self._drained: asyncio.Event | None = None
         self._next_seq = 0  # preserve_ordering: next batch number to hand out
         self._release_seq = 0  # ... and the next one to release
-        self._held: dict[int, tuple[list[_Request], Outcome]] = {}
-        self._slots = [_Slot(instance) for instance in instances]
-        self._idle: deque[_Slot] = deque(self._slots)
+        self._held: dict[int, tuple[list[QueuedRequest], Outcome]] = {}
+        self._slots = [Slot(instance) for instance in instances]
+        self._idle: deque[Slot] = deque(self._slots)
         inline = len(instances) == 1 and getattr(instances[0], "runs_on_loop", False) is True
         self._prepare: Callable[[Tensors], Tensors] | None = getattr(instances[0], "prepare_inputs", None)
         self._inline_slot = self._slots[0] if inline else None
@@ -273,7 +211,7 @@ class Scheduler:
             self._withdraw(request)
             raise
 
-    async def infer_stream(
+    def infer_stream(
         self,
         inputs: Tensors,
         output_names: Sequence[str],
@@ -290,55 +228,14 @@ class Scheduler:
         that `ServerError` in place of the outputs (the stream goes on, as Triton's does, unless
         it is final). Any other model yields exactly one (outputs, True). A request that fails as
         a whole (refused, or its execute raised) raises a `ServerError` as `infer` does.
-        Leaving the iteration early withdraws a request that is still queued.
+        Leaving the iteration early withdraws a request that is still queued, and tells a
+        running decoupled one's model (`streaming.stream_responses`).
         """
-        if not self._policy.decoupled:
-            yield (
-                await self.infer(
-                    inputs,
-                    output_names,
-                    timeout_us=timeout_us,
-                    received_ns=received_ns,
-                    request_id=request_id,
-                    parameters=parameters,
-                ),
-                True,
-            )
-            return
-        loop = asyncio.get_running_loop()
-        # (outputs, final, error, whether the error fails the request as a whole)
-        items: asyncio.Queue[tuple[Tensors | None, bool, Exception | None, bool]] = asyncio.Queue()
-
-        def sink(outputs: Tensors | None, final: bool, error: Exception | None) -> None:
-            # Called from the backend's threads, or from the loop itself.
-            try:
-                loop.call_soon_threadsafe(items.put_nowait, (outputs, final, error, False))
-            except RuntimeError:
-                pass  # the loop is closed: nobody is listening any more
-
-        def executed(future: asyncio.Future[Tensors]) -> None:
-            # The model's execute failed (or the request was refused): that ends the stream.
-            if not future.cancelled() and (error := future.exception()) is not None:
-                assert isinstance(error, Exception)
-                items.put_nowait((None, True, error, True))
-
-        request = self._submit(inputs, output_names, timeout_us, received_ns, request_id, parameters, sink)
-        request.future.add_done_callback(executed)
-        try:
-            while True:
-                outputs, final, error, fatal = await items.get()
-                if error is not None:
-                    failure = error if isinstance(error, ServerError) else InternalError(str(error))
-                    if fatal:
-                        raise failure
-                    yield failure, final
-                else:
-                    yield outputs, final
-                if final:
-                    return
-        finally:
-            if not request.future.done():
-                self._withdraw(request)
+        if self._policy.decoupled:
+            submit = partial(self._submit, inputs, output_names, timeout_us, received_ns, request_id, parameters)
+            return stream_responses(submit, self._withdraw, self._slots)
+        return _one(self.infer(inputs, output_names, timeout_us=timeout_us, received_ns=received_ns,
+                               request_id=request_id, parameters=parameters))  # fmt: skip
 
     def _submit(
         self,
@@ -350,7 +247,7 @@ class Scheduler:
         parameters: dict[str, Any] | None,
         sink: ResponseSink | None,
         secondary_stats: ModelStats | None = None,
-    ) -> _Request:
+    ) -> QueuedRequest:
         """Admit and queue one request; its future resolves when its batch has run."""
         if self._closing:
             raise Unavailable(_STOPPING)
@@ -362,7 +259,7 @@ class Scheduler:
         batch_size, key = self._admit(inputs)
         policy = self._policy
         if policy.max_queue_size and len(self._queue) + len(self._delayed) >= policy.max_queue_size:
-            _record_failure(self._stats, secondary_stats, perf_counter_ns() - received_ns, "REJECTED")
+            record_failure(self._stats, secondary_stats, perf_counter_ns() - received_ns, "REJECTED")
             raise Unavailable(f"Exceeds maximum queue size ({policy.max_queue_size})")
         deadline = 0
         if policy.default_timeout_ns:
@@ -375,7 +272,7 @@ class Scheduler:
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         future: asyncio.Future[Tensors] = loop.create_future()
-        request = _Request(
+        request = QueuedRequest(
             inputs, output_names, batch_size, key, future, received_ns, now, deadline, request_id, parameters, sink,
             secondary_stats,
         )  # fmt: skip
@@ -392,11 +289,11 @@ class Scheduler:
                 self._schedule()  # nothing to gather: an idle instance takes it now
         return request
 
-    def _withdraw(self, request: _Request) -> None:
+    def _withdraw(self, request: QueuedRequest) -> None:
         """The caller gave up: a request still queued leaves the queue and counts as CANCELED."""
         if request.queued:
             self._unqueue(request)
-            _record_failure(self._stats, request.secondary_stats, perf_counter_ns() - request.received_ns, "CANCELED")
+            record_failure(self._stats, request.secondary_stats, perf_counter_ns() - request.received_ns, "CANCELED")
             self._check_drained()
             request.future.cancel()
 
@@ -500,7 +397,9 @@ class Scheduler:
         max_batch_size = self._policy.max_batch_size
         max_preferred = self._max_preferred
         preferred = self._preferred
-        candidates: Iterable[_Request] = itertools.chain(self._queue, self._delayed) if self._delayed else self._queue
+        candidates: Iterable[QueuedRequest] = (
+            itertools.chain(self._queue, self._delayed) if self._delayed else self._queue
+        )
         total = count = best = 0
         oldest = now
         key: object = None
@@ -545,10 +444,10 @@ class Scheduler:
                 return
             self._dispatch(slot, [self._pop() for _ in range(count)])
 
-    def _pop(self) -> _Request:
+    def _pop(self) -> QueuedRequest:
         return self._queue.popleft() if self._queue else self._delayed.popleft()
 
-    def _dispatch(self, slot: _Slot, batch: list[_Request]) -> None:
+    def _dispatch(self, slot: Slot, batch: list[QueuedRequest]) -> None:
         for request in batch:
             request.queued = False
         self._stats.pending -= len(batch)
@@ -556,7 +455,8 @@ class Scheduler:
         self._next_seq += 1
         slot.running.append(entry)
         if slot.start is not None:
-            self._start(slot, entry)
+            assert self._loop is not None  # set by infer() before anything is dispatched
+            start_batch(self._loop, slot, entry, self._finish)
             return
         if slot is self._inline_slot and 0 < _elements(batch) * self._ns_per_element <= INLINE_MAX_NS:
             loop = self._loop
@@ -564,22 +464,6 @@ class Scheduler:
             loop.call_soon(self._finish, slot, entry, execute(slot.instance, batch))
             return
         slot.inbox.put(entry)
-
-    def _start(self, slot: _Slot, entry: _Batch) -> None:
-        """Hand a batch to an instance that runs it without a worker (`start_requests`)."""
-        loop = self._loop
-        assert loop is not None and slot.start is not None
-        batch = entry[1]
-        t0 = perf_counter_ns()
-
-        def done(result: RequestsOutcome | Exception) -> None:
-            # One iteration later, as a worker's batch would finish: never inside _dispatch.
-            loop.call_soon(self._finish, slot, entry, requests_outcome(batch, t0, result))
-
-        try:
-            slot.start(batch, done)
-        except Exception as error:
-            done(error)
 
     def _expire(self, now: int) -> None:
         """Apply timeout_action to every queued request whose deadline has passed."""
@@ -591,7 +475,7 @@ class Scheduler:
                 self._timed_out(queue_.popleft(), now)
             self._next_deadline = queue_[0].deadline_ns if queue_ else 0
         else:
-            keep: deque[_Request] = deque()
+            keep: deque[QueuedRequest] = deque()
             next_deadline = 0
             for request in queue_:
                 deadline = request.deadline_ns
@@ -605,7 +489,7 @@ class Scheduler:
             self._next_deadline = next_deadline
         self._check_drained()
 
-    def _timed_out(self, request: _Request, now: int) -> None:
+    def _timed_out(self, request: QueuedRequest, now: int) -> None:
         if self._policy.timeout_action == "DELAY":
             request.deadline_ns = 0
             self._delayed.append(request)
@@ -629,7 +513,7 @@ class Scheduler:
         self._timer = None
         self._schedule()
 
-    def _unqueue(self, request: _Request) -> None:
+    def _unqueue(self, request: QueuedRequest) -> None:
         request.queued = False
         self._stats.pending -= 1
         try:
@@ -639,7 +523,7 @@ class Scheduler:
 
     # -- execution (worker threads) --------------------------------------------------------------
 
-    def _work(self, slot: _Slot) -> None:
+    def _work(self, slot: Slot) -> None:
         instance = slot.instance
         inbox = slot.inbox
         while (entry := inbox.get()) is not None:
@@ -655,7 +539,7 @@ class Scheduler:
 
     # -- completion (event loop) -----------------------------------------------------------------
 
-    def _finish(self, slot: _Slot, entry: _Batch, outcome: Outcome) -> None:
+    def _finish(self, slot: Slot, entry: Batch, outcome: Outcome) -> None:
         seq, batch = entry
         running = slot.running
         if running and running[0] is entry:
@@ -685,7 +569,7 @@ class Scheduler:
             self._schedule()
             self._check_drained()
 
-    def _resolve(self, batch: list[_Request], outcome: Outcome) -> None:
+    def _resolve(self, batch: list[QueuedRequest], outcome: Outcome) -> None:
         t0, t1, t2, t3, results, error = outcome
         done = perf_counter_ns()
         stats = self._stats
@@ -705,7 +589,7 @@ class Scheduler:
             future = request.future
             if future.done():
                 if future.cancelled():
-                    _record_failure(stats, request.secondary_stats, done - request.received_ns, "CANCELED")
+                    record_failure(stats, request.secondary_stats, done - request.received_ns, "CANCELED")
                 continue  # otherwise close() failed it and counted it already
             received = request.received_ns
             stats.record_success(done - received, t0 - received, t1 - t0, t2 - t1, t3 - t2)
@@ -713,7 +597,7 @@ class Scheduler:
                 request.secondary_stats.record_success(done - received, t0 - received, t1 - t0, t2 - t1, t3 - t2)
             future.set_result(result)
 
-    def _fail(self, request: _Request, error: Exception, reason: str, now: int) -> None:
+    def _fail(self, request: QueuedRequest, error: Exception, reason: str, now: int) -> None:
         future = request.future
         if future.cancelled():
             reason = "CANCELED"
@@ -721,7 +605,7 @@ class Scheduler:
             return  # already answered and counted
         else:
             future.set_exception(error)
-        _record_failure(self._stats, request.secondary_stats, now - request.received_ns, reason)
+        record_failure(self._stats, request.secondary_stats, now - request.received_ns, reason)
 
     def _is_drained(self) -> bool:
         idle = len(self._idle) == len(self._slots)
@@ -732,15 +616,13 @@ class Scheduler:
             self._drained.set()
 
 
-def _record_failure(stats: ModelStats, secondary: ModelStats | None, request_ns: int, reason: str) -> None:
-    stats.record_failure(request_ns, reason)
-    if secondary is not None:
-        secondary.record_failure(request_ns, reason)
+async def _one(answer: Awaitable[Tensors]) -> AsyncIterator[tuple[Tensors | ServerError | None, bool]]:
+    yield await answer, True
 
 
-def _backlog(slot: _Slot) -> int:
+def _backlog(slot: Slot) -> int:
     return len(slot.running)
 
 
-def _elements(batch: list[_Request]) -> int:
+def _elements(batch: list[QueuedRequest]) -> int:
     return sum(array.size for request in batch for array in request.inputs.values())

@@ -111,3 +111,43 @@ async def test_infer_stream_on_a_model_that_is_not_decoupled_yields_one_final_re
         await scheduler.close(BOUND_S)
     ((outputs, final),) = items
     assert final is True and outputs is not None and outputs["OUT"].tolist() == [[5.0]]
+
+
+class CancellableFake(RequestsFake):
+    """Streams one response; then the final flag at once when IN is 0, else only once cancelled."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cancelled: list[Any] = []
+        self.sinks: list[Any] = []
+
+    def run_requests(self, batch: Sequence[BatchItem]) -> RequestsOutcome:
+        t1 = perf_counter_ns()
+        for request in batch:
+            assert request.sink is not None
+            self.sinks.append(request.sink)
+            request.sink({"OUT": np.array([0])}, False, None)
+            if request.inputs["IN"].flat[0] == 0:
+                request.sink(None, True, None)
+        return [{} for _ in batch], t1, perf_counter_ns()
+
+    def cancel(self, sink: Any) -> bool:
+        self.cancelled.append(sink)
+        sink(None, True, None)
+        return True
+
+
+async def test_leaving_a_running_stream_early_cancels_it_on_its_instance() -> None:
+    fake = CancellableFake()
+    scheduler = Scheduler(BatchingPolicy(decoupled=True), [fake], ModelStats())
+    try:
+        # A stream read to its end cancels nothing.
+        assert [final async for _, final in scheduler.infer_stream({"IN": np.array([0])}, ["OUT"])] == [False, True]
+        assert fake.cancelled == []
+        stream = scheduler.infer_stream({"IN": np.array([1])}, ["OUT"])
+        first = await asyncio.wait_for(stream.__anext__(), BOUND_S)
+        assert first[1] is False and fake.cancelled == []
+        await stream.aclose()  # type: ignore[attr-defined]  # what a client that goes away does
+        assert fake.cancelled == fake.sinks[1:] and len(fake.sinks) == 2
+    finally:
+        await scheduler.close(BOUND_S)

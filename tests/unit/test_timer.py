@@ -38,3 +38,23 @@ async def test_long_delays_and_cancellation() -> None:
     call_at_ns(loop, now + 4_000_000, lambda: (calls.append("kept"), kept.set()))
     await asyncio.wait_for(kept.wait(), 10)
     assert calls == ["kept"]
+
+
+def test_a_timer_callback_that_raises_does_not_strand_the_next_timer() -> None:
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda _loop, _context: None)  # the loop reports the error; fine
+        calls: list[str] = []
+        done = loop.create_future()
+        now = time.perf_counter_ns()
+
+        def fail() -> None:
+            calls.append("fail")
+            raise RuntimeError("callback failed")
+
+        call_at_ns(loop, now + 200_000, fail)
+        call_at_ns(loop, now + 200_000, lambda: (calls.append("next"), done.set_result(None)))
+        await asyncio.wait_for(done, 5)
+        return calls
+
+    assert asyncio.run(main()) == ["fail", "next"]

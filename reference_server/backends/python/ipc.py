@@ -11,6 +11,8 @@ Two things join the server to one stub (one `instance_group` instance):
 - **A control channel.** One SOCK_SEQPACKET socket pair: each message is one pickled dict of
   metadata (operation, ids, tensor names, datatypes, shapes, offsets), never tensor bytes. Its EOF
   is how a stub learns that the server is gone (it exits) and how the server learns that a stub died.
+  A stub that finds its next execute already waiting sends its answers together (`executed_many`):
+  a message and a wake-up of the server less per batch under load.
 
 Who frees what: the stub only reads the server's inputs while it runs them, so the server frees
 them when the batch (or, for a decoupled model, the request's final response) is back. Everything
@@ -52,6 +54,9 @@ _FDS_SPACE = socket.CMSG_LEN(16 * array.array("i").itemsize)  # up to 16 descrip
 #: (name, datatype, shape, where): where is ("a", offset, nbytes) in the writer's arena or
 #: ("f", index into the message's fds, nbytes) for a tensor in a memfd of its own.
 TensorDesc = tuple[str, str, tuple[int, ...], tuple[str, int, int]]
+
+# The hot path's dtype → datatype lookups, without numpy_to_datatype's checks (native byte order only).
+_DATATYPE_OF: dict[Any, str] = {dtype: name for name, dtype in DATATYPES.items() if name != "BYTES" and dtype.isnative}
 
 
 class ChannelClosed(Exception):
@@ -190,14 +195,18 @@ class Arena:
 
 def write_tensor(arena: Arena, name: str, array: Any, fds: list[int]) -> TensorDesc:
     """Put `array` into the arena (or a memfd of its own, appended to `fds`) and describe it."""
-    array = np.asarray(array)
-    datatype = numpy_to_datatype(array.dtype)
-    shape = tuple(int(d) for d in array.shape)
+    if type(array) is not np.ndarray:
+        array = np.asarray(array)
+    dtype = array.dtype
+    datatype = _DATATYPE_OF.get(dtype) or numpy_to_datatype(dtype)
+    shape = array.shape
     if datatype == "BYTES":
         data: Any = serialize_bytes_tensor(array)
         nbytes = len(data)
     else:
-        data = np.ascontiguousarray(array, dtype=DATATYPES[datatype])
+        data = (
+            array if array.flags.c_contiguous and dtype.isnative else np.ascontiguousarray(array, DATATYPES[datatype])
+        )
         nbytes = data.nbytes
     offset = arena.allocate(nbytes)
     if offset is not None:
@@ -212,8 +221,9 @@ def write_tensor(arena: Arena, name: str, array: Any, fds: list[int]) -> TensorD
         fds.append(fd)
     if datatype == "BYTES":
         target[:] = data
-    else:
-        np.frombuffer(target, dtype=np.uint8)[:] = data.reshape(-1).view(np.uint8)
+    elif nbytes:
+        # memoryview assignment copies with memcpy, without building numpy views on both sides.
+        target[:] = memoryview(data).cast("B")
     if where[0] == "f":
         target.release()
         own.close()

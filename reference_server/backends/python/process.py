@@ -200,6 +200,20 @@ class StubProcess:
         with self._lock:
             self._streams[token] = _Stream(sink, blocks, output_names)
 
+    def cancel_stream(self, sink: ResponseSink) -> bool:
+        """Tell the stub that the client gave up the stream `sink` feeds (the model sees
+        `is_cancelled()`); it stays open until its final response, which frees its inputs. Whether
+        it was one of ours."""
+        with self._lock:
+            token = next((t for t, stream in self._streams.items() if stream.sink is sink), None)
+        if token is None:
+            return False
+        try:
+            self.channel.send({"op": "cancel", "token": token})
+        except ipc.ChannelClosed:
+            pass  # the stub is gone: the stream ends with its death
+        return True
+
     def drop_stream(self, token: int) -> None:
         with self._lock:
             stream = self._streams.pop(token, None)
@@ -309,6 +323,10 @@ class StubProcess:
 
     def _dispatch(self, message: dict[str, Any], fds: list[int]) -> None:
         op = message["op"]
+        if op == "executed_many":  # answers the stub sent together (none of them with fds)
+            for answer in message["answers"]:
+                self._dispatch(answer, [])
+            return
         if op in ("executed", "loaded", "initialized", "finalized"):
             key: object = message["id"] if op == "executed" else "control"
             callback = self.unexpect(message["id"]) if op == "executed" else None

@@ -39,6 +39,8 @@ from reference_server.backends.python.pb import triton_python_backend_utils as p
 # Model files import it by Triton's name; it must be this very module, which holds `_runtime`.
 sys.modules.setdefault("triton_python_backend_utils", pb_utils)
 
+#: The most execute answers that go in one message.
+_MAX_ANSWERS = 16
 _EXECUTE_RESULT_HINT = "execute() must return a list with one pb_utils.InferenceResponse per request"
 
 
@@ -74,6 +76,9 @@ class Stub:
         self._bls_ids = itertools.count(1)
         self._bls: dict[int, Any] = {}
         self._bls_lock = threading.Lock()
+        self._answers: list[dict[str, Any]] = []  # executes answered, not sent yet (see _execute)
+        # Tokens of requests whose client went away (the server's `cancel`), until their final response.
+        self.cancelled: set[int] = set()
 
     # --- reading: by whichever thread waits ------------------------------------------------------
 
@@ -103,6 +108,28 @@ class Stub:
                     self._reading = False
                     turn.notify_all()
 
+    def poll(self) -> None:
+        """Route whatever has come, without waiting; nothing when another thread is reading (it
+        routes them). For `is_cancelled` during a long execute, when no thread reads."""
+        turn = self._turn
+        with turn:
+            if self._reading:
+                return
+            self._reading = True
+        try:
+            while True:
+                try:
+                    message, fds = self.channel.recv(wait=False)
+                except BlockingIOError:
+                    return
+                self._route(message, fds)
+        except ipc.ChannelClosed:
+            os._exit(0)
+        finally:
+            with turn:
+                self._reading = False
+                turn.notify_all()
+
     def _route(self, message: dict[str, Any], fds: list[int]) -> None:
         op = message["op"]
         for offset, nbytes in message.get("free", ()):
@@ -110,6 +137,8 @@ class Stub:
         if op == "free":
             for offset, nbytes in message["blocks"]:
                 self.arena.release(offset, nbytes)
+        elif op == "cancel":
+            self.cancelled.add(message["token"])
         elif op == "bls_result":
             self._bls_result(message, fds)
         else:
@@ -123,6 +152,8 @@ class Stub:
             self.pump(lambda: bool(work))
             message, fds = work.popleft()
             op = message["op"]
+            if op != "execute":
+                self._flush()
             if op == "load":
                 self.channel.send({"op": "loaded", **self._load(message)})
             elif op == "initialize":
@@ -184,23 +215,18 @@ class Stub:
 
     def _execute(self, message: dict[str, Any], fds: list[int]) -> None:
         requests = []
-        for item in message["requests"]:
-            tensors = [
-                pb_utils.Tensor(desc[0], ipc.read_tensor(self.server_arena, desc, fds, copy=False))
-                for desc in item["inputs"]
-            ]
-            request = pb_utils.InferenceRequest(
-                model_name=message["model_name"],
-                inputs=tensors,
-                requested_output_names=item["outputs"],
-                request_id=item["id"],
-                correlation_id=item["correlation_id"],
-                flags=item["flags"],
-                parameters=item["parameters"],
-            )
-            request._sender = pb_utils.InferenceResponseSender(item["token"], self.decoupled)
-            requests.append(request)
-        ipc.close_fds(fds)
+        arena, model_name, decoupled = self.server_arena, message["model_name"], self.decoupled
+        incoming, tensor, sender = (
+            pb_utils.InferenceRequest._incoming,
+            pb_utils.Tensor._of,
+            pb_utils.InferenceResponseSender,
+        )
+        read = ipc.read_tensor
+        for token, inputs, outputs, request_id, parameters in message["requests"]:
+            tensors = [tensor(desc[0], read(arena, desc, fds, copy=False)) for desc in inputs]
+            requests.append(incoming(model_name, tensors, outputs, request_id, parameters, sender(token, decoupled)))
+        if fds:
+            ipc.close_fds(fds)
         reply: dict[str, Any] = {"op": "executed", "id": message["id"], "responses": None, "error": None}
         out_fds: list[int] = []
         try:
@@ -230,8 +256,28 @@ class Stub:
         except Exception as exc:
             reply["error"] = format_exception(exc)
             reply["responses"] = None
-        self.channel.send(reply, out_fds)
-        ipc.close_fds(out_fds)
+        if out_fds:
+            self._flush()
+            self.channel.send(reply, out_fds)
+            ipc.close_fds(out_fds)
+            return
+        # When the next execute is already here (batches handed ahead under load), its answer goes
+        # with this one: one message, one wake-up of the server, for both.
+        self._answers.append(reply)
+        if len(self._answers) >= _MAX_ANSWERS or not self._execute_next():
+            self._flush()
+
+    def _execute_next(self) -> bool:
+        if not self.work:
+            self.poll()
+        return bool(self.work) and self.work[0][0]["op"] == "execute"
+
+    def _flush(self) -> None:
+        answers, self._answers = self._answers, []
+        if len(answers) == 1:
+            self.channel.send(answers[0])
+        elif answers:
+            self.channel.send({"op": "executed_many", "answers": answers})
 
     def _response(self, response: Any, fds: list[int]) -> dict[str, Any] | None:
         if response is None:
@@ -240,16 +286,24 @@ class Stub:
             raise pb_utils.TritonModelException(
                 f"execute() returned a {type(response).__name__}; {_EXECUTE_RESULT_HINT}"
             )
-        error = response.error()
+        error = response._error
+        arena, write = self.arena, ipc.write_tensor
         return {
-            "outputs": [ipc.write_tensor(self.arena, t.name(), t.as_numpy(), fds) for t in response.output_tensors()],
+            "outputs": [write(arena, t._name, t._array, fds) for t in response._tensors],
             "error": None if error is None else (error.message(), error.code()),
-            "parameters": response.parameters(),
+            "parameters": response._parameters,
         }
 
     # --- pb_utils._runtime --------------------------------------------------------------------
 
+    def is_cancelled(self, token: int) -> bool:
+        if token not in self.cancelled:
+            self.poll()  # one non-blocking read: only models that ask pay for it
+        return token in self.cancelled
+
     def send_response(self, token: int, response: pb_utils.InferenceResponse | None, flags: int) -> None:
+        if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+            self.cancelled.discard(token)
         fds: list[int] = []
         desc = self._response(response, fds)
         self.channel.send({"op": "response", "token": token, "response": desc, "flags": flags}, fds)
@@ -307,6 +361,12 @@ class Stub:
     def infer_async(self, request: pb_utils.InferenceRequest) -> Awaitable[pb_utils.InferenceResponse]:
         # The model's thread runs the asyncio loop meanwhile, so a pool thread waits (and reads).
         return self.loop.run_in_executor(None, lambda: self.infer(request)[0])
+
+    def infer_stream_async(self, request: pb_utils.InferenceRequest) -> Awaitable[Iterator[pb_utils.InferenceResponse]]:
+        # Sent now, so several can be in flight; the iterator waits (and reads) as `exec`'s does.
+        ready: asyncio.Future[Iterator[pb_utils.InferenceResponse]] = self.loop.create_future()
+        ready.set_result(self.infer_stream(request))
+        return ready
 
     def _bls_result(self, message: dict[str, Any], fds: list[int]) -> None:
         final = message["final"]

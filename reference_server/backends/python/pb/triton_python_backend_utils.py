@@ -81,6 +81,10 @@ class _Runtime(Protocol):
 
     def infer_async(self, request: InferenceRequest) -> Awaitable[InferenceResponse]: ...
 
+    def infer_stream_async(self, request: InferenceRequest) -> Awaitable[Iterator[InferenceResponse]]: ...
+
+    def is_cancelled(self, token: int) -> bool: ...
+
     def log(self, level: str, message: str) -> None: ...
 
 
@@ -135,6 +139,8 @@ class TritonError:
 class Tensor:
     """A named tensor on the CPU, holding a numpy array (BYTES: an object array of bytes)."""
 
+    __slots__ = ("_name", "_array")
+
     def __init__(self, name: str, data: Any) -> None:
         if not isinstance(name, str):
             raise TritonModelException(f"tensor name must be a str, got {type(name).__name__}")
@@ -146,6 +152,14 @@ class Tensor:
             raise TritonModelException(f"tensor '{name}': numpy dtype {data.dtype} has no Triton data type")
         self._name = name
         self._array: npt.NDArray[Any] = data
+
+    @classmethod
+    def _of(cls, name: str, array: npt.NDArray[Any]) -> Tensor:
+        """A tensor the stub built from shared memory: already checked, so no checks."""
+        tensor = cls.__new__(cls)
+        tensor._name = name
+        tensor._array = array
+        return tensor
 
     def name(self) -> str:
         return self._name
@@ -204,6 +218,8 @@ def get_output_tensor_by_name(inference_response: InferenceResponse, name: str) 
 class InferenceResponse:
     """Outputs for one request, or an error."""
 
+    __slots__ = ("_tensors", "_error", "_parameters")
+
     def __init__(
         self,
         output_tensors: Sequence[Tensor] | None = None,
@@ -222,7 +238,10 @@ class InferenceResponse:
             )
         self._tensors = tensors
         self._error = error
-        self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters or {})
+        if isinstance(parameters, str):
+            self._parameters = parameters
+        else:
+            self._parameters = json.dumps(parameters) if parameters else "{}"
 
     def output_tensors(self) -> list[Tensor]:
         return list(self._tensors)
@@ -241,6 +260,8 @@ class InferenceResponseSender:
     """Sends a request's responses, from any thread, until the final flag. A decoupled model sends
     any number; any other model may send its one response here instead of returning it from
     `execute` (which then returns None), before `execute` returns."""
+
+    __slots__ = ("_token", "_decoupled", "_closed", "kept")
 
     def __init__(self, token: int, decoupled: bool) -> None:
         self._token = token
@@ -270,11 +291,17 @@ class InferenceResponseSender:
         _bridge().send_response(self._token, response, flags)
 
     def is_cancelled(self) -> bool:
-        return False
+        """Whether the client gave the request up (closed its stream or connection)."""
+        return _bridge().is_cancelled(self._token)
 
 
 class InferenceRequest:
     """A request: one that `execute` receives, or one a model builds to call another model (BLS)."""
+
+    __slots__ = (
+        "_model_name", "_inputs", "_requested", "_request_id", "_correlation_id", "_flags", "_timeout",
+        "_model_version", "_parameters", "_sender",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -311,6 +338,25 @@ class InferenceRequest:
             self._parameters = json.dumps(parameters)
         self._sender: InferenceResponseSender | None = None
 
+    @classmethod
+    def _incoming(
+        cls, model_name: str, inputs: list[Tensor], outputs: list[str], request_id: str, parameters: str,
+        sender: InferenceResponseSender,
+    ) -> InferenceRequest:  # fmt: skip
+        """A request `execute` receives, built by the stub from checked parts: no checks, no copies."""
+        request = cls.__new__(cls)
+        request._model_name = model_name
+        request._inputs = inputs
+        request._requested = outputs
+        request._request_id = request_id
+        request._correlation_id = 0
+        request._flags = 0
+        request._timeout = 0
+        request._model_version = -1
+        request._parameters = parameters
+        request._sender = sender
+        return request
+
     def inputs(self) -> list[Tensor]:
         return list(self._inputs)
 
@@ -339,7 +385,8 @@ class InferenceRequest:
         return self._parameters
 
     def is_cancelled(self) -> bool:
-        return False
+        """Whether the client gave this request up; False for a request the model built (BLS)."""
+        return self._sender is not None and self._sender.is_cancelled()
 
     def get_response_sender(self) -> InferenceResponseSender:
         if self._sender is None:
@@ -354,11 +401,11 @@ class InferenceRequest:
         return _bridge().infer(self)[0]
 
     def async_exec(self, decoupled: bool = False) -> Awaitable[Any]:
-        """`exec` as an awaitable, for `async def execute`."""
+        """`exec` as an awaitable, for `async def execute`. With `decoupled=True`, as in Triton, it
+        gives an iterator over the responses: the request is sent at once, and iterating waits for
+        each response in turn."""
         if decoupled:
-            raise TritonModelException(
-                "async_exec(decoupled=True) is not supported by this server; use exec(decoupled=True)"
-            )
+            return _bridge().infer_stream_async(self)
         return _bridge().infer_async(self)
 
 
