@@ -324,6 +324,9 @@ class PythonInstance:
             "model_name": self.model.name,
             "requests": prepared.items,
             "free": stub.take_frees(),
+            # Sent while another batch is unanswered: the stub then looks for the next one before
+            # it answers this one, to send both answers together (see stub._execute).
+            "ahead": stub.answers_pending(),
         }
         return prepared
 

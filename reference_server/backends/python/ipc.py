@@ -12,7 +12,9 @@ Two things join the server to one stub (one `instance_group` instance):
   metadata (operation, ids, tensor names, datatypes, shapes, offsets), never tensor bytes. Its EOF
   is how a stub learns that the server is gone (it exits) and how the server learns that a stub died.
   A stub that finds its next execute already waiting sends its answers together (`executed_many`):
-  a message and a wake-up of the server less per batch under load.
+  a message and a wake-up of the server less per batch under load. It looks for one only after a
+  batch the server marked as sent ahead (while another was unanswered); any other is answered at
+  once, so at low load no request pays for a read that finds nothing before its answer.
 
 Who frees what: the stub only reads the server's inputs while it runs them, so the server frees
 them when the batch (or, for a decoupled model, the request's final response) is back. Everything

@@ -39,7 +39,6 @@ from reference_server.errors import (
     Unsupported,
 )
 from reference_server.scheduling.execute import ResponseSink, Tensors
-from v2kit.tensors import numpy_to_datatype
 
 __all__ = ["PythonModel", "StubProcess", "server_error_from_code"]
 
@@ -64,6 +63,7 @@ from reference_server.backends.python import stub
 stub.run(sys.argv[2:])
 """
 _FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
+_ANSWERS = frozenset(("executed", "executed_many"))
 
 # TRITONSERVER_Error_Code → our errors, which carry Triton's HTTP and gRPC statuses for each.
 _BY_CODE: dict[int, type[ServerError]] = {
@@ -190,6 +190,10 @@ class StubProcess:
                 raise ipc.ChannelClosed("stub is gone")
             self._callbacks[batch_id] = callback
 
+    def answers_pending(self) -> bool:
+        """Whether an execute sent from the loop is still unanswered."""
+        return bool(self._callbacks)
+
     def unexpect(self, batch_id: int) -> Callable[[dict[str, Any] | None, list[int]], None] | None:
         with self._lock:
             return self._callbacks.pop(batch_id, None)
@@ -289,7 +293,10 @@ class StubProcess:
     # --- reading: the loop, or a reader thread ------------------------------------------------
 
     def _on_readable(self) -> None:
-        # At most a few messages per callback, so one chatty stub cannot hold the loop.
+        # At most a few messages per callback, so one chatty stub cannot hold the loop. After an
+        # execute answer it stops without the read that would find nothing (a failed recvmsg on
+        # every request at low load): the loop's readiness is level-triggered, so anything sent
+        # meanwhile is read on the loop's next pass.
         for _ in range(32):
             try:
                 message, fds = self.channel.recv(wait=False)
@@ -308,6 +315,8 @@ class StubProcess:
                     "model '%s' instance '%s': bad message from the stub", self.model.name, self.instance_name
                 )
                 self.kill()
+            if message["op"] in _ANSWERS:
+                return
 
     def _read(self) -> None:
         try:
@@ -394,15 +403,16 @@ class StubProcess:
             self.give_back(blocks)
             if desc["error"] is not None:
                 return None, server_error_from_code(*desc["error"])
-            return outputs, self.model_check(outputs)
+            return outputs, self.model_check(desc["outputs"])
         except ipc.ChannelClosed:
             return None, self.unhealthy()
 
-    def model_check(self, outputs: Tensors) -> ServerError | None:
+    def model_check(self, outputs: list[ipc.TensorDesc]) -> ServerError | None:
+        """The outputs' datatypes against the configuration's, as the stub described them (what
+        `read_tensor` turned them into)."""
         types = self.model.output_types
-        for name, array in outputs.items():
+        for name, got, _, _ in outputs:
             want = types.get(name)
-            got = "BYTES" if array.dtype == object else numpy_to_datatype(array.dtype)
             if want is not None and got != want:
                 return InternalError(
                     f"model '{self.model.name}' output '{name}' has datatype {got}, but the model configuration "

@@ -264,11 +264,13 @@ class Stub:
         # When the next execute is already here (batches handed ahead under load), its answer goes
         # with this one: one message, one wake-up of the server, for both.
         self._answers.append(reply)
-        if len(self._answers) >= _MAX_ANSWERS or not self._execute_next():
+        if len(self._answers) >= _MAX_ANSWERS or not self._execute_next(message["ahead"]):
             self._flush()
 
-    def _execute_next(self) -> bool:
-        if not self.work:
+    def _execute_next(self, ahead: bool) -> bool:
+        # Only a batch that was sent ahead has a successor that may be waiting unread: for any
+        # other (every batch at concurrency 1) the read that would find nothing is skipped.
+        if not self.work and ahead:
             self.poll()
         return bool(self.work) and self.work[0][0]["op"] == "execute"
 
