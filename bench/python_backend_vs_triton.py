@@ -10,6 +10,11 @@ One repository, served by both servers unchanged:
   through pb_utils), FP32 [--elements], max_batch_size 64, with and without dynamic batching
   (max_queue_delay_microseconds 100).
 - `ensemble` / `ensemble_plain`: two steps, each the identity above (with and without batching).
+- `mlp_ensemble` / `mlp_ensemble_plain` (measured at the highest concurrency only): a compute-bound
+  pair, the identity on FP32 [256] then the demo MLP (256-1024-1024-10) run by onnxruntime inside a
+  python model (`perfkit.testing.models.write_onnx_wrapper`), both steps with and without dynamic
+  batching: whether batching the composing models pays through an ensemble when there is work to
+  batch.
 
 Per model and concurrency: infer/s, p50 and p99 (perf_analyzer's CSV), the server's request time per
 request (statistics extension: success.ns / success.count, from the core receiving the parsed request to
@@ -36,10 +41,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import ServerTimes, machine, peers_dir, perf_analyzer, ratio, server_times, tree_cpu_s
 
 from perfkit.target import reference_server_process
+from perfkit.testing.models import write_onnx_wrapper
 from perfkit.testing.triton import triton_server
+from v2kit.demo import build_demo_repository
 
 SERVERS = ("ours", "triton")
 MODELS = ("py_identity", "py_identity_plain", "ensemble", "ensemble_plain")
+MLP_MODELS = ("mlp_ensemble", "mlp_ensemble_plain")
+MLP_ELEMENTS = 256
 
 _IDENTITY_PY = """\
 import triton_python_backend_utils as pb_utils
@@ -69,29 +78,46 @@ def _identity_config(name: str, elements: int, batching: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _ensemble_config(name: str, step_model: str, elements: int) -> str:
-    def step(source: str, target: str) -> str:
+def _ensemble_config(name: str, steps: tuple[str, str], elements: int, out_elements: int | None = None) -> str:
+    def step(model: str, source: str, target: str) -> str:
         return (
-            f'{{ model_name: "{step_model}" model_version: -1 '
+            f'{{ model_name: "{model}" model_version: -1 '
             f'input_map {{ key: "INPUT0" value: "{source}" }} output_map {{ key: "OUTPUT0" value: "{target}" }} }}'
         )
 
+    first, second = steps
     return (
         f'name: "{name}"\nplatform: "ensemble"\nmax_batch_size: 64\n'
         f'input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ {elements} ] }} ]\n'
-        f'output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ {elements} ] }} ]\n'
-        f"ensemble_scheduling {{ step [ {step('INPUT0', 'middle')}, {step('middle', 'OUTPUT0')} ] }}\n"
+        f'output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ {out_elements or elements} ] }} ]\n'
+        f"ensemble_scheduling {{ step [ {step(first, 'INPUT0', 'middle')}, {step(second, 'middle', 'OUTPUT0')} ] }}\n"
     )
 
 
-def write_repository(root: Path, elements: int) -> Path:
-    for name, batching in (("py_identity", True), ("py_identity_plain", False)):
+def write_repository(root: Path, elements: int, mlp_onnx: Path) -> Path:
+    for name, width, batching in (
+        ("py_identity", elements, True),
+        ("py_identity_plain", elements, False),
+        ("pre", MLP_ELEMENTS, True),
+        ("pre_plain", MLP_ELEMENTS, False),
+    ):
         (root / name / "1").mkdir(parents=True)
         (root / name / "1" / "model.py").write_text(_IDENTITY_PY)
-        (root / name / "config.pbtxt").write_text(_identity_config(name, elements, batching))
-    for name, step_model in (("ensemble", "py_identity"), ("ensemble_plain", "py_identity_plain")):
+        (root / name / "config.pbtxt").write_text(_identity_config(name, width, batching))
+    for name, batching in (("mlp_py", True), ("mlp_py_plain", False)):
+        write_onnx_wrapper(
+            root, name, mlp_onnx, max_batch_size=64, dynamic_batching=batching, max_queue_delay_us=100,
+            allow_spinning=False,
+        )  # fmt: skip
+    ensembles = {
+        "ensemble": (("py_identity", "py_identity"), elements, None),
+        "ensemble_plain": (("py_identity_plain", "py_identity_plain"), elements, None),
+        "mlp_ensemble": (("pre", "mlp_py"), MLP_ELEMENTS, 10),
+        "mlp_ensemble_plain": (("pre_plain", "mlp_py_plain"), MLP_ELEMENTS, 10),
+    }
+    for name, (steps, width, out_width) in ensembles.items():
         (root / name / "1").mkdir(parents=True)
-        (root / name / "config.pbtxt").write_text(_ensemble_config(name, step_model, elements))
+        (root / name / "config.pbtxt").write_text(_ensemble_config(name, steps, width, out_width))
     return root
 
 
@@ -179,6 +205,20 @@ def render(runs: list[Run], protocol: str, levels: list[int], window_ms: int, el
             f"| {server} | {batching.infer_per_s:.0f} | {plain.infer_per_s:.0f} | "
             f"{ratio(batching.infer_per_s, plain.infer_per_s)} |"
         )
+    lines += [
+        "",
+        f"the same through a compute-bound ensemble (identity [256], then the demo MLP in onnxruntime), "
+        f"concurrency {top}:",
+        "",
+        "| server | infer/s mlp_ensemble (batching) | infer/s mlp_ensemble_plain | gain | p50 us batching | p50 us plain |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for server in SERVERS:
+        batching, plain = by_key[(server, "mlp_ensemble", top)], by_key[(server, "mlp_ensemble_plain", top)]
+        lines.append(
+            f"| {server} | {batching.infer_per_s:.0f} | {plain.infer_per_s:.0f} | "
+            f"{ratio(batching.infer_per_s, plain.infer_per_s)} | {batching.p50_us:.0f} | {plain.p50_us:.0f} |"
+        )
     return "\n".join(lines)
 
 
@@ -194,10 +234,11 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[Run] = []
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        repository = write_repository(tmp / "repository", args.elements)
+        mlp_onnx = build_demo_repository(tmp / "demo") / "mlp" / "1" / "model.onnx"
+        repository = write_repository(tmp / "repository", args.elements, mlp_onnx)
         with both_servers(peers, repository) as endpoints:
-            for server in SERVERS:  # warm-up: stubs, connections
-                for model in MODELS:
+            for server in SERVERS:  # warm-up: stubs, sessions, connections
+                for model in (*MODELS, *MLP_MODELS):
                     measure(peers, endpoints[server], server, model, args.protocol, max(levels), 500, tmp)
             step = 0
             for model in MODELS:
@@ -211,6 +252,15 @@ def main(argv: list[str] | None = None) -> int:
                             )  # fmt: skip
                         )
                     step += 1
+            for model in MLP_MODELS:
+                for server in SERVERS if step % 2 == 0 else SERVERS[::-1]:
+                    print(f"measuring: {server} {model} c={max(levels)} ...", file=sys.stderr, flush=True)
+                    runs.append(
+                        measure(
+                            peers, endpoints[server], server, model, args.protocol, max(levels), args.window_ms, tmp
+                        )  # fmt: skip
+                    )
+                step += 1
     print()
     print(render(runs, args.protocol, levels, args.window_ms, args.elements, machine(peers)))
     return 0
