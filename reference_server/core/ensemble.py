@@ -252,19 +252,9 @@ class EnsembleScheduler:
                     running.add(asyncio.ensure_future(self._step_task(step, tensors, call)))
                 if not running:
                     if waiting:
-                        # Only an optional ensemble input left out can starve a step.
-                        missing = sorted({t for s in waiting for _, t in s.inputs if t not in tensors})
-                        raise InvalidArgument(
-                            f"ensemble '{self._plan.name}': {waiting[0].label} needs tensor(s) {missing}, "
-                            "which the request does not carry"
-                        )
+                        raise self._starved(waiting, tensors)
                     return tensors
-                done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                failed = [task.exception() for task in done if task.exception() is not None]
-                if failed:
-                    raise failed[0]  # type: ignore[misc]  # an Exception: steps are not cancelled but by us
-                for task in done:
-                    _merge(tensors, *task.result())
+                running = await _merge_next(running, tensors)
         finally:
             for task in running:
                 task.cancel()
@@ -293,22 +283,22 @@ class EnsembleScheduler:
                     running.add(asyncio.ensure_future(self._step_task(step, tensors, call)))
                 if not running:
                     if waiting:
-                        missing = sorted({t for s in waiting for _, t in s.inputs if t not in tensors})
-                        raise InvalidArgument(
-                            f"ensemble '{self._plan.name}': {waiting[0].label} needs tensor(s) {missing}, "
-                            "which the request does not carry"
-                        )
+                        raise self._starved(waiting, tensors)
                     fanout.done({name: tensors[name] for name in fanout.wanted})
                     return
-                done, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                failed = [task.exception() for task in done if task.exception() is not None]
-                if failed:
-                    raise failed[0]  # type: ignore[misc]  # an Exception: steps are not cancelled but by us
-                for task in done:
-                    _merge(tensors, *task.result())
+                running = await _merge_next(running, tensors)
         finally:
             for task in running:
                 task.cancel()
+
+    def _starved(self, waiting: list[Step], tensors: Tensors) -> InvalidArgument:
+        """The error for steps that can never run: only an optional ensemble input left out of the
+        request can starve a step (the load-time checks rule out every other cause)."""
+        missing = sorted({t for s in waiting for _, t in s.inputs if t not in tensors})
+        return InvalidArgument(
+            f"ensemble '{self._plan.name}': {waiting[0].label} needs tensor(s) {missing}, "
+            "which the request does not carry"
+        )
 
     async def _fan_out(self, step: Step, tensors: Tensors, waiting: list[Step], call: _Call, fanout: _Fanout) -> None:
         """Run decoupled `step`; each of its responses starts a branch over `waiting`."""
@@ -413,3 +403,19 @@ class _Call:
 def _merge(tensors: Tensors, step: Step, outputs: Tensors) -> None:
     for model_output, tensor in step.outputs:
         tensors[tensor] = outputs[model_output]
+
+
+async def _merge_next(
+    running: set[asyncio.Future[tuple[Step, Tensors]]], tensors: Tensors
+) -> set[asyncio.Future[tuple[Step, Tensors]]]:
+    """Wait for the next step(s) to finish and merge their outputs; the steps still running.
+
+    A failed step raises its error; the caller cancels the rest.
+    """
+    done, pending = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+    failed = [task.exception() for task in done if task.exception() is not None]
+    if failed:
+        raise failed[0]  # type: ignore[misc]  # an Exception: steps are not cancelled but by us
+    for task in done:
+        _merge(tensors, *task.result())
+    return pending
