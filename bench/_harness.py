@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -11,11 +12,14 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 import psutil
+
+from perfkit.target import reference_server_process
+from perfkit.testing.triton import triton_server
 
 
 def peers_dir() -> Path:
@@ -196,3 +200,23 @@ def served_run(command: Sequence[str], http_url: str, model: str, server_pid: in
     timed = run_timed(command, timeout_s)
     cpu_s = tree_cpu_s(server_pid) - cpu_before
     return ServedRun(timed, success_count(http_url, model) - requests_before, cpu_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One running server: its HTTP and gRPC addresses and its process (children included in CPU)."""
+
+    http_url: str
+    grpc_url: str
+    pid: int
+
+
+@contextlib.contextmanager
+def both_servers(peers: Path, ours: Path, triton: Path) -> Iterator[dict[str, Endpoint]]:
+    """The reference server on `ours` and real tritonserver on `triton` (the same folder, or one
+    written for each), on free loopback ports, both stopped when the block ends."""
+    with reference_server_process(ours) as our_server, triton_server(peers, triton) as triton_process:
+        yield {
+            "ours": Endpoint(our_server.http_url, our_server.grpc_url, our_server.process.pid),
+            "triton": Endpoint(triton_process.http_url, triton_process.grpc_url, triton_process.process.pid),
+        }

@@ -28,21 +28,27 @@ ensemble: infer/s with dynamic batching of the composing model over without, at 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import sys
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import ServerTimes, machine, peers_dir, perf_analyzer, ratio, server_times, tree_cpu_s
+from _harness import (
+    Endpoint,
+    ServerTimes,
+    both_servers,
+    machine,
+    peers_dir,
+    perf_analyzer,
+    ratio,
+    server_times,
+    tree_cpu_s,
+)
 
-from perfkit.target import reference_server_process
 from perfkit.testing.models import write_onnx_wrapper
-from perfkit.testing.triton import triton_server
 from v2kit.demo import build_demo_repository
 
 SERVERS = ("ours", "triton")
@@ -122,13 +128,6 @@ def write_repository(root: Path, elements: int, mlp_onnx: Path) -> Path:
 
 
 @dataclass(frozen=True, slots=True)
-class Endpoint:
-    http_url: str
-    grpc_url: str
-    pid: int
-
-
-@dataclass(frozen=True, slots=True)
 class Run:
     server: str
     model: str
@@ -142,15 +141,6 @@ class Run:
     @property
     def cpu_us(self) -> float:
         return self.server_cpu_s / self.times.success_count * 1e6 if self.times.success_count else math.nan
-
-
-@contextlib.contextmanager
-def both_servers(peers: Path, repository: Path) -> Iterator[dict[str, Endpoint]]:
-    with reference_server_process(repository) as ours, triton_server(peers, repository) as triton:
-        yield {
-            "ours": Endpoint(ours.http_url, ours.grpc_url, ours.process.pid),
-            "triton": Endpoint(triton.http_url, triton.grpc_url, triton.process.pid),
-        }
 
 
 def measure(
@@ -236,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(tmp_name)
         mlp_onnx = build_demo_repository(tmp / "demo") / "mlp" / "1" / "model.onnx"
         repository = write_repository(tmp / "repository", args.elements, mlp_onnx)
-        with both_servers(peers, repository) as endpoints:
+        with both_servers(peers, repository, repository) as endpoints:
             for server in SERVERS:  # warm-up: stubs, sessions, connections
                 for model in (*MODELS, *MLP_MODELS):
                     measure(peers, endpoints[server], server, model, args.protocol, max(levels), 500, tmp)

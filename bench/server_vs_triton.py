@@ -60,23 +60,29 @@ Columns:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import ServerTimes, machine, peers_dir, perf_analyzer, ratio, server_times, tree_cpu_s
+from _harness import (
+    Endpoint,
+    ServerTimes,
+    both_servers,
+    machine,
+    peers_dir,
+    perf_analyzer,
+    ratio,
+    server_times,
+    tree_cpu_s,
+)
 
-from perfkit.target import reference_server_process
 from perfkit.testing.models import read_ort_times, write_onnx_wrapper
-from perfkit.testing.triton import triton_server
 from v2kit.demo import build_demo_repository
 
 SERVERS = ("ours", "triton")
@@ -90,13 +96,6 @@ class Settings:
     queue_delay_us: int
     intra_op_threads: int
     allow_spinning: int
-
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    http_url: str
-    grpc_url: str
-    pid: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,18 +171,6 @@ def write_repositories(tmp: Path, settings: Settings) -> tuple[Path, Path]:
             ort_time_dir=tmp / "ort_times",
         )
     return ours, triton
-
-
-@contextlib.contextmanager
-def both_servers(peers: Path, ours: Path, triton: Path) -> Iterator[dict[str, Endpoint]]:
-    with (
-        reference_server_process(ours) as our_server,
-        triton_server(peers, triton) as triton_process,
-    ):
-        yield {
-            "ours": Endpoint(our_server.http_url, our_server.grpc_url, our_server.process.pid),
-            "triton": Endpoint(triton_process.http_url, triton_process.grpc_url, triton_process.process.pid),
-        }
 
 
 def run_ns(server: str, times: ServerTimes, tmp: Path, model: str) -> int:
