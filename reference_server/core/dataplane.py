@@ -22,12 +22,14 @@ from reference_server.core import model_config
 from reference_server.core.repository import ModelRepository, ModelVersion
 from reference_server.errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported
 from reference_server.scheduling.execute import Tensors
+from reference_server.scheduling.sequence import SEQUENCE_PARAMETERS
 from v2kit import codec as v2
 
 SERVER_NAME = "perfkit-reference-server"
 EXTENSIONS = [
     "binary_tensor_data",
     "model_configuration",
+    "sequence",
     "model_repository",
     "statistics",
     "schedule_policy",
@@ -166,7 +168,7 @@ class DataPlane:
             timeout_us=timeout_us,
             received_ns=received_ns,
             request_id=request.id,
-            parameters={k: v for k, v in request.parameters.items() if k not in _RESERVED_PARAMETERS},
+            parameters=_model_parameters(request.parameters, served),
         )
         return _response(served, request.id, output_names, results)
 
@@ -201,7 +203,7 @@ class DataPlane:
             timeout_us=timeout_us,
             received_ns=received_ns,
             request_id=request.id,
-            parameters=_model_parameters(request.parameters),
+            parameters=_model_parameters(request.parameters, served),
         )
         try:
             async for results, final in stream:
@@ -379,8 +381,10 @@ def is_decoupled(served: ModelVersion) -> bool:
     return bool(served.config.model_transaction_policy.decoupled)
 
 
-def _model_parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in parameters.items() if k not in _RESERVED_PARAMETERS}
+def _model_parameters(parameters: Mapping[str, Any], served: ModelVersion) -> dict[str, Any]:
+    # A sequence model's scheduler reads the sequence parameters (and takes them out).
+    keep = SEQUENCE_PARAMETERS if served.config.HasField("sequence_batching") else ()
+    return {k: v for k, v in parameters.items() if k not in _RESERVED_PARAMETERS or k in keep}
 
 
 def _response(served: ModelVersion, request_id: str, output_names: list[str], results: Tensors) -> v2.InferResponse:

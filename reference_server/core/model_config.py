@@ -37,6 +37,7 @@ from reference_server.backends.onnxruntime import ONNX_BACKEND, ONNX_PLATFORM
 from reference_server.backends.python import PYTHON_BACKEND, PYTHON_MODEL_FILENAME
 from reference_server.errors import ModelConfigError, raising_server_errors
 from reference_server.scheduling.execute import TensorSignature
+from reference_server.scheduling.sequence_config import DEFAULT_IDLE_US, SequencePolicy, hidden_tensors
 from v2kit import model_config as text
 from v2kit.model_config import CONFIG_FILENAME, ModelConfig, config_parameter, config_to_json
 
@@ -105,6 +106,10 @@ def complete_config(
         completed.CopyFrom(config)
 
     _complete_identity(completed, model_name, where)
+    # The sequence batcher's control and state tensors are fed by the server, not declared inputs.
+    hidden_inputs, hidden_outputs = hidden_tensors(completed)
+    inputs = [sig for sig in inputs if sig.name not in hidden_inputs]
+    outputs = [sig for sig in outputs if sig.name not in hidden_outputs]
     for sig in (*inputs, *outputs):
         if sig.datatype == "TYPE_INVALID":
             raise where.error(f"tensor '{sig.name}' is not a tensor of a supported element type")
@@ -138,6 +143,7 @@ def complete_config(
     _complete_tensors(completed.input, inputs, "input", completed.max_batch_size, where)
     _complete_tensors(completed.output, outputs, "output", completed.max_batch_size, where)
     _complete_dynamic_batching(completed, where)
+    _complete_sequence_batching(completed, where)
     _complete_instance_groups(completed)
     _complete_version_policy(completed, where)
     if not completed.default_model_filename:
@@ -237,6 +243,21 @@ def _complete_dynamic_batching(config: ModelConfig, where: _Where) -> None:
     # Triton fills the preferred size with max_batch_size; it batches the same way either way.
     if not batching.preferred_batch_size and config.max_batch_size > 0:
         batching.preferred_batch_size.append(config.max_batch_size)
+
+
+def _complete_sequence_batching(config: ModelConfig, where: _Where) -> None:
+    """Triton's checks of the controls and states, at load, and its defaults for what is left out."""
+    if not config.HasField("sequence_batching"):
+        return
+    try:
+        SequencePolicy.from_config(config)
+    except ModelConfigError as exc:
+        raise where.error(str(exc)) from None
+    batching = config.sequence_batching
+    if not batching.max_sequence_idle_microseconds:
+        batching.max_sequence_idle_microseconds = DEFAULT_IDLE_US
+    if batching.HasField("oldest") and not batching.oldest.preferred_batch_size and config.max_batch_size > 0:
+        batching.oldest.preferred_batch_size.append(config.max_batch_size)
 
 
 def _complete_instance_groups(config: ModelConfig) -> None:

@@ -47,8 +47,7 @@ from reference_server.core.warmup import run_warmup
 from reference_server.errors import ModelConfigError, NotFound, ServerError, Unavailable
 from reference_server.scheduling.execute import ModelInstance, Tensors
 from reference_server.scheduling.model_scheduler import ModelScheduler
-from reference_server.scheduling.policy import BatchingPolicy
-from reference_server.scheduling.scheduler import Scheduler
+from reference_server.scheduling.sequence import make_scheduler
 from reference_server.scheduling.stats import ModelStats
 from v2kit.runtime import gpu
 
@@ -146,7 +145,7 @@ def _start_version(prepared: _PreparedVersion) -> ModelVersion:
         version=prepared.version,
         config=config,
         instances=prepared.instances,
-        scheduler=Scheduler(BatchingPolicy.from_config(config), prepared.instances, stats),
+        scheduler=make_scheduler(config, prepared.instances, stats),
         stats=stats,
         inputs={i.name: i for i in config.input},
         outputs={o.name: o for o in config.output},
