@@ -5,6 +5,7 @@ backlogged sequence, implicit state in an ONNX model, and Triton's errors for ho
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import time
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as aioclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -104,24 +106,31 @@ def test_string_sequence_ids_reach_a_string_corrid(grpc: grpcclient.InferenceSer
 
 
 @pytest.mark.parametrize("model", ["accumulator", "accumulator_oldest"])
-def test_concurrent_sequences_batch_and_keep_their_totals(http: httpclient.InferenceServerClient, model: str) -> None:
-    # Eight sequences at once, batched across sequences on one instance.
-    # A client keeps a sequence's own requests in order (HTTP connections may overtake each other).
+def test_concurrent_sequences_batch_and_keep_their_totals(server: ReferenceServer, model: str) -> None:
+    # Eight sequences at once, batched across sequences on one instance. A client keeps a sequence's
+    # own requests in order: it sends the next once the last is answered.
     sequences = {100 + k: [k + 1] * 5 for k in range(8)}
-    got: dict[int, list[int]] = {k: [] for k in sequences}
-    for step in range(5):
-        pending = []
-        for sequence_id, values in sequences.items():
-            tensor = httpclient.InferInput("INPUT", [1, 1], "INT32")
-            tensor.set_data_from_numpy(np.array([[values[step]]], dtype=np.int32))
-            pending.append((sequence_id, http.async_infer(
-                model, [tensor], sequence_id=sequence_id, sequence_start=step == 0, sequence_end=step == 4
-            )))  # fmt: skip
-        for sequence_id, request in pending:
-            got[sequence_id].append(int(request.get_result().as_numpy("OUTPUT")[0, 0]))
+
+    async def run() -> tuple[dict[int, list[int]], dict[str, Any]]:
+        client = aioclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+        got: dict[int, list[int]] = {k: [] for k in sequences}
+        for step in range(5):
+            calls = []
+            for sequence_id, values in sequences.items():
+                tensor = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+                tensor.set_data_from_numpy(np.array([[values[step]]], dtype=np.int32))
+                calls.append(client.infer(
+                    model, [tensor], sequence_id=sequence_id, sequence_start=step == 0, sequence_end=step == 4
+                ))  # fmt: skip
+            for sequence_id, result in zip(sequences, await asyncio.gather(*calls)):
+                got[sequence_id].append(int(result.as_numpy("OUTPUT")[0, 0]))
+        stats = await client.get_inference_statistics(model, as_json=True)
+        await client.close()
+        return got, stats
+
+    got, stats = asyncio.run(run())
     assert got == {k: expected_totals(v) for k, v in sequences.items()}
-    (stats,) = http.get_inference_statistics(model)["model_stats"]
-    assert max(b["batch_size"] for b in stats["batch_stats"]) > 1  # batches across sequences
+    assert max(int(b["batch_size"]) for b in stats["model_stats"][0]["batch_stats"]) > 1
 
 
 def test_a_grpc_stream_carries_a_sequence(server: ReferenceServer) -> None:
