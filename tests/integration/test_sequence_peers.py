@@ -1,0 +1,103 @@
+"""Sequences against the real peers: the same python-backend accumulator folders served by real
+tritonserver 2.51 and by the reference server answer the same request sequences alike (totals, the
+control values the model saw, and the errors for hostile sequences), and NVIDIA's perf_analyzer drives
+the sequence model with `--sequence-length` over HTTP and over a gRPC stream."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from perfkit.testing import triton_server
+from reference_server.server import running_server
+from tests.sequence_models import write_accumulator
+from tests.servers import loopback_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.peers]
+
+Urls = dict[str, tuple[str, str]]  # server -> (http, grpc)
+
+
+@pytest.fixture(scope="module")
+def urls(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Urls]:
+    repository = tmp_path_factory.mktemp("sequence_peers") / "models"
+    write_accumulator(repository, "accumulator")
+    with (
+        triton_server(peers, repository, start_timeout_s=90) as triton,
+        running_server(loopback_config(repository)) as ours,
+    ):
+        yield {
+            "triton": (triton.http_url.removeprefix("http://"), triton.grpc_url),
+            "ours": (f"127.0.0.1:{ours.http_port}", f"127.0.0.1:{ours.grpc_port}"),
+        }
+
+
+def _session(url: str, transport: str, model: str, steps: list[tuple[Any, int, bool, bool]]) -> list[Any]:
+    """Each step (sequence id, value, start, end) in order; its (total, controls) or its error."""
+    module: Any = httpclient if transport == "http" else grpcclient
+    client = module.InferenceServerClient(url)
+    answers: list[Any] = []
+    try:
+        for sequence_id, value, start, end in steps:
+            tensor = module.InferInput("INPUT", [1, 1], "INT32")
+            tensor.set_data_from_numpy(np.array([[value]], dtype=np.int32))
+            try:
+                result = client.infer(model, [tensor], sequence_id=sequence_id, sequence_start=start, sequence_end=end)
+            except InferenceServerException as exc:
+                answers.append(("error", exc.status(), exc.message()))
+            else:
+                answers.append((int(result.as_numpy("OUTPUT")[0, 0]), result.as_numpy("CONTROLS")[0].tolist()))
+    finally:
+        client.close()
+    return answers
+
+
+HOSTILE = [
+    (5, 1, False, False),  # never started
+    (6, 2, False, True),  # END without START
+    (7, 3, True, False),
+    (8, 10, True, False),
+    (7, 4, False, False),  # interleaved with another sequence
+    (8, 20, False, True),
+    (7, 5, True, False),  # START on a live sequence: restarted
+    (7, 6, False, True),
+    (7, 1, False, False),  # after its END
+    (8, 1, False, False),
+    (2**62 + 3, 9, True, True),
+]
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_same_sequences_same_answers_as_triton(urls: Urls, transport: str) -> None:
+    index = 0 if transport == "http" else 1
+    answers = {server: _session(pair[index], transport, "accumulator", HOSTILE) for server, pair in urls.items()}
+    assert answers["ours"] == answers["triton"]
+    # and the answers are the ones expected, not just alike
+    totals = [a[0] for a in answers["ours"]]
+    assert totals == ["error", "error", 3, 10, 7, 30, 5, 11, "error", "error", 9]
+    assert answers["ours"][2][1] == [1, 0, 1] and answers["ours"][5][1] == [0, 1, 1]
+
+
+@pytest.mark.parametrize("flags", [[], ["-i", "grpc", "--streaming"]], ids=["http", "grpc-streaming"])
+def test_perf_analyzer_sequence_length(peers: Path, urls: Urls, flags: list[str], tmp_path: Path) -> None:
+    url = urls["ours"][1 if flags else 0]
+    out = tmp_path / "pa.csv"
+    result = subprocess.run(
+        [str(peers / "bin" / "perf_analyzer"), *flags, "-m", "accumulator", "-u", url, "--sequence-length", "5", "--input-data", "zero",
+         "--concurrency-range", "4", "-p", "400", "-s", "100", "-r", "6", "-f", str(out)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Inference count" in result.stdout
+    stats = httpclient.InferenceServerClient(urls["ours"][0]).get_inference_statistics("accumulator")
+    model = stats["model_stats"][0]
+    assert int(model["inference_stats"]["success"]["count"]) > 0
+    assert "fail" not in model["inference_stats"] or int(model["inference_stats"]["fail"]["count"]) == 0
