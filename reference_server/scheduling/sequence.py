@@ -142,8 +142,10 @@ class SequenceScheduler:
         start = params.pop("sequence_start", False)
         end = params.pop("sequence_end", False)
         model = self.policy.model
-        if isinstance(sequence_id, bool) or not isinstance(sequence_id, (int, str)) or (
-            isinstance(sequence_id, int) and not 0 <= sequence_id < 1 << 64
+        if (
+            isinstance(sequence_id, bool)
+            or not isinstance(sequence_id, (int, str))
+            or (isinstance(sequence_id, int) and not 0 <= sequence_id < 1 << 64)
         ):
             raise InvalidArgument(
                 f"inference request to model '{model}': parameter 'sequence_id' must be an unsigned 64-bit "

@@ -101,7 +101,9 @@ class SequencePolicy:
                 if size <= 0:
                     raise ModelConfigError(f"sequence batching preferred batch size must be positive for {name}")
                 if size > mbs:
-                    raise ModelConfigError(f"sequence batching preferred batch size must be <= max batch size for {name}")
+                    raise ModelConfigError(
+                        f"sequence batching preferred batch size must be <= max batch size for {name}"
+                    )
             delay_us = sb.oldest.max_queue_delay_microseconds
             preferred = tuple(sorted(set(sb.oldest.preferred_batch_size)))
         else:

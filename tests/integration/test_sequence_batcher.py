@@ -35,7 +35,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceServer
     write_accumulator(repository, "accumulator_str", corrid="TYPE_STRING")
     write_accumulator(repository, "accumulator_one", max_batch_size=1, idle_us=IDLE_US)
     write_accumulator(
-        repository, "accumulator_oldest", strategy="oldest { max_candidate_sequences: 8 preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 2000 }",
+        repository,
+        "accumulator_oldest",
+        strategy="oldest { max_candidate_sequences: 8 preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 2000 }",
     )
     write_state_accumulator(repository)
     with running_server(loopback_config(repository)) as running:
@@ -67,9 +69,7 @@ def _step(
 
 def _run(client: Any, module: Any, model: str, values: list[int], sequence_id: int | str) -> list[int]:
     last = len(values) - 1
-    return [
-        _step(client, module, model, v, sequence_id, start=i == 0, end=i == last)[0] for i, v in enumerate(values)
-    ]
+    return [_step(client, module, model, v, sequence_id, start=i == 0, end=i == last)[0] for i, v in enumerate(values)]
 
 
 def test_control_inputs_are_the_servers_not_the_clients(http: httpclient.InferenceServerClient) -> None:
@@ -218,4 +218,3 @@ def test_hostile_sequences_get_tritons_errors(
 def test_a_string_id_for_a_numeric_corrid_is_refused(http: httpclient.InferenceServerClient) -> None:
     with pytest.raises(InferenceServerException, match="CORRID control 'CORRID' is UINT64"):
         _step(http, httpclient, "accumulator", 1, "text-id", start=True, end=True)
-

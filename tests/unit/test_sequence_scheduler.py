@@ -32,7 +32,9 @@ CONTROLS = """
 
 
 def config(text: str, max_batch_size: int = 2) -> mc.ModelConfig:
-    return text_format.Parse(f'name: "seq" max_batch_size: {max_batch_size}\nsequence_batching {{ {text} }}', mc.ModelConfig())
+    return text_format.Parse(
+        f'name: "seq" max_batch_size: {max_batch_size}\nsequence_batching {{ {text} }}', mc.ModelConfig()
+    )
 
 
 class Recorder:
