@@ -10,7 +10,26 @@ from onnx import TensorProto, helper
 
 from perfkit.testing.sequence_models import expected_totals, write_accumulator
 
-__all__ = ["expected_totals", "write_accumulator", "write_state_accumulator"]
+__all__ = ["CORRELATION", "expected_totals", "write_accumulator", "write_state_accumulator"]
+
+#: Answers what Triton's python backend shows a model of its request: correlation_id(), flags(), and
+#: parameters() (where the sequence parameters must not appear).
+CORRELATION = """\
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            seen = json.dumps([request.correlation_id(), request.flags(), json.loads(request.parameters())])
+            out = pb_utils.Tensor("OUTPUT", np.zeros((1, 1), np.int32))
+            text = pb_utils.Tensor("SEEN", np.array([[seen.encode()]], dtype=np.object_))
+            responses.append(pb_utils.InferenceResponse([out, text]))
+        return responses
+"""
 
 
 def write_state_accumulator(repository: Path, name: str = "onnx_state") -> Path:

@@ -4,7 +4,8 @@ Theory of operation
 -------------------
 A request names its sequence with the `sequence_id` parameter (an unsigned 64-bit integer or a
 string) and flags its first and last request with `sequence_start` and `sequence_end`. The data
-plane leaves those three in `parameters` for a sequence model; this scheduler takes them out, so a
+plane leaves those three in `parameters` for a sequence model; this scheduler checks them and hands
+them on, and a python instance turns them into the request's `correlation_id()` and `flags()`, so a
 model never sees them as parameters.
 
 *Slots.* Each instance holds `slots_per_instance` sequences at once (`max_batch_size`, at least 1,
@@ -186,6 +187,8 @@ class SequenceScheduler:
             del self._live[sequence_id]
             sequence.ended = True
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Left on the request for a backend that shows them to the model (python: correlation_id, flags).
+        params.update(sequence_id=sequence_id, sequence_start=start, sequence_end=end)
         ticket = _Ticket(sequence, start, end, sequence.tail, done)
         sequence.tail = done
         sequence.pending += 1

@@ -6,6 +6,7 @@ backlogged sequence, implicit state in an ONNX model, and Triton's errors for ho
 from __future__ import annotations
 
 import asyncio
+import json
 import queue
 import time
 from collections.abc import Iterator
@@ -19,7 +20,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from reference_server.server import ReferenceServer, running_server
-from tests.sequence_models import expected_totals, write_accumulator, write_state_accumulator
+from tests.sequence_models import CORRELATION, expected_totals, write_accumulator, write_state_accumulator
 from tests.servers import loopback_config
 
 pytestmark = pytest.mark.integration
@@ -40,6 +41,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceServer
         strategy="oldest { max_candidate_sequences: 8 preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 2000 }",
     )
     write_state_accumulator(repository)
+    folder = write_accumulator(repository, "correlation", corrid="TYPE_STRING")
+    (folder / "1" / "model.py").write_text(CORRELATION)
+    config = (folder / "config.pbtxt").read_text()
+    (folder / "config.pbtxt").write_text(
+        config.replace('"CONTROLS" data_type: TYPE_INT32 dims: [ 3 ]', '"SEEN" data_type: TYPE_STRING dims: [ 1 ]')
+    )
     with running_server(loopback_config(repository)) as running:
         yield running
 
@@ -218,3 +225,19 @@ def test_hostile_sequences_get_tritons_errors(
 def test_a_string_id_for_a_numeric_corrid_is_refused(http: httpclient.InferenceServerClient) -> None:
     with pytest.raises(InferenceServerException, match="CORRID control 'CORRID' is UINT64"):
         _step(http, httpclient, "accumulator", 1, "text-id", start=True, end=True)
+
+
+def test_a_python_model_reads_correlation_id_and_flags(grpc: grpcclient.InferenceServerClient) -> None:
+    def seen(sequence_id: int | str, start: bool, end: bool) -> list[Any]:
+        tensor = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[1]], dtype=np.int32))
+        result = grpc.infer(
+            "correlation", [tensor], sequence_id=sequence_id, sequence_start=start, sequence_end=end,
+            parameters={"custom": "x"},
+        )  # fmt: skip
+        return json.loads(result.as_numpy("SEEN")[0, 0])
+
+    assert seen("s-1", True, False) == ["s-1", 1, {"custom": "x"}]
+    assert seen("s-1", False, False) == ["s-1", 0, {"custom": "x"}]
+    assert seen("s-1", False, True) == ["s-1", 2, {"custom": "x"}]
+    assert seen(2**63 - 1, True, True) == [2**63 - 1, 3, {"custom": "x"}]

@@ -18,18 +18,33 @@ from tritonclient.utils import InferenceServerException
 
 from perfkit.testing import triton_server
 from reference_server.server import running_server
-from tests.sequence_models import write_accumulator
+from tests.sequence_models import CORRELATION, write_accumulator
 from tests.servers import loopback_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.peers]
 
 Urls = dict[str, tuple[str, str]]  # server -> (http, grpc)
 
+#: A sequence model without control inputs: what its python model reads of each request.
+CORRELATION_CONFIG = """\
+name: "correlation"
+backend: "python"
+max_batch_size: 4
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "SEEN" data_type: TYPE_STRING dims: [ 1 ] } ]
+sequence_batching { }
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
 
 @pytest.fixture(scope="module")
 def urls(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Urls]:
     repository = tmp_path_factory.mktemp("sequence_peers") / "models"
     write_accumulator(repository, "accumulator")
+    folder = repository / "correlation"
+    (folder / "1").mkdir(parents=True)
+    (folder / "1" / "model.py").write_text(CORRELATION)
+    (folder / "config.pbtxt").write_text(CORRELATION_CONFIG)
     with (
         triton_server(peers, repository, start_timeout_s=90) as triton,
         running_server(loopback_config(repository)) as ours,
@@ -101,3 +116,22 @@ def test_perf_analyzer_sequence_length(peers: Path, urls: Urls, flags: list[str]
     model = stats["model_stats"][0]
     assert int(model["inference_stats"]["success"]["count"]) > 0
     assert "fail" not in model["inference_stats"] or int(model["inference_stats"]["fail"]["count"]) == 0
+
+
+def test_a_python_model_reads_the_same_correlation_id_and_flags(urls: Urls) -> None:
+    def seen(url: str, sequence_id: int | str, start: bool, end: bool) -> Any:
+        client = grpcclient.InferenceServerClient(url)
+        tensor = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[1]], dtype=np.int32))
+        try:
+            result = client.infer(
+                "correlation", [tensor], sequence_id=sequence_id, sequence_start=start, sequence_end=end,
+                parameters={"custom": "x"},
+            )  # fmt: skip
+        finally:
+            client.close()
+        return result.as_numpy("SEEN")[0, 0]
+
+    steps = [("s-1", True, False), ("s-1", False, False), ("s-1", False, True), (2**62, True, True)]
+    answers = {server: [seen(pair[1], *step) for step in steps] for server, pair in urls.items()}
+    assert answers["ours"] == answers["triton"], answers
