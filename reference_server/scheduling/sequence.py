@@ -47,7 +47,7 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from reference_server.errors import InvalidArgument, ServerError, Unavailable
+from reference_server.errors import InvalidArgument, ServerError, Unavailable, Unsupported
 from reference_server.scheduling.execute import ModelInstance, RequestsInstance, Tensors
 from reference_server.scheduling.model_scheduler import ModelScheduler
 from reference_server.scheduling.policy import BatchingPolicy
@@ -61,6 +61,9 @@ log = logging.getLogger(__name__)
 
 #: The request parameters this scheduler reads (and the model never sees).
 SEQUENCE_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end")
+
+#: Triton's longest string sequence id (TRITONSERVER_InferenceRequestSetCorrelationIdString).
+_MAX_ID_CHARS = 128
 
 _STOPPING = "Server is stopping, scheduler for model has stopped accepting new inference requests"
 
@@ -149,18 +152,22 @@ class SequenceScheduler:
             or (isinstance(sequence_id, int) and not 0 <= sequence_id < 1 << 64)
         ):
             raise InvalidArgument(
-                f"inference request to model '{model}': parameter 'sequence_id' must be an unsigned 64-bit "
-                f"integer or a string, got {sequence_id!r}"
+                f"Unable to parse 'sequence_id' of an inference request to model '{model}': it must be an "
+                f"unsigned 64-bit integer or a string, got {sequence_id!r}"
             )
+        if isinstance(sequence_id, str) and len(sequence_id) > _MAX_ID_CHARS:
+            raise Unsupported(f"string correlation ID cannot be longer than {_MAX_ID_CHARS} characters")
         for name, flag in (("sequence_start", start), ("sequence_end", end)):
             if not isinstance(flag, bool):
                 raise InvalidArgument(
-                    f"inference request to model '{model}': parameter '{name}' must be a boolean, got {flag!r}"
+                    f"Unable to parse '{name}' of an inference request to model '{model}': it must be a "
+                    f"boolean, got {flag!r}"
                 )
         if sequence_id in (0, ""):
             raise InvalidArgument(
                 f"inference request to model '{model}' must specify a non-zero or non-empty correlation ID"
             )
+        self.policy.check_sequence_id(sequence_id)
         if self.policy.max_batch_size > 0 and any(a.ndim and a.shape[0] > 1 for a in inputs.values()):
             raise InvalidArgument(
                 f"inference request to model '{model}' must specify batch-size 1 due to requirements of "
@@ -264,14 +271,35 @@ class SequenceScheduler:
 
     # -- running -----------------------------------------------------------------------------------
 
-    async def _wait_turn(self, ticket: _Ticket) -> int:
-        """Wait for the sequence's slot and for the request before this one; returns the instance."""
+    async def _wait_turn(self, ticket: _Ticket, timeout_us: int | None) -> int:
+        """Wait for the request before this one and for the sequence's slot; returns the instance.
+
+        A request with a timeout that finds its sequence still in the backlog when it runs out
+        fails the whole backlogged sequence, as Triton's reaper does."""
         if ticket.previous is not None:
             await asyncio.shield(ticket.previous)
-        slot = await asyncio.shield(ticket.sequence.slot_ready)
-        if self._closing and ticket.sequence.slot is None:
+        sequence = ticket.sequence
+        ready = sequence.slot_ready
+        if timeout_us and not ready.done():
+            try:
+                await asyncio.wait_for(asyncio.shield(ready), timeout_us / 1e6)
+            except asyncio.TimeoutError:
+                self._expire(sequence)
+        slot = await asyncio.shield(ready)
+        if self._closing and sequence.slot is None:
             raise Unavailable(_STOPPING)
         return slot
+
+    def _expire(self, sequence: _Sequence) -> None:
+        """A backlogged sequence's timeout ran out: it leaves the backlog and its requests fail."""
+        if sequence.slot_ready.done():
+            return  # it got a slot meanwhile
+        if sequence in self._backlog:
+            self._backlog.remove(sequence)
+        if self._live.get(sequence.sequence_id) is sequence:
+            del self._live[sequence.sequence_id]
+        sequence.ended = True
+        sequence.slot_ready.set_exception(Unavailable("timeout of the corresponding sequence has been expired"))
 
     def _inputs(self, ticket: _Ticket, inputs: Tensors) -> Tensors:
         sequence = ticket.sequence
@@ -315,7 +343,7 @@ class SequenceScheduler:
         received_ns = perf_counter_ns() if received_ns is None else received_ns
         ticket, params = self._admit(inputs, parameters)
         try:
-            slot = await self._wait_turn(ticket)
+            slot = await self._wait_turn(ticket, timeout_us)
             outputs = await self._inner[slot].infer(
                 self._inputs(ticket, inputs), self._outputs(output_names), timeout_us=timeout_us,
                 received_ns=received_ns, request_id=request_id, parameters=params, secondary_stats=secondary_stats,
@@ -351,7 +379,7 @@ class SequenceScheduler:
         params: dict[str, Any],
     ) -> AsyncIterator[tuple[Tensors | ServerError | None, bool]]:
         try:
-            slot = await self._wait_turn(ticket)
+            slot = await self._wait_turn(ticket, timeout_us)
             inner = self._inner[slot]
             full, names = self._inputs(ticket, inputs), self._outputs(output_names)
             if not self._decoupled:

@@ -130,12 +130,22 @@ class SequencePolicy:
         out: Tensors = {}
         for control in self.controls:
             if control.kind == "CORRID":
-                out[control.name] = _corrid(control, sequence_id, shape, self.model)
+                out[control.name] = _corrid(control, sequence_id, shape)
                 continue
             on = {"START": start, "END": end, "READY": True}[control.kind]
             dtype = tt.datatype_to_numpy(control.datatype)
             out[control.name] = np.full(shape, control.values[1 if on else 0], dtype=dtype)
         return out
+
+    def check_sequence_id(self, sequence_id: SequenceId) -> None:
+        """Refuse a string id for a numeric CORRID control, before the sequence takes a slot."""
+        for control in self.controls:
+            if control.kind == "CORRID" and control.datatype != "BYTES" and isinstance(sequence_id, str):
+                raise InvalidArgument(
+                    f"inference request for sequence {sequence_id} to model '{self.model}': the model's CORRID "
+                    f"control '{control.name}' is {control.datatype}, so the sequence id must be an unsigned "
+                    "integer, not a string"
+                )
 
     def initial_states(self) -> Tensors:
         """Each state's value at a sequence's START: its `initial_state`, else zeros."""
@@ -261,15 +271,11 @@ def _state(state: mc.ModelSequenceBatching.State, model: str) -> State:
     return State(state.input_name, state.output_name, datatype, dims, initial)
 
 
-def _corrid(control: Control, sequence_id: SequenceId, shape: tuple[int, ...], model: str) -> Tensor:
+def _corrid(control: Control, sequence_id: SequenceId, shape: tuple[int, ...]) -> Tensor:
     if control.datatype == "BYTES":
         text = sequence_id if isinstance(sequence_id, str) else str(sequence_id)
         return np.full(shape, text.encode(), dtype=object)
-    if isinstance(sequence_id, str):
-        raise InvalidArgument(
-            f"inference request for sequence {sequence_id} to model '{model}': the model's CORRID control "
-            f"'{control.name}' is {control.datatype}, so the sequence id must be an unsigned integer, not a string"
-        )
+    assert isinstance(sequence_id, int), "checked at admission (check_sequence_id)"
     # Triton copies the id's low bytes into the control's type.
     dtype = tt.datatype_to_numpy(control.datatype)
     return np.array(sequence_id & ((1 << (8 * dtype.itemsize)) - 1), dtype=np.uint64).astype(dtype).reshape(shape)

@@ -15,7 +15,7 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
-from reference_server.errors import InvalidArgument, ModelConfigError, Unavailable
+from reference_server.errors import InvalidArgument, ModelConfigError, Unavailable, Unsupported
 from reference_server.scheduling.execute import Tensors
 from reference_server.scheduling.sequence import SequenceScheduler, make_scheduler
 from reference_server.scheduling.sequence_config import SequencePolicy, hidden_tensors
@@ -140,9 +140,16 @@ def test_unknown_sequences_and_bad_parameters_get_tritons_errors() -> None:
             await step(scheduler, 9, 1.0)
         with pytest.raises(InvalidArgument, match="must specify a non-zero or non-empty correlation ID"):
             await step(scheduler, "", 1.0, start=True)
-        with pytest.raises(InvalidArgument, match="'sequence_id' must be an unsigned 64-bit integer or a string"):
+        with pytest.raises(InvalidArgument, match="Unable to parse 'sequence_id'.*unsigned 64-bit integer or a string"):
             await step(scheduler, -3, 1.0, start=True)
-        with pytest.raises(InvalidArgument, match="'sequence_start' must be a boolean"):
+        with pytest.raises(Unsupported, match="string correlation ID cannot be longer than 128 characters"):
+            await step(scheduler, "x" * 129, 1.0, start=True)
+        for _ in range(3):  # refused before it takes one of the two slots
+            with pytest.raises(InvalidArgument, match="CORRID control 'CORRID' is UINT64, so the sequence id must"):
+                await step(scheduler, "x" * 128, 1.0, start=True)
+        both = asyncio.gather(step(scheduler, 5, 1.0, start=True), step(scheduler, 6, 2.0, start=True))
+        assert await asyncio.wait_for(both, 5) == [1.0, 2.0]
+        with pytest.raises(InvalidArgument, match="Unable to parse 'sequence_start'.*must be a boolean"):
             await scheduler.infer(one(1), ["OUT"], parameters={"sequence_id": 3, "sequence_start": 1})
         two = {"IN": np.ones((2, 1), dtype=np.float32)}
         with pytest.raises(InvalidArgument, match="must specify batch-size 1 due to requirements of sequence batcher"):
@@ -191,3 +198,25 @@ def test_implicit_state_starts_at_zero_and_follows_the_sequence() -> None:
         return got
 
     assert asyncio.run(scenario()) == [1.0, 10.0, 3.0, 15.0, 4.0, 5.0]
+
+
+def test_a_backlogged_sequence_whose_request_times_out_fails_whole() -> None:
+    async def scenario() -> None:
+        scheduler = make_scheduler(config(CONTROLS, max_batch_size=1), [Recorder()], ModelStats())
+        assert await step(scheduler, 1, 1.0, start=True) == 1.0  # holds the only slot
+        first = asyncio.ensure_future(
+            scheduler.infer(one(2.0), ["OUT"], parameters=params(2, start=True), timeout_us=20_000)
+        )
+        second = asyncio.ensure_future(step(scheduler, 2, 3.0))  # queued behind it, no timeout of its own
+        expired = "timeout of the corresponding sequence has been expired"
+        with pytest.raises(Unavailable, match=expired):
+            await asyncio.wait_for(first, 5)
+        with pytest.raises(Unavailable, match=expired):
+            await asyncio.wait_for(second, 5)
+        with pytest.raises(InvalidArgument, match="sequence 2 .* must specify the START flag"):
+            await step(scheduler, 2, 1.0)  # gone, as in Triton
+        assert await step(scheduler, 1, 1.0, end=True) == 1.0  # the slot holder is untouched
+        assert await step(scheduler, 3, 4.0, start=True, end=True) == 4.0
+        await scheduler.close(0)
+
+    asyncio.run(scenario())
