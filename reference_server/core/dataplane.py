@@ -168,7 +168,7 @@ class DataPlane:
             timeout_us=timeout_us,
             received_ns=received_ns,
             request_id=request.id,
-            parameters=_model_parameters(request.parameters, served),
+            parameters=_model_parameters(request.parameters),
         )
         return _response(served, request.id, output_names, results)
 
@@ -203,7 +203,7 @@ class DataPlane:
             timeout_us=timeout_us,
             received_ns=received_ns,
             request_id=request.id,
-            parameters=_model_parameters(request.parameters, served),
+            parameters=_model_parameters(request.parameters),
         )
         try:
             async for results, final in stream:
@@ -381,10 +381,10 @@ def is_decoupled(served: ModelVersion) -> bool:
     return bool(served.config.model_transaction_policy.decoupled)
 
 
-def _model_parameters(parameters: Mapping[str, Any], served: ModelVersion) -> dict[str, Any]:
-    # A sequence model's scheduler reads the sequence parameters (and takes them out).
-    keep = SEQUENCE_PARAMETERS if served.config.HasField("sequence_batching") else ()
-    return {k: v for k, v in parameters.items() if k not in _RESERVED_PARAMETERS or k in keep}
+def _model_parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    # The sequence parameters go on, as Triton's correlation id and flags go with every request: a
+    # sequence model's scheduler reads them, a python model sees them as correlation_id() and flags().
+    return {k: v for k, v in parameters.items() if k not in _RESERVED_PARAMETERS or k in SEQUENCE_PARAMETERS}
 
 
 def _response(served: ModelVersion, request_id: str, output_names: list[str], results: Tensors) -> v2.InferResponse:

@@ -4,9 +4,9 @@ Theory of operation
 -------------------
 A request names its sequence with the `sequence_id` parameter (an unsigned 64-bit integer or a
 string) and flags its first and last request with `sequence_start` and `sequence_end`. The data
-plane leaves those three in `parameters` for a sequence model; this scheduler checks them and hands
-them on, and a python instance turns them into the request's `correlation_id()` and `flags()`, so a
-model never sees them as parameters.
+plane leaves those three in `parameters` (for every model, as Triton's correlation id and flags go
+with every request); this scheduler checks them and hands them on, and a python instance turns them
+into the request's `correlation_id()` and `flags()`, so a model never sees them as parameters.
 
 *Slots.* Each instance holds `slots_per_instance` sequences at once (`max_batch_size`, at least 1,
 for the direct strategy; oldest's `max_candidate_sequences` when set). A START takes a free slot

@@ -36,6 +36,19 @@ sequence_batching { }
 instance_group [ { count: 1 kind: KIND_CPU } ]
 """
 
+#: An ensemble (no sequence batcher of its own) whose one step is the accumulator: the request's
+#: sequence id and flags reach the step, as Triton passes them to composing models.
+ENSEMBLE_CONFIG = """\
+name: "sequence_ensemble"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "CONTROLS" data_type: TYPE_INT32 dims: [ 3 ] } ]
+ensemble_scheduling { step [ { model_name: "accumulator" model_version: -1
+  input_map { key: "INPUT" value: "INPUT" }
+  output_map [ { key: "OUTPUT" value: "OUTPUT" }, { key: "CONTROLS" value: "CONTROLS" } ] } ] }
+"""
+
 
 @pytest.fixture(scope="module")
 def urls(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Urls]:
@@ -45,6 +58,13 @@ def urls(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Urls
     (folder / "1").mkdir(parents=True)
     (folder / "1" / "model.py").write_text(CORRELATION)
     (folder / "config.pbtxt").write_text(CORRELATION_CONFIG)
+    plain = repository / "correlation_plain"
+    (plain / "1").mkdir(parents=True)
+    (plain / "1" / "model.py").write_text(CORRELATION)
+    plain_config = CORRELATION_CONFIG.replace('"correlation"', '"correlation_plain"')
+    (plain / "config.pbtxt").write_text(plain_config.replace("sequence_batching { }", "dynamic_batching { }"))
+    (repository / "sequence_ensemble" / "1").mkdir(parents=True)
+    (repository / "sequence_ensemble" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
     with (
         triton_server(peers, repository, start_timeout_s=90) as triton,
         running_server(loopback_config(repository)) as ours,
@@ -90,10 +110,12 @@ HOSTILE = [
 ]
 
 
-@pytest.mark.parametrize("transport", ["http", "grpc"])
-def test_same_sequences_same_answers_as_triton(urls: Urls, transport: str) -> None:
+@pytest.mark.parametrize(
+    ("transport", "model"), [("http", "accumulator"), ("grpc", "accumulator"), ("grpc", "sequence_ensemble")]
+)
+def test_same_sequences_same_answers_as_triton(urls: Urls, transport: str, model: str) -> None:
     index = 0 if transport == "http" else 1
-    answers = {server: _session(pair[index], transport, "accumulator", HOSTILE) for server, pair in urls.items()}
+    answers = {server: _session(pair[index], transport, model, HOSTILE) for server, pair in urls.items()}
     assert answers["ours"] == answers["triton"]
     # and the answers are the ones expected, not just alike
     totals = [a[0] for a in answers["ours"]]
@@ -118,14 +140,16 @@ def test_perf_analyzer_sequence_length(peers: Path, urls: Urls, flags: list[str]
     assert "fail" not in model["inference_stats"] or int(model["inference_stats"]["fail"]["count"]) == 0
 
 
-def test_a_python_model_reads_the_same_correlation_id_and_flags(urls: Urls) -> None:
+@pytest.mark.parametrize("model", ["correlation", "correlation_plain"])
+def test_a_python_model_reads_the_same_correlation_id_and_flags(urls: Urls, model: str) -> None:
+    # correlation_plain has no sequence batcher: Triton still hands the model the request's id and flags.
     def seen(url: str, sequence_id: int | str, start: bool, end: bool) -> Any:
         client = grpcclient.InferenceServerClient(url)
         tensor = grpcclient.InferInput("INPUT", [1, 1], "INT32")
         tensor.set_data_from_numpy(np.array([[1]], dtype=np.int32))
         try:
             result = client.infer(
-                "correlation", [tensor], sequence_id=sequence_id, sequence_start=start, sequence_end=end,
+                model, [tensor], sequence_id=sequence_id, sequence_start=start, sequence_end=end,
                 parameters={"custom": "x"},
             )  # fmt: skip
         finally:

@@ -272,8 +272,10 @@ def split_sequence(parameters: dict[str, Any]) -> tuple[dict[str, Any], tuple[in
         return parameters, (0, 0)
     rest = dict(parameters)
     correlation_id = rest.pop("sequence_id")
-    flags = (_SEQUENCE_START if rest.pop("sequence_start", False) else 0) | (
-        _SEQUENCE_END if rest.pop("sequence_end", False) else 0
+    if isinstance(correlation_id, bool) or not isinstance(correlation_id, (int, str)):
+        correlation_id = 0  # not an id (a sequence model's scheduler refuses it; others ignore it)
+    flags = (_SEQUENCE_START if rest.pop("sequence_start", False) is True else 0) | (
+        _SEQUENCE_END if rest.pop("sequence_end", False) is True else 0
     )
     return rest, (correlation_id, flags)
 
