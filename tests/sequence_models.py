@@ -10,7 +10,13 @@ from onnx import TensorProto, helper
 
 from perfkit.testing.sequence_models import expected_totals, write_accumulator
 
-__all__ = ["CORRELATION", "expected_totals", "write_accumulator", "write_state_accumulator"]
+__all__ = [
+    "CORRELATION",
+    "expected_totals",
+    "write_accumulator",
+    "write_decoupled_accumulator",
+    "write_state_accumulator",
+]
 
 #: Answers what Triton's python backend shows a model of its request: correlation_id(), flags(), and
 #: parameters() (where the sequence parameters must not appear).
@@ -68,5 +74,46 @@ def write_state_accumulator(repository: Path, name: str = "onnx_state") -> Path:
         '  control_input [ { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ]\n'
         '  state [ { input_name: "INPUT_STATE" output_name: "OUTPUT_STATE" data_type: TYPE_FP32 dims: [ 2 ] } ]\n'
         "}\n"
+    )
+    return folder
+
+
+#: A decoupled sequence model: per request, two responses (the running total, then ten times it),
+#: then the final flag alone; the total is kept per correlation_id().
+DECOUPLED_ACCUMULATOR = """\
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.totals = {}
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            key = request.correlation_id()
+            start = request.flags() & pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START
+            value = int(pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy().sum())
+            total = (0 if start else self.totals.get(key, 0)) + value
+            self.totals[key] = total
+            for out in (total, 10 * total):
+                tensor = pb_utils.Tensor("OUTPUT", np.full((1, 1), out, dtype=np.int32))
+                sender.send(pb_utils.InferenceResponse([tensor]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
+def write_decoupled_accumulator(repository: Path, name: str = "decoupled_accumulator") -> Path:
+    folder = repository / name
+    (folder / "1").mkdir(parents=True, exist_ok=True)
+    (folder / "1" / "model.py").write_text(DECOUPLED_ACCUMULATOR)
+    (folder / "config.pbtxt").write_text(
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: 4\n'
+        'input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        'output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]\n'
+        "model_transaction_policy { decoupled: true }\n"
+        "sequence_batching { }\n"
     )
     return folder

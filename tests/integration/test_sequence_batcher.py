@@ -20,7 +20,13 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from reference_server.server import ReferenceServer, running_server
-from tests.sequence_models import CORRELATION, expected_totals, write_accumulator, write_state_accumulator
+from tests.sequence_models import (
+    CORRELATION,
+    expected_totals,
+    write_accumulator,
+    write_decoupled_accumulator,
+    write_state_accumulator,
+)
 from tests.servers import loopback_config
 
 pytestmark = pytest.mark.integration
@@ -41,6 +47,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceServer
         strategy="oldest { max_candidate_sequences: 8 preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 2000 }",
     )
     write_state_accumulator(repository)
+    write_decoupled_accumulator(repository)
     folder = write_accumulator(repository, "correlation", corrid="TYPE_STRING")
     (folder / "1" / "model.py").write_text(CORRELATION)
     config = (folder / "config.pbtxt").read_text()
@@ -156,6 +163,28 @@ def test_a_grpc_stream_carries_a_sequence(server: ReferenceServer) -> None:
         client.stop_stream()
         client.close()
     assert got == [4, 9, 15, 22]
+
+
+def test_a_decoupled_sequence_model_streams_its_responses_in_order(server: ReferenceServer) -> None:
+    answers: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    client.start_stream(callback=lambda result, error: answers.put(error or result))
+    try:
+        for sequence_id, scale in ((71, 1), (72, 100)):
+            for i, value in enumerate([1, 2, 3]):
+                tensor = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+                tensor.set_data_from_numpy(np.array([[value * scale]], dtype=np.int32))
+                client.async_stream_infer(
+                    "decoupled_accumulator", [tensor], sequence_id=sequence_id, sequence_start=i == 0,
+                    sequence_end=i == 2,
+                )  # fmt: skip
+        got = [int(answers.get(timeout=30).as_numpy("OUTPUT")[0, 0]) for _ in range(12)]
+    finally:
+        client.stop_stream()
+        client.close()
+    # Each sequence's responses come in its own order (the two sequences may interleave).
+    assert [g for g in got if g < 100] == [1, 10, 3, 30, 6, 60]
+    assert [g for g in got if g >= 100] == [100, 1000, 300, 3000, 600, 6000]
 
 
 def test_implicit_state_carries_an_onnx_models_total(grpc: grpcclient.InferenceServerClient) -> None:
