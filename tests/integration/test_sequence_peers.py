@@ -159,3 +159,21 @@ def test_a_python_model_reads_the_same_correlation_id_and_flags(urls: Urls, mode
     steps = [("s-1", True, False), ("s-1", False, False), ("s-1", False, True), (2**62, True, True)]
     answers = {server: [seen(pair[1], *step) for step in steps] for server, pair in urls.items()}
     assert answers["ours"] == answers["triton"], answers
+
+
+def test_metadata_and_config_leave_the_controls_out_alike(urls: Urls) -> None:
+    seen = {}
+    for server, (http_url, _) in urls.items():
+        client = httpclient.InferenceServerClient(http_url)
+        metadata, config = client.get_model_metadata("accumulator"), client.get_model_config("accumulator")
+        extensions = client.get_server_metadata()["extensions"]
+        client.close()
+        seen[server] = (
+            [(t["name"], t["datatype"], t["shape"]) for t in metadata["inputs"] + metadata["outputs"]],
+            [t["name"] for t in config["input"]],
+            config["sequence_batching"]["max_sequence_idle_microseconds"],
+            [c["name"] for c in config["sequence_batching"]["control_input"]],
+            "sequence" in extensions,
+        )
+    assert seen["ours"] == seen["triton"]
+    assert seen["ours"][1] == ["INPUT"] and seen["ours"][4]
