@@ -244,7 +244,7 @@ class SequenceScheduler:
     # -- the idle reaper ---------------------------------------------------------------------------
 
     def _arm_reaper(self) -> None:
-        if self._reaper is None and self._live:
+        if self._reaper is None and self._live and not self._closing:
             loop = asyncio.get_running_loop()
             self._reaper = loop.call_later(self.policy.idle_ns / 1e9, self._reap)
 
@@ -264,7 +264,7 @@ class SequenceScheduler:
             del self._live[sequence_id]
             sequence.ended = True
             self._release(sequence)
-        if self._live:
+        if self._live and not self._closing:
             oldest = min(s.last_ns for s in self._live.values())
             delay = max(oldest + idle_ns - now, 1_000_000) / 1e9
             self._reaper = asyncio.get_running_loop().call_later(delay, self._reap)
