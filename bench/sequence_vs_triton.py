@@ -2,7 +2,7 @@
 same model folder, both measured by real perf_analyzer with `--sequence-length`.
 
     PERFKIT_PEERS=DIR python bench/sequence_vs_triton.py [-i http|grpc] [--streaming]
-        [--concurrency 1,4,16] [--window-ms 2000] [--sequence-length 20]
+        [--concurrency 1,4,16] [--window-ms 2000] [--sequence-length 20] [--stability 25]
 
 The model is the python-backend accumulator of `perfkit.testing.sequence_models` (INT32 [1]; START,
 END, READY and a UINT64 CORRID filled in by the batcher; the model keeps a total per CORRID), with
@@ -32,12 +32,12 @@ MODEL = "accumulator"
 
 def measure(
     peers: Path, endpoint: Endpoint, protocol: str, streaming: bool, concurrency: int, window_ms: int, length: int,
-    tmp: Path,
+    tmp: Path, stability: int = 25,
 ) -> dict[str, float]:  # fmt: skip
     url = endpoint.http_url if protocol == "http" else endpoint.grpc_url
     args = ["-i", protocol, *(["--streaming"] if streaming else []), "--sequence-length", str(length),
-            "--input-data", "zero", "--concurrency-range", str(concurrency), "-p", str(window_ms), "-s", "25",
-            "-r", "10"]  # fmt: skip
+            "--input-data", "zero", "--concurrency-range", str(concurrency), "-p", str(window_ms), "-s",
+            str(stability), "-r", "10"]  # fmt: skip
     before = server_times(endpoint.http_url, MODEL)
     cpu_before = tree_cpu_s(endpoint.pid)
     (row,) = perf_analyzer(peers, MODEL, url, tmp / "pa.csv", args, attempts=3)
@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="1,4,16", help="comma-separated levels")
     parser.add_argument("--window-ms", type=int, default=2000, help="perf_analyzer -p")
     parser.add_argument("--sequence-length", type=int, default=20)
+    parser.add_argument("--stability", type=int, default=25, help="perf_analyzer -s (percent); more on a busy machine")
     args = parser.parse_args(argv)
     if args.streaming and args.protocol != "grpc":
         parser.error("--streaming needs -i grpc")
@@ -79,13 +80,13 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"measuring: {server} c={concurrency} ...", file=sys.stderr, flush=True)
                     results[(server, concurrency)] = measure(
                         peers, endpoints[server], args.protocol, args.streaming, concurrency, args.window_ms,
-                        args.sequence_length, tmp,
+                        args.sequence_length, tmp, args.stability,
                     )  # fmt: skip
     mode = f"-i {args.protocol}" + (" --streaming" if args.streaming else "")
     lines = [
         f"python-backend accumulator (sequence_batching direct, max_batch_size 16), reference server vs Triton "
         f"2.51, same model folder, perf_analyzer {mode} --sequence-length {args.sequence_length} "
-        f"-p {args.window_ms} -s 25 -r 10; {machine(peers)}",
+        f"-p {args.window_ms} -s {args.stability} -r 10; {machine(peers)}",
         "",
         "| concurrency | infer/s ours | infer/s Triton | p50 us ours | p50 us Triton | p99 us ours | p99 us Triton "
         "| request us/req ours | request us/req Triton | server CPU us/req ours | server CPU us/req Triton "
