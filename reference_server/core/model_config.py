@@ -107,6 +107,8 @@ def complete_config(
 
     _complete_identity(completed, model_name, where)
     # The sequence batcher's control and state tensors are fed by the server, not declared inputs.
+    if completed.backend == ONNX_BACKEND:
+        _check_controls(completed, inputs, where)
     hidden_inputs, hidden_outputs = hidden_tensors(completed)
     inputs = [sig for sig in inputs if sig.name not in hidden_inputs]
     outputs = [sig for sig in outputs if sig.name not in hidden_outputs]
@@ -243,6 +245,40 @@ def _complete_dynamic_batching(config: ModelConfig, where: _Where) -> None:
     # Triton fills the preferred size with max_batch_size; it batches the same way either way.
     if not batching.preferred_batch_size and config.max_batch_size > 0:
         batching.preferred_batch_size.append(config.max_batch_size)
+
+
+def _check_controls(config: ModelConfig, graph: Sequence[TensorSignature], where: _Where) -> None:
+    """Triton's onnxruntime backend's checks of each control input against the graph, in its words."""
+    if not config.HasField("sequence_batching"):
+        return
+    by_name = {sig.name: sig for sig in graph}
+    for control_input in config.sequence_batching.control_input:
+        name = control_input.name
+        for control in control_input.control:
+            sig = by_name.get(name)
+            if sig is None:
+                raise where.error(
+                    f"configuration specified sequence control '{name}', but model does not provide that input"
+                )
+            dims = list(sig.dims[1:] if config.max_batch_size > 0 else sig.dims)
+            if dims != [1]:
+                raise where.error(
+                    f"unable to load model '{config.name}', sequence control '{name}' in model has dims "
+                    f"[{','.join(map(str, dims))}] but dims [1] is expected"
+                )
+            if control.int32_false_true:
+                expected = "TYPE_INT32"
+            elif control.fp32_false_true:
+                expected = "TYPE_FP32"
+            elif control.bool_false_true:
+                expected = "TYPE_BOOL"
+            else:
+                expected = model_config_pb2.DataType.Name(control.data_type)
+            if sig.datatype != expected:
+                raise where.error(
+                    f"unable to load model '{config.name}', sequence control '{name}', the model expects data-type "
+                    f"{sig.datatype} but the model configuration specifies data-type {expected}"
+                )
 
 
 def _complete_sequence_batching(config: ModelConfig, where: _Where) -> None:

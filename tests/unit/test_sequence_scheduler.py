@@ -7,7 +7,9 @@ the control tensors it got, so the tests read exactly what the model saw, in the
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,8 +17,9 @@ import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
+from reference_server.core.model_config import complete_config
 from reference_server.errors import InvalidArgument, ModelConfigError, Unavailable, Unsupported
-from reference_server.scheduling.execute import Tensors
+from reference_server.scheduling.execute import Tensors, TensorSignature
 from reference_server.scheduling.sequence import SequenceScheduler, make_scheduler
 from reference_server.scheduling.sequence_config import SequencePolicy, hidden_tensors
 from reference_server.scheduling.stats import ModelStats
@@ -220,3 +223,32 @@ def test_a_backlogged_sequence_whose_request_times_out_fails_whole() -> None:
         await scheduler.close(0)
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("start", "message"),
+    [
+        (("TYPE_INT32", (-1, 1)), None),
+        (("TYPE_FP32", (-1, 1)), "sequence control 'START', the model expects data-type TYPE_FP32 but the model "
+                                 "configuration specifies data-type TYPE_INT32"),
+        (("TYPE_INT32", (-1, 2)), "sequence control 'START' in model has dims [2] but dims [1] is expected"),
+        (None, "configuration specified sequence control 'START', but model does not provide that input"),
+    ],
+)  # fmt: skip
+def test_an_onnx_graph_must_take_the_controls_as_configured(
+    start: tuple[str, tuple[int, ...]] | None, message: str | None
+) -> None:
+    text = 'control_input [ { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ]'
+    graph = [TensorSignature("IN", "TYPE_FP32", (-1, 1))]
+    if start is not None:
+        graph.append(TensorSignature("START", start[0], start[1]))
+    outputs = [TensorSignature("OUT", "TYPE_FP32", (-1, 1))]
+    where = {"model_name": "seq", "config_path": Path("seq/config.pbtxt"), "model_path": Path("seq/1/model.onnx")}
+    if message is None:
+        completed = complete_config(config(text), graph, outputs, **where)
+        # The control is the batcher's: not an input of the config, so neither of the metadata.
+        assert [i.name for i in completed.input] == ["IN"]
+        assert completed.sequence_batching.max_sequence_idle_microseconds == 1_000_000
+        return
+    with pytest.raises(ModelConfigError, match=re.escape(message)):
+        complete_config(config(text), graph, outputs, **where)
