@@ -109,6 +109,7 @@ def complete_config(
     # The sequence batcher's control and state tensors are fed by the server, not declared inputs.
     if completed.backend == ONNX_BACKEND:
         _check_controls(completed, inputs, where)
+        _check_states(completed, inputs, outputs, where)
     hidden_inputs, hidden_outputs = hidden_tensors(completed)
     inputs = [sig for sig in inputs if sig.name not in hidden_inputs]
     outputs = [sig for sig in outputs if sig.name not in hidden_outputs]
@@ -278,6 +279,27 @@ def _check_controls(config: ModelConfig, graph: Sequence[TensorSignature], where
                 raise where.error(
                     f"unable to load model '{config.name}', sequence control '{name}', the model expects data-type "
                     f"{sig.datatype} but the model configuration specifies data-type {expected}"
+                )
+
+
+def _check_states(
+    config: ModelConfig, inputs: Sequence[TensorSignature], outputs: Sequence[TensorSignature], where: _Where
+) -> None:
+    """Each implicit state must be a graph input and a graph output of its data type."""
+    if not config.HasField("sequence_batching"):
+        return
+    for state in config.sequence_batching.state:
+        datatype = model_config_pb2.DataType.Name(state.data_type)
+        for kind, name, graph in (("input", state.input_name, inputs), ("output", state.output_name, outputs)):
+            sig = next((g for g in graph if g.name == name), None)
+            if sig is None:
+                raise where.error(
+                    f"sequence_batching state {kind} '{name}' is not a model {kind}; the model's {kind}s are "
+                    f"{_names(graph)}"
+                )
+            if sig.datatype != datatype:
+                raise where.error(
+                    f"sequence_batching state {kind} '{name}' has data_type {datatype} but the model's is {sig.datatype}"
                 )
 
 

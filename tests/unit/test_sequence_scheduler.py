@@ -252,3 +252,25 @@ def test_an_onnx_graph_must_take_the_controls_as_configured(
         return
     with pytest.raises(ModelConfigError, match=re.escape(message)):
         complete_config(config(text), graph, outputs, **where)
+
+
+@pytest.mark.parametrize(
+    ("state", "message"),
+    [
+        ('input_name: "S_IN" output_name: "S_OUT" data_type: TYPE_FP32', None),
+        ('input_name: "S_IN" output_name: "NOPE" data_type: TYPE_FP32', "state output 'NOPE' is not a model output"),
+        ('input_name: "S_IN" output_name: "S_OUT" data_type: TYPE_INT64',
+         "state input 'S_IN' has data_type TYPE_INT64 but the model's is TYPE_FP32"),
+    ],
+)  # fmt: skip
+def test_an_onnx_graph_must_carry_each_state(state: str, message: str | None) -> None:
+    text = f"state [ {{ {state} dims: [ 2 ] }} ]"
+    graph = [TensorSignature("IN", "TYPE_FP32", (-1, 2)), TensorSignature("S_IN", "TYPE_FP32", (-1, 2))]
+    outputs = [TensorSignature("OUT", "TYPE_FP32", (-1, 2)), TensorSignature("S_OUT", "TYPE_FP32", (-1, 2))]
+    where = {"model_name": "seq", "config_path": Path("seq/config.pbtxt"), "model_path": Path("seq/1/model.onnx")}
+    if message is None:
+        completed = complete_config(config(text), graph, outputs, **where)
+        assert ([i.name for i in completed.input], [o.name for o in completed.output]) == (["IN"], ["OUT"])
+        return
+    with pytest.raises(ModelConfigError, match=re.escape(message)):
+        complete_config(config(text), graph, outputs, **where)
