@@ -166,11 +166,12 @@ def test_unknown_sequences_and_bad_parameters_get_tritons_errors() -> None:
 
 def test_the_backlog_waits_for_an_end_and_the_reaper_frees_idle_slots() -> None:
     async def scenario() -> None:
-        text = CONTROLS + " max_sequence_idle_microseconds: 50000"
+        text = CONTROLS + " max_sequence_idle_microseconds: 200000"
         scheduler = make_scheduler(config(text, max_batch_size=1), [Recorder()], ModelStats())
         assert await step(scheduler, 1, 1.0, start=True) == 1.0
         waiting = asyncio.ensure_future(step(scheduler, 2, 5.0, start=True))
-        await asyncio.sleep(0.01)
+        for _ in range(5):
+            await asyncio.sleep(0)
         assert not waiting.done()  # one slot, held by sequence 1
         assert await step(scheduler, 1, 2.0, end=True) == 2.0
         assert await asyncio.wait_for(waiting, 5) == 5.0
