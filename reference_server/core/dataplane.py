@@ -19,6 +19,7 @@ from reference_server._version import __version__
 from reference_server.backends.context import ModelCall
 from reference_server.backends.onnxruntime import ONNX_PLATFORM
 from reference_server.core import model_config
+from reference_server.core.classification import classify, requested_classes
 from reference_server.core.repository import ModelRepository, ModelVersion
 from reference_server.errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported
 from reference_server.scheduling.execute import Tensors
@@ -26,6 +27,7 @@ from v2kit import codec as v2
 
 SERVER_NAME = "perfkit-reference-server"
 EXTENSIONS = [
+    "classification",
     "binary_tensor_data",
     "model_configuration",
     "model_repository",
@@ -160,6 +162,7 @@ class DataPlane:
         if is_decoupled(served):
             raise Unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
         inputs, output_names, timeout_us = self._prepare(served, request)
+        classes = requested_classes(served.name, request.outputs, served.outputs)
         results = await served.scheduler.infer(
             inputs,
             output_names,
@@ -168,7 +171,7 @@ class DataPlane:
             request_id=request.id,
             parameters={k: v for k, v in request.parameters.items() if k not in _RESERVED_PARAMETERS},
         )
-        return _response(served, request.id, output_names, results)
+        return _response(served, request.id, output_names, results, classes)
 
     def infer_stream(self, request: v2.InferRequest) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
         """The responses to one request, as the model sends them, each with whether it is the last.
@@ -184,7 +187,8 @@ class DataPlane:
         received_ns = time.perf_counter_ns()
         served = self.repository.get(_model_name(request.model_name), request.model_version)
         inputs, output_names, timeout_us = self._prepare(served, request)
-        return self._stream(served, request, inputs, output_names, timeout_us, received_ns)
+        classes = requested_classes(served.name, request.outputs, served.outputs)
+        return self._stream(served, request, inputs, output_names, timeout_us, received_ns, classes)
 
     async def _stream(
         self,
@@ -194,6 +198,7 @@ class DataPlane:
         output_names: list[str],
         timeout_us: int | None,
         received_ns: int,
+        classes: Mapping[str, int],
     ) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
         stream = served.scheduler.infer_stream(
             inputs,
@@ -208,7 +213,7 @@ class DataPlane:
                 if results is None or isinstance(results, ServerError):
                     yield results, final
                 else:
-                    yield _response(served, request.id, output_names, results), final
+                    yield _response(served, request.id, output_names, results, classes), final
         finally:
             # Closed early (the client went away): the scheduler's iteration ends too, now.
             aclose = getattr(stream, "aclose", None)
@@ -383,13 +388,20 @@ def _model_parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in parameters.items() if k not in _RESERVED_PARAMETERS}
 
 
-def _response(served: ModelVersion, request_id: str, output_names: list[str], results: Tensors) -> v2.InferResponse:
+def _response(
+    served: ModelVersion, request_id: str, output_names: list[str], results: Tensors, classes: Mapping[str, int]
+) -> v2.InferResponse:
     # A decoupled model may send some of the outputs in a response: those it sent, in the order asked.
     outputs = []
     for name in output_names:
         array = results.get(name)
-        if array is not None:
-            outputs.append(v2.InferTensor(name, _datatype(served.outputs[name].data_type), list(array.shape), array))
+        if array is None:
+            continue
+        datatype = _datatype(served.outputs[name].data_type)
+        if name in classes:  # the classification extension: top-k "value:index[:label]" strings
+            array = classify(array, classes[name], served.config.max_batch_size > 0, served.labels.get(name, ()))
+            datatype = "BYTES"
+        outputs.append(v2.InferTensor(name, datatype, list(array.shape), array))
     return v2.InferResponse(model_name=served.name, model_version=str(served.version), id=request_id, outputs=outputs)
 
 
@@ -466,8 +478,6 @@ def _validated_outputs(served: ModelVersion, request: v2.InferRequest) -> list[s
                 f"unexpected inference output '{output.name}' for model '{served.name}'; "
                 f"outputs: {sorted(served.outputs)}"
             )
-        if "classification" in output.parameters:
-            raise Unsupported("the classification extension is not supported by this server")
         names.append(output.name)
     return names
 

@@ -53,6 +53,7 @@ __all__ = [
     "model_file",
     "parse_config_text",
     "read_config",
+    "reshape_problem",
     "select_versions",
 ]
 
@@ -135,8 +136,8 @@ def complete_config(
                     "set max_batch_size: 0 or export the model with a dynamic batch dimension"
                 )
 
-    _complete_tensors(completed.input, inputs, "input", completed.max_batch_size, where)
-    _complete_tensors(completed.output, outputs, "output", completed.max_batch_size, where)
+    _complete_tensors(completed.input, inputs, "input", completed.max_batch_size, where, model_name)
+    _complete_tensors(completed.output, outputs, "output", completed.max_batch_size, where, model_name)
     _complete_dynamic_batching(completed, where)
     _complete_instance_groups(completed)
     _complete_version_policy(completed, where)
@@ -175,6 +176,7 @@ def _complete_tensors(
     kind: str,
     max_batch_size: int,
     where: _Where,
+    model_name: str,
 ) -> None:
     by_name = {sig.name: sig for sig in graph}
     seen: set[str] = set()
@@ -185,14 +187,19 @@ def _complete_tensors(
         sig = by_name.get(tensor.name)
         if sig is None:
             raise where.error(f"{kind} '{tensor.name}' is not a model {kind}; the model's {kind}s are {_names(graph)}")
-        if tensor.HasField("reshape"):
-            raise where.error(f"{kind} '{tensor.name}': reshape is not supported")
         if tensor.data_type == model_config_pb2.TYPE_INVALID:
             tensor.data_type = model_config_pb2.DataType.Value(sig.datatype)
         declared_type = model_config_pb2.DataType.Name(tensor.data_type)
         if declared_type != sig.datatype:
             raise where.error(f"{kind} '{tensor.name}' has data_type {declared_type} but the model's is {sig.datatype}")
-        _check_dims(tensor.name, kind, list(tensor.dims), sig.dims, max_batch_size, where)
+        model_dims = list(tensor.dims)
+        if tensor.HasField("reshape"):
+            # The client sees `dims`, the model the reshape: the graph is checked against the reshape.
+            model_dims = list(tensor.reshape.shape)
+            problem = reshape_problem(model_dims, list(tensor.dims), max_batch_size)
+            if problem:
+                raise where.error(f"model '{model_name}': model {kind} '{tensor.name}' {problem}")
+        _check_dims(tensor.name, kind, model_dims, sig.dims, max_batch_size, where)
     # Tensors the config leaves out are filled from the graph, in graph order.
     for sig in graph:
         if sig.name not in seen:
@@ -222,6 +229,48 @@ def _check_dims(
     for config_dim, graph_dim in zip(full, graph_dims):
         if config_dim != -1 and graph_dim != -1 and config_dim != graph_dim:
             raise where.error(f"{kind} '{name}' has {shown} but the model's shape is {list(graph_dims)}")
+
+
+def reshape_problem(reshape: list[int], dims: list[int], max_batch_size: int) -> str:
+    """What is wrong with a tensor's `reshape { shape }` for its `dims`, in Triton's words
+    (ValidateIOShape) followed by both shapes; "" when it fits.
+
+    Both must hold the same number of elements; with variable (-1) dimensions, the same number of
+    them, and the fixed runs between them must hold the same counts ([2,4,-1,6] fits [8,-1,1,6]).
+    An empty reshape holds one element.
+    """
+    shapes = f"dims {_fmt(dims)}, reshape {_fmt(reshape)}"
+    if not reshape and max_batch_size == 0:
+        return f"cannot have empty reshape for non-batching model as scalar tensors are not supported ({shapes})"
+    if any(d < 1 and d != -1 for d in reshape):
+        return f"reshape dimensions must be integer >= 1, or -1 to indicate a variable-size dimension ({shapes})"
+    dims_runs, reshape_runs = _runs(dims), _runs(reshape)
+    if dims_runs == reshape_runs:
+        return ""
+    if len(dims_runs) > 1 and len(reshape_runs) > 1 and len(dims_runs) != len(reshape_runs):
+        return f"has different number of variable-size dimensions for dims and reshape ({shapes})"
+    if len(dims_runs) == len(reshape_runs) == 1:
+        return (
+            f"has different size for dims and reshape: dims {_fmt(dims)} hold {dims_runs[0]} elements, "
+            f"reshape {_fmt(reshape)} holds {reshape_runs[0]}"
+        )
+    return f"has different size for dims and reshape ({shapes})"
+
+
+def _runs(shape: list[int]) -> list[int]:
+    """The element counts of the fixed runs between variable (-1) dimensions."""
+    runs, current = [], 1
+    for dim in shape:
+        if dim == -1:
+            runs.append(current)
+            current = 1
+        else:
+            current *= dim
+    return [*runs, current]
+
+
+def _fmt(shape: list[int]) -> str:
+    return "[" + ",".join(map(str, shape)) + "]"
 
 
 def _complete_dynamic_batching(config: ModelConfig, where: _Where) -> None:

@@ -40,6 +40,7 @@ from reference_server.backends import instance_factory
 from reference_server.backends.context import BackendContext, ModelCall
 from reference_server.backends.placement import plan_instances
 from reference_server.core import model_config
+from reference_server.core.classification import Labels, read_labels
 from reference_server.core.ensemble import EnsembleScheduler
 from reference_server.core.ensemble_config import is_ensemble
 from reference_server.core.ensemble_loading import prepare_ensemble
@@ -48,6 +49,7 @@ from reference_server.errors import ModelConfigError, NotFound, ServerError, Una
 from reference_server.scheduling.execute import ModelInstance, Tensors
 from reference_server.scheduling.model_scheduler import ModelScheduler
 from reference_server.scheduling.policy import BatchingPolicy
+from reference_server.scheduling.reshape import with_reshape
 from reference_server.scheduling.scheduler import Scheduler
 from reference_server.scheduling.stats import ModelStats
 from v2kit.runtime import gpu
@@ -111,6 +113,8 @@ class ModelVersion:
     gpu_memory_bytes: dict[int, int] = field(default_factory=dict)
     #: An ensemble's composing models, as (name, version or "" for the latest).
     composing: tuple[tuple[str, str], ...] = ()
+    #: Output name -> the lines of its `label_filename` (the classification extension).
+    labels: Labels = field(default_factory=dict)
 
     async def close(self, grace_s: float) -> None:
         await self.scheduler.close(grace_s)
@@ -136,6 +140,7 @@ class _PreparedVersion:
     config: mc.ModelConfig
     instances: Sequence[ModelInstance]
     gpu_memory_bytes: dict[int, int]
+    labels: Labels
 
 
 def _start_version(prepared: _PreparedVersion) -> ModelVersion:
@@ -146,11 +151,12 @@ def _start_version(prepared: _PreparedVersion) -> ModelVersion:
         version=prepared.version,
         config=config,
         instances=prepared.instances,
-        scheduler=Scheduler(BatchingPolicy.from_config(config), prepared.instances, stats),
+        scheduler=with_reshape(Scheduler(BatchingPolicy.from_config(config), prepared.instances, stats), config),
         stats=stats,
         inputs={i.name: i for i in config.input},
         outputs={o.name: o for o in config.output},
         gpu_memory_bytes=prepared.gpu_memory_bytes,
+        labels=prepared.labels,
     )
 
 
@@ -475,6 +481,7 @@ class ModelRepository:
         base: mc.ModelConfig,
     ) -> _PreparedVersion:
         model_path = model_config.model_file(model_dir, version, base)
+        labels = read_labels(base, model_dir)
         placements = plan_instances(base, self.gpu_count, config_path)
         create_instances = instance_factory(base)
         gpus = [p.gpu for p in placements if p.device == "GPU" and p.gpu is not None]
@@ -505,7 +512,7 @@ class ModelRepository:
             except BaseException:
                 close_instances(instances)
                 raise
-        return _PreparedVersion(name, version, config, instances, gpu_memory)
+        return _PreparedVersion(name, version, config, instances, gpu_memory, labels)
 
     async def _call_model(self, call: ModelCall) -> Tensors:
         if self.call_model is None:
