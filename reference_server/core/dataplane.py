@@ -6,6 +6,7 @@ raises `ServerError`s that carry their own HTTP and gRPC status.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import time
@@ -20,6 +21,7 @@ from reference_server.backends.context import ModelCall
 from reference_server.backends.onnxruntime import ONNX_PLATFORM
 from reference_server.core import model_config
 from reference_server.core.classification import classify, requested_classes
+from reference_server.core.load_overrides import FILE_PREFIX, OverrideFolders
 from reference_server.core.repository import ModelRepository, ModelVersion
 from reference_server.errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported
 from reference_server.scheduling.execute import Tensors
@@ -71,6 +73,8 @@ class DataPlane:
         self.inflight = 0
         #: Told the new count whenever `inflight` changes (the HTTP front end's read gate).
         self.inflight_listeners: list[Callable[[int], None]] = []
+        #: The folders of the models loaded with the load API's `file:` overrides.
+        self.override_folders = OverrideFolders()
         # Models calling models (python BLS) go through the same checks as a client's request.
         repository.call_model = self.call_model
         repository.stream_model = self.stream_model
@@ -326,16 +330,30 @@ class DataPlane:
         self._require_explicit("load")
         parameters = parameters or {}
         override = None
+        files = {}
         for key, value in parameters.items():
             if key == "config":
                 if not isinstance(value, str):
                     raise InvalidArgument("load parameter 'config' must be a JSON string of a model config")
                 override = model_config.config_from_json(value, f"load request for model '{name}'")
-            elif key.startswith("file:"):
-                raise Unsupported(f"load parameter '{key}': file overrides are not supported by this server")
+            elif key.startswith(FILE_PREFIX):
+                files[key] = value
             else:
-                raise InvalidArgument(f"unknown load parameter '{key}'; the only one accepted is 'config'")
-        await self.repository.load(_model_name(name), override)
+                raise InvalidArgument(
+                    f"unknown load parameter '{key}'; those accepted are 'config' and '{FILE_PREFIX}<path>'"
+                )
+        source = None
+        if files:  # Triton loads such a model from a temporary folder of those files, not the repository
+            source = await asyncio.get_running_loop().run_in_executor(
+                None, self.override_folders.stage, _model_name(name), override, files
+            )
+        try:
+            await self.repository.load(_model_name(name), override, source=source)
+        except BaseException:
+            if source is not None:
+                self.override_folders.discard(source)
+            raise
+        self.override_folders.commit(name, source)
 
     async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
         self._require_explicit("unload")
@@ -347,6 +365,7 @@ class DataPlane:
         if not isinstance(dependents, bool):
             raise InvalidArgument("unload parameter 'unload_dependents' must be a boolean")
         await self.repository.unload(_model_name(name), unload_dependents=dependents)
+        self.override_folders.commit(name, None)
 
     def _require_explicit(self, action: str) -> None:
         if self.model_control_mode != "explicit":

@@ -199,7 +199,8 @@ def _complete_tensors(
             problem = reshape_problem(model_dims, list(tensor.dims), max_batch_size)
             if problem:
                 raise where.error(f"model '{model_name}': model {kind} '{tensor.name}' {problem}")
-        _check_dims(tensor.name, kind, model_dims, sig.dims, max_batch_size, where)
+        field = "reshape" if tensor.HasField("reshape") else "dims"
+        _check_dims(tensor.name, kind, model_dims, sig.dims, max_batch_size, where, field)
     # Tensors the config leaves out are filled from the graph, in graph order.
     for sig in graph:
         if sig.name not in seen:
@@ -210,12 +211,18 @@ def _complete_tensors(
 
 
 def _check_dims(
-    name: str, kind: str, dims: list[int], graph_dims: tuple[int, ...], max_batch_size: int, where: _Where
+    name: str,
+    kind: str,
+    dims: list[int],
+    graph_dims: tuple[int, ...],
+    max_batch_size: int,
+    where: _Where,
+    field: str = "dims",
 ) -> None:
     if any(d < -1 for d in dims):
         raise where.error(f"{kind} '{name}' has dims {dims}; each dimension must be >= -1")
     full = [-1, *dims] if max_batch_size > 0 else dims
-    shown = f"dims {dims}" + (" plus the batch dimension" if max_batch_size > 0 else "")
+    shown = f"{field} {dims}" + (" plus the batch dimension" if max_batch_size > 0 else "")
     if len(full) != len(graph_dims):
         hint = ""
         if max_batch_size == 0 and len(graph_dims) == len(full) + 1 and graph_dims[0] == -1:

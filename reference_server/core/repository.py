@@ -169,8 +169,10 @@ class ModelRecord:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: The model folder as the last load attempt read it; None after an unload.
     fingerprint: Fingerprint | None = None
-    #: The config the last load was given in place of config.pbtxt (the load API's override).
+    #: The config the last load was given in place of config.pbtxt (the load API's override), and
+    #: the folder of the files it was given (its `file:` overrides), if any.
     override: mc.ModelConfig | None = None
+    source: Path | None = None
     #: For an ensemble, the composing models its last load attempt named.
     composing: frozenset[str] = frozenset()
 
@@ -289,9 +291,10 @@ class ModelRepository:
 
     # --- loading ---------------------------------------------------------------------------------
 
-    async def load(self, name: str, override: mc.ModelConfig | None = None) -> None:
-        """Load (or reload) `name`. A failed load raises and leaves any serving versions in place."""
-        if not self.on_disk(name):
+    async def load(self, name: str, override: mc.ModelConfig | None = None, *, source: Path | None = None) -> None:
+        """Load (or reload) `name`, from its folder in the repository or else from `source` (the load
+        API's `file:` overrides). A failed load raises and leaves any serving versions in place."""
+        if source is None and not self.on_disk(name):
             # Checked before a record exists, so that a typo never shows up in the index.
             raise NotFound(f"model '{name}' is not in the model repository {self.root}")
         record = self._records.setdefault(name, ModelRecord(name))
@@ -305,8 +308,9 @@ class ModelRepository:
             try:
                 # Before reading anything, so that a change made while we load is seen by the next
                 # poll, and before any check, so that a model refused for good is not retried.
-                record.fingerprint = await loop.run_in_executor(None, model_fingerprint, self.root / name)
-                model_dir = self.model_dir(name)
+                model_dir = source or self.root / name
+                record.fingerprint = await loop.run_in_executor(None, model_fingerprint, model_dir)
+                model_dir = source or self.model_dir(name)
                 raw = override if override is not None else model_config.read_config(model_dir)
                 record.composing = (
                     frozenset(step.model_name for step in raw.ensemble_scheduling.step) if raw else frozenset()
@@ -336,7 +340,7 @@ class ModelRepository:
             old = record.versions
             record.versions = versions
             record.state, record.reason = READY, ""
-            record.override = override
+            record.override, record.source = override, source
             self._retire(old.values())
             log.info("loaded model '%s' versions %s", name, sorted(versions))
         await self._reload_dependents(name)
@@ -418,7 +422,7 @@ class ModelRepository:
             if record.lock.locked():
                 continue  # another dependent's reload loads it already
             try:
-                await self.load(dependent, record.override)
+                await self.load(dependent, record.override, source=record.source)
             except ServerError as exc:
                 async with record.lock:
                     old = record.versions
