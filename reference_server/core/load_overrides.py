@@ -8,7 +8,7 @@ the repository: the model need not be in the repository at all, and the reposito
 written. We do the same:
 
 - `config` is required with files ("Load parameter 'config' must be specified for model file
-  override", INVALID_ARGUMENT).
+  override").
 - Each path must stay inside the model folder once normalised (`file:../x` is refused, naming the
   parameter and the normalised path, in Triton's words).
 - The folder is `<temp>/<model name>/`, so the config's name matches its folder as anywhere else,
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-from reference_server.errors import InvalidArgument
+from reference_server.errors import InternalError, InvalidArgument
 from v2kit.model_config import CONFIG_FILENAME, ModelConfig
 
 __all__ = ["FILE_PREFIX", "OverrideFolders"]
@@ -47,17 +47,20 @@ class OverrideFolders:
 
     def stage(self, name: str, config: ModelConfig | None, files: Mapping[str, object]) -> Path:
         """Write `files` (load parameter name -> content) and `config` into a new folder for model
-        `name` and return that folder; blocking (the files may be large). Refused with
-        InvalidArgument: files without a config, content that is not bytes, a path that leaves the
-        folder."""
+        `name` and return that folder; blocking (the files may be large).
+
+        Refused as Triton 2.51 refuses them, with INTERNAL and "failed to load 'NAME', failed to
+        poll from model repository", followed here by the reason (Triton's words for it, which
+        Triton only logs): files without a config, content that is not bytes, a path that leaves
+        the folder. A model name that is a path is INVALID_ARGUMENT, as in Triton."""
         if config is None:
-            raise InvalidArgument(f"failed to load '{name}': Load parameter 'config' must be specified for model file override")
+            raise InternalError(f"{_failed(name)}Load parameter 'config' must be specified for model file override")
         if name in (".", "..") or any(c in name for c in "/\\\x00"):
             raise InvalidArgument(f"invalid model name '{name}', model name must not contain path traversal characters")
         for key, content in files.items():
             if not isinstance(content, bytes):
-                raise InvalidArgument(
-                    f"failed to load '{name}': File parameter '{key}' must have bytes type for its value "
+                raise InternalError(
+                    f"{_failed(name)}File parameter '{key}' must have bytes type for its value "
                     "(over HTTP: the file's content base64-encoded in a JSON string)"
                 )
         staging = Path(tempfile.mkdtemp(prefix="load-", dir=self._staging_root()))
@@ -95,21 +98,23 @@ class OverrideFolders:
         return self._root
 
 
+def _failed(name: str) -> str:
+    return f"failed to load '{name}', failed to poll from model repository: "
+
+
 def _write(name: str, model_dir: Path, key: str, content: bytes) -> None:
     relative = key[len(FILE_PREFIX) :]
     path = os.path.normpath(os.path.join(model_dir, relative))
     if not relative or os.path.commonpath([model_dir, path]) != str(model_dir) or path == str(model_dir):
-        raise InvalidArgument(
-            f"failed to load '{name}': Invalid file parameter '{key}' with normalized path '{path}' must stay "
+        raise InternalError(
+            f"{_failed(name)}Invalid file parameter '{key}' with normalized path '{path}' must stay "
             "within model directory."
         )
     parent = os.path.dirname(path)
     if os.path.exists(parent) and not os.path.isdir(parent):
-        raise InvalidArgument(
-            f"failed to load '{name}': Invalid file parameter '{key}', directory has been created as a file"
-        )
+        raise InternalError(f"{_failed(name)}Invalid file parameter '{key}', directory has been created as a file")
     os.makedirs(parent, exist_ok=True)
     if os.path.isdir(path):
-        raise InvalidArgument(f"failed to load '{name}': Invalid file parameter '{key}' names a directory, not a file")
+        raise InternalError(f"{_failed(name)}Invalid file parameter '{key}' names a directory, not a file")
     with open(path, "wb") as out:
         out.write(content)

@@ -70,7 +70,10 @@ def _save(graph: onnx.GraphProto, path: Path) -> bytes:
 def densenet_standin(path: Path) -> None:
     """data_0 [1,3,224,224] -> channel means -> a 1x1 convolution to 1000 -> fc6_1 [1,1000,1,1]."""
     graph = helper.make_graph(
-        [helper.make_node("GlobalAveragePool", ["data_0"], ["pooled"]), helper.make_node("Conv", ["pooled", "W"], ["fc6_1"])],
+        [
+            helper.make_node("GlobalAveragePool", ["data_0"], ["pooled"]),
+            helper.make_node("Conv", ["pooled", "W"], ["fc6_1"]),
+        ],
         "densenet_standin",
         [helper.make_tensor_value_info("data_0", TensorProto.FLOAT, [1, 3, 224, 224])],
         [helper.make_tensor_value_info("fc6_1", TensorProto.FLOAT, [1, 1000, 1, 1])],
@@ -193,9 +196,9 @@ def test_a_model_loads_from_files_in_the_load_request_and_keeps_its_batch_dimens
     assert not (server.config.model_repository / "reshaped").exists()
 
 
-def _refusal(call: Any) -> str:
+def _refusal(call: Any, *args: Any, **kwargs: Any) -> str:
     with pytest.raises(InferenceServerException) as caught:
-        call()
+        call(*args, **kwargs)
     return str(caught.value)
 
 
@@ -205,11 +208,11 @@ def test_what_does_not_fit_is_refused_with_the_reason_and_the_server_serves_on(
     http_client, grpc_client = _clients(server)
     http_client.load_model("reshaped", config=reshaped_config(), files=files)
     for client in (http_client, grpc_client):
-        message = _refusal(lambda: client.load_model("reshaped", config=reshaped_config(), files={"file:../x": b"x"}))
+        message = _refusal(client.load_model, "reshaped", config=reshaped_config(), files={"file:../x": b"x"})
         assert "Invalid file parameter 'file:../x'" in message and "must stay within model directory" in message
-        message = _refusal(lambda: client.load_model("reshaped", files=files))
+        message = _refusal(client.load_model, "reshaped", files=files)
         assert "Load parameter 'config' must be specified for model file override" in message
-        message = _refusal(lambda: client.load_model("reshaped", config=reshaped_config([2, 3]), files=files))
+        message = _refusal(client.load_model, "reshaped", config=reshaped_config([2, 3]), files=files)
         for part in ("model 'reshaped'", "model input 'X' has different size for dims and reshape", "[4]", "[2,3]"):
             assert part in message
         module = _module(client)
@@ -217,9 +220,8 @@ def test_what_does_not_fit_is_refused_with_the_reason_and_the_server_serves_on(
         text.set_data_from_numpy(np.array([[b"a"]], dtype=object))
         number = module.InferInput("X", [1, 4], "FP32")
         number.set_data_from_numpy(np.zeros((1, 4), np.float32))
-        message = _refusal(
-            lambda: client.infer("reshaped", [number, text], outputs=[module.InferRequestedOutput("U", class_count=1)])
-        )
+        asked = [module.InferRequestedOutput("U", class_count=1)]
+        message = _refusal(client.infer, "reshaped", [number, text], outputs=asked)
         assert "class result not available for output due to unsupported type 'BYTES'" in message
     # Bad base64, over HTTP where the files travel as base64 text.
     connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
