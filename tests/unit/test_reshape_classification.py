@@ -15,6 +15,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from reference_server.core.classification import classify, read_labels, requested_classes
 from reference_server.core.load_overrides import OverrideFolders
 from reference_server.core.model_config import complete_config, parse_config_text, reshape_problem
+from reference_server.core.warmup import run_warmup
 from reference_server.errors import InternalError, InvalidArgument, ModelConfigError, ServerError, Unsupported
 from reference_server.scheduling.execute import Tensors, TensorSignature
 from reference_server.scheduling.reshape import ReshapePlan, ReshapingScheduler, with_reshape
@@ -280,3 +281,26 @@ def test_override_files_that_cannot_be_staged_are_refused(
     assert str(caught.value).startswith("failed to load 'm', failed to poll from model repository: ")
     if folders._root is not None:  # nothing is left behind by a refused load
         assert list(folders._root.iterdir()) == []
+
+
+class _RecordingInstance:
+    name = "densenet_onnx_0"
+
+    def __init__(self) -> None:
+        self.shapes: list[tuple[int, ...]] = []
+
+    def run(self, inputs: Tensors, output_names: Sequence[str]) -> Tensors:
+        self.shapes.append(inputs["data_0"].shape)
+        return {}
+
+
+def test_warmup_samples_have_the_dims_and_reach_the_model_reshaped(tmp_path: Path) -> None:
+    config = parse_config_text(
+        DENSENET_CONFIG
+        + 'model_warmup [ { name: "z" batch_size: 1 inputs { key: "data_0" value { data_type: TYPE_FP32 '
+        "dims: [ 3, 224, 224 ] zero_data: true } } } ]",
+        CONFIG_PATH,
+    )
+    instance = _RecordingInstance()
+    assert run_warmup(config, [instance], tmp_path) == 1
+    assert instance.shapes == [(1, 3, 224, 224)]
