@@ -192,6 +192,21 @@ def test_a_model_loads_from_files_in_the_load_request_and_keeps_its_batch_dimens
         assert plain.shape == (3, 4)
         np.testing.assert_array_equal(plain, x)
         client.close()
+    # The extension document's JSON form: the classes as strings in "data".
+    connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
+    request = {
+        "inputs": [
+            {"name": "X", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]},
+            {"name": "T", "shape": [1, 1], "datatype": "BYTES", "data": ["a"]},
+        ],
+        "outputs": [{"name": "Y", "parameters": {"classification": 2}}],
+    }
+    connection.request("POST", "/v2/models/reshaped/infer", body=json.dumps(request))
+    response = connection.getresponse()
+    assert response.status == 200
+    (output,) = json.loads(response.read())["outputs"]
+    assert output == {"name": "Y", "datatype": "BYTES", "shape": [1, 2], "data": ["4.000000:3", "3.000000:2:two"]}
+    connection.close()
     # The files went to a folder of the server's own, never into the repository.
     assert not (server.config.model_repository / "reshaped").exists()
 
