@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from reference_server.errors import InternalError, InvalidArgument, ModelConfigError, Unsupported
+from reference_server.errors import InvalidArgument, ModelConfigError, Unsupported
 from reference_server.scheduling.execute import Tensor
 from v2kit import codec as v2
 from v2kit.tensors import object_array
@@ -121,7 +121,7 @@ def classify(array: Tensor, count: int, batching: bool, labels: Sequence[bytes] 
     entries = array.reshape((array.shape[0], -1)) if batching and array.ndim > 0 else array.reshape((1, -1))
     elements = entries.shape[1]
     if elements > MAX_CLASSIFICATION_ELEMENTS:
-        raise InternalError("classification output tensor too large")
+        raise InvalidArgument(f"classification output tensor too large ({elements} elements per entry)")
     k = min(count, elements)
     is_float = entries.dtype.kind == "f"
     rows = []

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from google.protobuf import text_format
 
-from reference_server.errors import InternalError, InvalidArgument
+from reference_server.errors import InvalidArgument
 from v2kit.model_config import CONFIG_FILENAME, ModelConfig
 
 __all__ = ["FILE_PREFIX", "OverrideFolders"]
@@ -49,17 +49,18 @@ class OverrideFolders:
         """Write `files` (load parameter name -> content) and `config` into a new folder for model
         `name` and return that folder; blocking (the files may be large).
 
-        Refused as Triton 2.51 refuses them, with INTERNAL and "failed to load 'NAME', failed to
-        poll from model repository", followed here by the reason (Triton's words for it, which
-        Triton only logs): files without a config, content that is not bytes, a path that leaves
-        the folder. A model name that is a path is INVALID_ARGUMENT, as in Triton."""
+        Refused with InvalidArgument, in Triton 2.51's words "failed to load 'NAME', failed to poll
+        from model repository" followed by the reason (Triton's words for it, which Triton only
+        logs): files without a config, content that is not bytes, a path that leaves the folder.
+        Triton answers these with INTERNAL (HTTP 500); a client's mistake is a 400 here, as every
+        bad request is (README, "Bad input")."""
         if config is None:
-            raise InternalError(f"{_failed(name)}Load parameter 'config' must be specified for model file override")
+            raise InvalidArgument(f"{_failed(name)}Load parameter 'config' must be specified for model file override")
         if name in (".", "..") or any(c in name for c in "/\\\x00"):
             raise InvalidArgument(f"invalid model name '{name}', model name must not contain path traversal characters")
         for key, content in files.items():
             if not isinstance(content, bytes):
-                raise InternalError(
+                raise InvalidArgument(
                     f"{_failed(name)}File parameter '{key}' must have bytes type for its value "
                     "(over HTTP: the file's content base64-encoded in a JSON string)"
                 )
@@ -106,15 +107,15 @@ def _write(name: str, model_dir: Path, key: str, content: bytes) -> None:
     relative = key[len(FILE_PREFIX) :]
     path = os.path.normpath(os.path.join(model_dir, relative))
     if not relative or os.path.commonpath([model_dir, path]) != str(model_dir) or path == str(model_dir):
-        raise InternalError(
+        raise InvalidArgument(
             f"{_failed(name)}Invalid file parameter '{key}' with normalized path '{path}' must stay "
             "within model directory."
         )
     parent = os.path.dirname(path)
     if os.path.exists(parent) and not os.path.isdir(parent):
-        raise InternalError(f"{_failed(name)}Invalid file parameter '{key}', directory has been created as a file")
+        raise InvalidArgument(f"{_failed(name)}Invalid file parameter '{key}', directory has been created as a file")
     os.makedirs(parent, exist_ok=True)
     if os.path.isdir(path):
-        raise InternalError(f"{_failed(name)}Invalid file parameter '{key}' names a directory, not a file")
+        raise InvalidArgument(f"{_failed(name)}Invalid file parameter '{key}' names a directory, not a file")
     with open(path, "wb") as out:
         out.write(content)

@@ -308,8 +308,7 @@ class ModelRepository:
             try:
                 # Before reading anything, so that a change made while we load is seen by the next
                 # poll, and before any check, so that a model refused for good is not retried.
-                model_dir = source or self.root / name
-                record.fingerprint = await loop.run_in_executor(None, model_fingerprint, model_dir)
+                record.fingerprint = await loop.run_in_executor(None, model_fingerprint, source or self.root / name)
                 model_dir = source or self.model_dir(name)
                 raw = override if override is not None else model_config.read_config(model_dir)
                 record.composing = (

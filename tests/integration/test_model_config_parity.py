@@ -182,10 +182,12 @@ def test_file_overrides_load_the_same_model_and_refuse_the_same_requests(servers
                 refusals[server, case] = caught.value
             assert client.is_model_ready("pyfiles")  # the failed loads left the loaded model serving
             client.close()
-        # Triton answers both with INTERNAL and one message, the reason only in its log; ours adds it.
+        # Triton answers both with INTERNAL and one message, the reason only in its log; ours adds
+        # the reason, and answers a client's mistake with a client's status (README, "Bad input").
         for case in ("escape", "no config"):
             triton, ours = refusals["triton", case], refusals["ours", case]
-            assert ours.status() == triton.status()
+            assert triton.status() == ("500" if transport == "http" else "StatusCode.INTERNAL")
+            assert ours.status() == ("400" if transport == "http" else "StatusCode.INVALID_ARGUMENT")
             assert triton.message() == "failed to load 'pyfiles', failed to poll from model repository"
             assert ours.message().startswith(triton.message() + ": ")
         assert "must stay within model directory" in refusals["ours", "escape"].message()

@@ -275,8 +275,8 @@ def test_override_files_that_cannot_be_staged_are_refused(
 ) -> None:
     folders = OverrideFolders()
     config = parse_config_text('name: "m"', Path("c")) if has_config else None
-    # INTERNAL, after Triton 2.51's words, which it answers for all of these; then the reason.
-    with pytest.raises(InternalError, match=message) as caught:
+    # Triton 2.51's words for all of these, then the reason.
+    with pytest.raises(InvalidArgument, match=message) as caught:
         folders.stage("m", config, files)
     assert str(caught.value).startswith("failed to load 'm', failed to poll from model repository: ")
     if folders._root is not None:  # nothing is left behind by a refused load
@@ -304,3 +304,8 @@ def test_warmup_samples_have_the_dims_and_reach_the_model_reshaped(tmp_path: Pat
     instance = _RecordingInstance()
     assert run_warmup(config, [instance], tmp_path) == 1
     assert instance.shapes == [(1, 3, 224, 224)]
+
+
+def test_a_variable_output_too_large_to_rank_is_refused_when_it_comes() -> None:
+    with pytest.raises(InvalidArgument, match="classification output tensor too large"):
+        classify(np.zeros(1_000_001, np.float32), 1, batching=False)
