@@ -67,11 +67,13 @@ class OverrideFolders:
         staging = Path(tempfile.mkdtemp(prefix="load-", dir=self._staging_root()))
         model_dir = staging / name
         try:
+            # Every path is checked before any file is written.
+            targets = [(key, _target(name, model_dir, key), content) for key, content in files.items()]
             model_dir.mkdir()
             (model_dir / CONFIG_FILENAME).write_text(text_format.MessageToString(config))
-            for key, content in files.items():
+            for key, path, content in targets:
                 assert isinstance(content, bytes)
-                _write(name, model_dir, key, content)
+                _write(name, key, path, content)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -103,7 +105,8 @@ def _failed(name: str) -> str:
     return f"failed to load '{name}', failed to poll from model repository: "
 
 
-def _write(name: str, model_dir: Path, key: str, content: bytes) -> None:
+def _target(name: str, model_dir: Path, key: str) -> str:
+    """Where the file of load parameter `key` goes: inside `model_dir`, or refused."""
     relative = key[len(FILE_PREFIX) :]
     path = os.path.normpath(os.path.join(model_dir, relative))
     if not relative or os.path.commonpath([model_dir, path]) != str(model_dir) or path == str(model_dir):
@@ -111,6 +114,10 @@ def _write(name: str, model_dir: Path, key: str, content: bytes) -> None:
             f"{_failed(name)}Invalid file parameter '{key}' with normalized path '{path}' must stay "
             "within model directory."
         )
+    return path
+
+
+def _write(name: str, key: str, path: str, content: bytes) -> None:
     parent = os.path.dirname(path)
     if os.path.exists(parent) and not os.path.isdir(parent):
         raise InvalidArgument(f"{_failed(name)}Invalid file parameter '{key}', directory has been created as a file")

@@ -309,3 +309,22 @@ def test_warmup_samples_have_the_dims_and_reach_the_model_reshaped(tmp_path: Pat
 def test_a_variable_output_too_large_to_rank_is_refused_when_it_comes() -> None:
     with pytest.raises(InvalidArgument, match="classification output tensor too large"):
         classify(np.zeros(1_000_001, np.float32), 1, batching=False)
+
+
+def test_an_escaping_path_is_refused_before_any_file_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    written: list[str] = []
+    real_open = open
+
+    def recording_open(path: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if "w" in mode:
+            written.append(str(path))
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", recording_open)
+    folders = OverrideFolders()
+    config = parse_config_text('name: "m"', Path("c"))
+    with pytest.raises(InvalidArgument, match="must stay within model directory"):
+        folders.stage("m", config, {"file:1/model.onnx": b"first", "file:../x": b"x"})
+    assert written == []
