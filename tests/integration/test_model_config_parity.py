@@ -191,3 +191,21 @@ def test_file_overrides_load_the_same_model_and_refuse_the_same_requests(servers
             assert triton.message() == "failed to load 'pyfiles', failed to poll from model repository"
             assert ours.message().startswith(triton.message() + ": ")
         assert "must stay within model directory" in refusals["ours", "escape"].message()
+
+
+def test_metadata_and_config_show_the_dims_and_the_reshape_as_triton_does(servers: dict[str, tuple[str, str]]) -> None:
+    seen = {}
+    for server, urls in servers.items():
+        client = httpclient.InferenceServerClient(urls[0])
+        metadata = client.get_model_metadata("pyreshape")
+        config = client.get_model_config("pyreshape")
+        client.close()
+        tensors = {t["name"]: t["shape"] for t in (*metadata["inputs"], *metadata["outputs"])}
+        reshapes = {
+            t["name"]: (t["dims"], t.get("reshape"), t.get("label_filename"))
+            for t in (*config["input"], *config["output"])
+        }
+        seen[server] = (tensors, reshapes)
+    assert seen["ours"] == seen["triton"]
+    assert seen["triton"][0]["X"] == [-1, 4]  # the client's view: dims, with the batch dimension
+    assert seen["triton"][1]["SCORES"] == ([4], {"shape": [2, 2]}, "labels.txt")
