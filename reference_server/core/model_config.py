@@ -14,7 +14,10 @@ Theory of operation:
    backend, platform, missing inputs/outputs, and (for a config without tensors whose graph
    batches) the default max_batch_size plus `dynamic_batching {}`. It then applies the normalisations Triton's core
    applies (we saw them in `GET /v2/models/{m}/config` of Triton 2.51) and rejects configs that
-   contradict the graph, naming the config file, the model file and the tensor.
+   contradict the graph, naming the config file, the model file and the tensor. A tensor with a
+   `reshape { shape }` is the reshape to the graph and its `dims` to clients: the reshape must
+   hold as many elements as the dims (`reshape_problem`, Triton's ValidateIOShape rules), and the
+   graph is checked against the reshape.
 3. Print. `config_to_json` renders the completed config the way Triton's config endpoint does,
    which is what perf_analyzer and model_analyzer parse.
 
