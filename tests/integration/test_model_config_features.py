@@ -3,7 +3,7 @@ and gRPC) and perf_analyzer.
 
 NVIDIA's quick-start densenet_onnx folder (its config.pbtxt as is, a labels file, and a tiny
 stand-in ONNX graph with densenet's input and output shapes) loads and answers top-k classes with
-labels; a batching model with reshapes on both sides is loaded from files sent in the load request,
+labels, and an ensemble step on it gets the same scores; a batching model with reshapes on both sides is loaded from files sent in the load request,
 never written into the repository; what should be refused is, with the reason, and the server
 serves on.
 """
@@ -54,6 +54,15 @@ output [
     label_filename: "densenet_labels.txt"
   }
 ]
+"""
+# An ensemble step calls the composing model with its dims; the reshape is the composing model's.
+ENSEMBLE_CONFIG = """\
+name: "densenet_ensemble"
+platform: "ensemble"
+input [ { name: "IMAGE" data_type: TYPE_FP32 dims: [ 3, 224, 224 ] } ]
+output [ { name: "SCORES" data_type: TYPE_FP32 dims: [ 1000 ] } ]
+ensemble_scheduling { step [ { model_name: "densenet_onnx" model_version: -1
+  input_map { key: "data_0" value: "IMAGE" } output_map { key: "fc6_1" value: "SCORES" } } ] }
 """
 LABELS = [b"TENCH", b"GOLDFISH", b"WHITE SHARK", *(f"CLASS {i}".encode() for i in range(3, 1000))]
 WEIGHTS = np.random.default_rng(19).standard_normal((1000, 3, 1, 1)).astype(np.float32)
@@ -132,7 +141,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceServer
     densenet_standin(folder / "1" / "model.onnx")
     (folder / "config.pbtxt").write_text(DENSENET_CONFIG)
     (folder / "densenet_labels.txt").write_bytes(b"\n".join(LABELS) + b"\n")
-    with running_server(loopback_config(repository, load=("densenet_onnx",))) as running:
+    (repository / "densenet_ensemble" / "1").mkdir(parents=True)
+    (repository / "densenet_ensemble" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
+    with running_server(loopback_config(repository, load=("densenet_onnx", "densenet_ensemble"))) as running:
         yield running
 
 
@@ -165,6 +176,10 @@ def test_the_densenet_quick_start_folder_answers_labelled_top_k_classes(server: 
         # More classes than elements: all of them (Triton's min(k, n)).
         every = client.infer("densenet_onnx", [data], outputs=[module.InferRequestedOutput("fc6_1", class_count=5000)])
         assert every.as_numpy("fc6_1").shape == (1000,)
+        image_input = module.InferInput("IMAGE", [3, 224, 224], "FP32")
+        image_input.set_data_from_numpy(image)
+        composed = client.infer("densenet_ensemble", [image_input]).as_numpy("SCORES")
+        np.testing.assert_array_equal(composed, raw)
         client.close()
     assert "classification" in httpclient.InferenceServerClient(server.http_url).get_server_metadata()["extensions"]
 
