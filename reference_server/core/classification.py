@@ -84,7 +84,8 @@ def requested_classes(
 
     A count of 0 asks for the tensor itself, as over Triton's HTTP (tritonclient sends no parameter
     then). Refused with InvalidArgument: a count that is not a non-negative integer, an output whose
-    type cannot be ranked, one whose entries hold more elements than Triton ranks.
+    type cannot be ranked, one whose entries hold more elements than Triton ranks, one that also
+    asks for shared memory.
     """
     classes: dict[str, int] = {}
     for output in requested or ():
@@ -92,6 +93,9 @@ def requested_classes(
         if count is None:
             continue
         where = f"output '{output.name}' of model '{model_name}'"
+        if "shared_memory_region" in output.parameters:
+            # Classes are computed from the output, so they cannot be written where the output goes.
+            raise InvalidArgument(f"Output can't set both 'shared_memory_region' and '{CLASSIFICATION}' ({where})")
         if not isinstance(count, int) or isinstance(count, bool):
             raise InvalidArgument(
                 f"invalid value type for '{CLASSIFICATION}' parameter of {where}, expected an integer class "

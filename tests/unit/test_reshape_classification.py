@@ -224,6 +224,9 @@ def test_requested_classes_refuse_what_triton_refuses() -> None:
         ask("P", -1)
     with pytest.raises(InvalidArgument, match="invalid value type for 'classification' parameter"):
         ask("P", "3")
+    both = v2.RequestedOutput("P", parameters={"classification": 1, "shared_memory_region": "r"})
+    with pytest.raises(InvalidArgument, match="Output can't set both 'shared_memory_region' and 'classification'"):
+        requested_classes("m", [both], outputs)
 
 
 def test_labels_are_read_by_line_and_must_stay_in_the_model_folder(tmp_path: Path) -> None:
