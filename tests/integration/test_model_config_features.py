@@ -10,6 +10,7 @@ serves on.
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import re
@@ -260,6 +261,11 @@ def test_what_does_not_fit_is_refused_with_the_reason_and_the_server_serves_on(
     response = connection.getresponse()
     assert response.status == 400
     assert "load parameter 'file:1/model.onnx' is not valid base64" in json.loads(response.read())["error"]
+    # Base64 broken into lines, as MIME writes it, is the same file.
+    wrapped = {key: base64.encodebytes(content).decode() for key, content in files.items()}
+    body = json.dumps({"parameters": {"config": reshaped_config(), **wrapped}})
+    connection.request("POST", "/v2/repository/models/reshaped/load", body=body)
+    assert connection.getresponse().status == 200
     connection.close()
     # The failed reloads kept the loaded version, and the server is up.
     assert http_client.is_server_ready() and http_client.is_model_ready("reshaped")

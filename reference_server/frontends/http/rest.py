@@ -235,12 +235,16 @@ def _parameters(body: bytes) -> dict[str, Any]:
 
 
 def _load_parameters(body: bytes) -> dict[str, Any]:
-    """A load request's parameters, each `file:` override's base64 text decoded to the file's bytes."""
+    """A load request's parameters, each `file:` override's base64 text decoded to the file's bytes.
+
+    Whitespace (line breaks of MIME-style base64) is skipped, as Triton's decoder skips it; any other
+    character outside the base64 alphabet is refused, where Triton's decoder would drop it silently
+    and load a corrupt file."""
     parameters = _parameters(body)
     for key, value in parameters.items():
         if key.startswith(FILE_PREFIX) and isinstance(value, str):
             try:
-                parameters[key] = base64.b64decode(value, validate=True)
+                parameters[key] = base64.b64decode("".join(value.split()), validate=True)
             except (binascii.Error, ValueError) as exc:
                 raise InvalidArgument(
                     f"load parameter '{key}' is not valid base64 ({exc}); send the file's content base64-encoded"
