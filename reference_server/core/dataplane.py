@@ -349,11 +349,12 @@ class DataPlane:
             )
         try:
             await self.repository.load(_model_name(name), override, source=source)
-        except BaseException:
-            if source is not None:
+        finally:
+            # What the model serves from now; with loads of one model racing, the last to swap in.
+            serving = self.repository.source(name) if self.repository.serving(name) else None
+            self.override_folders.commit(name, serving)
+            if source is not None and source != serving:
                 self.override_folders.discard(source)
-            raise
-        self.override_folders.commit(name, source)
 
     async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
         self._require_explicit("unload")

@@ -285,6 +285,11 @@ class ModelRepository:
         record = self._records.get(name)
         return None if record is None else record.fingerprint
 
+    def source(self, name: str) -> Path | None:
+        """The folder of the load API's `file:` overrides that `name` was last loaded from; None for its own."""
+        record = self._records.get(name)
+        return None if record is None else record.source
+
     def known(self) -> list[str]:
         """Models that were loaded or asked to load and not unloaded since."""
         return sorted(name for name, record in self._records.items() if record.fingerprint is not None)

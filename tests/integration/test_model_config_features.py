@@ -238,6 +238,10 @@ def test_what_does_not_fit_is_refused_with_the_reason_and_the_server_serves_on(
 ) -> None:
     http_client, grpc_client = _clients(server)
     http_client.load_model("reshaped", config=reshaped_config(), files=files)
+    assert server.dataplane is not None
+    repository = server.dataplane.repository
+    staged = repository.source("reshaped")
+    assert staged is not None and (staged / "1" / "model.onnx").read_bytes() == files["file:1/model.onnx"]
     for client in (http_client, grpc_client):
         message = _refusal(client.load_model, "reshaped", config=reshaped_config(), files={"file:../x": b"x"})
         assert "Invalid file parameter 'file:../x'" in message and "must stay within model directory" in message
@@ -266,11 +270,16 @@ def test_what_does_not_fit_is_refused_with_the_reason_and_the_server_serves_on(
     body = json.dumps({"parameters": {"config": reshaped_config(), **wrapped}})
     connection.request("POST", "/v2/repository/models/reshaped/load", body=body)
     assert connection.getresponse().status == 200
+    replaced, staged = staged, repository.source("reshaped")
+    assert staged is not None and staged != replaced and not replaced.exists()  # the folder it served from before
     connection.close()
     # The failed reloads kept the loaded version, and the server is up.
     assert http_client.is_server_ready() and http_client.is_model_ready("reshaped")
+    # The loads that failed left no folders; the one served from stays until the model unloads.
+    assert repository.source("reshaped") == staged and sorted(staged.parent.parent.iterdir()) == [staged.parent]
     http_client.unload_model("reshaped")
     assert not http_client.is_model_ready("reshaped")
+    assert not staged.exists()
     http_client.close()
     grpc_client.close()
 
