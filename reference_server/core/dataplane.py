@@ -20,6 +20,7 @@ from reference_server.backends.context import ModelCall
 from reference_server.backends.onnxruntime import ONNX_PLATFORM
 from reference_server.core import model_config
 from reference_server.core.repository import ModelRepository, ModelVersion
+from reference_server.core.response_cache import infer_cached
 from reference_server.errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported
 from reference_server.scheduling.execute import Tensors
 from v2kit import codec as v2
@@ -160,13 +161,21 @@ class DataPlane:
         if is_decoupled(served):
             raise Unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
         inputs, output_names, timeout_us = self._prepare(served, request)
+        parameters = _model_parameters(request.parameters)
+        cache = self.repository.response_cache
+        if cache is not None and served.stats.cache_enabled and not request.parameters.get("sequence_id"):
+            results = await infer_cached(
+                cache, served.scheduler, served.stats, (served.name, served.version), inputs, output_names,
+                timeout_us=timeout_us, received_ns=received_ns, request_id=request.id, parameters=parameters,
+            )  # fmt: skip
+            return _response(served, request.id, output_names, results)
         results = await served.scheduler.infer(
             inputs,
             output_names,
             timeout_us=timeout_us,
             received_ns=received_ns,
             request_id=request.id,
-            parameters={k: v for k, v in request.parameters.items() if k not in _RESERVED_PARAMETERS},
+            parameters=parameters,
         )
         return _response(served, request.id, output_names, results)
 

@@ -43,11 +43,13 @@ from reference_server.core import model_config
 from reference_server.core.ensemble import EnsembleScheduler
 from reference_server.core.ensemble_config import is_ensemble
 from reference_server.core.ensemble_loading import prepare_ensemble
+from reference_server.core.response_cache import ResponseCache, check_cache_config
 from reference_server.core.warmup import run_warmup
 from reference_server.errors import ModelConfigError, NotFound, ServerError, Unavailable
 from reference_server.scheduling.execute import ModelInstance, Tensors
 from reference_server.scheduling.model_scheduler import ModelScheduler
 from reference_server.scheduling.policy import BatchingPolicy
+from reference_server.scheduling.rate_limiter import RateLimiter
 from reference_server.scheduling.scheduler import Scheduler
 from reference_server.scheduling.stats import ModelStats
 from v2kit.runtime import gpu
@@ -138,15 +140,16 @@ class _PreparedVersion:
     gpu_memory_bytes: dict[int, int]
 
 
-def _start_version(prepared: _PreparedVersion) -> ModelVersion:
-    stats = ModelStats()
+def _start_version(prepared: _PreparedVersion, cache: ResponseCache | None, limiter: RateLimiter | None) -> ModelVersion:
     config = prepared.config
+    stats = ModelStats(cache_enabled=cache is not None and config.response_cache.enable)
+    gate = limiter.register(config, prepared.instances) if limiter is not None else None
     return ModelVersion(
         name=prepared.name,
         version=prepared.version,
         config=config,
         instances=prepared.instances,
-        scheduler=Scheduler(BatchingPolicy.from_config(config), prepared.instances, stats),
+        scheduler=Scheduler(BatchingPolicy.from_config(config), prepared.instances, stats, gate),
         stats=stats,
         inputs={i.name: i for i in config.input},
         outputs={o.name: o for o in config.output},
@@ -222,6 +225,9 @@ class ModelRepository:
         self.call_model: Callable[[ModelCall], Awaitable[Tensors]] | None = None
         self.stream_model: Callable[[ModelCall], AsyncIterator[tuple[Tensors | None, bool]]] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: The server's response cache (--cache-config) and rate limiter (--rate-limit); None when off.
+        self.response_cache: ResponseCache | None = None
+        self.rate_limiter: RateLimiter | None = None
         if not self.root.is_dir():
             raise ModelConfigError(f"{root}: model repository is not a directory; pass --model-repository DIR")
         self.gpu_count = gpu_count
@@ -339,7 +345,7 @@ class ModelRepository:
         versions: dict[int, ModelVersion] = {}
         try:
             for p in prepared:
-                versions[p.version] = _start_version(p)
+                versions[p.version] = _start_version(p, self.response_cache, self.rate_limiter)
         except BaseException:
             # Nothing was served from them: stop their worker threads now.
             await asyncio.gather(*(mv.close(0) for mv in versions.values()))
@@ -374,7 +380,7 @@ class ModelRepository:
         config = prepared.config
         versions = {}
         for version in prepared.versions:
-            stats = ModelStats()
+            stats = ModelStats(cache_enabled=self.response_cache is not None and config.response_cache.enable)
             versions[version] = ModelVersion(
                 name=name,
                 version=version,
@@ -500,6 +506,7 @@ class ModelRepository:
             )
             try:
                 config = complete(version_config, inputs, outputs)
+                check_cache_config(config)
                 # Inside the measurement: the memory the runtime grows into on the first runs is the model's.
                 run_warmup(config, instances, model_dir)
             except BaseException:
