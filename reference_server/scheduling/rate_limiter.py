@@ -111,7 +111,6 @@ class RateLimiter:
         self._allocated: Pools = {}
         self._staged: list[tuple[int, int, _Ticket]] = []
         self._seq = itertools.count()
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     # -- registration (model load and unload) ----------------------------------------------------
 
@@ -204,13 +203,17 @@ class RateLimiter:
         elif ticket.state == _STAGED:
             ticket.state = _IDLE  # its queue entry is now stale and skipped
 
-    def release(self, ticket: _Ticket) -> None:
-        """An execution ended: its resources go back and its instance counts one more execution."""
+    def release(self, ticket: _Ticket, more: bool) -> None:
+        """An execution ended: its resources go back and its instance counts one more execution.
+        With `more` work waiting for its model, it is staged again before anyone is allocated,
+        as in Triton's `OnRelease`, so its new execution count decides its place."""
         if ticket.state != _RUNNING:
             return
         self._give_back(ticket)
         ticket.exec_count += 1
         ticket.state = _IDLE
+        if more and ticket.wake is not None:
+            self.stage(ticket, ticket.wake)
         self._allocate()
 
     def _allocate(self, waking: object = None) -> None:
@@ -229,9 +232,7 @@ class RateLimiter:
                 self._allocated[key] = self._allocated.get(key, 0) + n
             ticket.state = _RESERVED
             if ticket.wake is not None and ticket.wake != waking:
-                if self._loop is None:
-                    self._loop = asyncio.get_running_loop()
-                self._loop.call_soon(ticket.wake)
+                asyncio.get_running_loop().call_soon(ticket.wake)
 
 
 class RateGate:
@@ -271,10 +272,10 @@ class RateGate:
         for slot in idle:
             self._limiter.unstage(self._tickets[slot.instance.name])
 
-    def release(self, slot: _HasInstance) -> None:
-        """The instance of `slot` finished its execution."""
+    def release(self, slot: _HasInstance, more: bool) -> None:
+        """The instance of `slot` finished its execution; `more`: its scheduler has requests queued."""
         if not self._closed:
-            self._limiter.release(self._tickets[slot.instance.name])
+            self._limiter.release(self._tickets[slot.instance.name], more)
 
     def close(self) -> None:
         if not self._closed:

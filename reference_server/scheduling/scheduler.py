@@ -561,7 +561,7 @@ class Scheduler:
         if not self._closed and not running:
             self._idle.append(slot)
         if self._gate is not None:
-            self._gate.release(slot)
+            self._gate.release(slot, bool(self._queue or self._delayed))
         t0, t1, t2, t3, _, error = outcome
         if error is None:
             self._stats.record_execution(sum(r.batch_size for r in batch), t1 - t0, t2 - t1, t3 - t2)
