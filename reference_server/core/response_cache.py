@@ -133,12 +133,13 @@ async def infer_cached(
     """One request to `model` (name, version) through the cache: a hit answers at once, a miss runs
     on `scheduler` and is inserted when it succeeds; both are counted in `stats` as Triton counts them."""
     name, version = model
+    enqueued = perf_counter_ns()  # where Triton's queue time starts: the request reaches its scheduler
     key = request_key(name, version, stats.load_id, inputs, output_names, parameters)
     lookup_start = perf_counter_ns()
     cached = cache.lookup(key)
     lookup_end = perf_counter_ns()
     if cached is not None:
-        stats.record_cache_hit(lookup_end - received_ns, lookup_start - received_ns, lookup_end - lookup_start)
+        stats.record_cache_hit(lookup_end - received_ns, lookup_start - enqueued, lookup_end - lookup_start)
         return cached
     outputs = await scheduler.infer(
         inputs, output_names, timeout_us=timeout_us, received_ns=received_ns, request_id=request_id,
