@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
+from reference_server.config import config_from_args
 from reference_server.core.response_cache import (
     CacheConfigError,
     ResponseCache,
@@ -238,3 +240,44 @@ async def test_failed_requests_are_neither_cached_nor_counted_as_misses() -> Non
             timeout_us=None, received_ns=0, request_id="", parameters={},
         )  # fmt: skip
     assert len(cache) == 0 and stats.cache_miss_count == 0 and stats.cache_hit_count == 0
+
+
+# -- the server's flags --------------------------------------------------------------------------
+
+
+def test_server_flags_configure_the_cache_and_the_rate_limiter(tmp_path: Path) -> None:
+    config = config_from_args([
+        "--model-repository", str(tmp_path), "--cache-config", "local,size=1048576", "--rate-limit", "EXECUTION_COUNT",
+        "--rate-limit-resource", "R:2", "--rate-limit-resource", "S:1:0", "--cache-directory", "/opt/caches",
+    ])  # fmt: skip
+    assert config.response_cache_bytes == 1048576
+    assert config.rate_limit == "execution_count"
+    assert config.rate_limit_resources == (("R", 2, None), ("S", 1, 0))
+    plain = config_from_args(["--model-repository", str(tmp_path)])
+    assert plain.response_cache_bytes is None and plain.rate_limit == "off"
+
+
+def test_deprecated_byte_size_flag_warns_and_means_local_size(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = config_from_args(["--model-repository", str(tmp_path), "--response-cache-byte-size", "512"])
+    assert config.response_cache_bytes == 512
+    assert "'--cache-config=local,size=512'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--cache-config", "local,size=0"], "a cache of 0 bytes can hold no response"),
+        (["--cache-config", "nonsense"], "No cache specified"),
+        (["--rate-limit", "fast"], "invalid choice: 'fast'"),
+        (["--rate-limit-resource", "R"], "--rate-limit-resource option format is"),
+    ],
+)
+def test_bad_server_flags_stop_with_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        config_from_args(["--model-repository", str(tmp_path), *flags])
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
