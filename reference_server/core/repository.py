@@ -378,6 +378,7 @@ class ModelRepository:
     async def _load_ensemble(self, name: str, model_dir: Path, raw: mc.ModelConfig) -> dict[int, ModelVersion]:
         prepared = await prepare_ensemble(self, name, model_dir, raw)
         config = prepared.config
+        check_cache_config(config)
         versions = {}
         for version in prepared.versions:
             stats = ModelStats(cache_enabled=self.response_cache is not None and config.response_cache.enable)

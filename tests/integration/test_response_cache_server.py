@@ -102,6 +102,30 @@ def test_identical_requests_are_answered_from_the_cache(
     assert 'nv_cache_num_hits_per_model{model="identity"' not in text  # its config does not enable the cache
 
 
+def test_json_outputs_and_streamed_requests_are_answered_from_the_cache(
+    client: httpclient.InferenceServerClient, server: ReferenceServer
+) -> None:
+    x = np.full((1, 5), 3.5, np.float32)
+    before = inference_stats(client, "cached")["inference_stats"]["cache_hit"]["count"]
+    for _ in range(2):  # a miss, then a hit, both answered as JSON
+        inp = httpclient.InferInput("INPUT0", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x, binary_data=False)
+        out = httpclient.InferRequestedOutput("OUTPUT0", binary_data=False)
+        np.testing.assert_array_equal(client.infer("cached", [inp], outputs=[out]).as_numpy("OUTPUT0"), x)
+    answers: list[Any] = []
+    grpc = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    grpc.start_stream(callback=lambda result, error: answers.append(error or result))
+    try:
+        inp = grpcclient.InferInput("INPUT0", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        grpc.async_stream_infer("cached", [inp], request_id="streamed")
+    finally:
+        grpc.stop_stream()  # waits for the answer
+    assert len(answers) == 1 and not isinstance(answers[0], Exception), answers
+    np.testing.assert_array_equal(answers[0].as_numpy("OUTPUT0"), x)
+    assert inference_stats(client, "cached")["inference_stats"]["cache_hit"]["count"] == before + 2
+
+
 def test_a_response_larger_than_the_cache_runs_every_time(client: httpclient.InferenceServerClient) -> None:
     x = np.linspace(0, 1, 2000, dtype=np.float32).reshape(1, 2000)  # 8,000 bytes > the 4,096-byte cache
     for _ in range(3):
