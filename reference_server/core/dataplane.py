@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -20,7 +20,6 @@ from reference_server.backends.context import ModelCall
 from reference_server.backends.onnxruntime import ONNX_PLATFORM
 from reference_server.core import model_config
 from reference_server.core.repository import ModelRepository, ModelVersion
-from reference_server.core.response_cache import infer_cached
 from reference_server.errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported
 from reference_server.scheduling.execute import Tensors
 from v2kit import codec as v2
@@ -161,32 +160,14 @@ class DataPlane:
         if is_decoupled(served):
             raise Unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
         inputs, output_names, timeout_us = self._prepare(served, request)
-        if self._cached(served, request):
-            return await self._infer_cached(served, request, inputs, output_names, timeout_us, received_ns)
         results = await served.scheduler.infer(
             inputs,
             output_names,
             timeout_us=timeout_us,
             received_ns=received_ns,
             request_id=request.id,
-            parameters=_model_parameters(request.parameters),
+            parameters={k: v for k, v in request.parameters.items() if k not in _RESERVED_PARAMETERS},
         )
-        return _response(served, request.id, output_names, results)
-
-    def _cached(self, served: ModelVersion, request: v2.InferRequest) -> bool:
-        """Whether the response cache answers this request (server and model enable it; no sequence)."""
-        return served.stats.cache_enabled and not request.parameters.get("sequence_id")
-
-    async def _infer_cached(
-        self, served: ModelVersion, request: v2.InferRequest, inputs: Tensors, output_names: list[str],
-        timeout_us: int | None, received_ns: int,
-    ) -> v2.InferResponse:  # fmt: skip
-        assert self.repository.response_cache is not None  # cache_enabled says the server has one
-        results = await infer_cached(
-            self.repository.response_cache, served.scheduler, served.stats, (served.name, served.version), inputs,
-            output_names, timeout_us=timeout_us, received_ns=received_ns, request_id=request.id,
-            parameters=_model_parameters(request.parameters),
-        )  # fmt: skip
         return _response(served, request.id, output_names, results)
 
     def infer_stream(self, request: v2.InferRequest) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
@@ -203,8 +184,6 @@ class DataPlane:
         received_ns = time.perf_counter_ns()
         served = self.repository.get(_model_name(request.model_name), request.model_version)
         inputs, output_names, timeout_us = self._prepare(served, request)
-        if self._cached(served, request):  # never decoupled: such a model cannot load with the cache
-            return _once(self._infer_cached(served, request, inputs, output_names, timeout_us, received_ns))
         return self._stream(served, request, inputs, output_names, timeout_us, received_ns)
 
     async def _stream(
@@ -393,10 +372,6 @@ def _model_name(name: str) -> str:
         shown = name if len(name) <= 64 else name[:61] + "..."
         raise NotFound(f"model '{shown}' is not found: not a model folder name")
     return name
-
-
-async def _once(response: Awaitable[v2.InferResponse]) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
-    yield await response, True
 
 
 def is_decoupled(served: ModelVersion) -> bool:

@@ -43,7 +43,7 @@ from reference_server.core import model_config
 from reference_server.core.ensemble import EnsembleScheduler
 from reference_server.core.ensemble_config import is_ensemble
 from reference_server.core.ensemble_loading import prepare_ensemble
-from reference_server.core.response_cache import ResponseCache, check_cache_config
+from reference_server.core.response_cache import ResponseCache, cached, check_cache_config
 from reference_server.core.warmup import run_warmup
 from reference_server.errors import ModelConfigError, NotFound, ServerError, Unavailable
 from reference_server.scheduling.execute import ModelInstance, Tensors
@@ -141,15 +141,16 @@ class _PreparedVersion:
 
 
 def _start_version(prepared: _PreparedVersion, cache: ResponseCache | None, limiter: RateLimiter | None) -> ModelVersion:
+    stats = ModelStats()
     config = prepared.config
-    stats = ModelStats(cache_enabled=cache is not None and config.response_cache.enable)
     gate = limiter.register(config, prepared.instances) if limiter is not None else None
+    scheduler = Scheduler(BatchingPolicy.from_config(config), prepared.instances, stats, gate)
     return ModelVersion(
         name=prepared.name,
         version=prepared.version,
         config=config,
         instances=prepared.instances,
-        scheduler=Scheduler(BatchingPolicy.from_config(config), prepared.instances, stats, gate),
+        scheduler=cached(scheduler, cache, config, stats, prepared.version),
         stats=stats,
         inputs={i.name: i for i in config.input},
         outputs={o.name: o for o in config.output},
@@ -225,9 +226,8 @@ class ModelRepository:
         self.call_model: Callable[[ModelCall], Awaitable[Tensors]] | None = None
         self.stream_model: Callable[[ModelCall], AsyncIterator[tuple[Tensors | None, bool]]] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        #: The server's response cache (--cache-config) and rate limiter (--rate-limit); None when off.
-        self.response_cache: ResponseCache | None = None
-        self.rate_limiter: RateLimiter | None = None
+        self.response_cache: ResponseCache | None = None  # --cache-config; None: no cache
+        self.rate_limiter: RateLimiter | None = None  # --rate-limit execution_count; None: off
         if not self.root.is_dir():
             raise ModelConfigError(f"{root}: model repository is not a directory; pass --model-repository DIR")
         self.gpu_count = gpu_count
@@ -381,13 +381,14 @@ class ModelRepository:
         check_cache_config(config)
         versions = {}
         for version in prepared.versions:
-            stats = ModelStats(cache_enabled=self.response_cache is not None and config.response_cache.enable)
+            stats = ModelStats()
+            scheduler = EnsembleScheduler(prepared.plan, config.max_batch_size, stats, self.get, prepared.decoupled)
             versions[version] = ModelVersion(
                 name=name,
                 version=version,
                 config=config,
                 instances=(),
-                scheduler=EnsembleScheduler(prepared.plan, config.max_batch_size, stats, self.get, prepared.decoupled),
+                scheduler=cached(scheduler, self.response_cache, config, stats, version),
                 stats=stats,
                 inputs={i.name: i for i in config.input},
                 outputs={o.name: o for o in config.output},

@@ -3,9 +3,10 @@ on a model.
 
 Theory of operation
 -------------------
-The data plane looks a request up before it reaches the model's scheduler (Triton's
-`DynamicBatchScheduler::Enqueue` does the same before it queues): a hit is answered at once and never
-queues or runs, a miss runs as usual and its outputs are inserted when it succeeds. A model uses the
+A model version with the cache has its scheduler wrapped in a `CachedScheduler`, which looks each
+request up before the scheduler sees it (Triton's `DynamicBatchScheduler::Enqueue` does the same
+before it queues): a hit is answered at once and never queues or runs, a miss runs as usual and its
+outputs are inserted when it succeeds. A model uses the
 cache only when both the server has one and the model's config enables it; otherwise requests go
 straight to the scheduler, as in Triton (`response_cache_enabled_ = model && server`).
 
@@ -37,20 +38,21 @@ import hashlib
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Mapping, Sequence
 from time import perf_counter_ns
 from typing import Any
 
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from reference_server.errors import ModelConfigError
+from reference_server.errors import ModelConfigError, ServerError
 from reference_server.scheduling.execute import Tensors
 from reference_server.scheduling.model_scheduler import ModelScheduler
 from reference_server.scheduling.stats import ModelStats
 
 __all__ = [
-    "CacheConfigError", "ResponseCache", "cache_size_from_flags", "check_cache_config", "infer_cached", "request_key",
+    "CacheConfigError", "CachedScheduler", "ResponseCache", "cache_size_from_flags", "cached", "check_cache_config",
+    "request_key",
 ]
 
 log = logging.getLogger(__name__)
@@ -117,38 +119,84 @@ class ResponseCache:
         return True
 
 
-async def infer_cached(
-    cache: ResponseCache,
-    scheduler: ModelScheduler,
-    stats: ModelStats,
-    model: tuple[str, int],
-    inputs: Tensors,
-    output_names: Sequence[str],
-    *,
-    timeout_us: int | None,
-    received_ns: int,
-    request_id: str,
-    parameters: dict[str, Any],
-) -> Tensors:
-    """One request to `model` (name, version) through the cache: a hit answers at once, a miss runs
-    on `scheduler` and is inserted when it succeeds; both are counted in `stats` as Triton counts them."""
-    name, version = model
-    enqueued = perf_counter_ns()  # where Triton's queue time starts: the request reaches its scheduler
-    key = request_key(name, version, stats.load_id, inputs, output_names, parameters)
-    lookup_start = perf_counter_ns()
-    cached = cache.lookup(key)
-    lookup_end = perf_counter_ns()
-    if cached is not None:
-        stats.record_cache_hit(lookup_end - received_ns, lookup_start - enqueued, lookup_end - lookup_start)
-        return cached
-    outputs = await scheduler.infer(
-        inputs, output_names, timeout_us=timeout_us, received_ns=received_ns, request_id=request_id,
-        parameters=parameters,
-    )  # fmt: skip
-    insert_start = perf_counter_ns()
-    cache.insert(key, outputs, name)
-    stats.record_cache_miss(lookup_end - lookup_start + perf_counter_ns() - insert_start)
-    return outputs
+class CachedScheduler:
+    """A model version's scheduler behind the response cache (the `ModelScheduler` surface): a hit
+    is answered here, a miss goes to `inner` and is inserted when it succeeds; both are counted in
+    `stats` (and a hit in an ensemble's `secondary_stats`) as Triton counts them. Client requests,
+    ensemble steps and python BLS calls all reach a model through its scheduler, so all use the cache,
+    as in Triton, where the lookup is in the scheduler's `Enqueue`."""
+
+    def __init__(self, inner: ModelScheduler, cache: ResponseCache, stats: ModelStats, model: tuple[str, int]) -> None:
+        self.inner = inner
+        self.cache = cache
+        self.stats = stats
+        self.model = model
+
+    async def infer(
+        self,
+        inputs: Tensors,
+        output_names: Sequence[str],
+        *,
+        timeout_us: int | None = None,
+        received_ns: int | None = None,
+        request_id: str = "",
+        parameters: dict[str, Any] | None = None,
+        secondary_stats: ModelStats | None = None,
+    ) -> Tensors:
+        enqueued = perf_counter_ns()  # where Triton's queue time starts: the request reaches its scheduler
+        if received_ns is None:
+            received_ns = enqueued
+        name, version = self.model
+        key = request_key(name, version, self.stats.load_id, inputs, output_names, parameters or {})
+        lookup_start = perf_counter_ns()
+        cached = self.cache.lookup(key)
+        lookup_end = perf_counter_ns()
+        if cached is not None:
+            times = (lookup_end - received_ns, lookup_start - enqueued, lookup_end - lookup_start)
+            self.stats.record_cache_hit(*times)
+            if secondary_stats is not None:
+                secondary_stats.record_cache_hit(*times)
+            return cached
+        outputs = await self.inner.infer(
+            inputs, output_names, timeout_us=timeout_us, received_ns=received_ns, request_id=request_id,
+            parameters=parameters, secondary_stats=secondary_stats,
+        )  # fmt: skip
+        insert_start = perf_counter_ns()
+        self.cache.insert(key, outputs, name)
+        self.stats.record_cache_miss(lookup_end - lookup_start + perf_counter_ns() - insert_start)
+        return outputs
+
+    def infer_stream(
+        self,
+        inputs: Tensors,
+        output_names: Sequence[str],
+        *,
+        timeout_us: int | None = None,
+        received_ns: int | None = None,
+        request_id: str = "",
+        parameters: dict[str, Any] | None = None,
+    ) -> AsyncIterator[tuple[Tensors | ServerError | None, bool]]:
+        """One response, final (a model with the cache is never decoupled: `check_cache_config`)."""
+        return _one(self.infer(inputs, output_names, timeout_us=timeout_us, received_ns=received_ns,
+                               request_id=request_id, parameters=parameters))  # fmt: skip
+
+    async def close(self, grace_s: float) -> None:
+        await self.inner.close(grace_s)
+
+
+def cached(
+    scheduler: ModelScheduler, cache: ResponseCache | None, config: mc.ModelConfig, stats: ModelStats, version: int
+) -> ModelScheduler:
+    """A model version's scheduler behind the cache when the server has one and the model's config
+    enables it (as Triton's `response_cache_enabled_`), marking `stats` so; else `scheduler` itself."""
+    if cache is None or not config.response_cache.enable:
+        return scheduler
+    stats.cache_enabled = True
+    return CachedScheduler(scheduler, cache, stats, (config.name, version))
+
+
+async def _one(answer: Awaitable[Tensors]) -> AsyncIterator[tuple[Tensors | ServerError | None, bool]]:
+    yield await answer, True
 
 
 def entry_bytes(outputs: Mapping[str, np.ndarray]) -> int:

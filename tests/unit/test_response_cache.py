@@ -4,6 +4,7 @@ misses are counted against a scheduler that counts its own runs."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,11 +16,11 @@ from tritonclient.grpc import model_config_pb2 as mc
 from reference_server.config import config_from_args
 from reference_server.core.response_cache import (
     CacheConfigError,
+    CachedScheduler,
     ResponseCache,
     cache_size_from_flags,
     check_cache_config,
     entry_bytes,
-    infer_cached,
     request_key,
 )
 from reference_server.errors import ModelConfigError
@@ -197,15 +198,13 @@ class CountingScheduler:
 
 async def test_hits_skip_the_scheduler_and_count_as_triton_counts() -> None:
     stats = ModelStats(cache_enabled=True)
+    ensemble = ModelStats()  # an ensemble whose step this is counts the hits too (secondary stats)
     scheduler = CountingScheduler(stats)
-    cache = ResponseCache(1 << 20)
+    cached = CachedScheduler(scheduler, ResponseCache(1 << 20), stats, ("m", 1))  # type: ignore[arg-type]
     x = np.ones((1, 4), np.float32)
 
     async def ask(value: np.ndarray) -> Tensors:
-        return await infer_cached(
-            cache, scheduler, stats, ("m", 1), {"IN": value}, ["OUT"],  # type: ignore[arg-type]
-            timeout_us=None, received_ns=0, request_id="", parameters={},
-        )  # fmt: skip
+        return await cached.infer({"IN": value}, ["OUT"], received_ns=time.perf_counter_ns(), secondary_stats=ensemble)
 
     first = await ask(x)
     again = [await ask(x) for _ in range(3)]
@@ -224,6 +223,12 @@ async def test_hits_skip_the_scheduler_and_count_as_triton_counts() -> None:
     for phase in ("compute_input", "compute_infer", "compute_output"):
         assert inference[phase]["count"] == 2  # hits computed nothing
     assert doc["inference_count"] == 2 and doc["execution_count"] == 2
+    assert ensemble.cache_hit_count == 3
+
+    # A stream answers once, from the cache too.
+    responses = [item async for item in cached.infer_stream({"IN": x}, ["OUT"])]
+    assert len(responses) == 1 and responses[0][1] is True
+    assert stats.cache_hit_count == 4 and scheduler.runs == 2
 
 
 async def test_failed_requests_are_neither_cached_nor_counted_as_misses() -> None:
@@ -235,10 +240,7 @@ async def test_failed_requests_are_neither_cached_nor_counted_as_misses() -> Non
             raise RuntimeError("model failed")
 
     with pytest.raises(RuntimeError):
-        await infer_cached(
-            cache, Failing(), stats, ("m", 1), {"IN": X}, ["OUT"],  # type: ignore[arg-type]
-            timeout_us=None, received_ns=0, request_id="", parameters={},
-        )  # fmt: skip
+        await CachedScheduler(Failing(), cache, stats, ("m", 1)).infer({"IN": X}, ["OUT"])  # type: ignore[arg-type]
     assert len(cache) == 0 and stats.cache_miss_count == 0 and stats.cache_hit_count == 0
 
 
