@@ -188,10 +188,12 @@ def cached(
     scheduler: ModelScheduler, cache: ResponseCache | None, config: mc.ModelConfig, stats: ModelStats, version: int
 ) -> ModelScheduler:
     """A model version's scheduler behind the cache when the server has one and the model's config
-    enables it (as Triton's `response_cache_enabled_`), marking `stats` so; else `scheduler` itself."""
+    enables it (as Triton's `response_cache_enabled_`); else `scheduler` itself. A config that enables
+    the cache marks `stats` either way: Triton exports the model's nv_cache_* metrics (zeros without a
+    server cache) on the model's setting alone."""
+    stats.cache_enabled = config.response_cache.enable
     if cache is None or not config.response_cache.enable:
         return scheduler
-    stats.cache_enabled = True
     return CachedScheduler(scheduler, cache, stats, (config.name, version))
 
 

@@ -108,7 +108,7 @@ def model_families(served: Iterable[tuple[str, str, ModelStats]]) -> list[Family
 
 
 def cache_families(served: Iterable[tuple[str, str, ModelStats]]) -> list[Family]:
-    """Triton's per-model response-cache counters, for the versions that use the cache (none without one)."""
+    """Triton's per-model response-cache counters, for the versions whose config enables the cache."""
     specs = [
         ("nv_cache_num_hits_per_model", "Number of cache hits per model", "cache_hit_count"),
         ("nv_cache_num_misses_per_model", "Number of cache misses per model", "cache_miss_count"),

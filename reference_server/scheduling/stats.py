@@ -96,7 +96,7 @@ class ModelStats:
         self.pending = 0
         #: Failed requests by reason; every reason is present so Prometheus exports zeros too.
         self.failures: dict[str, int] = dict.fromkeys(FAILURE_REASONS, 0)
-        #: Whether requests to this version go through the response cache (model and server enable it).
+        #: Whether the version's config enables the response cache (its nv_cache_* metrics exist then).
         self.cache_enabled = cache_enabled
         self.cache_hit_count = 0
         self.cache_hit_ns_total = 0

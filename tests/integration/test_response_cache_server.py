@@ -155,7 +155,7 @@ def test_a_decoupled_model_with_the_cache_fails_to_load_with_tritons_words(
 
 
 def test_without_a_server_cache_the_model_runs_every_request(repository: Path) -> None:
-    with running_server(loopback_config(repository, load=("cached",))) as plain:
+    with running_server(loopback_config(repository, load=("cached", "identity"))) as plain:
         client = httpclient.InferenceServerClient(plain.http_url)
         x = np.ones((1, 4), np.float32)
         for _ in range(3):
@@ -164,7 +164,9 @@ def test_without_a_server_cache_the_model_runs_every_request(repository: Path) -
         assert stats["execution_count"] == 3
         assert stats["inference_stats"]["cache_hit"] == {"count": 0, "ns": 0}
         assert stats["inference_stats"]["cache_miss"] == {"count": 0, "ns": 0}
-        assert "nv_cache_" not in metrics(plain)
+        # As Triton's, the metrics follow the model's setting: there, and zero.
+        assert 'nv_cache_num_hits_per_model{model="cached",version="1"} 0' in metrics(plain)
+        assert 'nv_cache_num_hits_per_model{model="identity"' not in metrics(plain)
 
 
 @pytest.mark.peers
