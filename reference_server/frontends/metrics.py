@@ -111,9 +111,9 @@ def cache_families(served: Iterable[tuple[str, str, ModelStats]]) -> list[Family
     """Triton's per-model response-cache counters, for the versions whose config enables the cache."""
     specs = [
         ("nv_cache_num_hits_per_model", "Number of cache hits per model", "cache_hit_count"),
-        ("nv_cache_num_misses_per_model", "Number of cache misses per model", "cache_miss_count"),
         ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds",
          "cache_hit_ns_total"),
+        ("nv_cache_num_misses_per_model", "Number of cache misses per model", "cache_miss_count"),
         ("nv_cache_miss_duration_per_model",
          "Total cache miss (insert+lookup) duration per model, in microseconds", "cache_miss_ns_total"),
     ]  # fmt: skip
