@@ -202,8 +202,15 @@ class CountingInstance:
                 cls.active -= 1
 
 
+POLICIES = {
+    "default scheduler": BatchingPolicy(),
+    "dynamic batcher": BatchingPolicy(max_batch_size=2, dynamic=True, max_queue_delay_ns=1_000_000),
+}
+
+
+@pytest.mark.parametrize("policy", list(POLICIES))
 @pytest.mark.parametrize("limited", [True, False])
-async def test_two_groups_sharing_one_resource_run_one_at_a_time(limited: bool) -> None:
+async def test_two_groups_sharing_one_resource_run_one_at_a_time(limited: bool, policy: str) -> None:
     go = threading.Event()
 
     class Counting(CountingInstance):
@@ -213,7 +220,7 @@ async def test_two_groups_sharing_one_resource_run_one_at_a_time(limited: bool) 
 
     instances = [Counting("a_0", go), Counting("b_0", go)]
     gate = RateLimiter().register(config(TWO_GROUPS), instances) if limited else None
-    scheduler = Scheduler(BatchingPolicy(), instances, ModelStats(), gate)
+    scheduler = Scheduler(POLICIES[policy], instances, ModelStats(), gate)
     try:
         tasks = [asyncio.ensure_future(scheduler.infer({"IN": np.full((1, 1), i, np.float32)}, [])) for i in range(6)]
         deadline = asyncio.get_running_loop().time() + BOUND_S
@@ -229,7 +236,7 @@ async def test_two_groups_sharing_one_resource_run_one_at_a_time(limited: bool) 
         go.set()
         await scheduler.close(1.0)
     assert [float(r["OUT"][0, 0]) for r in results] == [float(i) for i in range(6)]
-    assert sum(i.runs for i in instances) == 6
+    assert sum(i.runs for i in instances) == (6 if policy == "default scheduler" else 3)  # batches of 2
     if limited:
         assert started_while_held == 1 and Counting.most == 1
         assert all(i.runs > 0 for i in instances)  # both groups took turns
