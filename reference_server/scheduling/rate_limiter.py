@@ -214,7 +214,9 @@ class RateLimiter:
         ticket.state = _IDLE
         if more and ticket.wake is not None:
             self.stage(ticket, ticket.wake)
-        self._allocate()
+            self._allocate(waking=ticket.wake)  # its scheduler schedules next anyway: no need to wake it
+        else:
+            self._allocate()
 
     def _allocate(self, waking: object = None) -> None:
         """Give resources to the head of the queue while it fits (Triton's `AttemptAllocation`);
