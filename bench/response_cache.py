@@ -30,9 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import get_json, machine, peers_dir, perf_analyzer
 
 from perfkit.target import reference_server_process
+from reference_server.core.response_cache import entry_bytes
 from v2kit.demo import build_demo_repository
 
-RESPONSE_BYTES = 10 * 4  # the MLP answers 10 FP32 values per request
+#: What one MLP response (10 FP32 values) costs in the cache, bookkeeping included.
+RESPONSE_BYTES = entry_bytes({"OUTPUT0": np.zeros((1, 10), np.float32)})
 
 
 def cached_copy(repository: Path) -> None:

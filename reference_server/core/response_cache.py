@@ -21,8 +21,11 @@ by concatenation.
 
 *Size*, as in Triton's local cache: a fixed budget of bytes, entries evicted least recently used
 first; an entry costs the bytes of its output tensors (BYTES elements with their 4-byte length
-prefixes, as they travel), and a response larger than the whole cache is not stored (Triton logs
-"Requested byte_size: N is greater than total cache size: M" and counts the request as a miss).
+prefixes, as they travel) plus an allowance for what holding it costs beside the data (its key, its
+place in the table, each array's header: `ENTRY_OVERHEAD_BYTES`, `TENSOR_OVERHEAD_BYTES`), so that a
+cache of tiny responses cannot hold many times its size in bookkeeping. A response larger than the
+whole cache is not stored (Triton logs "Requested byte_size: N is greater than total cache size: M"
+and counts the request as a miss).
 
 *Statistics* (Triton's `UpdateSuccessCacheHit` / `UpdateSuccessCacheMiss`, core src/infer_stats.cc):
 a hit counts as a success whose queue time runs until the lookup started, and its lookup time as
@@ -56,6 +59,10 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: What an entry costs beside its data, and each of its tensors (CPython 3.11 on 64 bits, rounded up).
+ENTRY_OVERHEAD_BYTES = 256
+TENSOR_OVERHEAD_BYTES = 128
 
 #: The one cache implementation built in (Triton loads `libtritoncache_<name>.so` from --cache-directory).
 LOCAL = "local"
@@ -202,9 +209,11 @@ async def _one(answer: Awaitable[Tensors]) -> AsyncIterator[tuple[Tensors | Serv
 
 
 def entry_bytes(outputs: Mapping[str, np.ndarray]) -> int:
-    """What a response's outputs cost in the cache: their data bytes, BYTES elements length-prefixed."""
-    total = 0
+    """What a response's outputs cost in the cache: their data bytes (BYTES elements length-prefixed)
+    and the bookkeeping allowances (see "Size")."""
+    total = ENTRY_OVERHEAD_BYTES
     for array in outputs.values():
+        total += TENSOR_OVERHEAD_BYTES
         if array.dtype == object:
             total += sum(4 + len(_as_bytes(item)) for item in array.flat)
         else:

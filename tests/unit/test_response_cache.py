@@ -15,6 +15,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server.config import config_from_args
 from reference_server.core.response_cache import (
+    ENTRY_OVERHEAD_BYTES,
+    TENSOR_OVERHEAD_BYTES,
     CacheConfigError,
     CachedScheduler,
     ResponseCache,
@@ -68,7 +70,8 @@ def test_bytes_elements_are_length_prefixed_in_the_key() -> None:
     one = np.array([b"ab", b"c"], dtype=object)
     two = np.array([b"a", b"bc"], dtype=object)
     assert key({"S": one}) != key({"S": two})
-    assert entry_bytes({"S": one}) == 4 + 2 + 4 + 1
+    assert entry_bytes({"S": one}) == ENTRY_OVERHEAD_BYTES + TENSOR_OVERHEAD_BYTES + 4 + 2 + 4 + 1
+    assert entry_bytes({"A": X}) == ENTRY_OVERHEAD_BYTES + TENSOR_OVERHEAD_BYTES + 24
 
 
 def test_lookup_returns_a_read_only_copy() -> None:
@@ -84,40 +87,52 @@ def test_lookup_returns_a_read_only_copy() -> None:
 
 
 def test_evicts_least_recently_used_by_bytes() -> None:
-    cache = ResponseCache(3 * 400)  # three entries of 100 FP32 values
+    small = entry_bytes({"OUT": np.zeros(100, np.float32)})
+    big = entry_bytes({"OUT": np.zeros(200, np.float32)})
+    assert small < big < 2 * small
+    cache = ResponseCache(3 * small)  # three entries of 100 FP32 values
     entries = {name: {"OUT": np.full(100, i, np.float32)} for i, name in enumerate([b"a", b"b", b"c"])}
     for name, outputs in entries.items():
         assert cache.insert(name, outputs)
-    assert cache.used_bytes == 1200
+    assert cache.used_bytes == 3 * small
     assert cache.lookup(b"a") is not None  # a is now the most recently used: b goes first
     assert cache.insert(b"d", {"OUT": np.zeros(100, np.float32)})
     assert cache.lookup(b"b") is None
     assert [cache.lookup(k) is not None for k in (b"a", b"c", b"d")] == [True, True, True]
-    # One entry twice as large pushes out the two least recent.
+    # One entry larger than one free slot pushes out the two least recent.
     assert cache.insert(b"big", {"OUT": np.zeros(200, np.float32)})
     assert cache.lookup(b"a") is None and cache.lookup(b"c") is None
-    assert cache.used_bytes == 400 + 800 and len(cache) == 2
+    assert cache.used_bytes == small + big and len(cache) == 2
 
 
 def test_a_response_larger_than_the_cache_is_not_stored_and_evicts_nothing() -> None:
-    cache = ResponseCache(100)
+    cache = ResponseCache(entry_bytes({"OUT": np.zeros(25, np.float32)}))
     assert cache.insert(b"small", {"OUT": np.zeros(10, np.float32)})
-    assert not cache.insert(b"huge", {"OUT": np.zeros(26, np.float32)})  # 104 bytes > 100
+    assert not cache.insert(b"huge", {"OUT": np.zeros(26, np.float32)})  # 4 bytes too many
     assert cache.lookup(b"huge") is None
     assert cache.lookup(b"small") is not None
 
 
+def test_tiny_responses_cannot_hold_more_than_the_cache_size_in_bookkeeping() -> None:
+    cache = ResponseCache(1 << 16)
+    for i in range(10_000):
+        cache.insert(i.to_bytes(4, "little"), {"OUT": np.zeros(1, np.float32)})
+    # 4 data bytes each would allow 16,384 entries; their allowances bound them far lower.
+    assert len(cache) == (1 << 16) // entry_bytes({"OUT": np.zeros(1, np.float32)}) < 200
+
+
 def test_an_existing_key_is_not_replaced() -> None:
-    cache = ResponseCache(100)
+    cache = ResponseCache(1000)
     assert cache.insert(b"k", {"OUT": np.zeros(1, np.float32)})
     assert not cache.insert(b"k", {"OUT": np.ones(1, np.float32)})
     hit = cache.lookup(b"k")
     assert hit is not None and hit["OUT"][0] == 0
-    assert cache.used_bytes == 4
+    assert cache.used_bytes == entry_bytes({"OUT": np.zeros(1, np.float32)})
 
 
 def test_concurrent_inserts_keep_the_byte_count_exact() -> None:
-    cache = ResponseCache(40 * 64)
+    size = entry_bytes({"OUT": np.zeros(16, np.float32)})
+    cache = ResponseCache(40 * size)
 
     def fill(start: int) -> None:
         for i in range(start, start + 500):
@@ -129,7 +144,7 @@ def test_concurrent_inserts_keep_the_byte_count_exact() -> None:
         t.start()
     for t in threads:
         t.join()
-    assert cache.used_bytes == 64 * len(cache) <= cache.capacity_bytes
+    assert cache.used_bytes == size * len(cache) <= cache.capacity_bytes
     assert len(cache) == 40
 
 
