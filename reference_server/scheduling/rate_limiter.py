@@ -128,17 +128,19 @@ class RateLimiter:
             for resource in limits.resources:
                 if resource.count == 0:
                     continue
-                key = (resource.name, GLOBAL if resource.__getattribute__("global") else device)
+                key = (resource.name, GLOBAL if getattr(resource, "global") else device)  # a Python keyword
                 needs[key] = needs.get(key, 0) + resource.count
             tickets[instance.name] = _Ticket(f"{config.name}/{instance.name}", needs, limits.priority)
-        names_global = {name for t in (*self._tickets, *tickets.values()) for name, dev in t.needs if dev == GLOBAL}
+        everyone = (*self._tickets, *tickets.values())
+        both = {n for t in everyone for n, d in t.needs if d == GLOBAL} & {
+            n for t in everyone for n, d in t.needs if d != GLOBAL
+        }
+        if both:  # the loaded models agreed among themselves: this one disagrees
+            raise ModelConfigError(
+                f'Resource "{min(both)}" is present as both global and device-specific resource in the model '
+                f"configuration (model '{config.name}')."
+            )
         for ticket in tickets.values():
-            for name, device in ticket.needs:
-                if device != GLOBAL and name in names_global:
-                    raise ModelConfigError(
-                        f'Resource "{name}" is present as both global and device-specific resource in the model '
-                        f"configuration (model '{config.name}')."
-                    )
             if self.explicit:
                 for key, count in ticket.needs.items():
                     available = self._explicit_count(key)

@@ -170,6 +170,11 @@ def test_a_resource_both_global_and_per_device_is_refused() -> None:
     mixed = TWO_GROUPS.replace('{ name: "R" count: 1 } ] priority: 2', '{ name: "R" global: true count: 1 } ] priority: 2')
     with pytest.raises(ModelConfigError, match='Resource "R" is present as both global and device-specific resource'):
         limiter.register(config(mixed), [Instance("a_0"), Instance("b_0")])
+    # Across models too, whichever loads second.
+    limiter.register(config(TWO_GROUPS, "per_device"), [Instance("a_0"), Instance("b_0")])
+    global_r = 'instance_group [ { count: 1 kind: KIND_CPU rate_limiter { resources [ { name: "R" global: true count: 1 } ] } } ]'
+    with pytest.raises(ModelConfigError, match="model 'global_r'"):
+        limiter.register(config(global_r, "global_r"), [Instance("global_r_0_0")])
 
 
 # -- through the scheduler -----------------------------------------------------------------------
