@@ -6,9 +6,11 @@ Theory of operation
 A model version with the cache has its scheduler wrapped in a `CachedScheduler`, which looks each
 request up before the scheduler sees it (Triton's `DynamicBatchScheduler::Enqueue` does the same
 before it queues): a hit is answered at once and never queues or runs, a miss runs as usual and its
-outputs are inserted when it succeeds. A model uses the
+outputs are inserted when it succeeds. Client requests, ensemble steps and python BLS calls all
+reach a model through its scheduler, so all of them use the cache, as in Triton. A model uses the
 cache only when both the server has one and the model's config enables it; otherwise requests go
-straight to the scheduler, as in Triton (`response_cache_enabled_ = model && server`).
+straight to the scheduler, as in Triton (`response_cache_enabled_ = model && server`). A decoupled
+or sequence-batched model with the cache enabled is refused at load (`check_cache_config`).
 
 *The key* (Triton's `TritonCache::Hash`, core src/cache_manager.cc) covers the model name and version
 and every input, sorted by name, with its raw bytes. Ours also covers each input's datatype and shape
