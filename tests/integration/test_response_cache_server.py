@@ -28,8 +28,10 @@ CACHE_BYTES = 4096  # a few small responses; one of 2,000 FP32 values (8,000 byt
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     repo = build_demo_repository(tmp_path_factory.mktemp("cache") / "models")
-    for name in ("convnet", "mlp_pipeline", "preprocess", "python_linear"):  # not needed: faster start
+    for name in ("convnet", "python_linear"):  # not needed: faster start
         shutil.rmtree(repo / name)
+    with (repo / "mlp" / "config.pbtxt").open("a") as config:  # a step of the mlp_pipeline ensemble
+        config.write("\nresponse_cache { enable: true }\n")
     write_identity_model(repo, "cached", "response_cache { enable: true }")
     write_identity_model(repo, "oversized", "response_cache { enable: true }")
     decoupled = write_identity_model(repo, "decoupled_cached", "response_cache { enable: true }")
@@ -139,6 +141,18 @@ def test_a_response_larger_than_the_cache_runs_every_time(client: httpclient.Inf
     infer(client, "oversized", small)
     infer(client, "oversized", small)
     assert inference_stats(client, "oversized")["inference_stats"]["cache_hit"]["count"] == 1
+
+
+def test_an_ensemble_step_is_answered_from_its_models_cache(client: httpclient.InferenceServerClient) -> None:
+    x = np.random.default_rng(3).standard_normal((1, 256)).astype(np.float32)
+    inp = httpclient.InferInput("INPUT0", [1, 256], "FP32")
+    inp.set_data_from_numpy(x)
+    first, second = (client.infer("mlp_pipeline", [inp]).as_numpy("OUTPUT0") for _ in range(2))
+    np.testing.assert_array_equal(first, second)
+    mlp = inference_stats(client, "mlp")
+    assert mlp["inference_stats"]["cache_hit"]["count"] == 1 and mlp["execution_count"] == 1
+    assert inference_stats(client, "mlp_pipeline")["inference_stats"]["success"]["count"] == 2
+    assert inference_stats(client, "preprocess")["execution_count"] == 2  # no cache there: it ran twice
 
 
 def test_a_decoupled_model_with_the_cache_fails_to_load_with_tritons_words(
