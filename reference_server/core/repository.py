@@ -140,7 +140,9 @@ class _PreparedVersion:
     gpu_memory_bytes: dict[int, int]
 
 
-def _start_version(prepared: _PreparedVersion, cache: ResponseCache | None, limiter: RateLimiter | None) -> ModelVersion:
+def _start_version(
+    prepared: _PreparedVersion, cache: ResponseCache | None, limiter: RateLimiter | None
+) -> ModelVersion:
     stats = ModelStats()
     config = prepared.config
     gate = limiter.register(config, prepared.instances) if limiter is not None else None

@@ -78,12 +78,12 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ReferenceS
     repository = build_demo_repository(root / "models")
     write_model(repository, "limited", (SHARED, SHARED.replace("} ] }", "} ] priority: 2 }")), root / "limited.log")
     write_model(repository, "free", ("", ""), root / "free.log")
-    write_identity_model(
-        repository, "greedy", 'instance_group [ { kind: KIND_CPU rate_limiter { resources [ { name: "R" count: 2 } ] } } ]'
-    )
+    greedy = 'instance_group [ { kind: KIND_CPU rate_limiter { resources [ { name: "R" count: 2 } ] } } ]'
+    write_identity_model(repository, "greedy", greedy)
     config = loopback_config(
-        repository, load=("limited", "free", "greedy"), rate_limit="execution_count", rate_limit_resources=(("R", 1, None),)
-    )
+        repository, load=("limited", "free", "greedy"), rate_limit="execution_count",
+        rate_limit_resources=(("R", 1, None),),
+    )  # fmt: skip
     with running_server(config) as server:
         yield server, root
 

@@ -38,6 +38,12 @@ instance_group [
 """
 
 
+def global_r(count: int) -> str:
+    """One instance asking for `count` of the global resource R."""
+    resource = f'{{ name: "R" global: true count: {count} }}'
+    return f"instance_group [ {{ count: 1 kind: KIND_CPU rate_limiter {{ resources [ {resource} ] }} }} ]"
+
+
 @dataclass
 class Instance:
     name: str
@@ -110,8 +116,7 @@ async def test_priority_two_gets_half_the_turns_of_priority_one() -> None:
 def test_a_waiting_head_blocks_the_queue_and_allocation_wakes_its_scheduler() -> None:
     async def scenario() -> None:
         limiter = RateLimiter()
-        big = """instance_group [ { count: 1 kind: KIND_CPU rate_limiter { resources [ { name: "R" global: true count: 2 } ] } } ]"""
-        small = """instance_group [ { count: 1 kind: KIND_CPU rate_limiter { resources [ { name: "R" global: true count: 1 } ] } } ]"""
+        big, small = global_r(2), global_r(1)
         gate_small = limiter.register(config(small, "small"), [Instance("small_0_0")])
         gate_big = limiter.register(config(big, "big"), [Instance("big_0_0")])
         assert limiter.available(("R", GLOBAL)) == 2
@@ -152,8 +157,11 @@ async def test_settle_gives_back_resources_nobody_used() -> None:
 def test_more_than_the_flag_gives_is_tritons_load_error() -> None:
     limiter = RateLimiter([("R", 1, None)])
     asks_two = TWO_GROUPS.replace('count: 1 } ] priority: 2', 'count: 2 } ] priority: 2')
-    with pytest.raises(ModelConfigError, match=r'Resource count for "R" is limited to 1 which will prevent scheduling of '
-                       r"one or more model instances, the minimum required count is 2.*--rate-limit-resource=R:2"):  # fmt: skip
+    expected = (
+        r'Resource count for "R" is limited to 1 which will prevent scheduling of one or more model instances, '
+        r"the minimum required count is 2.*--rate-limit-resource=R:2"
+    )
+    with pytest.raises(ModelConfigError, match=expected):
         limiter.register(config(asks_two), [Instance("a_0"), Instance("b_0")])
     # Once the flag lists resources, one it does not list has none.
     other = TWO_GROUPS.replace('"R"', '"S"')
@@ -167,14 +175,14 @@ def test_more_than_the_flag_gives_is_tritons_load_error() -> None:
 
 def test_a_resource_both_global_and_per_device_is_refused() -> None:
     limiter = RateLimiter()
-    mixed = TWO_GROUPS.replace('{ name: "R" count: 1 } ] priority: 2', '{ name: "R" global: true count: 1 } ] priority: 2')
+    mixed = TWO_GROUPS.replace('{ name: "R" count: 1 } ] priority: 2', '{ name: "R" global: true count: 1 } ] '
+                               "priority: 2")  # fmt: skip
     with pytest.raises(ModelConfigError, match='Resource "R" is present as both global and device-specific resource'):
         limiter.register(config(mixed), [Instance("a_0"), Instance("b_0")])
     # Across models too, whichever loads second.
     limiter.register(config(TWO_GROUPS, "per_device"), [Instance("a_0"), Instance("b_0")])
-    global_r = 'instance_group [ { count: 1 kind: KIND_CPU rate_limiter { resources [ { name: "R" global: true count: 1 } ] } } ]'
     with pytest.raises(ModelConfigError, match="model 'global_r'"):
-        limiter.register(config(global_r, "global_r"), [Instance("global_r_0_0")])
+        limiter.register(config(global_r(1), "global_r"), [Instance("global_r_0_0")])
 
 
 # -- through the scheduler -----------------------------------------------------------------------
