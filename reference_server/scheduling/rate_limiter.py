@@ -195,6 +195,11 @@ class RateLimiter:
         ticket.wake = wake
         ticket.seq = next(self._seq)
         heapq.heappush(self._staged, (ticket.exec_count * ticket.priority, ticket.seq, ticket))
+        if len(self._staged) > 4 * len(self._tickets) + 64:
+            # Entries of tickets that left the queue are skipped when they reach the top; behind a head
+            # that waits long, requests that come and go would pile them up: drop them here.
+            self._staged = [e for e in self._staged if e[2].state == _STAGED and e[2].seq == e[1]]
+            heapq.heapify(self._staged)
 
     def unstage(self, ticket: _Ticket) -> None:
         """Leave the queue, or give back resources allocated but not used."""

@@ -143,6 +143,22 @@ def test_a_waiting_head_blocks_the_queue_and_allocation_wakes_its_scheduler() ->
     asyncio.run(scenario())
 
 
+async def test_the_staging_queue_stays_bounded_behind_a_waiting_head() -> None:
+    limiter = RateLimiter()
+    gate = limiter.register(config(TWO_GROUPS), [Instance("a_0"), Instance("b_0")])
+    running = gate.acquire(slots("a_0"), never)  # a holds R: b, staged, waits at the head
+    assert running is not None
+    idle_b = slots("b_0")
+    assert gate.acquire(idle_b, never) is None
+    other = limiter.register(config("", "free"), [Instance("free_0")])
+    for _ in range(1000):  # a model whose requests come and go while b waits
+        idle = slots("free_0")
+        assert other.acquire(idle, never) is None  # behind the head, as in Triton
+        other.settle(idle)  # ...its request left (timed out): it leaves the queue
+        other.settle(idle)
+    assert len(limiter._staged) <= 4 * 3 + 64 + 1
+
+
 async def test_settle_gives_back_resources_nobody_used() -> None:
     limiter = RateLimiter()
     gate = limiter.register(config(TWO_GROUPS), [Instance("a_0"), Instance("b_0")])
