@@ -40,7 +40,7 @@ class Corrupt(Exception):
     """The data is not a complete gzip or deflate stream."""
 
 
-def inflate(data: bytes | memoryview, coding: str, limit: int) -> bytes:
+def inflate(data: bytes | bytearray | memoryview, coding: str, limit: int) -> bytes:
     """`data` (compressed with `coding`, one of CODINGS) decompressed, at most `limit` bytes.
     Raises TooLarge past the limit, Corrupt for data that is not one whole stream."""
     wbits = _AUTO
@@ -49,7 +49,7 @@ def inflate(data: bytes | memoryview, coding: str, limit: int) -> bytes:
     inflater = zlib.decompressobj(wbits)
     out: list[bytes] = []
     size = 0
-    pending: bytes | memoryview = data
+    pending: bytes | bytearray | memoryview = data
     try:
         while True:
             piece = inflater.decompress(pending, CHUNK)
@@ -77,7 +77,7 @@ def compress(data: bytes, coding: str) -> bytes:
     return zlib.compress(data, 6)
 
 
-def _zlib_header(data: bytes | memoryview) -> bool:
+def _zlib_header(data: bytes | bytearray | memoryview) -> bool:
     """Whether `data` starts with a zlib header (RFC 1950 §2.2: CM 8, and CMF*256+FLG a multiple
     of 31), or a gzip one (which the automatic wrapper detection reads too)."""
     first, second = data[0], data[1]
