@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from reference_server.core.dataplane import SERVER_NAME
 from reference_server.errors import ServerError
 from reference_server.frontends.auth import Token, read_token_file
 from reference_server.frontends.http.limits import DEFAULT_LIMITS, HttpLimits
@@ -53,6 +54,7 @@ class ServerConfig:
     auth_token: str | None = field(default=None, repr=False)
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
+    server_name: str = SERVER_NAME
 
     @property
     def tls(self) -> bool:
@@ -102,6 +104,8 @@ class ServerConfig:
             Token(self.auth_token)  # raises on an unusable token, without quoting it
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
             raise ServerError("--ssl-certfile and --ssl-keyfile go together: give both for TLS, or neither")
+        if not self.server_name.strip():
+            raise ServerError("--server-name must not be empty")
         for flag, path in (("--ssl-certfile", self.ssl_certfile), ("--ssl-keyfile", self.ssl_keyfile)):
             if path is not None and not path.is_file():
                 raise ServerError(f"{flag} {path}: no such file")
@@ -289,6 +293,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="on SIGTERM, how long in-flight requests may take to finish",
     )
     parser.add_argument(
+        "--server-name",
+        default=SERVER_NAME,
+        metavar="NAME",
+        help="the name the server metadata reports; 'triton' for clients that check for Triton by name",
+    )
+    parser.add_argument(
         "--log-verbose", type=int, default=0, metavar="LEVEL", help="0: info; 1 and above: also every request"
     )
     return parser
@@ -352,6 +362,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         auth_token=token,
         ssl_certfile=args.ssl_certfile,
         ssl_keyfile=args.ssl_keyfile,
+        server_name=args.server_name,
     )
     try:
         config.validate()

@@ -154,7 +154,7 @@ def _split_body(body: Any, header_length: Any, what: str) -> tuple[dict[str, Any
     except UnicodeDecodeError as e:
         raise CodecError(f"{what} JSON is not valid UTF-8: {e}") from None
     except (ValueError, RecursionError) as e:
-        raise CodecError(f"{what} JSON is malformed: {e}") from None
+        raise CodecError(f"failed to parse the {what} JSON buffer: {e}") from None  # Triton's words
     if not isinstance(doc, dict):
         raise CodecError(f"{what} JSON must be an object, got a {json_type_name(doc)}")
     return doc, rest
@@ -167,7 +167,7 @@ def _params(container: dict[str, Any], what: str) -> dict[str, Any]:
     return params
 
 
-def _parse_tensors(items: Any, kind: str, rest: memoryview | None) -> list[InferTensor]:
+def _parse_tensors(items: Any, kind: str, rest: memoryview | None, model: str = "") -> list[InferTensor]:
     """Validates every `inputs`/`outputs` entry and the binary sizes, then decodes the data."""
     if not isinstance(items, list):
         raise CodecError(f"'{kind}s' must be a JSON array")
@@ -212,10 +212,10 @@ def _parse_tensors(items: Any, kind: str, rest: memoryview | None) -> list[Infer
     tensors, off = [], 0
     for name, datatype, shape, params, data, size in specs:
         if size is None:
-            arr = tensor_from_json(data, datatype, shape, name, kind=kind)
+            arr = tensor_from_json(data, datatype, shape, name, kind=kind, model=model)
         else:
             section = rest[off : off + size]  # type: ignore[index]  # sizes matched, so rest is there
-            arr = tensor_from_raw(section, datatype, shape, name, kind=kind)
+            arr = tensor_from_raw(section, datatype, shape, name, kind=kind, model=model)
             off += size
         tensors.append(InferTensor(name, datatype, [int(d) for d in shape], arr, params))
     return tensors
@@ -267,9 +267,8 @@ def decode_infer_request(
     rid, params = _parse_common(doc)
     if "inputs" not in doc:
         raise CodecError("request JSON has no 'inputs'")
-    inputs = _parse_tensors(doc["inputs"], "input", rest)
-    if not inputs:
-        raise CodecError("'inputs' must not be empty")
+    # No inputs is the model's business: the server words it with the count the model wants.
+    inputs = _parse_tensors(doc["inputs"], "input", rest, model_name)
     outputs = _parse_requested_outputs(doc.get("outputs"))
     return InferRequest(model_name, model_version, rid, inputs, outputs, params)
 
