@@ -167,6 +167,18 @@ def _params(container: dict[str, Any], what: str) -> dict[str, Any]:
     return params
 
 
+def _triton_size_error(sized: list[tuple[str, int]], available: int, kind: str, model: str) -> str:
+    """Triton's words for binary data that does not match the sizes announced: the first tensor
+    the data runs out in and how many bytes it still expects, or the data left over."""
+    end = 0
+    for name, size in sized:
+        end += size
+        if end > available:
+            missing = min(size, end - available)
+            return f"unexpected size for {kind} {name!r}, expecting {missing} additional bytes for model '{model}'"
+    return f"unexpected additional {kind} data for model '{model}'"
+
+
 def _parse_tensors(items: Any, kind: str, rest: memoryview | None, model: str = "") -> list[InferTensor]:
     """Validates every `inputs`/`outputs` entry and the binary sizes, then decodes the data."""
     if not isinstance(items, list):
@@ -208,7 +220,8 @@ def _parse_tensors(items: Any, kind: str, rest: memoryview | None, model: str = 
             if rest is None
             else (f"{available} bytes follow the JSON header")
         )
-        raise CodecError(f"binary_data_size values ({listed}) add up to {total} bytes but {where}")
+        detail = f"binary_data_size values ({listed}) add up to {total} bytes but {where}"
+        raise CodecError(f"{_triton_size_error(sized, available, kind, model)}; {detail}" if model else detail)
     tensors, off = [], 0
     for name, datatype, shape, params, data, size in specs:
         if size is None:

@@ -172,6 +172,7 @@ CASES: dict[str, tuple[Callable[[Endpoints], tuple[str, str]], str | None]] = {
     "http datatype": (rest("POST", "/v2/models/echo/infer", infer_json(dict(GOOD, datatype="INT32"))), None),
     "http element count": (rest("POST", "/v2/models/echo/infer", infer_json(dict(GOOD, data=[1, 2, 3]))), None),
     "http malformed JSON": (rest("POST", "/v2/models/echo/infer", b"{nope"), "buffer: "),
+    "http binary data short": (_binary_short(), None),
     "grpc unknown model": (rpc("ModelInfer", grpc_infer("nope")), None),
     "grpc unknown version": (rpc("ModelInfer", grpc_infer(version="7")), None),
     "grpc bad version string": (rpc("ModelInfer", grpc_infer(version="abc")), None),

@@ -67,8 +67,9 @@ def _q_value(params: str) -> float | None:
 
 
 class ContentCodings:
-    """Wraps a handler: inflates a compressed request body, compresses what `compress_answer`
-    says may be compressed. Requests without the headers pass through untouched."""
+    """Wraps a handler: inflates a compressed request body, and compresses the 200 answers of
+    paths ending in one of `compresses` as Accept-Encoding asks. A request with neither header
+    costs two dictionary lookups."""
 
     def __init__(self, handler: Handler, *, max_body_bytes: int, compresses: frozenset[str] = frozenset()) -> None:
         self.handler = handler
