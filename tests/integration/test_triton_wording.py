@@ -3,9 +3,10 @@ with Triton's for the same condition (clients match on it), after one normalisat
 
 Normalisation: Triton's `[request id: <id_unknown>] ` prefix, a C++ parser's `(details: stol)`
 and trailing dots and spaces go. Where Triton's text goes on with what only it can say (its
-JSON parser's message, the state of a version), `CUT` ends the comparison and the rest is ours.
+JSON parser's message, the state of a version), the case's cut ends the comparison; the rest is ours.
 Status codes are compared too; where ours differ they are listed in `OURS` and say why (a 4xx
-for malformed input, where Triton answers 500; 503 for a model in the repository but not loaded).
+for malformed input, where Triton answers 500; 503 for a model in the repository but not loaded
+or whose load failed; 415 for a content coding we do not read).
 
 One tritonserver for the module, both servers on one repository of python models (the only
 backend the peers bundle): `echo` (loaded), `idle` (not loaded), `broken` (its model.py raises at
@@ -164,6 +165,12 @@ CASES: dict[str, tuple[Callable[[Endpoints], tuple[str, str]], str | None]] = {
     "http load missing": (rest("POST", "/v2/repository/models/nothere/load", b""), None),
     "http load unparsable config": (rest("POST", "/v2/repository/models/badcfg/load", b""), None),
     "http load failing model": (rest("POST", "/v2/repository/models/broken/load", b""), ": version"),
+    "http infer on the model that failed": (rest("POST", "/v2/models/broken/infer", infer_json(GOOD)), None),
+    "grpc infer on the model that failed": (rpc("ModelInfer", grpc_infer("broken")), None),
+    "http unknown content coding": (
+        rest("POST", "/v2/models/echo/infer", infer_json(GOOD), {"Content-Encoding": "br"}),
+        None,
+    ),
     "http input count, extra": (rest("POST", "/v2/models/echo/infer", infer_json(GOOD, dict(GOOD, name="X"))), ". Got"),
     "http input count, none": (rest("POST", "/v2/models/echo/infer", infer_json()), None),
     "http unexpected input": (rest("POST", "/v2/models/echo/infer", infer_json(dict(GOOD, name="X"))), None),
@@ -206,6 +213,9 @@ OURS = {
     "http element count": ("500", "400"),  # malformed input is the client's
     "http malformed JSON": ("500", "400"),
     "grpc unknown model statistics": ("INVALID_ARGUMENT", "NOT_FOUND"),
+    "http unknown content coding": ("501", "415"),  # RFC 9110 §15.5.16, with Accept-Encoding
+    "http infer on the model that failed": ("404", "503"),  # known, and unavailable until a load works
+    "grpc infer on the model that failed": ("NOT_FOUND", "UNAVAILABLE"),
 }
 
 _REQUEST_ID = re.compile(r"^\[request id: [^\]]*\] ")

@@ -8,7 +8,7 @@ and `response_compression_algorithm`).
   413, with Triton's wording, never the whole bomb in memory.
 - *Bad data.* A body that is not a whole gzip or deflate stream is 400.
 - *Unknown coding.* 415 with `Accept-Encoding: gzip, deflate` (RFC 9110 §15.5.16); Triton answers
-  400 for it, with the message this one begins with.
+  501 (its UNSUPPORTED) for it, with the message this one begins with.
 - *Answers.* Only inference answers are compressed, as in Triton; the coding is the one of gzip,
   deflate and identity with the highest q-value (RFC 9110 §12.5.3; `*` stands for those the
   header does not name, q=0 refuses one), the first listed on a tie, identity when none is
