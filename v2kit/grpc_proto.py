@@ -156,10 +156,9 @@ def _from_contents(t: Any, present: list[str], raw_name: str, what: str, model: 
         detail = f"shape {format_shape(t.shape)} needs {count} elements, {field} has {len(values)}"
         if t.datatype == "BYTES":
             raise CodecError(f"{what}: {detail}")
-        size, got = dtype.itemsize, len(values) * dtype.itemsize  # Triton compares bytes
-        raise CodecError(
-            f"{what.split()[0]} byte size mismatch for {what}{for_model(model)}. Expected {count * size}, got {got}; {detail}"
-        )
+        size = dtype.itemsize  # Triton compares bytes, in its words
+        mismatch = f"byte size mismatch for {what}{for_model(model)}. Expected {count * size}, got {len(values) * size}"
+        raise CodecError(f"{what.split()[0]} {mismatch}; {detail}")
     if t.datatype == "BYTES":
         return reshape(object_array(list(values)), t.shape, what)
     arr = np.fromiter(values, dtype=base, count=count)
@@ -173,7 +172,8 @@ def _tensors_from_proto(tensors: Any, raw: Any, kind: str, model: str) -> list[I
     if len(raw) and len(raw) != len(tensors):
         detail = f"{raw_name} has {len(raw)} entries for {len(tensors)} {kind}s; send one per {kind}"
         if len(raw) < len(tensors):  # Triton's words: it looks for the first one's data and finds none
-            detail = f"unable to find data for {kind} tensor {tensors[len(raw)].name!r}{for_model(model)} in request. {detail}"
+            missing = f"{kind} tensor {tensors[len(raw)].name!r}{for_model(model)}"
+            detail = f"unable to find data for {missing} in request. {detail}"
         raise CodecError(detail)
     out: list[InferTensor] = []
     seen: set[str] = set()
