@@ -193,7 +193,12 @@ def _parse_tensors(items: Any, kind: str, rest: memoryview | None, model: str = 
         if name in seen:
             raise CodecError(f"duplicate {kind} name {name!r}")
         seen.add(name)
-        datatype_to_numpy(item.get("datatype"), what)
+        try:
+            datatype_to_numpy(item.get("datatype"), what)
+        except CodecError as exc:
+            if not model:
+                raise
+            raise CodecError(f"invalid datatype for {kind} {name}; {exc}") from None  # Triton's words first
         if "shape" not in item:
             raise CodecError(f"{what}: missing 'shape'")
         element_count(item["shape"], what)

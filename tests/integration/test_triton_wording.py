@@ -175,6 +175,7 @@ CASES: dict[str, tuple[Callable[[Endpoints], tuple[str, str]], str | None]] = {
     "http unexpected output": (rest("POST", "/v2/models/echo/infer", infer_json(GOOD, outputs=["X"])), None),
     "http shape": (rest("POST", "/v2/models/echo/infer", infer_json(dict(GOOD, shape=[5], data=[1] * 5))), None),
     "http datatype": (rest("POST", "/v2/models/echo/infer", infer_json(dict(GOOD, datatype="INT32"))), None),
+    "http unknown datatype": (rest("POST", "/v2/models/echo/infer", infer_json(dict(GOOD, datatype="FP99"))), None),
     "http element count": (rest("POST", "/v2/models/echo/infer", infer_json(dict(GOOD, data=[1, 2, 3]))), None),
     "http malformed JSON": (rest("POST", "/v2/models/echo/infer", b"{nope"), "buffer: "),
     "http binary data short": (_binary_short(), None),
