@@ -28,6 +28,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from tests.integration.test_http_hostile import read_answer
+from tests.unit.test_content_codings import gzip_bomb
 
 pytestmark = pytest.mark.integration
 
@@ -92,26 +93,6 @@ def server(demo_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> I
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-
-
-def gzip_bomb(inflated_mib: int) -> bytes:
-    """A valid gzip stream of `inflated_mib` MiB of zeros, about a thousandth of that on the wire,
-    built without compressing it all: after a full flush, each MiB of zeros compresses to the same bytes."""
-    mib = bytes(1 << 20)
-    compressor = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | 16)
-    first = compressor.compress(mib) + compressor.flush(zlib.Z_FULL_FLUSH)
-    repeated = compressor.compress(mib) + compressor.flush(zlib.Z_FULL_FLUSH)
-    end = compressor.flush()[:-8]  # the last block; the trailer is for the whole stream
-    crc = 0
-    for _ in range(inflated_mib):
-        crc = zlib.crc32(mib, crc)
-    trailer = crc.to_bytes(4, "little") + ((inflated_mib << 20) & 0xFFFFFFFF).to_bytes(4, "little")
-    return first + repeated * (inflated_mib - 1) + end + trailer
-
-
-def test_the_bomb_is_what_it_claims() -> None:
-    bomb = gzip_bomb(3)
-    assert gzip.decompress(bomb) == bytes(3 << 20)
 
 
 def _identity_input(module: object, values: np.ndarray) -> object:

@@ -83,7 +83,10 @@ def servers(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
 # -- the requests, each returning (status, message)
 
 
-def rest(method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> Any:
+Call = Callable[[Endpoints], tuple[str, str]]
+
+
+def rest(method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> Call:
     def call(endpoints: Endpoints) -> tuple[str, str]:
         host, port = endpoints[0].rsplit(":", 1)
         connection = http.client.HTTPConnection(host, int(port), timeout=60)
@@ -98,7 +101,7 @@ def rest(method: str, path: str, body: bytes | None = None, headers: dict[str, s
     return call
 
 
-def rpc(method: str, request: Any) -> Any:
+def rpc(method: str, request: Any) -> Call:
     def call(endpoints: Endpoints) -> tuple[str, str]:
         with grpc.insecure_channel(endpoints[1]) as channel:
             try:
@@ -129,7 +132,7 @@ def grpc_infer(model: str = "echo", version: str = "", **changes: Any) -> pb.Mod
     return request
 
 
-def _binary_short() -> Callable[[Endpoints], tuple[str, str]]:
+def _binary_short() -> Call:
     """Binary tensor data that announces 16 bytes and carries 8 (tritonclient's framing)."""
     tensor = httpclient.InferInput("INPUT0", [4], "FP32")
     tensor.set_data_from_numpy(np.zeros(4, np.float32), binary_data=True)
@@ -155,7 +158,7 @@ def _typed_short() -> pb.ModelInferRequest:
 
 #: name -> (request, where Triton's text stops being compared (None: all of it); Triton lists the
 #: inputs it got in no fixed order, so that list is not compared).
-CASES: dict[str, tuple[Callable[[Endpoints], tuple[str, str]], str | None]] = {
+CASES: dict[str, tuple[Call, str | None]] = {
     "http unknown model": (rest("POST", "/v2/models/nope/infer", infer_json(GOOD)), None),
     "http unknown model metadata": (rest("GET", "/v2/models/nope"), None),
     "http unknown version": (rest("POST", "/v2/models/echo/versions/7/infer", infer_json(GOOD)), None),

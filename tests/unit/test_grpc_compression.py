@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
+from tests.unit.test_content_codings import gzip_bomb
 from tests.unit.test_grpc_server import Peer, Servicer, start
 from v2kit.h2 import frames as h2
 from v2kit.h2.frames import frame
@@ -69,7 +70,7 @@ def test_an_unknown_coding_is_unimplemented_with_what_is_accepted() -> None:
 
 
 def test_a_bomb_is_resource_exhausted_at_the_limit() -> None:
-    bomb = gzip.compress(bytes(64 << 20))  # 64 MiB inflated, ~64 KB on the wire, limit 1 MiB
+    bomb = gzip_bomb(64)  # 64 MiB inflated, ~64 KB on the wire, limit 1 MiB
     assert len(bomb) < 1 << 20
     _, _, trailers = _exchange(bomb, 1, **{"grpc-encoding": "gzip"})
     assert trailers["grpc-status"] == "8" and "larger than max" in trailers["grpc-message"]
