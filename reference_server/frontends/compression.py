@@ -10,19 +10,29 @@ limit and a few milliseconds, never its memory.
 send raw deflate (RFC 1951) instead, so a body that is not zlib-wrapped is read as raw deflate.
 gzip is RFC 1952. As Triton's DataCompressor does (`inflateInit2(15 | 32)`), either wrapped
 format is accepted under either name.
+
+The front ends call the `_async` forms from the event loop: small data is done there, larger data
+in a worker thread (zlib lets go of the GIL), so that compressing a large answer (gzip manages
+tens of MB/s) or inflating a body to the limit never stalls the other clients' requests.
 """
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 
-__all__ = ["CHUNK", "CODINGS", "Corrupt", "TooLarge", "compress", "inflate"]
+__all__ = ["CHUNK", "CODINGS", "Corrupt", "TooLarge", "compress", "compress_async", "inflate", "inflate_async"]
 
 #: The codings both front ends read and write, in the order they are advertised.
 CODINGS = ("gzip", "deflate")
 
 #: Output bytes asked of zlib at a time: what `inflate` may hold past its limit.
 CHUNK = 1 << 18
+
+#: Data compressed on the loop, at most: a few hundred microseconds of gzip.
+INLINE_COMPRESS = 1 << 15
+#: Compressed data inflated on the loop, at most: about a thousand times that out, a few milliseconds.
+INLINE_INFLATE = 1 << 12
 
 _AUTO = zlib.MAX_WBITS | 32  # zlib or gzip wrapper, detected from the header
 _RAW = -zlib.MAX_WBITS
@@ -75,6 +85,20 @@ def compress(data: bytes, coding: str) -> bytes:
         compressor = zlib.compressobj(6, zlib.DEFLATED, zlib.MAX_WBITS | 16)
         return compressor.compress(data) + compressor.flush()
     return zlib.compress(data, 6)
+
+
+async def inflate_async(data: bytes | bytearray | memoryview, coding: str, limit: int) -> bytes:
+    """`inflate`, in a worker thread unless `data` is small."""
+    if len(data) <= INLINE_INFLATE:
+        return inflate(data, coding, limit)
+    return await asyncio.get_running_loop().run_in_executor(None, inflate, data, coding, limit)
+
+
+async def compress_async(data: bytes, coding: str) -> bytes:
+    """`compress`, in a worker thread unless `data` is small."""
+    if len(data) <= INLINE_COMPRESS:
+        return compress(data, coding)
+    return await asyncio.get_running_loop().run_in_executor(None, compress, data, coding)
 
 
 def _zlib_header(data: bytes | bytearray | memoryview) -> bool:

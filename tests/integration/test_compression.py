@@ -174,13 +174,20 @@ def test_an_unknown_coding_is_415_naming_what_is_accepted(server: Server) -> Non
 
 
 def test_perf_analyzer_grpc_compression(peers: Path, server: Server) -> None:
-    result = subprocess.run(
-        [
-            str(peers / "bin" / "perf_analyzer"), "-m", "identity", "-u", f"127.0.0.1:{server.grpc_port}",
-            "-i", "grpc", "--grpc-compression-algorithm", "gzip", "--shape", "INPUT0:64",
-            "--concurrency-range", "2", "-p", "300", "-s", "100", "-r", "6",
-        ],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "Avg gRPC time" in result.stdout
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}") as client:
+        before = client.get_inference_statistics("identity", as_json=True)["model_stats"][0]["inference_stats"]
+        result = subprocess.run(
+            [
+                str(peers / "bin" / "perf_analyzer"), "-m", "identity", "-u", f"127.0.0.1:{server.grpc_port}",
+                "-i", "grpc", "--grpc-compression-algorithm", "gzip", "--shape", "INPUT0:64",
+                "--concurrency-range", "2", "-p", "300", "-s", "100", "-r", "6",
+            ],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        after = client.get_inference_statistics("identity", as_json=True)["model_stats"][0]["inference_stats"]
+    # This checks the protocol, not the measurement: exit 2 (no stable measurement on a busy
+    # machine) still means every window's requests were answered.
+    assert result.returncode in (0, 2), result.stdout + result.stderr
+    assert "Request concurrency: 2" in result.stdout, result.stdout
+    served = int(after["success"]["count"]) - int(before.get("success", {}).get("count", 0))
+    assert served > 100 and int(after.get("fail", {}).get("count", 0)) == 0, (before, after)

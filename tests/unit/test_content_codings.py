@@ -12,7 +12,17 @@ import zlib
 
 import pytest
 
-from reference_server.frontends.compression import CHUNK, Corrupt, TooLarge, compress, inflate
+from reference_server.frontends.compression import (
+    CHUNK,
+    INLINE_COMPRESS,
+    INLINE_INFLATE,
+    Corrupt,
+    TooLarge,
+    compress,
+    compress_async,
+    inflate,
+    inflate_async,
+)
 from reference_server.frontends.http.encoding import ContentCodings, response_coding
 from reference_server.frontends.http.messages import HttpRequest, HttpResponse
 
@@ -61,6 +71,21 @@ def test_compress_round_trips_through_the_standard_library() -> None:
     data = b"perfkit " * 1000
     assert gzip.decompress(compress(data, "gzip")) == data
     assert zlib.decompress(compress(data, "deflate")) == data  # zlib-wrapped, per RFC 9110
+
+
+@pytest.mark.parametrize("size", [INLINE_COMPRESS // 2, INLINE_COMPRESS * 8])  # on the loop; in a thread
+def test_the_async_forms_agree_with_the_plain_ones(size: int) -> None:
+    data = bytes(range(256)) * (size // 256)
+
+    async def both() -> tuple[bytes, bytes]:
+        packed = await compress_async(data, "gzip")
+        return packed, await inflate_async(packed, "gzip", len(data))
+
+    packed, unpacked = asyncio.run(both())
+    assert gzip.decompress(packed) == data == unpacked
+    with pytest.raises(TooLarge):
+        asyncio.run(inflate_async(gzip_bomb(8), "gzip", 1 << 20))  # > INLINE_INFLATE: in a thread
+    assert len(gzip_bomb(8)) > INLINE_INFLATE
 
 
 def test_a_bomb_stops_at_the_limit_without_inflating_it() -> None:

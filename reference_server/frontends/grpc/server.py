@@ -50,7 +50,7 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from reference_server.frontends.auth import OPEN_GRPC_METHODS, Token, Unauthenticated
-from reference_server.frontends.compression import CODINGS, Corrupt, TooLarge, compress, inflate
+from reference_server.frontends.compression import CODINGS, Corrupt, TooLarge, compress_async, inflate
 from reference_server.frontends.grpc.service import InferenceServicer, lenient_deserializer
 from reference_server.frontends.listener import Listener
 from v2kit import grpc_status as status
@@ -382,8 +382,13 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
             self._crashed(call, exc)
             return
         data = response.SerializeToString()
-        if self.h2.streams.get(call.id) is call and self._sendable(call, len(data)):
-            self._answer(call, _prefixed(data, call.reply_coding))
+        if self.h2.streams.get(call.id) is not call or not self._sendable(call, len(data)):
+            return
+        if call.reply_coding is not None:
+            data = await compress_async(data, call.reply_coding)
+            if self.h2.streams.get(call.id) is not call:
+                return  # reset while it was compressed
+        self._answer(call, _prefixed(data, call.reply_coding is not None))
 
     async def _serve_stream(self, call: _Call) -> None:
         try:
@@ -406,12 +411,14 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
         """A streaming call's reply message; returns once the windows have let it out."""
         if not self._sendable(call, len(data)):
             raise _Abort(status.RESOURCE_EXHAUSTED, "reply too large")
+        if call.reply_coding is not None:
+            data = await compress_async(data, call.reply_coding)
         if self.h2.streams.get(call.id) is not call:
             raise _Abort(status.CANCELLED, "the client reset the stream")
         if not call.headers_sent:
             call.headers_sent = True
             self.h2.send_headers(call.id, _headers(call))
-        self.h2.send_data(call, _prefixed(data, call.reply_coding))
+        self.h2.send_data(call, _prefixed(data, call.reply_coding is not None))
         if call.pending:
             if call.drained is None or call.drained.done():
                 call.drained = self.loop.create_future()
@@ -484,11 +491,8 @@ def _timeout_s(value: str | None) -> float | None:
     return int(value[:-1]) * _TIMEOUT_UNITS[value[-1]]
 
 
-def _prefixed(message: bytes, coding: str | None = None) -> bytes:
-    if coding is not None:
-        message = compress(message, coding)
-        return b"\x01" + len(message).to_bytes(4, "big") + message
-    return b"\x00" + len(message).to_bytes(4, "big") + message
+def _prefixed(message: bytes, compressed: bool = False) -> bytes:
+    return (b"\x01" if compressed else b"\x00") + len(message).to_bytes(4, "big") + message
 
 
 def _headers(call: _Call) -> bytes:

@@ -17,7 +17,7 @@ and `response_compression_algorithm`).
 
 from __future__ import annotations
 
-from reference_server.frontends.compression import CODINGS, Corrupt, TooLarge, compress, inflate
+from reference_server.frontends.compression import CODINGS, Corrupt, TooLarge, compress_async, inflate_async
 from reference_server.frontends.http.messages import Handler, HttpRequest, HttpResponse, error_response
 
 __all__ = ["MIN_COMPRESS", "ContentCodings", "response_coding"]
@@ -80,16 +80,16 @@ class ContentCodings:
         headers = request.headers
         encoding = headers.get("content-encoding")
         if encoding is not None:
-            refusal = self._inflate(request, encoding.strip().lower())
+            refusal = await self._inflate(request, encoding.strip().lower())
             if refusal is not None:
                 return refusal
         response = await self.handler(request)
         accept = headers.get("accept-encoding")
         if accept is not None and response.status == 200 and request.path.endswith(tuple(self.compresses)):
-            _compress_answer(response, accept)
+            await _compress_answer(response, accept)
         return response
 
-    def _inflate(self, request: HttpRequest, encoding: str) -> HttpResponse | None:
+    async def _inflate(self, request: HttpRequest, encoding: str) -> HttpResponse | None:
         """Replace the request's body with its inflated form; or the answer refusing it."""
         if encoding in _IDENTITY:
             return None
@@ -102,7 +102,7 @@ class ContentCodings:
             return response
         limit = self.max_body_bytes
         try:
-            request.body = inflate(request.body, encoding, limit)
+            request.body = await inflate_async(request.body, encoding, limit)
         except TooLarge:
             message = (
                 f"Decompressed data size exceeds the maximum allowed value of {limit} bytes. "
@@ -115,11 +115,11 @@ class ContentCodings:
         return None
 
 
-def _compress_answer(response: HttpResponse, accept_encoding: str) -> None:
+async def _compress_answer(response: HttpResponse, accept_encoding: str) -> None:
     if response.stream is not None or len(response.body) < MIN_COMPRESS:
         return
     coding = response_coding(accept_encoding)
     if coding is None:
         return
-    response.body = compress(response.body, coding)
+    response.body = await compress_async(response.body, coding)
     response.headers = (*response.headers, ("Content-Encoding", coding), ("Vary", "Accept-Encoding"))
