@@ -22,9 +22,10 @@ deserialised leniently, and a `_Context` whose `abort` and `write` stand in for 
   method but the health probes wants `authorization: Bearer ...`.
 - *Compression* (grpc/doc/compression.md). Messages flagged compressed under `grpc-encoding` gzip
   or deflate are inflated within `max_message_bytes` (`compression.inflate`: past it
-  RESOURCE_EXHAUSTED, never the whole message in memory; a broken stream INTERNAL); a call under
-  any other grpc-encoding is UNIMPLEMENTED, and a message flagged compressed with no encoding
-  INTERNAL, as the spec says. Every answer advertises `grpc-accept-encoding: identity,deflate,gzip`.
+  RESOURCE_EXHAUSTED, never the whole message in memory; a broken stream INTERNAL). A unary
+  request is inflated in its call's task, in a worker thread when large, as answers are
+  compressed; a stream's requests on the loop as they come. A call under any other grpc-encoding
+  is UNIMPLEMENTED, and a message flagged compressed with no encoding INTERNAL, as the spec says. Every answer advertises `grpc-accept-encoding: identity,deflate,gzip`.
   A call whose request was compressed is answered in the same coding where the client's
   grpc-accept-encoding lists it (tritonclient's `compression_algorithm`), else uncompressed.
 - *Deadlines.* A call with `grpc-timeout` that has not ended by then is cancelled and answered
@@ -50,7 +51,7 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from reference_server.frontends.auth import OPEN_GRPC_METHODS, Token, Unauthenticated
-from reference_server.frontends.compression import CODINGS, Corrupt, TooLarge, compress_async, inflate
+from reference_server.frontends.compression import CODINGS, Corrupt, TooLarge, compress_async, inflate, inflate_async
 from reference_server.frontends.grpc.service import InferenceServicer, lenient_deserializer
 from reference_server.frontends.listener import Listener
 from v2kit import grpc_status as status
@@ -263,6 +264,9 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
         if len(body) < 5 or int.from_bytes(body[1:5], "big") != len(body) - 5:
             self._fail_call(stream, status.INVALID_ARGUMENT, "a unary call needs exactly one request message")
             return
+        if body[0] and stream.encoding:  # inflated in the call's task, off the loop when large
+            self._start(stream, self._serve_compressed(stream, memoryview(body)[5:]))
+            return
         message = self._message(stream, body[0], memoryview(body)[5:])
         if message is not None:
             self._start(stream, self._serve_unary(stream, stream.method.deserialize(message)))
@@ -344,15 +348,18 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
                 call, status.INTERNAL, "a message has its Compressed-Flag set, but grpc-encoding is identity"
             )
             return None
-        limit = self._server.max_message_bytes
         try:
-            return inflate(payload, call.encoding, limit)
-        except TooLarge:
-            details = f"Received message larger than max (over {limit} once decompressed with {call.encoding})"
-            self._fail_call(call, status.RESOURCE_EXHAUSTED, details)
-        except Corrupt as exc:
-            self._fail_call(call, status.INTERNAL, f"Unexpected error decompressing data with {call.encoding}: {exc}")
+            return inflate(payload, call.encoding, self._server.max_message_bytes)
+        except (TooLarge, Corrupt) as exc:
+            self._fail_call(call, *self._inflate_failure(call, exc))
         return None
+
+    def _inflate_failure(self, call: _Call, exc: TooLarge | Corrupt) -> tuple[int, str]:
+        if isinstance(exc, TooLarge):
+            limit = self._server.max_message_bytes
+            details = f"Received message larger than max (over {limit} once decompressed with {call.encoding})"
+            return status.RESOURCE_EXHAUSTED, details
+        return status.INTERNAL, f"Unexpected error decompressing data with {call.encoding}: {exc}"
 
     async def _requests(self, call: _Call) -> AsyncIterator[Any]:
         queue = call.requests
@@ -389,6 +396,14 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
             if self.h2.streams.get(call.id) is not call:
                 return  # reset while it was compressed
         self._answer(call, _prefixed(data, call.reply_coding is not None))
+
+    async def _serve_compressed(self, call: _Call, payload: memoryview) -> None:
+        try:
+            message = await inflate_async(payload, call.encoding, self._server.max_message_bytes)
+        except (TooLarge, Corrupt) as exc:
+            self._finish(call, *self._inflate_failure(call, exc))
+            return
+        await self._serve_unary(call, call.method.deserialize(message))
 
     async def _serve_stream(self, call: _Call) -> None:
         try:
