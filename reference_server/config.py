@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from reference_server.core.dataplane import SERVER_NAME
 from reference_server.core.response_cache import cache_size_from_flags
 from reference_server.errors import ServerError
 from reference_server.frontends.auth import Token, read_token_file
@@ -62,6 +63,7 @@ class ServerConfig:
     rate_limit: str = "off"
     #: --rate-limit-resource values as (name, count, device or None for every device).
     rate_limit_resources: tuple[tuple[str, int, int | None], ...] = ()
+    server_name: str = SERVER_NAME
 
     @property
     def tls(self) -> bool:
@@ -115,6 +117,8 @@ class ServerConfig:
             raise ServerError("--cache-config local,size=BYTES needs a positive size")
         if self.rate_limit not in RATE_LIMIT_MODES:
             raise ServerError("invalid argument for --rate-limit: give off or execution_count")
+        if not self.server_name.strip():
+            raise ServerError("--server-name must not be empty")
         for flag, path in (("--ssl-certfile", self.ssl_certfile), ("--ssl-keyfile", self.ssl_keyfile)):
             if path is not None and not path.is_file():
                 raise ServerError(f"{flag} {path}: no such file")
@@ -333,6 +337,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="on SIGTERM, how long in-flight requests may take to finish",
     )
     parser.add_argument(
+        "--server-name",
+        default=SERVER_NAME,
+        metavar="NAME",
+        help="the name the server metadata reports; 'triton' for clients that check for Triton by name",
+    )
+    parser.add_argument(
         "--log-verbose", type=int, default=0, metavar="LEVEL", help="0: info; 1 and above: also every request"
     )
     return parser
@@ -410,6 +420,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         response_cache_bytes=cache_bytes,
         rate_limit=args.rate_limit,
         rate_limit_resources=resources,
+        server_name=args.server_name,
     )
     try:
         config.validate()

@@ -72,6 +72,7 @@ class ReferenceServer:
             strict_readiness=config.strict_readiness,
             max_inflight_requests=config.max_inflight_requests,
             max_tensor_elements=config.max_tensor_elements,
+            server_name=config.server_name,
         )
         if config.model_control_mode == "explicit":
             await self.repository.load_all(self.repository.resolve_load_models(config.load_models))

@@ -23,7 +23,7 @@ from reference_server.core import model_config
 from reference_server.core.classification import classify, requested_classes
 from reference_server.core.load_overrides import FILE_PREFIX, OverrideFolders
 from reference_server.core.repository import ModelRepository, ModelVersion
-from reference_server.errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported
+from reference_server.errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported, unknown_model
 from reference_server.scheduling.execute import Tensors
 from v2kit import codec as v2
 
@@ -62,8 +62,10 @@ class DataPlane:
         strict_readiness: bool = True,
         max_inflight_requests: int = 0,
         max_tensor_elements: int = 0,
+        server_name: str = SERVER_NAME,
     ) -> None:
         self.repository = repository
+        self.server_name = server_name  # the server metadata's name (--server-name)
         self.model_control_mode = model_control_mode
         self.strict_readiness = strict_readiness
         self.accepting = True
@@ -124,7 +126,7 @@ class DataPlane:
         return self.repository.all_ready() if self.strict_readiness else True
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS}
+        return {"name": self.server_name, "version": __version__, "extensions": EXTENSIONS}
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
@@ -313,13 +315,16 @@ class DataPlane:
     # --- statistics and repository ---------------------------------------------------------------
 
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
-        if not name:
-            served = self.repository.loaded()
-        elif version:
-            served = [self.repository.get(_model_name(name), version)]
-        else:
-            self.repository.get(_model_name(name))  # raises NotFound / Unavailable for the right reason
-            served = [mv for mv in self.repository.loaded() if mv.name == name]
+        try:
+            if not name:
+                served = self.repository.loaded()
+            elif version:
+                served = [self.repository.get(_model_name(name), version)]
+            else:
+                self.repository.get(_model_name(name))  # raises NotFound / Unavailable for the right reason
+                served = [mv for mv in self.repository.loaded() if mv.name == name]
+        except NotFound as exc:  # Triton's words for statistics
+            raise NotFound(f"requested model '{name}' is not available: {exc}") from None
         served.sort(key=lambda mv: (mv.name, mv.version))
         return {"model_stats": [mv.stats.to_dict(mv.name, str(mv.version), _memory_usage(mv)) for mv in served]}
 
@@ -395,7 +400,7 @@ def _model_name(name: str) -> str:
         size = -1
     if not 0 < size <= _NAME_MAX_BYTES:
         shown = name if len(name) <= 64 else name[:61] + "..."
-        raise NotFound(f"model '{shown}' is not found: not a model folder name")
+        raise NotFound(f"{unknown_model(shown)}: not a model folder name")
     return name
 
 
@@ -441,6 +446,7 @@ def _validated_inputs(served: ModelVersion, request: v2.InferRequest) -> dict[st
     max_batch = served.config.max_batch_size
     arrays: dict[str, np.ndarray] = {}
     batch_size: int | None = None
+    _check_input_count(served, request)
     for tensor in request.inputs:
         spec = served.inputs.get(tensor.name)
         if spec is None:
@@ -486,6 +492,28 @@ def _validated_inputs(served: ModelVersion, request: v2.InferRequest) -> dict[st
     if missing:
         raise InvalidArgument(f"model '{name}' expects input(s) {missing} that the request does not carry")
     return arrays
+
+
+def _check_input_count(served: ModelVersion, request: v2.InferRequest) -> None:
+    """Triton's first check (InferenceRequest::ValidateRequestInputs), in its words: as many inputs
+    as the model has, or between its required and all of them where some are optional."""
+    given, total = len(request.inputs), len(served.inputs)
+    if given == total:  # every input: nothing to count (the common case, on every request)
+        return
+    required = [n for n, spec in served.inputs.items() if not spec.optional]
+    if len(required) <= given <= total:
+        return
+    expected = f"{total} inputs" if len(required) == total else f"number of inputs between {len(required)} and {total}"
+    names = sorted({t.name for t in request.inputs})
+    missing = [n for n in required if n not in names]
+    raise InvalidArgument(
+        f"expected {expected} but got {given} inputs for model '{served.name}'. Got input(s) "
+        f"{_names(names)}, but missing required input(s) {_names(missing)}. Please provide all required input(s)."
+    )
+
+
+def _names(names: list[str]) -> str:
+    return "[" + ",".join(f"'{n}'" for n in names) + "]"
 
 
 def _validated_outputs(served: ModelVersion, request: v2.InferRequest) -> list[str]:

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from reference_server import errors
 from reference_server.backends import instance_factory
 from reference_server.backends.context import BackendContext, ModelCall
 from reference_server.backends.placement import plan_instances
@@ -46,7 +47,7 @@ from reference_server.core.ensemble_config import is_ensemble
 from reference_server.core.ensemble_loading import prepare_ensemble
 from reference_server.core.response_cache import ResponseCache, cached, check_cache_config
 from reference_server.core.warmup import run_warmup
-from reference_server.errors import ModelConfigError, NotFound, ServerError, Unavailable
+from reference_server.errors import InvalidArgument, ModelConfigError, NotFound, ServerError, Unavailable
 from reference_server.scheduling.execute import ModelInstance, Tensors
 from reference_server.scheduling.model_scheduler import ModelScheduler
 from reference_server.scheduling.policy import BatchingPolicy
@@ -309,7 +310,7 @@ class ModelRepository:
         API's `file:` overrides). A failed load raises and leaves any serving versions in place."""
         if source is None and not self.on_disk(name):
             # Checked before a record exists, so that a typo never shows up in the index.
-            raise NotFound(f"model '{name}' is not in the model repository {self.root}")
+            raise NotFound(errors.load_failed(name, f"model '{name}' is not in the model repository {self.root}"))
         record = self._records.setdefault(name, ModelRecord(name))
         self._loop = asyncio.get_running_loop()
         if self._load_pass is not None:
@@ -317,13 +318,14 @@ class ModelRepository:
         async with record.lock:
             if not record.versions:
                 record.state, record.reason = LOADING, ""
-            loop = asyncio.get_running_loop()
+            loop, polled = asyncio.get_running_loop(), False  # polled: its config has been read
             try:
                 # Before reading anything, so that a change made while we load is seen by the next
                 # poll, and before any check, so that a model refused for good is not retried.
                 record.fingerprint = await loop.run_in_executor(None, model_fingerprint, source or self.root / name)
                 model_dir = source or self.model_dir(name)
                 raw = override if override is not None else model_config.read_config(model_dir)
+                polled = True
                 record.composing = (
                     frozenset(step.model_name for step in raw.ensemble_scheduling.step) if raw else frozenset()
                 )
@@ -344,11 +346,9 @@ class ModelRepository:
                 if not record.versions:
                     record.state = UNAVAILABLE
                 record.reason = str(exc) if isinstance(exc, ServerError) else f"{type(exc).__name__}: {exc}"
-                if isinstance(exc, ServerError):
-                    log.error("failed to load '%s': %s", name, exc)
-                    raise
-                log.exception("failed to load '%s'", name)
-                raise ModelConfigError(f"model '{name}' failed to load: {exc}") from exc
+                log.error("failed to load '%s': %s", name, exc, exc_info=not isinstance(exc, ServerError))
+                kind = type(exc) if isinstance(exc, ServerError) else ModelConfigError
+                raise kind(errors.load_failed(name, record.reason, polled=polled)) from exc
             old = record.versions
             record.versions = versions
             record.state, record.reason = READY, ""
@@ -555,21 +555,21 @@ class ModelRepository:
 
     def get(self, name: str, version: str = "") -> ModelVersion:
         """The version to serve: `version` when given, else the highest ready one."""
-        record = self._records.get(name)
+        record = self._records.get(name)  # the errors begin with Triton's wording (errors.py)
         if record is None:
             if self.on_disk(name):
-                raise Unavailable(f"model '{name}' is not loaded")
-            raise NotFound(f"model '{name}' is not found")
+                raise Unavailable(f"{errors.unknown_model(name)}: it is in the model repository but not loaded")
+            raise NotFound(errors.unknown_model(name))
         if not record.versions:
             why = f": {record.reason}" if record.reason else ""
-            raise Unavailable(f"model '{name}' is not ready (state {record.state}){why}")
+            raise Unavailable(f"{errors.no_available_versions(name)} (state {record.state}){why}")
         if not version:
             return record.versions[max(record.versions)]
         if not version.isdigit():
-            raise NotFound(f"model '{name}' has no version '{version}' (versions are integers)")
+            raise InvalidArgument(errors.bad_version(version))
         model_version = record.versions.get(int(version))
         if model_version is None:
-            raise NotFound(f"model '{name}' version {version} is not served (served: {sorted(record.versions)})")
+            raise NotFound(f"{errors.unknown_model(name, version)}; served versions: {sorted(record.versions)}")
         return model_version
 
     def is_ready(self, name: str, version: str = "") -> bool:

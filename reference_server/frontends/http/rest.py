@@ -20,6 +20,7 @@ from reference_server.core.dataplane import DataPlane
 from reference_server.core.load_overrides import FILE_PREFIX
 from reference_server.errors import InvalidArgument, server_error
 from reference_server.frontends.auth import OPEN_HTTP_PATHS, Token, Unauthenticated
+from reference_server.frontends.http.encoding import ContentCodings
 from reference_server.frontends.http.generate import generate
 from reference_server.frontends.http.limits import DEFAULT_LIMITS, HttpLimits
 from reference_server.frontends.http.read_gate import ReadGate
@@ -265,8 +266,10 @@ def build_rest_server(
     """The KServe v2 REST front end over `plane`, not yet listening (`HttpServer.listen`)."""
     if read_gate is not None:
         plane.inflight_listeners.append(read_gate.inflight_changed)
+    # Content codings wrap the API: a compressed body is inflated (within the same limit) before it is routed.
+    api = ContentCodings(RestApi(plane, token), max_body_bytes=max_request_bytes, compresses=frozenset({"/infer"}))
     return HttpServer(
-        RestApi(plane, token),
+        api,
         max_body_bytes=max_request_bytes,
         body_timeout_s=body_timeout_s,
         admission=plane,
