@@ -154,7 +154,7 @@ def _split_body(body: Any, header_length: Any, what: str) -> tuple[dict[str, Any
     except UnicodeDecodeError as e:
         raise CodecError(f"{what} JSON is not valid UTF-8: {e}") from None
     except (ValueError, RecursionError) as e:
-        raise CodecError(f"{what} JSON is malformed: {e}") from None
+        raise CodecError(f"failed to parse the {what} JSON buffer: {e}") from None  # Triton's words
     if not isinstance(doc, dict):
         raise CodecError(f"{what} JSON must be an object, got a {json_type_name(doc)}")
     return doc, rest
@@ -167,7 +167,19 @@ def _params(container: dict[str, Any], what: str) -> dict[str, Any]:
     return params
 
 
-def _parse_tensors(items: Any, kind: str, rest: memoryview | None) -> list[InferTensor]:
+def _triton_size_error(sized: list[tuple[str, int]], available: int, kind: str, model: str) -> str:
+    """Triton's words for binary data that does not match the sizes announced: the first tensor
+    the data runs out in and how many bytes it still expects, or the data left over."""
+    end = 0
+    for name, size in sized:
+        end += size
+        if end > available:
+            missing = min(size, end - available)
+            return f"unexpected size for {kind} {name!r}, expecting {missing} additional bytes for model '{model}'"
+    return f"unexpected additional {kind} data for model '{model}'"
+
+
+def _parse_tensors(items: Any, kind: str, rest: memoryview | None, model: str = "") -> list[InferTensor]:
     """Validates every `inputs`/`outputs` entry and the binary sizes, then decodes the data."""
     if not isinstance(items, list):
         raise CodecError(f"'{kind}s' must be a JSON array")
@@ -181,7 +193,12 @@ def _parse_tensors(items: Any, kind: str, rest: memoryview | None) -> list[Infer
         if name in seen:
             raise CodecError(f"duplicate {kind} name {name!r}")
         seen.add(name)
-        datatype_to_numpy(item.get("datatype"), what)
+        try:
+            datatype_to_numpy(item.get("datatype"), what)
+        except CodecError as exc:
+            if not model:
+                raise
+            raise CodecError(f"invalid datatype for {kind} {name}; {exc}") from None  # Triton's words first
         if "shape" not in item:
             raise CodecError(f"{what}: missing 'shape'")
         element_count(item["shape"], what)
@@ -208,14 +225,15 @@ def _parse_tensors(items: Any, kind: str, rest: memoryview | None) -> list[Infer
             if rest is None
             else (f"{available} bytes follow the JSON header")
         )
-        raise CodecError(f"binary_data_size values ({listed}) add up to {total} bytes but {where}")
+        detail = f"binary_data_size values ({listed}) add up to {total} bytes but {where}"
+        raise CodecError(f"{_triton_size_error(sized, available, kind, model)}; {detail}" if model else detail)
     tensors, off = [], 0
     for name, datatype, shape, params, data, size in specs:
         if size is None:
-            arr = tensor_from_json(data, datatype, shape, name, kind=kind)
+            arr = tensor_from_json(data, datatype, shape, name, kind=kind, model=model)
         else:
             section = rest[off : off + size]  # type: ignore[index]  # sizes matched, so rest is there
-            arr = tensor_from_raw(section, datatype, shape, name, kind=kind)
+            arr = tensor_from_raw(section, datatype, shape, name, kind=kind, model=model)
             off += size
         tensors.append(InferTensor(name, datatype, [int(d) for d in shape], arr, params))
     return tensors
@@ -267,9 +285,8 @@ def decode_infer_request(
     rid, params = _parse_common(doc)
     if "inputs" not in doc:
         raise CodecError("request JSON has no 'inputs'")
-    inputs = _parse_tensors(doc["inputs"], "input", rest)
-    if not inputs:
-        raise CodecError("'inputs' must not be empty")
+    # No inputs is the model's business: the server words it with the count the model wants.
+    inputs = _parse_tensors(doc["inputs"], "input", rest, model_name)
     outputs = _parse_requested_outputs(doc.get("outputs"))
     return InferRequest(model_name, model_version, rid, inputs, outputs, params)
 

@@ -21,6 +21,7 @@ from v2kit.tensors import (
     check_range,
     datatype_to_numpy,
     element_count,
+    for_model,
     format_shape,
     object_array,
     reshape,
@@ -143,7 +144,7 @@ def parameters_to_proto(params: Mapping[str, Any], target: Any) -> None:
             raise CodecError(f"parameter {key!r}: a {type(value).__name__} is not a bool, int, str or float")
 
 
-def _from_contents(t: Any, present: list[str], raw_name: str, what: str) -> np.ndarray:
+def _from_contents(t: Any, present: list[str], raw_name: str, what: str, model: str) -> np.ndarray:
     dtype, count = datatype_to_numpy(t.datatype, what), element_count(list(t.shape), what)
     if t.datatype == "FP16":
         raise CodecError(f"{what}: FP16 data must be sent in {raw_name}")
@@ -152,7 +153,12 @@ def _from_contents(t: Any, present: list[str], raw_name: str, what: str) -> np.n
         raise CodecError(f"{what}: datatype {t.datatype} takes {field}, got {', '.join(present)}")
     values = getattr(t.contents, field)
     if len(values) != count:
-        raise CodecError(f"{what}: shape {format_shape(t.shape)} needs {count} elements, {field} has {len(values)}")
+        detail = f"shape {format_shape(t.shape)} needs {count} elements, {field} has {len(values)}"
+        if t.datatype == "BYTES":
+            raise CodecError(f"{what}: {detail}")
+        size = dtype.itemsize  # Triton compares bytes, in its words
+        mismatch = f"byte size mismatch for {what}{for_model(model)}. Expected {count * size}, got {len(values) * size}"
+        raise CodecError(f"{what.split()[0]} {mismatch}; {detail}")
     if t.datatype == "BYTES":
         return reshape(object_array(list(values)), t.shape, what)
     arr = np.fromiter(values, dtype=base, count=count)
@@ -161,10 +167,14 @@ def _from_contents(t: Any, present: list[str], raw_name: str, what: str) -> np.n
     return reshape(arr.astype(dtype, copy=False), t.shape, what)
 
 
-def _tensors_from_proto(tensors: Any, raw: Any, kind: str) -> list[InferTensor]:
+def _tensors_from_proto(tensors: Any, raw: Any, kind: str, model: str) -> list[InferTensor]:
     raw_name = f"raw_{kind}_contents"
     if len(raw) and len(raw) != len(tensors):
-        raise CodecError(f"{raw_name} has {len(raw)} entries for {len(tensors)} {kind}s; send one per {kind}")
+        detail = f"{raw_name} has {len(raw)} entries for {len(tensors)} {kind}s; send one per {kind}"
+        if len(raw) < len(tensors):  # Triton's words: it looks for the first one's data and finds none
+            missing = f"{kind} tensor {tensors[len(raw)].name!r}{for_model(model)}"
+            detail = f"unable to find data for {missing} in request. {detail}"
+        raise CodecError(detail)
     out: list[InferTensor] = []
     seen: set[str] = set()
     for i, t in enumerate(tensors):
@@ -174,11 +184,13 @@ def _tensors_from_proto(tensors: Any, raw: Any, kind: str) -> list[InferTensor]:
         seen.add(t.name)
         present = [f for f in _CONTENT_FIELDS if len(getattr(t.contents, f))]
         if len(raw) and present:
-            raise CodecError(f"{what}: contents must not be set when {raw_name} is used")
+            raise CodecError(  # Triton's words
+                f"contents field must not be specified when using {raw_name} for {t.name!r}{for_model(model)}"
+            )
         if len(raw):
-            data = tensor_from_raw(raw[i], t.datatype, list(t.shape), t.name, kind=kind)
+            data = tensor_from_raw(raw[i], t.datatype, list(t.shape), t.name, kind=kind, model=model)
         else:
-            data = _from_contents(t, present, raw_name, what)
+            data = _from_contents(t, present, raw_name, what, model)
         out.append(InferTensor(t.name, t.datatype, list(t.shape), data, parameters_from_proto(t.parameters)))
     return out
 
@@ -194,9 +206,8 @@ def _tensors_to_proto(tensors: list[InferTensor], target: Any, raw: Any, kind: s
 
 def request_from_proto(pb: Any) -> InferRequest:
     """gRPC `ModelInferRequest` → InferRequest (raw or typed contents). Raises only CodecError."""
-    inputs = _tensors_from_proto(pb.inputs, pb.raw_input_contents, "input")
-    if not inputs:
-        raise CodecError("request has no inputs")
+    # No inputs is the model's business: the server words it with the count the model wants.
+    inputs = _tensors_from_proto(pb.inputs, pb.raw_input_contents, "input", pb.model_name)
     outputs: dict[str, RequestedOutput] = {}
     for o in pb.outputs:
         if o.name in outputs:
@@ -227,6 +238,6 @@ def response_to_proto(resp: InferResponse) -> Any:
 
 def response_from_proto(pb: Any) -> InferResponse:
     """gRPC `ModelInferResponse` → InferResponse (raw or typed contents). Raises only CodecError."""
-    outputs = _tensors_from_proto(pb.outputs, pb.raw_output_contents, "output")
+    outputs = _tensors_from_proto(pb.outputs, pb.raw_output_contents, "output", pb.model_name)
     params = parameters_from_proto(pb.parameters)
     return InferResponse(pb.model_name, pb.model_version, pb.id, outputs, params)

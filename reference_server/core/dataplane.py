@@ -6,6 +6,7 @@ raises `ServerError`s that carry their own HTTP and gRPC status.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import time
@@ -19,14 +20,17 @@ from reference_server._version import __version__
 from reference_server.backends.context import ModelCall
 from reference_server.backends.onnxruntime import ONNX_PLATFORM
 from reference_server.core import model_config
+from reference_server.core.classification import classify, requested_classes
+from reference_server.core.load_overrides import FILE_PREFIX, OverrideFolders
 from reference_server.core.repository import ModelRepository, ModelVersion
-from reference_server.errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported
+from reference_server.errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported, unknown_model
 from reference_server.scheduling.execute import Tensors
 from reference_server.scheduling.sequence import SEQUENCE_PARAMETERS
 from v2kit import codec as v2
 
 SERVER_NAME = "perfkit-reference-server"
 EXTENSIONS = [
+    "classification",
     "binary_tensor_data",
     "model_configuration",
     "sequence",
@@ -60,8 +64,10 @@ class DataPlane:
         strict_readiness: bool = True,
         max_inflight_requests: int = 0,
         max_tensor_elements: int = 0,
+        server_name: str = SERVER_NAME,
     ) -> None:
         self.repository = repository
+        self.server_name = server_name  # the server metadata's name (--server-name)
         self.model_control_mode = model_control_mode
         self.strict_readiness = strict_readiness
         self.accepting = True
@@ -71,6 +77,8 @@ class DataPlane:
         self.inflight = 0
         #: Told the new count whenever `inflight` changes (the HTTP front end's read gate).
         self.inflight_listeners: list[Callable[[int], None]] = []
+        #: The folders of the models loaded with the load API's `file:` overrides.
+        self.override_folders = OverrideFolders()
         # Models calling models (python BLS) go through the same checks as a client's request.
         repository.call_model = self.call_model
         repository.stream_model = self.stream_model
@@ -120,7 +128,7 @@ class DataPlane:
         return self.repository.all_ready() if self.strict_readiness else True
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS}
+        return {"name": self.server_name, "version": __version__, "extensions": EXTENSIONS}
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
@@ -162,6 +170,7 @@ class DataPlane:
         if is_decoupled(served):
             raise Unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
         inputs, output_names, timeout_us = self._prepare(served, request)
+        classes = requested_classes(served.name, request.outputs, served.outputs)
         results = await served.scheduler.infer(
             inputs,
             output_names,
@@ -170,7 +179,7 @@ class DataPlane:
             request_id=request.id,
             parameters=_model_parameters(request.parameters),
         )
-        return _response(served, request.id, output_names, results)
+        return _response(served, request.id, output_names, results, classes)
 
     def infer_stream(self, request: v2.InferRequest) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
         """The responses to one request, as the model sends them, each with whether it is the last.
@@ -186,7 +195,8 @@ class DataPlane:
         received_ns = time.perf_counter_ns()
         served = self.repository.get(_model_name(request.model_name), request.model_version)
         inputs, output_names, timeout_us = self._prepare(served, request)
-        return self._stream(served, request, inputs, output_names, timeout_us, received_ns)
+        classes = requested_classes(served.name, request.outputs, served.outputs)
+        return self._stream(served, request, inputs, output_names, timeout_us, received_ns, classes)
 
     async def _stream(
         self,
@@ -196,6 +206,7 @@ class DataPlane:
         output_names: list[str],
         timeout_us: int | None,
         received_ns: int,
+        classes: Mapping[str, int],
     ) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
         stream = served.scheduler.infer_stream(
             inputs,
@@ -210,7 +221,7 @@ class DataPlane:
                 if results is None or isinstance(results, ServerError):
                     yield results, final
                 else:
-                    yield _response(served, request.id, output_names, results), final
+                    yield _response(served, request.id, output_names, results, classes), final
         finally:
             # Closed early (the client went away): the scheduler's iteration ends too, now.
             aclose = getattr(stream, "aclose", None)
@@ -306,13 +317,16 @@ class DataPlane:
     # --- statistics and repository ---------------------------------------------------------------
 
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
-        if not name:
-            served = self.repository.loaded()
-        elif version:
-            served = [self.repository.get(_model_name(name), version)]
-        else:
-            self.repository.get(_model_name(name))  # raises NotFound / Unavailable for the right reason
-            served = [mv for mv in self.repository.loaded() if mv.name == name]
+        try:
+            if not name:
+                served = self.repository.loaded()
+            elif version:
+                served = [self.repository.get(_model_name(name), version)]
+            else:
+                self.repository.get(_model_name(name))  # raises NotFound / Unavailable for the right reason
+                served = [mv for mv in self.repository.loaded() if mv.name == name]
+        except NotFound as exc:  # Triton's words for statistics
+            raise NotFound(f"requested model '{name}' is not available: {exc}") from None
         served.sort(key=lambda mv: (mv.name, mv.version))
         return {"model_stats": [mv.stats.to_dict(mv.name, str(mv.version), _memory_usage(mv)) for mv in served]}
 
@@ -323,16 +337,31 @@ class DataPlane:
         self._require_explicit("load")
         parameters = parameters or {}
         override = None
+        files = {}
         for key, value in parameters.items():
             if key == "config":
                 if not isinstance(value, str):
                     raise InvalidArgument("load parameter 'config' must be a JSON string of a model config")
                 override = model_config.config_from_json(value, f"load request for model '{name}'")
-            elif key.startswith("file:"):
-                raise Unsupported(f"load parameter '{key}': file overrides are not supported by this server")
+            elif key.startswith(FILE_PREFIX):
+                files[key] = value
             else:
-                raise InvalidArgument(f"unknown load parameter '{key}'; the only one accepted is 'config'")
-        await self.repository.load(_model_name(name), override)
+                raise InvalidArgument(
+                    f"unknown load parameter '{key}'; those accepted are 'config' and '{FILE_PREFIX}<path>'"
+                )
+        source = None
+        if files:  # Triton loads such a model from a temporary folder of those files, not the repository
+            source = await asyncio.get_running_loop().run_in_executor(
+                None, self.override_folders.stage, _model_name(name), override, files
+            )
+        try:
+            await self.repository.load(_model_name(name), override, source=source)
+        finally:
+            # What the model serves from now; with loads of one model racing, the last to swap in.
+            serving = self.repository.source(name) if self.repository.serving(name) else None
+            self.override_folders.commit(name, serving)
+            if source is not None and source != serving:
+                self.override_folders.discard(source)
 
     async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
         self._require_explicit("unload")
@@ -344,6 +373,7 @@ class DataPlane:
         if not isinstance(dependents, bool):
             raise InvalidArgument("unload parameter 'unload_dependents' must be a boolean")
         await self.repository.unload(_model_name(name), unload_dependents=dependents)
+        self.override_folders.commit(name, None)
 
     def _require_explicit(self, action: str) -> None:
         if self.model_control_mode != "explicit":
@@ -372,7 +402,7 @@ def _model_name(name: str) -> str:
         size = -1
     if not 0 < size <= _NAME_MAX_BYTES:
         shown = name if len(name) <= 64 else name[:61] + "..."
-        raise NotFound(f"model '{shown}' is not found: not a model folder name")
+        raise NotFound(f"{unknown_model(shown)}: not a model folder name")
     return name
 
 
@@ -387,13 +417,20 @@ def _model_parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in parameters.items() if k not in _RESERVED_PARAMETERS or k in SEQUENCE_PARAMETERS}
 
 
-def _response(served: ModelVersion, request_id: str, output_names: list[str], results: Tensors) -> v2.InferResponse:
+def _response(
+    served: ModelVersion, request_id: str, output_names: list[str], results: Tensors, classes: Mapping[str, int]
+) -> v2.InferResponse:
     # A decoupled model may send some of the outputs in a response: those it sent, in the order asked.
     outputs = []
     for name in output_names:
         array = results.get(name)
-        if array is not None:
-            outputs.append(v2.InferTensor(name, _datatype(served.outputs[name].data_type), list(array.shape), array))
+        if array is None:
+            continue
+        datatype = _datatype(served.outputs[name].data_type)
+        if name in classes:  # the classification extension: top-k "value:index[:label]" strings
+            array = classify(array, classes[name], served.config.max_batch_size > 0, served.labels.get(name, ()))
+            datatype = "BYTES"
+        outputs.append(v2.InferTensor(name, datatype, list(array.shape), array))
     return v2.InferResponse(model_name=served.name, model_version=str(served.version), id=request_id, outputs=outputs)
 
 
@@ -413,6 +450,7 @@ def _validated_inputs(served: ModelVersion, request: v2.InferRequest) -> dict[st
     max_batch = served.config.max_batch_size
     arrays: dict[str, np.ndarray] = {}
     batch_size: int | None = None
+    _check_input_count(served, request)
     for tensor in request.inputs:
         spec = served.inputs.get(tensor.name)
         if spec is None:
@@ -460,6 +498,28 @@ def _validated_inputs(served: ModelVersion, request: v2.InferRequest) -> dict[st
     return arrays
 
 
+def _check_input_count(served: ModelVersion, request: v2.InferRequest) -> None:
+    """Triton's first check (InferenceRequest::ValidateRequestInputs), in its words: as many inputs
+    as the model has, or between its required and all of them where some are optional."""
+    given, total = len(request.inputs), len(served.inputs)
+    if given == total:  # every input: nothing to count (the common case, on every request)
+        return
+    required = [n for n, spec in served.inputs.items() if not spec.optional]
+    if len(required) <= given <= total:
+        return
+    expected = f"{total} inputs" if len(required) == total else f"number of inputs between {len(required)} and {total}"
+    names = sorted({t.name for t in request.inputs})
+    missing = [n for n in required if n not in names]
+    raise InvalidArgument(
+        f"expected {expected} but got {given} inputs for model '{served.name}'. Got input(s) "
+        f"{_names(names)}, but missing required input(s) {_names(missing)}. Please provide all required input(s)."
+    )
+
+
+def _names(names: list[str]) -> str:
+    return "[" + ",".join(f"'{n}'" for n in names) + "]"
+
+
 def _validated_outputs(served: ModelVersion, request: v2.InferRequest) -> list[str]:
     if request.outputs is None:
         return list(served.outputs)
@@ -470,8 +530,6 @@ def _validated_outputs(served: ModelVersion, request: v2.InferRequest) -> list[s
                 f"unexpected inference output '{output.name}' for model '{served.name}'; "
                 f"outputs: {sorted(served.outputs)}"
             )
-        if "classification" in output.parameters:
-            raise Unsupported("the classification extension is not supported by this server")
         names.append(output.name)
     return names
 

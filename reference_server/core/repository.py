@@ -36,17 +36,22 @@ from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from reference_server import errors
 from reference_server.backends import instance_factory
 from reference_server.backends.context import BackendContext, ModelCall
 from reference_server.backends.placement import plan_instances
 from reference_server.core import model_config
+from reference_server.core.classification import Labels, read_labels
 from reference_server.core.ensemble import EnsembleScheduler
 from reference_server.core.ensemble_config import is_ensemble
 from reference_server.core.ensemble_loading import prepare_ensemble
+from reference_server.core.response_cache import ResponseCache, cached, check_cache_config
 from reference_server.core.warmup import run_warmup
-from reference_server.errors import ModelConfigError, NotFound, ServerError, Unavailable
+from reference_server.errors import InvalidArgument, ModelConfigError, NotFound, ServerError, Unavailable
 from reference_server.scheduling.execute import ModelInstance, Tensors
 from reference_server.scheduling.model_scheduler import ModelScheduler
+from reference_server.scheduling.rate_limiter import RateLimiter
+from reference_server.scheduling.reshape import with_reshape
 from reference_server.scheduling.sequence import make_scheduler
 from reference_server.scheduling.stats import ModelStats
 from v2kit.runtime import gpu
@@ -110,6 +115,8 @@ class ModelVersion:
     gpu_memory_bytes: dict[int, int] = field(default_factory=dict)
     #: An ensemble's composing models, as (name, version or "" for the latest).
     composing: tuple[tuple[str, str], ...] = ()
+    #: Output name -> the lines of its `label_filename` (the classification extension).
+    labels: Labels = field(default_factory=dict)
 
     async def close(self, grace_s: float) -> None:
         await self.scheduler.close(grace_s)
@@ -135,21 +142,27 @@ class _PreparedVersion:
     config: mc.ModelConfig
     instances: Sequence[ModelInstance]
     gpu_memory_bytes: dict[int, int]
+    labels: Labels
 
 
-def _start_version(prepared: _PreparedVersion) -> ModelVersion:
+def _start_version(
+    prepared: _PreparedVersion, cache: ResponseCache | None, limiter: RateLimiter | None
+) -> ModelVersion:
     stats = ModelStats()
     config = prepared.config
+    gate = limiter.register(config, prepared.instances) if limiter is not None else None
+    scheduler = make_scheduler(config, prepared.instances, stats, gate)
     return ModelVersion(
         name=prepared.name,
         version=prepared.version,
         config=config,
         instances=prepared.instances,
-        scheduler=make_scheduler(config, prepared.instances, stats),
+        scheduler=cached(with_reshape(scheduler, config), cache, config, stats, prepared.version),
         stats=stats,
         inputs={i.name: i for i in config.input},
         outputs={o.name: o for o in config.output},
         gpu_memory_bytes=prepared.gpu_memory_bytes,
+        labels=prepared.labels,
     )
 
 
@@ -162,8 +175,10 @@ class ModelRecord:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: The model folder as the last load attempt read it; None after an unload.
     fingerprint: Fingerprint | None = None
-    #: The config the last load was given in place of config.pbtxt (the load API's override).
+    #: The config the last load was given in place of config.pbtxt (the load API's override), and
+    #: the folder of the files it was given (its `file:` overrides), if any.
     override: mc.ModelConfig | None = None
+    source: Path | None = None
     #: For an ensemble, the composing models its last load attempt named.
     composing: frozenset[str] = frozenset()
 
@@ -221,6 +236,8 @@ class ModelRepository:
         self.call_model: Callable[[ModelCall], Awaitable[Tensors]] | None = None
         self.stream_model: Callable[[ModelCall], AsyncIterator[tuple[Tensors | None, bool]]] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.response_cache: ResponseCache | None = None  # --cache-config; None: no cache
+        self.rate_limiter: RateLimiter | None = None  # --rate-limit execution_count; None: off
         if not self.root.is_dir():
             raise ModelConfigError(f"{root}: model repository is not a directory; pass --model-repository DIR")
         self.gpu_count = gpu_count
@@ -276,17 +293,23 @@ class ModelRepository:
         record = self._records.get(name)
         return None if record is None else record.fingerprint
 
+    def source(self, name: str) -> Path | None:
+        """The folder of the load API's `file:` overrides that `name` was last loaded from; None for its own."""
+        record = self._records.get(name)
+        return None if record is None else record.source
+
     def known(self) -> list[str]:
         """Models that were loaded or asked to load and not unloaded since."""
         return sorted(name for name, record in self._records.items() if record.fingerprint is not None)
 
     # --- loading ---------------------------------------------------------------------------------
 
-    async def load(self, name: str, override: mc.ModelConfig | None = None) -> None:
-        """Load (or reload) `name`. A failed load raises and leaves any serving versions in place."""
-        if not self.on_disk(name):
+    async def load(self, name: str, override: mc.ModelConfig | None = None, *, source: Path | None = None) -> None:
+        """Load (or reload) `name`, from its folder in the repository or else from `source` (the load
+        API's `file:` overrides). A failed load raises and leaves any serving versions in place."""
+        if source is None and not self.on_disk(name):
             # Checked before a record exists, so that a typo never shows up in the index.
-            raise NotFound(f"model '{name}' is not in the model repository {self.root}")
+            raise NotFound(errors.load_failed(name, f"model '{name}' is not in the model repository {self.root}"))
         record = self._records.setdefault(name, ModelRecord(name))
         self._loop = asyncio.get_running_loop()
         if self._load_pass is not None:
@@ -294,13 +317,14 @@ class ModelRepository:
         async with record.lock:
             if not record.versions:
                 record.state, record.reason = LOADING, ""
-            loop = asyncio.get_running_loop()
+            loop, polled = asyncio.get_running_loop(), False  # polled: its config has been read
             try:
                 # Before reading anything, so that a change made while we load is seen by the next
                 # poll, and before any check, so that a model refused for good is not retried.
-                record.fingerprint = await loop.run_in_executor(None, model_fingerprint, self.root / name)
-                model_dir = self.model_dir(name)
+                record.fingerprint = await loop.run_in_executor(None, model_fingerprint, source or self.root / name)
+                model_dir = source or self.model_dir(name)
                 raw = override if override is not None else model_config.read_config(model_dir)
+                polled = True
                 record.composing = (
                     frozenset(step.model_name for step in raw.ensemble_scheduling.step) if raw else frozenset()
                 )
@@ -321,15 +345,13 @@ class ModelRepository:
                 if not record.versions:
                     record.state = UNAVAILABLE
                 record.reason = str(exc) if isinstance(exc, ServerError) else f"{type(exc).__name__}: {exc}"
-                if isinstance(exc, ServerError):
-                    log.error("failed to load '%s': %s", name, exc)
-                    raise
-                log.exception("failed to load '%s'", name)
-                raise ModelConfigError(f"model '{name}' failed to load: {exc}") from exc
+                log.error("failed to load '%s': %s", name, exc, exc_info=not isinstance(exc, ServerError))
+                kind = type(exc) if isinstance(exc, ServerError) else ModelConfigError
+                raise kind(errors.load_failed(name, record.reason, polled=polled)) from exc
             old = record.versions
             record.versions = versions
             record.state, record.reason = READY, ""
-            record.override = override
+            record.override, record.source = override, source
             self._retire(old.values())
             log.info("loaded model '%s' versions %s", name, sorted(versions))
         await self._reload_dependents(name)
@@ -338,7 +360,7 @@ class ModelRepository:
         versions: dict[int, ModelVersion] = {}
         try:
             for p in prepared:
-                versions[p.version] = _start_version(p)
+                versions[p.version] = _start_version(p, self.response_cache, self.rate_limiter)
         except BaseException:
             # Nothing was served from them: stop their worker threads now.
             await asyncio.gather(*(mv.close(0) for mv in versions.values()))
@@ -371,15 +393,17 @@ class ModelRepository:
     async def _load_ensemble(self, name: str, model_dir: Path, raw: mc.ModelConfig) -> dict[int, ModelVersion]:
         prepared = await prepare_ensemble(self, name, model_dir, raw)
         config = prepared.config
+        check_cache_config(config)
         versions = {}
         for version in prepared.versions:
             stats = ModelStats()
+            scheduler = EnsembleScheduler(prepared.plan, config.max_batch_size, stats, self.get, prepared.decoupled)
             versions[version] = ModelVersion(
                 name=name,
                 version=version,
                 config=config,
                 instances=(),
-                scheduler=EnsembleScheduler(prepared.plan, config.max_batch_size, stats, self.get, prepared.decoupled),
+                scheduler=cached(scheduler, self.response_cache, config, stats, version),
                 stats=stats,
                 inputs={i.name: i for i in config.input},
                 outputs={o.name: o for o in config.output},
@@ -411,7 +435,7 @@ class ModelRepository:
             if record.lock.locked():
                 continue  # another dependent's reload loads it already
             try:
-                await self.load(dependent, record.override)
+                await self.load(dependent, record.override, source=record.source)
             except ServerError as exc:
                 async with record.lock:
                     old = record.versions
@@ -474,6 +498,7 @@ class ModelRepository:
         base: mc.ModelConfig,
     ) -> _PreparedVersion:
         model_path = model_config.model_file(model_dir, version, base)
+        labels = read_labels(base, model_dir)
         placements = plan_instances(base, self.gpu_count, config_path)
         create_instances = instance_factory(base)
         gpus = [p.gpu for p in placements if p.device == "GPU" and p.gpu is not None]
@@ -499,12 +524,13 @@ class ModelRepository:
             )
             try:
                 config = complete(version_config, inputs, outputs)
+                check_cache_config(config)
                 # Inside the measurement: the memory the runtime grows into on the first runs is the model's.
                 run_warmup(config, instances, model_dir)
             except BaseException:
                 close_instances(instances)
                 raise
-        return _PreparedVersion(name, version, config, instances, gpu_memory)
+        return _PreparedVersion(name, version, config, instances, gpu_memory, labels)
 
     async def _call_model(self, call: ModelCall) -> Tensors:
         if self.call_model is None:
@@ -528,21 +554,21 @@ class ModelRepository:
 
     def get(self, name: str, version: str = "") -> ModelVersion:
         """The version to serve: `version` when given, else the highest ready one."""
-        record = self._records.get(name)
+        record = self._records.get(name)  # the errors begin with Triton's wording (errors.py)
         if record is None:
             if self.on_disk(name):
-                raise Unavailable(f"model '{name}' is not loaded")
-            raise NotFound(f"model '{name}' is not found")
+                raise Unavailable(f"{errors.unknown_model(name)}: it is in the model repository but not loaded")
+            raise NotFound(errors.unknown_model(name))
         if not record.versions:
             why = f": {record.reason}" if record.reason else ""
-            raise Unavailable(f"model '{name}' is not ready (state {record.state}){why}")
+            raise Unavailable(f"{errors.no_available_versions(name)} (state {record.state}){why}")
         if not version:
             return record.versions[max(record.versions)]
         if not version.isdigit():
-            raise NotFound(f"model '{name}' has no version '{version}' (versions are integers)")
+            raise InvalidArgument(errors.bad_version(version))
         model_version = record.versions.get(int(version))
         if model_version is None:
-            raise NotFound(f"model '{name}' version {version} is not served (served: {sorted(record.versions)})")
+            raise NotFound(f"{errors.unknown_model(name, version)}; served versions: {sorted(record.versions)}")
         return model_version
 
     def is_ready(self, name: str, version: str = "") -> bool:

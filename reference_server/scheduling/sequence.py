@@ -51,6 +51,7 @@ from reference_server.errors import InvalidArgument, ServerError, Unavailable, U
 from reference_server.scheduling.execute import ModelInstance, RequestsInstance, Tensors
 from reference_server.scheduling.model_scheduler import ModelScheduler
 from reference_server.scheduling.policy import BatchingPolicy
+from reference_server.scheduling.rate_limiter import RateGate
 from reference_server.scheduling.scheduler import Scheduler
 from reference_server.scheduling.sequence_config import SequenceId, SequencePolicy
 from reference_server.scheduling.stats import ModelStats
@@ -69,12 +70,16 @@ _STOPPING = "Server is stopping, scheduler for model has stopped accepting new i
 
 
 def make_scheduler(
-    config: mc.ModelConfig, instances: Sequence[ModelInstance | RequestsInstance], stats: ModelStats
+    config: mc.ModelConfig,
+    instances: Sequence[ModelInstance | RequestsInstance],
+    stats: ModelStats,
+    gate: RateGate | None = None,
 ) -> ModelScheduler:
-    """The scheduler a config asks for: the sequence batcher, else Triton's default or dynamic one."""
+    """The scheduler a config asks for: the sequence batcher, else Triton's default or dynamic one.
+    `gate`: the rate limiter's, which each instance's batcher asks before it runs a batch."""
     if config.HasField("sequence_batching"):
-        return SequenceScheduler(SequencePolicy.from_config(config), instances, stats, config)
-    return Scheduler(BatchingPolicy.from_config(config), instances, stats)
+        return SequenceScheduler(SequencePolicy.from_config(config), instances, stats, config, gate)
+    return Scheduler(BatchingPolicy.from_config(config), instances, stats, gate)
 
 
 class _Sequence:
@@ -118,6 +123,7 @@ class SequenceScheduler:
         instances: Sequence[ModelInstance | RequestsInstance],
         stats: ModelStats,
         config: mc.ModelConfig | None = None,
+        gate: RateGate | None = None,
     ) -> None:
         if not instances:
             raise ValueError("a scheduler needs at least one model instance")
@@ -128,7 +134,7 @@ class SequenceScheduler:
             batching = dataclasses.replace(batching, decoupled=True)
         # One batcher per instance: a sequence stays on its instance, and batches form across the
         # sequences that instance holds.
-        self._inner = [Scheduler(batching, [instance], stats) for instance in instances]
+        self._inner = [Scheduler(batching, [instance], stats, gate) for instance in instances]
         self._free: deque[int] = deque(i for _ in range(policy.slots_per_instance) for i in range(len(instances)))
         self._live: dict[SequenceId, _Sequence] = {}
         self._holding: set[_Sequence] = set()  # sequences holding a slot, live or draining
