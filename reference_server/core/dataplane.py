@@ -25,7 +25,7 @@ from reference_server.core.load_overrides import FILE_PREFIX, OverrideFolders
 from reference_server.core.repository import ModelRepository, ModelVersion
 from reference_server.errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported, unknown_model
 from reference_server.scheduling.execute import Tensors
-from reference_server.scheduling.sequence import SEQUENCE_PARAMETERS
+from reference_server.scheduling.sequence.batcher import SEQUENCE_PARAMETERS
 from v2kit import codec as v2
 
 SERVER_NAME = "perfkit-reference-server"

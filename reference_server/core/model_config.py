@@ -40,7 +40,7 @@ from reference_server.backends.onnxruntime import ONNX_BACKEND, ONNX_PLATFORM
 from reference_server.backends.python import PYTHON_BACKEND, PYTHON_MODEL_FILENAME
 from reference_server.errors import ModelConfigError, raising_server_errors
 from reference_server.scheduling.execute import TensorSignature
-from reference_server.scheduling.sequence_config import DEFAULT_IDLE_US, SequencePolicy, hidden_tensors
+from reference_server.scheduling.sequence.config import DEFAULT_IDLE_US, SequencePolicy, hidden_tensors
 from v2kit import model_config as text
 from v2kit.model_config import CONFIG_FILENAME, ModelConfig, config_parameter, config_to_json
 

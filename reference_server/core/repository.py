@@ -52,7 +52,7 @@ from reference_server.scheduling.execute import ModelInstance, Tensors
 from reference_server.scheduling.model_scheduler import ModelScheduler
 from reference_server.scheduling.rate_limiter import RateLimiter
 from reference_server.scheduling.reshape import with_reshape
-from reference_server.scheduling.sequence import make_scheduler
+from reference_server.scheduling.sequence.batcher import make_scheduler
 from reference_server.scheduling.stats import ModelStats
 from v2kit.runtime import gpu
 

@@ -20,8 +20,9 @@ from tritonclient.grpc import model_config_pb2 as mc
 from reference_server.core.model_config import complete_config
 from reference_server.errors import InvalidArgument, ModelConfigError, Unavailable, Unsupported
 from reference_server.scheduling.execute import Tensors, TensorSignature
-from reference_server.scheduling.sequence import SequenceScheduler, make_scheduler
-from reference_server.scheduling.sequence_config import SequencePolicy, hidden_tensors
+from reference_server.scheduling.sequence.batcher import SequenceScheduler, make_scheduler
+from reference_server.scheduling.sequence.config import SequencePolicy, hidden_tensors
+from reference_server.scheduling.sequence.controls import control_tensors
 from reference_server.scheduling.stats import ModelStats
 
 CONTROLS = """
@@ -73,7 +74,7 @@ async def step(
 
 def test_control_tensors_follow_the_config_kinds_and_types() -> None:
     policy = SequencePolicy.from_config(config(CONTROLS))
-    tensors = policy.control_tensors(start=True, end=False, sequence_id=2**64 - 1)
+    tensors = control_tensors(policy, start=True, end=False, sequence_id=2**64 - 1)
     assert {k: (v.dtype.name, v.shape, v.tolist()) for k, v in tensors.items()} == {
         "START": ("int32", (1, 1), [[1]]),
         "END": ("float32", (1, 1), [[0.0]]),
@@ -82,7 +83,7 @@ def test_control_tensors_follow_the_config_kinds_and_types() -> None:
     }
     assert policy.slots_per_instance == 2 and policy.idle_ns == 1_000_000_000  # Triton's defaults
     unbatched = SequencePolicy.from_config(config(CONTROLS, max_batch_size=0))
-    assert unbatched.control_tensors(True, True, 5)["CORRID"].shape == (1,)
+    assert control_tensors(unbatched, True, True, 5)["CORRID"].shape == (1,)
     assert hidden_tensors(config(CONTROLS)) == (frozenset({"START", "END", "READY", "CORRID"}), frozenset())
 
 

@@ -261,7 +261,7 @@ def close_fds(fds: list[int]) -> None:
             pass
 
 
-# A sequence model's scheduler (scheduling/sequence.py) leaves the sequence parameters on the request;
+# A sequence model's scheduler (scheduling/sequence/batcher.py) leaves the sequence parameters on the request;
 # the model gets them as Triton gives them, `correlation_id()` and `flags()`, not as parameters.
 _SEQUENCE_START, _SEQUENCE_END = 1, 2  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START / _END
 

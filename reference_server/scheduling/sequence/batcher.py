@@ -25,7 +25,7 @@ batch index; here a slot is a place in the instance's batch, not a fixed index: 
 and the state are per request, so no model this server runs can tell.
 
 *Controls and state.* Before a request runs, the batcher adds its control tensors (READY true,
-START/END as flagged, CORRID the id; `sequence_config`) and each implicit state: its initial value at
+START/END as flagged, CORRID the id; `controls`) and each implicit state: its initial value at
 START, else what the previous request's `output_name` returned. The client neither sends nor sees
 them; a state output comes back only if the client asks for it by name.
 
@@ -53,7 +53,8 @@ from reference_server.scheduling.model_scheduler import ModelScheduler
 from reference_server.scheduling.policy import BatchingPolicy
 from reference_server.scheduling.rate_limiter import RateGate
 from reference_server.scheduling.scheduler import Scheduler
-from reference_server.scheduling.sequence_config import SequenceId, SequencePolicy
+from reference_server.scheduling.sequence.config import SequenceId, SequencePolicy
+from reference_server.scheduling.sequence.controls import check_sequence_id, control_tensors, initial_states
 from reference_server.scheduling.stats import ModelStats
 
 __all__ = ["SEQUENCE_PARAMETERS", "SequenceScheduler", "make_scheduler"]
@@ -173,7 +174,7 @@ class SequenceScheduler:
             raise InvalidArgument(
                 f"inference request to model '{model}' must specify a non-zero or non-empty correlation ID"
             )
-        self.policy.check_sequence_id(sequence_id)
+        check_sequence_id(self.policy, sequence_id)
         if self.policy.max_batch_size > 0 and any(a.ndim and a.shape[0] > 1 for a in inputs.values()):
             raise InvalidArgument(
                 f"inference request to model '{model}' must specify batch-size 1 due to requirements of "
@@ -310,10 +311,10 @@ class SequenceScheduler:
     def _inputs(self, ticket: _Ticket, inputs: Tensors) -> Tensors:
         sequence = ticket.sequence
         full = dict(inputs)
-        full.update(self.policy.control_tensors(ticket.start, ticket.end, sequence.sequence_id))
+        full.update(control_tensors(self.policy, ticket.start, ticket.end, sequence.sequence_id))
         if self.policy.states:
             if ticket.start or not sequence.states:
-                sequence.states = self.policy.initial_states()
+                sequence.states = initial_states(self.policy)
             full.update(sequence.states)
         return full
 

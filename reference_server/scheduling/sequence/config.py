@@ -1,10 +1,9 @@
 """The `sequence_batching` part of a model config: strategy, slots, control inputs and implicit state.
 
-Read once per model version (`SequencePolicy.from_config`), checked with the messages of Triton's
+Read once per model version (`SequencePolicy.from_config`) and checked with the messages of Triton's
 `model_config_utils.cc` (`GetBooleanSequenceControlProperties`, `GetTypedSequenceControlProperties`)
-and `sequence_batch_scheduler.cc` (initial state), and then used by `sequence.SequenceScheduler` to
-build what the batcher adds to each request: the control tensors (START, END, READY, CORRID: shape
-[1], [1, 1] with a batch dimension, as Triton's overrides) and a sequence's first state.
+and `sequence_batch_scheduler.cc` (initial state); `controls` builds from it what the batcher adds to
+each request, and `batcher.SequenceScheduler` holds the slots.
 
 Control inputs and state tensors are the batcher's, never the client's: `hidden_tensors` names them
 so that a config's completion from the model file leaves them out of `input`/`output`, which is
@@ -19,12 +18,12 @@ from dataclasses import dataclass
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from reference_server.errors import InvalidArgument, ModelConfigError
-from reference_server.scheduling.execute import Tensor, Tensors
+from reference_server.errors import ModelConfigError
+from reference_server.scheduling.execute import Tensor
 from reference_server.scheduling.policy import BatchingPolicy
 from v2kit import tensors as tt
 
-__all__ = ["Control", "SequenceId", "SequencePolicy", "State", "hidden_tensors"]
+__all__ = ["DEFAULT_IDLE_US", "Control", "SequenceId", "SequencePolicy", "State", "hidden_tensors"]
 
 #: A request's sequence id: an unsigned 64-bit integer or a string (0 and "" mean none).
 SequenceId = int | str
@@ -123,43 +122,6 @@ class SequencePolicy:
         )
         idle_us = sb.max_sequence_idle_microseconds or DEFAULT_IDLE_US
         return cls(name, mbs, oldest, slots, idle_us * 1000, controls, states, batching)
-
-    def control_tensors(self, start: bool, end: bool, sequence_id: SequenceId) -> Tensors:
-        """The control inputs of one request: READY true, START and END as flagged, CORRID its id."""
-        shape = (1, 1) if self.max_batch_size > 0 else (1,)
-        out: Tensors = {}
-        for control in self.controls:
-            if control.kind == "CORRID":
-                out[control.name] = _corrid(control, sequence_id, shape)
-                continue
-            on = {"START": start, "END": end, "READY": True}[control.kind]
-            dtype = tt.datatype_to_numpy(control.datatype)
-            out[control.name] = np.full(shape, control.values[1 if on else 0], dtype=dtype)
-        return out
-
-    def check_sequence_id(self, sequence_id: SequenceId) -> None:
-        """Refuse a string id for a numeric CORRID control, before the sequence takes a slot."""
-        for control in self.controls:
-            if control.kind == "CORRID" and control.datatype != "BYTES" and isinstance(sequence_id, str):
-                raise InvalidArgument(
-                    f"inference request for sequence {sequence_id} to model '{self.model}': the model's CORRID "
-                    f"control '{control.name}' is {control.datatype}, so the sequence id must be an unsigned "
-                    "integer, not a string"
-                )
-
-    def initial_states(self) -> Tensors:
-        """Each state's value at a sequence's START: its `initial_state`, else zeros."""
-        out: Tensors = {}
-        for state in self.states:
-            if state.initial is not None:
-                value = state.initial
-            else:
-                dims = [max(d, 1) for d in state.dims]  # a variable dim starts with one element
-                value = np.zeros(dims, dtype=tt.datatype_to_numpy(state.datatype))
-                if state.datatype == "BYTES":
-                    value = np.full(dims, b"", dtype=object)
-            out[state.input_name] = value[np.newaxis] if self.max_batch_size > 0 else value
-        return out
 
 
 def hidden_tensors(config: mc.ModelConfig) -> tuple[frozenset[str], frozenset[str]]:
@@ -269,13 +231,3 @@ def _state(state: mc.ModelSequenceBatching.State, model: str) -> State:
     dtype = tt.datatype_to_numpy(datatype)
     initial = np.full(tuple(init.dims), b"", dtype=object) if datatype == "BYTES" else np.zeros(init.dims, dtype)
     return State(state.input_name, state.output_name, datatype, dims, initial)
-
-
-def _corrid(control: Control, sequence_id: SequenceId, shape: tuple[int, ...]) -> Tensor:
-    if control.datatype == "BYTES":
-        text = sequence_id if isinstance(sequence_id, str) else str(sequence_id)
-        return np.full(shape, text.encode(), dtype=object)
-    assert isinstance(sequence_id, int), "checked at admission (check_sequence_id)"
-    # Triton copies the id's low bytes into the control's type.
-    dtype = tt.datatype_to_numpy(control.datatype)
-    return np.array(sequence_id & ((1 << (8 * dtype.itemsize)) - 1), dtype=np.uint64).astype(dtype).reshape(shape)
