@@ -31,9 +31,9 @@ from v2kit import codec as v2
 SERVER_NAME = "perfkit-reference-server"
 EXTENSIONS = [
     "classification",
+    "sequence",
     "binary_tensor_data",
     "model_configuration",
-    "sequence",
     "model_repository",
     "statistics",
     "schedule_policy",
