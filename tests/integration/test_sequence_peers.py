@@ -5,7 +5,10 @@ the sequence model with `--sequence-length` over HTTP and over a gRPC stream."""
 
 from __future__ import annotations
 
+import json
 import subprocess
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -177,3 +180,31 @@ def test_metadata_and_config_leave_the_controls_out_alike(urls: Urls) -> None:
         )
     assert seen["ours"] == seen["triton"]
     assert seen["ours"][1] == ["INPUT"] and seen["ours"][4]
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [
+        {"sequence_id": -1, "sequence_start": True},
+        {"sequence_id": 1.5, "sequence_start": True},
+        {"sequence_id": 9, "sequence_start": "yes"},
+        {"sequence_id": "x" * 129, "sequence_start": True},
+    ],
+    ids=["negative", "float", "start-not-bool", "id-too-long"],
+)
+def test_bad_sequence_parameters_over_http_alike(urls: Urls, parameters: dict[str, Any]) -> None:
+    body = json.dumps({
+        "inputs": [{"name": "INPUT", "datatype": "INT32", "shape": [1, 1], "data": [1]}],
+        "parameters": parameters,
+    }).encode()  # fmt: skip
+    answers = {}
+    for server, (http_url, _) in urls.items():
+        request = urllib.request.Request(f"http://{http_url}/v2/models/accumulator/infer", data=body, method="POST")
+        with pytest.raises(urllib.error.HTTPError) as info:
+            urllib.request.urlopen(request, timeout=30)
+        answers[server] = (info.value.code, json.loads(info.value.read())["error"])
+    # Triton's words first; its status is 500 (INTERNAL) for a parameter it cannot parse, where ours
+    # is 400, as for any request the client got wrong.
+    assert answers["ours"][1].split(":")[0] == answers["triton"][1].split(":")[0], answers
+    triton_status = answers["triton"][0]
+    assert answers["ours"][0] == (400 if triton_status == 500 else triton_status), answers

@@ -159,16 +159,16 @@ class SequenceScheduler:
             or (isinstance(sequence_id, int) and not 0 <= sequence_id < 1 << 64)
         ):
             raise InvalidArgument(
-                f"Unable to parse 'sequence_id' of an inference request to model '{model}': it must be an "
-                f"unsigned 64-bit integer or a string, got {sequence_id!r}"
+                f"Unable to parse 'sequence_id': it must be an unsigned 64-bit integer or a string, got "
+                f"{sequence_id!r} (inference request to model '{model}')"
             )
         if isinstance(sequence_id, str) and len(sequence_id) > _MAX_ID_CHARS:
             raise Unsupported(f"string correlation ID cannot be longer than {_MAX_ID_CHARS} characters")
         for name, flag in (("sequence_start", start), ("sequence_end", end)):
             if not isinstance(flag, bool):
                 raise InvalidArgument(
-                    f"Unable to parse '{name}' of an inference request to model '{model}': it must be a "
-                    f"boolean, got {flag!r}"
+                    f"Unable to parse '{name}': it must be a boolean, got {flag!r} (inference request to "
+                    f"model '{model}')"
                 )
         if sequence_id in (0, ""):
             raise InvalidArgument(
