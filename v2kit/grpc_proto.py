@@ -15,7 +15,7 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from tritonclient.grpc import service_pb2
 
-from v2kit.codec import CodecError, InferRequest, InferResponse, InferTensor, RequestedOutput
+from v2kit.codec import CodecError, InferRequest, InferResponse, InferTensor, RequestedOutput, shared_memory_ref
 from v2kit.tensors import (
     check_count,
     check_range,
@@ -163,31 +163,51 @@ def _from_contents(t: Any, present: list[str], raw_name: str, what: str) -> np.n
 
 def _tensors_from_proto(tensors: Any, raw: Any, kind: str) -> list[InferTensor]:
     raw_name = f"raw_{kind}_contents"
-    if len(raw) and len(raw) != len(tensors):
-        raise CodecError(f"{raw_name} has {len(raw)} entries for {len(tensors)} {kind}s; send one per {kind}")
+    params = [parameters_from_proto(t.parameters) for t in tensors]
+    # An input in shared memory has no raw entry (tritonclient sends none, Triton reads none).
+    in_shm = [
+        kind == "input" and shared_memory_ref(p, f"{kind} {t.name!r}") is not None for t, p in zip(tensors, params)
+    ]
+    expected = len(tensors) - sum(in_shm)
+    if len(raw) and len(raw) != expected:
+        raise CodecError(f"{raw_name} has {len(raw)} entries for {expected} {kind}s; send one per {kind}")
     out: list[InferTensor] = []
     seen: set[str] = set()
-    for i, t in enumerate(tensors):
+    next_raw = 0
+    for t, p, shm in zip(tensors, params, in_shm):
         what = f"{kind} {t.name!r}"
         if t.name in seen:
             raise CodecError(f"duplicate {kind} name {t.name!r}")
         seen.add(t.name)
         present = [f for f in _CONTENT_FIELDS if len(getattr(t.contents, f))]
-        if len(raw) and present:
-            raise CodecError(f"{what}: contents must not be set when {raw_name} is used")
-        if len(raw):
-            data = tensor_from_raw(raw[i], t.datatype, list(t.shape), t.name, kind=kind)
+        if shm:
+            if present:
+                raise CodecError(f"{what}: has both shared_memory_region and contents; send one")
+            data = np.empty(0, datatype_to_numpy(t.datatype, what))
+        elif len(raw):
+            if present:
+                raise CodecError(f"{what}: contents must not be set when {raw_name} is used")
+            data = tensor_from_raw(raw[next_raw], t.datatype, list(t.shape), t.name, kind=kind)
+            next_raw += 1
         else:
             data = _from_contents(t, present, raw_name, what)
-        out.append(InferTensor(t.name, t.datatype, list(t.shape), data, parameters_from_proto(t.parameters)))
+        out.append(InferTensor(t.name, t.datatype, list(t.shape), data, p))
     return out
 
 
 def _tensors_to_proto(tensors: list[InferTensor], target: Any, raw: Any, kind: str) -> None:
     for t in tensors:
         what = f"{kind} {t.name!r}"
-        check_count(t.data, t.shape, what)
         pt = target.add(name=t.name, datatype=t.datatype, shape=[int(d) for d in t.shape])
+        if shared_memory_ref(t.parameters, what) is not None:
+            # In shared memory: an input names its region and has no raw entry; an output the
+            # server wrote there has an empty one and no parameters, as Triton's has.
+            if kind == "input":
+                parameters_to_proto(t.parameters, pt.parameters)
+            else:
+                raw.append(b"")
+            continue
+        check_count(t.data, t.shape, what)
         parameters_to_proto(t.parameters, pt.parameters)
         raw.append(tensor_to_raw(t.data, t.datatype, what))  # protobuf wants bytes, not a view
 
