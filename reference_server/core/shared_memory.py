@@ -124,6 +124,11 @@ class Region:
                 "register it again"
             )
 
+    @property
+    def closed(self) -> bool:
+        """Whether the region is unmapped (unregistered, and no request holds it any more)."""
+        return self._map.closed
+
     def close(self) -> None:
         self._map.close()
         os.close(self._fd)
