@@ -1,0 +1,275 @@
+"""The system shared memory extension, driven by NVIDIA's own clients: tritonclient's
+`shared_memory` utilities with its HTTP and gRPC clients, and perf_analyzer `--shared-memory system`.
+
+Each refusal is checked for Triton's status and words (as Triton 2.51 answers them), and the server
+serves an ordinary request after all of them. CUDA shared memory, which needs CUDA IPC, is refused
+clearly; the routes of extensions the server does not offer answer 501, not 404.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import tritonclient.utils.shared_memory as shm
+from onnx import TensorProto, helper
+from tritonclient.utils import InferenceServerException, serialize_byte_tensor
+
+from reference_server.server import ReferenceServer, running_server
+from tests.servers import loopback_config
+
+pytestmark = pytest.mark.integration
+
+TRANSPORTS = ["http", "grpc"]
+
+
+def _model(repository: Path, name: str, nodes: list[Any], inputs: dict[str, int], outputs: dict[str, int]) -> None:
+    def infos(tensors: dict[str, int]) -> list[Any]:
+        return [helper.make_tensor_value_info(n, t, ["batch", "n"]) for n, t in tensors.items()]
+
+    graph = helper.make_graph(nodes, name, infos(inputs), infos(outputs))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    (repository / name / "1").mkdir(parents=True)
+    onnx.save(model, repository / name / "1" / "model.onnx")
+    kinds = {TensorProto.FLOAT: "TYPE_FP32", TensorProto.STRING: "TYPE_STRING"}
+    tensors = {
+        kind: ", ".join(f'{{ name: "{n}" data_type: {kinds[t]} dims: [ -1 ] }}' for n, t in ts.items())
+        for kind, ts in (("input", inputs), ("output", outputs))
+    }
+    (repository / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: 8\n'
+        f"input [ {tensors['input']} ]\noutput [ {tensors['output']} ]\n"
+    )
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceServer]:
+    repository = tmp_path_factory.mktemp("shm") / "models"
+    f32, text = TensorProto.FLOAT, TensorProto.STRING
+    _model(repository, "identity", [helper.make_node("Identity", ["X"], ["Y"])], {"X": f32}, {"Y": f32})
+    _model(repository, "add", [helper.make_node("Add", ["A", "B"], ["SUM"])], {"A": f32, "B": f32}, {"SUM": f32})
+    _model(repository, "echo", [helper.make_node("Identity", ["T"], ["U"])], {"T": text}, {"U": text})
+    with running_server(loopback_config(repository)) as running:
+        yield running
+
+
+class Regions:
+    """Shared-memory objects made with tritonclient's utilities, destroyed after the test."""
+
+    def __init__(self) -> None:
+        self.handles: list[Any] = []
+
+    def create(self, byte_size: int) -> tuple[str, Any]:
+        key = f"/perfkit-test-{uuid.uuid4().hex}"
+        handle = shm.create_shared_memory_region(key.lstrip("/"), key, byte_size)
+        self.handles.append(handle)
+        return key, handle
+
+
+@pytest.fixture
+def regions() -> Iterator[Regions]:
+    made = Regions()
+    yield made
+    for handle in made.handles:
+        shm.destroy_shared_memory_region(handle)
+
+
+Client = Any  # httpclient or grpcclient InferenceServerClient
+
+
+@pytest.fixture(params=TRANSPORTS)
+def transport(request: pytest.FixtureRequest, server: ReferenceServer) -> Iterator[tuple[Any, Client]]:
+    if request.param == "http":
+        module: Any = httpclient
+        client: Client = httpclient.InferenceServerClient(server.http_url)
+    else:
+        module, client = grpcclient, grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    yield module, client
+    client.unregister_system_shared_memory()  # whatever a test left registered
+    client.close()
+
+
+def shm_input(module: Any, name: str, shape: list[int], datatype: str, region: str, size: int, offset: int = 0) -> Any:
+    tensor = module.InferInput(name, shape, datatype)
+    tensor.set_shared_memory(region, size, offset=offset)
+    return tensor
+
+
+def shm_output(module: Any, name: str, region: str, size: int, offset: int = 0) -> Any:
+    output = module.InferRequestedOutput(name)
+    output.set_shared_memory(region, size, offset=offset)
+    return output
+
+
+def failure(call: Callable[[], Any]) -> tuple[str, str]:
+    """The status of a call that must fail (an HTTP code, or a gRPC code's name) and its message."""
+    try:
+        call()
+    except InferenceServerException as exc:
+        return str(exc.status()).removeprefix("StatusCode."), exc.message() or ""
+    raise AssertionError("the call succeeded")
+
+
+def test_metadata_lists_system_shared_memory_only(transport: tuple[Any, Client]) -> None:
+    module, client = transport
+    metadata = client.get_server_metadata()
+    extensions = metadata["extensions"] if module is httpclient else list(metadata.extensions)
+    assert "system_shared_memory" in extensions and "cuda_shared_memory" not in extensions
+
+
+def test_register_infer_through_regions_and_unregister(transport: tuple[Any, Client], regions: Regions) -> None:
+    module, client = transport
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    in_key, in_handle = regions.create(x.nbytes)
+    out_key, out_handle = regions.create(64)
+    shm.set_shared_memory_region(in_handle, [x])
+    client.register_system_shared_memory("in", in_key, x.nbytes)
+    client.register_system_shared_memory("out", out_key, 48, offset=16)
+
+    status = client.get_system_shared_memory_status()
+    if module is grpcclient:
+        status = [
+            {"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size}
+            for r in status.regions.values()
+        ]
+    assert sorted(status, key=lambda r: r["name"]) == [
+        {"name": "in", "key": in_key, "offset": 0, "byte_size": 32},
+        {"name": "out", "key": out_key, "offset": 16, "byte_size": 48},
+    ]
+
+    result = client.infer(
+        "identity", [shm_input(module, "X", [2, 4], "FP32", "in", 32)], outputs=[shm_output(module, "Y", "out", 32, 8)]
+    )
+    # The data is in the region, not the response: no data and no parameters, as in Triton's.
+    if module is httpclient:
+        assert result.get_output("Y") == {"name": "Y", "datatype": "FP32", "shape": [2, 4]}
+    else:
+        assert not result.get_output("Y").parameters
+        assert list(result.get_response().raw_output_contents) == [b""]
+    got = shm.get_contents_as_numpy(out_handle, np.float32, [2, 4], offset=16 + 8)
+    np.testing.assert_array_equal(got, x)
+
+    client.unregister_system_shared_memory("in")
+    client.unregister_system_shared_memory()
+    remaining = client.get_system_shared_memory_status()
+    assert (remaining if module is httpclient else list(remaining.regions)) == []
+
+
+def test_bytes_and_mixed_inputs(transport: tuple[Any, Client], regions: Regions) -> None:
+    module, client = transport
+    texts = np.array([[b"he\x00llo", b"", "caf\u00e9".encode()]], dtype=object)
+    serialized = serialize_byte_tensor(texts)  # Triton's length-prefixed form
+    key, handle = regions.create(256)
+    shm.set_shared_memory_region(handle, [serialized])
+    client.register_system_shared_memory("strings", key, 256)
+    client.register_system_shared_memory("strings_out", key, 128, offset=128)  # the same object's second half
+    client.infer(
+        "echo",
+        [shm_input(module, "T", [1, 3], "BYTES", "strings", len(serialized.item()))],
+        outputs=[shm_output(module, "U", "strings_out", 128)],
+    )
+    got = shm.get_contents_as_numpy(handle, np.object_, [1, 3], offset=128)
+    assert got.tolist() == texts.tolist()
+
+    # One input from a region, the other in the request (gRPC: one raw entry, for B alone).
+    a = np.full((1, 3), 1.5, np.float32)
+    b = np.array([[1, 2, 3]], np.float32)
+    shm.set_shared_memory_region(handle, [a])
+    client.register_system_shared_memory("a", key, 12)
+    inline = module.InferInput("B", [1, 3], "FP32")
+    inline.set_data_from_numpy(b)
+    result = client.infer("add", [shm_input(module, "A", [1, 3], "FP32", "a", 12), inline])
+    np.testing.assert_array_equal(result.as_numpy("SUM"), a + b)
+
+
+def test_refusals_in_tritons_words(transport: tuple[Any, Client], regions: Regions) -> None:
+    module, client = transport
+    http = module is httpclient
+    key, handle = regions.create(64)
+    shm.set_shared_memory_region(handle, [np.ones(16, np.float32)])
+    client.register_system_shared_memory("r", key, 64)
+
+    def infer(region: str = "r", offset: int = 0, out_size: int = 16) -> Any:
+        output = shm_output(module, "Y", "r", out_size, 48)
+        return client.infer("identity", [shm_input(module, "X", [1, 4], "FP32", region, 16, offset)], outputs=[output])
+
+    cases = [
+        (lambda: client.register_system_shared_memory("r", key, 8), "400", "ALREADY_EXISTS", "shared memory region 'r' already in manager"),
+        (lambda: client.register_system_shared_memory("n", "/perfkit-no-such-key", 8), "500", "INTERNAL", "Unable to open shared memory region: '/perfkit-no-such-key'"),
+        (lambda: client.register_system_shared_memory("p", key, 16, offset=56), "400", "INVALID_ARGUMENT", "failed to register shared memory region 'p': invalid args"),
+        (lambda: client.get_system_shared_memory_status("nope"), "404", "NOT_FOUND", "Unable to find system shared memory region: 'nope'"),
+        (lambda: infer(region="nope"), "404", "NOT_FOUND", "Unable to find shared memory region: 'nope'"),
+        (lambda: infer(offset=56), "400", "INVALID_ARGUMENT", "Invalid offset + byte size for shared memory region: 'r'"),
+        (lambda: infer(offset=64), "400", "INVALID_ARGUMENT", "Invalid offset for shared memory region: 'r'"),
+        (lambda: infer(out_size=8), "500", "INTERNAL", "output 'Y' (8 bytes) should be at least 16 bytes to hold the results"),
+    ]  # fmt: skip
+    for call, http_status, grpc_code, fragment in cases:
+        status, message = failure(call)
+        assert (status, fragment in message) == (http_status if http else grpc_code, True), message
+    with pytest.raises(InferenceServerException, match="input byte size mismatch for input 'X' for model 'identity'"):
+        client.infer("identity", [shm_input(module, "X", [1, 3], "FP32", "r", 16)])
+
+    client.unregister_system_shared_memory("never-registered")  # Triton: success
+    infer()  # the server and the region are fine after all that
+    np.testing.assert_array_equal(shm.get_contents_as_numpy(handle, np.float32, [4], offset=48), np.ones(4))
+
+
+def test_cuda_shared_memory_is_refused_clearly(transport: tuple[Any, Client]) -> None:
+    module, client = transport
+    status, message = failure(lambda: client.register_cuda_shared_memory("c", b"\0" * 64, 0, 64))
+    assert status == ("400" if module is httpclient else "INVALID_ARGUMENT")
+    assert "CUDA shared memory is not available on this server" in message
+    status_reply = client.get_cuda_shared_memory_status()
+    assert (status_reply if module is httpclient else list(status_reply.regions)) == []
+    client.unregister_cuda_shared_memory()
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "fragment"),
+    [
+        ("GET", "/v2/trace/setting", 501, "trace extension is not supported"),
+        ("POST", "/v2/models/identity/trace/setting", 501, "trace extension is not supported"),
+        ("GET", "/v2/logging", 501, "logging extension is not supported"),
+        ("POST", "/v2/systemsharedmemory/region/r/register", 400, "Shared memory register request has no 'key' field"),
+        ("GET", "/v2/systemsharedmemory/region/r/register", 405, "Method Not Allowed"),
+    ],
+)
+def test_http_routes(server: ReferenceServer, method: str, path: str, status: int, fragment: str) -> None:
+    request = urllib.request.Request(
+        f"http://{server.http_url}{path}", data=b"{}" if method == "POST" else None, method=method
+    )
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=30)
+    assert caught.value.code == status
+    assert fragment in json.loads(caught.value.read())["error"]
+
+
+@pytest.mark.peers
+@pytest.mark.parametrize("transport_name", TRANSPORTS)
+def test_perf_analyzer_with_system_shared_memory(peers: Path, server: ReferenceServer, transport_name: str) -> None:
+    port = server.http_port if transport_name == "http" else server.grpc_port
+    flags = ["-i", "grpc"] if transport_name == "grpc" else []
+    result = subprocess.run(
+        [
+            str(peers / "bin" / "perf_analyzer"), *flags, "-m", "identity", "-u", f"127.0.0.1:{port}",
+            "--shared-memory", "system", "--output-shared-memory-size", "1024", "--shape", "X:16",
+            "--concurrency-range", "2", "--request-count", "200",  # a fixed count: no stability search
+        ],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Inference count" in result.stdout
+    # perf_analyzer unregisters its regions when it is done.
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/systemsharedmemory/status", timeout=30) as reply:
+        assert json.loads(reply.read()) == []
