@@ -140,6 +140,8 @@ def shared_memory_ref(parameters: dict[str, Any], what: str) -> SharedMemoryRef 
     Raises CodecError when the parameters are malformed: an offset or size without a region, a
     region without a byte size, or values of the wrong type.
     """
+    if not parameters:
+        return None  # the common case, on every tensor of every request
     region = parameters.get(_SHM_REGION)
     if region is None:
         stray = [k for k in (_SHM_OFFSET, _SHM_SIZE) if k in parameters]

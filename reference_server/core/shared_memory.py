@@ -26,8 +26,10 @@ Theory of operation:
 * **Threads.** The front ends call this on the event loop; a lock still guards the registry, as
   Triton's mutex does, so that a backend thread may look regions up too.
 
-Errors carry Triton's status and wording (`src/shared_memory_manager.cc`, checked against Triton
-2.51's answers), with what to change after it. CUDA shared memory needs CUDA IPC, which this
+Errors carry Triton's wording (`src/shared_memory_manager.cc`, checked against Triton 2.51's
+answers) with what to change after it, and Triton's status, except where Triton answers a client's
+mistake with INTERNAL (a key that cannot be opened, an output region too small): those are
+INVALID_ARGUMENT (400) here, as every bad request is. CUDA shared memory needs CUDA IPC, which this
 server does not implement: its status lists no region, unregistering succeeds, and registering
 answers Triton's INVALID_ARG saying so; the server metadata therefore does not list
 "cuda_shared_memory".
@@ -45,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from reference_server.errors import AlreadyExists, InternalError, InvalidArgument, NotFound
+from reference_server.errors import AlreadyExists, InvalidArgument, NotFound
 from v2kit import codec as v2
 from v2kit.runtime import gpu
 from v2kit.tensors import element_count, tensor_from_raw, tensor_to_raw
@@ -290,8 +292,9 @@ class RequestBinding:
             region, ref = target
             data = tensor_to_raw(tensor.data, tensor.datatype, f"output '{tensor.name}'")
             if len(data) > ref.byte_size:
-                # Triton's status: it finds out in the output allocator, after the model ran.
-                raise InternalError(
+                # Triton's words; its status is INTERNAL (it finds out in its output allocator),
+                # but the client sized the region, so a client error here.
+                raise InvalidArgument(
                     f"shared memory size specified with the request for output '{tensor.name}' ({ref.byte_size} "
                     f"bytes) should be at least {len(data)} bytes to hold the results"
                 )
@@ -334,18 +337,19 @@ def _read_input(region: Region, ref: v2.SharedMemoryRef, tensor: v2.InferTensor,
 def _open_key(key: str) -> int:
     # shm_open's names: one leading '/', then a file name in SHM_DIR; nothing that walks elsewhere.
     base = key[1:] if key.startswith("/") else key
+    # Triton answers these INTERNAL; a key the client got wrong is a client error here (400).
     if not base or "/" in base or "\0" in base or base in (".", ".."):
-        raise InternalError(
+        raise InvalidArgument(
             f"Unable to open shared memory region: '{key}': a key is '/' and a name without '/', as shm_open takes it"
         )
     try:
         fd = os.open(os.path.join(SHM_DIR, base), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         hint = f"no such key in {SHM_DIR}; create it (shm_open) first" if exc.errno == errno.ENOENT else exc.strerror
-        raise InternalError(f"Unable to open shared memory region: '{key}': {hint}") from None
+        raise InvalidArgument(f"Unable to open shared memory region: '{key}': {hint}") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise InternalError(f"Unable to open shared memory region: '{key}': not a shared-memory object")
+        raise InvalidArgument(f"Unable to open shared memory region: '{key}': not a shared-memory object")
     return fd
 
 
@@ -353,4 +357,4 @@ def _file_size(fd: int, key: str) -> int:
     try:
         return os.fstat(fd).st_size
     except OSError:
-        raise InternalError(f"Invalid shared memory region: '{key}'") from None
+        raise InvalidArgument(f"Invalid shared memory region: '{key}'") from None

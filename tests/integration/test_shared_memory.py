@@ -1,8 +1,9 @@
 """The system shared memory extension, driven by NVIDIA's own clients: tritonclient's
 `shared_memory` utilities with its HTTP and gRPC clients, and perf_analyzer `--shared-memory system`.
 
-Each refusal is checked for Triton's status and words (as Triton 2.51 answers them), and the server
-serves an ordinary request after all of them. CUDA shared memory, which needs CUDA IPC, is refused
+Each refusal is checked for Triton's words and status (as Triton 2.51 answers them; where Triton
+says INTERNAL to a client's mistake, a key it cannot open or an output region too small, 400 /
+INVALID_ARGUMENT here), and the server serves an ordinary request after all of them. CUDA shared memory, which needs CUDA IPC, is refused
 clearly; the routes of extensions the server does not offer answer 501, not 404.
 """
 
@@ -206,13 +207,13 @@ def test_refusals_in_tritons_words(transport: tuple[Any, Client], regions: Regio
 
     cases = [
         (lambda: client.register_system_shared_memory("r", key, 8), "400", "ALREADY_EXISTS", "shared memory region 'r' already in manager"),
-        (lambda: client.register_system_shared_memory("n", "/perfkit-no-such-key", 8), "500", "INTERNAL", "Unable to open shared memory region: '/perfkit-no-such-key'"),
+        (lambda: client.register_system_shared_memory("n", "/perfkit-no-such-key", 8), "400", "INVALID_ARGUMENT", "Unable to open shared memory region: '/perfkit-no-such-key'"),
         (lambda: client.register_system_shared_memory("p", key, 16, offset=56), "400", "INVALID_ARGUMENT", "failed to register shared memory region 'p': invalid args"),
         (lambda: client.get_system_shared_memory_status("nope"), "404", "NOT_FOUND", "Unable to find system shared memory region: 'nope'"),
         (lambda: infer(region="nope"), "404", "NOT_FOUND", "Unable to find shared memory region: 'nope'"),
         (lambda: infer(offset=56), "400", "INVALID_ARGUMENT", "Invalid offset + byte size for shared memory region: 'r'"),
         (lambda: infer(offset=64), "400", "INVALID_ARGUMENT", "Invalid offset for shared memory region: 'r'"),
-        (lambda: infer(out_size=8), "500", "INTERNAL", "output 'Y' (8 bytes) should be at least 16 bytes to hold the results"),
+        (lambda: infer(out_size=8), "400", "INVALID_ARGUMENT", "output 'Y' (8 bytes) should be at least 16 bytes to hold the results"),
     ]  # fmt: skip
     for call, http_status, grpc_code, fragment in cases:
         status, message = failure(call)

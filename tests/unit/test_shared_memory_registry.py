@@ -14,7 +14,7 @@ import pytest
 
 from reference_server.core import shared_memory as shm
 from reference_server.core.shared_memory import SharedMemoryRegistry
-from reference_server.errors import AlreadyExists, InternalError, InvalidArgument, NotFound
+from reference_server.errors import AlreadyExists, InvalidArgument, NotFound
 from v2kit import codec as v2
 
 MakeKey = Callable[[int], str]
@@ -76,7 +76,7 @@ def test_refusals_in_tritons_words(registry: SharedMemoryRegistry, make_key: Mak
     registry.register("a", key, 0, 64)
     with pytest.raises(AlreadyExists, match="shared memory region 'a' already in manager"):
         registry.register("a", key, 0, 8)
-    with pytest.raises(InternalError, match=r"Unable to open shared memory region: '/perfkit-no-such-key': no such"):
+    with pytest.raises(InvalidArgument, match=r"Unable to open shared memory region: '/perfkit-no-such-key': no such"):
         registry.register("b", "/perfkit-no-such-key", 0, 8)
     with pytest.raises(InvalidArgument, match=r"failed to register shared memory region 'c': invalid args: offset 60"):
         registry.register("c", key, 60, 8)
@@ -89,7 +89,7 @@ def test_refusals_in_tritons_words(registry: SharedMemoryRegistry, make_key: Mak
 
 @pytest.mark.parametrize("key", ["/../etc/passwd", "/a/b", "/", "", "/..", "/x\0y"])
 def test_keys_that_are_no_shm_name_are_refused(registry: SharedMemoryRegistry, key: str) -> None:
-    with pytest.raises(InternalError, match="Unable to open shared memory region"):
+    with pytest.raises(InvalidArgument, match="Unable to open shared memory region"):
         registry.register("r", key, 0, 8)
 
 
@@ -97,7 +97,7 @@ def test_a_key_that_is_not_a_regular_file_is_refused(registry: SharedMemoryRegis
     name = f"perfkit-test-dir-{uuid.uuid4().hex}"
     os.mkdir(os.path.join(shm.SHM_DIR, name))
     try:
-        with pytest.raises(InternalError, match="Unable to open shared memory region"):
+        with pytest.raises(InvalidArgument, match="Unable to open shared memory region"):
             registry.register("r", "/" + name, 0, 8)
     finally:
         os.rmdir(os.path.join(shm.SHM_DIR, name))
@@ -238,7 +238,9 @@ def test_bind_refusals(registry: SharedMemoryRegistry, make_key: MakeKey) -> Non
     binding = registry.bind(_request([v2.InferTensor("X", "FP32", [1], np.zeros(1, np.float32))], small))
     assert binding is not None
     response = v2.InferResponse("m", "1", outputs=[v2.InferTensor("Y", "FP32", [4], np.zeros(4, np.float32))])
-    with pytest.raises(InternalError, match=r"output 'Y' \(8 bytes\) should be at least 16 bytes to hold the results"):
+    with pytest.raises(
+        InvalidArgument, match=r"output 'Y' \(8 bytes\) should be at least 16 bytes to hold the results"
+    ):
         binding.write(response)
     binding.release()
     # Every refusal above let go of what it held: the region unmaps at once.
