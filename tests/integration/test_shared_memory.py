@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -54,9 +55,48 @@ def _model(repository: Path, name: str, nodes: list[Any], inputs: dict[str, int]
     )
 
 
+#: A python model that says when it starts (a file) and answers only once the test lets it (another).
+_GATED = """
+import json, os, time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.gate = json.loads(args["model_config"])["parameters"]["gate"]["string_value"]
+
+    def execute(self, requests):
+        open(self.gate + ".started", "w").close()
+        deadline = time.monotonic() + 60
+        while not os.path.exists(self.gate + ".open") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("Y", pb_utils.get_input_tensor_by_name(r, "X").as_numpy())])
+            for r in requests
+        ]
+"""
+
+
+def _gated_model(repository: Path, gate: Path) -> None:
+    (repository / "gated" / "1").mkdir(parents=True)
+    (repository / "gated" / "1" / "model.py").write_text(_GATED)
+    (repository / "gated" / "config.pbtxt").write_text(
+        'name: "gated"\nbackend: "python"\nmax_batch_size: 8\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        f'parameters {{ key: "gate" value: {{ string_value: "{gate}" }} }}\n'
+    )
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceServer]:
+def gate(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("gate") / "gate"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, gate: Path) -> Iterator[ReferenceServer]:
     repository = tmp_path_factory.mktemp("shm") / "models"
+    _gated_model(repository, gate)
     f32, text = TensorProto.FLOAT, TensorProto.STRING
     _model(repository, "identity", [helper.make_node("Identity", ["X"], ["Y"])], {"X": f32}, {"Y": f32})
     _model(repository, "add", [helper.make_node("Add", ["A", "B"], ["SUM"])], {"A": f32, "B": f32}, {"SUM": f32})
@@ -224,6 +264,37 @@ def test_refusals_in_tritons_words(transport: tuple[Any, Client], regions: Regio
     client.unregister_system_shared_memory("never-registered")  # Triton: success
     infer()  # the server and the region are fine after all that
     np.testing.assert_array_equal(shm.get_contents_as_numpy(handle, np.float32, [4], offset=48), np.ones(4))
+
+
+def test_a_region_unregistered_while_a_request_uses_it_stays_mapped_for_it(
+    server: ReferenceServer, regions: Regions, gate: Path
+) -> None:
+    client = httpclient.InferenceServerClient(server.http_url, concurrency=2)
+    x = np.array([[1.0, 2.0, 3.0]], np.float32)
+    key, handle = regions.create(64)
+    shm.set_shared_memory_region(handle, [x])
+    client.register_system_shared_memory("in_use", key, 64)
+    pending = client.async_infer(
+        "gated",
+        [shm_input(httpclient, "X", [1, 3], "FP32", "in_use", 12)],
+        outputs=[shm_output(httpclient, "Y", "in_use", 12, offset=32)],
+    )
+    started = Path(f"{gate}.started")
+    deadline = time.monotonic() + 60
+    while not started.exists():  # the model is running the request
+        assert time.monotonic() < deadline, "the gated model never started"
+        time.sleep(0.01)
+    client.unregister_system_shared_memory("in_use")
+    assert client.get_system_shared_memory_status() == []
+    status, message = failure(
+        lambda: client.infer("identity", [shm_input(httpclient, "X", [1, 3], "FP32", "in_use", 12)])
+    )
+    assert (status, "Unable to find shared memory region: 'in_use'" in message) == ("404", True)
+
+    Path(f"{gate}.open").touch()  # let the model answer: its output still goes to the region
+    pending.get_result(timeout=60)
+    np.testing.assert_array_equal(shm.get_contents_as_numpy(handle, np.float32, [1, 3], offset=32), x)
+    client.close()
 
 
 def test_cuda_shared_memory_is_refused_clearly(transport: tuple[Any, Client]) -> None:
