@@ -163,36 +163,41 @@ def _from_contents(t: Any, present: list[str], raw_name: str, what: str) -> np.n
 
 def _tensors_from_proto(tensors: Any, raw: Any, kind: str) -> list[InferTensor]:
     raw_name = f"raw_{kind}_contents"
-    params = [parameters_from_proto(t.parameters) for t in tensors]
-    # An input in shared memory has no raw entry (tritonclient sends none, Triton reads none).
-    in_shm = [
-        kind == "input" and shared_memory_ref(p, f"{kind} {t.name!r}") is not None for t, p in zip(tensors, params)
-    ]
-    expected = len(tensors) - sum(in_shm)
-    if len(raw) and len(raw) != expected:
-        raise CodecError(f"{raw_name} has {len(raw)} entries for {expected} {kind}s; send one per {kind}")
     out: list[InferTensor] = []
     seen: set[str] = set()
-    next_raw = 0
-    for t, p, shm in zip(tensors, params, in_shm):
+    used = 0  # raw entries taken: an input in shared memory has none (tritonclient sends none)
+    for t in tensors:
         what = f"{kind} {t.name!r}"
         if t.name in seen:
             raise CodecError(f"duplicate {kind} name {t.name!r}")
         seen.add(t.name)
+        params = parameters_from_proto(t.parameters)
         present = [f for f in _CONTENT_FIELDS if len(getattr(t.contents, f))]
-        if shm:
+        if params and kind == "input" and shared_memory_ref(params, what) is not None:
             if present:
                 raise CodecError(f"{what}: has both shared_memory_region and contents; send one")
             data = np.empty(0, datatype_to_numpy(t.datatype, what))
         elif len(raw):
             if present:
                 raise CodecError(f"{what}: contents must not be set when {raw_name} is used")
-            data = tensor_from_raw(raw[next_raw], t.datatype, list(t.shape), t.name, kind=kind)
-            next_raw += 1
+            if used == len(raw):
+                raise _raw_count_error(tensors, raw, kind)
+            data = tensor_from_raw(raw[used], t.datatype, list(t.shape), t.name, kind=kind)
+            used += 1
         else:
             data = _from_contents(t, present, raw_name, what)
-        out.append(InferTensor(t.name, t.datatype, list(t.shape), data, p))
+        out.append(InferTensor(t.name, t.datatype, list(t.shape), data, params))
+    if used != len(raw):
+        raise _raw_count_error(tensors, raw, kind)
     return out
+
+
+def _raw_count_error(tensors: Any, raw: Any, kind: str) -> CodecError:
+    in_shm = sum(
+        kind == "input" and shared_memory_ref(parameters_from_proto(t.parameters), kind) is not None for t in tensors
+    )
+    expected = len(tensors) - in_shm
+    return CodecError(f"raw_{kind}_contents has {len(raw)} entries for {expected} {kind}s; send one per {kind}")
 
 
 def _tensors_to_proto(tensors: list[InferTensor], target: Any, raw: Any, kind: str) -> None:

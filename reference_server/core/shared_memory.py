@@ -219,9 +219,12 @@ class SharedMemoryRegistry:
     def bind(self, request: v2.InferRequest) -> RequestBinding | None:
         """Read `request`'s inputs out of their regions (in place) and hold the regions its outputs
         name; None when it names none, the common case, which costs a look at each tensor."""
-        inputs = [(t, ref) for t in request.inputs if (ref := _ref(t.parameters, "input", t.name)) is not None]
+        # Most tensors carry no parameters at all: only those that do are looked at closely.
+        inputs = [(t, ref) for t in request.inputs if t.parameters and (ref := _ref(t.parameters, "input", t.name))]
         outputs = [
-            (o.name, ref) for o in request.outputs or () if (ref := _ref(o.parameters, "output", o.name)) is not None
+            (o.name, ref)
+            for o in request.outputs or ()
+            if o.parameters and (ref := _ref(o.parameters, "output", o.name))
         ]
         if not inputs and not outputs:
             return None
@@ -317,8 +320,6 @@ _EMPTY = np.empty(0, np.uint8)
 
 
 def _ref(parameters: dict[str, Any], kind: str, name: str) -> v2.SharedMemoryRef | None:
-    if not parameters:
-        return None
     return v2.shared_memory_ref(parameters, f"{kind} '{name}'")
 
 
