@@ -307,20 +307,29 @@ def test_cuda_shared_memory_is_refused_clearly(transport: tuple[Any, Client]) ->
     client.unregister_cuda_shared_memory()
 
 
+REGISTER = "/v2/systemsharedmemory/region/r/register"
+
+
 @pytest.mark.parametrize(
-    ("method", "path", "status", "fragment"),
+    ("method", "path", "body", "status", "fragment"),
     [
-        ("GET", "/v2/trace/setting", 501, "trace extension is not supported"),
-        ("POST", "/v2/models/identity/trace/setting", 501, "trace extension is not supported"),
-        ("GET", "/v2/logging", 501, "logging extension is not supported"),
-        ("POST", "/v2/systemsharedmemory/region/r/register", 400, "Shared memory register request has no 'key' field"),
-        ("GET", "/v2/systemsharedmemory/region/r/register", 405, "Method Not Allowed"),
+        ("GET", "/v2/trace/setting", None, 501, "trace extension is not supported"),
+        ("POST", "/v2/models/identity/trace/setting", b"{}", 501, "trace extension is not supported"),
+        ("GET", "/v2/logging", None, 501, "logging extension is not supported"),
+        ("POST", REGISTER, b"{}", 400, "Shared memory register request has no 'key' field"),
+        ("POST", REGISTER, b'{"key": "/k"}', 400, "Shared memory register request has no 'byte_size' field"),
+        ("POST", REGISTER, b'{"key": 5, "byte_size": 8}', 400, "field 'key' must be a string"),
+        ("POST", REGISTER, b'{"key": "/k", "byte_size": -8}', 400, "field 'byte_size' must be an integer >= 0"),
+        ("POST", REGISTER, b'{"key": "/k", "byte_size": 8, "offset": true}', 400, "'offset' must be an integer"),
+        ("POST", REGISTER, b"[", 400, "not valid JSON"),
+        ("POST", "/v2/cudasharedmemory/region/c/register", b"{}", 400, "has no 'raw_handle' field"),
+        ("GET", REGISTER, None, 405, "Method Not Allowed"),
     ],
 )
-def test_http_routes(server: ReferenceServer, method: str, path: str, status: int, fragment: str) -> None:
-    request = urllib.request.Request(
-        f"http://{server.http_url}{path}", data=b"{}" if method == "POST" else None, method=method
-    )
+def test_http_routes(
+    server: ReferenceServer, method: str, path: str, body: bytes | None, status: int, fragment: str
+) -> None:
+    request = urllib.request.Request(f"http://{server.http_url}{path}", data=body, method=method)
     with pytest.raises(urllib.error.HTTPError) as caught:
         urllib.request.urlopen(request, timeout=30)
     assert caught.value.code == status

@@ -288,8 +288,11 @@ def _field(body: dict[str, Any], name: str, kind: type, default: Any = None) -> 
     value = body.get(name, default)
     if value is None:
         raise InvalidArgument(f"Shared memory register request has no '{name}' field")
-    if not isinstance(value, kind) or (isinstance(value, int) and (isinstance(value, bool) or value < 0)):
-        wanted = {str: "a string", int: "an integer >= 0"}.get(kind, "given")
+    bad = not isinstance(value, kind)
+    if kind is int and isinstance(value, int):
+        bad = isinstance(value, bool) or value < 0
+    if bad:
+        wanted = {str: "a string", int: "an integer >= 0"}[kind]
         raise InvalidArgument(f"shared memory register request: field '{name}' must be {wanted}, got {value!r:.40}")
     return value
 
