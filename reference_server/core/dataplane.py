@@ -6,6 +6,7 @@ raises `ServerError`s that carry their own HTTP and gRPC status.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import time
@@ -19,6 +20,8 @@ from reference_server._version import __version__
 from reference_server.backends.context import ModelCall
 from reference_server.backends.onnxruntime import ONNX_PLATFORM
 from reference_server.core import model_config
+from reference_server.core.classification import classify, requested_classes
+from reference_server.core.load_overrides import FILE_PREFIX, OverrideFolders
 from reference_server.core.repository import ModelRepository, ModelVersion
 from reference_server.core.shared_memory import RequestBinding, SharedMemoryRegistry
 from reference_server.errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported
@@ -27,6 +30,7 @@ from v2kit import codec as v2
 
 SERVER_NAME = "perfkit-reference-server"
 EXTENSIONS = [
+    "classification",
     "binary_tensor_data",
     "model_configuration",
     "system_shared_memory",
@@ -71,6 +75,8 @@ class DataPlane:
         self.inflight = 0
         #: Told the new count whenever `inflight` changes (the HTTP front end's read gate).
         self.inflight_listeners: list[Callable[[int], None]] = []
+        #: The folders of the models loaded with the load API's `file:` overrides.
+        self.override_folders = OverrideFolders()
         #: The shared memory extensions' regions (`core/shared_memory.py`).
         self.shared_memory = SharedMemoryRegistry()
         # Models calling models (python BLS) go through the same checks as a client's request.
@@ -167,6 +173,7 @@ class DataPlane:
         binding = self.shared_memory.bind(request)
         try:
             inputs, output_names, timeout_us = self._prepare(served, request)
+            classes = requested_classes(served.name, request.outputs, served.outputs)
             results = await served.scheduler.infer(
                 inputs,
                 output_names,
@@ -175,7 +182,7 @@ class DataPlane:
                 request_id=request.id,
                 parameters={k: v for k, v in request.parameters.items() if k not in _RESERVED_PARAMETERS},
             )
-            response = _response(served, request.id, output_names, results)
+            response = _response(served, request.id, output_names, results, classes)
             return response if binding is None else binding.write(response)
         finally:
             if binding is not None:
@@ -197,11 +204,12 @@ class DataPlane:
         binding = self.shared_memory.bind(request)
         try:
             inputs, output_names, timeout_us = self._prepare(served, request)
+            classes = requested_classes(served.name, request.outputs, served.outputs)
         except BaseException:
             if binding is not None:
                 binding.release()
             raise
-        return self._stream(served, request, inputs, output_names, timeout_us, received_ns, binding)
+        return self._stream(served, request, inputs, output_names, timeout_us, received_ns, classes, binding)
 
     async def _stream(
         self,
@@ -211,6 +219,7 @@ class DataPlane:
         output_names: list[str],
         timeout_us: int | None,
         received_ns: int,
+        classes: Mapping[str, int],
         binding: RequestBinding | None = None,
     ) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
         stream = served.scheduler.infer_stream(
@@ -226,7 +235,7 @@ class DataPlane:
                 if results is None or isinstance(results, ServerError):
                     yield results, final
                 else:
-                    response = _response(served, request.id, output_names, results)
+                    response = _response(served, request.id, output_names, results, classes)
                     yield (response if binding is None else binding.write(response)), final
         finally:
             # Closed early (the client went away): the scheduler's iteration ends too, now.
@@ -342,16 +351,31 @@ class DataPlane:
         self._require_explicit("load")
         parameters = parameters or {}
         override = None
+        files = {}
         for key, value in parameters.items():
             if key == "config":
                 if not isinstance(value, str):
                     raise InvalidArgument("load parameter 'config' must be a JSON string of a model config")
                 override = model_config.config_from_json(value, f"load request for model '{name}'")
-            elif key.startswith("file:"):
-                raise Unsupported(f"load parameter '{key}': file overrides are not supported by this server")
+            elif key.startswith(FILE_PREFIX):
+                files[key] = value
             else:
-                raise InvalidArgument(f"unknown load parameter '{key}'; the only one accepted is 'config'")
-        await self.repository.load(_model_name(name), override)
+                raise InvalidArgument(
+                    f"unknown load parameter '{key}'; those accepted are 'config' and '{FILE_PREFIX}<path>'"
+                )
+        source = None
+        if files:  # Triton loads such a model from a temporary folder of those files, not the repository
+            source = await asyncio.get_running_loop().run_in_executor(
+                None, self.override_folders.stage, _model_name(name), override, files
+            )
+        try:
+            await self.repository.load(_model_name(name), override, source=source)
+        finally:
+            # What the model serves from now; with loads of one model racing, the last to swap in.
+            serving = self.repository.source(name) if self.repository.serving(name) else None
+            self.override_folders.commit(name, serving)
+            if source is not None and source != serving:
+                self.override_folders.discard(source)
 
     async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
         self._require_explicit("unload")
@@ -363,6 +387,7 @@ class DataPlane:
         if not isinstance(dependents, bool):
             raise InvalidArgument("unload parameter 'unload_dependents' must be a boolean")
         await self.repository.unload(_model_name(name), unload_dependents=dependents)
+        self.override_folders.commit(name, None)
 
     def _require_explicit(self, action: str) -> None:
         if self.model_control_mode != "explicit":
@@ -404,13 +429,20 @@ def _model_parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in parameters.items() if k not in _RESERVED_PARAMETERS}
 
 
-def _response(served: ModelVersion, request_id: str, output_names: list[str], results: Tensors) -> v2.InferResponse:
+def _response(
+    served: ModelVersion, request_id: str, output_names: list[str], results: Tensors, classes: Mapping[str, int]
+) -> v2.InferResponse:
     # A decoupled model may send some of the outputs in a response: those it sent, in the order asked.
     outputs = []
     for name in output_names:
         array = results.get(name)
-        if array is not None:
-            outputs.append(v2.InferTensor(name, _datatype(served.outputs[name].data_type), list(array.shape), array))
+        if array is None:
+            continue
+        datatype = _datatype(served.outputs[name].data_type)
+        if name in classes:  # the classification extension: top-k "value:index[:label]" strings
+            array = classify(array, classes[name], served.config.max_batch_size > 0, served.labels.get(name, ()))
+            datatype = "BYTES"
+        outputs.append(v2.InferTensor(name, datatype, list(array.shape), array))
     return v2.InferResponse(model_name=served.name, model_version=str(served.version), id=request_id, outputs=outputs)
 
 
@@ -487,8 +519,6 @@ def _validated_outputs(served: ModelVersion, request: v2.InferRequest) -> list[s
                 f"unexpected inference output '{output.name}' for model '{served.name}'; "
                 f"outputs: {sorted(served.outputs)}"
             )
-        if "classification" in output.parameters:
-            raise Unsupported("the classification extension is not supported by this server")
         names.append(output.name)
     return names
 

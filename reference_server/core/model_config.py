@@ -14,7 +14,10 @@ Theory of operation:
    backend, platform, missing inputs/outputs, and (for a config without tensors whose graph
    batches) the default max_batch_size plus `dynamic_batching {}`. It then applies the normalisations Triton's core
    applies (we saw them in `GET /v2/models/{m}/config` of Triton 2.51) and rejects configs that
-   contradict the graph, naming the config file, the model file and the tensor.
+   contradict the graph, naming the config file, the model file and the tensor. A tensor with a
+   `reshape { shape }` is the reshape to the graph and its `dims` to clients: the reshape must
+   hold as many elements as the dims (`reshape_problem`, Triton's ValidateIOShape rules), and the
+   graph is checked against the reshape.
 3. Print. `config_to_json` renders the completed config the way Triton's config endpoint does,
    which is what perf_analyzer and model_analyzer parse.
 
@@ -53,6 +56,7 @@ __all__ = [
     "model_file",
     "parse_config_text",
     "read_config",
+    "reshape_problem",
     "select_versions",
 ]
 
@@ -135,8 +139,8 @@ def complete_config(
                     "set max_batch_size: 0 or export the model with a dynamic batch dimension"
                 )
 
-    _complete_tensors(completed.input, inputs, "input", completed.max_batch_size, where)
-    _complete_tensors(completed.output, outputs, "output", completed.max_batch_size, where)
+    _complete_tensors(completed.input, inputs, "input", completed.max_batch_size, where, model_name)
+    _complete_tensors(completed.output, outputs, "output", completed.max_batch_size, where, model_name)
     _complete_dynamic_batching(completed, where)
     _complete_instance_groups(completed)
     _complete_version_policy(completed, where)
@@ -175,6 +179,7 @@ def _complete_tensors(
     kind: str,
     max_batch_size: int,
     where: _Where,
+    model_name: str,
 ) -> None:
     by_name = {sig.name: sig for sig in graph}
     seen: set[str] = set()
@@ -185,14 +190,20 @@ def _complete_tensors(
         sig = by_name.get(tensor.name)
         if sig is None:
             raise where.error(f"{kind} '{tensor.name}' is not a model {kind}; the model's {kind}s are {_names(graph)}")
-        if tensor.HasField("reshape"):
-            raise where.error(f"{kind} '{tensor.name}': reshape is not supported")
         if tensor.data_type == model_config_pb2.TYPE_INVALID:
             tensor.data_type = model_config_pb2.DataType.Value(sig.datatype)
         declared_type = model_config_pb2.DataType.Name(tensor.data_type)
         if declared_type != sig.datatype:
             raise where.error(f"{kind} '{tensor.name}' has data_type {declared_type} but the model's is {sig.datatype}")
-        _check_dims(tensor.name, kind, list(tensor.dims), sig.dims, max_batch_size, where)
+        model_dims = list(tensor.dims)
+        if tensor.HasField("reshape"):
+            # The client sees `dims`, the model the reshape: the graph is checked against the reshape.
+            model_dims = list(tensor.reshape.shape)
+            problem = reshape_problem(model_dims, list(tensor.dims), max_batch_size)
+            if problem:
+                raise where.error(f"model '{model_name}': model {kind} '{tensor.name}' {problem}")
+        field = "reshape" if tensor.HasField("reshape") else "dims"
+        _check_dims(tensor.name, kind, model_dims, sig.dims, max_batch_size, where, field)
     # Tensors the config leaves out are filled from the graph, in graph order.
     for sig in graph:
         if sig.name not in seen:
@@ -203,12 +214,18 @@ def _complete_tensors(
 
 
 def _check_dims(
-    name: str, kind: str, dims: list[int], graph_dims: tuple[int, ...], max_batch_size: int, where: _Where
+    name: str,
+    kind: str,
+    dims: list[int],
+    graph_dims: tuple[int, ...],
+    max_batch_size: int,
+    where: _Where,
+    field: str = "dims",
 ) -> None:
     if any(d < -1 for d in dims):
         raise where.error(f"{kind} '{name}' has dims {dims}; each dimension must be >= -1")
     full = [-1, *dims] if max_batch_size > 0 else dims
-    shown = f"dims {dims}" + (" plus the batch dimension" if max_batch_size > 0 else "")
+    shown = f"{field} {dims}" + (" plus the batch dimension" if max_batch_size > 0 else "")
     if len(full) != len(graph_dims):
         hint = ""
         if max_batch_size == 0 and len(graph_dims) == len(full) + 1 and graph_dims[0] == -1:
@@ -222,6 +239,48 @@ def _check_dims(
     for config_dim, graph_dim in zip(full, graph_dims):
         if config_dim != -1 and graph_dim != -1 and config_dim != graph_dim:
             raise where.error(f"{kind} '{name}' has {shown} but the model's shape is {list(graph_dims)}")
+
+
+def reshape_problem(reshape: list[int], dims: list[int], max_batch_size: int) -> str:
+    """What is wrong with a tensor's `reshape { shape }` for its `dims`, in Triton's words
+    (ValidateIOShape) followed by both shapes; "" when it fits.
+
+    Both must hold the same number of elements; with variable (-1) dimensions, the same number of
+    them, and the fixed runs between them must hold the same counts ([2,4,-1,6] fits [8,-1,1,6]).
+    An empty reshape holds one element.
+    """
+    shapes = f"dims {_fmt(dims)}, reshape {_fmt(reshape)}"
+    if not reshape and max_batch_size == 0:
+        return f"cannot have empty reshape for non-batching model as scalar tensors are not supported ({shapes})"
+    if any(d < 1 and d != -1 for d in reshape):
+        return f"reshape dimensions must be integer >= 1, or -1 to indicate a variable-size dimension ({shapes})"
+    dims_runs, reshape_runs = _runs(dims), _runs(reshape)
+    if dims_runs == reshape_runs:
+        return ""
+    if len(dims_runs) > 1 and len(reshape_runs) > 1 and len(dims_runs) != len(reshape_runs):
+        return f"has different number of variable-size dimensions for dims and reshape ({shapes})"
+    if len(dims_runs) == len(reshape_runs) == 1:
+        return (
+            f"has different size for dims and reshape: dims {_fmt(dims)} hold {dims_runs[0]} elements, "
+            f"reshape {_fmt(reshape)} holds {reshape_runs[0]}"
+        )
+    return f"has different size for dims and reshape ({shapes})"
+
+
+def _runs(shape: list[int]) -> list[int]:
+    """The element counts of the fixed runs between variable (-1) dimensions."""
+    runs, current = [], 1
+    for dim in shape:
+        if dim == -1:
+            runs.append(current)
+            current = 1
+        else:
+            current *= dim
+    return [*runs, current]
+
+
+def _fmt(shape: list[int]) -> str:
+    return "[" + ",".join(map(str, shape)) + "]"
 
 
 def _complete_dynamic_batching(config: ModelConfig, where: _Where) -> None:

@@ -40,6 +40,7 @@ from reference_server.backends import instance_factory
 from reference_server.backends.context import BackendContext, ModelCall
 from reference_server.backends.placement import plan_instances
 from reference_server.core import model_config
+from reference_server.core.classification import Labels, read_labels
 from reference_server.core.ensemble import EnsembleScheduler
 from reference_server.core.ensemble_config import is_ensemble
 from reference_server.core.ensemble_loading import prepare_ensemble
@@ -48,6 +49,7 @@ from reference_server.errors import ModelConfigError, NotFound, ServerError, Una
 from reference_server.scheduling.execute import ModelInstance, Tensors
 from reference_server.scheduling.model_scheduler import ModelScheduler
 from reference_server.scheduling.policy import BatchingPolicy
+from reference_server.scheduling.reshape import with_reshape
 from reference_server.scheduling.scheduler import Scheduler
 from reference_server.scheduling.stats import ModelStats
 from v2kit.runtime import gpu
@@ -111,6 +113,8 @@ class ModelVersion:
     gpu_memory_bytes: dict[int, int] = field(default_factory=dict)
     #: An ensemble's composing models, as (name, version or "" for the latest).
     composing: tuple[tuple[str, str], ...] = ()
+    #: Output name -> the lines of its `label_filename` (the classification extension).
+    labels: Labels = field(default_factory=dict)
 
     async def close(self, grace_s: float) -> None:
         await self.scheduler.close(grace_s)
@@ -136,6 +140,7 @@ class _PreparedVersion:
     config: mc.ModelConfig
     instances: Sequence[ModelInstance]
     gpu_memory_bytes: dict[int, int]
+    labels: Labels
 
 
 def _start_version(prepared: _PreparedVersion) -> ModelVersion:
@@ -146,11 +151,12 @@ def _start_version(prepared: _PreparedVersion) -> ModelVersion:
         version=prepared.version,
         config=config,
         instances=prepared.instances,
-        scheduler=Scheduler(BatchingPolicy.from_config(config), prepared.instances, stats),
+        scheduler=with_reshape(Scheduler(BatchingPolicy.from_config(config), prepared.instances, stats), config),
         stats=stats,
         inputs={i.name: i for i in config.input},
         outputs={o.name: o for o in config.output},
         gpu_memory_bytes=prepared.gpu_memory_bytes,
+        labels=prepared.labels,
     )
 
 
@@ -163,8 +169,10 @@ class ModelRecord:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: The model folder as the last load attempt read it; None after an unload.
     fingerprint: Fingerprint | None = None
-    #: The config the last load was given in place of config.pbtxt (the load API's override).
+    #: The config the last load was given in place of config.pbtxt (the load API's override), and
+    #: the folder of the files it was given (its `file:` overrides), if any.
     override: mc.ModelConfig | None = None
+    source: Path | None = None
     #: For an ensemble, the composing models its last load attempt named.
     composing: frozenset[str] = frozenset()
 
@@ -277,15 +285,21 @@ class ModelRepository:
         record = self._records.get(name)
         return None if record is None else record.fingerprint
 
+    def source(self, name: str) -> Path | None:
+        """The folder of the load API's `file:` overrides that `name` was last loaded from; None for its own."""
+        record = self._records.get(name)
+        return None if record is None else record.source
+
     def known(self) -> list[str]:
         """Models that were loaded or asked to load and not unloaded since."""
         return sorted(name for name, record in self._records.items() if record.fingerprint is not None)
 
     # --- loading ---------------------------------------------------------------------------------
 
-    async def load(self, name: str, override: mc.ModelConfig | None = None) -> None:
-        """Load (or reload) `name`. A failed load raises and leaves any serving versions in place."""
-        if not self.on_disk(name):
+    async def load(self, name: str, override: mc.ModelConfig | None = None, *, source: Path | None = None) -> None:
+        """Load (or reload) `name`, from its folder in the repository or else from `source` (the load
+        API's `file:` overrides). A failed load raises and leaves any serving versions in place."""
+        if source is None and not self.on_disk(name):
             # Checked before a record exists, so that a typo never shows up in the index.
             raise NotFound(f"model '{name}' is not in the model repository {self.root}")
         record = self._records.setdefault(name, ModelRecord(name))
@@ -299,8 +313,8 @@ class ModelRepository:
             try:
                 # Before reading anything, so that a change made while we load is seen by the next
                 # poll, and before any check, so that a model refused for good is not retried.
-                record.fingerprint = await loop.run_in_executor(None, model_fingerprint, self.root / name)
-                model_dir = self.model_dir(name)
+                record.fingerprint = await loop.run_in_executor(None, model_fingerprint, source or self.root / name)
+                model_dir = source or self.model_dir(name)
                 raw = override if override is not None else model_config.read_config(model_dir)
                 record.composing = (
                     frozenset(step.model_name for step in raw.ensemble_scheduling.step) if raw else frozenset()
@@ -330,7 +344,7 @@ class ModelRepository:
             old = record.versions
             record.versions = versions
             record.state, record.reason = READY, ""
-            record.override = override
+            record.override, record.source = override, source
             self._retire(old.values())
             log.info("loaded model '%s' versions %s", name, sorted(versions))
         await self._reload_dependents(name)
@@ -412,7 +426,7 @@ class ModelRepository:
             if record.lock.locked():
                 continue  # another dependent's reload loads it already
             try:
-                await self.load(dependent, record.override)
+                await self.load(dependent, record.override, source=record.source)
             except ServerError as exc:
                 async with record.lock:
                     old = record.versions
@@ -475,6 +489,7 @@ class ModelRepository:
         base: mc.ModelConfig,
     ) -> _PreparedVersion:
         model_path = model_config.model_file(model_dir, version, base)
+        labels = read_labels(base, model_dir)
         placements = plan_instances(base, self.gpu_count, config_path)
         create_instances = instance_factory(base)
         gpus = [p.gpu for p in placements if p.device == "GPU" and p.gpu is not None]
@@ -505,7 +520,7 @@ class ModelRepository:
             except BaseException:
                 close_instances(instances)
                 raise
-        return _PreparedVersion(name, version, config, instances, gpu_memory)
+        return _PreparedVersion(name, version, config, instances, gpu_memory, labels)
 
     async def _call_model(self, call: ModelCall) -> Tensors:
         if self.call_model is None:

@@ -116,10 +116,10 @@ CASES: list[tuple[str, Call, str, str]] = [
         "output 'NOPE'",
     ),
     (
-        "classification output",
-        lambda c, s: c.infer("mlp", X, outputs=[grpcclient.InferRequestedOutput("OUTPUT0", class_count=3)]),
-        "UNIMPLEMENTED",
-        "classification",
+        "negative class count",
+        lambda c, s: c.infer("mlp", X, outputs=[grpcclient.InferRequestedOutput("OUTPUT0", class_count=-1)]),
+        "INVALID_ARGUMENT",
+        "invalid value for 'classification' parameter of output 'OUTPUT0'",
     ),
     (
         "raw contents too short",

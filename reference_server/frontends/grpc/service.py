@@ -268,7 +268,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     ) -> pb.RepositoryModelLoadResponse:
         _check_repository(request.repository_name)
         # ModelRepositoryParameter shares InferParameter's `parameter_choice` oneof; a `file:`
-        # override arrives as bytes_param and the data plane refuses it by name.
+        # override arrives as bytes_param, the file's content.
         await self._plane.load_model(request.model_name, parameters_from_proto(request.parameters))
         return pb.RepositoryModelLoadResponse()
 

@@ -8,6 +8,8 @@ so it can never reach another route, and a model name is only ever one segment.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -15,6 +17,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from reference_server.core.dataplane import DataPlane
+from reference_server.core.load_overrides import FILE_PREFIX
 from reference_server.errors import InvalidArgument, Unsupported, server_error
 from reference_server.frontends.auth import OPEN_HTTP_PATHS, Token, Unauthenticated
 from reference_server.frontends.http.generate import generate
@@ -141,7 +144,7 @@ class RestApi:
         return _json(self.plane.repository_index(ready))
 
     async def repository_load(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
-        await self.plane.load_model(model, _parameters(request.body))
+        await self.plane.load_model(model, _load_parameters(request.body))
         return HttpResponse(200)
 
     async def repository_unload(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
@@ -301,6 +304,24 @@ def _parameters(body: bytes) -> dict[str, Any]:
     parameters = _json_object(body).get("parameters", {})
     if not isinstance(parameters, dict):
         raise InvalidArgument("field 'parameters' must be a JSON object")
+    return parameters
+
+
+def _load_parameters(body: bytes) -> dict[str, Any]:
+    """A load request's parameters, each `file:` override's base64 text decoded to the file's bytes.
+
+    Whitespace (line breaks of MIME-style base64) is skipped, as Triton's decoder skips it; any other
+    character outside the base64 alphabet is refused, where Triton's decoder would drop it silently
+    and load a corrupt file."""
+    parameters = _parameters(body)
+    for key, value in parameters.items():
+        if key.startswith(FILE_PREFIX) and isinstance(value, str):
+            try:
+                parameters[key] = base64.b64decode("".join(value.split()), validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise InvalidArgument(
+                    f"load parameter '{key}' is not valid base64 ({exc}); send the file's content base64-encoded"
+                ) from None
     return parameters
 
 
