@@ -336,11 +336,15 @@ def test_http_routes(
     assert fragment in json.loads(caught.value.read())["error"]
 
 
+#: perf_analyzer's flags per transport; the stream goes through the data plane's `infer_stream`.
+PA_TRANSPORTS = {"http": [], "grpc": ["-i", "grpc"], "grpc-streaming": ["-i", "grpc", "--streaming"]}
+
+
 @pytest.mark.peers
-@pytest.mark.parametrize("transport_name", TRANSPORTS)
+@pytest.mark.parametrize("transport_name", list(PA_TRANSPORTS))
 def test_perf_analyzer_with_system_shared_memory(peers: Path, server: ReferenceServer, transport_name: str) -> None:
     port = server.http_port if transport_name == "http" else server.grpc_port
-    flags = ["-i", "grpc"] if transport_name == "grpc" else []
+    flags = PA_TRANSPORTS[transport_name]
     result = subprocess.run(
         [
             str(peers / "bin" / "perf_analyzer"), *flags, "-m", "identity", "-u", f"127.0.0.1:{port}",
