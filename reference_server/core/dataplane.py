@@ -170,7 +170,7 @@ class DataPlane:
         if is_decoupled(served):
             raise Unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
         # Inputs come out of shared memory before validation; outputs go back in after the model.
-        binding = self.shared_memory.bind(request)
+        binding = self.shared_memory.bind(request, self._check_elements)
         try:
             inputs, output_names, timeout_us = self._prepare(served, request)
             classes = requested_classes(served.name, request.outputs, served.outputs)
@@ -201,7 +201,7 @@ class DataPlane:
         """
         received_ns = time.perf_counter_ns()
         served = self.repository.get(_model_name(request.model_name), request.model_version)
-        binding = self.shared_memory.bind(request)
+        binding = self.shared_memory.bind(request, self._check_elements)
         try:
             inputs, output_names, timeout_us = self._prepare(served, request)
             classes = requested_classes(served.name, request.outputs, served.outputs)

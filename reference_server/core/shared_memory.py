@@ -42,7 +42,7 @@ import mmap
 import os
 import stat
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -216,9 +216,15 @@ class SharedMemoryRegistry:
                 if region.retired and not region.users:
                     region.close()
 
-    def bind(self, request: v2.InferRequest) -> RequestBinding | None:
+    def bind(
+        self, request: v2.InferRequest, check: Callable[[v2.InferRequest], None] | None = None
+    ) -> RequestBinding | None:
         """Read `request`'s inputs out of their regions (in place) and hold the regions its outputs
-        name; None when it names none, the common case, which costs a look at each tensor."""
+        name; None when it names none, the common case, which costs a look at each tensor.
+
+        `check(request)` runs first when an input is in shared memory: the server's limits on what a
+        request may hold, which the size of a request body bounds for the others.
+        """
         # Most tensors carry no parameters at all: only those that do are looked at closely.
         inputs = [(t, ref) for t in request.inputs if t.parameters and (ref := _ref(t.parameters, "input", t.name))]
         outputs = [
@@ -228,6 +234,8 @@ class SharedMemoryRegistry:
         ]
         if not inputs and not outputs:
             return None
+        if inputs and check is not None:
+            check(request)
         binding = RequestBinding(self)
         try:
             for tensor, ref in inputs:

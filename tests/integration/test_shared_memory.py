@@ -258,6 +258,10 @@ def test_refusals_in_tritons_words(transport: tuple[Any, Client], regions: Regio
     for call, http_status, grpc_code, fragment in cases:
         status, message = failure(call)
         assert (status, fragment in message) == (http_status if http else grpc_code, True), message
+    # The server's element limit holds before anything is copied out of a region (none is named here).
+    huge = shm_input(module, "X", [1, 20_000_000], "FP32", "not-even-registered", 80_000_000)
+    with pytest.raises(InferenceServerException, match="--max-tensor-elements"):
+        client.infer("identity", [huge])
     with pytest.raises(InferenceServerException, match="input byte size mismatch for input 'X' for model 'identity'"):
         client.infer("identity", [shm_input(module, "X", [1, 3], "FP32", "r", 16)])
 

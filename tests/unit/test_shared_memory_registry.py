@@ -250,6 +250,24 @@ def test_bind_refusals(registry: SharedMemoryRegistry, make_key: MakeKey) -> Non
     assert region.closed
 
 
+def test_bind_checks_the_request_before_reading_a_region(registry: SharedMemoryRegistry, make_key: MakeKey) -> None:
+    registry.register("r", make_key(64), 0, 64)
+    seen: list[v2.InferRequest] = []
+
+    def refuse(request: v2.InferRequest) -> None:
+        seen.append(request)
+        raise InvalidArgument("too many elements")
+
+    request = _request([_placeholder("X", "FP32", [4], "r", 0, 16)])
+    with pytest.raises(InvalidArgument, match="too many elements"):
+        registry.bind(request, refuse)
+    assert seen == [request] and request.inputs[0].data.size == 0  # nothing was read
+    region = registry.acquire("r")
+    registry.release([region])
+    registry.unregister("r")
+    assert region.closed  # and nothing is held
+
+
 def test_a_request_naming_no_region_binds_nothing(registry: SharedMemoryRegistry) -> None:
     assert registry.bind(_request([v2.InferTensor("X", "FP32", [1], np.zeros(1, np.float32))])) is None
 
