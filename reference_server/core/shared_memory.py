@@ -52,13 +52,15 @@ from v2kit import codec as v2
 from v2kit.runtime import gpu
 from v2kit.tensors import element_count, tensor_from_raw, tensor_to_raw
 
-__all__ = ["MAX_REGIONS", "Region", "RequestBinding", "SharedMemoryRegistry", "SHM_DIR"]
+__all__ = ["MAX_NAME_CHARS", "MAX_REGIONS", "Region", "RequestBinding", "SharedMemoryRegistry", "SHM_DIR"]
 
 #: Where Linux keeps POSIX shared-memory objects: `shm_open("/key")` opens SHM_DIR/key.
 SHM_DIR = "/dev/shm"
 
 #: Each region holds a descriptor and a mapping; a client cannot make the server hold more.
 MAX_REGIONS = 1024
+#: Longest region name: the registry keeps names, so their size is bounded too.
+MAX_NAME_CHARS = 1024
 
 
 class Region:
@@ -147,8 +149,10 @@ class SharedMemoryRegistry:
     # --- the extension's three calls -------------------------------------------------------------
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        if not name:
-            raise InvalidArgument("a shared memory region needs a non-empty name")
+        if not name or len(name) > MAX_NAME_CHARS:
+            raise InvalidArgument(
+                f"a shared memory region needs a name of 1 to {MAX_NAME_CHARS} characters, got {len(name)}"
+            )
         for field, value in (("offset", offset), ("byte_size", byte_size)):
             if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
                 raise InvalidArgument(

@@ -84,6 +84,10 @@ def test_refusals_in_tritons_words(registry: SharedMemoryRegistry, make_key: Mak
         registry.register("d", key, 0, 0)
     with pytest.raises(InvalidArgument, match="offset must be an integer >= 0"):
         registry.register("e", key, -1, 8)
+    with pytest.raises(InvalidArgument, match="a name of 1 to 1024 characters, got 1025"):
+        registry.register("n" * 1025, key, 0, 8)
+    with pytest.raises(InvalidArgument, match="got 0"):
+        registry.register("", key, 0, 8)
     assert [r["name"] for r in registry.status()] == ["a"]
 
 
