@@ -19,6 +19,7 @@ from reference_server.config import ServerConfig
 from reference_server.core.dataplane import DataPlane
 from reference_server.core.poller import RepositoryPoller
 from reference_server.core.repository import ModelRepository
+from reference_server.core.response_cache import ResponseCache
 from reference_server.errors import ServerError
 from reference_server.frontends.auth import Token
 from reference_server.frontends.grpc.server import GrpcServer
@@ -27,6 +28,7 @@ from reference_server.frontends.http.read_gate import ReadGate
 from reference_server.frontends.http.rest import build_rest_server
 from reference_server.frontends.http.server import HttpServer
 from reference_server.frontends.metrics import build_metrics_app
+from reference_server.scheduling.rate_limiter import RateLimiter
 from v2kit.runtime import gpu
 
 log = logging.getLogger(__name__)
@@ -60,6 +62,10 @@ class ReferenceServer:
             default_max_batch_size=config.default_max_batch_size,
             backend_config=config.backend_config,
         )
+        if config.response_cache_bytes is not None:
+            self.repository.response_cache = ResponseCache(config.response_cache_bytes)
+        if config.rate_limit == "execution_count":
+            self.repository.rate_limiter = RateLimiter(config.rate_limit_resources)
         self.dataplane = DataPlane(
             self.repository,
             model_control_mode=config.model_control_mode,

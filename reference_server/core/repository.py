@@ -44,11 +44,13 @@ from reference_server.core.classification import Labels, read_labels
 from reference_server.core.ensemble import EnsembleScheduler
 from reference_server.core.ensemble_config import is_ensemble
 from reference_server.core.ensemble_loading import prepare_ensemble
+from reference_server.core.response_cache import ResponseCache, cached, check_cache_config
 from reference_server.core.warmup import run_warmup
 from reference_server.errors import ModelConfigError, NotFound, ServerError, Unavailable
 from reference_server.scheduling.execute import ModelInstance, Tensors
 from reference_server.scheduling.model_scheduler import ModelScheduler
 from reference_server.scheduling.policy import BatchingPolicy
+from reference_server.scheduling.rate_limiter import RateLimiter
 from reference_server.scheduling.reshape import with_reshape
 from reference_server.scheduling.scheduler import Scheduler
 from reference_server.scheduling.stats import ModelStats
@@ -143,15 +145,19 @@ class _PreparedVersion:
     labels: Labels
 
 
-def _start_version(prepared: _PreparedVersion) -> ModelVersion:
+def _start_version(
+    prepared: _PreparedVersion, cache: ResponseCache | None, limiter: RateLimiter | None
+) -> ModelVersion:
     stats = ModelStats()
     config = prepared.config
+    gate = limiter.register(config, prepared.instances) if limiter is not None else None
+    scheduler = Scheduler(BatchingPolicy.from_config(config), prepared.instances, stats, gate)
     return ModelVersion(
         name=prepared.name,
         version=prepared.version,
         config=config,
         instances=prepared.instances,
-        scheduler=with_reshape(Scheduler(BatchingPolicy.from_config(config), prepared.instances, stats), config),
+        scheduler=cached(with_reshape(scheduler, config), cache, config, stats, prepared.version),
         stats=stats,
         inputs={i.name: i for i in config.input},
         outputs={o.name: o for o in config.output},
@@ -230,6 +236,8 @@ class ModelRepository:
         self.call_model: Callable[[ModelCall], Awaitable[Tensors]] | None = None
         self.stream_model: Callable[[ModelCall], AsyncIterator[tuple[Tensors | None, bool]]] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.response_cache: ResponseCache | None = None  # --cache-config; None: no cache
+        self.rate_limiter: RateLimiter | None = None  # --rate-limit execution_count; None: off
         if not self.root.is_dir():
             raise ModelConfigError(f"{root}: model repository is not a directory; pass --model-repository DIR")
         self.gpu_count = gpu_count
@@ -353,7 +361,7 @@ class ModelRepository:
         versions: dict[int, ModelVersion] = {}
         try:
             for p in prepared:
-                versions[p.version] = _start_version(p)
+                versions[p.version] = _start_version(p, self.response_cache, self.rate_limiter)
         except BaseException:
             # Nothing was served from them: stop their worker threads now.
             await asyncio.gather(*(mv.close(0) for mv in versions.values()))
@@ -386,15 +394,17 @@ class ModelRepository:
     async def _load_ensemble(self, name: str, model_dir: Path, raw: mc.ModelConfig) -> dict[int, ModelVersion]:
         prepared = await prepare_ensemble(self, name, model_dir, raw)
         config = prepared.config
+        check_cache_config(config)
         versions = {}
         for version in prepared.versions:
             stats = ModelStats()
+            scheduler = EnsembleScheduler(prepared.plan, config.max_batch_size, stats, self.get, prepared.decoupled)
             versions[version] = ModelVersion(
                 name=name,
                 version=version,
                 config=config,
                 instances=(),
-                scheduler=EnsembleScheduler(prepared.plan, config.max_batch_size, stats, self.get, prepared.decoupled),
+                scheduler=cached(scheduler, self.response_cache, config, stats, version),
                 stats=stats,
                 inputs={i.name: i for i in config.input},
                 outputs={o.name: o for o in config.output},
@@ -515,6 +525,7 @@ class ModelRepository:
             )
             try:
                 config = complete(version_config, inputs, outputs)
+                check_cache_config(config)
                 # Inside the measurement: the memory the runtime grows into on the first runs is the model's.
                 run_warmup(config, instances, model_dir)
             except BaseException:
