@@ -36,7 +36,9 @@ pytestmark = pytest.mark.integration
 TRANSPORTS = ["http", "grpc"]
 
 
-def _model(repository: Path, name: str, nodes: list[Any], inputs: dict[str, int], outputs: dict[str, int]) -> None:
+def _model(
+    repository: Path, name: str, nodes: list[Any], inputs: dict[str, int], outputs: dict[str, int], extra: str = ""
+) -> None:
     def infos(tensors: dict[str, int]) -> list[Any]:
         return [helper.make_tensor_value_info(n, t, ["batch", "n"]) for n, t in tensors.items()]
 
@@ -51,7 +53,7 @@ def _model(repository: Path, name: str, nodes: list[Any], inputs: dict[str, int]
     }
     (repository / name / "config.pbtxt").write_text(
         f'name: "{name}"\nbackend: "onnxruntime"\nmax_batch_size: 8\n'
-        f"input [ {tensors['input']} ]\noutput [ {tensors['output']} ]\n"
+        f"input [ {tensors['input']} ]\noutput [ {tensors['output']} ]\n{extra}"
     )
 
 
@@ -99,9 +101,11 @@ def server(tmp_path_factory: pytest.TempPathFactory, gate: Path) -> Iterator[Ref
     _gated_model(repository, gate)
     f32, text = TensorProto.FLOAT, TensorProto.STRING
     _model(repository, "identity", [helper.make_node("Identity", ["X"], ["Y"])], {"X": f32}, {"Y": f32})
+    cached = "response_cache { enable: true }\n"
+    _model(repository, "cached", [helper.make_node("Identity", ["X"], ["Y"])], {"X": f32}, {"Y": f32}, cached)
     _model(repository, "add", [helper.make_node("Add", ["A", "B"], ["SUM"])], {"A": f32, "B": f32}, {"SUM": f32})
     _model(repository, "echo", [helper.make_node("Identity", ["T"], ["U"])], {"T": text}, {"U": text})
-    with running_server(loopback_config(repository)) as running:
+    with running_server(loopback_config(repository, response_cache_bytes=1 << 20)) as running:
         yield running
 
 
@@ -299,6 +303,34 @@ def test_a_region_unregistered_while_a_request_uses_it_stays_mapped_for_it(
     pending.get_result(timeout=60)
     np.testing.assert_array_equal(shm.get_contents_as_numpy(handle, np.float32, [1, 3], offset=32), x)
     client.close()
+
+
+def test_a_cache_hit_still_writes_the_requests_own_output_region(
+    transport: tuple[Any, Client], regions: Regions
+) -> None:
+    module, client = transport
+    # Inputs of this transport's own: the module's one server keeps the other's in its cache.
+    x = np.array([[4.0, 5.0, 6.0]], np.float32) + (0 if module is httpclient else 10)
+    key, handle = regions.create(64)
+    shm.set_shared_memory_region(handle, [x])
+    client.register_system_shared_memory("x", key, 12)
+    client.register_system_shared_memory("first", key, 16, offset=16)
+    client.register_system_shared_memory("second", key, 16, offset=32)
+    before = _cache_hits(client, module)
+    for out in ("first", "second"):  # the same inputs: the second is answered from the cache
+        client.infer(
+            "cached", [shm_input(module, "X", [1, 3], "FP32", "x", 12)], outputs=[shm_output(module, "Y", out, 16)]
+        )
+    assert _cache_hits(client, module) == before + 1
+    for offset in (16, 32):
+        np.testing.assert_array_equal(shm.get_contents_as_numpy(handle, np.float32, [1, 3], offset=offset), x)
+
+
+def _cache_hits(client: Client, module: Any) -> int:
+    stats = client.get_inference_statistics("cached")
+    if module is httpclient:
+        return int(stats["model_stats"][0]["inference_stats"]["cache_hit"]["count"])
+    return int(stats.model_stats[0].inference_stats.cache_hit.count)
 
 
 def test_cuda_shared_memory_is_refused_clearly(transport: tuple[Any, Client]) -> None:
