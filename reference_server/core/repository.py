@@ -16,7 +16,7 @@ the reason is recorded for the index. Loads of one model serialize on its lock; 
 load in parallel. Each load attempt records the model folder's fingerprint (`model_fingerprint`),
 which poll mode (`poller`) compares with the folder now.
 
-An ensemble (`platform: "ensemble"`) has no model file and no instances: `ensemble_loading` checks
+An ensemble (`platform: "ensemble"`) has no model file and no instances: `ensemble.loading` checks
 it, loading its composing models first, and it serves through an `ensemble.EnsembleScheduler`. It
 is ready while its composing models are. After a model (re)loads, the ensembles that use it load
 again, as in Triton: one that no longer fits the model's new config stops serving, with the reason.
@@ -42,9 +42,9 @@ from reference_server.backends.context import BackendContext, ModelCall
 from reference_server.backends.placement import plan_instances
 from reference_server.core import model_config
 from reference_server.core.classification import Labels, read_labels
-from reference_server.core.ensemble import EnsembleScheduler
-from reference_server.core.ensemble_config import is_ensemble
-from reference_server.core.ensemble_loading import prepare_ensemble
+from reference_server.core.ensemble.config import is_ensemble
+from reference_server.core.ensemble.loading import prepare_ensemble
+from reference_server.core.ensemble.scheduler import EnsembleScheduler
 from reference_server.core.response_cache import ResponseCache, cached, check_cache_config
 from reference_server.core.warmup import run_warmup
 from reference_server.errors import InvalidArgument, ModelConfigError, NotFound, ServerError, Unavailable
@@ -389,7 +389,7 @@ class ModelRepository:
         finally:
             self._load_pass = None
 
-    # --- ensembles (see `ensemble_loading`) -------------------------------------------------------
+    # --- ensembles (see `ensemble.loading`) -------------------------------------------------------
 
     async def _load_ensemble(self, name: str, model_dir: Path, raw: mc.ModelConfig) -> dict[int, ModelVersion]:
         prepared = await prepare_ensemble(self, name, model_dir, raw)
