@@ -152,6 +152,8 @@ class ReferenceServer:
             await runner.cleanup()
         if self.repository is not None:
             await self.repository.close(grace)
+        if self.dataplane is not None:
+            self.dataplane.shared_memory.close()  # unmaps what no request holds any more
 
     async def serve_forever(self) -> None:
         stop = asyncio.Event()

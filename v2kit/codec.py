@@ -68,6 +68,8 @@ __all__ = [
     "decode_infer_response",
     "decode_error",
     "error_body",
+    "SharedMemoryRef",
+    "shared_memory_ref",
 ]
 
 
@@ -116,6 +118,49 @@ class InferResponse:
     id: str = ""
     outputs: list[InferTensor] = field(default_factory=list)
     parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SharedMemoryRef:
+    """Where a tensor's bytes are in a registered shared-memory region (Triton's shared memory
+    extensions): the `shared_memory_region`, `shared_memory_offset` and `shared_memory_byte_size`
+    parameters of an input or a requested output."""
+
+    region: str
+    offset: int
+    byte_size: int
+
+
+_SHM_REGION, _SHM_OFFSET, _SHM_SIZE = "shared_memory_region", "shared_memory_offset", "shared_memory_byte_size"
+
+
+def shared_memory_ref(parameters: dict[str, Any], what: str) -> SharedMemoryRef | None:
+    """The shared-memory reference in a tensor's `parameters`, None when it names no region.
+
+    Raises CodecError when the parameters are malformed: an offset or size without a region, a
+    region without a byte size, or values of the wrong type.
+    """
+    if not parameters:
+        return None  # the common case, on every tensor of every request
+    region = parameters.get(_SHM_REGION)
+    if region is None:
+        stray = [k for k in (_SHM_OFFSET, _SHM_SIZE) if k in parameters]
+        if stray:
+            raise CodecError(f"{what}: parameter {stray[0]} needs {_SHM_REGION}")
+        return None
+    if not isinstance(region, str) or not region:
+        raise CodecError(f"{what}: {_SHM_REGION} must be a non-empty string, got {short_repr(region)}")
+    offset, size = parameters.get(_SHM_OFFSET, 0), parameters.get(_SHM_SIZE)
+    if size is None:
+        raise CodecError(f"{what}: {_SHM_REGION} '{region}' needs {_SHM_SIZE}")
+    for key, value in ((_SHM_OFFSET, offset), (_SHM_SIZE, size)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+            raise CodecError(f"{what}: {key} must be an integer >= 0, got {short_repr(value)}")
+    return SharedMemoryRef(region, offset, size)
+
+
+def _without_shared_memory(parameters: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in parameters.items() if k not in (_SHM_REGION, _SHM_OFFSET, _SHM_SIZE)}
 
 
 # --- shared helpers ------------------------------------------------------------------------------
@@ -183,7 +228,8 @@ def _parse_tensors(items: Any, kind: str, rest: memoryview | None, model: str = 
     """Validates every `inputs`/`outputs` entry and the binary sizes, then decodes the data."""
     if not isinstance(items, list):
         raise CodecError(f"'{kind}s' must be a JSON array")
-    specs = []
+    # (name, datatype, shape, parameters, JSON data, binary size, whether in shared memory)
+    specs: list[tuple[str, Any, Any, dict[str, Any], Any, int | None, bool]] = []
     seen: set[str] = set()
     for i, item in enumerate(items):
         if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
@@ -204,6 +250,12 @@ def _parse_tensors(items: Any, kind: str, rest: memoryview | None, model: str = 
         element_count(item["shape"], what)
         params = _params(item, what)
         size = params.get("binary_data_size")
+        if kind == "input" and shared_memory_ref(params, what) is not None:
+            # The bytes are in a registered region: the server reads them before it validates.
+            if "data" in item or size is not None:
+                raise CodecError(f"{what}: has both shared_memory_region and data; send one")
+            specs.append((name, item["datatype"], item["shape"], params, None, None, True))
+            continue
         if size is not None:
             if "data" in item:
                 raise CodecError(f"{what}: has both 'data' and parameters.binary_data_size; send one")
@@ -211,13 +263,11 @@ def _parse_tensors(items: Any, kind: str, rest: memoryview | None, model: str = 
                 raise CodecError(f"{what}: binary_data_size must be an integer >= 0, got {short_repr(size)}")
             params = {k: v for k, v in params.items() if k != "binary_data_size"}
         elif "data" not in item:
-            if "shared_memory_region" in params:
-                raise CodecError(f"{what}: shared memory tensors are not supported")
             raise CodecError(f"{what}: has neither 'data' nor parameters.binary_data_size")
-        specs.append((name, item["datatype"], item["shape"], params, item.get("data"), size))
+        specs.append((name, item["datatype"], item["shape"], params, item.get("data"), size, False))
 
-    sized = [(name, size) for name, *_, size in specs if size is not None]
-    total, available = sum(size for _, size in sized), 0 if rest is None else len(rest)
+    sized = [(spec[0], spec[5]) for spec in specs if spec[5] is not None]
+    total, available = sum(size for _, size in sized if size is not None), 0 if rest is None else len(rest)
     if total != available:
         listed = ", ".join(f"{kind} {n!r}: {s}" for n, s in sized) or "none"
         where = (
@@ -228,8 +278,10 @@ def _parse_tensors(items: Any, kind: str, rest: memoryview | None, model: str = 
         detail = f"binary_data_size values ({listed}) add up to {total} bytes but {where}"
         raise CodecError(f"{_triton_size_error(sized, available, kind, model)}; {detail}" if model else detail)
     tensors, off = [], 0
-    for name, datatype, shape, params, data, size in specs:
-        if size is None:
+    for name, datatype, shape, params, data, size, shared in specs:
+        if shared:
+            arr = _shared_memory_placeholder(datatype)
+        elif size is None:
             arr = tensor_from_json(data, datatype, shape, name, kind=kind, model=model)
         else:
             section = rest[off : off + size]  # type: ignore[index]  # sizes matched, so rest is there
@@ -237,6 +289,11 @@ def _parse_tensors(items: Any, kind: str, rest: memoryview | None, model: str = 
             off += size
         tensors.append(InferTensor(name, datatype, [int(d) for d in shape], arr, params))
     return tensors
+
+
+def _shared_memory_placeholder(datatype: str) -> np.ndarray:
+    """The data of a tensor whose bytes are in shared memory until the server reads them."""
+    return np.empty(0, datatype_to_numpy(datatype))
 
 
 def _parse_requested_outputs(items: Any) -> list[RequestedOutput] | None:
@@ -257,6 +314,7 @@ def _parse_requested_outputs(items: Any) -> list[RequestedOutput] | None:
             raise CodecError(f"{what}: binary_data must be true or false, got {short_repr(binary)}")
         if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int) or classes < 0):
             raise CodecError(f"{what}: classification must be a non-negative integer")
+        shared_memory_ref(params, what)
         params = {k: v for k, v in params.items() if k != "binary_data"}
         outputs[item["name"]] = RequestedOutput(item["name"], binary, params)
     return list(outputs.values()) or None  # `"outputs": []` names nothing, like no list: all outputs
@@ -319,8 +377,15 @@ def decode_raw_binary_request(
 
 def _encode_tensor(t: InferTensor, binary: bool, kind: str, parts: list[Any]) -> dict[str, Any]:
     what = f"{kind} {t.name!r}"
-    check_count(t.data, t.shape, what)
     entry: dict[str, Any] = {"name": t.name, "shape": [int(d) for d in t.shape], "datatype": t.datatype}
+    if shared_memory_ref(t.parameters, what) is not None:
+        # In shared memory, no data: an input names its region, and an output the server wrote
+        # there leaves without parameters, as Triton's do.
+        params = dict(t.parameters) if kind == "input" else _without_shared_memory(t.parameters)
+        if params:
+            entry["parameters"] = params
+        return entry
+    check_count(t.data, t.shape, what)
     params = dict(t.parameters)
     if binary:
         parts.append(tensor_to_buffer(t.data, t.datatype, what))

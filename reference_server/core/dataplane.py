@@ -23,6 +23,7 @@ from reference_server.core import model_config
 from reference_server.core.classification import classify, requested_classes
 from reference_server.core.load_overrides import FILE_PREFIX, OverrideFolders
 from reference_server.core.repository import ModelRepository, ModelVersion
+from reference_server.core.shared_memory import RequestBinding, SharedMemoryRegistry
 from reference_server.errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported, unknown_model
 from reference_server.scheduling.execute import Tensors
 from reference_server.scheduling.sequence.batcher import SEQUENCE_PARAMETERS
@@ -34,6 +35,7 @@ EXTENSIONS = [
     "sequence",
     "binary_tensor_data",
     "model_configuration",
+    "system_shared_memory",
     "model_repository",
     "statistics",
     "schedule_policy",
@@ -79,6 +81,8 @@ class DataPlane:
         self.inflight_listeners: list[Callable[[int], None]] = []
         #: The folders of the models loaded with the load API's `file:` overrides.
         self.override_folders = OverrideFolders()
+        #: The shared memory extensions' regions (`core/shared_memory.py`).
+        self.shared_memory = SharedMemoryRegistry()
         # Models calling models (python BLS) go through the same checks as a client's request.
         repository.call_model = self.call_model
         repository.stream_model = self.stream_model
@@ -169,17 +173,24 @@ class DataPlane:
         served = self.repository.get(_model_name(request.model_name), request.model_version)
         if is_decoupled(served):
             raise Unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
-        inputs, output_names, timeout_us = self._prepare(served, request)
-        classes = requested_classes(served.name, request.outputs, served.outputs)
-        results = await served.scheduler.infer(
-            inputs,
-            output_names,
-            timeout_us=timeout_us,
-            received_ns=received_ns,
-            request_id=request.id,
-            parameters=_model_parameters(request.parameters),
-        )
-        return _response(served, request.id, output_names, results, classes)
+        # Inputs come out of shared memory before validation; outputs go back in after the model.
+        binding = self.shared_memory.bind(request, self._check_elements)
+        try:
+            inputs, output_names, timeout_us = self._prepare(served, request)
+            classes = requested_classes(served.name, request.outputs, served.outputs)
+            results = await served.scheduler.infer(
+                inputs,
+                output_names,
+                timeout_us=timeout_us,
+                received_ns=received_ns,
+                request_id=request.id,
+                parameters=_model_parameters(request.parameters),
+            )
+            response = _response(served, request.id, output_names, results, classes)
+            return response if binding is None else binding.write(response)
+        finally:
+            if binding is not None:
+                binding.release()
 
     def infer_stream(self, request: v2.InferRequest) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
         """The responses to one request, as the model sends them, each with whether it is the last.
@@ -194,9 +205,15 @@ class DataPlane:
         """
         received_ns = time.perf_counter_ns()
         served = self.repository.get(_model_name(request.model_name), request.model_version)
-        inputs, output_names, timeout_us = self._prepare(served, request)
-        classes = requested_classes(served.name, request.outputs, served.outputs)
-        return self._stream(served, request, inputs, output_names, timeout_us, received_ns, classes)
+        binding = self.shared_memory.bind(request, self._check_elements)
+        try:
+            inputs, output_names, timeout_us = self._prepare(served, request)
+            classes = requested_classes(served.name, request.outputs, served.outputs)
+        except BaseException:
+            if binding is not None:
+                binding.release()
+            raise
+        return self._stream(served, request, inputs, output_names, timeout_us, received_ns, classes, binding)
 
     async def _stream(
         self,
@@ -207,6 +224,7 @@ class DataPlane:
         timeout_us: int | None,
         received_ns: int,
         classes: Mapping[str, int],
+        binding: RequestBinding | None = None,
     ) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
         stream = served.scheduler.infer_stream(
             inputs,
@@ -221,12 +239,15 @@ class DataPlane:
                 if results is None or isinstance(results, ServerError):
                     yield results, final
                 else:
-                    yield _response(served, request.id, output_names, results, classes), final
+                    response = _response(served, request.id, output_names, results, classes)
+                    yield (response if binding is None else binding.write(response)), final
         finally:
             # Closed early (the client went away): the scheduler's iteration ends too, now.
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
                 await aclose()
+            if binding is not None:
+                binding.release()
 
     def _prepare(
         self, served: ModelVersion, request: v2.InferRequest

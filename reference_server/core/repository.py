@@ -16,7 +16,7 @@ the reason is recorded for the index. Loads of one model serialize on its lock; 
 load in parallel. Each load attempt records the model folder's fingerprint (`model_fingerprint`),
 which poll mode (`poller`) compares with the folder now.
 
-An ensemble (`platform: "ensemble"`) has no model file and no instances: `ensemble_loading` checks
+An ensemble (`platform: "ensemble"`) has no model file and no instances: `ensemble.loading` checks
 it, loading its composing models first, and it serves through an `ensemble.EnsembleScheduler`. It
 is ready while its composing models are. After a model (re)loads, the ensembles that use it load
 again, as in Triton: one that no longer fits the model's new config stops serving, with the reason.
@@ -25,12 +25,10 @@ again, as in Triton: one that no longer fits the model's new config stops servin
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import os
-import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,12 +37,12 @@ from tritonclient.grpc import model_config_pb2 as mc
 from reference_server import errors
 from reference_server.backends import instance_factory
 from reference_server.backends.context import BackendContext, ModelCall
-from reference_server.backends.placement import plan_instances
+from reference_server.backends.placement import gpu_memory_delta, plan_instances
 from reference_server.core import model_config
 from reference_server.core.classification import Labels, read_labels
-from reference_server.core.ensemble import EnsembleScheduler
-from reference_server.core.ensemble_config import is_ensemble
-from reference_server.core.ensemble_loading import prepare_ensemble
+from reference_server.core.ensemble.config import is_ensemble
+from reference_server.core.ensemble.loading import prepare_ensemble
+from reference_server.core.ensemble.scheduler import EnsembleScheduler
 from reference_server.core.response_cache import ResponseCache, cached, check_cache_config
 from reference_server.core.warmup import run_warmup
 from reference_server.errors import InvalidArgument, ModelConfigError, NotFound, ServerError, Unavailable
@@ -54,7 +52,6 @@ from reference_server.scheduling.rate_limiter import RateLimiter
 from reference_server.scheduling.reshape import with_reshape
 from reference_server.scheduling.sequence.batcher import make_scheduler
 from reference_server.scheduling.stats import ModelStats
-from v2kit.runtime import gpu
 
 log = logging.getLogger(__name__)
 
@@ -181,44 +178,6 @@ class ModelRecord:
     source: Path | None = None
     #: For an ensemble, the composing models its last load attempt named.
     composing: frozenset[str] = frozenset()
-
-
-# NVML reports memory per process, not per model: serialise the creation of GPU instances so that
-# the before/after difference belongs to one version. CPU-only loads do not take the lock.
-_gpu_measure_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def _gpu_memory_delta(gpus: Iterable[int]) -> Iterator[dict[int, int]]:
-    """Fill the yielded dict with the GPU memory the block took on each of `gpus`.
-
-    The first model on a GPU also pays for the CUDA context (a few hundred MB), as it would when
-    measured from outside the process.
-    """
-    wanted = sorted(set(gpus))
-    delta: dict[int, int] = {}
-    if not wanted:
-        yield delta
-        return
-    with _gpu_measure_lock:
-        process_before, device_before = _gpu_memory_readings()
-        yield delta
-        process_after, device_after = _gpu_memory_readings()
-    for index in wanted:
-        if index in process_after:
-            # Before the first instance the process is not on the GPU at all: that reads as 0.
-            delta[index] = max(0, process_after[index] - process_before.get(index, 0))
-        else:
-            # In a container NVML may list processes by their host pid, so ours is never found;
-            # the device's used memory is the next best reading (other processes' changes count too).
-            delta[index] = max(0, device_after.get(index, 0) - device_before.get(index, 0))
-
-
-def _gpu_memory_readings() -> tuple[dict[int, int], dict[int, int]]:
-    """(this process's, the whole device's) used GPU memory in bytes, per GPU index."""
-    process = gpu.process_gpu_memory_bytes(os.getpid())
-    device = {reading.index: reading.memory_used_bytes for reading in gpu.read_gpus()}
-    return process, device
 
 
 class ModelRepository:
@@ -388,7 +347,7 @@ class ModelRepository:
         finally:
             self._load_pass = None
 
-    # --- ensembles (see `ensemble_loading`) -------------------------------------------------------
+    # --- ensembles (see `ensemble.loading`) -------------------------------------------------------
 
     async def _load_ensemble(self, name: str, model_dir: Path, raw: mc.ModelConfig) -> dict[int, ModelVersion]:
         prepared = await prepare_ensemble(self, name, model_dir, raw)
@@ -518,7 +477,7 @@ class ModelRepository:
         )
         version_config = mc.ModelConfig()
         version_config.CopyFrom(base)  # a backend may complete it in place (python's auto_complete_config)
-        with _gpu_memory_delta(gpus) as gpu_memory:
+        with gpu_memory_delta(gpus) as gpu_memory:
             instances, (inputs, outputs) = create_instances(
                 version_config, model_path, placements, config_path, context
             )

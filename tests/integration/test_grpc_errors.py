@@ -202,12 +202,11 @@ CASES: list[tuple[str, Call, str, str]] = [
         "repository_name",
     ),
     (
-        "shared memory",
-        lambda c, s: c.get_system_shared_memory_status(),
-        "UNIMPLEMENTED",
-        "shared memory",
+        "cuda shared memory",
+        lambda c, s: c.register_cuda_shared_memory("c", b"\0" * 64, 0, 64),
+        "INVALID_ARGUMENT",
+        "CUDA shared memory is not available on this server",
     ),
-    ("cuda shared memory", lambda c, s: c.unregister_cuda_shared_memory(), "UNIMPLEMENTED", "CUDA shared memory"),
     ("trace settings", lambda c, s: c.get_trace_settings(), "UNIMPLEMENTED", "trace"),
     ("log settings", lambda c, s: c.get_log_settings(), "UNIMPLEMENTED", "logging"),
 ]

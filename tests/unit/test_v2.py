@@ -460,7 +460,11 @@ MALFORMED = [
         r"input byte size mismatch for input 'a' for model '\w+'. Expected 8, got 4",
     ),
     ("missing data", http_body({"inputs": [F32]}), "input 'a': has neither 'data' nor parameters.binary_data_size"),
-    ("shared memory", http_body({"inputs": [with_(parameters={"shared_memory_region": "r"})]}), "shared memory"),
+    (
+        "shared memory without size",
+        http_body({"inputs": [with_(parameters={"shared_memory_region": "r"})]}),
+        "input 'a': shared_memory_region 'r' needs shared_memory_byte_size",
+    ),
     (
         "data and binary",
         http_body({"inputs": [with_(data=[1, 2], parameters={"binary_data_size": 8})]}, B8),

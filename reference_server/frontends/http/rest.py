@@ -18,7 +18,7 @@ from urllib.parse import unquote
 
 from reference_server.core.dataplane import DataPlane
 from reference_server.core.load_overrides import FILE_PREFIX
-from reference_server.errors import InvalidArgument, server_error
+from reference_server.errors import InvalidArgument, Unsupported, server_error
 from reference_server.frontends.auth import OPEN_HTTP_PATHS, Token, Unauthenticated
 from reference_server.frontends.http.encoding import ContentCodings
 from reference_server.frontends.http.generate import generate
@@ -152,10 +152,47 @@ class RestApi:
         await self.plane.unload_model(model, _parameters(request.body))
         return HttpResponse(200)
 
+    # The shared memory extensions: `model` is the region's name ('' for all of them).
+
+    async def system_shm_status(self, request: HttpRequest, region: str, version: str) -> HttpResponse:
+        return _json(self.plane.shared_memory.status(region))
+
+    async def system_shm_register(self, request: HttpRequest, region: str, version: str) -> HttpResponse:
+        body = _json_object(request.body)
+        key, byte_size = _field(body, "key", str), _field(body, "byte_size", int)
+        offset = _field(body, "offset", int, 0)
+        self.plane.shared_memory.register(region, key, offset, byte_size)
+        return HttpResponse(200)
+
+    async def system_shm_unregister(self, request: HttpRequest, region: str, version: str) -> HttpResponse:
+        self.plane.shared_memory.unregister(region)
+        return HttpResponse(200)
+
+    async def cuda_shm_status(self, request: HttpRequest, region: str, version: str) -> HttpResponse:
+        return _json(self.plane.shared_memory.cuda_status(region))
+
+    async def cuda_shm_register(self, request: HttpRequest, region: str, version: str) -> HttpResponse:
+        body = _json_object(request.body)
+        for name in ("raw_handle", "device_id", "byte_size"):
+            _field(body, name, object)
+        self.plane.shared_memory.cuda_register(region)
+        return HttpResponse(200)
+
+    async def cuda_shm_unregister(self, request: HttpRequest, region: str, version: str) -> HttpResponse:
+        self.plane.shared_memory.cuda_unregister(region)
+        return HttpResponse(200)
+
+    async def trace_setting(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+        raise Unsupported("the trace extension is not supported by this server")
+
+    async def logging(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+        raise Unsupported("the logging extension is not supported by this server")
+
 
 _GET = frozenset({"GET"})
 _POST = frozenset({"POST"})
-_ALLOW = {_GET: "GET, HEAD", _POST: "POST"}
+_GET_POST = frozenset({"GET", "POST"})
+_ALLOW = {_GET: "GET, HEAD", _POST: "POST", _GET_POST: "GET, HEAD, POST"}
 _NO_ROUTE: tuple[RouteHandler | None, frozenset[str], str, str] = (None, frozenset(), "", "")
 
 #: Routes by their fixed segments after '/v2'.
@@ -165,6 +202,22 @@ _FIXED: dict[tuple[str, ...], tuple[RouteHandler, frozenset[str]]] = {
     ("health", "ready"): (RestApi.health_ready, _GET),
     ("models", "stats"): (RestApi.model_stats, _GET),
     ("repository", "index"): (RestApi.repository_index, _POST),
+    ("systemsharedmemory", "status"): (RestApi.system_shm_status, _GET),
+    ("systemsharedmemory", "unregister"): (RestApi.system_shm_unregister, _POST),
+    ("cudasharedmemory", "status"): (RestApi.cuda_shm_status, _GET),
+    ("cudasharedmemory", "unregister"): (RestApi.cuda_shm_unregister, _POST),
+    # Extensions this server does not offer: 501 with the reason, not 404.
+    ("trace", "setting"): (RestApi.trace_setting, _GET_POST),
+    ("logging",): (RestApi.logging, _GET_POST),
+}
+#: Routes by what follows '/v2/{systemsharedmemory|cudasharedmemory}/region/{name}'.
+_REGION: dict[tuple[str, str], tuple[RouteHandler, frozenset[str]]] = {
+    ("systemsharedmemory", "status"): (RestApi.system_shm_status, _GET),
+    ("systemsharedmemory", "register"): (RestApi.system_shm_register, _POST),
+    ("systemsharedmemory", "unregister"): (RestApi.system_shm_unregister, _POST),
+    ("cudasharedmemory", "status"): (RestApi.cuda_shm_status, _GET),
+    ("cudasharedmemory", "register"): (RestApi.cuda_shm_register, _POST),
+    ("cudasharedmemory", "unregister"): (RestApi.cuda_shm_unregister, _POST),
 }
 #: Routes by what follows '/v2/models/{model}[/versions/{version}]'.
 _MODEL: dict[str, tuple[RouteHandler, frozenset[str]]] = {
@@ -198,12 +251,18 @@ def _match(segments: list[str]) -> tuple[RouteHandler | None, frozenset[str], st
         else:
             version, tail = "", rest[2:]
         route = _MODEL[""] if not tail else _MODEL.get(tail[0]) if len(tail) == 1 and tail[0] else None
+        if tail == ["trace", "setting"]:
+            route = (RestApi.trace_setting, _GET_POST)
         if route is not None:
             return route[0], route[1], model, version
     elif count == 4 and rest[0] == "repository" and rest[1] == "models" and rest[2]:
         route = _REPOSITORY.get(rest[3])
         if route is not None:
             return route[0], route[1], rest[2], ""
+    elif count == 4 and rest[1] == "region" and rest[2]:
+        region = _REGION.get((rest[0], rest[3]))
+        if region is not None:
+            return region[0], region[1], rest[2], ""
     return _NO_ROUTE
 
 
@@ -226,6 +285,20 @@ def _json_object(body: bytes) -> dict[str, Any]:
     if not isinstance(payload, dict):
         raise InvalidArgument("request body must be a JSON object")
     return payload
+
+
+def _field(body: dict[str, Any], name: str, kind: type, default: Any = None) -> Any:
+    """A field of a shared-memory register request, in Triton's words when it is missing."""
+    value = body.get(name, default)
+    if value is None:
+        raise InvalidArgument(f"Shared memory register request has no '{name}' field")
+    bad = not isinstance(value, kind)
+    if kind is int and isinstance(value, int):
+        bad = isinstance(value, bool) or value < 0
+    if bad:
+        wanted = {str: "a string", int: "an integer >= 0"}[kind]
+        raise InvalidArgument(f"shared memory register request: field '{name}' must be {wanted}, got {value!r:.40}")
+    return value
 
 
 def _parameters(body: bytes) -> dict[str, Any]:
