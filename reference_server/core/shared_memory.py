@@ -208,8 +208,8 @@ class SharedMemoryRegistry:
         """The region `name`, held until `release`: it stays mapped even if unregistered meanwhile."""
         with self._lock:
             region = self._regions.get(name)
-            if region is None:
-                raise NotFound(f"Unable to find shared memory region: '{name}'; register it before naming it")
+            if region is None:  # the request is what is wrong here: 400, where Triton answers 404
+                raise InvalidArgument(f"Unable to find shared memory region: '{name}'; register it before naming it")
             region.users += 1
             return region
 

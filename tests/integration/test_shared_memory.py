@@ -254,7 +254,7 @@ def test_refusals_in_tritons_words(transport: tuple[Any, Client], regions: Regio
         (lambda: client.register_system_shared_memory("n", "/perfkit-no-such-key", 8), "400", "INVALID_ARGUMENT", "Unable to open shared memory region: '/perfkit-no-such-key'"),
         (lambda: client.register_system_shared_memory("p", key, 16, offset=56), "400", "INVALID_ARGUMENT", "failed to register shared memory region 'p': invalid args"),
         (lambda: client.get_system_shared_memory_status("nope"), "404", "NOT_FOUND", "Unable to find system shared memory region: 'nope'"),
-        (lambda: infer(region="nope"), "404", "NOT_FOUND", "Unable to find shared memory region: 'nope'"),
+        (lambda: infer(region="nope"), "400", "INVALID_ARGUMENT", "Unable to find shared memory region: 'nope'"),
         (lambda: infer(offset=56), "400", "INVALID_ARGUMENT", "Invalid offset + byte size for shared memory region: 'r'"),
         (lambda: infer(offset=64), "400", "INVALID_ARGUMENT", "Invalid offset for shared memory region: 'r'"),
         (lambda: infer(out_size=8), "400", "INVALID_ARGUMENT", "output 'Y' (8 bytes) should be at least 16 bytes to hold the results"),
@@ -297,7 +297,7 @@ def test_a_region_unregistered_while_a_request_uses_it_stays_mapped_for_it(
     status, message = failure(
         lambda: client.infer("identity", [shm_input(httpclient, "X", [1, 3], "FP32", "in_use", 12)])
     )
-    assert (status, "Unable to find shared memory region: 'in_use'" in message) == ("404", True)
+    assert (status, "Unable to find shared memory region: 'in_use'" in message) == ("400", True)
 
     Path(f"{gate}.open").touch()  # let the model answer: its output still goes to the region
     pending.get_result(timeout=60)

@@ -133,7 +133,7 @@ def test_window_bounds_in_tritons_words(registry: SharedMemoryRegistry, make_key
     with pytest.raises(InvalidArgument, match=r"Invalid offset \+ byte size for shared memory region: 'r'"):
         region.check_window(60, 8)
     registry.release([region])
-    with pytest.raises(NotFound, match="Unable to find shared memory region: 'other'"):
+    with pytest.raises(InvalidArgument, match="Unable to find shared memory region: 'other'"):
         registry.acquire("other")
 
 
@@ -232,7 +232,7 @@ def test_bind_refusals(registry: SharedMemoryRegistry, make_key: MakeKey) -> Non
         InvalidArgument, match=r"input byte size mismatch for input 'X' for model 'm'. Expected 16, got 12"
     ):
         registry.bind(_request([_placeholder("X", "FP32", [4], "r", 0, 12)]))
-    with pytest.raises(NotFound, match="Unable to find shared memory region: 'gone'"):
+    with pytest.raises(InvalidArgument, match="Unable to find shared memory region: 'gone'"):
         registry.bind(_request([_placeholder("X", "FP32", [4], "gone", 0, 16)]))
     bad_output = [v2.RequestedOutput("Y", parameters={"shared_memory_region": "r", "shared_memory_offset": 64})]
     with pytest.raises(v2.CodecError, match="needs shared_memory_byte_size"):
