@@ -143,7 +143,7 @@ def test_unregister_while_held_unmaps_only_after_release(registry: SharedMemoryR
     held = registry.acquire("r")
     registry.unregister("r")
     assert registry.status() == []
-    with pytest.raises(NotFound):
+    with pytest.raises(InvalidArgument):
         registry.acquire("r")  # new requests no longer find it...
     held.write(0, b"still mapped")  # ...but the request holding it still writes there
     assert get(key, 0, 12) == b"still mapped"
