@@ -172,6 +172,8 @@ def render(runs: list[Run], protocol: str, levels: list[int], window_ms: int, el
     ]
     for model in MODELS:
         for concurrency in levels:
+            if ("ours", model, concurrency) not in by_key:
+                continue  # not chosen (--models)
             ours, triton = by_key[("ours", model, concurrency)], by_key[("triton", model, concurrency)]
             request_ours = ours.times.per_request_us("request_ns")
             request_triton = triton.times.per_request_us("request_ns")
@@ -182,6 +184,8 @@ def render(runs: list[Run], protocol: str, levels: list[int], window_ms: int, el
                 f"{ours.cpu_us:.0f} | {triton.cpu_us:.0f} | {ratio(ours.cpu_us, triton.cpu_us)} |"
             )
     top = max(levels)
+    if ("ours", "ensemble", top) not in by_key or ("ours", "ensemble_plain", top) not in by_key:
+        return "\n".join(lines)
     lines += [
         "",
         f"dynamic batching of the composing model, through the ensemble, concurrency {top}:",
@@ -195,6 +199,8 @@ def render(runs: list[Run], protocol: str, levels: list[int], window_ms: int, el
             f"| {server} | {batching.infer_per_s:.0f} | {plain.infer_per_s:.0f} | "
             f"{ratio(batching.infer_per_s, plain.infer_per_s)} |"
         )
+    if ("ours", "mlp_ensemble", top) not in by_key or ("ours", "mlp_ensemble_plain", top) not in by_key:
+        return "\n".join(lines)
     lines += [
         "",
         f"the same through a compute-bound ensemble (identity [256], then the demo MLP in onnxruntime), "
@@ -218,7 +224,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="1,8", help="comma-separated levels")
     parser.add_argument("--window-ms", type=int, default=2000, help="perf_analyzer -p")
     parser.add_argument("--elements", type=int, default=16, help="FP32 elements per request")
+    parser.add_argument(
+        "--models", default=",".join((*MODELS, *MLP_MODELS)), help="comma-separated subset of the models (default: all)"
+    )
     args = parser.parse_args(argv)
+    chosen = set(args.models.split(","))
+    unknown = chosen - {*MODELS, *MLP_MODELS}
+    if unknown:
+        parser.error(f"unknown model(s) {sorted(unknown)}; choose from {', '.join((*MODELS, *MLP_MODELS))}")
+    models = [m for m in MODELS if m in chosen]
+    mlp_models = [m for m in MLP_MODELS if m in chosen]
     peers = peers_dir()
     levels = [int(c) for c in args.concurrency.split(",")]
     runs: list[Run] = []
@@ -228,10 +243,10 @@ def main(argv: list[str] | None = None) -> int:
         repository = write_repository(tmp / "repository", args.elements, mlp_onnx)
         with both_servers(peers, repository, repository) as endpoints:
             for server in SERVERS:  # warm-up: stubs, sessions, connections
-                for model in (*MODELS, *MLP_MODELS):
+                for model in (*models, *mlp_models):
                     measure(peers, endpoints[server], server, model, args.protocol, max(levels), 500, tmp)
             step = 0
-            for model in MODELS:
+            for model in models:
                 for concurrency in levels:
                     # Alternate which server goes first, so that neither always follows the same one.
                     for server in SERVERS if step % 2 == 0 else SERVERS[::-1]:
@@ -242,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                             )  # fmt: skip
                         )
                     step += 1
-            for model in MLP_MODELS:
+            for model in mlp_models:
                 for server in SERVERS if step % 2 == 0 else SERVERS[::-1]:
                     print(f"measuring: {server} {model} c={max(levels)} ...", file=sys.stderr, flush=True)
                     runs.append(
