@@ -6,10 +6,12 @@ raises `ServerError`s that carry their own HTTP and gRPC status.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -22,6 +24,7 @@ from reference_server.core import model_config
 from reference_server.core.repository import ModelRepository, ModelVersion
 from reference_server.errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported
 from reference_server.scheduling.execute import Tensors
+from reference_server.scheduling.scheduler import Scheduler
 from v2kit import codec as v2
 
 SERVER_NAME = "perfkit-reference-server"
@@ -156,19 +159,67 @@ class DataPlane:
         message names the `endpoint` (`HTTP_ENDPOINT`, `GRPC_ENDPOINT`): it may answer 0..N times,
         which only a stream can carry."""
         received_ns = time.perf_counter_ns()
-        served = self.repository.get(_model_name(request.model_name), request.model_version)
-        if is_decoupled(served):
-            raise Unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
-        inputs, output_names, timeout_us = self._prepare(served, request)
+        served, inputs, output_names, timeout_us = self._unary(request, endpoint)
         results = await served.scheduler.infer(
             inputs,
             output_names,
             timeout_us=timeout_us,
             received_ns=received_ns,
             request_id=request.id,
-            parameters={k: v for k, v in request.parameters.items() if k not in _RESERVED_PARAMETERS},
+            parameters=_model_parameters(request.parameters),
         )
         return _response(served, request.id, output_names, results)
+
+    def start_infer(
+        self,
+        request: v2.InferRequest,
+        done: Callable[[v2.InferResponse | Exception], None],
+        *,
+        endpoint: str = HTTP_ENDPOINT,
+    ) -> None:
+        """`infer` without a coroutine: checks `request` and raises at once as `infer` does, else
+        queues it and calls `done` once, on the loop, with its response or the error that failed
+        it, from the scheduler's own callback when its batch is done: no task, no loop pass.
+
+        `done` must not raise (the scheduler answers a whole batch in one go)."""
+        received_ns = time.perf_counter_ns()
+        served, inputs, output_names, timeout_us = self._unary(request, endpoint)
+
+        def finished(results: Tensors | Exception) -> None:
+            if isinstance(results, Exception):
+                done(results)
+            else:
+                done(_response(served, request.id, output_names, results))
+
+        scheduler = served.scheduler
+        parameters = _model_parameters(request.parameters)
+        if isinstance(scheduler, Scheduler):
+            scheduler.submit(
+                inputs, output_names, finished, timeout_us=timeout_us, received_ns=received_ns,
+                request_id=request.id, parameters=parameters,
+            )  # fmt: skip
+            return
+        # An ensemble's steps await: it runs in a task of its own, which answers when it ends.
+        answer = asyncio.ensure_future(
+            scheduler.infer(
+                inputs,
+                output_names,
+                timeout_us=timeout_us,
+                received_ns=received_ns,
+                request_id=request.id,
+                parameters=parameters,
+            )  # fmt: skip
+        )
+        answer.add_done_callback(partial(_task_done, finished))
+
+    def _unary(
+        self, request: v2.InferRequest, endpoint: str
+    ) -> tuple[ModelVersion, dict[str, np.ndarray], list[str], int | None]:
+        """The model version a unary request goes to, and the request checked against it."""
+        served = self.repository.get(_model_name(request.model_name), request.model_version)
+        if is_decoupled(served):
+            raise Unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
+        return served, *self._prepare(served, request)
 
     def infer_stream(self, request: v2.InferRequest) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
         """The responses to one request, as the model sends them, each with whether it is the last.
@@ -380,7 +431,20 @@ def is_decoupled(served: ModelVersion) -> bool:
 
 
 def _model_parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in parameters.items() if k not in _RESERVED_PARAMETERS}
+    return {k: v for k, v in parameters.items() if k not in _RESERVED_PARAMETERS} if parameters else {}
+
+
+def _task_done(finished: Callable[[Tensors | Exception], None], task: asyncio.Future[Tensors]) -> None:
+    if task.cancelled():
+        finished(Unavailable("Server is stopping: request was cancelled"))
+        return
+    error = task.exception()
+    if error is None:
+        finished(task.result())
+    elif isinstance(error, Exception):
+        finished(error)
+    else:
+        raise error
 
 
 def _response(served: ModelVersion, request_id: str, output_names: list[str], results: Tensors) -> v2.InferResponse:

@@ -125,6 +125,10 @@ INLINE_MAX_NS = 1_000_000
 #: How many batches an instance may hold, running and waiting their turn, under a backlog (see "Backlogs").
 AHEAD_BATCHES = 16
 
+_DECOUPLED = (
+    "ModelInfer RPC doesn't support models with decoupled transaction policy: this model sends "
+    "its responses as a stream (gRPC ModelStreamInfer, HTTP generate_stream)"
+)
 _STOPPING = "Server is stopping, scheduler for model has stopped accepting new inference requests"
 
 
@@ -198,10 +202,7 @@ class Scheduler:
         own error) when the model fails. `secondary_stats`: see `model_scheduler.ModelScheduler`.
         """
         if self._policy.decoupled:
-            raise Unsupported(
-                "ModelInfer RPC doesn't support models with decoupled transaction policy: this model sends "
-                "its responses as a stream (gRPC ModelStreamInfer, HTTP generate_stream)"
-            )
+            raise Unsupported(_DECOUPLED)
         request = self._submit(
             inputs, output_names, timeout_us, received_ns, request_id, parameters, None, secondary_stats
         )
@@ -210,6 +211,25 @@ class Scheduler:
         except asyncio.CancelledError:
             self._withdraw(request)
             raise
+
+    def submit(
+        self,
+        inputs: Tensors,
+        output_names: Sequence[str],
+        done: Callable[[Tensors | Exception], None],
+        *,
+        timeout_us: int | None = None,
+        received_ns: int | None = None,
+        request_id: str = "",
+        parameters: dict[str, Any] | None = None,
+    ) -> None:
+        """`infer` for a caller that is no coroutine: raises what `infer` raises before the request
+        is queued; once queued, `done` gets its outputs or the error that failed it, once, called
+        on the loop where the batch ends (no loop pass for a future's callbacks). `done` must not
+        raise, and the request cannot be withdrawn."""
+        if self._policy.decoupled:
+            raise Unsupported(_DECOUPLED)
+        self._submit(inputs, output_names, timeout_us, received_ns, request_id, parameters, None, None, done)
 
     def infer_stream(
         self,
@@ -247,6 +267,7 @@ class Scheduler:
         parameters: dict[str, Any] | None,
         sink: ResponseSink | None,
         secondary_stats: ModelStats | None = None,
+        done: Callable[[Tensors | Exception], None] | None = None,
     ) -> QueuedRequest:
         """Admit and queue one request; its future resolves when its batch has run."""
         if self._closing:
@@ -274,7 +295,7 @@ class Scheduler:
         future: asyncio.Future[Tensors] = loop.create_future()
         request = QueuedRequest(
             inputs, output_names, batch_size, key, future, received_ns, now, deadline, request_id, parameters, sink,
-            secondary_stats,
+            secondary_stats, done,
         )  # fmt: skip
         self._queue.append(request)
         self._stats.pending += 1
@@ -596,6 +617,8 @@ class Scheduler:
             if request.secondary_stats is not None:
                 request.secondary_stats.record_success(done - received, t0 - received, t1 - t0, t2 - t1, t3 - t2)
             future.set_result(result)
+            if request.done is not None:
+                request.done(result)
 
     def _fail(self, request: QueuedRequest, error: Exception, reason: str, now: int) -> None:
         future = request.future
@@ -605,7 +628,11 @@ class Scheduler:
             return  # already answered and counted
         else:
             future.set_exception(error)
+            if request.done is not None:
+                future.exception()  # taken from `done`, not from the future: not "never retrieved"
         record_failure(self._stats, request.secondary_stats, now - request.received_ns, reason)
+        if request.done is not None and reason != "CANCELED":
+            request.done(error)
 
     def _is_drained(self) -> bool:
         idle = len(self._idle) == len(self._slots)

@@ -4,8 +4,11 @@ aiohttp builds a request object, a payload stream, a response object and its hea
 every request, and runs each through its router and middlewares: at concurrency 8 on the demo MLP
 that was 22% of the server's CPU, more than everything but the model's own run (py-spy, bench/README.md).
 Here llhttp parses in C and calls back into Python for the URL, each header, body chunks and
-completion; a request becomes one `HttpRequest` and one task, its answer one `HttpResponse` and
-one `write`.
+completion; a request becomes one `HttpRequest`, handed to the handler (a `messages.Responder`) as
+soon as it is complete, and its answer one `HttpResponse` and one `write`, made from the handler's
+`Reply`: an inference request is answered from the callback that ends its batch, with no task and
+no loop pass between the bytes read and the batch starting, or between its end and the answer
+written (each pass cost about 25 us at concurrency 1; bench/README.md).
 
 Theory of operation. Each connection serves its requests one at a time, in order. A request that
 completes while another is being served waits in the connection's queue (pipelining), and past
@@ -49,6 +52,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Callable
+from functools import partial
 from typing import cast
 
 import httptools
@@ -56,7 +61,16 @@ import httptools
 from reference_server.frontends.http import limits as limits_
 from reference_server.frontends.http import messages, streaming
 from reference_server.frontends.http.limits import DEFAULT_LIMITS, HttpLimits
-from reference_server.frontends.http.messages import Admission, HttpRequest, HttpResponse, error_response
+from reference_server.frontends.http.messages import (
+    Admission,
+    HttpRequest,
+    HttpResponse,
+    Reply,
+    Responder,
+    error_response,
+    internal_error,
+    reply_when_done,
+)
 from reference_server.frontends.http.read_gate import ReadGate
 from reference_server.frontends.listener import Listener
 
@@ -83,7 +97,7 @@ class HttpServer(Listener):
 
     def __init__(
         self,
-        handler: messages.Handler,
+        handler: Responder | messages.Handler,
         *,
         max_body_bytes: int,
         body_timeout_s: float = 60.0,
@@ -97,6 +111,10 @@ class HttpServer(Listener):
         super().__init__()
         limits.validate()
         self.handler = handler
+        #: Answers a request through a `Reply`; a coroutine handler runs in a task of its own.
+        self.respond: Callable[[HttpRequest, Reply], None] = (
+            handler.respond if isinstance(handler, Responder) else partial(_in_task, handler)
+        )
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
         self.limits = limits
@@ -112,6 +130,43 @@ class HttpServer(Listener):
 
 def _default_refusal(exc: Exception) -> HttpResponse:
     return error_response(str(exc), 503)
+
+
+def _in_task(handler: messages.Handler, request: HttpRequest, reply: Reply) -> None:
+    reply_when_done(
+        _answer_of(handler, request), reply, partial(internal_error, what=f"{request.method} {request.path}")
+    )
+
+
+async def _answer_of(handler: messages.Handler, request: HttpRequest) -> HttpResponse:
+    return await handler(request)
+
+
+class _Reply:
+    """The `Reply` given to the handler with one request: answers it once; a second call is a bug."""
+
+    __slots__ = ("connection", "request", "admitted", "keep_alive", "transport", "sent")
+
+    def __init__(
+        self,
+        connection: _Connection,
+        request: HttpRequest,
+        admitted: bool,
+        keep_alive: bool,
+        transport: asyncio.Transport | None,
+    ) -> None:
+        self.connection = connection
+        self.request = request
+        self.admitted = admitted
+        self.keep_alive = keep_alive
+        self.transport = transport
+        self.sent = False
+
+    def __call__(self, response: HttpResponse) -> None:
+        if self.sent:
+            raise RuntimeError(f"{self.request.method} {self.request.path} was answered twice")
+        self.sent = True
+        self.connection._replied(self.request, response, self.admitted, self.keep_alive, self.transport)
 
 
 class _Refused(Exception):
@@ -131,7 +186,8 @@ class _Connection(asyncio.Protocol):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._parser = httptools.HttpRequestParser(self)
         self._queue: deque[tuple[HttpRequest | HttpResponse, bool, bool]] = deque()
-        self._task: asyncio.Task[None] | None = None  # the request being served
+        self._serving = False  # a request is with the handler, or its answer is being streamed
+        self._task: asyncio.Task[None] | None = None  # a streamed answer being written
         self._paused = False
         self._closing = False  # close once the requests read so far are answered
         self._body_timer: asyncio.TimerHandle | None = None
@@ -213,7 +269,7 @@ class _Connection(asyncio.Protocol):
             return
         if self._in_head:
             self._head_unfinished(len(data))
-        elif self._in_body and self._body_timer is None and self._task is None and self._transport is not None:
+        elif self._in_body and self._body_timer is None and not self._serving and self._transport is not None:
             loop = asyncio.get_running_loop()
             self._body_timer = loop.call_later(self._server.body_timeout_s, self._body_timed_out)
         if self._write_paused and self._transport is not None:
@@ -259,7 +315,7 @@ class _Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool | None:
         self._closing = True
-        if (self._task is None and not self._queue) or self._streaming:
+        if (not self._serving and not self._queue) or self._streaming:
             return False  # nothing to answer, or a stream with no one left to read it: close now
         return True  # keep the transport open to write the answers
 
@@ -314,7 +370,7 @@ class _Connection(asyncio.Protocol):
         if length is not None and length > server.max_body_bytes:
             self._refuse_too_large(length)
             return
-        idle = self._task is None and not self._queue
+        idle = not self._serving and not self._queue
         needs_slot = server.needs_slot
         if idle and needs_slot is not None and needs_slot(self._parser.get_method(), self._url):
             self._refused = self._take_slot(self._transport)
@@ -356,7 +412,7 @@ class _Connection(asyncio.Protocol):
             item = HttpRequest(parser.get_method().decode("latin-1"), path, self._fields, body)
         admitted, self._admitted = self._admitted, False
         self._queue.append((item, admitted, keep_alive))
-        if self._task is None and len(self._queue) == 1:
+        if not self._serving and len(self._queue) == 1:
             self._next()
         elif len(self._queue) > MAX_PIPELINED and not self._paused and self._transport is not None:
             self._paused = True
@@ -365,47 +421,69 @@ class _Connection(asyncio.Protocol):
     # -- serving
 
     def _next(self) -> None:
-        """Start on the oldest request waiting, if any."""
-        if not self._queue or self._transport is None:
+        """Start on the oldest request waiting, if any and if none is being served."""
+        if self._serving or not self._queue or self._transport is None:
             return
         item, admitted, keep_alive = self._queue.popleft()
         if isinstance(item, HttpResponse):
             self._answer(item, keep_alive)
             return
-        self._server.busy(+1)
-        self._task = asyncio.get_running_loop().create_task(self._serve(item, admitted, keep_alive))
-
-    async def _serve(self, request: HttpRequest, admitted: bool, keep_alive: bool) -> None:
         server = self._server
+        server.busy(+1)
+        self._serving = True
+        transport = self._transport
+        if not admitted and server.needs_slot is not None:
+            if server.needs_slot(item.method.encode("latin-1"), item.path.encode("latin-1")):
+                refusal = self._take_slot(transport)
+                if refusal is not None:
+                    self._served(item, refusal, keep_alive)
+                    return
+                admitted = True
+        reply = _Reply(self, item, admitted, keep_alive, transport)
         try:
-            response = await self._respond(request, admitted, self._transport)
-            if response.stream is not None:
-                self._streaming = True  # the client's leaving cancels it
-                response.close = self._closes(response, keep_alive)  # as its head says
-                await streaming.send_stream(self._transport, response, response.close, self._writable)
-        finally:
-            self._task, self._streaming = None, False
-            server.busy(-1)
+            server.respond(item, reply)
+        except Exception as exc:  # the handler maps every error it knows; this one is a bug
+            if not reply.sent:
+                reply(internal_error(exc, f"{item.method} {item.path}"))
+
+    def _replied(
+        self,
+        request: HttpRequest,
+        response: HttpResponse,
+        admitted: bool,
+        keep_alive: bool,
+        transport: asyncio.Transport | None,
+    ) -> None:
+        """The handler's answer to `request`: its slot goes back, then it is written or streamed."""
+        if admitted:
+            self._release(transport)
+        if response.stream is None:
+            self._served(request, response, keep_alive)
+            return
+        response.close = self._closes(response, keep_alive)  # as its head says
+        self._task = asyncio.get_running_loop().create_task(self._stream(request, response, keep_alive))
+
+    async def _stream(self, request: HttpRequest, response: HttpResponse, keep_alive: bool) -> None:
+        # Set here, not when the task is made: a task cancelled before it starts would never close
+        # the stream. A client gone before this sees no transport, which only closes the stream.
+        self._streaming = True  # from here the client's leaving cancels it (connection_lost)
+        try:
+            await streaming.send_stream(self._transport, response, response.close, self._writable)
+        except BaseException:
+            self._task, self._streaming, self._serving = None, False, False
+            self._server.busy(-1)
+            raise
+        self._task, self._streaming = None, False
+        self._served(request, response, keep_alive)
+
+    def _served(self, request: HttpRequest, response: HttpResponse, keep_alive: bool) -> None:
+        """`request` is done with: log it and write its answer (a streamed one's is out already)."""
+        server = self._server
+        self._serving = False
+        server.busy(-1)
         if server.access_log is not None:
             server.access_log.info("%s %s %d", request.method, request.path, response.status)
         self._answer(response, keep_alive, request.method == "HEAD")
-
-    async def _respond(self, request: HttpRequest, admitted: bool, transport: asyncio.Transport | None) -> HttpResponse:
-        server = self._server
-        if not admitted and server.needs_slot is not None:
-            if server.needs_slot(request.method.encode("latin-1"), request.path.encode("latin-1")):
-                refusal = self._take_slot(transport)
-                if refusal is not None:
-                    return refusal
-                admitted = True
-        try:
-            return await server.handler(request)
-        except Exception as exc:  # the handler maps every error it knows; this one is a bug
-            log.exception("internal error serving %s %s", request.method, request.path)
-            return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
-        finally:
-            if admitted:
-                self._release(transport)
 
     async def _writable(self) -> None:
         """Return once the client has taken the answers down to the low-water mark (or is gone)."""
@@ -432,7 +510,8 @@ class _Connection(asyncio.Protocol):
             transport.write(encoded + body if len(body) < _LARGE_BODY else body)
         if close:
             self._queue.clear()
-            if self._gave_up and transport.can_write_eof():
+            linger, self._gave_up = self._gave_up, True  # llhttp may be mid-read: nothing more is served
+            if linger and transport.can_write_eof():
                 self._linger(transport)
             else:
                 transport.close()
@@ -442,12 +521,18 @@ class _Connection(asyncio.Protocol):
             if not self._write_paused:
                 transport.resume_reading()
         if self._queue:
-            if not self._write_paused:  # else resume_writing serves the next
-                self._next()
+            if not self._write_paused and self._loop is not None:  # else resume_writing serves the next
+                # Not from here: this answer may come from inside the scheduler, which must not be
+                # entered again (a pipelined request got a loop pass of its own before, too).
+                self._loop.call_soon(self._next_unless_paused)
         elif self._in_body and self._body_timer is None:
             # A request's body was coming in while this one was served: its clock runs from now.
             loop = asyncio.get_running_loop()
             self._body_timer = loop.call_later(self._server.body_timeout_s, self._body_timed_out)
+
+    def _next_unless_paused(self) -> None:
+        if not self._write_paused:
+            self._next()
 
     def _linger(self, transport: asyncio.Transport) -> None:
         """Close after a refusal without losing it: closing a socket with unread bytes makes the
@@ -479,7 +564,7 @@ class _Connection(asyncio.Protocol):
             return
         if not self._paused:  # else paused for a reason of its own (pipelining, a refusal)
             transport.resume_reading()
-        if self._task is None and self._queue:
+        if self._queue:
             self._next()
 
     def _idle_check(self) -> None:
@@ -498,7 +583,7 @@ class _Connection(asyncio.Protocol):
                 transport.abort()  # close() would wait for the client to read what it never will
                 return
         elif (
-            self._task is not None
+            self._serving
             or self._queue
             or self._in_head
             or self._in_body
@@ -570,7 +655,7 @@ class _Connection(asyncio.Protocol):
         transport.pause_reading()
         self._paused = True
         self._closing = True
-        if self._task is None and not self._queue:
+        if not self._serving and not self._queue:
             self._answer(response, keep_alive=False)
         else:
             self._queue.append((response, False, False))
@@ -589,7 +674,7 @@ class _Connection(asyncio.Protocol):
 
     def close_when_idle(self) -> None:
         self._closing = True
-        if self._task is None and not self._queue and not self._in_body and self._transport is not None:
+        if not self._serving and not self._queue and not self._in_body and self._transport is not None:
             self._transport.close()
 
     def abort(self) -> None:
