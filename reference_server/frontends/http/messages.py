@@ -27,12 +27,14 @@ __all__ = [
     "HttpRequest",
     "HttpResponse",
     "NeedsSlot",
+    "Exchange",
     "Refusal",
     "Reply",
     "Responder",
     "chunk",
     "encode_head",
     "error_response",
+    "in_task",
     "internal_error",
     "reply_when_done",
 ]
@@ -128,6 +130,45 @@ class Responder(Protocol):
         """Answer `request` by calling `reply` once, now or later, on the loop. An exception raised
         here, before `reply` is called, is a bug: the server logs it and answers 500."""
         ...
+
+
+class Exchange:
+    """One request with its handler, and what its connection needs back with the answer. It is
+    the request's `Reply`: called once (a second call is a bug), it hands the answer to `answered`."""
+
+    __slots__ = ("answered", "request", "admitted", "keep_alive", "transport", "sent")
+
+    def __init__(
+        self,
+        answered: Callable[[Exchange, HttpResponse], None],
+        request: HttpRequest,
+        admitted: bool,
+        keep_alive: bool,
+        transport: asyncio.Transport | None,
+    ) -> None:
+        self.answered = answered
+        self.request = request
+        self.admitted = admitted  # holds an admission slot
+        self.keep_alive = keep_alive
+        self.transport = transport  # the connection's when the request was read (None: gone already)
+        self.sent = False
+
+    def __call__(self, response: HttpResponse) -> None:
+        if self.sent:
+            raise RuntimeError(f"{self.request.method} {self.request.path} was answered twice")
+        self.sent = True
+        self.answered(self, response)
+
+
+def in_task(handler: Handler, request: HttpRequest, reply: Reply) -> None:
+    """Serve a coroutine handler as a `Responder` would: in a task, replying when it ends."""
+    reply_when_done(
+        _answer_of(handler, request), reply, partial(internal_error, what=f"{request.method} {request.path}")
+    )
+
+
+async def _answer_of(handler: Handler, request: HttpRequest) -> HttpResponse:
+    return await handler(request)
 
 
 def internal_error(exc: BaseException, what: str) -> HttpResponse:

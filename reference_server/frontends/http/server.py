@@ -61,16 +61,7 @@ import httptools
 from reference_server.frontends.http import limits as limits_
 from reference_server.frontends.http import messages, streaming
 from reference_server.frontends.http.limits import DEFAULT_LIMITS, HttpLimits
-from reference_server.frontends.http.messages import (
-    Admission,
-    HttpRequest,
-    HttpResponse,
-    Reply,
-    Responder,
-    error_response,
-    internal_error,
-    reply_when_done,
-)
+from reference_server.frontends.http.messages import Admission, HttpRequest, HttpResponse, Responder, error_response
 from reference_server.frontends.http.read_gate import ReadGate
 from reference_server.frontends.listener import Listener
 
@@ -112,8 +103,8 @@ class HttpServer(Listener):
         limits.validate()
         self.handler = handler
         #: Answers a request through a `Reply`; a coroutine handler runs in a task of its own.
-        self.respond: Callable[[HttpRequest, Reply], None] = (
-            handler.respond if isinstance(handler, Responder) else partial(_in_task, handler)
+        self.respond: Callable[[HttpRequest, messages.Reply], None] = (
+            handler.respond if isinstance(handler, Responder) else partial(messages.in_task, handler)
         )
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
@@ -130,43 +121,6 @@ class HttpServer(Listener):
 
 def _default_refusal(exc: Exception) -> HttpResponse:
     return error_response(str(exc), 503)
-
-
-def _in_task(handler: messages.Handler, request: HttpRequest, reply: Reply) -> None:
-    reply_when_done(
-        _answer_of(handler, request), reply, partial(internal_error, what=f"{request.method} {request.path}")
-    )
-
-
-async def _answer_of(handler: messages.Handler, request: HttpRequest) -> HttpResponse:
-    return await handler(request)
-
-
-class _Reply:
-    """The `Reply` given to the handler with one request: answers it once; a second call is a bug."""
-
-    __slots__ = ("connection", "request", "admitted", "keep_alive", "transport", "sent")
-
-    def __init__(
-        self,
-        connection: _Connection,
-        request: HttpRequest,
-        admitted: bool,
-        keep_alive: bool,
-        transport: asyncio.Transport | None,
-    ) -> None:
-        self.connection = connection
-        self.request = request
-        self.admitted = admitted
-        self.keep_alive = keep_alive
-        self.transport = transport
-        self.sent = False
-
-    def __call__(self, response: HttpResponse) -> None:
-        if self.sent:
-            raise RuntimeError(f"{self.request.method} {self.request.path} was answered twice")
-        self.sent = True
-        self.connection._replied(self.request, response, self.admitted, self.keep_alive, self.transport)
 
 
 class _Refused(Exception):
@@ -439,24 +393,18 @@ class _Connection(asyncio.Protocol):
                     self._served(item, refusal, keep_alive)
                     return
                 admitted = True
-        reply = _Reply(self, item, admitted, keep_alive, transport)
+        exchange = messages.Exchange(self._replied, item, admitted, keep_alive, transport)
         try:
-            server.respond(item, reply)
+            server.respond(item, exchange)
         except Exception as exc:  # the handler maps every error it knows; this one is a bug
-            if not reply.sent:
-                reply(internal_error(exc, f"{item.method} {item.path}"))
+            if not exchange.sent:
+                exchange(messages.internal_error(exc, f"{item.method} {item.path}"))
 
-    def _replied(
-        self,
-        request: HttpRequest,
-        response: HttpResponse,
-        admitted: bool,
-        keep_alive: bool,
-        transport: asyncio.Transport | None,
-    ) -> None:
-        """The handler's answer to `request`: its slot goes back, then it is written or streamed."""
-        if admitted:
-            self._release(transport)
+    def _replied(self, exchange: messages.Exchange, response: HttpResponse) -> None:
+        """The handler's answer: the request's slot goes back, then the answer is written or streamed."""
+        request, keep_alive = exchange.request, exchange.keep_alive
+        if exchange.admitted:
+            self._release(exchange.transport)
         if response.stream is None:
             self._served(request, response, keep_alive)
             return

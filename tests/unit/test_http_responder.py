@@ -1,0 +1,119 @@
+"""Answers through a `Reply`: the HTTP server hands a request to a `Responder`, which answers from a
+callback of its own (as the REST API answers an inference from the scheduler's batch-done callback),
+with no task per request; and `Scheduler.submit`, the scheduler's side of that callback."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+from reference_server.errors import InternalError, Unavailable
+from reference_server.frontends.http.messages import Exchange, HttpRequest, HttpResponse, Reply
+from reference_server.frontends.http.server import HttpServer
+from reference_server.scheduling.policy import BatchingPolicy
+from reference_server.scheduling.scheduler import Scheduler
+from reference_server.scheduling.stats import ModelStats
+from tests.unit.test_http_server import post, read_response, serve
+from tests.unit.test_scheduler import BOUND_S, HOLD, FakeInstance, tensor
+
+
+class LaterResponder:
+    """Answers each request one loop callback later, with its path; `/boom` raises instead."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def respond(self, request: HttpRequest, reply: Reply) -> None:
+        self.seen.append(request.path)
+        if request.path == "/boom":
+            raise ValueError("a bug in the handler")
+        asyncio.get_running_loop().call_soon(reply, HttpResponse(200, request.path.encode(), "text/plain"))
+
+
+def test_a_responder_answers_pipelined_requests_in_order_without_a_task_each(run: Any) -> None:
+    async def main() -> tuple[list[bytes], int]:
+        responder = LaterResponder()
+        server = HttpServer(responder, max_body_bytes=1000)
+        reader, writer = await serve(server)
+        loop = asyncio.get_running_loop()
+        made = 0
+        default = loop.get_task_factory()
+
+        def counting(loop_: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> asyncio.Future[Any]:
+            nonlocal made
+            made += 1
+            return default(loop_, coro, **kw) if default is not None else asyncio.Task(coro, loop=loop_, **kw)
+
+        loop.set_task_factory(counting)  # type: ignore[arg-type]
+        writer.write(post("/a", b"1") + post("/b", b"2") + post("/c", b"3"))
+        bodies = [(await read_response(reader))[2] for _ in range(3)]
+        loop.set_task_factory(default)
+        writer.close()
+        await server.stop(1)
+        return bodies, made
+
+    bodies, made = run(main())
+    assert bodies == [b"/a", b"/b", b"/c"]
+    assert made == 0
+
+
+def test_a_responder_that_raises_is_answered_500_and_the_connection_serves_on(run: Any) -> None:
+    async def main() -> list[tuple[int, bytes]]:
+        server = HttpServer(LaterResponder(), max_body_bytes=1000)
+        reader, writer = await serve(server)
+        writer.write(post("/boom", b"") + post("/after", b""))
+        answers = []
+        for _ in range(2):
+            status, _, body = await read_response(reader)
+            answers.append((status, body))
+        writer.close()
+        await server.stop(1)
+        return answers
+
+    (status, body), after = run(main())
+    assert status == 500 and b"internal error: ValueError: a bug in the handler" in body
+    assert after == (200, b"/after")
+
+
+def test_a_reply_answers_once() -> None:
+    answered: list[int] = []
+    exchange = Exchange(lambda _, response: answered.append(response.status), HttpRequest("GET", "/x", {}, b""),
+                        False, True, None)  # fmt: skip
+    exchange(HttpResponse(204))
+    with pytest.raises(RuntimeError, match="GET /x was answered twice"):
+        exchange(HttpResponse(200))
+    assert answered == [204]
+
+
+async def test_submit_calls_done_with_the_outputs_or_the_error(caplog: pytest.LogCaptureFixture) -> None:
+    gate = threading.Event()
+    scheduler = Scheduler(BatchingPolicy(max_batch_size=8), [FakeInstance("fake", gate)], ModelStats())
+    loop = asyncio.get_running_loop()
+    answers: list[asyncio.Future[Any]] = [loop.create_future() for _ in range(3)]
+
+    def done(index: int) -> Any:
+        return lambda result: answers[index].set_result(result)
+
+    try:
+        scheduler.submit(tensor(3.0), ["OUT"], done(0))
+        scheduler.submit(tensor(-1.0), ["OUT"], done(1))  # the fake model refuses negative input
+        out, failed = await asyncio.wait_for(asyncio.gather(answers[0], answers[1]), BOUND_S)
+        np.testing.assert_array_equal(out["OUT"], np.full((1, 2), 6.0, np.float32))
+        assert isinstance(failed, InternalError) and "poisoned input" in failed.message
+        # Behind a batch that holds the instance, then failed by close(): `done` hears it.
+        scheduler.submit(tensor(HOLD), ["OUT"], lambda _: None)
+        scheduler.submit(tensor(1.0), ["OUT"], done(2))
+        with caplog.at_level(logging.ERROR, logger="asyncio"):
+            await scheduler.close(0)
+            gate.set()
+            stopped = await asyncio.wait_for(answers[2], BOUND_S)
+        assert isinstance(stopped, Unavailable) and stopped.message.startswith("Server is stopping")
+        assert "never retrieved" not in caplog.text  # the future's exception went to `done`
+    finally:
+        gate.set()
+        await scheduler.close(BOUND_S)
