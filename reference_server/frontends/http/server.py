@@ -5,10 +5,8 @@ every request, and runs each through its router and middlewares: at concurrency 
 that was 22% of the server's CPU, more than everything but the model's own run (py-spy, bench/README.md).
 Here llhttp parses in C and calls back into Python for the URL, each header, body chunks and
 completion; a request becomes one `HttpRequest`, handed to the handler (a `messages.Responder`) as
-soon as it is complete, and its answer one `HttpResponse` and one `write`, made from the handler's
-`Reply`: an inference request is answered from the callback that ends its batch, with no task and
-no loop pass between the bytes read and the batch starting, or between its end and the answer
-written (each pass cost about 25 us at concurrency 1; bench/README.md).
+it completes, and its answer, given to the request's `Reply` (an inference's, from the callback
+that ends its batch: no task, no loop pass), one `HttpResponse` and one `write`.
 
 Theory of operation. Each connection serves its requests one at a time, in order. A request that
 completes while another is being served waits in the connection's queue (pipelining), and past
@@ -375,8 +373,8 @@ class _Connection(asyncio.Protocol):
     # -- serving
 
     def _next(self) -> None:
-        """Start on the oldest request waiting, if any and if none is being served."""
-        if self._serving or not self._queue or self._transport is None:
+        """Start on the oldest request waiting, if any, none is being served and answers can go out."""
+        if self._serving or self._write_paused or not self._queue or self._transport is None:
             return
         item, admitted, keep_alive = self._queue.popleft()
         if isinstance(item, HttpResponse):
@@ -417,12 +415,9 @@ class _Connection(asyncio.Protocol):
         self._streaming = True  # from here the client's leaving cancels it (connection_lost)
         try:
             await streaming.send_stream(self._transport, response, response.close, self._writable)
-        except BaseException:
-            self._task, self._streaming, self._serving = None, False, False
-            self._server.busy(-1)
-            raise
-        self._task, self._streaming = None, False
-        self._served(request, response, keep_alive)
+        finally:
+            self._task, self._streaming = None, False
+            self._served(request, response, keep_alive)  # writes nothing more once the stream is out
 
     def _served(self, request: HttpRequest, response: HttpResponse, keep_alive: bool) -> None:
         """`request` is done with: log it and write its answer (a streamed one's is out already)."""
@@ -468,19 +463,14 @@ class _Connection(asyncio.Protocol):
             self._paused = False
             if not self._write_paused:
                 transport.resume_reading()
-        if self._queue:
-            if not self._write_paused and self._loop is not None:  # else resume_writing serves the next
-                # Not from here: this answer may come from inside the scheduler, which must not be
-                # entered again (a pipelined request got a loop pass of its own before, too).
-                self._loop.call_soon(self._next_unless_paused)
+        if self._queue and self._loop is not None:
+            # Not from here: this answer may come from inside the scheduler, which must not be
+            # entered again (a pipelined request got a loop pass of its own before, too).
+            self._loop.call_soon(self._next)  # or resume_writing, if the client is slow to read
         elif self._in_body and self._body_timer is None:
             # A request's body was coming in while this one was served: its clock runs from now.
             loop = asyncio.get_running_loop()
             self._body_timer = loop.call_later(self._server.body_timeout_s, self._body_timed_out)
-
-    def _next_unless_paused(self) -> None:
-        if not self._write_paused:
-            self._next()
 
     def _linger(self, transport: asyncio.Transport) -> None:
         """Close after a refusal without losing it: closing a socket with unread bytes makes the
