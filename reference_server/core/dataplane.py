@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
@@ -26,6 +27,8 @@ from reference_server.errors import InvalidArgument, NotFound, ServerError, Unav
 from reference_server.scheduling.execute import Tensors
 from reference_server.scheduling.scheduler import Scheduler
 from v2kit import codec as v2
+
+log = logging.getLogger(__name__)
 
 SERVER_NAME = "perfkit-reference-server"
 EXTENSIONS = [
@@ -186,10 +189,12 @@ class DataPlane:
         served, inputs, output_names, timeout_us = self._unary(request, endpoint)
 
         def finished(results: Tensors | Exception) -> None:
-            if isinstance(results, Exception):
-                done(results)
-            else:
-                done(_response(served, request.id, output_names, results))
+            try:
+                done(
+                    results if isinstance(results, Exception) else _response(served, request.id, output_names, results)
+                )
+            except Exception:  # the scheduler answers the rest of the batch all the same
+                log.exception("internal error answering a request for model '%s'", served.name)
 
         scheduler = served.scheduler
         parameters = _model_parameters(request.parameters)

@@ -395,7 +395,9 @@ class _Connection(asyncio.Protocol):
         try:
             server.respond(item, exchange)
         except Exception as exc:  # the handler maps every error it knows; this one is a bug
-            if not exchange.sent:
+            if exchange.sent:
+                log.exception("internal error serving %s %s, after its answer", item.method, item.path)
+            else:
                 exchange(messages.internal_error(exc, f"{item.method} {item.path}"))
 
     def _replied(self, exchange: messages.Exchange, response: HttpResponse) -> None:
@@ -442,7 +444,7 @@ class _Connection(asyncio.Protocol):
         """Write `response` (a streamed one is out already); for a HEAD request (`head_only`) its
         head alone, Content-Length and all."""
         transport = self._transport
-        if transport is None:
+        if transport is None or transport.is_closing():  # closed by the server's stop (abort)
             return
         close = self._closes(response, keep_alive)
         body = response.body
