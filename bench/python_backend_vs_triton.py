@@ -144,10 +144,29 @@ class Run:
 
 
 def measure(
-    peers: Path, endpoint: Endpoint, server: str, model: str, protocol: str, concurrency: int, window_ms: int, tmp: Path
+    peers: Path,
+    endpoint: Endpoint,
+    server: str,
+    model: str,
+    protocol: str,
+    concurrency: int,
+    window_ms: int,
+    tmp: Path,
+    stability: int = 25,
 ) -> Run:
     url = endpoint.http_url if protocol == "http" else endpoint.grpc_url
-    args = ["-i", protocol, "--concurrency-range", str(concurrency), "-p", str(window_ms), "-s", "25", "-r", "10"]
+    args = [
+        "-i",
+        protocol,
+        "--concurrency-range",
+        str(concurrency),
+        "-p",
+        str(window_ms),
+        "-s",
+        str(stability),
+        "-r",
+        "10",
+    ]
     before = server_times(endpoint.http_url, model)
     cpu_before = tree_cpu_s(endpoint.pid)
     (row,) = perf_analyzer(peers, model, url, tmp / "pa.csv", args, attempts=3)
@@ -159,11 +178,13 @@ def measure(
     )  # fmt: skip
 
 
-def render(runs: list[Run], protocol: str, levels: list[int], window_ms: int, elements: int, host: str) -> str:
+def render(
+    runs: list[Run], protocol: str, levels: list[int], window_ms: int, elements: int, host: str, stability: int
+) -> str:
     by_key = {(r.server, r.model, r.concurrency): r for r in runs}
     lines = [
         f"python-backend identity (FP32 [{elements}]) and a two-step ensemble of it, reference server vs Triton "
-        f"2.51, same model folders, perf_analyzer -i {protocol} -p {window_ms} -s 25 -r 10; {host}",
+        f"2.51, same model folders, perf_analyzer -i {protocol} -p {window_ms} -s {stability} -r 10; {host}",
         "",
         "| model | concurrency | infer/s ours | infer/s Triton | p50 us ours | p50 us Triton | p99 us ours "
         "| p99 us Triton | request us/req ours | request us/req Triton | ratio (<= 1) | server CPU us/req ours "
@@ -225,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window-ms", type=int, default=2000, help="perf_analyzer -p")
     parser.add_argument("--elements", type=int, default=16, help="FP32 elements per request")
     parser.add_argument(
+        "--stability", type=int, default=25, help="perf_analyzer -s: a loaded machine may need more (percent)"
+    )
+    parser.add_argument(
         "--models", default=",".join((*MODELS, *MLP_MODELS)), help="comma-separated subset of the models (default: all)"
     )
     args = parser.parse_args(argv)
@@ -253,7 +277,15 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"measuring: {server} {model} c={concurrency} ...", file=sys.stderr, flush=True)
                         runs.append(
                             measure(
-                                peers, endpoints[server], server, model, args.protocol, concurrency, args.window_ms, tmp
+                                peers,
+                                endpoints[server],
+                                server,
+                                model,
+                                args.protocol,
+                                concurrency,
+                                args.window_ms,
+                                tmp,
+                                args.stability,
                             )  # fmt: skip
                         )
                     step += 1
@@ -262,12 +294,20 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"measuring: {server} {model} c={max(levels)} ...", file=sys.stderr, flush=True)
                     runs.append(
                         measure(
-                            peers, endpoints[server], server, model, args.protocol, max(levels), args.window_ms, tmp
+                            peers,
+                            endpoints[server],
+                            server,
+                            model,
+                            args.protocol,
+                            max(levels),
+                            args.window_ms,
+                            tmp,
+                            args.stability,
                         )  # fmt: skip
                     )
                 step += 1
     print()
-    print(render(runs, args.protocol, levels, args.window_ms, args.elements, machine(peers)))
+    print(render(runs, args.protocol, levels, args.window_ms, args.elements, machine(peers), args.stability))
     return 0
 
 
