@@ -268,7 +268,10 @@ def main(argv: list[str] | None = None) -> int:
         with both_servers(peers, repository, repository) as endpoints:
             for server in SERVERS:  # warm-up: stubs, sessions, connections
                 for model in (*models, *mlp_models):
-                    measure(peers, endpoints[server], server, model, args.protocol, max(levels), 500, tmp)
+                    try:
+                        measure(peers, endpoints[server], server, model, args.protocol, max(levels), 500, tmp, 100)
+                    except RuntimeError:
+                        pass  # a warm-up needs no stable figure, only the requests
             step = 0
             for model in models:
                 for concurrency in levels:
