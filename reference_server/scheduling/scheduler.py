@@ -579,10 +579,6 @@ class Scheduler:
                 average = self._ns_per_element
                 # 1/4 weight: a run far over the bound sends the next batch to the worker at once.
                 self._ns_per_element = cost if average == 0 else average + (cost - average) / 4
-        if not self._closed:
-            # The next batch first: a request's `done` (`submit`) encodes and writes its answer at
-            # once, and the instance runs meanwhile, as it did while futures waited a loop pass.
-            self._schedule()
         if self._ordered and not self._closed:
             self._held[seq] = (batch, outcome)
             while self._release_seq in self._held:
@@ -591,6 +587,7 @@ class Scheduler:
         else:
             self._resolve(batch, outcome)
         if not self._closed:
+            self._schedule()
             self._check_drained()
 
     def _resolve(self, batch: list[QueuedRequest], outcome: Outcome) -> None:
