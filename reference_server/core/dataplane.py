@@ -213,7 +213,7 @@ class DataPlane:
                 received_ns=received_ns,
                 request_id=request.id,
                 parameters=parameters,
-            )  # fmt: skip
+            )
         )
         answer.add_done_callback(partial(_task_done, finished))
 
