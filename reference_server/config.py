@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from reference_server.core.dataplane import SERVER_NAME
+from reference_server.core.response_cache import cache_size_from_flags
 from reference_server.errors import ServerError
 from reference_server.frontends.auth import Token, read_token_file
 from reference_server.frontends.http.limits import DEFAULT_LIMITS, HttpLimits
+from reference_server.scheduling.rate_limiter import MODES as RATE_LIMIT_MODES
+from reference_server.scheduling.rate_limiter import parse_resource
 
 CONTROL_MODES = ("none", "explicit", "poll")
 
@@ -53,6 +58,12 @@ class ServerConfig:
     auth_token: str | None = field(default=None, repr=False)
     ssl_certfile: Path | None = None
     ssl_keyfile: Path | None = None
+    #: The local response cache's size in bytes (--cache-config local,size=BYTES); None: no cache.
+    response_cache_bytes: int | None = None
+    rate_limit: str = "off"
+    #: --rate-limit-resource values as (name, count, device or None for every device).
+    rate_limit_resources: tuple[tuple[str, int, int | None], ...] = ()
+    server_name: str = SERVER_NAME
 
     @property
     def tls(self) -> bool:
@@ -102,6 +113,12 @@ class ServerConfig:
             Token(self.auth_token)  # raises on an unusable token, without quoting it
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
             raise ServerError("--ssl-certfile and --ssl-keyfile go together: give both for TLS, or neither")
+        if self.response_cache_bytes is not None and self.response_cache_bytes <= 0:
+            raise ServerError("--cache-config local,size=BYTES needs a positive size")
+        if self.rate_limit not in RATE_LIMIT_MODES:
+            raise ServerError("invalid argument for --rate-limit: give off or execution_count")
+        if not self.server_name.strip():
+            raise ServerError("--server-name must not be empty")
         for flag, path in (("--ssl-certfile", self.ssl_certfile), ("--ssl-keyfile", self.ssl_keyfile)):
             if path is not None and not path.is_file():
                 raise ServerError(f"{flag} {path}: no such file")
@@ -281,12 +298,49 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="[BACKEND,]KEY=VALUE",
         help="backend setting, e.g. onnxruntime,default-max-batch-size=8",
     )
+    cache = parser.add_argument_group("response cache and rate limiter")
+    cache.add_argument(
+        "--cache-config",
+        action="append",
+        default=[],
+        metavar="<cache>,<setting>=<value>",
+        help="configure the response cache: local,size=BYTES gives the models whose config enables "
+        "response_cache an LRU cache of BYTES in all (only the 'local' cache exists here)",
+    )
+    cache.add_argument(
+        "--cache-directory", metavar="DIR", help="accepted for Triton's command lines; the local cache is built in"
+    )
+    cache.add_argument(
+        "--response-cache-byte-size", type=int, metavar="BYTES", help="DEPRECATED: use --cache-config local,size=BYTES"
+    )
+    cache.add_argument(
+        "--rate-limit",
+        type=str.lower,
+        choices=RATE_LIMIT_MODES,
+        default="off",
+        help="execution_count: an instance runs a batch only when the resources of its instance_group's "
+        "rate_limiter are free, the least-run (by priority) first; off: ignore rate_limiter configs",
+    )
+    cache.add_argument(
+        "--rate-limit-resource",
+        action="append",
+        default=[],
+        metavar="<name>:<count>[:<device>]",
+        help="how many of a resource there are (on one device, or every device); default: the most any "
+        "instance asks for (repeatable)",
+    )
     parser.add_argument(
         "--exit-timeout-secs",
         type=float,
         default=30.0,
         metavar="SECONDS",
         help="on SIGTERM, how long in-flight requests may take to finish",
+    )
+    parser.add_argument(
+        "--server-name",
+        default=SERVER_NAME,
+        metavar="NAME",
+        help="the name the server metadata reports; 'triton' for clients that check for Triton by name",
     )
     parser.add_argument(
         "--log-verbose", type=int, default=0, metavar="LEVEL", help="0: info; 1 and above: also every request"
@@ -315,6 +369,17 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         default_mbs = int(backend.get("default-max-batch-size", "4"))
     except (argparse.ArgumentTypeError, ValueError) as exc:
         parser.error(str(exc))
+    try:
+        cache_bytes = cache_size_from_flags(args.cache_config, args.response_cache_byte_size)
+        resources = tuple(parse_resource(text) for text in args.rate_limit_resource)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.response_cache_byte_size is not None:
+        print(
+            "Warning: '--response-cache-byte-size' has been deprecated! Please use '--cache-config' instead. The "
+            f"equivalent --cache-config CLI args would be: '--cache-config=local,size={args.response_cache_byte_size}'",
+            file=sys.stderr,
+        )
     token = args.auth_token
     if args.auth_token_file is not None:
         try:
@@ -352,6 +417,10 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         auth_token=token,
         ssl_certfile=args.ssl_certfile,
         ssl_keyfile=args.ssl_keyfile,
+        response_cache_bytes=cache_bytes,
+        rate_limit=args.rate_limit,
+        rate_limit_resources=resources,
+        server_name=args.server_name,
     )
     try:
         config.validate()

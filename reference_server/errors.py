@@ -96,6 +96,41 @@ class ModelConfigError(InvalidArgument):
     """
 
 
+# Triton's wording for the conditions its clients match on (tritonserver's core: the model
+# repository manager and lifecycle, the inference request's checks; its front ends), for our
+# messages to begin with; perfkit's detail follows. tests/integration/test_triton_wording.py holds
+# each against a real tritonserver.
+
+
+def unknown_model(name: str, version: str | int | None = None) -> str:
+    """Triton's NOT_FOUND for a model (or version) it does not serve."""
+    if version is None:
+        return f"Request for unknown model: '{name}' is not found"
+    return f"Request for unknown model: '{name}' version {version} is not found"
+
+
+def no_available_versions(name: str) -> str:
+    """Triton's answer for a model it knows with no version ready (a failed load, or loading)."""
+    return f"Request for unknown model: '{name}' has no available versions"
+
+
+def bad_version(version: str) -> str:
+    """Triton's INVALID_ARG for a version that is not an integer (its C++ detail left out)."""
+    return (
+        f"failed to get model version from specified version string '{version}', "
+        "version should be an integral value > 0"
+    )
+
+
+def load_failed(name: str, why: str, *, polled: bool = False) -> str:
+    """Triton's words for a load that failed: before the model's config was read (not in the
+    repository, a config that does not parse) "failed to poll from model repository"; after it,
+    the versions failed to load."""
+    if not polled:
+        return f"failed to load '{name}', failed to poll from model repository: {why}"
+    return f"load failed for model '{name}': {why}"
+
+
 def server_error(exc: Exception) -> ServerError | None:
     """What a client is told of `exc`: a ServerError as it is, v2kit's errors as their ServerError,
     and None for anything else, which is a bug."""

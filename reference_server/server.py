@@ -19,6 +19,7 @@ from reference_server.config import ServerConfig
 from reference_server.core.dataplane import DataPlane
 from reference_server.core.poller import RepositoryPoller
 from reference_server.core.repository import ModelRepository
+from reference_server.core.response_cache import ResponseCache
 from reference_server.errors import ServerError
 from reference_server.frontends.auth import Token
 from reference_server.frontends.grpc.server import GrpcServer
@@ -27,6 +28,7 @@ from reference_server.frontends.http.read_gate import ReadGate
 from reference_server.frontends.http.rest import build_rest_server
 from reference_server.frontends.http.server import HttpServer
 from reference_server.frontends.metrics import build_metrics_app
+from reference_server.scheduling.rate_limiter import RateLimiter
 from v2kit.runtime import gpu
 
 log = logging.getLogger(__name__)
@@ -60,12 +62,17 @@ class ReferenceServer:
             default_max_batch_size=config.default_max_batch_size,
             backend_config=config.backend_config,
         )
+        if config.response_cache_bytes is not None:
+            self.repository.response_cache = ResponseCache(config.response_cache_bytes)
+        if config.rate_limit == "execution_count":
+            self.repository.rate_limiter = RateLimiter(config.rate_limit_resources)
         self.dataplane = DataPlane(
             self.repository,
             model_control_mode=config.model_control_mode,
             strict_readiness=config.strict_readiness,
             max_inflight_requests=config.max_inflight_requests,
             max_tensor_elements=config.max_tensor_elements,
+            server_name=config.server_name,
         )
         if config.model_control_mode == "explicit":
             await self.repository.load_all(self.repository.resolve_load_models(config.load_models))
@@ -145,6 +152,8 @@ class ReferenceServer:
             await runner.cleanup()
         if self.repository is not None:
             await self.repository.close(grace)
+        if self.dataplane is not None:
+            self.dataplane.shared_memory.close()  # unmaps what no request holds any more
 
     async def serve_forever(self) -> None:
         stop = asyncio.Event()

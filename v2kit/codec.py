@@ -68,6 +68,8 @@ __all__ = [
     "decode_infer_response",
     "decode_error",
     "error_body",
+    "SharedMemoryRef",
+    "shared_memory_ref",
 ]
 
 
@@ -118,6 +120,49 @@ class InferResponse:
     parameters: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class SharedMemoryRef:
+    """Where a tensor's bytes are in a registered shared-memory region (Triton's shared memory
+    extensions): the `shared_memory_region`, `shared_memory_offset` and `shared_memory_byte_size`
+    parameters of an input or a requested output."""
+
+    region: str
+    offset: int
+    byte_size: int
+
+
+_SHM_REGION, _SHM_OFFSET, _SHM_SIZE = "shared_memory_region", "shared_memory_offset", "shared_memory_byte_size"
+
+
+def shared_memory_ref(parameters: dict[str, Any], what: str) -> SharedMemoryRef | None:
+    """The shared-memory reference in a tensor's `parameters`, None when it names no region.
+
+    Raises CodecError when the parameters are malformed: an offset or size without a region, a
+    region without a byte size, or values of the wrong type.
+    """
+    if not parameters:
+        return None  # the common case, on every tensor of every request
+    region = parameters.get(_SHM_REGION)
+    if region is None:
+        stray = [k for k in (_SHM_OFFSET, _SHM_SIZE) if k in parameters]
+        if stray:
+            raise CodecError(f"{what}: parameter {stray[0]} needs {_SHM_REGION}")
+        return None
+    if not isinstance(region, str) or not region:
+        raise CodecError(f"{what}: {_SHM_REGION} must be a non-empty string, got {short_repr(region)}")
+    offset, size = parameters.get(_SHM_OFFSET, 0), parameters.get(_SHM_SIZE)
+    if size is None:
+        raise CodecError(f"{what}: {_SHM_REGION} '{region}' needs {_SHM_SIZE}")
+    for key, value in ((_SHM_OFFSET, offset), (_SHM_SIZE, size)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+            raise CodecError(f"{what}: {key} must be an integer >= 0, got {short_repr(value)}")
+    return SharedMemoryRef(region, offset, size)
+
+
+def _without_shared_memory(parameters: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in parameters.items() if k not in (_SHM_REGION, _SHM_OFFSET, _SHM_SIZE)}
+
+
 # --- shared helpers ------------------------------------------------------------------------------
 
 
@@ -159,7 +204,7 @@ def _split_body(body: Any, header_length: Any, what: str) -> tuple[dict[str, Any
     except UnicodeDecodeError as e:
         raise CodecError(f"{what} JSON is not valid UTF-8: {e}") from None
     except (ValueError, RecursionError) as e:
-        raise CodecError(f"{what} JSON is malformed: {e}") from None
+        raise CodecError(f"failed to parse the {what} JSON buffer: {e}") from None  # Triton's words
     if not isinstance(doc, dict):
         raise CodecError(f"{what} JSON must be an object, got a {json_type_name(doc)}")
     return doc, rest
@@ -172,11 +217,24 @@ def _params(container: dict[str, Any], what: str) -> dict[str, Any]:
     return params
 
 
-def _parse_tensors(items: Any, kind: str, rest: memoryview | None) -> list[InferTensor]:
+def _triton_size_error(sized: list[tuple[str, int]], available: int, kind: str, model: str) -> str:
+    """Triton's words for binary data that does not match the sizes announced: the first tensor
+    the data runs out in and how many bytes it still expects, or the data left over."""
+    end = 0
+    for name, size in sized:
+        end += size
+        if end > available:
+            missing = min(size, end - available)
+            return f"unexpected size for {kind} {name!r}, expecting {missing} additional bytes for model '{model}'"
+    return f"unexpected additional {kind} data for model '{model}'"
+
+
+def _parse_tensors(items: Any, kind: str, rest: memoryview | None, model: str = "") -> list[InferTensor]:
     """Validates every `inputs`/`outputs` entry and the binary sizes, then decodes the data."""
     if not isinstance(items, list):
         raise CodecError(f"'{kind}s' must be a JSON array")
-    specs = []
+    # (name, datatype, shape, parameters, JSON data, binary size, whether in shared memory)
+    specs: list[tuple[str, Any, Any, dict[str, Any], Any, int | None, bool]] = []
     seen: set[str] = set()
     for i, item in enumerate(items):
         if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
@@ -186,12 +244,23 @@ def _parse_tensors(items: Any, kind: str, rest: memoryview | None) -> list[Infer
         if name in seen:
             raise CodecError(f"duplicate {kind} name {name!r}")
         seen.add(name)
-        datatype_to_numpy(item.get("datatype"), what)
+        try:
+            datatype_to_numpy(item.get("datatype"), what)
+        except CodecError as exc:
+            if not model:
+                raise
+            raise CodecError(f"invalid datatype for {kind} {name}; {exc}") from None  # Triton's words first
         if "shape" not in item:
             raise CodecError(f"{what}: missing 'shape'")
         element_count(item["shape"], what)
         params = _params(item, what)
         size = params.get("binary_data_size")
+        if kind == "input" and shared_memory_ref(params, what) is not None:
+            # The bytes are in a registered region: the server reads them before it validates.
+            if "data" in item or size is not None:
+                raise CodecError(f"{what}: has both shared_memory_region and data; send one")
+            specs.append((name, item["datatype"], item["shape"], params, None, None, True))
+            continue
         if size is not None:
             if "data" in item:
                 raise CodecError(f"{what}: has both 'data' and parameters.binary_data_size; send one")
@@ -199,13 +268,11 @@ def _parse_tensors(items: Any, kind: str, rest: memoryview | None) -> list[Infer
                 raise CodecError(f"{what}: binary_data_size must be an integer >= 0, got {short_repr(size)}")
             params = {k: v for k, v in params.items() if k != "binary_data_size"}
         elif "data" not in item:
-            if "shared_memory_region" in params:
-                raise CodecError(f"{what}: shared memory tensors are not supported")
             raise CodecError(f"{what}: has neither 'data' nor parameters.binary_data_size")
-        specs.append((name, item["datatype"], item["shape"], params, item.get("data"), size))
+        specs.append((name, item["datatype"], item["shape"], params, item.get("data"), size, False))
 
-    sized = [(name, size) for name, *_, size in specs if size is not None]
-    total, available = sum(size for _, size in sized), 0 if rest is None else len(rest)
+    sized = [(spec[0], spec[5]) for spec in specs if spec[5] is not None]
+    total, available = sum(size for _, size in sized if size is not None), 0 if rest is None else len(rest)
     if total != available:
         listed = ", ".join(f"{kind} {n!r}: {s}" for n, s in sized) or "none"
         where = (
@@ -213,17 +280,25 @@ def _parse_tensors(items: Any, kind: str, rest: memoryview | None) -> list[Infer
             if rest is None
             else (f"{available} bytes follow the JSON header")
         )
-        raise CodecError(f"binary_data_size values ({listed}) add up to {total} bytes but {where}")
+        detail = f"binary_data_size values ({listed}) add up to {total} bytes but {where}"
+        raise CodecError(f"{_triton_size_error(sized, available, kind, model)}; {detail}" if model else detail)
     tensors, off = [], 0
-    for name, datatype, shape, params, data, size in specs:
-        if size is None:
-            arr = tensor_from_json(data, datatype, shape, name, kind=kind)
+    for name, datatype, shape, params, data, size, shared in specs:
+        if shared:
+            arr = _shared_memory_placeholder(datatype)
+        elif size is None:
+            arr = tensor_from_json(data, datatype, shape, name, kind=kind, model=model)
         else:
             section = rest[off : off + size]  # type: ignore[index]  # sizes matched, so rest is there
-            arr = tensor_from_raw(section, datatype, shape, name, kind=kind)
+            arr = tensor_from_raw(section, datatype, shape, name, kind=kind, model=model)
             off += size
         tensors.append(InferTensor(name, datatype, [int(d) for d in shape], arr, params))
     return tensors
+
+
+def _shared_memory_placeholder(datatype: str) -> np.ndarray:
+    """The data of a tensor whose bytes are in shared memory until the server reads them."""
+    return np.empty(0, datatype_to_numpy(datatype))
 
 
 def _parse_requested_outputs(items: Any) -> list[RequestedOutput] | None:
@@ -244,6 +319,7 @@ def _parse_requested_outputs(items: Any) -> list[RequestedOutput] | None:
             raise CodecError(f"{what}: binary_data must be true or false, got {short_repr(binary)}")
         if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int) or classes < 0):
             raise CodecError(f"{what}: classification must be a non-negative integer")
+        shared_memory_ref(params, what)
         params = {k: v for k, v in params.items() if k != "binary_data"}
         outputs[item["name"]] = RequestedOutput(item["name"], binary, params)
     return list(outputs.values()) or None  # `"outputs": []` names nothing, like no list: all outputs
@@ -272,9 +348,8 @@ def decode_infer_request(
     rid, params = _parse_common(doc)
     if "inputs" not in doc:
         raise CodecError("request JSON has no 'inputs'")
-    inputs = _parse_tensors(doc["inputs"], "input", rest)
-    if not inputs:
-        raise CodecError("'inputs' must not be empty")
+    # No inputs is the model's business: the server words it with the count the model wants.
+    inputs = _parse_tensors(doc["inputs"], "input", rest, model_name)
     outputs = _parse_requested_outputs(doc.get("outputs"))
     return InferRequest(model_name, model_version, rid, inputs, outputs, params)
 
@@ -307,8 +382,15 @@ def decode_raw_binary_request(
 
 def _encode_tensor(t: InferTensor, binary: bool, kind: str, parts: list[Any]) -> dict[str, Any]:
     what = f"{kind} {t.name!r}"
-    check_count(t.data, t.shape, what)
     entry: dict[str, Any] = {"name": t.name, "shape": [int(d) for d in t.shape], "datatype": t.datatype}
+    if shared_memory_ref(t.parameters, what) is not None:
+        # In shared memory, no data: an input names its region, and an output the server wrote
+        # there leaves without parameters, as Triton's do.
+        params = dict(t.parameters) if kind == "input" else _without_shared_memory(t.parameters)
+        if params:
+            entry["parameters"] = params
+        return entry
+    check_count(t.data, t.shape, what)
     params = dict(t.parameters)
     if binary:
         parts.append(tensor_to_buffer(t.data, t.datatype, what))

@@ -15,12 +15,13 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from tritonclient.grpc import service_pb2
 
-from v2kit.codec import CodecError, InferRequest, InferResponse, InferTensor, RequestedOutput
+from v2kit.codec import CodecError, InferRequest, InferResponse, InferTensor, RequestedOutput, shared_memory_ref
 from v2kit.tensors import (
     check_count,
     check_range,
     datatype_to_numpy,
     element_count,
+    for_model,
     format_shape,
     object_array,
     reshape,
@@ -143,7 +144,7 @@ def parameters_to_proto(params: Mapping[str, Any], target: Any) -> None:
             raise CodecError(f"parameter {key!r}: a {type(value).__name__} is not a bool, int, str or float")
 
 
-def _from_contents(t: Any, present: list[str], raw_name: str, what: str) -> np.ndarray:
+def _from_contents(t: Any, present: list[str], raw_name: str, what: str, model: str) -> np.ndarray:
     dtype, count = datatype_to_numpy(t.datatype, what), element_count(list(t.shape), what)
     if t.datatype == "FP16":
         raise CodecError(f"{what}: FP16 data must be sent in {raw_name}")
@@ -152,7 +153,12 @@ def _from_contents(t: Any, present: list[str], raw_name: str, what: str) -> np.n
         raise CodecError(f"{what}: datatype {t.datatype} takes {field}, got {', '.join(present)}")
     values = getattr(t.contents, field)
     if len(values) != count:
-        raise CodecError(f"{what}: shape {format_shape(t.shape)} needs {count} elements, {field} has {len(values)}")
+        detail = f"shape {format_shape(t.shape)} needs {count} elements, {field} has {len(values)}"
+        if t.datatype == "BYTES":
+            raise CodecError(f"{what}: {detail}")
+        size = dtype.itemsize  # Triton compares bytes, in its words
+        mismatch = f"byte size mismatch for {what}{for_model(model)}. Expected {count * size}, got {len(values) * size}"
+        raise CodecError(f"{what.split()[0]} {mismatch}; {detail}")
     if t.datatype == "BYTES":
         return reshape(object_array(list(values)), t.shape, what)
     arr = np.fromiter(values, dtype=base, count=count)
@@ -161,42 +167,71 @@ def _from_contents(t: Any, present: list[str], raw_name: str, what: str) -> np.n
     return reshape(arr.astype(dtype, copy=False), t.shape, what)
 
 
-def _tensors_from_proto(tensors: Any, raw: Any, kind: str) -> list[InferTensor]:
+def _tensors_from_proto(tensors: Any, raw: Any, kind: str, model: str) -> list[InferTensor]:
     raw_name = f"raw_{kind}_contents"
-    if len(raw) and len(raw) != len(tensors):
-        raise CodecError(f"{raw_name} has {len(raw)} entries for {len(tensors)} {kind}s; send one per {kind}")
     out: list[InferTensor] = []
     seen: set[str] = set()
-    for i, t in enumerate(tensors):
+    used = 0  # raw entries taken: an input in shared memory has none (tritonclient sends none)
+    for t in tensors:
         what = f"{kind} {t.name!r}"
         if t.name in seen:
             raise CodecError(f"duplicate {kind} name {t.name!r}")
         seen.add(t.name)
+        params = parameters_from_proto(t.parameters)
         present = [f for f in _CONTENT_FIELDS if len(getattr(t.contents, f))]
-        if len(raw) and present:
-            raise CodecError(f"{what}: contents must not be set when {raw_name} is used")
-        if len(raw):
-            data = tensor_from_raw(raw[i], t.datatype, list(t.shape), t.name, kind=kind)
+        if params and kind == "input" and shared_memory_ref(params, what) is not None:
+            if present:
+                raise CodecError(f"{what}: has both shared_memory_region and contents; send one")
+            data = np.empty(0, datatype_to_numpy(t.datatype, what))
+        elif len(raw):
+            if present:
+                raise CodecError(  # Triton's words
+                    f"contents field must not be specified when using {raw_name} for {t.name!r}{for_model(model)}"
+                )
+            if used == len(raw):
+                raise _raw_count_error(tensors, raw, kind, model, missing=t.name)
+            data = tensor_from_raw(raw[used], t.datatype, list(t.shape), t.name, kind=kind, model=model)
+            used += 1
         else:
-            data = _from_contents(t, present, raw_name, what)
-        out.append(InferTensor(t.name, t.datatype, list(t.shape), data, parameters_from_proto(t.parameters)))
+            data = _from_contents(t, present, raw_name, what, model)
+        out.append(InferTensor(t.name, t.datatype, list(t.shape), data, params))
+    if used != len(raw):
+        raise _raw_count_error(tensors, raw, kind, model)
     return out
+
+
+def _raw_count_error(tensors: Any, raw: Any, kind: str, model: str, missing: str | None = None) -> CodecError:
+    in_shm = sum(
+        kind == "input" and shared_memory_ref(parameters_from_proto(t.parameters), kind) is not None for t in tensors
+    )
+    expected = len(tensors) - in_shm
+    detail = f"raw_{kind}_contents has {len(raw)} entries for {expected} {kind}s; send one per {kind}"
+    if missing is not None:  # Triton's words: it looks for that tensor's data and finds none
+        detail = f"unable to find data for {kind} tensor {missing!r}{for_model(model)} in request. {detail}"
+    return CodecError(detail)
 
 
 def _tensors_to_proto(tensors: list[InferTensor], target: Any, raw: Any, kind: str) -> None:
     for t in tensors:
         what = f"{kind} {t.name!r}"
-        check_count(t.data, t.shape, what)
         pt = target.add(name=t.name, datatype=t.datatype, shape=[int(d) for d in t.shape])
+        if shared_memory_ref(t.parameters, what) is not None:
+            # In shared memory: an input names its region and has no raw entry; an output the
+            # server wrote there has an empty one and no parameters, as Triton's has.
+            if kind == "input":
+                parameters_to_proto(t.parameters, pt.parameters)
+            else:
+                raw.append(b"")
+            continue
+        check_count(t.data, t.shape, what)
         parameters_to_proto(t.parameters, pt.parameters)
         raw.append(tensor_to_raw(t.data, t.datatype, what))  # protobuf wants bytes, not a view
 
 
 def request_from_proto(pb: Any) -> InferRequest:
     """gRPC `ModelInferRequest` → InferRequest (raw or typed contents). Raises only CodecError."""
-    inputs = _tensors_from_proto(pb.inputs, pb.raw_input_contents, "input")
-    if not inputs:
-        raise CodecError("request has no inputs")
+    # No inputs is the model's business: the server words it with the count the model wants.
+    inputs = _tensors_from_proto(pb.inputs, pb.raw_input_contents, "input", pb.model_name)
     outputs: dict[str, RequestedOutput] = {}
     for o in pb.outputs:
         if o.name in outputs:
@@ -227,6 +262,6 @@ def response_to_proto(resp: InferResponse) -> Any:
 
 def response_from_proto(pb: Any) -> InferResponse:
     """gRPC `ModelInferResponse` → InferResponse (raw or typed contents). Raises only CodecError."""
-    outputs = _tensors_from_proto(pb.outputs, pb.raw_output_contents, "output")
+    outputs = _tensors_from_proto(pb.outputs, pb.raw_output_contents, "output", pb.model_name)
     params = parameters_from_proto(pb.parameters)
     return InferResponse(pb.model_name, pb.model_version, pb.id, outputs, params)

@@ -46,6 +46,7 @@ __all__ = [
     "check_count",
     "check_range",
     "element_count",
+    "for_model",
     "format_shape",
     "json_type_name",
     "object_array",
@@ -252,8 +253,11 @@ def tensor_to_raw(arr: np.ndarray, datatype: str, what: str = "tensor") -> bytes
     return buf if isinstance(buf, bytes) else buf.tobytes()
 
 
-def tensor_from_raw(buf: Any, datatype: str, shape: Any, name: str, *, kind: str = "input") -> np.ndarray:
-    """A tensor from its binary form, sizes checked exactly; numeric ones are zero-copy views of `buf`."""
+def tensor_from_raw(
+    buf: Any, datatype: str, shape: Any, name: str, *, kind: str = "input", model: str = ""
+) -> np.ndarray:
+    """A tensor from its binary form, sizes checked exactly; numeric ones are zero-copy views of `buf`.
+    With `model` (a server decoding a request) a size mismatch is worded as Triton words it."""
     what = f"{kind} {name!r}"
     dtype = datatype_to_numpy(datatype, what)
     count = element_count(shape, what)
@@ -261,7 +265,10 @@ def tensor_from_raw(buf: Any, datatype: str, shape: Any, name: str, *, kind: str
         return reshape(_deserialize(buf, count, what), shape, what)
     size, expected = memoryview(buf).nbytes, count * dtype.itemsize
     if size != expected:
-        raise CodecError(f"{what}: expected {expected} bytes for shape {format_shape(shape)} {datatype}, got {size}")
+        detail = f"expected {expected} bytes for shape {format_shape(shape)} {datatype}, got {size}"
+        if model:
+            raise CodecError(f"{kind} byte size mismatch for {what}{for_model(model)}. Expected {expected}, got {size}")
+        raise CodecError(f"{what}: {detail}")
     arr = np.frombuffer(buf, dtype=dtype) if expected else np.empty(0, dtype)
     if datatype == "BOOL" and expected and arr.view(np.uint8).max() > 1:
         raise CodecError(f"{what}: BOOL bytes must be 0 or 1")
@@ -318,7 +325,9 @@ def _numeric_from_json(data: list[Any], datatype: str, dtype: np.dtype, what: st
     return arr
 
 
-def tensor_from_json(data: Any, datatype: str, shape: Any, name: str, *, kind: str = "input") -> np.ndarray:
+def tensor_from_json(
+    data: Any, datatype: str, shape: Any, name: str, *, kind: str = "input", model: str = ""
+) -> np.ndarray:
     """A tensor from v2 JSON `data`, nested or flat (row-major). FP16 is binary-only."""
     what = f"{kind} {name!r}"
     dtype = datatype_to_numpy(datatype, what)
@@ -337,8 +346,17 @@ def tensor_from_json(data: Any, datatype: str, shape: Any, name: str, *, kind: s
     except RecursionError:
         raise CodecError(f"{what}: data is nested too deeply") from None
     if arr.size != count:
-        raise CodecError(f"{what}: shape {format_shape(shape)} needs {count} elements but data has {arr.size}")
+        detail = f"{what}: shape {format_shape(shape)} needs {count} elements but data has {arr.size}"
+        # With a model (a server decoding a request): Triton's words first.
+        raise CodecError(
+            f"Unable to parse 'data': Shape does not match true shape of 'data' field; {detail}" if model else detail
+        )
     return reshape(arr, shape, what)
+
+
+def for_model(model: str) -> str:
+    """ " for model 'NAME'", as Triton's messages name a model; empty where none is known."""
+    return f" for model '{model}'" if model else ""
 
 
 def tensor_to_json(arr: Any, datatype: str, *, name: str = "", kind: str = "output") -> list[Any]:

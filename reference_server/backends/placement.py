@@ -1,15 +1,21 @@
-"""Where a model's instances run: Triton's instance_group rules, the same for every backend."""
+"""Where a model's instances run: Triton's instance_group rules, the same for every backend, and the
+GPU memory their creation took."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server.errors import ModelConfigError
+from v2kit.runtime import gpu
 
-__all__ = ["MAX_INSTANCES_PER_GROUP", "Placement", "plan_instances"]
+__all__ = ["MAX_INSTANCES_PER_GROUP", "Placement", "gpu_memory_delta", "plan_instances"]
 
 MAX_INSTANCES_PER_GROUP = 64
 
@@ -73,3 +79,41 @@ def plan_instances(config: mc.ModelConfig, gpu_count: int, config_path: Path) ->
                 "is not supported; use KIND_CPU or KIND_GPU"
             )
     return placements
+
+
+# NVML reports memory per process, not per model: serialise the creation of GPU instances so that
+# the before/after difference belongs to one version. CPU-only loads do not take the lock.
+_gpu_measure_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def gpu_memory_delta(gpus: Iterable[int]) -> Iterator[dict[int, int]]:
+    """Fill the yielded dict with the GPU memory the block took on each of `gpus`.
+
+    The first model on a GPU also pays for the CUDA context (a few hundred MB), as it would when
+    measured from outside the process.
+    """
+    wanted = sorted(set(gpus))
+    delta: dict[int, int] = {}
+    if not wanted:
+        yield delta
+        return
+    with _gpu_measure_lock:
+        process_before, device_before = _gpu_memory_readings()
+        yield delta
+        process_after, device_after = _gpu_memory_readings()
+    for index in wanted:
+        if index in process_after:
+            # Before the first instance the process is not on the GPU at all: that reads as 0.
+            delta[index] = max(0, process_after[index] - process_before.get(index, 0))
+        else:
+            # In a container NVML may list processes by their host pid, so ours is never found;
+            # the device's used memory is the next best reading (other processes' changes count too).
+            delta[index] = max(0, device_after.get(index, 0) - device_before.get(index, 0))
+
+
+def _gpu_memory_readings() -> tuple[dict[int, int], dict[int, int]]:
+    """(this process's, the whole device's) used GPU memory in bytes, per GPU index."""
+    process = gpu.process_gpu_memory_bytes(os.getpid())
+    device = {reading.index: reading.memory_used_bytes for reading in gpu.read_gpus()}
+    return process, device

@@ -22,18 +22,25 @@ from reference_server._version import __version__
 from reference_server.backends.context import ModelCall
 from reference_server.backends.onnxruntime import ONNX_PLATFORM
 from reference_server.core import model_config
+from reference_server.core.classification import classify, requested_classes
+from reference_server.core.load_overrides import FILE_PREFIX, OverrideFolders
 from reference_server.core.repository import ModelRepository, ModelVersion
-from reference_server.errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported
+from reference_server.core.shared_memory import RequestBinding, SharedMemoryRegistry
+from reference_server.errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported, unknown_model
 from reference_server.scheduling.execute import Tensors
 from reference_server.scheduling.scheduler import Scheduler
+from reference_server.scheduling.sequence.batcher import SEQUENCE_PARAMETERS
 from v2kit import codec as v2
 
 log = logging.getLogger(__name__)
 
 SERVER_NAME = "perfkit-reference-server"
 EXTENSIONS = [
+    "classification",
+    "sequence",
     "binary_tensor_data",
     "model_configuration",
+    "system_shared_memory",
     "model_repository",
     "statistics",
     "schedule_policy",
@@ -64,8 +71,10 @@ class DataPlane:
         strict_readiness: bool = True,
         max_inflight_requests: int = 0,
         max_tensor_elements: int = 0,
+        server_name: str = SERVER_NAME,
     ) -> None:
         self.repository = repository
+        self.server_name = server_name  # the server metadata's name (--server-name)
         self.model_control_mode = model_control_mode
         self.strict_readiness = strict_readiness
         self.accepting = True
@@ -75,6 +84,10 @@ class DataPlane:
         self.inflight = 0
         #: Told the new count whenever `inflight` changes (the HTTP front end's read gate).
         self.inflight_listeners: list[Callable[[int], None]] = []
+        #: The folders of the models loaded with the load API's `file:` overrides.
+        self.override_folders = OverrideFolders()
+        #: The shared memory extensions' regions (`core/shared_memory.py`).
+        self.shared_memory = SharedMemoryRegistry()
         # Models calling models (python BLS) go through the same checks as a client's request.
         repository.call_model = self.call_model
         repository.stream_model = self.stream_model
@@ -124,7 +137,7 @@ class DataPlane:
         return self.repository.all_ready() if self.strict_readiness else True
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS}
+        return {"name": self.server_name, "version": __version__, "extensions": EXTENSIONS}
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
@@ -162,16 +175,28 @@ class DataPlane:
         message names the `endpoint` (`HTTP_ENDPOINT`, `GRPC_ENDPOINT`): it may answer 0..N times,
         which only a stream can carry."""
         received_ns = time.perf_counter_ns()
-        served, inputs, output_names, timeout_us = self._unary(request, endpoint)
-        results = await served.scheduler.infer(
-            inputs,
-            output_names,
-            timeout_us=timeout_us,
-            received_ns=received_ns,
-            request_id=request.id,
-            parameters=_model_parameters(request.parameters),
-        )
-        return _response(served, request.id, output_names, results)
+        served = self._unary(request, endpoint)
+        return await self._infer(served, request, received_ns)
+
+    async def _infer(self, served: ModelVersion, request: v2.InferRequest, received_ns: int) -> v2.InferResponse:
+        # Inputs come out of shared memory before validation; outputs go back in after the model.
+        binding = self.shared_memory.bind(request, self._check_elements)
+        try:
+            inputs, output_names, timeout_us = self._prepare(served, request)
+            classes = requested_classes(served.name, request.outputs, served.outputs)
+            results = await served.scheduler.infer(
+                inputs,
+                output_names,
+                timeout_us=timeout_us,
+                received_ns=received_ns,
+                request_id=request.id,
+                parameters=_model_parameters(request.parameters),
+            )
+            response = _response(served, request.id, output_names, results, classes)
+            return response if binding is None else binding.write(response)
+        finally:
+            if binding is not None:
+                binding.release()
 
     def start_infer(
         self,
@@ -184,47 +209,37 @@ class DataPlane:
         queues it and calls `done` once, on the loop, with its response or the error that failed
         it, from the scheduler's own callback when its batch is done: no task, no loop pass.
 
+        Only a plain `Scheduler` answers so. A version whose scheduler is wrapped (response cache,
+        reshape), a sequence model's and an ensemble's await: such a request runs `infer` in a task
+        of its own, which answers when it ends (its errors too come through `done`).
         `done` must not raise (the scheduler answers a whole batch in one go)."""
         received_ns = time.perf_counter_ns()
-        served, inputs, output_names, timeout_us = self._unary(request, endpoint)
-
-        def finished(results: Tensors | Exception) -> None:
-            try:
-                done(
-                    results if isinstance(results, Exception) else _response(served, request.id, output_names, results)
-                )
-            except Exception:  # the scheduler answers the rest of the batch all the same
-                log.exception("internal error answering a request for model '%s'", served.name)
-
+        served = self._unary(request, endpoint)
         scheduler = served.scheduler
-        parameters = _model_parameters(request.parameters)
-        if isinstance(scheduler, Scheduler):
+        if not isinstance(scheduler, Scheduler):
+            task = asyncio.ensure_future(self._infer(served, request, received_ns))
+            task.add_done_callback(partial(_task_done, partial(_answer, done, served.name)))
+            return
+        binding = self.shared_memory.bind(request, self._check_elements)
+        try:
+            inputs, output_names, timeout_us = self._prepare(served, request)
+            classes = requested_classes(served.name, request.outputs, served.outputs)
+            finished = partial(_finished, done, served, request.id, output_names, classes, binding)
             scheduler.submit(
                 inputs, output_names, finished, timeout_us=timeout_us, received_ns=received_ns,
-                request_id=request.id, parameters=parameters,
+                request_id=request.id, parameters=_model_parameters(request.parameters),
             )  # fmt: skip
-            return
-        # An ensemble's steps await: it runs in a task of its own, which answers when it ends.
-        answer = asyncio.ensure_future(
-            scheduler.infer(
-                inputs,
-                output_names,
-                timeout_us=timeout_us,
-                received_ns=received_ns,
-                request_id=request.id,
-                parameters=parameters,
-            )
-        )
-        answer.add_done_callback(partial(_task_done, finished))
+        except BaseException:
+            if binding is not None:
+                binding.release()
+            raise
 
-    def _unary(
-        self, request: v2.InferRequest, endpoint: str
-    ) -> tuple[ModelVersion, dict[str, np.ndarray], list[str], int | None]:
-        """The model version a unary request goes to, and the request checked against it."""
+    def _unary(self, request: v2.InferRequest, endpoint: str) -> ModelVersion:
+        """The model version a unary request goes to; a decoupled one is refused."""
         served = self.repository.get(_model_name(request.model_name), request.model_version)
         if is_decoupled(served):
             raise Unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
-        return served, *self._prepare(served, request)
+        return served
 
     def infer_stream(self, request: v2.InferRequest) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
         """The responses to one request, as the model sends them, each with whether it is the last.
@@ -239,8 +254,15 @@ class DataPlane:
         """
         received_ns = time.perf_counter_ns()
         served = self.repository.get(_model_name(request.model_name), request.model_version)
-        inputs, output_names, timeout_us = self._prepare(served, request)
-        return self._stream(served, request, inputs, output_names, timeout_us, received_ns)
+        binding = self.shared_memory.bind(request, self._check_elements)
+        try:
+            inputs, output_names, timeout_us = self._prepare(served, request)
+            classes = requested_classes(served.name, request.outputs, served.outputs)
+        except BaseException:
+            if binding is not None:
+                binding.release()
+            raise
+        return self._stream(served, request, inputs, output_names, timeout_us, received_ns, classes, binding)
 
     async def _stream(
         self,
@@ -250,6 +272,8 @@ class DataPlane:
         output_names: list[str],
         timeout_us: int | None,
         received_ns: int,
+        classes: Mapping[str, int],
+        binding: RequestBinding | None = None,
     ) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
         stream = served.scheduler.infer_stream(
             inputs,
@@ -264,12 +288,15 @@ class DataPlane:
                 if results is None or isinstance(results, ServerError):
                     yield results, final
                 else:
-                    yield _response(served, request.id, output_names, results), final
+                    response = _response(served, request.id, output_names, results, classes)
+                    yield (response if binding is None else binding.write(response)), final
         finally:
             # Closed early (the client went away): the scheduler's iteration ends too, now.
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
                 await aclose()
+            if binding is not None:
+                binding.release()
 
     def _prepare(
         self, served: ModelVersion, request: v2.InferRequest
@@ -360,13 +387,16 @@ class DataPlane:
     # --- statistics and repository ---------------------------------------------------------------
 
     def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
-        if not name:
-            served = self.repository.loaded()
-        elif version:
-            served = [self.repository.get(_model_name(name), version)]
-        else:
-            self.repository.get(_model_name(name))  # raises NotFound / Unavailable for the right reason
-            served = [mv for mv in self.repository.loaded() if mv.name == name]
+        try:
+            if not name:
+                served = self.repository.loaded()
+            elif version:
+                served = [self.repository.get(_model_name(name), version)]
+            else:
+                self.repository.get(_model_name(name))  # raises NotFound / Unavailable for the right reason
+                served = [mv for mv in self.repository.loaded() if mv.name == name]
+        except NotFound as exc:  # Triton's words for statistics
+            raise NotFound(f"requested model '{name}' is not available: {exc}") from None
         served.sort(key=lambda mv: (mv.name, mv.version))
         return {"model_stats": [mv.stats.to_dict(mv.name, str(mv.version), _memory_usage(mv)) for mv in served]}
 
@@ -377,16 +407,31 @@ class DataPlane:
         self._require_explicit("load")
         parameters = parameters or {}
         override = None
+        files = {}
         for key, value in parameters.items():
             if key == "config":
                 if not isinstance(value, str):
                     raise InvalidArgument("load parameter 'config' must be a JSON string of a model config")
                 override = model_config.config_from_json(value, f"load request for model '{name}'")
-            elif key.startswith("file:"):
-                raise Unsupported(f"load parameter '{key}': file overrides are not supported by this server")
+            elif key.startswith(FILE_PREFIX):
+                files[key] = value
             else:
-                raise InvalidArgument(f"unknown load parameter '{key}'; the only one accepted is 'config'")
-        await self.repository.load(_model_name(name), override)
+                raise InvalidArgument(
+                    f"unknown load parameter '{key}'; those accepted are 'config' and '{FILE_PREFIX}<path>'"
+                )
+        source = None
+        if files:  # Triton loads such a model from a temporary folder of those files, not the repository
+            source = await asyncio.get_running_loop().run_in_executor(
+                None, self.override_folders.stage, _model_name(name), override, files
+            )
+        try:
+            await self.repository.load(_model_name(name), override, source=source)
+        finally:
+            # What the model serves from now; with loads of one model racing, the last to swap in.
+            serving = self.repository.source(name) if self.repository.serving(name) else None
+            self.override_folders.commit(name, serving)
+            if source is not None and source != serving:
+                self.override_folders.discard(source)
 
     async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
         self._require_explicit("unload")
@@ -398,6 +443,7 @@ class DataPlane:
         if not isinstance(dependents, bool):
             raise InvalidArgument("unload parameter 'unload_dependents' must be a boolean")
         await self.repository.unload(_model_name(name), unload_dependents=dependents)
+        self.override_folders.commit(name, None)
 
     def _require_explicit(self, action: str) -> None:
         if self.model_control_mode != "explicit":
@@ -426,7 +472,7 @@ def _model_name(name: str) -> str:
         size = -1
     if not 0 < size <= _NAME_MAX_BYTES:
         shown = name if len(name) <= 64 else name[:61] + "..."
-        raise NotFound(f"model '{shown}' is not found: not a model folder name")
+        raise NotFound(f"{unknown_model(shown)}: not a model folder name")
     return name
 
 
@@ -436,10 +482,52 @@ def is_decoupled(served: ModelVersion) -> bool:
 
 
 def _model_parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in parameters.items() if k not in _RESERVED_PARAMETERS} if parameters else {}
+    # The sequence parameters go on, as Triton's correlation id and flags go with every request: a
+    # sequence model's scheduler reads them, a python model sees them as correlation_id() and flags().
+    if not parameters:
+        return {}
+    return {k: v for k, v in parameters.items() if k not in _RESERVED_PARAMETERS or k in SEQUENCE_PARAMETERS}
 
 
-def _task_done(finished: Callable[[Tensors | Exception], None], task: asyncio.Future[Tensors]) -> None:
+def _finished(
+    done: Callable[[v2.InferResponse | Exception], None],
+    served: ModelVersion,
+    request_id: str,
+    output_names: list[str],
+    classes: Mapping[str, int],
+    binding: RequestBinding | None,
+    results: Tensors | Exception,
+) -> None:
+    """A `Scheduler.submit` callback: `done` with the response made of `results`, or their error."""
+    try:
+        answer: v2.InferResponse | Exception
+        if isinstance(results, Exception):
+            answer = results
+        else:
+            try:
+                answer = _response(served, request_id, output_names, results, classes)
+                if binding is not None:
+                    answer = binding.write(answer)
+            except Exception as exc:  # an output that does not fit its region, say: the client hears it
+                answer = exc
+        _answer(done, served.name, answer)
+    finally:
+        if binding is not None:
+            binding.release()
+
+
+def _answer(
+    done: Callable[[v2.InferResponse | Exception], None], model: str, answer: v2.InferResponse | Exception
+) -> None:
+    try:
+        done(answer)
+    except Exception:  # the scheduler answers the rest of the batch all the same
+        log.exception("internal error answering a request for model '%s'", model)
+
+
+def _task_done(
+    finished: Callable[[v2.InferResponse | Exception], None], task: asyncio.Future[v2.InferResponse]
+) -> None:
     if task.cancelled():
         finished(Unavailable("Server is stopping: request was cancelled"))
         return
@@ -452,13 +540,20 @@ def _task_done(finished: Callable[[Tensors | Exception], None], task: asyncio.Fu
         raise error
 
 
-def _response(served: ModelVersion, request_id: str, output_names: list[str], results: Tensors) -> v2.InferResponse:
+def _response(
+    served: ModelVersion, request_id: str, output_names: list[str], results: Tensors, classes: Mapping[str, int]
+) -> v2.InferResponse:
     # A decoupled model may send some of the outputs in a response: those it sent, in the order asked.
     outputs = []
     for name in output_names:
         array = results.get(name)
-        if array is not None:
-            outputs.append(v2.InferTensor(name, _datatype(served.outputs[name].data_type), list(array.shape), array))
+        if array is None:
+            continue
+        datatype = _datatype(served.outputs[name].data_type)
+        if name in classes:  # the classification extension: top-k "value:index[:label]" strings
+            array = classify(array, classes[name], served.config.max_batch_size > 0, served.labels.get(name, ()))
+            datatype = "BYTES"
+        outputs.append(v2.InferTensor(name, datatype, list(array.shape), array))
     return v2.InferResponse(model_name=served.name, model_version=str(served.version), id=request_id, outputs=outputs)
 
 
@@ -478,6 +573,7 @@ def _validated_inputs(served: ModelVersion, request: v2.InferRequest) -> dict[st
     max_batch = served.config.max_batch_size
     arrays: dict[str, np.ndarray] = {}
     batch_size: int | None = None
+    _check_input_count(served, request)
     for tensor in request.inputs:
         spec = served.inputs.get(tensor.name)
         if spec is None:
@@ -525,6 +621,28 @@ def _validated_inputs(served: ModelVersion, request: v2.InferRequest) -> dict[st
     return arrays
 
 
+def _check_input_count(served: ModelVersion, request: v2.InferRequest) -> None:
+    """Triton's first check (InferenceRequest::ValidateRequestInputs), in its words: as many inputs
+    as the model has, or between its required and all of them where some are optional."""
+    given, total = len(request.inputs), len(served.inputs)
+    if given == total:  # every input: nothing to count (the common case, on every request)
+        return
+    required = [n for n, spec in served.inputs.items() if not spec.optional]
+    if len(required) <= given <= total:
+        return
+    expected = f"{total} inputs" if len(required) == total else f"number of inputs between {len(required)} and {total}"
+    names = sorted({t.name for t in request.inputs})
+    missing = [n for n in required if n not in names]
+    raise InvalidArgument(
+        f"expected {expected} but got {given} inputs for model '{served.name}'. Got input(s) "
+        f"{_names(names)}, but missing required input(s) {_names(missing)}. Please provide all required input(s)."
+    )
+
+
+def _names(names: list[str]) -> str:
+    return "[" + ",".join(f"'{n}'" for n in names) + "]"
+
+
 def _validated_outputs(served: ModelVersion, request: v2.InferRequest) -> list[str]:
     if request.outputs is None:
         return list(served.outputs)
@@ -535,8 +653,6 @@ def _validated_outputs(served: ModelVersion, request: v2.InferRequest) -> list[s
                 f"unexpected inference output '{output.name}' for model '{served.name}'; "
                 f"outputs: {sorted(served.outputs)}"
             )
-        if "classification" in output.parameters:
-            raise Unsupported("the classification extension is not supported by this server")
         names.append(output.name)
     return names
 

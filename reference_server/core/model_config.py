@@ -14,7 +14,10 @@ Theory of operation:
    backend, platform, missing inputs/outputs, and (for a config without tensors whose graph
    batches) the default max_batch_size plus `dynamic_batching {}`. It then applies the normalisations Triton's core
    applies (we saw them in `GET /v2/models/{m}/config` of Triton 2.51) and rejects configs that
-   contradict the graph, naming the config file, the model file and the tensor.
+   contradict the graph, naming the config file, the model file and the tensor. A tensor with a
+   `reshape { shape }` is the reshape to the graph and its `dims` to clients: the reshape must
+   hold as many elements as the dims (`reshape_problem`, Triton's ValidateIOShape rules), and the
+   graph is checked against the reshape.
 3. Print. `config_to_json` renders the completed config the way Triton's config endpoint does,
    which is what perf_analyzer and model_analyzer parse.
 
@@ -37,6 +40,7 @@ from reference_server.backends.onnxruntime import ONNX_BACKEND, ONNX_PLATFORM
 from reference_server.backends.python import PYTHON_BACKEND, PYTHON_MODEL_FILENAME
 from reference_server.errors import ModelConfigError, raising_server_errors
 from reference_server.scheduling.execute import TensorSignature
+from reference_server.scheduling.sequence.config import DEFAULT_IDLE_US, SequencePolicy, hidden_tensors
 from v2kit import model_config as text
 from v2kit.model_config import CONFIG_FILENAME, ModelConfig, config_parameter, config_to_json
 
@@ -53,6 +57,7 @@ __all__ = [
     "model_file",
     "parse_config_text",
     "read_config",
+    "reshape_problem",
     "select_versions",
 ]
 
@@ -105,6 +110,13 @@ def complete_config(
         completed.CopyFrom(config)
 
     _complete_identity(completed, model_name, where)
+    # The sequence batcher's control and state tensors are fed by the server, not declared inputs.
+    if completed.backend == ONNX_BACKEND:
+        _check_controls(completed, inputs, where)
+        _check_states(completed, inputs, outputs, where)
+    hidden_inputs, hidden_outputs = hidden_tensors(completed)
+    inputs = [sig for sig in inputs if sig.name not in hidden_inputs]
+    outputs = [sig for sig in outputs if sig.name not in hidden_outputs]
     for sig in (*inputs, *outputs):
         if sig.datatype == "TYPE_INVALID":
             raise where.error(f"tensor '{sig.name}' is not a tensor of a supported element type")
@@ -135,9 +147,10 @@ def complete_config(
                     "set max_batch_size: 0 or export the model with a dynamic batch dimension"
                 )
 
-    _complete_tensors(completed.input, inputs, "input", completed.max_batch_size, where)
-    _complete_tensors(completed.output, outputs, "output", completed.max_batch_size, where)
+    _complete_tensors(completed.input, inputs, "input", completed.max_batch_size, where, model_name)
+    _complete_tensors(completed.output, outputs, "output", completed.max_batch_size, where, model_name)
     _complete_dynamic_batching(completed, where)
+    _complete_sequence_batching(completed, where)
     _complete_instance_groups(completed)
     _complete_version_policy(completed, where)
     if not completed.default_model_filename:
@@ -175,6 +188,7 @@ def _complete_tensors(
     kind: str,
     max_batch_size: int,
     where: _Where,
+    model_name: str,
 ) -> None:
     by_name = {sig.name: sig for sig in graph}
     seen: set[str] = set()
@@ -185,14 +199,20 @@ def _complete_tensors(
         sig = by_name.get(tensor.name)
         if sig is None:
             raise where.error(f"{kind} '{tensor.name}' is not a model {kind}; the model's {kind}s are {_names(graph)}")
-        if tensor.HasField("reshape"):
-            raise where.error(f"{kind} '{tensor.name}': reshape is not supported")
         if tensor.data_type == model_config_pb2.TYPE_INVALID:
             tensor.data_type = model_config_pb2.DataType.Value(sig.datatype)
         declared_type = model_config_pb2.DataType.Name(tensor.data_type)
         if declared_type != sig.datatype:
             raise where.error(f"{kind} '{tensor.name}' has data_type {declared_type} but the model's is {sig.datatype}")
-        _check_dims(tensor.name, kind, list(tensor.dims), sig.dims, max_batch_size, where)
+        model_dims = list(tensor.dims)
+        if tensor.HasField("reshape"):
+            # The client sees `dims`, the model the reshape: the graph is checked against the reshape.
+            model_dims = list(tensor.reshape.shape)
+            problem = reshape_problem(model_dims, list(tensor.dims), max_batch_size)
+            if problem:
+                raise where.error(f"model '{model_name}': model {kind} '{tensor.name}' {problem}")
+        field = "reshape" if tensor.HasField("reshape") else "dims"
+        _check_dims(tensor.name, kind, model_dims, sig.dims, max_batch_size, where, field)
     # Tensors the config leaves out are filled from the graph, in graph order.
     for sig in graph:
         if sig.name not in seen:
@@ -203,12 +223,18 @@ def _complete_tensors(
 
 
 def _check_dims(
-    name: str, kind: str, dims: list[int], graph_dims: tuple[int, ...], max_batch_size: int, where: _Where
+    name: str,
+    kind: str,
+    dims: list[int],
+    graph_dims: tuple[int, ...],
+    max_batch_size: int,
+    where: _Where,
+    field: str = "dims",
 ) -> None:
     if any(d < -1 for d in dims):
         raise where.error(f"{kind} '{name}' has dims {dims}; each dimension must be >= -1")
     full = [-1, *dims] if max_batch_size > 0 else dims
-    shown = f"dims {dims}" + (" plus the batch dimension" if max_batch_size > 0 else "")
+    shown = f"{field} {dims}" + (" plus the batch dimension" if max_batch_size > 0 else "")
     if len(full) != len(graph_dims):
         hint = ""
         if max_batch_size == 0 and len(graph_dims) == len(full) + 1 and graph_dims[0] == -1:
@@ -224,6 +250,48 @@ def _check_dims(
             raise where.error(f"{kind} '{name}' has {shown} but the model's shape is {list(graph_dims)}")
 
 
+def reshape_problem(reshape: list[int], dims: list[int], max_batch_size: int) -> str:
+    """What is wrong with a tensor's `reshape { shape }` for its `dims`, in Triton's words
+    (ValidateIOShape) followed by both shapes; "" when it fits.
+
+    Both must hold the same number of elements; with variable (-1) dimensions, the same number of
+    them, and the fixed runs between them must hold the same counts ([2,4,-1,6] fits [8,-1,1,6]).
+    An empty reshape holds one element.
+    """
+    shapes = f"dims {_fmt(dims)}, reshape {_fmt(reshape)}"
+    if not reshape and max_batch_size == 0:
+        return f"cannot have empty reshape for non-batching model as scalar tensors are not supported ({shapes})"
+    if any(d < 1 and d != -1 for d in reshape):
+        return f"reshape dimensions must be integer >= 1, or -1 to indicate a variable-size dimension ({shapes})"
+    dims_runs, reshape_runs = _runs(dims), _runs(reshape)
+    if dims_runs == reshape_runs:
+        return ""
+    if len(dims_runs) > 1 and len(reshape_runs) > 1 and len(dims_runs) != len(reshape_runs):
+        return f"has different number of variable-size dimensions for dims and reshape ({shapes})"
+    if len(dims_runs) == len(reshape_runs) == 1:
+        return (
+            f"has different size for dims and reshape: dims {_fmt(dims)} hold {dims_runs[0]} elements, "
+            f"reshape {_fmt(reshape)} holds {reshape_runs[0]}"
+        )
+    return f"has different size for dims and reshape ({shapes})"
+
+
+def _runs(shape: list[int]) -> list[int]:
+    """The element counts of the fixed runs between variable (-1) dimensions."""
+    runs, current = [], 1
+    for dim in shape:
+        if dim == -1:
+            runs.append(current)
+            current = 1
+        else:
+            current *= dim
+    return [*runs, current]
+
+
+def _fmt(shape: list[int]) -> str:
+    return "[" + ",".join(map(str, shape)) + "]"
+
+
 def _complete_dynamic_batching(config: ModelConfig, where: _Where) -> None:
     if not config.HasField("dynamic_batching"):
         return
@@ -237,6 +305,76 @@ def _complete_dynamic_batching(config: ModelConfig, where: _Where) -> None:
     # Triton fills the preferred size with max_batch_size; it batches the same way either way.
     if not batching.preferred_batch_size and config.max_batch_size > 0:
         batching.preferred_batch_size.append(config.max_batch_size)
+
+
+def _check_controls(config: ModelConfig, graph: Sequence[TensorSignature], where: _Where) -> None:
+    """Triton's onnxruntime backend's checks of each control input against the graph, in its words."""
+    if not config.HasField("sequence_batching"):
+        return
+    by_name = {sig.name: sig for sig in graph}
+    for control_input in config.sequence_batching.control_input:
+        name = control_input.name
+        for control in control_input.control:
+            sig = by_name.get(name)
+            if sig is None:
+                raise where.error(
+                    f"configuration specified sequence control '{name}', but model does not provide that input"
+                )
+            dims = list(sig.dims[1:] if config.max_batch_size > 0 else sig.dims)
+            if dims != [1]:
+                raise where.error(
+                    f"unable to load model '{config.name}', sequence control '{name}' in model has dims "
+                    f"[{','.join(map(str, dims))}] but dims [1] is expected"
+                )
+            if control.int32_false_true:
+                expected = "TYPE_INT32"
+            elif control.fp32_false_true:
+                expected = "TYPE_FP32"
+            elif control.bool_false_true:
+                expected = "TYPE_BOOL"
+            else:
+                expected = model_config_pb2.DataType.Name(control.data_type)
+            if sig.datatype != expected:
+                raise where.error(
+                    f"unable to load model '{config.name}', sequence control '{name}', the model expects data-type "
+                    f"{sig.datatype} but the model configuration specifies data-type {expected}"
+                )
+
+
+def _check_states(
+    config: ModelConfig, inputs: Sequence[TensorSignature], outputs: Sequence[TensorSignature], where: _Where
+) -> None:
+    """Each implicit state must be a graph input and a graph output of its data type."""
+    if not config.HasField("sequence_batching"):
+        return
+    for state in config.sequence_batching.state:
+        datatype = model_config_pb2.DataType.Name(state.data_type)
+        for kind, name, graph in (("input", state.input_name, inputs), ("output", state.output_name, outputs)):
+            sig = next((g for g in graph if g.name == name), None)
+            if sig is None:
+                raise where.error(
+                    f"sequence_batching state {kind} '{name}' is not a model {kind}; the model's {kind}s are "
+                    f"{_names(graph)}"
+                )
+            if sig.datatype != datatype:
+                raise where.error(
+                    f"sequence_batching state {kind} '{name}' has data_type {datatype} but the model's is {sig.datatype}"
+                )
+
+
+def _complete_sequence_batching(config: ModelConfig, where: _Where) -> None:
+    """Triton's checks of the controls and states, at load, and its defaults for what is left out."""
+    if not config.HasField("sequence_batching"):
+        return
+    try:
+        SequencePolicy.from_config(config)
+    except ModelConfigError as exc:
+        raise where.error(str(exc)) from None
+    batching = config.sequence_batching
+    if not batching.max_sequence_idle_microseconds:
+        batching.max_sequence_idle_microseconds = DEFAULT_IDLE_US
+    if batching.HasField("oldest") and not batching.oldest.preferred_batch_size and config.max_batch_size > 0:
+        batching.oldest.preferred_batch_size.append(config.max_batch_size)
 
 
 def _complete_instance_groups(config: ModelConfig) -> None:

@@ -16,7 +16,7 @@ the reason is recorded for the index. Loads of one model serialize on its lock; 
 load in parallel. Each load attempt records the model folder's fingerprint (`model_fingerprint`),
 which poll mode (`poller`) compares with the folder now.
 
-An ensemble (`platform: "ensemble"`) has no model file and no instances: `ensemble_loading` checks
+An ensemble (`platform: "ensemble"`) has no model file and no instances: `ensemble.loading` checks
 it, loading its composing models first, and it serves through an `ensemble.EnsembleScheduler`. It
 is ready while its composing models are. After a model (re)loads, the ensembles that use it load
 again, as in Triton: one that no longer fits the model's new config stops serving, with the reason.
@@ -25,32 +25,33 @@ again, as in Triton: one that no longer fits the model's new config stops servin
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import os
-import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from reference_server import errors
 from reference_server.backends import instance_factory
 from reference_server.backends.context import BackendContext, ModelCall
-from reference_server.backends.placement import plan_instances
+from reference_server.backends.placement import gpu_memory_delta, plan_instances
 from reference_server.core import model_config
-from reference_server.core.ensemble import EnsembleScheduler
-from reference_server.core.ensemble_config import is_ensemble
-from reference_server.core.ensemble_loading import prepare_ensemble
+from reference_server.core.classification import Labels, read_labels
+from reference_server.core.ensemble.config import is_ensemble
+from reference_server.core.ensemble.loading import prepare_ensemble
+from reference_server.core.ensemble.scheduler import EnsembleScheduler
+from reference_server.core.response_cache import ResponseCache, cached, check_cache_config
 from reference_server.core.warmup import run_warmup
-from reference_server.errors import ModelConfigError, NotFound, ServerError, Unavailable
+from reference_server.errors import InvalidArgument, ModelConfigError, NotFound, ServerError, Unavailable
 from reference_server.scheduling.execute import ModelInstance, Tensors
 from reference_server.scheduling.model_scheduler import ModelScheduler
-from reference_server.scheduling.policy import BatchingPolicy
-from reference_server.scheduling.scheduler import Scheduler
+from reference_server.scheduling.rate_limiter import RateLimiter
+from reference_server.scheduling.reshape import with_reshape
+from reference_server.scheduling.sequence.batcher import make_scheduler
 from reference_server.scheduling.stats import ModelStats
-from v2kit.runtime import gpu
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,8 @@ class ModelVersion:
     gpu_memory_bytes: dict[int, int] = field(default_factory=dict)
     #: An ensemble's composing models, as (name, version or "" for the latest).
     composing: tuple[tuple[str, str], ...] = ()
+    #: Output name -> the lines of its `label_filename` (the classification extension).
+    labels: Labels = field(default_factory=dict)
 
     async def close(self, grace_s: float) -> None:
         await self.scheduler.close(grace_s)
@@ -136,21 +139,27 @@ class _PreparedVersion:
     config: mc.ModelConfig
     instances: Sequence[ModelInstance]
     gpu_memory_bytes: dict[int, int]
+    labels: Labels
 
 
-def _start_version(prepared: _PreparedVersion) -> ModelVersion:
+def _start_version(
+    prepared: _PreparedVersion, cache: ResponseCache | None, limiter: RateLimiter | None
+) -> ModelVersion:
     stats = ModelStats()
     config = prepared.config
+    gate = limiter.register(config, prepared.instances) if limiter is not None else None
+    scheduler = make_scheduler(config, prepared.instances, stats, gate)
     return ModelVersion(
         name=prepared.name,
         version=prepared.version,
         config=config,
         instances=prepared.instances,
-        scheduler=Scheduler(BatchingPolicy.from_config(config), prepared.instances, stats),
+        scheduler=cached(with_reshape(scheduler, config), cache, config, stats, prepared.version),
         stats=stats,
         inputs={i.name: i for i in config.input},
         outputs={o.name: o for o in config.output},
         gpu_memory_bytes=prepared.gpu_memory_bytes,
+        labels=prepared.labels,
     )
 
 
@@ -163,48 +172,12 @@ class ModelRecord:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: The model folder as the last load attempt read it; None after an unload.
     fingerprint: Fingerprint | None = None
-    #: The config the last load was given in place of config.pbtxt (the load API's override).
+    #: The config the last load was given in place of config.pbtxt (the load API's override), and
+    #: the folder of the files it was given (its `file:` overrides), if any.
     override: mc.ModelConfig | None = None
+    source: Path | None = None
     #: For an ensemble, the composing models its last load attempt named.
     composing: frozenset[str] = frozenset()
-
-
-# NVML reports memory per process, not per model: serialise the creation of GPU instances so that
-# the before/after difference belongs to one version. CPU-only loads do not take the lock.
-_gpu_measure_lock = threading.Lock()
-
-
-@contextlib.contextmanager
-def _gpu_memory_delta(gpus: Iterable[int]) -> Iterator[dict[int, int]]:
-    """Fill the yielded dict with the GPU memory the block took on each of `gpus`.
-
-    The first model on a GPU also pays for the CUDA context (a few hundred MB), as it would when
-    measured from outside the process.
-    """
-    wanted = sorted(set(gpus))
-    delta: dict[int, int] = {}
-    if not wanted:
-        yield delta
-        return
-    with _gpu_measure_lock:
-        process_before, device_before = _gpu_memory_readings()
-        yield delta
-        process_after, device_after = _gpu_memory_readings()
-    for index in wanted:
-        if index in process_after:
-            # Before the first instance the process is not on the GPU at all: that reads as 0.
-            delta[index] = max(0, process_after[index] - process_before.get(index, 0))
-        else:
-            # In a container NVML may list processes by their host pid, so ours is never found;
-            # the device's used memory is the next best reading (other processes' changes count too).
-            delta[index] = max(0, device_after.get(index, 0) - device_before.get(index, 0))
-
-
-def _gpu_memory_readings() -> tuple[dict[int, int], dict[int, int]]:
-    """(this process's, the whole device's) used GPU memory in bytes, per GPU index."""
-    process = gpu.process_gpu_memory_bytes(os.getpid())
-    device = {reading.index: reading.memory_used_bytes for reading in gpu.read_gpus()}
-    return process, device
 
 
 class ModelRepository:
@@ -222,6 +195,8 @@ class ModelRepository:
         self.call_model: Callable[[ModelCall], Awaitable[Tensors]] | None = None
         self.stream_model: Callable[[ModelCall], AsyncIterator[tuple[Tensors | None, bool]]] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.response_cache: ResponseCache | None = None  # --cache-config; None: no cache
+        self.rate_limiter: RateLimiter | None = None  # --rate-limit execution_count; None: off
         if not self.root.is_dir():
             raise ModelConfigError(f"{root}: model repository is not a directory; pass --model-repository DIR")
         self.gpu_count = gpu_count
@@ -277,17 +252,23 @@ class ModelRepository:
         record = self._records.get(name)
         return None if record is None else record.fingerprint
 
+    def source(self, name: str) -> Path | None:
+        """The folder of the load API's `file:` overrides that `name` was last loaded from; None for its own."""
+        record = self._records.get(name)
+        return None if record is None else record.source
+
     def known(self) -> list[str]:
         """Models that were loaded or asked to load and not unloaded since."""
         return sorted(name for name, record in self._records.items() if record.fingerprint is not None)
 
     # --- loading ---------------------------------------------------------------------------------
 
-    async def load(self, name: str, override: mc.ModelConfig | None = None) -> None:
-        """Load (or reload) `name`. A failed load raises and leaves any serving versions in place."""
-        if not self.on_disk(name):
+    async def load(self, name: str, override: mc.ModelConfig | None = None, *, source: Path | None = None) -> None:
+        """Load (or reload) `name`, from its folder in the repository or else from `source` (the load
+        API's `file:` overrides). A failed load raises and leaves any serving versions in place."""
+        if source is None and not self.on_disk(name):
             # Checked before a record exists, so that a typo never shows up in the index.
-            raise NotFound(f"model '{name}' is not in the model repository {self.root}")
+            raise NotFound(errors.load_failed(name, f"model '{name}' is not in the model repository {self.root}"))
         record = self._records.setdefault(name, ModelRecord(name))
         self._loop = asyncio.get_running_loop()
         if self._load_pass is not None:
@@ -295,13 +276,14 @@ class ModelRepository:
         async with record.lock:
             if not record.versions:
                 record.state, record.reason = LOADING, ""
-            loop = asyncio.get_running_loop()
+            loop, polled = asyncio.get_running_loop(), False  # polled: its config has been read
             try:
                 # Before reading anything, so that a change made while we load is seen by the next
                 # poll, and before any check, so that a model refused for good is not retried.
-                record.fingerprint = await loop.run_in_executor(None, model_fingerprint, self.root / name)
-                model_dir = self.model_dir(name)
+                record.fingerprint = await loop.run_in_executor(None, model_fingerprint, source or self.root / name)
+                model_dir = source or self.model_dir(name)
                 raw = override if override is not None else model_config.read_config(model_dir)
+                polled = True
                 record.composing = (
                     frozenset(step.model_name for step in raw.ensemble_scheduling.step) if raw else frozenset()
                 )
@@ -322,15 +304,13 @@ class ModelRepository:
                 if not record.versions:
                     record.state = UNAVAILABLE
                 record.reason = str(exc) if isinstance(exc, ServerError) else f"{type(exc).__name__}: {exc}"
-                if isinstance(exc, ServerError):
-                    log.error("failed to load '%s': %s", name, exc)
-                    raise
-                log.exception("failed to load '%s'", name)
-                raise ModelConfigError(f"model '{name}' failed to load: {exc}") from exc
+                log.error("failed to load '%s': %s", name, exc, exc_info=not isinstance(exc, ServerError))
+                kind = type(exc) if isinstance(exc, ServerError) else ModelConfigError
+                raise kind(errors.load_failed(name, record.reason, polled=polled)) from exc
             old = record.versions
             record.versions = versions
             record.state, record.reason = READY, ""
-            record.override = override
+            record.override, record.source = override, source
             self._retire(old.values())
             log.info("loaded model '%s' versions %s", name, sorted(versions))
         await self._reload_dependents(name)
@@ -339,7 +319,7 @@ class ModelRepository:
         versions: dict[int, ModelVersion] = {}
         try:
             for p in prepared:
-                versions[p.version] = _start_version(p)
+                versions[p.version] = _start_version(p, self.response_cache, self.rate_limiter)
         except BaseException:
             # Nothing was served from them: stop their worker threads now.
             await asyncio.gather(*(mv.close(0) for mv in versions.values()))
@@ -367,20 +347,22 @@ class ModelRepository:
         finally:
             self._load_pass = None
 
-    # --- ensembles (see `ensemble_loading`) -------------------------------------------------------
+    # --- ensembles (see `ensemble.loading`) -------------------------------------------------------
 
     async def _load_ensemble(self, name: str, model_dir: Path, raw: mc.ModelConfig) -> dict[int, ModelVersion]:
         prepared = await prepare_ensemble(self, name, model_dir, raw)
         config = prepared.config
+        check_cache_config(config)
         versions = {}
         for version in prepared.versions:
             stats = ModelStats()
+            scheduler = EnsembleScheduler(prepared.plan, config.max_batch_size, stats, self.get, prepared.decoupled)
             versions[version] = ModelVersion(
                 name=name,
                 version=version,
                 config=config,
                 instances=(),
-                scheduler=EnsembleScheduler(prepared.plan, config.max_batch_size, stats, self.get, prepared.decoupled),
+                scheduler=cached(scheduler, self.response_cache, config, stats, version),
                 stats=stats,
                 inputs={i.name: i for i in config.input},
                 outputs={o.name: o for o in config.output},
@@ -412,7 +394,7 @@ class ModelRepository:
             if record.lock.locked():
                 continue  # another dependent's reload loads it already
             try:
-                await self.load(dependent, record.override)
+                await self.load(dependent, record.override, source=record.source)
             except ServerError as exc:
                 async with record.lock:
                     old = record.versions
@@ -475,6 +457,7 @@ class ModelRepository:
         base: mc.ModelConfig,
     ) -> _PreparedVersion:
         model_path = model_config.model_file(model_dir, version, base)
+        labels = read_labels(base, model_dir)
         placements = plan_instances(base, self.gpu_count, config_path)
         create_instances = instance_factory(base)
         gpus = [p.gpu for p in placements if p.device == "GPU" and p.gpu is not None]
@@ -494,18 +477,19 @@ class ModelRepository:
         )
         version_config = mc.ModelConfig()
         version_config.CopyFrom(base)  # a backend may complete it in place (python's auto_complete_config)
-        with _gpu_memory_delta(gpus) as gpu_memory:
+        with gpu_memory_delta(gpus) as gpu_memory:
             instances, (inputs, outputs) = create_instances(
                 version_config, model_path, placements, config_path, context
             )
             try:
                 config = complete(version_config, inputs, outputs)
+                check_cache_config(config)
                 # Inside the measurement: the memory the runtime grows into on the first runs is the model's.
                 run_warmup(config, instances, model_dir)
             except BaseException:
                 close_instances(instances)
                 raise
-        return _PreparedVersion(name, version, config, instances, gpu_memory)
+        return _PreparedVersion(name, version, config, instances, gpu_memory, labels)
 
     async def _call_model(self, call: ModelCall) -> Tensors:
         if self.call_model is None:
@@ -529,21 +513,21 @@ class ModelRepository:
 
     def get(self, name: str, version: str = "") -> ModelVersion:
         """The version to serve: `version` when given, else the highest ready one."""
-        record = self._records.get(name)
+        record = self._records.get(name)  # the errors begin with Triton's wording (errors.py)
         if record is None:
             if self.on_disk(name):
-                raise Unavailable(f"model '{name}' is not loaded")
-            raise NotFound(f"model '{name}' is not found")
+                raise Unavailable(f"{errors.unknown_model(name)}: it is in the model repository but not loaded")
+            raise NotFound(errors.unknown_model(name))
         if not record.versions:
             why = f": {record.reason}" if record.reason else ""
-            raise Unavailable(f"model '{name}' is not ready (state {record.state}){why}")
+            raise Unavailable(f"{errors.no_available_versions(name)} (state {record.state}){why}")
         if not version:
             return record.versions[max(record.versions)]
         if not version.isdigit():
-            raise NotFound(f"model '{name}' has no version '{version}' (versions are integers)")
+            raise InvalidArgument(errors.bad_version(version))
         model_version = record.versions.get(int(version))
         if model_version is None:
-            raise NotFound(f"model '{name}' version {version} is not served (served: {sorted(record.versions)})")
+            raise NotFound(f"{errors.unknown_model(name, version)}; served versions: {sorted(record.versions)}")
         return model_version
 
     def is_ready(self, name: str, version: str = "") -> bool:

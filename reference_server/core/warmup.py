@@ -13,6 +13,8 @@ Sample semantics, as Triton's:
 - `dims` leave out the batch dimension and must be concrete (no -1). When `max_batch_size > 0`
   the sample is repeated `batch_size` times along a new leading batch dimension; an unbatched model
   runs the sample `batch_size` times instead.
+- A sample has the config's `dims`; where an input has a `reshape`, the model gets the sample
+  reshaped, as it gets a client's request (Triton's warmup requests are normalised alike).
 - `count` is the number of iterations; 0 means once. An entry with `batch_size: 0` is skipped.
 - `input_data_file` names a file under `<model>/warmup/` holding the raw little-endian row-major
   bytes of one batch-1 sample; longer files are cut to size. For TYPE_STRING it holds the
@@ -34,6 +36,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server.errors import ModelConfigError
 from reference_server.scheduling.execute import ModelInstance, Tensor
+from reference_server.scheduling.reshape import ReshapePlan
 from v2kit import codec as v2
 
 __all__ = ["WARMUP_FOLDER", "run_warmup", "warmup_samples"]
@@ -70,6 +73,7 @@ def warmup_samples(config: mc.ModelConfig, model_dir: Path) -> list[tuple[str, i
     All samples are built before any runs, so a bad entry fails the load before the model is touched.
     """
     rng = np.random.default_rng(0)  # seeded: a warmup is the same on every load
+    plan = ReshapePlan.from_config(config)
     samples = []
     for index, entry in enumerate(config.model_warmup):
         label = f"model '{config.name}' model_warmup '{entry.name or index}'"
@@ -84,6 +88,8 @@ def warmup_samples(config: mc.ModelConfig, model_dir: Path) -> list[tuple[str, i
         inputs = _sample(config, entry, model_dir, rng, label)
         if batched:
             inputs = {name: np.repeat(array[np.newaxis], entry.batch_size, axis=0) for name, array in inputs.items()}
+        if plan is not None:  # a sample has the config's dims, and the model takes the reshape, as in Triton
+            inputs = plan.to_model(inputs)
         # An unbatched model cannot take the copies in one run: each is a run of its own.
         repeats = max(entry.count, 1) * (1 if batched else entry.batch_size)
         if repeats > MAX_WARMUP_RUNS:

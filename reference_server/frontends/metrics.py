@@ -93,6 +93,7 @@ def _model_families() -> list[tuple[str, str, str, str]]:
 
 
 def model_families(served: Iterable[tuple[str, str, ModelStats]]) -> list[Family]:
+    served = list(served)
     specs = _model_families()
     families = [Family(name, kind, text) for name, kind, text, _ in specs]
     failure = Family("nv_inference_request_failure", "counter", "Number of failed inference requests, all batch sizes")
@@ -103,7 +104,30 @@ def model_families(served: Iterable[tuple[str, str, ModelStats]]) -> list[Family
             family.samples.append((labels, value // 1000 if attribute.endswith("_ns_total") else value))
         for reason in FAILURE_REASONS:
             failure.samples.append(({**labels, "reason": reason}, stats.failures[reason]))
-    return [*families, failure]
+    return [*families, failure, *cache_families(served)]
+
+
+def cache_families(served: Iterable[tuple[str, str, ModelStats]]) -> list[Family]:
+    """Triton's per-model response-cache counters, for the versions whose config enables the cache."""
+    specs = [
+        ("nv_cache_num_hits_per_model", "Number of cache hits per model", "cache_hit_count"),
+        ("nv_cache_hit_duration_per_model", "Total cache hit duration per model, in microseconds",
+         "cache_hit_ns_total"),
+        ("nv_cache_num_misses_per_model", "Number of cache misses per model", "cache_miss_count"),
+        ("nv_cache_miss_duration_per_model",
+         "Total cache miss (insert+lookup) duration per model, in microseconds", "cache_miss_ns_total"),
+    ]  # fmt: skip
+    cached = [(model, version, stats) for model, version, stats in served if stats.cache_enabled]
+    if not cached:
+        return []
+    return [
+        Family(name, "counter", text, [
+            ({"model": model, "version": version},
+             getattr(stats, attribute) // 1000 if attribute.endswith("_ns_total") else getattr(stats, attribute))
+            for model, version, stats in cached
+        ])  # fmt: skip
+        for name, text, attribute in specs
+    ]
 
 
 def gpu_families(readings: list[gpu.GpuReading], process_memory: dict[int, int]) -> list[Family]:

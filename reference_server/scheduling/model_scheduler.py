@@ -1,7 +1,7 @@
 """What the data plane and an ensemble call on a model version's scheduler, whichever it is.
 
 `scheduler.Scheduler` (Triton's default scheduler and dynamic batcher) and the ensemble's
-`core.ensemble.EnsembleScheduler` both have this surface; `ModelVersion.scheduler` holds either.
+`core.ensemble.scheduler.EnsembleScheduler` both have this surface; `ModelVersion.scheduler` holds either.
 """
 
 from __future__ import annotations

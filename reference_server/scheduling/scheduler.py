@@ -113,6 +113,7 @@ from reference_server.scheduling.execute import (
 )
 from reference_server.scheduling.policy import BatchingPolicy
 from reference_server.scheduling.queued import Batch, QueuedRequest, Slot, record_failure
+from reference_server.scheduling.rate_limiter import RateGate
 from reference_server.scheduling.stats import ModelStats
 from reference_server.scheduling.streaming import start_batch, stream_responses
 from v2kit.runtime.timer import TimerHandle, call_at_ns
@@ -136,8 +137,9 @@ class Scheduler:
     """Queue, batch and run inference requests for one model version on its instances."""
 
     def __init__(
-        self, policy: BatchingPolicy, instances: Sequence[ModelInstance | RequestsInstance], stats: ModelStats
-    ) -> None:
+        self, policy: BatchingPolicy, instances: Sequence[ModelInstance | RequestsInstance], stats: ModelStats,
+        gate: RateGate | None = None,
+    ) -> None:  # fmt: skip
         if not instances:
             raise ValueError("a scheduler needs at least one model instance")
         self._policy = policy
@@ -168,7 +170,8 @@ class Scheduler:
         self._inline_slot = self._slots[0] if inline else None
         self._ns_per_element = 0.0  # average run cost of the inline slot's batches; 0 = not known yet
         # Handing busy instances batches ahead would let a queued request outlive its timeout unseen.
-        self._ahead = 0 if policy.default_timeout_ns else AHEAD_BATCHES
+        self._ahead = 0 if policy.default_timeout_ns or gate is not None else AHEAD_BATCHES
+        self._gate = gate  # --rate-limit execution_count: a batch starts when its resources are free
         for slot in self._slots:
             if slot.start is not None:
                 continue
@@ -362,6 +365,8 @@ class Scheduler:
         # Batches held back for ordering have their outputs; their predecessors just failed.
         for seq in sorted(self._held):
             self._resolve(*self._held.pop(seq))
+        if self._gate is not None:
+            self._gate.close()
         for slot in self._slots:
             slot.inbox.put(None)
         for slot in self._slots:
@@ -402,12 +407,17 @@ class Scheduler:
         now = perf_counter_ns()
         if self._next_deadline and now >= self._next_deadline:
             self._expire(now)
-        idle = self._idle
+        idle, gate = self._idle, self._gate
         while idle and (self._queue or self._delayed):
             count = self._take(now) if self._batching else 1
             if count == 0:
                 break  # waiting for the queue delay; _take armed the timer
-            self._dispatch(idle.popleft(), [self._pop() for _ in range(count)])
+            slot = idle.popleft() if gate is None else gate.acquire(idle, self._schedule)
+            if slot is None:
+                break  # waiting for resources: the limiter calls _schedule again
+            self._dispatch(slot, [self._pop() for _ in range(count)])
+        if gate is not None:
+            gate.settle(idle)
         if self._ahead and not idle:
             self._dispatch_ahead(now)
         if self._next_deadline:
@@ -571,6 +581,8 @@ class Scheduler:
             return  # close() already failed it
         if not self._closed and not running:
             self._idle.append(slot)
+        if self._gate is not None:
+            self._gate.release(slot, bool(self._queue or self._delayed))
         t0, t1, t2, t3, _, error = outcome
         if error is None:
             self._stats.record_execution(sum(r.batch_size for r in batch), t1 - t0, t2 - t1, t3 - t2)

@@ -10,19 +10,26 @@ src/infer_stats.cc):
 - *Per request*: `success`, `fail`, `queue` and the three `compute_*` durations. The compute
   durations of a request are those of the batch execution it was part of, so in a batch of 8
   every request adds the same compute time. `success.ns` is the request's whole time in the
-  server; `queue.count` and `compute_*.count` therefore equal `success.count`.
+  server; `queue.count` therefore equals `success.count`, and so do the `compute_*` counts but for cache hits.
 - *Per execution*: `inference_count` grows by the batch size, `execution_count` by one, and
   `batch_stats[batch_size]` accumulates the compute phases of that execution once.
+- *Response cache* (Triton's `UpdateSuccessCacheHit`/`UpdateSuccessCacheMiss`): a hit is a success
+  with its queue time and a `cache_hit` duration, and no compute; so the three `compute_*` counts
+  are `success.count - cache_hit.count`. A miss adds its lookup and insertion time to `cache_miss`
+  and to `success.ns`.
 - All counters are cumulative since load; clients difference two samples.
 """
 
 from __future__ import annotations
 
+import itertools
 import time
 from typing import Any, Final
 
 #: Failure reasons Triton attaches to `nv_inference_request_failure` (core src/metric_model_reporter.cc).
 FAILURE_REASONS: Final = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+
+_LOADS = itertools.count(1)
 
 
 def _duration(count: int, ns: int) -> dict[str, int]:
@@ -61,10 +68,16 @@ class ModelStats:
         "last_inference_ms",
         "pending",
         "failures",
+        "cache_enabled",
+        "cache_hit_count",
+        "cache_hit_ns_total",
+        "cache_miss_count",
+        "cache_miss_ns_total",
+        "load_id",
         "_batches",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, cache_enabled: bool = False) -> None:
         self.success_count = 0
         self.success_ns = 0
         self.fail_count = 0
@@ -83,6 +96,14 @@ class ModelStats:
         self.pending = 0
         #: Failed requests by reason; every reason is present so Prometheus exports zeros too.
         self.failures: dict[str, int] = dict.fromkeys(FAILURE_REASONS, 0)
+        #: Whether the version's config enables the response cache (its nv_cache_* metrics exist then).
+        self.cache_enabled = cache_enabled
+        self.cache_hit_count = 0
+        self.cache_hit_ns_total = 0
+        self.cache_miss_count = 0
+        self.cache_miss_ns_total = 0
+        #: Unique per load in this process: what tells a reloaded version's cache entries from the old ones'.
+        self.load_id = next(_LOADS)
         self._batches: dict[int, _BatchStats] = {}
 
     # -- writers (scheduler) ---------------------------------------------------------------------
@@ -102,6 +123,20 @@ class ModelStats:
         self.compute_input_ns_total += compute_input_ns
         self.compute_infer_ns_total += compute_infer_ns
         self.compute_output_ns_total += compute_output_ns
+
+    def record_cache_hit(self, request_ns: int, queue_ns: int, lookup_ns: int) -> None:
+        """Count one request answered from the response cache: a success that never ran."""
+        self.success_count += 1
+        self.success_ns += request_ns
+        self.queue_ns_total += queue_ns
+        self.cache_hit_count += 1
+        self.cache_hit_ns_total += lookup_ns
+
+    def record_cache_miss(self, lookup_and_insert_ns: int) -> None:
+        """Count the cache's part of a request that ran (already counted a success by the scheduler)."""
+        self.success_ns += lookup_and_insert_ns
+        self.cache_miss_count += 1
+        self.cache_miss_ns_total += lookup_and_insert_ns
 
     def record_failure(self, request_ns: int, reason: str) -> None:
         """Count one failed request; `reason` is one of `FAILURE_REASONS`."""
@@ -140,6 +175,7 @@ class ModelStats:
         (what the version's instances hold); it is not a statistic, so the caller supplies it.
         """
         n = self.success_count
+        computed = n - self.cache_hit_count
         return {
             "name": name,
             "version": version,
@@ -150,12 +186,12 @@ class ModelStats:
                 "success": _duration(n, self.success_ns),
                 "fail": _duration(self.fail_count, self.fail_ns),
                 "queue": _duration(n, self.queue_ns_total),
-                "compute_input": _duration(n, self.compute_input_ns_total),
-                "compute_infer": _duration(n, self.compute_infer_ns_total),
-                "compute_output": _duration(n, self.compute_output_ns_total),
-                # No response cache: Triton reports zeros when caching is off.
-                "cache_hit": _duration(0, 0),
-                "cache_miss": _duration(0, 0),
+                "compute_input": _duration(computed, self.compute_input_ns_total),
+                "compute_infer": _duration(computed, self.compute_infer_ns_total),
+                "compute_output": _duration(computed, self.compute_output_ns_total),
+                # Zeros without the response cache, as Triton's.
+                "cache_hit": _duration(self.cache_hit_count, self.cache_hit_ns_total),
+                "cache_miss": _duration(self.cache_miss_count, self.cache_miss_ns_total),
             },
             # Per-response statistics exist for decoupled models only; ours never are.
             "response_stats": {},

@@ -87,7 +87,7 @@ CASES: list[tuple[str, Call, str, str]] = [
     # (name, the call, status code, message fragment)
     ("unknown model", lambda c, s: c.infer("nope", X), "NOT_FOUND", "'nope'"),
     ("unknown version", lambda c, s: c.infer("mlp", X, model_version="9"), "NOT_FOUND", "version 9"),
-    ("non-numeric version", lambda c, s: c.infer("mlp", X, model_version="abc"), "NOT_FOUND", "abc"),
+    ("non-numeric version", lambda c, s: c.infer("mlp", X, model_version="abc"), "INVALID_ARGUMENT", "'abc'"),
     ("path trick", lambda c, s: c.infer("../mlp", X), "NOT_FOUND", ""),
     ("empty model name", lambda c, s: s.ModelInfer(raw_request(model=""), timeout=30), "NOT_FOUND", ""),
     ("metadata of unknown model", lambda c, s: c.get_model_metadata("nope"), "NOT_FOUND", "nope"),
@@ -116,16 +116,16 @@ CASES: list[tuple[str, Call, str, str]] = [
         "output 'NOPE'",
     ),
     (
-        "classification output",
-        lambda c, s: c.infer("mlp", X, outputs=[grpcclient.InferRequestedOutput("OUTPUT0", class_count=3)]),
-        "UNIMPLEMENTED",
-        "classification",
+        "negative class count",
+        lambda c, s: c.infer("mlp", X, outputs=[grpcclient.InferRequestedOutput("OUTPUT0", class_count=-1)]),
+        "INVALID_ARGUMENT",
+        "invalid value for 'classification' parameter of output 'OUTPUT0'",
     ),
     (
         "raw contents too short",
         lambda c, s: s.ModelInfer(raw_request(raw=[bytes(1020)]), timeout=30),
         "INVALID_ARGUMENT",
-        "expected 1024 bytes",
+        "Expected 1024, got 1020",
     ),
     (
         "raw contents too long",
@@ -149,7 +149,7 @@ CASES: list[tuple[str, Call, str, str]] = [
         "raw and typed contents mixed",
         lambda c, s: s.ModelInfer(mixed_request(), timeout=30),
         "INVALID_ARGUMENT",
-        "must not be set",
+        "must not be specified when using raw_input_contents",
     ),
     (
         "typed contents count",
@@ -191,7 +191,7 @@ CASES: list[tuple[str, Call, str, str]] = [
         "no inputs",
         lambda c, s: s.ModelInfer(pb.ModelInferRequest(model_name="mlp"), timeout=30),
         "INVALID_ARGUMENT",
-        "no inputs",
+        "expected 1 inputs but got 0 inputs for model 'mlp'",
     ),
     ("load outside explicit mode", lambda c, s: c.load_model("mlp"), "UNAVAILABLE", "--model-control-mode explicit"),
     ("unload outside explicit mode", lambda c, s: c.unload_model("mlp"), "UNAVAILABLE", "explicit"),
@@ -202,12 +202,11 @@ CASES: list[tuple[str, Call, str, str]] = [
         "repository_name",
     ),
     (
-        "shared memory",
-        lambda c, s: c.get_system_shared_memory_status(),
-        "UNIMPLEMENTED",
-        "shared memory",
+        "cuda shared memory",
+        lambda c, s: c.register_cuda_shared_memory("c", b"\0" * 64, 0, 64),
+        "INVALID_ARGUMENT",
+        "CUDA shared memory is not available on this server",
     ),
-    ("cuda shared memory", lambda c, s: c.unregister_cuda_shared_memory(), "UNIMPLEMENTED", "CUDA shared memory"),
     ("trace settings", lambda c, s: c.get_trace_settings(), "UNIMPLEMENTED", "trace"),
     ("log settings", lambda c, s: c.get_log_settings(), "UNIMPLEMENTED", "logging"),
 ]
@@ -247,7 +246,9 @@ def test_stream_reports_errors_in_band_with_the_request_id(stub: Stub, client: C
     replies = list(stub.ModelStreamInfer(iter([bad, good, raw_request(model="nope")]), timeout=30))
     assert len(replies) == 3
     by_id = {r.infer_response.id: r for r in replies}
-    assert by_id["short"].error_message.startswith("input 'INPUT0': expected 1024 bytes")
+    assert by_id["short"].error_message.startswith(
+        "input byte size mismatch for input 'INPUT0' for model 'mlp'. Expected 1024"
+    )
     assert by_id["good"].error_message == "" and len(by_id["good"].infer_response.raw_output_contents) == 1
     assert "'nope'" in by_id["bad"].error_message
     assert_still_serving(client)

@@ -65,7 +65,7 @@ CASES = [
     # (name, path, body, headers, status, message fragment)
     ("unknown model", "/v2/models/nope/infer", infer_json(), {}, 404, "nope"),
     ("unknown version", "/v2/models/mlp/versions/9/infer", infer_json(), {}, 404, "version 9"),
-    ("non-numeric version", "/v2/models/mlp/versions/abc/infer", infer_json(), {}, 404, "abc"),
+    ("non-numeric version", "/v2/models/mlp/versions/abc/infer", infer_json(), {}, 400, "version string 'abc'"),
     (
         "wrong input name",
         "/v2/models/mlp/infer",

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
-from reference_server.core.ensemble_config import Step, check_composing, ensemble_plan
+from reference_server.core.ensemble.config import Step, check_composing, ensemble_plan
 from reference_server.core.model_config import parse_config_text
 from reference_server.errors import ModelConfigError
 

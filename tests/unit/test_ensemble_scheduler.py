@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from reference_server.core.ensemble import EnsembleScheduler
-from reference_server.core.ensemble_config import ensemble_plan
+from reference_server.core.ensemble.config import ensemble_plan
+from reference_server.core.ensemble.scheduler import EnsembleScheduler
 from reference_server.core.model_config import parse_config_text
 from reference_server.errors import InternalError
 from reference_server.scheduling.execute import Tensors

@@ -179,7 +179,7 @@ def test_headers_in_continuation_frames(run: Any) -> None:
 @pytest.mark.parametrize(
     "method,message,flag,code,fragment",
     [
-        ("ServerLive", b"", 1, 12, "compressed"),  # UNIMPLEMENTED
+        ("ServerLive", b"", 1, 13, "Compressed-Flag"),  # INTERNAL: flagged, but no grpc-encoding
         ("ServerLive", b"x" * 2000, 0, 8, "larger than max (2000 vs. 1000)"),  # RESOURCE_EXHAUSTED
         ("NoSuchMethod", b"", 0, 12, "Method not found"),
         ("ServerMetadata", b"", 0, 8, "Sent message larger than max"),

@@ -455,8 +455,8 @@ def test_complete_keeps_dynamic_batching_without_batching(
             "input 'INPUT0' is declared more than once",
         ),
         (
-            'max_batch_size: 2\ninput [{ name: "INPUT0" dims: [16] reshape { shape: [16] } }]',
-            "input 'INPUT0': reshape is not supported",
+            'max_batch_size: 2\ninput [{ name: "INPUT0" dims: [16] reshape { shape: [4, 5] } }]',
+            "model input 'INPUT0' has different size for dims and reshape: dims [16] hold 16 elements",
         ),
         ("max_batch_size: -1", "max_batch_size must be >= 0, got -1"),
         ("max_batch_size: 4\ndynamic_batching { preferred_batch_size: [0] }", "preferred_batch_size 0"),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from reference_server.core import repository as repository_module
+from reference_server.backends.placement import gpu_memory_delta
 from reference_server.core.dataplane import DataPlane
 from reference_server.core.repository import ModelRepository
 from v2kit.runtime import gpu
@@ -21,7 +21,7 @@ def test_delta_is_measured_per_listed_gpu(monkeypatch: pytest.MonkeyPatch) -> No
     samples = iter([{0: 100, 1: 50}, {0: 700, 1: 50}])
     monkeypatch.setattr(gpu, "process_gpu_memory_bytes", lambda pid: next(samples))
     monkeypatch.setattr(gpu, "read_gpus", lambda: readings({0: 9000, 1: 9000}))
-    with repository_module._gpu_memory_delta([0]) as delta:
+    with gpu_memory_delta([0]) as delta:
         assert delta == {}
     assert delta == {0: 600}  # GPU 1 had no instance of this version: not reported
 
@@ -32,7 +32,7 @@ def test_the_first_instance_on_a_gpu_counts_from_zero(monkeypatch: pytest.Monkey
     monkeypatch.setattr(gpu, "process_gpu_memory_bytes", lambda pid: next(samples))
     device = iter([readings({0: 1 << 30}), readings({0: (1 << 30) + (300 << 20)})])
     monkeypatch.setattr(gpu, "read_gpus", lambda: next(device))
-    with repository_module._gpu_memory_delta([0]) as delta:
+    with gpu_memory_delta([0]) as delta:
         pass
     assert delta == {0: 300 << 20}
 
@@ -42,7 +42,7 @@ def test_delta_falls_back_to_device_memory_when_the_process_is_not_listed(monkey
     monkeypatch.setattr(gpu, "process_gpu_memory_bytes", lambda pid: {})
     samples = iter([readings({0: 1000}), readings({0: 1500})])
     monkeypatch.setattr(gpu, "read_gpus", lambda: next(samples))
-    with repository_module._gpu_memory_delta([0, 0]) as delta:
+    with gpu_memory_delta([0, 0]) as delta:
         pass
     assert delta == {0: 500}
 
@@ -52,7 +52,7 @@ def test_no_gpu_instance_means_no_measurement(monkeypatch: pytest.MonkeyPatch) -
         raise AssertionError("NVML must not be read for a CPU-only version")
 
     monkeypatch.setattr(gpu, "process_gpu_memory_bytes", fail)
-    with repository_module._gpu_memory_delta([]) as delta:
+    with gpu_memory_delta([]) as delta:
         pass
     assert delta == {}
 

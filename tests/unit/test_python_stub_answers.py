@@ -35,7 +35,7 @@ def ends() -> Iterator[tuple[stub.Stub, ipc.Channel]]:
 
 def _execute(the_stub: stub.Stub, batch_id: int, ahead: bool) -> dict[str, Any]:
     desc = ipc.write_tensor(the_stub.server_arena, "IN", np.full(4, batch_id, np.float32), [])
-    request = (batch_id, [desc], [], "", "{}")
+    request = (batch_id, [desc], [], "", "{}", 0, 0)
     return {"op": "execute", "id": batch_id, "model_name": "m", "requests": [request], "free": [], "ahead": ahead}
 
 

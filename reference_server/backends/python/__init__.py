@@ -132,5 +132,7 @@ def _signature(config: mc.ModelConfig, config_path: Path) -> tuple[list[TensorSi
                 raise ModelConfigError(
                     f"{config_path}: python model '{config.name}': tensor '{tensor.name}' has no data_type"
                 )
-            into.append(TensorSignature(tensor.name, mc.DataType.Name(tensor.data_type), batch + tuple(tensor.dims)))
+            # The model sees the reshape, where there is one; the client sees dims.
+            dims = tensor.reshape.shape if tensor.HasField("reshape") else tensor.dims
+            into.append(TensorSignature(tensor.name, mc.DataType.Name(tensor.data_type), batch + tuple(dims)))
     return signature

@@ -65,7 +65,8 @@ class _Prepared:
     def __init__(self, batch_id: int) -> None:
         self.batch_id = batch_id
         self.fds: list[int] = []  # memfds of tensors too large for the arena
-        self.items: list[tuple[int, list[ipc.TensorDesc], list[str], str, str]] = []  # see stub._execute
+        # token, inputs, outputs, request id, parameters, correlation id, flags: see stub._execute
+        self.items: list[tuple[int, list[ipc.TensorDesc], list[str], str, str, int | str, int]] = []
         self.per_request: list[list[tuple[int, int]]] = []  # each request's arena blocks
         self.tokens: list[int] = []  # the decoupled requests' stream tokens
         self.message: dict[str, Any] = {}
@@ -308,9 +309,11 @@ class PythonInstance:
                 inputs = [ipc.write_tensor(stub.server_arena, n, a, prepared.fds) for n, a in request.inputs.items()]
                 prepared.per_request.append([(d[3][1], d[3][2]) for d in inputs if d[3][0] == "a"])
                 token = next(self._tokens)
-                parameters = json.dumps(request.parameters, separators=(",", ":")) if request.parameters else "{}"
+                params, sequence = ipc.split_sequence(request.parameters)
+                parameters = json.dumps(params, separators=(",", ":")) if params else "{}"
                 # A tuple, not a dict: less to pickle and unpickle per request (stub._execute unpacks it).
-                prepared.items.append((token, inputs, list(request.output_names), request.request_id, parameters))
+                item = (token, inputs, list(request.output_names), request.request_id, parameters, *sequence)
+                prepared.items.append(item)
                 if request.sink is not None:
                     prepared.tokens.append(token)
                     stub.open_stream(token, request.sink, prepared.per_request[-1], request.output_names)

@@ -44,7 +44,9 @@ __all__ = [
     "Channel",
     "ChannelClosed",
     "TensorDesc",
+    "join_sequence",
     "read_tensor",
+    "split_sequence",
     "write_tensor",
 ]
 
@@ -257,3 +259,34 @@ def close_fds(fds: list[int]) -> None:
             os.close(fd)
         except OSError:
             pass
+
+
+# A sequence model's scheduler (scheduling/sequence/batcher.py) leaves the sequence parameters on the request;
+# the model gets them as Triton gives them, `correlation_id()` and `flags()`, not as parameters.
+_SEQUENCE_START, _SEQUENCE_END = 1, 2  # TRITONSERVER_REQUEST_FLAG_SEQUENCE_START / _END
+
+
+def split_sequence(parameters: dict[str, Any]) -> tuple[dict[str, Any], tuple[int | str, int]]:
+    """(the parameters a model sees, (correlation id, flags)) of a request's parameters."""
+    if "sequence_id" not in parameters:
+        return parameters, (0, 0)
+    rest = dict(parameters)
+    correlation_id = rest.pop("sequence_id")
+    if isinstance(correlation_id, bool) or not isinstance(correlation_id, (int, str)):
+        correlation_id = 0  # not an id (a sequence model's scheduler refuses it; others ignore it)
+    flags = (_SEQUENCE_START if rest.pop("sequence_start", False) is True else 0) | (
+        _SEQUENCE_END if rest.pop("sequence_end", False) is True else 0
+    )
+    return rest, (correlation_id, flags)
+
+
+def join_sequence(parameters: dict[str, Any], correlation_id: int | str, flags: int) -> dict[str, Any]:
+    """A BLS request's parameters with its correlation id and flags as the sequence parameters."""
+    if correlation_id in (0, ""):
+        return parameters
+    return {
+        **parameters,
+        "sequence_id": correlation_id,
+        "sequence_start": bool(flags & _SEQUENCE_START),
+        "sequence_end": bool(flags & _SEQUENCE_END),
+    }

@@ -458,7 +458,7 @@ class StubProcess:
             inputs=inputs,
             output_names=list(message["outputs"]),
             request_id=message["request_id"],
-            parameters=parameters if isinstance(parameters, dict) else {},
+            parameters=ipc.join_sequence(parameters if isinstance(parameters, dict) else {}, *message["sequence"]),
             timeout_us=timeout or None,
         )
         context = self.model.context

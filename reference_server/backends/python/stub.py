@@ -222,9 +222,11 @@ class Stub:
             pb_utils.InferenceResponseSender,
         )
         read = ipc.read_tensor
-        for token, inputs, outputs, request_id, parameters in message["requests"]:
+        for token, inputs, outputs, request_id, parameters, correlation_id, flags in message["requests"]:
             tensors = [tensor(desc[0], read(arena, desc, fds, copy=False)) for desc in inputs]
-            requests.append(incoming(model_name, tensors, outputs, request_id, parameters, sender(token, decoupled)))
+            request = incoming(model_name, tensors, outputs, request_id, parameters, sender(token, decoupled))
+            request._correlation_id, request._flags = correlation_id, flags
+            requests.append(request)
         if fds:
             ipc.close_fds(fds)
         reply: dict[str, Any] = {"op": "executed", "id": message["id"], "responses": None, "error": None}
@@ -332,6 +334,7 @@ class Stub:
                 "request_id": request.request_id(),
                 "parameters": request.parameters(),
                 "timeout": request.timeout(),
+                "sequence": (request.correlation_id(), request.flags()),
                 "decoupled": decoupled,
             },
             fds,

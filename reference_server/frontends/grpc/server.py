@@ -18,9 +18,16 @@ deserialised leniently, and a `_Context` whose `abort` and `write` stand in for 
 - *Limits.* A message over `max_message_bytes` either way is RESOURCE_EXHAUSTED, checked on its
   5-byte prefix before it is buffered, and so is a unary request whose DATA runs past the message
   its prefix announced (at its first extra byte: nothing past it is kept) and a connection whose
-  calls together hold more than one largest message (`max_held_bytes`). A compressed message is
-  UNIMPLEMENTED (we accept only identity, and say so in grpc-accept-encoding). With a token,
-  every method but the health probes wants `authorization: Bearer ...`.
+  calls together hold more than one largest message (`max_held_bytes`). With a token, every
+  method but the health probes wants `authorization: Bearer ...`.
+- *Compression* (grpc/doc/compression.md). Messages flagged compressed under `grpc-encoding` gzip
+  or deflate are inflated within `max_message_bytes` (`compression.inflate`: past it
+  RESOURCE_EXHAUSTED, never the whole message in memory; a broken stream INTERNAL). A unary
+  request is inflated in its call's task, in a worker thread when large, as answers are
+  compressed; a stream's requests on the loop as they come. A call under any other grpc-encoding
+  is UNIMPLEMENTED, and a message flagged compressed with no encoding INTERNAL, as the spec says. Every answer advertises `grpc-accept-encoding: identity,deflate,gzip`.
+  A call whose request was compressed is answered in the same coding where the client's
+  grpc-accept-encoding lists it (tritonclient's `compression_algorithm`), else uncompressed.
 - *Deadlines.* A call with `grpc-timeout` that has not ended by then is cancelled and answered
   DEADLINE_EXCEEDED, as grpc's core does (the connection's one timer).
 - *HTTP/2.* Stream windows of 2 GiB - 1 and at most `MAX_STREAMS` streams a connection (past it,
@@ -44,6 +51,7 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 
 from reference_server.frontends.auth import OPEN_GRPC_METHODS, Token, Unauthenticated
+from reference_server.frontends.compression import CODINGS, Corrupt, TooLarge, compress_async, inflate, inflate_async
 from reference_server.frontends.grpc.service import InferenceServicer, lenient_deserializer
 from reference_server.frontends.listener import Listener
 from v2kit import grpc_status as status
@@ -63,10 +71,15 @@ logging.getLogger("hpack").setLevel(logging.INFO)
 MAX_STREAMS = 1024
 
 _CONTENT_TYPE = literal(31, b"application/grpc")
-_RESPONSE_HEADERS = b"\x88" + _CONTENT_TYPE + literal(b"grpc-accept-encoding", b"identity")  # :status 200
+_ACCEPTED = "identity," + ",".join(reversed(CODINGS))  # grpc core's order: identity,deflate,gzip
+_ACCEPT_ENCODING = literal(b"grpc-accept-encoding", _ACCEPTED.encode())
+_RESPONSE_HEADERS = b"\x88" + _CONTENT_TYPE + _ACCEPT_ENCODING  # :status 200
+#: The answer's headers by the coding of its messages.
+_CODED_HEADERS = {c: _RESPONSE_HEADERS + literal(b"grpc-encoding", c.encode()) for c in CODINGS}
 _OK_TRAILERS = literal(b"grpc-status", b"0")
 # grpc-message: percent-encode everything but printable ASCII, and '%' itself.
 _MESSAGE_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
+_READABLE = frozenset(("identity", *CODINGS))
 _SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 #: grpc-timeout units (PROTOCOL-HTTP2.md: "Timeout → TimeoutValue TimeoutUnit"), in seconds.
 _TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
@@ -116,11 +129,16 @@ class _Call(Stream):
     """A stream carrying one call: its method, the request bytes not yet taken, its task, and
     whether its answer's headers are out and a sender waits for its data to leave."""
 
-    __slots__ = ("method", "chunks", "size", "need", "task", "requests", "queued", "headers_sent", "drained")
+    __slots__ = (
+        "method", "chunks", "size", "need", "task", "requests", "queued", "headers_sent", "drained", "encoding",
+        "reply_coding",
+    )  # fmt: skip
 
-    def __init__(self, method: _Method) -> None:
+    def __init__(self, method: _Method, encoding: str = "", reply_coding: str | None = None) -> None:
         super().__init__()
         self.method = method
+        self.encoding = encoding  # the request messages' coding (grpc-encoding), "" for identity
+        self.reply_coding = reply_coding  # the answer's, None for identity
         self.chunks: list[Payload] = []
         self.size = 0
         self.need = 5  # request bytes to have before the next message prefix is looked at
@@ -194,6 +212,11 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
             refusal = (status.UNIMPLEMENTED, "not a gRPC call (POST application/grpc)")
         elif method is None:
             refusal = (status.UNIMPLEMENTED, f"Method not found: {path}")
+        elif (encoding := headers.get("grpc-encoding", "identity")) not in _READABLE:
+            refusal = (
+                status.UNIMPLEMENTED,
+                f"Compression algorithm '{encoding}' is not supported; accepted: {_ACCEPTED}",
+            )
         elif server.token is not None and path not in OPEN_GRPC_METHODS:
             try:
                 server.token.check(headers.get("authorization"))
@@ -206,7 +229,11 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
                 self.h2.send_reset(stream_id, NO_ERROR)  # we read no more of it
             return None
         assert method is not None
-        call = _Call(method)
+        coding = "" if encoding == "identity" else encoding
+        # Answer in the request's coding where the client accepts it (as grpc-go servers do).
+        accepted = headers.get("grpc-accept-encoding", "")
+        reply = coding if coding and coding in (c.strip() for c in accepted.split(",")) else None
+        call = _Call(method, coding, reply)
         timeout_s = _timeout_s(headers.get("grpc-timeout"))
         if timeout_s is not None:
             self.h2.set_deadline(call, self.loop.time() + timeout_s)
@@ -237,7 +264,12 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
         if len(body) < 5 or int.from_bytes(body[1:5], "big") != len(body) - 5:
             self._fail_call(stream, status.INVALID_ARGUMENT, "a unary call needs exactly one request message")
             return
-        self._start(stream, self._serve_unary(stream, stream.method.deserialize(memoryview(body)[5:])))
+        if body[0] and stream.encoding:  # inflated in the call's task, off the loop when large
+            self._start(stream, self._serve_compressed(stream, memoryview(body)[5:]))
+            return
+        message = self._message(stream, body[0], memoryview(body)[5:])
+        if message is not None:
+            self._start(stream, self._serve_unary(stream, stream.method.deserialize(message)))
 
     def stream_reset(self, stream: _Call, code: int | None) -> None:
         self._release(stream)
@@ -269,9 +301,6 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
         limit = self._server.max_message_bytes
         while end - pos >= 5:
             length = int.from_bytes(buffer[pos + 1 : pos + 5], "big")
-            if buffer[pos]:
-                self._fail_call(call, status.UNIMPLEMENTED, "compressed messages are not supported")
-                return
             if length > limit:
                 details = f"Received message larger than max ({length} vs. {limit})"
                 self._fail_call(call, status.RESOURCE_EXHAUSTED, details)
@@ -292,9 +321,15 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
                 call.need = 5 + length
                 break
             # Still held until the servicer takes it: a client that streams faster than the
-            # servicer serves meets the connection's bound, not the machine's memory.
-            call.requests.put_nowait((call.method.deserialize(buffer[pos + 5 : pos + 5 + length]), 5 + length))
-            call.queued += 5 + length
+            # servicer serves meets the connection's bound, not the machine's memory. An inflated
+            # message counts at its inflated size.
+            message = self._message(call, buffer[pos], buffer[pos + 5 : pos + 5 + length])
+            if message is None:
+                return
+            held = 5 + len(message)
+            call.requests.put_nowait((call.method.deserialize(message), held))
+            call.queued += held
+            self.buffered += held - 5 - length
             pos += 5 + length
         else:
             call.need = 5
@@ -303,6 +338,28 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
         call.size = len(rest)  # and `buffered` as it was: what left `chunks` is in `requests` now
         if self.buffered > self._server.max_held_bytes:
             self._over_held(call)
+
+    def _message(self, call: _Call, flag: int, payload: Payload) -> Payload | None:
+        """A request message's bytes, inflated when flagged compressed; None when that fails the call."""
+        if not flag:
+            return payload
+        if not call.encoding:
+            self._fail_call(
+                call, status.INTERNAL, "a message has its Compressed-Flag set, but grpc-encoding is identity"
+            )
+            return None
+        try:
+            return inflate(payload, call.encoding, self._server.max_message_bytes)
+        except (TooLarge, Corrupt) as exc:
+            self._fail_call(call, *self._inflate_failure(call, exc))
+        return None
+
+    def _inflate_failure(self, call: _Call, exc: TooLarge | Corrupt) -> tuple[int, str]:
+        if isinstance(exc, TooLarge):
+            limit = self._server.max_message_bytes
+            details = f"Received message larger than max (over {limit} once decompressed with {call.encoding})"
+            return status.RESOURCE_EXHAUSTED, details
+        return status.INTERNAL, f"Unexpected error decompressing data with {call.encoding}: {exc}"
 
     async def _requests(self, call: _Call) -> AsyncIterator[Any]:
         queue = call.requests
@@ -332,8 +389,21 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
             self._crashed(call, exc)
             return
         data = response.SerializeToString()
-        if self.h2.streams.get(call.id) is call and self._sendable(call, len(data)):
-            self._answer(call, _prefixed(data))
+        if self.h2.streams.get(call.id) is not call or not self._sendable(call, len(data)):
+            return
+        if call.reply_coding is not None:
+            data = await compress_async(data, call.reply_coding)
+            if self.h2.streams.get(call.id) is not call:
+                return  # reset while it was compressed
+        self._answer(call, _prefixed(data, call.reply_coding is not None))
+
+    async def _serve_compressed(self, call: _Call, payload: memoryview) -> None:
+        try:
+            message = await inflate_async(payload, call.encoding, self._server.max_message_bytes)
+        except (TooLarge, Corrupt) as exc:
+            self._finish(call, *self._inflate_failure(call, exc))
+            return
+        await self._serve_unary(call, call.method.deserialize(message))
 
     async def _serve_stream(self, call: _Call) -> None:
         try:
@@ -356,12 +426,14 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
         """A streaming call's reply message; returns once the windows have let it out."""
         if not self._sendable(call, len(data)):
             raise _Abort(status.RESOURCE_EXHAUSTED, "reply too large")
+        if call.reply_coding is not None:
+            data = await compress_async(data, call.reply_coding)
         if self.h2.streams.get(call.id) is not call:
             raise _Abort(status.CANCELLED, "the client reset the stream")
         if not call.headers_sent:
             call.headers_sent = True
-            self.h2.send_headers(call.id, _RESPONSE_HEADERS)
-        self.h2.send_data(call, _prefixed(data))
+            self.h2.send_headers(call.id, _headers(call))
+        self.h2.send_data(call, _prefixed(data, call.reply_coding is not None))
         if call.pending:
             if call.drained is None or call.drained.done():
                 call.drained = self.loop.create_future()
@@ -391,7 +463,7 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
             sid = call.id
             h2.write(
                 b"".join((
-                    frame(HEADERS, END_HEADERS, sid, _RESPONSE_HEADERS),
+                    frame(HEADERS, END_HEADERS, sid, _headers(call)),
                     frame(DATA, 0, sid, data),
                     frame(HEADERS, END_HEADERS | END_STREAM, sid, _OK_TRAILERS),
                 ))
@@ -399,7 +471,7 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
             h2.close_stream(call)
             return
         call.headers_sent = True
-        h2.send_headers(call.id, _RESPONSE_HEADERS)
+        h2.send_headers(call.id, _headers(call))
         h2.send_data(call, data)
         h2.send_trailers(call, _OK_TRAILERS)
 
@@ -434,8 +506,12 @@ def _timeout_s(value: str | None) -> float | None:
     return int(value[:-1]) * _TIMEOUT_UNITS[value[-1]]
 
 
-def _prefixed(message: bytes) -> bytes:
-    return b"\x00" + len(message).to_bytes(4, "big") + message
+def _prefixed(message: bytes, compressed: bool = False) -> bytes:
+    return (b"\x01" if compressed else b"\x00") + len(message).to_bytes(4, "big") + message
+
+
+def _headers(call: _Call) -> bytes:
+    return _RESPONSE_HEADERS if call.reply_coding is None else _CODED_HEADERS[call.reply_coding]
 
 
 def _trailers(code: int, details: str) -> bytes:
@@ -446,4 +522,4 @@ def _trailers(code: int, details: str) -> bytes:
 
 
 def _trailers_only(code: int, details: str) -> bytes:
-    return b"\x88" + _CONTENT_TYPE + _trailers(code, details)
+    return _RESPONSE_HEADERS + _trailers(code, details)

@@ -268,7 +268,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     ) -> pb.RepositoryModelLoadResponse:
         _check_repository(request.repository_name)
         # ModelRepositoryParameter shares InferParameter's `parameter_choice` oneof; a `file:`
-        # override arrives as bytes_param and the data plane refuses it by name.
+        # override arrives as bytes_param, the file's content.
         await self._plane.load_model(request.model_name, parameters_from_proto(request.parameters))
         return pb.RepositoryModelLoadResponse()
 
@@ -280,13 +280,53 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         await self._plane.unload_model(request.model_name, parameters_from_proto(request.parameters))
         return pb.RepositoryModelUnloadResponse()
 
+    # --- shared memory (core/shared_memory.py) -----------------------------------------------------
+
+    @_rpc
+    async def SystemSharedMemoryStatus(
+        self, request: pb.SystemSharedMemoryStatusRequest, context: Context
+    ) -> pb.SystemSharedMemoryStatusResponse:
+        response = pb.SystemSharedMemoryStatusResponse()
+        for region in self._plane.shared_memory.status(request.name):
+            response.regions[region["name"]].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(**region))
+        return response
+
+    @_rpc
+    async def SystemSharedMemoryRegister(
+        self, request: pb.SystemSharedMemoryRegisterRequest, context: Context
+    ) -> pb.SystemSharedMemoryRegisterResponse:
+        self._plane.shared_memory.register(request.name, request.key, request.offset, request.byte_size)
+        return pb.SystemSharedMemoryRegisterResponse()
+
+    @_rpc
+    async def SystemSharedMemoryUnregister(
+        self, request: pb.SystemSharedMemoryUnregisterRequest, context: Context
+    ) -> pb.SystemSharedMemoryUnregisterResponse:
+        self._plane.shared_memory.unregister(request.name)
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    @_rpc
+    async def CudaSharedMemoryStatus(
+        self, request: pb.CudaSharedMemoryStatusRequest, context: Context
+    ) -> pb.CudaSharedMemoryStatusResponse:
+        self._plane.shared_memory.cuda_status(request.name)  # never a region: raises or lists none
+        return pb.CudaSharedMemoryStatusResponse()
+
+    @_rpc
+    async def CudaSharedMemoryRegister(
+        self, request: pb.CudaSharedMemoryRegisterRequest, context: Context
+    ) -> pb.CudaSharedMemoryRegisterResponse:
+        self._plane.shared_memory.cuda_register(request.name)
+        return pb.CudaSharedMemoryRegisterResponse()
+
+    @_rpc
+    async def CudaSharedMemoryUnregister(
+        self, request: pb.CudaSharedMemoryUnregisterRequest, context: Context
+    ) -> pb.CudaSharedMemoryUnregisterResponse:
+        self._plane.shared_memory.cuda_unregister(request.name)
+        return pb.CudaSharedMemoryUnregisterResponse()
+
     # --- not offered: UNIMPLEMENTED with a reason rather than the generated "Method not implemented!"
 
-    SystemSharedMemoryStatus = _unsupported("the system shared memory extension")
-    SystemSharedMemoryRegister = _unsupported("the system shared memory extension")
-    SystemSharedMemoryUnregister = _unsupported("the system shared memory extension")
-    CudaSharedMemoryStatus = _unsupported("the CUDA shared memory extension")
-    CudaSharedMemoryRegister = _unsupported("the CUDA shared memory extension")
-    CudaSharedMemoryUnregister = _unsupported("the CUDA shared memory extension")
     TraceSetting = _unsupported("the trace extension")
     LogSettings = _unsupported("the logging extension")

@@ -10,6 +10,8 @@ so it can never reach another route, and a model name is only ever one segment.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import logging
 from collections.abc import Callable, Coroutine
@@ -17,8 +19,10 @@ from typing import Any
 from urllib.parse import unquote
 
 from reference_server.core.dataplane import DataPlane
-from reference_server.errors import InvalidArgument, server_error
+from reference_server.core.load_overrides import FILE_PREFIX
+from reference_server.errors import InvalidArgument, Unsupported, server_error
 from reference_server.frontends.auth import OPEN_HTTP_PATHS, Token, Unauthenticated
+from reference_server.frontends.http.encoding import ContentCodings
 from reference_server.frontends.http.generate import generate
 from reference_server.frontends.http.limits import DEFAULT_LIMITS, HttpLimits
 from reference_server.frontends.http.messages import Reply, internal_error, reply_when_done
@@ -165,7 +169,7 @@ class RestApi:
         reply(_json(self.plane.repository_index(ready)))
 
     def repository_load(self, request: HttpRequest, model: str, version: str, reply: Reply) -> None:
-        self._later(self._load(model, _parameters(request.body)), request, reply)
+        self._later(self._load(model, _load_parameters(request.body)), request, reply)
 
     def repository_unload(self, request: HttpRequest, model: str, version: str, reply: Reply) -> None:
         self._later(self._unload(model, _parameters(request.body)), request, reply)
@@ -178,10 +182,47 @@ class RestApi:
         await self.plane.unload_model(model, parameters)
         return HttpResponse(200)
 
+    # The shared memory extensions: `model` is the region's name ('' for all of them).
+
+    def system_shm_status(self, request: HttpRequest, region: str, version: str, reply: Reply) -> None:
+        reply(_json(self.plane.shared_memory.status(region)))
+
+    def system_shm_register(self, request: HttpRequest, region: str, version: str, reply: Reply) -> None:
+        body = _json_object(request.body)
+        key, byte_size = _field(body, "key", str), _field(body, "byte_size", int)
+        offset = _field(body, "offset", int, 0)
+        self.plane.shared_memory.register(region, key, offset, byte_size)
+        reply(HttpResponse(200))
+
+    def system_shm_unregister(self, request: HttpRequest, region: str, version: str, reply: Reply) -> None:
+        self.plane.shared_memory.unregister(region)
+        reply(HttpResponse(200))
+
+    def cuda_shm_status(self, request: HttpRequest, region: str, version: str, reply: Reply) -> None:
+        reply(_json(self.plane.shared_memory.cuda_status(region)))
+
+    def cuda_shm_register(self, request: HttpRequest, region: str, version: str, reply: Reply) -> None:
+        body = _json_object(request.body)
+        for name in ("raw_handle", "device_id", "byte_size"):
+            _field(body, name, object)
+        self.plane.shared_memory.cuda_register(region)
+        reply(HttpResponse(200))
+
+    def cuda_shm_unregister(self, request: HttpRequest, region: str, version: str, reply: Reply) -> None:
+        self.plane.shared_memory.cuda_unregister(region)
+        reply(HttpResponse(200))
+
+    def trace_setting(self, request: HttpRequest, model: str, version: str, reply: Reply) -> None:
+        raise Unsupported("the trace extension is not supported by this server")
+
+    def logging(self, request: HttpRequest, model: str, version: str, reply: Reply) -> None:
+        raise Unsupported("the logging extension is not supported by this server")
+
 
 _GET = frozenset({"GET"})
 _POST = frozenset({"POST"})
-_ALLOW = {_GET: "GET, HEAD", _POST: "POST"}
+_GET_POST = frozenset({"GET", "POST"})
+_ALLOW = {_GET: "GET, HEAD", _POST: "POST", _GET_POST: "GET, HEAD, POST"}
 _NO_ROUTE: tuple[RouteHandler | None, frozenset[str], str, str] = (None, frozenset(), "", "")
 
 #: Routes by their fixed segments after '/v2'.
@@ -191,6 +232,22 @@ _FIXED: dict[tuple[str, ...], tuple[RouteHandler, frozenset[str]]] = {
     ("health", "ready"): (RestApi.health_ready, _GET),
     ("models", "stats"): (RestApi.model_stats, _GET),
     ("repository", "index"): (RestApi.repository_index, _POST),
+    ("systemsharedmemory", "status"): (RestApi.system_shm_status, _GET),
+    ("systemsharedmemory", "unregister"): (RestApi.system_shm_unregister, _POST),
+    ("cudasharedmemory", "status"): (RestApi.cuda_shm_status, _GET),
+    ("cudasharedmemory", "unregister"): (RestApi.cuda_shm_unregister, _POST),
+    # Extensions this server does not offer: 501 with the reason, not 404.
+    ("trace", "setting"): (RestApi.trace_setting, _GET_POST),
+    ("logging",): (RestApi.logging, _GET_POST),
+}
+#: Routes by what follows '/v2/{systemsharedmemory|cudasharedmemory}/region/{name}'.
+_REGION: dict[tuple[str, str], tuple[RouteHandler, frozenset[str]]] = {
+    ("systemsharedmemory", "status"): (RestApi.system_shm_status, _GET),
+    ("systemsharedmemory", "register"): (RestApi.system_shm_register, _POST),
+    ("systemsharedmemory", "unregister"): (RestApi.system_shm_unregister, _POST),
+    ("cudasharedmemory", "status"): (RestApi.cuda_shm_status, _GET),
+    ("cudasharedmemory", "register"): (RestApi.cuda_shm_register, _POST),
+    ("cudasharedmemory", "unregister"): (RestApi.cuda_shm_unregister, _POST),
 }
 #: Routes by what follows '/v2/models/{model}[/versions/{version}]'.
 _MODEL: dict[str, tuple[RouteHandler, frozenset[str]]] = {
@@ -224,12 +281,18 @@ def _match(segments: list[str]) -> tuple[RouteHandler | None, frozenset[str], st
         else:
             version, tail = "", rest[2:]
         route = _MODEL[""] if not tail else _MODEL.get(tail[0]) if len(tail) == 1 and tail[0] else None
+        if tail == ["trace", "setting"]:
+            route = (RestApi.trace_setting, _GET_POST)
         if route is not None:
             return route[0], route[1], model, version
     elif count == 4 and rest[0] == "repository" and rest[1] == "models" and rest[2]:
         route = _REPOSITORY.get(rest[3])
         if route is not None:
             return route[0], route[1], rest[2], ""
+    elif count == 4 and rest[1] == "region" and rest[2]:
+        region = _REGION.get((rest[0], rest[3]))
+        if region is not None:
+            return region[0], region[1], rest[2], ""
     return _NO_ROUTE
 
 
@@ -254,10 +317,42 @@ def _json_object(body: bytes) -> dict[str, Any]:
     return payload
 
 
+def _field(body: dict[str, Any], name: str, kind: type, default: Any = None) -> Any:
+    """A field of a shared-memory register request, in Triton's words when it is missing."""
+    value = body.get(name, default)
+    if value is None:
+        raise InvalidArgument(f"Shared memory register request has no '{name}' field")
+    bad = not isinstance(value, kind)
+    if kind is int and isinstance(value, int):
+        bad = isinstance(value, bool) or value < 0
+    if bad:
+        wanted = {str: "a string", int: "an integer >= 0"}[kind]
+        raise InvalidArgument(f"shared memory register request: field '{name}' must be {wanted}, got {value!r:.40}")
+    return value
+
+
 def _parameters(body: bytes) -> dict[str, Any]:
     parameters = _json_object(body).get("parameters", {})
     if not isinstance(parameters, dict):
         raise InvalidArgument("field 'parameters' must be a JSON object")
+    return parameters
+
+
+def _load_parameters(body: bytes) -> dict[str, Any]:
+    """A load request's parameters, each `file:` override's base64 text decoded to the file's bytes.
+
+    Whitespace (line breaks of MIME-style base64) is skipped, as Triton's decoder skips it; any other
+    character outside the base64 alphabet is refused, where Triton's decoder would drop it silently
+    and load a corrupt file."""
+    parameters = _parameters(body)
+    for key, value in parameters.items():
+        if key.startswith(FILE_PREFIX) and isinstance(value, str):
+            try:
+                parameters[key] = base64.b64decode("".join(value.split()), validate=True)
+            except (binascii.Error, ValueError) as exc:
+                raise InvalidArgument(
+                    f"load parameter '{key}' is not valid base64 ({exc}); send the file's content base64-encoded"
+                ) from None
     return parameters
 
 
@@ -274,8 +369,10 @@ def build_rest_server(
     """The KServe v2 REST front end over `plane`, not yet listening (`HttpServer.listen`)."""
     if read_gate is not None:
         plane.inflight_listeners.append(read_gate.inflight_changed)
+    # Content codings wrap the API: a compressed body is inflated (within the same limit) before it is routed.
+    api = ContentCodings(RestApi(plane, token), max_body_bytes=max_request_bytes, compresses=frozenset({"/infer"}))
     return HttpServer(
-        RestApi(plane, token),
+        api,
         max_body_bytes=max_request_bytes,
         body_timeout_s=body_timeout_s,
         admission=plane,

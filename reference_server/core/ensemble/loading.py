@@ -1,7 +1,7 @@
 """Loading ensembles as Triton's model repository manager does, beside `repository`.
 
 An ensemble (`platform: "ensemble"`) has no model file and no instances. `prepare_ensemble` checks
-its config alone (`ensemble_config`), refuses a cycle of ensembles, loads the composing models that
+its config alone (`ensemble.config`), refuses a cycle of ensembles, loads the composing models that
 are not serving (Triton loads an ensemble's dependencies with it), then checks every step against
 the completed config of the composing version it names. A decoupled composing model makes the
 ensemble decoupled (its config says so, and the data plane serves it on streams only).
@@ -22,7 +22,7 @@ from typing import Protocol
 from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server.core import model_config
-from reference_server.core.ensemble_config import (
+from reference_server.core.ensemble.config import (
     EnsemblePlan,
     Step,
     check_circular,

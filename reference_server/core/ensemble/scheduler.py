@@ -36,7 +36,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from time import perf_counter_ns
 from typing import Any, Protocol
 
-from reference_server.core.ensemble_config import EnsemblePlan, Step
+from reference_server.core.ensemble.config import EnsemblePlan, Step
 from reference_server.errors import InvalidArgument, ServerError, Unavailable
 from reference_server.scheduling.execute import Tensors
 from reference_server.scheduling.model_scheduler import ModelScheduler

@@ -1,0 +1,247 @@
+"""The same bad requests against real tritonserver 2.51 and perfkit-server: our error text begins
+with Triton's for the same condition (clients match on it), after one normalisation of both.
+
+Normalisation: Triton's `[request id: <id_unknown>] ` prefix, a C++ parser's `(details: stol)`
+and trailing dots and spaces go. Where Triton's text goes on with what only it can say (its
+JSON parser's message, the state of a version), the case's cut ends the comparison; the rest is ours.
+Status codes are compared too; where ours differ they are listed in `OURS` and say why (a 4xx
+for malformed input, where Triton answers 500; 503 for a model in the repository but not loaded
+or whose load failed; 415 for a content coding we do not read).
+
+One tritonserver for the module, both servers on one repository of python models (the only
+backend the peers bundle): `echo` (loaded), `idle` (not loaded), `broken` (its model.py raises at
+import) and `badcfg` (its config.pbtxt does not parse).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+
+from perfkit.testing import triton_server
+from reference_server.server import running_server
+from tests.servers import loopback_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.peers]
+
+ECHO = """\
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        inputs = [pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() for r in requests]
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]) for x in inputs]
+"""
+CONFIG = """\
+name: "{name}"
+backend: "python"
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+"""
+
+
+def write_repository(root: Path) -> Path:
+    for name, source in (("echo", ECHO), ("idle", ECHO), ("broken", 'raise RuntimeError("boom at import")\n')):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "1" / "model.py").write_text(source)
+        (root / name / "config.pbtxt").write_text(CONFIG.format(name=name))
+    (root / "badcfg" / "1").mkdir(parents=True)
+    (root / "badcfg" / "1" / "model.py").write_text(ECHO)
+    (root / "badcfg" / "config.pbtxt").write_text('name: "badcfg"\nbackend: "python"\ninput [ { name: "INPUT0"')
+    return root
+
+
+Endpoints = tuple[str, str]  # HTTP host:port, gRPC host:port
+
+
+@pytest.fixture(scope="module")
+def servers(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Endpoints]]:
+    repository = write_repository(tmp_path_factory.mktemp("wording") / "models")
+    explicit = ["--model-control-mode=explicit", "--load-model=echo"]
+    with (
+        triton_server(peers, repository, extra_args=explicit, start_timeout_s=90) as triton,
+        running_server(loopback_config(repository, load=("echo",))) as ours,
+    ):
+        yield {
+            "triton": (triton.http_url, triton.grpc_url),
+            "ours": (ours.http_url, f"{ours.config.host}:{ours.grpc_port}"),
+        }
+
+
+# -- the requests, each returning (status, message)
+
+
+Call = Callable[[Endpoints], tuple[str, str]]
+
+
+def rest(method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> Call:
+    def call(endpoints: Endpoints) -> tuple[str, str]:
+        host, port = endpoints[0].rsplit(":", 1)
+        connection = http.client.HTTPConnection(host, int(port), timeout=60)
+        try:
+            connection.request(method, path, body=body, headers=headers or {})
+            answer = connection.getresponse()
+            text = answer.read()
+        finally:
+            connection.close()
+        return str(answer.status), json.loads(text)["error"] if text else ""
+
+    return call
+
+
+def rpc(method: str, request: Any) -> Call:
+    def call(endpoints: Endpoints) -> tuple[str, str]:
+        with grpc.insecure_channel(endpoints[1]) as channel:
+            try:
+                getattr(service_pb2_grpc.GRPCInferenceServiceStub(channel), method)(request, timeout=60)
+            except grpc.RpcError as exc:
+                return exc.code().name, exc.details() or ""
+        return "OK", ""
+
+    return call
+
+
+def infer_json(*inputs: dict[str, Any], outputs: list[str] = ()) -> bytes:  # type: ignore[assignment]
+    body: dict[str, Any] = {"inputs": list(inputs)}
+    if outputs:
+        body["outputs"] = [{"name": name} for name in outputs]
+    return json.dumps(body).encode()
+
+
+def grpc_infer(model: str = "echo", version: str = "", **changes: Any) -> pb.ModelInferRequest:
+    """A request to `model`: INPUT0 FP32 [4] in raw_input_contents, unless `changes` say otherwise."""
+    request = pb.ModelInferRequest(model_name=model, model_version=version)
+    for name, datatype, shape in changes.get("inputs", [("INPUT0", "FP32", [4])]):
+        request.inputs.add(name=name, datatype=datatype, shape=shape)
+    for raw in changes.get("raw", [np.arange(4, dtype=np.float32).tobytes()]):
+        request.raw_input_contents.append(raw)
+    for name in changes.get("outputs", []):
+        request.outputs.add(name=name)
+    return request
+
+
+def _binary_short() -> Call:
+    """Binary tensor data that announces 16 bytes and carries 8 (tritonclient's framing)."""
+    tensor = httpclient.InferInput("INPUT0", [4], "FP32")
+    tensor.set_data_from_numpy(np.zeros(4, np.float32), binary_data=True)
+    body, json_size = httpclient.InferenceServerClient.generate_request_body([tensor])
+    assert json_size is not None
+    return rest("POST", "/v2/models/echo/infer", body[:-8], {"Inference-Header-Content-Length": str(json_size)})
+
+
+GOOD = {"name": "INPUT0", "shape": [4], "datatype": "FP32", "data": [1, 2, 3, 4]}
+
+
+def _mixed() -> pb.ModelInferRequest:
+    request = grpc_infer()
+    request.inputs[0].contents.fp32_contents.extend([1, 2, 3, 4])
+    return request
+
+
+def _typed_short() -> pb.ModelInferRequest:
+    request = grpc_infer(raw=[])
+    request.inputs[0].contents.fp32_contents.extend([1, 2, 3])
+    return request
+
+
+#: name -> (request, where Triton's text stops being compared (None: all of it); Triton lists the
+#: inputs it got in no fixed order, so that list is not compared).
+CASES: dict[str, tuple[Call, str | None]] = {
+    "http unknown model": (rest("POST", "/v2/models/nope/infer", infer_json(GOOD)), None),
+    "http unknown model metadata": (rest("GET", "/v2/models/nope"), None),
+    "http unknown version": (rest("POST", "/v2/models/echo/versions/7/infer", infer_json(GOOD)), None),
+    "http not loaded": (rest("POST", "/v2/models/idle/infer", infer_json(GOOD)), None),
+    "http load missing": (rest("POST", "/v2/repository/models/nothere/load", b""), None),
+    "http load unparsable config": (rest("POST", "/v2/repository/models/badcfg/load", b""), None),
+    "http load failing model": (rest("POST", "/v2/repository/models/broken/load", b""), ": version"),
+    "http infer on the model that failed": (rest("POST", "/v2/models/broken/infer", infer_json(GOOD)), None),
+    "grpc infer on the model that failed": (rpc("ModelInfer", grpc_infer("broken")), None),
+    "http unknown content coding": (
+        rest("POST", "/v2/models/echo/infer", infer_json(GOOD), {"Content-Encoding": "br"}),
+        None,
+    ),
+    "http input count, extra": (rest("POST", "/v2/models/echo/infer", infer_json(GOOD, dict(GOOD, name="X"))), ". Got"),
+    "http input count, none": (rest("POST", "/v2/models/echo/infer", infer_json()), None),
+    "http unexpected input": (rest("POST", "/v2/models/echo/infer", infer_json(dict(GOOD, name="X"))), None),
+    "http unexpected output": (rest("POST", "/v2/models/echo/infer", infer_json(GOOD, outputs=["X"])), None),
+    "http shape": (rest("POST", "/v2/models/echo/infer", infer_json(dict(GOOD, shape=[5], data=[1] * 5))), None),
+    "http datatype": (rest("POST", "/v2/models/echo/infer", infer_json(dict(GOOD, datatype="INT32"))), None),
+    "http unknown datatype": (rest("POST", "/v2/models/echo/infer", infer_json(dict(GOOD, datatype="FP99"))), None),
+    "http element count": (rest("POST", "/v2/models/echo/infer", infer_json(dict(GOOD, data=[1, 2, 3]))), None),
+    "http malformed JSON": (rest("POST", "/v2/models/echo/infer", b"{nope"), "buffer: "),
+    "http binary data short": (_binary_short(), None),
+    "grpc unknown model": (rpc("ModelInfer", grpc_infer("nope")), None),
+    "grpc unknown version": (rpc("ModelInfer", grpc_infer(version="7")), None),
+    "grpc bad version string": (rpc("ModelInfer", grpc_infer(version="abc")), None),
+    "grpc bad version string, metadata": (
+        rpc("ModelMetadata", pb.ModelMetadataRequest(name="echo", version="x")),
+        None,
+    ),
+    "grpc not loaded": (rpc("ModelInfer", grpc_infer("idle")), None),
+    "grpc unknown model config": (rpc("ModelConfig", pb.ModelConfigRequest(name="nope")), None),
+    "grpc unknown model statistics": (rpc("ModelStatistics", pb.ModelStatisticsRequest(name="nope")), None),
+    "grpc load missing": (rpc("RepositoryModelLoad", pb.RepositoryModelLoadRequest(model_name="nothere")), None),
+    "grpc mixed raw and typed": (rpc("ModelInfer", _mixed()), None),
+    "grpc typed byte size": (rpc("ModelInfer", _typed_short()), None),
+    "grpc raw byte size": (rpc("ModelInfer", grpc_infer(raw=[b"\0" * 12])), None),
+    "grpc raw contents missing": (
+        rpc("ModelInfer", grpc_infer(inputs=[("INPUT0", "FP32", [4]), ("X", "FP32", [4])])),
+        None,
+    ),
+    "grpc shape": (rpc("ModelInfer", grpc_infer(inputs=[("INPUT0", "FP32", [5])], raw=[b"\0" * 20])), None),
+    "grpc datatype": (rpc("ModelInfer", grpc_infer(inputs=[("INPUT0", "INT32", [4])])), None),
+    "grpc unexpected output": (rpc("ModelInfer", grpc_infer(outputs=["X"])), None),
+}
+
+#: Where our status differs from Triton's, on purpose: {case: (Triton's, ours)}.
+OURS = {
+    "http not loaded": ("404", "503"),  # in the repository, not loaded: the server can, once loaded
+    "grpc not loaded": ("NOT_FOUND", "UNAVAILABLE"),
+    "http load missing": ("500", "404"),  # the client named no model: not the server's failure
+    "grpc load missing": ("INTERNAL", "NOT_FOUND"),
+    "http load unparsable config": ("500", "400"),  # the model's files are at fault, not the server
+    "http element count": ("500", "400"),  # malformed input is the client's
+    "http malformed JSON": ("500", "400"),
+    "grpc unknown model statistics": ("INVALID_ARGUMENT", "NOT_FOUND"),
+    "http unknown content coding": ("501", "415"),  # RFC 9110 §15.5.16, with Accept-Encoding
+    "http infer on the model that failed": ("404", "503"),  # known, and unavailable until a load works
+    "grpc infer on the model that failed": ("NOT_FOUND", "UNAVAILABLE"),
+}
+
+_REQUEST_ID = re.compile(r"^\[request id: [^\]]*\] ")
+_DETAILS = re.compile(r" \(details: [^)]*\)")
+
+
+def normalise(text: str) -> str:
+    return _DETAILS.sub("", _REQUEST_ID.sub("", text)).rstrip(". \n")
+
+
+@pytest.fixture(scope="module")
+def answers(servers: dict[str, Endpoints]) -> dict[str, dict[str, tuple[str, str]]]:
+    """Every case's answer from each server, asked in CASES' order (loads before what they break)."""
+    return {who: {case: call(endpoints) for case, (call, _) in CASES.items()} for who, endpoints in servers.items()}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_ours_begins_with_tritons_words(answers: dict[str, dict[str, tuple[str, str]]], case: str) -> None:
+    (triton_status, triton_text), (our_status, our_text) = answers["triton"][case], answers["ours"][case]
+    expected = normalise(triton_text)
+    cut = CASES[case][1]
+    if cut is not None:
+        assert cut in expected, f"Triton no longer says {cut!r} here: {triton_text!r}"
+        expected = expected[: expected.index(cut)]
+    assert expected, f"Triton answered {triton_status} with no message"
+    assert normalise(our_text).startswith(expected), f"\nTriton: {triton_text!r}\nours:   {our_text!r}"
+    assert (triton_status, our_status) == OURS.get(case, (triton_status, triton_status))
