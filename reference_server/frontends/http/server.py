@@ -73,10 +73,6 @@ MAX_PIPELINED = 16
 #: How long a refused connection is read and its bytes dropped before it is closed.
 LINGER_S = 2.0
 
-#: How far an unfinished line's raw bytes may run past its size as limits.py counts it (': ',
-#: CRLF; before the first header, ' HTTP/1.1'), so that no line at its limit is refused for them.
-_RAW_SLACK = 64
-
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LARGE_BODY = 1 << 16  # from here on the head and the body go out in two writes, not one copy
 
@@ -145,12 +141,7 @@ class _Connection(asyncio.Protocol):
         self._body_timer: asyncio.TimerHandle | None = None
         self._gave_up = False  # answered a request it could not read: nothing more is parsed
         self._read_size = 0  # bytes in the read being parsed
-        # A head that spans reads (rare) is accounted for in these, reset when it is complete.
-        self._spanned = False  # the head has taken more than one read
-        self._head_size = 0  # its bytes llhttp has handed over, 4 a line for ': ' and CRLF
-        self._counted = 0  # header lines in _head_size
-        self._target_seen = 0  # bytes of the target seen at the last read
-        self._pending = 0  # bytes read since llhttp last handed over any: its unfinished line
+        self._meter = limits_.HeadMeter(limits)  # a head that spans reads (rare), reset when it is complete
         self._head_timer: asyncio.TimerHandle | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
         self._idle_since: float | None = None  # idle since, seen by the idle timer; None: a request since
@@ -229,41 +220,15 @@ class _Connection(asyncio.Protocol):
 
     def _head_unfinished(self, size: int) -> None:
         """A head spans reads (one that does not is checked by on_headers_complete): after each,
-        count the lines llhttp has handed over and the bytes of the one it has not; time it."""
+        measure it (`limits.HeadMeter`); time it."""
         if self._gave_up:  # a request before this one in the read was refused: nothing more is served
             return
-        began_here, self._spanned = not self._spanned, True
-        counted, target = self._counted, self._target_seen
-        refusal = self._count_head()
+        refusal = self._meter.after_read(self._headers, self._url, size)
         if refusal is not None:
             self._give_up(refusal)
             return
-        limits = self._limits
-        self._target_seen = len(self._url)
-        if began_here or self._counted != counted or self._target_seen != target:
-            # A line ended in this read; the part of it after that line is under one read, and
-            # counted from the next read on, so the count never exceeds the line.
-            self._pending = 0
-        else:
-            pending = self._pending = self._pending + size
-            if pending > limits.max_header_line + _RAW_SLACK:
-                refusal = limits_.refusal(self._limits, "line")
-            elif self._head_size + pending > limits.max_head_bytes + _RAW_SLACK:
-                refusal = limits_.refusal(self._limits, "head")
-            if refusal is not None:
-                self._give_up(refusal)
-                return
         if self._head_timer is None and self._loop is not None:
-            self._head_timer = self._loop.call_later(limits.head_timeout_s, self._head_timed_out)
-
-    def _count_head(self) -> HttpResponse | None:
-        """Add what llhttp has handed over since the last count to the head's size; the 431 for a
-        line, a count or a size over its limit, else None."""
-        headers, url_size = self._headers, len(self._url)
-        size = self._head_size + url_size - self._target_seen
-        size, broken = limits_.measure_head(self._limits, headers, self._counted, size)
-        self._head_size, self._counted, self._target_seen = size, len(headers), url_size
-        return None if broken is None else limits_.refusal(self._limits, broken)
+            self._head_timer = self._loop.call_later(self._limits.head_timeout_s, self._head_timed_out)
 
     def eof_received(self) -> bool | None:
         self._closing = True
@@ -297,9 +262,9 @@ class _Connection(asyncio.Protocol):
         self._in_body = True
         # A head that came in one read no larger than the line limit can be over no limit but the
         # count: most heads are checked with two comparisons, not a look at every line.
-        if self._spanned or self._read_size > self._max_header_line or len(self._headers) > self._max_headers:
-            refusal = self._count_head()
-            self._spanned, self._head_size, self._counted, self._target_seen, self._pending = False, 0, 0, 0, 0
+        meter = self._meter
+        if meter.spanned or self._read_size > self._max_header_line or len(self._headers) > self._max_headers:
+            refusal = meter.complete(self._headers, self._url)
             if refusal is not None:
                 self._give_up(refusal)
                 return
