@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import threading
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-from reference_server.errors import InternalError, Unavailable
+from reference_server.core.dataplane import DataPlane
+from reference_server.core.repository import ModelRepository
+from reference_server.errors import InternalError, InvalidArgument, Unavailable
 from reference_server.frontends.http.messages import Exchange, HttpRequest, HttpResponse, Reply
 from reference_server.frontends.http.server import HttpServer
 from reference_server.scheduling.policy import BatchingPolicy
@@ -20,6 +24,7 @@ from reference_server.scheduling.scheduler import Scheduler
 from reference_server.scheduling.stats import ModelStats
 from tests.unit.test_http_server import post, read_response, serve
 from tests.unit.test_scheduler import BOUND_S, HOLD, FakeInstance, tensor
+from v2kit import codec as v2
 
 
 class LaterResponder:
@@ -144,3 +149,68 @@ def test_an_answer_that_comes_after_the_server_closed_its_connection_is_dropped(
         return left
 
     assert run(main()) == b""
+
+
+class _Wrapped:
+    """A scheduler wrapper without `submit`, as a response cache, a reshape or a sequence batcher is."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def infer(self, *args: Any, **kwargs: Any) -> Any:
+        return await self.inner.infer(*args, **kwargs)
+
+    async def close(self, grace_s: float) -> None:
+        await self.inner.close(grace_s)
+
+
+async def test_start_infer_answers_a_plain_scheduler_from_its_callback_and_a_wrapped_one_from_a_task(
+    demo_repository: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "models"
+    shutil.copytree(demo_repository / "identity", root / "identity")
+    repository = ModelRepository(root)
+    await repository.load("identity")
+    plane = DataPlane(repository)
+    loop = asyncio.get_running_loop()
+    made = 0
+    default = loop.get_task_factory()
+
+    def counting(loop_: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> asyncio.Future[Any]:
+        nonlocal made
+        made += 1
+        return default(loop_, coro, **kw) if default is not None else asyncio.Task(coro, loop=loop_, **kw)
+
+    def request(outputs: str = "", name: str = "INPUT0") -> v2.InferRequest:
+        body = '{"inputs":[{"name":"' + name + '","shape":[1,3],"datatype":"FP32","data":[1,5,3]}]' + outputs + "}"
+        return v2.decode_infer_request(body.encode(), None, "identity")
+
+    async def answer(infer_request: v2.InferRequest) -> v2.InferResponse | Exception:
+        answered: asyncio.Future[v2.InferResponse | Exception] = loop.create_future()
+        plane.start_infer(infer_request, answered.set_result)
+        return await asyncio.wait_for(answered, BOUND_S)
+
+    loop.set_task_factory(counting)  # type: ignore[arg-type]
+    try:
+        plain = await answer(request())
+        # Classification rides the callback too: the top 2 of [1, 5, 3] as Triton formats them.
+        ranked = await answer(request(',"outputs":[{"name":"OUTPUT0","parameters":{"classification":2}}]'))
+        tasks_for_plain = made
+        with pytest.raises(InvalidArgument):  # a bad request raises at once on the callback path
+            plane.start_infer(request(name="NOPE"), lambda _: None)
+        repository.get("identity").scheduler = _Wrapped(repository.get("identity").scheduler)  # type: ignore[assignment]
+        wrapped = await answer(request())
+        refused = await answer(request(name="NOPE"))  # ... and through `done` on the task path
+    finally:
+        loop.set_task_factory(default)
+        await repository.close(0)
+    assert isinstance(plain, v2.InferResponse) and np.asarray(plain.outputs[0].data).tolist() == [[1, 5, 3]]
+    assert isinstance(ranked, v2.InferResponse)
+    assert [s.decode() if isinstance(s, bytes) else s for s in np.asarray(ranked.outputs[0].data).ravel()] == [
+        "5.000000:1",
+        "3.000000:2",
+    ]
+    assert tasks_for_plain == 0
+    assert isinstance(wrapped, v2.InferResponse) and np.asarray(wrapped.outputs[0].data).tolist() == [[1, 5, 3]]
+    assert isinstance(refused, InvalidArgument) and "NOPE" in str(refused)
+    assert made >= 2  # the wrapped scheduler's requests each ran in a task
