@@ -144,10 +144,29 @@ class Run:
 
 
 def measure(
-    peers: Path, endpoint: Endpoint, server: str, model: str, protocol: str, concurrency: int, window_ms: int, tmp: Path
+    peers: Path,
+    endpoint: Endpoint,
+    server: str,
+    model: str,
+    protocol: str,
+    concurrency: int,
+    window_ms: int,
+    tmp: Path,
+    stability: int = 25,
 ) -> Run:
     url = endpoint.http_url if protocol == "http" else endpoint.grpc_url
-    args = ["-i", protocol, "--concurrency-range", str(concurrency), "-p", str(window_ms), "-s", "25", "-r", "10"]
+    args = [
+        "-i",
+        protocol,
+        "--concurrency-range",
+        str(concurrency),
+        "-p",
+        str(window_ms),
+        "-s",
+        str(stability),
+        "-r",
+        "10",
+    ]
     before = server_times(endpoint.http_url, model)
     cpu_before = tree_cpu_s(endpoint.pid)
     (row,) = perf_analyzer(peers, model, url, tmp / "pa.csv", args, attempts=3)
@@ -159,11 +178,13 @@ def measure(
     )  # fmt: skip
 
 
-def render(runs: list[Run], protocol: str, levels: list[int], window_ms: int, elements: int, host: str) -> str:
+def render(
+    runs: list[Run], protocol: str, levels: list[int], window_ms: int, elements: int, host: str, stability: int
+) -> str:
     by_key = {(r.server, r.model, r.concurrency): r for r in runs}
     lines = [
         f"python-backend identity (FP32 [{elements}]) and a two-step ensemble of it, reference server vs Triton "
-        f"2.51, same model folders, perf_analyzer -i {protocol} -p {window_ms} -s 25 -r 10; {host}",
+        f"2.51, same model folders, perf_analyzer -i {protocol} -p {window_ms} -s {stability} -r 10; {host}",
         "",
         "| model | concurrency | infer/s ours | infer/s Triton | p50 us ours | p50 us Triton | p99 us ours "
         "| p99 us Triton | request us/req ours | request us/req Triton | ratio (<= 1) | server CPU us/req ours "
@@ -172,6 +193,8 @@ def render(runs: list[Run], protocol: str, levels: list[int], window_ms: int, el
     ]
     for model in MODELS:
         for concurrency in levels:
+            if ("ours", model, concurrency) not in by_key:
+                continue  # not chosen (--models)
             ours, triton = by_key[("ours", model, concurrency)], by_key[("triton", model, concurrency)]
             request_ours = ours.times.per_request_us("request_ns")
             request_triton = triton.times.per_request_us("request_ns")
@@ -182,6 +205,8 @@ def render(runs: list[Run], protocol: str, levels: list[int], window_ms: int, el
                 f"{ours.cpu_us:.0f} | {triton.cpu_us:.0f} | {ratio(ours.cpu_us, triton.cpu_us)} |"
             )
     top = max(levels)
+    if ("ours", "ensemble", top) not in by_key or ("ours", "ensemble_plain", top) not in by_key:
+        return "\n".join(lines)
     lines += [
         "",
         f"dynamic batching of the composing model, through the ensemble, concurrency {top}:",
@@ -195,6 +220,8 @@ def render(runs: list[Run], protocol: str, levels: list[int], window_ms: int, el
             f"| {server} | {batching.infer_per_s:.0f} | {plain.infer_per_s:.0f} | "
             f"{ratio(batching.infer_per_s, plain.infer_per_s)} |"
         )
+    if ("ours", "mlp_ensemble", top) not in by_key or ("ours", "mlp_ensemble_plain", top) not in by_key:
+        return "\n".join(lines)
     lines += [
         "",
         f"the same through a compute-bound ensemble (identity [256], then the demo MLP in onnxruntime), "
@@ -218,7 +245,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="1,8", help="comma-separated levels")
     parser.add_argument("--window-ms", type=int, default=2000, help="perf_analyzer -p")
     parser.add_argument("--elements", type=int, default=16, help="FP32 elements per request")
+    parser.add_argument(
+        "--stability", type=int, default=25, help="perf_analyzer -s: a loaded machine may need more (percent)"
+    )
+    parser.add_argument(
+        "--models", default=",".join((*MODELS, *MLP_MODELS)), help="comma-separated subset of the models (default: all)"
+    )
     args = parser.parse_args(argv)
+    chosen = set(args.models.split(","))
+    unknown = chosen - {*MODELS, *MLP_MODELS}
+    if unknown:
+        parser.error(f"unknown model(s) {sorted(unknown)}; choose from {', '.join((*MODELS, *MLP_MODELS))}")
+    models = [m for m in MODELS if m in chosen]
+    mlp_models = [m for m in MLP_MODELS if m in chosen]
     peers = peers_dir()
     levels = [int(c) for c in args.concurrency.split(",")]
     runs: list[Run] = []
@@ -228,31 +267,50 @@ def main(argv: list[str] | None = None) -> int:
         repository = write_repository(tmp / "repository", args.elements, mlp_onnx)
         with both_servers(peers, repository, repository) as endpoints:
             for server in SERVERS:  # warm-up: stubs, sessions, connections
-                for model in (*MODELS, *MLP_MODELS):
-                    measure(peers, endpoints[server], server, model, args.protocol, max(levels), 500, tmp)
+                for model in (*models, *mlp_models):
+                    try:
+                        measure(peers, endpoints[server], server, model, args.protocol, max(levels), 500, tmp, 100)
+                    except RuntimeError:
+                        pass  # a warm-up needs no stable figure, only the requests
             step = 0
-            for model in MODELS:
+            for model in models:
                 for concurrency in levels:
                     # Alternate which server goes first, so that neither always follows the same one.
                     for server in SERVERS if step % 2 == 0 else SERVERS[::-1]:
                         print(f"measuring: {server} {model} c={concurrency} ...", file=sys.stderr, flush=True)
                         runs.append(
                             measure(
-                                peers, endpoints[server], server, model, args.protocol, concurrency, args.window_ms, tmp
+                                peers,
+                                endpoints[server],
+                                server,
+                                model,
+                                args.protocol,
+                                concurrency,
+                                args.window_ms,
+                                tmp,
+                                args.stability,
                             )  # fmt: skip
                         )
                     step += 1
-            for model in MLP_MODELS:
+            for model in mlp_models:
                 for server in SERVERS if step % 2 == 0 else SERVERS[::-1]:
                     print(f"measuring: {server} {model} c={max(levels)} ...", file=sys.stderr, flush=True)
                     runs.append(
                         measure(
-                            peers, endpoints[server], server, model, args.protocol, max(levels), args.window_ms, tmp
+                            peers,
+                            endpoints[server],
+                            server,
+                            model,
+                            args.protocol,
+                            max(levels),
+                            args.window_ms,
+                            tmp,
+                            args.stability,
                         )  # fmt: skip
                     )
                 step += 1
     print()
-    print(render(runs, args.protocol, levels, args.window_ms, args.elements, machine(peers)))
+    print(render(runs, args.protocol, levels, args.window_ms, args.elements, machine(peers), args.stability))
     return 0
 
 

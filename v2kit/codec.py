@@ -166,9 +166,14 @@ def _without_shared_memory(parameters: dict[str, Any]) -> dict[str, Any]:
 # --- shared helpers ------------------------------------------------------------------------------
 
 
+#: One encoder for every message: `json.dumps` with separators builds a new one per call (about
+#: 5 us of a small response's 20).
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+
+
 def _dumps(doc: Any, what: str) -> bytes:
     try:
-        return json.dumps(doc, separators=(",", ":")).encode()
+        return _ENCODER.encode(doc).encode()
     except (TypeError, ValueError) as e:
         raise CodecError(f"cannot encode {what} as JSON: {e}") from None
 

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterator, Mapping
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -26,8 +28,11 @@ from reference_server.core.repository import ModelRepository, ModelVersion
 from reference_server.core.shared_memory import RequestBinding, SharedMemoryRegistry
 from reference_server.errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported, unknown_model
 from reference_server.scheduling.execute import Tensors
+from reference_server.scheduling.scheduler import Scheduler
 from reference_server.scheduling.sequence.batcher import SEQUENCE_PARAMETERS
 from v2kit import codec as v2
+
+log = logging.getLogger(__name__)
 
 SERVER_NAME = "perfkit-reference-server"
 EXTENSIONS = [
@@ -170,9 +175,10 @@ class DataPlane:
         message names the `endpoint` (`HTTP_ENDPOINT`, `GRPC_ENDPOINT`): it may answer 0..N times,
         which only a stream can carry."""
         received_ns = time.perf_counter_ns()
-        served = self.repository.get(_model_name(request.model_name), request.model_version)
-        if is_decoupled(served):
-            raise Unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
+        served = self._unary(request, endpoint)
+        return await self._infer(served, request, received_ns)
+
+    async def _infer(self, served: ModelVersion, request: v2.InferRequest, received_ns: int) -> v2.InferResponse:
         # Inputs come out of shared memory before validation; outputs go back in after the model.
         binding = self.shared_memory.bind(request, self._check_elements)
         try:
@@ -191,6 +197,49 @@ class DataPlane:
         finally:
             if binding is not None:
                 binding.release()
+
+    def start_infer(
+        self,
+        request: v2.InferRequest,
+        done: Callable[[v2.InferResponse | Exception], None],
+        *,
+        endpoint: str = HTTP_ENDPOINT,
+    ) -> None:
+        """`infer` without a coroutine: checks `request` and raises at once as `infer` does, else
+        queues it and calls `done` once, on the loop, with its response or the error that failed
+        it, from the scheduler's own callback when its batch is done: no task, no loop pass.
+
+        Only a plain `Scheduler` answers so. A version whose scheduler is wrapped (response cache,
+        reshape), a sequence model's and an ensemble's await: such a request runs `infer` in a task
+        of its own, which answers when it ends (its errors too come through `done`).
+        `done` must not raise (the scheduler answers a whole batch in one go)."""
+        received_ns = time.perf_counter_ns()
+        served = self._unary(request, endpoint)
+        scheduler = served.scheduler
+        if not isinstance(scheduler, Scheduler):
+            task = asyncio.ensure_future(self._infer(served, request, received_ns))
+            task.add_done_callback(partial(_task_done, partial(_answer, done, served.name)))
+            return
+        binding = self.shared_memory.bind(request, self._check_elements)
+        try:
+            inputs, output_names, timeout_us = self._prepare(served, request)
+            classes = requested_classes(served.name, request.outputs, served.outputs)
+            finished = partial(_finished, done, served, request.id, output_names, classes, binding)
+            scheduler.submit(
+                inputs, output_names, finished, timeout_us=timeout_us, received_ns=received_ns,
+                request_id=request.id, parameters=_model_parameters(request.parameters),
+            )  # fmt: skip
+        except BaseException:
+            if binding is not None:
+                binding.release()
+            raise
+
+    def _unary(self, request: v2.InferRequest, endpoint: str) -> ModelVersion:
+        """The model version a unary request goes to; a decoupled one is refused."""
+        served = self.repository.get(_model_name(request.model_name), request.model_version)
+        if is_decoupled(served):
+            raise Unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
+        return served
 
     def infer_stream(self, request: v2.InferRequest) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
         """The responses to one request, as the model sends them, each with whether it is the last.
@@ -435,7 +484,60 @@ def is_decoupled(served: ModelVersion) -> bool:
 def _model_parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
     # The sequence parameters go on, as Triton's correlation id and flags go with every request: a
     # sequence model's scheduler reads them, a python model sees them as correlation_id() and flags().
+    if not parameters:
+        return {}
     return {k: v for k, v in parameters.items() if k not in _RESERVED_PARAMETERS or k in SEQUENCE_PARAMETERS}
+
+
+def _finished(
+    done: Callable[[v2.InferResponse | Exception], None],
+    served: ModelVersion,
+    request_id: str,
+    output_names: list[str],
+    classes: Mapping[str, int],
+    binding: RequestBinding | None,
+    results: Tensors | Exception,
+) -> None:
+    """A `Scheduler.submit` callback: `done` with the response made of `results`, or their error."""
+    try:
+        answer: v2.InferResponse | Exception
+        if isinstance(results, Exception):
+            answer = results
+        else:
+            try:
+                answer = _response(served, request_id, output_names, results, classes)
+                if binding is not None:
+                    answer = binding.write(answer)
+            except Exception as exc:  # an output that does not fit its region, say: the client hears it
+                answer = exc
+        _answer(done, served.name, answer)
+    finally:
+        if binding is not None:
+            binding.release()
+
+
+def _answer(
+    done: Callable[[v2.InferResponse | Exception], None], model: str, answer: v2.InferResponse | Exception
+) -> None:
+    try:
+        done(answer)
+    except Exception:  # the scheduler answers the rest of the batch all the same
+        log.exception("internal error answering a request for model '%s'", model)
+
+
+def _task_done(
+    finished: Callable[[v2.InferResponse | Exception], None], task: asyncio.Future[v2.InferResponse]
+) -> None:
+    if task.cancelled():
+        finished(Unavailable("Server is stopping: request was cancelled"))
+        return
+    error = task.exception()
+    if error is None:
+        finished(task.result())
+    elif isinstance(error, Exception):
+        finished(error)
+    else:
+        raise error
 
 
 def _response(

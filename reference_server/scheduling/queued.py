@@ -33,6 +33,7 @@ class QueuedRequest:
         "parameters",
         "sink",
         "secondary_stats",
+        "done",
     )
 
     def __init__(
@@ -49,6 +50,7 @@ class QueuedRequest:
         parameters: dict[str, Any] | None = None,
         sink: ResponseSink | None = None,
         secondary_stats: ModelStats | None = None,
+        done: Callable[[Tensors | Exception], None] | None = None,
     ) -> None:
         self.inputs = inputs
         self.output_names = output_names
@@ -63,6 +65,8 @@ class QueuedRequest:
         self.parameters = parameters if parameters is not None else {}
         self.sink = sink
         self.secondary_stats = secondary_stats
+        # Told the outputs or the error as the future is (`Scheduler.submit`), at once, not a loop pass later.
+        self.done = done
 
 
 # A dispatched batch: its preserve_ordering number and its requests.

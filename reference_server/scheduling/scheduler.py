@@ -19,24 +19,9 @@ finishes, so everything that queued while it was busy is gathered into its next 
 timeouts. There is no batching coroutine: those three triggers are callbacks. Under a backlog
 whole batches also go to busy instances ahead of time (see "Backlogs").
 
-*Which requests form the batch?* `_take` replays `GetDynamicBatch` on the head of the queue:
-
-- Requests join in arrival order while they are batchable with the first one (same input names,
-  dtypes and shapes apart from dim 0; Triton enforces equal shapes for non-ragged inputs) and
-  the total of their dim 0 stays within `max_batch_size`. The first mismatch ends the scan:
-  Triton never reorders to find a better partner.
-- If a prefix totals a preferred batch size, the largest such prefix is sent at once.
-  Without configured preferred sizes, Triton's config normaliser uses `[max_batch_size]`.
-- If the scan passes the largest preferred size first, the prefix before that point counts as
-  the preferred batch, so preferred sizes also cap batches (Triton's `max_preferred_batch_size_`).
-- Otherwise the whole prefix is sent when it cannot grow (size limit or mismatch), when
-  `max_queue_delay` is 0, or when the oldest request in it has waited the delay. Else the
-  scheduler sleeps until that moment; an arrival that completes a preferred batch sends it
-  earlier. Once the delay has expired, the whole prefix (up to `max_batch_size`) goes, even if a
-  smaller preferred size fits.
-
-Without `dynamic_batching` (or with `max_batch_size: 0`) each request runs alone, FIFO, on the
-next free instance. Its own dim 0 is still its batch size when `max_batch_size > 0`.
+*Which requests form the batch?* `policy.take_batch` replays Triton's `GetDynamicBatch` on the head
+of the queue (the rules are in `policy.py`'s docstring); `policy.batch_key` gives each request its
+batch size and what it must share with others to batch.
 
 *Short runs on the loop.* Each batch a worker runs costs two thread hand-offs (a `SimpleQueue`
 wake-up one way, `call_soon_threadsafe`'s self-pipe the other) and a GIL round trip, about 100 us
@@ -102,7 +87,7 @@ from functools import partial
 from time import perf_counter_ns
 from typing import Any
 
-from reference_server.errors import InternalError, InvalidArgument, ServerError, Unavailable, Unsupported
+from reference_server.errors import InternalError, ServerError, Unavailable, Unsupported
 from reference_server.scheduling.execute import (
     ModelInstance,
     Outcome,
@@ -111,7 +96,7 @@ from reference_server.scheduling.execute import (
     Tensors,
     execute,
 )
-from reference_server.scheduling.policy import BatchingPolicy
+from reference_server.scheduling.policy import BatchingPolicy, batch_key, take_batch
 from reference_server.scheduling.queued import Batch, QueuedRequest, Slot, record_failure
 from reference_server.scheduling.rate_limiter import RateGate
 from reference_server.scheduling.stats import ModelStats
@@ -126,6 +111,10 @@ INLINE_MAX_NS = 1_000_000
 #: How many batches an instance may hold, running and waiting their turn, under a backlog (see "Backlogs").
 AHEAD_BATCHES = 16
 
+_DECOUPLED = (
+    "ModelInfer RPC doesn't support models with decoupled transaction policy: this model sends "
+    "its responses as a stream (gRPC ModelStreamInfer, HTTP generate_stream)"
+)
 _STOPPING = "Server is stopping, scheduler for model has stopped accepting new inference requests"
 
 
@@ -201,10 +190,7 @@ class Scheduler:
         own error) when the model fails. `secondary_stats`: see `model_scheduler.ModelScheduler`.
         """
         if self._policy.decoupled:
-            raise Unsupported(
-                "ModelInfer RPC doesn't support models with decoupled transaction policy: this model sends "
-                "its responses as a stream (gRPC ModelStreamInfer, HTTP generate_stream)"
-            )
+            raise Unsupported(_DECOUPLED)
         request = self._submit(
             inputs, output_names, timeout_us, received_ns, request_id, parameters, None, secondary_stats
         )
@@ -213,6 +199,25 @@ class Scheduler:
         except asyncio.CancelledError:
             self._withdraw(request)
             raise
+
+    def submit(
+        self,
+        inputs: Tensors,
+        output_names: Sequence[str],
+        done: Callable[[Tensors | Exception], None],
+        *,
+        timeout_us: int | None = None,
+        received_ns: int | None = None,
+        request_id: str = "",
+        parameters: dict[str, Any] | None = None,
+    ) -> None:
+        """`infer` for a caller that is no coroutine: raises what `infer` raises before the request
+        is queued; once queued, `done` gets its outputs or the error that failed it, once, called
+        on the loop where the batch ends (no loop pass for a future's callbacks). `done` must not
+        raise, and the request cannot be withdrawn."""
+        if self._policy.decoupled:
+            raise Unsupported(_DECOUPLED)
+        self._submit(inputs, output_names, timeout_us, received_ns, request_id, parameters, None, None, done)
 
     def infer_stream(
         self,
@@ -250,6 +255,7 @@ class Scheduler:
         parameters: dict[str, Any] | None,
         sink: ResponseSink | None,
         secondary_stats: ModelStats | None = None,
+        done: Callable[[Tensors | Exception], None] | None = None,
     ) -> QueuedRequest:
         """Admit and queue one request; its future resolves when its batch has run."""
         if self._closing:
@@ -259,7 +265,7 @@ class Scheduler:
             received_ns = now
         if self._prepare is not None:
             inputs = self._prepare(inputs)
-        batch_size, key = self._admit(inputs)
+        batch_size, key = batch_key(self._policy, self._batching, inputs)
         policy = self._policy
         if policy.max_queue_size and len(self._queue) + len(self._delayed) >= policy.max_queue_size:
             record_failure(self._stats, secondary_stats, perf_counter_ns() - received_ns, "REJECTED")
@@ -277,7 +283,7 @@ class Scheduler:
         future: asyncio.Future[Tensors] = loop.create_future()
         request = QueuedRequest(
             inputs, output_names, batch_size, key, future, received_ns, now, deadline, request_id, parameters, sink,
-            secondary_stats,
+            secondary_stats, done,
         )  # fmt: skip
         self._queue.append(request)
         self._stats.pending += 1
@@ -353,32 +359,6 @@ class Scheduler:
             if not slot.running and slot.thread is not None:
                 slot.thread.join()
 
-    # -- admission -------------------------------------------------------------------------------
-
-    def _admit(self, inputs: Tensors) -> tuple[int, object]:
-        """Return the request's batch size and batching key, or raise InvalidArgument."""
-        max_batch_size = self._policy.max_batch_size
-        if max_batch_size == 0:
-            return 1, None
-        batch_size = -1
-        for name, array in inputs.items():
-            if array.ndim == 0:
-                raise InvalidArgument(f"input '{name}' has no batch dimension but the model batches")
-            if batch_size < 0:
-                batch_size = array.shape[0]
-            elif array.shape[0] != batch_size:
-                raise InvalidArgument(
-                    f"input '{name}' batch size {array.shape[0]} does not match other inputs' batch size {batch_size}"
-                )
-        if batch_size < 1:
-            raise InvalidArgument("inference request batch-size must be >= 1")
-        if batch_size > max_batch_size:
-            raise InvalidArgument(f"inference request batch-size must be <= {max_batch_size}")
-        if not self._batching:
-            return batch_size, None
-        # Sorted so that two clients listing the same inputs in another order still batch.
-        return batch_size, tuple(sorted((n, a.dtype, a.shape[1:]) for n, a in inputs.items()))
-
     # -- batch formation (event loop) ------------------------------------------------------------
 
     def _schedule(self) -> None:
@@ -403,42 +383,14 @@ class Scheduler:
             self._arm(self._next_deadline)
 
     def _take(self, now: int) -> int:
-        """How many requests from the head of the queue to batch now; 0 means wait."""
-        max_batch_size = self._policy.max_batch_size
-        max_preferred = self._max_preferred
-        preferred = self._preferred
+        """How many requests from the head of the queue to batch now; 0 means wait (the timer is armed)."""
         candidates: Iterable[QueuedRequest] = (
             itertools.chain(self._queue, self._delayed) if self._delayed else self._queue
         )
-        total = count = best = 0
-        oldest = now
-        key: object = None
-        send_now = False
-        for request in candidates:
-            size = request.batch_size
-            if count == 0:
-                key = request.key
-            else:
-                if best == 0 and total + size > max_preferred:
-                    best = count  # what fits under the largest preferred size
-                if total + size > max_batch_size or request.key != key:
-                    send_now = True
-                    break
-            total += size
-            count += 1
-            if request.enqueued_ns < oldest:
-                oldest = request.enqueued_ns
-            if total in preferred:
-                best = count
-        delay = self._policy.max_queue_delay_ns
-        # While closing, nobody else will come to fill the batch: send it.
-        delay_expired = delay > 0 and (now - oldest >= delay or self._closing)
-        if best and not delay_expired:
-            return best
-        if send_now or total >= max_preferred or delay == 0 or delay_expired:
-            return count
-        self._arm(oldest + delay)
-        return 0
+        count, wake_ns = take_batch(self._policy, self._preferred, self._max_preferred, candidates, now, self._closing)
+        if count == 0:
+            self._arm(wake_ns)
+        return count
 
     def _dispatch_ahead(self, now: int) -> None:
         """Every instance is busy and the queue holds whole batches: hand them out now, up to
@@ -608,6 +560,8 @@ class Scheduler:
             if request.secondary_stats is not None:
                 request.secondary_stats.record_success(done - received, t0 - received, t1 - t0, t2 - t1, t3 - t2)
             future.set_result(result)
+            if request.done is not None:
+                request.done(result)
 
     def _fail(self, request: QueuedRequest, error: Exception, reason: str, now: int) -> None:
         future = request.future
@@ -617,7 +571,11 @@ class Scheduler:
             return  # already answered and counted
         else:
             future.set_exception(error)
+            if request.done is not None:
+                future.exception()  # taken from `done`, not from the future: not "never retrieved"
         record_failure(self._stats, request.secondary_stats, now - request.received_ns, reason)
+        if request.done is not None and reason != "CANCELED":
+            request.done(error)
 
     def _is_drained(self) -> bool:
         idle = len(self._idle) == len(self._slots)

@@ -9,6 +9,7 @@ import gzip
 import json
 import tracemalloc
 import zlib
+from collections.abc import Callable
 
 import pytest
 
@@ -155,8 +156,13 @@ def _served(headers: dict[str, str], body: bytes, path: str = "/v2/models/m/infe
         return HttpResponse(200, b'{"echo":"' + b"y" * 1000 + b'"}', "application/json")
 
     codings = ContentCodings(echo, max_body_bytes=1 << 16, compresses=frozenset({"/infer"}))
-    response = asyncio.run(codings(HttpRequest("POST", path, headers, body)))
-    return response, (seen[0] if seen else b"")
+
+    async def served() -> HttpResponse:
+        answer: asyncio.Future[HttpResponse] = asyncio.get_running_loop().create_future()
+        codings.respond(HttpRequest("POST", path, headers, body), answer.set_result)
+        return await answer
+
+    return asyncio.run(served()), (seen[0] if seen else b"")
 
 
 def test_the_handler_sees_the_inflated_body_and_the_answer_is_compressed() -> None:
@@ -182,3 +188,45 @@ def test_refusals_name_the_cause_in_tritons_wording() -> None:
     assert response.status == 415
     assert ("Accept-Encoding", "gzip, deflate") in response.headers
     assert json.loads(response.body)["error"].startswith("Unsupported compression type")
+
+
+class _CallbackApi:
+    """A handler that answers from its own call, as RestApi answers an inference from the scheduler's callback."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.seen: list[bytes] = []
+
+    def respond(self, request: HttpRequest, reply: Callable[[HttpResponse], None]) -> None:
+        self.seen.append(request.body)
+        reply(HttpResponse(200, b"z" * self.size, "application/json"))
+
+
+def test_a_callback_handler_without_coding_headers_is_answered_in_the_same_call() -> None:
+    api = _CallbackApi(1000)
+    codings = ContentCodings(api, max_body_bytes=1 << 16, compresses=frozenset({"/infer"}))
+    answers: list[HttpResponse] = []
+    codings.respond(HttpRequest("POST", "/v2/models/m/infer", {}, b"{}"), answers.append)  # no loop running
+    assert api.seen == [b"{}"] and answers[0].body == b"z" * 1000
+    # A small answer is compressed inline, still within the call.
+    answers.clear()
+    codings.respond(HttpRequest("POST", "/v2/models/m/infer", {"accept-encoding": "gzip"}, b"{}"), answers.append)
+    assert ("Content-Encoding", "gzip") in answers[0].headers and gzip.decompress(answers[0].body) == b"z" * 1000
+
+
+@pytest.mark.parametrize("size", [1000, INLINE_COMPRESS + 1])
+def test_a_callback_handler_gets_the_inflated_body_and_its_answer_compressed(size: int) -> None:
+    api = _CallbackApi(size)
+    codings = ContentCodings(api, max_body_bytes=1 << 16, compresses=frozenset({"/infer"}))
+    headers = {"content-encoding": "deflate", "accept-encoding": "gzip"}
+
+    async def served() -> HttpResponse:
+        answer: asyncio.Future[HttpResponse] = asyncio.get_running_loop().create_future()
+        codings.respond(
+            HttpRequest("POST", "/v2/models/m/infer", headers, zlib.compress(b'{"a":1}')), answer.set_result
+        )
+        return await answer
+
+    response = asyncio.run(served())
+    assert api.seen == [b'{"a":1}']
+    assert ("Content-Encoding", "gzip") in response.headers and gzip.decompress(response.body) == b"z" * size

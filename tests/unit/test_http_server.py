@@ -380,7 +380,7 @@ def test_an_endless_head_is_cut_off_while_it_streams(run: Any, endless: bytes) -
         streamer = asyncio.get_running_loop().create_task(stream())
         status, _, _ = await asyncio.wait_for(read_response(reader), 20)
         streamer.cancel()
-        held = max((c._pending + len(c._url) for c in server.connections), default=0)
+        held = max((c._meter.pending + len(c._url) for c in server.connections), default=0)
         writer.close()
         await server.stop(1)
         return status, sent, held

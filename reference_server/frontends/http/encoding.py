@@ -17,8 +17,30 @@ and `response_compression_algorithm`).
 
 from __future__ import annotations
 
-from reference_server.frontends.compression import CODINGS, Corrupt, TooLarge, compress_async, inflate_async
-from reference_server.frontends.http.messages import Handler, HttpRequest, HttpResponse, error_response
+import asyncio
+from collections.abc import Callable
+from functools import partial
+
+from reference_server.frontends.compression import (
+    CODINGS,
+    INLINE_COMPRESS,
+    Corrupt,
+    TooLarge,
+    compress,
+    compress_async,
+    inflate_async,
+)  # fmt: skip
+from reference_server.frontends.http.messages import (
+    Handler,
+    HttpRequest,
+    HttpResponse,
+    Reply,
+    Responder,
+    error_response,
+    in_task,
+    internal_error,
+    reply_when_done,
+)  # fmt: skip
 
 __all__ = ["MIN_COMPRESS", "ContentCodings", "response_coding"]
 
@@ -69,30 +91,43 @@ def _q_value(params: str) -> float | None:
 class ContentCodings:
     """Wraps a handler: inflates a compressed request body, and compresses the 200 answers of
     paths ending in one of `compresses` as Accept-Encoding asks. A request with neither header
-    costs two dictionary lookups."""
+    costs two dictionary lookups, and is handed on as it came: a `Responder` keeps answering from
+    its own callback. Inflating a body, or compressing a large answer, takes a task (the work may
+    go to a worker thread)."""
 
-    def __init__(self, handler: Handler, *, max_body_bytes: int, compresses: frozenset[str] = frozenset()) -> None:
+    def __init__(
+        self, handler: Responder | Handler, *, max_body_bytes: int, compresses: frozenset[str] = frozenset()
+    ) -> None:
         self.handler = handler
+        self._respond: Callable[[HttpRequest, Reply], None] = (
+            handler.respond if isinstance(handler, Responder) else partial(in_task, handler)
+        )
         self.max_body_bytes = max_body_bytes
-        self.compresses = compresses  # path suffixes whose answers may be compressed
+        self.compresses = tuple(compresses)  # path suffixes whose answers may be compressed
 
-    async def __call__(self, request: HttpRequest) -> HttpResponse:
+    def respond(self, request: HttpRequest, reply: Reply) -> None:
         headers = request.headers
-        encoding = headers.get("content-encoding")
-        if encoding is not None:
-            refusal = await self._inflate(request, encoding.strip().lower())
-            if refusal is not None:
-                return refusal
-        response = await self.handler(request)
         accept = headers.get("accept-encoding")
-        if accept is not None and response.status == 200 and request.path.endswith(tuple(self.compresses)):
-            await _compress_answer(response, accept)
-        return response
+        if accept is not None and request.path.endswith(self.compresses):
+            reply = partial(_compressing, reply, accept, f"{request.method} {request.path}")
+        encoding = headers.get("content-encoding")
+        if encoding is None or encoding.strip().lower() in _IDENTITY:
+            self._respond(request, reply)
+            return
+        what = f"{request.method} {request.path}"
+        reply_when_done(self._inflated(request, encoding.strip().lower()), reply, partial(internal_error, what=what))
+
+    async def _inflated(self, request: HttpRequest, encoding: str) -> HttpResponse:
+        """The answer to `request` once its body is inflated; or the answer refusing it."""
+        refusal = await self._inflate(request, encoding)
+        if refusal is not None:
+            return refusal
+        answer: asyncio.Future[HttpResponse] = asyncio.get_running_loop().create_future()
+        self._respond(request, partial(_settle, answer))
+        return await answer
 
     async def _inflate(self, request: HttpRequest, encoding: str) -> HttpResponse | None:
         """Replace the request's body with its inflated form; or the answer refusing it."""
-        if encoding in _IDENTITY:
-            return None
         if encoding not in CODINGS:
             response = error_response(
                 f"Unsupported compression type: Content-Encoding '{encoding}'; this server reads gzip and deflate",
@@ -115,11 +150,30 @@ class ContentCodings:
         return None
 
 
-async def _compress_answer(response: HttpResponse, accept_encoding: str) -> None:
-    if response.stream is not None or len(response.body) < MIN_COMPRESS:
+def _settle(answer: asyncio.Future[HttpResponse], response: HttpResponse) -> None:
+    if not answer.done():  # a cancelled wait (the loop stopping) has been answered already
+        answer.set_result(response)
+
+
+def _compressing(reply: Reply, accept_encoding: str, what: str, response: HttpResponse) -> None:
+    """`reply` with `response` compressed as `accept_encoding` asks, where it is a 200 worth it."""
+    if response.status != 200 or response.stream is not None or len(response.body) < MIN_COMPRESS:
+        reply(response)
         return
     coding = response_coding(accept_encoding)
     if coding is None:
-        return
-    response.body = await compress_async(response.body, coding)
+        reply(response)
+    elif len(response.body) <= INLINE_COMPRESS:
+        reply(_coded(response, coding, compress(response.body, coding)))
+    else:
+        reply_when_done(_compressed(response, coding), reply, partial(internal_error, what=what))
+
+
+async def _compressed(response: HttpResponse, coding: str) -> HttpResponse:
+    return _coded(response, coding, await compress_async(response.body, coding))
+
+
+def _coded(response: HttpResponse, coding: str, body: bytes) -> HttpResponse:
+    response.body = body
     response.headers = (*response.headers, ("Content-Encoding", coding), ("Vary", "Accept-Encoding"))
+    return response

@@ -22,7 +22,10 @@ The defaults follow the servers that clients already meet:
 
 The sizes are what llhttp has handed over (the target, each field name and value) plus four bytes a
 line for ': ' and CRLF, so whitespace around a value is not counted; the bytes of a line llhttp has
-not finished yet are counted as they arrive (`_Connection.data_received`).
+not finished yet are counted as they arrive. A head that comes in one read no larger than the line
+limit can be over no limit but the count: most heads are checked with two comparisons; one that
+spans reads is measured read by read by a `HeadMeter`, so memory never follows a client that
+streams an endless head.
 """
 
 from __future__ import annotations
@@ -31,7 +34,11 @@ from dataclasses import dataclass
 
 from reference_server.frontends.http.messages import HttpResponse, error_response
 
-__all__ = ["DEFAULT_LIMITS", "HttpLimits", "body_timeout", "measure_head", "refusal", "too_large"]
+__all__ = ["DEFAULT_LIMITS", "HeadMeter", "HttpLimits", "body_timeout", "measure_head", "refusal", "too_large"]
+
+#: How far an unfinished line's raw bytes may run past its size as counted here (': ', CRLF; before
+#: the first header, ' HTTP/1.1'), so that no line at its limit is refused for them.
+_RAW_SLACK = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +90,58 @@ def measure_head(
             return size, "line"
         size += line + 4
     return size, "head" if size > limits.max_head_bytes else None
+
+
+class HeadMeter:
+    """The size of a request head that spans reads: what llhttp has handed over (the target, the
+    header lines, 4 bytes a line for ': ' and CRLF) and the bytes of the line it has not finished."""
+
+    __slots__ = ("limits", "spanned", "size", "counted", "target_seen", "pending")
+
+    def __init__(self, limits: HttpLimits) -> None:
+        self.limits = limits
+        self.reset()
+
+    def reset(self) -> None:
+        self.spanned = False  # the head has taken more than one read
+        self.size = 0  # its bytes llhttp has handed over, 4 a line for ': ' and CRLF
+        self.counted = 0  # header lines in `size`
+        self.target_seen = 0  # bytes of the target seen at the last read
+        self.pending = 0  # bytes read since llhttp last handed over any: its unfinished line
+
+    def count(self, headers: list[tuple[bytes, bytes]], target: bytes) -> HttpResponse | None:
+        """Add what llhttp has handed over since the last count; the 431 for a line, a count or a
+        size over its limit, else None."""
+        url_size = len(target)
+        size, broken = measure_head(self.limits, headers, self.counted, self.size + url_size - self.target_seen)
+        self.size, self.counted, self.target_seen = size, len(headers), url_size
+        return None if broken is None else refusal(self.limits, broken)
+
+    def after_read(self, headers: list[tuple[bytes, bytes]], target: bytes, read_size: int) -> HttpResponse | None:
+        """A read of `read_size` bytes ended with the head unfinished: the refusal it earns, or None."""
+        began_here, self.spanned = not self.spanned, True
+        counted, target_seen = self.counted, self.target_seen
+        broken = self.count(headers, target)
+        if broken is not None:
+            return broken
+        if began_here or self.counted != counted or self.target_seen != target_seen:
+            # A line ended in this read; the part of it after that line is under one read, and
+            # counted from the next read on, so the count never exceeds the line.
+            self.pending = 0
+            return None
+        limits = self.limits
+        pending = self.pending = self.pending + read_size
+        if pending > limits.max_header_line + _RAW_SLACK:
+            return refusal(limits, "line")
+        if self.size + pending > limits.max_head_bytes + _RAW_SLACK:
+            return refusal(limits, "head")
+        return None
+
+    def complete(self, headers: list[tuple[bytes, bytes]], target: bytes) -> HttpResponse | None:
+        """The head is all in: the refusal it earns, or None; the meter is ready for the next head."""
+        broken = self.count(headers, target)
+        self.reset()
+        return broken
 
 
 def refusal(limits: HttpLimits, broken: str) -> HttpResponse:

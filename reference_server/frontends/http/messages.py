@@ -1,12 +1,20 @@
 """What the HTTP/1.1 front end reads and writes, apart from its connections: a parsed request, an
 answer, the signatures of what serves and admits them, and the pure functions on a request's head
-(its fields, its target's form, its declared length) and on an answer's status line."""
+(its fields, its target's form, its declared length) and on an answer's status line.
+
+A server's handler is a `Responder`: it is given the request and a `Reply`, which it calls once,
+on the loop, with the answer, now or from a callback of its own (the scheduler's, when a batch is
+done), so that a request needs no task and no loop pass of its own. A coroutine handler is run in
+a task and replies when it ends (`reply_when_done`)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Awaitable, Callable
+import asyncio
+import logging
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
+from functools import partial
 from http import HTTPStatus
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import httptools
 
@@ -19,11 +27,19 @@ __all__ = [
     "HttpRequest",
     "HttpResponse",
     "NeedsSlot",
+    "Exchange",
     "Refusal",
+    "Reply",
+    "Responder",
     "chunk",
     "encode_head",
     "error_response",
+    "in_task",
+    "internal_error",
+    "reply_when_done",
 ]
+
+log = logging.getLogger(__name__)
 
 _JSON = "application/json"
 
@@ -102,6 +118,86 @@ class Admission(Protocol):
 
 
 Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
+#: Sends a request's answer; called once, on the loop.
+Reply = Callable[[HttpResponse], None]
+
+
+@runtime_checkable
+class Responder(Protocol):
+    """A handler that answers through a `Reply` rather than by returning."""
+
+    def respond(self, request: HttpRequest, reply: Reply) -> None:
+        """Answer `request` by calling `reply` once, now or later, on the loop. An exception raised
+        here, before `reply` is called, is a bug: the server logs it and answers 500."""
+        ...
+
+
+class Exchange:
+    """One request with its handler, and what its connection needs back with the answer. It is
+    the request's `Reply`: called once (a second call is a bug), it hands the answer to `answered`."""
+
+    __slots__ = ("answered", "request", "admitted", "keep_alive", "transport", "sent")
+
+    def __init__(
+        self,
+        answered: Callable[[Exchange, HttpResponse], None],
+        request: HttpRequest,
+        admitted: bool,
+        keep_alive: bool,
+        transport: asyncio.Transport | None,
+    ) -> None:
+        self.answered = answered
+        self.request = request
+        self.admitted = admitted  # holds an admission slot
+        self.keep_alive = keep_alive
+        self.transport = transport  # the connection's when the request was read (None: gone already)
+        self.sent = False
+
+    def __call__(self, response: HttpResponse) -> None:
+        if self.sent:
+            raise RuntimeError(f"{self.request.method} {self.request.path} was answered twice")
+        self.sent = True
+        self.answered(self, response)
+
+
+def in_task(handler: Handler, request: HttpRequest, reply: Reply) -> None:
+    """Serve a coroutine handler as a `Responder` would: in a task, replying when it ends."""
+    reply_when_done(
+        _answer_of(handler, request), reply, partial(internal_error, what=f"{request.method} {request.path}")
+    )
+
+
+async def _answer_of(handler: Handler, request: HttpRequest) -> HttpResponse:
+    return await handler(request)
+
+
+def internal_error(exc: BaseException, what: str) -> HttpResponse:
+    """The 500 for an error no handler maps (a bug), logged with its traceback."""
+    log.error("internal error serving %s", what, exc_info=exc)
+    return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
+
+
+def reply_when_done(
+    answer: Coroutine[Any, Any, HttpResponse], reply: Reply, failure: Callable[[Exception], HttpResponse]
+) -> None:
+    """Run `answer` in a task and `reply` with what it returns, or with `failure` of what it raises."""
+    task = asyncio.get_running_loop().create_task(answer)
+    task.add_done_callback(partial(_replied, reply, failure))
+
+
+def _replied(reply: Reply, failure: Callable[[Exception], HttpResponse], task: asyncio.Task[HttpResponse]) -> None:
+    if task.cancelled():  # the loop is shutting down: nobody reads the answer, but the request ends
+        reply(error_response("Server is stopping: request was cancelled", 503))
+        return
+    error = task.exception()
+    if error is None:
+        reply(task.result())
+    elif isinstance(error, Exception):
+        reply(failure(error))
+    else:
+        raise error  # KeyboardInterrupt, SystemExit: not the request's business
+
+
 #: Whether a request, by its method and raw path, takes an admission slot.
 NeedsSlot = Callable[[bytes, bytes], bool]
 #: The answer to a request whose admission raised this exception.

@@ -1,7 +1,9 @@
 """KServe v2 over HTTP/REST: route, decode, call the data plane, encode. No business logic here.
 
 `RestApi` is the handler of `http_server.HttpServer`, which owns the transport, the size limit,
-the body timeout, admission and the read gate. Routing compares the path's percent-decoded
+the body timeout, admission and the read gate. It answers through the request's `Reply`: at once
+where the data plane answers at once, from the scheduler's callback for an inference (no task, no
+loop pass: `DataPlane.start_infer`), and from a task for what awaits (generate, the repository). Routing compares the path's percent-decoded
 segments with the protocol's routes; a decoded segment that holds a '/' (`%2F`) stays one segment,
 so it can never reach another route, and a model name is only ever one segment.
 """
@@ -12,7 +14,7 @@ import base64
 import binascii
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 from urllib.parse import unquote
 
@@ -23,6 +25,7 @@ from reference_server.frontends.auth import OPEN_HTTP_PATHS, Token, Unauthentica
 from reference_server.frontends.http.encoding import ContentCodings
 from reference_server.frontends.http.generate import generate
 from reference_server.frontends.http.limits import DEFAULT_LIMITS, HttpLimits
+from reference_server.frontends.http.messages import Reply, internal_error, reply_when_done
 from reference_server.frontends.http.read_gate import ReadGate
 from reference_server.frontends.http.server import HttpRequest, HttpResponse, HttpServer, error_response
 from v2kit import codec as v2
@@ -33,10 +36,12 @@ log = logging.getLogger(__name__)
 
 _HEADER_LENGTH_KEY = v2.HEADER_LENGTH.lower()
 _JSON = "application/json"
+_OCTETS = "application/octet-stream"
 _CHALLENGE = (("WWW-Authenticate", 'Bearer realm="perfkit-reference-server"'),)
 
-#: A handler's arguments: the API, the request, the model name and the version ('' for none).
-RouteHandler = Callable[["RestApi", HttpRequest, str, str], Awaitable[HttpResponse]]
+#: A handler's arguments: the API, the request, the model name, the version ('' for none) and
+#: where its answer goes.
+RouteHandler = Callable[["RestApi", HttpRequest, str, str, Reply], None]
 
 
 def is_infer(method: bytes, url: bytes) -> bool:
@@ -59,20 +64,26 @@ class RestApi:
         self.plane = plane
         self.token = token
 
-    async def __call__(self, request: HttpRequest) -> HttpResponse:
+    def respond(self, request: HttpRequest, reply: Reply) -> None:
         """Every error `errors.server_error` knows leaves as a KServe error JSON with its status; a bug
-        goes on to the transport, which logs it and answers 500."""
+        as a 500, logged."""
         try:
-            return await self._route(request)
-        except Unauthenticated as exc:
-            return HttpResponse(exc.http_status, v2.error_body(exc.message), _JSON, _CHALLENGE)
+            self._route(request, reply)
         except Exception as exc:
-            error = server_error(exc)
-            if error is None:
-                raise
-            return error_response(error.message, error.http_status)
+            reply(self._failure(exc, request))
 
-    async def _route(self, request: HttpRequest) -> HttpResponse:
+    def _failure(self, exc: Exception, request: HttpRequest) -> HttpResponse:
+        if isinstance(exc, Unauthenticated):
+            return HttpResponse(exc.http_status, v2.error_body(exc.message), _JSON, _CHALLENGE)
+        error = server_error(exc)
+        if error is None:
+            return internal_error(exc, f"{request.method} {request.path}")
+        return error_response(error.message, error.http_status)
+
+    def _later(self, answer: Coroutine[Any, Any, HttpResponse], request: HttpRequest, reply: Reply) -> None:
+        reply_when_done(answer, reply, lambda exc: self._failure(exc, request))
+
+    def _route(self, request: HttpRequest, reply: Reply) -> None:
         path = request.path
         segments = [unquote(s, errors="surrogateescape") if "%" in s else s for s in path.split("/")]
         endpoint, methods, model, version = _match(segments)
@@ -81,38 +92,40 @@ class RestApi:
         if self.token is not None and not (endpoint is not None and path in OPEN_HTTP_PATHS):
             self.token.check(request.headers.get("authorization"))
         if endpoint is None:
-            return error_response(f"Not Found: {request.method} {path}", 404)
+            reply(error_response(f"Not Found: {request.method} {path}", 404))
+            return
         # HEAD is GET without the body (RFC 9110 §9.3.2), which the transport leaves out.
         if request.method not in methods and not (request.method == "HEAD" and "GET" in methods):
             response = error_response(f"Method Not Allowed: {request.method} {path}", 405)
             response.headers = (("Allow", _ALLOW[methods]),)  # RFC 9110 §15.5.6
-            return response
-        return await endpoint(self, request, model, version)
+            reply(response)
+            return
+        endpoint(self, request, model, version, reply)
 
     # -- endpoints
 
-    async def health_live(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
-        return _status(self.plane.live())
+    def health_live(self, request: HttpRequest, model: str, version: str, reply: Reply) -> None:
+        reply(_status(self.plane.live()))
 
-    async def health_ready(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
-        return _status(self.plane.ready())
+    def health_ready(self, request: HttpRequest, model: str, version: str, reply: Reply) -> None:
+        reply(_status(self.plane.ready()))
 
-    async def server_metadata(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
-        return _json(self.plane.server_metadata())
+    def server_metadata(self, request: HttpRequest, model: str, version: str, reply: Reply) -> None:
+        reply(_json(self.plane.server_metadata()))
 
-    async def model_metadata(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
-        return _json(self.plane.model_metadata(model, version))
+    def model_metadata(self, request: HttpRequest, model: str, version: str, reply: Reply) -> None:
+        reply(_json(self.plane.model_metadata(model, version)))
 
-    async def model_ready(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
-        return _status(self.plane.model_ready(model, version))
+    def model_ready(self, request: HttpRequest, model: str, version: str, reply: Reply) -> None:
+        reply(_status(self.plane.model_ready(model, version)))
 
-    async def model_config(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
-        return _json(self.plane.model_config(model, version))
+    def model_config(self, request: HttpRequest, model: str, version: str, reply: Reply) -> None:
+        reply(_json(self.plane.model_config(model, version)))
 
-    async def model_stats(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
-        return _json(self.plane.statistics(model, version))
+    def model_stats(self, request: HttpRequest, model: str, version: str, reply: Reply) -> None:
+        reply(_json(self.plane.statistics(model, version)))
 
-    async def infer(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+    def infer(self, request: HttpRequest, model: str, version: str, reply: Reply) -> None:
         plane = self.plane
         raw_length = request.headers.get(_HEADER_LENGTH_KEY)
         if raw_length is None:
@@ -126,66 +139,83 @@ class RestApi:
             infer_request = plane.decode_raw_request(model, version, request.body)
         else:
             infer_request = v2.decode_infer_request(request.body, header_length, model, version)
-        response = await plane.infer(infer_request)
-        payload, json_length = v2.encode_infer_response(response, infer_request)
-        if json_length is None:
-            return HttpResponse(200, payload, _JSON)
-        return HttpResponse(200, payload, "application/octet-stream", ((v2.HEADER_LENGTH, str(json_length)),))
 
-    async def generate(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
-        return await generate(self.plane, request, model, version, stream=False)
+        def answered(response: v2.InferResponse | Exception) -> None:
+            # Called by the scheduler when the batch is done: the answer is encoded and written now.
+            try:
+                if isinstance(response, Exception):
+                    raise response
+                payload, json_length = v2.encode_infer_response(response, infer_request)
+            except Exception as exc:
+                reply(self._failure(exc, request))
+                return
+            if json_length is None:
+                reply(HttpResponse(200, payload, _JSON))
+            else:
+                reply(HttpResponse(200, payload, _OCTETS, ((v2.HEADER_LENGTH, str(json_length)),)))
 
-    async def generate_stream(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
-        return await generate(self.plane, request, model, version, stream=True)
+        plane.start_infer(infer_request, answered)
 
-    async def repository_index(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+    def generate(self, request: HttpRequest, model: str, version: str, reply: Reply) -> None:
+        self._later(generate(self.plane, request, model, version, stream=False), request, reply)
+
+    def generate_stream(self, request: HttpRequest, model: str, version: str, reply: Reply) -> None:
+        self._later(generate(self.plane, request, model, version, stream=True), request, reply)
+
+    def repository_index(self, request: HttpRequest, model: str, version: str, reply: Reply) -> None:
         ready = _json_object(request.body).get("ready", False)
         if not isinstance(ready, bool):
             raise InvalidArgument("repository index field 'ready' must be a boolean")
-        return _json(self.plane.repository_index(ready))
+        reply(_json(self.plane.repository_index(ready)))
 
-    async def repository_load(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
-        await self.plane.load_model(model, _load_parameters(request.body))
+    def repository_load(self, request: HttpRequest, model: str, version: str, reply: Reply) -> None:
+        self._later(self._load(model, _load_parameters(request.body)), request, reply)
+
+    def repository_unload(self, request: HttpRequest, model: str, version: str, reply: Reply) -> None:
+        self._later(self._unload(model, _parameters(request.body)), request, reply)
+
+    async def _load(self, model: str, parameters: dict[str, Any]) -> HttpResponse:
+        await self.plane.load_model(model, parameters)
         return HttpResponse(200)
 
-    async def repository_unload(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
-        await self.plane.unload_model(model, _parameters(request.body))
+    async def _unload(self, model: str, parameters: dict[str, Any]) -> HttpResponse:
+        await self.plane.unload_model(model, parameters)
         return HttpResponse(200)
 
     # The shared memory extensions: `model` is the region's name ('' for all of them).
 
-    async def system_shm_status(self, request: HttpRequest, region: str, version: str) -> HttpResponse:
-        return _json(self.plane.shared_memory.status(region))
+    def system_shm_status(self, request: HttpRequest, region: str, version: str, reply: Reply) -> None:
+        reply(_json(self.plane.shared_memory.status(region)))
 
-    async def system_shm_register(self, request: HttpRequest, region: str, version: str) -> HttpResponse:
+    def system_shm_register(self, request: HttpRequest, region: str, version: str, reply: Reply) -> None:
         body = _json_object(request.body)
         key, byte_size = _field(body, "key", str), _field(body, "byte_size", int)
         offset = _field(body, "offset", int, 0)
         self.plane.shared_memory.register(region, key, offset, byte_size)
-        return HttpResponse(200)
+        reply(HttpResponse(200))
 
-    async def system_shm_unregister(self, request: HttpRequest, region: str, version: str) -> HttpResponse:
+    def system_shm_unregister(self, request: HttpRequest, region: str, version: str, reply: Reply) -> None:
         self.plane.shared_memory.unregister(region)
-        return HttpResponse(200)
+        reply(HttpResponse(200))
 
-    async def cuda_shm_status(self, request: HttpRequest, region: str, version: str) -> HttpResponse:
-        return _json(self.plane.shared_memory.cuda_status(region))
+    def cuda_shm_status(self, request: HttpRequest, region: str, version: str, reply: Reply) -> None:
+        reply(_json(self.plane.shared_memory.cuda_status(region)))
 
-    async def cuda_shm_register(self, request: HttpRequest, region: str, version: str) -> HttpResponse:
+    def cuda_shm_register(self, request: HttpRequest, region: str, version: str, reply: Reply) -> None:
         body = _json_object(request.body)
         for name in ("raw_handle", "device_id", "byte_size"):
             _field(body, name, object)
         self.plane.shared_memory.cuda_register(region)
-        return HttpResponse(200)
+        reply(HttpResponse(200))
 
-    async def cuda_shm_unregister(self, request: HttpRequest, region: str, version: str) -> HttpResponse:
+    def cuda_shm_unregister(self, request: HttpRequest, region: str, version: str, reply: Reply) -> None:
         self.plane.shared_memory.cuda_unregister(region)
-        return HttpResponse(200)
+        reply(HttpResponse(200))
 
-    async def trace_setting(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+    def trace_setting(self, request: HttpRequest, model: str, version: str, reply: Reply) -> None:
         raise Unsupported("the trace extension is not supported by this server")
 
-    async def logging(self, request: HttpRequest, model: str, version: str) -> HttpResponse:
+    def logging(self, request: HttpRequest, model: str, version: str, reply: Reply) -> None:
         raise Unsupported("the logging extension is not supported by this server")
 
 

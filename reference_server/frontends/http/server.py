@@ -4,8 +4,9 @@ aiohttp builds a request object, a payload stream, a response object and its hea
 every request, and runs each through its router and middlewares: at concurrency 8 on the demo MLP
 that was 22% of the server's CPU, more than everything but the model's own run (py-spy, bench/README.md).
 Here llhttp parses in C and calls back into Python for the URL, each header, body chunks and
-completion; a request becomes one `HttpRequest` and one task, its answer one `HttpResponse` and
-one `write`.
+completion; a request becomes one `HttpRequest`, handed to the handler (a `messages.Responder`) as
+it completes, and its answer, given to the request's `Reply` (an inference's, from the callback
+that ends its batch: no task, no loop pass), one `HttpResponse` and one `write`.
 
 Theory of operation. Each connection serves its requests one at a time, in order. A request that
 completes while another is being served waits in the connection's queue (pipelining), and past
@@ -49,6 +50,8 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Callable
+from functools import partial
 from typing import cast
 
 import httptools
@@ -56,7 +59,7 @@ import httptools
 from reference_server.frontends.http import limits as limits_
 from reference_server.frontends.http import messages, streaming
 from reference_server.frontends.http.limits import DEFAULT_LIMITS, HttpLimits
-from reference_server.frontends.http.messages import Admission, HttpRequest, HttpResponse, error_response
+from reference_server.frontends.http.messages import Admission, HttpRequest, HttpResponse, Responder, error_response
 from reference_server.frontends.http.read_gate import ReadGate
 from reference_server.frontends.listener import Listener
 
@@ -70,10 +73,6 @@ MAX_PIPELINED = 16
 #: How long a refused connection is read and its bytes dropped before it is closed.
 LINGER_S = 2.0
 
-#: How far an unfinished line's raw bytes may run past its size as limits.py counts it (': ',
-#: CRLF; before the first header, ' HTTP/1.1'), so that no line at its limit is refused for them.
-_RAW_SLACK = 64
-
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _LARGE_BODY = 1 << 16  # from here on the head and the body go out in two writes, not one copy
 
@@ -83,7 +82,7 @@ class HttpServer(Listener):
 
     def __init__(
         self,
-        handler: messages.Handler,
+        handler: Responder | messages.Handler,
         *,
         max_body_bytes: int,
         body_timeout_s: float = 60.0,
@@ -97,6 +96,10 @@ class HttpServer(Listener):
         super().__init__()
         limits.validate()
         self.handler = handler
+        #: Answers a request through a `Reply`; a coroutine handler runs in a task of its own.
+        self.respond: Callable[[HttpRequest, messages.Reply], None] = (
+            handler.respond if isinstance(handler, Responder) else partial(messages.in_task, handler)
+        )
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
         self.limits = limits
@@ -131,18 +134,14 @@ class _Connection(asyncio.Protocol):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._parser = httptools.HttpRequestParser(self)
         self._queue: deque[tuple[HttpRequest | HttpResponse, bool, bool]] = deque()
-        self._task: asyncio.Task[None] | None = None  # the request being served
+        self._serving = False  # a request is with the handler, or its answer is being streamed
+        self._task: asyncio.Task[None] | None = None  # a streamed answer being written
         self._paused = False
         self._closing = False  # close once the requests read so far are answered
         self._body_timer: asyncio.TimerHandle | None = None
         self._gave_up = False  # answered a request it could not read: nothing more is parsed
         self._read_size = 0  # bytes in the read being parsed
-        # A head that spans reads (rare) is accounted for in these, reset when it is complete.
-        self._spanned = False  # the head has taken more than one read
-        self._head_size = 0  # its bytes llhttp has handed over, 4 a line for ': ' and CRLF
-        self._counted = 0  # header lines in _head_size
-        self._target_seen = 0  # bytes of the target seen at the last read
-        self._pending = 0  # bytes read since llhttp last handed over any: its unfinished line
+        self._meter = limits_.HeadMeter(limits)  # a head that spans reads (rare), reset when it is complete
         self._head_timer: asyncio.TimerHandle | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
         self._idle_since: float | None = None  # idle since, seen by the idle timer; None: a request since
@@ -213,7 +212,7 @@ class _Connection(asyncio.Protocol):
             return
         if self._in_head:
             self._head_unfinished(len(data))
-        elif self._in_body and self._body_timer is None and self._task is None and self._transport is not None:
+        elif self._in_body and self._body_timer is None and not self._serving and self._transport is not None:
             loop = asyncio.get_running_loop()
             self._body_timer = loop.call_later(self._server.body_timeout_s, self._body_timed_out)
         if self._write_paused and self._transport is not None:
@@ -221,45 +220,19 @@ class _Connection(asyncio.Protocol):
 
     def _head_unfinished(self, size: int) -> None:
         """A head spans reads (one that does not is checked by on_headers_complete): after each,
-        count the lines llhttp has handed over and the bytes of the one it has not; time it."""
+        measure it (`limits.HeadMeter`); time it."""
         if self._gave_up:  # a request before this one in the read was refused: nothing more is served
             return
-        began_here, self._spanned = not self._spanned, True
-        counted, target = self._counted, self._target_seen
-        refusal = self._count_head()
+        refusal = self._meter.after_read(self._headers, self._url, size)
         if refusal is not None:
             self._give_up(refusal)
             return
-        limits = self._limits
-        self._target_seen = len(self._url)
-        if began_here or self._counted != counted or self._target_seen != target:
-            # A line ended in this read; the part of it after that line is under one read, and
-            # counted from the next read on, so the count never exceeds the line.
-            self._pending = 0
-        else:
-            pending = self._pending = self._pending + size
-            if pending > limits.max_header_line + _RAW_SLACK:
-                refusal = limits_.refusal(self._limits, "line")
-            elif self._head_size + pending > limits.max_head_bytes + _RAW_SLACK:
-                refusal = limits_.refusal(self._limits, "head")
-            if refusal is not None:
-                self._give_up(refusal)
-                return
         if self._head_timer is None and self._loop is not None:
-            self._head_timer = self._loop.call_later(limits.head_timeout_s, self._head_timed_out)
-
-    def _count_head(self) -> HttpResponse | None:
-        """Add what llhttp has handed over since the last count to the head's size; the 431 for a
-        line, a count or a size over its limit, else None."""
-        headers, url_size = self._headers, len(self._url)
-        size = self._head_size + url_size - self._target_seen
-        size, broken = limits_.measure_head(self._limits, headers, self._counted, size)
-        self._head_size, self._counted, self._target_seen = size, len(headers), url_size
-        return None if broken is None else limits_.refusal(self._limits, broken)
+            self._head_timer = self._loop.call_later(self._limits.head_timeout_s, self._head_timed_out)
 
     def eof_received(self) -> bool | None:
         self._closing = True
-        if (self._task is None and not self._queue) or self._streaming:
+        if (not self._serving and not self._queue) or self._streaming:
             return False  # nothing to answer, or a stream with no one left to read it: close now
         return True  # keep the transport open to write the answers
 
@@ -289,9 +262,9 @@ class _Connection(asyncio.Protocol):
         self._in_body = True
         # A head that came in one read no larger than the line limit can be over no limit but the
         # count: most heads are checked with two comparisons, not a look at every line.
-        if self._spanned or self._read_size > self._max_header_line or len(self._headers) > self._max_headers:
-            refusal = self._count_head()
-            self._spanned, self._head_size, self._counted, self._target_seen, self._pending = False, 0, 0, 0, 0
+        meter = self._meter
+        if meter.spanned or self._read_size > self._max_header_line or len(self._headers) > self._max_headers:
+            refusal = meter.complete(self._headers, self._url)
             if refusal is not None:
                 self._give_up(refusal)
                 return
@@ -314,7 +287,7 @@ class _Connection(asyncio.Protocol):
         if length is not None and length > server.max_body_bytes:
             self._refuse_too_large(length)
             return
-        idle = self._task is None and not self._queue
+        idle = not self._serving and not self._queue
         needs_slot = server.needs_slot
         if idle and needs_slot is not None and needs_slot(self._parser.get_method(), self._url):
             self._refused = self._take_slot(self._transport)
@@ -356,7 +329,7 @@ class _Connection(asyncio.Protocol):
             item = HttpRequest(parser.get_method().decode("latin-1"), path, self._fields, body)
         admitted, self._admitted = self._admitted, False
         self._queue.append((item, admitted, keep_alive))
-        if self._task is None and len(self._queue) == 1:
+        if not self._serving and len(self._queue) == 1:
             self._next()
         elif len(self._queue) > MAX_PIPELINED and not self._paused and self._transport is not None:
             self._paused = True
@@ -365,47 +338,62 @@ class _Connection(asyncio.Protocol):
     # -- serving
 
     def _next(self) -> None:
-        """Start on the oldest request waiting, if any."""
-        if not self._queue or self._transport is None:
+        """Start on the oldest request waiting, if any, none is being served and answers can go out."""
+        if self._serving or self._write_paused or not self._queue or self._transport is None:
             return
         item, admitted, keep_alive = self._queue.popleft()
         if isinstance(item, HttpResponse):
             self._answer(item, keep_alive)
             return
-        self._server.busy(+1)
-        self._task = asyncio.get_running_loop().create_task(self._serve(item, admitted, keep_alive))
-
-    async def _serve(self, request: HttpRequest, admitted: bool, keep_alive: bool) -> None:
         server = self._server
+        server.busy(+1)
+        self._serving = True
+        transport = self._transport
+        if not admitted and server.needs_slot is not None:
+            if server.needs_slot(item.method.encode("latin-1"), item.path.encode("latin-1")):
+                refusal = self._take_slot(transport)
+                if refusal is not None:
+                    self._served(item, refusal, keep_alive)
+                    return
+                admitted = True
+        exchange = messages.Exchange(self._replied, item, admitted, keep_alive, transport)
         try:
-            response = await self._respond(request, admitted, self._transport)
-            if response.stream is not None:
-                self._streaming = True  # the client's leaving cancels it
-                response.close = self._closes(response, keep_alive)  # as its head says
-                await streaming.send_stream(self._transport, response, response.close, self._writable)
+            server.respond(item, exchange)
+        except Exception as exc:  # the handler maps every error it knows; this one is a bug
+            if exchange.sent:
+                log.exception("internal error serving %s %s, after its answer", item.method, item.path)
+            else:
+                exchange(messages.internal_error(exc, f"{item.method} {item.path}"))
+
+    def _replied(self, exchange: messages.Exchange, response: HttpResponse) -> None:
+        """The handler's answer: the request's slot goes back, then the answer is written or streamed."""
+        request, keep_alive = exchange.request, exchange.keep_alive
+        if exchange.admitted:
+            self._release(exchange.transport)
+        if response.stream is None:
+            self._served(request, response, keep_alive)
+            return
+        response.close = self._closes(response, keep_alive)  # as its head says
+        self._task = asyncio.get_running_loop().create_task(self._stream(request, response, keep_alive))
+
+    async def _stream(self, request: HttpRequest, response: HttpResponse, keep_alive: bool) -> None:
+        # Set here, not when the task is made: a task cancelled before it starts would never close
+        # the stream. A client gone before this sees no transport, which only closes the stream.
+        self._streaming = True  # from here the client's leaving cancels it (connection_lost)
+        try:
+            await streaming.send_stream(self._transport, response, response.close, self._writable)
         finally:
             self._task, self._streaming = None, False
-            server.busy(-1)
+            self._served(request, response, keep_alive)  # writes nothing more once the stream is out
+
+    def _served(self, request: HttpRequest, response: HttpResponse, keep_alive: bool) -> None:
+        """`request` is done with: log it and write its answer (a streamed one's is out already)."""
+        server = self._server
+        self._serving = False
+        server.busy(-1)
         if server.access_log is not None:
             server.access_log.info("%s %s %d", request.method, request.path, response.status)
         self._answer(response, keep_alive, request.method == "HEAD")
-
-    async def _respond(self, request: HttpRequest, admitted: bool, transport: asyncio.Transport | None) -> HttpResponse:
-        server = self._server
-        if not admitted and server.needs_slot is not None:
-            if server.needs_slot(request.method.encode("latin-1"), request.path.encode("latin-1")):
-                refusal = self._take_slot(transport)
-                if refusal is not None:
-                    return refusal
-                admitted = True
-        try:
-            return await server.handler(request)
-        except Exception as exc:  # the handler maps every error it knows; this one is a bug
-            log.exception("internal error serving %s %s", request.method, request.path)
-            return error_response(f"internal error: {type(exc).__name__}: {exc}", 500)
-        finally:
-            if admitted:
-                self._release(transport)
 
     async def _writable(self) -> None:
         """Return once the client has taken the answers down to the low-water mark (or is gone)."""
@@ -421,7 +409,7 @@ class _Connection(asyncio.Protocol):
         """Write `response` (a streamed one is out already); for a HEAD request (`head_only`) its
         head alone, Content-Length and all."""
         transport = self._transport
-        if transport is None:
+        if transport is None or transport.is_closing():  # closed by the server's stop (abort)
             return
         close = self._closes(response, keep_alive)
         body = response.body
@@ -432,7 +420,8 @@ class _Connection(asyncio.Protocol):
             transport.write(encoded + body if len(body) < _LARGE_BODY else body)
         if close:
             self._queue.clear()
-            if self._gave_up and transport.can_write_eof():
+            linger, self._gave_up = self._gave_up, True  # llhttp may be mid-read: nothing more is served
+            if linger and transport.can_write_eof():
                 self._linger(transport)
             else:
                 transport.close()
@@ -441,9 +430,10 @@ class _Connection(asyncio.Protocol):
             self._paused = False
             if not self._write_paused:
                 transport.resume_reading()
-        if self._queue:
-            if not self._write_paused:  # else resume_writing serves the next
-                self._next()
+        if self._queue and self._loop is not None:
+            # Not from here: this answer may come from inside the scheduler, which must not be
+            # entered again (a pipelined request got a loop pass of its own before, too).
+            self._loop.call_soon(self._next)  # or resume_writing, if the client is slow to read
         elif self._in_body and self._body_timer is None:
             # A request's body was coming in while this one was served: its clock runs from now.
             loop = asyncio.get_running_loop()
@@ -479,7 +469,7 @@ class _Connection(asyncio.Protocol):
             return
         if not self._paused:  # else paused for a reason of its own (pipelining, a refusal)
             transport.resume_reading()
-        if self._task is None and self._queue:
+        if self._queue:
             self._next()
 
     def _idle_check(self) -> None:
@@ -498,7 +488,7 @@ class _Connection(asyncio.Protocol):
                 transport.abort()  # close() would wait for the client to read what it never will
                 return
         elif (
-            self._task is not None
+            self._serving
             or self._queue
             or self._in_head
             or self._in_body
@@ -570,7 +560,7 @@ class _Connection(asyncio.Protocol):
         transport.pause_reading()
         self._paused = True
         self._closing = True
-        if self._task is None and not self._queue:
+        if not self._serving and not self._queue:
             self._answer(response, keep_alive=False)
         else:
             self._queue.append((response, False, False))
@@ -589,7 +579,7 @@ class _Connection(asyncio.Protocol):
 
     def close_when_idle(self) -> None:
         self._closing = True
-        if self._task is None and not self._queue and not self._in_body and self._transport is not None:
+        if not self._serving and not self._queue and not self._in_body and self._transport is not None:
             self._transport.close()
 
     def abort(self) -> None:
