@@ -26,6 +26,7 @@ from reference_server.core.classification import classify, requested_classes
 from reference_server.core.load_overrides import FILE_PREFIX, OverrideFolders
 from reference_server.core.repository import ModelRepository, ModelVersion
 from reference_server.core.shared_memory import RequestBinding, SharedMemoryRegistry
+from reference_server.core.validation import datatype_of, validated_inputs, validated_outputs
 from reference_server.errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported, unknown_model
 from reference_server.scheduling.execute import Tensors
 from reference_server.scheduling.scheduler import Scheduler
@@ -54,13 +55,6 @@ GRPC_ENDPOINT = "ModelInfer RPC"
 #: What a decoupled model's stream carries in place of a response: an error it sent (the stream
 #: goes on), or None for a final flag sent alone.
 StreamResponse = v2.InferResponse | ServerError | None
-
-#: Request parameters that are the server's business, not the model's (Triton keeps them too).
-_RESERVED_PARAMETERS = frozenset({
-    "timeout", "priority", "sequence_id", "sequence_start", "sequence_end", "binary_data_output",
-    "triton_enable_empty_final_response",
-})  # fmt: skip
-
 
 class DataPlane:
     def __init__(
@@ -152,7 +146,7 @@ class DataPlane:
         batch_dim = [-1] if config.max_batch_size > 0 else []
         versions = [str(v) for v in self._versions(name)] if not version else [version]
         tensors = {
-            kind: [{"name": t.name, "datatype": _datatype(t.data_type), "shape": batch_dim + list(t.dims)} for t in ts]
+            kind: [{"name": t.name, "datatype": datatype_of(t.data_type), "shape": batch_dim + list(t.dims)} for t in ts]
             for kind, ts in (("inputs", config.input), ("outputs", config.output))
         }
         # Triton reports a python model's backend as its platform here (its config's platform is "").
@@ -302,8 +296,8 @@ class DataPlane:
         self, served: ModelVersion, request: v2.InferRequest
     ) -> tuple[dict[str, np.ndarray], list[str], int | None]:
         self._check_elements(request)
-        inputs = _validated_inputs(served, request)
-        output_names = _validated_outputs(served, request)
+        inputs = validated_inputs(served, request)
+        output_names = validated_outputs(served, request)
         timeout_us = request.parameters.get("timeout")
         if timeout_us is not None and (
             not isinstance(timeout_us, int) or isinstance(timeout_us, bool) or timeout_us < 0
@@ -322,7 +316,7 @@ class DataPlane:
         )
         self._check_elements(request)
         served = self.repository.get(_model_name(call.model_name), call.model_version)
-        return served, request, _validated_inputs(served, request), _validated_outputs(served, request)
+        return served, request, validated_inputs(served, request), validated_outputs(served, request)
 
     async def call_model(self, call: ModelCall) -> Tensors:
         """A request from one model to another (python BLS), checked as a client's and run through
@@ -365,7 +359,7 @@ class DataPlane:
             )
         (spec,) = served.inputs.values()
         dims = ([1] if served.config.max_batch_size > 0 else []) + list(spec.dims)
-        datatype = _datatype(spec.data_type)
+        datatype = datatype_of(spec.data_type)
         if datatype == "BYTES":
             dims = [1]
         elif dims.count(-1) == 1:
@@ -549,7 +543,7 @@ def _response(
         array = results.get(name)
         if array is None:
             continue
-        datatype = _datatype(served.outputs[name].data_type)
+        datatype = datatype_of(served.outputs[name].data_type)
         if name in classes:  # the classification extension: top-k "value:index[:label]" strings
             array = classify(array, classes[name], served.config.max_batch_size > 0, served.labels.get(name, ()))
             datatype = "BYTES"
@@ -561,104 +555,6 @@ def _memory_usage(served: ModelVersion) -> list[dict[str, Any]]:
     # Only GPU memory is measured (per version, at load): CPU memory cannot be told apart by model
     # inside one process.
     return [{"type": "GPU", "id": index, "byte_size": size} for index, size in sorted(served.gpu_memory_bytes.items())]
-
-
-def _datatype(data_type: int) -> str:
-    return v2.config_type_to_datatype(mc.DataType.Name(data_type))
-
-
-def _validated_inputs(served: ModelVersion, request: v2.InferRequest) -> dict[str, np.ndarray]:
-    """The request's inputs as arrays, after Triton's checks: names, datatypes, shapes, batch size."""
-    name = served.name
-    max_batch = served.config.max_batch_size
-    arrays: dict[str, np.ndarray] = {}
-    batch_size: int | None = None
-    _check_input_count(served, request)
-    for tensor in request.inputs:
-        spec = served.inputs.get(tensor.name)
-        if spec is None:
-            raise InvalidArgument(
-                f"unexpected inference input '{tensor.name}' for model '{name}'; "
-                f"expected inputs: {sorted(served.inputs)}"
-            )
-        expected_type = _datatype(spec.data_type)
-        if tensor.datatype != expected_type:
-            raise InvalidArgument(
-                f"inference input '{tensor.name}' data-type is '{tensor.datatype}', "
-                f"but model '{name}' expects '{expected_type}'"
-            )
-        shape = list(tensor.shape)
-        dims = list(spec.dims)
-        if max_batch > 0:
-            if not shape:
-                raise InvalidArgument(
-                    f"input '{tensor.name}' for model '{name}' has no batch dimension; expected shape "
-                    f"[-1,{','.join(map(str, dims))}]"
-                )
-            if batch_size is None:
-                batch_size = shape[0]
-            elif shape[0] != batch_size:
-                raise InvalidArgument(
-                    f"inputs of model '{name}' disagree on the batch size ({batch_size} vs {shape[0]} "
-                    f"for '{tensor.name}')"
-                )
-            if not 1 <= shape[0] <= max_batch:
-                raise InvalidArgument(
-                    f"inference request batch-size must be <= {max_batch} for '{name}' "
-                    f"(input '{tensor.name}' has batch size {shape[0]})"
-                )
-            shape = shape[1:]
-        if len(shape) != len(dims) or any(d != -1 and d != s for d, s in zip(dims, shape)):
-            expected = ([-1] if max_batch > 0 else []) + dims
-            raise InvalidArgument(
-                f"unexpected shape for input '{tensor.name}' for model '{name}'. "
-                f"Expected {_fmt(expected)}, got {_fmt(tensor.shape)}"
-            )
-        arrays[tensor.name] = tensor.data
-    missing = [n for n, spec in served.inputs.items() if n not in arrays and not spec.optional]
-    if missing:
-        raise InvalidArgument(f"model '{name}' expects input(s) {missing} that the request does not carry")
-    return arrays
-
-
-def _check_input_count(served: ModelVersion, request: v2.InferRequest) -> None:
-    """Triton's first check (InferenceRequest::ValidateRequestInputs), in its words: as many inputs
-    as the model has, or between its required and all of them where some are optional."""
-    given, total = len(request.inputs), len(served.inputs)
-    if given == total:  # every input: nothing to count (the common case, on every request)
-        return
-    required = [n for n, spec in served.inputs.items() if not spec.optional]
-    if len(required) <= given <= total:
-        return
-    expected = f"{total} inputs" if len(required) == total else f"number of inputs between {len(required)} and {total}"
-    names = sorted({t.name for t in request.inputs})
-    missing = [n for n in required if n not in names]
-    raise InvalidArgument(
-        f"expected {expected} but got {given} inputs for model '{served.name}'. Got input(s) "
-        f"{_names(names)}, but missing required input(s) {_names(missing)}. Please provide all required input(s)."
-    )
-
-
-def _names(names: list[str]) -> str:
-    return "[" + ",".join(f"'{n}'" for n in names) + "]"
-
-
-def _validated_outputs(served: ModelVersion, request: v2.InferRequest) -> list[str]:
-    if request.outputs is None:
-        return list(served.outputs)
-    names = []
-    for output in request.outputs:
-        if output.name not in served.outputs:
-            raise InvalidArgument(
-                f"unexpected inference output '{output.name}' for model '{served.name}'; "
-                f"outputs: {sorted(served.outputs)}"
-            )
-        names.append(output.name)
-    return names
-
-
-def _fmt(shape: list[int]) -> str:
-    return "[" + ",".join(str(d) for d in shape) + "]"
 
 
 __all__ = ["GRPC_ENDPOINT", "HTTP_ENDPOINT", "DataPlane", "SERVER_NAME", "StreamResponse", "is_decoupled"]

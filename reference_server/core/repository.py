@@ -38,13 +38,13 @@ from reference_server import errors
 from reference_server.backends import instance_factory
 from reference_server.backends.context import BackendContext, ModelCall
 from reference_server.backends.placement import gpu_memory_delta, plan_instances
+from reference_server.backends.warmup import run_warmup
 from reference_server.core import model_config
 from reference_server.core.classification import Labels, read_labels
 from reference_server.core.ensemble.config import is_ensemble
 from reference_server.core.ensemble.loading import prepare_ensemble
 from reference_server.core.ensemble.scheduler import EnsembleScheduler
 from reference_server.core.response_cache import ResponseCache, cached, check_cache_config
-from reference_server.core.warmup import run_warmup
 from reference_server.errors import InvalidArgument, ModelConfigError, NotFound, ServerError, Unavailable
 from reference_server.scheduling.execute import ModelInstance, Tensors
 from reference_server.scheduling.model_scheduler import ModelScheduler

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
+from reference_server.backends.warmup import run_warmup
 from reference_server.core.classification import classify, read_labels, requested_classes
 from reference_server.core.load_overrides import OverrideFolders
 from reference_server.core.model_config import complete_config, parse_config_text, reshape_problem
-from reference_server.core.warmup import run_warmup
 from reference_server.errors import InternalError, InvalidArgument, ModelConfigError, ServerError, Unsupported
 from reference_server.scheduling.execute import Tensors, TensorSignature
 from reference_server.scheduling.reshape import ReshapePlan, ReshapingScheduler, with_reshape

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from tritonclient.grpc import model_config_pb2 as mc
 
+from reference_server.backends.warmup import run_warmup
 from reference_server.core import repository as repository_module
 from reference_server.core.model_config import parse_config_text
 from reference_server.core.repository import ModelRepository
-from reference_server.core.warmup import run_warmup
 from reference_server.errors import ModelConfigError
 
 MLP = """

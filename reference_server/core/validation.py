@@ -1,0 +1,118 @@
+"""A request checked against the model version that serves it, in Triton's words.
+
+The checks run in Triton's order (`InferenceRequest::ValidateRequestInputs`, then each input's
+name, datatype and shape): first the count of inputs, then each one. Batch dimension rules: with
+`max_batch_size > 0` every input leads with the same batch size, 1 to `max_batch_size`; the
+remaining dims match the config's (`-1` takes any size). Requested outputs must exist.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+
+from reference_server.core.repository import ModelVersion
+from reference_server.errors import InvalidArgument
+from v2kit import codec as v2
+
+__all__ = ["datatype_of", "validated_inputs", "validated_outputs"]
+
+
+def datatype_of(data_type: int) -> str:
+    """The protocol's datatype name of a config `DataType` value."""
+    return v2.config_type_to_datatype(mc.DataType.Name(data_type))
+
+
+def validated_inputs(served: ModelVersion, request: v2.InferRequest) -> dict[str, np.ndarray]:
+    """The request's inputs as arrays, after Triton's checks: names, datatypes, shapes, batch size."""
+    name = served.name
+    max_batch = served.config.max_batch_size
+    arrays: dict[str, np.ndarray] = {}
+    batch_size: int | None = None
+    _check_input_count(served, request)
+    for tensor in request.inputs:
+        spec = served.inputs.get(tensor.name)
+        if spec is None:
+            raise InvalidArgument(
+                f"unexpected inference input '{tensor.name}' for model '{name}'; "
+                f"expected inputs: {sorted(served.inputs)}"
+            )
+        expected_type = datatype_of(spec.data_type)
+        if tensor.datatype != expected_type:
+            raise InvalidArgument(
+                f"inference input '{tensor.name}' data-type is '{tensor.datatype}', "
+                f"but model '{name}' expects '{expected_type}'"
+            )
+        shape = list(tensor.shape)
+        dims = list(spec.dims)
+        if max_batch > 0:
+            if not shape:
+                raise InvalidArgument(
+                    f"input '{tensor.name}' for model '{name}' has no batch dimension; expected shape "
+                    f"[-1,{','.join(map(str, dims))}]"
+                )
+            if batch_size is None:
+                batch_size = shape[0]
+            elif shape[0] != batch_size:
+                raise InvalidArgument(
+                    f"inputs of model '{name}' disagree on the batch size ({batch_size} vs {shape[0]} "
+                    f"for '{tensor.name}')"
+                )
+            if not 1 <= shape[0] <= max_batch:
+                raise InvalidArgument(
+                    f"inference request batch-size must be <= {max_batch} for '{name}' "
+                    f"(input '{tensor.name}' has batch size {shape[0]})"
+                )
+            shape = shape[1:]
+        if len(shape) != len(dims) or any(d != -1 and d != s for d, s in zip(dims, shape)):
+            expected = ([-1] if max_batch > 0 else []) + dims
+            raise InvalidArgument(
+                f"unexpected shape for input '{tensor.name}' for model '{name}'. "
+                f"Expected {_fmt(expected)}, got {_fmt(tensor.shape)}"
+            )
+        arrays[tensor.name] = tensor.data
+    missing = [n for n, spec in served.inputs.items() if n not in arrays and not spec.optional]
+    if missing:
+        raise InvalidArgument(f"model '{name}' expects input(s) {missing} that the request does not carry")
+    return arrays
+
+
+def _check_input_count(served: ModelVersion, request: v2.InferRequest) -> None:
+    """Triton's first check (InferenceRequest::ValidateRequestInputs), in its words: as many inputs
+    as the model has, or between its required and all of them where some are optional."""
+    given, total = len(request.inputs), len(served.inputs)
+    if given == total:  # every input: nothing to count (the common case, on every request)
+        return
+    required = [n for n, spec in served.inputs.items() if not spec.optional]
+    if len(required) <= given <= total:
+        return
+    expected = f"{total} inputs" if len(required) == total else f"number of inputs between {len(required)} and {total}"
+    names = sorted({t.name for t in request.inputs})
+    missing = [n for n in required if n not in names]
+    raise InvalidArgument(
+        f"expected {expected} but got {given} inputs for model '{served.name}'. Got input(s) "
+        f"{_names(names)}, but missing required input(s) {_names(missing)}. Please provide all required input(s)."
+    )
+
+
+def _names(names: list[str]) -> str:
+    return "[" + ",".join(f"'{n}'" for n in names) + "]"
+
+
+def validated_outputs(served: ModelVersion, request: v2.InferRequest) -> list[str]:
+    """The names of the outputs the request asks for (every output when it names none), each one the model has."""
+    if request.outputs is None:
+        return list(served.outputs)
+    names = []
+    for output in request.outputs:
+        if output.name not in served.outputs:
+            raise InvalidArgument(
+                f"unexpected inference output '{output.name}' for model '{served.name}'; "
+                f"outputs: {sorted(served.outputs)}"
+            )
+        names.append(output.name)
+    return names
+
+
+def _fmt(shape: list[int]) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
