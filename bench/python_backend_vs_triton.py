@@ -33,6 +33,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -205,9 +206,15 @@ def render(
                 f"{ours.cpu_us:.0f} | {triton.cpu_us:.0f} | {ratio(ours.cpu_us, triton.cpu_us)} |"
             )
     top = max(levels)
-    if ("ours", "ensemble", top) not in by_key or ("ours", "ensemble_plain", top) not in by_key:
-        return "\n".join(lines)
-    lines += [
+    if all((server, model, top) in by_key for server in SERVERS for model in ("ensemble", "ensemble_plain")):
+        lines += _ensemble_gain(by_key, top)
+    if all((server, model, top) in by_key for server in SERVERS for model in MLP_MODELS):
+        lines += _mlp_gain(by_key, top)
+    return "\n".join(lines)
+
+
+def _ensemble_gain(by_key: dict[tuple[str, str, int], Any], top: int) -> list[str]:
+    lines = [
         "",
         f"dynamic batching of the composing model, through the ensemble, concurrency {top}:",
         "",
@@ -220,9 +227,11 @@ def render(
             f"| {server} | {batching.infer_per_s:.0f} | {plain.infer_per_s:.0f} | "
             f"{ratio(batching.infer_per_s, plain.infer_per_s)} |"
         )
-    if ("ours", "mlp_ensemble", top) not in by_key or ("ours", "mlp_ensemble_plain", top) not in by_key:
-        return "\n".join(lines)
-    lines += [
+    return lines
+
+
+def _mlp_gain(by_key: dict[tuple[str, str, int], Any], top: int) -> list[str]:
+    lines = [
         "",
         f"the same through a compute-bound ensemble (identity [256], then the demo MLP in onnxruntime), "
         f"concurrency {top}:",
@@ -236,7 +245,7 @@ def render(
             f"| {server} | {batching.infer_per_s:.0f} | {plain.infer_per_s:.0f} | "
             f"{ratio(batching.infer_per_s, plain.infer_per_s)} | {batching.p50_us:.0f} | {plain.p50_us:.0f} |"
         )
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
