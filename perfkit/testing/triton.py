@@ -235,3 +235,27 @@ def _stop(process: subprocess.Popen[bytes], timeout_s: float) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, signal.SIGKILL)
     process.wait()
+    _await_group_gone(process.pid, timeout_s=10.0)
+
+
+def _await_group_gone(pgid: int, timeout_s: float) -> None:
+    """Wait (bounded) until no live process is left in the group: SIGKILL is delivered at once, but a
+    stub takes a moment to die, and the caller is promised that nothing of the server outlives it."""
+    deadline = time.monotonic() + timeout_s
+    while _live_members(pgid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _live_members(pgid: int) -> list[int]:
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        # After the command's closing parenthesis: state, ppid, pgrp.
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            members.append(int(entry))
+    return members
