@@ -30,6 +30,7 @@ cannot be compared level by level, and that is a usage error (exit 2), not a pas
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from perfkit.analysis.metrics import METRICS, Metric, find, ms
 from perfkit.analysis.significance import Significance, windows_differ
 from perfkit.errors import PerfkitError
 from perfkit.results.model import LevelResult, SweepResult, level_name
+from perfkit.results.pa_csv import has_window_samples
 
 __all__ = [
     "GATE_METRICS",
@@ -174,6 +176,13 @@ class Comparison:
     thresholds: Thresholds
     deltas: tuple[MetricDelta, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: The runs (by name) without per-window samples (read from a perf_analyzer CSV): when there
+    #: is one, every change worse than its limit is a regression, with no significance test.
+    without_samples: tuple[str, ...] = ()
+
+    @property
+    def thresholds_only(self) -> bool:
+        return bool(self.without_samples)
 
     @property
     def regressions(self) -> tuple[MetricDelta, ...]:
@@ -209,10 +218,18 @@ def _match_levels(baseline: SweepResult, candidate: SweepResult) -> list[tuple[L
     return [(base[k], cand[k]) for k in base]
 
 
-def _delta(base: LevelResult, cand: LevelResult, metric: Metric, thresholds: Thresholds) -> MetricDelta:
+#: The noise verdict when a run has no per-window samples: the threshold alone decides.
+THRESHOLDS_ONLY = Significance(True, "thresholds only", None, "no per-window samples: thresholds only")
+
+
+def _delta(
+    base: LevelResult, cand: LevelResult, metric: Metric, thresholds: Thresholds, samples: bool = True
+) -> MetricDelta:
     label, limit, name = level_label(base), thresholds.limit_pct(metric), metric.gate or metric.name
     notes = tuple(f"{side} level not valid" for side, lv in (("baseline", base), ("candidate", cand)) if not lv.valid)
     b, c = metric.value(base), metric.value(cand)
+    # NaN: a figure the run's file does not hold (a perf_analyzer CSV has no p99.9)
+    b, c = (None if v is None or math.isnan(v) else v for v in (b, c))
     if b is None or c is None:
         return MetricDelta(label, name, metric.unit, metric.better, b, c, None, limit, False,
                            Significance(False, "none"), "not measured", notes)  # fmt: skip
@@ -221,7 +238,7 @@ def _delta(base: LevelResult, cand: LevelResult, metric: Metric, thresholds: Thr
     else:
         change = (c - b) / abs(b) * 100.0
     worse = -change if metric.better == "higher" else change  # positive: the candidate is worse
-    noise = _NOISE.get(metric.name, _latency_noise)(base, cand, thresholds.alpha)
+    noise = _NOISE.get(metric.name, _latency_noise)(base, cand, thresholds.alpha) if samples else THRESHOLDS_ONLY
     if worse > limit:
         verdict: Literal["regression", "within noise", "improved", "ok"] = (
             "regression" if noise.significant else "within noise"
@@ -249,9 +266,14 @@ def compare_sweeps(
             f"the baseline measured {baseline.mode} levels and the candidate {candidate.mode}; "
             "compare runs of the same load mode"
         )
-    pairs = _match_levels(baseline, candidate)
+    without = tuple(name for name, result in zip(names, (baseline, candidate)) if not has_window_samples(result))
     notes: list[str] = []
-    if baseline.model != candidate.model:
+    baseline, candidate = _adopt_batch_size(baseline, candidate), _adopt_batch_size(candidate, baseline)
+    pairs = _match_levels(baseline, candidate)
+    if without:
+        notes.append(f"{' and '.join(without)} {'has' if len(without) == 1 else 'have'} no per-window samples (a perf_analyzer CSV): "
+                     "gated on thresholds only, no significance test")  # fmt: skip
+    if baseline.model and candidate.model and baseline.model != candidate.model:
         notes.append(f"different models: {baseline.model} and {candidate.model}")
     hosts = [r.provenance.get("machine", {}).get("hostname") for r in (baseline, candidate)]
     if hosts[0] and hosts[1] and hosts[0] != hosts[1]:
@@ -259,5 +281,14 @@ def compare_sweeps(
     for name, result in zip(names, (baseline, candidate)):
         if not result.completed:
             notes.append(f"the {name} sweep stopped early: {result.stop_reason}")
-    deltas = tuple(_delta(base, cand, metric, thresholds) for base, cand in pairs for metric in gates)
-    return Comparison(names[0], names[1], thresholds, deltas, tuple(notes))
+    deltas = tuple(_delta(base, cand, metric, thresholds, not without) for base, cand in pairs for metric in gates)
+    return Comparison(names[0], names[1], thresholds, deltas, tuple(notes), without)
+
+
+def _adopt_batch_size(result: SweepResult, other: SweepResult) -> SweepResult:
+    """A CSV holds no batch size (it reads as 1): take the other run's when that run used one throughout."""
+    sizes = {lv.batch_size for lv in other.levels}
+    if has_window_samples(result) or len(sizes) != 1:
+        return result
+    size = sizes.pop()
+    return dataclasses.replace(result, levels=tuple(dataclasses.replace(lv, batch_size=size) for lv in result.levels))

@@ -15,6 +15,7 @@ from perfkit.analysis.compare import GATE_METRICS, Thresholds, gated, parse_perc
 from perfkit.errors import PerfkitError
 from perfkit.measure.level import WindowSpec
 from perfkit.results.files import load_result, write_text_atomic
+from perfkit.results.pa_csv import sweep_from_pa_csv
 from perfkit.results.model import SweepResult
 from perfkit.target import TlsSpec
 
@@ -195,6 +196,13 @@ def thresholds_from(values: dict[str, Any], base: Thresholds | None = None) -> T
 
 
 def load_sweep(path: Path, role: str) -> SweepResult:
+    """A sweep to gate on: a perfkit JSON result, or a perf_analyzer `-f` CSV (no per-window samples)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PerfkitError(f"cannot read {role} {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    if not text.lstrip("\ufeff \t\r\n").startswith(("{", "[")):
+        return sweep_from_pa_csv(text, path)
     item = load_result(path)
     if not isinstance(item.result, SweepResult):
         raise PerfkitError(f"{role} {path} is a {item.kind} result; compare takes two sweep results")

@@ -1,7 +1,12 @@
 """`perfkit compare`: gate on performance, a candidate sweep against a baseline, level by level.
 
-Exit codes: 0 no regression; 1 a regression beyond the thresholds and beyond the runs' noise; 2
-usage or input error (e.g. the runs did not measure the same levels).
+Either run may be a perfkit JSON result or a perf_analyzer `-f` CSV (perf_analyzer's own or
+perfkit's). A CSV has no per-window samples, so with one the gate is on thresholds alone, and the
+verdict and the JUnit say so.
+
+Exit codes: 0 no regression; 1 a regression beyond the thresholds and beyond the runs' noise (beyond
+the thresholds alone with a CSV); 2 usage or input error (e.g. the runs did not measure the same
+levels, a file that is neither a perfkit result nor a perf_analyzer CSV).
 """
 
 from __future__ import annotations
@@ -18,8 +23,8 @@ from perfkit.results.files import ReportItem
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("baseline", type=Path, metavar="BASELINE.json")
-    p.add_argument("candidate", type=Path, metavar="CANDIDATE.json")
+    p.add_argument("baseline", type=Path, metavar="BASELINE.json|.csv")
+    p.add_argument("candidate", type=Path, metavar="CANDIDATE.json|.csv")
     add_gate_arguments(p, suppress=False)
     p.add_argument("--html", type=Path, metavar="OUT.html", help="also write the two runs' comparison report")
 
@@ -51,7 +56,8 @@ COMMAND = Command(
     help="gate on performance: compare two sweeps level by level",
     description="Compare a candidate sweep with a baseline, level by level. A metric regresses when "
     "its change is worse than the threshold AND beyond the runs' own variability (Mann-Whitney U or "
-    "Welch t on the per-window throughputs; non-overlapping p99 confidence intervals).",
+    "Welch t on the per-window throughputs; non-overlapping p99 confidence intervals). Either run may "
+    "also be a perf_analyzer -f CSV; it has no per-window samples, so the gate is then on the thresholds alone.",
     add_arguments=add_arguments,
     run=run,
     epilog="Exit codes: 0 no regression, 1 regression, 2 usage or input error (e.g. different levels).",

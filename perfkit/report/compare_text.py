@@ -49,13 +49,15 @@ def render_comparison_lines(comparison: Comparison) -> list[str]:
     lines = [line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)]
     lines += [f"note: {note}" for note in comparison.notes]
     regressions = comparison.regressions
+    only = " (thresholds only: no per-window samples, no significance test)" if comparison.thresholds_only else ""
     if regressions:
+        beyond = "" if comparison.thresholds_only else " and beyond the runs' noise"
         lines.append(
-            f"REGRESSION: {len(regressions)} of {len(comparison.deltas)} comparisons are worse than their limit "
-            "and beyond the runs' noise"
+            f"REGRESSION: {len(regressions)} of {len(comparison.deltas)} comparisons are worse than their limit"
+            f"{beyond}{only}"
         )
     else:
         noisy = sum(1 for d in comparison.deltas if d.verdict == "within noise")
         tail = f" ({noisy} worse than the limit but within the runs' noise)" if noisy else ""
-        lines.append(f"no regression in {len(comparison.deltas)} comparisons{tail}")
+        lines.append(f"no regression in {len(comparison.deltas)} comparisons{tail}{only}")
     return lines
