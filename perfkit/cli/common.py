@@ -15,8 +15,8 @@ from perfkit.analysis.compare import GATE_METRICS, Thresholds, gated, parse_perc
 from perfkit.errors import PerfkitError
 from perfkit.measure.level import WindowSpec
 from perfkit.results.files import load_result, write_text_atomic
-from perfkit.results.pa_csv import sweep_from_pa_csv
 from perfkit.results.model import SweepResult
+from perfkit.results.pa_csv import sweep_from_pa_csv
 from perfkit.target import TlsSpec
 
 

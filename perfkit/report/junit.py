@@ -83,7 +83,10 @@ def comparison_properties(comparison: Comparison) -> list[tuple[str, str]]:
         ("max_throughput_drop_pct", f"{t.max_throughput_drop_pct:g}"),
         ("max_latency_increase_pct", f"{t.max_latency_increase_pct:g}"),
         ("alpha", f"{t.alpha:g}"),
-        ("significance", "thresholds only: no per-window samples" if comparison.thresholds_only else "per-window samples"),
+        (
+            "significance",
+            "thresholds only: no per-window samples" if comparison.thresholds_only else "per-window samples",
+        ),
     ]
 
 
