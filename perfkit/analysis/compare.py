@@ -21,6 +21,11 @@ fails on differences too small to matter once enough data is collected. So a met
      confidence interval of p99 from order statistics; the change is significant when the two
      intervals do not overlap.
 
+A run read from a perf_analyzer `-f` CSV (`results.pa_csv`) has one figure per level and no
+per-window samples, so there is no noise to test against: when either run is one, the gate is on the
+thresholds alone (`Comparison.without_samples`), and the verdicts say so. Such a run takes the batch
+size and the custom-intervals mode, which its file cannot hold, from the other run.
+
 The metrics a gate can look at are the catalogue's (`analysis.metrics`) that have a gate name; any
 spelling of one names it (`p99`, `p99_ms`), and the verdicts carry the gate name.
 
@@ -261,18 +266,18 @@ def compare_sweeps(
     """Each gated metric at each level of two sweeps. Raises PerfkitError (exit 2) when the runs
     cannot be compared: different load modes or levels, or an unknown metric."""
     gates = thresholds.gates()
+    without = tuple(name for name, result in zip(names, (baseline, candidate)) if not has_window_samples(result))
+    baseline, candidate = _adopt(baseline, candidate), _adopt(candidate, baseline)
     if baseline.mode != candidate.mode:
         raise PerfkitError(
             f"the baseline measured {baseline.mode} levels and the candidate {candidate.mode}; "
             "compare runs of the same load mode"
         )
-    without = tuple(name for name, result in zip(names, (baseline, candidate)) if not has_window_samples(result))
-    notes: list[str] = []
-    baseline, candidate = _adopt_batch_size(baseline, candidate), _adopt_batch_size(candidate, baseline)
     pairs = _match_levels(baseline, candidate)
+    notes: list[str] = []
     if without:
-        notes.append(f"{' and '.join(without)} {'has' if len(without) == 1 else 'have'} no per-window samples (a perf_analyzer CSV): "
-                     "gated on thresholds only, no significance test")  # fmt: skip
+        notes.append(f"{' and '.join(without)} {'has' if len(without) == 1 else 'have'} no per-window samples "
+                     "(a perf_analyzer CSV): gated on thresholds only, no significance test")  # fmt: skip
     if baseline.model and candidate.model and baseline.model != candidate.model:
         notes.append(f"different models: {baseline.model} and {candidate.model}")
     hosts = [r.provenance.get("machine", {}).get("hostname") for r in (baseline, candidate)]
@@ -285,10 +290,16 @@ def compare_sweeps(
     return Comparison(names[0], names[1], thresholds, deltas, tuple(notes), without)
 
 
-def _adopt_batch_size(result: SweepResult, other: SweepResult) -> SweepResult:
-    """A CSV holds no batch size (it reads as 1): take the other run's when that run used one throughout."""
+def _adopt(result: SweepResult, other: SweepResult) -> SweepResult:
+    """What a CSV cannot say, taken from the run it is compared with: the batch size (a CSV reads as
+    1) when that run used one throughout, and custom intervals (a CSV names them Request Rate)."""
     sizes = {lv.batch_size for lv in other.levels}
-    if has_window_samples(result) or len(sizes) != 1:
+    if has_window_samples(result):
         return result
-    size = sizes.pop()
-    return dataclasses.replace(result, levels=tuple(dataclasses.replace(lv, batch_size=size) for lv in result.levels))
+    intervals = result.mode == "request_rate" and other.mode == "custom_intervals"
+    mode = other.mode if intervals else result.mode
+    size = next(iter(sizes)) if len(sizes) == 1 else None
+    levels = tuple(
+        dataclasses.replace(lv, mode=mode, batch_size=lv.batch_size if size is None else size) for lv in result.levels
+    )
+    return dataclasses.replace(result, mode=mode, levels=levels)

@@ -147,3 +147,13 @@ def test_a_csv_that_is_not_perf_analyzers_is_an_input_error(tmp_path: Path, caps
         sweep_from_pa_csv(PA_CONCURRENCY.splitlines()[0], "empty.csv")
     with pytest.raises(PerfkitError, match="3 cells under a header of 13"):
         sweep_from_pa_csv(PA_CONCURRENCY + "3,1,2\n", "short.csv")
+
+
+def test_a_csv_of_custom_intervals_compares_with_their_json_run() -> None:
+    json_run = steady_sweep()
+    levels = tuple(dataclasses.replace(lv, mode="custom_intervals", level=lv.level * 100) for lv in json_run.levels)
+    json_run = dataclasses.replace(json_run, mode="custom_intervals", levels=levels)
+    csv_run = sweep_from_pa_csv(render_pa_csv(levels), "intervals.csv")
+    assert csv_run.mode == "request_rate"  # perf_analyzer's header says Request Rate
+    comparison = compare_sweeps(csv_run, json_run)
+    assert comparison.deltas[0].level == "intervals 100/s" and not comparison.regressions
