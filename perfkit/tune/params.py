@@ -73,6 +73,10 @@ def _text(value: Any) -> str:
     return str(value)
 
 
+def _either(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
+
+
 def _type_name(field: FieldDescriptor) -> str:
     if field.type == FieldDescriptor.TYPE_ENUM:
         base = f"enum {field.enum_type.name} ({', '.join(v.name for v in field.enum_type.values)})"
@@ -114,11 +118,11 @@ def _resolve(path: str) -> tuple[tuple[tuple[str, int | None], ...], FieldDescri
         index = None if index_text is None else int(index_text)
         field = message.fields_by_name.get(name)
         if field is None:
-            close = difflib.get_close_matches(name, list(message.fields_by_name), n=3, cutoff=0.5)
+            names = list(message.fields_by_name)
+            # A shortened name (max_queue_delay) is nearer its full form than difflib alone judges.
+            close = [n for n in names if n.startswith(name)][:3] or difflib.get_close_matches(name, names, 3, 0.5)
             hint = (
-                f"did you mean {' or '.join(close)}?"
-                if close
-                else f"fields: {', '.join(sorted(message.fields_by_name))}"
+                f"did you mean {_either(close)}?" if close else f"fields: {', '.join(sorted(message.fields_by_name))}"
             )
             raise PerfkitError(f"{where}: {message.full_name} has no field '{name}'; {hint}")
         is_message = field.type == FieldDescriptor.TYPE_MESSAGE
@@ -160,7 +164,7 @@ def _scalar(field: FieldDescriptor, token: str, path: str) -> Any:
         if token.upper() in names:  # Triton parses enums case-insensitively
             return token.upper()
         close = difflib.get_close_matches(token.upper(), names, n=2, cutoff=0.5)
-        raise PerfkitError(f"{fix}; did you mean {' or '.join(close)}?" if close else fix)
+        raise PerfkitError(f"{fix}; did you mean {_either(close)}?" if close else fix)
     if field.type == FieldDescriptor.TYPE_STRING:
         if not token:
             raise PerfkitError(f"--param {path}: an empty value; give a non-empty string")
