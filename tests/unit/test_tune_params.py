@@ -13,9 +13,11 @@ from google.protobuf import text_format
 
 from perfkit.cli import main
 from perfkit.errors import PerfkitError
+from perfkit.report.tune_tables import render_csv
 from perfkit.tune.objectives import Estimate, Figures, Objective
 from perfkit.tune.params import apply_settings, check_indexes, parse_param
-from perfkit.tune.search import SpaceSpec, Variant, brute_search, build_space, quick_search, variant_of
+from perfkit.tune.search import Space, SpaceSpec, Variant, brute_search, build_space, quick_search, variant_of
+from perfkit.tune.state import Model, Record, TuneResult, TuneSpec
 from v2kit.model_config import config_from_json, config_to_json, parse_config_text
 
 BASE_TEXT = """
@@ -167,3 +169,16 @@ def test_cli_refuses_a_bad_param_before_any_server(tmp_path: Path, capsys: pytes
     with pytest.raises(SystemExit):
         main(["tune", "--help"])
     assert "--param PATH=VALUES" in capsys.readouterr().out
+
+
+def test_a_records_knob_columns_are_those_of_the_config_it_loads(tmp_path: Path) -> None:
+    config = base_config()
+    variant = Variant(1, 8, None, "KIND_CPU", (("instance_group[0].count", 3), ("max_batch_size", 16)))
+    record = Record(variant, variant.apply(config), default=False, status="failed", error="refused")
+    assert record.params()["instance_count"] == 3 and record.params()["max_batch_size"] == 16
+    result = TuneResult(
+        TuneSpec(tmp_path / "config.pbtxt"), Model("m", tmp_path, config), Space((1,), (8,), (None,)), ""
+    )
+    result.records[variant.key] = record
+    row = render_csv(result).splitlines()[1].split(",")
+    assert row[:4] == ["instance_group[0].count=3 max_batch_size=16", "false", "3", "16"]
