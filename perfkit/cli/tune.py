@@ -152,7 +152,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     out.add_argument("--quiet", action="store_true", help="no progress display")
 
 
-def _params(texts: list[str], config_path: Path) -> tuple[Param, ...]:
+#: The knob flags --param replaces, with their defaults, and the --param that says the same.
+_KNOBS = (
+    ("min_instance_count", 1, "instance_group[0].count=1:4"), ("max_instance_count", 5, "instance_group[0].count=1:4"),
+    ("min_batch_size", 1, "max_batch_size=1,8,64"), ("max_batch_size", 128, "max_batch_size=1,8,64"),
+    ("batching_delays_us", "0", "dynamic_batching.max_queue_delay_microseconds=0,100"),
+    ("preferred_batch_sizes", "none", "dynamic_batching.preferred_batch_size=[4],[8]"),
+    ("instance_kinds", None, "instance_group[0].kind=KIND_CPU,KIND_GPU"),
+)  # fmt: skip
+
+
+def _params(args: argparse.Namespace) -> tuple[Param, ...]:
+    texts, config_path = args.param, args.config
+    for name, default, instead in _KNOBS if texts else ():
+        if getattr(args, name) != default:
+            flag = "--" + name.replace("_", "-")
+            raise PerfkitError(
+                f"{flag} is a knob of the default grid, which --param replaces; say it as --param '{instead}'"
+            )
     params = tuple(map(parse_param, texts))
     if params:  # the indexes against the model's own config, before any server starts
         check_indexes(params, read_model(config_path).base, str(config_path))
@@ -180,7 +197,7 @@ def spec_from_args(args: argparse.Namespace) -> TuneSpec:
         concurrency=_concurrency(args.concurrency_range),
         space=SpaceSpec(
             args.min_instance_count, args.max_instance_count, args.min_batch_size, args.max_batch_size,
-            _ints(args.batching_delays_us, "--batching-delays-us"), preferred, kinds, _params(args.param, args.config),
+            _ints(args.batching_delays_us, "--batching-delays-us"), preferred, kinds, _params(args),
         ),
         windows=windows_from_args(args),
         shapes=tuple((name, tuple(dims)) for name, dims in parse_shape_flags(args.shape).items()),

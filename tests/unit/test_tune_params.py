@@ -166,6 +166,8 @@ def test_cli_refuses_a_bad_param_before_any_server(tmp_path: Path, capsys: pytes
     assert "has 1 instance_group entry, so [2] is out of range" in capsys.readouterr().err
     assert main(["tune", str(config), "--param", "max_batch_size=4", "--param", "max_batch_size=8"]) == 2
     assert "--param max_batch_size is given twice" in capsys.readouterr().err
+    assert main(["tune", str(config), "--param", "max_batch_size=4", "--max-instance-count", "3"]) == 2
+    assert "--max-instance-count is a knob of the default grid, which --param replaces" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["tune", "--help"])
     assert "--param PATH=VALUES" in capsys.readouterr().out
