@@ -282,7 +282,9 @@ class Space:
     """The grid: one tuple of values per dimension. A model that does not batch has the single
     max_batch_size 0 and batching (None,). With --param, each param is one more dimension (its
     values in order), the four knobs hold the base's values only, and `home` is where the base
-    config's own values sit on the param dimensions."""
+    config's own values sit on the param dimensions; when all of them are among the values
+    (`home_is_base`), that point is the base config itself, and is the default variant rather
+    than a second variant that would measure the same config again."""
 
     instance_counts: tuple[int, ...]
     max_batch_sizes: tuple[int, ...]
@@ -290,6 +292,7 @@ class Space:
     kinds: tuple[str, ...] = ("",)
     params: tuple[tuple[str, tuple[Any, ...]], ...] = ()
     home: tuple[int, ...] = ()
+    home_is_base: bool = False
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -305,7 +308,10 @@ class Space:
         mbs = self.max_batch_sizes[b]
         choice = self.batchings[d]
         batching = choice.resolve(mbs) if isinstance(choice, BatchingChoice) else choice
-        settings = tuple((path, values[j]) for (path, values), j in zip(self.params, coord[4:]))
+        if self.home_is_base and tuple(coord[4:]) == self.home:
+            settings: tuple[Setting, ...] = ()
+        else:
+            settings = tuple((path, values[j]) for (path, values), j in zip(self.params, coord[4:]))
         return Variant(self.instance_counts[i], mbs, batching, self.kinds[k], settings)
 
     def coordinates(self) -> list[tuple[int, ...]]:
@@ -373,8 +379,10 @@ def build_space(spec: SpaceSpec, base: Variant, config: dict[str, Any] | None = 
     search's start on the --param dimensions)."""
     if spec.params:
         dims = tuple((p.path, p.values) for p in spec.params)
-        home = tuple(_index_of(config or {}, p) for p in spec.params)
-        return Space((base.instance_count,), (base.max_batch_size,), (base.batching,), (base.kind,), dims, home)
+        found = [_index_of(config, p) if config is not None else None for p in spec.params]
+        home = tuple(i or 0 for i in found)
+        knobs = (base.instance_count,), (base.max_batch_size,), (base.batching,), (base.kind,)
+        return Space(*knobs, dims, home, home_is_base=None not in found)
     counts = tuple(range(spec.min_instances, spec.max_instances + 1))
     kinds = spec.kinds or (base.kind,)
     if base.max_batch_size == 0:  # the model does not batch: only instances to vary
@@ -383,15 +391,15 @@ def build_space(spec: SpaceSpec, base: Variant, config: dict[str, Any] | None = 
     return Space(counts, tuple(doubling(spec.min_batch, spec.max_batch)), batchings, kinds)
 
 
-def _index_of(config: dict[str, Any], param: Param) -> int:
-    """Where the config's own value of `param` is among its values (0 when absent or not one of them)."""
+def _index_of(config: dict[str, Any], param: Param) -> int | None:
+    """Where the config's own value of `param` is among its values (None: absent, or not one of them)."""
     node: Any = config
     for name, index in param.steps:
         node = node.get(name) if isinstance(node, dict) else None
         if index is not None:
             node = node[index] if isinstance(node, list) and index < len(node) else None
     value = tuple(node) if isinstance(node, list) else node
-    return param.values.index(value) if value in param.values else 0
+    return param.values.index(value) if value in param.values else None
 
 
 # --- the searches ---------------------------------------------------------------------------------

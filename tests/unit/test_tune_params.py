@@ -4,6 +4,7 @@ make of the values. No server: a refused --param exits 2 before one would start.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
@@ -131,6 +132,27 @@ def test_params_alone_make_the_grid_and_keys_show_the_values() -> None:
     assert seen[-1].params()["settings"] == {
         "dynamic_batching.max_queue_delay_microseconds": 100, "instance_group[0].count": 3,
     }  # fmt: skip
+
+
+def test_the_point_that_is_the_config_itself_is_the_default_measured_once() -> None:
+    config = base_config()
+    config["dynamic_batching"] = {"max_queue_delay_microseconds": 100, "preferred_batch_size": []}
+    spec = SpaceSpec(params=(parse_param("dynamic_batching.max_queue_delay_microseconds=0,100,500"),))
+    default = variant_of(config)
+    space = build_space(spec, default, config)
+    assert space.home_is_base and space.variant(space.nearest(default)) == default
+    policy = brute_search(space, default)
+    keys = [next(policy).key]
+    with contextlib.suppress(StopIteration):
+        while True:
+            keys.append(policy.send(None).key)
+    assert keys == [
+        default.key,
+        "dynamic_batching.max_queue_delay_microseconds=0",
+        "dynamic_batching.max_queue_delay_microseconds=500",
+    ]
+    # Without dynamic_batching in the config, a delay of 100 turns batching on: a variant of its own.
+    assert not build_space(spec, variant_of(base_config()), base_config()).home_is_base
 
 
 def test_quick_search_climbs_the_param_dimensions_from_the_configs_own_values() -> None:
