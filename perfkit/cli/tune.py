@@ -23,7 +23,7 @@ from perfkit.results.provenance import redact_argv
 from perfkit.target import TargetSpec
 from perfkit.tune.distributed import open_tuner
 from perfkit.tune.objectives import parse_constraint, parse_objective
-from perfkit.tune.params import Param, check_indexes, parse_param
+from perfkit.tune.params import Param, check_against_config, parse_param
 from perfkit.tune.search import SpaceSpec
 from perfkit.tune.state import TuneResult, TuneSpec, read_model
 from perfkit.tune.tuner import run_tune
@@ -172,7 +172,7 @@ def _params(args: argparse.Namespace) -> tuple[Param, ...]:
             )
     params = tuple(map(parse_param, texts))
     if params:  # the indexes against the model's own config, before any server starts
-        check_indexes(params, read_model(config_path).base, str(config_path))
+        check_against_config(params, read_model(config_path).base, str(config_path))
     return params
 
 

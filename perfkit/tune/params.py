@@ -10,10 +10,12 @@ with `[i]` after a repeated message field (`instance_group[0].count`). VALUES is
 Everything is checked against the protobuf descriptor before anything is measured (`parse_param`):
 the field exists (else the closest names are suggested), it is a scalar or a repeated scalar (map
 fields and bytes are refused), and each value fits its type (integer bounds, bool, enum names, float).
-`check_indexes` then checks each `[i]` against the model's own config: an index past the end of the
-list is refused, since there is no element whose other fields a new one could take. `apply_settings`
-writes a variant's values into a copy of the config JSON (Triton's shape: snake_case names, 64-bit
-integers as numbers), creating absent parent messages such as `dynamic_batching`.
+`check_against_config` then checks each `[i]` against the model's own config: an index past the end of
+the list is refused, since there is no element whose other fields a new one could take; so is a member
+of a oneof (sequence_batching) whose sibling (dynamic_batching) the config or another --param
+sets. `apply_settings` writes a variant's values into a copy of the config JSON (Triton's shape:
+snake_case names, 64-bit integers as numbers), creating absent parent messages such as
+`dynamic_batching`.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from perfkit.errors import PerfkitError
 from v2kit.model_config import ModelConfig
 
-__all__ = ["Param", "Setting", "apply_settings", "check_indexes", "label", "parse_param"]
+__all__ = ["Param", "Setting", "apply_settings", "check_against_config", "label", "parse_param"]
 
 #: One field's value in a variant: (path, value); a repeated scalar's value is a tuple.
 Setting = tuple[str, Any]
@@ -120,7 +122,7 @@ def _resolve(path: str) -> tuple[tuple[tuple[str, int | None], ...], FieldDescri
         if field is None:
             names = list(message.fields_by_name)
             # A shortened name (max_queue_delay) is nearer its full form than difflib alone judges.
-            close = [n for n in names if n.startswith(name)][:3] or difflib.get_close_matches(name, names, 3, 0.5)
+            close = [f for f in names if f.startswith(name)][:3] or difflib.get_close_matches(name, names, 3, 0.5)
             hint = (
                 f"did you mean {_either(close)}?" if close else f"fields: {', '.join(sorted(message.fields_by_name))}"
             )
@@ -224,12 +226,37 @@ def parse_param(text: str) -> Param:
     return Param(path, steps, unique, _type_name(field))
 
 
-def check_indexes(params: Sequence[Param], config: dict[str, Any], source: str) -> None:
-    """Each `[i]` of each path names an element `config` has (its JSON, Triton's shape)."""
+def check_against_config(params: Sequence[Param], config: dict[str, Any], source: str) -> None:
+    """Each `[i]` of each path names an element `config` has (its JSON, Triton's shape), and no path
+    sets a member of a oneof whose other member the config or another --param sets (setting
+    sequence_batching on a config with dynamic_batching would make a config Triton refuses)."""
+    chosen: dict[tuple[str, str], tuple[str, str]] = {}  # (parent path, oneof) -> (member, --param)
     for param in params:
         node: Any = config
         walked: list[str] = []
-        for name, index in param.steps[:-1]:
+        message: Descriptor = ModelConfig.DESCRIPTOR
+        for n, (name, index) in enumerate(param.steps):
+            field = message.fields_by_name[name]
+            oneof = field.containing_oneof
+            if oneof is not None:
+                where = (".".join(walked), oneof.name)
+                other = next((f.name for f in oneof.fields if f.name != name and isinstance(node, dict) and
+                              node.get(f.name) not in (None, {}, [], "", 0, False)), None)  # fmt: skip
+                if other is not None:
+                    raise PerfkitError(
+                        f"--param {param.path}: {source} sets {other}, and '{name}' is in the same oneof "
+                        f"{oneof.name}: a config has only one of them; remove {other} from the config first"
+                    )
+                member, by = chosen.setdefault(where, (name, param.path))
+                if member != name:
+                    raise PerfkitError(
+                        f"--param {param.path} and --param {by} set {name} and {member}, which are in the same "
+                        f"oneof {oneof.name}: a config has only one of them; search them in separate tunes"
+                    )
+            if field.type == FieldDescriptor.TYPE_MESSAGE:
+                message = field.message_type
+            if n == len(param.steps) - 1:
+                break
             walked.append(name)
             node = node.get(name) if isinstance(node, dict) else None
             if index is None:
@@ -264,7 +291,7 @@ def apply_settings(config: dict[str, Any], settings: Sequence[Setting]) -> dict[
                 node = child
             else:
                 items = node.get(name) or []
-                if index >= len(items):  # check_indexes refuses this before a tune starts
+                if index >= len(items):  # check_against_config refuses this before a tune starts
                     raise PerfkitError(f"--param {path}: [{index}] is past the end of the config's {name}")
                 node = items[index]
         node[steps[-1][0]] = list(value) if isinstance(value, tuple) else value

@@ -16,7 +16,7 @@ from perfkit.cli import main
 from perfkit.errors import PerfkitError
 from perfkit.report.tune_tables import render_csv
 from perfkit.tune.objectives import Estimate, Figures, Objective
-from perfkit.tune.params import apply_settings, check_indexes, parse_param
+from perfkit.tune.params import apply_settings, check_against_config, parse_param
 from perfkit.tune.search import Space, SpaceSpec, Variant, brute_search, build_space, quick_search, variant_of
 from perfkit.tune.state import Model, Record, TuneResult, TuneSpec
 from v2kit.model_config import config_from_json, config_to_json, parse_config_text
@@ -84,9 +84,23 @@ def test_refusals_name_the_path_and_the_fix(text: str, message: str | None) -> N
 
 def test_an_index_past_the_configs_list_is_refused() -> None:
     config = base_config()
-    check_indexes([parse_param("instance_group[0].count=1:2")], config, "m/config.pbtxt")
+    check_against_config([parse_param("instance_group[0].count=1:2")], config, "m/config.pbtxt")
     with pytest.raises(PerfkitError, match=r"m/config.pbtxt has 1 instance_group entry, so \[1\] is out of range"):
-        check_indexes([parse_param("instance_group[1].count=1:2")], config, "m/config.pbtxt")
+        check_against_config([parse_param("instance_group[1].count=1:2")], config, "m/config.pbtxt")
+
+
+def test_a_oneof_member_beside_its_sibling_is_refused() -> None:
+    config = base_config()
+    config["dynamic_batching"] = {"max_queue_delay_microseconds": 100}
+    sequence = parse_param("sequence_batching.max_sequence_idle_microseconds=1000")
+    with pytest.raises(
+        PerfkitError, match="m/config.pbtxt sets dynamic_batching, and 'sequence_batching' is in the same oneof"
+    ):
+        check_against_config([sequence], config, "m/config.pbtxt")
+    delay = parse_param("dynamic_batching.max_queue_delay_microseconds=0")
+    with pytest.raises(PerfkitError, match="search them in separate tunes"):
+        check_against_config([delay, sequence], base_config(), "m/config.pbtxt")
+    check_against_config([sequence], base_config(), "m/config.pbtxt")
 
 
 def test_settings_apply_to_a_copy_and_round_trip_through_text_format() -> None:
