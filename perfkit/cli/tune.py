@@ -23,8 +23,9 @@ from perfkit.results.provenance import redact_argv
 from perfkit.target import TargetSpec
 from perfkit.tune.distributed import open_tuner
 from perfkit.tune.objectives import parse_constraint, parse_objective
+from perfkit.tune.params import Param, check_against_config, parse_param
 from perfkit.tune.search import SpaceSpec
-from perfkit.tune.state import TuneResult, TuneSpec
+from perfkit.tune.state import TuneResult, TuneSpec, read_model
 from perfkit.tune.tuner import run_tune
 
 DESCRIPTION = """\
@@ -40,6 +41,13 @@ With several -u (alike servers) and --workers, one Ray actor per server measures
 
 The leaders are re-measured, interleaved, before a winner is named; variants whose 95 % intervals
 overlap are reported as a tie and the one with the fewest resources is recommended.
+
+--param PATH=VALUES (repeatable) searches any config field instead of the knobs above: the cross
+product of the --param values, each variant the config with those values and nothing else changed.
+PATH is a ModelConfig field path, with [i] after a repeated message (instance_group[0].count);
+VALUES is a comma list (0,100,500; KIND_CPU,KIND_GPU; true,false), an integer range A:B or
+A:B:STEP (inclusive), or for a repeated field bracketed lists, one per alternative ([4,8] or
+[4],[4,8]). Every path and value is checked against the schema before anything is measured.
 """
 
 
@@ -101,6 +109,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--constraint", action="append", default=[], metavar="'FIGURE<=BOUND'",
         help="e.g. 'p99_ms<=20' or 'throughput>=500' (repeatable); breaking variants are reported, not dropped",
     )  # fmt: skip
+    search.add_argument(
+        "--param", action="append", default=[], metavar="PATH=VALUES",
+        help="a config field to search instead of the knobs below, e.g. "
+        "'dynamic_batching.max_queue_delay_microseconds=0,100,500', 'instance_group[0].count=1:4', "
+        "'dynamic_batching.preferred_batch_size=[4,8]' (repeatable: the cross product)",
+    )  # fmt: skip
     search.add_argument("--concurrency-range", default="1:1024", metavar="START:END", help="default 1:1024")
     search.add_argument("--min-instance-count", type=int, default=1, metavar="N")
     search.add_argument("--max-instance-count", type=int, default=5, metavar="N", help="default 5")
@@ -138,6 +152,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     out.add_argument("--quiet", action="store_true", help="no progress display")
 
 
+#: The knob flags --param replaces, with their defaults, and the --param that says the same.
+_KNOBS = (
+    ("min_instance_count", 1, "instance_group[0].count=1:4"), ("max_instance_count", 5, "instance_group[0].count=1:4"),
+    ("min_batch_size", 1, "max_batch_size=1,8,64"), ("max_batch_size", 128, "max_batch_size=1,8,64"),
+    ("batching_delays_us", "0", "dynamic_batching.max_queue_delay_microseconds=0,100"),
+    ("preferred_batch_sizes", "none", "dynamic_batching.preferred_batch_size=[4],[8]"),
+    ("instance_kinds", None, "instance_group[0].kind=KIND_CPU,KIND_GPU"),
+)  # fmt: skip
+
+
+def _params(args: argparse.Namespace) -> tuple[Param, ...]:
+    texts, config_path = args.param, args.config
+    for name, default, instead in _KNOBS if texts else ():
+        if getattr(args, name) != default:
+            flag = "--" + name.replace("_", "-")
+            raise PerfkitError(
+                f"{flag} is a knob of the default grid, which --param replaces; say it as --param '{instead}'"
+            )
+    params = tuple(map(parse_param, texts))
+    if params:  # the indexes against the model's own config, before any server starts
+        check_against_config(params, read_model(config_path).base, str(config_path))
+    return params
+
+
 def spec_from_args(args: argparse.Namespace) -> TuneSpec:
     if not args.config.is_file():
         raise PerfkitError(f"CONFIG.pbtxt: {args.config} is not a file; give the config.pbtxt of a model folder")
@@ -159,7 +197,7 @@ def spec_from_args(args: argparse.Namespace) -> TuneSpec:
         concurrency=_concurrency(args.concurrency_range),
         space=SpaceSpec(
             args.min_instance_count, args.max_instance_count, args.min_batch_size, args.max_batch_size,
-            _ints(args.batching_delays_us, "--batching-delays-us"), preferred, kinds,
+            _ints(args.batching_delays_us, "--batching-delays-us"), preferred, kinds, _params(args),
         ),
         windows=windows_from_args(args),
         shapes=tuple((name, tuple(dims)) for name, dims in parse_shape_flags(args.shape).items()),

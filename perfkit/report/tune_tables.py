@@ -144,7 +144,7 @@ def _table(result: TuneResult) -> list[str]:
 
 
 def _variant_cells(record: Record) -> list[str]:
-    p = record.variant.params()
+    p = record.params()
     delay = "" if p["max_queue_delay_us"] is None else str(p["max_queue_delay_us"])
     return [record.variant.key, str(record.default).lower(), str(p["instance_count"]), str(p["max_batch_size"]),
             str(p["dynamic_batching"]).lower(), delay, ";".join(map(str, p["preferred_batch_sizes"])),
@@ -193,7 +193,7 @@ def render_json(result: TuneResult, argv: list[str]) -> str:
     variants = []
     for key, r in result.records.items():
         variants.append({
-            "key": key, "description": r.variant.describe(), "params": r.variant.params(), "is_default": r.default,
+            "key": key, "description": r.variant.describe(), "params": r.params(), "is_default": r.default,
             "status": r.status, "error": r.error, "config": r.config, "levels": to_jsonable(r.levels),
             "chosen_concurrency": None if r.chosen is None else int(r.levels[r.chosen].level),
             "figures": _estimates(r.figures()), "remeasures": to_jsonable(r.remeasures),

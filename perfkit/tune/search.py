@@ -60,6 +60,7 @@ from typing import Any
 
 from perfkit.errors import PerfkitError
 from perfkit.tune.objectives import Constraint, Figures, Objective, merit
+from perfkit.tune.params import Param, Setting, apply_settings, label
 
 __all__ = [
     "MAX_BINARY_SEARCH_STEPS",
@@ -183,9 +184,13 @@ class Variant:
     max_batch_size: int
     batching: Batching | None
     kind: str = ""
+    #: --param values, (path, value) in --param order; when set, they alone change the config.
+    settings: tuple[Setting, ...] = ()
 
     @property
     def key(self) -> str:
+        if self.settings:
+            return " ".join(label(path, value) for path, value in self.settings)
         batching = "off" if self.batching is None else f"{self.batching.delay_us}us"
         if self.batching is not None and self.batching.preferred:
             batching += "/pref" + "+".join(map(str, self.batching.preferred))
@@ -196,9 +201,13 @@ class Variant:
     def cost(self) -> tuple[float, ...]:
         """Smaller means fewer resources: instances, then batch size, then batching delay."""
         delay = -1.0 if self.batching is None else float(self.batching.delay_us)
-        return (float(self.instance_count), float(self.max_batch_size), delay, float(self.kind == "KIND_GPU"))
+        knobs = (float(self.instance_count), float(self.max_batch_size), delay, float(self.kind == "KIND_GPU"))
+        # --param values in order, numbers as themselves, lists by their sum: a rough "less is cheaper".
+        return knobs + tuple(_magnitude(value) for _, value in self.settings)
 
     def describe(self) -> str:
+        if self.settings:
+            return ", ".join(label(path, value) for path, value in self.settings)
         parts = [f"{self.instance_count} instance{'s' if self.instance_count != 1 else ''}"]
         if self.kind:
             parts[0] += f" ({self.kind})"
@@ -221,11 +230,15 @@ class Variant:
             "max_queue_delay_us": None if self.batching is None else self.batching.delay_us,
             "preferred_batch_sizes": [] if self.batching is None else list(self.batching.preferred),
             "instance_kind": self.kind,
+            "settings": {path: list(v) if isinstance(v, tuple) else v for path, v in self.settings},
         }
 
     def apply(self, base: dict[str, Any]) -> dict[str, Any]:
         """`base` (a model config as JSON, Triton's shape) with this variant's settings. Several
-        instance groups collapse into one (the first's settings, this count)."""
+        instance groups collapse into one (the first's settings, this count). A variant of --param
+        values is `base` with those values and nothing else changed."""
+        if self.settings:
+            return apply_settings(base, self.settings)
         config = copy.deepcopy(base)
         group = dict((config.get("instance_group") or [{}])[0])
         group["count"] = self.instance_count
@@ -245,6 +258,12 @@ class Variant:
         return config
 
 
+def _magnitude(value: Any) -> float:
+    if isinstance(value, tuple):
+        return float(sum(map(_magnitude, value)))
+    return float(value) if isinstance(value, (int, float)) else 0.0
+
+
 def variant_of(config: dict[str, Any]) -> Variant:
     """The variant a configuration is (instances summed over its groups; KIND_AUTO is no kind)."""
     groups = config.get("instance_group") or []
@@ -261,26 +280,39 @@ def variant_of(config: dict[str, Any]) -> Variant:
 @dataclass(frozen=True, slots=True)
 class Space:
     """The grid: one tuple of values per dimension. A model that does not batch has the single
-    max_batch_size 0 and batching (None,)."""
+    max_batch_size 0 and batching (None,). With --param, each param is one more dimension (its
+    values in order), the four knobs hold the base's values only, and `home` is where the base
+    config's own values sit on the param dimensions; when all of them are among the values
+    (`home_is_base`), that point is the base config itself, and is the default variant rather
+    than a second variant that would measure the same config again."""
 
     instance_counts: tuple[int, ...]
     max_batch_sizes: tuple[int, ...]
-    batchings: tuple[BatchingChoice | None, ...]
+    batchings: tuple[BatchingChoice | Batching | None, ...]
     kinds: tuple[str, ...] = ("",)
+    params: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    home: tuple[int, ...] = ()
+    home_is_base: bool = False
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return (len(self.instance_counts), len(self.max_batch_sizes), len(self.batchings), len(self.kinds))
+        knobs = (len(self.instance_counts), len(self.max_batch_sizes), len(self.batchings), len(self.kinds))
+        return knobs + tuple(len(values) for _, values in self.params)
 
     @property
     def size(self) -> int:
         return math.prod(self.shape)
 
     def variant(self, coord: Sequence[int]) -> Variant:
-        i, b, d, k = coord
+        i, b, d, k = coord[:4]
         mbs = self.max_batch_sizes[b]
         choice = self.batchings[d]
-        return Variant(self.instance_counts[i], mbs, None if choice is None else choice.resolve(mbs), self.kinds[k])
+        batching = choice.resolve(mbs) if isinstance(choice, BatchingChoice) else choice
+        if self.home_is_base and tuple(coord[4:]) == self.home:
+            settings: tuple[Setting, ...] = ()
+        else:
+            settings = tuple((path, values[j]) for (path, values), j in zip(self.params, coord[4:]))
+        return Variant(self.instance_counts[i], mbs, batching, self.kinds[k], settings)
 
     def coordinates(self) -> list[tuple[int, ...]]:
         return list(itertools.product(*(range(n) for n in self.shape)))
@@ -308,7 +340,7 @@ class Space:
         delays = [-1.0 if c is None else float(c.delay_us) for c in self.batchings]
         target = -1.0 if variant.batching is None else float(variant.batching.delay_us)
         kind = self.kinds.index(variant.kind) if variant.kind in self.kinds else 0
-        return (count, mbs, closest(delays, target), kind)
+        return (count, mbs, closest(delays, target), kind, *(self.home or (0,) * len(self.params)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,8 +354,12 @@ class SpaceSpec:
     delays_us: tuple[int, ...] = (0,)
     preferred: tuple[str, ...] = ("none",)  # none | max | a number
     kinds: tuple[str, ...] = ()  # (): the config's own kind
+    params: tuple[Param, ...] = ()  # --param: when given, the only dimensions searched
 
     def validate(self) -> None:
+        paths = [p.path for p in self.params]
+        for path in sorted({p for p in paths if paths.count(p) > 1}):
+            raise PerfkitError(f"--param {path} is given twice; put all its values in one --param")
         if not 1 <= self.min_instances <= self.max_instances:
             raise PerfkitError("--min-instance-count and --max-instance-count need 1 <= MIN <= MAX")
         if not 1 <= self.min_batch <= self.max_batch:
@@ -338,14 +374,32 @@ class SpaceSpec:
                 raise PerfkitError(f"--instance-kinds: '{kind}' is not KIND_CPU or KIND_GPU")
 
 
-def build_space(spec: SpaceSpec, base: Variant) -> Space:
-    """The grid around a model whose own config is `base`."""
+def build_space(spec: SpaceSpec, base: Variant, config: dict[str, Any] | None = None) -> Space:
+    """The grid around a model whose own config is `base` (`config`, its JSON, places the quick
+    search's start on the --param dimensions)."""
+    if spec.params:
+        dims = tuple((p.path, p.values) for p in spec.params)
+        found = [_index_of(config, p) if config is not None else None for p in spec.params]
+        home = tuple(i or 0 for i in found)
+        knobs = (base.instance_count,), (base.max_batch_size,), (base.batching,), (base.kind,)
+        return Space(*knobs, dims, home, home_is_base=None not in found)
     counts = tuple(range(spec.min_instances, spec.max_instances + 1))
     kinds = spec.kinds or (base.kind,)
     if base.max_batch_size == 0:  # the model does not batch: only instances to vary
         return Space(counts, (0,), (None,), kinds)
     batchings = (None, *(BatchingChoice(d, p) for d in spec.delays_us for p in spec.preferred))
     return Space(counts, tuple(doubling(spec.min_batch, spec.max_batch)), batchings, kinds)
+
+
+def _index_of(config: dict[str, Any], param: Param) -> int | None:
+    """Where the config's own value of `param` is among its values (None: absent, or not one of them)."""
+    node: Any = config
+    for name, index in param.steps:
+        node = node.get(name) if isinstance(node, dict) else None
+        if index is not None:
+            node = node[index] if isinstance(node, list) and index < len(node) else None
+    value = tuple(node) if isinstance(node, list) else node
+    return param.values.index(value) if value in param.values else None
 
 
 # --- the searches ---------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from perfkit.results.files import write_text_atomic
 from perfkit.results.model import RESULT_SCHEMA_VERSION, LevelResult, sweep_from_json, to_jsonable
 from perfkit.target import TargetSpec
 from perfkit.tune.objectives import Constraint, Figures, Objective, Ranking, combine, figures_of, rank
-from perfkit.tune.search import Space, SpaceSpec, Variant
+from perfkit.tune.search import Space, SpaceSpec, Variant, variant_of
 from v2kit.model_config import ConfigError, config_to_json, parse_config_text
 
 CHECKPOINT_SCHEMA = 1
@@ -133,6 +133,12 @@ class Record:
     remeasures: list[LevelResult] = field(default_factory=list)
     measured: int = 0  # levels measured by this run (the rest came from the checkpoint)
     endpoint: str = ""  # the server that measured it, with --workers
+
+    def params(self) -> dict[str, Any]:
+        """The variant's parameters; with --param values, the knobs as the config it loads has them."""
+        if not self.variant.settings:
+            return self.variant.params()
+        return {**variant_of(self.config).params(), "settings": self.variant.params()["settings"]}
 
     def figures(self) -> Figures | None:
         return None if self.chosen is None else figures_of(self.levels[self.chosen])

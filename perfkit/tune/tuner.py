@@ -246,7 +246,7 @@ class Tuner:
 
     def _new_result(self) -> TuneResult:
         default = variant_of(self.default_config)
-        space = build_space(self.spec.space, variant_of(self.model.base))
+        space = build_space(self.spec.space, variant_of(self.model.base), self.model.base)
         self.result = result = TuneResult(self.spec, self.model, space, default.key)
         result.started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         return result
