@@ -173,11 +173,8 @@ class DataPlane:
         return await self._infer(served, request, received_ns)
 
     async def _infer(self, served: ModelVersion, request: v2.InferRequest, received_ns: int) -> v2.InferResponse:
-        # Inputs come out of shared memory before validation; outputs go back in after the model.
-        binding = self.shared_memory.bind(request, self._check_elements)
+        inputs, output_names, timeout_us, classes, binding = self._prepare(served, request)
         try:
-            inputs, output_names, timeout_us = self._prepare(served, request)
-            classes = requested_classes(served.name, request.outputs, served.outputs)
             results = await served.scheduler.infer(
                 inputs,
                 output_names,
@@ -214,10 +211,8 @@ class DataPlane:
             task = asyncio.ensure_future(self._infer(served, request, received_ns))
             task.add_done_callback(partial(_task_done, partial(_answer, done, served.name)))
             return
-        binding = self.shared_memory.bind(request, self._check_elements)
+        inputs, output_names, timeout_us, classes, binding = self._prepare(served, request)
         try:
-            inputs, output_names, timeout_us = self._prepare(served, request)
-            classes = requested_classes(served.name, request.outputs, served.outputs)
             finished = partial(_finished, done, served, request.id, output_names, classes, binding)
             scheduler.submit(
                 inputs, output_names, finished, timeout_us=timeout_us, received_ns=received_ns,
@@ -248,14 +243,7 @@ class DataPlane:
         """
         received_ns = time.perf_counter_ns()
         served = self.repository.get(_model_name(request.model_name), request.model_version)
-        binding = self.shared_memory.bind(request, self._check_elements)
-        try:
-            inputs, output_names, timeout_us = self._prepare(served, request)
-            classes = requested_classes(served.name, request.outputs, served.outputs)
-        except BaseException:
-            if binding is not None:
-                binding.release()
-            raise
+        inputs, output_names, timeout_us, classes, binding = self._prepare(served, request)
         return self._stream(served, request, inputs, output_names, timeout_us, received_ns, classes, binding)
 
     async def _stream(
@@ -294,16 +282,27 @@ class DataPlane:
 
     def _prepare(
         self, served: ModelVersion, request: v2.InferRequest
-    ) -> tuple[dict[str, np.ndarray], list[str], int | None]:
-        self._check_elements(request)
-        inputs = validated_inputs(served, request)
-        output_names = validated_outputs(served, request)
-        timeout_us = request.parameters.get("timeout")
-        if timeout_us is not None and (
-            not isinstance(timeout_us, int) or isinstance(timeout_us, bool) or timeout_us < 0
-        ):
-            raise InvalidArgument("request parameter 'timeout' must be a non-negative integer (microseconds)")
-        return inputs, output_names, timeout_us
+    ) -> tuple[dict[str, np.ndarray], list[str], int | None, Mapping[str, int], RequestBinding | None]:
+        """A client's request checked for `served`: its inputs, output names, timeout, classification
+        counts, and its shared-memory binding (inputs come out of the regions before validation;
+        outputs go back in after the model), which the caller releases when the request is done.
+        A request that fails the checks has its binding released here."""
+        binding = self.shared_memory.bind(request, self._check_elements)
+        try:
+            self._check_elements(request)
+            inputs = validated_inputs(served, request)
+            output_names = validated_outputs(served, request)
+            timeout_us = request.parameters.get("timeout")
+            if timeout_us is not None and (
+                not isinstance(timeout_us, int) or isinstance(timeout_us, bool) or timeout_us < 0
+            ):
+                raise InvalidArgument("request parameter 'timeout' must be a non-negative integer (microseconds)")
+            classes = requested_classes(served.name, request.outputs, served.outputs)
+        except BaseException:
+            if binding is not None:
+                binding.release()
+            raise
+        return inputs, output_names, timeout_us, classes, binding
 
     def _model_call(self, call: ModelCall) -> tuple[ModelVersion, v2.InferRequest, Tensors, list[str]]:
         request = v2.InferRequest(
