@@ -29,33 +29,10 @@ from tritonclient.utils import InferenceServerException
 from reference_server.server import ReferenceServer, running_server
 from tests.integration.test_perf_analyzer import run_perf_analyzer
 from tests.servers import loopback_config
+from tests.unit.test_reshape_classification import DENSENET_CONFIG  # NVIDIA's quick-start config, as is
 
 pytestmark = pytest.mark.integration
 
-# NVIDIA's docs/examples/model_repository/densenet_onnx/config.pbtxt, as is.
-DENSENET_CONFIG = """\
-name: "densenet_onnx"
-platform: "onnxruntime_onnx"
-max_batch_size : 0
-input [
-  {
-    name: "data_0"
-    data_type: TYPE_FP32
-    format: FORMAT_NCHW
-    dims: [ 3, 224, 224 ]
-    reshape { shape: [ 1, 3, 224, 224 ] }
-  }
-]
-output [
-  {
-    name: "fc6_1"
-    data_type: TYPE_FP32
-    dims: [ 1000 ]
-    reshape { shape: [ 1, 1000, 1, 1 ] }
-    label_filename: "densenet_labels.txt"
-  }
-]
-"""
 # An ensemble step calls the composing model with its dims; the reshape is the composing model's.
 ENSEMBLE_CONFIG = """\
 name: "densenet_ensemble"
