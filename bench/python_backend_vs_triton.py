@@ -206,46 +206,42 @@ def render(
                 f"{ours.cpu_us:.0f} | {triton.cpu_us:.0f} | {ratio(ours.cpu_us, triton.cpu_us)} |"
             )
     top = max(levels)
-    if all((server, model, top) in by_key for server in SERVERS for model in ("ensemble", "ensemble_plain")):
-        lines += _ensemble_gain(by_key, top)
-    if all((server, model, top) in by_key for server in SERVERS for model in MLP_MODELS):
-        lines += _mlp_gain(by_key, top)
+    gains = (
+        ("ensemble", "ensemble_plain", "dynamic batching of the composing model, through the ensemble", False),
+        (
+            "mlp_ensemble",
+            "mlp_ensemble_plain",
+            "the same through a compute-bound ensemble (identity [256], then the demo MLP in onnxruntime)",
+            True,
+        ),
+    )
+    for batching, plain, title, with_p50 in gains:
+        if all((server, model, top) in by_key for server in SERVERS for model in (batching, plain)):
+            lines += _gain_table(by_key, top, batching, plain, title, with_p50)
     return "\n".join(lines)
 
 
-def _ensemble_gain(by_key: dict[tuple[str, str, int], Any], top: int) -> list[str]:
+def _gain_table(
+    by_key: dict[tuple[str, str, int], Any], top: int, batching: str, plain: str, title: str, with_p50: bool
+) -> list[str]:
+    """Each server's throughput through `batching` over `plain` at concurrency `top`."""
+    p50_head, p50_rule = (" p50 us batching | p50 us plain |", "---:|---:|") if with_p50 else ("", "")
     lines = [
         "",
-        f"dynamic batching of the composing model, through the ensemble, concurrency {top}:",
+        f"{title}, concurrency {top}:",
         "",
-        "| server | infer/s ensemble (batching) | infer/s ensemble_plain | gain |",
-        "|---|---:|---:|---:|",
+        f"| server | infer/s {batching} (batching) | infer/s {plain} | gain |{p50_head}",
+        f"|---|---:|---:|---:|{p50_rule}",
     ]
     for server in SERVERS:
-        batching, plain = by_key[(server, "ensemble", top)], by_key[(server, "ensemble_plain", top)]
+        with_batching, without = by_key[(server, batching, top)], by_key[(server, plain, top)]
+        p50 = f" {with_batching.p50_us:.0f} | {without.p50_us:.0f} |" if with_p50 else ""
         lines.append(
-            f"| {server} | {batching.infer_per_s:.0f} | {plain.infer_per_s:.0f} | "
-            f"{ratio(batching.infer_per_s, plain.infer_per_s)} |"
+            f"| {server} | {with_batching.infer_per_s:.0f} | {without.infer_per_s:.0f} | "
+            f"{ratio(with_batching.infer_per_s, without.infer_per_s)} |{p50}"
         )
     return lines
 
-
-def _mlp_gain(by_key: dict[tuple[str, str, int], Any], top: int) -> list[str]:
-    lines = [
-        "",
-        f"the same through a compute-bound ensemble (identity [256], then the demo MLP in onnxruntime), "
-        f"concurrency {top}:",
-        "",
-        "| server | infer/s mlp_ensemble (batching) | infer/s mlp_ensemble_plain | gain | p50 us batching | p50 us plain |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    for server in SERVERS:
-        batching, plain = by_key[(server, "mlp_ensemble", top)], by_key[(server, "mlp_ensemble_plain", top)]
-        lines.append(
-            f"| {server} | {batching.infer_per_s:.0f} | {plain.infer_per_s:.0f} | "
-            f"{ratio(batching.infer_per_s, plain.infer_per_s)} | {batching.p50_us:.0f} | {plain.p50_us:.0f} |"
-        )
-    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
