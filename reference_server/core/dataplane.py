@@ -30,7 +30,6 @@ from reference_server.core.validation import datatype_of, validated_inputs, vali
 from reference_server.errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported, unknown_model
 from reference_server.scheduling.execute import Tensors
 from reference_server.scheduling.scheduler import Scheduler
-from reference_server.scheduling.sequence.batcher import SEQUENCE_PARAMETERS
 from v2kit import codec as v2
 
 log = logging.getLogger(__name__)
@@ -447,10 +446,9 @@ class DataPlane:
             )
 
 
-#: Request parameters the protocol itself reads; as in Triton's front ends, models never see them.
-_RESERVED_PARAMETERS = frozenset(
-    ("sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "binary_data_output")
-)
+#: Request parameters the protocol itself reads and keeps; as in Triton's front ends, models never
+#: see them. The sequence parameters go on with the request (`scheduling/sequence/batcher.py` reads them).
+_SERVER_ONLY_PARAMETERS = frozenset(("priority", "timeout", "binary_data_output"))
 
 #: The longest file name most file systems take (NAME_MAX); a longer name is no model folder.
 _NAME_MAX_BYTES = 255
@@ -479,7 +477,7 @@ def _model_parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
     # sequence model's scheduler reads them, a python model sees them as correlation_id() and flags().
     if not parameters:
         return {}
-    return {k: v for k, v in parameters.items() if k not in _RESERVED_PARAMETERS or k in SEQUENCE_PARAMETERS}
+    return {k: v for k, v in parameters.items() if k not in _SERVER_ONLY_PARAMETERS}
 
 
 def _finished(
