@@ -6,6 +6,7 @@ the same shape, with the same relations between the ensemble's entry and its com
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -189,6 +190,17 @@ def test_statistics_have_tritons_shape_and_relations(triton: TritonProcess, tmp_
     assert results["ours"][1]["ens"]["batch_stats"] == [(1, 3)]
 
 
+def settled_index_entry(client: httpclient.InferenceServerClient, name: str, timeout_s: float = 10.0) -> dict[str, Any]:
+    """The model's repository index entry once it has left UNLOADING: tritonserver answers the load
+    before the ensemble it takes out has finished unloading."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        (entry,) = [e for e in client.get_model_repository_index() if e["name"] == name]
+        if entry.get("state") != "UNLOADING" or time.monotonic() > deadline:
+            return entry
+        time.sleep(0.05)
+
+
 # Last in the module: it reloads `times2` and `ens`, which resets their statistics.
 def test_a_composing_model_reloaded_to_no_longer_fit_takes_the_ensemble_out_as_triton_does(
     triton: TritonProcess, triton_repository: Path, ours: ReferenceServer, ours_repository: Path
@@ -209,7 +221,7 @@ def test_a_composing_model_reloaded_to_no_longer_fit_takes_the_ensemble_out_as_t
             config.write_text(fits.replace("max_batch_size: 8", "max_batch_size: 4"))
             client.load_model("times2")  # the reload itself succeeds
             assert client.is_model_ready("times2") and not client.is_model_ready("ens"), label
-            (entry,) = [e for e in client.get_model_repository_index() if e["name"] == "ens"]
+            entry = settled_index_entry(client, "ens")
             assert entry["state"] == "UNAVAILABLE", (label, entry)
             config.write_text(fits)
             client.load_model("times2")
