@@ -1,21 +1,23 @@
 """`perfkit tune --param PATH=VALUES`: any field of the model configuration as a search dimension.
 
 PATH is a dotted path into Triton's `ModelConfig` protobuf (`dynamic_batching.max_queue_delay_microseconds`),
-with `[i]` after a repeated message field (`instance_group[0].count`). VALUES is one of:
+with `[i]` after a repeated message field (`instance_group[0].count`) and `[KEY]` after a map field
+(`parameters[intra_op_thread_count].string_value`, `metric_tags[team]`). VALUES is one of:
 
 - a comma list: `0,100,500`, `true,false`, `KIND_CPU,KIND_GPU`, `a,b` for strings;
 - an inclusive integer range `A:B` or `A:B:STEP` (`1:4` is 1,2,3,4);
 - for a repeated scalar field, bracketed lists, one per alternative: `[4,8]` or `[4],[4,8],[]`.
 
 Everything is checked against the protobuf descriptor before anything is measured (`parse_param`):
-the field exists (else the closest names are suggested), it is a scalar or a repeated scalar (map
-fields and bytes are refused), and each value fits its type (integer bounds, bool, enum names, float).
-`check_against_config` then checks each `[i]` against the model's own config: an index past the end of
-the list is refused, since there is no element whose other fields a new one could take; so is a member
+the field exists (else the closest names are suggested), it is a scalar, a repeated scalar or a map
+entry's scalar (bytes are refused), each map key fits the map's key type, and each value fits its type
+(integer bounds, bool, enum names, float). `check_against_config` then checks each `[i]` against the
+model's own config: an index past the end of the list is refused, since there is no element whose
+other fields a new one could take (a map entry that is absent is created instead); so is a member
 of a oneof (sequence_batching) whose sibling (dynamic_batching) the config or another --param
 sets. `apply_settings` writes a variant's values into a copy of the config JSON (Triton's shape:
 snake_case names, 64-bit integers as numbers), creating absent parent messages such as
-`dynamic_batching`.
+`dynamic_batching`, and absent map entries.
 """
 
 from __future__ import annotations
@@ -36,8 +38,11 @@ __all__ = ["Param", "Setting", "apply_settings", "check_against_config", "label"
 
 #: One field's value in a variant: (path, value); a repeated scalar's value is a tuple.
 Setting = tuple[str, Any]
+#: One step of a path: the field's name and its list index (int), map key (str) or None.
+Step = tuple[str, int | str | None]
 
-_SEGMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:\[(\d+)\])?$")
+_SEGMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(?:\[([^\[\]]*)\])?$")
+_DOT = re.compile(r"\.(?![^\[]*\])")  # a dot outside brackets: map keys may hold dots
 _RANGE = re.compile(r"^(-?\d+):(-?\d+)(?::(\d+))?$")
 _LIST = re.compile(r"\[([^\[\]]*)\]")
 _MAX_VALUES = 1000  # a range this long is a typo, not a search
@@ -57,7 +62,7 @@ class Param:
     """One `--param`: the path, its parsed steps (name, index or None), and the values to try."""
 
     path: str
-    steps: tuple[tuple[str, int | None], ...]
+    steps: tuple[Step, ...]
     values: tuple[Any, ...]
     type_name: str
 
@@ -80,6 +85,9 @@ def _either(names: Sequence[str]) -> str:
 
 
 def _type_name(field: FieldDescriptor) -> str:
+    if _is_map(field):
+        key, value = field.message_type.fields_by_name["key"], field.message_type.fields_by_name["value"]
+        return f"map<{_type_name(key)}, {_type_name(value).removeprefix('message ')}>"
     if field.type == FieldDescriptor.TYPE_ENUM:
         base = f"enum {field.enum_type.name} ({', '.join(v.name for v in field.enum_type.values)})"
     elif field.type == FieldDescriptor.TYPE_MESSAGE:
@@ -106,18 +114,19 @@ def _is_map(field: FieldDescriptor) -> bool:
     return field.type == FieldDescriptor.TYPE_MESSAGE and bool(field.message_type.GetOptions().map_entry)
 
 
-def _resolve(path: str) -> tuple[tuple[tuple[str, int | None], ...], FieldDescriptor]:
+def _resolve(path: str) -> tuple[tuple[Step, ...], FieldDescriptor]:
     """The path's steps and its leaf field, or a PerfkitError naming the fix."""
     where = f"--param {path}"
     message: Descriptor = ModelConfig.DESCRIPTOR
-    steps: list[tuple[str, int | None]] = []
-    parts = path.split(".")
+    steps: list[Step] = []
+    parts = _DOT.split(path)
     for n, part in enumerate(parts):
         match = _SEGMENT.match(part)
         if match is None:
-            raise PerfkitError(f"{where}: '{part}' is not a field name (FIELD or FIELD[INDEX], e.g. instance_group[0])")
-        name, index_text = match.group(1), match.group(2)
-        index = None if index_text is None else int(index_text)
+            raise PerfkitError(
+                f"{where}: '{part}' is not a field name (FIELD, FIELD[INDEX] or FIELD[KEY], e.g. instance_group[0])"
+            )
+        name, selector = match.group(1), match.group(2)
         field = message.fields_by_name.get(name)
         if field is None:
             names = list(message.fields_by_name)
@@ -127,31 +136,54 @@ def _resolve(path: str) -> tuple[tuple[tuple[str, int | None], ...], FieldDescri
                 f"did you mean {_either(close)}?" if close else f"fields: {', '.join(sorted(message.fields_by_name))}"
             )
             raise PerfkitError(f"{where}: {message.full_name} has no field '{name}'; {hint}")
-        is_message = field.type == FieldDescriptor.TYPE_MESSAGE
         last = n == len(parts) - 1
         if _is_map(field):
-            raise PerfkitError(f"{where}: '{name}' is a map ({_type_name(field)}); --param sets scalar fields only")
+            key_field, field = field.message_type.fields_by_name["key"], field.message_type.fields_by_name["value"]
+            steps.append((name, _map_key(key_field, selector, name, path, field)))
+        else:
+            steps.append((name, _list_index(field, selector, name, path)))
+        is_message = field.type == FieldDescriptor.TYPE_MESSAGE
         if is_message and last:
             sub = sorted(field.message_type.fields_by_name)
+            shown = path + ("[0]" if _repeated(field) and selector is None else "")
             raise PerfkitError(
-                f"{where}: '{name}' has type {_type_name(field)}; name one of its fields, e.g. {path}"
-                f"{'[0]' if _repeated(field) and index is None else ''}.{sub[0]} (fields: {', '.join(sub)})"
+                f"{where}: '{part}' has type {_type_name(field)}; name one of its fields, e.g. {shown}"
+                f".{sub[0]} (fields: {', '.join(sub)})"
             )
         if not is_message and not last:
-            raise PerfkitError(f"{where}: '{name}' has type {_type_name(field)} and has no fields; end the path there")
-        if is_message and _repeated(field) and index is None:
-            raise PerfkitError(f"{where}: '{name}' has type {_type_name(field)}; pick an element: {name}[0]")
-        if index is not None and not (is_message and _repeated(field)):
-            raise PerfkitError(
-                f"{where}: '{name}' has type {_type_name(field)}, not a repeated message: drop [{index}]"
-                + ("; give the whole list as VALUES, e.g. [4,8]" if _repeated(field) else "")
-            )
+            raise PerfkitError(f"{where}: '{part}' has type {_type_name(field)} and has no fields; end the path there")
         if field.type == FieldDescriptor.TYPE_BYTES:
             raise PerfkitError(f"{where}: '{name}' has type bytes; --param sets numbers, bools, enums and strings")
-        steps.append((name, index))
         if is_message:
             message = field.message_type
     return tuple(steps), field
+
+
+def _list_index(field: FieldDescriptor, selector: str | None, name: str, path: str) -> int | None:
+    where = f"--param {path}"
+    is_message = field.type == FieldDescriptor.TYPE_MESSAGE
+    if is_message and _repeated(field) and selector is None:
+        raise PerfkitError(f"{where}: '{name}' has type {_type_name(field)}; pick an element: {name}[0]")
+    if selector is None:
+        return None
+    if not (is_message and _repeated(field)):
+        raise PerfkitError(
+            f"{where}: '{name}' has type {_type_name(field)}, not a repeated message: drop [{selector}]"
+            + ("; give the whole list as VALUES, e.g. [4,8]" if _repeated(field) else "")
+        )
+    if not selector.isdigit():
+        raise PerfkitError(f"{where}: '{name}' is a list; its index [{selector}] must be a number such as [0]")
+    return int(selector)
+
+
+def _map_key(key_field: FieldDescriptor, selector: str | None, name: str, path: str, value: FieldDescriptor) -> str:
+    """The map entry's key as the config's JSON spells it (a string, whatever the key's type)."""
+    shown = f"{name}[KEY]" + (".string_value" if value.type == FieldDescriptor.TYPE_MESSAGE else "")
+    if not selector:
+        raise PerfkitError(f"--param {path}: '{name}' is a map ({_type_name(key_field)} keys); pick an entry: {shown}")
+    if key_field.type != FieldDescriptor.TYPE_STRING:
+        return str(_scalar(key_field, selector, path))
+    return selector
 
 
 def _scalar(field: FieldDescriptor, token: str, path: str) -> Any:
@@ -253,12 +285,18 @@ def check_against_config(params: Sequence[Param], config: dict[str, Any], source
                         f"--param {param.path} and --param {by} set {name} and {member}, which are in the same "
                         f"oneof {oneof.name}: a config has only one of them; search them in separate tunes"
                     )
+            if _is_map(field):
+                field = field.message_type.fields_by_name["value"]
             if field.type == FieldDescriptor.TYPE_MESSAGE:
                 message = field.message_type
             if n == len(param.steps) - 1:
                 break
             walked.append(name)
             node = node.get(name) if isinstance(node, dict) else None
+            if isinstance(index, str):  # a map entry: an absent one is created, with nothing to check
+                node = node.get(index) if isinstance(node, dict) else None
+                walked[-1] += f"[{index}]"
+                continue
             if index is None:
                 continue
             items = node if isinstance(node, list) else []
@@ -272,27 +310,31 @@ def check_against_config(params: Sequence[Param], config: dict[str, Any], source
             walked[-1] += f"[{index}]"
 
 
-def _steps(path: str) -> list[tuple[str, int | None]]:
-    matches = [_SEGMENT.match(part) for part in path.split(".")]
-    return [(m.group(1), None if m.group(2) is None else int(m.group(2))) for m in matches if m is not None]
-
-
 def apply_settings(config: dict[str, Any], settings: Sequence[Setting]) -> dict[str, Any]:
     """A copy of `config` with each (path, value) set; the paths are those `parse_param` accepted."""
     out = copy.deepcopy(config)
     for path, value in settings:
         node = out
-        steps = _steps(path)
+        steps, _ = _resolve(path)
         for name, index in steps[:-1]:
-            if index is None:
-                child = node.get(name)
-                if not isinstance(child, dict):
-                    child = node[name] = {}  # an absent parent message (dynamic_batching) is created
-                node = child
-            else:
+            if isinstance(index, int):
                 items = node.get(name) or []
                 if index >= len(items):  # check_against_config refuses this before a tune starts
                     raise PerfkitError(f"--param {path}: [{index}] is past the end of the config's {name}")
                 node = items[index]
-        node[steps[-1][0]] = list(value) if isinstance(value, tuple) else value
+                continue
+            node = _child(node, name)  # an absent parent message (dynamic_batching) is created
+            if index is not None:
+                node = _child(node, index)  # and so is an absent map entry
+        name, key = steps[-1]
+        if key is not None:
+            node, name = _child(node, name), str(key)
+        node[name] = list(value) if isinstance(value, tuple) else value
     return out
+
+
+def _child(node: dict[str, Any], name: str) -> dict[str, Any]:
+    child = node.get(name)
+    if not isinstance(child, dict):
+        child = node[name] = {}
+    return child

@@ -396,7 +396,9 @@ def _index_of(config: dict[str, Any], param: Param) -> int | None:
     node: Any = config
     for name, index in param.steps:
         node = node.get(name) if isinstance(node, dict) else None
-        if index is not None:
+        if isinstance(index, str):  # a map entry
+            node = node.get(index) if isinstance(node, dict) else None
+        elif index is not None:
             node = node[index] if isinstance(node, list) and index < len(node) else None
     value = tuple(node) if isinstance(node, list) else node
     return param.values.index(value) if value in param.values else None

@@ -60,7 +60,7 @@ def test_values_parse_by_the_fields_type(text: str, values: tuple[object, ...]) 
         ("instance_group.count=1", "pick an element: instance_group[0]"),
         ("max_batch_size[0]=1", "drop [0]"),
         ("dynamic_batching=1", "name one of its fields"),
-        ("parameters.x=1", "is a map"),
+        ("parameters.x=1", "is a map (string keys); pick an entry: parameters[KEY].string_value"),
         ("max_batch_size=abc", "'abc' does not fit the field's type int32; give an integer"),
         ("sequence_batching.max_sequence_idle_microseconds=-1", "type uint64: out of range; give an integer in 0.."),
         ("instance_group[0].kind=KIND_CPUU", "did you mean KIND_CPU"),
@@ -220,3 +220,49 @@ def test_a_records_knob_columns_are_those_of_the_config_it_loads(tmp_path: Path)
     result.records[variant.key] = record
     row = render_csv(result).splitlines()[1].split(",")
     assert row[:4] == ["instance_group[0].count=3 max_batch_size=16", "false", "3", "16"]
+
+
+def test_map_entries_are_searched_by_key_and_created_when_absent() -> None:
+    threads = parse_param("parameters[intra_op_thread_count].string_value=1,2,4")
+    assert threads.steps == (("parameters", "intra_op_thread_count"), ("string_value", None))
+    assert threads.values == ("1", "2", "4") and threads.type_name == "string"
+    tag = parse_param("metric_tags[team.name]=a,b")  # a scalar-valued map; a key may hold dots
+    assert tag.steps == (("metric_tags", "team.name"),)
+    policy = parse_param("dynamic_batching.priority_queue_policy[2].max_queue_size=0:2")
+    assert policy.steps[-2] == ("priority_queue_policy", "2") and policy.values == (0, 1, 2)
+
+    config = base_config()
+    config["parameters"] = {"EXECUTION_ENV_PATH": {"string_value": "env.tar.gz"}}
+    check_against_config([threads, tag, policy], config, "m/config.pbtxt")
+    applied = apply_settings(
+        config,
+        (
+            ("parameters[intra_op_thread_count].string_value", "2"),
+            ("metric_tags[team.name]", "b"),
+            ("dynamic_batching.priority_queue_policy[2].max_queue_size", 1),
+        ),
+    )
+    assert "intra_op_thread_count" not in config["parameters"]  # the config itself is untouched
+    proto = parse_config_text(
+        text_format.MessageToString(config_from_json(json.dumps(applied), "applied")), Path("m/config.pbtxt")
+    )
+    assert proto.parameters["intra_op_thread_count"].string_value == "2"
+    assert proto.parameters["EXECUTION_ENV_PATH"].string_value == "env.tar.gz"  # other entries kept
+    assert proto.metric_tags["team.name"] == "b"
+    assert proto.dynamic_batching.priority_queue_policy[2].max_queue_size == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("parameters.string_value=1", "is a map (string keys); pick an entry: parameters[KEY].string_value"),
+        ("parameters[x]=1", "has type message ModelParameter; name one of its fields, e.g. parameters[x].string_value"),
+        ("parameters[x].value=1", "ModelParameter has no field 'value'; did you mean string_value?"),
+        ("dynamic_batching.priority_queue_policy[high].max_queue_size=1", "'high' does not fit the field's type uint64"),
+        ("instance_group[first].count=1", "its index [first] must be a number"),
+    ],
+)  # fmt: skip
+def test_map_refusals_name_the_key_and_the_fix(text: str, message: str) -> None:
+    with pytest.raises(PerfkitError) as caught:
+        parse_param(text)
+    assert message in str(caught.value)
