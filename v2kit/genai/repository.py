@@ -83,7 +83,8 @@ class TritonPythonModel:
                 generation = read_generation(lambda name: _input(request, name), self.name)
                 self.engine.submit(self._sequence(generation, request, sender))
             except (GenerationError, ValueError) as exc:
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))), flags=FINAL)
+                error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
+                sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
         return None
 
     def _sequence(self, generation, request, sender):
@@ -173,7 +174,8 @@ class TritonPythonModel:
                         f"exceeds the context of {self.context} tokens"
                     )
             except GenerationError as exc:
-                sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(str(exc))), flags=FINAL)
+                error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
+                sender.send(pb_utils.InferenceResponse(error=error), flags=FINAL)
                 continue
             self._generate(request, sender, generation, tokens)
         return None
