@@ -36,7 +36,7 @@ def build_decoder(seed: int = 5) -> onnx.ModelProto:
     """The decoder graph with weights from `numpy.random.default_rng(seed)`."""
     rng = np.random.default_rng(seed)
     head = WIDTH // HEADS
-    weights: dict[str, npt.NDArray[np.float32] | npt.NDArray[np.int64]] = {
+    weights: dict[str, npt.NDArray[np.generic]] = {
         "embedding": _normal(rng, (VOCAB, WIDTH), 1.0),
         "positions": _normal(rng, (CONTEXT, WIDTH), 0.1),
         "ones": np.ones(WIDTH, dtype=np.float32),
@@ -60,7 +60,12 @@ def build_decoder(seed: int = 5) -> onnx.ModelProto:
     hidden = "h0"
     for layer in range(LAYERS):
         p = f"l{layer}_"
-        for name, shape in (("wq", (WIDTH, WIDTH)), ("wk", (WIDTH, WIDTH)), ("wv", (WIDTH, WIDTH)), ("wo", (WIDTH, WIDTH))):
+        for name, shape in (
+            ("wq", (WIDTH, WIDTH)),
+            ("wk", (WIDTH, WIDTH)),
+            ("wv", (WIDTH, WIDTH)),
+            ("wo", (WIDTH, WIDTH)),
+        ):
             weights[p + name] = _normal(rng, shape, 1.0 / np.sqrt(WIDTH))
         weights[p + "w1"] = _normal(rng, (WIDTH, _MLP), 1.0 / np.sqrt(WIDTH))
         weights[p + "w2"] = _normal(rng, (_MLP, WIDTH), 1.0 / np.sqrt(_MLP))

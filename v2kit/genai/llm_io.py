@@ -71,9 +71,7 @@ class Generation:
     return_num_output_tokens: bool
 
 
-def read_generation(
-    get: Callable[[str], Any], model: str, default_max_tokens: int = DEFAULT_MAX_TOKENS
-) -> Generation:
+def read_generation(get: Callable[[str], Any], model: str, default_max_tokens: int = DEFAULT_MAX_TOKENS) -> Generation:
     """The request whose input tensors `get(name)` returns (a numpy array, or None when absent)."""
 
     def scalar(name: str) -> Any:

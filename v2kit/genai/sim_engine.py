@@ -227,7 +227,7 @@ class SimEngine:
                     deadline = None
                     self._changed.wait()
                     step = self.scheduler.next_step()
-                if self._stopping:
+                if self._stopping or step is None:
                     return
             now = self._clock()
             begin = now if deadline is None else max(deadline, now - CATCH_UP_S)
@@ -251,4 +251,7 @@ class SimEngine:
             if sequence.cancelled():
                 with self._changed:
                     self.scheduler.drop(sequence)
-                sequence.on_dropped()
+                try:
+                    sequence.on_dropped()
+                except Exception:  # its sender is gone already
+                    pass

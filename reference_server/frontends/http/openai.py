@@ -218,11 +218,12 @@ def read_completion(document: dict[str, Any], *, chat: bool) -> Completion:
         prompt = chat_prompt(document.get("messages"))
         echo = False
     else:
-        prompt = document.get("prompt")
-        if isinstance(prompt, list):
+        raw = document.get("prompt")
+        if isinstance(raw, list):
             raise OpenAiError("only single string input is supported", param="prompt")
-        if not isinstance(prompt, str) or not prompt:
+        if not isinstance(raw, str) or not raw:
             raise OpenAiError("prompt must be non-empty", param="prompt")
+        prompt = raw
         if document.get("suffix") is not None:
             raise OpenAiError("suffix is not currently supported", param="suffix")
         echo = bool(_typed(document, "echo", bool, "a boolean"))
@@ -368,7 +369,9 @@ class _Tally:
         return self.decoder.decode(delta.text, delta.final)
 
     def finish_reason(self) -> str:
-        return "length" if self.output_tokens is not None and self.output_tokens >= self.completion.max_tokens else "stop"
+        return (
+            "length" if self.output_tokens is not None and self.output_tokens >= self.completion.max_tokens else "stop"
+        )
 
     def usage(self) -> dict[str, int] | None:
         if self.input_tokens is None or self.output_tokens is None:
