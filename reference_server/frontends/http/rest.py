@@ -66,7 +66,7 @@ class RestApi:
     def __init__(self, plane: DataPlane, token: Token | None = None) -> None:
         self.plane = plane
         self.token = token
-        self.openai = OpenAiApi(plane, plane.server_metadata()["name"])
+        self._openai: OpenAiApi | None = None  # made on the first /v1 request
 
     def respond(self, request: HttpRequest, reply: Reply) -> None:
         """Every error `errors.server_error` knows leaves as a KServe error JSON with its status; a bug
@@ -93,7 +93,9 @@ class RestApi:
         if len(segments) >= 2 and not segments[0] and segments[1] == "v1":  # the OpenAI-compatible routes
             if self.token is not None:
                 self.token.check(request.headers.get("authorization"))
-            self.openai.respond(request, segments[2:], reply)
+            if self._openai is None:
+                self._openai = OpenAiApi(self.plane, self.plane.server_metadata()["name"])
+            self._openai.respond(request, segments[2:], reply)
             return
         endpoint, methods, model, version = _match(segments)
         # The matched route, not the path's spelling, decides: no spelling of a path (%2F, '..')
