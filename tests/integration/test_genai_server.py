@@ -21,6 +21,8 @@ import tritonclient.grpc as grpcclient
 from reference_server.server import ReferenceServer, running_server
 from tests.servers import loopback_config
 from v2kit.demo import build_demo_repository
+from v2kit.genai.repository import write_sim_llm
+from v2kit.genai.sim_engine import SimTiming
 
 pytestmark = [pytest.mark.integration]
 
@@ -28,7 +30,10 @@ pytestmark = [pytest.mark.integration]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceServer]:
     repository = build_demo_repository(tmp_path_factory.mktemp("genai") / "models", genai=True)
-    with running_server(loopback_config(repository, load=("sim_llm", "tiny_decoder", "identity"))) as running:
+    # One running sequence at a time, 1 ms a token: a request that keeps the slot shows.
+    write_sim_llm(repository, SimTiming(decode_step_us=1000, max_num_seqs=1), name="sim_llm_one")
+    load = ("sim_llm", "sim_llm_one", "tiny_decoder", "identity")
+    with running_server(loopback_config(repository, load=load)) as running:
         yield running
 
 
@@ -218,3 +223,19 @@ async def test_sim_llm_ttft_and_itl_match_its_configured_truth_at_concurrency_1(
           f"ITL p50 {itl * 1e3:.3f} ms (truth {itl_truth * 1e3:.3f})")  # fmt: skip
     assert ttft == pytest.approx(ttft_truth, rel=0.05)
     assert itl == pytest.approx(itl_truth, rel=0.05)
+
+
+async def test_a_client_that_leaves_frees_its_running_slot(server: ReferenceServer) -> None:
+    url = f"http://127.0.0.1:{server.http_port}/v1/completions"
+    endless = {"model": "sim_llm_one", "prompt": "x", "max_tokens": 5000, "ignore_eos": True, "stream": True}
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url, json=endless) as response:
+            for _ in range(3):
+                assert (await response.content.readline()).startswith(b"data: ")
+                await response.content.readline()
+        # Left after 3 of 5000 tokens (5 s): the engine's only slot must be free again at once.
+        started = time.perf_counter()
+        async with session.post(url, json={"model": "sim_llm_one", "prompt": "x", "max_tokens": 3}) as response:
+            answer = await response.json()
+    assert answer["usage"]["completion_tokens"] == 3
+    assert time.perf_counter() - started < 2.0
