@@ -28,7 +28,7 @@ from reference_server.frontends.http.encoding import ContentCodings
 from reference_server.frontends.http.generate import generate
 from reference_server.frontends.http.limits import DEFAULT_LIMITS, HttpLimits
 from reference_server.frontends.http.messages import Reply, internal_error, reply_when_done
-from reference_server.frontends.http.openai import OpenAiApi
+from reference_server.frontends.http.openai import OpenAiApi, OpenAiError, openai_error
 from reference_server.frontends.http.read_gate import ReadGate
 from reference_server.frontends.http.server import HttpRequest, HttpResponse, HttpServer, error_response
 from v2kit import codec as v2
@@ -92,7 +92,13 @@ class RestApi:
         segments = [unquote(s, errors="surrogateescape") if "%" in s else s for s in path.split("/")]
         if len(segments) >= 2 and not segments[0] and segments[1] == "v1":  # the OpenAI-compatible routes
             if self.token is not None:
-                self.token.check(request.headers.get("authorization"))
+                try:
+                    self.token.check(request.headers.get("authorization"))
+                except Unauthenticated as exc:
+                    answer = openai_error(OpenAiError(exc.message, exc.http_status, code="invalid_api_key"))
+                    answer.headers = _CHALLENGE
+                    reply(answer)
+                    return
             if self._openai is None:
                 self._openai = OpenAiApi(self.plane, self.plane.server_metadata()["name"])
             self._openai.respond(request, segments[2:], reply)
