@@ -181,6 +181,7 @@ async def test_a_streamed_chat_sends_role_deltas_usage_and_done(server: Referenc
         ("/v1/completions", {"model": "sim_llm", "prompt": "x", "n": 2}, 400, "only single choice"),
         ("/v1/completions", {"model": "identity", "prompt": "x"}, 400, "no BYTES input 'text_input'"),
         ("/v1/embeddings", {"model": "sim_llm", "input": "x"}, 404, "Not Found"),
+        ("/v1/models", {}, 405, "Method Not Allowed"),
     ],
 )
 async def test_bad_requests_get_openai_error_json(

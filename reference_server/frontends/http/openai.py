@@ -36,6 +36,7 @@ from __future__ import annotations
 import codecs
 import contextlib
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
@@ -51,6 +52,8 @@ from v2kit import codec as v2
 from v2kit.tensors import datatype_to_numpy
 
 __all__ = ["DEFAULT_MAX_TOKENS", "OpenAiApi", "OpenAiError", "openai_error"]
+
+log = logging.getLogger(__name__)
 
 _JSON = "application/json"
 _SSE = "text/event-stream; charset=utf-8"
@@ -72,12 +75,15 @@ _TRTLLM_SAMPLING = ("temperature", "top_p", "seed", "presence_penalty", "frequen
 class OpenAiError(Exception):
     """An error to answer in OpenAI's shape."""
 
-    def __init__(self, message: str, status: int = 400, *, param: str | None = None, code: str | None = None) -> None:
+    def __init__(
+        self, message: str, status: int = 400, *, param: str | None = None, code: str | None = None, allow: str = ""
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
         self.param = param
         self.code = code
+        self.allow = allow  # a 405's Allow header (RFC 9110 §15.5.6)
 
     def body(self) -> dict[str, Any]:
         kind = "invalid_request_error" if self.status < 500 else "server_error"
@@ -85,7 +91,8 @@ class OpenAiError(Exception):
 
 
 def openai_error(error: OpenAiError) -> HttpResponse:
-    return HttpResponse(error.status, _dumps(error.body()), _JSON)
+    headers = (("Allow", error.allow),) if error.allow else ()
+    return HttpResponse(error.status, _dumps(error.body()), _JSON, headers)
 
 
 def _from_server(error: ServerError) -> OpenAiError:
@@ -165,7 +172,9 @@ class OpenAiApi:
 
 def _allow(method: str, allowed: str, path: str) -> None:
     if method != allowed and not (method == "HEAD" and allowed == "GET"):
-        raise OpenAiError(f"Method Not Allowed: {method} {path}", 405)
+        raise OpenAiError(
+            f"Method Not Allowed: {method} {path}", 405, allow="GET, HEAD" if allowed == "GET" else allowed
+        )
 
 
 def _failure(exc: Exception) -> HttpResponse:
@@ -174,6 +183,7 @@ def _failure(exc: Exception) -> HttpResponse:
     error = server_error(exc)
     if error is not None:
         return openai_error(_from_server(error))
+    log.error("internal error serving an OpenAI request", exc_info=exc)
     return openai_error(OpenAiError(f"internal error: {type(exc).__name__}: {exc}", 500))
 
 
