@@ -16,8 +16,12 @@ blow up: the outputs are finite and vary with the input.
 - `mlp_pipeline`: an ensemble (Triton's `platform: "ensemble"`, no model file) of two steps:
   `preprocess` (an ONNX model scaling [0, 1] inputs to [-1, 1]) feeding `mlp`; the shape of the
   model pipelines Triton users deploy.
+- with `genai=True` (`--genai`), also the generative models of `v2kit.genai`: `sim_llm` (a
+  simulated engine with known timing) and `tiny_decoder` (a small ONNX transformer). They are
+  left out by default: their stubs (one imports onnxruntime) would slow the start of every server
+  on the demo repository, which most uses never send text to.
 
-`ensure_demo_repository()` keeps one built copy per BUILDER_VERSION in the cache folder. Bump
+`ensure_demo_repository()` keeps one built copy per BUILDER_VERSION (and per `genai`) in the cache folder. Bump
 BUILDER_VERSION whenever the models or configs change, so that old caches are not reused.
 """
 
@@ -113,8 +117,9 @@ ensemble_scheduling {
 """
 
 
-def build_demo_repository(dest: Path) -> Path:
-    """Write the demo models into `dest` in Triton layout; return `dest`."""
+def build_demo_repository(dest: Path, *, genai: bool = False) -> Path:
+    """Write the demo models into `dest` in Triton layout, with the generative ones if `genai`;
+    return `dest`."""
     models: dict[str, tuple[onnx.ModelProto | None, str]] = {
         "mlp": (_mlp(np.random.default_rng(1)), _MLP_CONFIG),
         "convnet": (_convnet(np.random.default_rng(2)), _CONVNET_CONFIG),
@@ -131,6 +136,10 @@ def build_demo_repository(dest: Path) -> Path:
             (version_dir / "model.onnx").write_bytes(model.SerializeToString())
         (dest / name / "config.pbtxt").write_text(config, encoding="utf-8")
     _python_linear(dest / "python_linear", np.random.default_rng(4))
+    if genai:
+        from v2kit.genai.repository import write_genai_models
+
+        write_genai_models(dest)
     return dest
 
 
@@ -181,20 +190,21 @@ def _python_linear(folder: Path, rng: np.random.Generator) -> None:
     (folder / "config.pbtxt").write_text(_PYTHON_LINEAR_CONFIG, encoding="utf-8")
 
 
-def ensure_demo_repository() -> Path:
-    """A built demo repository in `$PERFKIT_CACHE_DIR` (default `~/.cache/perfkit`), built once.
+def ensure_demo_repository(*, genai: bool = False) -> Path:
+    """A built demo repository in `$PERFKIT_CACHE_DIR` (default `~/.cache/perfkit`), built once
+    (with the generative models if `genai`, in a folder of its own).
 
     The build goes to a temporary sibling folder that is renamed into place, so a reader never
     sees a half-built repository, and when two processes race the loser discards its copy.
     """
     cache = Path(os.environ.get("PERFKIT_CACHE_DIR") or Path.home() / ".cache" / "perfkit")
-    target = cache / f"demo-models-v{BUILDER_VERSION}"
+    target = cache / f"demo-models{'-genai' if genai else ''}-v{BUILDER_VERSION}"
     if target.is_dir():
         return target
     cache.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=cache))
     try:
-        build_demo_repository(staging)
+        build_demo_repository(staging, genai=genai)
         os.rename(staging, target)
     except OSError:
         # Another process renamed its build into place first (rename onto a non-empty folder fails).
@@ -212,9 +222,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Build the demo model repository (mlp, convnet, identity, preprocess, mlp_pipeline, python_linear).",
     )
     parser.add_argument("dest", metavar="DEST", type=Path, help="folder to write the model repository into")
+    parser.add_argument(
+        "--genai",
+        action="store_true",
+        help="also write the generative models sim_llm and tiny_decoder (decoupled, vLLM-style inputs)",
+    )
     args = parser.parse_args(argv)
     try:
-        path = build_demo_repository(args.dest)
+        path = build_demo_repository(args.dest, genai=args.genai)
     except OSError as exc:
         print(f"error: cannot write the demo repository to {args.dest}: {exc}", file=sys.stderr)
         return 1

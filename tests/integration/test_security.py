@@ -153,6 +153,18 @@ def test_every_http_route_but_health_wants_the_token(auth_server: ReferenceServe
     http.close()
 
 
+def test_the_openai_routes_want_the_token_and_say_so_in_openai_s_shape(auth_server: ReferenceServer) -> None:
+    assert auth_server.http_port is not None
+    http = RawHttp(auth_server.http_port)
+    for method, path in (("GET", b"/v1/models"), ("POST", b"/v1/completions"), ("GET", b"/v1/unknown")):
+        status, headers, body = http.request(method, path, b"{}", {"Authorization": b"Bearer wrong"})
+        assert status == 401 and headers["www-authenticate"].startswith("Bearer")
+        error = json.loads(body)["error"]
+        assert error["code"] == "invalid_api_key" and "authentic" in error["message"] and TOKEN not in body.decode()
+    assert http.request("GET", b"/v1/models", b"", BEARER)[0] == 200
+    http.close()
+
+
 def _grpc_calls() -> list[tuple[str, Any]]:
     infer = pb.ModelInferRequest(model_name="identity")
     infer.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 4])

@@ -107,9 +107,9 @@ def test_ensure_demo_repository_loses_a_race_cleanly(monkeypatch: pytest.MonkeyP
     target = tmp_path / f"demo-models-v{demo.BUILDER_VERSION}"
     build = demo.build_demo_repository
 
-    def build_while_another_process_finishes(dest: Path) -> Path:
+    def build_while_another_process_finishes(dest: Path, *, genai: bool = False) -> Path:
         build(target)  # the other process's build lands first
-        return build(dest)
+        return build(dest, genai=genai)
 
     monkeypatch.setattr(demo, "build_demo_repository", build_while_another_process_finishes)
     assert demo.ensure_demo_repository() == target
@@ -120,3 +120,16 @@ def test_main_builds_into_dest(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert demo.main([str(tmp_path / "repo")]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "repo")
     assert (tmp_path / "repo" / "identity" / "config.pbtxt").is_file()
+
+
+def test_genai_models_are_built_only_when_asked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert demo.main([str(tmp_path / "plain")]) == 0
+    assert not (tmp_path / "plain" / "sim_llm").exists()
+    assert demo.main([str(tmp_path / "genai"), "--genai"]) == 0
+    for name, files in (
+        ("sim_llm", {"model.py", "llm_io.py", "sim_engine.py"}),
+        ("tiny_decoder", {"model.py", "llm_io.py", "model.onnx"}),
+    ):
+        folder = tmp_path / "genai" / name
+        assert {p.name for p in (folder / "1").iterdir()} == files
+        assert "decoupled: true" in (folder / "config.pbtxt").read_text()

@@ -3,9 +3,11 @@
 `RestApi` is the handler of `http_server.HttpServer`, which owns the transport, the size limit,
 the body timeout, admission and the read gate. It answers through the request's `Reply`: at once
 where the data plane answers at once, from the scheduler's callback for an inference (no task, no
-loop pass: `DataPlane.start_infer`), and from a task for what awaits (generate, the repository). Routing compares the path's percent-decoded
-segments with the protocol's routes; a decoded segment that holds a '/' (`%2F`) stays one segment,
-so it can never reach another route, and a model name is only ever one segment.
+loop pass: `DataPlane.start_infer`), and from a task for what awaits (generate, the repository).
+Paths under `/v1` go to the OpenAI-compatible routes (`openai.py`), after the same token check.
+Routing compares the path's percent-decoded segments with the protocol's routes; a decoded segment
+that holds a '/' (`%2F`) stays one segment, so it can never reach another route, and a model name
+is only ever one segment.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from reference_server.frontends.http.encoding import ContentCodings
 from reference_server.frontends.http.generate import generate
 from reference_server.frontends.http.limits import DEFAULT_LIMITS, HttpLimits
 from reference_server.frontends.http.messages import Reply, internal_error, reply_when_done
+from reference_server.frontends.http.openai import OpenAiApi, OpenAiError, openai_error
 from reference_server.frontends.http.read_gate import ReadGate
 from reference_server.frontends.http.server import HttpRequest, HttpResponse, HttpServer, error_response
 from v2kit import codec as v2
@@ -63,6 +66,7 @@ class RestApi:
     def __init__(self, plane: DataPlane, token: Token | None = None) -> None:
         self.plane = plane
         self.token = token
+        self._openai: OpenAiApi | None = None  # made on the first /v1 request
 
     def respond(self, request: HttpRequest, reply: Reply) -> None:
         """Every error `errors.server_error` knows leaves as a KServe error JSON with its status; a bug
@@ -86,6 +90,19 @@ class RestApi:
     def _route(self, request: HttpRequest, reply: Reply) -> None:
         path = request.path
         segments = [unquote(s, errors="surrogateescape") if "%" in s else s for s in path.split("/")]
+        if len(segments) >= 2 and not segments[0] and segments[1] == "v1":  # the OpenAI-compatible routes
+            if self.token is not None:
+                try:
+                    self.token.check(request.headers.get("authorization"))
+                except Unauthenticated as exc:
+                    answer = openai_error(OpenAiError(exc.message, exc.http_status, code="invalid_api_key"))
+                    answer.headers = _CHALLENGE
+                    reply(answer)
+                    return
+            if self._openai is None:
+                self._openai = OpenAiApi(self.plane, self.plane.server_metadata()["name"])
+            self._openai.respond(request, segments[2:], reply)
+            return
         endpoint, methods, model, version = _match(segments)
         # The matched route, not the path's spelling, decides: no spelling of a path (%2F, '..')
         # reaches a protected handler through an open name. Unmatched paths want the token too.
