@@ -21,7 +21,7 @@ from reference_server.backends.placement import Placement
 from reference_server.backends.python import PYTHON_BACKEND
 from reference_server.scheduling.execute import ModelInstance, TensorSignature
 
-__all__ = ["BackendContext", "InstanceFactory", "instance_factory"]
+__all__ = ["BackendContext", "InstanceFactory", "instance_factory", "why_no_gpu"]
 
 #: (config, model file, placements, config file for messages, the server around it) → (one
 #: instance per placement, (the model's inputs, its outputs)). A factory may complete `config` in
@@ -47,3 +47,14 @@ def instance_factory(config: mc.ModelConfig) -> InstanceFactory:
     naming the files.
     """
     return _BACKENDS.get(config.backend or config.platform, onnxruntime.create_instances)
+
+
+def why_no_gpu(config: mc.ModelConfig) -> str | None:
+    """Why `config`'s backend cannot put an instance on a GPU that NVML shows, or None if it can.
+
+    ONNX Runtime without its CUDA execution provider (the `onnxruntime` CPU package) cannot; so,
+    as in a Triton built without GPU support, a group of no kind goes on the CPU, and KIND_GPU is
+    refused with the reason. A python model is handed its device id and may use it as it likes."""
+    if instance_factory(config) is onnxruntime.create_instances:
+        return onnxruntime.why_no_cuda()
+    return None

@@ -104,6 +104,13 @@ def _signature(name: str, ort_type: str, shape: Sequence[Any] | None) -> TensorS
     return TensorSignature(name, _ORT_TO_CONFIG_TYPE.get(ort_type, "TYPE_INVALID"), dims)
 
 
+def why_no_cuda() -> str | None:
+    """None when this onnxruntime has the CUDA execution provider, else what to install."""
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        return None
+    return f"onnxruntime {ort.__version__} here has no CUDA execution provider (pip install onnxruntime-gpu)"
+
+
 class OnnxInstance:
     """One onnxruntime InferenceSession; `run` blocks and is called from the instance's worker thread."""
 

@@ -29,8 +29,11 @@ class Placement:
     gpu: int | None = None
 
 
-def plan_instances(config: mc.ModelConfig, gpu_count: int, config_path: Path) -> list[Placement]:
-    """Expand instance_group into one Placement per instance.
+def plan_instances(
+    config: mc.ModelConfig, gpu_count: int, config_path: Path, why_no_gpu: str | None = None
+) -> list[Placement]:
+    """Expand instance_group into one Placement per instance. `why_no_gpu`, when the backend cannot
+    use the GPUs there are, says why: they count as none, and a KIND_GPU group's refusal says it.
 
     Triton's rules: count is per listed GPU for GPU groups (an empty `gpus` means every GPU);
     KIND_AUTO means GPU when every listed GPU exists, else CPU; KIND_GPU without a GPU cannot load.
@@ -51,6 +54,8 @@ def plan_instances(config: mc.ModelConfig, gpu_count: int, config_path: Path) ->
                 f"{config_path}: instance_group '{group_name}' count {count} is over the limit of "
                 f"{MAX_INSTANCES_PER_GROUP} instances per group (per GPU)"
             )
+        if why_no_gpu is not None:
+            gpu_count = 0
         listed = list(group.gpus)
         missing = [g for g in listed if g >= gpu_count]
         kind = group.kind
@@ -59,8 +64,9 @@ def plan_instances(config: mc.ModelConfig, gpu_count: int, config_path: Path) ->
         if kind == mc.ModelInstanceGroup.KIND_GPU:
             if gpu_count == 0:
                 raise ModelConfigError(
-                    f"{config_path}: instance_group '{group_name}' asks for KIND_GPU but no GPU is "
-                    "available; use kind: KIND_CPU (or leave kind unset to use a GPU when present)"
+                    f"{config_path}: instance_group '{group_name}' asks for KIND_GPU but "
+                    f"{why_no_gpu or 'no GPU is available'}; use kind: KIND_CPU (or leave kind unset to use "
+                    "a GPU when present)"
                 )
             if missing:
                 raise ModelConfigError(

@@ -35,7 +35,7 @@ from pathlib import Path
 from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server import errors
-from reference_server.backends import instance_factory
+from reference_server.backends import instance_factory, why_no_gpu
 from reference_server.backends.context import BackendContext, ModelCall
 from reference_server.backends.placement import gpu_memory_delta, plan_instances
 from reference_server.backends.warmup import run_warmup
@@ -458,7 +458,7 @@ class ModelRepository:
     ) -> _PreparedVersion:
         model_path = model_config.model_file(model_dir, version, base)
         labels = read_labels(base, model_dir)
-        placements = plan_instances(base, self.gpu_count, config_path)
+        placements = plan_instances(base, self.gpu_count, config_path, why_no_gpu(base))
         create_instances = instance_factory(base)
         gpus = [p.gpu for p in placements if p.device == "GPU" and p.gpu is not None]
         complete = functools.partial(

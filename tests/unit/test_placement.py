@@ -97,3 +97,12 @@ def test_the_backend_is_chosen_by_backend_then_platform(text: str) -> None:
 
 def test_python_models_get_the_python_backend() -> None:
     assert instance_factory(text_format.Parse('backend: "python"', mc.ModelConfig())) is python.create_instances
+
+
+def test_gpus_a_backend_cannot_use_count_as_none_and_kind_gpu_says_why() -> None:
+    why = "onnxruntime 1.0 here has no CUDA execution provider (pip install onnxruntime-gpu)"
+    config = text_format.Parse('name: "m" instance_group [ { count: 2 } ]', mc.ModelConfig())
+    assert devices(plan_instances(config, 1, CONFIG, why)) == [("CPU", None), ("CPU", None)]
+    gpu = text_format.Parse('name: "m" instance_group [ { count: 1, kind: KIND_GPU } ]', mc.ModelConfig())
+    with pytest.raises(ModelConfigError, match=r"asks for KIND_GPU but onnxruntime 1\.0 here has no CUDA"):
+        plan_instances(gpu, 1, CONFIG, why)
