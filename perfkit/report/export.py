@@ -70,8 +70,9 @@ def render_pa_csv(levels: Sequence[LevelResult], *, collect_metrics: bool = Fals
     are sorted by increasing Inferences/Second; times are integer µs, truncated. `verbose_csv` adds
     `Avg latency` (only without a custom percentile), `request/response` and `response wait`, and
     only with it does `collect_metrics` add the four GPU columns (perf_analyzer writes them under
-    `--verbose-csv --collect-metrics` only). Decoupled-model and response-cache columns are never
-    written: perfkit measures neither.
+    `--verbose-csv --collect-metrics` only). `Response Throughput` follows `Inferences/Second` when
+    the levels were streamed (perf_analyzer writes it for decoupled models, which it streams);
+    response-cache columns are never written: perfkit does not measure them.
     """
     modes = {level.mode for level in levels}
     if len(modes) > 1:
@@ -81,7 +82,9 @@ def render_pa_csv(levels: Sequence[LevelResult], *, collect_metrics: bool = Fals
     percentiles = [p for p, _ in _pa_percentiles(levels[0].latency if levels else LatencyStats())]
     has_custom = bool(levels) and levels[0].latency.custom_percentile is not None
 
-    header = ["Concurrency" if concurrency else "Request Rate", "Inferences/Second", "Client Send"]
+    streamed = any(level.responses is not None for level in levels)
+    header = ["Concurrency" if concurrency else "Request Rate", "Inferences/Second"]
+    header += ["Response Throughput", "Client Send"] if streamed else ["Client Send"]
     if include_server:
         header += [
             "Network+Server Send/Recv",
@@ -106,6 +109,7 @@ def render_pa_csv(levels: Sequence[LevelResult], *, collect_metrics: bool = Fals
         row = [
             str(int(level.level)) if concurrency else _c_double(level.level),
             _c_double(level.throughput_infer_per_s),
+            *([_c_double(level.responses.throughput_response_per_s if level.responses else 0.0)] if streamed else []),
             str(send),
         ]
         if include_server:
