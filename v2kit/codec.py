@@ -435,6 +435,10 @@ def encode_infer_request(
     if request.outputs:
         doc["outputs"] = []
         for o in request.outputs:
+            if shared_memory_ref(o.parameters, f"output {o.name!r}") is not None:
+                # Written into its region: Triton refuses binary_data beside shared_memory_region.
+                doc["outputs"].append({"name": o.name, "parameters": dict(o.parameters)})
+                continue
             binary = binary_outputs if o.binary is None else o.binary
             doc["outputs"].append({"name": o.name, "parameters": {**o.parameters, "binary_data": binary}})
     elif binary_outputs:

@@ -17,6 +17,7 @@ import asyncio
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,12 +36,13 @@ from perfkit.testing.canned_server import canned_server_process
 from perfkit.wire.client import make_client
 from reference_server.server import running_server
 from tests.decoupled_models import write_paced
+from tests.integration.test_sweep_vs_perf_analyzer import BUSY_MACHINE_SHARE, OtherLoad
 from tests.servers import loopback_config
 from v2kit import codec as v2
 
 pytestmark = [pytest.mark.integration]
 
-WINDOWS = ("-p", "500", "-s", "25", "-r", "8")  # beside perf_analyzer
+WINDOWS = ("-p", "500", "-s", "50", "-r", "8")  # beside perf_analyzer: stable enough for both
 SHORT = ("-p", "300", "-s", "50", "-r", "3")  # perfkit alone: the figures are checked loosely
 PACED = ("-m", "paced", "--shape", "IN:1", "--input-data", "zero")
 SLEEPER = ("-m", "sleeper", "--shape", "INPUT0:4096")
@@ -72,7 +74,7 @@ def ours(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
 def triton(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
     repository = _repository(tmp_path_factory.mktemp("triton") / "models")
     for unused in ("stalled", "mute"):  # Triton would hold their requests until it stops
-        (repository / unused / "config.pbtxt").unlink()
+        shutil.rmtree(repository / unused)
     with triton_server(peers, repository, start_timeout_s=90) as server:
         yield Endpoints(server.http_url, server.grpc_url)
 
@@ -190,7 +192,9 @@ def test_shared_memory_on_a_server_without_the_extension_is_a_usage_error(
 # --- beside perf_analyzer -------------------------------------------------------------------------------
 
 
-def _perf_analyzer(peers: Path, url: str, protocol: str, extra: tuple[str, ...], model: tuple[str, ...]) -> dict[str, float]:
+def _perf_analyzer(
+    peers: Path, url: str, protocol: str, extra: tuple[str, ...], model: tuple[str, ...]
+) -> dict[str, float]:
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"pa-{os.getpid()}-{time.monotonic_ns()}.csv"
     command = [str(peers / "bin" / "perf_analyzer"), "-u", url, "-i", protocol, *model, *extra,
                "--concurrency-range", "2", *WINDOWS, "-f", str(out)]  # fmt: skip
@@ -211,26 +215,45 @@ def _perfkit(url: str, protocol: str, extra: tuple[str, ...], model: tuple[str, 
 
 
 @pytest.mark.peers
-@pytest.mark.parametrize("server", ["ours", "triton"])
 @pytest.mark.parametrize(
     ("mode", "protocol", "extra", "model"),
     [("streaming", "grpc", ("--streaming",), PACED), ("shared memory", "http", ("--shared-memory", "system"), SLEEPER)],
 )
-def test_perfkit_agrees_with_perf_analyzer(
-    server: str, mode: str, protocol: str, extra: tuple[str, ...], model: tuple[str, ...], peers: Path,
-    tmp_path: Path, request: pytest.FixtureRequest,
+def test_perfkit_agrees_with_perf_analyzer_on_tritonserver(
+    mode: str, protocol: str, extra: tuple[str, ...], model: tuple[str, ...], triton: Endpoints, tmp_path: Path,
+    peers: Path,
 ) -> None:  # fmt: skip
-    endpoints: Endpoints = request.getfixturevalue(server)
-    url = endpoints.grpc if protocol == "grpc" else endpoints.http
+    url = triton.grpc if protocol == "grpc" else triton.http
+    # A second try when they disagree: on a small shared machine a burst of other work stretches the
+    # model's sleeps during one tool's run (both directions were seen), as in test_sweep_vs_perf_analyzer.
+    for attempt in (1, 2):
+        with OtherLoad() as other:
+            failure = _compare(peers, url, protocol, extra, model, mode, tmp_path / f"try{attempt}")
+        if not failure:
+            break
+    else:
+        if other.share > BUSY_MACHINE_SHARE:
+            pytest.skip(f"{failure}; other processes took {other.share:.0%} of the CPUs: no verdict on a busy machine")
+        pytest.fail(f"{failure}, twice; other processes took {other.share:.0%} of the CPUs")
+    assert our_regions(triton.http) == []
+
+
+def _compare(
+    peers: Path, url: str, protocol: str, extra: tuple[str, ...], model: tuple[str, ...], mode: str, out: Path
+) -> str:
+    """Run perf_analyzer, then perfkit; "" when their figures agree, else how they differ."""
     pa = _perf_analyzer(peers, url, protocol, extra, model)
-    ours_row = _perfkit(url, protocol, extra, model, tmp_path)
+    ours_row = _perfkit(url, protocol, extra, model, out)
     pairs = {
         "throughput": (float(ours_row["throughput_infer_per_s"]), pa["Inferences/Second"]),
         "p50 (to the last response)": (float(ours_row["p50_ms"]) * 1000, pa["p50 latency"]),
     }
     if mode == "streaming":
         pairs["responses/s"] = (float(ours_row["throughput_response_per_s"]), pa["Response Throughput"])
-    print(f"{server} {mode}: " + "; ".join(f"{k} perfkit {a:.1f} perf_analyzer {b:.1f}" for k, (a, b) in pairs.items()))
-    for name, (ours_value, theirs) in pairs.items():
-        assert ours_value == pytest.approx(theirs, rel=AGREEMENT), f"{name}: perfkit {ours_value}, perf_analyzer {theirs}"
-    assert our_regions(endpoints.http) == []
+    print(
+        f"tritonserver {mode}: "
+        + "; ".join(f"{k} perfkit {a:.1f} perf_analyzer {b:.1f}" for k, (a, b) in pairs.items())
+    )
+    apart = [f"{name}: perfkit {a:.1f}, perf_analyzer {b:.1f}" for name, (a, b) in pairs.items()
+             if abs(a - b) > AGREEMENT * b]  # fmt: skip
+    return "; ".join(apart) + f" (more than {AGREEMENT:.0%} apart)" if apart else ""

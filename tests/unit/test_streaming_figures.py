@@ -31,7 +31,8 @@ class FakeStreamingClient:
     `gap_ns`; its final flag comes `final_ns` after the last (alone, as Triton's empty final)."""
 
     def __init__(self, clock: FakeClock, responses: int, first_ns: int, gap_ns: int, final_ns: int = MS) -> None:
-        self.clock, self.responses, self.first_ns, self.gap_ns, self.final_ns = clock, responses, first_ns, gap_ns, final_ns
+        self.clock, self.responses = clock, responses
+        self.first_ns, self.gap_ns, self.final_ns = first_ns, gap_ns, final_ns
 
     async def send(self, prepared: FakePrepared) -> FakeOutcome:
         start = self.clock.now_ns()
@@ -171,6 +172,7 @@ def test_regions_follow_perf_analyzers_layout() -> None:
     ]  # fmt: skip
     body, _ = v2.encode_infer_request(second)
     assert b"xy" not in body and len(body) < 600  # the data stays in the regions
+    assert b"binary_data" not in body  # Triton refuses it beside shared_memory_region
     assert not request_to_proto(second).raw_input_contents
 
 
