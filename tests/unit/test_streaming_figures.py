@@ -3,6 +3,8 @@ figures, the metric catalogue and CSVs; and the shared-memory plan and flags. No
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -12,7 +14,7 @@ from perfkit.errors import PerfkitError
 from perfkit.load.generator import FakeClock, LoadGenerator
 from perfkit.load.samples import SampleArrays, SampleBuffer
 from perfkit.load.schedule import ClosedLoop
-from perfkit.report.export import render_pa_csv
+from perfkit.report.export import render_pa_csv, render_profile_export, render_summary_table
 from perfkit.report.tidy import render_tidy_csv
 from perfkit.results.model import ResourceUsage, SweepResult, sweep_from_json, sweep_to_json
 from perfkit.sweep.spec import DataPathSpec
@@ -98,6 +100,11 @@ async def test_every_response_is_timed_on_virtual_time() -> None:
     row = dict(zip(tidy[0].split(","), tidy[1].split(",")))
     assert row["first_response_p50_ms"] == "3" and row["responses_per_request"] == "4"
     assert render_pa_csv([level]).splitlines()[0].startswith("Concurrency,Inferences/Second,Response Throughput,")
+    table = render_summary_table([level])
+    assert "resp/s  first p50 ms  gap p50 ms" in table[0] and "3.00" in table[2]
+    export = json.loads(render_profile_export([("concurrency", 2, s, [])], version="v", epoch_offset_ns=0))
+    first = export["experiments"][0]["requests"][0]
+    assert [t - first["timestamp"] for t in first["response_timestamps"]] == [3 * MS, 5 * MS, 7 * MS, 9 * MS]
 
 
 def test_a_level_that_was_not_streamed_has_no_response_figures() -> None:
