@@ -420,15 +420,10 @@ def _grpc_kind(code: grpc.StatusCode, details: str) -> str:
 class GrpcClient:
     protocol = "grpc"
 
-    def __init__(
-        self,
-        url: str,
-        request_timeout_s: float,
-        headers: Mapping[str, str],
-        tls: TlsSpec | None = None,
-        *,
+    def __init__(  # `streaming`: inference over ModelStreamInfer streams (perfkit.wire.streaming)
+        self, url: str, request_timeout_s: float, headers: Mapping[str, str], tls: TlsSpec | None = None, *,
         streaming: bool = False,
-    ) -> None:
+    ) -> None:  # fmt: skip
         self.url = url
         self._target = url.split("://", 1)[1] if "://" in url else url
         host, port = _host_port(self._target)
@@ -523,13 +518,13 @@ class GrpcClient:
             return Outcome("client error", 0, 0, 0, _note(self._seen, "client error", _describe(exc)))
         sent = done.sent_ns - start if done.sent_ns else 0
         responses = tuple(done.response_ns)
-        if done.status == grpc_wire.MALFORMED:
-            kind, message = "bad response", done.details
-        elif done.status == grpc.StatusCode.DEADLINE_EXCEEDED.value[0] and responses:
-            kind, message = "no final response", f"{len(responses)} responses, then {done.details}"
-        elif done.status:
-            kind = _grpc_kind(_STATUS_CODES.get(done.status, grpc.StatusCode.UNKNOWN), done.details)
-            message = done.details
+        code, message = done.status, done.details
+        if code == grpc_wire.MALFORMED:
+            kind = "bad response"
+        elif code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0] and responses:
+            kind, message = "no final response", f"{len(responses)} responses, then {message}"
+        elif code:
+            kind = _grpc_kind(_STATUS_CODES.get(code, grpc.StatusCode.UNKNOWN), message)
         elif done.error_response:
             kind, message = "error response", done.error_response
         else:
