@@ -8,6 +8,9 @@ streaming tests, served by real tritonserver and by ours.
 - `late`: execute returns at once; a thread sends OUT = IN after `LATE_DELAY_MS` milliseconds (or
   the request parameter `delay_ms`) in one response that carries the FINAL flag itself.
 
+`write_paced` writes a decoupled model that sends a fixed number of responses a fixed time apart,
+then the FINAL flag alone, or never (`final=False`: a model that never ends its requests).
+
 `write_decoupled_ensemble` adds `times10` (Y = 10 * X, not decoupled) and the ensemble
 `repeat_times10`: `repeat`, then `times10` on each of its responses (RESULT = 10 * OUT, INDEX = IDX).
 
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["LATE_DELAY_MS", "write_decoupled_ensemble", "write_decoupled_models"]
+__all__ = ["LATE_DELAY_MS", "write_decoupled_ensemble", "write_decoupled_models", "write_paced"]
 
 #: How long `late` waits, after execute has returned, before it answers.
 LATE_DELAY_MS = 200
@@ -163,3 +166,47 @@ def write_decoupled_ensemble(repository: Path) -> str:
     (repository / "repeat_times10" / "1").mkdir(parents=True, exist_ok=True)
     (repository / "repeat_times10" / "config.pbtxt").write_text(_ENSEMBLE_CONFIG)
     return "repeat_times10"
+
+
+_PACED = """\
+import json
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = json.loads(args["model_config"])["parameters"]
+        self.responses = int(params["responses"]["string_value"])
+        self.gap_s = float(params["gap_ms"]["string_value"]) / 1000.0
+        self.final = params["final"]["string_value"] == "1"
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            value = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy().astype(np.int32)
+            for index in range(self.responses):
+                if index:
+                    time.sleep(self.gap_s)
+                sender.send(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUT", value)]))
+            if self.final:
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
+def write_paced(repository: Path, name: str, *, responses: int, gap_ms: float, final: bool = True) -> None:
+    """A decoupled model (IN INT32 [-1] → OUT = IN): `responses` responses `gap_ms` apart, then the
+    FINAL flag alone (or never, with `final=False`)."""
+    folder = repository / name
+    (folder / "1").mkdir(parents=True, exist_ok=True)
+    (folder / "1" / "model.py").write_text(_PACED)
+    parameters = {"responses": responses, "gap_ms": gap_ms, "final": int(final)}
+    (folder / "config.pbtxt").write_text(
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n{_IO["late"]}'
+        "model_transaction_policy { decoupled: true }\n"
+        "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
+        + "".join(f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}\n' for k, v in parameters.items())
+    )

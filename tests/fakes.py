@@ -15,6 +15,7 @@ class FakeOutcome:
     send_ns: int = 0
     recv_ns: int = 0
     message: str = ""
+    response_ns: tuple[int, ...] | None = None  # streamed requests only
 
 
 @dataclass(frozen=True, slots=True)

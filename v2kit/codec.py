@@ -319,7 +319,8 @@ def _parse_requested_outputs(items: Any) -> list[RequestedOutput] | None:
             raise CodecError(f"{what}: binary_data must be true or false, got {short_repr(binary)}")
         if classes is not None and (isinstance(classes, bool) or not isinstance(classes, int) or classes < 0):
             raise CodecError(f"{what}: classification must be a non-negative integer")
-        shared_memory_ref(params, what)
+        if shared_memory_ref(params, what) is not None and binary is True:
+            raise CodecError("Output can't set both 'shared_memory_region' and 'binary_data'")  # Triton's words
         params = {k: v for k, v in params.items() if k != "binary_data"}
         outputs[item["name"]] = RequestedOutput(item["name"], binary, params)
     return list(outputs.values()) or None  # `"outputs": []` names nothing, like no list: all outputs
@@ -435,6 +436,10 @@ def encode_infer_request(
     if request.outputs:
         doc["outputs"] = []
         for o in request.outputs:
+            if shared_memory_ref(o.parameters, f"output {o.name!r}") is not None:
+                # Written into its region: Triton refuses binary_data beside shared_memory_region.
+                doc["outputs"].append({"name": o.name, "parameters": dict(o.parameters)})
+                continue
             binary = binary_outputs if o.binary is None else o.binary
             doc["outputs"].append({"name": o.name, "parameters": {**o.parameters, "binary_data": binary}})
     elif binary_outputs:

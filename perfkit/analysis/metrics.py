@@ -40,6 +40,24 @@ def latency_ms(attr: str, corrected: bool = False) -> Callable[[LevelResult], fl
     return get
 
 
+def response_ms(stats: str, attr: str) -> Callable[[LevelResult], float | None]:
+    """A streamed level's first-response (`stats` "first_response") or inter-response gap ("gap")
+    statistic in ms; None for a level that was not streamed or has no such time."""
+
+    def get(level: LevelResult) -> float | None:
+        responses = level.responses
+        if responses is None:
+            return None
+        times: LatencyStats = getattr(responses, stats)
+        return ms(getattr(times, attr)) if times.count > 0 else None
+
+    return get
+
+
+def _responses(attr: str) -> Callable[[LevelResult], float | None]:
+    return lambda level: None if level.responses is None else float(getattr(level.responses, attr))
+
+
 def _gpu_utilization_pct(level: LevelResult) -> float | None:
     util = level.resources.gpu_utilization
     return 100.0 * sum(util.values()) / len(util) if util else None
@@ -74,6 +92,8 @@ class Metric:
 
 
 _SENT = "completion - actual send"
+_FIRST = "streamed: first response - actual send"
+_GAP = "streamed: between consecutive responses of a request"
 _INTENDED = "completion - intended send (coordinated omission corrected)"
 
 METRICS: tuple[Metric, ...] = (
@@ -98,6 +118,19 @@ METRICS: tuple[Metric, ...] = (
         Metric(f"{stat}_from_intended_ms", "ms", "lower", latency_ms(f"{stat}_us", corrected=True),
                gate="p99_from_intended" if stat == "p99" else None, description=_INTENDED)
         for stat in ("p50", "p90", "p95", "p99", "p999", "mean", "max")
+    ),
+    Metric("throughput_response_per_s", "response/s", "higher", _responses("throughput_response_per_s"),
+           ("response_throughput",), fmt="{:.1f}", description="streamed: responses with outputs per second"),
+    Metric("responses_per_request", "count", "higher", _responses("responses_per_request"),
+           description="streamed: responses with outputs per request"),
+    *(
+        Metric(f"first_response_{stat}_ms", "ms", "lower", response_ms("first_response", f"{stat}_us"),
+               gate=f"first_response_{stat}" if stat == "p99" else None, description=_FIRST)
+        for stat in ("p50", "p90", "p99", "mean")
+    ),
+    *(
+        Metric(f"response_gap_{stat}_ms", "ms", "lower", response_ms("gap", f"{stat}_us"), description=_GAP)
+        for stat in ("p50", "p90", "p99", "mean", "max")
     ),
     # Not a tidy column: the CSV keeps the bytes (gpu_memory_used_max_bytes), tune's bounds are in MB.
     Metric("gpu_memory_mb", "MB", "lower", _gpu_memory_mb, ("gpu_used_memory",), figure="gpu_memory_mb",

@@ -68,7 +68,15 @@ import numpy.typing as npt
 
 from perfkit.analysis.server_stats import network_server_us
 from perfkit.load.samples import SampleArrays
-from perfkit.results.model import Check, LatencyStats, LevelResult, ResourceUsage, ServerStats, WindowResult
+from perfkit.results.model import (
+    Check,
+    LatencyStats,
+    LevelResult,
+    ResourceUsage,
+    ResponseStats,
+    ServerStats,
+    WindowResult,
+)
 
 #: perf_analyzer's `delay_tolerance_`: a send more than this late is "delayed".
 DELAY_TOLERANCE_NS = 1_000_000
@@ -267,6 +275,24 @@ def min_requests_for_percentile(p: float, confidence: float = EARLY_STOPPING_CON
     return n
 
 
+def response_stats(ok: SampleArrays, duration_s: float) -> ResponseStats | None:
+    """Every response of the streamed requests among `ok` (successful requests of the reported
+    windows), or None when none was streamed. A request whose final flag came with no response
+    before it counts in `responses_per_request` as 0 and has no first-response latency."""
+    streamed = ok.select(ok.responses >= 0)
+    if not len(streamed):
+        return None
+    count = int(streamed.responses.sum())
+    answered = streamed.responses > 0
+    return ResponseStats(
+        response_count=count,
+        responses_per_request=count / len(streamed),
+        throughput_response_per_s=count / duration_s if duration_s > 0 else 0.0,
+        first_response=latency_stats(streamed.first_ns[answered] - streamed.sent_ns[answered]),
+        gap=latency_stats(streamed.gaps_ns),
+    )
+
+
 def _in_windows(times_ns: npt.NDArray[np.int64], windows: Sequence[WindowResult]) -> npt.NDArray[np.bool_]:
     mask = np.zeros(len(times_ns), dtype=np.bool_)
     for w in windows:
@@ -337,6 +363,7 @@ def level_result(
         checks=(),
         bytes_out_per_request=float(counted.bytes_out.mean()) if n else 0.0,
         bytes_in_per_request=float(counted.bytes_in.mean()) if n else 0.0,
+        responses=response_stats(ok, duration_s),
     )
     checks = validity_checks(
         result,

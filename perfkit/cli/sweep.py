@@ -15,7 +15,7 @@ from perfkit.load.inputs import parse_shape_flag
 from perfkit.load.schedule import parse_range, read_intervals
 from perfkit.report.summary import sweep_notes, sweep_table
 from perfkit.sweep.run import SweepRun, run_sweep
-from perfkit.sweep.spec import InputSpec, LoadSpec, MetricsSpec, OutputSpec, SweepSpec
+from perfkit.sweep.spec import DataPathSpec, InputSpec, LoadSpec, MetricsSpec, OutputSpec, SweepSpec
 from perfkit.target import TargetSpec
 
 DESCRIPTION = """\
@@ -91,6 +91,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=10_000,
         metavar="N",
         help="open loop: requests in flight beyond N are counted as not sent (default 10000)",
+    )
+    path = p.add_argument_group("streaming and shared memory (perf_analyzer's flags)")
+    path.add_argument(
+        "--streaming",
+        action="store_true",
+        help="-i grpc: send over ModelStreamInfer streams (one per outstanding request) and time every response",
+    )
+    path.add_argument(
+        "--shared-memory",
+        choices=("none", "system", "cuda"),
+        default="none",
+        help="put inputs and outputs in shared memory registered with the server (default none)",
+    )
+    path.add_argument(
+        "--output-shared-memory-size",
+        type=int,
+        default=102_400,
+        metavar="BYTES",
+        help="bytes of each output's region, per batch item (default 102400)",
     )
     dist = p.add_argument_group("distributed load (pip install 'perfkit[distributed]')")
     dist.add_argument(
@@ -228,6 +247,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
             history_csv=args.append,
         ),
         distributed=DistributedSpec(workers=args.workers, ray_address=args.ray_address),
+        data_path=DataPathSpec(args.streaming, args.shared_memory, args.output_shared_memory_size),
     )
     spec.validate()
     return spec

@@ -1,7 +1,10 @@
 """The load generator: drives a closed or open loop against an InferClient and records Samples.
 
 It knows nothing about HTTP or gRPC (the client does) and nothing about windows or statistics (the
-measurement does): it sends, times on an injected clock, and appends to a SampleBuffer.
+measurement does): it sends, times on an injected clock, and appends to a SampleBuffer. A streamed
+request's outcome also carries when each of its responses arrived (`Outcome.response_ns`, on the
+client's `time.perf_counter_ns`, which is `RealClock`'s; a test's client gives them on its fake
+clock), and is recorded with them (`SampleBuffer.record_streamed`).
 """
 
 from __future__ import annotations
@@ -179,8 +182,12 @@ class LoadGenerator:
             sent = clock.now_ns()
             outcome = await client.send(request)
             done = clock.now_ns()
-            record(sent, sent, done, outcome.error, request.bytes_out, outcome.bytes_in,
-                   outcome.send_ns, outcome.recv_ns)  # fmt: skip
+            if outcome.response_ns is None:
+                record(sent, sent, done, outcome.error, request.bytes_out, outcome.bytes_in,
+                       outcome.send_ns, outcome.recv_ns)  # fmt: skip
+            else:
+                self.buffer.record_streamed(sent, sent, done, outcome.error, request.bytes_out, outcome.bytes_in,
+                                            outcome.send_ns, outcome.recv_ns, outcome.response_ns)  # fmt: skip
 
     async def _open_dispatcher(self, stream: ScheduleStream) -> None:
         clock, loop = self.clock, asyncio.get_running_loop()
@@ -214,5 +221,9 @@ class LoadGenerator:
         sent = clock.now_ns()
         outcome = await self.client.send(request)
         done = clock.now_ns()
-        self.buffer.record(intended, sent, done, outcome.error, request.bytes_out, outcome.bytes_in,
-                           outcome.send_ns, outcome.recv_ns)  # fmt: skip
+        if outcome.response_ns is None:
+            self.buffer.record(intended, sent, done, outcome.error, request.bytes_out, outcome.bytes_in,
+                               outcome.send_ns, outcome.recv_ns)  # fmt: skip
+        else:
+            self.buffer.record_streamed(intended, sent, done, outcome.error, request.bytes_out, outcome.bytes_in,
+                                        outcome.send_ns, outcome.recv_ns, outcome.response_ns)  # fmt: skip

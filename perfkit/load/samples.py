@@ -3,10 +3,17 @@
 Every statistic perfkit reports is computed later from these records: a request belongs to the
 window in which it *completed* (perf_analyzer's rule), and all times are on one monotonic clock
 (`time.perf_counter_ns` in real runs, a fake clock in tests).
+
+A streamed request (`--streaming`) is recorded with every response it got: `first_ns` (the first
+response's arrival), `responses` (how many carried outputs; -1 for a request that was not streamed)
+and the gaps between consecutive responses, kept in one flat column (`gaps_ns`) in the order of
+the requests, `max(responses - 1, 0)` of them each. Its `done_ns` is its last response, as
+perf_analyzer's: a final flag that came alone, after it, is not a response.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +36,9 @@ class Sample:
     bytes_in: int
     send_ns: int = 0  # client time spent handing the request to the transport
     recv_ns: int = 0  # client time spent reading and checking the response
+    first_ns: int = 0  # streamed: the first response's arrival (0: none came)
+    responses: int = -1  # streamed: responses with outputs; -1: not streamed
+    gaps_ns: tuple[int, ...] = ()  # streamed: between consecutive responses
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +53,9 @@ class SampleArrays:
     bytes_in: I64
     send_ns: I64
     recv_ns: I64
+    first_ns: I64
+    responses: I64
+    gaps_ns: I64  # flat, in request order: max(responses - 1, 0) per request
     error_names: tuple[str, ...]
 
     def __len__(self) -> int:
@@ -53,10 +66,16 @@ class SampleArrays:
         ok: npt.NDArray[np.bool_] = self.error_kind == 0
         return ok
 
+    def gap_counts(self) -> I64:
+        counts: I64 = np.maximum(self.responses - 1, 0)
+        return counts
+
     def select(self, mask: npt.NDArray[np.bool_]) -> SampleArrays:
+        gaps = self.gaps_ns[np.repeat(mask, self.gap_counts())] if len(self.gaps_ns) else self.gaps_ns
         return SampleArrays(
             self.intended_ns[mask], self.sent_ns[mask], self.done_ns[mask], self.error_kind[mask],
-            self.bytes_out[mask], self.bytes_in[mask], self.send_ns[mask], self.recv_ns[mask], self.error_names,
+            self.bytes_out[mask], self.bytes_in[mask], self.send_ns[mask], self.recv_ns[mask],
+            self.first_ns[mask], self.responses[mask], gaps, self.error_names,
         )  # fmt: skip
 
     def completed_between(self, start_ns: int, end_ns: int) -> SampleArrays:
@@ -68,19 +87,16 @@ class SampleArrays:
         return {self.error_names[int(k)]: int(c) for k, c in zip(kinds, counts)}
 
     def samples(self) -> list[Sample]:
+        ends = np.cumsum(self.gap_counts()).tolist()
+        gaps = self.gaps_ns.tolist()
         return [
-            Sample(int(i), int(s), int(d), self.error_names[int(e)], int(bo), int(bi), int(sn), int(rn))
-            for i, s, d, e, bo, bi, sn, rn in zip(
-                self.intended_ns,
-                self.sent_ns,
-                self.done_ns,
-                self.error_kind,
-                self.bytes_out,
-                self.bytes_in,
-                self.send_ns,
-                self.recv_ns,
-            )  # fmt: skip
-        ]
+            Sample(int(i), int(s), int(d), self.error_names[int(e)], int(bo), int(bi), int(sn), int(rn), int(f),
+                   int(r), tuple(gaps[end - max(int(r) - 1, 0) : end]))
+            for i, s, d, e, bo, bi, sn, rn, f, r, end in zip(
+                self.intended_ns, self.sent_ns, self.done_ns, self.error_kind, self.bytes_out, self.bytes_in,
+                self.send_ns, self.recv_ns, self.first_ns, self.responses, ends,
+            )
+        ]  # fmt: skip
 
     @staticmethod
     def concat(parts: list[SampleArrays]) -> SampleArrays:
@@ -91,20 +107,24 @@ class SampleArrays:
             if part.error_names[: len(names)] != names[: len(part.error_names)]:
                 raise ValueError("sample sets from different buffers cannot be concatenated")
             names = max(names, part.error_names, key=len)
-        columns = {f: np.concatenate([getattr(p, f) for p in parts]) for f in _COLUMNS}
+        columns = {f: np.concatenate([getattr(p, f) for p in parts]) for f in (*_COLUMNS, "gaps_ns")}
         return SampleArrays(**columns, error_names=names)
 
 
-_COLUMNS = ("intended_ns", "sent_ns", "done_ns", "error_kind", "bytes_out", "bytes_in", "send_ns", "recv_ns")
+_COLUMNS = (
+    "intended_ns", "sent_ns", "done_ns", "error_kind", "bytes_out", "bytes_in", "send_ns", "recv_ns",
+    "first_ns", "responses",
+)  # fmt: skip
 
 
 class SampleBuffer:
     """Append-only store of samples for one run; the load generator is its only writer."""
 
-    __slots__ = ("_columns", "_error_index", "_error_names")
+    __slots__ = ("_columns", "_error_index", "_error_names", "_gaps")
 
     def __init__(self) -> None:
         self._columns: tuple[list[int], ...] = tuple([] for _ in _COLUMNS)
+        self._gaps: list[int] = []
         self._error_names: list[str] = [""]
         self._error_index: dict[str, int] = {"": 0}
 
@@ -121,6 +141,8 @@ class SampleBuffer:
         bytes_in: int = 0,
         send_ns: int = 0,
         recv_ns: int = 0,
+        first_ns: int = 0,
+        responses: int = -1,
     ) -> None:
         kind = self._error_index.get(error)
         if kind is None:
@@ -135,14 +157,47 @@ class SampleBuffer:
         c[5].append(bytes_in)
         c[6].append(send_ns)
         c[7].append(recv_ns)
+        c[8].append(first_ns)
+        c[9].append(responses)
+
+    def record_streamed(
+        self,
+        intended_ns: int,
+        sent_ns: int,
+        ended_ns: int,
+        error: str,
+        bytes_out: int,
+        bytes_in: int,
+        send_ns: int,
+        recv_ns: int,
+        response_ns: Sequence[int],
+    ) -> None:
+        """A streamed request, from the arrival of each of its responses (`response_ns`) and when it
+        ended (`ended_ns`: its final flag, or its failure); done at its last response if any."""
+        if response_ns:
+            gaps = self._gaps
+            previous = response_ns[0]
+            for t in response_ns[1:]:
+                gaps.append(t - previous)
+                previous = t
+            self.record(intended_ns, sent_ns, previous if not error else ended_ns, error, bytes_out, bytes_in,
+                        send_ns, recv_ns, response_ns[0], len(response_ns))  # fmt: skip
+        else:
+            self.record(intended_ns, sent_ns, ended_ns, error, bytes_out, bytes_in, send_ns, recv_ns, 0, 0)
 
     def add(self, sample: Sample) -> None:
+        if sample.responses >= 0:
+            self._gaps.extend(sample.gaps_ns)
         self.record(
-            sample.intended_ns, sample.sent_ns, sample.done_ns, sample.error,
-            sample.bytes_out, sample.bytes_in, sample.send_ns, sample.recv_ns,
+            sample.intended_ns, sample.sent_ns, sample.done_ns, sample.error, sample.bytes_out, sample.bytes_in,
+            sample.send_ns, sample.recv_ns, sample.first_ns, sample.responses,
         )  # fmt: skip
 
     def arrays(self, start: int = 0) -> SampleArrays:
         """Samples recorded from index `start` on, as numpy columns (a copy)."""
         columns = {f: np.asarray(col[start:], dtype=np.int64) for f, col in zip(_COLUMNS, self._columns)}
-        return SampleArrays(**columns, error_names=tuple(self._error_names))
+        responses = self._columns[9]
+        skipped = np.asarray(responses[:start], dtype=np.int64) if start and self._gaps else np.zeros(0, np.int64)
+        first_gap = int(np.maximum(skipped - 1, 0).sum())
+        gaps = np.asarray(self._gaps[first_gap:], dtype=np.int64)
+        return SampleArrays(**columns, gaps_ns=gaps, error_names=tuple(self._error_names))

@@ -70,8 +70,9 @@ def render_pa_csv(levels: Sequence[LevelResult], *, collect_metrics: bool = Fals
     are sorted by increasing Inferences/Second; times are integer µs, truncated. `verbose_csv` adds
     `Avg latency` (only without a custom percentile), `request/response` and `response wait`, and
     only with it does `collect_metrics` add the four GPU columns (perf_analyzer writes them under
-    `--verbose-csv --collect-metrics` only). Decoupled-model and response-cache columns are never
-    written: perfkit measures neither.
+    `--verbose-csv --collect-metrics` only). `Response Throughput` follows `Inferences/Second` when
+    the levels were streamed (perf_analyzer writes it for decoupled models, which it streams);
+    response-cache columns are never written: perfkit does not measure them.
     """
     modes = {level.mode for level in levels}
     if len(modes) > 1:
@@ -81,7 +82,9 @@ def render_pa_csv(levels: Sequence[LevelResult], *, collect_metrics: bool = Fals
     percentiles = [p for p, _ in _pa_percentiles(levels[0].latency if levels else LatencyStats())]
     has_custom = bool(levels) and levels[0].latency.custom_percentile is not None
 
-    header = ["Concurrency" if concurrency else "Request Rate", "Inferences/Second", "Client Send"]
+    streamed = any(level.responses is not None for level in levels)
+    header = ["Concurrency" if concurrency else "Request Rate", "Inferences/Second"]
+    header += ["Response Throughput", "Client Send"] if streamed else ["Client Send"]
     if include_server:
         header += [
             "Network+Server Send/Recv",
@@ -106,6 +109,7 @@ def render_pa_csv(levels: Sequence[LevelResult], *, collect_metrics: bool = Fals
         row = [
             str(int(level.level)) if concurrency else _c_double(level.level),
             _c_double(level.throughput_infer_per_s),
+            *([_c_double(level.responses.throughput_response_per_s if level.responses else 0.0)] if streamed else []),
             str(send),
         ]
         if include_server:
@@ -174,10 +178,21 @@ def _requests_json(samples: SampleArrays, offset: int) -> str:
     done = (samples.done_ns + offset).tolist()
     intended = (samples.intended_ns + offset).tolist()
     kinds = samples.error_kind.tolist()
+    responses: list[str] = [str(d) for d in done]
+    if len(samples.gaps_ns) or (samples.responses > 0).any():  # streamed: every response's time
+        first, gaps, counts = (samples.first_ns + offset).tolist(), samples.gaps_ns.tolist(), samples.responses.tolist()
+        at = 0
+        for index, count in enumerate(counts):
+            if count > 0:
+                times = [first[index]]
+                for gap in gaps[at : at + count - 1]:
+                    times.append(times[-1] + gap)
+                responses[index] = ",".join(map(str, times))
+                at += count - 1
     return ",".join(
-        f'{{"timestamp":{s},"request_inputs":{{}},"response_timestamps":[{d}],"response_outputs":[{{}}],'
+        f'{{"timestamp":{s},"request_inputs":{{}},"response_timestamps":[{r}],"response_outputs":[{{}}],'
         f'"intended_timestamp":{i},"error":{errors[k]}}}'
-        for s, d, i, k in zip(sent, done, intended, kinds)
+        for s, r, i, k in zip(sent, responses, intended, kinds)
     )
 
 
@@ -194,7 +209,8 @@ def render_profile_export(
     Each experiment is (mode, value, samples, window boundaries); `ProfileExperiment` names them.
     perf_analyzer's timestamps are ns since the epoch and perfkit's are monotonic, so every
     timestamp has `epoch_offset_ns` (wall clock − monotonic clock, taken at the start of the run)
-    added. A request's `timestamp` is its actual send and its one response timestamp its completion;
+    added. A request's `timestamp` is its actual send and its one response timestamp its completion
+    (a streamed request's response timestamps: each of its responses that carried outputs);
     requests keep the order of `samples`. perfkit adds, per request, `intended_timestamp` (when the
     schedule wanted it sent) and `error` ("" on success, else the error's kind); `request_inputs`
     and `response_outputs` hold no tensor data.
@@ -237,6 +253,9 @@ def render_summary_table(levels: Sequence[LevelResult]) -> list[str]:
     titles = [level_title, "infer/s", "p50 ms", "p90 ms", "p99 ms"]
     if scheduled:
         titles += ["p99 corr ms", "delayed %"]
+    streamed = any(level.responses is not None for level in levels)
+    if streamed:
+        titles += ["resp/s", "first p50 ms", "gap p50 ms"]
     titles += ["errors", "avg batch", "stable", "valid"]
 
     rows: list[list[str]] = []
@@ -256,6 +275,12 @@ def render_summary_table(levels: Sequence[LevelResult]) -> list[str]:
                 _fmt_ms(corrected, corrected.p99_us) if on_schedule else "-",
                 f"{level.delayed_pct:.1f}" if on_schedule else "-",
             ]
+        if streamed:
+            r = level.responses
+            row += ["-", "-", "-"] if r is None else [
+                f"{r.throughput_response_per_s:.1f}", _fmt_ms(r.first_response, r.first_response.p50_us),
+                _fmt_ms(r.gap, r.gap.p50_us),
+            ]  # fmt: skip
         row += [
             str(level.error_count),
             "-" if level.server is None else f"{level.server.avg_batch_size:.2f}",

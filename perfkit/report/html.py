@@ -157,6 +157,9 @@ _LEVEL_TABLE: tuple[tuple[str, str, int, str], ...] = (
     ("p99.9 ms", "p999_ms", 2, ""),
     ("p99 from intended ms", "p99_from_intended_ms", 2, ""),  # rate modes only
     ("late sends %", "delayed_pct", 2, ""),  # rate modes only
+    ("responses/s", "throughput_response_per_s", 1, ""),  # streamed only
+    ("first response p50 ms", "first_response_p50_ms", 2, ""),  # streamed only
+    ("response gap p50 ms", "response_gap_p50_ms", 2, ""),  # streamed only
     ("errors", "error_count", 0, ""),
     ("avg batch", "server_avg_batch_size", 2, ""),
     ("client CPU %", "client_cpu_pct", 0, ""),
@@ -164,12 +167,17 @@ _LEVEL_TABLE: tuple[tuple[str, str, int, str], ...] = (
     ("GPU util %", "gpu_utilization_pct", 0, ""),
 )
 _RATE_ONLY = {"p99_from_intended_ms", "delayed_pct"}
+_STREAMED_ONLY = {"throughput_response_per_s", "first_response_p50_ms", "response_gap_p50_ms"}
 _COLUMNS = {column.name: column for column in TIDY_COLUMNS}
 
 
 def _level_rows(result: SweepResult) -> tuple[list[str], list[list[object]]]:
     scheduled = result.mode != "concurrency"
-    table = [spec for spec in _LEVEL_TABLE if scheduled or spec[1] not in _RATE_ONLY]
+    streamed = any(lv.responses is not None for lv in result.levels)
+    table = [
+        spec for spec in _LEVEL_TABLE
+        if (scheduled or spec[1] not in _RATE_ONLY) and (streamed or spec[1] not in _STREAMED_ONLY)
+    ]  # fmt: skip
     header = ["level", *(title for title, *_ in table), "stable", "valid"]
     rows: list[list[object]] = []
     for lv in result.levels:

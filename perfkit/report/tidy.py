@@ -25,7 +25,7 @@ from pathlib import Path
 from perfkit.analysis.metrics import latency_ms, metric, ms
 from perfkit.errors import PerfkitError
 from perfkit.results.files import write_text_atomic
-from perfkit.results.model import LatencyStats, LevelResult, ResourceUsage, ServerStats, SweepResult
+from perfkit.results.model import LatencyStats, LevelResult, ResourceUsage, ResponseStats, ServerStats, SweepResult
 
 __all__ = [
     "TIDY_COLUMNS",
@@ -39,7 +39,7 @@ __all__ = [
     "tidy_header",
 ]
 
-TIDY_SCHEMA_VERSION = 1
+TIDY_SCHEMA_VERSION = 2
 
 
 # --------------------------------------------------------------------------------------------------
@@ -116,6 +116,10 @@ TIDY_COLUMNS: tuple[Column, ...] = (
     Column("custom_percentile", "", lambda s, lv: lv.latency.custom_percentile, "--percentile, when asked for"),
     Column("custom_percentile_ms", "ms", _custom_ms, "latency at --percentile"),
     *(_metric_column(f"{stat}_from_intended_ms") for stat in ("p50", "p90", "p95", "p99", "p999", "mean", "max")),
+    _metric_column("throughput_response_per_s"),
+    _metric_column("responses_per_request"),
+    *(_metric_column(f"first_response_{stat}_ms") for stat in ("p50", "p90", "p99", "mean")),
+    *(_metric_column(f"response_gap_{stat}_ms") for stat in ("p50", "p90", "p99", "mean", "max")),
     Column("delayed_pct", "%", lambda s, lv: lv.delayed_pct, "sends more than 1 ms after their intended time"),
     Column("max_send_lag_ms", "ms", lambda s, lv: ms(lv.max_send_lag_us)),
     Column("client_send_us", "us", lambda s, lv: lv.client_send_us),
@@ -238,7 +242,7 @@ def _schema_sample() -> SweepResult:
         send_rate_per_s=1.0, latency=latency, latency_from_intended=latency, delayed_pct=0.0, max_send_lag_us=0.0,
         client_send_us=0.0, client_recv_us=0.0, network_server_us=0.0, server=ServerStats(),
         resources=ResourceUsage({"gpu": 0.5}, {"gpu": 1.0}, {"gpu": 1}, {"gpu": 2}, 1.0, 1.0, 1.0),
-        windows=(), checks=(),
+        windows=(), checks=(), responses=ResponseStats(1, 1.0, 1.0, latency, latency),
     )  # fmt: skip
     return SweepResult("m", "", "u", "http", "request_rate", (level,), {})
 

@@ -38,6 +38,19 @@ class LatencyStats:
 
 
 @dataclass(frozen=True, slots=True)
+class ResponseStats:
+    """Streamed requests (`--streaming`), every response timed: from the send to the first response
+    (`first_response`), between consecutive responses of a request (`gap`), how many per request
+    and per second (perf_analyzer's "Response Throughput", which counts the same responses)."""
+
+    response_count: int = 0
+    responses_per_request: float = 0.0
+    throughput_response_per_s: float = 0.0
+    first_response: LatencyStats = field(default_factory=LatencyStats)
+    gap: LatencyStats = field(default_factory=LatencyStats)
+
+
+@dataclass(frozen=True, slots=True)
 class WindowResult:
     """One measurement window: the requests that completed within it."""
 
@@ -139,6 +152,7 @@ class LevelResult:
     bytes_out_per_request: float = 0.0
     bytes_in_per_request: float = 0.0
     workers: tuple[WorkerFigures, ...] = ()  # distributed runs only
+    responses: ResponseStats | None = None  # streamed runs only
 
     @property
     def valid(self) -> bool:
@@ -198,8 +212,16 @@ def _level_from_json(data: dict[str, Any]) -> LevelResult:
             "windows": tuple(WindowResult(**w) for w in data["windows"]),
             "checks": tuple(Check(**c) for c in data["checks"]),
             "workers": tuple(WorkerFigures(**w) for w in data.get("workers", ())),
+            "responses": _responses_from_json(data.get("responses")),
         }
     )
+
+
+def _responses_from_json(data: dict[str, Any] | None) -> ResponseStats | None:
+    if data is None:
+        return None
+    first, gap = LatencyStats(**data["first_response"]), LatencyStats(**data["gap"])
+    return ResponseStats(**{**data, "first_response": first, "gap": gap})
 
 
 def sweep_to_json(result: SweepResult) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from perfkit.sweep.engine import Sweep
 from perfkit.sweep.spec import SweepSpec
 from perfkit.target import Target, open_target
 from perfkit.wire.client import InferClient, make_client
+from perfkit.wire.shared_memory import check_extension, plan_regions, registered_regions
 from v2kit.runtime import eventloop
 
 DEFAULT_EMBEDDED_MODEL = "mlp"
@@ -158,6 +160,7 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
         json_tensors=t.json_tensors,
         connections=t.max_connections,
         tls=t.tls,
+        streaming=spec.data_path.streaming,
     )
     try:
         try:
@@ -179,14 +182,22 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
             metadata, config, model=model, version=t.model_version, batch_size=spec.inputs.batch_size,
             shapes={name: list(dims) for name, dims in spec.inputs.shapes}, input_data=spec.inputs.input_data, seed=spec.inputs.seed,
         )  # fmt: skip
-        prepared = [client.prepare(r) for r in requests]
-        outputs = run.outputs = SweepFiles(spec, model)
-        resources = ResourceSampler(
-            interval_s=spec.metrics.interval_ms / 1000,
-            metrics_url=target.metrics_url if (spec.metrics.collect or target.embedded) else None,
-            server_pid=target.server_pid,
-        )
         async with contextlib.AsyncExitStack() as stack:
+            if spec.data_path.shared_memory == "system":
+                check_extension(server, target.url)
+                outputs_of_model = [str(o.get("name")) for o in metadata.get("outputs", [])]
+                plan = plan_regions(
+                    requests, outputs_of_model, output_size=spec.data_path.output_shared_memory_size,
+                    batch_size=spec.inputs.batch_size, prefix=f"perfkit_{os.getpid()}",
+                )  # fmt: skip
+                requests = list(await stack.enter_async_context(registered_regions(client, plan)))
+            prepared = [client.prepare(r) for r in requests]
+            outputs = run.outputs = SweepFiles(spec, model)
+            resources = ResourceSampler(
+                interval_s=spec.metrics.interval_ms / 1000,
+                metrics_url=target.metrics_url if (spec.metrics.collect or target.embedded) else None,
+                server_pid=target.server_pid,
+            )
             workers = None
             if spec.distributed.enabled:
                 workers = await stack.enter_async_context(distributed_load(

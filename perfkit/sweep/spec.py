@@ -16,6 +16,7 @@ from perfkit.load.distributed import DistributedSpec
 from perfkit.load.ray import RAY_MISSING, ray_installed
 from perfkit.measure.level import WindowSpec
 from perfkit.target import TargetSpec
+from perfkit.wire.shared_memory import cuda_unsupported
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +58,27 @@ class MetricsSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class DataPathSpec:
+    """How requests travel (perf_analyzer's flags): over gRPC streams, and with tensors in shared memory."""
+
+    streaming: bool = False  # --streaming
+    shared_memory: str = "none"  # --shared-memory none | system | cuda
+    output_shared_memory_size: int = 102_400  # --output-shared-memory-size BYTES, per output and batch item
+
+    def validate(self, target: TargetSpec, workers: int) -> None:
+        if self.streaming and target.protocol != "grpc":
+            raise PerfkitError("--streaming is for -i grpc (Triton streams over gRPC's ModelStreamInfer); add -i grpc")
+        if self.shared_memory not in ("none", "system", "cuda"):
+            raise PerfkitError(f"--shared-memory must be none, system or cuda, got '{self.shared_memory}'")
+        if self.shared_memory == "cuda":
+            raise PerfkitError(cuda_unsupported())
+        if self.output_shared_memory_size <= 0:
+            raise PerfkitError("--output-shared-memory-size must be a positive number of bytes")
+        if workers > 1 and (self.streaming or self.shared_memory != "none"):
+            raise PerfkitError("--streaming and --shared-memory send from this process only; drop --workers")
+
+
+@dataclass(frozen=True, slots=True)
 class SweepSpec:
     target: TargetSpec
     load: LoadSpec
@@ -65,6 +87,7 @@ class SweepSpec:
     metrics: MetricsSpec = field(default_factory=MetricsSpec)
     output: OutputSpec = field(default_factory=OutputSpec)
     distributed: DistributedSpec = field(default_factory=DistributedSpec)
+    data_path: DataPathSpec = field(default_factory=DataPathSpec)
 
     def validate(self) -> None:
         load = self.load
@@ -79,6 +102,7 @@ class SweepSpec:
         if self.metrics.interval_ms <= 0:
             raise PerfkitError("--metrics-interval must be a positive number of milliseconds")
         _validate_distributed(self.distributed, self.target)
+        self.data_path.validate(self.target, self.distributed.workers)
 
 
 def _validate_distributed(d: DistributedSpec, t: TargetSpec) -> None:

@@ -21,6 +21,10 @@ What `Outcome.send_ns` and `Outcome.recv_ns` cover (time.perf_counter_ns, client
   perf_analyzer's gRPC "send" is marshalling the request, which `prepare()` did once. `recv_ns`:
   parsing the reply's message as a ModelInferResponse (perf_analyzer's "unmarshal response"), once
   its frames are all in; like perf_analyzer's, it leaves out reading and de-framing the reply.
+- gRPC streaming (`--streaming`, `perfkit.wire.streaming`): `send_ns` until the request's message
+  is handed to the transport on its stream; `recv_ns` parsing every reply of the request; and
+  `response_ns`, the arrival of each response that carried outputs, which the load generator
+  turns into first-response latency, inter-response gaps and responses per request.
 
 Neither includes the network or the server: those are the rest of the request's latency.
 """
@@ -50,6 +54,7 @@ from perfkit.target import TlsSpec
 from perfkit.wire import grpc_channel as grpc_wire
 from perfkit.wire import http_pool as http_wire
 from perfkit.wire.limits import MAX_CONTROL_REPLY
+from perfkit.wire.streaming import EMPTY_FINAL, StreamChannel, encode_stream_headers
 from v2kit import codec as v2
 from v2kit.grpc_proto import message_to_json, request_to_proto
 
@@ -67,6 +72,7 @@ class Outcome:
     send_ns: int
     recv_ns: int
     message: str = ""  # the error's text, for the first occurrences of each kind
+    response_ns: tuple[int, ...] | None = None  # streaming only: each response's arrival (perf_counter_ns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +86,7 @@ class Prepared:
     headers: Mapping[str, str] | None = None  # HTTP only
     wire: bytes = b""  # HTTP only: the whole request as sent (request line, headers, body)
     grpc_call: grpc_wire.EncodedCall | None = None  # gRPC only: the call's HTTP/2 frames, ready to send
+    stream_message: bytes = b""  # gRPC streaming only: the length-prefixed message a stream carries
 
 
 class InferClient(Protocol):
@@ -97,6 +104,8 @@ class InferClient(Protocol):
     async def repository_index(self) -> list[dict[str, Any]]: ...
     async def load_model(self, name: str, config: dict[str, Any] | None = None) -> None: ...
     async def unload_model(self, name: str) -> None: ...
+    async def register_system_shared_memory(self, name: str, key: str, byte_size: int) -> None: ...
+    async def unregister_system_shared_memory(self, name: str) -> None: ...
     async def close(self) -> None: ...
 
 
@@ -110,24 +119,28 @@ def make_client(
     connections: int = 0,
     json_tensors: bool = False,
     tls: TlsSpec | None = None,
+    streaming: bool = False,
 ) -> InferClient:
     """A client for `url` over `protocol` ("http" or "grpc"). `connections` caps the HTTP connection
     pool (0: one per concurrent request); gRPC multiplexes every call on one channel. `json_tensors`
     sends HTTP inputs as JSON (`--input-tensor-format json`); `binary_outputs` asks HTTP for binary
     outputs (gRPC outputs are always raw). `headers` go with every call (HTTP headers, gRPC
     metadata), `Authorization` included. `tls`: HTTPS is an `https://` url, verified against
-    `tls.https_ca_certs` (or the system's roots); gRPC uses TLS when `tls.grpc_use_ssl`."""
+    `tls.https_ca_certs` (or the system's roots); gRPC uses TLS when `tls.grpc_use_ssl`.
+    `streaming`: gRPC inference over `ModelStreamInfer` streams (`--streaming`)."""
     tls = tls or TlsSpec()
     if request_timeout_s <= 0:
         raise PerfkitError(f"the request timeout must be > 0 seconds, got {request_timeout_s}")
     if connections < 0:
         raise PerfkitError(f"the connection count must be >= 0 (0: unlimited), got {connections}")
     if protocol == "http":
+        if streaming:
+            raise PerfkitError("--streaming is for -i grpc (Triton streams over gRPC's ModelStreamInfer); add -i grpc")
         return HttpClient(url, request_timeout_s, headers, (not json_tensors, binary_outputs), connections, tls)
     if protocol == "grpc":
         if json_tensors:
             raise PerfkitError("--input-tensor-format json is for HTTP only; use -i http or binary tensors")
-        return GrpcClient(url, request_timeout_s, headers, tls)
+        return GrpcClient(url, request_timeout_s, headers, tls, streaming=streaming)
     raise PerfkitError(f"-i must be http or grpc, got '{protocol}'")
 
 
@@ -345,6 +358,18 @@ class HttpClient:
     async def unload_model(self, name: str) -> None:
         await self._repository("unload", name, {})
 
+    async def register_system_shared_memory(self, name: str, key: str, byte_size: int) -> None:
+        await self._shared_memory(name, "register", {"key": key, "offset": 0, "byte_size": byte_size})
+
+    async def unregister_system_shared_memory(self, name: str) -> None:
+        await self._shared_memory(name, "unregister")
+
+    async def _shared_memory(self, name: str, action: str, body: Any = None) -> None:
+        url = self._base / "v2" / "systemsharedmemory" / "region" / name / action
+        status, data = await self._call("POST", url, body)  # Triton answers 200 with an empty body
+        if status != 200:
+            raise TargetError(f"POST {url}: HTTP {status}: {v2.decode_error(data)}")
+
     async def _repository(self, action: str, name: str, body: dict[str, Any]) -> None:
         session = self._session or self._open()
         url = self._base / "v2" / "repository" / "models" / name / action
@@ -395,9 +420,10 @@ def _grpc_kind(code: grpc.StatusCode, details: str) -> str:
 class GrpcClient:
     protocol = "grpc"
 
-    def __init__(
-        self, url: str, request_timeout_s: float, headers: Mapping[str, str], tls: TlsSpec | None = None
-    ) -> None:
+    def __init__(  # `streaming`: inference over ModelStreamInfer streams (perfkit.wire.streaming)
+        self, url: str, request_timeout_s: float, headers: Mapping[str, str], tls: TlsSpec | None = None, *,
+        streaming: bool = False,
+    ) -> None:  # fmt: skip
         self.url = url
         self._target = url.split("://", 1)[1] if "://" in url else url
         host, port = _host_port(self._target)
@@ -418,6 +444,8 @@ class GrpcClient:
         # -H headers travel as call metadata, whose keys gRPC wants in lower case.
         self._metadata = tuple((k.lower(), v) for k, v in headers.items()) or None
         self._wire = grpc_wire.Channel(host, port, context)  # inference
+        self._streams = StreamChannel(host, port, context) if streaming else None  # inference, --streaming
+        self._stream_block = encode_stream_headers(self._wire.target, context is not None, self._metadata or ())
         self._channel: grpc.aio.Channel | None = None  # the rest; opened in the event loop, on first use
         self._stub: Any = None
         self._seen: dict[str, int] = {}
@@ -435,13 +463,21 @@ class GrpcClient:
 
     def prepare(self, request: v2.InferRequest) -> Prepared:
         try:
-            payload = request_to_proto(request).SerializeToString()
+            proto = request_to_proto(request)
         except v2.CodecError as exc:
             raise PerfkitError(f"cannot encode a request for model '{request.model_name}': {exc}") from None
+        if self._streams is not None:
+            # As perf_analyzer asks: the final flag always comes, alone if the model sends it so.
+            proto.parameters[EMPTY_FINAL].bool_param = True
+            payload = proto.SerializeToString()
+            return Prepared(payload, len(payload), stream_message=b"\x00" + len(payload).to_bytes(4, "big") + payload)
+        payload = proto.SerializeToString()
         call = self._wire.encode(_MODEL_INFER, payload, self._metadata or (), self._timeout_s)
         return Prepared(payload, len(payload), grpc_call=call)
 
     async def send(self, prepared: Prepared) -> Outcome:
+        if self._streams is not None:
+            return await self._send_streamed(prepared)
         assert prepared.grpc_call is not None, "prepared by an HttpClient"
         start = _now()
         try:
@@ -470,6 +506,31 @@ class GrpcClient:
             message = _note(self._seen, "bad response", problem)
             return Outcome("bad response", len(reply), sent, done - received, message)
         return Outcome("", len(reply), sent, done - received)
+
+    async def _send_streamed(self, prepared: Prepared) -> Outcome:
+        assert self._streams is not None and prepared.stream_message, "prepared without --streaming"
+        start = _now()
+        try:
+            done = await self._streams.exchange(self._stream_block, prepared.stream_message, self._timeout_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # send() classifies every failure
+            return Outcome("client error", 0, 0, 0, _note(self._seen, "client error", _describe(exc)))
+        sent = done.sent_ns - start if done.sent_ns else 0
+        responses = tuple(done.response_ns)
+        code, message = done.status, done.details
+        if code == grpc_wire.MALFORMED:
+            kind = "bad response"
+        elif code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0] and responses:
+            kind, message = "no final response", f"{len(responses)} responses, then {message}"
+        elif code:
+            kind = _grpc_kind(_STATUS_CODES.get(code, grpc.StatusCode.UNKNOWN), message)
+        elif done.error_response:
+            kind, message = "error response", done.error_response
+        else:
+            return Outcome("", done.bytes_in, sent, done.parse_ns, response_ns=responses)
+        note = _note(self._seen, kind, message)
+        return Outcome(kind, done.bytes_in, sent, done.parse_ns, note, response_ns=responses)
 
     async def _rpc(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
         if self._stub is None:
@@ -514,6 +575,13 @@ class GrpcClient:
     async def unload_model(self, name: str) -> None:
         await self._rpc("RepositoryModelUnload", pb.RepositoryModelUnloadRequest(model_name=name))
 
+    async def register_system_shared_memory(self, name: str, key: str, byte_size: int) -> None:
+        request = pb.SystemSharedMemoryRegisterRequest(name=name, key=key, offset=0, byte_size=byte_size)
+        await self._rpc("SystemSharedMemoryRegister", request)
+
+    async def unregister_system_shared_memory(self, name: str) -> None:
+        await self._rpc("SystemSharedMemoryUnregister", pb.SystemSharedMemoryUnregisterRequest(name=name))
+
     async def repository_index(self) -> list[dict[str, Any]]:
         reply = await self._rpc("RepositoryIndex", pb.RepositoryIndexRequest())
         # proto3 has no absent strings. Triton's HTTP index gives a model known only by name as
@@ -524,5 +592,7 @@ class GrpcClient:
     async def close(self) -> None:
         channel, self._channel, self._stub = self._channel, None, None
         await self._wire.close()
+        if self._streams is not None:
+            await self._streams.close()
         if channel is not None:
             await channel.close()

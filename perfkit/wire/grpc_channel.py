@@ -47,7 +47,10 @@ __all__ = ["MALFORMED", "Call", "Channel", "EncodedCall"]
 
 class Channel:
     """Unary gRPC calls to `host:port` over one HTTP/2 connection, reopened when it fails. TLS when
-    `ssl_context` is given (ALPN "h2"). Use it from one event loop."""
+    `ssl_context` is given (ALPN "h2"). Use it from one event loop. `connection_type` is what each
+    connection is (`perfkit.wire.streaming` opens streaming ones)."""
+
+    connection_type: type[Connection] = Connection
 
     def __init__(
         self, host: str, port: int, ssl_context: ssl.SSLContext | None = None, *, max_message: int = MAX_REPLY_BODY
@@ -140,7 +143,7 @@ class Channel:
         tls = self._ssl is not None
         _, connection = await asyncio.wait_for(
             loop.create_connection(
-                lambda: Connection(self.target, tls, self._max_message),
+                lambda: self.connection_type(self.target, tls, self._max_message),
                 self._host,
                 self._port,
                 ssl=self._ssl,

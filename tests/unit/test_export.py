@@ -431,7 +431,9 @@ def test_profile_export_of_100k_requests_is_quick() -> None:
     n = 100_000
     base = np.arange(n, dtype=np.int64) * 10_000
     zeros = np.zeros(n, dtype=np.int64)
-    samples = SampleArrays(base, base + 5, base + 2_000_000, zeros, zeros, zeros, zeros, zeros, ("",))
+    samples = SampleArrays(
+        base, base + 5, base + 2_000_000, zeros, zeros, zeros, zeros, zeros, zeros, zeros - 1, zeros[:0], ("",)
+    )
     start = time.perf_counter()
     text = render_profile_export([("request_rate", 1000.0, samples, [0, n * 10_000])], version="v", epoch_offset_ns=7)
     elapsed = time.perf_counter() - start

@@ -19,7 +19,7 @@ from perfkit.report import plots
 from perfkit.report.html import render_html
 from perfkit.report.tidy import render_tidy_schema, tidy_header
 from perfkit.results.files import ReportItem, load_result, slo_from_sweep
-from perfkit.results.model import Check
+from perfkit.results.model import Check, LatencyStats, ResponseStats
 from tests.synthetic import make_level, make_sweep, steady_sweep, tune_json, write_sweep_json
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -217,3 +217,13 @@ def test_the_tidy_schema_doc_is_up_to_date(capsys: pytest.CaptureFixture[str]) -
     assert {kind for _, kind in documented} <= {"string", "integer", "number", "boolean"}
     assert main(["report", "--tidy-schema"]) == 0
     assert capsys.readouterr().out == doc.read_text()
+
+
+def test_a_streamed_sweep_shows_its_response_figures(quick_png: None) -> None:
+    times = LatencyStats(count=10, p50_us=1500.0)
+    streamed = dataclasses.replace(
+        make_level(1, [100.0, 100.0, 100.0]), responses=ResponseStats(40, 4.0, 400.0, times, times)
+    )
+    page = render_html([item(make_sweep([streamed]))])
+    assert "first response p50 ms" in page and "response gap p50 ms" in page and "400.0" in page
+    assert "first response p50 ms" not in render_html([item(steady_sweep())])

@@ -87,6 +87,19 @@ def test_an_output_in_shared_memory_leaves_without_data_or_parameters() -> None:
     assert not proto.outputs[0].parameters
 
 
+def test_an_output_in_shared_memory_with_binary_data_is_refused_as_triton_refuses_it() -> None:
+    # Triton 2.51 answers 400 to binary_data true beside a region, and takes false or none.
+    tensor = {"name": "A", "datatype": "FP32", "shape": [1], "data": [1.0]}
+    with pytest.raises(v2.CodecError, match="Output can't set both 'shared_memory_region' and 'binary_data'"):
+        http_request([tensor], [{"name": "Y", "parameters": {**REGION, "binary_data": True}}])
+    for params in ({**REGION, "binary_data": False}, REGION):
+        (output,) = http_request([tensor], [{"name": "Y", "parameters": params}]).outputs or ()
+        assert v2.shared_memory_ref(output.parameters, "Y") is not None
+    # And what perfkit sends for one: no binary_data at all, as tritonclient.
+    request = v2.InferRequest("m", outputs=[v2.RequestedOutput("Y", parameters=dict(REGION))])
+    assert json.loads(v2.encode_infer_request(request)[0])["outputs"] == [{"name": "Y", "parameters": REGION}]
+
+
 def test_grpc_raw_contents_count_only_inputs_outside_shared_memory() -> None:
     request = v2.InferRequest(
         "m",

@@ -1,0 +1,189 @@
+"""Triton's system shared memory for the load generator (`--shared-memory system`,
+`--output-shared-memory-size`, perf_analyzer's flags and meanings).
+
+What perf_analyzer does (src/infer_data_manager_shm.cc), and so what this does:
+
+- Inputs: one region per input per request-data step (each request perfkit builds from
+  `--input-data`), holding that input's bytes (BYTES in Triton's length-prefixed form). Requests
+  name the region instead of carrying the data, so the request on the wire is a few hundred bytes
+  whatever the tensors' size.
+- Outputs: one region per output, `--output-shared-memory-size` bytes times the batch size, which
+  every request names for that output: the server writes it there instead of into the response.
+  Concurrent requests write over each other, as with perf_analyzer; the load generator never reads
+  outputs.
+- Lifetime: the regions are POSIX shared-memory objects (`/dev/shm/perfkit_<pid>_...`), created and
+  registered before the first request is sent, reused by every request, and unregistered and
+  unlinked when the run ends, in a `finally`, so that an interrupted run (Ctrl-C: the event loop
+  cancels the run, whose `finally` still awaits the unregistering) leaves nothing registered on the
+  server and nothing in /dev/shm. perf_analyzer also unregisters *every* region first; perfkit
+  touches only its own, as other clients may be using the server.
+
+The server must offer the extension ("system_shared_memory" in its metadata) and run on this machine:
+it opens the regions by key in its own /dev/shm. CUDA shared memory (`--shared-memory cuda`) needs
+the CUDA runtime on the client, to allocate device memory and export its IPC handle; perfkit does
+not implement it (`cuda_unsupported`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes.util
+import os
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from perfkit.errors import PerfkitError
+from v2kit import codec as v2
+from v2kit.tensors import tensor_to_raw
+
+__all__ = [
+    "EXTENSION",
+    "SharedMemoryPlan",
+    "SharedMemoryRegion",
+    "check_extension",
+    "cuda_unsupported",
+    "plan_regions",
+    "registered_regions",
+]
+
+EXTENSION = "system_shared_memory"
+SHM_DIR = "/dev/shm"
+UNREGISTER_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class SharedMemoryRegion:
+    """A region to create and register: its name (also its key, with a leading "/"), its size and,
+    for an input, the bytes it holds."""
+
+    name: str
+    byte_size: int
+    data: bytes | None = None  # None: an output region, left zeroed
+
+    @property
+    def key(self) -> str:
+        return f"/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class SharedMemoryPlan:
+    regions: tuple[SharedMemoryRegion, ...]
+    requests: tuple[v2.InferRequest, ...]  # the same requests, naming the regions instead of data
+
+
+def _region_params(name: str, byte_size: int) -> dict[str, Any]:
+    return {"shared_memory_region": name, "shared_memory_offset": 0, "shared_memory_byte_size": byte_size}
+
+
+def plan_regions(
+    requests: Sequence[v2.InferRequest],
+    output_names: Sequence[str],
+    *,
+    output_size: int,
+    batch_size: int,
+    prefix: str,
+) -> SharedMemoryPlan:
+    """The regions for `requests` (one per input per request, one per output) and the requests
+    rewritten to name them. `output_names`: the model's outputs, used where a request asks for all."""
+    if output_size <= 0:
+        raise PerfkitError(f"--output-shared-memory-size must be a positive number of bytes, got {output_size}")
+    regions: list[SharedMemoryRegion] = []
+    wanted = list(dict.fromkeys(o.name for r in requests for o in r.outputs or ())) or list(output_names)
+    out_params: dict[str, dict[str, Any]] = {}
+    for index, name in enumerate(wanted):
+        region = SharedMemoryRegion(f"{prefix}_out{index}", output_size * batch_size)
+        regions.append(region)
+        out_params[name] = _region_params(region.name, region.byte_size)
+    rewritten = []
+    for step, request in enumerate(requests):
+        inputs = []
+        for index, tensor in enumerate(request.inputs):
+            data = tensor_to_raw(tensor.data, tensor.datatype, f"input {tensor.name!r}")
+            region = SharedMemoryRegion(f"{prefix}_in{index}_{step}", len(data), data)
+            regions.append(region)
+            inputs.append(replace(tensor, parameters={**tensor.parameters, **_region_params(region.name, len(data))}))
+        outputs = [
+            v2.RequestedOutput(o.name, o.binary, {**o.parameters, **out_params[o.name]})
+            for o in request.outputs or (v2.RequestedOutput(name) for name in wanted)
+        ]
+        rewritten.append(replace(request, inputs=inputs, outputs=outputs))
+    return SharedMemoryPlan(tuple(regions), tuple(rewritten))
+
+
+def cuda_unsupported() -> str:
+    """Why `--shared-memory cuda` cannot run here (always something: perfkit has no CUDA client)."""
+    if ctypes.util.find_library("cudart") is None and ctypes.util.find_library("cuda") is None:
+        why = "this client has no CUDA runtime (neither libcudart nor libcuda is installed)"
+    else:
+        why = "perfkit does not implement CUDA shared memory (device buffers shared by CUDA IPC handles)"
+    return f"--shared-memory cuda: {why}; use --shared-memory system with a server on this machine, or none"
+
+
+class _Registrar(Protocol):
+    url: str
+
+    async def register_system_shared_memory(self, name: str, key: str, byte_size: int) -> None: ...
+    async def unregister_system_shared_memory(self, name: str) -> None: ...
+
+
+def check_extension(server_metadata: Mapping[str, Any], url: str) -> None:
+    """Refuse a server that does not list the system shared memory extension (exit 2, naming the fix)."""
+    extensions = [str(e) for e in server_metadata.get("extensions", ()) or ()]
+    if EXTENSION not in extensions:
+        raise PerfkitError(
+            f"--shared-memory system: the server at {url} does not offer Triton's system shared memory extension "
+            f"(its extensions: {', '.join(extensions) or 'none'}); drop --shared-memory, or measure a server that "
+            "has it"
+        )
+
+
+def _create(region: SharedMemoryRegion) -> None:
+    fd = os.open(os.path.join(SHM_DIR, region.name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        os.ftruncate(fd, region.byte_size)
+        if region.data:
+            view = memoryview(region.data)
+            while view:
+                view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
+def _unlink(region: SharedMemoryRegion) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(os.path.join(SHM_DIR, region.name))
+
+
+@contextlib.asynccontextmanager
+async def registered_regions(client: _Registrar, plan: SharedMemoryPlan) -> AsyncIterator[tuple[v2.InferRequest, ...]]:
+    """Create and register `plan`'s regions; yield its requests; unregister and unlink the regions
+    however the block ends (an error, a cancellation)."""
+    created: list[SharedMemoryRegion] = []
+    registered: list[str] = []
+    try:
+        for region in plan.regions:
+            try:
+                _create(region)
+            except OSError as exc:
+                raise PerfkitError(f"--shared-memory system: cannot create {SHM_DIR}/{region.name}: {exc}") from None
+            created.append(region)
+        for region in plan.regions:
+            registered.append(region.name)  # before the answer: an interrupted call may have registered it
+            try:
+                await client.register_system_shared_memory(region.name, region.key, region.byte_size)
+            except PerfkitError as exc:
+                raise PerfkitError(
+                    f"--shared-memory system: the server at {client.url} did not register region {region.name} "
+                    f"({exc}); the server must run on this machine, where it opens {SHM_DIR}{region.key}"
+                ) from None
+        yield plan.requests
+    finally:
+        try:
+            for name in reversed(registered):
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(client.unregister_system_shared_memory(name), UNREGISTER_TIMEOUT_S)
+        finally:
+            for region in created:
+                _unlink(region)
