@@ -15,6 +15,7 @@ class FakeOutcome:
     send_ns: int = 0
     recv_ns: int = 0
     message: str = ""
+    tokens: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from perfkit.cli.common import Command, add_connection_flags, headers_from_args, tls_from_args, windows_from_args
 from perfkit.errors import ExitCode, PerfkitError
+from perfkit.genai.goodput import parse_goodput
+from perfkit.genai.workload import ENDPOINT_TYPES, GenerativeSpec, WorkloadSpec
 from perfkit.load.distributed import DistributedSpec
 from perfkit.load.inputs import parse_shape_flag
 from perfkit.load.schedule import parse_range, read_intervals
@@ -60,7 +62,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="binary",
         help="HTTP tensor encoding (default binary)",
     )
-    load = p.add_argument_group("load").add_mutually_exclusive_group()
+    load_group = p.add_argument_group("load")
+    load = load_group.add_mutually_exclusive_group()
     load.add_argument(
         "--concurrency-range",
         metavar="START[:END[:STEP]]",
@@ -74,6 +77,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=Path,
         metavar="FILE",
         help="open loop: send intervals in microseconds, one per line, cycled",
+    )
+    load_group.add_argument(
+        "--streaming",
+        action="store_true",
+        help="stream the answers: gRPC streaming for decoupled models; server-sent events for generative endpoints",
     )
     p.add_argument("--request-distribution", choices=("constant", "poisson"), default="constant")
     p.add_argument(
@@ -92,6 +100,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="N",
         help="open loop: requests in flight beyond N are counted as not sent (default 10000)",
     )
+    add_generative_arguments(p)
     dist = p.add_argument_group("distributed load (pip install 'perfkit[distributed]')")
     dist.add_argument(
         "--workers",
@@ -167,6 +176,50 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_generative_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("generative endpoints (token figures: TTFT, ITL, tokens/s, goodput)")
+    g.add_argument("--endpoint-type", choices=ENDPOINT_TYPES, default="kserve-infer",
+                   help="kserve-infer: tensors (default); chat, completions, embeddings: OpenAI-compatible; "
+                   "kserve-generate: Triton's generate extension")  # fmt: skip
+    g.add_argument(
+        "--endpoint", default="", metavar="PATH", help="path replacing the type's own ({model} is the model)"
+    )
+    g.add_argument("--tokenizer", default="bytes", metavar="bytes|usage|FILE",
+                   help="count tokens as bytes (default), with the server's usage figures, or a local tokenizer.json")  # fmt: skip
+    g.add_argument("--synthetic-input-tokens-mean", type=int, default=128, metavar="N")
+    g.add_argument("--synthetic-input-tokens-stddev", type=float, default=0.0, metavar="N")
+    g.add_argument("--output-tokens-mean", type=int, default=0, metavar="N", help="sent as max_tokens (0: not sent)")
+    g.add_argument("--output-tokens-stddev", type=float, default=0.0, metavar="N")
+    g.add_argument("--output-tokens-mean-deterministic", action="store_true", help="also send min_tokens")
+    g.add_argument("--ignore-eos", action="store_true", help="also send ignore_eos: true")
+    g.add_argument(
+        "--input-file", type=Path, metavar="PROMPTS.jsonl", help='prompts: {"text": ...} lines, or plain lines'
+    )
+    g.add_argument("--num-prompts", type=int, default=100, metavar="N", help="synthetic prompts to cycle through")
+    g.add_argument("--goodput", metavar="SLOS", help="e.g. 'ttft_ms<=200,itl_ms<=20': requests/s that met every bound")
+
+
+def _generative(args: argparse.Namespace) -> GenerativeSpec:
+    return GenerativeSpec(
+        endpoint_type=args.endpoint_type,
+        endpoint=args.endpoint,
+        streaming=args.streaming,
+        tokenizer=args.tokenizer,
+        workload=WorkloadSpec(
+            input_tokens_mean=args.synthetic_input_tokens_mean,
+            input_tokens_stddev=args.synthetic_input_tokens_stddev,
+            output_tokens_mean=args.output_tokens_mean,
+            output_tokens_stddev=args.output_tokens_stddev,
+            deterministic_output=args.output_tokens_mean_deterministic,
+            ignore_eos=args.ignore_eos,
+            input_file=args.input_file,
+            prompt_count=args.num_prompts,
+            seed=args.seed,
+        ),
+        goodput=parse_goodput(args.goodput) if args.goodput is not None else (),
+    )
+
+
 def _load(args: argparse.Namespace) -> LoadSpec:
     common = {
         "latency_threshold_ms": args.latency_threshold,
@@ -228,6 +281,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
             history_csv=args.append,
         ),
         distributed=DistributedSpec(workers=args.workers, ray_address=args.ray_address),
+        genai=_generative(args),
     )
     spec.validate()
     return spec

@@ -180,7 +180,7 @@ class LoadGenerator:
             outcome = await client.send(request)
             done = clock.now_ns()
             record(sent, sent, done, outcome.error, request.bytes_out, outcome.bytes_in,
-                   outcome.send_ns, outcome.recv_ns)  # fmt: skip
+                   outcome.send_ns, outcome.recv_ns, *outcome.tokens)  # fmt: skip
 
     async def _open_dispatcher(self, stream: ScheduleStream) -> None:
         clock, loop = self.clock, asyncio.get_running_loop()
@@ -215,4 +215,4 @@ class LoadGenerator:
         outcome = await self.client.send(request)
         done = clock.now_ns()
         self.buffer.record(intended, sent, done, outcome.error, request.bytes_out, outcome.bytes_in,
-                           outcome.send_ns, outcome.recv_ns)  # fmt: skip
+                           outcome.send_ns, outcome.recv_ns, *outcome.tokens)  # fmt: skip

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from perfkit.genai.records import output_length_check, token_figures
 from perfkit.load.distributed import DistributedLoadGenerator
 from perfkit.load.generator import Clock, LoadGenerator
 from perfkit.load.samples import SampleBuffer
@@ -151,9 +152,20 @@ class Sweep:
             stable = self.spec.windows.stable_window_count
             annotated = self.workers.annotate(measurement.result, measurement.samples, stable)
             measurement = dataclasses.replace(measurement, result=annotated)
+        if self.spec.genai.enabled:
+            measurement = dataclasses.replace(measurement, result=self._with_tokens(measurement))
         self.result = self.result.with_level(measurement.result)
         self.on_level(self.result, measurement)
         return measurement
+
+    def _with_tokens(self, measurement: LevelMeasurement) -> LevelResult:
+        """The level with its token figures (over its reported windows) and the output-length check."""
+        level, genai = measurement.result, self.spec.genai
+        reported = level.windows[-self.spec.windows.stable_window_count :]
+        figures = token_figures(measurement.samples, reported, genai)
+        check = output_length_check(figures, genai.exact_output)
+        checks = level.checks if check is None else (*level.checks, check)
+        return dataclasses.replace(level, tokens=figures, checks=checks)
 
     def _after_worker_deaths(self, level: LevelResult, measurement: LevelMeasurement) -> LevelResult | None:
         """Say which workers died in the level; None (the sweep ends) when none is left."""

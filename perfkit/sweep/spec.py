@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfkit.errors import PerfkitError
+from perfkit.genai.workload import GenerativeSpec
 from perfkit.load.distributed import DistributedSpec
 from perfkit.load.ray import RAY_MISSING, ray_installed
 from perfkit.measure.level import WindowSpec
@@ -65,6 +66,7 @@ class SweepSpec:
     metrics: MetricsSpec = field(default_factory=MetricsSpec)
     output: OutputSpec = field(default_factory=OutputSpec)
     distributed: DistributedSpec = field(default_factory=DistributedSpec)
+    genai: GenerativeSpec = field(default_factory=GenerativeSpec)
 
     def validate(self) -> None:
         load = self.load
@@ -79,6 +81,22 @@ class SweepSpec:
         if self.metrics.interval_ms <= 0:
             raise PerfkitError("--metrics-interval must be a positive number of milliseconds")
         _validate_distributed(self.distributed, self.target)
+        _validate_generative(self.genai, self)
+
+
+def _validate_generative(g: GenerativeSpec, spec: SweepSpec) -> None:
+    g.validate()
+    if not g.enabled:
+        return
+    kind = f"--endpoint-type {g.endpoint_type}"
+    if spec.target.url is None:
+        raise PerfkitError(f"{kind}: name the server with -u HOST:PORT (the embedded server measures kserve-infer)")
+    if spec.target.protocol != "http":
+        raise PerfkitError(f"{kind} speaks HTTP: drop -i grpc")
+    if spec.distributed.enabled:
+        raise PerfkitError(f"{kind}: --workers sends tensor requests only; drop --workers")
+    if spec.inputs.batch_size != 1:
+        raise PerfkitError(f"{kind}: one prompt per request; drop -b/--batch-size")
 
 
 def _validate_distributed(d: DistributedSpec, t: TargetSpec) -> None:

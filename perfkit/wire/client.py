@@ -67,6 +67,7 @@ class Outcome:
     send_ns: int
     recv_ns: int
     message: str = ""  # the error's text, for the first occurrences of each kind
+    tokens: tuple[int, ...] = ()  # a generative request's token record (load/samples.py TOKEN_COLUMNS)
 
 
 @dataclass(frozen=True, slots=True)

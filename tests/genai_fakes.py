@@ -1,0 +1,152 @@
+"""An OpenAI-compatible and Triton-generate fake server (aiohttp.web on 127.0.0.1:0) with scripted
+token timing, and the hostile behaviours the generative client must count, chosen by model name:
+
+- `ok`: each output token is one byte ("t"), the first after `FIRST_S`, the next ones `GAP_S`
+  apart; usage figures in the last event; `[DONE]`;
+- `short`: ignores max_tokens, answering two tokens fewer (at least one);
+- `nodone`: a stream that ends cleanly without `[DONE]`;
+- `malformed`: the second event's data is not JSON;
+- `cut`: the connection closes inside the third event;
+- `nousage`: no usage figures;
+- `hang`: never ends the stream after its tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from aiohttp import web
+
+FIRST_S = 0.040
+GAP_S = 0.010
+DEFAULT_TOKENS = 4
+
+
+def _event(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+def _chunk(kind: str, token: str) -> dict[str, Any]:
+    if kind == "chat":
+        return {"choices": [{"index": 0, "delta": {"content": token}}]}
+    if kind == "completions":
+        return {"choices": [{"index": 0, "text": token}]}
+    return {"text_output": token, "model_name": "m"}
+
+
+async def _answer(request: web.Request, kind: str, body: dict[str, Any], behaviour: str, stream: bool) -> web.StreamResponse:
+    prompt = body.get("prompt") or body.get("text_input") or (body.get("messages") or [{}])[0].get("content", "")
+    tokens = int(body.get("max_tokens", DEFAULT_TOKENS))
+    if behaviour == "short":
+        tokens = max(1, tokens - 2)
+    usage = {"prompt_tokens": len(prompt.encode()), "completion_tokens": tokens}
+    if not stream:
+        await asyncio.sleep(FIRST_S + GAP_S * (tokens - 1))
+        text = "t" * tokens
+        answer: dict[str, Any]
+        if kind == "chat":
+            answer = {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]}
+        elif kind == "completions":
+            answer = {"choices": [{"index": 0, "text": text}]}
+        else:
+            answer = {"text_output": text}
+        if behaviour != "nousage" and kind != "kserve-generate":
+            answer["usage"] = usage
+        return web.json_response(answer)
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    if kind == "chat":  # OpenAI's opening event: a role, no text
+        await response.write(_event({"choices": [{"index": 0, "delta": {"role": "assistant"}}]}))
+    await asyncio.sleep(FIRST_S)
+    for i in range(tokens):
+        if i:
+            await asyncio.sleep(GAP_S)
+        if behaviour == "malformed" and i == 1:
+            await response.write(b"data: {not json\n\n")
+        elif behaviour == "cut" and i == 2:
+            await response.write(b'data: {"choices": [{"te')
+            assert request.transport is not None
+            request.transport.close()
+            return response
+        else:
+            await response.write(_event(_chunk(kind, "t")))
+    if kind != "kserve-generate":
+        if behaviour != "nousage":
+            await response.write(_event({"choices": [], "usage": usage}))
+        if behaviour == "hang":
+            await asyncio.sleep(3600)
+        if behaviour != "nodone":
+            await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+def make_app() -> web.Application:
+    async def openai(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        kind = "chat" if request.path.endswith("chat/completions") else "completions"
+        return await _answer(request, kind, body, body["model"], bool(body.get("stream")))
+
+    async def embeddings(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        usage = {"prompt_tokens": len(body["input"].encode()), "total_tokens": len(body["input"].encode())}
+        return web.json_response({"data": [{"index": 0, "embedding": [0.1, 0.2]}], "usage": usage})
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        stream = request.path.endswith("generate_stream")
+        return await _answer(request, "kserve-generate", body, request.match_info["model"], stream)
+
+    async def models(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"data": [{"id": "ok"}]})
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", openai)
+    app.router.add_post("/v1/completions", openai)
+    app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v2/models/{model}/generate", generate)
+    app.router.add_post("/v2/models/{model}/generate_stream", generate)
+    return app
+
+
+@contextlib.asynccontextmanager
+async def serving() -> AsyncIterator[str]:
+    """The fake server on this loop; yields its HOST:PORT."""
+    runner = web.AppRunner(make_app(), shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.contextmanager
+def serving_in_thread() -> Iterator[str]:
+    """The fake server on a loop of its own thread, for a command that runs its own loop."""
+    loop = asyncio.new_event_loop()
+    started: asyncio.Future[str] = loop.create_future()
+    stop = asyncio.Event()
+
+    async def main() -> None:
+        async with serving() as url:
+            started.set_result(url)
+            await stop.wait()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
+    thread.start()
+    url = asyncio.run_coroutine_threadsafe(asyncio.wait_for(asyncio.shield(started), 10), loop).result(10)
+    try:
+        yield url
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(10)
+        loop.close()
