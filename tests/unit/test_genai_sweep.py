@@ -1,0 +1,63 @@
+"""`perfkit sweep --endpoint-type ...` end to end against the fake generative server: the token
+figures in the result files, the goodput, the output-length check, and the flags' errors."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from perfkit.cli import main
+from perfkit.errors import ExitCode
+from perfkit.results.model import read_sweep
+from tests.genai_fakes import FIRST_S, serving_in_thread
+
+WINDOWS = ["--concurrency-range", "2", "-p", "250", "-r", "3", "-s", "100", "--quiet", "--no-report"]
+
+
+def _sweep(tmp_path: Path, url: str, model: str, *extra: str) -> tuple[int, Path]:
+    out = tmp_path / model
+    code = main(["sweep", "-u", url, "-m", model, "--endpoint-type", "chat", "--streaming", *WINDOWS,
+                 "--report-dir", str(out), "-f", str(tmp_path / f"{model}.csv"), "--num-prompts", "3", *extra])  # fmt: skip
+    return code, next(out.glob("sweep-*.json"))
+
+
+def test_a_streaming_chat_sweep_writes_token_figures_goodput_and_the_length_check(tmp_path: Path) -> None:
+    with serving_in_thread() as url:
+        code, path = _sweep(tmp_path, url, "ok", "--output-tokens-mean", "5", "--output-tokens-mean-deterministic",
+                            "--goodput", "ttft_ms<=2000,itl_ms<=1", "--synthetic-input-tokens-mean", "16")  # fmt: skip
+        short_code, short_path = _sweep(tmp_path, url, "short", "--output-tokens-mean", "5", "--ignore-eos")
+    assert code == ExitCode.OK
+    level = read_sweep(path).levels[0]
+    tokens = level.tokens
+    assert tokens is not None and level.ok_count == tokens.output_tokens.count > 0
+    assert (tokens.input_tokens.mean, tokens.output_tokens.mean, tokens.token_source) == (16.0, 5.0, "bytes")
+    assert FIRST_S * 1e3 * 0.9 <= tokens.ttft_ms.p50 < level.latency.p50_us / 1e3
+    assert 0 < tokens.itl_ms.p50 < tokens.ttft_ms.p50
+    assert tokens.goodput_slo == "ttft_ms<=2000,itl_ms<=1" and tokens.goodput_pct == 0.0  # no itl within 1 ms
+    assert {c.name: c.passed for c in level.checks}["output_lengths"]
+    with (tmp_path / "ok_long.csv").open() as f:
+        row = next(csv.DictReader(f))
+    assert float(row["ttft_p50_ms"]) == pytest.approx(tokens.ttft_ms.p50)
+    assert float(row["output_tokens_per_s"]) == pytest.approx(tokens.output_tokens_per_s)
+    # a server that answers 3 tokens when 5 were asked with ignore_eos: the check says so
+    short = read_sweep(short_path).levels[0]
+    assert short_code == ExitCode.OK and short.tokens is not None
+    assert short.tokens.not_honoured_count == short.tokens.asked_count > 0 and not short.valid
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--endpoint-type", "chat"], "name the server with -u"),
+        (["-u", "h:1", "--endpoint-type", "embeddings", "--streaming"], "embeddings answer once"),
+        (["-u", "h:1", "--endpoint-type", "chat", "--ignore-eos"], "need --output-tokens-mean"),
+        (["-u", "h:1", "--endpoint-type", "chat", "--goodput", "ttft_ms<=1"], "need --streaming"),
+        (["-u", "h:1", "--goodput", "latency_ms<=1"], "needs a generative --endpoint-type"),
+        (["-u", "h:1", "--endpoint-type", "chat", "-i", "grpc"], "drop -i grpc"),
+    ],
+)
+def test_generative_flags_name_what_to_change(flags: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["sweep", *flags]) == ExitCode.USAGE
+    assert message in capsys.readouterr().err
