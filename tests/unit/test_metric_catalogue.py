@@ -5,6 +5,7 @@ them reads the catalogue's one getter."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 from pathlib import Path
 
@@ -17,9 +18,10 @@ from perfkit.cli.scenario import parse_scenario
 from perfkit.errors import PerfkitError
 from perfkit.report.tidy import TIDY_COLUMNS, render_tidy_csv
 from perfkit.tune.objectives import FIGURES, figures_of, parse_constraint, parse_objective
-from tests.synthetic import make_level, make_sweep, steady_sweep, write_sweep_json
+from tests.synthetic import make_level, make_sweep, make_token_figures, steady_sweep, write_sweep_json
 
-SWEEP = make_sweep([make_level(1, [100.0, 101.0, 99.0], mode="request_rate", gpu=True, p99_ms=3.0)])
+SWEEP = make_sweep([dataclasses.replace(make_level(1, [100.0, 101.0, 99.0], mode="request_rate", gpu=True, p99_ms=3.0),
+                                        tokens=make_token_figures())])  # fmt: skip
 LEVEL = SWEEP.levels[0]
 TIDY = {column.name for column in TIDY_COLUMNS}
 SPELLINGS = [(m, spelling) for m in METRICS for spelling in m.spellings]
