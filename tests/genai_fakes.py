@@ -39,7 +39,9 @@ def _chunk(kind: str, token: str) -> dict[str, Any]:
     return {"text_output": token, "model_name": "m"}
 
 
-async def _answer(request: web.Request, kind: str, body: dict[str, Any], behaviour: str, stream: bool) -> web.StreamResponse:
+async def _answer(
+    request: web.Request, kind: str, body: dict[str, Any], behaviour: str, stream: bool
+) -> web.StreamResponse:
     prompt = body.get("prompt") or body.get("text_input") or (body.get("messages") or [{}])[0].get("content", "")
     tokens = int(body.get("max_tokens", DEFAULT_TOKENS))
     if behaviour == "short":

@@ -19,9 +19,12 @@ from perfkit.genai.sse import SseError, SseEvent, SseParser
 from perfkit.genai.tokenizer import ByteTokenizer, load_tokenizer
 from perfkit.genai.workload import GenerativeSpec, WorkloadSpec, build_prompts
 from perfkit.load.samples import SampleBuffer
+from perfkit.report.export import render_pa_csv, render_summary_table
+from perfkit.report.html import render_html
 from perfkit.report.tidy import render_tidy_csv
+from perfkit.results.files import ReportItem
 from perfkit.results.model import SweepResult, TokenFigures, WindowResult, sweep_from_json, sweep_to_json
-from tests.synthetic import make_level, make_sweep
+from tests.synthetic import make_level, make_sweep, make_token_figures
 
 MS = 1_000_000
 
@@ -207,3 +210,16 @@ def test_token_figures_flow_into_tidy_csv_json_and_gate_in_compare() -> None:
     comparison = compare_sweeps(base, slower, Thresholds(metrics=("itl_mean_ms", "ttft_p99_ms")))
     verdicts = {d.metric: d.verdict for d in comparison.deltas}
     assert verdicts == {"itl_mean_ms": "regression", "ttft_p99_ms": "ok"}
+
+
+def test_the_console_table_the_pa_csv_and_the_html_report_show_token_figures() -> None:
+    result = _sweep(make_token_figures())
+    table = render_summary_table(result.levels)
+    assert "ttft p50 ms  itl p50 ms  tokens/s  goodput/s" in table[0]
+    assert table[2].split()[5:9] == ["40.00", "10.00", "6400.0", "90.0"]
+    header, row = render_pa_csv(result.levels).splitlines()
+    cells = dict(zip(header.split(","), row.split(",")))
+    assert (cells["Time To First Token avg"], cells["Output Tokens/Second"], cells["Goodput/Second"]) == (
+        "40000", "6400", "90")  # fmt: skip
+    html = render_html([ReportItem("run", "sweep", result, "run.json")])
+    assert "<h3>Tokens</h3>" in html and "ttft_ms&lt;=50" in html and "tokens counted with bytes" in html

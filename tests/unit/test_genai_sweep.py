@@ -58,6 +58,8 @@ def test_a_streaming_chat_sweep_writes_token_figures_goodput_and_the_length_chec
         (["-u", "h:1", "--endpoint-type", "chat", "-i", "grpc"], "drop -i grpc"),
     ],
 )
-def test_generative_flags_name_what_to_change(flags: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_generative_flags_name_what_to_change(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["sweep", *flags]) == ExitCode.USAGE
     assert message in capsys.readouterr().err
