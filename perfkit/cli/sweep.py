@@ -197,6 +197,9 @@ def add_generative_arguments(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--num-prompts", type=int, default=100, metavar="N", help="synthetic prompts to cycle through")
     g.add_argument("--goodput", metavar="SLOS", help="e.g. 'ttft_ms<=200,itl_ms<=20': requests/s that met every bound")
+    g.add_argument("--goodput-attainment", type=float, default=90.0, metavar="PCT",
+                   help="goodput holds at a level when PCT%% of its requests met every bound; --binary-search "
+                   "without -l finds the highest such level (default 90)")  # fmt: skip
 
 
 def _generative(args: argparse.Namespace) -> GenerativeSpec:
@@ -217,6 +220,7 @@ def _generative(args: argparse.Namespace) -> GenerativeSpec:
             seed=args.seed,
         ),
         goodput=parse_goodput(args.goodput) if args.goodput is not None else (),
+        attainment_pct=args.goodput_attainment,
     )
 
 

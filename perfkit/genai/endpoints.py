@@ -35,7 +35,7 @@ from typing import Any
 import aiohttp
 import yarl
 
-from perfkit.errors import PerfkitError
+from perfkit.errors import PerfkitError, TargetError
 from perfkit.genai.sse import SseError, SseParser
 from perfkit.genai.tokenizer import USAGE, Tokenizer
 from perfkit.genai.workload import GenerativeSpec, Prompt
@@ -292,10 +292,16 @@ class GenerativeClient:
             return json.loads(body) if body else {}
 
     async def live(self) -> bool:
+        """Whether the server answers on the endpoint type's side; a TargetError saying what did
+        not answer when it does not."""
+        path = "/v1/models" if self._openai else "/v2/health/live"
         try:
-            await self._get_json("/v1/models" if self._openai else "/v2/health/live")
-        except PerfkitError:
-            return False
+            await self._get_json(path)
+        except (PerfkitError, aiohttp.ClientError, OSError, ValueError) as exc:
+            raise TargetError(
+                f"{self.url}: GET {path} failed ({exc}); is this the server's "
+                f"{'OpenAI-compatible' if self._openai else 'KServe'} front end? check -u and --endpoint-type"
+            ) from None
         return True
 
     async def server_metadata(self) -> dict[str, Any]:

@@ -18,8 +18,16 @@ import numpy as np
 import numpy.typing as npt
 
 from perfkit.errors import PerfkitError
+from perfkit.results.model import LevelResult, SweepResult, level_name
 
-__all__ = ["SLO_FIGURES", "Slo", "met_mask", "parse_goodput", "render_goodput"]
+__all__ = [
+    "DEFAULT_ATTAINMENT_PCT", "SLO_FIGURES", "GoodputVerdict", "Slo", "check_goodput", "goodput_holds", "met_mask",
+    "parse_goodput", "render_goodput",
+]  # fmt: skip
+
+#: Goodput "holds" at a level when this share of its successful requests met every objective
+#: (DistServe's SLO attainment, whose evaluations use 90%).
+DEFAULT_ATTAINMENT_PCT = 90.0
 
 #: The figures an objective can bound, with the comparison each takes.
 SLO_FIGURES: Mapping[str, str] = {
@@ -87,3 +95,51 @@ def met_mask(
             within = values <= slo.limit if slo.op == "<=" else values >= slo.limit
         met &= within | np.isnan(values)
     return met
+
+
+def goodput_holds(level: LevelResult, attainment_pct: float) -> bool:
+    """The level's requests all succeeded and `attainment_pct` of them met every objective."""
+    t = level.tokens
+    return t is not None and t.goodput_pct is not None and level.error_count == 0 and t.goodput_pct >= attainment_pct
+
+
+@dataclass(frozen=True, slots=True)
+class GoodputVerdict:
+    """A sweep's goodput: its best rate, the highest level at which goodput held, and the gate."""
+
+    slo: str
+    attainment_pct: float
+    best_per_s: float
+    best_level: str
+    highest_holding: str  # "" when no level held
+    min_per_s: float | None
+
+    @property
+    def passed(self) -> bool:
+        return self.min_per_s is None or self.best_per_s >= self.min_per_s
+
+    def lines(self) -> list[str]:
+        held = (f"held ({self.attainment_pct:g}% of requests within) up to {self.highest_holding}"
+                if self.highest_holding else f"held ({self.attainment_pct:g}% within) at no level")  # fmt: skip
+        text = f"goodput {self.slo}: best {self.best_per_s:,.1f} req/s at {self.best_level}; {held}"
+        if self.min_per_s is not None:
+            text += f"; gate {'passed' if self.passed else 'FAILED'} (needs {self.min_per_s:,.1f} req/s)"
+        return [text]
+
+
+def check_goodput(
+    result: SweepResult, min_per_s: float | None = None, attainment_pct: float = DEFAULT_ATTAINMENT_PCT
+) -> GoodputVerdict:
+    """The goodput verdict of a sweep run with `--goodput`; a PerfkitError when it was not."""
+    levels = [lv for lv in result.levels if lv.tokens is not None and lv.tokens.goodput_per_s is not None]
+    if not levels:
+        raise PerfkitError("the goodput gate needs a sweep run with --goodput and a generative --endpoint-type")
+    best = max(levels, key=lambda lv: lv.tokens.goodput_per_s or 0.0)  # type: ignore[union-attr]
+    holding = [lv for lv in levels if goodput_holds(lv, attainment_pct)]
+    highest = max(holding, key=lambda lv: lv.level, default=None)
+    assert best.tokens is not None
+    return GoodputVerdict(
+        best.tokens.goodput_slo, attainment_pct, best.tokens.goodput_per_s or 0.0,
+        level_name(best.mode, best.level, short=True),
+        level_name(highest.mode, highest.level, short=True) if highest else "", min_per_s,
+    )  # fmt: skip

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from perfkit.errors import PerfkitError
-from perfkit.genai.goodput import STREAMED_FIGURES, Slo
+from perfkit.genai.goodput import DEFAULT_ATTAINMENT_PCT, STREAMED_FIGURES, Slo
 from perfkit.genai.tokenizer import BYTES, USAGE, Tokenizer
 
 __all__ = ["ENDPOINT_TYPES", "GenerativeSpec", "Prompt", "WorkloadSpec", "build_prompts"]
@@ -56,6 +56,7 @@ class GenerativeSpec:
     tokenizer: str = BYTES
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
     goodput: tuple[Slo, ...] = ()
+    attainment_pct: float = DEFAULT_ATTAINMENT_PCT  # goodput holds at a level when this share met it
 
     @property
     def enabled(self) -> bool:
@@ -91,6 +92,8 @@ class GenerativeSpec:
             raise PerfkitError("--num-prompts must be at least 1")
         if w.input_file is not None and not w.input_file.is_file():
             raise PerfkitError(f"--input-file {w.input_file}: no such file")
+        if not 0 < self.attainment_pct <= 100:
+            raise PerfkitError(f"--goodput-attainment must be in (0, 100], not {self.attainment_pct:g}")
         streamed = [str(s) for s in self.goodput if s.figure in STREAMED_FIGURES]
         if streamed and not self.streaming:
             raise PerfkitError(f"--goodput {','.join(streamed)}: token timings need --streaming")

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from perfkit.genai.goodput import goodput_holds
 from perfkit.genai.records import output_length_check, token_figures
 from perfkit.load.distributed import DistributedLoadGenerator
 from perfkit.load.generator import Clock, LoadGenerator
@@ -182,6 +183,13 @@ class Sweep:
         self.progress.note(f"going on with {left} load worker(s)")
         return level
 
+    def _within_bound(self, level: LevelResult) -> bool:
+        """What the binary search bisects on: -l, or without it --goodput's attainment."""
+        genai = self.spec.genai
+        if genai.goodput and self.spec.load.latency_threshold_ms <= 0:
+            return goodput_holds(level, genai.attainment_pct)
+        return self._meets_threshold(level)
+
     def _meets_threshold(self, level: LevelResult) -> bool:
         threshold_ms = self.spec.load.latency_threshold_ms
         return threshold_ms <= 0 or stabilizing_latency_us(level) <= threshold_ms * 1000
@@ -199,15 +207,16 @@ class Sweep:
                 return
 
     async def _binary_search(self) -> None:
-        """perf_analyzer's binary search: the highest level within -l, to a precision of STEP."""
+        """perf_analyzer's binary search: the highest level within -l (or at which --goodput holds),
+        to a precision of STEP."""
         load = self.spec.load
         integer = load.mode == "concurrency"
         low, high = load.start, load.end
         first = await self._measure(low)
-        if first is None or not self._meets_threshold(first):
+        if first is None or not self._within_bound(first):
             return
         last = await self._measure(high)
-        if last is None or self._meets_threshold(last):
+        if last is None or self._within_bound(last):
             return
         while high - low > load.step:
             mid = (low + high) / 2
@@ -218,7 +227,7 @@ class Sweep:
             level = await self._measure(mid)
             if level is None:
                 return
-            if self._meets_threshold(level):
+            if self._within_bound(level):
                 low = mid
             else:
                 high = mid

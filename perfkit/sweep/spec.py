@@ -76,8 +76,11 @@ class SweepSpec:
         self.windows.validate()
         if load.end == 0 and load.latency_threshold_ms <= 0:
             raise PerfkitError("a range END of 0 means 'until the latency threshold': pass -l/--latency-threshold MS")
-        if load.binary_search and (load.end == 0 or load.latency_threshold_ms <= 0):
-            raise PerfkitError("--binary-search needs an explicit range START:END and -l/--latency-threshold MS")
+        if load.binary_search and (load.end == 0 or (load.latency_threshold_ms <= 0 and not self.genai.goodput)):
+            raise PerfkitError(
+                "--binary-search needs an explicit range START:END and -l/--latency-threshold MS "
+                "(or --goodput, for generative endpoints)"
+            )
         if self.metrics.interval_ms <= 0:
             raise PerfkitError("--metrics-interval must be a positive number of milliseconds")
         _validate_distributed(self.distributed, self.target)
@@ -89,8 +92,6 @@ def _validate_generative(g: GenerativeSpec, spec: SweepSpec) -> None:
     if not g.enabled:
         return
     kind = f"--endpoint-type {g.endpoint_type}"
-    if spec.target.url is None:
-        raise PerfkitError(f"{kind}: name the server with -u HOST:PORT (the embedded server measures kserve-infer)")
     if spec.target.protocol != "http":
         raise PerfkitError(f"{kind} speaks HTTP: drop -i grpc")
     if spec.distributed.enabled:

@@ -13,7 +13,7 @@ import pytest
 from perfkit.analysis.compare import Thresholds, compare_sweeps
 from perfkit.analysis.metrics import find, metric
 from perfkit.errors import PerfkitError
-from perfkit.genai.goodput import Slo, met_mask, parse_goodput
+from perfkit.genai.goodput import Slo, check_goodput, goodput_holds, met_mask, parse_goodput
 from perfkit.genai.records import output_length_check, token_figures, value_stats
 from perfkit.genai.sse import SseError, SseEvent, SseParser
 from perfkit.genai.tokenizer import ByteTokenizer, load_tokenizer
@@ -23,7 +23,7 @@ from perfkit.report.export import render_pa_csv, render_summary_table
 from perfkit.report.html import render_html
 from perfkit.report.tidy import render_tidy_csv
 from perfkit.results.files import ReportItem
-from perfkit.results.model import SweepResult, TokenFigures, WindowResult, sweep_from_json, sweep_to_json
+from perfkit.results.model import LevelResult, SweepResult, TokenFigures, WindowResult, sweep_from_json, sweep_to_json
 from tests.synthetic import make_level, make_sweep, make_token_figures
 
 MS = 1_000_000
@@ -223,3 +223,22 @@ def test_the_console_table_the_pa_csv_and_the_html_report_show_token_figures() -
         "40000", "6400", "90")  # fmt: skip
     html = render_html([ReportItem("run", "sweep", result, "run.json")])
     assert "<h3>Tokens</h3>" in html and "ttft_ms&lt;=50" in html and "tokens counted with bytes" in html
+
+
+def test_the_goodput_verdict_names_the_best_level_and_the_highest_that_held() -> None:
+    def at(level: float, pct: float, per_s: float) -> LevelResult:
+        tokens = dataclasses.replace(make_token_figures(), goodput_pct=pct, goodput_per_s=per_s)
+        return dataclasses.replace(make_level(level, [100.0] * 3), tokens=tokens)
+
+    result = make_sweep([at(1, 100.0, 10.0), at(4, 95.0, 30.0), at(8, 60.0, 40.0), at(16, 91.0, 20.0)])
+    verdict = check_goodput(result, min_per_s=50.0)
+    assert (verdict.best_per_s, verdict.best_level, verdict.highest_holding) == (
+        40.0,
+        "concurrency 8",
+        "concurrency 16",
+    )
+    assert not verdict.passed and "gate FAILED (needs 50.0 req/s)" in verdict.lines()[0]
+    assert check_goodput(result, 40.0, attainment_pct=99.0).highest_holding == "concurrency 1"
+    assert goodput_holds(result.levels[1], 90.0) and not goodput_holds(_sweep().levels[0], 0.0)
+    with pytest.raises(PerfkitError, match="needs a sweep run with --goodput"):
+        check_goodput(_sweep())

@@ -47,15 +47,38 @@ def test_a_streaming_chat_sweep_writes_token_figures_goodput_and_the_length_chec
     assert short.tokens.not_honoured_count == short.tokens.asked_count > 0 and not short.valid
 
 
+def test_a_server_without_the_endpoint_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with serving_in_thread() as url:
+        code = main(["sweep", "-u", url, "-m", "ok", "--endpoint-type", "kserve-generate", *WINDOWS,
+                     "--report-dir", str(tmp_path)])  # fmt: skip
+    assert code == ExitCode.FAILED
+    assert "GET /v2/health/live failed" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--endpoint-type", "chat"], "name the server with -u"),
+        (["--endpoint-type", "chat", "-b", "2", "-u", "h:1"], "one prompt per request"),
         (["-u", "h:1", "--endpoint-type", "embeddings", "--streaming"], "embeddings answer once"),
         (["-u", "h:1", "--endpoint-type", "chat", "--ignore-eos"], "need --output-tokens-mean"),
         (["-u", "h:1", "--endpoint-type", "chat", "--goodput", "ttft_ms<=1"], "need --streaming"),
         (["-u", "h:1", "--goodput", "latency_ms<=1"], "needs a generative --endpoint-type"),
         (["-u", "h:1", "--endpoint-type", "chat", "-i", "grpc"], "drop -i grpc"),
+        (["-u", "h:1", "--endpoint-type", "chat", "--binary-search", "--concurrency-range", "1:8"], "or --goodput"),
+        (
+            [
+                "-u",
+                "h:1",
+                "--endpoint-type",
+                "chat",
+                "--streaming",
+                "--goodput",
+                "ttft_ms<=9",
+                "--goodput-attainment",
+                "0",
+            ],
+            "--goodput-attainment must be in (0, 100]",
+        ),
     ],
 )
 def test_generative_flags_name_what_to_change(
