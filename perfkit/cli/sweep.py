@@ -11,6 +11,7 @@ from pathlib import Path
 from perfkit.cli.common import Command, add_connection_flags, headers_from_args, tls_from_args, windows_from_args
 from perfkit.errors import ExitCode, PerfkitError
 from perfkit.genai.goodput import parse_goodput
+from perfkit.genai.trace import read_trace, trace_intervals_ns
 from perfkit.genai.workload import ENDPOINT_TYPES, GenerativeSpec, WorkloadSpec
 from perfkit.load.distributed import DistributedSpec
 from perfkit.load.inputs import parse_shape_flag
@@ -195,6 +196,8 @@ def add_generative_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--input-file", type=Path, metavar="PROMPTS.jsonl", help='prompts: {"text": ...} lines, or plain lines'
     )
+    g.add_argument("--trace-file", type=Path, metavar="TRACE.jsonl",
+                   help="replay a Mooncake trace (timestamp ms, input_length, output_length, hash_ids) open loop")  # fmt: skip
     g.add_argument("--num-prompts", type=int, default=100, metavar="N", help="synthetic prompts to cycle through")
     g.add_argument("--goodput", metavar="SLOS", help="e.g. 'ttft_ms<=200,itl_ms<=20': requests/s that met every bound")
     g.add_argument("--goodput-attainment", type=float, default=90.0, metavar="PCT",
@@ -216,6 +219,7 @@ def _generative(args: argparse.Namespace) -> GenerativeSpec:
             deterministic_output=args.output_tokens_mean_deterministic,
             ignore_eos=args.ignore_eos,
             input_file=args.input_file,
+            trace_file=args.trace_file,
             prompt_count=args.num_prompts,
             seed=args.seed,
         ),
@@ -230,6 +234,17 @@ def _load(args: argparse.Namespace) -> LoadSpec:
         "binary_search": args.binary_search,
         "max_outstanding": args.max_outstanding,
     }
+    if args.trace_file is not None:
+        chosen = [flag for flag, value in (("--concurrency-range", args.concurrency_range),
+                  ("--request-rate-range", args.request_rate_range), ("--request-intervals", args.request_intervals))
+                  if value is not None]  # fmt: skip
+        if chosen or args.binary_search:
+            raise PerfkitError(
+                f"--trace-file sends at the trace's own times: drop {', '.join(chosen) or '--binary-search'}"
+            )
+        if args.endpoint_type == "kserve-infer":
+            raise PerfkitError("--trace-file needs a generative --endpoint-type (chat, completions, ...)")
+        return LoadSpec("custom_intervals", intervals_ns=trace_intervals_ns(read_trace(args.trace_file)), **common)
     if args.request_intervals is not None:
         if args.binary_search:
             raise PerfkitError("--binary-search does not apply to --request-intervals (one schedule, one level)")

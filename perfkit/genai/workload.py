@@ -42,6 +42,7 @@ class WorkloadSpec:
     deterministic_output: bool = False  # send min_tokens = max_tokens
     ignore_eos: bool = False
     input_file: Path | None = None
+    trace_file: Path | None = None  # a Mooncake trace: prompts and send times (trace.py)
     prompt_count: int = 100
     seed: int = 0
 
@@ -73,8 +74,9 @@ class GenerativeSpec:
         if self.endpoint_type not in ENDPOINT_TYPES:
             raise PerfkitError(f"--endpoint-type {self.endpoint_type}: choose from {', '.join(ENDPOINT_TYPES)}")
         if not self.enabled:
-            if self.goodput:
-                raise PerfkitError("--goodput needs a generative --endpoint-type (chat, completions, ...)")
+            for flag, given in (("--goodput", self.goodput), ("--trace-file", w.trace_file)):
+                if given:
+                    raise PerfkitError(f"{flag} needs a generative --endpoint-type (chat, completions, ...)")
             return
         if self.endpoint and not self.endpoint.startswith("/"):
             raise PerfkitError(f"--endpoint {self.endpoint}: give a path starting with '/', e.g. /v1/chat/completions")
@@ -90,6 +92,8 @@ class GenerativeSpec:
             )
         if w.prompt_count < 1:
             raise PerfkitError("--num-prompts must be at least 1")
+        if w.trace_file is not None and w.input_file is not None:
+            raise PerfkitError("--trace-file brings its own prompts: drop --input-file")
         if w.input_file is not None and not w.input_file.is_file():
             raise PerfkitError(f"--input-file {w.input_file}: no such file")
         if not 0 < self.attainment_pct <= 100:
@@ -115,7 +119,7 @@ def _lengths(rng: np.random.Generator, mean: int, stddev: float, count: int) -> 
     return [max(1, int(round(x))) for x in drawn]
 
 
-def _synthetic_text(rng: np.random.Generator, tokens: int, tokenizer: Tokenizer) -> str:
+def synthetic_text(rng: np.random.Generator, tokens: int, tokenizer: Tokenizer) -> str:
     words: list[str] = []
     text = ""
     # Words are at least a token each, so this many always reach the length.
@@ -157,6 +161,6 @@ def build_prompts(spec: WorkloadSpec, tokenizer: Tokenizer) -> list[Prompt]:
         texts = _file_prompts(spec.input_file)
     else:
         lengths = _lengths(rng, spec.input_tokens_mean, spec.input_tokens_stddev, spec.prompt_count)
-        texts = [_synthetic_text(rng, n, tokenizer) for n in lengths]
+        texts = [synthetic_text(rng, n, tokenizer) for n in lengths]
     outputs = _lengths(rng, spec.output_tokens_mean, spec.output_tokens_stddev, len(texts))
     return [Prompt(text, tokenizer.count(text), out) for text, out in zip(texts, outputs)]

@@ -14,6 +14,7 @@ from perfkit._version import __version__
 from perfkit.errors import ExitCode, PerfkitError, TargetError
 from perfkit.genai.endpoints import GenerativeClient
 from perfkit.genai.tokenizer import load_tokenizer
+from perfkit.genai.trace import read_trace, trace_prompts
 from perfkit.genai.workload import build_prompts
 from perfkit.load.distributed import distributed_load
 from perfkit.load.generator import RealClock
@@ -183,7 +184,12 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
         server = {"url": target.url, "embedded": target.embedded, **await client.server_metadata()}
         prepared: list[Any]
         if isinstance(client, GenerativeClient):
-            prompts = build_prompts(spec.genai.workload, client.tokenizer)
+            w = spec.genai.workload
+            prompts = (
+                trace_prompts(read_trace(w.trace_file), client.tokenizer, w.seed)
+                if w.trace_file is not None
+                else build_prompts(w, client.tokenizer)
+            )
             prepared = [client.prepare(prompt, model) for prompt in prompts]
         else:
             try:

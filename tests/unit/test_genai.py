@@ -17,6 +17,7 @@ from perfkit.genai.goodput import Slo, check_goodput, goodput_holds, met_mask, p
 from perfkit.genai.records import output_length_check, token_figures, value_stats
 from perfkit.genai.sse import SseError, SseEvent, SseParser
 from perfkit.genai.tokenizer import ByteTokenizer, load_tokenizer
+from perfkit.genai.trace import read_trace, trace_intervals_ns, trace_prompts
 from perfkit.genai.workload import GenerativeSpec, WorkloadSpec, build_prompts
 from perfkit.load.samples import SampleBuffer
 from perfkit.report.export import render_pa_csv, render_summary_table
@@ -242,3 +243,23 @@ def test_the_goodput_verdict_names_the_best_level_and_the_highest_that_held() ->
     assert goodput_holds(result.levels[1], 90.0) and not goodput_holds(_sweep().levels[0], 0.0)
     with pytest.raises(PerfkitError, match="needs a sweep run with --goodput"):
         check_goodput(_sweep())
+
+
+def test_a_mooncake_trace_gives_its_gaps_and_prompts_sharing_its_blocks(tmp_path: Path) -> None:
+    path = tmp_path / "trace.jsonl"
+    lines = [
+        {"timestamp": 0, "input_length": 700, "output_length": 5, "hash_ids": [1, 2]},
+        {"timestamp": 30, "input_length": 600, "output_length": 7, "hash_ids": [1, 3]},
+        {"timestamp": 30, "input_length": 40, "output_length": 0},
+        {"timestamp": 90, "input_length": 512, "output_length": 9, "hash_ids": [2]},
+    ]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    requests = read_trace(path)
+    assert trace_intervals_ns(requests) == (30 * MS, 30 * MS, 1, 60 * MS)  # the mean gap first: where it wraps
+    prompts = trace_prompts(requests, ByteTokenizer(), seed=5)
+    assert [(p.input_tokens, p.max_tokens) for p in prompts] == [(700, 5), (600, 7), (40, 0), (512, 9)]
+    assert prompts[0].text[:512] == prompts[1].text[:512] != prompts[3].text  # block 1 shared
+    assert prompts[0].text[512:] == prompts[3].text[: 700 - 512]  # block 2 where it recurs
+    path.write_text('{"timestamp": 5, "input_length": 3, "output_length": 1}\n{"timestamp": 1, "input_length": 3}\n')
+    with pytest.raises(PerfkitError, match=r"trace.jsonl:2: want a JSON object with timestamp"):
+        read_trace(path)

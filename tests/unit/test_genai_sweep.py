@@ -55,6 +55,21 @@ def test_a_server_without_the_endpoint_is_named(tmp_path: Path, capsys: pytest.C
     assert "GET /v2/health/live failed" in capsys.readouterr().err
 
 
+def test_a_trace_is_replayed_at_its_own_times_with_its_lengths(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text("".join(f'{{"timestamp": {20 * i}, "input_length": {10 + i}, "output_length": {1 + i % 3}}}\n'
+                             for i in range(10)))  # fmt: skip
+    with serving_in_thread() as url:
+        code = main(["sweep", "-u", url, "-m", "ok", "--endpoint-type", "completions", "--streaming",
+                     "--trace-file", str(trace), *WINDOWS[2:], "--report-dir", str(tmp_path)])  # fmt: skip
+    assert code == ExitCode.OK
+    level = read_sweep(next(tmp_path.glob("sweep-*.json"))).levels[0]
+    assert level.mode == "custom_intervals" and level.level == pytest.approx(50.0)  # one request per 20 ms
+    assert level.send_rate_per_s == pytest.approx(50.0, rel=0.2) and level.tokens is not None
+    assert 1.0 <= level.tokens.output_tokens.min and level.tokens.output_tokens.max <= 3.0
+    assert level.tokens.input_tokens.min >= 10.0 and level.tokens.input_tokens.max <= 19.0
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
@@ -64,6 +79,10 @@ def test_a_server_without_the_endpoint_is_named(tmp_path: Path, capsys: pytest.C
         (["-u", "h:1", "--endpoint-type", "chat", "--goodput", "ttft_ms<=1"], "need --streaming"),
         (["-u", "h:1", "--goodput", "latency_ms<=1"], "needs a generative --endpoint-type"),
         (["-u", "h:1", "--endpoint-type", "chat", "-i", "grpc"], "drop -i grpc"),
+        (
+            ["-u", "h:1", "--endpoint-type", "chat", "--trace-file", "t", "--concurrency-range", "2"],
+            "drop --concurrency",
+        ),
         (["-u", "h:1", "--endpoint-type", "chat", "--binary-search", "--concurrency-range", "1:8"], "or --goodput"),
         (
             [
