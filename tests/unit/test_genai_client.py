@@ -13,8 +13,8 @@ from perfkit.genai import endpoints
 from perfkit.genai.endpoints import GenerativeClient
 from perfkit.genai.tokenizer import ByteTokenizer
 from perfkit.genai.workload import GenerativeSpec, Prompt, WorkloadSpec
+from perfkit.testing.genai_server import DEFAULT_TOKENS, FIRST_S, GAP_S, serving
 from perfkit.wire.client import Outcome
-from tests.genai_fakes import DEFAULT_TOKENS, FIRST_S, GAP_S, serving
 
 T = TypeVar("T")
 MS = 1_000_000

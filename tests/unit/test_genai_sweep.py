@@ -11,9 +11,9 @@ import pytest
 from perfkit.cli import main
 from perfkit.errors import ExitCode
 from perfkit.results.model import read_sweep
-from tests.genai_fakes import FIRST_S, serving_in_thread
+from perfkit.testing.genai_server import FIRST_S, serving_in_thread
 
-WINDOWS = ["--concurrency-range", "2", "-p", "250", "-r", "3", "-s", "100", "--quiet", "--no-report"]
+WINDOWS = ["--concurrency-range", "2", "-p", "250", "-r", "3", "-s", "1000", "--quiet", "--no-report"]
 
 
 def _sweep(tmp_path: Path, url: str, model: str, *extra: str) -> tuple[int, Path]:

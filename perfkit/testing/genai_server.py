@@ -1,5 +1,6 @@
-"""An OpenAI-compatible and Triton-generate fake server (aiohttp.web on 127.0.0.1:0) with scripted
-token timing, and the hostile behaviours the generative client must count, chosen by model name:
+"""A scripted generative server for tests and bench: OpenAI-compatible and Triton generate on
+aiohttp.web, loopback only, with fixed token timing and the hostile behaviours the generative
+client must count, chosen by model name:
 
 - `ok`: each output token is one byte ("t"), the first after `FIRST_S`, the next ones `GAP_S`
   apart; usage figures in the last event; `[DONE]`;
@@ -9,10 +10,14 @@ token timing, and the hostile behaviours the generative client must count, chose
 - `cut`: the connection closes inside the third event;
 - `nousage`: no usage figures;
 - `hang`: never ends the stream after its tokens.
+
+`python -m perfkit.testing.genai_server [--first-ms 40 --gap-ms 10]` serves it on a free port,
+printed on the first line, until it is killed (bench/genai_client.py).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -40,15 +45,16 @@ def _chunk(kind: str, token: str) -> dict[str, Any]:
 
 
 async def _answer(
-    request: web.Request, kind: str, body: dict[str, Any], behaviour: str, stream: bool
+    request: web.Request, kind: str, body: dict[str, Any], behaviour: str, stream: bool, timing: tuple[float, float]
 ) -> web.StreamResponse:
+    first_s, gap_s = timing
     prompt = body.get("prompt") or body.get("text_input") or (body.get("messages") or [{}])[0].get("content", "")
     tokens = int(body.get("max_tokens", DEFAULT_TOKENS))
     if behaviour == "short":
         tokens = max(1, tokens - 2)
     usage = {"prompt_tokens": len(prompt.encode()), "completion_tokens": tokens}
     if not stream:
-        await asyncio.sleep(FIRST_S + GAP_S * (tokens - 1))
+        await asyncio.sleep(first_s + gap_s * (tokens - 1))
         text = "t" * tokens
         answer: dict[str, Any]
         if kind == "chat":
@@ -64,10 +70,10 @@ async def _answer(
     await response.prepare(request)
     if kind == "chat":  # OpenAI's opening event: a role, no text
         await response.write(_event({"choices": [{"index": 0, "delta": {"role": "assistant"}}]}))
-    await asyncio.sleep(FIRST_S)
+    await asyncio.sleep(first_s)
     for i in range(tokens):
         if i:
-            await asyncio.sleep(GAP_S)
+            await asyncio.sleep(gap_s)
         if behaviour == "malformed" and i == 1:
             await response.write(b"data: {not json\n\n")
         elif behaviour == "cut" and i == 2:
@@ -88,11 +94,13 @@ async def _answer(
     return response
 
 
-def make_app() -> web.Application:
+def make_app(first_s: float = FIRST_S, gap_s: float = GAP_S) -> web.Application:
+    timing = (first_s, gap_s)
+
     async def openai(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         kind = "chat" if request.path.endswith("chat/completions") else "completions"
-        return await _answer(request, kind, body, body["model"], bool(body.get("stream")))
+        return await _answer(request, kind, body, body["model"], bool(body.get("stream")), timing)
 
     async def embeddings(request: web.Request) -> web.StreamResponse:
         body = await request.json()
@@ -102,7 +110,7 @@ def make_app() -> web.Application:
     async def generate(request: web.Request) -> web.StreamResponse:
         body = await request.json()
         stream = request.path.endswith("generate_stream")
-        return await _answer(request, "kserve-generate", body, request.match_info["model"], stream)
+        return await _answer(request, "kserve-generate", body, request.match_info["model"], stream, timing)
 
     async def models(request: web.Request) -> web.StreamResponse:
         return web.json_response({"data": [{"id": "ok"}]})
@@ -152,3 +160,24 @@ def serving_in_thread() -> Iterator[str]:
         loop.call_soon_threadsafe(stop.set)
         thread.join(10)
         loop.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="a scripted generative server on a free loopback port")
+    parser.add_argument("--first-ms", type=float, default=FIRST_S * 1e3)
+    parser.add_argument("--gap-ms", type=float, default=GAP_S * 1e3)
+    args = parser.parse_args()
+
+    async def serve() -> None:
+        runner = web.AppRunner(make_app(args.first_ms / 1e3, args.gap_ms / 1e3))
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        print(runner.addresses[0][1], flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()
