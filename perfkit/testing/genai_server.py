@@ -115,7 +115,19 @@ def make_app(first_s: float = FIRST_S, gap_s: float = GAP_S) -> web.Application:
     async def models(request: web.Request) -> web.StreamResponse:
         return web.json_response({"data": [{"id": "ok"}]})
 
-    app = web.Application()
+    served = [0]  # answers begun, for GET /stats (bench: client CPU per request)
+
+    @web.middleware
+    async def count(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.method == "POST":
+            served[0] += 1
+        return await handler(request)  # type: ignore[no-any-return]
+
+    async def stats(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"requests": served[0]})
+
+    app = web.Application(middlewares=[count])
+    app.router.add_get("/stats", stats)
     app.router.add_post("/v1/chat/completions", openai)
     app.router.add_post("/v1/completions", openai)
     app.router.add_post("/v1/embeddings", embeddings)
