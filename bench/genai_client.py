@@ -75,8 +75,8 @@ def _aiperf(
     command = [
         str(aiperf), "profile", "--model", "ok", "--url", f"http://127.0.0.1:{port}", "--endpoint-type", "chat",
         "--streaming", "--concurrency", str(concurrency), "--request-count", str(requests),
-        "--synthetic-input-tokens-mean", str(INPUT_TOKENS), "--synthetic-input-tokens-stddev", "0",
-        "--output-tokens-mean", str(OUTPUT_TOKENS), "--tokenizer", str(tokenizer), "--artifact-dir", str(out),
+        "--prompt-input-tokens-mean", str(INPUT_TOKENS), "--prompt-input-tokens-stddev", "0",
+        "--prompt-output-tokens-mean", str(OUTPUT_TOKENS), "--tokenizer", str(tokenizer), "--output-artifact-dir", str(out),
         "--ui-type", "none",
     ]  # fmt: skip
     before = _served(port)

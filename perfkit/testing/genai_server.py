@@ -36,11 +36,19 @@ def _event(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
 
+#: OpenAI's envelope of a chunk or an answer (clients such as AIPerf read `object`).
+_OBJECTS = {"chat": "chat.completion.chunk", "completions": "text_completion"}
+
+
+def _envelope(kind: str, **fields: Any) -> dict[str, Any]:
+    return {"id": "cmpl-1", "object": _OBJECTS[kind], "created": 0, "model": "m", **fields}
+
+
 def _chunk(kind: str, token: str) -> dict[str, Any]:
     if kind == "chat":
-        return {"choices": [{"index": 0, "delta": {"content": token}}]}
+        return _envelope(kind, choices=[{"index": 0, "delta": {"content": token}, "finish_reason": None}])
     if kind == "completions":
-        return {"choices": [{"index": 0, "text": token}]}
+        return _envelope(kind, choices=[{"index": 0, "text": token, "finish_reason": None}])
     return {"text_output": token, "model_name": "m"}
 
 
@@ -49,7 +57,7 @@ async def _answer(
 ) -> web.StreamResponse:
     first_s, gap_s = timing
     prompt = body.get("prompt") or body.get("text_input") or (body.get("messages") or [{}])[0].get("content", "")
-    tokens = int(body.get("max_tokens", DEFAULT_TOKENS))
+    tokens = int(body.get("max_tokens", body.get("max_completion_tokens", DEFAULT_TOKENS)))
     if behaviour == "short":
         tokens = max(1, tokens - 2)
     usage = {"prompt_tokens": len(prompt.encode()), "completion_tokens": tokens}
@@ -58,9 +66,10 @@ async def _answer(
         text = "t" * tokens
         answer: dict[str, Any]
         if kind == "chat":
-            answer = {"choices": [{"index": 0, "message": {"role": "assistant", "content": text}}]}
+            message = {"role": "assistant", "content": text}
+            answer = {**_envelope(kind, choices=[{"index": 0, "message": message}]), "object": "chat.completion"}
         elif kind == "completions":
-            answer = {"choices": [{"index": 0, "text": text}]}
+            answer = _envelope(kind, choices=[{"index": 0, "text": text}])
         else:
             answer = {"text_output": text}
         if behaviour != "nousage" and kind != "kserve-generate":
@@ -69,7 +78,7 @@ async def _answer(
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     if kind == "chat":  # OpenAI's opening event: a role, no text
-        await response.write(_event({"choices": [{"index": 0, "delta": {"role": "assistant"}}]}))
+        await response.write(_event(_envelope(kind, choices=[{"index": 0, "delta": {"role": "assistant"}}])))
     await asyncio.sleep(first_s)
     for i in range(tokens):
         if i:
@@ -85,7 +94,7 @@ async def _answer(
             await response.write(_event(_chunk(kind, "t")))
     if kind != "kserve-generate":
         if behaviour != "nousage":
-            await response.write(_event({"choices": [], "usage": usage}))
+            await response.write(_event(_envelope(kind, choices=[], usage=usage)))
         if behaviour == "hang":
             await asyncio.sleep(3600)
         if behaviour != "nodone":
