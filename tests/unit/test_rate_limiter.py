@@ -172,7 +172,7 @@ async def test_settle_gives_back_resources_nobody_used() -> None:
 
 def test_more_than_the_flag_gives_is_tritons_load_error() -> None:
     limiter = RateLimiter([("R", 1, None)])
-    asks_two = TWO_GROUPS.replace("count: 1 } ] priority: 2", "count: 2 } ] priority: 2")
+    asks_two = TWO_GROUPS.replace('count: 1 } ] priority: 2', 'count: 2 } ] priority: 2')
     expected = (
         r'Resource count for "R" is limited to 1 which will prevent scheduling of one or more model instances, '
         r"the minimum required count is 2.*--rate-limit-resource=R:2"
