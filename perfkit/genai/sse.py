@@ -2,7 +2,8 @@
 
 Sans-I/O: `feed()` takes the bytes as they arrive, in chunks cut anywhere (inside a line, between
 a CR and its LF, inside a UTF-8 sequence), and returns the events completed by them. A line is
-ended by CRLF, LF or CR; a blank line dispatches the event, its `data:` lines joined by LF; a line
+ended by CRLF, LF or CR; a blank line dispatches the event, its `data:` lines joined by LF (one without data, a keep-alive, is
+dropped); a line
 starting with ":" is a comment; a field without a colon has an empty value; `id` and `retry` mean
 nothing to a load generator and are skipped. A peer decides how long a line is, so a line longer
 than `max_line` raises `SseError` where it arrives, before it is held whole; so does a line that is
@@ -49,6 +50,8 @@ class SseParser:
         return bool(self._line) or bool(self._data) or bool(self._event)
 
     def feed(self, chunk: bytes) -> list[SseEvent]:
+        if not chunk:
+            return []
         events: list[SseEvent] = []
         start = 0
         if self._skip_lf and chunk[:1] == b"\n":
@@ -81,7 +84,8 @@ class SseParser:
 
     def _take_line(self, raw: bytes) -> SseEvent | None:
         if not raw:
-            if not self._data and not self._event:
+            if not self._data:  # the standard's rule: an event without data is not dispatched
+                self._event = ""
                 return None
             event = SseEvent("\n".join(self._data), self._event or "message")
             self._data.clear()

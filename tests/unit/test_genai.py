@@ -33,7 +33,7 @@ MS = 1_000_000
 # SSE
 
 
-STREAM = b'data: {"a": 1}\r\n\r\n: a comment\n\nevent: usage\ndata: x\ndata: y\n\rdata:[DONE]\r\rid: 7\n\n'
+STREAM = b'data: {"a": 1}\r\n\r\n: a comment\n\nevent: ping\n\nevent: usage\ndata: x\ndata: y\n\rdata:[DONE]\r\rid: 7\n\n'
 EVENTS = [SseEvent('{"a": 1}'), SseEvent("x\ny", "usage"), SseEvent("[DONE]")]
 
 
