@@ -2,10 +2,10 @@
 
 Sans-I/O: `feed()` takes the bytes as they arrive, in chunks cut anywhere (inside a line, between
 a CR and its LF, inside a UTF-8 sequence), and returns the events completed by them. A line is
-ended by CRLF, LF or CR; a blank line dispatches the event, its `data:` lines joined by LF (one without data, a keep-alive, is
-dropped); a line
-starting with ":" is a comment; a field without a colon has an empty value; `id` and `retry` mean
-nothing to a load generator and are skipped. A peer decides how long a line is, so a line longer
+ended by CRLF, LF or CR; a blank line dispatches the event, its `data:` lines joined by LF (an
+event without data, a keep-alive, is dropped); a line starting with ":" is a comment; a field
+without a colon has an empty value; `id` and `retry` mean nothing to a load generator and are
+skipped. A peer decides how long a line is, so a line longer
 than `max_line` raises `SseError` where it arrives, before it is held whole; so does a line that is
 not UTF-8. `pending` says whether the stream stopped inside an event, which is how a stream cut
 mid-token is told from one that ended between events.
