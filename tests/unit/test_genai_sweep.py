@@ -70,6 +70,32 @@ def test_a_trace_is_replayed_at_its_own_times_with_its_lengths(tmp_path: Path) -
     assert level.tokens.input_tokens.min >= 10.0 and level.tokens.input_tokens.max <= 19.0
 
 
+def test_a_scenario_gates_on_goodput(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with serving_in_thread() as url:
+        path = tmp_path / "chat.toml"
+        path.write_text(f"""command = "sweep"
+[server]
+url = "{url}"
+[sweep]
+model_name = "ok"
+endpoint_type = "chat"
+streaming = true
+concurrency_range = "2"
+measurement_interval = 250
+max_trials = 3
+stability_percentage = 1000
+output_tokens_mean = 3
+goodput = "ttft_ms<=5000"
+[gates]
+min_goodput_per_s = 100000
+""")
+        code = main(["run", str(path), "--report-dir", str(tmp_path), "--quiet"])
+    out = capsys.readouterr().out
+    assert code == ExitCode.FAILED
+    assert "goodput ttft_ms<=5000: best " in out and "gate FAILED (needs 100,000.0 req/s)" in out
+    assert "held (90% of requests within) up to concurrency 2" in out
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
