@@ -16,6 +16,7 @@ class FakeOutcome:
     recv_ns: int = 0
     message: str = ""
     response_ns: tuple[int, ...] | None = None  # streamed requests only
+    tokens: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

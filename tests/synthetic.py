@@ -17,6 +17,8 @@ from perfkit.results.model import (
     ResourceUsage,
     ServerStats,
     SweepResult,
+    TokenFigures,
+    ValueStats,
     WindowResult,
     sweep_to_json,
 )
@@ -91,6 +93,22 @@ def make_level(
                            request_us=500.0, queue_us=200.0, compute_input_us=10.0, compute_infer_us=250.0,
                            compute_output_us=5.0),
         resources=resources, windows=windows, checks=tuple(checks) if checks is not None else default_checks,
+    )  # fmt: skip
+
+
+def make_token_figures(scale: float = 1.0) -> TokenFigures:
+    """Token figures of a streamed chat level, every distribution filled, times ×scale."""
+
+    def stats(mean: float) -> ValueStats:
+        return ValueStats(100, mean, mean / 10, mean / 2, mean * 2, mean, mean * 1.2, mean * 1.3, mean * 1.5,
+                          mean * 0.95, mean * 1.05, mean * 1.4, mean * 1.6)  # fmt: skip
+
+    return TokenFigures(
+        endpoint_type="chat", streaming=True, token_source="bytes", ttft_ms=stats(40.0 * scale),
+        ttst_ms=stats(10.0 * scale), itl_ms=stats(10.0 * scale), input_tokens=stats(128.0), output_tokens=stats(64.0),
+        output_tokens_per_s_per_request=stats(100.0 / scale), output_tokens_per_s=6400.0 / scale,
+        total_tokens_per_s=19200.0 / scale, asked_count=100, goodput_slo="ttft_ms<=50", goodput_per_s=90.0 / scale,
+        goodput_pct=90.0,
     )  # fmt: skip
 
 

@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from perfkit.analysis.metrics import METRICS, Metric, find, ms
+from perfkit.analysis.metrics import METRICS, TOKEN_METRICS, Metric, find, ms
 from perfkit.analysis.significance import Significance, windows_differ
 from perfkit.errors import PerfkitError
 from perfkit.results.model import LevelResult, SweepResult, level_name
@@ -92,12 +92,34 @@ def _p99_ci_noise(corrected: bool) -> Noise:
     return noise
 
 
+def _token_ci_noise(attr: str, stat: str) -> Noise:
+    """A token timing's change is significant when the two 95% CIs do not overlap: p99's
+    (order statistics), or for the other statistics the mean's (Student t over requests)."""
+    bound = "p99_ci" if stat == "p99" else "mean_ci"
+
+    def noise(base: LevelResult, cand: LevelResult, alpha: float) -> Significance:
+        a, b = (getattr(lv.tokens, attr) for lv in (base, cand))
+        a_low, a_high, b_low, b_high = (getattr(v, f"{bound}_{side}") for v in (a, b) for side in ("low", "high"))
+        disjoint = b_low > a_high or a_low > b_high
+        detail = (f"95% CIs of the {'p99' if stat == 'p99' else 'mean'} [{a_low:.3g}, {a_high:.3g}] and "
+                  f"[{b_low:.3g}, {b_high:.3g}] {'do not overlap' if disjoint else 'overlap'}")  # fmt: skip
+        return Significance(disjoint, f"{bound.replace('_', ' ')}", None, detail)
+
+    return noise
+
+
 #: What each gated metric's change is tested against, by canonical name; the other latencies use
-#: the windows' stabilising latencies.
+#: the windows' stabilising latencies, and the token rates the windows' throughputs.
 _NOISE: dict[str, Noise] = {
     "throughput_infer_per_s": _throughput_noise,
     "p99_ms": _p99_ci_noise(False),
     "p99_from_intended_ms": _p99_ci_noise(True),
+    **{
+        m.name: _token_ci_noise(m.name.rsplit("_", 2)[0] + "_ms", m.name.rsplit("_", 2)[1])
+        for m in TOKEN_METRICS
+        if m.unit == "ms"
+    },
+    **{m.name: _throughput_noise for m in TOKEN_METRICS if m.better == "higher" and m.unit != "ms"},
 }
 
 #: The metrics a gate can compare, by the name compare prints.

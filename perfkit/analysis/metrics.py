@@ -21,7 +21,7 @@ from typing import Literal
 
 from perfkit.results.model import LatencyStats, LevelResult
 
-__all__ = ["METRICS", "Metric", "find", "latency_ms", "metric", "ms"]
+__all__ = ["METRICS", "TOKEN_METRICS", "Metric", "find", "latency_ms", "metric", "ms", "token_figure"]
 
 
 def ms(us: float) -> float:
@@ -50,6 +50,22 @@ def response_ms(stats: str, attr: str) -> Callable[[LevelResult], float | None]:
             return None
         times: LatencyStats = getattr(responses, stats)
         return ms(getattr(times, attr)) if times.count > 0 else None
+
+    return get
+
+
+def token_figure(attr: str, stat: str | None = None) -> Callable[[LevelResult], float | None]:
+    """A figure of a level's generative requests (`LevelResult.tokens`), `stat` of a distribution;
+    None for a level of tensor requests, or when no request had the figure."""
+
+    def get(level: LevelResult) -> float | None:
+        figures = level.tokens
+        if figures is None:
+            return None
+        value = getattr(figures, attr)
+        if stat is None:
+            return float(value) if value is not None else None
+        return float(getattr(value, stat)) if value.count > 0 else None
 
     return get
 
@@ -94,6 +110,45 @@ class Metric:
 _SENT = "completion - actual send"
 _FIRST = "streamed: first response - actual send"
 _GAP = "streamed: between consecutive responses of a request"
+_TOKEN_TIMES = {
+    "ttft": (
+        "time to first token: send to the first response with output text (streamed)",
+        ("p50", "p90", "p95", "p99", "mean"),
+    ),
+    "ttst": ("time to second token: first to second response with output text (streamed)", ("p50", "p99", "mean")),
+    "itl": (
+        "inter-token latency per request: (latency - ttft) / (output tokens - 1)",
+        ("p50", "p90", "p95", "p99", "mean"),
+    ),
+}
+
+#: The figures of generative endpoints (perfkit/genai/records.py), gated by their canonical names.
+TOKEN_METRICS: tuple[Metric, ...] = (
+    *(
+        Metric(f"{figure}_{stat}_ms", "ms", "lower", token_figure(f"{figure}_ms", stat),
+               gate=f"{figure}_{stat}_ms", description=text)
+        for figure, (text, stats) in _TOKEN_TIMES.items() for stat in stats
+    ),
+    Metric("output_tokens_per_s", "tokens/s", "higher", token_figure("output_tokens_per_s"), ("output_token_throughput",),
+           gate="output_tokens_per_s", fmt="{:.1f}", description="output tokens of the successful requests / seconds"),
+    Metric("total_tokens_per_s", "tokens/s", "higher", token_figure("total_tokens_per_s"), fmt="{:.1f}",
+           description="input and output tokens / seconds"),
+    *(
+        Metric(f"output_tokens_per_s_per_request_{stat}", "tokens/s", "higher",
+               token_figure("output_tokens_per_s_per_request", stat), fmt="{:.1f}",
+               gate=f"output_tokens_per_s_per_request_{stat}" if stat == "p50" else None,
+               description="streamed: 1 / itl; otherwise output tokens / latency")
+        for stat in ("p50", "mean")
+    ),
+    Metric("input_tokens_mean", "tokens", "lower", token_figure("input_tokens", "mean"), fmt="{:.1f}",
+           description="per successful request"),
+    Metric("output_tokens_mean", "tokens", "higher", token_figure("output_tokens", "mean"), fmt="{:.1f}",
+           description="per successful request"),
+    Metric("goodput_per_s", "req/s", "higher", token_figure("goodput_per_s"), ("goodput",), gate="goodput_per_s",
+           fmt="{:.1f}", description="successful requests that met every --goodput objective / seconds"),
+    Metric("goodput_pct", "%", "higher", token_figure("goodput_pct"), fmt="{:.1f}",
+           description="share of the successful requests that met every --goodput objective"),
+)  # fmt: skip
 _INTENDED = "completion - intended send (coordinated omission corrected)"
 
 METRICS: tuple[Metric, ...] = (
@@ -137,6 +192,7 @@ METRICS: tuple[Metric, ...] = (
            fmt="{:.0f}", description="max over GPUs"),
     Metric("gpu_utilization_pct", "%", "higher", _gpu_utilization_pct, ("gpu_utilization",),
            figure="gpu_utilization_pct", fmt="{:.1f}", description="mean over GPUs"),
+    *TOKEN_METRICS,
 )  # fmt: skip
 
 _BY_SPELLING = {spelling: metric for metric in METRICS for spelling in metric.spellings}

@@ -27,6 +27,7 @@ from perfkit.cli.scenario import (
     touched_dests,
 )
 from perfkit.errors import ExitCode, PerfkitError
+from perfkit.genai.goodput import check_goodput
 from perfkit.report.compare_text import render_comparison_lines
 from perfkit.report.junit import JUnitCase, render_gate_junit, slo_case
 from perfkit.results.files import ReportItem
@@ -90,9 +91,11 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         if gates.slo_p99_ms:
             print(f"gate: p99 <= {gates.slo_p99_ms:g} ms" + (
                 f" at {gates.min_throughput_at_slo:g} infer/s or more" if gates.min_throughput_at_slo else ""))  # fmt: skip
+        if gates.min_goodput_per_s:
+            print(f"gate: goodput >= {gates.min_goodput_per_s:g} req/s at some level")
         return ExitCode.OK
     if command is not sweep.COMMAND:
-        if baseline or gates.slo_p99_ms:
+        if baseline or gates.slo_p99_ms or gates.min_goodput_per_s:
             raise PerfkitError(f"{scenario.path}: [gates] apply to sweep scenarios; drop them for a {scenario.command}")
         if start_server:
             raise PerfkitError(f"{scenario.path}: perfkit {scenario.command} starts its own server; drop [server]")
@@ -148,6 +151,12 @@ def _run_sweep(
         print("\n".join(verdict.lines()))
         cases.append(slo_case(verdict))
         gate_failed |= not verdict.passed and not values.get("no_gate")
+    if gates.min_goodput_per_s:
+        goodput = check_goodput(result, gates.min_goodput_per_s, spec.genai.attainment_pct)
+        print("\n".join(goodput.lines()))
+        name = f"goodput>={gates.min_goodput_per_s:g}/s"
+        cases.append(JUnitCase("perfkit.goodput", name, goodput.lines()[0], failure=not goodput.passed))
+        gate_failed |= not goodput.passed and not values.get("no_gate")
     junit = values.get("junit", gates.junit)
     if junit is not None and (comparison is not None or cases):
         write(Path(junit), render_gate_junit(comparison, cases))

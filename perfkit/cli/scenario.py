@@ -28,6 +28,7 @@ must pass (a baseline to compare with, an SLO). The schema is documented in `sce
     slo_p99_ms = 20.0                    # drawn in the report; with min_throughput_at_slo, a gate
     min_throughput_at_slo = 400.0
     allow_unstable = false               # a level that never stabilised fails the run unless true
+    min_goodput_per_s = 50.0             # with the sweep's goodput = "...": some level must reach it
 
 The command's settings become command-line flags for that command's own parser (STYLE practice
 12): every check and error message of `perfkit sweep` applies unchanged, and flags given to
@@ -64,7 +65,7 @@ __all__ = [
 
 COMMANDS = ("sweep", "tune")
 #: Settings that name input files: resolved against the scenario's folder.
-_INPUT_PATHS = {"request_intervals", "input_data", "config"}
+_INPUT_PATHS = {"request_intervals", "input_data", "config", "input_file"}
 _INPUT_DATA_WORDS = {"random", "zero"}
 #: Stands for the demo model repository's folder in a setting, e.g. "{demo}/mlp/config.pbtxt".
 DEMO_PLACEHOLDER = "{demo}"
@@ -94,6 +95,7 @@ class GateSpec:
     slo_p99_ms: float | None = None
     min_throughput_at_slo: float | None = None
     allow_unstable: bool = False
+    min_goodput_per_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,8 +173,10 @@ def _gates(table: dict[str, Any], base: Path, where: str) -> GateSpec:
     slo = _take(table, "slo_p99_ms", (int, float), where)
     min_tp = _take(table, "min_throughput_at_slo", (int, float), where)
     allow_unstable = _take(table, "allow_unstable", bool, where, False)
+    min_goodput = _take(table, "min_goodput_per_s", (int, float), where)
     _no_leftovers(table, where, ("baseline", "max_throughput_drop", "max_latency_increase", "metrics", "alpha",
-                                 "junit", "slo_p99_ms", "min_throughput_at_slo", "allow_unstable"))  # fmt: skip
+                                 "junit", "slo_p99_ms", "min_throughput_at_slo", "allow_unstable",
+                                 "min_goodput_per_s"))  # fmt: skip
     thresholds = Thresholds(
         parse_percent(drop, f"{where}: max_throughput_drop"),
         parse_percent(increase, f"{where}: max_latency_increase"),
@@ -184,7 +188,7 @@ def _gates(table: dict[str, Any], base: Path, where: str) -> GateSpec:
         raise PerfkitError(f"{where}: metrics {unknown}: choose from {', '.join(GATE_METRICS)}")
     if min_tp is not None and slo is None:
         raise PerfkitError(f"{where}: min_throughput_at_slo needs slo_p99_ms")
-    for name, value in (("slo_p99_ms", slo), ("min_throughput_at_slo", min_tp)):
+    for name, value in (("slo_p99_ms", slo), ("min_throughput_at_slo", min_tp), ("min_goodput_per_s", min_goodput)):
         if value is not None and (not math.isfinite(value) or value <= 0):
             raise PerfkitError(f"{where}: {name} must be a positive number")
     return GateSpec(
@@ -194,6 +198,7 @@ def _gates(table: dict[str, Any], base: Path, where: str) -> GateSpec:
         slo_p99_ms=None if slo is None else float(slo),
         min_throughput_at_slo=None if min_tp is None else float(min_tp),
         allow_unstable=allow_unstable,
+        min_goodput_per_s=None if min_goodput is None else float(min_goodput),
     )
 
 

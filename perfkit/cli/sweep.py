@@ -10,6 +10,9 @@ from pathlib import Path
 
 from perfkit.cli.common import Command, add_connection_flags, headers_from_args, tls_from_args, windows_from_args
 from perfkit.errors import ExitCode, PerfkitError
+from perfkit.genai.goodput import parse_goodput
+from perfkit.genai.trace import read_trace, trace_intervals_ns
+from perfkit.genai.workload import ENDPOINT_TYPES, GenerativeSpec, WorkloadSpec
 from perfkit.load.distributed import DistributedSpec
 from perfkit.load.inputs import parse_shape_flag
 from perfkit.load.schedule import parse_range, read_intervals
@@ -60,7 +63,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="binary",
         help="HTTP tensor encoding (default binary)",
     )
-    load = p.add_argument_group("load").add_mutually_exclusive_group()
+    load_group = p.add_argument_group("load")
+    load = load_group.add_mutually_exclusive_group()
     load.add_argument(
         "--concurrency-range",
         metavar="START[:END[:STEP]]",
@@ -96,7 +100,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     path.add_argument(
         "--streaming",
         action="store_true",
-        help="-i grpc: send over ModelStreamInfer streams (one per outstanding request) and time every response",
+        help="-i grpc: send over ModelStreamInfer streams (one per outstanding request) and time every response; "
+        "with a generative --endpoint-type: server-sent events",
     )
     path.add_argument(
         "--shared-memory",
@@ -111,6 +116,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="BYTES",
         help="bytes of each output's region, per batch item (default 102400)",
     )
+    add_generative_arguments(p)
     dist = p.add_argument_group("distributed load (pip install 'perfkit[distributed]')")
     dist.add_argument(
         "--workers",
@@ -186,12 +192,74 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_generative_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("generative endpoints (token figures: TTFT, ITL, tokens/s, goodput)")
+    g.add_argument("--endpoint-type", choices=ENDPOINT_TYPES, default="kserve-infer",
+                   help="kserve-infer: tensors (default); chat, completions, embeddings: OpenAI-compatible; "
+                   "kserve-generate: Triton's generate extension")  # fmt: skip
+    g.add_argument(
+        "--endpoint", default="", metavar="PATH", help="path replacing the type's own ({model} is the model)"
+    )
+    g.add_argument("--tokenizer", default="bytes", metavar="bytes|usage|FILE",
+                   help="count tokens as bytes (default), with the server's usage figures, or a local tokenizer.json")  # fmt: skip
+    g.add_argument("--synthetic-input-tokens-mean", type=int, default=128, metavar="N")
+    g.add_argument("--synthetic-input-tokens-stddev", type=float, default=0.0, metavar="N")
+    g.add_argument("--output-tokens-mean", type=int, default=0, metavar="N", help="sent as max_tokens (0: not sent)")
+    g.add_argument("--output-tokens-stddev", type=float, default=0.0, metavar="N")
+    g.add_argument("--output-tokens-mean-deterministic", action="store_true", help="also send min_tokens")
+    g.add_argument("--ignore-eos", action="store_true", help="also send ignore_eos: true")
+    g.add_argument(
+        "--input-file", type=Path, metavar="PROMPTS.jsonl", help='prompts: {"text": ...} lines, or plain lines'
+    )
+    g.add_argument("--trace-file", type=Path, metavar="TRACE.jsonl",
+                   help="replay a Mooncake trace (timestamp ms, input_length, output_length, hash_ids) open loop")  # fmt: skip
+    g.add_argument("--num-prompts", type=int, default=100, metavar="N", help="synthetic prompts to cycle through")
+    g.add_argument("--goodput", metavar="SLOS", help="e.g. 'ttft_ms<=200,itl_ms<=20': requests/s that met every bound")
+    g.add_argument("--goodput-attainment", type=float, default=90.0, metavar="PCT",
+                   help="goodput holds at a level when PCT%% of its requests met every bound; --binary-search "
+                   "without -l finds the highest such level (default 90)")  # fmt: skip
+
+
+def _generative(args: argparse.Namespace) -> GenerativeSpec:
+    return GenerativeSpec(
+        endpoint_type=args.endpoint_type,
+        endpoint=args.endpoint,
+        streaming=args.streaming,
+        tokenizer=args.tokenizer,
+        workload=WorkloadSpec(
+            input_tokens_mean=args.synthetic_input_tokens_mean,
+            input_tokens_stddev=args.synthetic_input_tokens_stddev,
+            output_tokens_mean=args.output_tokens_mean,
+            output_tokens_stddev=args.output_tokens_stddev,
+            deterministic_output=args.output_tokens_mean_deterministic,
+            ignore_eos=args.ignore_eos,
+            input_file=args.input_file,
+            trace_file=args.trace_file,
+            prompt_count=args.num_prompts,
+            seed=args.seed,
+        ),
+        goodput=parse_goodput(args.goodput) if args.goodput is not None else (),
+        attainment_pct=args.goodput_attainment,
+    )
+
+
 def _load(args: argparse.Namespace) -> LoadSpec:
     common = {
         "latency_threshold_ms": args.latency_threshold,
         "binary_search": args.binary_search,
         "max_outstanding": args.max_outstanding,
     }
+    if args.trace_file is not None:
+        chosen = [flag for flag, value in (("--concurrency-range", args.concurrency_range),
+                  ("--request-rate-range", args.request_rate_range), ("--request-intervals", args.request_intervals))
+                  if value is not None]  # fmt: skip
+        if chosen or args.binary_search:
+            raise PerfkitError(
+                f"--trace-file sends at the trace's own times: drop {', '.join(chosen) or '--binary-search'}"
+            )
+        if args.endpoint_type == "kserve-infer":
+            raise PerfkitError("--trace-file needs a generative --endpoint-type (chat, completions, ...)")
+        return LoadSpec("custom_intervals", intervals_ns=trace_intervals_ns(read_trace(args.trace_file)), **common)
     if args.request_intervals is not None:
         if args.binary_search:
             raise PerfkitError("--binary-search does not apply to --request-intervals (one schedule, one level)")
@@ -248,6 +316,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
         ),
         distributed=DistributedSpec(workers=args.workers, ray_address=args.ray_address),
         data_path=DataPathSpec(args.streaming, args.shared_memory, args.output_shared_memory_size),
+        genai=_generative(args),
     )
     spec.validate()
     return spec

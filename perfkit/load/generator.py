@@ -184,7 +184,7 @@ class LoadGenerator:
             done = clock.now_ns()
             if outcome.response_ns is None:
                 record(sent, sent, done, outcome.error, request.bytes_out, outcome.bytes_in,
-                       outcome.send_ns, outcome.recv_ns)  # fmt: skip
+                       outcome.send_ns, outcome.recv_ns, tokens=outcome.tokens)  # fmt: skip
             else:
                 self.buffer.record_streamed(sent, sent, done, outcome.error, request.bytes_out, outcome.bytes_in,
                                             outcome.send_ns, outcome.recv_ns, outcome.response_ns)  # fmt: skip
@@ -223,7 +223,7 @@ class LoadGenerator:
         done = clock.now_ns()
         if outcome.response_ns is None:
             self.buffer.record(intended, sent, done, outcome.error, request.bytes_out, outcome.bytes_in,
-                               outcome.send_ns, outcome.recv_ns)  # fmt: skip
+                               outcome.send_ns, outcome.recv_ns, tokens=outcome.tokens)  # fmt: skip
         else:
             self.buffer.record_streamed(intended, sent, done, outcome.error, request.bytes_out, outcome.bytes_in,
                                         outcome.send_ns, outcome.recv_ns, outcome.response_ns)  # fmt: skip

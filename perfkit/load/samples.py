@@ -21,6 +21,12 @@ import numpy.typing as npt
 
 I64 = npt.NDArray[np.int64]
 
+#: The columns of a generative request's token record (`SampleArrays.tokens`), in order: time to
+#: first and second response (ns from the send; -1 when there was none), input and output tokens,
+#: and the output tokens asked for (0: none asked).
+TOKEN_COLUMNS = ("ttft_ns", "ttst_ns", "tokens_in", "tokens_out", "tokens_asked")
+NO_TOKENS = (-1, -1, 0, 0, 0)
+
 
 @dataclass(frozen=True, slots=True)
 class Sample:
@@ -57,6 +63,7 @@ class SampleArrays:
     responses: I64
     gaps_ns: I64  # flat, in request order: max(responses - 1, 0) per request
     error_names: tuple[str, ...]
+    tokens: I64 | None = None  # shape (n, len(TOKEN_COLUMNS)); None when no request had a token record
 
     def __len__(self) -> int:
         return len(self.done_ns)
@@ -76,6 +83,7 @@ class SampleArrays:
             self.intended_ns[mask], self.sent_ns[mask], self.done_ns[mask], self.error_kind[mask],
             self.bytes_out[mask], self.bytes_in[mask], self.send_ns[mask], self.recv_ns[mask],
             self.first_ns[mask], self.responses[mask], gaps, self.error_names,
+            None if self.tokens is None else self.tokens[mask],
         )  # fmt: skip
 
     def completed_between(self, start_ns: int, end_ns: int) -> SampleArrays:
@@ -108,7 +116,16 @@ class SampleArrays:
                 raise ValueError("sample sets from different buffers cannot be concatenated")
             names = max(names, part.error_names, key=len)
         columns = {f: np.concatenate([getattr(p, f) for p in parts]) for f in (*_COLUMNS, "gaps_ns")}
-        return SampleArrays(**columns, error_names=names)
+        tokens = None
+        if any(p.tokens is not None for p in parts):
+            tokens = np.concatenate([_token_rows(p) for p in parts])
+        return SampleArrays(**columns, error_names=names, tokens=tokens)
+
+
+def _token_rows(part: SampleArrays) -> I64:
+    if part.tokens is not None:
+        return part.tokens
+    return np.tile(np.asarray(NO_TOKENS, dtype=np.int64), (len(part), 1))
 
 
 _COLUMNS = (
@@ -120,13 +137,15 @@ _COLUMNS = (
 class SampleBuffer:
     """Append-only store of samples for one run; the load generator is its only writer."""
 
-    __slots__ = ("_columns", "_error_index", "_error_names", "_gaps")
+    __slots__ = ("_columns", "_error_index", "_error_names", "_gaps", "_has_tokens", "_tokens")
 
     def __init__(self) -> None:
         self._columns: tuple[list[int], ...] = tuple([] for _ in _COLUMNS)
         self._gaps: list[int] = []
         self._error_names: list[str] = [""]
         self._error_index: dict[str, int] = {"": 0}
+        self._tokens: list[tuple[int, ...]] = []
+        self._has_tokens = False
 
     def __len__(self) -> int:
         return len(self._columns[0])
@@ -143,7 +162,9 @@ class SampleBuffer:
         recv_ns: int = 0,
         first_ns: int = 0,
         responses: int = -1,
+        tokens: Sequence[int] = (),
     ) -> None:
+        """`tokens`: a generative request's token record (TOKEN_COLUMNS), or nothing."""
         kind = self._error_index.get(error)
         if kind is None:
             kind = self._error_index[error] = len(self._error_names)
@@ -159,6 +180,11 @@ class SampleBuffer:
         c[7].append(recv_ns)
         c[8].append(first_ns)
         c[9].append(responses)
+        if tokens:
+            self._has_tokens = True
+            self._tokens.append(tuple(tokens))
+        else:
+            self._tokens.append(NO_TOKENS)
 
     def record_streamed(
         self,
@@ -200,4 +226,7 @@ class SampleBuffer:
         skipped = np.asarray(responses[:start], dtype=np.int64) if start and self._gaps else np.zeros(0, np.int64)
         first_gap = int(np.maximum(skipped - 1, 0).sum())
         gaps = np.asarray(self._gaps[first_gap:], dtype=np.int64)
-        return SampleArrays(**columns, gaps_ns=gaps, error_names=tuple(self._error_names))
+        tokens = None
+        if self._has_tokens:
+            tokens = np.asarray(self._tokens[start:], dtype=np.int64).reshape(-1, len(TOKEN_COLUMNS))
+        return SampleArrays(**columns, gaps_ns=gaps, error_names=tuple(self._error_names), tokens=tokens)

@@ -101,6 +101,9 @@ def render_pa_csv(levels: Sequence[LevelResult], *, collect_metrics: bool = Fals
         header += ["request/response", "response wait"]
         if collect_metrics:
             header += ["Avg GPU Utilization", "Avg GPU Power Usage", "Max GPU Memory Usage", "Total GPU Memory"]
+    tokens = any(level.tokens is not None for level in levels)
+    if tokens:
+        header += [title for title, _, _ in TOKEN_CSV_COLUMNS]
     lines = [",".join(header)]
 
     for level in sorted(levels, key=lambda lv: lv.throughput_infer_per_s):
@@ -145,8 +148,34 @@ def render_pa_csv(levels: Sequence[LevelResult], *, collect_metrics: bool = Fals
                     _gpu_cell(r.gpu_memory_used_bytes),
                     _gpu_cell(r.gpu_memory_total_bytes),
                 ]
+        if tokens:
+            row += _token_csv_cells(level)
         lines.append(",".join(row))
     return "\n".join(lines) + "\n"
+
+
+#: Columns a generative sweep adds at the end of perf_analyzer's CSV (perf_analyzer has none):
+#: times in integer µs, as its latencies, and token rates per second.
+TOKEN_CSV_COLUMNS = (
+    ("Time To First Token avg", "ttft_ms", "mean"),
+    ("Time To First Token p99", "ttft_ms", "p99"),
+    ("Inter Token Latency avg", "itl_ms", "mean"),
+    ("Inter Token Latency p99", "itl_ms", "p99"),
+    ("Output Tokens/Second", "output_tokens_per_s", ""),
+    ("Goodput/Second", "goodput_per_s", ""),
+)
+
+
+def _token_csv_cells(level: LevelResult) -> list[str]:
+    t = level.tokens
+    cells = []
+    for _, attr, stat in TOKEN_CSV_COLUMNS:
+        value = None if t is None else getattr(t, attr)
+        if stat:
+            cells.append(str(_trunc_us(getattr(value, stat) * 1e3)) if value is not None and value.count else "")
+        else:
+            cells.append(_c_double(value) if value is not None else "")
+    return cells
 
 
 # --------------------------------------------------------------------------------------------------
@@ -240,6 +269,18 @@ def _fmt_ms(stats: LatencyStats, us: float) -> str:
     return f"{ms(us):.2f}" if stats.count > 0 else "-"
 
 
+def _token_cells(level: LevelResult, goodput: bool) -> list[str]:
+    t = level.tokens
+    if t is None:
+        return ["-"] * (4 if goodput else 3)
+    cells = [
+        f"{t.ttft_ms.p50:.2f}" if t.ttft_ms.count else "-",
+        f"{t.itl_ms.p50:.2f}" if t.itl_ms.count else "-",
+        f"{t.output_tokens_per_s:.1f}",
+    ]
+    return cells + ([f"{t.goodput_per_s:.1f}" if t.goodput_per_s is not None else "-"] if goodput else [])
+
+
 def render_summary_table(levels: Sequence[LevelResult]) -> list[str]:
     """The per-level summary as aligned plain-text lines. Rate-mode columns (latency from the
     intended send time, delayed sends) appear when some level ran on a schedule."""
@@ -250,12 +291,16 @@ def render_summary_table(levels: Sequence[LevelResult]) -> list[str]:
         level_title = "rate req/s"
     else:
         level_title = "level"
+    tokens = any(level.tokens is not None for level in levels)
+    goodput = any(level.tokens is not None and level.tokens.goodput_slo for level in levels)
     titles = [level_title, "infer/s", "p50 ms", "p90 ms", "p99 ms"]
     if scheduled:
-        titles += ["p99 corr ms", "delayed %"]
+        titles += ["p99 corr ms", "sent/s", "delayed %"]
     streamed = any(level.responses is not None for level in levels)
     if streamed:
         titles += ["resp/s", "first p50 ms", "gap p50 ms"]
+    if tokens:
+        titles += ["ttft p50 ms", "itl p50 ms", "tokens/s"] + (["goodput/s"] if goodput else [])
     titles += ["errors", "avg batch", "stable", "valid"]
 
     rows: list[list[str]] = []
@@ -273,6 +318,7 @@ def render_summary_table(levels: Sequence[LevelResult]) -> list[str]:
             on_schedule = level.mode != "concurrency"
             row += [
                 _fmt_ms(corrected, corrected.p99_us) if on_schedule else "-",
+                f"{level.send_rate_per_s:.1f}" if on_schedule else "-",
                 f"{level.delayed_pct:.1f}" if on_schedule else "-",
             ]
         if streamed:
@@ -281,6 +327,8 @@ def render_summary_table(levels: Sequence[LevelResult]) -> list[str]:
                 f"{r.throughput_response_per_s:.1f}", _fmt_ms(r.first_response, r.first_response.p50_us),
                 _fmt_ms(r.gap, r.gap.p50_us),
             ]  # fmt: skip
+        if tokens:
+            row += _token_cells(level, goodput)
         row += [
             str(level.error_count),
             "-" if level.server is None else f"{level.server.avg_batch_size:.2f}",

@@ -156,6 +156,7 @@ _LEVEL_TABLE: tuple[tuple[str, str, int, str], ...] = (
     ("p99 95% CI", "p99_ci_low_ms", 2, "p99_ci_high_ms"),
     ("p99.9 ms", "p999_ms", 2, ""),
     ("p99 from intended ms", "p99_from_intended_ms", 2, ""),  # rate modes only
+    ("sent req/s", "send_rate_per_s", 1, ""),  # rate modes only: delivered, beside the offered level
     ("late sends %", "delayed_pct", 2, ""),  # rate modes only
     ("responses/s", "throughput_response_per_s", 1, ""),  # streamed only
     ("first response p50 ms", "first_response_p50_ms", 2, ""),  # streamed only
@@ -166,15 +167,34 @@ _LEVEL_TABLE: tuple[tuple[str, str, int, str], ...] = (
     ("server CPU %", "server_cpu_pct", 0, ""),
     ("GPU util %", "gpu_utilization_pct", 0, ""),
 )
-_RATE_ONLY = {"p99_from_intended_ms", "delayed_pct"}
+_RATE_ONLY = {"p99_from_intended_ms", "send_rate_per_s", "delayed_pct"}
 _STREAMED_ONLY = {"throughput_response_per_s", "first_response_p50_ms", "response_gap_p50_ms"}
+#: The token table of generative endpoints (`--endpoint-type`), the same way.
+_TOKEN_TABLE: tuple[tuple[str, str, int, str], ...] = (
+    ("TTFT p50 ms", "ttft_p50_ms", 2, ""),
+    ("TTFT p99 ms", "ttft_p99_ms", 2, ""),
+    ("TTFT p99 95% CI", "ttft_p99_ci_low_ms", 2, "ttft_p99_ci_high_ms"),
+    ("TTST p50 ms", "ttst_p50_ms", 2, ""),
+    ("ITL p50 ms", "itl_p50_ms", 2, ""),
+    ("ITL p99 ms", "itl_p99_ms", 2, ""),
+    ("ITL p99 95% CI", "itl_p99_ci_low_ms", 2, "itl_p99_ci_high_ms"),
+    ("output tokens/s", "output_tokens_per_s", 1, ""),
+    ("per request p50", "output_tokens_per_s_per_request_p50", 1, ""),
+    ("input tokens", "input_tokens_mean", 1, ""),
+    ("output tokens", "output_tokens_mean", 1, ""),
+    ("goodput req/s", "goodput_per_s", 1, ""),
+    ("goodput %", "goodput_pct", 1, ""),
+    ("lengths not honoured", "output_lengths_not_honoured", 0, ""),
+)
 _COLUMNS = {column.name: column for column in TIDY_COLUMNS}
 
 
-def _level_rows(result: SweepResult) -> tuple[list[str], list[list[object]]]:
+def _level_rows(
+    result: SweepResult, table: Sequence[tuple[str, str, int, str]] | None = None
+) -> tuple[list[str], list[list[object]]]:
     scheduled = result.mode != "concurrency"
     streamed = any(lv.responses is not None for lv in result.levels)
-    table = [
+    table = table or [
         spec for spec in _LEVEL_TABLE
         if (scheduled or spec[1] not in _RATE_ONLY) and (streamed or spec[1] not in _STREAMED_ONLY)
     ]  # fmt: skip
@@ -189,6 +209,18 @@ def _level_rows(result: SweepResult) -> tuple[list[str], list[list[object]]]:
         row += [_Badge("yes" if lv.stable else "no", lv.stable), _Badge("yes" if lv.valid else "no", lv.valid)]
         rows.append(row)
     return header, rows
+
+
+def _token_section(result: SweepResult) -> str:
+    """Generative endpoints' token figures, per level; nothing for tensor requests."""
+    tokens = next((lv.tokens for lv in result.levels if lv.tokens is not None), None)
+    if tokens is None:
+        return ""
+    header, rows = _level_rows(result, _TOKEN_TABLE)
+    how = "streamed" if tokens.streaming else "not streamed: no token timings"
+    note = (f"{tokens.endpoint_type} endpoint, {how}; tokens counted with {tokens.token_source}"
+            + (f"; goodput objectives {tokens.goodput_slo}" if tokens.goodput_slo else ""))  # fmt: skip
+    return f'<h3>Tokens</h3><p class="note">{_e(note)}</p><div class="scroll">{_table(header, rows, "levels")}</div>'
 
 
 def _checks_table(levels: Sequence[LevelResult]) -> str:
@@ -293,7 +325,8 @@ def render_sweep_section(item: ReportItem, slo_ms: float | None = None) -> str:
         f'<section id="{_e(_anchor(item))}"><h2>{_e(title)} <span class="muted">{_e(item.label)}</span></h2>'
         f"{_verdict(result)}{_kpis(result)}"
         f'<h3>Levels</h3><div class="scroll">{_table(header, rows, "levels")}</div>'
-        f'<h3>Figures</h3><div class="grid">{"".join(figures)}</div>'
+        + _token_section(result)
+        + f'<h3>Figures</h3><div class="grid">{"".join(figures)}</div>'
         + ("".join(f'<p class="note">{_e(n)}</p>' for n in notes))
         + (f"<h3>Load workers</h3>{_workers_table(result.levels)}" if any(lv.workers for lv in result.levels) else "")
         + f"<h3>Validity checks</h3>{_checks_table(result.levels)}"

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from perfkit.analysis.metrics import latency_ms, metric, ms
+from perfkit.analysis.metrics import TOKEN_METRICS, latency_ms, metric, ms, token_figure
 from perfkit.errors import PerfkitError
 from perfkit.results.files import write_text_atomic
 from perfkit.results.model import LatencyStats, LevelResult, ResourceUsage, ResponseStats, ServerStats, SweepResult
@@ -86,6 +86,11 @@ def _custom_ms(_: SweepResult, lv: LevelResult) -> Cell:
     return ms(stats.custom_us) if stats.custom_us is not None and stats.count > 0 else None
 
 
+def _token_ci(attr: str, bound: str) -> Callable[[SweepResult, LevelResult], Cell]:
+    get = token_figure(attr, bound)
+    return lambda s, lv: get(lv)
+
+
 TIDY_COLUMNS: tuple[Column, ...] = (
     Column("schema_version", "", lambda s, lv: TIDY_SCHEMA_VERSION, "version of this column table"),
     Column("model", "", lambda s, lv: s.model),
@@ -145,6 +150,25 @@ TIDY_COLUMNS: tuple[Column, ...] = (
     Column("server_cpu_pct", "%", lambda s, lv: lv.resources.server_cpu_pct, "of the whole machine"),
     Column("bytes_out_per_request", "bytes", lambda s, lv: lv.bytes_out_per_request),
     Column("bytes_in_per_request", "bytes", lambda s, lv: lv.bytes_in_per_request),
+    Column(
+        "token_source",
+        "",
+        lambda s, lv: lv.tokens.token_source if lv.tokens else None,
+        "generative endpoints: bytes, a tokenizer.json, or usage (the server's counts)",
+    ),  # fmt: skip
+    *(_metric_column(m.name) for m in TOKEN_METRICS),
+    *(
+        Column(f"{figure}_p99_ci_{side}_ms", "ms", _token_ci(f"{figure}_ms", f"p99_ci_{side}"), "95% CI of p99")
+        for figure in ("ttft", "itl")
+        for side in ("low", "high")
+    ),
+    Column("goodput_slo", "", lambda s, lv: lv.tokens.goodput_slo or None if lv.tokens else None, "--goodput"),
+    Column(
+        "output_lengths_not_honoured",
+        "count",
+        lambda s, lv: lv.tokens.not_honoured_count if lv.tokens else None,
+        "requests answered with another output length than asked",
+    ),  # fmt: skip
     Column(
         "failed_checks",
         "",

@@ -124,6 +124,51 @@ class WorkerFigures:
 
 
 @dataclass(frozen=True, slots=True)
+class ValueStats:
+    """Distribution of one per-request figure of generative requests, in the unit its name says
+    (ms, tokens, tokens/s), with 95% confidence intervals of the mean (Student t) and of p99
+    (order statistics)."""
+
+    count: int = 0
+    mean: float = 0.0
+    std: float = 0.0
+    min: float = 0.0
+    max: float = 0.0
+    p50: float = 0.0
+    p90: float = 0.0
+    p95: float = 0.0
+    p99: float = 0.0
+    mean_ci_low: float = 0.0
+    mean_ci_high: float = 0.0
+    p99_ci_low: float = 0.0
+    p99_ci_high: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class TokenFigures:
+    """What a level of generative requests adds (perfkit/genai/records.py): per-request token
+    timings and counts over the successful requests of the reported windows, the token
+    throughput, and goodput when `--goodput` was given."""
+
+    endpoint_type: str
+    streaming: bool
+    token_source: str  # "bytes", a tokenizer.json path, or "usage" (the server's figures)
+    ttft_ms: ValueStats  # streamed only: send to the first response carrying output text
+    ttst_ms: ValueStats  # streamed only: first to second such response (AIPerf's TTST)
+    itl_ms: ValueStats  # streamed only: (latency - ttft) / (output tokens - 1), per request
+    input_tokens: ValueStats
+    output_tokens: ValueStats
+    output_tokens_per_s_per_request: ValueStats  # streamed: 1 / itl; else output tokens / latency
+    output_tokens_per_s: float  # all output tokens of the windows / their seconds
+    total_tokens_per_s: float  # input and output
+    asked_count: int = 0  # requests that asked for an output length (max_tokens)
+    not_honoured_count: int = 0  # of those, answered with another length (module records.py)
+    goodput_slo: str = ""  # --goodput as given; "" when none
+    goodput_per_s: float | None = None
+    goodput_pct: float | None = None  # of the successful requests
+
+
+@dataclass(frozen=True, slots=True)
 class LevelResult:
     mode: str  # "concurrency" | "request_rate" | "custom_intervals"
     level: float  # concurrency, or requests per second
@@ -153,6 +198,7 @@ class LevelResult:
     bytes_in_per_request: float = 0.0
     workers: tuple[WorkerFigures, ...] = ()  # distributed runs only
     responses: ResponseStats | None = None  # streamed runs only
+    tokens: TokenFigures | None = None  # generative endpoints only
 
     @property
     def valid(self) -> bool:
@@ -213,6 +259,7 @@ def _level_from_json(data: dict[str, Any]) -> LevelResult:
             "checks": tuple(Check(**c) for c in data["checks"]),
             "workers": tuple(WorkerFigures(**w) for w in data.get("workers", ())),
             "responses": _responses_from_json(data.get("responses")),
+            "tokens": _tokens_from_json(data.get("tokens")),
         }
     )
 
@@ -222,6 +269,11 @@ def _responses_from_json(data: dict[str, Any] | None) -> ResponseStats | None:
         return None
     first, gap = LatencyStats(**data["first_response"]), LatencyStats(**data["gap"])
     return ResponseStats(**{**data, "first_response": first, "gap": gap})
+def _tokens_from_json(data: dict[str, Any] | None) -> TokenFigures | None:
+    if data is None:
+        return None
+    stats = {name: ValueStats(**value) for name, value in data.items() if isinstance(value, dict)}
+    return TokenFigures(**{**data, **stats})
 
 
 def sweep_to_json(result: SweepResult) -> str:

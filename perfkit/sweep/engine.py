@@ -9,6 +9,8 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from perfkit.genai.goodput import goodput_holds
+from perfkit.genai.records import output_length_check, token_figures
 from perfkit.load.distributed import DistributedLoadGenerator
 from perfkit.load.generator import Clock, LoadGenerator
 from perfkit.load.samples import SampleBuffer
@@ -151,9 +153,20 @@ class Sweep:
             stable = self.spec.windows.stable_window_count
             annotated = self.workers.annotate(measurement.result, measurement.samples, stable)
             measurement = dataclasses.replace(measurement, result=annotated)
+        if self.spec.genai.enabled:
+            measurement = dataclasses.replace(measurement, result=self._with_tokens(measurement))
         self.result = self.result.with_level(measurement.result)
         self.on_level(self.result, measurement)
         return measurement
+
+    def _with_tokens(self, measurement: LevelMeasurement) -> LevelResult:
+        """The level with its token figures (over its reported windows) and the output-length check."""
+        level, genai = measurement.result, self.spec.genai
+        reported = level.windows[-self.spec.windows.stable_window_count :]
+        figures = token_figures(measurement.samples, reported, genai)
+        check = output_length_check(figures, genai.exact_output)
+        checks = level.checks if check is None else (*level.checks, check)
+        return dataclasses.replace(level, tokens=figures, checks=checks)
 
     def _after_worker_deaths(self, level: LevelResult, measurement: LevelMeasurement) -> LevelResult | None:
         """Say which workers died in the level; None (the sweep ends) when none is left."""
@@ -169,6 +182,13 @@ class Sweep:
             return None
         self.progress.note(f"going on with {left} load worker(s)")
         return level
+
+    def _within_bound(self, level: LevelResult) -> bool:
+        """What the binary search bisects on: -l, or without it --goodput's attainment."""
+        genai = self.spec.genai
+        if genai.goodput and self.spec.load.latency_threshold_ms <= 0:
+            return goodput_holds(level, genai.attainment_pct)
+        return self._meets_threshold(level)
 
     def _meets_threshold(self, level: LevelResult) -> bool:
         threshold_ms = self.spec.load.latency_threshold_ms
@@ -187,15 +207,16 @@ class Sweep:
                 return
 
     async def _binary_search(self) -> None:
-        """perf_analyzer's binary search: the highest level within -l, to a precision of STEP."""
+        """perf_analyzer's binary search: the highest level within -l (or at which --goodput holds),
+        to a precision of STEP."""
         load = self.spec.load
         integer = load.mode == "concurrency"
         low, high = load.start, load.end
         first = await self._measure(low)
-        if first is None or not self._meets_threshold(first):
+        if first is None or not self._within_bound(first):
             return
         last = await self._measure(high)
-        if last is None or self._meets_threshold(last):
+        if last is None or self._within_bound(last):
             return
         while high - low > load.step:
             mid = (low + high) / 2
@@ -206,7 +227,7 @@ class Sweep:
             level = await self._measure(mid)
             if level is None:
                 return
-            if self._meets_threshold(level):
+            if self._within_bound(level):
                 low = mid
             else:
                 high = mid

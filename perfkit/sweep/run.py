@@ -9,9 +9,14 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from perfkit._version import __version__
 from perfkit.errors import ExitCode, PerfkitError, TargetError
+from perfkit.genai.endpoints import GenerativeClient
+from perfkit.genai.tokenizer import load_tokenizer
+from perfkit.genai.trace import read_trace, trace_prompts
+from perfkit.genai.workload import build_prompts
 from perfkit.load.distributed import distributed_load
 from perfkit.load.generator import RealClock
 from perfkit.load.inputs import build_requests
@@ -29,12 +34,13 @@ from perfkit.sweep.spec import SweepSpec
 from perfkit.target import Target, open_target
 from perfkit.wire.client import InferClient, make_client
 from perfkit.wire.shared_memory import check_extension, plan_regions, registered_regions
+from v2kit import codec as v2
 from v2kit.runtime import eventloop
 
 DEFAULT_EMBEDDED_MODEL = "mlp"
 
 
-async def resolve_model(client: InferClient, spec: SweepSpec, embedded: bool) -> str:
+async def resolve_model(client: InferClient | GenerativeClient, spec: SweepSpec, embedded: bool) -> str:
     if spec.target.model:
         return spec.target.model
     try:
@@ -152,16 +158,23 @@ class SweepRun:
 
 async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list[str], run: SweepRun) -> None:
     t = spec.target
-    client = make_client(
-        target.url,
-        target.protocol,
-        request_timeout_s=t.request_timeout_s,
-        headers=dict(t.headers),
-        json_tensors=t.json_tensors,
-        connections=t.max_connections,
-        tls=t.tls,
-        streaming=spec.data_path.streaming,
-    )
+    client: InferClient | GenerativeClient
+    if spec.genai.enabled:
+        client = GenerativeClient(
+            target.url, spec.genai, load_tokenizer(spec.genai.tokenizer), request_timeout_s=t.request_timeout_s,
+            headers=dict(t.headers), connections=t.max_connections,
+        )  # fmt: skip
+    else:
+        client = make_client(
+            target.url,
+            target.protocol,
+            request_timeout_s=t.request_timeout_s,
+            headers=dict(t.headers),
+            json_tensors=t.json_tensors,
+            connections=t.max_connections,
+            tls=t.tls,
+            streaming=spec.data_path.streaming,
+        )
     try:
         try:
             live = await client.live()
@@ -172,26 +185,39 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
         if not live:
             raise TargetError(f"{target.url} answers but is not live")
         model = await resolve_model(client, spec, target.embedded)
-        try:
-            metadata = await client.model_metadata(model, t.model_version)
-            config = await client.model_config(model, t.model_version)
-        except Exception as exc:
-            raise await _model_error(client, model, target.url, exc) from None
         server = {"url": target.url, "embedded": target.embedded, **await client.server_metadata()}
-        requests = build_requests(
-            metadata, config, model=model, version=t.model_version, batch_size=spec.inputs.batch_size,
-            shapes={name: list(dims) for name, dims in spec.inputs.shapes}, input_data=spec.inputs.input_data, seed=spec.inputs.seed,
-        )  # fmt: skip
+        requests: list[v2.InferRequest] = []
+        metadata: dict[str, Any] = {}
+        if not isinstance(client, GenerativeClient):
+            try:
+                metadata = await client.model_metadata(model, t.model_version)
+                config = await client.model_config(model, t.model_version)
+            except Exception as exc:
+                raise await _model_error(client, model, target.url, exc) from None
+            requests = build_requests(
+                metadata, config, model=model, version=t.model_version, batch_size=spec.inputs.batch_size,
+                shapes={name: list(dims) for name, dims in spec.inputs.shapes}, input_data=spec.inputs.input_data, seed=spec.inputs.seed,
+            )  # fmt: skip
         async with contextlib.AsyncExitStack() as stack:
-            if spec.data_path.shared_memory == "system":
-                check_extension(server, target.url)
-                outputs_of_model = [str(o.get("name")) for o in metadata.get("outputs", [])]
-                plan = plan_regions(
-                    requests, outputs_of_model, output_size=spec.data_path.output_shared_memory_size,
-                    batch_size=spec.inputs.batch_size, prefix=f"perfkit_{os.getpid()}",
-                )  # fmt: skip
-                requests = list(await stack.enter_async_context(registered_regions(client, plan)))
-            prepared = [client.prepare(r) for r in requests]
+            prepared: list[Any]
+            if isinstance(client, GenerativeClient):
+                w = spec.genai.workload
+                prompts = (
+                    trace_prompts(read_trace(w.trace_file), client.tokenizer, w.seed)
+                    if w.trace_file is not None
+                    else build_prompts(w, client.tokenizer)
+                )
+                prepared = [client.prepare(prompt, model) for prompt in prompts]
+            else:
+                if spec.data_path.shared_memory == "system":
+                    check_extension(server, target.url)
+                    outputs_of_model = [str(o.get("name")) for o in metadata.get("outputs", [])]
+                    plan = plan_regions(
+                        requests, outputs_of_model, output_size=spec.data_path.output_shared_memory_size,
+                        batch_size=spec.inputs.batch_size, prefix=f"perfkit_{os.getpid()}",
+                    )  # fmt: skip
+                    requests = list(await stack.enter_async_context(registered_regions(client, plan)))
+                prepared = [client.prepare(r) for r in requests]
             outputs = run.outputs = SweepFiles(spec, model)
             resources = ResourceSampler(
                 interval_s=spec.metrics.interval_ms / 1000,

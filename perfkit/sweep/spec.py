@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfkit.errors import PerfkitError
+from perfkit.genai.workload import GenerativeSpec
 from perfkit.load.distributed import DistributedSpec
 from perfkit.load.ray import RAY_MISSING, ray_installed
 from perfkit.measure.level import WindowSpec
@@ -88,6 +89,7 @@ class SweepSpec:
     output: OutputSpec = field(default_factory=OutputSpec)
     distributed: DistributedSpec = field(default_factory=DistributedSpec)
     data_path: DataPathSpec = field(default_factory=DataPathSpec)
+    genai: GenerativeSpec = field(default_factory=GenerativeSpec)
 
     def validate(self) -> None:
         load = self.load
@@ -97,12 +99,32 @@ class SweepSpec:
         self.windows.validate()
         if load.end == 0 and load.latency_threshold_ms <= 0:
             raise PerfkitError("a range END of 0 means 'until the latency threshold': pass -l/--latency-threshold MS")
-        if load.binary_search and (load.end == 0 or load.latency_threshold_ms <= 0):
-            raise PerfkitError("--binary-search needs an explicit range START:END and -l/--latency-threshold MS")
+        if load.binary_search and (load.end == 0 or (load.latency_threshold_ms <= 0 and not self.genai.goodput)):
+            raise PerfkitError(
+                "--binary-search needs an explicit range START:END and -l/--latency-threshold MS "
+                "(or --goodput, for generative endpoints)"
+            )
         if self.metrics.interval_ms <= 0:
             raise PerfkitError("--metrics-interval must be a positive number of milliseconds")
         _validate_distributed(self.distributed, self.target)
-        self.data_path.validate(self.target, self.distributed.workers)
+        if not self.genai.enabled:  # a generative endpoint streams over HTTP (server-sent events)
+            self.data_path.validate(self.target, self.distributed.workers)
+        _validate_generative(self.genai, self)
+
+
+def _validate_generative(g: GenerativeSpec, spec: SweepSpec) -> None:
+    g.validate()
+    if not g.enabled:
+        return
+    kind = f"--endpoint-type {g.endpoint_type}"
+    if spec.target.protocol != "http":
+        raise PerfkitError(f"{kind} speaks HTTP: drop -i grpc")
+    if spec.distributed.enabled:
+        raise PerfkitError(f"{kind}: --workers sends tensor requests only; drop --workers")
+    if spec.inputs.batch_size != 1:
+        raise PerfkitError(f"{kind}: one prompt per request; drop -b/--batch-size")
+    if spec.data_path.shared_memory != "none":
+        raise PerfkitError(f"{kind} sends JSON prompts, not tensors: drop --shared-memory")
 
 
 def _validate_distributed(d: DistributedSpec, t: TargetSpec) -> None:

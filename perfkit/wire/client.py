@@ -73,6 +73,7 @@ class Outcome:
     recv_ns: int
     message: str = ""  # the error's text, for the first occurrences of each kind
     response_ns: tuple[int, ...] | None = None  # streaming only: each response's arrival (perf_counter_ns)
+    tokens: tuple[int, ...] = ()  # a generative request's token record (load/samples.py TOKEN_COLUMNS)
 
 
 @dataclass(frozen=True, slots=True)

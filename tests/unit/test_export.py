@@ -458,5 +458,5 @@ def test_summary_table_concurrency() -> None:
 
 def test_summary_table_rate_mode_shows_corrected_latency_and_delays() -> None:
     table = render_summary_table([make_level(mode="request_rate", level=12.5, latency=LatencyStats())])
-    assert "p99 corr ms" in table[0] and "delayed %" in table[0]
-    assert table[2].split() == ["12.5", "581.1", "-", "-", "-", "4.00", "0.5", "5", "2.50", "yes", "NO"]
+    assert "p99 corr ms" in table[0] and "sent/s" in table[0] and "delayed %" in table[0]
+    assert table[2].split() == ["12.5", "581.1", "-", "-", "-", "4.00", "600.0", "0.5", "5", "2.50", "yes", "NO"]

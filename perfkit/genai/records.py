@@ -1,0 +1,143 @@
+"""A level's token figures, from its raw samples' token records, after the fact (pure functions).
+
+Definitions follow AIPerf's (docs/metrics_reference.md of ai-dynamo/aiperf), per successful
+request of the reported windows:
+
+- `ttft_ms`: from the send to the first response carrying output text (streamed only);
+- `ttst_ms`: from that response to the second one (AIPerf's "time to second token": a gap, not
+  a time since the send);
+- `itl_ms`: (end-to-end latency - ttft) / (output tokens - 1), for streamed requests with at
+  least two output tokens; each request is one value, as in AIPerf (not every gap);
+- `output_tokens_per_s_per_request`: 1 / itl for streamed requests (AIPerf's "output token
+  throughput per user"); for a request that was not streamed, where AIPerf reports none,
+  output tokens / end-to-end latency;
+- `output_tokens_per_s`: every output token of the windows' successful requests / the windows'
+  seconds. AIPerf divides by the benchmark's whole duration; here, as for every throughput of a
+  level, by the measured windows (perf_analyzer's rule), so warm-up and drain are left out.
+
+The end-to-end latency itself is the level's `latency` (completion - send). Every distribution
+carries 95% confidence intervals of its mean (Student t over the requests, as if independent)
+and of its p99 (order statistics, `analysis.stats.percentile_ci`).
+
+*Output lengths asked for and not honoured.* A request that sent `max_tokens` and got more
+tokens back was not honoured; with `min_tokens` or `ignore_eos` also sent (`exact`), so was one
+that got fewer. Counted by the tokenizer in use, so a tokenizer other than the server's can
+disagree with it by a token or two: compare with `--tokenizer usage`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+from perfkit.analysis.stats import percentile_ci, percentile_rank, student_t_quantile
+from perfkit.genai.goodput import met_mask, render_goodput
+from perfkit.genai.workload import GenerativeSpec
+from perfkit.load.samples import TOKEN_COLUMNS, SampleArrays
+from perfkit.results.model import Check, TokenFigures, ValueStats, WindowResult
+
+__all__ = ["output_length_check", "per_request_figures", "token_figures", "value_stats"]
+
+F64 = npt.NDArray[np.float64]
+_TTFT, _TTST, _IN, _OUT, _ASKED = range(len(TOKEN_COLUMNS))
+
+
+def value_stats(values: npt.ArrayLike) -> ValueStats:
+    """The distribution of the non-NaN `values`; zeros when there are none."""
+    v = np.asarray(values, dtype=np.float64)
+    v = np.sort(v[~np.isnan(v)])
+    n = len(v)
+    if n == 0:
+        return ValueStats()
+    mean = float(v.mean())
+    std = float(v.std(ddof=1)) if n > 1 else 0.0
+    half = student_t_quantile(0.95, n - 1) * std / math.sqrt(n) if n > 1 else 0.0
+    low, high = percentile_ci(v, 99.0)
+    p50, p90, p95, p99 = (percentile_rank(v, p) for p in (50.0, 90.0, 95.0, 99.0))
+    return ValueStats(n, mean, std, float(v[0]), float(v[-1]), p50, p90, p95, p99, mean - half, mean + half, low, high)
+
+
+def per_request_figures(ok: SampleArrays) -> dict[str, F64]:
+    """Each successful request's figures (goodput.SLO_FIGURES' names); NaN where it has none."""
+    n = len(ok)
+    tokens = ok.tokens if ok.tokens is not None else np.tile(np.array([-1, -1, 0, 0, 0]), (n, 1))
+    latency_ns = (ok.done_ns - ok.sent_ns).astype(np.float64)
+    ttft_ns = np.where(tokens[:, _TTFT] >= 0, tokens[:, _TTFT], np.nan).astype(np.float64)
+    ttst_ns = np.where(tokens[:, _TTST] >= 0, tokens[:, _TTST], np.nan).astype(np.float64)
+    out = tokens[:, _OUT].astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        itl_ns = np.where(out >= 2, (latency_ns - ttft_ns) / (out - 1), np.nan)
+        streamed = ~np.isnan(ttft_ns)
+        unstreamed_rate = np.where((out > 0) & (latency_ns > 0), out / (latency_ns / 1e9), np.nan)
+        per_request = np.where(streamed, np.where(itl_ns > 0, 1e9 / itl_ns, np.nan), unstreamed_rate)
+    return {
+        "ttft_ms": ttft_ns / 1e6,
+        "ttst_ms": ttst_ns / 1e6,
+        "itl_ms": itl_ns / 1e6,
+        "latency_ms": latency_ns / 1e6,
+        "output_tokens_per_s": per_request,
+    }
+
+
+def _in_windows(times_ns: npt.NDArray[np.int64], windows: Sequence[WindowResult]) -> npt.NDArray[np.bool_]:
+    mask = np.zeros(len(times_ns), dtype=np.bool_)
+    for w in windows:
+        mask |= (times_ns >= w.start_ns) & (times_ns < w.end_ns)
+    return mask
+
+
+def token_figures(samples: SampleArrays, windows: Sequence[WindowResult], spec: GenerativeSpec) -> TokenFigures:
+    """The token figures of the requests that completed in `windows` (the level's reported ones)."""
+    counted = samples.select(_in_windows(samples.done_ns, windows))
+    ok = counted.select(counted.ok)
+    duration_s = sum(w.end_ns - w.start_ns for w in windows) / 1e9
+    figures = per_request_figures(ok)
+    tokens = ok.tokens if ok.tokens is not None else np.zeros((len(ok), len(TOKEN_COLUMNS)), dtype=np.int64)
+    out, asked = tokens[:, _OUT], tokens[:, _ASKED]
+    exact = spec.exact_output
+    not_honoured = (asked > 0) & ((out > asked) | (exact & (out != asked)))
+    goodput_per_s = goodput_pct = None
+    if spec.goodput:
+        met = int(met_mask(spec.goodput, figures, len(ok)).sum())
+        goodput_per_s = met / duration_s if duration_s > 0 else 0.0
+        goodput_pct = 100.0 * met / len(ok) if len(ok) else 0.0
+    seconds = duration_s if duration_s > 0 else math.inf
+    return TokenFigures(
+        endpoint_type=spec.endpoint_type,
+        streaming=spec.streaming,
+        token_source=spec.tokenizer,
+        ttft_ms=value_stats(figures["ttft_ms"]),
+        ttst_ms=value_stats(figures["ttst_ms"]),
+        itl_ms=value_stats(figures["itl_ms"]),
+        input_tokens=value_stats(tokens[:, _IN]),
+        output_tokens=value_stats(out),
+        output_tokens_per_s_per_request=value_stats(figures["output_tokens_per_s"]),
+        output_tokens_per_s=float(out.sum()) / seconds,
+        total_tokens_per_s=float(out.sum() + tokens[:, _IN].sum()) / seconds,
+        asked_count=int((asked > 0).sum()),
+        not_honoured_count=int(not_honoured.sum()),
+        goodput_slo=render_goodput(spec.goodput) if spec.goodput else "",
+        goodput_per_s=goodput_per_s,
+        goodput_pct=goodput_pct,
+    )
+
+
+def output_length_check(figures: TokenFigures, exact: bool) -> Check | None:
+    """Whether the server produced the output lengths asked for; None when none were asked."""
+    if figures.asked_count == 0:
+        return None
+    bad = figures.not_honoured_count
+    rule = "exactly the max_tokens sent" if exact else "at most the max_tokens sent"
+    return Check(
+        "output_lengths",
+        bad == 0,
+        f"{bad} of {figures.asked_count} requests did not get {rule} (counted with {figures.token_source})",
+        ""
+        if bad == 0
+        else "the server did not honour max_tokens/min_tokens/ignore_eos: check that it supports them (vLLM and "
+        "TensorRT-LLM do), count with the server's tokenizer (--tokenizer FILE or usage), or drop "
+        "--output-tokens-mean-deterministic/--ignore-eos",
+    )

@@ -1,0 +1,204 @@
+"""A scripted generative server for tests and bench: OpenAI-compatible and Triton generate on
+aiohttp.web, loopback only, with fixed token timing and the hostile behaviours the generative
+client must count, chosen by model name:
+
+- `ok`: each output token is one byte ("t"), the first after `FIRST_S`, the next ones `GAP_S`
+  apart; usage figures in the last event; `[DONE]`;
+- `short`: ignores max_tokens, answering two tokens fewer (at least one);
+- `nodone`: a stream that ends cleanly without `[DONE]`;
+- `malformed`: the second event's data is not JSON;
+- `cut`: the connection closes inside the third event;
+- `nousage`: no usage figures;
+- `hang`: never ends the stream after its tokens.
+
+`python -m perfkit.testing.genai_server [--first-ms 40 --gap-ms 10]` serves it on a free port,
+printed on the first line, until it is killed (bench/genai_client.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from aiohttp import web
+
+FIRST_S = 0.040
+GAP_S = 0.010
+DEFAULT_TOKENS = 4
+
+
+def _event(payload: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+#: OpenAI's envelope of a chunk or an answer (clients such as AIPerf read `object`).
+_OBJECTS = {"chat": "chat.completion.chunk", "completions": "text_completion"}
+
+
+def _envelope(kind: str, **fields: Any) -> dict[str, Any]:
+    return {"id": "cmpl-1", "object": _OBJECTS[kind], "created": 0, "model": "m", **fields}
+
+
+def _chunk(kind: str, token: str) -> dict[str, Any]:
+    if kind == "chat":
+        return _envelope(kind, choices=[{"index": 0, "delta": {"content": token}, "finish_reason": None}])
+    if kind == "completions":
+        return _envelope(kind, choices=[{"index": 0, "text": token, "finish_reason": None}])
+    return {"text_output": token, "model_name": "m"}
+
+
+async def _answer(
+    request: web.Request, kind: str, body: dict[str, Any], behaviour: str, stream: bool, timing: tuple[float, float]
+) -> web.StreamResponse:
+    first_s, gap_s = timing
+    prompt = body.get("prompt") or body.get("text_input") or (body.get("messages") or [{}])[0].get("content", "")
+    tokens = int(body.get("max_tokens", body.get("max_completion_tokens", DEFAULT_TOKENS)))
+    if behaviour == "short":
+        tokens = max(1, tokens - 2)
+    usage = {"prompt_tokens": len(prompt.encode()), "completion_tokens": tokens}
+    if not stream:
+        await asyncio.sleep(first_s + gap_s * (tokens - 1))
+        text = "t" * tokens
+        answer: dict[str, Any]
+        if kind == "chat":
+            message = {"role": "assistant", "content": text}
+            answer = {**_envelope(kind, choices=[{"index": 0, "message": message}]), "object": "chat.completion"}
+        elif kind == "completions":
+            answer = _envelope(kind, choices=[{"index": 0, "text": text}])
+        else:
+            answer = {"text_output": text}
+        if behaviour != "nousage" and kind != "kserve-generate":
+            answer["usage"] = usage
+        return web.json_response(answer)
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    if kind == "chat":  # OpenAI's opening event: a role, no text
+        await response.write(_event(_envelope(kind, choices=[{"index": 0, "delta": {"role": "assistant"}}])))
+    await asyncio.sleep(first_s)
+    for i in range(tokens):
+        if i:
+            await asyncio.sleep(gap_s)
+        if behaviour == "malformed" and i == 1:
+            await response.write(b"data: {not json\n\n")
+        elif behaviour == "cut" and i == 2:
+            await response.write(b'data: {"choices": [{"te')
+            assert request.transport is not None
+            request.transport.close()
+            return response
+        else:
+            await response.write(_event(_chunk(kind, "t")))
+    if kind != "kserve-generate":
+        if behaviour != "nousage":
+            await response.write(_event(_envelope(kind, choices=[], usage=usage)))
+        if behaviour == "hang":
+            await asyncio.sleep(3600)
+        if behaviour != "nodone":
+            await response.write(b"data: [DONE]\n\n")
+    await response.write_eof()
+    return response
+
+
+def make_app(first_s: float = FIRST_S, gap_s: float = GAP_S) -> web.Application:
+    timing = (first_s, gap_s)
+
+    async def openai(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        kind = "chat" if request.path.endswith("chat/completions") else "completions"
+        return await _answer(request, kind, body, body["model"], bool(body.get("stream")), timing)
+
+    async def embeddings(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        usage = {"prompt_tokens": len(body["input"].encode()), "total_tokens": len(body["input"].encode())}
+        return web.json_response({"data": [{"index": 0, "embedding": [0.1, 0.2]}], "usage": usage})
+
+    async def generate(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        stream = request.path.endswith("generate_stream")
+        return await _answer(request, "kserve-generate", body, request.match_info["model"], stream, timing)
+
+    async def models(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"data": [{"id": "ok"}]})
+
+    served = [0]  # answers begun, for GET /stats (bench: client CPU per request)
+
+    @web.middleware
+    async def count(request: web.Request, handler: Any) -> web.StreamResponse:
+        if request.method == "POST":
+            served[0] += 1
+        return await handler(request)  # type: ignore[no-any-return]
+
+    async def stats(request: web.Request) -> web.StreamResponse:
+        return web.json_response({"requests": served[0]})
+
+    app = web.Application(middlewares=[count])
+    app.router.add_get("/stats", stats)
+    app.router.add_post("/v1/chat/completions", openai)
+    app.router.add_post("/v1/completions", openai)
+    app.router.add_post("/v1/embeddings", embeddings)
+    app.router.add_get("/v1/models", models)
+    app.router.add_post("/v2/models/{model}/generate", generate)
+    app.router.add_post("/v2/models/{model}/generate_stream", generate)
+    return app
+
+
+@contextlib.asynccontextmanager
+async def serving() -> AsyncIterator[str]:
+    """The fake server on this loop; yields its HOST:PORT."""
+    runner = web.AppRunner(make_app(), shutdown_timeout=0.1)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+@contextlib.contextmanager
+def serving_in_thread() -> Iterator[str]:
+    """The fake server on a loop of its own thread, for a command that runs its own loop."""
+    loop = asyncio.new_event_loop()
+    started: asyncio.Future[str] = loop.create_future()
+    stop = asyncio.Event()
+
+    async def main() -> None:
+        async with serving() as url:
+            started.set_result(url)
+            await stop.wait()
+
+    thread = threading.Thread(target=loop.run_until_complete, args=(main(),), daemon=True)
+    thread.start()
+    url = asyncio.run_coroutine_threadsafe(asyncio.wait_for(asyncio.shield(started), 10), loop).result(10)
+    try:
+        yield url
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        thread.join(10)
+        loop.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="a scripted generative server on a free loopback port")
+    parser.add_argument("--first-ms", type=float, default=FIRST_S * 1e3)
+    parser.add_argument("--gap-ms", type=float, default=GAP_S * 1e3)
+    args = parser.parse_args()
+
+    async def serve() -> None:
+        runner = web.AppRunner(make_app(args.first_ms / 1e3, args.gap_ms / 1e3))
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        print(runner.addresses[0][1], flush=True)
+        await asyncio.Event().wait()
+
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()
