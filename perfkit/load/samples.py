@@ -98,13 +98,28 @@ class SampleArrays:
 _COLUMNS = ("intended_ns", "sent_ns", "done_ns", "error_kind", "bytes_out", "bytes_in", "send_ns", "recv_ns")
 
 
+@dataclass(frozen=True, slots=True)
+class SequenceArrays:
+    """Finished sequences of a sequence model's load (`perfkit.load.sequences`): each one's first
+    send, the answer to its last request, whether all its requests succeeded, its request count."""
+
+    first_sent_ns: I64
+    done_ns: I64
+    ok: npt.NDArray[np.bool_]
+    requests: I64
+
+    def __len__(self) -> int:
+        return len(self.done_ns)
+
+
 class SampleBuffer:
     """Append-only store of samples for one run; the load generator is its only writer."""
 
-    __slots__ = ("_columns", "_error_index", "_error_names")
+    __slots__ = ("_columns", "_error_index", "_error_names", "_sequences")
 
     def __init__(self) -> None:
         self._columns: tuple[list[int], ...] = tuple([] for _ in _COLUMNS)
+        self._sequences: tuple[list[int], list[int], list[int], list[int]] = ([], [], [], [])
         self._error_names: list[str] = [""]
         self._error_index: dict[str, int] = {"": 0}
 
@@ -135,6 +150,22 @@ class SampleBuffer:
         c[5].append(bytes_in)
         c[6].append(send_ns)
         c[7].append(recv_ns)
+
+    def record_sequence(self, first_sent_ns: int, done_ns: int, ok: bool, requests: int) -> None:
+        """A sequence whose last request was answered (sequence models only)."""
+        c = self._sequences
+        c[0].append(first_sent_ns)
+        c[1].append(done_ns)
+        c[2].append(ok)
+        c[3].append(requests)
+
+    def sequences(self) -> SequenceArrays:
+        """Every finished sequence recorded so far (select a level's by time)."""
+        first, done, ok, requests = self._sequences
+        return SequenceArrays(
+            np.asarray(first, dtype=np.int64), np.asarray(done, dtype=np.int64),
+            np.asarray(ok, dtype=np.bool_), np.asarray(requests, dtype=np.int64),
+        )  # fmt: skip
 
     def add(self, sample: Sample) -> None:
         self.record(

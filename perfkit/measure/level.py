@@ -211,6 +211,7 @@ async def measure_level(
         delay_tolerance_ns=int(spec.delay_tolerance_ms * 1e6),
         stability_threshold=threshold,
         stability_count=spec.stable_window_count,
+        sequences=buffer.sequences(),
     )
     return LevelMeasurement(result, all_samples, tuple(boundaries))
 

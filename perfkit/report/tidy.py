@@ -39,7 +39,7 @@ __all__ = [
     "tidy_header",
 ]
 
-TIDY_SCHEMA_VERSION = 1
+TIDY_SCHEMA_VERSION = 2
 
 
 # --------------------------------------------------------------------------------------------------
@@ -141,6 +141,14 @@ TIDY_COLUMNS: tuple[Column, ...] = (
     Column("server_cpu_pct", "%", lambda s, lv: lv.resources.server_cpu_pct, "of the whole machine"),
     Column("bytes_out_per_request", "bytes", lambda s, lv: lv.bytes_out_per_request),
     Column("bytes_in_per_request", "bytes", lambda s, lv: lv.bytes_in_per_request),
+    Column(
+        "sequence_count",
+        "count",
+        lambda s, lv: lv.sequence_count if lv.sequence_latency else None,
+        "sequence models: sequences whose last answer came in the windows",
+    ),  # fmt: skip
+    _metric_column("sequence_throughput_per_s"),
+    *(_metric_column(f"sequence_{stat}_ms") for stat in ("p50", "p90", "p95", "p99", "mean", "max")),
     Column(
         "failed_checks",
         "",

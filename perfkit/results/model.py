@@ -139,6 +139,11 @@ class LevelResult:
     bytes_out_per_request: float = 0.0
     bytes_in_per_request: float = 0.0
     workers: tuple[WorkerFigures, ...] = ()  # distributed runs only
+    # Sequence models only: the sequences whose last answer came in a reported window, their rate,
+    # and their latency from first send to last answer (successful sequences).
+    sequence_count: int = 0
+    sequence_throughput_per_s: float = 0.0
+    sequence_latency: LatencyStats | None = None
 
     @property
     def valid(self) -> bool:
@@ -198,6 +203,9 @@ def _level_from_json(data: dict[str, Any]) -> LevelResult:
             "windows": tuple(WindowResult(**w) for w in data["windows"]),
             "checks": tuple(Check(**c) for c in data["checks"]),
             "workers": tuple(WorkerFigures(**w) for w in data.get("workers", ())),
+            "sequence_latency": (
+                LatencyStats(**data["sequence_latency"]) if data.get("sequence_latency") is not None else None
+            ),
         }
     )
 

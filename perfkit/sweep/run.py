@@ -4,17 +4,20 @@ and pre-encode its requests, run the sweep, and keep every finished level on dis
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from perfkit._version import __version__
 from perfkit.errors import ExitCode, PerfkitError, TargetError
 from perfkit.load.distributed import distributed_load
 from perfkit.load.generator import RealClock
-from perfkit.load.inputs import build_requests
+from perfkit.load.inputs import build_requests, build_sequence_streams, has_streams
 from perfkit.load.samples import SampleArrays
+from perfkit.load.sequences import SequenceLoad, SequenceManager, sequence_parameters
 from perfkit.measure.level import LevelMeasurement
 from perfkit.measure.resources import ResourceSampler
 from perfkit.progress import Progress
@@ -24,9 +27,10 @@ from perfkit.results.files import ReportItem, write_text_atomic
 from perfkit.results.model import SweepResult, write_sweep
 from perfkit.results.provenance import provenance
 from perfkit.sweep.engine import Sweep
-from perfkit.sweep.spec import SweepSpec
+from perfkit.sweep.spec import SweepSpec, validate_sequences
 from perfkit.target import Target, open_target
-from perfkit.wire.client import InferClient, make_client
+from perfkit.wire.client import InferClient, Prepared, make_client
+from v2kit import codec as v2
 from v2kit.runtime import eventloop
 
 DEFAULT_EMBEDDED_MODEL = "mlp"
@@ -61,6 +65,67 @@ async def _model_error(client: InferClient, model: str, url: str, exc: Exception
                 f"-m {model}: the server at {url} has no model '{model}'; it has {', '.join(names) or 'none'}"
             )
     return TargetError(f"model '{model}' on {url}: {exc}")
+
+
+def _with_parameters(requests: list[v2.InferRequest], spec: SweepSpec) -> list[v2.InferRequest]:
+    """The requests with the --request-parameter values."""
+    extra = dict(spec.inputs.request_parameters)
+    if extra:
+        for request in requests:
+            request.parameters = {**request.parameters, **extra}
+    return requests
+
+
+async def _sequence_models(client: InferClient, model: str, config: dict[str, Any], depth: int = 0) -> list[str]:
+    """The models behind `model` that have a sequence batcher: itself, or an ensemble's steps."""
+    if "sequence_batching" in config:
+        return [model]
+    steps = config.get("ensemble_scheduling", {}).get("step", []) if depth < 4 else []
+    found: list[str] = []
+    for step in steps:
+        name = str(step.get("model_name", ""))
+        version = str(step.get("model_version", "-1"))
+        try:
+            step_config = await client.model_config(name, "" if version in ("-1", "") else version)
+        except Exception:  # the ensemble's own load already checked its steps; nothing more to learn
+            continue
+        found += await _sequence_models(client, name, step_config, depth + 1)
+    return found
+
+
+async def sequence_load(
+    client: InferClient, spec: SweepSpec, model: str, metadata: dict[str, Any], config: dict[str, Any]
+) -> SequenceLoad | None:
+    """The sequence handling of a sequence model (perfkit.load.sequences), None for another model.
+    A sequence model without any sequence flag is refused: its requests need ids and START/END."""
+    inputs = spec.inputs
+    streams_given = has_streams(inputs.input_data)
+    batchers = await _sequence_models(client, model, config)
+    if not (spec.sequences.enabled or streams_given):
+        if batchers:
+            via = "" if batchers == [model] else f" (its step '{batchers[0]}' has one)"
+            raise PerfkitError(
+                f"model '{model}' is a sequence model (sequence_batching){via}: every request needs a sequence "
+                "id and START/END flags. Pass --sequence-length N (perf_analyzer's default is 20), add "
+                "--num-of-sequences N with --request-rate-range, or give --input-data with sequence streams"
+            )
+        return None
+    seq_spec = dataclasses.replace(spec.sequences, enabled=True)
+    validate_sequences(dataclasses.replace(spec, sequences=seq_spec))
+    streams, from_data = build_sequence_streams(
+        metadata, config, model=model, version=spec.target.model_version,
+        shapes={name: list(dims) for name, dims in inputs.shapes}, input_data=inputs.input_data, seed=inputs.seed,
+        string_length=inputs.string_length, string_data=inputs.string_data,
+    )  # fmt: skip
+    extra = dict(inputs.request_parameters)
+
+    def prepare(stream: int, step: int, sequence_id: int, start: bool, end: bool) -> Prepared:
+        base = streams[stream][step]
+        parameters = {**base.parameters, **extra, **sequence_parameters(sequence_id, start, end)}
+        return client.prepare(dataclasses.replace(base, parameters=parameters))
+
+    manager = SequenceManager(seq_spec, [len(s) for s in streams], inputs.seed, from_data=from_data)
+    return SequenceLoad(seq_spec, manager, prepare, inputs.seed)
 
 
 class SweepFiles:
@@ -175,10 +240,12 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
         except Exception as exc:
             raise await _model_error(client, model, target.url, exc) from None
         server = {"url": target.url, "embedded": target.embedded, **await client.server_metadata()}
-        requests = build_requests(
+        sequences = await sequence_load(client, spec, model, metadata, config)
+        requests = [] if sequences is not None else _with_parameters(build_requests(
             metadata, config, model=model, version=t.model_version, batch_size=spec.inputs.batch_size,
             shapes={name: list(dims) for name, dims in spec.inputs.shapes}, input_data=spec.inputs.input_data, seed=spec.inputs.seed,
-        )  # fmt: skip
+            string_length=spec.inputs.string_length, string_data=spec.inputs.string_data,
+        ), spec)  # fmt: skip
         prepared = [client.prepare(r) for r in requests]
         outputs = run.outputs = SweepFiles(spec, model)
         resources = ResourceSampler(
@@ -198,7 +265,7 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
                 spec, client=client, prepared=prepared, model=model, model_version=t.model_version,
                 provenance=provenance(spec, seed=spec.inputs.seed, server=server, argv=argv), clock=RealClock(),
                 progress=progress,
-                on_level=outputs.save, resources=resources, workers=workers,
+                on_level=outputs.save, resources=resources, workers=workers, sequences=sequences,
             )  # fmt: skip
             try:
                 await sweep.run()

@@ -14,6 +14,7 @@ from pathlib import Path
 from perfkit.errors import PerfkitError
 from perfkit.load.distributed import DistributedSpec
 from perfkit.load.ray import RAY_MISSING, ray_installed
+from perfkit.load.sequences import SequenceSpec
 from perfkit.measure.level import WindowSpec
 from perfkit.target import TargetSpec
 
@@ -24,6 +25,9 @@ class InputSpec:
     shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
     input_data: str = "random"  # random | zero | path to a JSON file
     seed: int = 0
+    string_length: int = 128
+    string_data: str | None = None
+    request_parameters: tuple[tuple[str, bool | int | str], ...] = ()  # --request-parameter, typed
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +69,7 @@ class SweepSpec:
     metrics: MetricsSpec = field(default_factory=MetricsSpec)
     output: OutputSpec = field(default_factory=OutputSpec)
     distributed: DistributedSpec = field(default_factory=DistributedSpec)
+    sequences: SequenceSpec = field(default_factory=SequenceSpec)
 
     def validate(self) -> None:
         load = self.load
@@ -79,6 +84,22 @@ class SweepSpec:
         if self.metrics.interval_ms <= 0:
             raise PerfkitError("--metrics-interval must be a positive number of milliseconds")
         _validate_distributed(self.distributed, self.target)
+        if self.sequences.enabled:
+            validate_sequences(self)
+
+
+def validate_sequences(spec: SweepSpec) -> None:
+    """The sequence flags' rules, and how they combine with the rest of the sweep."""
+    seq, load = spec.sequences, spec.load
+    seq.validate()
+    if spec.inputs.batch_size > 1:
+        raise PerfkitError("sequence models do not support batching: drop -b (or pass -b 1) with the sequence flags")
+    if spec.distributed.enabled:
+        raise PerfkitError("--workers does not run sequences yet: drop --workers, or the sequence flags")
+    if load.mode == "concurrency":
+        seq.check_slots(int(max(load.start, load.end)), "--concurrency-range")
+    else:
+        seq.check_slots(seq.num_of_sequences, "--num-of-sequences")
 
 
 def _validate_distributed(d: DistributedSpec, t: TargetSpec) -> None:
