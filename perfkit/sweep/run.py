@@ -18,6 +18,7 @@ from perfkit.load.generator import RealClock
 from perfkit.load.inputs import build_requests, build_sequence_streams, has_streams
 from perfkit.load.samples import SampleArrays
 from perfkit.load.sequences import SequenceLoad, SequenceManager, sequence_parameters
+from perfkit.load.validation import batch_expected, read_validation_data
 from perfkit.measure.level import LevelMeasurement
 from perfkit.measure.resources import ResourceSampler
 from perfkit.progress import Progress
@@ -76,6 +77,19 @@ def _with_parameters(requests: list[v2.InferRequest], spec: SweepSpec) -> list[v
     return requests
 
 
+def _with_expected(prepared: list[Prepared], spec: SweepSpec, metadata: dict[str, Any]) -> list[Prepared]:
+    """The requests with the outputs their answers must hold, when the data file has validation_data:
+    request s carries the rows of steps s..s+b-1, so it must answer their expected rows."""
+    validation = read_validation_data(spec.inputs.input_data, metadata, streams=False)
+    if validation is None:
+        return prepared
+    batch, count = spec.inputs.batch_size, len(validation)
+    return [
+        dataclasses.replace(p, expected=batch_expected([validation[(s + i) % count] for i in range(batch)]))
+        for s, p in enumerate(prepared)
+    ]
+
+
 async def _sequence_models(client: InferClient, model: str, config: dict[str, Any], depth: int = 0) -> list[str]:
     """The models behind `model` that have a sequence batcher: itself, or an ensemble's steps."""
     if "sequence_batching" in config:
@@ -118,11 +132,15 @@ async def sequence_load(
         string_length=inputs.string_length, string_data=inputs.string_data,
     )  # fmt: skip
     extra = dict(inputs.request_parameters)
+    validation = read_validation_data(inputs.input_data, metadata, streams=True)
 
     def prepare(stream: int, step: int, sequence_id: int, start: bool, end: bool) -> Prepared:
         base = streams[stream][step]
         parameters = {**base.parameters, **extra, **sequence_parameters(sequence_id, start, end)}
-        return client.prepare(dataclasses.replace(base, parameters=parameters))
+        prepared = client.prepare(dataclasses.replace(base, parameters=parameters))
+        if validation is not None:
+            prepared = dataclasses.replace(prepared, expected=validation[stream][step])
+        return prepared
 
     manager = SequenceManager(seq_spec, [len(s) for s in streams], inputs.seed, from_data=from_data)
     return SequenceLoad(seq_spec, manager, prepare, inputs.seed)
@@ -247,6 +265,8 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
             string_length=spec.inputs.string_length, string_data=spec.inputs.string_data,
         ), spec)  # fmt: skip
         prepared = [client.prepare(r) for r in requests]
+        if sequences is None:
+            prepared = _with_expected(prepared, spec, metadata)
         outputs = run.outputs = SweepFiles(spec, model)
         resources = ResourceSampler(
             interval_s=spec.metrics.interval_ms / 1000,

@@ -53,7 +53,17 @@ from perfkit.wire.limits import MAX_CONTROL_REPLY
 from v2kit import codec as v2
 from v2kit.grpc_proto import message_to_json, request_to_proto
 
-__all__ = ["MESSAGES_PER_KIND", "Outcome", "Prepared", "InferClient", "HttpClient", "GrpcClient", "make_client"]
+__all__ = [
+    "MESSAGES_PER_KIND",
+    "VALIDATION_MISMATCH",
+    "Outcome",
+    "Prepared",
+    "InferClient",
+    "HttpClient",
+    "GrpcClient",
+    "make_client",
+    "output_mismatch",
+]
 
 MESSAGES_PER_KIND = 10
 LOAD_TIMEOUT_S = 300.0  # repository loads (sessions, instances, warmup) take far longer than inferences
@@ -80,6 +90,28 @@ class Prepared:
     headers: Mapping[str, str] | None = None  # HTTP only
     wire: bytes = b""  # HTTP only: the whole request as sent (request line, headers, body)
     grpc_call: grpc_wire.EncodedCall | None = None  # gRPC only: the call's HTTP/2 frames, ready to send
+    # Output validation (perfkit.load.validation): output name -> the bytes its answer must hold.
+    expected: Mapping[str, bytes] | None = None
+
+
+VALIDATION_MISMATCH = "validation mismatch"
+
+
+def output_mismatch(expected: Mapping[str, bytes], outputs: Mapping[str, bytes]) -> str:
+    """Why an answer's outputs differ from the expected ones; "" when they do not."""
+    for name, want in expected.items():
+        got = outputs.get(name)
+        if got is None:
+            return f"output '{name}' is missing from the answer"
+        if got != want:
+            what = "size" if len(got) != len(want) else "data"
+            return f"output '{name}': {what} differs from validation_data (got {got[:32]!r}, want {want[:32]!r})"
+    return ""
+
+
+def _http_outputs(body: bytes, header_length: bytes | str | None) -> dict[str, bytes]:
+    response = v2.decode_infer_response(body, None if header_length is None else int(header_length))
+    return {t.name: v2.tensor_to_raw(t.data, t.datatype, t.name) for t in response.outputs}
 
 
 class InferClient(Protocol):
@@ -285,6 +317,14 @@ class HttpClient:
             recv_ns = _now() - first if first else 0
             return Outcome(kind, 0, sent - start if sent else 0, recv_ns, _note(self._seen, kind, _describe(failure)))
         ok = status == 200 and _body_ok(body, header_length)
+        if ok and prepared.expected is not None:
+            try:
+                problem = output_mismatch(prepared.expected, _http_outputs(body, header_length))
+            except v2.CodecError as exc:
+                problem = f"the outputs cannot be decoded: {exc}"
+            if problem:
+                kind = VALIDATION_MISMATCH
+                return Outcome(kind, len(body), sent - start, _now() - first, _note(self._seen, kind, problem))
         done = _now()
         if ok:
             return Outcome("", len(body), sent - start, done - first)
@@ -469,6 +509,12 @@ class GrpcClient:
         if problem:
             message = _note(self._seen, "bad response", problem)
             return Outcome("bad response", len(reply), sent, done - received, message)
+        if prepared.expected is not None:
+            outputs = {o.name: raw for o, raw in zip(response.outputs, response.raw_output_contents)}
+            mismatch = output_mismatch(prepared.expected, outputs)
+            if mismatch:
+                message = _note(self._seen, VALIDATION_MISMATCH, mismatch)
+                return Outcome(VALIDATION_MISMATCH, len(reply), sent, _now() - received, message)
         return Outcome("", len(reply), sent, done - received)
 
     async def _rpc(self, method: str, request: Any, timeout_s: float | None = None) -> Any:

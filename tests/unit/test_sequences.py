@@ -1,0 +1,196 @@
+"""Sequence models: ids, lengths and flags as perf_analyzer assigns them, and the load generator's
+sequence slots on virtual time (perfkit.load.sequences)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+from perfkit.analysis import stats
+from perfkit.errors import PerfkitError
+from perfkit.load.generator import FakeClock, LoadGenerator
+from perfkit.load.inputs import parse_request_parameter
+from perfkit.load.samples import SampleBuffer
+from perfkit.load.schedule import ClosedLoop, OpenLoop
+from perfkit.load.sequences import SequenceLoad, SequenceManager, SequenceSpec, parse_id_range
+from perfkit.results.model import ResourceUsage
+from tests.fakes import FakeClient, FakePrepared
+
+MS = 1_000_000
+
+
+def _walk(manager: SequenceManager, slot: int, requests: int) -> list[tuple[int, int, bool, bool]]:
+    out = []
+    for _ in range(requests):
+        live, step, start, end = manager.next_step(slot)
+        out.append((live.sequence_id, step, start, end))
+    return out
+
+
+def test_ids_count_up_from_the_start_and_wrap_within_the_range() -> None:
+    spec = SequenceSpec(True, length=2, length_specified=True, length_variation_pct=0, start_id=10, id_range=3)
+    manager = SequenceManager(spec, [1])
+    manager.reset(1)
+    steps = _walk(manager, 0, 10)
+    assert [s[0] for s in steps] == [10, 10, 11, 11, 12, 12, 10, 10, 11, 11]
+    assert [(s[2], s[3]) for s in steps[:4]] == [(True, False), (False, True)] * 2
+
+
+def test_an_id_still_live_in_another_slot_is_not_taken_twice() -> None:
+    # Range 2, two slots: slot 0 ends first and the next id (10) is slot 1's, so slot 0 keeps its own.
+    spec = SequenceSpec(True, length=1, length_specified=True, length_variation_pct=0, start_id=9, id_range=2)
+    manager = SequenceManager(spec, [1])
+    manager.reset(2)
+    first = manager.next_step(0)[0].sequence_id
+    manager.slots[1] = manager.begin(1)
+    assert (first, manager.slots[1].sequence_id) == (9, 10)
+    assert manager.next_step(0)[0].sequence_id == 9
+
+
+def test_lengths_vary_within_the_variation_truncated_and_at_least_one() -> None:
+    spec = SequenceSpec(True, length=20, length_specified=True, length_variation_pct=20)
+    manager = SequenceManager(spec, [1], seed=3)
+    manager.reset(1)
+    lengths = [manager.begin(0).length for _ in range(2000)]
+    assert min(lengths) >= 16 and max(lengths) <= 24
+    # int() truncates towards zero: ±4 only at the very ends of the draw, as in perf_analyzer
+    assert set(lengths) == set(range(17, 24))
+    short = SequenceManager(SequenceSpec(True, length=1, length_variation_pct=500), [1])
+    short.reset(1)
+    assert min(short.begin(0).length for _ in range(200)) == 1
+
+
+def test_streams_give_the_lengths_and_steps_unless_the_length_is_given() -> None:
+    manager = SequenceManager(SequenceSpec(True), [3, 5], seed=1, from_data=True)
+    manager.reset(1)
+    sequences: list[tuple[int, list[int]]] = []
+    for _ in range(200):
+        live, step, start, _ = manager.next_step(0)
+        if start:
+            sequences.append((live.stream, []))
+        sequences[-1][1].append(step)
+    for stream, steps in sequences[:-1]:
+        assert steps == list(range([3, 5][stream]))
+    assert {stream for stream, _ in sequences} == {0, 1}
+    fixed = SequenceManager(
+        SequenceSpec(True, length=7, length_specified=True, length_variation_pct=0), [3], from_data=True
+    )
+    fixed.reset(1)
+    assert [s[1] for s in _walk(fixed, 0, 7)] == [0, 1, 2, 0, 1, 2, 0]  # step k: k % stream length
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("5", (5, 2**32 - 1)), ("5:9", (5, 4)), ("x", None), ("0:3", None), ("4:4", None), ("1:2:3", None)],
+)
+def test_id_range_flag(text: str, expected: tuple[int, int] | None) -> None:
+    if expected is None:
+        with pytest.raises(PerfkitError, match="--sequence-id-range"):
+            parse_id_range(text)
+    else:
+        assert parse_id_range(text) == expected
+
+
+def test_fewer_ids_than_live_sequences_is_refused() -> None:
+    with pytest.raises(PerfkitError, match="ids would collide"):
+        SequenceSpec(True, id_range=3).check_slots(4, "--concurrency-range")
+
+
+def test_request_parameter_flag() -> None:
+    assert parse_request_parameter("max_tokens:256:int") == ("max_tokens", 256)
+    assert parse_request_parameter("stream:TRUE:Bool") == ("stream", True)
+    assert parse_request_parameter("url:http://x:string") == ("url", "http://x")
+    for bad, words in [("a:1", "NAME:VALUE:TYPE"), ("a:x:int", "not an integer"), ("a:1:float", "bool, int or string"),
+                       ("sequence_id:3:int", "sequence flags"), ("a:yes:bool", "true or false")]:  # fmt: skip
+        with pytest.raises(PerfkitError, match=words):
+            parse_request_parameter(bad)
+
+
+def _sequence_load(spec: SequenceSpec) -> SequenceLoad:
+    def prepare(stream: int, step: int, sequence_id: int, start: bool, end: bool) -> FakePrepared:
+        return FakePrepared(f"{sequence_id}:{int(start)}{int(end)}")
+
+    return SequenceLoad(spec, SequenceManager(spec, [1]), prepare)
+
+
+def _by_sequence(client: FakeClient) -> dict[str, list[tuple[int, str]]]:
+    """Each sequence's requests (send time, flags), split at its START."""
+    runs: dict[str, list[tuple[int, str]]] = {}
+    count: dict[str, int] = defaultdict(int)
+    for sent, name in client.sent:
+        sid, flags = name.split(":")
+        if flags[0] == "1":
+            count[sid] += 1
+        runs.setdefault(f"{sid}#{count[sid]}", []).append((sent, flags))
+    return runs
+
+
+async def test_concurrency_runs_one_request_per_slot_and_ends_every_sequence() -> None:
+    clock = FakeClock()
+    client = FakeClient(clock, lambda now, i: 10 * MS)
+    buffer = SampleBuffer()
+    spec = SequenceSpec(True, length=4, length_specified=True, length_variation_pct=0)
+    gen = LoadGenerator(client, [], buffer, clock, sequences=_sequence_load(spec))
+    gen.start(ClosedLoop(3))
+    await clock.sleep_until(95 * MS)  # 10 rounds sent, the 10th in flight
+    await gen.stop()
+    assert client.max_in_flight == 3
+    runs = _by_sequence(client)
+    assert len(runs) == 3 * 3  # 3 slots × (2 whole sequences + the one the stop ended)
+    for run in runs.values():
+        flags = [f for _, f in run]
+        assert flags[0][0] == "1" and flags[-1][1] == "1" and all(f == "00" for f in flags[1:-1])
+        assert all(b - a == 10 * MS for (a, _), (b, _) in zip(run, run[1:]))  # one at a time
+    assert sorted(len(r) for r in runs.values()) == [3] * 3 + [4] * 6  # cut at 2 + the END
+    done = buffer.sequences()
+    assert len(done) == 9 and done.ok.all()
+    whole = done.requests == 4
+    assert np.all(done.done_ns[whole] - done.first_sent_ns[whole] == 40 * MS)
+
+
+async def test_request_rate_draws_sequences_and_serial_mode_waits_for_each_answer() -> None:
+    def live_overlap(client: FakeClient, latency: int) -> int:
+        busy: dict[str, int] = {}
+        overlap = 0
+        for sent, name in client.sent:
+            sid = name.split(":")[0]
+            overlap += busy.get(sid, -1) > sent
+            busy[sid] = sent + latency
+        return overlap
+
+    results = {}
+    for serial in (False, True):
+        clock = FakeClock()
+        client = FakeClient(clock, lambda now, i: 25 * MS)  # longer than the 10 ms between sends
+        buffer = SampleBuffer()
+        spec = SequenceSpec(True, length=5, length_specified=True, length_variation_pct=0, num_of_sequences=2,
+                            serial=serial)  # fmt: skip
+        gen = LoadGenerator(client, [], buffer, clock, sequences=_sequence_load(spec))
+        gen.start(OpenLoop(rate=100.0))
+        await clock.sleep_until(1000 * MS)
+        await gen.stop()
+        s = buffer.arrays()
+        results[serial] = (live_overlap(client, 25 * MS), float(np.mean(s.sent_ns - s.intended_ns)), len(s))
+        assert {name.split(":")[0] for _, name in client.sent} <= {str(i) for i in range(1, 200)}
+    assert results[False][0] > 10 and results[False][1] == 0  # sequences overlap, sends on time
+    assert results[True][0] == 0 and results[True][1] > 10 * MS  # never two of one; sends wait
+    assert results[True][2] < results[False][2]
+
+
+def test_sequence_figures_count_in_the_window_of_their_last_answer() -> None:
+    buffer = SampleBuffer()
+    for i in range(10):
+        buffer.record(i * MS, i * MS, i * MS + MS)
+    buffer.record_sequence(0, 5 * MS, True, 3)
+    buffer.record_sequence(2 * MS, 9 * MS, True, 3)
+    buffer.record_sequence(3 * MS, 8 * MS, False, 3)
+    buffer.record_sequence(0, 20 * MS, True, 3)  # after the window
+    window = stats.window_result(buffer.arrays(), 0, 11 * MS, 1)
+    level = stats.level_result(mode="concurrency", level=1, batch_size=1, windows=[window], samples=buffer.arrays(),
+                               server=None, resources=ResourceUsage(), stable=True, sequences=buffer.sequences())  # fmt: skip
+    assert level.sequence_count == 3
+    assert level.sequence_latency is not None and level.sequence_latency.count == 2
+    assert level.sequence_latency.max_us == 7000 and level.sequence_latency.min_us == 5000
+    assert level.sequence_throughput_per_s == pytest.approx(2 / 0.011)
