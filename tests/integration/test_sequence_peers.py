@@ -5,6 +5,7 @@ the sequence model with `--sequence-length` over HTTP and over a gRPC stream."""
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import urllib.error
@@ -19,14 +20,17 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from perfkit.cli import main
+from perfkit.results.model import read_sweep
 from perfkit.testing import triton_server
 from reference_server.server import running_server
-from tests.sequence_models import CORRELATION, write_accumulator
+from tests.sequence_models import CORRELATION, ENSEMBLE_CONFIG, write_accumulator
 from tests.servers import loopback_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.peers]
 
 Urls = dict[str, tuple[str, str]]  # server -> (http, grpc)
+SLOW_MS = 4.0  # the service time of accumulator_slow: the server, not a client, sets the pace
 
 #: A sequence model without control inputs: what its python model reads of each request.
 CORRELATION_CONFIG = """\
@@ -39,24 +43,11 @@ sequence_batching { }
 instance_group [ { count: 1 kind: KIND_CPU } ]
 """
 
-#: An ensemble (no sequence batcher of its own) whose one step is the accumulator: the request's
-#: sequence id and flags reach the step, as Triton passes them to composing models.
-ENSEMBLE_CONFIG = """\
-name: "sequence_ensemble"
-platform: "ensemble"
-max_batch_size: 8
-input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "CONTROLS" data_type: TYPE_INT32 dims: [ 3 ] } ]
-ensemble_scheduling { step [ { model_name: "accumulator" model_version: -1
-  input_map { key: "INPUT" value: "INPUT" }
-  output_map [ { key: "OUTPUT" value: "OUTPUT" }, { key: "CONTROLS" value: "CONTROLS" } ] } ] }
-"""
-
-
 @pytest.fixture(scope="module")
 def urls(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Urls]:
     repository = tmp_path_factory.mktemp("sequence_peers") / "models"
     write_accumulator(repository, "accumulator")
+    write_accumulator(repository, "accumulator_slow", delay_ms=SLOW_MS)
     folder = repository / "correlation"
     (folder / "1").mkdir(parents=True)
     (folder / "1" / "model.py").write_text(CORRELATION)
@@ -208,3 +199,33 @@ def test_bad_sequence_parameters_over_http_alike(urls: Urls, parameters: dict[st
     assert answers["ours"][1].split(":")[0] == answers["triton"][1].split(":")[0], answers
     triton_status = answers["triton"][0]
     assert answers["ours"][0] == (400 if triton_status == 500 else triton_status), answers
+
+
+def _pa_figures(csv_path: Path) -> tuple[float, float]:
+    """(throughput, p50 µs) of perf_analyzer's one level."""
+    with csv_path.open() as f:
+        row = next(csv.DictReader(f))
+    return float(row["Inferences/Second"]), float(row["p50 latency"])
+
+
+def test_sequence_sweep_agrees_with_perf_analyzer(peers: Path, urls: Urls, tmp_path: Path) -> None:
+    # Both tools in turn on the same tritonserver model, with the same sequence and window flags.
+    # The model sleeps SLOW_MS per execution, so its pace, not a client's CPU, sets the figures.
+    url = urls["triton"][0]
+    common = ["-m", "accumulator_slow", "-u", url, "--sequence-length", "10", "--concurrency-range", "2",
+              "-p", "600", "-s", "10", "-r", "8"]  # fmt: skip
+    pa_csv = tmp_path / "pa.csv"
+    pa = subprocess.run([str(peers / "bin" / "perf_analyzer"), *common, "-f", str(pa_csv)],
+                        capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    assert pa.returncode == 0, pa.stdout + pa.stderr
+    code = main(["sweep", *common, "--quiet", "--no-report", "--report-dir", str(tmp_path)])
+    assert code in (0, 3)
+    level = read_sweep(next(tmp_path.glob("sweep-*.json"))).levels[0]
+    pa_throughput, pa_p50_us = _pa_figures(pa_csv)
+    ratios = (level.throughput_infer_per_s / pa_throughput, level.latency.p50_us / pa_p50_us)
+    print(f"perfkit/perf_analyzer: throughput {ratios[0]:.3f}, p50 {ratios[1]:.3f}")
+    assert level.error_count == 0 and level.sequence_latency is not None
+    assert 0.9 <= ratios[0] <= 1.1 and 0.9 <= ratios[1] <= 1.1, ratios
+    # Sequences of 10 ± 20 %: about 10 requests each, one slot at a time, so about 10 latencies long.
+    assert 8 <= level.ok_count / level.sequence_count <= 12
+    assert 7 * level.latency.mean_us <= level.sequence_latency.mean_us <= 14 * level.latency.mean_us
