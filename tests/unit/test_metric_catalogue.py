@@ -5,6 +5,7 @@ them reads the catalogue's one getter."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 from pathlib import Path
 
@@ -16,10 +17,17 @@ from perfkit.cli import main
 from perfkit.cli.scenario import parse_scenario
 from perfkit.errors import PerfkitError
 from perfkit.report.tidy import TIDY_COLUMNS, render_tidy_csv
+from perfkit.results.model import LatencyStats
 from perfkit.tune.objectives import FIGURES, figures_of, parse_constraint, parse_objective
 from tests.synthetic import make_level, make_sweep, steady_sweep, write_sweep_json
 
-SWEEP = make_sweep([make_level(1, [100.0, 101.0, 99.0], mode="request_rate", gpu=True, p99_ms=3.0)])
+# A sequence model's level, so that the per-sequence metrics have values too.
+SWEEP = make_sweep([dataclasses.replace(
+    make_level(1, [100.0, 101.0, 99.0], mode="request_rate", gpu=True, p99_ms=3.0),
+    sequence_count=30, sequence_throughput_per_s=10.0,
+    sequence_latency=LatencyStats(count=30, mean_us=9000.0, max_us=15000.0, p50_us=8000.0, p90_us=12000.0,
+                                  p95_us=13000.0, p99_us=14000.0),
+)])  # fmt: skip
 LEVEL = SWEEP.levels[0]
 TIDY = {column.name for column in TIDY_COLUMNS}
 SPELLINGS = [(m, spelling) for m in METRICS for spelling in m.spellings]
