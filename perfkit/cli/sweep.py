@@ -183,6 +183,13 @@ def add_request_data_flags(p: argparse.ArgumentParser) -> None:
         "--string-length", type=int, default=128, metavar="N", help="length of generated strings (default 128)"
     )
     req.add_argument("--string-data", metavar="STRING", help="every string input element is STRING")
+    req.add_argument(
+        "--request-count",
+        type=int,
+        default=0,
+        metavar="N",
+        help="send N requests at one level and measure them as one window (default 0: windows until stable)",
+    )
 
 
 def add_sequence_flags(p: argparse.ArgumentParser) -> None:

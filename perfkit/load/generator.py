@@ -138,6 +138,7 @@ class LoadGenerator:
         self.started_ns = 0
         self.sequences = sequences
         self._slot_freed: asyncio.Event | None = None  # serial sequences: a slot's answer came
+        self._left = -1
 
     @property
     def outstanding(self) -> int:
@@ -147,10 +148,12 @@ class LoadGenerator:
         """Nothing to do: samples land in the buffer as requests complete (a distributed load
         generator pulls its workers' samples here)."""
 
-    def start(self, load: Load) -> None:
+    def start(self, load: Load, request_limit: int = 0) -> None:
+        """Start `load`; with `request_limit` (--request-count) send that many requests, no more."""
         if self._tasks:
             raise RuntimeError("a load is already running; stop it first")
         self._stopping = False
+        self._left = request_limit or -1  # sends left; negative: no limit
         self.started_ns = self.clock.now_ns()
         loop = asyncio.get_running_loop()
         sequences = self.sequences
@@ -220,7 +223,8 @@ class LoadGenerator:
 
     async def _closed_sequence_worker(self, slot: int) -> None:
         clock = self.clock
-        while not self._stopping:
+        while not self._stopping and self._left:
+            self._left -= 1
             now = clock.now_ns()
             await self._sequence_request(slot, now)
 
@@ -229,7 +233,8 @@ class LoadGenerator:
         prepared = self.prepared
         count = len(prepared)
         position = index
-        while not self._stopping:
+        while not self._stopping and self._left:
+            self._left -= 1
             request = prepared[position % count]
             position += concurrency
             sent = clock.now_ns()
@@ -251,8 +256,9 @@ class LoadGenerator:
                 elif position % 16 == 0:
                     # Behind schedule: send at once, but let responses and the measurement run.
                     await asyncio.sleep(0)
-                if self._stopping:
+                if self._stopping or not self._left:
                     return
+                self._left -= 1
                 if self.sequences is not None:
                     if not await self._open_sequence_send(intended):
                         return

@@ -84,8 +84,22 @@ class SweepSpec:
         if self.metrics.interval_ms <= 0:
             raise PerfkitError("--metrics-interval must be a positive number of milliseconds")
         _validate_distributed(self.distributed, self.target)
+        _validate_request_count(self)
         if self.sequences.enabled:
             validate_sequences(self)
+
+
+def _validate_request_count(spec: SweepSpec) -> None:
+    """perf_analyzer's rules for --request-count: one level, at least one request per slot."""
+    count, load = spec.windows.request_limit, spec.load
+    if not count:
+        return
+    if load.end != load.start or load.binary_search:
+        raise PerfkitError("--request-count measures one level: give --concurrency-range or --request-rate-range START")
+    if spec.distributed.enabled:
+        raise PerfkitError("--request-count is not supported with --workers")
+    if load.mode == "concurrency" and count < load.start:
+        raise PerfkitError(f"--request-count {count} is less than the concurrency {int(load.start)}")
 
 
 def validate_sequences(spec: SweepSpec) -> None:

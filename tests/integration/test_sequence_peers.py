@@ -43,6 +43,7 @@ sequence_batching { }
 instance_group [ { count: 1 kind: KIND_CPU } ]
 """
 
+
 @pytest.fixture(scope="module")
 def urls(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Urls]:
     repository = tmp_path_factory.mktemp("sequence_peers") / "models"

@@ -81,7 +81,9 @@ def test_a_wrong_expectation_is_a_validation_mismatch(urls: dict[str, str], tmp_
     assert set(level.errors) == {"validation mismatch"} and level.ok_count > 0
 
 
-@pytest.mark.parametrize(("model", "named"), [("accumulator", "sequence model"), ("sequence_ensemble", "'accumulator'")])
+@pytest.mark.parametrize(
+    ("model", "named"), [("accumulator", "sequence model"), ("sequence_ensemble", "'accumulator'")]
+)
 def test_a_sequence_model_without_sequence_flags_is_refused(
     urls: dict[str, str], tmp_path: Path, capsys: pytest.CaptureFixture[str], model: str, named: str
 ) -> None:

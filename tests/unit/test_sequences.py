@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from perfkit.analysis import stats
+from perfkit.cli import main
 from perfkit.errors import PerfkitError
 from perfkit.load.generator import FakeClock, LoadGenerator
 from perfkit.load.inputs import parse_request_parameter
@@ -194,3 +195,22 @@ def test_sequence_figures_count_in_the_window_of_their_last_answer() -> None:
     assert level.sequence_latency is not None and level.sequence_latency.count == 2
     assert level.sequence_latency.max_us == 7000 and level.sequence_latency.min_us == 5000
     assert level.sequence_throughput_per_s == pytest.approx(2 / 0.011)
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--request-count", "5", "--concurrency-range", "1:4"], "measures one level"),
+        (["--request-count", "2", "--concurrency-range", "4"], "less than the concurrency"),
+        (["--sequence-id-range", "1:3", "--concurrency-range", "4"], "ids would collide"),
+        (["--sequence-id-range", "5:9", "--start-sequence-id", "2"], "disagree on the first id"),
+        (["--num-of-sequences", "0", "--request-rate-range", "10"], "--num-of-sequences must be at least 1"),
+        (["--sequence-length", "0"], "--sequence-length must be at least 1"),
+        (["--request-parameter", "max_tokens:many:int"], "not an integer"),
+    ],
+)
+def test_bad_sequence_and_request_data_flags_exit_2_naming_the_flag(
+    flags: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["sweep", "-u", "127.0.0.1:9", "-m", "m", *flags]) == 2
+    assert words in capsys.readouterr().err
