@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfkit.errors import PerfkitError
+from perfkit.wire.client import MAX_SEQUENCE_ID
 
 __all__ = [
     "DEFAULT_ID_RANGE",
@@ -45,7 +46,6 @@ __all__ = [
     "SequenceManager",
     "SequenceSpec",
     "parse_id_range",
-    "sequence_parameters",
 ]
 
 DEFAULT_ID_RANGE = 2**32 - 1  # perf_analyzer's sequence_id_range default (UINT32_MAX)
@@ -73,6 +73,8 @@ class SequenceSpec:
             raise PerfkitError(f"--start-sequence-id must be at least 1 (0 means 'no sequence'), got {self.start_id}")
         if self.id_range < 1:
             raise PerfkitError("--sequence-id-range START:END must have END > START")
+        if self.start_id + self.id_range - 1 > MAX_SEQUENCE_ID:
+            raise PerfkitError(f"--sequence-id-range: ids go up to {MAX_SEQUENCE_ID} (int64); lower START or END")
         if self.num_of_sequences < 1:
             raise PerfkitError(f"--num-of-sequences must be at least 1, got {self.num_of_sequences}")
 
@@ -98,11 +100,6 @@ def parse_id_range(text: str) -> tuple[int, int]:
     if start < 1 or (len(values) == 2 and values[1] <= start):
         raise PerfkitError(f"--sequence-id-range '{text}': want 1 <= START < END")
     return start, (values[1] - start if len(values) == 2 else DEFAULT_ID_RANGE)
-
-
-def sequence_parameters(sequence_id: int, start: bool, end: bool) -> dict[str, Any]:
-    """The request parameters that carry a request's sequence (Triton's sequence extension)."""
-    return {"sequence_id": sequence_id, "sequence_start": start, "sequence_end": end}
 
 
 @dataclass(slots=True)

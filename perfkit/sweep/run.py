@@ -17,7 +17,7 @@ from perfkit.load.distributed import distributed_load
 from perfkit.load.generator import RealClock
 from perfkit.load.inputs import build_requests, build_sequence_streams, has_streams
 from perfkit.load.samples import SampleArrays
-from perfkit.load.sequences import SequenceLoad, SequenceManager, sequence_parameters
+from perfkit.load.sequences import SequenceLoad, SequenceManager
 from perfkit.load.validation import batch_expected, read_validation_data
 from perfkit.measure.level import LevelMeasurement
 from perfkit.measure.resources import ResourceSampler
@@ -133,14 +133,19 @@ async def sequence_load(
     )  # fmt: skip
     extra = dict(inputs.request_parameters)
     validation = read_validation_data(inputs.input_data, metadata, streams=True)
+    templates = []
+    for k, stream in enumerate(streams):
+        row = []
+        for s, step in enumerate(stream):
+            template = client.prepare_sequence(dataclasses.replace(step, parameters={**step.parameters, **extra}))
+            if validation is not None:
+                base = dataclasses.replace(template.base, expected=validation[k][s])
+                template = dataclasses.replace(template, base=base)
+            row.append(template)
+        templates.append(row)
 
     def prepare(stream: int, step: int, sequence_id: int, start: bool, end: bool) -> Prepared:
-        base = streams[stream][step]
-        parameters = {**base.parameters, **extra, **sequence_parameters(sequence_id, start, end)}
-        prepared = client.prepare(dataclasses.replace(base, parameters=parameters))
-        if validation is not None:
-            prepared = dataclasses.replace(prepared, expected=validation[stream][step])
-        return prepared
+        return templates[stream][step].make(sequence_id, start, end)
 
     manager = SequenceManager(seq_spec, [len(s) for s in streams], inputs.seed, from_data=from_data)
     return SequenceLoad(seq_spec, manager, prepare, inputs.seed)

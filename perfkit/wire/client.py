@@ -28,6 +28,7 @@ Neither includes the network or the server: those are the rest of the request's 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import json
 import socket
@@ -58,6 +59,7 @@ __all__ = [
     "VALIDATION_MISMATCH",
     "Outcome",
     "Prepared",
+    "SequenceTemplate",
     "InferClient",
     "HttpClient",
     "GrpcClient",
@@ -96,6 +98,72 @@ class Prepared:
 
 VALIDATION_MISMATCH = "validation mismatch"
 
+# Sequence requests (perfkit.load.sequences) are encoded once per step with room for the sequence
+# fields, then each send writes its id and flags in place, ~1 µs instead of ~20 µs for an encoding.
+# HTTP: the id as a JSON number padded with spaces to 20 characters (the widest uint64) and each
+# flag as `true ` or `false`, so no length changes. gRPC: the three parameters appended to the
+# message as map entries (fields may come in any order), the id as a varint always 10 bytes long
+# (a varint may carry redundant continuation bytes; protobuf parsers read them) and each flag a byte.
+_ID_SENTINEL = 98765432109876543210
+_ID_WIDTH = 20
+MAX_SEQUENCE_ID = 2**63 - 1  # an int64_param on gRPC
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n > 0x7F:
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _varint10(n: int) -> bytes:
+    return bytes([(n >> 7 * i) & 0x7F | 0x80 for i in range(9)] + [(n >> 63) & 0x7F])
+
+
+def _map_entry(key: str, value: bytes) -> bytes:
+    """One `parameters` entry of a ModelInferRequest (field 4): key, InferParameter value."""
+    name = key.encode()
+    inner = b"\x0a" + _varint(len(name)) + name + b"\x12" + _varint(len(value)) + value
+    return b"\x22" + _varint(len(inner)) + inner
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceTemplate:
+    """A request encoded once, whose sequence id and START/END `make` writes in place."""
+
+    base: Prepared
+    data: bytes  # HTTP: the whole request as sent; gRPC: the call's length-prefixed message
+    offsets: tuple[int, int, int]  # where the id, START and END are in `data`
+    grpc: bool
+
+    def make(self, sequence_id: int, start: bool, end: bool) -> Prepared:
+        if not 0 < sequence_id <= MAX_SEQUENCE_ID:
+            raise ValueError(f"sequence id {sequence_id} is out of range")
+        buf = bytearray(self.data)
+        at_id, at_start, at_end = self.offsets
+        if self.grpc:
+            buf[at_id : at_id + 10] = _varint10(sequence_id)
+            buf[at_start], buf[at_end] = start, end
+            assert self.base.grpc_call is not None
+            return dataclasses.replace(self.base, grpc_call=dataclasses.replace(self.base.grpc_call, body=bytes(buf)))
+        buf[at_id : at_id + _ID_WIDTH] = str(sequence_id).encode().ljust(_ID_WIDTH)
+        buf[at_start : at_start + 5] = b"true " if start else b"false"
+        buf[at_end : at_end + 5] = b"true " if end else b"false"
+        return dataclasses.replace(self.base, wire=bytes(buf))
+
+
+def _json_value_at(wire: bytes, key: bytes) -> int:
+    """Where the value of `"key":` starts in an encoded JSON header (it appears once)."""
+    at = wire.find(b'"' + key + b'":')
+    if at < 0 or wire.find(b'"' + key + b'":', at + 1) >= 0:
+        raise PerfkitError(f"cannot place the sequence field {key.decode()} in the request")
+    at += len(key) + 3
+    while wire[at : at + 1] == b" ":
+        at += 1
+    return at
+
 
 def output_mismatch(expected: Mapping[str, bytes], outputs: Mapping[str, bytes]) -> str:
     """Why an answer's outputs differ from the expected ones; "" when they do not."""
@@ -119,6 +187,7 @@ class InferClient(Protocol):
     protocol: str  # "http" | "grpc"
 
     def prepare(self, request: v2.InferRequest) -> Prepared: ...
+    def prepare_sequence(self, request: v2.InferRequest) -> SequenceTemplate: ...
     async def send(self, prepared: Prepared) -> Outcome: ...
     async def live(self) -> bool: ...
     async def ready(self) -> bool: ...
@@ -308,6 +377,15 @@ class HttpClient:
             raise PerfkitError(f"-H: {exc}; pass headers as 'Name: value' on one line") from None
         return Prepared(body, len(body), url, CIMultiDictProxy(headers), wire)
 
+    def prepare_sequence(self, request: v2.InferRequest) -> SequenceTemplate:
+        """`request` encoded once for any sequence id and flags (SequenceTemplate.make)."""
+        fields = {"sequence_id": _ID_SENTINEL, "sequence_start": False, "sequence_end": False}
+        prepared = self.prepare(dataclasses.replace(request, parameters={**request.parameters, **fields}))
+        wire = prepared.wire
+        at_id = wire.find(str(_ID_SENTINEL).encode())
+        offsets = (at_id, _json_value_at(wire, b"sequence_start"), _json_value_at(wire, b"sequence_end"))
+        return SequenceTemplate(prepared, wire, offsets, grpc=False)
+
     async def send(self, prepared: Prepared) -> Outcome:
         assert prepared.wire, "prepared by a GrpcClient"
         start = _now()
@@ -480,6 +558,28 @@ class GrpcClient:
             raise PerfkitError(f"cannot encode a request for model '{request.model_name}': {exc}") from None
         call = self._wire.encode(_MODEL_INFER, payload, self._metadata or (), self._timeout_s)
         return Prepared(payload, len(payload), grpc_call=call)
+
+    def prepare_sequence(self, request: v2.InferRequest) -> SequenceTemplate:
+        """`request` encoded once for any sequence id and flags (SequenceTemplate.make)."""
+        try:
+            message = request_to_proto(request).SerializeToString()
+        except v2.CodecError as exc:
+            raise PerfkitError(f"cannot encode a request for model '{request.model_name}': {exc}") from None
+        parts = [
+            _map_entry("sequence_id", b"\x10" + _varint10(1)),
+            _map_entry("sequence_start", b"\x08\x00"),
+            _map_entry("sequence_end", b"\x08\x00"),
+        ]
+        payload = message + b"".join(parts)
+        call = self._wire.encode(_MODEL_INFER, payload, self._metadata or (), self._timeout_s)
+        at = 5 + len(message)  # past the gRPC message prefix and the request itself
+        # Each value sits at the end of its entry: 10 bytes of id varint, 1 byte per flag.
+        at_id = at + len(parts[0]) - 10
+        at_start = at + len(parts[0]) + len(parts[1]) - 1
+        at_end = at + len(parts[0]) + len(parts[1]) + len(parts[2]) - 1
+        return SequenceTemplate(
+            Prepared(payload, len(payload), grpc_call=call), call.body, (at_id, at_start, at_end), grpc=True
+        )
 
     async def send(self, prepared: Prepared) -> Outcome:
         assert prepared.grpc_call is not None, "prepared by an HttpClient"

@@ -7,6 +7,7 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
+from tritonclient.grpc import service_pb2 as pb
 
 from perfkit.analysis import stats
 from perfkit.cli import main
@@ -17,7 +18,10 @@ from perfkit.load.samples import SampleBuffer
 from perfkit.load.schedule import ClosedLoop, OpenLoop
 from perfkit.load.sequences import SequenceLoad, SequenceManager, SequenceSpec, parse_id_range
 from perfkit.results.model import ResourceUsage
+from perfkit.wire.client import make_client
 from tests.fakes import FakeClient, FakePrepared
+from v2kit import codec as v2
+from v2kit.grpc_proto import parameters_from_proto, request_from_proto
 
 MS = 1_000_000
 
@@ -214,3 +218,29 @@ def test_bad_sequence_and_request_data_flags_exit_2_naming_the_flag(
 ) -> None:
     assert main(["sweep", "-u", "127.0.0.1:9", "-m", "m", *flags]) == 2
     assert words in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+@pytest.mark.parametrize(
+    ("sequence_id", "start", "end"), [(1, True, False), (2**63 - 1, False, True), (4242, True, True)]
+)
+def test_a_sequence_template_encodes_what_a_fresh_encoding_would(
+    protocol: str, sequence_id: int, start: bool, end: bool
+) -> None:
+    client = make_client("127.0.0.1:9", protocol)
+    data = np.array([[7]], dtype=np.int32)
+    request = v2.InferRequest("m", inputs=[v2.InferTensor("INPUT", "INT32", [1, 1], data)], parameters={"k": "v"})
+    prepared = client.prepare_sequence(request).make(sequence_id, start, end)
+    if protocol == "http":
+        head, _, body = prepared.wire.partition(b"\r\n\r\n")
+        length = int(head.lower().split(b"inference-header-content-length: ")[1].split(b"\r\n")[0])
+        decoded = v2.decode_infer_request(body, length, "m")
+        parameters = {k: v for k, v in decoded.parameters.items() if k != "binary_data_output"}
+        assert len(body) == int(head.lower().split(b"content-length: ")[-1].split(b"\r\n")[0])
+    else:
+        assert prepared.grpc_call is not None
+        message = pb.ModelInferRequest.FromString(prepared.grpc_call.body[5:])
+        parameters = parameters_from_proto(message.parameters)
+        decoded = request_from_proto(message)
+    assert parameters == {"k": "v", "sequence_id": sequence_id, "sequence_start": start, "sequence_end": end}
+    assert decoded.inputs[0].data.tolist() == [[7]]
