@@ -21,9 +21,11 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from perfkit.cli import main
-from perfkit.results.model import read_sweep
+from perfkit.results.model import LevelResult, read_sweep
 from perfkit.testing import triton_server
 from reference_server.server import running_server
+from tests.integration.test_sequence_sweep import STREAMS
+from tests.integration.test_sweep_vs_perf_analyzer import BUSY_MACHINE_SHARE, OtherLoad
 from tests.sequence_models import CORRELATION, ENSEMBLE_CONFIG, write_accumulator
 from tests.servers import loopback_config
 
@@ -209,24 +211,56 @@ def _pa_figures(csv_path: Path) -> tuple[float, float]:
     return float(row["Inferences/Second"]), float(row["p50 latency"])
 
 
-def test_sequence_sweep_agrees_with_perf_analyzer(peers: Path, urls: Urls, tmp_path: Path) -> None:
-    # Both tools in turn on the same tritonserver model, with the same sequence and window flags.
-    # The model sleeps SLOW_MS per execution, so its pace, not a client's CPU, sets the figures.
-    url = urls["triton"][0]
+def _sequence_pair(peers: Path, url: str, tmp_path: Path) -> tuple[tuple[float, float], LevelResult | None, str]:
+    """perf_analyzer, then perfkit, with the same flags: (throughput, p50) ratios perfkit/perf_analyzer,
+    perfkit's level, and why there is no comparison ("" when there is one)."""
     common = ["-m", "accumulator_slow", "-u", url, "--sequence-length", "10", "--concurrency-range", "2",
-              "-p", "600", "-s", "10", "-r", "8"]  # fmt: skip
+              "-p", "600", "-s", "25", "-r", "8"]  # fmt: skip
+    tmp_path.mkdir()
     pa_csv = tmp_path / "pa.csv"
     pa = subprocess.run([str(peers / "bin" / "perf_analyzer"), *common, "-f", str(pa_csv)],
                         capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    if pa.returncode == 2:
+        return (0.0, 0.0), None, "perf_analyzer found no stable measurement"
     assert pa.returncode == 0, pa.stdout + pa.stderr
-    code = main(["sweep", *common, "--quiet", "--no-report", "--report-dir", str(tmp_path)])
-    assert code in (0, 3)
-    level = read_sweep(next(tmp_path.glob("sweep-*.json"))).levels[0]
+    out = tmp_path / "perfkit"
+    assert main(["sweep", *common, "--quiet", "--no-report", "--report-dir", str(out)]) in (0, 3)
+    level = read_sweep(next(out.glob("sweep-*.json"))).levels[0]
     pa_throughput, pa_p50_us = _pa_figures(pa_csv)
-    ratios = (level.throughput_infer_per_s / pa_throughput, level.latency.p50_us / pa_p50_us)
-    print(f"perfkit/perf_analyzer: throughput {ratios[0]:.3f}, p50 {ratios[1]:.3f}")
-    assert level.error_count == 0 and level.sequence_latency is not None
-    assert 0.9 <= ratios[0] <= 1.1 and 0.9 <= ratios[1] <= 1.1, ratios
-    # Sequences of 10 ± 20 %: about 10 requests each, one slot at a time, so about 10 latencies long.
+    return (level.throughput_infer_per_s / pa_throughput, level.latency.p50_us / pa_p50_us), level, ""
+
+
+def test_sequence_sweep_agrees_with_perf_analyzer(peers: Path, urls: Urls, tmp_path: Path) -> None:
+    # Both tools in turn on the same tritonserver model, with the same sequence and window flags.
+    # The model sleeps SLOW_MS per execution, so its pace, not a client's CPU, sets the figures:
+    # throughput and p50 agree within 10 %. As in test_sweep_vs_perf_analyzer, a pair that disagrees
+    # twice while other processes took more than BUSY_MACHINE_SHARE of the CPUs is skipped.
+    for attempt in (1, 2):
+        with OtherLoad() as other:
+            ratios, level, missing = _sequence_pair(peers, urls["triton"][0], tmp_path / str(attempt))
+        print(f"perfkit/perf_analyzer: throughput {ratios[0]:.3f}, p50 {ratios[1]:.3f}; other load {other.share:.0%}")
+        if not missing and all(0.9 <= r <= 1.1 for r in ratios):
+            break
+    else:
+        if other.share > BUSY_MACHINE_SHARE:
+            pytest.skip(f"{missing or ratios} while other processes took {other.share:.0%} of the CPUs")
+    assert not missing and 0.9 <= ratios[0] <= 1.1 and 0.9 <= ratios[1] <= 1.1, (ratios, missing)
+    assert level is not None and level.error_count == 0 and level.sequence_latency is not None
+    # Sequences of 10 ± 20 %: about 10 requests each, one at a time, so about 10 latencies long.
     assert 8 <= level.ok_count / level.sequence_count <= 12
     assert 7 * level.latency.mean_us <= level.sequence_latency.mean_us <= 14 * level.latency.mean_us
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_sweep_sequences_are_answered_as_expected_by_triton(urls: Urls, tmp_path: Path, protocol: str) -> None:
+    # perfkit writes each request's id and flags into a request encoded once (padded JSON number,
+    # fixed-width varint): real Triton must read them as tritonclient's, which validation_data checks.
+    data = tmp_path / "streams.json"
+    data.write_text(json.dumps(STREAMS))
+    url = urls["triton"][0 if protocol == "http" else 1]
+    code = main(["sweep", "-m", "accumulator", "-u", url, "-i", protocol, "--concurrency-range", "2",
+                 "--input-data", str(data), "--request-count", "60", "--start-sequence-id", str(2**40),
+                 "--quiet", "--no-report", "--report-dir", str(tmp_path)])  # fmt: skip
+    level = read_sweep(next(tmp_path.glob("sweep-*.json"))).levels[0]
+    assert (code, level.request_count, level.errors) == (0, 60, {})
+    assert level.sequence_count >= 20
