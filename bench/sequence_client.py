@@ -2,11 +2,11 @@
 python accumulator (a sequence model, `perfkit.testing.sequence_models`) on one reference server,
 with the same flags (`--sequence-length 20 --input-data zero`), over HTTP and gRPC.
 
-    PERFKIT_PEERS=DIR python bench/sequence_client.py [--concurrency 4] [--window-ms 1500] [--protocols http,grpc]
+    PERFKIT_PEERS=DIR python bench/sequence_client.py [--concurrency 4] [--requests 4000] [--protocols http,grpc]
 
-How: each tool runs as a child process, twice per protocol (windows of --window-ms / 3 and of
---window-ms), and its CPU is the RUSAGE_CHILDREN delta around each run; the server counts the
-requests (statistics extension). CPU per request is the slope between the two runs,
+How: each tool runs as a child process, twice per protocol, sending `--request-count` --requests / 4
+and then --requests requests, and its CPU is the RUSAGE_CHILDREN delta around each run; the server
+counts the requests (statistics extension). CPU per request is the slope between the two runs,
 (CPU long - CPU short) / (requests long - requests short), so the start-up cost of each tool (the
 interpreter and imports for perfkit) drops out. Throughput and p50 are each tool's own figures of
 the long run.
@@ -60,7 +60,7 @@ def run(tool: str, peers: Path, url: str, http_url: str, pid: int, protocol: str
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--window-ms", type=int, default=1500)
+    parser.add_argument("--requests", type=int, default=4000)
     parser.add_argument("--protocols", default="http,grpc")
     args = parser.parse_args(argv)
     peers = peers_dir()
@@ -74,9 +74,9 @@ def main(argv: list[str] | None = None) -> int:
                 url = server.http_url if protocol == "http" else server.grpc_url
                 for tool in TOOLS:
                     runs = []
-                    for window in (args.window_ms // 3, args.window_ms):
+                    for count in (args.requests // 4, args.requests):
                         flags = ["--sequence-length", "20", "--input-data", "zero", "--concurrency-range",
-                                 str(args.concurrency), "-p", str(window), "-s", "50", "-r", "5"]  # fmt: skip
+                                 str(args.concurrency), "--request-count", str(count)]  # fmt: skip
                         runs.append(run(tool, peers, url, server.http_url, server.process.pid, protocol, flags, tmp))
                     short, long = runs
                     extra = long.requests - short.requests

@@ -222,11 +222,19 @@ class LoadGenerator:
         self.sequences.answered(live, done, not outcome.error, buffer.record_sequence)
 
     async def _closed_sequence_worker(self, slot: int) -> None:
-        clock = self.clock
+        # _sequence_request inlined: this loop is the hot path of concurrency mode on a sequence model.
+        clock, client, record = self.clock, self.client, self.buffer.record
+        sequences, record_sequence = self.sequences, self.buffer.record_sequence
+        assert sequences is not None
         while not self._stopping and self._left:
             self._left -= 1
-            now = clock.now_ns()
-            await self._sequence_request(slot, now)
+            sent = clock.now_ns()
+            request, live = sequences.send(slot, sent)
+            outcome = await client.send(request)
+            done = clock.now_ns()
+            record(sent, sent, done, outcome.error, request.bytes_out, outcome.bytes_in,
+                   outcome.send_ns, outcome.recv_ns)  # fmt: skip
+            sequences.answered(live, done, not outcome.error, record_sequence)
 
     async def _closed_worker(self, index: int, concurrency: int) -> None:
         client, clock, record = self.client, self.clock, self.buffer.record

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from perfkit.errors import PerfkitError
-from perfkit.wire.client import MAX_SEQUENCE_ID
+from perfkit.wire.prepared import MAX_SEQUENCE_ID
 
 __all__ = [
     "DEFAULT_ID_RANGE",

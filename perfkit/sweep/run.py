@@ -30,7 +30,8 @@ from perfkit.results.provenance import provenance
 from perfkit.sweep.engine import Sweep
 from perfkit.sweep.spec import SweepSpec, validate_sequences
 from perfkit.target import Target, open_target
-from perfkit.wire.client import InferClient, Prepared, make_client
+from perfkit.wire.client import InferClient, make_client
+from perfkit.wire.prepared import Prepared
 from v2kit import codec as v2
 from v2kit.runtime import eventloop
 

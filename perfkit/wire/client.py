@@ -51,6 +51,13 @@ from perfkit.target import TlsSpec
 from perfkit.wire import grpc_channel as grpc_wire
 from perfkit.wire import http_pool as http_wire
 from perfkit.wire.limits import MAX_CONTROL_REPLY
+from perfkit.wire.prepared import (
+    TEMPLATE_FIELDS,
+    Prepared,
+    SequenceTemplate,
+    grpc_sequence_payload,
+    http_sequence_template,
+)
 from v2kit import codec as v2
 from v2kit.grpc_proto import message_to_json, request_to_proto
 
@@ -58,8 +65,6 @@ __all__ = [
     "MESSAGES_PER_KIND",
     "VALIDATION_MISMATCH",
     "Outcome",
-    "Prepared",
-    "SequenceTemplate",
     "InferClient",
     "HttpClient",
     "GrpcClient",
@@ -81,88 +86,7 @@ class Outcome:
     message: str = ""  # the error's text, for the first occurrences of each kind
 
 
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    """A request encoded once for one client. `bytes_out` is the payload size (HTTP body or gRPC
-    message), without transport framing."""
-
-    payload: bytes
-    bytes_out: int
-    url: yarl.URL | None = None  # HTTP only
-    headers: Mapping[str, str] | None = None  # HTTP only
-    wire: bytes = b""  # HTTP only: the whole request as sent (request line, headers, body)
-    grpc_call: grpc_wire.EncodedCall | None = None  # gRPC only: the call's HTTP/2 frames, ready to send
-    # Output validation (perfkit.load.validation): output name -> the bytes its answer must hold.
-    expected: Mapping[str, bytes] | None = None
-
-
 VALIDATION_MISMATCH = "validation mismatch"
-
-# Sequence requests (perfkit.load.sequences) are encoded once per step with room for the sequence
-# fields, then each send writes its id and flags in place, ~1 µs instead of ~20 µs for an encoding.
-# HTTP: the id as a JSON number padded with spaces to 20 characters (the widest uint64) and each
-# flag as `true ` or `false`, so no length changes. gRPC: the three parameters appended to the
-# message as map entries (fields may come in any order), the id as a varint always 10 bytes long
-# (a varint may carry redundant continuation bytes; protobuf parsers read them) and each flag a byte.
-_ID_SENTINEL = 98765432109876543210
-_ID_WIDTH = 20
-MAX_SEQUENCE_ID = 2**63 - 1  # an int64_param on gRPC
-
-
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append(n & 0x7F | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-def _varint10(n: int) -> bytes:
-    return bytes([(n >> 7 * i) & 0x7F | 0x80 for i in range(9)] + [(n >> 63) & 0x7F])
-
-
-def _map_entry(key: str, value: bytes) -> bytes:
-    """One `parameters` entry of a ModelInferRequest (field 4): key, InferParameter value."""
-    name = key.encode()
-    inner = b"\x0a" + _varint(len(name)) + name + b"\x12" + _varint(len(value)) + value
-    return b"\x22" + _varint(len(inner)) + inner
-
-
-@dataclass(frozen=True, slots=True)
-class SequenceTemplate:
-    """A request encoded once, whose sequence id and START/END `make` writes in place."""
-
-    base: Prepared
-    data: bytes  # HTTP: the whole request as sent; gRPC: the call's length-prefixed message
-    offsets: tuple[int, int, int]  # where the id, START and END are in `data`
-    grpc: bool
-
-    def make(self, sequence_id: int, start: bool, end: bool) -> Prepared:
-        if not 0 < sequence_id <= MAX_SEQUENCE_ID:
-            raise ValueError(f"sequence id {sequence_id} is out of range")
-        buf = bytearray(self.data)
-        at_id, at_start, at_end = self.offsets
-        if self.grpc:
-            buf[at_id : at_id + 10] = _varint10(sequence_id)
-            buf[at_start], buf[at_end] = start, end
-            assert self.base.grpc_call is not None
-            return dataclasses.replace(self.base, grpc_call=dataclasses.replace(self.base.grpc_call, body=bytes(buf)))
-        buf[at_id : at_id + _ID_WIDTH] = str(sequence_id).encode().ljust(_ID_WIDTH)
-        buf[at_start : at_start + 5] = b"true " if start else b"false"
-        buf[at_end : at_end + 5] = b"true " if end else b"false"
-        return dataclasses.replace(self.base, wire=bytes(buf))
-
-
-def _json_value_at(wire: bytes, key: bytes) -> int:
-    """Where the value of `"key":` starts in an encoded JSON header (it appears once)."""
-    at = wire.find(b'"' + key + b'":')
-    if at < 0 or wire.find(b'"' + key + b'":', at + 1) >= 0:
-        raise PerfkitError(f"cannot place the sequence field {key.decode()} in the request")
-    at += len(key) + 3
-    while wire[at : at + 1] == b" ":
-        at += 1
-    return at
 
 
 def output_mismatch(expected: Mapping[str, bytes], outputs: Mapping[str, bytes]) -> str:
@@ -379,12 +303,8 @@ class HttpClient:
 
     def prepare_sequence(self, request: v2.InferRequest) -> SequenceTemplate:
         """`request` encoded once for any sequence id and flags (SequenceTemplate.make)."""
-        fields = {"sequence_id": _ID_SENTINEL, "sequence_start": False, "sequence_end": False}
-        prepared = self.prepare(dataclasses.replace(request, parameters={**request.parameters, **fields}))
-        wire = prepared.wire
-        at_id = wire.find(str(_ID_SENTINEL).encode())
-        offsets = (at_id, _json_value_at(wire, b"sequence_start"), _json_value_at(wire, b"sequence_end"))
-        return SequenceTemplate(prepared, wire, offsets, grpc=False)
+        parameters = {**request.parameters, **TEMPLATE_FIELDS}
+        return http_sequence_template(self.prepare(dataclasses.replace(request, parameters=parameters)))
 
     async def send(self, prepared: Prepared) -> Outcome:
         assert prepared.wire, "prepared by a GrpcClient"
@@ -565,21 +485,11 @@ class GrpcClient:
             message = request_to_proto(request).SerializeToString()
         except v2.CodecError as exc:
             raise PerfkitError(f"cannot encode a request for model '{request.model_name}': {exc}") from None
-        parts = [
-            _map_entry("sequence_id", b"\x10" + _varint10(1)),
-            _map_entry("sequence_start", b"\x08\x00"),
-            _map_entry("sequence_end", b"\x08\x00"),
-        ]
-        payload = message + b"".join(parts)
+        payload, offsets = grpc_sequence_payload(message)
         call = self._wire.encode(_MODEL_INFER, payload, self._metadata or (), self._timeout_s)
-        at = 5 + len(message)  # past the gRPC message prefix and the request itself
-        # Each value sits at the end of its entry: 10 bytes of id varint, 1 byte per flag.
-        at_id = at + len(parts[0]) - 10
-        at_start = at + len(parts[0]) + len(parts[1]) - 1
-        at_end = at + len(parts[0]) + len(parts[1]) + len(parts[2]) - 1
-        return SequenceTemplate(
-            Prepared(payload, len(payload), grpc_call=call), call.body, (at_id, at_start, at_end), grpc=True
-        )
+        at_id, at_start, at_end = (5 + o for o in offsets)  # past the gRPC message prefix
+        prepared = Prepared(payload, len(payload), grpc_call=call)
+        return SequenceTemplate(prepared, call.body, (at_id, at_start, at_end), grpc=True)
 
     async def send(self, prepared: Prepared) -> Outcome:
         assert prepared.grpc_call is not None, "prepared by an HttpClient"
