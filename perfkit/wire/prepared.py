@@ -6,7 +6,6 @@ encoding a small request costs about 20 µs, against about 1 µs to patch a copy
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 
