@@ -3,7 +3,9 @@ sequence slots on virtual time (perfkit.load.sequences)."""
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,8 +19,9 @@ from perfkit.load.inputs import parse_request_parameter
 from perfkit.load.samples import SampleBuffer
 from perfkit.load.schedule import ClosedLoop, OpenLoop
 from perfkit.load.sequences import SequenceLoad, SequenceManager, SequenceSpec, parse_id_range
+from perfkit.load.validation import batch_expected, read_validation_data
 from perfkit.results.model import ResourceUsage
-from perfkit.wire.client import make_client
+from perfkit.wire.client import make_client, output_mismatch
 from tests.fakes import FakeClient, FakePrepared
 from v2kit import codec as v2
 from v2kit.grpc_proto import parameters_from_proto, request_from_proto
@@ -244,3 +247,21 @@ def test_a_sequence_template_encodes_what_a_fresh_encoding_would(
         decoded = request_from_proto(message)
     assert parameters == {"k": "v", "sequence_id": sequence_id, "sequence_start": start, "sequence_end": end}
     assert decoded.inputs[0].data.tolist() == [[7]]
+
+
+def test_validation_data_is_read_as_the_bytes_the_answers_carry(tmp_path: Path) -> None:
+    metadata = {"outputs": [{"name": "OUT", "datatype": "INT32"}, {"name": "S", "datatype": "BYTES"}]}
+    path = tmp_path / "data.json"
+    path.write_text(json.dumps({"data": [{}, {}], "validation_data": [{"OUT": [1, 2]}, {"OUT": [3, 4], "S": ["ab"]}]}))
+    steps = read_validation_data(str(path), metadata, streams=False)
+    assert steps == [{"OUT": np.array([1, 2], np.int32).tobytes()},
+                     {"OUT": np.array([3, 4], np.int32).tobytes(), "S": b"\x02\x00\x00\x00ab"}]  # fmt: skip
+    assert batch_expected(steps) == {"OUT": np.array([1, 2, 3, 4], np.int32).tobytes()}  # S: not in every step
+    assert output_mismatch(steps[1], {"OUT": steps[1]["OUT"], "S": b"\x02\x00\x00\x00ab"}) == ""
+    assert "data differs" in output_mismatch(steps[0], {"OUT": np.array([1, 3], np.int32).tobytes()})
+    assert "missing" in output_mismatch(steps[0], {})
+    for doc, words in [({"data": [{}], "validation_data": [{}, {}]}, "one entry per entry"),
+                       ({"data": [{}], "validation_data": [{"NOPE": [1]}]}, "not an output")]:  # fmt: skip
+        path.write_text(json.dumps(doc))
+        with pytest.raises(PerfkitError, match=words):
+            read_validation_data(str(path), metadata, streams=False)
