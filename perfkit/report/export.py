@@ -226,7 +226,8 @@ def _fmt_ms(stats: LatencyStats, us: float) -> str:
 
 def render_summary_table(levels: Sequence[LevelResult]) -> list[str]:
     """The per-level summary as aligned plain-text lines. Rate-mode columns (latency from the
-    intended send time, delayed sends) appear when some level ran on a schedule."""
+    intended send time, delayed sends) appear when some level ran on a schedule, and the sequences'
+    rate and p50 when the model is a sequence model."""
     scheduled = any(level.mode != "concurrency" for level in levels)
     if all(level.mode == "concurrency" for level in levels):
         level_title = "concurrency"
@@ -237,6 +238,9 @@ def render_summary_table(levels: Sequence[LevelResult]) -> list[str]:
     titles = [level_title, "infer/s", "p50 ms", "p90 ms", "p99 ms"]
     if scheduled:
         titles += ["p99 corr ms", "delayed %"]
+    sequences = any(level.sequence_latency is not None for level in levels)
+    if sequences:
+        titles += ["seq/s", "seq p50 ms"]
     titles += ["errors", "avg batch", "stable", "valid"]
 
     rows: list[list[str]] = []
@@ -256,6 +260,9 @@ def render_summary_table(levels: Sequence[LevelResult]) -> list[str]:
                 _fmt_ms(corrected, corrected.p99_us) if on_schedule else "-",
                 f"{level.delayed_pct:.1f}" if on_schedule else "-",
             ]
+        if sequences:
+            seq = level.sequence_latency
+            row += ["-", "-"] if seq is None else [f"{level.sequence_throughput_per_s:.1f}", _fmt_ms(seq, seq.p50_us)]
         row += [
             str(level.error_count),
             "-" if level.server is None else f"{level.server.avg_batch_size:.2f}",

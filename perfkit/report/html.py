@@ -158,18 +158,27 @@ _LEVEL_TABLE: tuple[tuple[str, str, int, str], ...] = (
     ("p99 from intended ms", "p99_from_intended_ms", 2, ""),  # rate modes only
     ("late sends %", "delayed_pct", 2, ""),  # rate modes only
     ("errors", "error_count", 0, ""),
+    ("sequences/s", "sequence_throughput_per_s", 2, ""),  # sequence models only
+    ("sequence p50 ms", "sequence_p50_ms", 2, ""),
+    ("sequence p99 ms", "sequence_p99_ms", 2, ""),
     ("avg batch", "server_avg_batch_size", 2, ""),
     ("client CPU %", "client_cpu_pct", 0, ""),
     ("server CPU %", "server_cpu_pct", 0, ""),
     ("GPU util %", "gpu_utilization_pct", 0, ""),
 )
 _RATE_ONLY = {"p99_from_intended_ms", "delayed_pct"}
+_SEQUENCE_ONLY = {"sequence_throughput_per_s", "sequence_p50_ms", "sequence_p99_ms"}
 _COLUMNS = {column.name: column for column in TIDY_COLUMNS}
 
 
 def _level_rows(result: SweepResult) -> tuple[list[str], list[list[object]]]:
     scheduled = result.mode != "concurrency"
-    table = [spec for spec in _LEVEL_TABLE if scheduled or spec[1] not in _RATE_ONLY]
+    sequences = any(lv.sequence_latency is not None for lv in result.levels)
+    table = [
+        spec
+        for spec in _LEVEL_TABLE
+        if (scheduled or spec[1] not in _RATE_ONLY) and (sequences or spec[1] not in _SEQUENCE_ONLY)
+    ]
     header = ["level", *(title for title, *_ in table), "stable", "valid"]
     rows: list[list[object]] = []
     for lv in result.levels:

@@ -3,6 +3,7 @@ sequence slots on virtual time (perfkit.load.sequences)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -20,9 +21,13 @@ from perfkit.load.samples import SampleBuffer
 from perfkit.load.schedule import ClosedLoop, OpenLoop
 from perfkit.load.sequences import SequenceLoad, SequenceManager, SequenceSpec, parse_id_range
 from perfkit.load.validation import batch_expected, read_validation_data
-from perfkit.results.model import ResourceUsage
+from perfkit.report.export import render_summary_table
+from perfkit.report.html import render_html
+from perfkit.results.files import ReportItem
+from perfkit.results.model import LatencyStats, ResourceUsage
 from perfkit.wire.client import make_client, output_mismatch
 from tests.fakes import FakeClient, FakePrepared
+from tests.synthetic import make_level, make_sweep
 from v2kit import codec as v2
 from v2kit.grpc_proto import parameters_from_proto, request_from_proto
 
@@ -265,3 +270,15 @@ def test_validation_data_is_read_as_the_bytes_the_answers_carry(tmp_path: Path) 
         path.write_text(json.dumps(doc))
         with pytest.raises(PerfkitError, match=words):
             read_validation_data(str(path), metadata, streams=False)
+
+
+def test_the_summary_and_the_html_report_show_sequences_only_for_sequence_models() -> None:
+    plain = make_level(1, [100.0, 100.0, 100.0])
+    level = dataclasses.replace(plain, sequence_count=20, sequence_throughput_per_s=12.5,
+                                sequence_latency=LatencyStats(count=20, p50_us=8000.0))  # fmt: skip
+    header, _, row = render_summary_table([level])
+    assert row[header.index("seq/s") :].split()[:3] == ["12.5", "8.00", "0"]  # seq/s, seq p50 ms, errors
+    assert "seq/s" not in render_summary_table([plain])[0]
+    html = render_html([ReportItem("s", "sweep", make_sweep([level]), "s.json")])
+    assert "sequence p50 ms" in html and "8.00" in html
+    assert "sequence p50 ms" not in render_html([ReportItem("s", "sweep", make_sweep([plain]), "s.json")])
