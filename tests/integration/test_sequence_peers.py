@@ -264,3 +264,18 @@ def test_sweep_sequences_are_answered_as_expected_by_triton(urls: Urls, tmp_path
     level = read_sweep(next(tmp_path.glob("sweep-*.json"))).levels[0]
     assert (code, level.request_count, level.errors) == (0, 60, {})
     assert level.sequence_count >= 20
+
+
+def test_request_parameters_reach_the_model_on_both_servers(urls: Urls, tmp_path: Path) -> None:
+    # correlation_plain answers what its python model read of each request: id, flags, parameters
+    # (one parameter: Triton hands a request's parameters over in no fixed order).
+    seen = json.dumps([0, 0, {"custom": "x y"}])
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps({"data": [{"INPUT": [1]}], "validation_data": [{"SEEN": [seen]}]}))
+    for server, (_, grpc_url) in urls.items():
+        out = tmp_path / server
+        code = main(["sweep", "-m", "correlation_plain", "-u", grpc_url, "-i", "grpc", "--input-data", str(data),
+                     "--request-parameter", "custom:x y:string",
+                     "--request-count", "20", "--quiet", "--no-report", "--report-dir", str(out)])  # fmt: skip
+        level = read_sweep(next(out.glob("sweep-*.json"))).levels[0]
+        assert (code, level.request_count, level.errors) == (0, 20, {}), server
