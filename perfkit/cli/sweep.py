@@ -206,7 +206,7 @@ def add_sequence_flags(p: argparse.ArgumentParser) -> None:
     seq.add_argument(
         "--sequence-id-range",
         metavar="START[:END]",
-        help="sequence ids from START up to END, excluded (default 1, unbounded)",
+        help="sequence ids from START up to END, excluded (default 1, and 2^32 - 1 ids as perf_analyzer)",
     )
     seq.add_argument("--start-sequence-id", type=int, metavar="ID", help="first sequence id (default 1)")
     seq.add_argument(

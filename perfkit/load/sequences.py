@@ -88,7 +88,7 @@ class SequenceSpec:
 
 
 def parse_id_range(text: str) -> tuple[int, int]:
-    """`--sequence-id-range START[:END]` → (start, range); END is excluded, absent: unbounded."""
+    """`--sequence-id-range START[:END]` → (start, range); END is excluded, absent: 2^32 - 1 ids (perf_analyzer's default range)."""
     parts = text.split(":")
     try:
         values = [int(p) for p in parts]

@@ -100,6 +100,8 @@ def _validate_request_count(spec: SweepSpec) -> None:
         raise PerfkitError("--request-count is not supported with --workers")
     if load.mode == "concurrency" and count < load.start:
         raise PerfkitError(f"--request-count {count} is less than the concurrency {int(load.start)}")
+    if load.mode == "request_rate" and count < int(load.start):
+        raise PerfkitError(f"--request-count {count} is less than the request rate {load.start:g}")
 
 
 def validate_sequences(spec: SweepSpec) -> None:
