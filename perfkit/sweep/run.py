@@ -84,6 +84,8 @@ def _with_expected(prepared: list[Prepared], spec: SweepSpec, metadata: dict[str
     validation = read_validation_data(spec.inputs.input_data, metadata, streams=False)
     if validation is None:
         return prepared
+    if spec.distributed.enabled:  # the workers encode their own requests, without the expected outputs
+        raise PerfkitError("validation_data in --input-data is not checked with --workers: drop one of them")
     batch, count = spec.inputs.batch_size, len(validation)
     return [
         dataclasses.replace(p, expected=batch_expected([validation[(s + i) % count] for i in range(batch)]))
