@@ -12,11 +12,25 @@ from perfkit.testing.sequence_models import expected_totals, write_accumulator
 
 __all__ = [
     "CORRELATION",
+    "ENSEMBLE_CONFIG",
     "expected_totals",
     "write_accumulator",
     "write_decoupled_accumulator",
     "write_state_accumulator",
 ]
+
+#: An ensemble (no sequence batcher of its own) whose one step is the accumulator: the request's
+#: sequence id and flags reach the step, as Triton passes them to composing models.
+ENSEMBLE_CONFIG = """\
+name: "sequence_ensemble"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "CONTROLS" data_type: TYPE_INT32 dims: [ 3 ] } ]
+ensemble_scheduling { step [ { model_name: "accumulator" model_version: -1
+  input_map { key: "INPUT" value: "INPUT" }
+  output_map [ { key: "OUTPUT" value: "OUTPUT" }, { key: "CONTROLS" value: "CONTROLS" } ] } ] }
+"""
 
 #: Answers what Triton's python backend shows a model of its request: correlation_id(), flags(), and
 #: parameters() (where the sequence parameters must not appear).

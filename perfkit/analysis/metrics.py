@@ -21,7 +21,7 @@ from typing import Literal
 
 from perfkit.results.model import LatencyStats, LevelResult
 
-__all__ = ["METRICS", "TOKEN_METRICS", "Metric", "find", "latency_ms", "metric", "ms", "token_figure"]
+__all__ = ["METRICS", "TOKEN_METRICS", "Metric", "find", "latency_ms", "metric", "ms", "sequence_latency_ms", "token_figure"]
 
 
 def ms(us: float) -> float:
@@ -50,6 +50,16 @@ def response_ms(stats: str, attr: str) -> Callable[[LevelResult], float | None]:
             return None
         times: LatencyStats = getattr(responses, stats)
         return ms(getattr(times, attr)) if times.count > 0 else None
+
+    return get
+
+
+def sequence_latency_ms(attr: str) -> Callable[[LevelResult], float | None]:
+    """A per-sequence latency statistic in ms; None but for sequence models' levels."""
+
+    def get(level: LevelResult) -> float | None:
+        stats = level.sequence_latency
+        return ms(getattr(stats, attr)) if stats is not None and stats.count > 0 else None
 
     return get
 
@@ -150,6 +160,7 @@ TOKEN_METRICS: tuple[Metric, ...] = (
            description="share of the successful requests that met every --goodput objective"),
 )  # fmt: skip
 _INTENDED = "completion - intended send (coordinated omission corrected)"
+_SEQUENCE = "a sequence's last answer - its first send (sequence models)"
 
 METRICS: tuple[Metric, ...] = (
     Metric("throughput_infer_per_s", "infer/s", "higher", lambda lv: lv.throughput_infer_per_s,
@@ -186,6 +197,14 @@ METRICS: tuple[Metric, ...] = (
     *(
         Metric(f"response_gap_{stat}_ms", "ms", "lower", response_ms("gap", f"{stat}_us"), description=_GAP)
         for stat in ("p50", "p90", "p99", "mean", "max")
+    ),
+    Metric("sequence_throughput_per_s", "sequences/s", "higher",
+           lambda lv: lv.sequence_throughput_per_s if lv.sequence_latency is not None else None,
+           ("sequence_per_sec",), fmt="{:.2f}", description="sequences whose last answer came in the windows"),
+    *(
+        Metric(f"sequence_{stat}_ms", "ms", "lower", sequence_latency_ms(f"{stat}_us"),
+               gate=f"sequence_{stat}" if stat in ("p50", "p99") else None, description=_SEQUENCE)
+        for stat in ("p50", "p90", "p95", "p99", "mean", "max")
     ),
     # Not a tidy column: the CSV keeps the bytes (gpu_memory_used_max_bytes), tune's bounds are in MB.
     Metric("gpu_memory_mb", "MB", "lower", _gpu_memory_mb, ("gpu_used_memory",), figure="gpu_memory_mb",

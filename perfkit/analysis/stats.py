@@ -67,7 +67,7 @@ import numpy as np
 import numpy.typing as npt
 
 from perfkit.analysis.server_stats import network_server_us
-from perfkit.load.samples import SampleArrays
+from perfkit.load.samples import SampleArrays, SequenceArrays
 from perfkit.results.model import (
     Check,
     LatencyStats,
@@ -315,13 +315,15 @@ def level_result(
     stability_threshold: float = 0.1,
     stability_count: int = STABILITY_WINDOWS,
     all_windows: Sequence[WindowResult] | None = None,
+    sequences: SequenceArrays | None = None,
 ) -> LevelResult:
     """The result of one load level from its reported windows (see `reported_windows`).
 
     `samples` may hold every sample of the level: statistics use the requests that completed in a
     reported window, and the send rate counts the requests *sent* in one (including those that
     completed later, which only a superset can show). `all_windows`, every window measured, is
-    what the result records as `windows` when given; the statistics use `windows` only."""
+    what the result records as `windows` when given; the statistics use `windows` only.
+    `sequences` (a sequence model's finished sequences) count in the window of their last answer."""
     windows = tuple(windows)
     duration_s = sum(w.end_ns - w.start_ns for w in windows) / 1e9
     counted = samples.select(_in_windows(samples.done_ns, windows))
@@ -365,6 +367,8 @@ def level_result(
         bytes_in_per_request=float(counted.bytes_in.mean()) if n else 0.0,
         responses=response_stats(ok, duration_s),
     )
+    if sequences is not None and len(sequences):
+        result = _with_sequences(result, sequences, windows, duration_s, custom_percentile)
     checks = validity_checks(
         result,
         stability_threshold=stability_threshold,
@@ -372,6 +376,25 @@ def level_result(
         delay_tolerance_ns=delay_tolerance_ns,
     )
     return dataclasses.replace(result, checks=checks)
+
+
+def _with_sequences(
+    result: LevelResult,
+    sequences: SequenceArrays,
+    windows: Sequence[WindowResult],
+    duration_s: float,
+    custom_percentile: float | None,
+) -> LevelResult:
+    """The per-sequence figures: sequences whose last answer came in a reported window."""
+    inside = _in_windows(sequences.done_ns, windows)
+    ok = inside & sequences.ok
+    latency = latency_stats(sequences.done_ns[ok] - sequences.first_sent_ns[ok], custom_percentile)
+    return dataclasses.replace(
+        result,
+        sequence_count=int(inside.sum()),
+        sequence_throughput_per_s=int(ok.sum()) / duration_s if duration_s > 0 else 0.0,
+        sequence_latency=latency,
+    )
 
 
 _STABILITY_ADVICE = (

@@ -124,6 +124,7 @@ def windows_from_args(args: argparse.Namespace) -> WindowSpec:
         max_trials=args.max_trials,
         percentile=args.percentile,
         warmup_request_count=args.warmup_request_count,
+        request_limit=getattr(args, "request_count", 0),  # sweep only
     )
 
 

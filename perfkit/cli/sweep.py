@@ -14,8 +14,9 @@ from perfkit.genai.goodput import parse_goodput
 from perfkit.genai.trace import read_trace, trace_intervals_ns
 from perfkit.genai.workload import ENDPOINT_TYPES, GenerativeSpec, WorkloadSpec
 from perfkit.load.distributed import DistributedSpec
-from perfkit.load.inputs import parse_shape_flag
+from perfkit.load.inputs import parse_request_parameter, parse_shape_flag
 from perfkit.load.schedule import parse_range, read_intervals
+from perfkit.load.sequences import DEFAULT_ID_RANGE, SequenceSpec, parse_id_range
 from perfkit.report.summary import sweep_notes, sweep_table
 from perfkit.sweep.run import SweepRun, run_sweep
 from perfkit.sweep.spec import DataPathSpec, InputSpec, LoadSpec, MetricsSpec, OutputSpec, SweepSpec
@@ -137,6 +138,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     data.add_argument("--input-data", default="random", metavar="random|zero|FILE.json")
     data.add_argument("--seed", type=int, default=0, help="seed for random inputs and Poisson schedules")
+    add_request_data_flags(p)
+    add_sequence_flags(p)
     m = p.add_argument_group("measurement")
     m.add_argument("--measurement-mode", choices=("time_windows", "count_windows"), default="time_windows")
     m.add_argument(
@@ -243,6 +246,86 @@ def _generative(args: argparse.Namespace) -> GenerativeSpec:
     )
 
 
+def add_request_data_flags(p: argparse.ArgumentParser) -> None:
+    req = p.add_argument_group("request data")
+    req.add_argument(
+        "--request-parameter",
+        action="append",
+        default=[],
+        metavar="NAME:VALUE:TYPE",
+        help="a parameter sent with every request; TYPE bool, int or string (repeatable; HTTP and gRPC)",
+    )
+    req.add_argument(
+        "--string-length", type=int, default=128, metavar="N", help="length of generated strings (default 128)"
+    )
+    req.add_argument("--string-data", metavar="STRING", help="every string input element is STRING")
+    req.add_argument(
+        "--request-count",
+        type=int,
+        default=0,
+        metavar="N",
+        help="send N requests at one level and measure them as one window (default 0: windows until stable)",
+    )
+
+
+def add_sequence_flags(p: argparse.ArgumentParser) -> None:
+    seq = p.add_argument_group(
+        "sequences", "for models with sequence_batching: a sequence id and START/END go with every request"
+    )
+    seq.add_argument("--sequence-length", type=int, metavar="N", help="requests per sequence (default 20)")
+    seq.add_argument(
+        "--sequence-length-variation",
+        type=float,
+        metavar="PCT",
+        help="lengths vary uniformly within ±PCT %% of --sequence-length (default 20)",
+    )
+    seq.add_argument(
+        "--sequence-id-range",
+        metavar="START[:END]",
+        help="sequence ids from START up to END, excluded (default 1, and 2^32 - 1 ids as perf_analyzer)",
+    )
+    seq.add_argument("--start-sequence-id", type=int, metavar="ID", help="first sequence id (default 1)")
+    seq.add_argument(
+        "--num-of-sequences",
+        type=int,
+        metavar="N",
+        help="request-rate mode: sequences live at once, each send to one drawn at random (default 4)",
+    )
+    seq.add_argument(
+        "--serial-sequences",
+        action="store_true",
+        help="request-rate mode: a sequence's next request waits for its previous answer",
+    )
+
+
+def sequences_from_args(args: argparse.Namespace) -> SequenceSpec:
+    """The sequence flags; `enabled` when any is given (a data file with streams enables it later)."""
+    given = [
+        args.sequence_length, args.sequence_length_variation, args.sequence_id_range, args.start_sequence_id,
+        args.num_of_sequences,
+    ]  # fmt: skip
+    start, id_range = 1, DEFAULT_ID_RANGE
+    if args.sequence_id_range is not None:
+        start, id_range = parse_id_range(args.sequence_id_range)
+    if args.start_sequence_id is not None:
+        if args.sequence_id_range is not None and args.start_sequence_id != start:
+            raise PerfkitError(
+                f"--start-sequence-id {args.start_sequence_id} and --sequence-id-range {args.sequence_id_range} "
+                "disagree on the first id; give one of them"
+            )
+        start = args.start_sequence_id
+    return SequenceSpec(
+        enabled=args.serial_sequences or any(v is not None for v in given),
+        length=20 if args.sequence_length is None else args.sequence_length,
+        length_specified=args.sequence_length is not None,
+        length_variation_pct=20.0 if args.sequence_length_variation is None else args.sequence_length_variation,
+        start_id=start,
+        id_range=id_range,
+        num_of_sequences=4 if args.num_of_sequences is None else args.num_of_sequences,
+        serial=args.serial_sequences,
+    )
+
+
 def _load(args: argparse.Namespace) -> LoadSpec:
     common = {
         "latency_threshold_ms": args.latency_threshold,
@@ -302,6 +385,9 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
             shapes=tuple((name, tuple(dims)) for name, dims in map(parse_shape_flag, args.shape)),
             input_data=args.input_data,
             seed=args.seed,
+            string_length=args.string_length,
+            string_data=args.string_data,
+            request_parameters=tuple(map(parse_request_parameter, args.request_parameter)),
         ),
         metrics=MetricsSpec(
             collect=args.collect_metrics, metrics_url=args.metrics_url, interval_ms=args.metrics_interval
@@ -317,6 +403,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
         distributed=DistributedSpec(workers=args.workers, ray_address=args.ray_address),
         data_path=DataPathSpec(args.streaming, args.shared_memory, args.output_shared_memory_size),
         genai=_generative(args),
+        sequences=sequences_from_args(args),
     )
     spec.validate()
     return spec

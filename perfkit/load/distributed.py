@@ -253,7 +253,9 @@ class DistributedLoadGenerator:
         ]
         return f"{len(self.workers)} load workers: " + ", ".join(parts)
 
-    def start(self, load: Load) -> None:
+    def start(self, load: Load, request_limit: int = 0) -> None:
+        if request_limit:
+            raise PerfkitError("--request-count is not supported with --workers")
         if self._starting is not None or self._puller is not None:
             raise RuntimeError("a load is already running; stop it first")
         alive = self.alive

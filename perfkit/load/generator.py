@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from perfkit.load.samples import SampleBuffer
 from perfkit.load.schedule import ClosedLoop, Load, OpenLoop, ScheduleStream
+from perfkit.load.sequences import LiveSequence, SequenceLoad
 from v2kit.runtime.timer import PRECISE_BELOW_NS, call_at_ns
 
 CHUNK = 4096  # schedule offsets produced at a time
@@ -111,7 +112,11 @@ class InferClientLike(Protocol):
 
 
 class LoadGenerator:
-    """Runs one load at a time; `start` it, then `stop` it (in-flight requests are awaited)."""
+    """Runs one load at a time; `start` it, then `stop` it (in-flight requests are awaited).
+
+    With `sequences` (a sequence model) each request is the next of a sequence slot's, as
+    `perfkit.load.sequences` decides: closed-loop worker i runs slot i; an open loop draws a slot
+    per send; `stop` ends every open sequence with one more request carrying END."""
 
     def __init__(
         self,
@@ -121,8 +126,9 @@ class LoadGenerator:
         clock: Clock,
         *,
         max_outstanding: int = 10_000,
+        sequences: SequenceLoad | None = None,
     ) -> None:
-        if not prepared:
+        if not prepared and sequences is None:
             raise ValueError("the load generator needs at least one prepared request")
         self.client = client
         self.prepared = list(prepared)
@@ -133,6 +139,9 @@ class LoadGenerator:
         self._tasks: list[asyncio.Task[None]] = []
         self._in_flight: set[asyncio.Task[None]] = set()
         self.started_ns = 0
+        self.sequences = sequences
+        self._slot_freed: asyncio.Event | None = None  # serial sequences: a slot's answer came
+        self._left = -1
 
     @property
     def outstanding(self) -> int:
@@ -142,15 +151,27 @@ class LoadGenerator:
         """Nothing to do: samples land in the buffer as requests complete (a distributed load
         generator pulls its workers' samples here)."""
 
-    def start(self, load: Load) -> None:
+    def start(self, load: Load, request_limit: int = 0) -> None:
+        """Start `load`; with `request_limit` (--request-count) send that many requests, no more."""
         if self._tasks:
             raise RuntimeError("a load is already running; stop it first")
         self._stopping = False
+        self._left = request_limit or -1  # sends left; negative: no limit
         self.started_ns = self.clock.now_ns()
         loop = asyncio.get_running_loop()
+        sequences = self.sequences
         if isinstance(load, ClosedLoop):
-            self._tasks = [loop.create_task(self._closed_worker(i, load.concurrency)) for i in range(load.concurrency)]
+            if sequences is not None:
+                sequences.begin_level(load.concurrency)
+                self._tasks = [loop.create_task(self._closed_sequence_worker(i)) for i in range(load.concurrency)]
+            else:
+                self._tasks = [
+                    loop.create_task(self._closed_worker(i, load.concurrency)) for i in range(load.concurrency)
+                ]
         elif isinstance(load, OpenLoop):
+            if sequences is not None:
+                sequences.begin_level(sequences.spec.num_of_sequences)
+                self._slot_freed = asyncio.Event()
             self._tasks = [loop.create_task(self._open_dispatcher(ScheduleStream(load)))]
         else:
             raise TypeError(f"unknown load {load!r}")
@@ -160,23 +181,71 @@ class LoadGenerator:
         self._stopping = True
         tasks, self._tasks = self._tasks, []
         pending = [*tasks, *self._in_flight]
-        if not pending:
-            return
-        done, not_done = await asyncio.wait(pending, timeout=drain_timeout_s)
-        for task in not_done:
-            task.cancel()
-        if not_done:
-            await asyncio.wait(not_done)
-        for task in done:
-            if not task.cancelled() and task.exception() is not None:
-                raise task.exception()  # type: ignore[misc]
+        if pending:
+            done, not_done = await asyncio.wait(pending, timeout=drain_timeout_s)
+            for task in not_done:
+                task.cancel()
+            if not_done:
+                await asyncio.wait(not_done)
+            for task in done:
+                if not task.cancelled() and task.exception() is not None:
+                    raise task.exception()  # type: ignore[misc]
+        if self.sequences is not None:
+            await self._end_open_sequences(drain_timeout_s)
+
+    async def _end_open_sequences(self, timeout_s: float | None) -> None:
+        """perf_analyzer's CompleteOngoingSequences: one request with END for each open sequence."""
+        assert self.sequences is not None
+        loop = asyncio.get_running_loop()
+        ends = [
+            loop.create_task(self._sequence_request(slot, self.clock.now_ns(), last=True))
+            for slot in self.sequences.manager.open_slots()
+        ]
+        if ends:
+            _, not_done = await asyncio.wait(ends, timeout=timeout_s)
+            for task in not_done:
+                task.cancel()
+            if not_done:
+                await asyncio.wait(not_done)
+
+    async def _sequence_request(self, slot: int, intended: int, *, last: bool = False) -> None:
+        sequences, clock = self.sequences, self.clock
+        assert sequences is not None
+        sent = clock.now_ns()
+        request, live = sequences.send(slot, sent, last=last)
+        await self._sequence_answer(intended, sent, request, live)
+
+    async def _sequence_answer(self, intended: int, sent: int, request: Any, live: LiveSequence) -> None:
+        assert self.sequences is not None
+        outcome = await self.client.send(request)
+        done = self.clock.now_ns()
+        buffer = self.buffer
+        buffer.record(intended, sent, done, outcome.error, request.bytes_out, outcome.bytes_in,
+                      outcome.send_ns, outcome.recv_ns)  # fmt: skip
+        self.sequences.answered(live, done, not outcome.error, buffer.record_sequence)
+
+    async def _closed_sequence_worker(self, slot: int) -> None:
+        # _sequence_request inlined: this loop is the hot path of concurrency mode on a sequence model.
+        clock, client, record = self.clock, self.client, self.buffer.record
+        sequences, record_sequence = self.sequences, self.buffer.record_sequence
+        assert sequences is not None
+        while not self._stopping and self._left:
+            self._left -= 1
+            sent = clock.now_ns()
+            request, live = sequences.send(slot, sent)
+            outcome = await client.send(request)
+            done = clock.now_ns()
+            record(sent, sent, done, outcome.error, request.bytes_out, outcome.bytes_in,
+                   outcome.send_ns, outcome.recv_ns)  # fmt: skip
+            sequences.answered(live, done, not outcome.error, record_sequence)
 
     async def _closed_worker(self, index: int, concurrency: int) -> None:
         client, clock, record = self.client, self.clock, self.buffer.record
         prepared = self.prepared
         count = len(prepared)
         position = index
-        while not self._stopping:
+        while not self._stopping and self._left:
+            self._left -= 1
             request = prepared[position % count]
             position += concurrency
             sent = clock.now_ns()
@@ -202,8 +271,13 @@ class LoadGenerator:
                 elif position % 16 == 0:
                     # Behind schedule: send at once, but let responses and the measurement run.
                     await asyncio.sleep(0)
-                if self._stopping:
+                if self._stopping or not self._left:
                     return
+                self._left -= 1
+                if self.sequences is not None:
+                    if not await self._open_sequence_send(intended):
+                        return
+                    continue
                 request = prepared[position % count]
                 position += 1
                 if len(self._in_flight) >= self.max_outstanding:
@@ -215,6 +289,43 @@ class LoadGenerator:
                 task = loop.create_task(self._open_request(intended, request))
                 self._in_flight.add(task)
                 task.add_done_callback(self._in_flight.discard)
+
+    async def _open_sequence_send(self, intended: int) -> bool:
+        """Send the next request of a drawn slot (serial: of the first free one, waiting for one
+        if need be, which makes the send late). False once the load is stopping."""
+        sequences, clock = self.sequences, self.clock
+        assert sequences is not None and self._slot_freed is not None
+        if len(self._in_flight) >= self.max_outstanding:
+            now = clock.now_ns()
+            self.buffer.record(intended, now, now, NOT_SENT, 0, 0)
+            return True
+        if sequences.serial:
+            slot = sequences.take_free()
+            while slot is None:
+                self._slot_freed.clear()
+                await self._slot_freed.wait()
+                if self._stopping:
+                    return False
+                slot = sequences.take_free()
+        else:
+            slot = sequences.draw_slot()
+        sent = clock.now_ns()
+        request, live = sequences.send(slot, sent)
+        task = asyncio.get_running_loop().create_task(self._open_sequence_answer(intended, sent, request, live, slot))
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+        return True
+
+    async def _open_sequence_answer(
+        self, intended: int, sent: int, request: Any, live: LiveSequence, slot: int
+    ) -> None:
+        try:
+            await self._sequence_answer(intended, sent, request, live)
+        finally:
+            assert self.sequences is not None and self._slot_freed is not None
+            if self.sequences.serial:
+                self.sequences.release(slot)
+                self._slot_freed.set()
 
     async def _open_request(self, intended: int, request: Any) -> None:
         clock = self.clock

@@ -1,19 +1,21 @@
 """Request inputs, with perf_analyzer's semantics (`--input-data`, `-b`, `--shape`, `--string-length`).
 
 `build_requests` turns a model's metadata and config (the HTTP JSON shapes) into the requests a run
-sends round-robin:
+sends round-robin (`build_sequence_streams`, for a sequence model, into streams of steps):
 
 - `random` (the default) and `zero`: one request. As perf_analyzer does, one batch-1 row is
   generated per input and repeated to fill the batch. Random floats are standard normal, integers
   lie in [0, 100) (safe as indices and in every integer type), BOOL is uniform, and BYTES elements
   are random alphanumeric strings of `--string-length` characters. `zero` gives zeros, False, and
-  BYTES elements of `--string-length` "0" characters.
+  BYTES elements of `--string-length` "0" characters. `--string-data S` makes every BYTES element S.
 - a JSON file in perf_analyzer's schema: `{"data": [step, ...]}`, each step a batch-1 request
   mapping input names to a flat row-major list, `{"b64": ...}` (little-endian bytes; BYTES
   elements with their 4-byte length prefix), or `{"content": list | {"b64": ...}, "shape": [...]}`
   (the shape, without the batch dimension, overrides `--shape` for that step). There is one request
   per step: request `s` holds the rows of steps `s, s+1, ..., s+b-1` (mod the step count), which is
-  how perf_analyzer fills a batch (infer_data_manager.cc `UpdateInputs`).
+  how perf_analyzer fills a batch (infer_data_manager.cc `UpdateInputs`). For a sequence model
+  "data" may instead hold streams, `{"data": [[step, ...], [step, ...]]}`: each new sequence takes
+  a stream, its steps in order (perfkit.load.sequences).
 
 Shapes exclude the batch dimension throughout, as `--shape` does: with `max_batch_size > 0` the
 model's first dimension is the batch, and requests carry `-b` there.
@@ -35,7 +37,14 @@ import numpy as np
 from perfkit.errors import PerfkitError, TargetError
 from v2kit import codec as v2
 
-__all__ = ["build_requests", "parse_shape_flag", "parse_shape_flags"]
+__all__ = [
+    "build_requests",
+    "build_sequence_streams",
+    "has_streams",
+    "parse_request_parameter",
+    "parse_shape_flag",
+    "parse_shape_flags",
+]
 
 _ALPHANUMERIC = np.frombuffer(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789", dtype=np.uint8)
 _INT_HIGH = 100  # random integers lie in [0, _INT_HIGH)
@@ -70,6 +79,34 @@ def parse_shape_flag(text: str) -> tuple[str, list[int]]:
     return name, shape
 
 
+# Parameters with a meaning of their own: the sequence flags set the first three.
+_RESERVED_PARAMETERS = ("sequence_id", "sequence_start", "sequence_end", "binary_data_output")
+
+
+def parse_request_parameter(text: str) -> tuple[str, bool | int | str]:
+    """`--request-parameter NAME:VALUE:TYPE` (TYPE bool, int or string, any case) → (NAME, value)."""
+    name, _, rest = text.partition(":")
+    value, colon, kind = rest.rpartition(":")
+    kind = kind.lower()
+    if not name or not colon:
+        raise PerfkitError(f"--request-parameter expects NAME:VALUE:TYPE (e.g. max_tokens:256:int), got '{text}'")
+    if name in _RESERVED_PARAMETERS:
+        fix = "use the sequence flags (--sequence-length, ...)" if name.startswith("sequence") else "drop it"
+        raise PerfkitError(f"--request-parameter {name}: perfkit sets '{name}' itself; {fix}")
+    if kind == "string":
+        return name, value
+    if kind == "int":
+        try:
+            return name, int(value)
+        except ValueError:
+            raise PerfkitError(f"--request-parameter {text}: '{value}' is not an integer") from None
+    if kind == "bool":
+        if value.lower() not in ("true", "false"):
+            raise PerfkitError(f"--request-parameter {text}: a bool is true or false, got '{value}'")
+        return name, value.lower() == "true"
+    raise PerfkitError(f"--request-parameter {text}: TYPE must be bool, int or string, got '{kind}'")
+
+
 def parse_shape_flags(values: Sequence[str]) -> dict[str, list[int]]:
     """Every `--shape` of a command line; naming one input twice is an error."""
     shapes: dict[str, list[int]] = {}
@@ -92,41 +129,14 @@ def build_requests(
     input_data: str = "random",
     seed: int = 0,
     string_length: int = 128,
+    string_data: str | None = None,
     outputs: Sequence[str] = (),
 ) -> list[v2.InferRequest]:
     """The requests to send, round-robin, for `input_data` ("random", "zero" or a JSON file)."""
-    max_batch = config.get("max_batch_size", 0)
-    if not isinstance(max_batch, int) or max_batch < 0:
-        raise TargetError(f"model '{model}' config has an invalid max_batch_size {max_batch!r}")
-    if batch_size < 1:
-        raise PerfkitError(f"-b must be at least 1, got {batch_size}")
-    if max_batch == 0 and batch_size > 1:
-        raise PerfkitError(f"model '{model}' does not support batching (max_batch_size 0); -b must be 1")
-    if batch_size > max_batch > 0:
-        raise PerfkitError(
-            f"-b {batch_size} exceeds the max_batch_size {max_batch} of model '{model}'; pass -b {max_batch} or less"
-        )
-    if string_length < 0:
-        raise PerfkitError(f"--string-length must be >= 0, got {string_length}")
-    inputs = _model_inputs(metadata, config, model, batched=max_batch > 0)
-    unknown = sorted(set(shapes) - {i.name for i in inputs})
-    if unknown:
-        names = ", ".join(i.name for i in inputs)
-        raise PerfkitError(f"--shape names input '{unknown[0]}', but model '{model}' has inputs {names}")
-    for spec in inputs:
-        if spec.name in shapes:
-            _check_shape(spec, shapes[spec.name], f"--shape {spec.name}:{','.join(map(str, shapes[spec.name]))}")
-    requested = _requested_outputs(metadata, model, outputs)
-    batch = batch_size if max_batch > 0 else None
-
+    inputs, requested, batch = _prelude(metadata, config, model, batch_size, shapes, string_length, outputs)
     if input_data in ("random", "zero"):
-        rng = np.random.default_rng(seed)
-        tensors = []
-        for spec in inputs:
-            shape = _fixed_shape(spec, shapes)
-            row = _generate(spec.datatype, shape, rng, input_data == "zero", string_length)
-            tensors.append(_batched(spec, [row] * (batch or 1), batch))
-        return [v2.InferRequest(model, version, inputs=tensors, outputs=requested)]
+        return [_generated_request(inputs, requested, batch, model, version, shapes, input_data, seed,
+                                   string_length, string_data)]  # fmt: skip
 
     steps = _load_steps(input_data, inputs, shapes)
     requests = []
@@ -154,6 +164,98 @@ def build_requests(
             tensors.append(_batched(spec, present, batch))
         requests.append(v2.InferRequest(model, version, inputs=tensors, outputs=requested))
     return requests
+
+
+def build_sequence_streams(
+    metadata: Mapping[str, Any],
+    config: Mapping[str, Any],
+    *,
+    model: str,
+    version: str = "",
+    shapes: Mapping[str, list[int]] = {},  # read only
+    input_data: str = "random",
+    seed: int = 0,
+    string_length: int = 128,
+    string_data: str | None = None,
+    outputs: Sequence[str] = (),
+) -> tuple[list[list[v2.InferRequest]], bool]:
+    """A sequence model's batch-1 requests as streams of steps, and whether they came from a data
+    file (perfkit.load.sequences): generated data is one stream of one step."""
+    inputs, requested, batch = _prelude(metadata, config, model, 1, shapes, string_length, outputs)
+    if input_data in ("random", "zero"):
+        request = _generated_request(inputs, requested, batch, model, version, shapes, input_data, seed,
+                                     string_length, string_data)  # fmt: skip
+        return [[request]], False
+    streams = []
+    for stream in _load_streams(input_data, inputs, shapes):
+        steps = []
+        for row in stream:
+            tensors = [_batched(spec, [row[spec.name]], batch) for spec in inputs if spec.name in row]
+            steps.append(v2.InferRequest(model, version, inputs=tensors, outputs=requested))
+        streams.append(steps)
+    return streams, True
+
+
+def _prelude(
+    metadata: Mapping[str, Any],
+    config: Mapping[str, Any],
+    model: str,
+    batch_size: int,
+    shapes: Mapping[str, list[int]],
+    string_length: int,
+    outputs: Sequence[str],
+) -> tuple[list[_Input], list[v2.RequestedOutput] | None, int | None]:
+    """The model's inputs, the requested outputs and the batch dimension, once the flags are checked."""
+    max_batch = config.get("max_batch_size", 0)
+    if not isinstance(max_batch, int) or max_batch < 0:
+        raise TargetError(f"model '{model}' config has an invalid max_batch_size {max_batch!r}")
+    if batch_size < 1:
+        raise PerfkitError(f"-b must be at least 1, got {batch_size}")
+    if max_batch == 0 and batch_size > 1:
+        raise PerfkitError(f"model '{model}' does not support batching (max_batch_size 0); -b must be 1")
+    if batch_size > max_batch > 0:
+        raise PerfkitError(
+            f"-b {batch_size} exceeds the max_batch_size {max_batch} of model '{model}'; pass -b {max_batch} or less"
+        )
+    if string_length < 0:
+        raise PerfkitError(f"--string-length must be >= 0, got {string_length}")
+    inputs = _model_inputs(metadata, config, model, batched=max_batch > 0)
+    unknown = sorted(set(shapes) - {i.name for i in inputs})
+    if unknown:
+        names = ", ".join(i.name for i in inputs)
+        raise PerfkitError(f"--shape names input '{unknown[0]}', but model '{model}' has inputs {names}")
+    for spec in inputs:
+        if spec.name in shapes:
+            _check_shape(spec, shapes[spec.name], f"--shape {spec.name}:{','.join(map(str, shapes[spec.name]))}")
+    requested = _requested_outputs(metadata, model, outputs)
+    return inputs, requested, (batch_size if max_batch > 0 else None)
+
+
+def _generated_request(
+    inputs: list[_Input],
+    requested: list[v2.RequestedOutput] | None,
+    batch: int | None,
+    model: str,
+    version: str,
+    shapes: Mapping[str, list[int]],
+    input_data: str,
+    seed: int,
+    string_length: int,
+    string_data: str | None,
+) -> v2.InferRequest:
+    """`random` or `zero` data: one batch-1 row per input, repeated to fill the batch."""
+    rng = np.random.default_rng(seed)
+    tensors = []
+    for spec in inputs:
+        shape = _fixed_shape(spec, shapes)
+        if spec.datatype == "BYTES" and string_data is not None:
+            row = np.empty(math.prod(shape), dtype=object)
+            row[:] = [string_data.encode()] * len(row)
+            row = row.reshape(shape)
+        else:
+            row = _generate(spec.datatype, shape, rng, input_data == "zero", string_length)
+        tensors.append(_batched(spec, [row] * (batch or 1), batch))
+    return v2.InferRequest(model, version, inputs=tensors, outputs=requested)
 
 
 # --- the model's inputs ---------------------------------------------------------------------------
@@ -243,8 +345,8 @@ def _generate(datatype: str, shape: list[int], rng: np.random.Generator, zero: b
 # --- data files -----------------------------------------------------------------------------------
 
 
-def _load_steps(path_text: str, inputs: list[_Input], shapes: Mapping[str, list[int]]) -> list[dict[str, np.ndarray]]:
-    """Each step of a perf_analyzer JSON data file as {input: batch-1 row, shape without batch}."""
+def _read_data(path_text: str) -> list[Any]:
+    """The "data" list of a perf_analyzer JSON data file."""
     flag = f"--input-data {path_text}"
     path = Path(path_text)
     if path.is_dir():
@@ -260,26 +362,62 @@ def _load_steps(path_text: str, inputs: list[_Input], shapes: Mapping[str, list[
         raise PerfkitError(
             f'{flag}: expected a JSON object with a non-empty "data" list: {{"data": [{{"INPUT0": [...]}}]}}'
         )
-    by_name = {spec.name: spec for spec in inputs}
+    return steps
+
+
+def has_streams(input_data: str) -> bool:
+    """Whether `--input-data` is a JSON file whose "data" holds sequence streams (lists of steps)."""
+    if input_data in ("random", "zero"):
+        return False
+    return any(isinstance(step, list) for step in _read_data(input_data))
+
+
+def _load_steps(path_text: str, inputs: list[_Input], shapes: Mapping[str, list[int]]) -> list[dict[str, np.ndarray]]:
+    """Each step of a perf_analyzer JSON data file as {input: batch-1 row, shape without batch}."""
+    flag = f"--input-data {path_text}"
     rows = []
-    for s, step in enumerate(steps):
-        where = f"{flag}: data[{s}]"
+    for s, step in enumerate(_read_data(path_text)):
         if isinstance(step, list):
-            raise PerfkitError(f"{where} is a list: sequence streams (lists of steps) are not supported")
-        if not isinstance(step, dict):
-            raise PerfkitError(f"{where} must be a JSON object mapping input names to data")
-        extra = sorted(set(step) - set(by_name))
-        if extra:
-            raise PerfkitError(f"{where} names '{extra[0]}', which is not an input (inputs: {', '.join(by_name)})")
-        row = {}
-        for spec in inputs:
-            if spec.name not in step:
-                if spec.optional:
-                    continue
-                raise PerfkitError(f"{where} has no data for input '{spec.name}'")
-            row[spec.name] = _step_tensor(step[spec.name], spec, shapes, where)
-        rows.append(row)
+            raise PerfkitError(
+                f"{flag}: data[{s}] is a list: sequence streams are for sequence models; pass --sequence-length "
+                "to send them as sequences, or give one object per step"
+            )
+        rows.append(_step_row(step, inputs, shapes, f"{flag}: data[{s}]"))
     return rows
+
+
+def _load_streams(
+    path_text: str, inputs: list[_Input], shapes: Mapping[str, list[int]]
+) -> list[list[dict[str, np.ndarray]]]:
+    """The streams of a data file: "data" as a list of lists of steps (a plain list of steps is one
+    stream, as perf_analyzer reads it)."""
+    flag = f"--input-data {path_text}"
+    data = _read_data(path_text)
+    if not any(isinstance(step, list) for step in data):
+        return [[_step_row(step, inputs, shapes, f"{flag}: data[{s}]") for s, step in enumerate(data)]]
+    streams = []
+    for k, stream in enumerate(data):
+        if not isinstance(stream, list) or not stream:
+            raise PerfkitError(f"{flag}: data[{k}] must be a non-empty list of steps, as every other stream is")
+        streams.append([_step_row(step, inputs, shapes, f"{flag}: data[{k}][{s}]") for s, step in enumerate(stream)])
+    return streams
+
+
+def _step_row(step: Any, inputs: list[_Input], shapes: Mapping[str, list[int]], where: str) -> dict[str, np.ndarray]:
+    by_name = {spec.name: spec for spec in inputs}
+    if not isinstance(step, dict):
+        raise PerfkitError(f"{where} must be a JSON object mapping input names to data")
+    extra = sorted(set(step) - set(by_name))
+    if extra:
+        raise PerfkitError(f"{where} names '{extra[0]}', which is not an input (inputs: {', '.join(by_name)})")
+    row = {}
+    for spec in inputs:
+        if spec.name not in step:
+            if spec.optional:
+                continue
+            raise PerfkitError(f"{where} has no data for input '{spec.name}'")
+        row[spec.name] = _step_tensor(step[spec.name], spec, shapes, where)
+    return row
 
 
 def _step_tensor(value: Any, spec: _Input, shapes: Mapping[str, list[int]], step_where: str) -> np.ndarray:

@@ -134,14 +134,29 @@ _COLUMNS = (
 )  # fmt: skip
 
 
+@dataclass(frozen=True, slots=True)
+class SequenceArrays:
+    """Finished sequences of a sequence model's load (`perfkit.load.sequences`): each one's first
+    send, the answer to its last request, whether all its requests succeeded, its request count."""
+
+    first_sent_ns: I64
+    done_ns: I64
+    ok: npt.NDArray[np.bool_]
+    requests: I64
+
+    def __len__(self) -> int:
+        return len(self.done_ns)
+
+
 class SampleBuffer:
     """Append-only store of samples for one run; the load generator is its only writer."""
 
-    __slots__ = ("_columns", "_error_index", "_error_names", "_gaps", "_has_tokens", "_tokens")
+    __slots__ = ("_columns", "_error_index", "_error_names", "_gaps", "_has_tokens", "_sequences", "_tokens")
 
     def __init__(self) -> None:
         self._columns: tuple[list[int], ...] = tuple([] for _ in _COLUMNS)
         self._gaps: list[int] = []
+        self._sequences: tuple[list[int], list[int], list[int], list[int]] = ([], [], [], [])
         self._error_names: list[str] = [""]
         self._error_index: dict[str, int] = {"": 0}
         self._tokens: list[tuple[int, ...]] = []
@@ -210,6 +225,22 @@ class SampleBuffer:
                         send_ns, recv_ns, response_ns[0], len(response_ns))  # fmt: skip
         else:
             self.record(intended_ns, sent_ns, ended_ns, error, bytes_out, bytes_in, send_ns, recv_ns, 0, 0)
+
+    def record_sequence(self, first_sent_ns: int, done_ns: int, ok: bool, requests: int) -> None:
+        """A sequence whose last request was answered (sequence models only)."""
+        c = self._sequences
+        c[0].append(first_sent_ns)
+        c[1].append(done_ns)
+        c[2].append(ok)
+        c[3].append(requests)
+
+    def sequences(self) -> SequenceArrays:
+        """Every finished sequence recorded so far (select a level's by time)."""
+        first, done, ok, requests = self._sequences
+        return SequenceArrays(
+            np.asarray(first, dtype=np.int64), np.asarray(done, dtype=np.int64),
+            np.asarray(ok, dtype=np.bool_), np.asarray(requests, dtype=np.int64),
+        )  # fmt: skip
 
     def add(self, sample: Sample) -> None:
         if sample.responses >= 0:

@@ -46,6 +46,9 @@ class WindowSpec:
     percentile: float | None = None  # None: stabilise on (and report) the average latency
     warmup_request_count: int = 0
     delay_tolerance_ms: float = 1.0
+    # --request-count N: send N requests (after the warm-up), one window from the first send to the
+    # last answer, stable by definition (perf_analyzer's). 0: windows until stable.
+    request_limit: int = 0
 
     def validate(self) -> None:
         """The measurement flags' rules, shared by sweep and tune."""
@@ -66,6 +69,8 @@ class WindowSpec:
             raise PerfkitError("--percentile must be between 0 and 100 (e.g. 99 or 99.9)")
         if self.warmup_request_count < 0:
             raise PerfkitError("--warmup-request-count must not be negative")
+        if self.request_limit < 0:
+            raise PerfkitError(f"--request-count must be > 0, got {self.request_limit}")
 
 
 class LevelLoad(Protocol):
@@ -77,7 +82,7 @@ class LevelLoad(Protocol):
     @property
     def buffer(self) -> SampleBuffer: ...
 
-    def start(self, load: Load) -> None: ...
+    def start(self, load: Load, request_limit: int = 0) -> None: ...
 
     async def sync(self) -> None: ...
 
@@ -153,7 +158,10 @@ async def measure_level(
     clock, buffer = loadgen.clock, loadgen.buffer
     mode, level = _mode_name(load), _level_value(load)
     first_index = len(buffer)
-    loadgen.start(load)
+    if spec.request_limit:
+        loadgen.start(load, spec.warmup_request_count + spec.request_limit)
+    else:
+        loadgen.start(load)
     try:
         await loadgen.sync()
         if spec.warmup_request_count:
@@ -167,7 +175,14 @@ async def measure_level(
         stable = False
         threshold = spec.stability_pct / 100.0
         percentile = spec.percentile
-        while len(windows) < spec.max_trials:
+        while spec.request_limit and not windows:
+            counted = await _counted_window(loadgen, spec, first_index, batch_size)
+            boundaries[0] = counted.start_ns
+            windows.append(counted)
+            boundaries.append(counted.end_ns)
+            snapshots.append(await server.snapshot() if server else None)
+            stable = True
+        while len(windows) < spec.max_trials and not spec.request_limit:
             await _wait_window_end(loadgen, spec, window_start)
             window_end = clock.now_ns()
             await loadgen.sync()
@@ -190,7 +205,8 @@ async def measure_level(
     reported = min(spec.stable_window_count, len(windows))
     first = len(windows) - reported
     span_start, span_end = boundaries[first], boundaries[-1]
-    all_samples = buffer.arrays(first_index)
+    # --request-count: the warm-up's answers are the first ones recorded; they never count.
+    all_samples = buffer.arrays(first_index + (spec.warmup_request_count if spec.request_limit else 0))
     reported_count = len(all_samples.completed_between(span_start, span_end))
     before, after = snapshots[first], snapshots[-1]
     server_figures = server_stats.server_diff(before, after) if before is not None and after is not None else None
@@ -211,8 +227,21 @@ async def measure_level(
         delay_tolerance_ns=int(spec.delay_tolerance_ms * 1e6),
         stability_threshold=threshold,
         stability_count=spec.stable_window_count,
+        sequences=buffer.sequences(),
     )
     return LevelMeasurement(result, all_samples, tuple(boundaries))
+
+
+async def _counted_window(loadgen: LevelLoad, spec: WindowSpec, first_index: int, batch_size: int) -> WindowResult:
+    """--request-count: once every request sent has its answer, one window from the first counted
+    send to the last answer."""
+    clock, buffer = loadgen.clock, loadgen.buffer
+    wanted = spec.warmup_request_count + spec.request_limit
+    while len(buffer) - first_index < wanted:
+        await clock.sleep_until(clock.now_ns() + POLL_NS)
+    counted = buffer.arrays(first_index + spec.warmup_request_count)
+    start, end = int(counted.sent_ns.min()), int(counted.done_ns.max()) + 1
+    return stats.window_result(counted, start, end, batch_size, spec.percentile)
 
 
 async def _wait_window_end(loadgen: LevelLoad, spec: WindowSpec, window_start: int) -> None:

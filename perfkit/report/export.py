@@ -283,7 +283,8 @@ def _token_cells(level: LevelResult, goodput: bool) -> list[str]:
 
 def render_summary_table(levels: Sequence[LevelResult]) -> list[str]:
     """The per-level summary as aligned plain-text lines. Rate-mode columns (latency from the
-    intended send time, delayed sends) appear when some level ran on a schedule."""
+    intended send time, delayed sends) appear when some level ran on a schedule, and the sequences'
+    rate and p50 when the model is a sequence model."""
     scheduled = any(level.mode != "concurrency" for level in levels)
     if all(level.mode == "concurrency" for level in levels):
         level_title = "concurrency"
@@ -301,6 +302,9 @@ def render_summary_table(levels: Sequence[LevelResult]) -> list[str]:
         titles += ["resp/s", "first p50 ms", "gap p50 ms"]
     if tokens:
         titles += ["ttft p50 ms", "itl p50 ms", "tokens/s"] + (["goodput/s"] if goodput else [])
+    sequences = any(level.sequence_latency is not None for level in levels)
+    if sequences:
+        titles += ["seq/s", "seq p50 ms"]
     titles += ["errors", "avg batch", "stable", "valid"]
 
     rows: list[list[str]] = []
@@ -329,6 +333,9 @@ def render_summary_table(levels: Sequence[LevelResult]) -> list[str]:
             ]  # fmt: skip
         if tokens:
             row += _token_cells(level, goodput)
+        if sequences:
+            seq = level.sequence_latency
+            row += ["-", "-"] if seq is None else [f"{level.sequence_throughput_per_s:.1f}", _fmt_ms(seq, seq.p50_us)]
         row += [
             str(level.error_count),
             "-" if level.server is None else f"{level.server.avg_batch_size:.2f}",

@@ -162,6 +162,9 @@ _LEVEL_TABLE: tuple[tuple[str, str, int, str], ...] = (
     ("first response p50 ms", "first_response_p50_ms", 2, ""),  # streamed only
     ("response gap p50 ms", "response_gap_p50_ms", 2, ""),  # streamed only
     ("errors", "error_count", 0, ""),
+    ("sequences/s", "sequence_throughput_per_s", 2, ""),  # sequence models only
+    ("sequence p50 ms", "sequence_p50_ms", 2, ""),
+    ("sequence p99 ms", "sequence_p99_ms", 2, ""),
     ("avg batch", "server_avg_batch_size", 2, ""),
     ("client CPU %", "client_cpu_pct", 0, ""),
     ("server CPU %", "server_cpu_pct", 0, ""),
@@ -169,6 +172,7 @@ _LEVEL_TABLE: tuple[tuple[str, str, int, str], ...] = (
 )
 _RATE_ONLY = {"p99_from_intended_ms", "send_rate_per_s", "delayed_pct"}
 _STREAMED_ONLY = {"throughput_response_per_s", "first_response_p50_ms", "response_gap_p50_ms"}
+_SEQUENCE_ONLY = {"sequence_throughput_per_s", "sequence_p50_ms", "sequence_p99_ms"}
 #: The token table of generative endpoints (`--endpoint-type`), the same way.
 _TOKEN_TABLE: tuple[tuple[str, str, int, str], ...] = (
     ("TTFT p50 ms", "ttft_p50_ms", 2, ""),
@@ -194,9 +198,11 @@ def _level_rows(
 ) -> tuple[list[str], list[list[object]]]:
     scheduled = result.mode != "concurrency"
     streamed = any(lv.responses is not None for lv in result.levels)
+    sequences = any(lv.sequence_latency is not None for lv in result.levels)
     table = table or [
         spec for spec in _LEVEL_TABLE
         if (scheduled or spec[1] not in _RATE_ONLY) and (streamed or spec[1] not in _STREAMED_ONLY)
+        and (sequences or spec[1] not in _SEQUENCE_ONLY)
     ]  # fmt: skip
     header = ["level", *(title for title, *_ in table), "stable", "valid"]
     rows: list[list[object]] = []

@@ -170,6 +170,14 @@ TIDY_COLUMNS: tuple[Column, ...] = (
         "requests answered with another output length than asked",
     ),  # fmt: skip
     Column(
+        "sequence_count",
+        "count",
+        lambda s, lv: lv.sequence_count if lv.sequence_latency else None,
+        "sequence models: sequences whose last answer came in the windows",
+    ),  # fmt: skip
+    _metric_column("sequence_throughput_per_s"),
+    *(_metric_column(f"sequence_{stat}_ms") for stat in ("p50", "p90", "p95", "p99", "mean", "max")),
+    Column(
         "failed_checks",
         "",
         lambda s, lv: ";".join(check.name for check in lv.checks if not check.passed),

@@ -199,6 +199,11 @@ class LevelResult:
     workers: tuple[WorkerFigures, ...] = ()  # distributed runs only
     responses: ResponseStats | None = None  # streamed runs only
     tokens: TokenFigures | None = None  # generative endpoints only
+    # Sequence models only: the sequences whose last answer came in a reported window, their rate,
+    # and their latency from first send to last answer (successful sequences).
+    sequence_count: int = 0
+    sequence_throughput_per_s: float = 0.0
+    sequence_latency: LatencyStats | None = None
 
     @property
     def valid(self) -> bool:
@@ -260,6 +265,9 @@ def _level_from_json(data: dict[str, Any]) -> LevelResult:
             "workers": tuple(WorkerFigures(**w) for w in data.get("workers", ())),
             "responses": _responses_from_json(data.get("responses")),
             "tokens": _tokens_from_json(data.get("tokens")),
+            "sequence_latency": (
+                LatencyStats(**data["sequence_latency"]) if data.get("sequence_latency") is not None else None
+            ),
         }
     )
 

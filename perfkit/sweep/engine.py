@@ -15,6 +15,7 @@ from perfkit.load.distributed import DistributedLoadGenerator
 from perfkit.load.generator import Clock, LoadGenerator
 from perfkit.load.samples import SampleBuffer
 from perfkit.load.schedule import ClosedLoop, Load, OpenLoop, linear_levels
+from perfkit.load.sequences import SequenceLoad
 from perfkit.measure.level import LevelMeasurement, LevelObserver, ServerStatsProbe, observe_level, server_gone
 from perfkit.measure.resources import ResourceSampler
 from perfkit.results.model import LevelResult, SweepResult
@@ -80,6 +81,7 @@ class Sweep:
         on_level: Callable[[SweepResult, LevelMeasurement], None],
         resources: ResourceSampler | None = None,
         workers: DistributedLoadGenerator | None = None,
+        sequences: SequenceLoad | None = None,
     ) -> None:
         self.spec = spec
         self.client = client
@@ -95,7 +97,7 @@ class Sweep:
         else:
             self.buffer = SampleBuffer()
             self.loadgen = LoadGenerator(
-                client, prepared, self.buffer, clock, max_outstanding=spec.load.max_outstanding
+                client, prepared, self.buffer, clock, max_outstanding=spec.load.max_outstanding, sequences=sequences
             )
         self.server = ServerStatsProbe(lambda: client.model_statistics(model, model_version), model, model_version)
         self.result = SweepResult(

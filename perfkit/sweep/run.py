@@ -4,6 +4,7 @@ and pre-encode its requests, run the sweep, and keep every finished level on dis
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime as dt
 import os
 import time
@@ -19,8 +20,10 @@ from perfkit.genai.trace import read_trace, trace_prompts
 from perfkit.genai.workload import build_prompts
 from perfkit.load.distributed import distributed_load
 from perfkit.load.generator import RealClock
-from perfkit.load.inputs import build_requests
+from perfkit.load.inputs import build_requests, build_sequence_streams, has_streams
 from perfkit.load.samples import SampleArrays
+from perfkit.load.sequences import SequenceLoad, SequenceManager
+from perfkit.load.validation import batch_expected, read_validation_data
 from perfkit.measure.level import LevelMeasurement
 from perfkit.measure.resources import ResourceSampler
 from perfkit.progress import Progress
@@ -30,9 +33,10 @@ from perfkit.results.files import ReportItem, write_text_atomic
 from perfkit.results.model import SweepResult, write_sweep
 from perfkit.results.provenance import provenance
 from perfkit.sweep.engine import Sweep
-from perfkit.sweep.spec import SweepSpec
+from perfkit.sweep.spec import SweepSpec, validate_sequences
 from perfkit.target import Target, open_target
 from perfkit.wire.client import InferClient, make_client
+from perfkit.wire.prepared import Prepared
 from perfkit.wire.shared_memory import check_extension, plan_regions, registered_regions
 from v2kit import codec as v2
 from v2kit.runtime import eventloop
@@ -69,6 +73,91 @@ async def _model_error(client: InferClient, model: str, url: str, exc: Exception
                 f"-m {model}: the server at {url} has no model '{model}'; it has {', '.join(names) or 'none'}"
             )
     return TargetError(f"model '{model}' on {url}: {exc}")
+
+
+def _with_parameters(requests: list[v2.InferRequest], spec: SweepSpec) -> list[v2.InferRequest]:
+    """The requests with the --request-parameter values."""
+    extra = dict(spec.inputs.request_parameters)
+    if extra:
+        for request in requests:
+            request.parameters = {**request.parameters, **extra}
+    return requests
+
+
+def _with_expected(prepared: list[Prepared], spec: SweepSpec, metadata: dict[str, Any]) -> list[Prepared]:
+    """The requests with the outputs their answers must hold, when the data file has validation_data:
+    request s carries the rows of steps s..s+b-1, so it must answer their expected rows."""
+    validation = read_validation_data(spec.inputs.input_data, metadata, streams=False)
+    if validation is None:
+        return prepared
+    if spec.distributed.enabled:  # the workers encode their own requests, without the expected outputs
+        raise PerfkitError("validation_data in --input-data is not checked with --workers: drop one of them")
+    batch, count = spec.inputs.batch_size, len(validation)
+    return [
+        dataclasses.replace(p, expected=batch_expected([validation[(s + i) % count] for i in range(batch)]))
+        for s, p in enumerate(prepared)
+    ]
+
+
+async def _sequence_models(client: InferClient, model: str, config: dict[str, Any], depth: int = 0) -> list[str]:
+    """The models behind `model` that have a sequence batcher: itself, or an ensemble's steps."""
+    if "sequence_batching" in config:
+        return [model]
+    steps = config.get("ensemble_scheduling", {}).get("step", []) if depth < 4 else []
+    found: list[str] = []
+    for step in steps:
+        name = str(step.get("model_name", ""))
+        version = str(step.get("model_version", "-1"))
+        try:
+            step_config = await client.model_config(name, "" if version in ("-1", "") else version)
+        except Exception:  # the ensemble's own load already checked its steps; nothing more to learn
+            continue
+        found += await _sequence_models(client, name, step_config, depth + 1)
+    return found
+
+
+async def sequence_load(
+    client: InferClient, spec: SweepSpec, model: str, metadata: dict[str, Any], config: dict[str, Any]
+) -> SequenceLoad | None:
+    """The sequence handling of a sequence model (perfkit.load.sequences), None for another model.
+    A sequence model without any sequence flag is refused: its requests need ids and START/END."""
+    inputs = spec.inputs
+    streams_given = has_streams(inputs.input_data)
+    batchers = await _sequence_models(client, model, config)
+    if not (spec.sequences.enabled or streams_given):
+        if batchers:
+            via = "" if batchers == [model] else f" (its step '{batchers[0]}' has one)"
+            raise PerfkitError(
+                f"model '{model}' is a sequence model (sequence_batching){via}: every request needs a sequence "
+                "id and START/END flags. Pass --sequence-length N (perf_analyzer's default is 20), add "
+                "--num-of-sequences N with --request-rate-range, or give --input-data with sequence streams"
+            )
+        return None
+    seq_spec = dataclasses.replace(spec.sequences, enabled=True)
+    validate_sequences(dataclasses.replace(spec, sequences=seq_spec))
+    streams, from_data = build_sequence_streams(
+        metadata, config, model=model, version=spec.target.model_version,
+        shapes={name: list(dims) for name, dims in inputs.shapes}, input_data=inputs.input_data, seed=inputs.seed,
+        string_length=inputs.string_length, string_data=inputs.string_data,
+    )  # fmt: skip
+    extra = dict(inputs.request_parameters)
+    validation = read_validation_data(inputs.input_data, metadata, streams=True)
+    templates = []
+    for k, stream in enumerate(streams):
+        row = []
+        for s, step in enumerate(stream):
+            template = client.prepare_sequence(dataclasses.replace(step, parameters={**step.parameters, **extra}))
+            if validation is not None:
+                base = dataclasses.replace(template.base, expected=validation[k][s])
+                template = dataclasses.replace(template, base=base)
+            row.append(template)
+        templates.append(row)
+
+    def prepare(stream: int, step: int, sequence_id: int, start: bool, end: bool) -> Prepared:
+        return templates[stream][step].make(sequence_id, start, end)
+
+    manager = SequenceManager(seq_spec, [len(s) for s in streams], inputs.seed, from_data=from_data)
+    return SequenceLoad(seq_spec, manager, prepare, inputs.seed)
 
 
 class SweepFiles:
@@ -188,16 +277,20 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
         server = {"url": target.url, "embedded": target.embedded, **await client.server_metadata()}
         requests: list[v2.InferRequest] = []
         metadata: dict[str, Any] = {}
+        sequences = None
         if not isinstance(client, GenerativeClient):
             try:
                 metadata = await client.model_metadata(model, t.model_version)
                 config = await client.model_config(model, t.model_version)
             except Exception as exc:
                 raise await _model_error(client, model, target.url, exc) from None
-            requests = build_requests(
-                metadata, config, model=model, version=t.model_version, batch_size=spec.inputs.batch_size,
-                shapes={name: list(dims) for name, dims in spec.inputs.shapes}, input_data=spec.inputs.input_data, seed=spec.inputs.seed,
-            )  # fmt: skip
+            sequences = await sequence_load(client, spec, model, metadata, config)
+            if sequences is None:
+                requests = _with_parameters(build_requests(
+                    metadata, config, model=model, version=t.model_version, batch_size=spec.inputs.batch_size,
+                    shapes={name: list(dims) for name, dims in spec.inputs.shapes}, input_data=spec.inputs.input_data,
+                    seed=spec.inputs.seed, string_length=spec.inputs.string_length, string_data=spec.inputs.string_data,
+                ), spec)  # fmt: skip
         async with contextlib.AsyncExitStack() as stack:
             prepared: list[Any]
             if isinstance(client, GenerativeClient):
@@ -218,6 +311,8 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
                     )  # fmt: skip
                     requests = list(await stack.enter_async_context(registered_regions(client, plan)))
                 prepared = [client.prepare(r) for r in requests]
+                if sequences is None:
+                    prepared = _with_expected(prepared, spec, metadata)
             outputs = run.outputs = SweepFiles(spec, model)
             resources = ResourceSampler(
                 interval_s=spec.metrics.interval_ms / 1000,
@@ -235,7 +330,7 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
                 spec, client=client, prepared=prepared, model=model, model_version=t.model_version,
                 provenance=provenance(spec, seed=spec.inputs.seed, server=server, argv=argv), clock=RealClock(),
                 progress=progress,
-                on_level=outputs.save, resources=resources, workers=workers,
+                on_level=outputs.save, resources=resources, workers=workers, sequences=sequences,
             )  # fmt: skip
             try:
                 await sweep.run()

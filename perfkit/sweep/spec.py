@@ -15,6 +15,7 @@ from perfkit.errors import PerfkitError
 from perfkit.genai.workload import GenerativeSpec
 from perfkit.load.distributed import DistributedSpec
 from perfkit.load.ray import RAY_MISSING, ray_installed
+from perfkit.load.sequences import SequenceSpec
 from perfkit.measure.level import WindowSpec
 from perfkit.target import TargetSpec
 from perfkit.wire.shared_memory import cuda_unsupported
@@ -26,6 +27,9 @@ class InputSpec:
     shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
     input_data: str = "random"  # random | zero | path to a JSON file
     seed: int = 0
+    string_length: int = 128
+    string_data: str | None = None
+    request_parameters: tuple[tuple[str, bool | int | str], ...] = ()  # --request-parameter, typed
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +94,7 @@ class SweepSpec:
     distributed: DistributedSpec = field(default_factory=DistributedSpec)
     data_path: DataPathSpec = field(default_factory=DataPathSpec)
     genai: GenerativeSpec = field(default_factory=GenerativeSpec)
+    sequences: SequenceSpec = field(default_factory=SequenceSpec)
 
     def validate(self) -> None:
         load = self.load
@@ -110,6 +115,9 @@ class SweepSpec:
         if not self.genai.enabled:  # a generative endpoint streams over HTTP (server-sent events)
             self.data_path.validate(self.target, self.distributed.workers)
         _validate_generative(self.genai, self)
+        _validate_request_count(self)
+        if self.sequences.enabled:
+            validate_sequences(self)
 
 
 def _validate_generative(g: GenerativeSpec, spec: SweepSpec) -> None:
@@ -125,6 +133,38 @@ def _validate_generative(g: GenerativeSpec, spec: SweepSpec) -> None:
         raise PerfkitError(f"{kind}: one prompt per request; drop -b/--batch-size")
     if spec.data_path.shared_memory != "none":
         raise PerfkitError(f"{kind} sends JSON prompts, not tensors: drop --shared-memory")
+
+
+
+def _validate_request_count(spec: SweepSpec) -> None:
+    """perf_analyzer's rules for --request-count: one level, at least one request per slot."""
+    count, load = spec.windows.request_limit, spec.load
+    if not count:
+        return
+    if load.end != load.start or load.binary_search:
+        raise PerfkitError("--request-count measures one level: give --concurrency-range or --request-rate-range START")
+    if spec.distributed.enabled:
+        raise PerfkitError("--request-count is not supported with --workers")
+    if load.mode == "concurrency" and count < load.start:
+        raise PerfkitError(f"--request-count {count} is less than the concurrency {int(load.start)}")
+    if load.mode == "request_rate" and count < int(load.start):
+        raise PerfkitError(f"--request-count {count} is less than the request rate {load.start:g}")
+
+
+def validate_sequences(spec: SweepSpec) -> None:
+    """The sequence flags' rules, and how they combine with the rest of the sweep."""
+    seq, load = spec.sequences, spec.load
+    seq.validate()
+    if spec.data_path.streaming or spec.data_path.shared_memory != "none":
+        raise PerfkitError("sequences are sent as unary requests: drop --streaming and --shared-memory")
+    if spec.inputs.batch_size > 1:
+        raise PerfkitError("sequence models do not support batching: drop -b (or pass -b 1) with the sequence flags")
+    if spec.distributed.enabled:
+        raise PerfkitError("--workers does not run sequences yet: drop --workers, or the sequence flags")
+    if load.mode == "concurrency":
+        seq.check_slots(int(max(load.start, load.end)), "--concurrency-range")
+    else:
+        seq.check_slots(seq.num_of_sequences, "--num-of-sequences")
 
 
 def _validate_distributed(d: DistributedSpec, t: TargetSpec) -> None:

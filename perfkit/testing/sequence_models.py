@@ -12,9 +12,15 @@ __all__ = ["ACCUMULATOR", "expected_totals", "write_accumulator"]
 
 #: Adds each request's INPUT to its sequence's total, kept per CORRID in the model (as Triton's python
 #: backend examples do: the backend keeps no state). CONTROLS echoes START, END, READY as it got them.
+#: Each execution first sleeps DELAY_S (`write_accumulator`'s delay_ms), a fixed service time that
+#: makes the server, not the client, set a measurement's pace.
 ACCUMULATOR = """\
+import time
+
 import numpy as np
 import triton_python_backend_utils as pb_utils
+
+DELAY_S = 0.0
 
 
 class TritonPythonModel:
@@ -22,6 +28,8 @@ class TritonPythonModel:
         self.totals = {}
 
     def execute(self, requests):
+        if DELAY_S:
+            time.sleep(DELAY_S)
         responses = []
         for request in requests:
             value = pb_utils.get_input_tensor_by_name(request, "INPUT").as_numpy()
@@ -68,11 +76,12 @@ def write_accumulator(
     idle_us: int = 5_000_000,
     corrid: str = "TYPE_UINT64",
     count: int = 1,
+    delay_ms: float = 0.0,
 ) -> Path:
-    """The python accumulator as `name` in `repository`."""
+    """The python accumulator as `name` in `repository`, sleeping `delay_ms` per execution."""
     folder = repository / name
     (folder / "1").mkdir(parents=True, exist_ok=True)
-    (folder / "1" / "model.py").write_text(ACCUMULATOR)
+    (folder / "1" / "model.py").write_text(ACCUMULATOR.replace("DELAY_S = 0.0", f"DELAY_S = {delay_ms / 1000!r}"))
     (folder / "config.pbtxt").write_text(
         _CONFIG.format(
             name=name, max_batch_size=max_batch_size, strategy=strategy, idle_us=idle_us, corrid=corrid, count=count

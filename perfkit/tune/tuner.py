@@ -41,7 +41,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from perfkit.errors import ExitCode, TargetError
+from perfkit.errors import ExitCode, PerfkitError, TargetError
 from perfkit.load.generator import LoadGenerator, RealClock
 from perfkit.load.inputs import build_requests
 from perfkit.load.samples import SampleBuffer
@@ -115,6 +115,11 @@ class TuneServer:
         if self.prepared is None:
             metadata = await self.client.model_metadata(self.model.name)
             config = await self.client.model_config(self.model.name)
+            if "sequence_batching" in config:  # its requests need ids and START/END: sweep sends them
+                raise PerfkitError(
+                    f"model '{self.model.name}' is a sequence model (sequence_batching): perfkit tune does not "
+                    "drive sequences; measure its variants with perfkit sweep --sequence-length N"
+                )
             requests = build_requests(
                 metadata, config, model=self.model.name, shapes={n: list(d) for n, d in self.spec.shapes},
                 input_data=self.spec.input_data, seed=self.spec.seed,

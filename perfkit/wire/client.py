@@ -32,6 +32,7 @@ Neither includes the network or the server: those are the rest of the request's 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import errno
 import json
 import socket
@@ -54,11 +55,27 @@ from perfkit.target import TlsSpec
 from perfkit.wire import grpc_channel as grpc_wire
 from perfkit.wire import http_pool as http_wire
 from perfkit.wire.limits import MAX_CONTROL_REPLY
+from perfkit.wire.prepared import (
+    TEMPLATE_FIELDS,
+    Prepared,
+    SequenceTemplate,
+    grpc_sequence_payload,
+    http_sequence_template,
+)
 from perfkit.wire.streaming import EMPTY_FINAL, StreamChannel, encode_stream_headers
 from v2kit import codec as v2
 from v2kit.grpc_proto import message_to_json, request_to_proto
 
-__all__ = ["MESSAGES_PER_KIND", "Outcome", "Prepared", "InferClient", "HttpClient", "GrpcClient", "make_client"]
+__all__ = [
+    "MESSAGES_PER_KIND",
+    "VALIDATION_MISMATCH",
+    "Outcome",
+    "InferClient",
+    "HttpClient",
+    "GrpcClient",
+    "make_client",
+    "output_mismatch",
+]
 
 MESSAGES_PER_KIND = 10
 LOAD_TIMEOUT_S = 300.0  # repository loads (sessions, instances, warmup) take far longer than inferences
@@ -76,18 +93,24 @@ class Outcome:
     tokens: tuple[int, ...] = ()  # a generative request's token record (load/samples.py TOKEN_COLUMNS)
 
 
-@dataclass(frozen=True, slots=True)
-class Prepared:
-    """A request encoded once for one client. `bytes_out` is the payload size (HTTP body or gRPC
-    message), without transport framing."""
+VALIDATION_MISMATCH = "validation mismatch"
 
-    payload: bytes
-    bytes_out: int
-    url: yarl.URL | None = None  # HTTP only
-    headers: Mapping[str, str] | None = None  # HTTP only
-    wire: bytes = b""  # HTTP only: the whole request as sent (request line, headers, body)
-    grpc_call: grpc_wire.EncodedCall | None = None  # gRPC only: the call's HTTP/2 frames, ready to send
-    stream_message: bytes = b""  # gRPC streaming only: the length-prefixed message a stream carries
+
+def output_mismatch(expected: Mapping[str, bytes], outputs: Mapping[str, bytes]) -> str:
+    """Why an answer's outputs differ from the expected ones; "" when they do not."""
+    for name, want in expected.items():
+        got = outputs.get(name)
+        if got is None:
+            return f"output '{name}' is missing from the answer"
+        if got != want:
+            what = "size" if len(got) != len(want) else "data"
+            return f"output '{name}': {what} differs from validation_data (got {got[:32]!r}, want {want[:32]!r})"
+    return ""
+
+
+def _http_outputs(body: bytes, header_length: bytes | str | None) -> dict[str, bytes]:
+    response = v2.decode_infer_response(body, None if header_length is None else int(header_length))
+    return {t.name: v2.tensor_to_raw(t.data, t.datatype, t.name) for t in response.outputs}
 
 
 class InferClient(Protocol):
@@ -95,6 +118,7 @@ class InferClient(Protocol):
     protocol: str  # "http" | "grpc"
 
     def prepare(self, request: v2.InferRequest) -> Prepared: ...
+    def prepare_sequence(self, request: v2.InferRequest) -> SequenceTemplate: ...
     async def send(self, prepared: Prepared) -> Outcome: ...
     async def live(self) -> bool: ...
     async def ready(self) -> bool: ...
@@ -290,6 +314,11 @@ class HttpClient:
             raise PerfkitError(f"-H: {exc}; pass headers as 'Name: value' on one line") from None
         return Prepared(body, len(body), url, CIMultiDictProxy(headers), wire)
 
+    def prepare_sequence(self, request: v2.InferRequest) -> SequenceTemplate:
+        """`request` encoded once for any sequence id and flags (SequenceTemplate.make)."""
+        parameters = {**request.parameters, **TEMPLATE_FIELDS}
+        return http_sequence_template(self.prepare(dataclasses.replace(request, parameters=parameters)))
+
     async def send(self, prepared: Prepared) -> Outcome:
         assert prepared.wire, "prepared by a GrpcClient"
         start = _now()
@@ -299,6 +328,14 @@ class HttpClient:
             recv_ns = _now() - first if first else 0
             return Outcome(kind, 0, sent - start if sent else 0, recv_ns, _note(self._seen, kind, _describe(failure)))
         ok = status == 200 and _body_ok(body, header_length)
+        if ok and prepared.expected is not None:
+            try:
+                problem = output_mismatch(prepared.expected, _http_outputs(body, header_length))
+            except v2.CodecError as exc:
+                problem = f"the outputs cannot be decoded: {exc}"
+            if problem:
+                kind = VALIDATION_MISMATCH
+                return Outcome(kind, len(body), sent - start, _now() - first, _note(self._seen, kind, problem))
         done = _now()
         if ok:
             return Outcome("", len(body), sent - start, done - first)
@@ -476,6 +513,18 @@ class GrpcClient:
         call = self._wire.encode(_MODEL_INFER, payload, self._metadata or (), self._timeout_s)
         return Prepared(payload, len(payload), grpc_call=call)
 
+    def prepare_sequence(self, request: v2.InferRequest) -> SequenceTemplate:
+        """`request` encoded once for any sequence id and flags (SequenceTemplate.make)."""
+        try:
+            message = request_to_proto(request).SerializeToString()
+        except v2.CodecError as exc:
+            raise PerfkitError(f"cannot encode a request for model '{request.model_name}': {exc}") from None
+        payload, offsets = grpc_sequence_payload(message)
+        call = self._wire.encode(_MODEL_INFER, payload, self._metadata or (), self._timeout_s)
+        at_id, at_start, at_end = (5 + o for o in offsets)  # past the gRPC message prefix
+        prepared = Prepared(payload, len(payload), grpc_call=call)
+        return SequenceTemplate(prepared, call.body, (at_id, at_start, at_end), grpc=True)
+
     async def send(self, prepared: Prepared) -> Outcome:
         if self._streams is not None:
             return await self._send_streamed(prepared)
@@ -506,6 +555,12 @@ class GrpcClient:
         if problem:
             message = _note(self._seen, "bad response", problem)
             return Outcome("bad response", len(reply), sent, done - received, message)
+        if prepared.expected is not None:
+            outputs = {o.name: raw for o, raw in zip(response.outputs, response.raw_output_contents)}
+            mismatch = output_mismatch(prepared.expected, outputs)
+            if mismatch:
+                message = _note(self._seen, VALIDATION_MISMATCH, mismatch)
+                return Outcome(VALIDATION_MISMATCH, len(reply), sent, _now() - received, message)
         return Outcome("", len(reply), sent, done - received)
 
     async def _send_streamed(self, prepared: Prepared) -> Outcome:

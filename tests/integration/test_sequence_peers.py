@@ -5,6 +5,7 @@ the sequence model with `--sequence-length` over HTTP and over a gRPC stream."""
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import urllib.error
@@ -19,14 +20,19 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from perfkit.cli import main
+from perfkit.results.model import LevelResult, read_sweep
 from perfkit.testing import triton_server
 from reference_server.server import running_server
-from tests.sequence_models import CORRELATION, write_accumulator
+from tests.integration.test_sequence_sweep import STREAMS
+from tests.integration.test_sweep_vs_perf_analyzer import BUSY_MACHINE_SHARE, OtherLoad
+from tests.sequence_models import CORRELATION, ENSEMBLE_CONFIG, write_accumulator
 from tests.servers import loopback_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.peers]
 
 Urls = dict[str, tuple[str, str]]  # server -> (http, grpc)
+SLOW_MS = 4.0  # the service time of accumulator_slow: the server, not a client, sets the pace
 
 #: A sequence model without control inputs: what its python model reads of each request.
 CORRELATION_CONFIG = """\
@@ -39,24 +45,12 @@ sequence_batching { }
 instance_group [ { count: 1 kind: KIND_CPU } ]
 """
 
-#: An ensemble (no sequence batcher of its own) whose one step is the accumulator: the request's
-#: sequence id and flags reach the step, as Triton passes them to composing models.
-ENSEMBLE_CONFIG = """\
-name: "sequence_ensemble"
-platform: "ensemble"
-max_batch_size: 8
-input [ { name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
-output [ { name: "OUTPUT" data_type: TYPE_INT32 dims: [ 1 ] }, { name: "CONTROLS" data_type: TYPE_INT32 dims: [ 3 ] } ]
-ensemble_scheduling { step [ { model_name: "accumulator" model_version: -1
-  input_map { key: "INPUT" value: "INPUT" }
-  output_map [ { key: "OUTPUT" value: "OUTPUT" }, { key: "CONTROLS" value: "CONTROLS" } ] } ] }
-"""
-
 
 @pytest.fixture(scope="module")
 def urls(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Urls]:
     repository = tmp_path_factory.mktemp("sequence_peers") / "models"
     write_accumulator(repository, "accumulator")
+    write_accumulator(repository, "accumulator_slow", delay_ms=SLOW_MS)
     folder = repository / "correlation"
     (folder / "1").mkdir(parents=True)
     (folder / "1" / "model.py").write_text(CORRELATION)
@@ -208,3 +202,80 @@ def test_bad_sequence_parameters_over_http_alike(urls: Urls, parameters: dict[st
     assert answers["ours"][1].split(":")[0] == answers["triton"][1].split(":")[0], answers
     triton_status = answers["triton"][0]
     assert answers["ours"][0] == (400 if triton_status == 500 else triton_status), answers
+
+
+def _pa_figures(csv_path: Path) -> tuple[float, float]:
+    """(throughput, p50 µs) of perf_analyzer's one level."""
+    with csv_path.open() as f:
+        row = next(csv.DictReader(f))
+    return float(row["Inferences/Second"]), float(row["p50 latency"])
+
+
+def _sequence_pair(peers: Path, url: str, tmp_path: Path) -> tuple[tuple[float, float], LevelResult | None, str]:
+    """perf_analyzer, then perfkit, with the same flags: (throughput, p50) ratios perfkit/perf_analyzer,
+    perfkit's level, and why there is no comparison ("" when there is one)."""
+    common = ["-m", "accumulator_slow", "-u", url, "--sequence-length", "10", "--concurrency-range", "2",
+              "-p", "600", "-s", "25", "-r", "8"]  # fmt: skip
+    tmp_path.mkdir()
+    pa_csv = tmp_path / "pa.csv"
+    pa = subprocess.run([str(peers / "bin" / "perf_analyzer"), *common, "-f", str(pa_csv)],
+                        capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+    if pa.returncode == 2:
+        return (0.0, 0.0), None, "perf_analyzer found no stable measurement"
+    assert pa.returncode == 0, pa.stdout + pa.stderr
+    out = tmp_path / "perfkit"
+    assert main(["sweep", *common, "--quiet", "--no-report", "--report-dir", str(out)]) in (0, 3)
+    level = read_sweep(next(out.glob("sweep-*.json"))).levels[0]
+    pa_throughput, pa_p50_us = _pa_figures(pa_csv)
+    return (level.throughput_infer_per_s / pa_throughput, level.latency.p50_us / pa_p50_us), level, ""
+
+
+def test_sequence_sweep_agrees_with_perf_analyzer(peers: Path, urls: Urls, tmp_path: Path) -> None:
+    # Both tools in turn on the same tritonserver model, with the same sequence and window flags.
+    # The model sleeps SLOW_MS per execution, so its pace, not a client's CPU, sets the figures:
+    # throughput and p50 agree within 10 %. As in test_sweep_vs_perf_analyzer, a pair that disagrees
+    # twice while other processes took more than BUSY_MACHINE_SHARE of the CPUs is skipped.
+    for attempt in (1, 2):
+        with OtherLoad() as other:
+            ratios, level, missing = _sequence_pair(peers, urls["triton"][0], tmp_path / str(attempt))
+        print(f"perfkit/perf_analyzer: throughput {ratios[0]:.3f}, p50 {ratios[1]:.3f}; other load {other.share:.0%}")
+        if not missing and all(0.9 <= r <= 1.1 for r in ratios):
+            break
+    else:
+        if other.share > BUSY_MACHINE_SHARE:
+            pytest.skip(f"{missing or ratios} while other processes took {other.share:.0%} of the CPUs")
+    assert not missing and 0.9 <= ratios[0] <= 1.1 and 0.9 <= ratios[1] <= 1.1, (ratios, missing)
+    assert level is not None and level.error_count == 0 and level.sequence_latency is not None
+    # Sequences of 10 ± 20 %: about 10 requests each, one at a time, so about 10 latencies long.
+    assert 8 <= level.ok_count / level.sequence_count <= 12
+    assert 7 * level.latency.mean_us <= level.sequence_latency.mean_us <= 14 * level.latency.mean_us
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_sweep_sequences_are_answered_as_expected_by_triton(urls: Urls, tmp_path: Path, protocol: str) -> None:
+    # perfkit writes each request's id and flags into a request encoded once (padded JSON number,
+    # fixed-width varint): real Triton must read them as tritonclient's, which validation_data checks.
+    data = tmp_path / "streams.json"
+    data.write_text(json.dumps(STREAMS))
+    url = urls["triton"][0 if protocol == "http" else 1]
+    code = main(["sweep", "-m", "accumulator", "-u", url, "-i", protocol, "--concurrency-range", "2",
+                 "--input-data", str(data), "--request-count", "60", "--start-sequence-id", str(2**40),
+                 "--quiet", "--no-report", "--report-dir", str(tmp_path)])  # fmt: skip
+    level = read_sweep(next(tmp_path.glob("sweep-*.json"))).levels[0]
+    assert (code, level.request_count, level.errors) == (0, 60, {})
+    assert level.sequence_count >= 20
+
+
+def test_request_parameters_reach_the_model_on_both_servers(urls: Urls, tmp_path: Path) -> None:
+    # correlation_plain answers what its python model read of each request: id, flags, parameters
+    # (one parameter: Triton hands a request's parameters over in no fixed order).
+    seen = json.dumps([0, 0, {"custom": "x y"}])
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps({"data": [{"INPUT": [1]}], "validation_data": [{"SEEN": [seen]}]}))
+    for server, (_, grpc_url) in urls.items():
+        out = tmp_path / server
+        code = main(["sweep", "-m", "correlation_plain", "-u", grpc_url, "-i", "grpc", "--input-data", str(data),
+                     "--request-parameter", "custom:x y:string",
+                     "--request-count", "20", "--quiet", "--no-report", "--report-dir", str(out)])  # fmt: skip
+        level = read_sweep(next(out.glob("sweep-*.json"))).levels[0]
+        assert (code, level.request_count, level.errors) == (0, 20, {}), server

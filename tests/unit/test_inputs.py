@@ -12,7 +12,7 @@ import pytest
 from tritonclient.grpc import service_pb2
 
 from perfkit.errors import PerfkitError, TargetError
-from perfkit.load.inputs import build_requests, parse_shape_flag, parse_shape_flags
+from perfkit.load.inputs import build_requests, build_sequence_streams, has_streams, parse_shape_flag, parse_shape_flags
 from perfkit.wire.client import make_client
 from v2kit import codec as v2
 from v2kit.grpc_proto import request_from_proto
@@ -326,3 +326,21 @@ def test_bytes_from_a_data_file_reach_the_wire_exactly(tmp_path: Path) -> None:
     assert sent.data.tolist() == [items, items]
     with pytest.raises(PerfkitError, match=r"input 'S': BYTES element 2 is not valid UTF-8.*send it as binary"):
         make_client("127.0.0.1:1", "http", json_tensors=True).prepare(request)
+
+
+def test_string_data_fills_every_string_element_and_string_length_the_generated_ones() -> None:
+    (given,) = build_requests(meta(("S", "BYTES", [3]), ("X", "INT32", [2])), {}, model="m", string_data="héllo")
+    assert given.inputs[0].data.tolist() == ["héllo".encode()] * 3
+    assert given.inputs[1].data.shape == (2,)
+    (generated,) = build_requests(meta(("S", "BYTES", [3])), {}, model="m", string_length=5)
+    assert [len(s) for s in generated.inputs[0].data.tolist()] == [5, 5, 5]
+
+
+def test_sequence_streams_from_a_data_file(tmp_path: Path) -> None:
+    path = tmp_path / "streams.json"
+    path.write_text(json.dumps({"data": [[{"X": [1]}, {"X": [2]}], [{"X": [3]}]]}))
+    streams, from_data = build_sequence_streams(meta(("X", "INT32", [-1, 1])), BATCH8, model="m", input_data=str(path))
+    assert from_data and [[r.inputs[0].data.tolist() for r in s] for s in streams] == [[[[1]], [[2]]], [[[3]]]]
+    assert has_streams(str(path)) and not has_streams("random")
+    with pytest.raises(PerfkitError, match="sequence streams are for sequence models"):
+        build_requests(meta(("X", "INT32", [-1, 1])), BATCH8, model="m", input_data=str(path))

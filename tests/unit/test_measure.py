@@ -300,3 +300,14 @@ def test_a_level_of_connection_failures_or_timeouts_means_the_server_is_gone() -
     assert not server_gone({"connection refused": 3}, 1)  # one answer: the server is there
     assert not server_gone({"HTTP 500": 3}, 0)
     assert not server_gone({}, 0)  # nothing completed: nothing to tell
+
+
+@pytest.mark.parametrize("load", [ClosedLoop(3), OpenLoop(rate=200.0)], ids=["concurrency", "rate"])
+async def test_request_count_sends_that_many_and_measures_them_as_one_stable_window(load: Load) -> None:
+    spec = WindowSpec(request_limit=50, warmup_request_count=10, interval_ms=100)
+    m, client = await measure(lambda now, i: 4_000_000, load, spec)
+    assert len(client.sent) == 60  # warm-up + count, nothing more
+    (window,) = m.result.windows
+    assert m.result.request_count == 50 and m.result.stable
+    sends = sorted(t for t, _ in client.sent)[10:]
+    assert (window.start_ns, window.end_ns) == (sends[0], max(sends) + 4_000_000 + 1)

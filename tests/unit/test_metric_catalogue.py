@@ -21,13 +21,17 @@ from perfkit.results.model import LatencyStats, ResponseStats
 from perfkit.tune.objectives import FIGURES, figures_of, parse_constraint, parse_objective
 from tests.synthetic import make_level, make_sweep, make_token_figures, steady_sweep, write_sweep_json
 
-# Streamed and generative, so that the response and token figures have values too.
+# Streamed, generative and a sequence model's, so that the response, token and per-sequence
+# figures have values too.
 _TIMES = LatencyStats(count=100, mean_us=1500.0, p50_us=1000.0, p90_us=2000.0, p99_us=3000.0, max_us=4000.0)
 SWEEP = make_sweep([
     dataclasses.replace(
         make_level(1, [100.0, 101.0, 99.0], mode="request_rate", gpu=True, p99_ms=3.0),
         responses=ResponseStats(400, 4.0, 400.0, _TIMES, _TIMES),
         tokens=make_token_figures(),
+        sequence_count=30, sequence_throughput_per_s=10.0,
+        sequence_latency=LatencyStats(count=30, mean_us=9000.0, max_us=15000.0, p50_us=8000.0, p90_us=12000.0,
+                                      p95_us=13000.0, p99_us=14000.0),
     )
 ])  # fmt: skip
 LEVEL = SWEEP.levels[0]
