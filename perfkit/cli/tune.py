@@ -25,7 +25,7 @@ from perfkit.tune.distributed import open_tuner
 from perfkit.tune.objectives import parse_constraint, parse_objective
 from perfkit.tune.params import Param, check_against_config, parse_param
 from perfkit.tune.search import SpaceSpec
-from perfkit.tune.state import TuneResult, TuneSpec, read_model
+from perfkit.tune.state import SEARCHES, TuneResult, TuneSpec, read_model
 from perfkit.tune.tuner import run_tune
 
 DESCRIPTION = """\
@@ -61,14 +61,14 @@ def _ints(text: str, flag: str, least: int = 0) -> tuple[int, ...]:
     return tuple(sorted(set(values)))
 
 
-def _concurrency(text: str) -> tuple[int, int]:
+def _range(text: str, flag: str) -> tuple[int, int]:
     parts = text.split(":")
     try:
         values = [int(p) for p in parts]
     except ValueError:
         values = []
     if len(values) not in (1, 2):
-        raise PerfkitError(f"--concurrency-range takes START:END (swept as START, 2×START, … up to END), got '{text}'")
+        raise PerfkitError(f"{flag} takes whole numbers START:END (START, 2×START, … up to END), got '{text}'")
     return values[0], values[-1]
 
 
@@ -99,7 +99,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     ray.add_argument("--ray-address", metavar="ADDR", help="the Ray cluster to join (default: start a local one)")
     search = p.add_argument_group("search (defaults as model_analyzer's)")
-    search.add_argument("--search", choices=("brute", "quick"), default="brute", help="default brute")
+    search.add_argument(
+        "--search", choices=SEARCHES, default="brute",
+        help="brute: the whole grid; quick: hill climbing; bayesian: optuna's TPE within --search-budget (default brute)",
+    )  # fmt: skip
+    search.add_argument(
+        "--search-budget", type=int, default=0, metavar="N",
+        help="--search bayesian: variants measured at most, the default's included (default: a quarter of the grid, "
+        "at least 8)",
+    )  # fmt: skip
     search.add_argument(
         "--objective", default="throughput", metavar="FIGURE[:WEIGHT],...",
         help="throughput (default), latency (= p99_ms), p50_ms, p95_ms, p99_ms, mean_ms, gpu_memory_mb, "
@@ -115,7 +123,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "'dynamic_batching.max_queue_delay_microseconds=0,100,500', 'instance_group[0].count=1:4', "
         "'dynamic_batching.preferred_batch_size=[4,8]' (repeatable: the cross product)",
     )  # fmt: skip
-    search.add_argument("--concurrency-range", default="1:1024", metavar="START:END", help="default 1:1024")
+    search.add_argument("--concurrency-range", metavar="START:END", help="default 1:1024")
+    search.add_argument(
+        "--request-rate-range", metavar="START:END",
+        help="search each variant by request rate instead (open loop): the highest rate, doubling from START "
+        "then bisecting, that it sustains within the latency --constraint, latency from the intended send time",
+    )  # fmt: skip
+    search.add_argument(
+        "--request-distribution", choices=("constant", "poisson"), default="constant",
+        help="arrivals with --request-rate-range",
+    )  # fmt: skip
     search.add_argument("--min-instance-count", type=int, default=1, metavar="N")
     search.add_argument("--max-instance-count", type=int, default=5, metavar="N", help="default 5")
     search.add_argument("--min-batch-size", type=int, default=1, metavar="N", help="max_batch_size from N, doubling")
@@ -176,7 +193,17 @@ def _params(args: argparse.Namespace) -> tuple[Param, ...]:
     return params
 
 
+def _budget(args: argparse.Namespace) -> int:
+    if args.search_budget and args.search != "bayesian":
+        raise PerfkitError("--search-budget applies to --search bayesian; add --search bayesian or drop the budget")
+    return int(args.search_budget)
+
+
 def spec_from_args(args: argparse.Namespace) -> TuneSpec:
+    if args.concurrency_range and args.request_rate_range:
+        raise PerfkitError("--concurrency-range and --request-rate-range are exclusive: a tune searches one load mode")
+    if args.request_distribution != "constant" and not args.request_rate_range:
+        raise PerfkitError("--request-distribution applies with --request-rate-range; add the range or drop it")
     if not args.config.is_file():
         raise PerfkitError(f"CONFIG.pbtxt: {args.config} is not a file; give the config.pbtxt of a model folder")
     if args.metrics_url and not args.collect_metrics:
@@ -194,7 +221,9 @@ def spec_from_args(args: argparse.Namespace) -> TuneSpec:
             request_timeout_s=args.request_timeout, tls=tls_from_args(args),
         ),
         objective=parse_objective(args.objective), constraints=tuple(map(parse_constraint, args.constraint)),
-        concurrency=_concurrency(args.concurrency_range),
+        concurrency=_range(args.concurrency_range or "1:1024", "--concurrency-range"),
+        request_rates=_range(args.request_rate_range, "--request-rate-range") if args.request_rate_range else (0, 0),
+        request_distribution=args.request_distribution, budget=_budget(args),
         space=SpaceSpec(
             args.min_instance_count, args.max_instance_count, args.min_batch_size, args.max_batch_size,
             _ints(args.batching_delays_us, "--batching-delays-us"), preferred, kinds, _params(args),

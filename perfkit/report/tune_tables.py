@@ -17,7 +17,7 @@ from google.protobuf import text_format
 
 from perfkit._version import __version__
 from perfkit.report.tidy import render_tidy_csv, tidy_header
-from perfkit.results.model import SweepResult, to_jsonable
+from perfkit.results.model import SweepResult, level_name, to_jsonable
 from perfkit.tune.objectives import Estimate, Figures, figures_of, violations
 from perfkit.tune.state import Record, TuneResult
 from v2kit.model_config import config_from_json
@@ -70,7 +70,7 @@ def render_summary(result: TuneResult) -> list[str]:
         default = result.records.get(result.default_key)
         lines.append(f"Best: {best.variant.key} ({best.variant.describe()}),")
         lines.append(
-            f"  {_figure(best, 'throughput')} infer/s at concurrency {int(lv.level)}, p99 {_figure(best, 'p99_ms')} ms"
+            f"  {_figure(best, 'throughput')} infer/s at {level_name(lv.mode, lv.level)}, p99 {_figure(best, 'p99_ms')} ms"
         )
         gain = _gain(result, ranking.best)
         if ranking.best == result.default_key:
@@ -123,7 +123,8 @@ def _table(result: TuneResult) -> list[str]:
     ranking = result.ranking
     if ranking is None:
         return []
-    rows = [["rank", "variant", "concurrency", "infer/s (95% CI)", "p99 ms", "vs default (95% CI)", "status"]]
+    load = "request rate" if result.spec.rate_mode else "concurrency"
+    rows = [["rank", "variant", load, "infer/s (95% CI)", "p99 ms", "vs default (95% CI)", "status"]]
     # The top N, and whatever the verdict names: the tie (the recommendation among it) and the default.
     measured = [e for e in ranking.entries if e.status != "failed"]
     wanted = {e.key for e in measured[: result.spec.top]} | set(ranking.tie) | {result.default_key}
@@ -168,7 +169,9 @@ def render_csv(result: TuneResult) -> str:
         if not levels:
             writer.writerow([*_variant_cells(record), "search", "false", "", "", record.error, *blank])
             continue
-        sweep = SweepResult(result.model.name, "", "", result.spec.target.protocol, "concurrency", tuple(levels), {})
+        sweep = SweepResult(
+            result.model.name, "", "", result.spec.target.protocol, result.spec.load_mode, tuple(levels), {}
+        )
         rows = list(csv.reader(io.StringIO(render_tidy_csv(sweep))))[1:]
         for i, (level, row) in enumerate(zip(levels, rows)):
             figures = figures_of(level)
@@ -216,7 +219,10 @@ def render_json(result: TuneResult, argv: list[str]) -> str:
             "protocol": spec.target.protocol,
             "search": spec.search,
             "objective": dict(spec.objective.weights), "constraints": [str(c) for c in spec.constraints],
-            "concurrency_range": list(spec.concurrency), "space": asdict(spec.space), "windows": asdict(spec.windows),
+            "concurrency_range": list(spec.concurrency), "load_mode": spec.load_mode,
+            "request_rate_range": list(spec.request_rates) if spec.rate_mode else None,
+            "request_distribution": spec.request_distribution, "search_budget": spec.budget or None,
+            "space": asdict(spec.space), "windows": asdict(spec.windows),
             "top": spec.top, "leaders": spec.leaders, "remeasure_rounds": spec.remeasure_rounds,
         },
         "space": {"shape": list(result.space.shape), "size": result.space.size},

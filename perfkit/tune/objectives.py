@@ -36,6 +36,7 @@ variant, flip from run to run (tests/unit/test_objectives.py simulates it).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -125,9 +126,13 @@ def _figure_name(name: str, flag: str) -> str:
 
 
 def figures_of(level: LevelResult) -> dict[str, Estimate] | None:
-    """The figures of one measured level; None when no request of it succeeded."""
+    """The figures of one measured level; None when no request of it succeeded. An open-loop
+    level's latencies are taken from the intended send times (wrk2's correction), so that a server
+    that falls behind its schedule is judged by the wait its clients saw."""
     if level.ok_count == 0 or level.latency.count == 0:
         return None
+    if level.mode != "concurrency":
+        level = dataclasses.replace(level, latency=level.latency_from_intended)
     figures = {}
     for name, metric in FIGURES.items():
         value = metric.value(level)

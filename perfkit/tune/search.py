@@ -16,6 +16,14 @@ I/O, so its tests drive it with a synthetic performance model. Three policies li
    run_config_search_max_binary_search_steps (5) steps, to find the highest load within the bound.
    It receives each level's `Figures`, or None when no request of the level succeeded (it stops).
 
+   `rate_sweep` is its open-loop twin (model_analyzer's request-rate search): request rates
+   START, 2·START, … ≤ END are offered on a schedule, and a rate passes when the variant sustains
+   it, completing at least SUSTAINED_SHARE (90 %) of the offered rate, within the latency bounds
+   measured from each request's intended send time (the figures of an open-loop level are the
+   coordinated-omission corrected ones, `objectives.figures_of`). The doubling stops at the first
+   rate that does not pass, then bisects to the highest rate that does. There is no plateau rule:
+   past saturation an open loop does not plateau, its queue grows until the rate fails.
+
 2. `brute_search` (model_analyzer `automatic_model_config_generator.py`): the default
    configuration first, then every point of the grid: instance count outermost, then
    max_batch_size, then dynamic batching (off, then each queue delay and preferred size), then the
@@ -64,6 +72,7 @@ from perfkit.tune.params import Param, Setting, apply_settings, label
 
 __all__ = [
     "MAX_BINARY_SEARCH_STEPS",
+    "SUSTAINED_SHARE",
     "THROUGHPUT_MINIMUM_CONSECUTIVE_TRIES",
     "THROUGHPUT_MINIMUM_GAIN",
     "Batching",
@@ -79,12 +88,17 @@ __all__ = [
     "one_at_a_time",
     "quick_batches",
     "quick_search",
+    "rate_sweep",
+    "sustains",
     "variant_of",
 ]
 
 THROUGHPUT_MINIMUM_GAIN = 0.05
 THROUGHPUT_MINIMUM_CONSECUTIVE_TRIES = 4
 MAX_BINARY_SEARCH_STEPS = 5
+#: An offered rate is sustained when at least this share of it completes (window edges and the
+#: interval of a 1 s window cost a few per cent even below saturation).
+SUSTAINED_SHARE = 0.9
 
 VariantFeedback = Generator["Variant", "Figures | None", None]
 VariantBatches = Generator[list["Variant"], list["Figures | None"], None]
@@ -144,6 +158,39 @@ def concurrency_sweep(
         if figures is None:
             return
         if all(c.holds(figures) for c in bounds):
+            passing = middle
+        else:
+            failing = middle
+
+
+def sustains(figures: Figures | None, rate: float, constraints: Sequence[Constraint] = ()) -> bool:
+    """Whether an open-loop level at `rate` kept up with it within the bounds that tighten with load."""
+    if figures is None or "throughput" not in figures:
+        return False
+    if figures["throughput"].value < SUSTAINED_SHARE * rate:
+        return False
+    return all(c.holds(figures) for c in constraints if c.tightens_with_load)
+
+
+def rate_sweep(
+    start: int, end: int, constraints: Sequence[Constraint] = (), *, max_binary_steps: int = MAX_BINARY_SEARCH_STEPS
+) -> Generator[int, Figures | None, None]:
+    """Request rates (per second, whole numbers) to offer one variant; send each level's figures."""
+    passing, failing = 0, 0
+    for rate in doubling(start, end):
+        figures = yield rate
+        if not sustains(figures, rate, constraints):
+            failing = rate
+            break
+        passing = rate
+    if not failing or not passing:  # all sustained, or not even START: nothing to bisect
+        return
+    for _ in range(max_binary_steps):
+        middle = (passing + failing) // 2
+        if middle <= passing:
+            return
+        figures = yield middle
+        if sustains(figures, middle, constraints):
             passing = middle
         else:
             failing = middle
