@@ -1,13 +1,16 @@
-"""Brute vs quick search of `perfkit tune` on the demo MLP (bundled server): the best objective each
-finds, their ratio, and how many variant measurements each took.
+"""Brute vs quick vs bayesian search of `perfkit tune` on the demo MLP (bundled server): the best
+objective each finds, their ratio, and how many variant measurements each took.
 
 Quick search should land within 5 % of brute's best while measuring far fewer variants
-(model_analyzer claims > 95 % of the best objective from < 10 % of the space). Two ratios are
-printed: quick's best as quick measured it over brute's best as brute measured it (what a user of
-either sees), and brute's own measurement of quick's pick over brute's best (no run-to-run noise:
-did quick find the right configuration?).
+(model_analyzer claims > 95 % of the best objective from < 10 % of the space); bayesian search
+(optuna's TPE, `--search-budget`) spends a fixed number of measurements. Two ratios are printed:
+a search's best as it measured it over brute's best as brute measured it (what a user of either
+sees), and brute's own measurement of the search's pick over brute's best (no run-to-run noise:
+did the search find the right configuration?). A second table is best found against measurements
+spent: the best first-pass throughput among each search's first k variants, in its own order.
 
     python bench/tune_search.py [--max-instance-count 2] [--max-batch-size 16] [--window-ms 500]
+                                [--search-budget 8] [--seed 0]
 """
 
 from __future__ import annotations
@@ -40,13 +43,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency-range", default="1:16")
     parser.add_argument("--window-ms", type=float, default=500.0)
     parser.add_argument("--stability-percentage", type=float, default=15.0)
+    parser.add_argument("--search-budget", type=int, default=0, help="bayesian: variants (default: a quarter, >= 8)")
+    parser.add_argument("--seed", type=int, default=0, help="bayesian: the sampler's seed")
     args = parser.parse_args(argv)
     start, end = (int(x) for x in args.concurrency_range.split(":"))
     delays = tuple(int(x) for x in args.batching_delays_us.split(","))
     results: dict[str, tuple[TuneResult, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         config = build_demo_repository(Path(tmp) / "models") / "mlp" / "config.pbtxt"
-        for search in ("brute", "quick"):
+        for search in ("brute", "quick", "bayesian"):
             spec = TuneSpec(
                 config_path=config,
                 search=search,
@@ -57,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
                     interval_ms=args.window_ms, stability_pct=args.stability_percentage, warmup_request_count=20
                 ),
                 quiet=True,
+                budget=args.search_budget if search == "bayesian" else 0,
+                seed=args.seed,
             )
             print(f"{search} search ...", file=sys.stderr, flush=True)
             began = time.monotonic()
@@ -83,7 +90,20 @@ def main(argv: list[str] | None = None) -> int:
         levels = sum(len(r.levels) + len(r.remeasures) for r in result.records.values())
         print(f"| {search} | {len(result.records)} | {levels} | {leader} | {own:.0f} | "
               f"{own / brute_best:.3f} | {cross:.0f}, {cross / brute_best:.3f} | {result.ranking.best} | {wall:.0f} s |")  # fmt: skip
+    print()
+    print(best_so_far(results))
     return 0
+
+
+def best_so_far(results: dict[str, tuple[TuneResult, float]]) -> str:
+    """Markdown: each search's best first-pass throughput among its first k variants."""
+    spent = sorted({k for r, _ in results.values() for k in (2, 4, 8, 12, 16, len(r.records)) if k <= len(r.records)})
+    lines = ["| search | " + " | ".join(f"after {k}" for k in spent) + " |", "|---|" + "---|" * len(spent)]
+    for search, (result, _) in results.items():
+        firsts = [throughput(result, key, combined=False) for key in result.records]
+        cells = [f"{max(firsts[:k]):.0f}" if k <= len(firsts) else "" for k in spent]
+        lines.append(f"| {search} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -17,10 +17,18 @@ from pathlib import Path
 from perfkit.cli.common import Command, add_connection_flags, headers_from_args, tls_from_args, windows_from_args
 from perfkit.errors import ExitCode, PerfkitError
 from perfkit.load.inputs import parse_shape_flags
-from perfkit.report.tune_tables import best_pbtxt, render_csv, render_json, render_summary
+from perfkit.report.tune_tables import (
+    best_pbtxt,
+    render_combination_json,
+    render_combination_summary,
+    render_csv,
+    render_json,
+    render_summary,
+)
 from perfkit.results.files import load_result, write_text_atomic
 from perfkit.results.provenance import redact_argv
 from perfkit.target import TargetSpec
+from perfkit.tune.combination import Study, read_study, run_combination_tune
 from perfkit.tune.distributed import open_tuner
 from perfkit.tune.objectives import parse_constraint, parse_objective
 from perfkit.tune.params import Param, check_against_config, parse_param
@@ -48,6 +56,15 @@ PATH is a ModelConfig field path, with [i] after a repeated message (instance_gr
 VALUES is a comma list (0,100,500; KIND_CPU,KIND_GPU; true,false), an integer range A:B or
 A:B:STEP (inclusive), or for a repeated field bracketed lists, one per alternative ([4,8] or
 [4],[4,8]). Every path and value is checked against the schema before anything is measured.
+
+--request-rate-range START:END searches each variant by request rate (open loop) instead: the
+highest rate it sustains within the latency --constraint, latencies from the intended send times.
+--search bayesian proposes variants with optuna's TPE, within --search-budget measurements.
+
+Several CONFIG.pbtxt (one repository) are tuned together: each combination of their variants is
+loaded at once and every model measured under its own load at the same time, ranked with
+--weights MODEL:WEIGHT. An ensemble's config (or a BLS model's, with --composing-models) searches
+its composing models' configs, measuring the ensemble.
 """
 
 
@@ -68,7 +85,7 @@ def _range(text: str, flag: str) -> tuple[int, int]:
     except ValueError:
         values = []
     if len(values) not in (1, 2):
-        raise PerfkitError(f"{flag} takes whole numbers START:END (START, 2×START, … up to END), got '{text}'")
+        raise PerfkitError(f"{flag} takes START:END, whole numbers (START, 2×START, … up to END), got '{text}'")
     return values[0], values[-1]
 
 
@@ -80,7 +97,10 @@ def _endpoints(values: list[str]) -> tuple[str, ...]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", type=Path, metavar="CONFIG.pbtxt", help="the model's config, in its model folder")
+    p.add_argument(
+        "config", type=Path, nargs="+", metavar="CONFIG.pbtxt",
+        help="the model's config, in its model folder; several (one repository): tuned together, measured at once",
+    )  # fmt: skip
     target = p.add_argument_group("target")
     target.add_argument(
         "-u", "--url", action="append", metavar="HOST:PORT[,...]",
@@ -124,6 +144,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "'dynamic_batching.preferred_batch_size=[4,8]' (repeatable: the cross product)",
     )  # fmt: skip
     search.add_argument("--concurrency-range", metavar="START:END", help="default 1:1024")
+    search.add_argument(
+        "--weights", default="", metavar="MODEL:WEIGHT,...",
+        help="with several models: each model's weight in the ranking (model_analyzer's weighting; default 1 each)",
+    )  # fmt: skip
+    search.add_argument(
+        "--composing-models", default="", metavar="MODEL,...",
+        help="the models a BLS model calls: their configs are searched with it, the BLS model measured "
+        "(an ensemble's are read from its steps)",
+    )  # fmt: skip
     search.add_argument(
         "--request-rate-range", metavar="START:END",
         help="search each variant by request rate instead (open loop): the highest rate, doubling from START "
@@ -180,7 +209,7 @@ _KNOBS = (
 
 
 def _params(args: argparse.Namespace) -> tuple[Param, ...]:
-    texts, config_path = args.param, args.config
+    texts, config_path = args.param, args.config[0]
     for name, default, instead in _KNOBS if texts else ():
         if getattr(args, name) != default:
             flag = "--" + name.replace("_", "-")
@@ -204,8 +233,9 @@ def spec_from_args(args: argparse.Namespace) -> TuneSpec:
         raise PerfkitError("--concurrency-range and --request-rate-range are exclusive: a tune searches one load mode")
     if args.request_distribution != "constant" and not args.request_rate_range:
         raise PerfkitError("--request-distribution applies with --request-rate-range; add the range or drop it")
-    if not args.config.is_file():
-        raise PerfkitError(f"CONFIG.pbtxt: {args.config} is not a file; give the config.pbtxt of a model folder")
+    for path in args.config:
+        if not path.is_file():
+            raise PerfkitError(f"CONFIG.pbtxt: {path} is not a file; give the config.pbtxt of a model folder")
     if args.metrics_url and not args.collect_metrics:
         raise PerfkitError("--metrics-url needs --collect-metrics")
     urls = _endpoints(args.url or [])
@@ -215,7 +245,7 @@ def spec_from_args(args: argparse.Namespace) -> TuneSpec:
     preferred = tuple(t.strip().lower() for t in args.preferred_batch_sizes.split(",") if t.strip())
     kinds = tuple(t.strip().upper() for t in (args.instance_kinds or "").split(",") if t.strip())
     spec = TuneSpec(
-        config_path=args.config, search=args.search,
+        config_path=args.config[0], search=args.search,
         target=TargetSpec(
             urls[0] if urls else None, args.protocol, headers=headers_from_args(args),
             request_timeout_s=args.request_timeout, tls=tls_from_args(args),
@@ -272,6 +302,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     could not finish (the checkpoint resumes it); 2 usage; 130 interrupted."""
     spec = spec_from_args(args)
     folder = spec.output_dir or Path("reports") / f"{dt.datetime.now():%Y%m%d-%H%M%S}-tune"
+    composing = [name.strip() for name in args.composing_models.split(",") if name.strip()]
+    study = read_study(args.config, composing, args.weights)
+    if study is not None:
+        return _run_combination(spec, study, folder, argv)
     outputs = TuneFiles(folder, argv)
     checkpoint = spec.checkpoint or folder / "checkpoint.json"
     result, code = run_tune(spec, outputs, checkpoint, open_tuner)
@@ -287,6 +321,31 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"the measurements so far are in {checkpoint}: resume with --checkpoint {checkpoint}", file=sys.stderr)
     elif code == ExitCode.FAILED:
         print("error: no variant met the constraints; loosen --constraint or widen the search", file=sys.stderr)
+    return int(code)
+
+
+def _run_combination(spec: TuneSpec, study: Study, folder: Path, argv: list[str]) -> int:
+    """A tune of several models (or of an ensemble or BLS model): its own tune.json and summary."""
+    result, code = run_combination_tune(spec, study)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [folder / "tune.json", folder / "summary.txt"]
+    write_text_atomic(paths[0], render_combination_json(result, redact_argv(argv)))
+    summary = render_combination_summary(result)
+    write_text_atomic(paths[1], "\n".join(summary) + "\n")
+    best = result.best
+    if best is not None and result.completed:
+        for name, config in best.configs.items():
+            (folder / "best" / name).mkdir(parents=True, exist_ok=True)
+            paths.append(folder / "best" / name / "config.pbtxt")
+            write_text_atomic(paths[-1], best_pbtxt(config))
+    if not spec.quiet:
+        print("\n".join(summary))
+    for path in paths:
+        print(f"wrote {path}", file=sys.stderr)
+    if result.stop_reason:
+        print(f"error: the tune stopped early: {result.stop_reason}", file=sys.stderr)
+    elif code == ExitCode.FAILED:
+        print("error: no combination met the constraints; loosen --constraint or widen the search", file=sys.stderr)
     return int(code)
 
 

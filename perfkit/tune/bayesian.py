@@ -38,12 +38,12 @@ from __future__ import annotations
 
 import random
 import warnings
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from typing import Any
 
 from perfkit.errors import PerfkitError
 from perfkit.tune.objectives import Constraint, Figures, Objective
-from perfkit.tune.search import Space, Variant, VariantBatches, VariantFeedback, one_at_a_time
+from perfkit.tune.search import Batches, C, Grid, one_at_a_time
 
 __all__ = ["REPEATS_BEFORE_EXPLORING", "bayesian_batches", "bayesian_search", "default_budget"]
 
@@ -51,7 +51,7 @@ __all__ = ["REPEATS_BEFORE_EXPLORING", "bayesian_batches", "bayesian_search", "d
 REPEATS_BEFORE_EXPLORING = 3
 
 
-def default_budget(space: Space) -> int:
+def default_budget(space: Grid[Any]) -> int:
     """A quarter of the grid, at least 8 variants (model_analyzer's quick search claims to need
     under a tenth; TPE's random start alone takes a few)."""
     return max(8, space.size // 4)
@@ -72,14 +72,14 @@ def _sampler(seed: int, startup: int) -> Any:
 
 
 def bayesian_batches(
-    space: Space,
-    default: Variant,
+    space: Grid[C],
+    default: C,
     objective: Objective,
     constraints: Sequence[Constraint] = (),
     *,
     budget: int = 0,
     seed: int = 0,
-) -> VariantBatches:
+) -> Batches[C]:
     """TPE over the grid's indexes within `budget` variants (0: `default_budget`); one variant a
     batch, since each proposal depends on every result before it."""
     from optuna.trial import TrialState
@@ -113,13 +113,13 @@ def bayesian_batches(
 
 
 def bayesian_search(
-    space: Space,
-    default: Variant,
+    space: Grid[C],
+    default: C,
     objective: Objective,
     constraints: Sequence[Constraint] = (),
     *,
     budget: int = 0,
     seed: int = 0,
-) -> VariantFeedback:
+) -> Generator[C, Figures | None, None]:
     """`bayesian_batches` as a one-variant-at-a-time policy."""
     return one_at_a_time(bayesian_batches(space, default, objective, constraints, budget=budget, seed=seed))

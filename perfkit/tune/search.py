@@ -64,7 +64,7 @@ import itertools
 import math
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from perfkit.errors import PerfkitError
 from perfkit.tune.objectives import Constraint, Figures, Objective, merit
@@ -75,8 +75,11 @@ __all__ = [
     "SUSTAINED_SHARE",
     "THROUGHPUT_MINIMUM_CONSECUTIVE_TRIES",
     "THROUGHPUT_MINIMUM_GAIN",
+    "Batches",
     "Batching",
     "BatchingChoice",
+    "Candidate",
+    "Grid",
     "Space",
     "SpaceSpec",
     "Variant",
@@ -102,6 +105,39 @@ SUSTAINED_SHARE = 0.9
 
 VariantFeedback = Generator["Variant", "Figures | None", None]
 VariantBatches = Generator[list["Variant"], list["Figures | None"], None]
+
+
+class Candidate(Protocol):
+    """What a search proposes: a `Variant` of one model, or a `combination.Combination` of several."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def cost(self) -> tuple[float, ...]: ...
+
+
+C = TypeVar("C", bound=Candidate)
+#: A batch policy over candidates of type C (see "the searches" below).
+Batches = Generator[list[C], list["Figures | None"], None]
+
+
+class Grid(Protocol, Generic[C]):
+    """What the searches need of a grid: `Space` for one model, `combination.CombinedSpace` for several."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def size(self) -> int: ...
+
+    def variant(self, coord: Sequence[int]) -> C: ...
+
+    def coordinates(self) -> list[tuple[int, ...]]: ...
+
+    def neighbours(self, coord: Sequence[int], dims: int = 1) -> list[tuple[int, ...]]: ...
+
+    def nearest(self, variant: C) -> tuple[int, ...]: ...
 
 
 def doubling(start: int, end: int) -> list[int]:
@@ -457,7 +493,7 @@ def _index_of(config: dict[str, Any], param: Param) -> int | None:
 # the tuner drives); with several, `perfkit tune --workers` measures a batch's variants at once.
 
 
-def one_at_a_time(batches: VariantBatches) -> VariantFeedback:
+def one_at_a_time(batches: Batches[C]) -> Generator[C, Figures | None, None]:
     """A batch policy as a single-variant policy: each batch's variants in order, then the batch's
     figures sent back together. The sequence of variants is the batch policy's, flattened."""
     try:
@@ -474,7 +510,7 @@ def one_at_a_time(batches: VariantBatches) -> VariantFeedback:
             return
 
 
-def brute_batches(space: Space, default: Variant) -> VariantBatches:
+def brute_batches(space: Grid[C], default: C) -> Batches[C]:
     """The default, then the whole grid, in one batch: no variant depends on another's result."""
     variants = [default]
     seen = {default.key}
@@ -486,21 +522,21 @@ def brute_batches(space: Space, default: Variant) -> VariantBatches:
     yield variants
 
 
-def brute_search(space: Space, default: Variant) -> VariantFeedback:
+def brute_search(space: Grid[C], default: C) -> Generator[C, Figures | None, None]:
     """The default, then the whole grid (feedback is not needed, but received like quick's)."""
     return one_at_a_time(brute_batches(space, default))
 
 
 def quick_batches(
-    space: Space, default: Variant, objective: Objective, constraints: Sequence[Constraint] = ()
-) -> VariantBatches:
+    space: Grid[C], default: C, objective: Objective, constraints: Sequence[Constraint] = ()
+) -> Batches[C]:
     """Hill climbing from the grid point nearest the default (see the module header). A batch is the
     default with the first home, or the part of one neighbourhood not yet measured: the climb looks
     at a neighbourhood's results only once all of them are in."""
     by_key: dict[str, Figures | None] = {}
     results: dict[tuple[int, ...], Figures | None] = {}
 
-    def measure(coords: Sequence[tuple[int, ...]], first: Sequence[Variant] = ()) -> VariantBatches:
+    def measure(coords: Sequence[tuple[int, ...]], first: Sequence[C] = ()) -> Batches[C]:
         batch = list(first)
         for coord in coords:
             variant = space.variant(coord)
@@ -535,7 +571,7 @@ def quick_batches(
 
 
 def quick_search(
-    space: Space, default: Variant, objective: Objective, constraints: Sequence[Constraint] = ()
-) -> VariantFeedback:
+    space: Grid[C], default: C, objective: Objective, constraints: Sequence[Constraint] = ()
+) -> Generator[C, Figures | None, None]:
     """Hill climbing from the grid point nearest the default (see the module header)."""
     return one_at_a_time(quick_batches(space, default, objective, constraints))
