@@ -30,7 +30,9 @@ The mapping:
   ends at the budget or when every variant of the grid is measured.
 
 The sampler is seeded (`--seed`), so a tune against the same measurements proposes the same
-variants: a resumed tune replays the search against its checkpoint, as brute and quick do.
+variants: a resumed tune replays the search against its checkpoint, as brute and quick do. Each
+batch is one variant, because each proposal waits for the result before it: with --workers the
+endpoints take turns rather than measure at once.
 `bench/tune_search.py` compares the three searches: the best found against measurements spent.
 """
 

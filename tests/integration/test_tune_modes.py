@@ -15,6 +15,7 @@ import pytest
 
 from perfkit.cli import main
 from perfkit.target import open_target
+from perfkit.testing import triton_server, write_sleeper
 from tests.integration.test_tune import SLOW_MLP
 from v2kit.demo import build_demo_repository
 
@@ -106,9 +107,9 @@ SMALL_GRID = ["--max-instance-count", "1", "--min-batch-size", "64", "--max-batc
               "--concurrency-range", "4:4", *FAST]  # fmt: skip
 
 
-def mlp_throughput(doc: dict[str, Any], key: str, name: str = "mlp") -> float:
+def throughput_of(doc: dict[str, Any], key: str, name: str = "mlp") -> float:
     combination = next(c for c in doc["combinations"] if c["key"] == key)
-    return float(combination["figures"][f"{name}/throughput" if name != "mlp_pipeline" else "throughput"]["value"])
+    return float(combination["figures"][f"{name}/throughput" if name == "mlp" else "throughput"]["value"])
 
 
 @pytest.mark.timeout(200)
@@ -129,7 +130,7 @@ def test_two_models_are_measured_together_and_ranked_with_weights(
         assert all(lv["ok_count"] > 0 for levels in combination["levels"] for lv in levels.values())
     # The default mlp waits 20 ms for each batch of four; either grid value serves it several times faster.
     assert "20000us" not in doc["best"].split(" | ")[0]
-    assert mlp_throughput(doc, doc["best"]) > 1.5 * mlp_throughput(doc, doc["default"])
+    assert throughput_of(doc, doc["best"]) > 1.5 * throughput_of(doc, doc["default"])
     assert (out / "best" / "mlp" / "config.pbtxt").is_file() and (
         out / "best" / "preprocess" / "config.pbtxt"
     ).is_file()
@@ -151,8 +152,49 @@ def test_an_ensemble_is_measured_while_its_composing_models_are_searched(
     assert all("mbs=64" in v for c in doc["combinations"] for v in c["variants"].values())
     assert doc["default"].endswith("mlp: count=1 mbs=64 batching=20000us kind=cpu")
     assert "20000us" not in doc["best"]
-    assert mlp_throughput(doc, doc["best"], "mlp_pipeline") > 1.5 * mlp_throughput(doc, doc["default"], "mlp_pipeline")
+    assert throughput_of(doc, doc["best"], "mlp_pipeline") > 1.5 * throughput_of(doc, doc["default"], "mlp_pipeline")
     assert ready_models(server[0]) == set()  # the server is left as the tune found it
+
+
+SLEEPER_PIPELINE = """\
+name: "pipeline"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "first" model_version: -1 input_map { key: "INPUT0" value: "INPUT0" }
+    output_map { key: "OUTPUT0" value: "middle" } },
+  { model_name: "second" model_version: -1 input_map { key: "INPUT0" value: "middle" }
+    output_map { key: "OUTPUT0" value: "OUTPUT0" } }
+] }
+"""
+
+
+@pytest.mark.peers
+@pytest.mark.timeout(300)
+def test_an_ensemble_of_sleepers_on_triton_needs_both_steps_batched(peers: Path, tmp_path: Path) -> None:
+    # Each step sleeps 10 ms an execution: 100 requests/s each without a batcher, up to 800/s with
+    # one. The pipeline is as fast as its slower step, so only both batched pay: a combination
+    # the search must find across the two models' grids.
+    repo = tmp_path / "models"
+    write_sleeper(repo, "first", service_ms=10.0)
+    write_sleeper(repo, "second", service_ms=10.0)
+    (repo / "pipeline" / "1").mkdir(parents=True)
+    (repo / "pipeline" / "config.pbtxt").write_text(SLEEPER_PIPELINE)
+    out = tmp_path / "out"
+    with triton_server(peers, repo, extra_args=["--model-control-mode=explicit"]) as triton:
+        code = main(["tune", str(repo / "pipeline" / "config.pbtxt"), "-u", triton.grpc_url, "-i", "grpc",
+                     "--shape", "INPUT0:16", "--max-instance-count", "1", "--min-batch-size", "8",
+                     "--max-batch-size", "8", "--batching-delays-us", "0", "--concurrency-range", "8:8",
+                     "-o", str(out), *FAST])  # fmt: skip
+    assert code == 0
+    doc = read_json(out / "tune.json")
+    assert doc["endpoint"] == "pipeline" and len(doc["combinations"]) == 4
+    assert all(c["status"] == "ok" for c in doc["combinations"])
+    assert doc["best"] == "first: count=1 mbs=8 batching=0us kind=cpu | second: count=1 mbs=8 batching=0us kind=cpu"
+    one_batched = next(c for c in doc["combinations"] if c["key"].count("batching=0us") == 1)
+    assert throughput_of(doc, doc["best"], "pipeline") > 2 * one_batched["figures"]["throughput"]["value"]
 
 
 @pytest.mark.parametrize(
