@@ -260,7 +260,7 @@ def _combination_gain(result: CombinationResult, key: str) -> float | None:
 
 
 def _per_model(record: CombinationRecord, name: str) -> str:
-    figures = record.chosen_figures() or {}
+    figures = record.combined() or {}
     tp, p99 = figures.get(f"{name}throughput"), figures.get(f"{name}p99_ms")
     return "-" if tp is None else f"{tp.value:.1f} infer/s" + ("" if p99 is None else f", p99 {p99.value:.1f} ms")
 
@@ -323,6 +323,7 @@ def render_combination_json(result: CombinationResult, argv: list[str]) -> str:
             "levels": [{name: to_jsonable(lv) for name, lv in levels.items()} for levels in r.levels],
             "level_figures": [_estimates(f) for f in r.figures],
             "chosen_concurrency": r.chosen_concurrency(), "figures": _estimates(r.chosen_figures()),
+            "remeasures": [_estimates(f) for f in r.remeasures], "combined_figures": _estimates(r.combined()),
         })  # fmt: skip
     entries = [] if ranking is None else [
         {"rank": i + 1, "key": e.key, "status": e.status, "violations": list(e.violations),
@@ -340,10 +341,11 @@ def render_combination_json(result: CombinationResult, argv: list[str]) -> str:
             "url": spec.target.url, "protocol": spec.target.protocol, "search": spec.search,
             "search_budget": spec.budget or None, "objective": dict(result.objective.weights),
             "constraints": [str(c) for c in result.constraints], "concurrency_range": list(spec.concurrency),
-            "space": asdict(spec.space), "windows": asdict(spec.windows),
+            "space": asdict(spec.space), "windows": asdict(spec.windows), "leaders": spec.leaders,
+            "remeasure_rounds": spec.remeasure_rounds,
         },
         "space": {"shape": list(result.space.shape), "size": result.space.size},
-        "default": result.default_key, "combinations": combinations, "ranking": entries,
+        "default": result.default_key, "combinations": combinations, "ranking": entries, "leaders": result.leaders,
         "leader": None if ranking is None else ranking.leader, "ties": [] if ranking is None else list(ranking.tie),
         "best": None if best is None else best.combination.key, "best_configs": None if best is None else best.configs,
         "completed": result.completed, "stop_reason": result.stop_reason,

@@ -35,8 +35,11 @@ Theory of operation, after model_analyzer's config_search.md:
    its load running, unrecorded, until all are done, so that no model is measured on a machine
    its neighbours have left.
 
-Not here: the checkpoint, the re-measurement of leaders, Ray workers and the request-rate search
-of a one-model tune; combination tunes write their own tune.json and summary (`perfkit.report.
+5. Verdict. As in a one-model tune, the leaders are re-measured at their chosen concurrency,
+   interleaved, their figures merged (`objectives.combine`), and the cheapest combination tied
+   with the leader is recommended.
+
+Not here: the checkpoint, Ray workers and the request-rate search of a one-model tune; combination tunes write their own tune.json and summary (`perfkit.report.
 tune_tables.render_combination_*`).
 """
 
@@ -62,7 +65,17 @@ from perfkit.progress import Progress
 from perfkit.results.model import LevelResult
 from perfkit.target import open_target
 from perfkit.tune.bayesian import bayesian_search
-from perfkit.tune.objectives import Constraint, Estimate, Figures, Objective, Ranking, best_level, figures_of, rank
+from perfkit.tune.objectives import (
+    Constraint,
+    Estimate,
+    Figures,
+    Objective,
+    Ranking,
+    best_level,
+    combine,
+    figures_of,
+    rank,
+)
 from perfkit.tune.search import (
     Space,
     SpaceSpec,
@@ -290,9 +303,15 @@ class CombinationRecord:
     levels: list[dict[str, LevelResult]] = field(default_factory=list)  # per level: measured model -> level
     figures: list[dict[str, Estimate] | None] = field(default_factory=list)  # per level, combined
     chosen: int | None = None
+    remeasures: list[dict[str, Estimate]] = field(default_factory=list)  # the chosen level, measured again
 
     def chosen_figures(self) -> dict[str, Estimate] | None:
         return None if self.chosen is None else self.figures[self.chosen]
+
+    def combined(self) -> dict[str, Estimate] | None:
+        """The chosen level's figures merged with its re-measurements (`objectives.combine`)."""
+        first = self.chosen_figures()
+        return None if first is None else combine([first, *self.remeasures])
 
     def chosen_concurrency(self) -> int | None:
         return None if self.chosen is None else int(next(iter(self.levels[self.chosen].values())).level)
@@ -311,10 +330,15 @@ class CombinationResult:
     completed: bool = False
     stop_reason: str = ""
     started_at: str = ""
+    leaders: list[str] = field(default_factory=list)  # re-measured, interleaved, before the verdict
 
     def rank(self) -> Ranking:
-        candidates = [(k, r.combination.cost, r.chosen_figures()) for k, r in self.records.items()]
-        return rank(candidates, self.objective, self.constraints)
+        """The ranking; once leaders were re-measured, by the merged figures, and only they can tie."""
+        final = any(self.records[k].remeasures for k in self.leaders)
+        candidates = [
+            (k, r.combination.cost, r.combined() if final else r.chosen_figures()) for k, r in self.records.items()
+        ]
+        return rank(candidates, self.objective, self.constraints, self.leaders if final else None)
 
     @property
     def best(self) -> CombinationRecord | None:
@@ -371,7 +395,33 @@ class CombinationTuner:
                 combination = policy.send(record.chosen_figures())
             except StopIteration:
                 break
+        await self._remeasure(result)
         result.completed = True
+
+    async def _remeasure(self, result: CombinationResult) -> None:
+        """The leaders measured again at their chosen concurrency, round-robin (A B C A B C), as a
+        one-model tune does, so that one lucky measurement does not name the winner."""
+        assert result.ranking is not None
+        leaders = result.ranking.leaders(self.spec.leaders)
+        if self.spec.remeasure_rounds == 0 or len(leaders) < 2:
+            return
+        result.leaders = leaders
+        self.progress.note(f"re-measuring, interleaved: {'; '.join(leaders)}")
+        for _ in range(self.spec.remeasure_rounds):
+            for key in leaders:
+                record = result.records[key]
+                concurrency = record.chosen_concurrency()
+                if concurrency is None or await self._load(record.configs):
+                    continue  # it loaded before; a refusal now leaves the first measurement alone
+                figures = self._figures(await self._level(concurrency, record))
+                if figures is not None:
+                    record.remeasures.append(figures)
+        result.ranking = result.rank()
+
+    def _figures(self, levels: dict[str, LevelResult]) -> dict[str, Estimate] | None:
+        if self.study.endpoint is None:
+            return combined_figures({name: figures_of(lv) for name, lv in levels.items()})
+        return figures_of(levels[self.study.endpoint.name])
 
     async def _live(self) -> bool:
         try:
@@ -391,10 +441,7 @@ class CombinationTuner:
         while True:
             levels = await self._level(concurrency, record)
             record.levels.append(levels)
-            if self.study.endpoint is None:
-                figures = combined_figures({name: figures_of(lv) for name, lv in levels.items()})
-            else:
-                figures = figures_of(levels[self.study.endpoint.name])
+            figures = self._figures(levels)
             record.figures.append(figures)
             try:
                 concurrency = policy.send(figures)

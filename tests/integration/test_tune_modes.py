@@ -117,7 +117,7 @@ SMALL_GRID = ["--max-instance-count", "1", "--min-batch-size", "64", "--max-batc
 
 def throughput_of(doc: dict[str, Any], key: str, name: str = "mlp") -> float:
     combination = next(c for c in doc["combinations"] if c["key"] == key)
-    return float(combination["figures"][f"{name}/throughput" if name == "mlp" else "throughput"]["value"])
+    return float(combination["combined_figures"][f"{name}/throughput" if name == "mlp" else "throughput"]["value"])
 
 
 @pytest.mark.timeout(200)
@@ -127,7 +127,7 @@ def test_two_models_are_measured_together_and_ranked_with_weights(
     out = tmp_path / "out"
     preprocess = slow_mlp.parent.parent / "preprocess" / "config.pbtxt"
     code = tune(server, str(slow_mlp), str(preprocess), "--weights", "mlp:3", "--batching-delays-us", "0",
-                "-o", str(out), *SMALL_GRID)  # fmt: skip
+                "--leaders", "2", "--remeasure", "1", "-o", str(out), *SMALL_GRID)  # fmt: skip
     assert code == 0
     doc = read_json(out / "tune.json")
     assert doc["mode"] == "concurrent" and doc["weights"] == {"mlp": 0.75, "preprocess": 0.25}
@@ -136,6 +136,10 @@ def test_two_models_are_measured_together_and_ranked_with_weights(
     for combination in doc["combinations"]:  # every level has both models, each under its own load
         assert all(set(levels) == {"mlp", "preprocess"} for levels in combination["levels"])
         assert all(lv["ok_count"] > 0 for levels in combination["levels"] for lv in levels.values())
+    # The two leaders were measured again, and the verdict is on their merged figures.
+    assert len(doc["leaders"]) == 2 and doc["leader"] in doc["leaders"]
+    leaders = [c for c in doc["combinations"] if c["key"] in doc["leaders"]]
+    assert all(len(c["remeasures"]) == 1 and c["combined_figures"] for c in leaders)
     # The default mlp waits 20 ms for each batch of four; either grid value serves it several times faster.
     assert "20000us" not in doc["best"].split(" | ")[0]
     assert throughput_of(doc, doc["best"]) > 1.5 * throughput_of(doc, doc["default"])
@@ -152,7 +156,7 @@ def test_an_ensemble_is_measured_while_its_composing_models_are_searched(
     ensemble = slow_mlp.parent.parent / "mlp_pipeline" / "config.pbtxt"
     grid = ["--max-instance-count", "1", "--min-batch-size", "1",
             "--max-batch-size", "64", "--batching-delays-us", "0", "--concurrency-range", "4:4", *FAST]  # fmt: skip
-    assert tune(server, str(ensemble), "--search", "quick", "-o", str(out), *grid) == 0
+    assert tune(server, str(ensemble), "--search", "quick", "--remeasure", "0", "-o", str(out), *grid) == 0
     doc = read_json(out / "tune.json")
     assert doc["mode"] == "ensemble" and doc["models"] == ["preprocess", "mlp"] and doc["endpoint"] == "mlp_pipeline"
     # Only the ensemble takes load; its steps are searched at batch size 64 alone (the ensemble's).
@@ -195,7 +199,7 @@ def test_an_ensemble_of_sleepers_on_triton_needs_both_steps_batched(peers: Path,
         code = main(["tune", str(repo / "pipeline" / "config.pbtxt"), "-u", triton.grpc_url, "-i", "grpc",
                      "--shape", "INPUT0:16", "--max-instance-count", "1", "--min-batch-size", "8",
                      "--max-batch-size", "8", "--batching-delays-us", "0", "--concurrency-range", "8:8",
-                     "-o", str(out), *FAST])  # fmt: skip
+                     "--remeasure", "0", "-o", str(out), *FAST])  # fmt: skip
     assert code == 0
     doc = read_json(out / "tune.json")
     assert doc["endpoint"] == "pipeline" and len(doc["combinations"]) == 4
