@@ -39,6 +39,9 @@ Theory of operation, after model_analyzer's config_search.md:
    interleaved, their figures merged (`objectives.combine`), and the cheapest combination tied
    with the leader is recommended.
 
+With -u, the default combination is each member as the server serves it (its `/config`), else
+its config.pbtxt, and each model is left as the server had it (its config loaded back, or unloaded).
+
 Not here: the checkpoint, Ray workers and the request-rate search of a one-model tune; combination tunes write their own tune.json and summary (`perfkit.report.
 tune_tables.render_combination_*`).
 """
@@ -369,11 +372,15 @@ class CombinationTuner:
         self.loaded: dict[str, dict[str, Any] | None] = {}  # what the server serves now, as far as we loaded it
         self.prepared: dict[str, list[Any]] = {}
 
-    async def run(self, result: CombinationResult) -> None:
+    async def run(self, result: CombinationResult, served: Mapping[str, dict[str, Any] | None]) -> None:
+        """Search, measure and rank; the default is each member as the server serves it (`served`,
+        with -u), else as its config.pbtxt says."""
         if not await self._live():
             raise TargetError(f"cannot reach the server at {self.url}")
         spec, study = self.spec, self.study
-        default = Combination(tuple((m.name, variant_of(m.base)) for m in study.members))
+        defaults = {m.name: served.get(m.name) or m.base for m in study.members}
+        default = Combination(tuple((m.name, variant_of(defaults[m.name])) for m in study.members))
+        result.default_key = default.key
         if spec.search == "quick":
             policy = quick_search(result.space, default, result.objective, result.constraints)
         elif spec.search == "bayesian":
@@ -384,9 +391,9 @@ class CombinationTuner:
             policy = brute_search(result.space, default)
         combination = next(policy)
         while True:
-            record = result.records[combination.key] = CombinationRecord(
-                combination, combination.configs(study), combination.key == result.default_key
-            )
+            is_default = combination.key == result.default_key
+            configs = defaults if is_default else combination.configs(study)
+            record = result.records[combination.key] = CombinationRecord(combination, configs, is_default)
             self.progress.note(f"combination {len(result.records)} ({spec.search} search): {combination.key}")
             await self._sweep(record, result)
             result.ranking = result.rank()
@@ -610,7 +617,7 @@ async def _run(tuner: CombinationTuner, result: CombinationResult, restore: bool
                     check_credentials(exc)
                     served[name] = None
         try:
-            await tuner.run(result)
+            await tuner.run(result, served)
         finally:
             if restore:
                 await tuner.restore(served)

@@ -54,10 +54,15 @@ def tune(server: tuple[str, Path], *args: str) -> int:
     return main(["tune", "-u", server[0], *args])
 
 
+def repository_call(url: str, path: str, body: dict[str, Any]) -> Any:
+    data = json.dumps(body).encode()
+    request = urllib.request.Request(f"http://{url}/v2/repository/{path}", data=data, method="POST")
+    with urllib.request.urlopen(request, timeout=60) as response:
+        return json.loads(response.read() or b"null")
+
+
 def ready_models(url: str) -> set[str]:
-    request = urllib.request.Request(f"http://{url}/v2/repository/index", data=b"{}", method="POST")
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return {m["name"] for m in json.loads(response.read()) if m.get("state") == "READY"}
+    return {m["name"] for m in repository_call(url, "index", {}) if m.get("state") == "READY"}
 
 
 @pytest.mark.timeout(200)
@@ -126,6 +131,12 @@ def test_two_models_are_measured_together_and_ranked_with_weights(
 ) -> None:
     out = tmp_path / "out"
     preprocess = slow_mlp.parent.parent / "preprocess" / "config.pbtxt"
+    # The server already serves preprocess, with 2 instances: that is its default, and what it serves after.
+    served = {"name": "preprocess", "backend": "onnxruntime", "max_batch_size": 64,
+              "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [256]}],
+              "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [256]}],
+              "instance_group": [{"count": 2, "kind": "KIND_CPU"}]}  # fmt: skip
+    repository_call(server[0], "models/preprocess/load", {"parameters": {"config": json.dumps(served)}})
     code = tune(server, str(slow_mlp), str(preprocess), "--weights", "mlp:3", "--batching-delays-us", "0",
                 "--leaders", "2", "--remeasure", "1", "-o", str(out), *SMALL_GRID)  # fmt: skip
     assert code == 0
@@ -143,9 +154,13 @@ def test_two_models_are_measured_together_and_ranked_with_weights(
     # The default mlp waits 20 ms for each batch of four; either grid value serves it several times faster.
     assert "20000us" not in doc["best"].split(" | ")[0]
     assert throughput_of(doc, doc["best"]) > 1.5 * throughput_of(doc, doc["default"])
-    assert (out / "best" / "mlp" / "config.pbtxt").is_file() and (
-        out / "best" / "preprocess" / "config.pbtxt"
-    ).is_file()
+    assert all((out / "best" / name / "config.pbtxt").is_file() for name in ("mlp", "preprocess"))
+    assert doc["default"].endswith("| preprocess: count=2 mbs=64 batching=off kind=cpu")
+    assert ready_models(server[0]) == {"preprocess"}
+    with urllib.request.urlopen(f"http://{server[0]}/v2/models/preprocess/config", timeout=30) as response:
+        after = json.loads(response.read())
+    assert after["instance_group"][0]["count"] == 2 and "dynamic_batching" not in after
+    repository_call(server[0], "models/preprocess/unload", {})
 
 
 @pytest.mark.timeout(200)
