@@ -26,15 +26,14 @@ Theory of operation, after model_analyzer's config_search.md:
    w_model × w_figure (`combined_objective`). A constraint holds for every model (`p99_ms<=20` is
    checked on each). In composite mode the figures are the endpoint's, under their plain names,
    and the objective and constraints are the user's as given. An ensemble's composing models are
-   searched only at batch sizes up to which the ensemble batches (Triton's rule).
+   searched only at max_batch_size values no smaller than the ensemble's (Triton's rule).
 4. Measuring. Each combination is swept over concurrency by `search.concurrency_sweep` as a
    single-model variant is. A member is reloaded only when its configuration changes; in composite
-   mode the endpoint is loaded after its members (Triton reloads an ensemble whose composing
-   model changed; loading it again is harmless and makes sure it serves). In concurrent mode the
+   mode the endpoint is loaded again after its members, so that it is ready over the new ones
+   whether or not the server reloads it by itself. In concurrent mode the
    models' levels start together, and a model whose level is stable before the others' keeps
    its load running, unrecorded, until all are done, so that no model is measured on a machine
    its neighbours have left.
-
 5. Verdict. As in a one-model tune, the leaders are re-measured at their chosen concurrency,
    interleaved, their figures merged (`objectives.combine`), and the cheapest combination tied
    with the leader is recommended.
@@ -42,8 +41,8 @@ Theory of operation, after model_analyzer's config_search.md:
 With -u, the default combination is each member as the server serves it (its `/config`), else
 its config.pbtxt, and each model is left as the server had it (its config loaded back, or unloaded).
 
-Not here: the checkpoint, Ray workers and the request-rate search of a one-model tune; combination tunes write their own tune.json and summary (`perfkit.report.
-tune_tables.render_combination_*`).
+Not here: a one-model tune's checkpoint, Ray workers and request-rate search. The outputs are a
+tune.json and summary of their own (`perfkit.report.tune_tables.render_combination_*`).
 """
 
 from __future__ import annotations
@@ -86,6 +85,7 @@ from perfkit.tune.search import (
     brute_search,
     build_space,
     concurrency_sweep,
+    neighbours_in,
     quick_search,
     variant_of,
 )
@@ -253,16 +253,7 @@ class CombinedSpace:
         return list(itertools.product(*(range(n) for n in self.shape)))
 
     def neighbours(self, coord: Sequence[int], dims: int = 1) -> list[tuple[int, ...]]:
-        # Space.neighbours depends only on the shape: a one-model Space of this shape would do the same.
-        out = []
-        for moved in itertools.combinations(range(len(self.shape)), dims):
-            for steps in itertools.product((-1, 1), repeat=dims):
-                point = list(coord)
-                for dim, step in zip(moved, steps):
-                    point[dim] += step
-                if all(0 <= point[dim] < self.shape[dim] for dim in moved):
-                    out.append(tuple(point))
-        return out
+        return neighbours_in(self.shape, coord, dims)
 
     def nearest(self, variant: Combination) -> tuple[int, ...]:
         return tuple(i for (_, space), (_, v) in zip(self.spaces, variant.variants) for i in space.nearest(v))
@@ -351,19 +342,6 @@ class CombinationResult:
 # --- measuring ------------------------------------------------------------------------------------
 
 
-class _Silent:
-    """The observer of the levels measured beside the one the progress display shows."""
-
-    def level_started(self, mode: str, level: float) -> None:
-        pass
-
-    def window_done(self, *args: Any) -> None:
-        pass
-
-    def level_done(self, result: LevelResult) -> None:
-        pass
-
-
 class CombinationTuner:
     """Loads each combination on one server and measures its endpoint(s) over concurrency."""
 
@@ -371,6 +349,7 @@ class CombinationTuner:
         self.spec, self.study, self.client, self.url, self.progress = spec, study, client, url, progress
         self.loaded: dict[str, dict[str, Any] | None] = {}  # what the server serves now, as far as we loaded it
         self.prepared: dict[str, list[Any]] = {}
+        self.silent = Progress(quiet=True)  # observes the levels measured beside the one shown
 
     async def run(self, result: CombinationResult, served: Mapping[str, dict[str, Any] | None]) -> None:
         """Search, measure and rank; the default is each member as the server serves it (`served`,
@@ -407,23 +386,25 @@ class CombinationTuner:
 
     async def _remeasure(self, result: CombinationResult) -> None:
         """The leaders measured again at their chosen concurrency, round-robin (A B C A B C), as a
-        one-model tune does, so that one lucky measurement does not name the winner."""
-        assert result.ranking is not None
-        leaders = result.ranking.leaders(self.spec.leaders)
-        if self.spec.remeasure_rounds == 0 or len(leaders) < 2:
-            return
-        result.leaders = leaders
-        self.progress.note(f"re-measuring, interleaved: {'; '.join(leaders)}")
-        for _ in range(self.spec.remeasure_rounds):
-            for key in leaders:
-                record = result.records[key]
-                concurrency = record.chosen_concurrency()
-                if concurrency is None or await self._load(record.configs):
-                    continue  # it loaded before; a refusal now leaves the first measurement alone
-                figures = self._figures(await self._level(concurrency, record))
-                if figures is not None:
-                    record.remeasures.append(figures)
-        result.ranking = result.rank()
+        one-model tune does, so that one lucky measurement does not name the winner; again for a
+        combination that overtakes them meanwhile, so that the leader is always re-measured."""
+        for _ in range(3 if self.spec.remeasure_rounds else 0):
+            assert result.ranking is not None
+            group = [k for k in result.ranking.leaders(self.spec.leaders) if k not in result.leaders]
+            if result.ranking.leader in result.leaders or not group or len(group) + len(result.leaders) < 2:
+                return
+            result.leaders += group
+            self.progress.note(f"re-measuring, interleaved: {'; '.join(group)}")
+            for _ in range(self.spec.remeasure_rounds):
+                for key in group:
+                    record = result.records[key]
+                    concurrency = record.chosen_concurrency()
+                    if concurrency is None or await self._load(record.configs):
+                        continue  # it loaded before; a refusal now leaves the first measurement alone
+                    figures = self._figures(await self._level(concurrency, record))
+                    if figures is not None:
+                        record.remeasures.append(figures)
+            result.ranking = result.rank()
 
     def _figures(self, levels: dict[str, LevelResult]) -> dict[str, Estimate] | None:
         if self.study.endpoint is None:
@@ -502,7 +483,7 @@ class CombinationTuner:
             client, name = self.client, model.name
             loadgen = LoadGenerator(client, self.prepared[name], SampleBuffer(), RealClock())
             measurement = await observe_level(
-                self.progress if shown else _Silent(), loadgen, ClosedLoop(concurrency), self.spec.windows,
+                self.progress if shown else self.silent, loadgen, ClosedLoop(concurrency), self.spec.windows,
                 batch_size=1, server=ServerStatsProbe(lambda: client.model_statistics(name, ""), name, ""),
                 resources=None, drain_timeout_s=self.spec.target.request_timeout_s + 5,
             )  # fmt: skip

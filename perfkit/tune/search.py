@@ -88,6 +88,7 @@ __all__ = [
     "build_space",
     "concurrency_sweep",
     "doubling",
+    "neighbours_in",
     "one_at_a_time",
     "quick_batches",
     "quick_search",
@@ -138,6 +139,20 @@ class Grid(Protocol, Generic[C]):
     def neighbours(self, coord: Sequence[int], dims: int = 1) -> list[tuple[int, ...]]: ...
 
     def nearest(self, variant: C) -> tuple[int, ...]: ...
+
+
+def neighbours_in(shape: Sequence[int], coord: Sequence[int], dims: int = 1) -> list[tuple[int, ...]]:
+    """The coordinates of a grid of `shape` ±1 away from `coord` in exactly `dims` dimensions (1:
+    along an axis; 2: diagonally)."""
+    out = []
+    for moved in itertools.combinations(range(len(shape)), dims):
+        for steps in itertools.product((-1, 1), repeat=dims):
+            point = list(coord)
+            for dim, step in zip(moved, steps):
+                point[dim] += step
+            if all(0 <= point[dim] < shape[dim] for dim in moved):
+                out.append(tuple(point))
+    return out
 
 
 def doubling(start: int, end: int) -> list[int]:
@@ -401,16 +416,7 @@ class Space:
         return list(itertools.product(*(range(n) for n in self.shape)))
 
     def neighbours(self, coord: Sequence[int], dims: int = 1) -> list[tuple[int, ...]]:
-        """The coordinates ±1 away in exactly `dims` dimensions (1: along an axis; 2: diagonally)."""
-        out = []
-        for moved in itertools.combinations(range(len(self.shape)), dims):
-            for steps in itertools.product((-1, 1), repeat=dims):
-                point = list(coord)
-                for dim, step in zip(moved, steps):
-                    point[dim] += step
-                if all(0 <= point[dim] < self.shape[dim] for dim in moved):
-                    out.append(tuple(point))
-        return out
+        return neighbours_in(self.shape, coord, dims)
 
     def nearest(self, variant: Variant) -> tuple[int, ...]:
         """The grid point closest to `variant`, dimension by dimension (batch sizes in log scale)."""

@@ -24,6 +24,9 @@ pytestmark = pytest.mark.integration
 # 100 ms windows: the margins checked are several times, and the slowest variant still completes
 # 20 requests a window.
 FAST = ["-p", "100", "-s", "50", "-r", "3", "--warmup-request-count", "5", "--quiet"]
+# Where the default is feasible the tests check the leader (the highest score): on such short
+# windows of a loaded machine, intervals can be wide enough to tie the default, and a tie is
+# resolved toward the cheaper configuration, which is not what these tests are about.
 NO_REMEASURE = ["--remeasure", "0", *FAST]
 
 
@@ -113,7 +116,7 @@ def test_bayesian_search_spends_its_budget_and_beats_the_default(
     # Any variant with a shorter queue delay serves 4 clients several times faster than 20 ms batches.
     keys = [v["key"] for v in doc["variants"]]
     assert any("=20000" not in key for key in keys[1:])
-    assert doc["best"] != doc["default"] and "=20000" not in doc["best"]
+    assert doc["leader"] != doc["default"] and "=20000" not in doc["leader"]
 
 
 SMALL_GRID = ["--max-instance-count", "1", "--min-batch-size", "64", "--max-batch-size", "64",
@@ -148,12 +151,12 @@ def test_two_models_are_measured_together_and_ranked_with_weights(
         assert all(set(levels) == {"mlp", "preprocess"} for levels in combination["levels"])
         assert all(lv["ok_count"] > 0 for levels in combination["levels"] for lv in levels.values())
     # The two leaders were measured again, and the verdict is on their merged figures.
-    assert len(doc["leaders"]) == 2 and doc["leader"] in doc["leaders"]
+    assert len(doc["leaders"]) >= 2 and doc["leader"] in doc["leaders"]
     leaders = [c for c in doc["combinations"] if c["key"] in doc["leaders"]]
     assert all(len(c["remeasures"]) == 1 and c["combined_figures"] for c in leaders)
     # The default mlp waits 20 ms for each batch of four; either grid value serves it several times faster.
-    assert "20000us" not in doc["best"].split(" | ")[0]
-    assert throughput_of(doc, doc["best"]) > 1.5 * throughput_of(doc, doc["default"])
+    assert "20000us" not in doc["leader"].split(" | ")[0]
+    assert throughput_of(doc, doc["leader"]) > 1.5 * throughput_of(doc, doc["default"])
     assert all((out / "best" / name / "config.pbtxt").is_file() for name in ("mlp", "preprocess"))
     assert doc["default"].endswith("| preprocess: count=2 mbs=64 batching=off kind=cpu")
     assert ready_models(server[0]) == {"preprocess"}
@@ -178,8 +181,8 @@ def test_an_ensemble_is_measured_while_its_composing_models_are_searched(
     assert all(set(levels) == {"mlp_pipeline"} for c in doc["combinations"] for levels in c["levels"])
     assert all("mbs=64" in v for c in doc["combinations"] for v in c["variants"].values())
     assert doc["default"].endswith("mlp: count=1 mbs=64 batching=20000us kind=cpu")
-    assert "20000us" not in doc["best"]
-    assert throughput_of(doc, doc["best"], "mlp_pipeline") > 1.5 * throughput_of(doc, doc["default"], "mlp_pipeline")
+    assert "20000us" not in doc["leader"]
+    assert throughput_of(doc, doc["leader"], "mlp_pipeline") > 1.5 * throughput_of(doc, doc["default"], "mlp_pipeline")
     assert ready_models(server[0]) == set()  # the server is left as the tune found it
 
 
@@ -219,9 +222,9 @@ def test_an_ensemble_of_sleepers_on_triton_needs_both_steps_batched(peers: Path,
     doc = read_json(out / "tune.json")
     assert doc["endpoint"] == "pipeline" and len(doc["combinations"]) == 4
     assert all(c["status"] == "ok" for c in doc["combinations"])
-    assert doc["best"] == "first: count=1 mbs=8 batching=0us kind=cpu | second: count=1 mbs=8 batching=0us kind=cpu"
+    assert doc["leader"] == "first: count=1 mbs=8 batching=0us kind=cpu | second: count=1 mbs=8 batching=0us kind=cpu"
     one_batched = next(c for c in doc["combinations"] if c["key"].count("batching=0us") == 1)
-    assert throughput_of(doc, doc["best"], "pipeline") > 2 * one_batched["figures"]["throughput"]["value"]
+    assert throughput_of(doc, doc["leader"], "pipeline") > 2 * one_batched["figures"]["throughput"]["value"]
 
 
 @pytest.mark.parametrize(
