@@ -17,15 +17,23 @@ from pathlib import Path
 from perfkit.cli.common import Command, add_connection_flags, headers_from_args, tls_from_args, windows_from_args
 from perfkit.errors import ExitCode, PerfkitError
 from perfkit.load.inputs import parse_shape_flags
-from perfkit.report.tune_tables import best_pbtxt, render_csv, render_json, render_summary
+from perfkit.report.tune_tables import (
+    best_pbtxt,
+    render_combination_json,
+    render_combination_summary,
+    render_csv,
+    render_json,
+    render_summary,
+)
 from perfkit.results.files import load_result, write_text_atomic
 from perfkit.results.provenance import redact_argv
 from perfkit.target import TargetSpec
+from perfkit.tune.combination import Study, read_study, run_combination_tune
 from perfkit.tune.distributed import open_tuner
 from perfkit.tune.objectives import parse_constraint, parse_objective
 from perfkit.tune.params import Param, check_against_config, parse_param
 from perfkit.tune.search import SpaceSpec
-from perfkit.tune.state import TuneResult, TuneSpec, read_model
+from perfkit.tune.state import SEARCHES, TuneResult, TuneSpec, read_model
 from perfkit.tune.tuner import run_tune
 
 DESCRIPTION = """\
@@ -48,6 +56,15 @@ PATH is a ModelConfig field path, with [i] after a repeated message (instance_gr
 VALUES is a comma list (0,100,500; KIND_CPU,KIND_GPU; true,false), an integer range A:B or
 A:B:STEP (inclusive), or for a repeated field bracketed lists, one per alternative ([4,8] or
 [4],[4,8]). Every path and value is checked against the schema before anything is measured.
+
+--request-rate-range START:END searches each variant by request rate (open loop) instead: the
+highest rate it sustains within the latency --constraint, latencies from the intended send times.
+--search bayesian proposes variants with optuna's TPE, within --search-budget measurements.
+
+Several CONFIG.pbtxt (one repository) are tuned together: each combination of their variants is
+loaded at once and every model measured under its own load at the same time, ranked with
+--weights MODEL:WEIGHT. An ensemble's config (or a BLS model's, with --composing-models) searches
+its composing models' configs, measuring the ensemble.
 """
 
 
@@ -61,14 +78,14 @@ def _ints(text: str, flag: str, least: int = 0) -> tuple[int, ...]:
     return tuple(sorted(set(values)))
 
 
-def _concurrency(text: str) -> tuple[int, int]:
+def _range(text: str, flag: str) -> tuple[int, int]:
     parts = text.split(":")
     try:
         values = [int(p) for p in parts]
     except ValueError:
         values = []
     if len(values) not in (1, 2):
-        raise PerfkitError(f"--concurrency-range takes START:END (swept as START, 2×START, … up to END), got '{text}'")
+        raise PerfkitError(f"{flag} takes START:END, whole numbers (START, 2×START, … up to END), got '{text}'")
     return values[0], values[-1]
 
 
@@ -80,7 +97,10 @@ def _endpoints(values: list[str]) -> tuple[str, ...]:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", type=Path, metavar="CONFIG.pbtxt", help="the model's config, in its model folder")
+    p.add_argument(
+        "config", type=Path, nargs="+", metavar="CONFIG.pbtxt",
+        help="the model's config, in its model folder; several (one repository): tuned together, measured at once",
+    )  # fmt: skip
     target = p.add_argument_group("target")
     target.add_argument(
         "-u", "--url", action="append", metavar="HOST:PORT[,...]",
@@ -99,7 +119,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     ray.add_argument("--ray-address", metavar="ADDR", help="the Ray cluster to join (default: start a local one)")
     search = p.add_argument_group("search (defaults as model_analyzer's)")
-    search.add_argument("--search", choices=("brute", "quick"), default="brute", help="default brute")
+    search.add_argument(
+        "--search", choices=SEARCHES, default="brute",
+        help="brute: the whole grid; quick: hill climbing; bayesian: optuna's TPE within --search-budget (default brute)",
+    )  # fmt: skip
+    search.add_argument(
+        "--search-budget", type=int, default=0, metavar="N",
+        help="--search bayesian: variants measured at most, the default's included (default: a quarter of the grid, "
+        "at least 8)",
+    )  # fmt: skip
     search.add_argument(
         "--objective", default="throughput", metavar="FIGURE[:WEIGHT],...",
         help="throughput (default), latency (= p99_ms), p50_ms, p95_ms, p99_ms, mean_ms, gpu_memory_mb, "
@@ -115,7 +143,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "'dynamic_batching.max_queue_delay_microseconds=0,100,500', 'instance_group[0].count=1:4', "
         "'dynamic_batching.preferred_batch_size=[4,8]' (repeatable: the cross product)",
     )  # fmt: skip
-    search.add_argument("--concurrency-range", default="1:1024", metavar="START:END", help="default 1:1024")
+    search.add_argument("--concurrency-range", metavar="START:END", help="default 1:1024")
+    search.add_argument(
+        "--weights", default="", metavar="MODEL:WEIGHT,...",
+        help="with several models: each model's weight in the ranking (model_analyzer's weighting; default 1 each)",
+    )  # fmt: skip
+    search.add_argument(
+        "--composing-models", default="", metavar="MODEL,...",
+        help="the models a BLS model calls: their configs are searched with it, the BLS model measured "
+        "(an ensemble's are read from its steps)",
+    )  # fmt: skip
+    search.add_argument(
+        "--request-rate-range", metavar="START:END",
+        help="search each variant by request rate instead (open loop): the highest rate, doubling from START "
+        "then bisecting, that it sustains within the latency --constraint, latency from the intended send time",
+    )  # fmt: skip
+    search.add_argument(
+        "--request-distribution", choices=("constant", "poisson"), default="constant",
+        help="arrivals with --request-rate-range",
+    )  # fmt: skip
     search.add_argument("--min-instance-count", type=int, default=1, metavar="N")
     search.add_argument("--max-instance-count", type=int, default=5, metavar="N", help="default 5")
     search.add_argument("--min-batch-size", type=int, default=1, metavar="N", help="max_batch_size from N, doubling")
@@ -163,7 +209,7 @@ _KNOBS = (
 
 
 def _params(args: argparse.Namespace) -> tuple[Param, ...]:
-    texts, config_path = args.param, args.config
+    texts, config_path = args.param, args.config[0]
     for name, default, instead in _KNOBS if texts else ():
         if getattr(args, name) != default:
             flag = "--" + name.replace("_", "-")
@@ -176,9 +222,20 @@ def _params(args: argparse.Namespace) -> tuple[Param, ...]:
     return params
 
 
+def _budget(args: argparse.Namespace) -> int:
+    if args.search_budget and args.search != "bayesian":
+        raise PerfkitError("--search-budget applies to --search bayesian; add --search bayesian or drop the budget")
+    return int(args.search_budget)
+
+
 def spec_from_args(args: argparse.Namespace) -> TuneSpec:
-    if not args.config.is_file():
-        raise PerfkitError(f"CONFIG.pbtxt: {args.config} is not a file; give the config.pbtxt of a model folder")
+    if args.concurrency_range and args.request_rate_range:
+        raise PerfkitError("--concurrency-range and --request-rate-range are exclusive: a tune searches one load mode")
+    if args.request_distribution != "constant" and not args.request_rate_range:
+        raise PerfkitError("--request-distribution applies with --request-rate-range; add the range or drop it")
+    for path in args.config:
+        if not path.is_file():
+            raise PerfkitError(f"CONFIG.pbtxt: {path} is not a file; give the config.pbtxt of a model folder")
     if args.metrics_url and not args.collect_metrics:
         raise PerfkitError("--metrics-url needs --collect-metrics")
     urls = _endpoints(args.url or [])
@@ -188,13 +245,15 @@ def spec_from_args(args: argparse.Namespace) -> TuneSpec:
     preferred = tuple(t.strip().lower() for t in args.preferred_batch_sizes.split(",") if t.strip())
     kinds = tuple(t.strip().upper() for t in (args.instance_kinds or "").split(",") if t.strip())
     spec = TuneSpec(
-        config_path=args.config, search=args.search,
+        config_path=args.config[0], search=args.search,
         target=TargetSpec(
             urls[0] if urls else None, args.protocol, headers=headers_from_args(args),
             request_timeout_s=args.request_timeout, tls=tls_from_args(args),
         ),
         objective=parse_objective(args.objective), constraints=tuple(map(parse_constraint, args.constraint)),
-        concurrency=_concurrency(args.concurrency_range),
+        concurrency=_range(args.concurrency_range or "1:1024", "--concurrency-range"),
+        request_rates=_range(args.request_rate_range, "--request-rate-range") if args.request_rate_range else (0, 0),
+        request_distribution=args.request_distribution, budget=_budget(args),
         space=SpaceSpec(
             args.min_instance_count, args.max_instance_count, args.min_batch_size, args.max_batch_size,
             _ints(args.batching_delays_us, "--batching-delays-us"), preferred, kinds, _params(args),
@@ -243,6 +302,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     could not finish (the checkpoint resumes it); 2 usage; 130 interrupted."""
     spec = spec_from_args(args)
     folder = spec.output_dir or Path("reports") / f"{dt.datetime.now():%Y%m%d-%H%M%S}-tune"
+    composing = [name.strip() for name in args.composing_models.split(",") if name.strip()]
+    study = read_study(args.config, composing, args.weights)
+    if study is not None:
+        return _run_combination(spec, study, folder, argv)
     outputs = TuneFiles(folder, argv)
     checkpoint = spec.checkpoint or folder / "checkpoint.json"
     result, code = run_tune(spec, outputs, checkpoint, open_tuner)
@@ -258,6 +321,31 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"the measurements so far are in {checkpoint}: resume with --checkpoint {checkpoint}", file=sys.stderr)
     elif code == ExitCode.FAILED:
         print("error: no variant met the constraints; loosen --constraint or widen the search", file=sys.stderr)
+    return int(code)
+
+
+def _run_combination(spec: TuneSpec, study: Study, folder: Path, argv: list[str]) -> int:
+    """A tune of several models (or of an ensemble or BLS model): its own tune.json and summary."""
+    result, code = run_combination_tune(spec, study)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = [folder / "tune.json", folder / "summary.txt"]
+    write_text_atomic(paths[0], render_combination_json(result, redact_argv(argv)))
+    summary = render_combination_summary(result)
+    write_text_atomic(paths[1], "\n".join(summary) + "\n")
+    best = result.best
+    if best is not None and result.completed:
+        for name, config in best.configs.items():
+            (folder / "best" / name).mkdir(parents=True, exist_ok=True)
+            paths.append(folder / "best" / name / "config.pbtxt")
+            write_text_atomic(paths[-1], best_pbtxt(config))
+    if not spec.quiet:
+        print("\n".join(summary))
+    for path in paths:
+        print(f"wrote {path}", file=sys.stderr)
+    if result.stop_reason:
+        print(f"error: the tune stopped early: {result.stop_reason}", file=sys.stderr)
+    elif code == ExitCode.FAILED:
+        print("error: no combination met the constraints; loosen --constraint or widen the search", file=sys.stderr)
     return int(code)
 
 

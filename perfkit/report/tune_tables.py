@@ -1,7 +1,8 @@
 """`perfkit tune`'s results as text, pure functions of a TuneResult: the ranked summary (printed and
 `summary.txt`), `results.csv` (one row per variant × concurrency: the variant's parameters, then
 every column of `perfkit sweep`'s tidy CSV), `tune.json` (everything the HTML report reads) and the
-winner's `config.pbtxt`. The CLI decides where each goes.
+winner's `config.pbtxt`; and of a CombinationResult (a tune of several models): its summary and
+its tune.json. The CLI decides where each goes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from google.protobuf import text_format
 
 from perfkit._version import __version__
 from perfkit.report.tidy import render_tidy_csv, tidy_header
-from perfkit.results.model import SweepResult, to_jsonable
+from perfkit.results.model import SweepResult, level_name, to_jsonable
+from perfkit.tune.combination import CombinationRecord, CombinationResult
 from perfkit.tune.objectives import Estimate, Figures, figures_of, violations
 from perfkit.tune.state import Record, TuneResult
 from v2kit.model_config import config_from_json
@@ -70,7 +72,7 @@ def render_summary(result: TuneResult) -> list[str]:
         default = result.records.get(result.default_key)
         lines.append(f"Best: {best.variant.key} ({best.variant.describe()}),")
         lines.append(
-            f"  {_figure(best, 'throughput')} infer/s at concurrency {int(lv.level)}, p99 {_figure(best, 'p99_ms')} ms"
+            f"  {_figure(best, 'throughput')} infer/s at {level_name(lv.mode, lv.level)}, p99 {_figure(best, 'p99_ms')} ms"
         )
         gain = _gain(result, ranking.best)
         if ranking.best == result.default_key:
@@ -123,7 +125,8 @@ def _table(result: TuneResult) -> list[str]:
     ranking = result.ranking
     if ranking is None:
         return []
-    rows = [["rank", "variant", "concurrency", "infer/s (95% CI)", "p99 ms", "vs default (95% CI)", "status"]]
+    load = "request rate" if result.spec.rate_mode else "concurrency"
+    rows = [["rank", "variant", load, "infer/s (95% CI)", "p99 ms", "vs default (95% CI)", "status"]]
     # The top N, and whatever the verdict names: the tie (the recommendation among it) and the default.
     measured = [e for e in ranking.entries if e.status != "failed"]
     wanted = {e.key for e in measured[: result.spec.top]} | set(ranking.tie) | {result.default_key}
@@ -168,7 +171,9 @@ def render_csv(result: TuneResult) -> str:
         if not levels:
             writer.writerow([*_variant_cells(record), "search", "false", "", "", record.error, *blank])
             continue
-        sweep = SweepResult(result.model.name, "", "", result.spec.target.protocol, "concurrency", tuple(levels), {})
+        sweep = SweepResult(
+            result.model.name, "", "", result.spec.target.protocol, result.spec.load_mode, tuple(levels), {}
+        )
         rows = list(csv.reader(io.StringIO(render_tidy_csv(sweep))))[1:]
         for i, (level, row) in enumerate(zip(levels, rows)):
             figures = figures_of(level)
@@ -216,7 +221,10 @@ def render_json(result: TuneResult, argv: list[str]) -> str:
             "protocol": spec.target.protocol,
             "search": spec.search,
             "objective": dict(spec.objective.weights), "constraints": [str(c) for c in spec.constraints],
-            "concurrency_range": list(spec.concurrency), "space": asdict(spec.space), "windows": asdict(spec.windows),
+            "concurrency_range": list(spec.concurrency), "load_mode": spec.load_mode,
+            "request_rate_range": list(spec.request_rates) if spec.rate_mode else None,
+            "request_distribution": spec.request_distribution, "search_budget": spec.budget or None,
+            "space": asdict(spec.space), "windows": asdict(spec.windows),
             "top": spec.top, "leaders": spec.leaders, "remeasure_rounds": spec.remeasure_rounds,
         },
         "space": {"shape": list(result.space.shape), "size": result.space.size},
@@ -237,3 +245,109 @@ def render_json(result: TuneResult, argv: list[str]) -> str:
 def best_pbtxt(config: dict[str, Any]) -> str:
     """A configuration JSON as config.pbtxt text (it parses back to the same ModelConfig)."""
     return str(text_format.MessageToString(config_from_json(json.dumps(config), "the best configuration")))
+
+
+# --- tunes of several models (perfkit.tune.combination) -------------------------------------------
+
+
+def _combination_gain(result: CombinationResult, key: str) -> float | None:
+    ranking = result.ranking
+    entries = {} if ranking is None else {e.key: e for e in ranking.entries}
+    own, default = entries.get(key), entries.get(result.default_key)
+    if own is None or default is None or own.score is None or default.score is None:
+        return None
+    return math.expm1(own.score.value - default.score.value)
+
+
+def _per_model(record: CombinationRecord, name: str) -> str:
+    figures = record.combined() or {}
+    tp, p99 = figures.get(f"{name}throughput"), figures.get(f"{name}p99_ms")
+    return "-" if tp is None else f"{tp.value:.1f} infer/s" + ("" if p99 is None else f", p99 {p99.value:.1f} ms")
+
+
+def render_combination_summary(result: CombinationResult) -> list[str]:
+    """What a tune of several models found, in words, then the top combinations."""
+    spec, study, ranking = result.spec, result.study, result.ranking
+    constraints = ", ".join(map(str, spec.constraints)) or "none"
+    if study.endpoint is None:
+        what = "models " + ", ".join(f"'{n}' (weight {w:.2g})" for n, w in study.weights) + ", measured concurrently"
+    else:
+        what = f"{study.mode} '{study.endpoint.name}' over " + ", ".join(f"'{m.name}'" for m in study.members)
+    lines = [
+        f"perfkit tune of {what}: {spec.search} search, {spec.objective.describe()}, constraints: {constraints}",
+        f"{len(result.records)} combinations measured "
+        f"({sum(len(r.levels) for r in result.records.values())} load levels) out of a grid of {result.space.size}.",
+    ]
+    if not result.completed:
+        lines.append(f"The tune did not finish{': ' + result.stop_reason if result.stop_reason else ''}.")
+    best = result.best
+    if ranking is None or best is None:
+        lines.append("No combination met the constraints: nothing to recommend (see the ranking below).")
+    else:
+        lines.append(f"Best (at concurrency {best.chosen_concurrency()}):")
+        prefix = "" if study.endpoint is not None else "{}/"
+        for name, variant in best.combination.variants:
+            shown = f"; {_per_model(best, prefix.format(name))}" if study.endpoint is None else ""
+            lines.append(f"  {name}: {variant.key} ({variant.describe()}){shown}")
+        if study.endpoint is not None:
+            lines.append(f"  {study.endpoint.name}: {_per_model(best, '')}")
+        gain = _combination_gain(result, best.combination.key)
+        if best.combination.key == result.default_key:
+            lines.append("  The default configurations are the best: no combination beat them.")
+        elif result.default_key in ranking.tie:
+            lines.append("  It is not distinguishable from the default configurations (their intervals overlap).")
+        elif gain is not None:
+            lines.append(f"  {gain * 100:+.0f} % on the objective over the default configurations.")
+    lines += ["", "rank  status      score    combination"]
+    entries = () if ranking is None else ranking.entries
+    best_key, tie = (None, ()) if ranking is None else (ranking.best, ranking.tie)
+    for i, e in enumerate(entries):
+        if i >= spec.top and e.key != best_key:
+            continue
+        score = "-" if e.score is None else f"{e.score.value:7.3f}"
+        default = " [default]" if e.key == result.default_key else ""
+        broken = f"  ({'; '.join(e.violations)})" if e.violations else ""
+        mark = " (recommended)" if e.key == best_key else (" (tied)" if e.key in tie else "")
+        lines.append(f"{i + 1:<5} {e.status:<11} {score:>7}  {e.key}{default}{mark}{broken}")
+    return lines
+
+
+def render_combination_json(result: CombinationResult, argv: list[str]) -> str:
+    """tune.json of a tune of several models: the study, every combination with its levels, the ranking."""
+    spec, study, ranking = result.spec, result.study, result.ranking
+    combinations = []
+    for key, r in result.records.items():
+        combinations.append({
+            "key": key, "is_default": r.default, "status": r.status, "error": r.error,
+            "variants": {name: v.key for name, v in r.combination.variants}, "configs": r.configs,
+            "levels": [{name: to_jsonable(lv) for name, lv in levels.items()} for levels in r.levels],
+            "level_figures": [_estimates(f) for f in r.figures],
+            "chosen_concurrency": r.chosen_concurrency(), "figures": _estimates(r.chosen_figures()),
+            "remeasures": [_estimates(f) for f in r.remeasures], "combined_figures": _estimates(r.combined()),
+        })  # fmt: skip
+    entries = [] if ranking is None else [
+        {"rank": i + 1, "key": e.key, "status": e.status, "violations": list(e.violations),
+         "score": None if e.score is None else {"value": e.score.value, "low": e.score.low, "high": e.score.high},
+         "gain_over_default": _combination_gain(result, e.key)}
+        for i, e in enumerate(ranking.entries)
+    ]  # fmt: skip
+    best = result.best
+    doc = {
+        "schema_version": 1, "kind": "tune_combination", "perfkit_version": __version__,
+        "started_at": result.started_at, "argv": argv, "mode": study.mode,
+        "models": [m.name for m in study.members], "endpoint": None if study.endpoint is None else study.endpoint.name,
+        "weights": dict(study.weights),
+        "settings": {
+            "url": spec.target.url, "protocol": spec.target.protocol, "search": spec.search,
+            "search_budget": spec.budget or None, "objective": dict(result.objective.weights),
+            "constraints": [str(c) for c in result.constraints], "concurrency_range": list(spec.concurrency),
+            "space": asdict(spec.space), "windows": asdict(spec.windows), "leaders": spec.leaders,
+            "remeasure_rounds": spec.remeasure_rounds,
+        },
+        "space": {"shape": list(result.space.shape), "size": result.space.size},
+        "default": result.default_key, "combinations": combinations, "ranking": entries, "leaders": result.leaders,
+        "leader": None if ranking is None else ranking.leader, "ties": [] if ranking is None else list(ranking.tie),
+        "best": None if best is None else best.combination.key, "best_configs": None if best is None else best.configs,
+        "completed": result.completed, "stop_reason": result.stop_reason,
+    }  # fmt: skip
+    return json.dumps(doc, indent=1)

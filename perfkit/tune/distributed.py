@@ -38,6 +38,7 @@ from perfkit.load.ray import ray_runtime
 from perfkit.progress import Progress
 from perfkit.results.model import LevelResult
 from perfkit.target import Target, metrics_url_of
+from perfkit.tune.bayesian import bayesian_batches
 from perfkit.tune.search import Space, Variant, brute_batches, quick_batches
 from perfkit.tune.state import Model, Record, TuneResult, TuneSpec
 from perfkit.tune.tuner import Tuner, TuneServer, one_server_tuner, sweep_variant
@@ -270,6 +271,10 @@ class RayTuner(Tuner):
         spec = self.spec
         if spec.search == "quick":
             batches = quick_batches(space, default, spec.objective, spec.constraints)
+        elif spec.search == "bayesian":
+            batches = bayesian_batches(
+                space, default, spec.objective, spec.constraints, budget=spec.budget, seed=spec.seed
+            )
         else:
             batches = brute_batches(space, default)
         batch = next(batches)

@@ -6,7 +6,9 @@ Figures. A load level is reduced to `Figures`, a mapping from the figure names o
 p99 with its order-statistics interval, mean latency with a normal interval; p50/p90/p95 and the
 GPU figures come without an interval (zero width), because a level keeps no per-window percentiles.
 The figures are the metrics of the catalogue (`analysis.metrics`) that have a figure name, and any
-spelling of one names it (`latency`, `p99`, `p99_ms`).
+spelling of one names it (`latency`, `p99`, `p99_ms`). In a tune of several models the figures of
+model M are named `M/throughput`, `M/p99_ms`, …, and objectives and constraints over them are the
+per-model ones with the models' weights folded in (`perfkit.tune.combination`).
 
 Objectives. model_analyzer compares two measurements by Σ wᵢ·(aᵢ − bᵢ)/mean(aᵢ, bᵢ) with the sign
 of each metric's direction (result/model_config_measurement.py). perfkit scores each measurement on
@@ -36,6 +38,7 @@ variant, flip from run to run (tests/unit/test_objectives.py simulates it).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -59,6 +62,7 @@ __all__ = [
     "combine",
     "figures_of",
     "merit",
+    "metric_of",
     "parse_constraint",
     "parse_objective",
     "rank",
@@ -115,6 +119,12 @@ _INTERVALS: dict[str, Callable[[LevelResult], Estimate]] = {
 FIGURES: dict[str, Metric] = {m.figure: m for m in METRICS if m.figure}
 
 
+def metric_of(name: str) -> Metric:
+    """The metric a figure name stands for; `MODEL/figure` names one model's figure in a tune of
+    several models (`perfkit.tune.combination`)."""
+    return FIGURES[name.rpartition("/")[2]]
+
+
 def _figure_name(name: str, flag: str) -> str:
     """The figure `name` spells (any of its metric's spellings); the error names `flag` and lists them."""
     found = find(name)
@@ -125,9 +135,13 @@ def _figure_name(name: str, flag: str) -> str:
 
 
 def figures_of(level: LevelResult) -> dict[str, Estimate] | None:
-    """The figures of one measured level; None when no request of it succeeded."""
+    """The figures of one measured level; None when no request of it succeeded. An open-loop
+    level's latencies are taken from the intended send times (wrk2's correction), so that a server
+    that falls behind its schedule is judged by the wait its clients saw."""
     if level.ok_count == 0 or level.latency.count == 0:
         return None
+    if level.mode != "concurrency":
+        level = dataclasses.replace(level, latency=level.latency_from_intended)
     figures = {}
     for name, metric in FIGURES.items():
         value = metric.value(level)
@@ -155,7 +169,7 @@ class Objective:
             if est is None:
                 continue
             ln = [math.log(max(x, _FLOOR)) for x in (est.value, est.low, est.high)]
-            if FIGURES[name].better == "higher":
+            if metric_of(name).better == "higher":
                 value, low, high = value + weight * ln[0], low + weight * ln[1], high + weight * ln[2]
             else:
                 value, low, high = value - weight * ln[0], low - weight * ln[2], high - weight * ln[1]
@@ -164,7 +178,7 @@ class Objective:
     def describe(self) -> str:
         if len(self.weights) == 1:
             name = self.weights[0][0]
-            return f"{'maximising' if FIGURES[name].better == 'higher' else 'minimising'} {name}"
+            return f"{'maximising' if metric_of(name).better == 'higher' else 'minimising'} {name}"
         return "the weighted objective " + " + ".join(f"{w:.2g}×{name}" for name, w in self.weights)
 
 
@@ -201,7 +215,7 @@ class Constraint:
     @property
     def tightens_with_load(self) -> bool:
         """An upper bound on a figure that rises with concurrency: it holds below some level only."""
-        return self.op == "<=" and FIGURES[self.metric].grows_with_load
+        return self.op == "<=" and metric_of(self.metric).grows_with_load
 
     def excess(self, figures: Figures) -> float | None:
         """How far the figure is past the bound, relative to it (0 when it holds); None: not measured."""
@@ -239,7 +253,7 @@ def violations(figures: Figures, constraints: Iterable[Constraint]) -> list[str]
     out = []
     for c in constraints:
         if c.excess(figures):
-            shown = FIGURES[c.metric].fmt.format(figures[c.metric].value)
+            shown = metric_of(c.metric).fmt.format(figures[c.metric].value)
             out.append(f"{c.metric} {shown} {'>' if c.op == '<=' else '<'} {c.bound:g}")
     return out
 

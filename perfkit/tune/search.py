@@ -16,6 +16,14 @@ I/O, so its tests drive it with a synthetic performance model. Three policies li
    run_config_search_max_binary_search_steps (5) steps, to find the highest load within the bound.
    It receives each level's `Figures`, or None when no request of the level succeeded (it stops).
 
+   `rate_sweep` is its open-loop twin (model_analyzer's request-rate search): request rates
+   START, 2·START, … ≤ END are offered on a schedule, and a rate passes when the variant sustains
+   it, completing at least SUSTAINED_SHARE (90 %) of the offered rate, within the latency bounds
+   measured from each request's intended send time (the figures of an open-loop level are the
+   coordinated-omission corrected ones, `objectives.figures_of`). The doubling stops at the first
+   rate that does not pass, then bisects to the highest rate that does. There is no plateau rule:
+   past saturation an open loop does not plateau, its queue grows until the rate fails.
+
 2. `brute_search` (model_analyzer `automatic_model_config_generator.py`): the default
    configuration first, then every point of the grid: instance count outermost, then
    max_batch_size, then dynamic batching (off, then each queue delay and preferred size), then the
@@ -56,7 +64,7 @@ import itertools
 import math
 from collections.abc import Generator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 from perfkit.errors import PerfkitError
 from perfkit.tune.objectives import Constraint, Figures, Objective, merit
@@ -64,10 +72,14 @@ from perfkit.tune.params import Param, Setting, apply_settings, label
 
 __all__ = [
     "MAX_BINARY_SEARCH_STEPS",
+    "SUSTAINED_SHARE",
     "THROUGHPUT_MINIMUM_CONSECUTIVE_TRIES",
     "THROUGHPUT_MINIMUM_GAIN",
+    "Batches",
     "Batching",
     "BatchingChoice",
+    "Candidate",
+    "Grid",
     "Space",
     "SpaceSpec",
     "Variant",
@@ -76,18 +88,71 @@ __all__ = [
     "build_space",
     "concurrency_sweep",
     "doubling",
+    "neighbours_in",
     "one_at_a_time",
     "quick_batches",
     "quick_search",
+    "rate_sweep",
+    "sustains",
     "variant_of",
 ]
 
 THROUGHPUT_MINIMUM_GAIN = 0.05
 THROUGHPUT_MINIMUM_CONSECUTIVE_TRIES = 4
 MAX_BINARY_SEARCH_STEPS = 5
+#: An offered rate is sustained when at least this share of it completes (window edges and the
+#: interval of a 1 s window cost a few per cent even below saturation).
+SUSTAINED_SHARE = 0.9
 
 VariantFeedback = Generator["Variant", "Figures | None", None]
 VariantBatches = Generator[list["Variant"], list["Figures | None"], None]
+
+
+class Candidate(Protocol):
+    """What a search proposes: a `Variant` of one model, or a `combination.Combination` of several."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def cost(self) -> tuple[float, ...]: ...
+
+
+C = TypeVar("C", bound=Candidate)
+#: A batch policy over candidates of type C (see "the searches" below).
+Batches = Generator[list[C], list["Figures | None"], None]
+
+
+class Grid(Protocol, Generic[C]):
+    """What the searches need of a grid: `Space` for one model, `combination.CombinedSpace` for several."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+
+    @property
+    def size(self) -> int: ...
+
+    def variant(self, coord: Sequence[int]) -> C: ...
+
+    def coordinates(self) -> list[tuple[int, ...]]: ...
+
+    def neighbours(self, coord: Sequence[int], dims: int = 1) -> list[tuple[int, ...]]: ...
+
+    def nearest(self, variant: C) -> tuple[int, ...]: ...
+
+
+def neighbours_in(shape: Sequence[int], coord: Sequence[int], dims: int = 1) -> list[tuple[int, ...]]:
+    """The coordinates of a grid of `shape` ±1 away from `coord` in exactly `dims` dimensions (1:
+    along an axis; 2: diagonally)."""
+    out = []
+    for moved in itertools.combinations(range(len(shape)), dims):
+        for steps in itertools.product((-1, 1), repeat=dims):
+            point = list(coord)
+            for dim, step in zip(moved, steps):
+                point[dim] += step
+            if all(0 <= point[dim] < shape[dim] for dim in moved):
+                out.append(tuple(point))
+    return out
 
 
 def doubling(start: int, end: int) -> list[int]:
@@ -144,6 +209,39 @@ def concurrency_sweep(
         if figures is None:
             return
         if all(c.holds(figures) for c in bounds):
+            passing = middle
+        else:
+            failing = middle
+
+
+def sustains(figures: Figures | None, rate: float, constraints: Sequence[Constraint] = ()) -> bool:
+    """Whether an open-loop level at `rate` kept up with it within the bounds that tighten with load."""
+    if figures is None or "throughput" not in figures:
+        return False
+    if figures["throughput"].value < SUSTAINED_SHARE * rate:
+        return False
+    return all(c.holds(figures) for c in constraints if c.tightens_with_load)
+
+
+def rate_sweep(
+    start: int, end: int, constraints: Sequence[Constraint] = (), *, max_binary_steps: int = MAX_BINARY_SEARCH_STEPS
+) -> Generator[int, Figures | None, None]:
+    """Request rates (per second, whole numbers) to offer one variant; send each level's figures."""
+    passing, failing = 0, 0
+    for rate in doubling(start, end):
+        figures = yield rate
+        if not sustains(figures, rate, constraints):
+            failing = rate
+            break
+        passing = rate
+    if not failing or not passing:  # all sustained, or not even START: nothing to bisect
+        return
+    for _ in range(max_binary_steps):
+        middle = (passing + failing) // 2
+        if middle <= passing:
+            return
+        figures = yield middle
+        if sustains(figures, middle, constraints):
             passing = middle
         else:
             failing = middle
@@ -318,16 +416,7 @@ class Space:
         return list(itertools.product(*(range(n) for n in self.shape)))
 
     def neighbours(self, coord: Sequence[int], dims: int = 1) -> list[tuple[int, ...]]:
-        """The coordinates ±1 away in exactly `dims` dimensions (1: along an axis; 2: diagonally)."""
-        out = []
-        for moved in itertools.combinations(range(len(self.shape)), dims):
-            for steps in itertools.product((-1, 1), repeat=dims):
-                point = list(coord)
-                for dim, step in zip(moved, steps):
-                    point[dim] += step
-                if all(0 <= point[dim] < self.shape[dim] for dim in moved):
-                    out.append(tuple(point))
-        return out
+        return neighbours_in(self.shape, coord, dims)
 
     def nearest(self, variant: Variant) -> tuple[int, ...]:
         """The grid point closest to `variant`, dimension by dimension (batch sizes in log scale)."""
@@ -412,7 +501,7 @@ def _index_of(config: dict[str, Any], param: Param) -> int | None:
 # the tuner drives); with several, `perfkit tune --workers` measures a batch's variants at once.
 
 
-def one_at_a_time(batches: VariantBatches) -> VariantFeedback:
+def one_at_a_time(batches: Batches[C]) -> Generator[C, Figures | None, None]:
     """A batch policy as a single-variant policy: each batch's variants in order, then the batch's
     figures sent back together. The sequence of variants is the batch policy's, flattened."""
     try:
@@ -429,7 +518,7 @@ def one_at_a_time(batches: VariantBatches) -> VariantFeedback:
             return
 
 
-def brute_batches(space: Space, default: Variant) -> VariantBatches:
+def brute_batches(space: Grid[C], default: C) -> Batches[C]:
     """The default, then the whole grid, in one batch: no variant depends on another's result."""
     variants = [default]
     seen = {default.key}
@@ -441,21 +530,21 @@ def brute_batches(space: Space, default: Variant) -> VariantBatches:
     yield variants
 
 
-def brute_search(space: Space, default: Variant) -> VariantFeedback:
+def brute_search(space: Grid[C], default: C) -> Generator[C, Figures | None, None]:
     """The default, then the whole grid (feedback is not needed, but received like quick's)."""
     return one_at_a_time(brute_batches(space, default))
 
 
 def quick_batches(
-    space: Space, default: Variant, objective: Objective, constraints: Sequence[Constraint] = ()
-) -> VariantBatches:
+    space: Grid[C], default: C, objective: Objective, constraints: Sequence[Constraint] = ()
+) -> Batches[C]:
     """Hill climbing from the grid point nearest the default (see the module header). A batch is the
     default with the first home, or the part of one neighbourhood not yet measured: the climb looks
     at a neighbourhood's results only once all of them are in."""
     by_key: dict[str, Figures | None] = {}
     results: dict[tuple[int, ...], Figures | None] = {}
 
-    def measure(coords: Sequence[tuple[int, ...]], first: Sequence[Variant] = ()) -> VariantBatches:
+    def measure(coords: Sequence[tuple[int, ...]], first: Sequence[C] = ()) -> Batches[C]:
         batch = list(first)
         for coord in coords:
             variant = space.variant(coord)
@@ -490,7 +579,7 @@ def quick_batches(
 
 
 def quick_search(
-    space: Space, default: Variant, objective: Objective, constraints: Sequence[Constraint] = ()
-) -> VariantFeedback:
+    space: Grid[C], default: C, objective: Objective, constraints: Sequence[Constraint] = ()
+) -> Generator[C, Figures | None, None]:
     """Hill climbing from the grid point nearest the default (see the module header)."""
     return one_at_a_time(quick_batches(space, default, objective, constraints))

@@ -21,6 +21,8 @@ from perfkit.tune.search import Space, SpaceSpec, Variant, variant_of
 from v2kit.model_config import ConfigError, config_to_json, parse_config_text
 
 CHECKPOINT_SCHEMA = 1
+#: --search: model_analyzer's brute and quick, and a model-based one (`perfkit.tune.bayesian`).
+SEARCHES = ("brute", "quick", "bayesian")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +34,12 @@ class TuneSpec:
     objective: Objective = field(default_factory=Objective)
     constraints: tuple[Constraint, ...] = ()
     concurrency: tuple[int, int] = (1, 1024)
+    #: With --request-rate-range START:END, each variant gets the request-rate search (open loop)
+    #: over these rates instead of the concurrency sweep; (0, 0): concurrency.
+    request_rates: tuple[int, int] = (0, 0)
+    request_distribution: str = "constant"
+    #: --search bayesian: at most this many variants measured (the default's included).
+    budget: int = 0
     space: SpaceSpec = field(default_factory=SpaceSpec)
     windows: WindowSpec = field(default_factory=lambda: WindowSpec(interval_ms=1000.0, warmup_request_count=20))
     shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
@@ -51,10 +59,20 @@ class TuneSpec:
     ray_address: str | None = None
 
     def validate(self) -> None:
-        if self.search not in ("brute", "quick"):
-            raise PerfkitError(f"--search must be brute or quick, got '{self.search}'")
+        if self.search not in SEARCHES:
+            raise PerfkitError(f"--search must be one of {', '.join(SEARCHES)}, got '{self.search}'")
+        if self.budget < 0 or (self.budget and self.search != "bayesian"):
+            raise PerfkitError(
+                "--search-budget N (N >= 2 variants) applies to --search bayesian; add it or drop the budget"
+            )
+        if self.search == "bayesian" and self.budget == 1:
+            raise PerfkitError("--search-budget 1 measures only the default; give 2 or more")
         if not 1 <= self.concurrency[0] <= self.concurrency[1]:
             raise PerfkitError("--concurrency-range START:END needs 1 <= START <= END")
+        if self.rate_mode and not 1 <= self.request_rates[0] <= self.request_rates[1]:
+            raise PerfkitError("--request-rate-range START:END needs whole requests per second, 1 <= START <= END")
+        if self.request_distribution not in ("constant", "poisson"):
+            raise PerfkitError(f"--request-distribution must be constant or poisson, got '{self.request_distribution}'")
         self.space.validate()
         for flag, value in (("--top", self.top), ("--leaders", self.leaders)):
             if value < 1:
@@ -66,6 +84,15 @@ class TuneSpec:
         for url in self.endpoints or (self.target.url,):
             dataclasses.replace(self.target, url=url).validate()
         self.windows.validate()
+
+    @property
+    def rate_mode(self) -> bool:
+        """Whether variants are searched by request rate (open loop) rather than concurrency."""
+        return self.request_rates != (0, 0)
+
+    @property
+    def load_mode(self) -> str:
+        return "request_rate" if self.rate_mode else "concurrency"
 
     def _validate_workers(self) -> None:
         if self.workers < 0:

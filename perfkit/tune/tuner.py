@@ -45,15 +45,26 @@ from perfkit.errors import ExitCode, PerfkitError, TargetError
 from perfkit.load.generator import LoadGenerator, RealClock
 from perfkit.load.inputs import build_requests
 from perfkit.load.samples import SampleBuffer
-from perfkit.load.schedule import ClosedLoop
+from perfkit.load.schedule import ClosedLoop, OpenLoop
 from perfkit.measure.level import ServerStatsProbe, observe_level, server_gone
 from perfkit.measure.probe import check_credentials
 from perfkit.measure.resources import ResourceSampler
 from perfkit.progress import Progress
-from perfkit.results.model import LevelResult, to_jsonable
+from perfkit.results.model import LevelResult, level_name, to_jsonable
 from perfkit.target import Target, open_target
+from perfkit.tune.bayesian import bayesian_search, default_budget
 from perfkit.tune.objectives import best_level, figures_of
-from perfkit.tune.search import Space, Variant, brute_search, build_space, concurrency_sweep, quick_search, variant_of
+from perfkit.tune.search import (
+    Space,
+    Variant,
+    brute_search,
+    build_space,
+    concurrency_sweep,
+    quick_search,
+    rate_sweep,
+    sustains,
+    variant_of,
+)
 from perfkit.tune.state import Checkpoint, Model, Record, TuneResult, TuneSpec, read_model
 from perfkit.wire.client import InferClient, make_client
 from v2kit.runtime import eventloop
@@ -127,12 +138,14 @@ class TuneServer:
             self.prepared = [self.client.prepare(r) for r in requests]
         return ""
 
-    async def level(self, concurrency: int, record: Record) -> LevelResult:
+    async def level(self, value: int, record: Record) -> LevelResult:
+        """One level of the variant: `value` clients (closed loop), or requests per second (open loop)."""
         assert self.prepared is not None
-        client, name = self.client, self.model.name
+        client, name, spec = self.client, self.model.name, self.spec
         loadgen = LoadGenerator(client, self.prepared, SampleBuffer(), RealClock())
+        load = OpenLoop(value, spec.request_distribution, spec.seed) if spec.rate_mode else ClosedLoop(value)
         measurement = await observe_level(
-            self.progress, loadgen, ClosedLoop(concurrency), self.spec.windows, batch_size=1,
+            self.progress, loadgen, load, self.spec.windows, batch_size=1,
             server=ServerStatsProbe(lambda: client.model_statistics(name, ""), name, ""),
             resources=self.resources, drain_timeout_s=self.spec.target.request_timeout_s + 5,
         )  # fmt: skip
@@ -160,13 +173,17 @@ async def sweep_variant(
     level: Callable[[int, Record], Awaitable[LevelResult]],
     on_level: Callable[[], None],
 ) -> None:
-    """Measure one variant over concurrency (`search.concurrency_sweep`), taking the levels in
-    `cached` instead of measuring them; the variant is loaded only when a level must be measured."""
-    policy = concurrency_sweep(spec.concurrency[0], spec.concurrency[1], spec.constraints)
+    """Measure one variant over concurrency (`search.concurrency_sweep`) or request rate
+    (`search.rate_sweep`), taking the levels in `cached` instead of measuring them; the variant is
+    loaded only when a level must be measured."""
+    if spec.rate_mode:
+        policy = rate_sweep(spec.request_rates[0], spec.request_rates[1], spec.constraints)
+    else:
+        policy = concurrency_sweep(spec.concurrency[0], spec.concurrency[1], spec.constraints)
     loaded = False
-    concurrency = next(policy)
+    value = next(policy)
     while True:
-        found = cached.get(concurrency)
+        found = cached.get(value)
         if found is None:
             if not loaded:
                 error = await load(record.config)
@@ -174,20 +191,32 @@ async def sweep_variant(
                     record.status, record.error = "failed", error
                     return
                 loaded = True
-            found = await level(concurrency, record)
+            found = await level(value, record)
             record.measured += 1
         record.levels.append(found)
         on_level()
         try:
-            concurrency = policy.send(figures_of(found))
+            value = policy.send(figures_of(found))
         except StopIteration:
             break
-    record.chosen = best_level([figures_of(lv) for lv in record.levels], spec.objective, spec.constraints)
+    record.chosen = choose_level(record.levels, spec)
     if record.chosen is None:
         errors = "; ".join(f"{k} ×{n}" for lv in record.levels for k, n in lv.errors.items())
         record.status, record.error = "failed", f"no request succeeded ({errors or 'no requests'})"
     else:
         record.status = "ok"
+
+
+def choose_level(levels: list[LevelResult], spec: TuneSpec) -> int | None:
+    """The level that stands for a variant: the best by the objective, feasible first. In rate
+    mode, among the rates the variant sustained when there are any (a rate it fell behind is not
+    one it can serve, whatever it completed meanwhile)."""
+    figures = [figures_of(lv) for lv in levels]
+    if spec.rate_mode:
+        kept = [f if sustains(f, lv.level, spec.constraints) else None for f, lv in zip(figures, levels)]
+        if any(f is not None for f in kept):
+            figures = kept
+    return best_level(figures, spec.objective, spec.constraints)
 
 
 class Tuner:
@@ -214,6 +243,8 @@ class Tuner:
             "model": self.model.name, "base_config": self.model.base, "server": server, "protocol": s.target.protocol,
             "windows": dataclasses.asdict(s.windows), "shapes": s.shapes, "input_data": s.input_data, "seed": s.seed,
         })  # fmt: skip
+        if s.rate_mode:  # levels are keyed by their value: rates and concurrencies must not mix
+            fingerprint["load"] = f"request_rate {s.request_distribution}"
         return fingerprint
 
     async def run(self, checkpoint_path: Path) -> TuneResult:
@@ -267,6 +298,10 @@ class Tuner:
         spec = self.spec
         if spec.search == "quick":
             policy = quick_search(space, default, spec.objective, spec.constraints)
+        elif spec.search == "bayesian":
+            policy = bayesian_search(
+                space, default, spec.objective, spec.constraints, budget=spec.budget, seed=spec.seed
+            )
         else:
             policy = brute_search(space, default)
         variant = next(policy)
@@ -286,7 +321,10 @@ class Tuner:
         record = result.records[variant.key] = Record(variant, config, default)
         space = result.space
         total = space.size + (0 if result.default_key in {space.variant(c).key for c in space.coordinates()} else 1)
-        of = f"{total}" if self.spec.search == "brute" else f"at most {total}, quick search"
+        search = self.spec.search
+        if search == "bayesian":
+            total = min(total, self.spec.budget or default_budget(space))
+        of = f"{total}" if search == "brute" else f"at most {total}, {search} search"
         self.progress.note(f"variant {len(result.records)} of {of}: {variant.key}{where}")
         return record
 
@@ -360,7 +398,7 @@ def describe_outcome(record: Record, result: TuneResult) -> str:
         lv = record.levels[record.chosen]
         feasible = result.ranking.entry(record.variant.key).status == "feasible"
         text = (
-            f"  {lv.throughput_infer_per_s:.1f} infer/s at concurrency {int(lv.level)}, "
+            f"  {lv.throughput_infer_per_s:.1f} infer/s at {level_name(lv.mode, lv.level)}, "
             f"p99 {lv.latency.p99_us / 1000:.2f} ms{'' if feasible else ', breaks the constraints'}"
         )
     leader = result.ranking.leader if result.ranking else None
