@@ -517,7 +517,7 @@ def _response(
         array = results.get(name)
         if array is None:
             continue
-        datatype = datatype_of(served.outputs[name].data_type)
+        datatype = served.output_datatypes[name]
         if name in classes:  # the classification extension: top-k "value:index[:label]" strings
             array = classify(array, classes[name], served.config.max_batch_size > 0, served.labels.get(name, ()))
             datatype = "BYTES"
