@@ -29,7 +29,6 @@ from reference_server.core.shared_memory import RequestBinding, SharedMemoryRegi
 from reference_server.core.validation import datatype_of, validated_inputs, validated_outputs
 from reference_server.errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported, unknown_model
 from reference_server.scheduling.execute import Tensors
-from reference_server.scheduling.scheduler import Scheduler
 from v2kit import codec as v2
 
 log = logging.getLogger(__name__)
@@ -197,23 +196,16 @@ class DataPlane:
     ) -> None:
         """`infer` without a coroutine: checks `request` and raises at once as `infer` does, else
         queues it and calls `done` once, on the loop, with its response or the error that failed
-        it, from the scheduler's own callback when its batch is done: no task, no loop pass.
-
-        Only a plain `Scheduler` answers so. A version whose scheduler is wrapped (response cache,
-        reshape), a sequence model's and an ensemble's await: such a request runs `infer` in a task
-        of its own, which answers when it ends (its errors too come through `done`).
+        it, from the scheduler's own callback when its batch is done (`ModelScheduler.submit`): no
+        task and no loop pass for a plain scheduler, a reshape or a chain of ensemble steps; the
+        other wrappers (response cache, sequence batcher) run the request in a task of their own.
         `done` must not raise (the scheduler answers a whole batch in one go)."""
         received_ns = time.perf_counter_ns()
         served = self._unary(request, endpoint)
-        scheduler = served.scheduler
-        if not isinstance(scheduler, Scheduler):
-            task = asyncio.ensure_future(self._infer(served, request, received_ns))
-            task.add_done_callback(partial(_task_done, partial(_answer, done, served.name)))
-            return
         inputs, output_names, timeout_us, classes, binding = self._prepare(served, request)
         try:
             finished = partial(_finished, done, served, request.id, output_names, classes, binding)
-            scheduler.submit(
+            served.scheduler.submit(
                 inputs, output_names, finished, timeout_us=timeout_us, received_ns=received_ns,
                 request_id=request.id, parameters=_model_parameters(request.parameters),
             )  # fmt: skip
@@ -489,7 +481,7 @@ def _finished(
     binding: RequestBinding | None,
     results: Tensors | Exception,
 ) -> None:
-    """A `Scheduler.submit` callback: `done` with the response made of `results`, or their error."""
+    """A `ModelScheduler.submit` callback: `done` with the response made of `results`, or their error."""
     try:
         answer: v2.InferResponse | Exception
         if isinstance(results, Exception):
@@ -516,21 +508,6 @@ def _answer(
         log.exception("internal error answering a request for model '%s'", model)
 
 
-def _task_done(
-    finished: Callable[[v2.InferResponse | Exception], None], task: asyncio.Future[v2.InferResponse]
-) -> None:
-    if task.cancelled():
-        finished(Unavailable("Server is stopping: request was cancelled"))
-        return
-    error = task.exception()
-    if error is None:
-        finished(task.result())
-    elif isinstance(error, Exception):
-        finished(error)
-    else:
-        raise error
-
-
 def _response(
     served: ModelVersion, request_id: str, output_names: list[str], results: Tensors, classes: Mapping[str, int]
 ) -> v2.InferResponse:
@@ -540,7 +517,7 @@ def _response(
         array = results.get(name)
         if array is None:
             continue
-        datatype = datatype_of(served.outputs[name].data_type)
+        datatype = served.output_datatypes[name]
         if name in classes:  # the classification extension: top-k "value:index[:label]" strings
             array = classify(array, classes[name], served.config.max_batch_size > 0, served.labels.get(name, ()))
             datatype = "BYTES"

@@ -30,21 +30,21 @@ def validated_inputs(served: ModelVersion, request: v2.InferRequest) -> dict[str
     arrays: dict[str, np.ndarray] = {}
     batch_size: int | None = None
     _check_input_count(served, request)
+    types = served.input_types
     for tensor in request.inputs:
-        spec = served.inputs.get(tensor.name)
+        spec = types.get(tensor.name)
         if spec is None:
             raise InvalidArgument(
                 f"unexpected inference input '{tensor.name}' for model '{name}'; "
                 f"expected inputs: {sorted(served.inputs)}"
             )
-        expected_type = datatype_of(spec.data_type)
+        expected_type, dims = spec
         if tensor.datatype != expected_type:
             raise InvalidArgument(
                 f"inference input '{tensor.name}' data-type is '{tensor.datatype}', "
                 f"but model '{name}' expects '{expected_type}'"
             )
-        shape = list(tensor.shape)
-        dims = list(spec.dims)
+        shape = tensor.shape
         if max_batch > 0:
             if not shape:
                 raise InvalidArgument(
@@ -65,7 +65,7 @@ def validated_inputs(served: ModelVersion, request: v2.InferRequest) -> dict[str
                 )
             shape = shape[1:]
         if len(shape) != len(dims) or any(d != -1 and d != s for d, s in zip(dims, shape)):
-            expected = ([-1] if max_batch > 0 else []) + dims
+            expected = ([-1] if max_batch > 0 else []) + list(dims)
             raise InvalidArgument(
                 f"unexpected shape for input '{tensor.name}' for model '{name}'. "
                 f"Expected {_fmt(expected)}, got {_fmt(tensor.shape)}"

@@ -24,7 +24,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server.errors import InternalError, ServerError
 from reference_server.scheduling.execute import Tensor, Tensors
-from reference_server.scheduling.model_scheduler import ModelScheduler
+from reference_server.scheduling.model_scheduler import Done, ModelScheduler
 from reference_server.scheduling.stats import ModelStats
 
 __all__ = ["ReshapePlan", "ReshapingScheduler", "with_reshape"]
@@ -115,6 +115,36 @@ class ReshapingScheduler:
             secondary_stats=secondary_stats,
         )
         return self.plan.to_client(outputs)
+
+    def submit(
+        self,
+        inputs: Tensors,
+        output_names: Sequence[str],
+        done: Done,
+        *,
+        timeout_us: int | None = None,
+        received_ns: int | None = None,
+        request_id: str = "",
+        parameters: dict[str, Any] | None = None,
+        secondary_stats: ModelStats | None = None,
+    ) -> None:
+        to_client = self.plan.to_client
+
+        def reshaped(outputs: Tensors | Exception) -> None:
+            if isinstance(outputs, Exception):
+                done(outputs)
+                return
+            try:
+                converted = to_client(outputs)
+            except Exception as error:
+                done(error)
+                return
+            done(converted)
+
+        self.inner.submit(
+            self.plan.to_model(inputs), output_names, reshaped, timeout_us=timeout_us, received_ns=received_ns,
+            request_id=request_id, parameters=parameters, secondary_stats=secondary_stats,
+        )  # fmt: skip
 
     async def infer_stream(
         self,

@@ -210,6 +210,7 @@ class Scheduler:
         received_ns: int | None = None,
         request_id: str = "",
         parameters: dict[str, Any] | None = None,
+        secondary_stats: ModelStats | None = None,
     ) -> None:
         """`infer` for a caller that is no coroutine: raises what `infer` raises before the request
         is queued; once queued, `done` gets its outputs or the error that failed it, once, called
@@ -217,7 +218,7 @@ class Scheduler:
         raise, and the request cannot be withdrawn."""
         if self._policy.decoupled:
             raise Unsupported(_DECOUPLED)
-        self._submit(inputs, output_names, timeout_us, received_ns, request_id, parameters, None, None, done)
+        self._submit(inputs, output_names, timeout_us, received_ns, request_id, parameters, None, secondary_stats, done)
 
     def infer_stream(
         self,

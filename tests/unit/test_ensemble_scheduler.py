@@ -1,6 +1,7 @@
 """The ensemble scheduler on fake composing schedulers: independent steps are in flight together,
 tensors pass between steps as the same arrays, a step's failure is the request's, and the
-request's id, parameters and timeout reach every step."""
+request's id, parameters and timeout reach every step; `submit` chains a line of steps through
+their schedulers' callbacks."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 from reference_server.core.ensemble.config import ensemble_plan
 from reference_server.core.ensemble.scheduler import EnsembleScheduler
 from reference_server.core.model_config import parse_config_text
-from reference_server.errors import InternalError
+from reference_server.errors import InternalError, Unavailable
 from reference_server.scheduling.execute import Tensors
 from reference_server.scheduling.stats import ModelStats
 
@@ -41,6 +42,8 @@ class FakeScheduler:
         self.compute = compute
         self.gate = gate
         self.calls: list[dict[str, Any]] = []
+        self.submitted = 0  # calls of submit
+        self.refusal: Exception | None = None  # what submit raises, if anything
 
     async def infer(
         self,
@@ -60,6 +63,25 @@ class FakeScheduler:
         if secondary_stats is not None:
             secondary_stats.record_success(1000, 10, 1, 100, 2)
         return {"Y": result}
+
+    def submit(
+        self,
+        inputs: Tensors,
+        output_names: Sequence[str],
+        done: Callable[[Tensors | Exception], None],
+        **kwargs: Any,
+    ) -> None:
+        """`Scheduler.submit`'s contract: a refusal raises, else `done` is called once, later, on the loop."""
+        self.submitted += 1
+        if self.refusal is not None:
+            raise self.refusal
+        self.calls.append({"inputs": inputs, "id": kwargs["request_id"], "parameters": kwargs["parameters"]})
+        try:
+            answer: Tensors | Exception = {"Y": self.compute(inputs)}
+            kwargs["secondary_stats"].record_success(1000, 10, 1, 100, 2)
+        except Exception as error:
+            answer = error
+        asyncio.get_running_loop().call_soon(done, answer)
 
     def infer_stream(self, *args: Any, **kwargs: Any) -> AsyncIterator[tuple[Tensors | None, bool]]:
         raise NotImplementedError
@@ -271,5 +293,81 @@ def test_closing_the_stream_early_cancels_the_passes_in_flight() -> None:
         await asyncio.gather(pending, return_exceptions=True)
         await stream.aclose()  # type: ignore[attr-defined]
         assert cancelled == [True, True]
+
+    asyncio.run(main())
+
+
+LINE = """
+name: "line"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "second" input_map { key: "X" value: "mid" } output_map { key: "Y" value: "OUT" } },
+  { model_name: "first" input_map { key: "X" value: "IN" } output_map { key: "Y" value: "mid" } }
+] }
+"""
+
+
+def make_line(models: dict[str, FakeScheduler]) -> tuple[EnsembleScheduler, ModelStats]:
+    config = parse_config_text(LINE, Path("line/config.pbtxt"))
+    stats = ModelStats()
+    plan = ensemble_plan(config, Path("line/config.pbtxt"))
+    return EnsembleScheduler(plan, 8, stats, lambda name, version: Served(models[name])), stats
+
+
+async def submitted(ensemble: EnsembleScheduler, x: np.ndarray) -> Tensors | Exception:
+    answer: asyncio.Future[Tensors | Exception] = asyncio.get_running_loop().create_future()
+    ensemble.submit({"IN": x}, [], answer.set_result, request_id="r2", parameters={"k": 2})
+    assert not answer.done()  # never answered from within submit
+    return await asyncio.wait_for(answer, 5)
+
+
+def test_submit_runs_a_chain_of_steps_through_their_callbacks_in_dependency_order() -> None:
+    async def main() -> None:
+        first, second = FakeScheduler(lambda t: t["X"] + 1), FakeScheduler(lambda t: t["X"] * 3)
+        ensemble, stats = make_line({"first": first, "second": second})
+        x = np.arange(4, dtype=np.float32).reshape(1, 4)
+        out = await submitted(ensemble, x)
+        assert not isinstance(out, Exception)
+        np.testing.assert_array_equal(out["OUT"], (x + 1) * 3)
+        # Both steps were submitted (not awaited), in the order their tensors allow, not the config's.
+        assert (first.submitted, second.submitted) == (1, 1) and first.calls[0]["inputs"]["X"] is x
+        assert second.calls[0]["id"] == "r2" and second.calls[0]["parameters"] == {"k": 2}
+        assert stats.success_count == 1 and stats.execution_count == 1 and stats.compute_infer_ns_total == 200
+
+    asyncio.run(main())
+
+
+def test_submit_fails_a_chain_with_its_steps_error_named_after_the_ensemble() -> None:
+    def boom(inputs: Tensors) -> np.ndarray:
+        raise InternalError("model 'second' failed: boom")
+
+    async def main() -> None:
+        first, second = FakeScheduler(lambda t: t["X"]), FakeScheduler(boom)
+        ensemble, stats = make_line({"first": first, "second": second})
+        out = await submitted(ensemble, np.zeros((1, 2), np.float32))
+        assert isinstance(out, InternalError) and out.message == "in ensemble 'line', model 'second' failed: boom"
+        # A first step refused before it is queued: submit raises, as infer would.
+        first.refusal = Unavailable("Exceeds maximum queue size (1)")
+        with pytest.raises(Unavailable, match="^in ensemble 'line', Exceeds maximum queue size"):
+            ensemble.submit({"IN": np.zeros((1, 2), np.float32)}, [], lambda answer: None)
+        assert stats.fail_count == 2 and stats.success_count == 0 and second.submitted == 1
+
+    asyncio.run(main())
+
+
+def test_submit_runs_a_graph_with_steps_in_flight_together_through_infer() -> None:
+    async def main() -> None:
+        models = {name: FakeScheduler(lambda t: t["X"] + 1) for name in ("left", "right")}
+        models["join"] = FakeScheduler(lambda t: t["A"] + t["B"])
+        ensemble, stats = make(models)
+        x = np.ones((1, 2), np.float32)
+        out = await submitted(ensemble, x)
+        assert not isinstance(out, Exception)
+        np.testing.assert_array_equal(out["OUT"], (x + 1) * 2)
+        assert all(model.submitted == 0 and len(model.calls) == 1 for model in models.values())
+        assert stats.success_count == 1
 
     asyncio.run(main())

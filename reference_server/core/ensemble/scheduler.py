@@ -9,6 +9,9 @@ An ensemble version's `scheduler` is an `EnsembleScheduler` (the `ModelScheduler
   (`ModelRepository.get(...).scheduler.infer`), so a composing model's dynamic batcher gathers the
   steps of concurrent ensemble requests, and its queue policy and statistics apply. Steps whose
   inputs are ready together run concurrently; a lone ready step is awaited directly (no task).
+  `submit` (the HTTP front end's way in) runs a request whose steps form a chain, each the only
+  one ready when the one before it ends, as a chain of the composing schedulers' `submit`
+  callbacks: no task and no loop pass per step; any other graph runs `infer` in a task.
   The composing model is looked up per request, as Triton takes its model handles per request: a
   reload is seen at once, and an unloaded composing model fails the request as UNAVAILABLE.
 - *Passes tensors as they are*: a step's output arrays (views of its batch's outputs) become the
@@ -39,7 +42,7 @@ from typing import Any, Protocol
 from reference_server.core.ensemble.config import EnsemblePlan, Step
 from reference_server.errors import InvalidArgument, ServerError, Unavailable
 from reference_server.scheduling.execute import Tensors
-from reference_server.scheduling.model_scheduler import ModelScheduler
+from reference_server.scheduling.model_scheduler import Done, ModelScheduler, submit_by_task
 from reference_server.scheduling.stats import ModelStats
 
 __all__ = ["Composing", "EnsembleScheduler"]
@@ -74,6 +77,8 @@ class EnsembleScheduler:
         self._stats = stats
         self._lookup = lookup
         self._pruned: dict[tuple[str, ...], tuple[Step, ...]] = {}
+        # (requested outputs, request's input names) -> the steps as a chain, or None (see submit).
+        self._chains: dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[Step, ...] | None] = {}
         self._closing = False
         self._inflight = 0
         self._drained: asyncio.Event | None = None
@@ -106,6 +111,60 @@ class EnsembleScheduler:
             self._left()
         self._succeeded(inputs, received, start, steps_stats, secondary_stats)
         return {name: tensors[name] for name in wanted}
+
+    def submit(
+        self,
+        inputs: Tensors,
+        output_names: Sequence[str],
+        done: Done,
+        *,
+        timeout_us: int | None = None,
+        received_ns: int | None = None,
+        request_id: str = "",
+        parameters: dict[str, Any] | None = None,
+        secondary_stats: ModelStats | None = None,
+    ) -> None:
+        """`infer` with a callback (`ModelScheduler.submit`): a chain of steps by callbacks, any
+        other graph in a task."""
+        wanted = tuple(output_names) or self._plan.outputs
+        chain = None if self._decoupled else self._chain_for(wanted, inputs)
+        if chain is None:
+            submit_by_task(
+                self.infer(
+                    inputs, output_names, timeout_us=timeout_us, received_ns=received_ns, request_id=request_id,
+                    parameters=parameters, secondary_stats=secondary_stats,
+                ),
+                done,
+            )  # fmt: skip
+            return
+        self._admit()
+        start = perf_counter_ns()
+        call = _Call(timeout_us, request_id, parameters, ModelStats())
+        self._inflight += 1
+        _Chain(self, chain, wanted, dict(inputs), call, done, start if received_ns is None else received_ns, start,
+               secondary_stats).next(first=True)  # fmt: skip
+
+    def _chain_for(self, wanted: tuple[str, ...], inputs: Tensors) -> tuple[Step, ...] | None:
+        """The steps for `wanted` in the order they run, when each is the only one ready after the
+        one before it (given the tensors the request carries); None for any other graph."""
+        key = (wanted, tuple(inputs))
+        if key in self._chains:
+            return self._chains[key]
+        available = set(inputs)
+        waiting = list(self._steps_for(wanted))
+        order: list[Step] | None = []
+        while waiting and order is not None:
+            ready = [s for s in waiting if all(tensor in available for _, tensor in s.inputs)]
+            if len(ready) != 1:
+                order = None  # steps to run together, or one that would starve: `infer` handles both
+                break
+            order.append(ready[0])
+            waiting.remove(ready[0])
+            available.update(tensor for _, tensor in ready[0].outputs)
+        chain = None if order is None else tuple(order)
+        if len(self._chains) < _PRUNED_CACHE:
+            self._chains[key] = chain
+        return chain
 
     def _admit(self) -> None:
         if self._closing:
@@ -361,6 +420,79 @@ class EnsembleScheduler:
         self._stats.record_failure(request_ns, reason)
         if secondary_stats is not None:
             secondary_stats.record_failure(request_ns, reason)
+
+
+class _Chain:
+    """One ensemble request run by `EnsembleScheduler.submit`: each step submitted from the
+    callback of the step before it."""
+
+    __slots__ = ("owner", "steps", "position", "wanted", "tensors", "call", "done", "received", "start", "secondary")
+
+    def __init__(
+        self,
+        owner: EnsembleScheduler,
+        steps: tuple[Step, ...],
+        wanted: tuple[str, ...],
+        tensors: Tensors,
+        call: _Call,
+        done: Done,
+        received: int,
+        start: int,
+        secondary: ModelStats | None,
+    ) -> None:
+        self.owner = owner
+        self.steps = steps
+        self.position = 0
+        self.wanted = wanted
+        self.tensors = tensors
+        self.call = call
+        self.done = done
+        self.received = received
+        self.start = start
+        self.secondary = secondary
+
+    def next(self, first: bool = False) -> None:
+        """Submit the next step, or answer when none is left. The `first` step's refusal raises
+        (from within `submit`, as `infer` would); a later one's is the request's answer."""
+        if self.position == len(self.steps):
+            owner = self.owner
+            owner._left()
+            owner._succeeded(self.tensors, self.received, self.start, self.call.steps_stats, self.secondary)
+            self.done({name: self.tensors[name] for name in self.wanted})
+            return
+        step = self.steps[self.position]
+        call, tensors = self.call, self.tensors
+        try:
+            served = self.owner._lookup(step.model_name, step.version)
+            served.scheduler.submit(
+                {model_input: tensors[tensor] for model_input, tensor in step.inputs},
+                [model_output for model_output, _ in step.outputs],
+                self._stepped, timeout_us=call.timeout_us, request_id=call.request_id, parameters=call.parameters,
+                secondary_stats=call.steps_stats,
+            )  # fmt: skip
+        except Exception as error:  # refused before it was queued: the request fails as a step's error would
+            if not first:
+                self._fail(error)
+                return
+            owner = self.owner
+            owner._left()
+            owner._failed(error, self.received, self.secondary)
+            raise owner._named(error) from None
+
+    def _stepped(self, outputs: Tensors | Exception) -> None:
+        if isinstance(outputs, Exception):
+            self._fail(outputs)
+            return
+        _merge(self.tensors, self.steps[self.position], outputs)
+        self.position += 1
+        self.next()
+
+    def _fail(self, error: Exception) -> None:
+        owner = self.owner
+        owner._left()
+        owner._failed(error, self.received, self.secondary)
+        named = owner._named(error)
+        self.done(named if isinstance(named, Exception) else error)
 
 
 class _Fanout:
