@@ -33,9 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import errno
 import json
-import socket
 import ssl
 import time
 from collections.abc import Mapping
@@ -62,6 +60,17 @@ from perfkit.wire.prepared import (
     grpc_sequence_payload,
     http_sequence_template,
 )
+from perfkit.wire.replies import (
+    MESSAGES_PER_KIND,
+    VALIDATION_MISMATCH,
+    body_framing_ok,
+    describe,
+    grpc_failure_kind,
+    http_failure_kind,
+    http_outputs,
+    note_once,
+    output_mismatch,
+)
 from perfkit.wire.streaming import EMPTY_FINAL, StreamChannel, encode_stream_headers
 from v2kit import codec as v2
 from v2kit.grpc_proto import message_to_json, request_to_proto
@@ -77,7 +86,6 @@ __all__ = [
     "output_mismatch",
 ]
 
-MESSAGES_PER_KIND = 10
 LOAD_TIMEOUT_S = 300.0  # repository loads (sessions, instances, warmup) take far longer than inferences
 _now = time.perf_counter_ns
 
@@ -91,26 +99,6 @@ class Outcome:
     message: str = ""  # the error's text, for the first occurrences of each kind
     response_ns: tuple[int, ...] | None = None  # streaming only: each response's arrival (perf_counter_ns)
     tokens: tuple[int, ...] = ()  # a generative request's token record (load/samples.py TOKEN_COLUMNS)
-
-
-VALIDATION_MISMATCH = "validation mismatch"
-
-
-def output_mismatch(expected: Mapping[str, bytes], outputs: Mapping[str, bytes]) -> str:
-    """Why an answer's outputs differ from the expected ones; "" when they do not."""
-    for name, want in expected.items():
-        got = outputs.get(name)
-        if got is None:
-            return f"output '{name}' is missing from the answer"
-        if got != want:
-            what = "size" if len(got) != len(want) else "data"
-            return f"output '{name}': {what} differs from validation_data (got {got[:32]!r}, want {want[:32]!r})"
-    return ""
-
-
-def _http_outputs(body: bytes, header_length: bytes | str | None) -> dict[str, bytes]:
-    response = v2.decode_infer_response(body, None if header_length is None else int(header_length))
-    return {t.name: v2.tensor_to_raw(t.data, t.datatype, t.name) for t in response.outputs}
 
 
 class InferClient(Protocol):
@@ -169,12 +157,6 @@ def make_client(
     raise PerfkitError(f"-i must be http or grpc, got '{protocol}'")
 
 
-def _note(seen: dict[str, int], kind: str, message: str) -> str:
-    """`message` for the first few failures of a kind, "" after: samples stay small."""
-    seen[kind] = count = seen.get(kind, 0) + 1
-    return message if count <= MESSAGES_PER_KIND else ""
-
-
 def _read_pem(path: Any, flag: str) -> bytes:
     try:
         return bytes(path.read_bytes())
@@ -194,48 +176,7 @@ def _https_context(tls: TlsSpec) -> ssl.SSLContext:
         raise PerfkitError(f"--ssl-https-ca-certificates-file {tls.https_ca_certs}: {exc}") from None
 
 
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
 # --- HTTP ------------------------------------------------------------------------------------------
-
-
-def _http_kind(exc: BaseException) -> str:
-    if isinstance(exc, TimeoutError):
-        return "timeout"
-    if isinstance(exc, http_wire.Disconnected):
-        return "disconnected"
-    if isinstance(exc, http_wire.BadResponse):
-        return "bad response"
-    connecting = isinstance(exc, http_wire.ConnectFailed)
-    if isinstance(exc, http_wire.ConnectFailed):
-        exc = exc.os_error
-    if isinstance(exc, ssl.SSLError):  # certificate verification included
-        return "tls error"
-    if isinstance(exc, socket.gaierror):
-        return "name resolution failed"
-    if isinstance(exc, OSError):
-        if isinstance(exc, ConnectionRefusedError) or exc.errno == errno.ECONNREFUSED:
-            return "connection refused"
-        if isinstance(exc, ConnectionResetError) or exc.errno in (errno.ECONNRESET, errno.EPIPE):
-            return "connection reset"
-        return "connection failed" if connecting else "connection error"
-    return "client error"
-
-
-def _body_ok(body: bytes, header_length: bytes | str | None) -> bool:
-    """Framing check without decoding tensors: the JSON header parses, names outputs, and the binary
-    sections it declares fill the rest of the body exactly."""
-    try:
-        if header_length is None:
-            doc = json.loads(body)
-            return isinstance(doc.get("outputs"), list)
-        n = int(header_length)
-        outputs = json.loads(body[:n])["outputs"]
-        return bool(n + sum(o.get("parameters", {}).get("binary_data_size", 0) for o in outputs) == len(body))
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
-        return False
 
 
 async def _read_bounded(response: aiohttp.ClientResponse, what: str) -> bytes:
@@ -324,18 +265,20 @@ class HttpClient:
         start = _now()
         status, header_length, body, sent, first, failure = await self._wire.exchange(prepared.wire)
         if failure is not None:
-            kind = _http_kind(failure)
+            kind = http_failure_kind(failure)
             recv_ns = _now() - first if first else 0
-            return Outcome(kind, 0, sent - start if sent else 0, recv_ns, _note(self._seen, kind, _describe(failure)))
-        ok = status == 200 and _body_ok(body, header_length)
+            return Outcome(
+                kind, 0, sent - start if sent else 0, recv_ns, note_once(self._seen, kind, describe(failure))
+            )
+        ok = status == 200 and body_framing_ok(body, header_length)
         if ok and prepared.expected is not None:
             try:
-                problem = output_mismatch(prepared.expected, _http_outputs(body, header_length))
+                problem = output_mismatch(prepared.expected, http_outputs(body, header_length))
             except v2.CodecError as exc:
                 problem = f"the outputs cannot be decoded: {exc}"
             if problem:
                 kind = VALIDATION_MISMATCH
-                return Outcome(kind, len(body), sent - start, _now() - first, _note(self._seen, kind, problem))
+                return Outcome(kind, len(body), sent - start, _now() - first, note_once(self._seen, kind, problem))
         done = _now()
         if ok:
             return Outcome("", len(body), sent - start, done - first)
@@ -344,7 +287,7 @@ class HttpClient:
         else:  # decoded only while wanted
             kind = f"HTTP {status}"
             message = v2.decode_error(body) if self._seen.get(kind, 0) < MESSAGES_PER_KIND else ""
-        return Outcome(kind, len(body), sent - start, done - first, _note(self._seen, kind, message))
+        return Outcome(kind, len(body), sent - start, done - first, note_once(self._seen, kind, message))
 
     async def _call(self, method: str, url: yarl.URL, body: Any = None) -> tuple[int, bytes]:
         session = self._session or self._open()
@@ -354,7 +297,7 @@ class HttpClient:
         except asyncio.TimeoutError:
             raise TargetError(f"{method} {url}: no answer within {self._timeout.total} s") from None
         except aiohttp.ClientError as exc:
-            raise TargetError(f"cannot reach {self._base} over HTTP ({_describe(exc)}); is -u right?") from None
+            raise TargetError(f"cannot reach {self._base} over HTTP ({describe(exc)}); is -u right?") from None
 
     async def _json(self, method: str, url: yarl.URL, body: Any = None) -> Any:
         status, data = await self._call(method, url, body)
@@ -418,7 +361,7 @@ class HttpClient:
         except asyncio.TimeoutError:
             raise TargetError(f"{action} of model '{name}': no answer within {LOAD_TIMEOUT_S} s") from None
         except aiohttp.ClientError as exc:
-            raise TargetError(f"cannot reach {self._base} over HTTP ({_describe(exc)}); is -u right?") from None
+            raise TargetError(f"cannot reach {self._base} over HTTP ({describe(exc)}); is -u right?") from None
         if status != 200:
             raise TargetError(f"{action} of model '{name}' failed: HTTP {status}: {v2.decode_error(data)}")
 
@@ -441,18 +384,6 @@ def _host_port(target: str) -> tuple[str, int | None]:
     if not port.isdigit() or not 0 < int(port) < 65536:
         return target, None
     return host[1:-1] if host.startswith("[") and host.endswith("]") else host, int(port)
-
-
-def _grpc_kind(code: grpc.StatusCode, details: str) -> str:
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return "timeout"
-    if code == grpc.StatusCode.UNAVAILABLE:  # a failed connection reads the same as over HTTP
-        lowered = details.lower()
-        if "connection refused" in lowered:
-            return "connection refused"
-        if "connection reset" in lowered:
-            return "connection reset"
-    return f"grpc {code.name}"
 
 
 class GrpcClient:
@@ -535,14 +466,14 @@ class GrpcClient:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # send() classifies every failure
-            return Outcome("client error", 0, 0, 0, _note(self._seen, "client error", _describe(exc)))
+            return Outcome("client error", 0, 0, 0, note_once(self._seen, "client error", describe(exc)))
         sent = call.sent_ns - start if call.sent_ns else 0
         if call.status:
             if call.status == grpc_wire.MALFORMED:
                 kind = "bad response"
             else:
-                kind = _grpc_kind(_STATUS_CODES.get(call.status, grpc.StatusCode.UNKNOWN), call.details)
-            return Outcome(kind, 0, sent, 0, _note(self._seen, kind, call.details))
+                kind = grpc_failure_kind(_STATUS_CODES.get(call.status, grpc.StatusCode.UNKNOWN), call.details)
+            return Outcome(kind, 0, sent, 0, note_once(self._seen, kind, call.details))
         reply = call.message
         received = _now()
         try:
@@ -553,13 +484,13 @@ class GrpcClient:
             problem = f"the reply is not a ModelInferResponse: {exc}"
         done = _now()
         if problem:
-            message = _note(self._seen, "bad response", problem)
+            message = note_once(self._seen, "bad response", problem)
             return Outcome("bad response", len(reply), sent, done - received, message)
         if prepared.expected is not None:
             outputs = {o.name: raw for o, raw in zip(response.outputs, response.raw_output_contents)}
             mismatch = output_mismatch(prepared.expected, outputs)
             if mismatch:
-                message = _note(self._seen, VALIDATION_MISMATCH, mismatch)
+                message = note_once(self._seen, VALIDATION_MISMATCH, mismatch)
                 return Outcome(VALIDATION_MISMATCH, len(reply), sent, _now() - received, message)
         return Outcome("", len(reply), sent, done - received)
 
@@ -571,7 +502,7 @@ class GrpcClient:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # send() classifies every failure
-            return Outcome("client error", 0, 0, 0, _note(self._seen, "client error", _describe(exc)))
+            return Outcome("client error", 0, 0, 0, note_once(self._seen, "client error", describe(exc)))
         sent = done.sent_ns - start if done.sent_ns else 0
         responses = tuple(done.response_ns)
         code, message = done.status, done.details
@@ -580,12 +511,12 @@ class GrpcClient:
         elif code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0] and responses:
             kind, message = "no final response", f"{len(responses)} responses, then {message}"
         elif code:
-            kind = _grpc_kind(_STATUS_CODES.get(code, grpc.StatusCode.UNKNOWN), message)
+            kind = grpc_failure_kind(_STATUS_CODES.get(code, grpc.StatusCode.UNKNOWN), message)
         elif done.error_response:
             kind, message = "error response", done.error_response
         else:
             return Outcome("", done.bytes_in, sent, done.parse_ns, response_ns=responses)
-        note = _note(self._seen, kind, message)
+        note = note_once(self._seen, kind, message)
         return Outcome(kind, done.bytes_in, sent, done.parse_ns, note, response_ns=responses)
 
     async def _rpc(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
@@ -596,7 +527,7 @@ class GrpcClient:
             return await getattr(self._stub, method)(request, timeout=timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             code, details = exc.code(), exc.details() or ""
-            if _grpc_kind(code, details) in ("connection refused", "connection reset"):
+            if grpc_failure_kind(code, details) in ("connection refused", "connection reset"):
                 raise TargetError(f"cannot reach {self._target} over gRPC ({details}); is -u right?") from None
             raise TargetError(f"gRPC {method} at {self._target}: {code.name}: {details}") from None
 

@@ -18,8 +18,9 @@ import trustme
 
 from perfkit.errors import PerfkitError
 from perfkit.target import TlsSpec
-from perfkit.wire.client import HttpClient, _http_kind, make_client
+from perfkit.wire.client import HttpClient, make_client
 from perfkit.wire.http_pool import BadResponse, ConnectFailed, ConnectionPool, Disconnected, Reply, encode_request
+from perfkit.wire.replies import http_failure_kind
 from v2kit import codec as v2
 
 T = TypeVar("T")
@@ -371,7 +372,7 @@ def test_a_cancelled_exchange_drops_its_half_read_connection(run: Runner[None]) 
     ],
 )
 def test_failures_map_to_the_kinds_reports_count(failure: BaseException, kind: str) -> None:
-    assert _http_kind(failure) == kind
+    assert http_failure_kind(failure) == kind
 
 
 # --- through HttpClient: the error kinds reports count ------------------------------------------------

@@ -1,0 +1,108 @@
+"""How the load generator judges a reply without decoding more than it must: its framing, the
+short kind each failure is counted under ("HTTP 503", "grpc UNAVAILABLE", "timeout", "connection
+refused", ...), the text kept for the first few of a kind, and output validation against
+`validation_data`."""
+
+from __future__ import annotations
+
+import errno
+import json
+import socket
+import ssl
+from collections.abc import Mapping
+
+import grpc
+
+from perfkit.wire import http_pool as http_wire
+from v2kit import codec as v2
+
+__all__ = [
+    "MESSAGES_PER_KIND",
+    "VALIDATION_MISMATCH",
+    "body_framing_ok",
+    "describe",
+    "grpc_failure_kind",
+    "http_failure_kind",
+    "http_outputs",
+    "note_once",
+    "output_mismatch",
+]
+
+MESSAGES_PER_KIND = 10
+VALIDATION_MISMATCH = "validation mismatch"
+
+
+def output_mismatch(expected: Mapping[str, bytes], outputs: Mapping[str, bytes]) -> str:
+    """Why an answer's outputs differ from the expected ones; "" when they do not."""
+    for name, want in expected.items():
+        got = outputs.get(name)
+        if got is None:
+            return f"output '{name}' is missing from the answer"
+        if got != want:
+            what = "size" if len(got) != len(want) else "data"
+            return f"output '{name}': {what} differs from validation_data (got {got[:32]!r}, want {want[:32]!r})"
+    return ""
+
+
+def http_outputs(body: bytes, header_length: bytes | str | None) -> dict[str, bytes]:
+    response = v2.decode_infer_response(body, None if header_length is None else int(header_length))
+    return {t.name: v2.tensor_to_raw(t.data, t.datatype, t.name) for t in response.outputs}
+
+
+def note_once(seen: dict[str, int], kind: str, message: str) -> str:
+    """`message` for the first few failures of a kind, "" after: samples stay small."""
+    seen[kind] = count = seen.get(kind, 0) + 1
+    return message if count <= MESSAGES_PER_KIND else ""
+
+
+def describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def http_failure_kind(exc: BaseException) -> str:
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, http_wire.Disconnected):
+        return "disconnected"
+    if isinstance(exc, http_wire.BadResponse):
+        return "bad response"
+    connecting = isinstance(exc, http_wire.ConnectFailed)
+    if isinstance(exc, http_wire.ConnectFailed):
+        exc = exc.os_error
+    if isinstance(exc, ssl.SSLError):  # certificate verification included
+        return "tls error"
+    if isinstance(exc, socket.gaierror):
+        return "name resolution failed"
+    if isinstance(exc, OSError):
+        if isinstance(exc, ConnectionRefusedError) or exc.errno == errno.ECONNREFUSED:
+            return "connection refused"
+        if isinstance(exc, ConnectionResetError) or exc.errno in (errno.ECONNRESET, errno.EPIPE):
+            return "connection reset"
+        return "connection failed" if connecting else "connection error"
+    return "client error"
+
+
+def body_framing_ok(body: bytes, header_length: bytes | str | None) -> bool:
+    """Framing check without decoding tensors: the JSON header parses, names outputs, and the binary
+    sections it declares fill the rest of the body exactly."""
+    try:
+        if header_length is None:
+            doc = json.loads(body)
+            return isinstance(doc.get("outputs"), list)
+        n = int(header_length)
+        outputs = json.loads(body[:n])["outputs"]
+        return bool(n + sum(o.get("parameters", {}).get("binary_data_size", 0) for o in outputs) == len(body))
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+        return False
+
+
+def grpc_failure_kind(code: grpc.StatusCode, details: str) -> str:
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return "timeout"
+    if code == grpc.StatusCode.UNAVAILABLE:  # a failed connection reads the same as over HTTP
+        lowered = details.lower()
+        if "connection refused" in lowered:
+            return "connection refused"
+        if "connection reset" in lowered:
+            return "connection reset"
+    return f"grpc {code.name}"
