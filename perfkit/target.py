@@ -47,6 +47,7 @@ class TargetSpec:
     json_tensors: bool = False
     tls: TlsSpec = field(default_factory=TlsSpec)
     max_connections: int = 0  # HTTP connections per load process; 0: one per outstanding request
+    bls_composing_models: tuple[tuple[str, str], ...] = ()  # --bls-composing-models: (name, version "" = latest)
 
     def validate(self) -> None:
         """The rules of the target flags, shared by sweep, tune and probe: -i, the tensor format,

@@ -38,6 +38,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     target.add_argument("-x", "--model-version", default="", metavar="VERSION", help="default: the latest")
     target.add_argument("-u", "--url", metavar="HOST:PORT", help="server endpoint (default: embedded server)")
     target.add_argument("-i", "--protocol", choices=("http", "grpc"), default="http")
+    target.add_argument(
+        "--bls-composing-models", default="", metavar="MODEL[:VERSION],...",
+        help="the models a BLS model calls: their server-side figures are read beside it, as an ensemble's steps",
+    )  # fmt: skip
     add_connection_flags(p, target)
     target.add_argument(
         "--request-timeout",
@@ -186,6 +190,17 @@ def _load(args: argparse.Namespace) -> LoadSpec:
     return LoadSpec("concurrency", start, end, step, **common)
 
 
+def parse_model_list(text: str, flag: str) -> tuple[tuple[str, str], ...]:
+    """MODEL[:VERSION],... as ((MODEL, ""), ...), e.g. "a,b:2" as ((a, ""), (b, "2")):, each with an optional version (perf_analyzer's form)."""
+    models = []
+    for part in (p.strip() for p in text.split(",")) if text.strip() else ():
+        name, _, version = part.partition(":")
+        if not name or (version and not version.isdigit()):
+            raise PerfkitError(f"{flag} takes MODEL[:VERSION],... (a version is a number); got {text!r}")
+        models.append((name, version))
+    return tuple(models)
+
+
 def spec_from_args(args: argparse.Namespace) -> SweepSpec:
     if args.max_connections < 0:
         raise PerfkitError(
@@ -207,6 +222,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
             json_tensors=args.input_tensor_format == "json",
             tls=tls_from_args(args),
             max_connections=args.max_connections,
+            bls_composing_models=parse_model_list(args.bls_composing_models, "--bls-composing-models"),
         ),
         load=_load(args),
         windows=windows_from_args(args),

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from perfkit.analysis.server_stats import ComposingMap
 from perfkit.load.distributed import DistributedLoadGenerator
 from perfkit.load.generator import Clock, LoadGenerator
 from perfkit.load.samples import SampleBuffer
@@ -78,6 +79,7 @@ class Sweep:
         on_level: Callable[[SweepResult, LevelMeasurement], None],
         resources: ResourceSampler | None = None,
         workers: DistributedLoadGenerator | None = None,
+        composing: ComposingMap | None = None,
     ) -> None:
         self.spec = spec
         self.client = client
@@ -95,7 +97,9 @@ class Sweep:
             self.loadgen = LoadGenerator(
                 client, prepared, self.buffer, clock, max_outstanding=spec.load.max_outstanding
             )
-        self.server = ServerStatsProbe(lambda: client.model_statistics(model, model_version), model, model_version)
+        # With composing models every model's statistics are read, in one response as perf_analyzer does.
+        named = () if composing else (model, model_version)
+        self.server = ServerStatsProbe(lambda: client.model_statistics(*named), model, model_version, composing)
         self.result = SweepResult(
             model=model,
             model_version=model_version,

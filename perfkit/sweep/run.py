@@ -6,10 +6,13 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from perfkit._version import __version__
+from perfkit.analysis.server_stats import ensemble_steps
 from perfkit.errors import ExitCode, PerfkitError, TargetError
 from perfkit.load.distributed import distributed_load
 from perfkit.load.generator import RealClock
@@ -63,6 +66,34 @@ async def _model_error(client: InferClient, model: str, url: str, exc: Exception
     return TargetError(f"model '{model}' on {url}: {exc}")
 
 
+async def composing_models(
+    client: InferClient, model: str, config: dict[str, Any], bls: Sequence[tuple[str, str]]
+) -> dict[str, tuple[tuple[str, str], ...]]:
+    """perf_analyzer's composing-model map (`DetermineComposingModelMap`): --bls-composing-models
+    under the measured model, and each ensemble's steps under it, through their configs recursively."""
+    found: dict[str, list[tuple[str, str]]] = {}
+    visited: set[str] = set()
+
+    async def add_steps(name: str, model_config: dict[str, Any]) -> None:
+        visited.add(name)
+        for step in ensemble_steps(model_config):
+            if step not in found.setdefault(name, []):
+                found[name].append(step)
+            if step[0] not in visited:
+                await add_steps(step[0], await client.model_config(*step))
+
+    for name, version in bls:
+        try:
+            bls_config = await client.model_config(name, version)
+        except Exception as exc:
+            raise PerfkitError(f"--bls-composing-models {name}: the server does not give its config ({exc}); "
+                               "name models it serves") from None  # fmt: skip
+        found.setdefault(model, []).append((name, version))
+        await add_steps(name, bls_config)
+    await add_steps(model, config)
+    return {name: tuple(steps) for name, steps in found.items() if steps}
+
+
 class SweepFiles:
     """Where a sweep's files go; each finished level rewrites them atomically."""
 
@@ -89,6 +120,7 @@ class SweepFiles:
         if self.history_path is not None:
             check_history(self.history_path)
         self.profile_path = out.profile_export
+        self.composing_paths: dict[Path, None] = {}  # the composing models' CSVs, in the order written
         self.collect_metrics = spec.metrics.collect
         self.experiments: list[tuple[str, float, SampleArrays, list[int]]] = []
         self.epoch_offset_ns = time.time_ns() - time.perf_counter_ns()
@@ -96,6 +128,10 @@ class SweepFiles:
     def save(self, result: SweepResult, measurement: LevelMeasurement | None) -> None:
         write_sweep(result, self.json_path)
         write_text_atomic(self.pa_csv_path, export.render_pa_csv(result.levels, collect_metrics=self.collect_metrics))
+        for model, version, text in export.render_composing_csvs(result.levels):
+            path = self.pa_csv_path.with_name(export.composing_csv_name(model, version, self.pa_csv_path.name))
+            write_text_atomic(path, text)
+            self.composing_paths[path] = None
         write_text_atomic(self.tidy_csv_path, tidy.render_tidy_csv(result))
         if self.profile_path is not None and measurement is not None:
             level = measurement.result
@@ -121,7 +157,7 @@ class SweepFiles:
             append_history(self.history_path, result, self.json_path.stem)
 
     def paths(self) -> list[Path]:
-        paths = [self.pa_csv_path, self.tidy_csv_path, self.json_path]
+        paths = [self.pa_csv_path, *self.composing_paths, self.tidy_csv_path, self.json_path]
         paths += [p for p in (self.html_path, self.history_path) if p is not None]
         return paths + ([self.profile_path] if self.profile_path else [])
 
@@ -174,6 +210,7 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
             config = await client.model_config(model, t.model_version)
         except Exception as exc:
             raise await _model_error(client, model, target.url, exc) from None
+        composing = await composing_models(client, model, config, t.bls_composing_models)
         server = {"url": target.url, "embedded": target.embedded, **await client.server_metadata()}
         requests = build_requests(
             metadata, config, model=model, version=t.model_version, batch_size=spec.inputs.batch_size,
@@ -198,7 +235,7 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
                 spec, client=client, prepared=prepared, model=model, model_version=t.model_version,
                 provenance=provenance(spec, seed=spec.inputs.seed, server=server, argv=argv), clock=RealClock(),
                 progress=progress,
-                on_level=outputs.save, resources=resources, workers=workers,
+                on_level=outputs.save, resources=resources, workers=workers, composing=composing,
             )  # fmt: skip
             try:
                 await sweep.run()
