@@ -149,7 +149,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="scrape the server's Prometheus metrics (GPU, CPU) during each window",
     )
-    res.add_argument("--metrics-url", metavar="URL", help="default: port 8002 on the host of -u")
+    res.add_argument(
+        "--metrics-url", action="append", default=[], metavar="URL",
+        help="a Prometheus endpoint to scrape (Triton's nv_gpu_*, a DCGM exporter's DCGM_FI_DEV_*); repeatable; "
+        "default: port 8002 on the host of each -u endpoint",
+    )  # fmt: skip
     res.add_argument("--metrics-interval", type=float, default=1000.0, metavar="MS")
     out = p.add_argument_group("output")
     out.add_argument(
@@ -191,7 +195,7 @@ def _load(args: argparse.Namespace) -> LoadSpec:
 
 
 def parse_model_list(text: str, flag: str) -> tuple[tuple[str, str], ...]:
-    """MODEL[:VERSION],... as ((MODEL, ""), ...), e.g. "a,b:2" as ((a, ""), (b, "2")):, each with an optional version (perf_analyzer's form)."""
+    """perf_analyzer's MODEL[:VERSION],... as (name, version) pairs, version "" where none is given."""
     models = []
     for part in (p.strip() for p in text.split(",")) if text.strip() else ():
         name, _, version = part.partition(":")
@@ -233,7 +237,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
             seed=args.seed,
         ),
         metrics=MetricsSpec(
-            collect=args.collect_metrics, metrics_url=args.metrics_url, interval_ms=args.metrics_interval
+            collect=args.collect_metrics, metrics_urls=tuple(args.metrics_url), interval_ms=args.metrics_interval
         ),  # fmt: skip
         output=OutputSpec(
             report_dir=args.report_dir,

@@ -220,7 +220,7 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
         outputs = run.outputs = SweepFiles(spec, model)
         resources = ResourceSampler(
             interval_s=spec.metrics.interval_ms / 1000,
-            metrics_url=target.metrics_url if (spec.metrics.collect or target.embedded) else None,
+            metrics_urls=target.metrics_urls if (spec.metrics.collect or target.embedded) else (),
             server_pid=target.server_pid,
         )
         async with contextlib.AsyncExitStack() as stack:
@@ -254,7 +254,9 @@ def run_sweep(spec: SweepSpec, argv: list[str]) -> tuple[SweepRun, int]:
     run = SweepRun()
     try:
         t, metrics = spec.target, spec.metrics
-        with open_target(t.url, t.protocol, metrics_url=metrics.metrics_url, collect_metrics=metrics.collect) as target:
+        with open_target(
+            t.url, t.protocol, metrics_urls=metrics.metrics_urls, collect_metrics=metrics.collect
+        ) as target:
             if target.embedded:
                 progress.note(f"measuring the embedded reference server at {target.url}")
             eventloop.run(_sweep(spec, target, progress, argv, run))

@@ -52,7 +52,7 @@ class OutputSpec:
 @dataclass(frozen=True, slots=True)
 class MetricsSpec:
     collect: bool = False
-    metrics_url: str | None = None
+    metrics_urls: tuple[str, ...] = ()  # --metrics-url, repeatable
     interval_ms: float = 1000.0
 
 

@@ -9,7 +9,8 @@ import psutil
 import pytest
 
 from perfkit.measure import resources
-from perfkit.measure.resources import GpuSample, ResourceSampler, parse_metrics
+from perfkit.measure.prometheus import GpuSample, parse_metrics
+from perfkit.measure.resources import ResourceSampler
 from v2kit.runtime.gpu import GpuReading
 
 S = 1_000_000_000
@@ -78,7 +79,7 @@ async def test_metrics_are_aggregated_as_perf_analyzer_merges_them(client_cpu: l
             metrics_text((0.9, 1.0), (300.0, 70.0), (5 * GIB, 3 * GIB), 0.6),
         ]
     )
-    sampler = ResourceSampler(metrics_url="localhost:8002", local_gpu=False, clock=clock(), fetch=fetch)
+    sampler = ResourceSampler(metrics_urls=("localhost:8002",), local_gpu=False, clock=clock(), fetch=fetch)
     for _ in range(3):
         await sampler.sample_once()
     assert fetch.urls == ["http://localhost:8002/metrics"] * 3
@@ -101,7 +102,7 @@ async def test_metrics_are_aggregated_as_perf_analyzer_merges_them(client_cpu: l
 async def test_a_failing_scrape_is_a_note_never_an_exception(client_cpu: list[float]) -> None:
     client_cpu += [1.0, 1.0, 1.0]
     fetch = Scripted([OSError("connection refused"), "this is { not prometheus", OSError("connection refused")])
-    sampler = ResourceSampler(metrics_url="http://h:8002/metrics", local_gpu=False, clock=clock(), fetch=fetch)
+    sampler = ResourceSampler(metrics_urls=("http://h:8002/metrics",), local_gpu=False, clock=clock(), fetch=fetch)
     for _ in range(3):
         reading = await sampler.sample_once()
         assert reading.scraped is False
@@ -118,15 +119,15 @@ async def test_a_server_without_gpu_metrics_gets_exactly_one_note(client_cpu: li
     client_cpu += [1.0, 2.0]
     text = "# TYPE nv_cpu_utilization gauge\nnv_cpu_utilization 0.5\n"
     sampler = ResourceSampler(
-        metrics_url="http://h/metrics", local_gpu=False, clock=clock(), fetch=Scripted([text] * 2)
+        metrics_urls=("http://h/metrics",), local_gpu=False, clock=clock(), fetch=Scripted([text] * 2)
     )
     await sampler.sample_once()
     await sampler.sample_once()
     usage = sampler.usage_between(0, S, 1)
     assert usage.server_cpu_pct == 50.0
     assert usage.notes == (
-        "no GPU figures: local GPU sampling is off, and http://h/metrics has no nv_gpu_* metrics "
-        "(no GPU, MIG, or the server's GPU metrics are off)",
+        "no GPU figures: local GPU sampling is off, and http://h/metrics has no GPU metrics "
+        "(nv_gpu_* or DCGM_FI_DEV_*: no GPU, MIG, or GPU metrics off)",
     )
 
 
@@ -140,7 +141,7 @@ async def test_local_gpus_through_nvml_and_metrics_taking_precedence(
     ]
     monkeypatch.setattr(resources, "read_gpus", lambda: local)
     only_util = '# TYPE nv_gpu_utilization gauge\nnv_gpu_utilization{gpu_uuid="GPU-aaaa"} 0.9\n'
-    sampler = ResourceSampler(metrics_url="http://h/metrics", clock=clock(), fetch=Scripted([only_util] * 2))
+    sampler = ResourceSampler(metrics_urls=("http://h/metrics",), clock=clock(), fetch=Scripted([only_util] * 2))
     reading = await sampler.sample_once()
     assert reading.gpus["GPU-aaaa"] == GpuSample(0.9, 90.0, 2 * GIB, 16 * GIB)  # server's figure, NVML's for the rest
     await sampler.sample_once()
@@ -189,7 +190,7 @@ async def test_server_cpu_from_its_process(client_cpu: list[float], monkeypatch:
 
 
 async def test_real_psutil_and_the_default_fetch_against_a_closed_port() -> None:
-    sampler = ResourceSampler(metrics_url="127.0.0.1:1", local_gpu=False, clock=clock())
+    sampler = ResourceSampler(metrics_urls=("127.0.0.1:1",), local_gpu=False, clock=clock())
     await sampler.sample_once()
     sum(i * i for i in range(20_000))  # some CPU time, however little
     await sampler.sample_once()
