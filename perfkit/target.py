@@ -58,6 +58,10 @@ class TargetSpec:
             raise PerfkitError("--input-tensor-format json applies to HTTP only; drop it or use -i http")
         if self.request_timeout_s <= 0:
             raise PerfkitError("--request-timeout must be a positive number of seconds")
+        endpoints = endpoints_of(self.url or "")
+        if len(endpoints) > 1 and (not all(endpoints) or len(set(endpoints)) != len(endpoints)):
+            raise PerfkitError(f"-u takes HOST:PORT, or several alike servers as HOST:PORT,HOST:PORT,... each once; "
+                               f"got '{self.url}'")  # fmt: skip
         tls = self.tls
         https = (tls.https_ca_certs is not None or not tls.https_verify_peer) and self.protocol == "http"
         if https and not (self.url or "").startswith("https://"):

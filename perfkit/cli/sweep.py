@@ -36,7 +36,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     target = p.add_argument_group("target")
     target.add_argument("-m", "--model-name", metavar="MODEL", help="model to measure (default: the only one)")
     target.add_argument("-x", "--model-version", default="", metavar="VERSION", help="default: the latest")
-    target.add_argument("-u", "--url", metavar="HOST:PORT", help="server endpoint (default: embedded server)")
+    target.add_argument(
+        "-u", "--url", metavar="HOST:PORT[,...]",
+        help="server endpoint (default: embedded server); several alike servers comma-separated, requests "
+        "round-robin, each endpoint's figures and the total reported",
+    )  # fmt: skip
     target.add_argument("-i", "--protocol", choices=("http", "grpc"), default="http")
     target.add_argument(
         "--bls-composing-models", default="", metavar="MODEL[:VERSION],...",

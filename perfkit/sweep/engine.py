@@ -10,7 +10,9 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from perfkit.analysis.server_stats import ComposingMap
+from perfkit.analysis.stats import endpoint_figures, reported_windows
 from perfkit.load.distributed import DistributedLoadGenerator
+from perfkit.load.fleet import FleetClient
 from perfkit.load.generator import Clock, LoadGenerator
 from perfkit.load.samples import SampleBuffer
 from perfkit.load.schedule import ClosedLoop, Load, OpenLoop, linear_levels
@@ -150,14 +152,34 @@ class Sweep:
         return level
 
     def _keep(self, measurement: LevelMeasurement) -> LevelMeasurement:
-        """The level with its load workers' figures, in the result and on disk before it is reported."""
+        """The level with its load workers' or endpoints' figures, in the result and on disk before
+        it is reported."""
         if self.workers is not None:
             stable = self.spec.windows.stable_window_count
             annotated = self.workers.annotate(measurement.result, measurement.samples, stable)
             measurement = dataclasses.replace(measurement, result=annotated)
+        if isinstance(self.client, FleetClient):
+            measurement = dataclasses.replace(measurement, result=self._with_endpoints(measurement.result))
         self.result = self.result.with_level(measurement.result)
         self.on_level(self.result, measurement)
         return measurement
+
+    def _with_endpoints(self, level: LevelResult) -> LevelResult:
+        """Each endpoint's share of the reported windows; a note for one that answered nothing."""
+        assert isinstance(self.client, FleetClient)
+        reported = reported_windows(level.windows, self.spec.windows.stable_window_count)
+        if not reported:
+            return level
+        start, end = reported[0].start_ns, reported[-1].end_ns
+        figures = tuple(
+            endpoint_figures(url, buffer.arrays(), start, end, level.batch_size, self.spec.windows.percentile)
+            for url, buffer in zip(self.client.urls, self.client.buffers)
+        )
+        for e in figures:
+            if e.request_count and not e.ok_count:
+                kinds = ", ".join(f"{kind} ×{count}" for kind, count in sorted(e.errors.items()))
+                self.progress.note(f"endpoint {e.url} answered none of its {e.request_count} requests ({kinds})")
+        return dataclasses.replace(level, endpoints=figures)
 
     def _after_worker_deaths(self, level: LevelResult, measurement: LevelMeasurement) -> LevelResult | None:
         """Say which workers died in the level; None (the sweep ends) when none is left."""

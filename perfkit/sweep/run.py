@@ -15,6 +15,7 @@ from perfkit._version import __version__
 from perfkit.analysis.server_stats import ensemble_steps
 from perfkit.errors import ExitCode, PerfkitError, TargetError
 from perfkit.load.distributed import distributed_load
+from perfkit.load.fleet import FleetClient
 from perfkit.load.generator import RealClock
 from perfkit.load.inputs import build_requests
 from perfkit.load.samples import SampleArrays
@@ -28,7 +29,7 @@ from perfkit.results.model import SweepResult, write_sweep
 from perfkit.results.provenance import provenance
 from perfkit.sweep.engine import Sweep
 from perfkit.sweep.spec import SweepSpec
-from perfkit.target import Target, open_target
+from perfkit.target import Target, endpoints_of, open_target
 from perfkit.wire.client import InferClient, make_client
 from v2kit.runtime import eventloop
 
@@ -186,15 +187,19 @@ class SweepRun:
 
 async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list[str], run: SweepRun) -> None:
     t = spec.target
-    client = make_client(
-        target.url,
-        target.protocol,
-        request_timeout_s=t.request_timeout_s,
-        headers=dict(t.headers),
-        json_tensors=t.json_tensors,
-        connections=t.max_connections,
-        tls=t.tls,
-    )
+    clients = [
+        make_client(
+            url,
+            target.protocol,
+            request_timeout_s=t.request_timeout_s,
+            headers=dict(t.headers),
+            json_tensors=t.json_tensors,
+            connections=t.max_connections,
+            tls=t.tls,
+        )
+        for url in endpoints_of(target.url)
+    ]
+    client: InferClient = clients[0] if len(clients) == 1 else FleetClient(clients)
     try:
         try:
             live = await client.live()

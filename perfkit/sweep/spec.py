@@ -82,6 +82,8 @@ class SweepSpec:
 
 
 def _validate_distributed(d: DistributedSpec, t: TargetSpec) -> None:
+    if d.enabled and t.url is not None and "," in t.url:
+        raise PerfkitError("--workers sends to one -u endpoint; several (-u A,B) are spread by this process alone")
     if d.enabled and not ray_installed():
         raise PerfkitError(RAY_MISSING)
     if d.workers < 1:
