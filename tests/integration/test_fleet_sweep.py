@@ -35,7 +35,7 @@ def dcgm() -> Iterator[str]:
     """A DCGM exporter's /metrics, canned: two GPUs of a node with no server of ours on it."""
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:
             body = DCGM_TEXT.encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
