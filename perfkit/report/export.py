@@ -26,6 +26,8 @@ from perfkit.results.model import LatencyStats, LevelResult, ServerStats
 __all__ = [
     "ProfileExperiment",
     "composing_csv_name",
+    "composing_rows",
+    "endpoint_rows",
     "render_composing_csvs",
     "render_composing_table",
     "render_endpoint_table",
@@ -335,9 +337,9 @@ def _aligned(titles: list[str], rows: list[list[str]]) -> list[str]:
     return [line(titles), "  ".join("-" * width for width in widths), *(line(row) for row in rows)]
 
 
-def render_composing_table(levels: Sequence[LevelResult]) -> list[str]:
+def composing_rows(levels: Sequence[LevelResult]) -> tuple[list[str], list[list[str]]]:
     """The composing models' server-side breakdown per level (perf_analyzer's "Composing models:"
-    blocks), as aligned lines; nothing when the model has none."""
+    blocks) as titles and rows, for the console and the HTML report; no rows when there are none."""
     rows = []
     for level in levels:
         top = level.server or ServerStats()
@@ -349,16 +351,14 @@ def render_composing_table(levels: Sequence[LevelResult]) -> list[str]:
                 str(s.success_count), f"{s.request_us:.0f}", f"{s.queue_us:.0f}",
                 f"{s.compute_input_us + s.compute_infer_us + s.compute_output_us:.0f}", f"{s.avg_batch_size:.2f}",
             ])  # fmt: skip
-    if not rows:
-        return []
     titles = ["level", "composing model", "version", "infer/s", "requests", "request us", "queue us", "compute us",
               "avg batch"]  # fmt: skip
-    return _aligned(titles, rows)
+    return titles, rows
 
 
-def render_endpoint_table(levels: Sequence[LevelResult]) -> list[str]:
+def endpoint_rows(levels: Sequence[LevelResult]) -> tuple[list[str], list[list[str]]]:
     """Each endpoint's share of every level measured over several (`-u A,B`), then the level's
-    total, as aligned lines; nothing for a level measured over one endpoint."""
+    total, as titles and rows; no rows for levels measured over one endpoint."""
     rows = []
     for level in levels:
         if not level.endpoints:
@@ -374,6 +374,16 @@ def render_endpoint_table(levels: Sequence[LevelResult]) -> list[str]:
             _fmt_level(level), "total", f"{level.throughput_infer_per_s:.1f}", _fmt_ms(lat, lat.p50_us),
             _fmt_ms(lat, lat.p99_us), str(level.request_count), str(level.error_count),
         ])  # fmt: skip
-    if not rows:
-        return []
-    return _aligned(["level", "endpoint", "infer/s", "p50 ms", "p99 ms", "requests", "errors"], rows)
+    return ["level", "endpoint", "infer/s", "p50 ms", "p99 ms", "requests", "errors"], rows
+
+
+def render_composing_table(levels: Sequence[LevelResult]) -> list[str]:
+    """`composing_rows` as aligned lines; nothing when the model has no composing models."""
+    titles, rows = composing_rows(levels)
+    return _aligned(titles, rows) if rows else []
+
+
+def render_endpoint_table(levels: Sequence[LevelResult]) -> list[str]:
+    """`endpoint_rows` as aligned lines; nothing for a sweep of one endpoint."""
+    titles, rows = endpoint_rows(levels)
+    return _aligned(titles, rows) if rows else []

@@ -16,10 +16,13 @@ from perfkit.analysis.stats import endpoint_figures
 from perfkit.errors import TargetError
 from perfkit.load.fleet import FleetClient, sum_statistics
 from perfkit.load.samples import SampleBuffer
+from perfkit.report import html
 from perfkit.report.export import render_endpoint_table
 from perfkit.report.tidy import render_tidy_csv
+from perfkit.results.files import ReportItem
 from perfkit.results.model import LatencyStats, sweep_from_json, sweep_to_json
 from perfkit.wire.client import Outcome, Prepared
+from tests.unit.test_composing import pa_levels
 from tests.unit.test_export import make_level, make_sweep
 from tests.unit.test_server_stats import entry, response
 from v2kit import codec as v2
@@ -135,3 +138,24 @@ def test_endpoint_figures_and_their_rows() -> None:
         ["h:2", "9", ""],
     ]
     assert render_endpoint_table((make_level(),)) == []
+
+
+class NoPlots:
+    """The report's figures left out: this test reads its tables."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: b""
+
+
+def test_the_html_report_shows_endpoints_and_composing_models(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(html, "plots", NoPlots())
+    buffer = SampleBuffer()
+    buffer.record(0, 0, 1_000_000)
+    share = endpoint_figures("h:1", buffer.arrays(), 0, 10**9, batch_size=1)
+    levels = tuple(
+        dataclasses.replace(lv, endpoints=(share, dataclasses.replace(share, url="h:2"))) for lv in pa_levels()
+    )
+    sweep = dataclasses.replace(make_sweep(levels), url="h:1,h:2", model="mlp_pipeline")
+    section = html.render_sweep_section(ReportItem("run", "sweep", sweep, "run.json"))
+    assert "<h3>Endpoints</h3>" in section and "<td>h:2</td>" in section
+    assert "<h3>Composing models (server side)</h3>" in section and "<td>preprocess</td>" in section
