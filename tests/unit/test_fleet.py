@@ -13,18 +13,25 @@ from typing import Any
 import pytest
 
 from perfkit.analysis.stats import endpoint_figures
-from perfkit.errors import TargetError
-from perfkit.load.fleet import FleetClient, sum_statistics
+from perfkit.errors import ExitCode, TargetError
+from perfkit.load.fleet import FleetClient, FleetPrepared, sum_statistics
+from perfkit.load.generator import FakeClock
 from perfkit.load.samples import SampleBuffer
 from perfkit.report import html
 from perfkit.report.export import render_endpoint_table
 from perfkit.report.tidy import render_tidy_csv
 from perfkit.results.files import ReportItem
 from perfkit.results.model import LatencyStats, sweep_from_json, sweep_to_json
+from perfkit.sweep.engine import Sweep
+from perfkit.sweep.run import exit_code
+from perfkit.sweep.spec import LoadSpec, SweepSpec, WindowSpec
+from perfkit.target import TargetSpec
 from perfkit.wire.client import Outcome, Prepared
+from tests.fakes import FakePrepared
 from tests.unit.test_composing import pa_levels
 from tests.unit.test_export import make_level, make_sweep
 from tests.unit.test_server_stats import entry, response
+from tests.unit.test_sweep import QueueingServer, RecordingProgress, Saved
 from v2kit import codec as v2
 
 
@@ -159,3 +166,28 @@ def test_the_html_report_shows_endpoints_and_composing_models(monkeypatch: pytes
     section = html.render_sweep_section(ReportItem("run", "sweep", sweep, "run.json"))
     assert "<h3>Endpoints</h3>" in section and "<td>h:2</td>" in section
     assert "<h3>Composing models (server side)</h3>" in section and "<td>preprocess</td>" in section
+
+
+async def test_a_sweep_over_two_endpoints_names_the_one_that_stopped_answering() -> None:
+    clock = FakeClock()
+    alive, dead = QueueingServer(clock, 5.0), QueueingServer(clock, 5.0, error=lambda i: "connection refused")
+    alive.url, dead.url = "fake:1", "fake:2"
+    client = FleetClient([alive, dead], clock=clock.now_ns)  # type: ignore[list-item]
+    spec = SweepSpec(target=TargetSpec(url=client.url, model="m"), load=LoadSpec("concurrency", 2, 2, 1),
+                     windows=WindowSpec(interval_ms=100, max_trials=3))  # fmt: skip
+    progress, saved = RecordingProgress(), Saved()
+    prepared = FleetPrepared(b"", 100, parts=(FakePrepared("a"), FakePrepared("a")))  # type: ignore[arg-type]
+    sweep = Sweep(spec, client=client, prepared=[prepared], model="m", model_version="", provenance={},
+                  clock=clock, progress=progress, on_level=saved)  # fmt: skip
+    result = await sweep.run()
+    (level,) = result.levels
+    first, second = level.endpoints
+    assert (first.url, second.url) == ("fake:1", "fake:2")
+    assert first.ok_count == level.ok_count > 0 and first.error_count == 0
+    assert second.ok_count == 0 and second.errors == {"connection refused": second.request_count}
+    assert first.request_count + second.request_count == level.request_count
+    assert progress.named("note") == [
+        f"endpoint fake:2 answered none of its {second.request_count} requests (connection refused ×{second.request_count})"
+    ]
+    assert saved.results[-1].levels[0].endpoints == level.endpoints  # on disk with its endpoints
+    assert exit_code(result) == ExitCode.ERRORS
