@@ -12,11 +12,13 @@ import pytest
 
 from perfkit.analysis.compare import compare_sweeps
 from perfkit.analysis.server_stats import ensemble_steps, pick_tree, tree_diff
+from perfkit.cli.sweep import parse_model_list
 from perfkit.errors import PerfkitError
 from perfkit.report.export import composing_csv_name, render_composing_csvs, render_composing_table
 from perfkit.report.tidy import render_tidy_csv
 from perfkit.results.model import ComposingStats, LatencyStats, ServerStats, sweep_from_json, sweep_to_json
 from perfkit.results.pa_csv import composing_csvs, sweep_from_pa_csv
+from perfkit.sweep.run import composing_models
 from tests.unit.test_export import make_level, make_sweep
 from tests.unit.test_server_stats import entry, response
 
@@ -153,3 +155,38 @@ def test_composing_models_in_the_json_tidy_csv_and_console() -> None:
                                 "queue", "us", "compute", "us", "avg", "batch"]  # fmt: skip
     assert table[2].split()[:5] == ["1", "mlp", "1", "945.2", "1709"]
     assert render_composing_table((make_level(latency=LatencyStats()),)) == []
+
+
+class Configs:
+    """A client's model_config over a fixed set of models; the calls are kept."""
+
+    def __init__(self, configs: dict[str, dict[str, Any]]) -> None:
+        self.configs = configs
+        self.asked: list[tuple[str, str]] = []
+
+    async def model_config(self, model: str, version: str = "") -> dict[str, Any]:
+        self.asked.append((model, version))
+        if model not in self.configs:
+            raise RuntimeError(f"Request for unknown model: '{model}' is not found")
+        return self.configs[model]
+
+
+async def test_the_composing_map_of_a_bls_model_and_of_nested_ensembles() -> None:
+    inner = {"name": "inner", "platform": "ensemble",
+             "ensemble_scheduling": {"step": [{"model_name": "leaf", "model_version": -1}]}}  # fmt: skip
+    client = Configs({"ens": ENSEMBLE_CONFIG, "inner": inner, "pre": {}, "leaf": {}, "helper": {}})
+    # A BLS model names what it calls; an ensemble among them brings its own steps (perf_analyzer's
+    # AddBLSComposingModels), and the measured model's own config is read as an ensemble's would be.
+    found = await composing_models(client, "bls", {"backend": "python"}, [("helper", ""), ("ens", "1")])  # type: ignore[arg-type]
+    assert found == {
+        "bls": (("helper", ""), ("ens", "1")),
+        "ens": (("pre", ""), ("inner", "2")),
+        "inner": (("leaf", ""),),
+    }
+    assert await composing_models(client, "m", {"backend": "onnxruntime"}, []) == {}  # type: ignore[arg-type]
+    with pytest.raises(PerfkitError, match=r"--bls-composing-models absent: the server does not give its config"):
+        await composing_models(client, "bls", {}, [("absent", "")])  # type: ignore[arg-type]
+    assert parse_model_list("a, b:2", "--bls-composing-models") == (("a", ""), ("b", "2"))
+    assert parse_model_list("", "--bls-composing-models") == ()
+    with pytest.raises(PerfkitError, match=r"--bls-composing-models takes MODEL\[:VERSION\]"):
+        parse_model_list("a:latest", "--bls-composing-models")
