@@ -122,4 +122,8 @@ def test_grpc_endpoints_and_a_dead_one_named(
     assert f"endpoint {dead}" in error and a.http_url not in error.replace(f"{a.http_url},{dead}", "")
     assert main(["sweep", "-u", f"{a.http_url},{a.http_url}", *WINDOWS]) == 2
     assert "each once" in capsys.readouterr().err
+    assert main(["sweep", "-u", f"{a.http_url},{b.http_url}", "--workers", "2", *WINDOWS]) == 2
+    assert "--workers sends to one -u endpoint" in capsys.readouterr().err
+    assert main(["probe", "-u", f"{a.http_url},{b.http_url}"]) == 2
+    assert "probe checks one server" in capsys.readouterr().err
     assert json.loads(json.dumps(result.provenance["server"]))["endpoints"] == [a.grpc_url, b.grpc_url]
