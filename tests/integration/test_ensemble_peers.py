@@ -198,7 +198,7 @@ def test_statistics_have_tritons_shape_and_relations(triton: TritonProcess, tmp_
 # same server and agree closely. A disagreement is retried once, and skipped (with the figures)
 # when other processes took much of the machine meanwhile, as test_sweep_vs_perf_analyzer does.
 AGREEMENT = 0.10
-ENSEMBLE_WINDOWS = ("--concurrency-range", "1", "-p", "400", "-s", "25", "-r", "6")
+ENSEMBLE_WINDOWS = ("--concurrency-range", "1", "-p", "500", "-s", "30", "-r", "6")
 
 
 def ensemble_agreement(peers: Path, url: str, out: Path) -> str:
