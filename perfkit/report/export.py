@@ -164,7 +164,10 @@ _COMPOSING_SERVER_COLUMNS = (
 
 
 def composing_csv_name(model: str, version: str, csv_name: str) -> str:
-    """perf_analyzer's name for a composing model's CSV: `<model>_v<version>.<the -f file's name>`."""
+    """perf_analyzer's name for a composing model's CSV: `<model>_v<version>.<the -f file's name>`.
+    perf_analyzer prefixes the -f argument as given, so its files land beside the CSV only for a bare
+    file name in its working directory (`-f dir/out.csv` makes `mlp_v1.dir/out.csv`); perfkit
+    writes them beside the CSV wherever it is."""
     return f"{model}_v{version}.{csv_name}"
 
 
