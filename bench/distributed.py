@@ -37,7 +37,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from perfkit.load.distributed import DistributedSpec
+from perfkit.load.cluster.distributed import DistributedSpec
 from perfkit.measure.level import WindowSpec
 from perfkit.results.model import LevelResult
 from perfkit.sweep.run import run_sweep

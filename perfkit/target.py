@@ -47,6 +47,7 @@ class TargetSpec:
     json_tensors: bool = False
     tls: TlsSpec = field(default_factory=TlsSpec)
     max_connections: int = 0  # HTTP connections per load process; 0: one per outstanding request
+    bls_composing_models: tuple[tuple[str, str], ...] = ()  # --bls-composing-models: (name, version "" = latest)
 
     def validate(self) -> None:
         """The rules of the target flags, shared by sweep, tune and probe: -i, the tensor format,
@@ -57,6 +58,10 @@ class TargetSpec:
             raise PerfkitError("--input-tensor-format json applies to HTTP only; drop it or use -i http")
         if self.request_timeout_s <= 0:
             raise PerfkitError("--request-timeout must be a positive number of seconds")
+        endpoints = endpoints_of(self.url or "")
+        if len(endpoints) > 1 and (not all(endpoints) or len(set(endpoints)) != len(endpoints)):
+            raise PerfkitError(f"-u takes HOST:PORT, or several alike servers as HOST:PORT,HOST:PORT,... each once; "
+                               f"got '{self.url}'")  # fmt: skip
         tls = self.tls
         https = (tls.https_ca_certs is not None or not tls.https_verify_peer) and self.protocol == "http"
         if https and not (self.url or "").startswith("https://"):
@@ -80,11 +85,21 @@ _STARTED = re.compile(r"Started (HTTPService|GRPCInferenceService|Metrics Servic
 class Target:
     """The server being measured, open for the command's duration."""
 
-    url: str
+    url: str  # several endpoints (`-u A,B`) comma-separated
     protocol: str
-    metrics_url: str | None
+    metrics_urls: tuple[str, ...]
     server_pid: int | None  # the embedded server's process, whose CPU and memory are sampled
     embedded: bool
+
+    @property
+    def metrics_url(self) -> str | None:
+        """The first metrics URL (tune reads one server's)."""
+        return self.metrics_urls[0] if self.metrics_urls else None
+
+
+def endpoints_of(url: str) -> tuple[str, ...]:
+    """The endpoints of -u: one HOST:PORT, or several comma-separated (`-u A,B`)."""
+    return tuple(part.strip() for part in url.split(","))
 
 
 def metrics_url_of(url: str, metrics_url: str | None, collect_metrics: bool) -> str | None:
@@ -95,17 +110,25 @@ def metrics_url_of(url: str, metrics_url: str | None, collect_metrics: bool) -> 
     return f"http://{url.split('://', 1)[-1].rsplit(':', 1)[0]}:8002/metrics"
 
 
+def metrics_urls_of(url: str, metrics_urls: Sequence[str], collect_metrics: bool) -> tuple[str, ...]:
+    """`metrics_url_of` for each endpoint of -u (`-u A,B`): the --metrics-url given (any number),
+    else with --collect-metrics port 8002 on the host of each endpoint, each host once."""
+    if metrics_urls or not collect_metrics:
+        return tuple(metrics_urls)
+    return tuple(dict.fromkeys(u for e in endpoints_of(url) if (u := metrics_url_of(e, None, True))))
+
+
 @contextlib.contextmanager
-def open_target(url: str | None, protocol: str, *, metrics_url: str | None = None, collect_metrics: bool = False,
+def open_target(url: str | None, protocol: str, *, metrics_urls: Sequence[str] = (), collect_metrics: bool = False,
                 model_repository: Path | None = None, server_args: Sequence[str] = ()) -> Iterator[Target]:  # fmt: skip
     """The server at `url` (-u) as given; with no `url`, the embedded reference server on
     `model_repository` (default: the demo models) with `server_args`, until the block ends."""
     if url is not None:
-        yield Target(url, protocol, metrics_url_of(url, metrics_url, collect_metrics), None, embedded=False)
+        yield Target(url, protocol, metrics_urls_of(url, metrics_urls, collect_metrics), None, embedded=False)
         return
     with reference_server_process(model_repository, server_args) as server:
         url = server.grpc_url if protocol == "grpc" else server.http_url
-        yield Target(url, protocol, metrics_url or server.metrics_url, server.process.pid, embedded=True)
+        yield Target(url, protocol, tuple(metrics_urls) or (server.metrics_url,), server.process.pid, embedded=True)
 
 
 @dataclass(frozen=True, slots=True)

@@ -308,8 +308,29 @@ def compare_sweeps(
     for name, result in zip(names, (baseline, candidate)):
         if not result.completed:
             notes.append(f"the {name} sweep stopped early: {result.stop_reason}")
+    notes += [note for base, cand in pairs for note in composing_changes(base, cand)]
     deltas = tuple(_delta(base, cand, metric, thresholds, not without) for base, cand in pairs for metric in gates)
     return Comparison(names[0], names[1], thresholds, deltas, tuple(notes), without)
+
+
+def composing_changes(base: LevelResult, cand: LevelResult) -> list[str]:
+    """For an ensemble, how each composing model's server-side time changed at a level (said, not
+    gated: the server's averages carry no samples to test)."""
+    if base.server is None or cand.server is None:
+        return []
+    theirs = {(c.model, c.version): c.server for c in cand.server.composing}
+    lines = []
+    for c in base.server.composing:
+        other = theirs.get((c.model, c.version))
+        if other is None:
+            continue
+        figures = []
+        for label, attr in (("queue", "queue_us"), ("compute infer", "compute_infer_us"), ("overhead", "overhead_us")):
+            b, n = getattr(c.server, attr), getattr(other, attr)
+            change = f" ({(n - b) / b * 100:+.1f}%)" if b > 0 else ""
+            figures.append(f"{label} {b:.0f} -> {n:.0f} us{change}")
+        lines.append(f"{level_label(base)}, composing model {c.model} v{c.version or '-'}: {', '.join(figures)}")
+    return lines
 
 
 def _adopt(result: SweepResult, other: SweepResult) -> SweepResult:

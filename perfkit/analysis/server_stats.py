@@ -8,6 +8,11 @@ and subtracts (perf_analyzer `SummarizeServerStatsHelper`). Fields may be missin
 implement part of the extension) or, from gRPC JSON, be strings; both read as numbers, missing
 ones as 0.
 
+An ensemble (and a BLS model named with --bls-composing-models) is measured with its composing
+models, as perf_analyzer does (`SummarizeServerStats`): `pick_tree` picks the entry of the model and
+of each model it is composed of, recursively, from one statistics response, and `tree_diff`
+differences each over the same span, the composing models' figures under the model's.
+
 A counter that goes *down* means the model was reloaded between the snapshots and its counters
 restarted. `server_diff` then takes `before` as zero and returns the counts since the reload,
 which is the best figure available; `counters_reset` tells the caller so it can say so.
@@ -15,10 +20,14 @@ which is the best figure available; `counters_reset` tells the caller so it can 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from perfkit.results.model import ServerStats
+from perfkit.results.model import ComposingStats, ServerStats
+
+#: model name → the (name, version) of the models it is composed of; version "" is the server's choice.
+ComposingMap = Mapping[str, Sequence[tuple[str, str]]]
 
 _PHASES = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
 
@@ -156,3 +165,75 @@ def network_server_us(
     no response cache here, so its hit/miss terms are left out)."""
     accounted = server.queue_us + server.compute_input_us + server.compute_infer_us + server.compute_output_us
     return max(avg_latency_us - client_send_us - client_recv_us - accounted, 0.0)
+
+
+def ensemble_steps(config: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The (model, version) of each step of an ensemble's config (the JSON of the model
+    configuration endpoint), once each and in step order; [] for a model that is not an ensemble.
+    A step's version -1 (the server's choice) is "" (perf_analyzer's `AddEnsembleComposingModels`)."""
+    if config.get("platform") != "ensemble":
+        return []
+    steps = _map(config.get("ensemble_scheduling")).get("step")
+    found: list[tuple[str, str]] = []
+    for step in steps if isinstance(steps, list) else []:
+        name = str(_map(step).get("model_name", ""))
+        number = _int(_map(step).get("model_version", -1))
+        model = (name, "" if number < 0 else str(number))
+        if name and model not in found:
+            found.append(model)
+    return found
+
+
+def pick_tree(
+    stats_json: Mapping[str, Any],
+    model: str,
+    version: str,
+    composing: ComposingMap,
+    previous: Mapping[str, Any] | None = None,
+) -> dict[str, dict[str, Any]] | None:
+    """The entries of `model` and of every model it is composed of (through `composing`,
+    recursively), by name, each picked as `pick_model_stats` picks one; None when `model` has no
+    entry. A composing model without an entry is left out (a response-cache hit on the ensemble
+    ran none of its steps)."""
+    top = pick_model_stats(stats_json, model, version, previous)
+    if top is None:
+        return None
+    picked = {model: top}
+    pending = list(composing.get(model, ()))
+    while pending:
+        name, wanted = pending.pop(0)
+        if name in picked:
+            continue
+        entry = pick_model_stats(stats_json, name, wanted, previous)
+        if entry is not None:
+            picked[name] = entry
+            pending.extend(composing.get(name, ()))
+    return picked
+
+
+def tree_diff(
+    before: Mapping[str, Mapping[str, Any]] | None,
+    after: Mapping[str, Mapping[str, Any]],
+    model: str,
+    composing: ComposingMap,
+) -> ServerStats:
+    """`server_diff` of `model` between two `pick_tree` snapshots, with each composing model's own
+    difference under it, sorted by name as perf_analyzer lists them."""
+    return _tree_diff(before or {}, after, model, composing, frozenset())
+
+
+def _tree_diff(
+    before: Mapping[str, Mapping[str, Any]],
+    after: Mapping[str, Mapping[str, Any]],
+    model: str,
+    composing: ComposingMap,
+    above: frozenset[str],
+) -> ServerStats:
+    stats = server_diff(before.get(model), after[model])
+    names = sorted({name for name, _ in composing.get(model, ()) if name in after and name not in above | {model}})
+    children = tuple(
+        ComposingStats(name, str(after[name].get("version", "")),
+                       _tree_diff(before, after, name, composing, above | {model}))
+        for name in names
+    )  # fmt: skip
+    return dataclasses.replace(stats, composing=children)

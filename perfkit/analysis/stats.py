@@ -70,6 +70,7 @@ from perfkit.analysis.server_stats import network_server_us
 from perfkit.load.samples import SampleArrays, SequenceArrays
 from perfkit.results.model import (
     Check,
+    EndpointFigures,
     LatencyStats,
     LevelResult,
     ResourceUsage,
@@ -481,3 +482,23 @@ def _stability_check(level: LevelResult, threshold: float, count: int) -> Check:
             f"in latency (limit {limit})"
         )
     return Check("stable", False, detail, _STABILITY_ADVICE)
+
+
+def endpoint_figures(
+    url: str, samples: SampleArrays, start_ns: int, end_ns: int, batch_size: int, percentile: float | None = None
+) -> EndpointFigures:
+    """One endpoint's share of a level (`-u A,B`): its requests that completed in [start_ns, end_ns),
+    counted, timed and divided by the span as the level's own figures are."""
+    span = samples.completed_between(start_ns, end_ns)
+    ok = span.ok
+    ok_count = int(ok.sum())
+    seconds = (end_ns - start_ns) / 1e9
+    return EndpointFigures(
+        url=url,
+        request_count=len(span),
+        ok_count=ok_count,
+        error_count=len(span) - ok_count,
+        errors=span.error_counts(),
+        throughput_infer_per_s=ok_count * batch_size / seconds if seconds > 0 else 0.0,
+        latency=latency_stats((span.done_ns - span.sent_ns)[ok], percentile),
+    )

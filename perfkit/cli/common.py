@@ -16,7 +16,7 @@ from perfkit.errors import PerfkitError
 from perfkit.measure.level import WindowSpec
 from perfkit.results.files import load_result, write_text_atomic
 from perfkit.results.model import SweepResult
-from perfkit.results.pa_csv import sweep_from_pa_csv
+from perfkit.results.pa_csv import composing_csvs, sweep_from_pa_csv
 from perfkit.target import TlsSpec
 
 
@@ -203,7 +203,7 @@ def load_sweep(path: Path, role: str) -> SweepResult:
     except (OSError, UnicodeDecodeError) as exc:
         raise PerfkitError(f"cannot read {role} {path}: {getattr(exc, 'strerror', None) or exc}") from None
     if not text.lstrip("\ufeff \t\r\n").startswith(("{", "[")):
-        return sweep_from_pa_csv(text, path)
+        return sweep_from_pa_csv(text, path, composing_csvs(path))
     item = load_result(path)
     if not isinstance(item.result, SweepResult):
         raise PerfkitError(f"{role} {path} is a {item.kind} result; compare takes two sweep results")

@@ -10,7 +10,7 @@ from perfkit.cli.common import Command, add_connection_flags, headers_from_args,
 from perfkit.errors import ExitCode, PerfkitError
 from perfkit.measure.probe import probe
 from perfkit.report.summary import render_probe
-from perfkit.target import TargetSpec, open_target
+from perfkit.target import TargetSpec, endpoints_of, open_target
 from v2kit.runtime import eventloop
 
 
@@ -37,6 +37,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         raise PerfkitError("-n/--requests must be at least 1")
     target = TargetSpec(args.url, args.protocol, headers=headers_from_args(args), tls=tls_from_args(args))
     target.validate()  # -u, -i, -H and TLS by the sweep's rules
+    if args.url and len(endpoints_of(args.url)) > 1:
+        raise PerfkitError("probe checks one server: give one -u HOST:PORT (several are for perfkit sweep)")
 
     if not args.url:
         print("starting the embedded reference server on the demo models...", file=sys.stderr, flush=True)

@@ -13,7 +13,7 @@ from perfkit.errors import ExitCode, PerfkitError
 from perfkit.genai.goodput import parse_goodput
 from perfkit.genai.trace import read_trace, trace_intervals_ns
 from perfkit.genai.workload import ENDPOINT_TYPES, GenerativeSpec, WorkloadSpec
-from perfkit.load.distributed import DistributedSpec
+from perfkit.load.cluster.distributed import DistributedSpec
 from perfkit.load.inputs import parse_request_parameter, parse_shape_flag
 from perfkit.load.schedule import parse_range, read_intervals
 from perfkit.load.sequences import DEFAULT_ID_RANGE, SequenceSpec, parse_id_range
@@ -40,8 +40,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     target = p.add_argument_group("target")
     target.add_argument("-m", "--model-name", metavar="MODEL", help="model to measure (default: the only one)")
     target.add_argument("-x", "--model-version", default="", metavar="VERSION", help="default: the latest")
-    target.add_argument("-u", "--url", metavar="HOST:PORT", help="server endpoint (default: embedded server)")
+    target.add_argument(
+        "-u", "--url", metavar="HOST:PORT[,...]",
+        help="server endpoint (default: embedded server); several alike servers comma-separated, requests "
+        "round-robin, each endpoint's figures and the total reported",
+    )  # fmt: skip
     target.add_argument("-i", "--protocol", choices=("http", "grpc"), default="http")
+    target.add_argument(
+        "--bls-composing-models", default="", metavar="MODEL[:VERSION],...",
+        help="the models a BLS model calls: their server-side figures are read beside it, as an ensemble's steps",
+    )  # fmt: skip
     add_connection_flags(p, target)
     target.add_argument(
         "--request-timeout",
@@ -173,7 +181,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="scrape the server's Prometheus metrics (GPU, CPU) during each window",
     )
-    res.add_argument("--metrics-url", metavar="URL", help="default: port 8002 on the host of -u")
+    res.add_argument(
+        "--metrics-url", action="append", default=[], metavar="URL",
+        help="a Prometheus endpoint to scrape (Triton's nv_gpu_*, a DCGM exporter's DCGM_FI_DEV_*); repeatable; "
+        "default: port 8002 on the host of each -u endpoint",
+    )  # fmt: skip
     res.add_argument("--metrics-interval", type=float, default=1000.0, metavar="MS")
     out = p.add_argument_group("output")
     out.add_argument(
@@ -356,6 +368,17 @@ def _load(args: argparse.Namespace) -> LoadSpec:
     return LoadSpec("concurrency", start, end, step, **common)
 
 
+def parse_model_list(text: str, flag: str) -> tuple[tuple[str, str], ...]:
+    """perf_analyzer's MODEL[:VERSION],... as (name, version) pairs, version "" where none is given."""
+    models = []
+    for part in (p.strip() for p in text.split(",")) if text.strip() else ():
+        name, _, version = part.partition(":")
+        if not name or (version and not version.isdigit()):
+            raise PerfkitError(f"{flag} takes MODEL[:VERSION],... (a version is a number); got {text!r}")
+        models.append((name, version))
+    return tuple(models)
+
+
 def spec_from_args(args: argparse.Namespace) -> SweepSpec:
     if args.max_connections < 0:
         raise PerfkitError(
@@ -377,6 +400,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
             json_tensors=args.input_tensor_format == "json",
             tls=tls_from_args(args),
             max_connections=args.max_connections,
+            bls_composing_models=parse_model_list(args.bls_composing_models, "--bls-composing-models"),
         ),
         load=_load(args),
         windows=windows_from_args(args),
@@ -390,7 +414,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
             request_parameters=tuple(map(parse_request_parameter, args.request_parameter)),
         ),
         metrics=MetricsSpec(
-            collect=args.collect_metrics, metrics_url=args.metrics_url, interval_ms=args.metrics_interval
+            collect=args.collect_metrics, metrics_urls=tuple(args.metrics_url), interval_ms=args.metrics_interval
         ),  # fmt: skip
         output=OutputSpec(
             report_dir=args.report_dir,

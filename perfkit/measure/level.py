@@ -6,7 +6,7 @@ compared, and the level is stable when their throughputs and their stabilising l
 --percentile) each lie within ±stability%; the reported figures merge those last windows. Unlike
 perf_analyzer, an unstable level is not dropped: it is reported, flagged, and the exit code says so.
 Server statistics are read at every window boundary, so the server-side figures cover exactly the
-reported windows. The load may run elsewhere (perfkit.load.distributed): `sync()` after the start and after
+reported windows. The load may run elsewhere (perfkit.load.cluster.distributed): `sync()` after the start and after
 every window end brings every sample completed by then into the buffer before the window is computed.
 """
 
@@ -24,7 +24,7 @@ from perfkit.load.generator import Clock
 from perfkit.load.samples import SampleArrays, SampleBuffer
 from perfkit.load.schedule import ClosedLoop, Load
 from perfkit.measure.resources import ResourceSampler
-from perfkit.results.model import LevelResult, ResourceUsage, WindowResult
+from perfkit.results.model import LevelResult, ResourceUsage, ServerStats, WindowResult
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class WindowSpec:
 
 
 class LevelLoad(Protocol):
-    """What a level needs of the load generator (perfkit.load.generator or perfkit.load.distributed)."""
+    """What a level needs of the load generator (perfkit.load.generator or perfkit.load.cluster.distributed)."""
 
     @property
     def clock(self) -> Clock: ...
@@ -111,16 +111,29 @@ class LevelMeasurement:
 
 
 class ServerStatsProbe:
-    """Reads the model's entry of the statistics extension; a failure is noted once, never raised."""
+    """Reads the entries of the model and of the models it is composed of (`composing`) from the
+    statistics extension; a failure is noted once, never raised. `fetch` must return every model's
+    statistics when `composing` names any."""
 
-    def __init__(self, fetch: Callable[[], Awaitable[dict[str, Any]]], model: str, version: str) -> None:
+    def __init__(
+        self,
+        fetch: Callable[[], Awaitable[dict[str, Any]]],
+        model: str,
+        version: str,
+        composing: server_stats.ComposingMap | None = None,
+    ) -> None:
         self._fetch = fetch
         self.model = model
         self.version = version
+        self.composing: server_stats.ComposingMap = composing or {}
         self._previous: dict[str, Any] | None = None
         self.note = ""
 
-    async def snapshot(self) -> dict[str, Any] | None:
+    def difference(self, before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> ServerStats:
+        """The server's figures between two snapshots, composing models included."""
+        return server_stats.tree_diff(before, after, self.model, self.composing)
+
+    async def snapshot(self) -> dict[str, dict[str, Any]] | None:
         try:
             everything = await self._fetch()
         except Exception as exc:  # the server may not offer the statistics extension
@@ -128,9 +141,9 @@ class ServerStatsProbe:
                 self.note = f"no server-side statistics: {exc}"
                 log.info(self.note)
             return None
-        entry = server_stats.pick_model_stats(everything, self.model, self.version, self._previous)
+        entries = server_stats.pick_tree(everything, self.model, self.version, self.composing, self._previous)
         self._previous = everything
-        return entry
+        return entries
 
 
 def _mode_name(load: Load) -> str:
@@ -209,7 +222,7 @@ async def measure_level(
     all_samples = buffer.arrays(first_index + (spec.warmup_request_count if spec.request_limit else 0))
     reported_count = len(all_samples.completed_between(span_start, span_end))
     before, after = snapshots[first], snapshots[-1]
-    server_figures = server_stats.server_diff(before, after) if before is not None and after is not None else None
+    server_figures = server.difference(before, after) if server and before is not None and after is not None else None
     usage = resources.usage_between(span_start, span_end, reported_count) if resources is not None else ResourceUsage()
     if server is not None and server.note:
         usage = _with_note(usage, server.note)

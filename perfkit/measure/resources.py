@@ -3,8 +3,10 @@
 A `ResourceSampler` takes a reading every `interval_s` on an asyncio task: the CPU time of this
 process and its children (psutil; the server's process tree excluded when the server is our
 child), the server's CPU (psutil on `server_pid`, or `nv_cpu_utilization` from its metrics), local
-GPUs through NVML (`v2kit.runtime.gpu.read_gpus`), and, given a metrics URL, the server's
-`nv_gpu_*` gauges. Blocking reads (psutil, NVML) run in a worker thread so that the event loop,
+GPUs through NVML (`v2kit.runtime.gpu.read_gpus`), and, given metrics URLs (--metrics-url,
+repeatable: each server of a fleet, a DCGM exporter), the GPU gauges each one serves
+(`measure.prometheus`: Triton's `nv_gpu_*`, DCGM's `DCGM_FI_DEV_*`). A URL whose scrapes hold no
+GPU figures is said once, in the log, and in each level's notes. Blocking reads (psutil, NVML) run in a worker thread so that the event loop,
 which is also the load generator's, is not held up; the timestamp is taken right after the CPU
 reads so that CPU-time and wall-time deltas match.
 
@@ -13,10 +15,6 @@ GPU utilization and power are means, used memory the maximum, total memory the f
 CPU figures from psutil are rates between the first and last reading in the span
 (Δcpu time / Δwall time, a time-weighted mean); `nv_cpu_utilization` is averaged as a gauge.
 Nothing here raises on a missing GPU, a dead server or a failed scrape: those become `notes`.
-
-The metrics text is parsed with prometheus_client's parser, so labels beyond `gpu_uuid` do not
-break it (perf_analyzer's regex assumes `gpu_uuid` is the only label). That parser appends
-`_total` to counter sample names; only gauges are read here, by family name.
 """
 
 from __future__ import annotations
@@ -25,70 +23,19 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
-from prometheus_client.parser import text_string_to_metric_families
 
+from perfkit.measure.prometheus import GpuSample, parse_metrics
 from perfkit.results.model import ResourceUsage
 from v2kit.runtime.gpu import read_gpus
 
 log = logging.getLogger(__name__)
 
 Fetch = Callable[[str], Awaitable[str]]
-
-_GPU_GAUGES = {
-    "nv_gpu_utilization": "utilization",
-    "nv_gpu_power_usage": "power_w",
-    "nv_gpu_memory_used_bytes": "memory_used_bytes",
-    "nv_gpu_memory_total_bytes": "memory_total_bytes",
-}
-
-
-@dataclass(frozen=True, slots=True)
-class GpuSample:
-    """One GPU at one instant; None where the source did not say."""
-
-    utilization: float | None = None  # 0..1
-    power_w: float | None = None
-    memory_used_bytes: int | None = None
-    memory_total_bytes: int | None = None
-
-    def over(self, other: GpuSample) -> GpuSample:
-        """This sample's figures, falling back to `other`'s where this one has none."""
-        return GpuSample(*(mine if mine is not None else theirs for mine, theirs in zip(_fields(self), _fields(other))))
-
-
-def _fields(sample: GpuSample) -> tuple[Any, ...]:
-    return (sample.utilization, sample.power_w, sample.memory_used_bytes, sample.memory_total_bytes)
-
-
-@dataclass(frozen=True, slots=True)
-class MetricsScrape:
-    gpus: dict[str, GpuSample]  # gpu uuid →
-    cpu_utilization: float | None  # nv_cpu_utilization, 0..1
-
-
-def parse_metrics(text: str) -> MetricsScrape:
-    """The `nv_gpu_*` gauges by `gpu_uuid` label and `nv_cpu_utilization` from Prometheus text.
-
-    Raises ValueError on text that is not the Prometheus exposition format."""
-    figures: dict[str, dict[str, Any]] = {}
-    cpu: float | None = None
-    for family in text_string_to_metric_families(text):
-        if family.name == "nv_cpu_utilization":
-            cpu = next((float(s.value) for s in family.samples if s.name == family.name), cpu)
-        attribute = _GPU_GAUGES.get(family.name)
-        if attribute is None:
-            continue
-        for s in family.samples:
-            uuid = s.labels.get("gpu_uuid")
-            if s.name == family.name and uuid:
-                value = float(s.value)
-                figures.setdefault(uuid, {})[attribute] = int(value) if attribute.startswith("memory") else value
-    return MetricsScrape({uuid: GpuSample(**f) for uuid, f in figures.items()}, cpu)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +45,10 @@ class Reading:
     server_cpu_s: float | None = None  # cumulative, psutil on server_pid
     server_cpu_pct: float | None = None  # nv_cpu_utilization × 100
     gpus: dict[str, GpuSample] = field(default_factory=dict)
-    scraped: bool | None = None  # None: nothing to scrape; False: the scrape failed
+    scraped: bool | None = None  # None: nothing to scrape; False: a scrape failed
     errors: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()  # the metrics URLs whose scrape failed
+    without_gpus: tuple[str, ...] = ()  # the metrics URLs scraped that served no GPU figures
 
 
 def _cpu_s(proc: psutil.Process, with_waited_children: bool = False) -> float:
@@ -158,7 +107,7 @@ class ResourceSampler:
         self,
         *,
         interval_s: float = 0.5,
-        metrics_url: str | None = None,
+        metrics_urls: Sequence[str] = (),
         local_gpu: bool = True,
         server_pid: int | None = None,
         clock: Callable[[], int] = time.perf_counter_ns,
@@ -168,7 +117,7 @@ class ResourceSampler:
             raise ValueError(f"the resource sampling interval must be positive, not {interval_s}")
         self._interval_s = interval_s
         self._scrape_timeout_s = max(2.0, 4 * interval_s)  # a hung endpoint must not stall the readings
-        self._url = _normalize_url(metrics_url)
+        self._urls = tuple(dict.fromkeys(u for u in map(_normalize_url, metrics_urls) if u))
         self._local_gpu = local_gpu
         self._server_pid = server_pid
         self._clock = clock
@@ -214,25 +163,37 @@ class ResourceSampler:
         """Take one reading now and keep it. Never raises for an unavailable source."""
         t_ns, client_s, server_s, local, errors = await asyncio.to_thread(self._read_local)
         gpus = dict(local)
-        server_pct: float | None = None
-        scraped: bool | None = None
-        if self._url is not None:
-            try:
-                text = await asyncio.wait_for(self._fetch(self._url), timeout=self._scrape_timeout_s)
-                scrape = parse_metrics(text)
-            except Exception as exc:  # connection refused, HTTP 5xx, timeout, bad text, ...
-                scraped = False
-                message = f"{type(exc).__name__}: {exc}".rstrip(": ")
-                errors = (*errors, message)
-                self._log_once("scrape", "scraping %s failed, reporting no server metrics (%s)", self._url, message)
-            else:
-                scraped = True
-                server_pct = None if scrape.cpu_utilization is None else scrape.cpu_utilization * 100.0
-                for uuid, sample in scrape.gpus.items():
-                    gpus[uuid] = sample.over(gpus[uuid]) if uuid in gpus else sample
-        reading = Reading(t_ns, client_s, server_s, server_pct, gpus, scraped, errors)
+        cpu: list[float] = []
+        failed: list[str] = []
+        without_gpus: list[str] = []
+        scrapes = await asyncio.gather(*(self._scrape(url) for url in self._urls))
+        for url, scrape in zip(self._urls, scrapes):
+            if isinstance(scrape, str):
+                failed.append(url)
+                errors = (*errors, scrape)
+                self._log_once(f"scrape {url}", "scraping %s failed, reporting no metrics from it (%s)", url, scrape)
+                continue
+            if scrape.cpu_utilization is not None:
+                cpu.append(scrape.cpu_utilization * 100.0)
+            if not scrape.gpus:
+                without_gpus.append(url)
+                self._log_once(f"gpus {url}", "no GPU metrics at %s (nv_gpu_* or DCGM_FI_DEV_*)", url)
+            for uuid, sample in scrape.gpus.items():
+                gpus[uuid] = sample.over(gpus[uuid]) if uuid in gpus else sample
+        # Several servers' nv_cpu_utilization: their mean, each being a share of its own machine.
+        server_pct = sum(cpu) / len(cpu) if cpu else None
+        scraped = (not failed) if self._urls else None
+        reading = Reading(t_ns, client_s, server_s, server_pct, gpus, scraped, errors, tuple(failed),
+                          tuple(without_gpus))  # fmt: skip
         self._readings.append(reading)
         return reading
+
+    async def _scrape(self, url: str) -> Any:
+        """The parsed scrape of `url`, or why it failed, as text."""
+        try:
+            return parse_metrics(await asyncio.wait_for(self._fetch(url), timeout=self._scrape_timeout_s))
+        except Exception as exc:  # connection refused, HTTP 5xx, timeout, bad text, ...
+            return f"{type(exc).__name__}: {exc}".rstrip(": ")
 
     def _read_local(self) -> tuple[int, float | None, float | None, dict[str, GpuSample], tuple[str, ...]]:
         errors: list[str] = []
@@ -295,15 +256,16 @@ class ResourceSampler:
         else:
             gauges = [r.server_cpu_pct for r in readings if r.server_cpu_pct is not None]
             server_pct = sum(gauges) / len(gauges) if gauges else None
-        if self._url is not None:
-            failed = [r for r in readings if r.scraped is False]
+        tried = sum(r.scraped is not None for r in readings)
+        for url in self._urls:
+            failed = [r for r in readings if url in r.failed]
             if failed:
-                tried = sum(r.scraped is not None for r in readings)
-                notes.append(f"{len(failed)} of {tried} scrapes of {self._url} failed (last: {failed[-1].errors[-1]})")
+                notes.append(f"{len(failed)} of {tried} scrapes of {url} failed (last: {failed[-1].errors[-1]})")
         usage = _merge_gpus(readings)
-        if not (
-            usage.gpu_utilization or usage.gpu_power_w or usage.gpu_memory_used_bytes or usage.gpu_memory_total_bytes
-        ):
+        if usage.gpu_utilization or usage.gpu_power_w or usage.gpu_memory_used_bytes or usage.gpu_memory_total_bytes:
+            # Some of a fleet's metrics URLs have GPU figures: say which have none.
+            notes += [f"no GPU metrics at {url}" for url in self._urls if any(url in r.without_gpus for r in readings)]
+        else:
             notes.append(self._no_gpu_note(readings))
         return ResourceUsage(
             gpu_utilization=usage.gpu_utilization,
@@ -318,13 +280,15 @@ class ResourceSampler:
 
     def _no_gpu_note(self, readings: list[Reading]) -> str:
         local = "NVML sees no GPU on this machine" if self._local_gpu else "local GPU sampling is off"
-        if self._url is None:
-            remote = "no metrics URL to scrape (--metrics-url)"
-        elif any(r.scraped for r in readings):
-            remote = f"{self._url} has no nv_gpu_* metrics (no GPU, MIG, or the server's GPU metrics are off)"
-        else:
-            remote = f"no scrape of {self._url} succeeded"
-        return f"no GPU figures: {local}, and {remote}"
+        if not self._urls:
+            return f"no GPU figures: {local}, and no metrics URL to scrape (--metrics-url)"
+        remote = []
+        for url in self._urls:
+            if any(r.scraped is not None and url not in r.failed for r in readings):
+                remote.append(f"{url} has no GPU metrics (nv_gpu_* or DCGM_FI_DEV_*: no GPU, MIG, or GPU metrics off)")
+            else:
+                remote.append(f"no scrape of {url} succeeded")
+        return f"no GPU figures: {local}, and {'; '.join(remote)}"
 
 
 def _cpu_delta(readings: list[Reading], attribute: str) -> tuple[float, float] | None:

@@ -1,9 +1,11 @@
 """Report renderers: pure functions from results to text. The CLI decides where the text goes.
 
-Three outputs here (perfkit's tidy CSV has its own module, `report.tidy`):
+Four outputs here (perfkit's tidy CSV has its own module, `report.tidy`):
 
 - `render_pa_csv`: perf_analyzer's `-f` CSV, byte for byte in the layout of its `report_writer.cc`
   (checked against perf_analyzer 2.48.0), so tools that parse it (model_analyzer, scripts) read ours.
+- `render_composing_csvs`: the CSV perf_analyzer writes beside it for each composing model of an
+  ensemble (or --bls-composing-models), its server-side breakdown per level.
 - `render_profile_export`: perf_analyzer's `--profile-export-file` JSON (what genai-perf reads), with
   perfkit's per-request extras under their own keys.
 - `render_summary_table`: the console table, as lines.
@@ -19,9 +21,20 @@ from typing import NamedTuple
 
 from perfkit.analysis.metrics import ms
 from perfkit.load.samples import SampleArrays
-from perfkit.results.model import LatencyStats, LevelResult
+from perfkit.results.model import LatencyStats, LevelResult, ServerStats
 
-__all__ = ["ProfileExperiment", "render_pa_csv", "render_profile_export", "render_summary_table"]
+__all__ = [
+    "ProfileExperiment",
+    "composing_csv_name",
+    "composing_rows",
+    "endpoint_rows",
+    "render_composing_csvs",
+    "render_composing_table",
+    "render_endpoint_table",
+    "render_pa_csv",
+    "render_profile_export",
+    "render_summary_table",
+]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -176,6 +189,52 @@ def _token_csv_cells(level: LevelResult) -> list[str]:
         else:
             cells.append(_c_double(value) if value is not None else "")
     return cells
+
+
+_COMPOSING_SERVER_COLUMNS = (
+    "Network+Server Send/Recv,Server Queue,Server Compute Input,Server Compute Infer,Server Compute Output"
+)
+
+
+def composing_csv_name(model: str, version: str, csv_name: str) -> str:
+    """perf_analyzer's name for a composing model's CSV: `<model>_v<version>.<the -f file's name>`.
+    perf_analyzer prefixes the -f argument as given, so its files land beside the CSV only for a bare
+    file name in its working directory (`-f dir/out.csv` makes `mlp_v1.dir/out.csv`); perfkit
+    writes them beside the CSV wherever it is."""
+    return f"{model}_v{version}.{csv_name}"
+
+
+def render_composing_csvs(levels: Sequence[LevelResult]) -> list[tuple[str, str, str]]:
+    """(model, version, CSV text) for each composing model of the measured one, in the layout of
+    perf_analyzer's report_writer.cc: the level, the model's share of the client's throughput (its
+    successful requests over the ensemble's), Client Send 0, its server overhead in the
+    Network+Server column, its queue and compute averages, Client Recv 0; rows in the main CSV's
+    order (increasing Inferences/Second). Empty for a model with no composing models."""
+    ordered = sorted(levels, key=lambda lv: lv.throughput_infer_per_s)
+    models: dict[tuple[str, str], None] = {}
+    for level in ordered:
+        for c in level.server.composing if level.server is not None else ():
+            models.setdefault((c.model, c.version), None)
+    concurrency = bool(levels) and levels[0].mode == "concurrency"
+    files = []
+    for model, version in models:
+        lines = [f"{'Concurrency' if concurrency else 'Request Rate'},Inferences/Second,Client Send,"
+                 f"{_COMPOSING_SERVER_COLUMNS},Client Recv"]  # fmt: skip
+        for level in ordered:
+            top = level.server or ServerStats()
+            mine = next((c.server for c in top.composing if (c.model, c.version) == (model, version)), ServerStats())
+            ratio = mine.success_count / top.success_count if top.success_count > 0 else 0.0
+            cells = [
+                str(int(level.level)) if concurrency else _c_double(level.level),
+                _c_double(ratio * level.throughput_infer_per_s),
+                "0",
+                *(str(_trunc_us(v)) for v in (mine.overhead_us, mine.queue_us, mine.compute_input_us,
+                                              mine.compute_infer_us, mine.compute_output_us)),
+                "0",
+            ]  # fmt: skip
+            lines.append(",".join(cells))
+        files.append((model, version, "\n".join(lines) + "\n"))
+    return files
 
 
 # --------------------------------------------------------------------------------------------------
@@ -350,3 +409,64 @@ def render_summary_table(levels: Sequence[LevelResult]) -> list[str]:
         return "  ".join(cell.rjust(width) for cell, width in zip(cells, widths)).rstrip()
 
     return [line(titles), "  ".join("-" * width for width in widths), *(line(row) for row in rows)]
+
+
+def _aligned(titles: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(cell) for cell in column) for column in zip(titles, *rows)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(cell.rjust(width) for cell, width in zip(cells, widths)).rstrip()
+
+    return [line(titles), "  ".join("-" * width for width in widths), *(line(row) for row in rows)]
+
+
+def composing_rows(levels: Sequence[LevelResult]) -> tuple[list[str], list[list[str]]]:
+    """The composing models' server-side breakdown per level (perf_analyzer's "Composing models:"
+    blocks) as titles and rows, for the console and the HTML report; no rows when there are none."""
+    rows = []
+    for level in levels:
+        top = level.server or ServerStats()
+        for c in top.composing:
+            s = c.server
+            share = s.success_count / top.success_count if top.success_count > 0 else 0.0
+            rows.append([
+                _fmt_level(level), c.model, c.version or "-", f"{share * level.throughput_infer_per_s:.1f}",
+                str(s.success_count), f"{s.request_us:.0f}", f"{s.queue_us:.0f}",
+                f"{s.compute_input_us + s.compute_infer_us + s.compute_output_us:.0f}", f"{s.avg_batch_size:.2f}",
+            ])  # fmt: skip
+    titles = ["level", "composing model", "version", "infer/s", "requests", "request us", "queue us", "compute us",
+              "avg batch"]  # fmt: skip
+    return titles, rows
+
+
+def endpoint_rows(levels: Sequence[LevelResult]) -> tuple[list[str], list[list[str]]]:
+    """Each endpoint's share of every level measured over several (`-u A,B`), then the level's
+    total, as titles and rows; no rows for levels measured over one endpoint."""
+    rows = []
+    for level in levels:
+        if not level.endpoints:
+            continue
+        for e in level.endpoints:
+            errors = ", ".join(f"{kind} ×{count}" for kind, count in sorted(e.errors.items()))
+            rows.append([
+                _fmt_level(level), e.url, f"{e.throughput_infer_per_s:.1f}", _fmt_ms(e.latency, e.latency.p50_us),
+                _fmt_ms(e.latency, e.latency.p99_us), str(e.request_count), errors or "0",
+            ])  # fmt: skip
+        lat = level.latency
+        rows.append([
+            _fmt_level(level), "total", f"{level.throughput_infer_per_s:.1f}", _fmt_ms(lat, lat.p50_us),
+            _fmt_ms(lat, lat.p99_us), str(level.request_count), str(level.error_count),
+        ])  # fmt: skip
+    return ["level", "endpoint", "infer/s", "p50 ms", "p99 ms", "requests", "errors"], rows
+
+
+def render_composing_table(levels: Sequence[LevelResult]) -> list[str]:
+    """`composing_rows` as aligned lines; nothing when the model has no composing models."""
+    titles, rows = composing_rows(levels)
+    return _aligned(titles, rows) if rows else []
+
+
+def render_endpoint_table(levels: Sequence[LevelResult]) -> list[str]:
+    """`endpoint_rows` as aligned lines; nothing for a sweep of one endpoint."""
+    titles, rows = endpoint_rows(levels)
+    return _aligned(titles, rows) if rows else []

@@ -38,6 +38,7 @@ from perfkit.analysis.metrics import ms
 from perfkit.errors import PerfkitError
 from perfkit.report import plots
 from perfkit.report.compare_text import comparison_rows
+from perfkit.report.export import composing_rows, endpoint_rows
 from perfkit.report.tidy import TIDY_COLUMNS
 from perfkit.results.files import ReportItem, TuneView, VariantView, slo_from_sweep
 from perfkit.results.model import LevelResult, SweepResult
@@ -256,6 +257,12 @@ def _workers_table(levels: Sequence[LevelResult]) -> str:
     )
 
 
+def _extra_table(title: str, table: tuple[list[str], list[list[str]]], classes: str) -> str:
+    """A titled table of the levels' endpoints or composing models, or nothing when it has no rows."""
+    header, rows = table
+    return f'<h3>{_e(title)}</h3><div class="scroll">{_table(header, rows, classes)}</div>' if rows else ""
+
+
 def _spec_text(spec: dict[str, Any]) -> dict[str, str]:
     load, windows, inputs = spec.get("load") or {}, spec.get("windows") or {}, spec.get("inputs") or {}
     out: dict[str, str] = {}
@@ -335,6 +342,8 @@ def render_sweep_section(item: ReportItem, slo_ms: float | None = None) -> str:
         + f'<h3>Figures</h3><div class="grid">{"".join(figures)}</div>'
         + ("".join(f'<p class="note">{_e(n)}</p>' for n in notes))
         + (f"<h3>Load workers</h3>{_workers_table(result.levels)}" if any(lv.workers for lv in result.levels) else "")
+        + _extra_table("Endpoints", endpoint_rows(result.levels), "endpoints")
+        + _extra_table("Composing models (server side)", composing_rows(result.levels), "composing")
         + f"<h3>Validity checks</h3>{_checks_table(result.levels)}"
         f"<h3>Provenance</h3>{_provenance(result)}</section>"
     )

@@ -8,13 +8,19 @@ from pathlib import Path
 
 from perfkit.errors import ExitCode
 from perfkit.measure.probe import ServerProbe
-from perfkit.report.export import render_summary_table
+from perfkit.report.export import render_composing_table, render_endpoint_table, render_summary_table
 from perfkit.results.model import SweepResult
 
 
 def sweep_table(result: SweepResult | None) -> list[str]:
-    """The summary table of the levels measured, or nothing when none was."""
-    return render_summary_table(result.levels) if result is not None and result.levels else []
+    """The summary table of the levels measured, or nothing when none was; then, where there are,
+    each endpoint's share (`-u A,B`) and the composing models' server-side breakdown."""
+    if result is None or not result.levels:
+        return []
+    lines = render_summary_table(result.levels)
+    for extra in (render_endpoint_table(result.levels), render_composing_table(result.levels)):
+        lines += ["", *extra] if extra else []
+    return lines
 
 
 def sweep_notes(result: SweepResult | None, written: Sequence[Path], code: int) -> list[str]:

@@ -1,5 +1,10 @@
 """perfkit's tidy CSV: one row per load level, every column snake_case with its unit in the name.
 
+A level measured over several endpoints (`-u A,B`) has a row per endpoint after its own (the
+`endpoint` column names it; the level's row names them all), and a level of an ensemble or of a
+model given --bls-composing-models a row per composing model (`composing_of` names the measured
+model; client-side columns empty, throughput its share, as in perf_analyzer's composing CSVs).
+
 It is driven by the one column table `TIDY_COLUMNS`, which docs and other renderers share; a change to
 that table is a change of `TIDY_SCHEMA_VERSION`. Its metric columns are the catalogue's
 (`analysis.metrics`): name, unit, getter and meaning.
@@ -15,6 +20,7 @@ that table is a change of `TIDY_SCHEMA_VERSION`. Its metric columns are the cata
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import math
 import numbers
@@ -25,7 +31,16 @@ from pathlib import Path
 from perfkit.analysis.metrics import TOKEN_METRICS, latency_ms, metric, ms, token_figure
 from perfkit.errors import PerfkitError
 from perfkit.results.files import write_text_atomic
-from perfkit.results.model import LatencyStats, LevelResult, ResourceUsage, ResponseStats, ServerStats, SweepResult
+from perfkit.results.model import (
+    ComposingStats,
+    EndpointFigures,
+    LatencyStats,
+    LevelResult,
+    ResourceUsage,
+    ResponseStats,
+    ServerStats,
+    SweepResult,
+)
 
 __all__ = [
     "TIDY_COLUMNS",
@@ -183,7 +198,57 @@ TIDY_COLUMNS: tuple[Column, ...] = (
         lambda s, lv: ";".join(check.name for check in lv.checks if not check.passed),
         "names of the validity checks that failed, ;-separated",
     ),
+    Column("endpoint", "", lambda s, lv: s.url, "where the row's requests went: one endpoint, or all, comma-separated"),
+    Column(
+        "composing_of",
+        "",
+        lambda s, lv: str(s.provenance.get("composing_of", "")),
+        "the ensemble or BLS model this row's model composes; empty for the measured model",
+    ),
 )
+
+_NAN = math.nan
+
+
+def _endpoint_view(result: SweepResult, level: LevelResult, e: EndpointFigures) -> tuple[SweepResult, LevelResult]:
+    row = dataclasses.replace(
+        level, request_count=e.request_count, ok_count=e.ok_count, error_count=e.error_count, errors=e.errors,
+        throughput_infer_per_s=e.throughput_infer_per_s, throughput_ci_low=_NAN, throughput_ci_high=_NAN,
+        send_rate_per_s=_NAN, latency=e.latency, latency_from_intended=LatencyStats(), delayed_pct=_NAN,
+        max_send_lag_us=_NAN, client_send_us=_NAN, client_recv_us=_NAN, network_server_us=_NAN, server=None,
+        resources=ResourceUsage(), bytes_out_per_request=_NAN, bytes_in_per_request=_NAN, endpoints=(),
+    )  # fmt: skip
+    return dataclasses.replace(result, url=e.url), row
+
+
+def _composing_view(result: SweepResult, level: LevelResult, c: ComposingStats, parent: ServerStats,
+                    parent_name: str) -> tuple[SweepResult, LevelResult]:  # fmt: skip
+    share = c.server.success_count / parent.success_count if parent.success_count > 0 else 0.0
+    row = dataclasses.replace(
+        level, request_count=c.server.success_count + c.server.fail_count, ok_count=c.server.success_count,
+        error_count=c.server.fail_count, errors={}, throughput_infer_per_s=share * level.throughput_infer_per_s,
+        throughput_ci_low=_NAN, throughput_ci_high=_NAN, send_rate_per_s=_NAN, latency=LatencyStats(),
+        latency_from_intended=LatencyStats(), delayed_pct=_NAN, max_send_lag_us=_NAN, client_send_us=_NAN,
+        client_recv_us=_NAN, network_server_us=c.server.overhead_us, server=c.server, resources=ResourceUsage(),
+        bytes_out_per_request=_NAN, bytes_in_per_request=_NAN, endpoints=(),
+    )  # fmt: skip
+    view = dataclasses.replace(result, model=c.model, model_version=c.version,
+                               provenance={"composing_of": parent_name})  # fmt: skip
+    return view, row
+
+
+def _views(result: SweepResult, level: LevelResult) -> list[tuple[SweepResult, LevelResult]]:
+    """The rows of one level: its own, each endpoint's, each composing model's (recursively)."""
+    views = [(result, level)]
+    views += [_endpoint_view(result, level, e) for e in level.endpoints]
+    pending = [(result.model, level.server)] if level.server is not None else []
+    while pending:
+        parent_name, parent = pending.pop(0)
+        for c in parent.composing:
+            views.append(_composing_view(result, level, c, parent, parent_name))
+            pending.append((c.model, c.server))
+    return views
+
 
 _HISTORY_COLUMNS = ("run_id", "timestamp")
 
@@ -218,11 +283,16 @@ def tidy_header(*, history: bool = False) -> list[str]:
 
 
 def _tidy_rows(result: SweepResult) -> list[list[str]]:
-    return [[_cell(column.getter(result, level)) for column in TIDY_COLUMNS] for level in result.levels]
+    return [
+        [_cell(column.getter(view, row)) for column in TIDY_COLUMNS]
+        for level in result.levels
+        for view, row in _views(result, level)
+    ]
 
 
 def render_tidy_csv(result: SweepResult) -> str:
-    """One row per load level, in the order the sweep measured them, columns from `TIDY_COLUMNS`."""
+    """One row per load level, in the order the sweep measured them (each followed by its endpoints'
+    and composing models' rows), columns from `TIDY_COLUMNS`."""
     return _csv_text([tidy_header(), *_tidy_rows(result)])
 
 

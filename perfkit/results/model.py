@@ -79,6 +79,32 @@ class ServerStats:
     compute_output_us: float = 0.0
     overhead_us: float = 0.0  # request − queue − compute, floored at 0 (perf_analyzer's "overhead")
     batch_sizes: dict[int, int] = field(default_factory=dict)  # formed batch size → executions
+    # An ensemble's steps and --bls-composing-models, each differenced over the same windows.
+    composing: tuple[ComposingStats, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ComposingStats:
+    """One composing model of an ensemble or BLS model (perf_analyzer's `composing_models_stat`):
+    its name, the version whose statistics were read, and its own server-side figures."""
+
+    model: str
+    version: str
+    server: ServerStats
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointFigures:
+    """One endpoint's share of a level measured over several (`-u A,B`): the requests sent to it,
+    over the reported windows. Its samples are already in the level's figures."""
+
+    url: str
+    request_count: int
+    ok_count: int
+    error_count: int
+    errors: dict[str, int]
+    throughput_infer_per_s: float
+    latency: LatencyStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +230,7 @@ class LevelResult:
     sequence_count: int = 0
     sequence_throughput_per_s: float = 0.0
     sequence_latency: LatencyStats | None = None
+    endpoints: tuple[EndpointFigures, ...] = ()  # several -u endpoints only
 
     @property
     def valid(self) -> bool:
@@ -246,6 +273,19 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
+def _server_from_json(data: dict[str, Any]) -> ServerStats:
+    composing = tuple(
+        ComposingStats(c["model"], c["version"], _server_from_json(c["server"])) for c in data.get("composing", ())
+    )
+    return ServerStats(
+        **{**data, "batch_sizes": {int(k): v for k, v in data["batch_sizes"].items()}, "composing": composing}
+    )
+
+
+def _endpoint_from_json(data: dict[str, Any]) -> EndpointFigures:
+    return EndpointFigures(**{**data, "errors": dict(data["errors"]), "latency": LatencyStats(**data["latency"])})
+
+
 def _level_from_json(data: dict[str, Any]) -> LevelResult:
     server = data.get("server")
     return LevelResult(
@@ -254,11 +294,7 @@ def _level_from_json(data: dict[str, Any]) -> LevelResult:
             "errors": dict(data["errors"]),
             "latency": LatencyStats(**data["latency"]),
             "latency_from_intended": LatencyStats(**data["latency_from_intended"]),
-            "server": (
-                None
-                if server is None
-                else ServerStats(**{**server, "batch_sizes": {int(k): v for k, v in server["batch_sizes"].items()}})
-            ),
+            "server": None if server is None else _server_from_json(server),
             "resources": ResourceUsage(**{**data["resources"], "notes": tuple(data["resources"]["notes"])}),
             "windows": tuple(WindowResult(**w) for w in data["windows"]),
             "checks": tuple(Check(**c) for c in data["checks"]),
@@ -268,6 +304,7 @@ def _level_from_json(data: dict[str, Any]) -> LevelResult:
             "sequence_latency": (
                 LatencyStats(**data["sequence_latency"]) if data.get("sequence_latency") is not None else None
             ),
+            "endpoints": tuple(_endpoint_from_json(e) for e in data.get("endpoints", ())),
         }
     )
 

@@ -12,20 +12,27 @@ and `perfkit compare` then gates on thresholds alone. Statistics the file does n
 latency from the intended send time, the mean of a non-verbose CSV, the p99 confidence interval)
 are NaN, which compare reports as not measured, never as zero. The model and batch size are not in
 the file: the model is left empty and the batch size is 1 (compare adopts the other run's).
+
+For an ensemble (or --bls-composing-models) perf_analyzer writes, beside `NAME.csv`, one
+`MODEL_vVERSION.NAME.csv` per composing model: the level, its share of the throughput, and its
+server-side breakdown (`report.export.render_composing_csvs` writes the same). `composing_csvs`
+finds them and `sweep_from_pa_csv` puts each row under its level's server figures.
 """
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 from perfkit.errors import PerfkitError
-from perfkit.results.model import LatencyStats, LevelResult, ResourceUsage, ServerStats, SweepResult
+from perfkit.results.model import ComposingStats, LatencyStats, LevelResult, ResourceUsage, ServerStats, SweepResult
 
-__all__ = ["PA_CSV_FORMAT", "has_window_samples", "sweep_from_pa_csv"]
+__all__ = ["PA_CSV_FORMAT", "composing_csvs", "has_window_samples", "sweep_from_pa_csv"]
 
 #: The provenance `source_format` of a sweep read from a perf_analyzer CSV.
 PA_CSV_FORMAT = "perf_analyzer csv"
@@ -113,8 +120,50 @@ def _level(row: dict[str, str], mode: str, level_column: str, percentiles: dict[
     )
 
 
-def sweep_from_pa_csv(text: str, source: Path | str) -> SweepResult:
-    """The levels of a perf_analyzer `-f` CSV as a sweep without per-window samples. Raises
+_COMPOSING_FILE = re.compile(r"^(?P<model>.+)_v(?P<version>\d*)\.(?P<main>.+)$")
+_COMPOSING_OVERHEAD = "Network+Server Send/Recv"
+
+
+def composing_csvs(path: Path) -> list[tuple[str, str, str]]:
+    """(model, version, text) of the composing models' CSVs perf_analyzer wrote beside the CSV at
+    `path` (`MODEL_vVERSION.<its name>`), sorted by model."""
+    found = []
+    for sibling in sorted(path.parent.iterdir()) if path.parent.is_dir() else ():
+        match = _COMPOSING_FILE.match(sibling.name)
+        if match and match["main"] == path.name and sibling.is_file():
+            found.append((match["model"], match["version"], sibling.read_text(encoding="utf-8")))
+    return found
+
+
+def _composing_rows(model: str, version: str, text: str, source: Path | str) -> dict[float, ServerStats]:
+    where = f"{source}: composing model {model}'s CSV"
+    rows = list(csv.reader(io.StringIO(text.lstrip("\ufeff"))))
+    header = [cell.strip() for cell in rows[0]] if rows else []
+    needed = (_COMPOSING_OVERHEAD, *_SERVER_COLUMNS)
+    if not header or header[0] not in _LEVEL_COLUMNS or any(column not in header for column in needed):
+        raise PerfkitError(f"{where} has the header {header}; expected perf_analyzer's composing-model layout "
+                           f"({', '.join(needed)})")  # fmt: skip
+    by_level = {}
+    for number, cells in enumerate(rows[1:], start=2):
+        row = dict(zip(header, (cell.strip() for cell in cells)))
+        here = f"{where}, line {number}"
+        overhead, queue, c_in, c_infer, c_out = (_number(row, column, here) for column in needed)
+        request = overhead + queue + c_in + c_infer + c_out
+        by_level[_number(row, header[0], here)] = ServerStats(
+            request_us=request, queue_us=queue, compute_input_us=c_in, compute_infer_us=c_infer,
+            compute_output_us=c_out, overhead_us=overhead,
+        )  # fmt: skip
+    return by_level
+
+
+def _with_composing(level: LevelResult, composing: list[ComposingStats]) -> LevelResult:
+    server = level.server or ServerStats()
+    return dataclasses.replace(level, server=dataclasses.replace(server, composing=tuple(composing)))
+
+
+def sweep_from_pa_csv(text: str, source: Path | str, composing: Sequence[tuple[str, str, str]] = ()) -> SweepResult:
+    """The levels of a perf_analyzer `-f` CSV as a sweep without per-window samples, with the
+    composing models' rows (`composing_csvs`) under each level's server figures. Raises
     PerfkitError naming `source` and the expected layout when the text is not such a CSV."""
     lines = text.lstrip("\ufeff").splitlines()
     # perf_analyzer follows an ensemble's rows with a blank line and its composing models' sections.
@@ -129,7 +178,10 @@ def sweep_from_pa_csv(text: str, source: Path | str) -> SweepResult:
                            f"expected {_EXPECTED}")  # fmt: skip
     percentiles = {float(m.group(1)): column for column in header if (m := _PERCENTILE.match(column))}
     if not percentiles:
-        raise PerfkitError(f"{source}: a perf_analyzer CSV has 'pNN latency' columns and this one has none; "
+        hint = ""
+        if _COMPOSING_FILE.match(Path(source).name) and _COMPOSING_OVERHEAD in header:
+            hint = " (it is a composing model's CSV; give the ensemble's, which is read with it)"
+        raise PerfkitError(f"{source}: a perf_analyzer CSV has 'pNN latency' columns and this one has none{hint}; "
                            f"expected {_EXPECTED}")  # fmt: skip
     mode = _LEVEL_COLUMNS[level_column]
     levels = []
@@ -140,5 +192,11 @@ def sweep_from_pa_csv(text: str, source: Path | str) -> SweepResult:
         levels.append(_level(row, mode, level_column, percentiles, f"{source}, line {number}"))
     if not levels:
         raise PerfkitError(f"{source}: a perf_analyzer CSV header without rows; the run measured no level")
+    if composing:
+        tables = [(model, version, _composing_rows(model, version, body, source)) for model, version, body in composing]
+        levels = [
+            _with_composing(level, [ComposingStats(m, v, rows[level.level]) for m, v, rows in tables if level.level in rows])
+            for level in levels
+        ]  # fmt: skip
     provenance = {"source": str(source), "source_format": PA_CSV_FORMAT, "per_window_samples": False}
     return SweepResult("", "", "", "", mode, tuple(levels), provenance)

@@ -9,9 +9,12 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
+from perfkit.analysis.server_stats import ComposingMap
+from perfkit.analysis.stats import endpoint_figures, reported_windows
 from perfkit.genai.goodput import goodput_holds
 from perfkit.genai.records import output_length_check, token_figures
-from perfkit.load.distributed import DistributedLoadGenerator
+from perfkit.load.cluster.distributed import DistributedLoadGenerator
+from perfkit.load.fleet import FleetClient
 from perfkit.load.generator import Clock, LoadGenerator
 from perfkit.load.samples import SampleBuffer
 from perfkit.load.schedule import ClosedLoop, Load, OpenLoop, linear_levels
@@ -82,6 +85,7 @@ class Sweep:
         resources: ResourceSampler | None = None,
         workers: DistributedLoadGenerator | None = None,
         sequences: SequenceLoad | None = None,
+        composing: ComposingMap | None = None,
     ) -> None:
         self.spec = spec
         self.client = client
@@ -99,7 +103,9 @@ class Sweep:
             self.loadgen = LoadGenerator(
                 client, prepared, self.buffer, clock, max_outstanding=spec.load.max_outstanding, sequences=sequences
             )
-        self.server = ServerStatsProbe(lambda: client.model_statistics(model, model_version), model, model_version)
+        # With composing models every model's statistics are read, in one response as perf_analyzer does.
+        named = () if composing else (model, model_version)
+        self.server = ServerStatsProbe(lambda: client.model_statistics(*named), model, model_version, composing)
         self.result = SweepResult(
             model=model,
             model_version=model_version,
@@ -150,13 +156,16 @@ class Sweep:
         return level
 
     def _keep(self, measurement: LevelMeasurement) -> LevelMeasurement:
-        """The level with its load workers' figures, in the result and on disk before it is reported."""
+        """The level with its load workers' or endpoints' figures, in the result and on disk before
+        it is reported."""
         if self.workers is not None:
             stable = self.spec.windows.stable_window_count
             annotated = self.workers.annotate(measurement.result, measurement.samples, stable)
             measurement = dataclasses.replace(measurement, result=annotated)
         if self.spec.genai.enabled:
             measurement = dataclasses.replace(measurement, result=self._with_tokens(measurement))
+        if isinstance(self.client, FleetClient):
+            measurement = dataclasses.replace(measurement, result=self._with_endpoints(measurement.result))
         self.result = self.result.with_level(measurement.result)
         self.on_level(self.result, measurement)
         return measurement
@@ -169,6 +178,23 @@ class Sweep:
         check = output_length_check(figures, genai.exact_output)
         checks = level.checks if check is None else (*level.checks, check)
         return dataclasses.replace(level, tokens=figures, checks=checks)
+
+    def _with_endpoints(self, level: LevelResult) -> LevelResult:
+        """Each endpoint's share of the reported windows; a note for one that answered nothing."""
+        assert isinstance(self.client, FleetClient)
+        reported = reported_windows(level.windows, self.spec.windows.stable_window_count)
+        if not reported:
+            return level
+        start, end = reported[0].start_ns, reported[-1].end_ns
+        figures = tuple(
+            endpoint_figures(url, buffer.arrays(), start, end, level.batch_size, self.spec.windows.percentile)
+            for url, buffer in zip(self.client.urls, self.client.buffers)
+        )
+        for e in figures:
+            if e.request_count and not e.ok_count:
+                kinds = ", ".join(f"{kind} ×{count}" for kind, count in sorted(e.errors.items()))
+                self.progress.note(f"endpoint {e.url} answered none of its {e.request_count} requests ({kinds})")
+        return dataclasses.replace(level, endpoints=figures)
 
     def _after_worker_deaths(self, level: LevelResult, measurement: LevelMeasurement) -> LevelResult | None:
         """Say which workers died in the level; None (the sweep ends) when none is left."""

@@ -8,17 +8,20 @@ import dataclasses
 import datetime as dt
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from perfkit._version import __version__
+from perfkit.analysis.server_stats import ensemble_steps
 from perfkit.errors import ExitCode, PerfkitError, TargetError
 from perfkit.genai.endpoints import GenerativeClient
 from perfkit.genai.tokenizer import load_tokenizer
 from perfkit.genai.trace import read_trace, trace_prompts
 from perfkit.genai.workload import build_prompts
-from perfkit.load.distributed import distributed_load
+from perfkit.load.cluster.distributed import distributed_load
+from perfkit.load.fleet import FleetClient, FleetPrepared
 from perfkit.load.generator import RealClock
 from perfkit.load.inputs import build_requests, build_sequence_streams, has_streams
 from perfkit.load.samples import SampleArrays
@@ -34,7 +37,7 @@ from perfkit.results.model import SweepResult, write_sweep
 from perfkit.results.provenance import provenance
 from perfkit.sweep.engine import Sweep
 from perfkit.sweep.spec import SweepSpec, validate_sequences
-from perfkit.target import Target, open_target
+from perfkit.target import Target, endpoints_of, open_target
 from perfkit.wire.client import InferClient, make_client
 from perfkit.wire.prepared import Prepared
 from perfkit.wire.shared_memory import check_extension, plan_regions, registered_regions
@@ -90,6 +93,8 @@ def _with_expected(prepared: list[Prepared], spec: SweepSpec, metadata: dict[str
     validation = read_validation_data(spec.inputs.input_data, metadata, streams=False)
     if validation is None:
         return prepared
+    if any(isinstance(p, FleetPrepared) for p in prepared):  # each endpoint's request would need them
+        raise PerfkitError("validation_data in --input-data is checked over one -u endpoint: give one, not several")
     if spec.distributed.enabled:  # the workers encode their own requests, without the expected outputs
         raise PerfkitError("validation_data in --input-data is not checked with --workers: drop one of them")
     batch, count = spec.inputs.batch_size, len(validation)
@@ -133,6 +138,8 @@ async def sequence_load(
                 "--num-of-sequences N with --request-rate-range, or give --input-data with sequence streams"
             )
         return None
+    if isinstance(client, FleetClient):
+        raise PerfkitError(f"model '{model}' is swept as a sequence model: give one -u, not several")
     seq_spec = dataclasses.replace(spec.sequences, enabled=True)
     validate_sequences(dataclasses.replace(spec, sequences=seq_spec))
     streams, from_data = build_sequence_streams(
@@ -158,6 +165,34 @@ async def sequence_load(
 
     manager = SequenceManager(seq_spec, [len(s) for s in streams], inputs.seed, from_data=from_data)
     return SequenceLoad(seq_spec, manager, prepare, inputs.seed)
+
+
+async def composing_models(
+    client: InferClient, model: str, config: dict[str, Any], bls: Sequence[tuple[str, str]]
+) -> dict[str, tuple[tuple[str, str], ...]]:
+    """perf_analyzer's composing-model map (`DetermineComposingModelMap`): --bls-composing-models
+    under the measured model, and each ensemble's steps under it, through their configs recursively."""
+    found: dict[str, list[tuple[str, str]]] = {}
+    visited: set[str] = set()
+
+    async def add_steps(name: str, model_config: dict[str, Any]) -> None:
+        visited.add(name)
+        for step in ensemble_steps(model_config):
+            if step not in found.setdefault(name, []):
+                found[name].append(step)
+            if step[0] not in visited:
+                await add_steps(step[0], await client.model_config(*step))
+
+    for name, version in bls:
+        try:
+            bls_config = await client.model_config(name, version)
+        except Exception as exc:
+            raise PerfkitError(f"--bls-composing-models {name}: the server does not give its config ({exc}); "
+                               "name models it serves") from None  # fmt: skip
+        found.setdefault(model, []).append((name, version))
+        await add_steps(name, bls_config)
+    await add_steps(model, config)
+    return {name: tuple(steps) for name, steps in found.items() if steps}
 
 
 class SweepFiles:
@@ -186,6 +221,7 @@ class SweepFiles:
         if self.history_path is not None:
             check_history(self.history_path)
         self.profile_path = out.profile_export
+        self.composing_paths: dict[Path, None] = {}  # the composing models' CSVs, in the order written
         self.collect_metrics = spec.metrics.collect
         self.experiments: list[tuple[str, float, SampleArrays, list[int]]] = []
         self.epoch_offset_ns = time.time_ns() - time.perf_counter_ns()
@@ -193,6 +229,10 @@ class SweepFiles:
     def save(self, result: SweepResult, measurement: LevelMeasurement | None) -> None:
         write_sweep(result, self.json_path)
         write_text_atomic(self.pa_csv_path, export.render_pa_csv(result.levels, collect_metrics=self.collect_metrics))
+        for model, version, text in export.render_composing_csvs(result.levels):
+            path = self.pa_csv_path.with_name(export.composing_csv_name(model, version, self.pa_csv_path.name))
+            write_text_atomic(path, text)
+            self.composing_paths[path] = None
         write_text_atomic(self.tidy_csv_path, tidy.render_tidy_csv(result))
         if self.profile_path is not None and measurement is not None:
             level = measurement.result
@@ -218,7 +258,7 @@ class SweepFiles:
             append_history(self.history_path, result, self.json_path.stem)
 
     def paths(self) -> list[Path]:
-        paths = [self.pa_csv_path, self.tidy_csv_path, self.json_path]
+        paths = [self.pa_csv_path, *self.composing_paths, self.tidy_csv_path, self.json_path]
         paths += [p for p in (self.html_path, self.history_path) if p is not None]
         return paths + ([self.profile_path] if self.profile_path else [])
 
@@ -254,16 +294,20 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
             headers=dict(t.headers), connections=t.max_connections,
         )  # fmt: skip
     else:
-        client = make_client(
-            target.url,
-            target.protocol,
-            request_timeout_s=t.request_timeout_s,
-            headers=dict(t.headers),
-            json_tensors=t.json_tensors,
-            connections=t.max_connections,
-            tls=t.tls,
-            streaming=spec.data_path.streaming,
-        )
+        clients = [
+            make_client(
+                url,
+                target.protocol,
+                request_timeout_s=t.request_timeout_s,
+                headers=dict(t.headers),
+                json_tensors=t.json_tensors,
+                connections=t.max_connections,
+                tls=t.tls,
+                streaming=spec.data_path.streaming,
+            )
+            for url in endpoints_of(target.url)
+        ]
+        client = clients[0] if len(clients) == 1 else FleetClient(clients)
     try:
         try:
             live = await client.live()
@@ -278,12 +322,14 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
         requests: list[v2.InferRequest] = []
         metadata: dict[str, Any] = {}
         sequences = None
+        composing: dict[str, tuple[tuple[str, str], ...]] = {}
         if not isinstance(client, GenerativeClient):
             try:
                 metadata = await client.model_metadata(model, t.model_version)
                 config = await client.model_config(model, t.model_version)
             except Exception as exc:
                 raise await _model_error(client, model, target.url, exc) from None
+            composing = await composing_models(client, model, config, t.bls_composing_models)
             sequences = await sequence_load(client, spec, model, metadata, config)
             if sequences is None:
                 requests = _with_parameters(build_requests(
@@ -316,7 +362,7 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
             outputs = run.outputs = SweepFiles(spec, model)
             resources = ResourceSampler(
                 interval_s=spec.metrics.interval_ms / 1000,
-                metrics_url=target.metrics_url if (spec.metrics.collect or target.embedded) else None,
+                metrics_urls=target.metrics_urls if (spec.metrics.collect or target.embedded) else (),
                 server_pid=target.server_pid,
             )
             workers = None
@@ -331,6 +377,7 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
                 provenance=provenance(spec, seed=spec.inputs.seed, server=server, argv=argv), clock=RealClock(),
                 progress=progress,
                 on_level=outputs.save, resources=resources, workers=workers, sequences=sequences,
+                composing=composing,
             )  # fmt: skip
             try:
                 await sweep.run()
@@ -349,7 +396,9 @@ def run_sweep(spec: SweepSpec, argv: list[str]) -> tuple[SweepRun, int]:
     run = SweepRun()
     try:
         t, metrics = spec.target, spec.metrics
-        with open_target(t.url, t.protocol, metrics_url=metrics.metrics_url, collect_metrics=metrics.collect) as target:
+        with open_target(
+            t.url, t.protocol, metrics_urls=metrics.metrics_urls, collect_metrics=metrics.collect
+        ) as target:
             if target.embedded:
                 progress.note(f"measuring the embedded reference server at {target.url}")
             eventloop.run(_sweep(spec, target, progress, argv, run))

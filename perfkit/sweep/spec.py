@@ -3,7 +3,7 @@
 Its parts that other commands share keep their own `validate()` where their code lives: the target
 (`perfkit.target.TargetSpec`, with TLS; also tune's and probe's), the measurement windows
 (`perfkit.measure.level.WindowSpec`; also tune's) and the Ray workers
-(`perfkit.load.distributed.DistributedSpec`).
+(`perfkit.load.cluster.distributed.DistributedSpec`).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 
 from perfkit.errors import PerfkitError
 from perfkit.genai.workload import GenerativeSpec
-from perfkit.load.distributed import DistributedSpec
-from perfkit.load.ray import RAY_MISSING, ray_installed
+from perfkit.load.cluster.distributed import DistributedSpec
+from perfkit.load.cluster.runtime import RAY_MISSING, ray_installed
 from perfkit.load.sequences import SequenceSpec
 from perfkit.measure.level import WindowSpec
 from perfkit.target import TargetSpec
@@ -58,7 +58,7 @@ class OutputSpec:
 @dataclass(frozen=True, slots=True)
 class MetricsSpec:
     collect: bool = False
-    metrics_url: str | None = None
+    metrics_urls: tuple[str, ...] = ()  # --metrics-url, repeatable
     interval_ms: float = 1000.0
 
 
@@ -99,6 +99,14 @@ class SweepSpec:
     def validate(self) -> None:
         load = self.load
         self.target.validate()
+        if "," in (self.target.url or "") and (
+            self.data_path.streaming or self.data_path.shared_memory != "none" or self.sequences.enabled
+            or self.genai.enabled
+        ):  # fmt: skip
+            raise PerfkitError(
+                "several -u endpoints take unary tensor requests: give one -u for --streaming, --shared-memory, "
+                "the sequence flags or --endpoint-type"
+            )
         if self.inputs.batch_size < 1:
             raise PerfkitError("-b/--batch-size must be at least 1")
         self.windows.validate()
@@ -168,6 +176,8 @@ def validate_sequences(spec: SweepSpec) -> None:
 
 
 def _validate_distributed(d: DistributedSpec, t: TargetSpec) -> None:
+    if d.enabled and t.url is not None and "," in t.url:
+        raise PerfkitError("--workers sends to one -u endpoint; several (-u A,B) are spread by this process alone")
     if d.enabled and not ray_installed():
         raise PerfkitError(RAY_MISSING)
     if d.workers < 1:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from perfkit.errors import TargetError
-from perfkit.load.ray import ray_runtime
+from perfkit.load.cluster.runtime import ray_runtime
 from perfkit.progress import Progress
 from perfkit.results.model import LevelResult
 from perfkit.target import Target, metrics_url_of
@@ -84,7 +84,9 @@ class EndpointActor:
 
     async def open(self) -> EndpointState:
         metrics_url = metrics_url_of(self.url, self.spec.metrics_url, self.spec.collect_metrics)
-        target = Target(self.url, self.spec.target.protocol, metrics_url, None, embedded=False)
+        target = Target(
+            self.url, self.spec.target.protocol, (metrics_url,) if metrics_url else (), None, embedded=False
+        )
         server = self.server = TuneServer(self.spec, self.model, target, Progress(quiet=True))
         if not await server.client.live():
             raise TargetError(f"{self.url} answers but is not live")

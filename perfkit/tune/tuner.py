@@ -84,7 +84,7 @@ class TuneServer:
         )  # fmt: skip
         self.prepared: list[Any] | None = None
         self.resources = ResourceSampler(
-            interval_s=0.5, metrics_url=target.metrics_url, server_pid=target.server_pid, local_gpu=target.embedded
+            interval_s=0.5, metrics_urls=target.metrics_urls, server_pid=target.server_pid, local_gpu=target.embedded
         )
 
     async def server_metadata(self) -> dict[str, Any]:
@@ -415,8 +415,8 @@ def one_server_tuner(
     spec: TuneSpec, model: Model, progress: Progress, sink: Callable[[TuneResult], None]
 ) -> Iterator[Tuner]:
     """The tuner on one server: -u, or the bundled server in explicit mode on the model folder's parent."""
-    t = spec.target
-    with open_target(t.url, t.protocol, metrics_url=spec.metrics_url, collect_metrics=spec.collect_metrics,
+    t, metrics_urls = spec.target, (spec.metrics_url,) if spec.metrics_url else ()
+    with open_target(t.url, t.protocol, metrics_urls=metrics_urls, collect_metrics=spec.collect_metrics,
                      model_repository=model.folder.parent, server_args=["--model-control-mode", "explicit"]) as target:  # fmt: skip
         if target.embedded:
             progress.note(f"tuning '{model.name}' on the bundled server at {target.url} (explicit mode)")

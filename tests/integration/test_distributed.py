@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from perfkit.errors import ExitCode
-from perfkit.load.distributed import DistributedSpec, actor_name
+from perfkit.load.cluster.distributed import DistributedSpec, actor_name
 from perfkit.load.schedule import OpenLoop, build_schedule
 from perfkit.measure.level import WindowSpec
 from perfkit.results.model import LevelResult, read_sweep

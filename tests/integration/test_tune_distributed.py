@@ -219,7 +219,7 @@ def test_worker_flags_are_checked(demo_repository: Path) -> None:
 
 
 def test_without_ray_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    from perfkit.load.ray import import_ray
+    from perfkit.load.cluster.runtime import import_ray
 
     monkeypatch.setitem(sys.modules, "ray", None)  # what `import ray` meets when Ray is not installed
     with pytest.raises(PerfkitError, match=r"pip install 'perfkit\[distributed\]'"):

@@ -1,4 +1,4 @@
-"""perfkit.load.distributed without Ray: load shares, clock alignment, the sample merge, and whole levels on
+"""perfkit.load.cluster.distributed without Ray: load shares, clock alignment, the sample merge, and whole levels on
 fake workers in virtual time, each worker on a clock of its own, compared with one process; then the
 per-worker figures in the JSON and the HTML report, and the error when Ray is missing."""
 
@@ -13,7 +13,13 @@ import numpy as np
 import pytest
 
 from perfkit.errors import PerfkitError
-from perfkit.load.distributed import DistributedLoadGenerator, DistributedSpec, align_clock, merge_samples, split_load
+from perfkit.load.cluster.distributed import (
+    DistributedLoadGenerator,
+    DistributedSpec,
+    align_clock,
+    merge_samples,
+    split_load,
+)
 from perfkit.load.generator import FakeClock, LoadGenerator
 from perfkit.load.samples import SampleArrays, SampleBuffer
 from perfkit.load.schedule import ClosedLoop, Load, OpenLoop, ScheduleStream, build_schedule

@@ -21,5 +21,5 @@ from perfkit.target import open_target
 def test_the_default_metrics_url_is_port_8002_on_the_host_of_u(url: str, expected: str) -> None:
     args = build_parser().parse_args(["sweep", "-u", url, "-m", "mlp", "--collect-metrics"])
     metrics = spec_from_args(args).metrics
-    with open_target(url, "http", metrics_url=metrics.metrics_url, collect_metrics=metrics.collect) as target:
+    with open_target(url, "http", metrics_urls=metrics.metrics_urls, collect_metrics=metrics.collect) as target:
         assert target.metrics_url == expected

@@ -9,7 +9,8 @@ import psutil
 import pytest
 
 from perfkit.measure import resources
-from perfkit.measure.resources import GpuSample, ResourceSampler, parse_metrics
+from perfkit.measure.prometheus import GpuSample, parse_metrics
+from perfkit.measure.resources import ResourceSampler
 from v2kit.runtime.gpu import GpuReading
 
 S = 1_000_000_000
@@ -78,7 +79,7 @@ async def test_metrics_are_aggregated_as_perf_analyzer_merges_them(client_cpu: l
             metrics_text((0.9, 1.0), (300.0, 70.0), (5 * GIB, 3 * GIB), 0.6),
         ]
     )
-    sampler = ResourceSampler(metrics_url="localhost:8002", local_gpu=False, clock=clock(), fetch=fetch)
+    sampler = ResourceSampler(metrics_urls=("localhost:8002",), local_gpu=False, clock=clock(), fetch=fetch)
     for _ in range(3):
         await sampler.sample_once()
     assert fetch.urls == ["http://localhost:8002/metrics"] * 3
@@ -101,7 +102,7 @@ async def test_metrics_are_aggregated_as_perf_analyzer_merges_them(client_cpu: l
 async def test_a_failing_scrape_is_a_note_never_an_exception(client_cpu: list[float]) -> None:
     client_cpu += [1.0, 1.0, 1.0]
     fetch = Scripted([OSError("connection refused"), "this is { not prometheus", OSError("connection refused")])
-    sampler = ResourceSampler(metrics_url="http://h:8002/metrics", local_gpu=False, clock=clock(), fetch=fetch)
+    sampler = ResourceSampler(metrics_urls=("http://h:8002/metrics",), local_gpu=False, clock=clock(), fetch=fetch)
     for _ in range(3):
         reading = await sampler.sample_once()
         assert reading.scraped is False
@@ -118,15 +119,15 @@ async def test_a_server_without_gpu_metrics_gets_exactly_one_note(client_cpu: li
     client_cpu += [1.0, 2.0]
     text = "# TYPE nv_cpu_utilization gauge\nnv_cpu_utilization 0.5\n"
     sampler = ResourceSampler(
-        metrics_url="http://h/metrics", local_gpu=False, clock=clock(), fetch=Scripted([text] * 2)
+        metrics_urls=("http://h/metrics",), local_gpu=False, clock=clock(), fetch=Scripted([text] * 2)
     )
     await sampler.sample_once()
     await sampler.sample_once()
     usage = sampler.usage_between(0, S, 1)
     assert usage.server_cpu_pct == 50.0
     assert usage.notes == (
-        "no GPU figures: local GPU sampling is off, and http://h/metrics has no nv_gpu_* metrics "
-        "(no GPU, MIG, or the server's GPU metrics are off)",
+        "no GPU figures: local GPU sampling is off, and http://h/metrics has no GPU metrics "
+        "(nv_gpu_* or DCGM_FI_DEV_*: no GPU, MIG, or GPU metrics off)",
     )
 
 
@@ -140,7 +141,7 @@ async def test_local_gpus_through_nvml_and_metrics_taking_precedence(
     ]
     monkeypatch.setattr(resources, "read_gpus", lambda: local)
     only_util = '# TYPE nv_gpu_utilization gauge\nnv_gpu_utilization{gpu_uuid="GPU-aaaa"} 0.9\n'
-    sampler = ResourceSampler(metrics_url="http://h/metrics", clock=clock(), fetch=Scripted([only_util] * 2))
+    sampler = ResourceSampler(metrics_urls=("http://h/metrics",), clock=clock(), fetch=Scripted([only_util] * 2))
     reading = await sampler.sample_once()
     assert reading.gpus["GPU-aaaa"] == GpuSample(0.9, 90.0, 2 * GIB, 16 * GIB)  # server's figure, NVML's for the rest
     await sampler.sample_once()
@@ -189,7 +190,7 @@ async def test_server_cpu_from_its_process(client_cpu: list[float], monkeypatch:
 
 
 async def test_real_psutil_and_the_default_fetch_against_a_closed_port() -> None:
-    sampler = ResourceSampler(metrics_url="127.0.0.1:1", local_gpu=False, clock=clock())
+    sampler = ResourceSampler(metrics_urls=("127.0.0.1:1",), local_gpu=False, clock=clock())
     await sampler.sample_once()
     sum(i * i for i in range(20_000))  # some CPU time, however little
     await sampler.sample_once()
@@ -217,3 +218,82 @@ def test_parse_metrics_reads_gauges_by_family_and_uuid() -> None:
     assert set(scrape.gpus) == {"GPU-aaaa", "GPU-bbbb"}  # not the look-alike family
     assert scrape.gpus["GPU-bbbb"] == GpuSample(0.25, 2.5, 20, 80 * GIB)
     assert parse_metrics("").gpus == {}
+
+
+# dcgm-exporter's default counters for two GPUs, as it serves them (its labels, its units: %, MiB, W).
+DCGM_TEXT = """\
+# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).
+# TYPE DCGM_FI_DEV_GPU_UTIL gauge
+DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-aaaa",device="nvidia0",modelName="NVIDIA H100",Hostname="node-1"} 87
+DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-dddd",device="nvidia1",modelName="NVIDIA H100",Hostname="node-1"} 3
+# HELP DCGM_FI_DEV_FB_FREE Framebuffer memory free (in MiB).
+# TYPE DCGM_FI_DEV_FB_FREE gauge
+DCGM_FI_DEV_FB_FREE{gpu="0",UUID="GPU-aaaa",device="nvidia0",modelName="NVIDIA H100",Hostname="node-1"} 71000
+DCGM_FI_DEV_FB_FREE{gpu="1",UUID="GPU-dddd",device="nvidia1",modelName="NVIDIA H100",Hostname="node-1"} 80000
+# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).
+# TYPE DCGM_FI_DEV_FB_USED gauge
+DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-aaaa",device="nvidia0",modelName="NVIDIA H100",Hostname="node-1"} 10000
+DCGM_FI_DEV_FB_USED{gpu="1",UUID="GPU-dddd",device="nvidia1",modelName="NVIDIA H100",Hostname="node-1"} 1000
+# HELP DCGM_FI_DEV_FB_RESERVED Framebuffer memory reserved (in MiB).
+# TYPE DCGM_FI_DEV_FB_RESERVED gauge
+DCGM_FI_DEV_FB_RESERVED{gpu="0",UUID="GPU-aaaa",device="nvidia0",modelName="NVIDIA H100",Hostname="node-1"} 559
+DCGM_FI_DEV_FB_RESERVED{gpu="1",UUID="GPU-dddd",device="nvidia1",modelName="NVIDIA H100",Hostname="node-1"} 559
+# HELP DCGM_FI_DEV_POWER_USAGE Power draw (in W).
+# TYPE DCGM_FI_DEV_POWER_USAGE gauge
+DCGM_FI_DEV_POWER_USAGE{gpu="0",UUID="GPU-aaaa",device="nvidia0",modelName="NVIDIA H100",Hostname="node-1"} 412.5
+DCGM_FI_DEV_POWER_USAGE{gpu="1",UUID="GPU-dddd",device="nvidia1",modelName="NVIDIA H100",Hostname="node-1"} 70.25
+# HELP DCGM_FI_DEV_SM_CLOCK SM clock frequency (in MHz).
+# TYPE DCGM_FI_DEV_SM_CLOCK gauge
+DCGM_FI_DEV_SM_CLOCK{gpu="0",UUID="GPU-aaaa",device="nvidia0",modelName="NVIDIA H100",Hostname="node-1"} 1980
+"""
+MIB = 1 << 20
+
+
+def test_dcgm_exporter_fields_become_the_same_gpu_figures_as_tritons() -> None:
+    scrape = parse_metrics(DCGM_TEXT)
+    assert scrape.cpu_utilization is None
+    assert scrape.gpus == {
+        "GPU-aaaa": GpuSample(0.87, 412.5, 10000 * MIB, (10000 + 71000 + 559) * MIB),
+        "GPU-dddd": GpuSample(0.03, 70.25, 1000 * MIB, (1000 + 80000 + 559) * MIB),
+    }
+    # FB_TOTAL, where the exporter is told to serve it, is the total as given.
+    total = 'DCGM_FI_DEV_FB_TOTAL{UUID="GPU-aaaa"} 81559\nDCGM_FI_DEV_FB_USED{UUID="GPU-aaaa"} 10\n'
+    assert parse_metrics(total).gpus["GPU-aaaa"].memory_total_bytes == 81559 * MIB
+    # MIG instances and GPUs known only by index and host keep apart.
+    mig = (
+        'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-aaaa",GPU_I_ID="1"} 50\n'
+        'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-aaaa",GPU_I_ID="2"} 10\n'
+        'DCGM_FI_DEV_GPU_UTIL{gpu="3",Hostname="node-2"} 20\n'
+    )
+    assert {k: g.utilization for k, g in parse_metrics(mig).gpus.items()} == {
+        "GPU-aaaa/mig1": 0.5, "GPU-aaaa/mig2": 0.1, "node-2:gpu3": 0.2,
+    }  # fmt: skip
+
+
+async def test_several_metrics_urls_and_one_without_gpus_said_once(
+    client_cpu: list[float], caplog: pytest.LogCaptureFixture
+) -> None:
+    client_cpu += [1.0, 1.5, 2.0]
+    texts = {
+        "http://dcgm:9400/metrics": DCGM_TEXT,
+        "http://triton:8002/metrics": metrics_text((0.5, 0.25), (1.5, 2.5), (10, 20), 0.75),
+        "http://cpu-only:8002/metrics": "# TYPE nv_cpu_utilization gauge\nnv_cpu_utilization 0.25\n",
+    }
+
+    async def fetch(url: str) -> str:
+        return texts[url]
+
+    urls = ("dcgm:9400", "http://triton:8002/metrics", "cpu-only:8002", "dcgm:9400")  # the repeat is scraped once
+    sampler = ResourceSampler(metrics_urls=urls, local_gpu=False, clock=clock(), fetch=fetch)
+    with caplog.at_level("WARNING"):
+        for _ in range(3):
+            reading = await sampler.sample_once()
+    assert reading.scraped is True and reading.without_gpus == ("http://cpu-only:8002/metrics",)
+    said = [r.getMessage() for r in caplog.records if "no GPU metrics" in r.getMessage()]
+    assert said == ["no GPU metrics at http://cpu-only:8002/metrics (nv_gpu_* or DCGM_FI_DEV_*)"]
+    usage = sampler.usage_between(0, 2 * S, 10)
+    # GPU-aaaa is in both scrapes: Triton's figures are read after DCGM's and take its place.
+    assert usage.gpu_utilization == pytest.approx({"GPU-aaaa": 0.5, "GPU-bbbb": 0.25, "GPU-dddd": 0.03})
+    assert usage.gpu_memory_used_bytes == {"GPU-aaaa": 10, "GPU-bbbb": 20, "GPU-dddd": 1000 * MIB}
+    assert usage.server_cpu_pct == pytest.approx(50.0)  # the mean of 75 % and 25 %
+    assert usage.notes == ("no GPU metrics at http://cpu-only:8002/metrics",)

@@ -1,6 +1,6 @@
 """One load worker of a distributed sweep: a plain LoadGenerator on its own event loop and clock.
 
-`perfkit.load.distributed` runs this class as a Ray actor (this module never imports Ray, so it loads
+`perfkit.load.cluster.distributed` runs this class as a Ray actor (this module never imports Ray, so it loads
 without it). The worker builds its own client from the target's settings and its own prepared
 requests from the picklable `v2.InferRequest`s: prepared requests hold connection-bound objects and
 never cross processes. It records into its own SampleBuffer on its own `perf_counter_ns`; the

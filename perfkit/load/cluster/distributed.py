@@ -5,7 +5,7 @@ Theory of operation
 
 The driver (this process) keeps everything a single-process sweep does: the windows, the stability
 rule, the statistics and the files. Only the sending moves: N load workers (Ray actors running
-`perfkit.load.worker.LoadWorker`, each a plain LoadGenerator on its own event loop) each drive a
+`perfkit.load.cluster.worker.LoadWorker`, each a plain LoadGenerator on its own event loop) each drive a
 share of the load, and the driver pulls their raw samples into its own SampleBuffer, so every
 statistic is computed exactly as for one process, from the union of the samples.
 
@@ -56,11 +56,11 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from perfkit.errors import PerfkitError, TargetError, describe_exception
+from perfkit.load.cluster.runtime import ray_runtime
+from perfkit.load.cluster.worker import LoadWorker, WorkerInfo
 from perfkit.load.generator import Clock
-from perfkit.load.ray import ray_runtime
 from perfkit.load.samples import SampleArrays, SampleBuffer
 from perfkit.load.schedule import ClosedLoop, Load
-from perfkit.load.worker import LoadWorker, WorkerInfo
 from perfkit.results.model import Check, LevelResult, WorkerFigures
 from perfkit.target import TargetSpec
 from v2kit import codec as v2
