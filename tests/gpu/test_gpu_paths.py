@@ -18,7 +18,7 @@ import onnxruntime as ort
 import pandas as pd
 import pytest
 
-from perfkit.measure.resources import parse_metrics
+from perfkit.measure.prometheus import parse_metrics
 from perfkit.results.model import read_sweep
 from reference_server.server import running_server
 from tests.servers import loopback_config
