@@ -202,7 +202,7 @@ class TuneResult:
         return None if self.ranking is None or self.ranking.best is None else self.records[self.ranking.best]
 
 
-def _levels_from_json(levels: list[Any]) -> list[LevelResult]:
+def levels_from_json(levels: list[Any]) -> list[LevelResult]:
     # Through the sweep reader, which owns LevelResult's JSON form.
     doc = {"schema_version": RESULT_SCHEMA_VERSION, "model": "", "model_version": "", "url": "", "protocol": "",
            "mode": "concurrency"}  # fmt: skip
@@ -233,10 +233,10 @@ class Checkpoint:
                 "its measurements would not compare: pass a new --checkpoint file or delete this one"
             )
         for key, entry in doc["variants"].items():
-            self.levels[key] = {int(lv.level): lv for lv in _levels_from_json(entry["levels"])}
+            self.levels[key] = {int(lv.level): lv for lv in levels_from_json(entry["levels"])}
             if entry.get("error"):
                 self.failures[key] = entry["error"]
-        self.remeasures = {k: _levels_from_json(v) for k, v in doc.get("remeasures", {}).items()}
+        self.remeasures = {k: levels_from_json(v) for k, v in doc.get("remeasures", {}).items()}
         self.default_config = doc.get("default_config")
         self.server_had_model = bool(doc.get("server_had_model"))
 

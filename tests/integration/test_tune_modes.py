@@ -4,6 +4,7 @@ margins of several times, which short windows keep."""
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 import urllib.request
@@ -163,6 +164,26 @@ def test_two_models_are_measured_together_and_ranked_with_weights(
     with urllib.request.urlopen(f"http://{server[0]}/v2/models/preprocess/config", timeout=30) as response:
         after = json.loads(response.read())
     assert after["instance_group"][0]["count"] == 2 and "dynamic_batching" not in after
+    # results.csv: one row per combination × model × level (search and re-measurement); report.html
+    # with a table and plots per model; `perfkit report` reads the tune.json.
+    with (out / "results.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    levels = sum(len(c["levels"]) + len(c["remeasures"]) for c in doc["combinations"])
+    assert len(rows) == 2 * levels and {r["model"] for r in rows} == {"mlp", "preprocess"}
+    assert {r["phase"] for r in rows} == {"search", "remeasure"} and all(
+        float(r["throughput_infer_per_s"]) > 0 for r in rows
+    )
+    page = (out / "report.html").read_text()
+    assert "<h3>mlp, best first</h3>" in page and "<h3>preprocess, best first</h3>" in page and page.count("<img") >= 6
+    assert main(["report", str(out / "tune.json"), "-o", str(tmp_path / "again.html")]) == 0
+    # Resumed from its checkpoint, the tune measures nothing again and reaches the same verdict.
+    again = tmp_path / "again"
+    code = tune(server, str(slow_mlp), str(preprocess), "--weights", "mlp:3", "--batching-delays-us", "0",
+                "--leaders", "2", "--remeasure", "1", "-o", str(again), "--checkpoint", str(out / "checkpoint.json"),
+                *SMALL_GRID)  # fmt: skip
+    resumed = read_json(again / "tune.json")
+    assert code == 0 and resumed["measurements"]["measured_in_this_run"] == 0
+    assert resumed["leader"] == doc["leader"] and resumed["measurements"]["levels"] == levels
     repository_call(server[0], "models/preprocess/unload", {})
 
 
