@@ -16,7 +16,7 @@ import pytest
 
 from perfkit.cli import main
 from perfkit.target import open_target
-from perfkit.testing import triton_server, write_sleeper
+from perfkit.testing import triton_server, write_bls, write_sleeper
 from tests.integration.test_tune import SLOW_MLP
 from v2kit.demo import build_demo_repository
 
@@ -205,6 +205,27 @@ def test_an_ensemble_is_measured_while_its_composing_models_are_searched(
     assert "20000us" not in doc["leader"]
     assert throughput_of(doc, doc["leader"], "mlp_pipeline") > 1.5 * throughput_of(doc, doc["default"], "mlp_pipeline")
     assert ready_models(server[0]) == set()  # the server is left as the tune found it
+
+
+@pytest.mark.timeout(200)
+def test_a_bls_model_is_measured_while_its_composing_models_are_searched(
+    server: tuple[str, Path], slow_mlp: Path, tmp_path: Path
+) -> None:
+    # The BLS model sends each request on to the mlp, which waits 20 ms for a batch.
+    bls = write_bls(server[1], "bls", ["mlp"], max_batch_size=64)
+    out = tmp_path / "out"
+    code = tune(server, str(bls / "config.pbtxt"), "--composing-models", "mlp", "--search", "quick",
+                "--remeasure", "0", "--shape", "INPUT0:256", "-o", str(out), *SMALL_GRID)  # fmt: skip
+    assert code == 0
+    doc = read_json(out / "tune.json")
+    assert doc["mode"] == "bls" and doc["models"] == ["mlp", "bls"] and doc["endpoint"] == "bls"
+    # Only the BLS model takes load; the composing models' configs (and its own) are what vary.
+    assert all(set(levels) == {"bls"} for c in doc["combinations"] for levels in c["levels"])
+    assert len({c["variants"]["mlp"] for c in doc["combinations"]}) >= 2
+    assert doc["default"].startswith("mlp: count=1 mbs=64 batching=20000us kind=cpu | bls: ")
+    assert "20000us" not in doc["leader"]
+    assert throughput_of(doc, doc["leader"], "bls") > 1.5 * throughput_of(doc, doc["default"], "bls")
+    assert ready_models(server[0]) == set()
 
 
 SLEEPER_PIPELINE = """\
