@@ -4,7 +4,9 @@ results into files and console lines, rendered by `perfkit.report.tune_tables`.
 Files in the output folder (default `reports/<timestamp>-tune/`), rewritten after every variant:
 `results.csv` (one row per variant × concurrency: the variant's parameters, then every column of
 `perfkit sweep`'s tidy CSV), `tune.json` (everything), `checkpoint.json` (unless --checkpoint names
-another file); at the end `summary.txt` (the ranked summary, also printed) and `best/config.pbtxt`.
+another file); at the end `summary.txt` (the ranked summary, also printed), `best/config.pbtxt` and
+`report.html`. A tune of several models writes the same, its results.csv one row per combination ×
+measured model × level and its winner as `best/MODEL/config.pbtxt` (`CombinationFiles`).
 """
 
 from __future__ import annotations
