@@ -186,8 +186,12 @@ def _combination_view(data: dict[str, Any], source: str, model: str, prefix: str
             "chosen_concurrency": c.get("chosen_concurrency"), "levels": own,
             "figures": {k.removeprefix(prefix): v for k, v in figures.items() if k.startswith(prefix)},
         })  # fmt: skip
-    per_model = {**data, "model": model, "variants": variants}
-    return tune_view_from_json(per_model, source)
+    settings = dict(data.get("settings") or {})
+    if prefix:  # a constraint on each model (`MODEL/p99_ms<=20`) is that model's own
+        settings["constraints"] = [
+            c.removeprefix(prefix) for c in settings.get("constraints") or () if c.startswith(prefix)
+        ]
+    return tune_view_from_json({**data, "model": model, "variants": variants, "settings": settings}, source)
 
 
 def combination_view_from_json(data: dict[str, Any], source: str) -> TuneView:

@@ -226,6 +226,8 @@ class Checkpoint:
             found = doc["fingerprint"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise PerfkitError(f"--checkpoint {path}: not a tune checkpoint ({exc}); pass another file") from None
+        if doc.get("kind") == "tune_combination_checkpoint":
+            raise PerfkitError(f"--checkpoint {path} is a tune of several models'; pass a new --checkpoint file")
         differ = sorted(k for k in set(found) | set(fingerprint) if found.get(k) != fingerprint.get(k))
         if doc.get("schema") != CHECKPOINT_SCHEMA or differ:
             raise PerfkitError(

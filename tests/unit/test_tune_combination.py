@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from perfkit.errors import PerfkitError
-from perfkit.report.tune_tables import render_combination_csv
+from perfkit.report.tune_tables import render_combination_csv, render_combination_json
+from perfkit.results.files import TuneView, load_result
 from perfkit.tune.bayesian import bayesian_search
 from perfkit.tune.multi.checkpoint import CombinationCheckpoint, fingerprint
 from perfkit.tune.multi.study import (
@@ -23,6 +24,7 @@ from perfkit.tune.multi.study import (
     Study,
     combined_figures,
     combined_objective,
+    level_figures,
     new_result,
     parse_weights,
     read_study,
@@ -198,6 +200,16 @@ def test_a_combination_checkpoint_gives_back_its_levels_and_refuses_another_tune
     rows = list(csv.DictReader(io.StringIO(render_combination_csv(result))))
     assert [(r["model"], r["phase"]) for r in rows] == [("mlp", "search")] * 2 + [("mlp", "remeasure")] + [
         ("preprocess", "search")] * 2 + [("preprocess", "remeasure")]  # fmt: skip
+    # Its tune.json, as `perfkit report` reads it: the combinations, then each model's own figures.
+    record.figures = [level_figures(study, levels) for levels in record.levels]
+    record.chosen, record.status = 1, "ok"
+    result.ranking = result.rank()
+    (tmp_path / "tune.json").write_text(render_combination_json(result, ["tune"]))
+    item = load_result(tmp_path / "tune.json")
+    assert item.kind == "tune_combination" and isinstance(item.result, TuneView)
+    assert item.result.variants[0].throughput_infer_per_s == 150.0 and item.result.best == combination.key
+    assert [(m.model, m.variants[0].throughput_infer_per_s) for m in item.result.per_model] == [
+        ("mlp", 100.0), ("preprocess", 50.0)]  # fmt: skip
     with pytest.raises(PerfkitError, match="server differ"):
         CombinationCheckpoint(path, fingerprint(spec, study, "host:8000"))
     path.write_text(json.dumps({"schema": 1, "fingerprint": {}, "variants": {}}))
