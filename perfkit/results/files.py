@@ -201,7 +201,7 @@ def combination_view_from_json(data: dict[str, Any], source: str) -> TuneView:
         measured = [data["endpoint"]] if data.get("endpoint") else list(data["models"])
         prefix = "" if data.get("endpoint") else "{}/"
         per_model = tuple(_combination_view(data, source, m, prefix.format(m)) for m in measured)
-        overall = _combination_view(data, source, "+".join(measured), "")
+        overall = _combination_view(data, source, " + ".join(measured), "")
         # The combination as a whole: its throughput summed over the models, its worst model's p99.
         p99s = [{v.name: v.p99_ms for v in view.variants} for view in per_model]
         worst: dict[str, float | None] = {}
