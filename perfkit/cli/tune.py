@@ -4,7 +4,9 @@ results into files and console lines, rendered by `perfkit.report.tune_tables`.
 Files in the output folder (default `reports/<timestamp>-tune/`), rewritten after every variant:
 `results.csv` (one row per variant × concurrency: the variant's parameters, then every column of
 `perfkit sweep`'s tidy CSV), `tune.json` (everything), `checkpoint.json` (unless --checkpoint names
-another file); at the end `summary.txt` (the ranked summary, also printed) and `best/config.pbtxt`.
+another file); at the end `summary.txt` (the ranked summary, also printed), `best/config.pbtxt` and
+`report.html`. A tune of several models writes the same, its results.csv one row per combination ×
+measured model × level and its winner as `best/MODEL/config.pbtxt` (`CombinationFiles`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from perfkit.errors import ExitCode, PerfkitError
 from perfkit.load.inputs import parse_shape_flags
 from perfkit.report.tune_tables import (
     best_pbtxt,
+    render_combination_csv,
     render_combination_json,
     render_combination_summary,
     render_csv,
@@ -28,8 +31,9 @@ from perfkit.report.tune_tables import (
 from perfkit.results.files import load_result, write_text_atomic
 from perfkit.results.provenance import redact_argv
 from perfkit.target import TargetSpec
-from perfkit.tune.combination import Study, read_study, run_combination_tune
 from perfkit.tune.distributed import open_tuner
+from perfkit.tune.multi.study import CombinationResult, Study, read_study
+from perfkit.tune.multi.tuner import run_combination_tune
 from perfkit.tune.objectives import parse_constraint, parse_objective
 from perfkit.tune.params import Param, check_against_config, parse_param
 from perfkit.tune.search import SpaceSpec
@@ -324,26 +328,49 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     return int(code)
 
 
+class CombinationFiles:
+    """The output folder of a tune of several models: results.csv and tune.json after every change,
+    then `finish`: summary.txt, best/MODEL/config.pbtxt and report.html."""
+
+    def __init__(self, folder: Path, argv: list[str]) -> None:
+        self.folder, self.argv = folder, redact_argv(argv)
+
+    def __call__(self, result: CombinationResult) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(self.folder / "results.csv", render_combination_csv(result))
+        write_text_atomic(self.folder / "tune.json", render_combination_json(result, self.argv))
+
+    def finish(self, result: CombinationResult) -> list[Path]:
+        from perfkit.report.html import render_html  # it loads matplotlib, which most runs never need
+
+        self(result)
+        paths = [self.folder / "results.csv", self.folder / "tune.json", self.folder / "summary.txt"]
+        write_text_atomic(paths[-1], "\n".join(render_combination_summary(result)) + "\n")
+        best = result.best
+        if best is not None and result.completed:
+            for name, config in best.configs.items():
+                (self.folder / "best" / name).mkdir(parents=True, exist_ok=True)
+                paths.append(self.folder / "best" / name / "config.pbtxt")
+                write_text_atomic(paths[-1], best_pbtxt(config))
+        paths.append(self.folder / "report.html")
+        write_text_atomic(paths[-1], render_html([load_result(self.folder / "tune.json")]))
+        return paths
+
+
 def _run_combination(spec: TuneSpec, study: Study, folder: Path, argv: list[str]) -> int:
-    """A tune of several models (or of an ensemble or BLS model): its own tune.json and summary."""
-    result, code = run_combination_tune(spec, study)
-    folder.mkdir(parents=True, exist_ok=True)
-    paths = [folder / "tune.json", folder / "summary.txt"]
-    write_text_atomic(paths[0], render_combination_json(result, redact_argv(argv)))
-    summary = render_combination_summary(result)
-    write_text_atomic(paths[1], "\n".join(summary) + "\n")
-    best = result.best
-    if best is not None and result.completed:
-        for name, config in best.configs.items():
-            (folder / "best" / name).mkdir(parents=True, exist_ok=True)
-            paths.append(folder / "best" / name / "config.pbtxt")
-            write_text_atomic(paths[-1], best_pbtxt(config))
+    """A tune of several models (or of an ensemble or BLS model): its own files, checkpoint included."""
+    outputs = CombinationFiles(folder, argv)
+    checkpoint = spec.checkpoint or folder / "checkpoint.json"
+    result, code = run_combination_tune(spec, study, outputs, checkpoint)
+    paths = outputs.finish(result)
     if not spec.quiet:
-        print("\n".join(summary))
+        print("\n".join(render_combination_summary(result)))
     for path in paths:
         print(f"wrote {path}", file=sys.stderr)
     if result.stop_reason:
         print(f"error: the tune stopped early: {result.stop_reason}", file=sys.stderr)
+    if code in (ExitCode.INTERRUPTED, ExitCode.FAILED) and not result.completed:
+        print(f"the measurements so far are in {checkpoint}: resume with --checkpoint {checkpoint}", file=sys.stderr)
     elif code == ExitCode.FAILED:
         print("error: no combination met the constraints; loosen --constraint or widen the search", file=sys.stderr)
     return int(code)

@@ -221,7 +221,7 @@ class LoadGenerator:
         done = self.clock.now_ns()
         buffer = self.buffer
         buffer.record(intended, sent, done, outcome.error, request.bytes_out, outcome.bytes_in,
-                      outcome.send_ns, outcome.recv_ns)  # fmt: skip
+                      outcome.send_ns, outcome.recv_ns, sequence_id=live.sequence_id)  # fmt: skip
         self.sequences.answered(live, done, not outcome.error, buffer.record_sequence)
 
     async def _closed_sequence_worker(self, slot: int) -> None:
@@ -236,7 +236,7 @@ class LoadGenerator:
             outcome = await client.send(request)
             done = clock.now_ns()
             record(sent, sent, done, outcome.error, request.bytes_out, outcome.bytes_in,
-                   outcome.send_ns, outcome.recv_ns)  # fmt: skip
+                   outcome.send_ns, outcome.recv_ns, sequence_id=live.sequence_id)  # fmt: skip
             sequences.answered(live, done, not outcome.error, record_sequence)
 
     async def _closed_worker(self, index: int, concurrency: int) -> None:

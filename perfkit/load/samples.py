@@ -45,6 +45,7 @@ class Sample:
     first_ns: int = 0  # streamed: the first response's arrival (0: none came)
     responses: int = -1  # streamed: responses with outputs; -1: not streamed
     gaps_ns: tuple[int, ...] = ()  # streamed: between consecutive responses
+    sequence_id: int = 0  # a sequence model's request: its sequence's id (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +65,7 @@ class SampleArrays:
     gaps_ns: I64  # flat, in request order: max(responses - 1, 0) per request
     error_names: tuple[str, ...]
     tokens: I64 | None = None  # shape (n, len(TOKEN_COLUMNS)); None when no request had a token record
+    sequence_id: I64 | None = None  # each request's sequence id (0: none); None: no column at all
 
     def __len__(self) -> int:
         return len(self.done_ns)
@@ -84,6 +86,7 @@ class SampleArrays:
             self.bytes_out[mask], self.bytes_in[mask], self.send_ns[mask], self.recv_ns[mask],
             self.first_ns[mask], self.responses[mask], gaps, self.error_names,
             None if self.tokens is None else self.tokens[mask],
+            None if self.sequence_id is None else self.sequence_id[mask],
         )  # fmt: skip
 
     def completed_between(self, start_ns: int, end_ns: int) -> SampleArrays:
@@ -99,10 +102,10 @@ class SampleArrays:
         gaps = self.gaps_ns.tolist()
         return [
             Sample(int(i), int(s), int(d), self.error_names[int(e)], int(bo), int(bi), int(sn), int(rn), int(f),
-                   int(r), tuple(gaps[end - max(int(r) - 1, 0) : end]))
-            for i, s, d, e, bo, bi, sn, rn, f, r, end in zip(
+                   int(r), tuple(gaps[end - max(int(r) - 1, 0) : end]), int(q))
+            for i, s, d, e, bo, bi, sn, rn, f, r, end, q in zip(
                 self.intended_ns, self.sent_ns, self.done_ns, self.error_kind, self.bytes_out, self.bytes_in,
-                self.send_ns, self.recv_ns, self.first_ns, self.responses, ends,
+                self.send_ns, self.recv_ns, self.first_ns, self.responses, ends, _sequence_ids(self),
             )
         ]  # fmt: skip
 
@@ -115,11 +118,16 @@ class SampleArrays:
             if part.error_names[: len(names)] != names[: len(part.error_names)]:
                 raise ValueError("sample sets from different buffers cannot be concatenated")
             names = max(names, part.error_names, key=len)
-        columns = {f: np.concatenate([getattr(p, f) for p in parts]) for f in (*_COLUMNS, "gaps_ns")}
+        columns = {f: np.concatenate([getattr(p, f) for p in parts]) for f in (*_COLUMNS[:-1], "gaps_ns")}
+        columns["sequence_id"] = np.concatenate([_sequence_ids(p) for p in parts])
         tokens = None
         if any(p.tokens is not None for p in parts):
             tokens = np.concatenate([_token_rows(p) for p in parts])
         return SampleArrays(**columns, error_names=names, tokens=tokens)
+
+
+def _sequence_ids(part: SampleArrays) -> I64:
+    return np.zeros(len(part), np.int64) if part.sequence_id is None else part.sequence_id
 
 
 def _token_rows(part: SampleArrays) -> I64:
@@ -130,7 +138,7 @@ def _token_rows(part: SampleArrays) -> I64:
 
 _COLUMNS = (
     "intended_ns", "sent_ns", "done_ns", "error_kind", "bytes_out", "bytes_in", "send_ns", "recv_ns",
-    "first_ns", "responses",
+    "first_ns", "responses", "sequence_id",
 )  # fmt: skip
 
 
@@ -178,8 +186,10 @@ class SampleBuffer:
         first_ns: int = 0,
         responses: int = -1,
         tokens: Sequence[int] = (),
+        sequence_id: int = 0,
     ) -> None:
-        """`tokens`: a generative request's token record (TOKEN_COLUMNS), or nothing."""
+        """`tokens`: a generative request's token record (TOKEN_COLUMNS), or nothing; `sequence_id`:
+        a sequence model's request's sequence (0: none)."""
         kind = self._error_index.get(error)
         if kind is None:
             kind = self._error_index[error] = len(self._error_names)
@@ -195,6 +205,7 @@ class SampleBuffer:
         c[7].append(recv_ns)
         c[8].append(first_ns)
         c[9].append(responses)
+        c[10].append(sequence_id)
         if tokens:
             self._has_tokens = True
             self._tokens.append(tuple(tokens))
@@ -247,7 +258,7 @@ class SampleBuffer:
             self._gaps.extend(sample.gaps_ns)
         self.record(
             sample.intended_ns, sample.sent_ns, sample.done_ns, sample.error, sample.bytes_out, sample.bytes_in,
-            sample.send_ns, sample.recv_ns, sample.first_ns, sample.responses,
+            sample.send_ns, sample.recv_ns, sample.first_ns, sample.responses, sequence_id=sample.sequence_id,
         )  # fmt: skip
 
     def arrays(self, start: int = 0) -> SampleArrays:

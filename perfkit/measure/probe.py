@@ -2,7 +2,10 @@
 
 What `perfkit probe` runs, a quick check before a long measurement: health, server metadata, the
 repository index, then a few sequential requests per model with inputs built from the model's
-metadata (variable dimensions get a size of 16). `check_credentials` is shared with the tuner.
+metadata (variable dimensions get a size of 16). A sequence model (`sequence_batching`) gets
+each request as a sequence of its own, one request long: an id (1, 2, ...) with START and END, so
+that the server accepts it and frees the sequence's slot at once. `check_credentials` is shared
+with the tuner.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from perfkit.errors import PerfkitError, TargetError
 from perfkit.load.inputs import build_requests
 from perfkit.target import TlsSpec
 from perfkit.wire.client import InferClient, make_client
+from perfkit.wire.prepared import Prepared
+from v2kit import codec as v2
 
 VARIABLE_DIM = 16  # size given to a variable (-1) non-batch dimension
 
@@ -79,6 +84,15 @@ async def _model_names(client: InferClient) -> list[str]:
     return sorted({entry["name"] for entry in index if entry.get("state", "READY") == "READY"})
 
 
+def probe_requests(client: InferClient, request: v2.InferRequest, config: dict[str, Any], count: int) -> list[Prepared]:
+    """The `count` requests a probe sends: the same one, or for a sequence model each a one-request
+    sequence (ids 1..count, START and END), as a sequence batcher accepts."""
+    if "sequence_batching" not in config:
+        return [client.prepare(request)] * count
+    template = client.prepare_sequence(request)
+    return [template.make(sequence_id, True, True) for sequence_id in range(1, count + 1)]
+
+
 async def _probe_model(client: InferClient, model: str, count: int, seed: int) -> ModelProbe:
     try:
         metadata = await client.model_metadata(model)
@@ -89,10 +103,9 @@ async def _probe_model(client: InferClient, model: str, count: int, seed: int) -
         )
     except (TargetError, PerfkitError) as exc:
         return ModelProbe(model, "", {}, 0, 0, 0.0, 0.0, str(exc))
-    prepared = client.prepare(request)
     latencies: list[int] = []
     errors, last_error = 0, ""
-    for _ in range(count):
+    for prepared in probe_requests(client, request, config, count):
         start = time.perf_counter_ns()
         outcome = await client.send(prepared)
         if outcome.error:

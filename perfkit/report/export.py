@@ -266,6 +266,12 @@ def _requests_json(samples: SampleArrays, offset: int) -> str:
     done = (samples.done_ns + offset).tolist()
     intended = (samples.intended_ns + offset).tolist()
     kinds = samples.error_kind.tolist()
+    # A sequence model's request carries its sequence's id, after the timestamp, as perf_analyzer's does.
+    ids = (
+        [""] * len(sent)
+        if samples.sequence_id is None
+        else [f',"sequence_id":{q}' if q else "" for q in samples.sequence_id.tolist()]
+    )
     responses: list[str] = [str(d) for d in done]
     if len(samples.gaps_ns) or (samples.responses > 0).any():  # streamed: every response's time
         first, gaps, counts = (samples.first_ns + offset).tolist(), samples.gaps_ns.tolist(), samples.responses.tolist()
@@ -278,9 +284,9 @@ def _requests_json(samples: SampleArrays, offset: int) -> str:
                 responses[index] = ",".join(map(str, times))
                 at += count - 1
     return ",".join(
-        f'{{"timestamp":{s},"request_inputs":{{}},"response_timestamps":[{r}],"response_outputs":[{{}}],'
+        f'{{"timestamp":{s}{q},"request_inputs":{{}},"response_timestamps":[{r}],"response_outputs":[{{}}],'
         f'"intended_timestamp":{i},"error":{errors[k]}}}'
-        for s, r, i, k in zip(sent, responses, intended, kinds)
+        for s, q, r, i, k in zip(sent, ids, responses, intended, kinds)
     )
 
 
@@ -298,8 +304,8 @@ def render_profile_export(
     perf_analyzer's timestamps are ns since the epoch and perfkit's are monotonic, so every
     timestamp has `epoch_offset_ns` (wall clock − monotonic clock, taken at the start of the run)
     added. A request's `timestamp` is its actual send and its one response timestamp its completion
-    (a streamed request's response timestamps: each of its responses that carried outputs);
-    requests keep the order of `samples`. perfkit adds, per request, `intended_timestamp` (when the
+    (a streamed request's response timestamps: each of its responses that carried outputs); a
+    sequence model's request has its `sequence_id`; requests keep the order of `samples`. perfkit adds, per request, `intended_timestamp` (when the
     schedule wanted it sent) and `error` ("" on success, else the error's kind); `request_inputs`
     and `response_outputs` hold no tensor data.
     """

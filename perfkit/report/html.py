@@ -11,7 +11,8 @@ is fetched from the network (practice 16). Each result file carries a `kind`;
   the run, errors and late sends, each load worker's share (`--workers N` runs), the checks, and
   the run's provenance.
 - `tune`: a ranked table, the throughput–p99 Pareto plot of every variant with the constraint, the
-  top variants' curves, and a sentence on the best configuration's gain over the default.
+  top variants' curves, and a sentence on the best configuration's gain over the default;
+  `tune_combination` (a tune of several models) the same over combinations, then each model's.
 
 Several results in one report open with a comparison: their curves overlaid, and, for two sweeps
 of the same levels, `perfkit compare`'s table of deltas.
@@ -401,13 +402,9 @@ def _gain_sentence(view: TuneView) -> str:
     return f"{measured}, {best.name} is {versus} {goal}{at}."
 
 
-def render_tune_section(item: ReportItem, slo_ms: float | None = None, top_n: int = 3) -> str:
-    view = item.result
-    assert isinstance(view, TuneView)
-    ranked = view.ranked()
-    best = _best(view)
+def _tune_table(view: TuneView, best: VariantView | None) -> str:
     rows = []
-    for i, v in enumerate(ranked, 1):
+    for i, v in enumerate(view.ranked(), 1):
         gain = _gain(view, v)
         status = v.status + ("; " + "; ".join(v.violations) if v.violations else "")
         rows.append([
@@ -416,12 +413,18 @@ def render_tune_section(item: ReportItem, slo_ms: float | None = None, top_n: in
             "-" if v.concurrency is None else str(v.concurrency), _fmt(v.throughput_infer_per_s, 1), _fmt(v.p99_ms),
             "-" if gain is None else f"{gain * 100:+.1f}%", _Badge(status, v.feasible),
         ])  # fmt: skip
+    header = ["rank", "variant", "configuration", "concurrency", "throughput infer/s", "p99 ms", "vs default", "status"]
+    return f'<div class="scroll">{_table(header, rows)}</div>'
+
+
+def _tune_figures(view: TuneView, best: VariantView | None, constraint: float | None, top_n: int) -> list[str]:
+    """The Pareto plot of every variant, and the curves of the top N, the best and the default."""
+    ranked = view.ranked()
     points = [
         plots.Point(v.name, v.p99_ms, v.throughput_infer_per_s, v.default, v is best)
         for v in view.variants
         if v.p99_ms is not None and v.throughput_infer_per_s is not None
     ]
-    constraint = view.constraint_p99_ms or slo_ms
     figures = [_img(plots.pareto(points, constraint), "throughput vs p99 of every variant")] if points else []
     shown = [*ranked[:top_n], *(v for v in ranked if v is best or v.default)]  # the top N, the best, the default
     unique = [v for i, v in enumerate(shown) if not any(v is w for w in shown[:i])]
@@ -431,13 +434,27 @@ def render_tune_section(item: ReportItem, slo_ms: float | None = None, top_n: in
             _img(plots.throughput_vs_p99(top, constraint), "throughput vs p99 of the top variants"),
             _img(plots.throughput_vs_load(top), "throughput vs concurrency of the top variants"),
         ]
-    header = ["rank", "variant", "configuration", "concurrency", "throughput infer/s", "p99 ms", "vs default", "status"]
+    return figures
+
+
+def render_tune_section(item: ReportItem, slo_ms: float | None = None, top_n: int = 3) -> str:
+    """A tune; of several models (`per_model`), each measured model's own table and figures follow."""
+    view = item.result
+    assert isinstance(view, TuneView)
+    best = _best(view)
+    constraint = view.constraint_p99_ms or slo_ms
+    figures = _tune_figures(view, best, constraint, top_n)
+    models = "".join(
+        f"<h3>{_e(own.model)}, best first</h3>{_tune_table(own, _best(own))}"
+        f'<div class="grid">{"".join(_tune_figures(own, _best(own), constraint, top_n))}</div>'
+        for own in view.per_model
+    )
     command = " ".join(str(a) for a in view.provenance.get("argv", []))
     return (
         f'<section id="{_e(_anchor(item))}"><h2>{_e(f"Tune of {view.model}")} <span class="muted">{_e(item.label)}</span></h2>'
         f'<div class="verdict {"ok" if best else "bad"}"><div class="title">{_e(_gain_sentence(view))}</div></div>'
-        f'<h3>Configurations, best first</h3><div class="scroll">{_table(header, rows)}</div>'
-        f'<h3>Figures</h3><div class="grid">{"".join(figures)}</div>'
+        f'<h3>Configurations, best first</h3>{_tune_table(view, best)}'
+        + (f'<h3>Figures</h3><div class="grid">{"".join(figures)}</div>' if figures else "") + models
         + (f'<p class="note">{_e("perfkit " + command)}</p>' if command else "")
         + "</section>"
     )  # fmt: skip
@@ -446,6 +463,7 @@ def render_tune_section(item: ReportItem, slo_ms: float | None = None, top_n: in
 SECTIONS: dict[str, Callable[[ReportItem, float | None], str]] = {
     "sweep": render_sweep_section,
     "tune": render_tune_section,
+    "tune_combination": render_tune_section,
 }
 
 

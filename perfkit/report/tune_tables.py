@@ -1,8 +1,8 @@
 """`perfkit tune`'s results as text, pure functions of a TuneResult: the ranked summary (printed and
 `summary.txt`), `results.csv` (one row per variant × concurrency: the variant's parameters, then
 every column of `perfkit sweep`'s tidy CSV), `tune.json` (everything the HTML report reads) and the
-winner's `config.pbtxt`; and of a CombinationResult (a tune of several models): its summary and
-its tune.json. The CLI decides where each goes.
+winner's `config.pbtxt`; and of a CombinationResult (a tune of several models): its summary,
+results.csv (one row per combination × measured model × level) and tune.json. The CLI decides where each goes.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from google.protobuf import text_format
 from perfkit._version import __version__
 from perfkit.report.tidy import render_tidy_csv, tidy_header
 from perfkit.results.model import SweepResult, level_name, to_jsonable
-from perfkit.tune.combination import CombinationRecord, CombinationResult
+from perfkit.tune.multi.study import CombinationRecord, CombinationResult, level_figures
 from perfkit.tune.objectives import Estimate, Figures, figures_of, violations
 from perfkit.tune.state import Record, TuneResult
 from v2kit.model_config import config_from_json
@@ -247,7 +247,7 @@ def best_pbtxt(config: dict[str, Any]) -> str:
     return str(text_format.MessageToString(config_from_json(json.dumps(config), "the best configuration")))
 
 
-# --- tunes of several models (perfkit.tune.combination) -------------------------------------------
+# --- tunes of several models (perfkit.tune.multi) -------------------------------------------------
 
 
 def _combination_gain(result: CombinationResult, key: str) -> float | None:
@@ -348,6 +348,47 @@ def render_combination_json(result: CombinationResult, argv: list[str]) -> str:
         "default": result.default_key, "combinations": combinations, "ranking": entries, "leaders": result.leaders,
         "leader": None if ranking is None else ranking.leader, "ties": [] if ranking is None else list(ranking.tie),
         "best": None if best is None else best.combination.key, "best_configs": None if best is None else best.configs,
+        "measurements": {
+            "combinations": len(result.records),
+            "levels": sum(len(r.levels) + len(r.remeasure_levels) for r in result.records.values()),
+            "measured_in_this_run": sum(r.measured for r in result.records.values()),
+        },
         "completed": result.completed, "stop_reason": result.stop_reason,
     }  # fmt: skip
     return json.dumps(doc, indent=1)
+
+
+COMBINATION_COLUMNS = [
+    "combination", "is_default", "model", "variant", "status", "phase", "chosen", "feasible", "violations", "error",
+]  # fmt: skip
+
+
+def render_combination_csv(result: CombinationResult) -> str:
+    """One row per combination × measured model × level (re-measurements: phase 'remeasure'); a
+    level's feasibility is the combination's, judged on every model's figures at once."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(COMBINATION_COLUMNS + tidy_header())
+    blank = [""] * len(tidy_header())
+    spec, study = result.spec, result.study
+    for r in result.records.values():
+        variants = dict(r.combination.variants)
+        head = [r.combination.key, str(r.default).lower()]
+        levels = [*r.levels, *r.remeasure_levels]
+        if not levels:
+            writer.writerow([*head, "", "", r.status, "search", "false", "", "", r.error, *blank])
+            continue
+        for model in study.measured:
+            own = [lv[model.name] for lv in levels]
+            sweep = SweepResult(model.name, "", "", spec.target.protocol, "concurrency", tuple(own), {})
+            rows = list(csv.reader(io.StringIO(render_tidy_csv(sweep))))[1:]
+            for i, row in enumerate(rows):
+                figures = level_figures(study, levels[i])
+                broken = ["no successful request"] if figures is None else violations(figures, result.constraints)
+                variant = variants.get(model.name)
+                writer.writerow([
+                    *head, model.name, "" if variant is None else variant.key, r.status,
+                    "search" if i < len(r.levels) else "remeasure", str(i == r.chosen).lower(),
+                    str(not broken).lower(), "; ".join(broken), r.error, *row,
+                ])  # fmt: skip
+    return out.getvalue()

@@ -1,14 +1,16 @@
 """perfkit's result files: reading a JSON result of any kind, and writing any file atomically.
 
-Every result file says what it is with a top-level `kind` ("sweep", "tune"); sweep files written
+Every result file says what it is with a top-level `kind` ("sweep", "tune", "tune_combination"); sweep files written
 before `kind` existed are recognised by their `levels`. `load_result` dispatches on the kind
 through `LOADERS`, so a new kind of result is one loader here and one section in `report.py`.
 
-A tune (`perfkit tune`'s tune.json) is read into `TuneView`, the little the report needs.
+A tune (`perfkit tune`'s tune.json) is read into `TuneView`, the little the report needs; a tune of
+several models into one too, over its combinations, with a `per_model` view of each measured model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -82,6 +84,9 @@ class TuneView:
     best: str | None = None  # the recommended variant
     ties: tuple[str, ...] = ()  # variants whose score intervals overlap the leader's
     provenance: dict[str, Any] = field(default_factory=dict)
+    #: A tune of several models: each measured model's figures of the same combinations (its own
+    #: throughput and p99, its levels as a sweep); the variants above carry the combined figures.
+    per_model: tuple[TuneView, ...] = ()
 
     def ranked(self) -> list[VariantView]:
         """The tune's own ranking when it has one, else feasible first by throughput."""
@@ -169,9 +174,55 @@ def tune_view_from_json(data: dict[str, Any], source: str) -> TuneView:
         raise PerfkitError(f"{source}: a tune result needs the key {exc} (as perfkit tune writes tune.json)") from None
 
 
+def _combination_view(data: dict[str, Any], source: str, model: str, prefix: str) -> TuneView:
+    """One measured model's view of a tune of several models (prefix: "" or "MODEL/" on figure names)."""
+    variants = []
+    for c in data["combinations"]:
+        figures = c.get("combined_figures") or c.get("figures") or {}
+        own = [levels[model] for levels in c.get("levels") or () if model in levels]
+        variants.append({
+            "key": c["key"], "is_default": c.get("is_default", False), "status": c.get("status"),
+            "description": "; ".join(f"{name}: {key}" for name, key in (c.get("variants") or {}).items()),
+            "chosen_concurrency": c.get("chosen_concurrency"), "levels": own,
+            "figures": {k.removeprefix(prefix): v for k, v in figures.items() if k.startswith(prefix)},
+        })  # fmt: skip
+    settings = dict(data.get("settings") or {})
+    if prefix:  # a constraint on each model (`MODEL/p99_ms<=20`) is that model's own
+        settings["constraints"] = [
+            c.removeprefix(prefix) for c in settings.get("constraints") or () if c.startswith(prefix)
+        ]
+    return tune_view_from_json({**data, "model": model, "variants": variants, "settings": settings}, source)
+
+
+def combination_view_from_json(data: dict[str, Any], source: str) -> TuneView:
+    """A tune of several models (report.tune_tables.render_combination_json): the combinations ranked
+    by their combined figures, and `per_model` views of each measured model's figures."""
+    try:
+        measured = [data["endpoint"]] if data.get("endpoint") else list(data["models"])
+        prefix = "" if data.get("endpoint") else "{}/"
+        per_model = tuple(_combination_view(data, source, m, prefix.format(m)) for m in measured)
+        overall = _combination_view(data, source, " + ".join(measured), "")
+        # The combination as a whole: its throughput summed over the models, its worst model's p99.
+        p99s = [{v.name: v.p99_ms for v in view.variants} for view in per_model]
+        worst: dict[str, float | None] = {}
+        for v in overall.variants:
+            values = [x for p in p99s if (x := p[v.name]) is not None]
+            worst[v.name] = max(values) if values else None
+        variants = tuple(dataclasses.replace(v, p99_ms=worst[v.name]) for v in overall.variants)
+        # A model's own gain is its throughput against the default's (the tune's gain is the whole's).
+        no_gain = tuple(
+            dataclasses.replace(view, variants=tuple(dataclasses.replace(v, gain=None) for v in view.variants))
+            for view in per_model
+        )
+        return dataclasses.replace(overall, variants=variants, per_model=no_gain)
+    except KeyError as exc:
+        raise PerfkitError(f"{source}: a tune result needs the key {exc} (as perfkit tune writes tune.json)") from None
+
+
 LOADERS: dict[str, Callable[[dict[str, Any], str], SweepResult | TuneView]] = {
     "sweep": _sweep_from_data,
     "tune": tune_view_from_json,
+    "tune_combination": combination_view_from_json,
 }
 
 

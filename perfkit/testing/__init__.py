@@ -4,7 +4,7 @@
 functions write the python-backend models it serves (the peers' build has no other backend).
 """
 
-from perfkit.testing.models import read_ort_times, write_onnx_wrapper, write_sleeper, write_staller
+from perfkit.testing.models import read_ort_times, write_bls, write_onnx_wrapper, write_sleeper, write_staller
 from perfkit.testing.triton import TritonProcess, TritonStartError, triton_server
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "TritonStartError",
     "read_ort_times",
     "triton_server",
+    "write_bls",
     "write_onnx_wrapper",
     "write_sleeper",
     "write_staller",

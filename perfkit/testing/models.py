@@ -27,7 +27,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-__all__ = ["read_ort_times", "write_onnx_wrapper", "write_sleeper", "write_staller"]
+__all__ = ["read_ort_times", "write_bls", "write_onnx_wrapper", "write_sleeper", "write_staller"]
 
 # The record `_ONNX_MODEL` writes with `struct.pack("<4Q", ...)`.
 _ORT_RECORD = struct.Struct("<4Q")
@@ -73,6 +73,40 @@ class TritonPythonModel:
             out = pb_utils.Tensor("OUTPUT0", data.copy())
             responses.append(pb_utils.InferenceResponse(output_tensors=[out]))
         return responses
+'''
+
+# A BLS model: each request's INPUT0 through the models named in its `steps` parameter, one after
+# another (a step's OUTPUT0 is the next one's INPUT0). The requests of a batch are sent on at once
+# (async_exec), so that a composing model can batch what the BLS model's batch brings it.
+_BLS_MODEL = '''\
+"""A BLS model chaining composing models (written by perfkit.testing.models)."""
+
+import asyncio
+import json
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = json.loads(args["model_config"]).get("parameters", {})
+        self.steps = params["steps"]["string_value"].split(",")
+
+    async def _chain(self, request):
+        tensor = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+        for step in self.steps:
+            call = pb_utils.InferenceRequest(
+                model_name=step, inputs=[pb_utils.Tensor("INPUT0", tensor.as_numpy())],
+                requested_output_names=["OUTPUT0"],
+            )
+            response = await call.async_exec()
+            if response.has_error():
+                return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{step}: {response.error().message()}"))
+            tensor = pb_utils.get_output_tensor_by_name(response, "OUTPUT0")
+        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUTPUT0", tensor.as_numpy())])
+
+    async def execute(self, requests):
+        return list(await asyncio.gather(*(self._chain(request) for request in requests)))
 '''
 
 _ONNX_MODEL = '''\
@@ -191,6 +225,23 @@ def write_sleeper(
         instances=instances,
         max_queue_delay_us=max_queue_delay_us,
     )
+
+
+def write_bls(
+    repo: Path, name: str, steps: Sequence[str], *, max_batch_size: int = 8, dynamic_batching: bool = False
+) -> Path:
+    """Write a BLS model (INPUT0 FP32 [-1] → OUTPUT0 FP32 [-1]) that sends each request through the
+    composing models `steps` in turn, each taking INPUT0 and giving OUTPUT0. Returns the model folder."""
+    if not steps:
+        raise ValueError("a BLS model needs at least one composing model")
+    io = (
+        'input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+    )
+    return _write_model(
+        repo, name, _BLS_MODEL, io=io, params={"steps": ",".join(steps)}, max_batch_size=max_batch_size,
+        dynamic_batching=dynamic_batching, instances=1, max_queue_delay_us=0,
+    )  # fmt: skip
 
 
 def write_staller(

@@ -8,7 +8,7 @@ GPU figures come without an interval (zero width), because a level keeps no per-
 The figures are the metrics of the catalogue (`analysis.metrics`) that have a figure name, and any
 spelling of one names it (`latency`, `p99`, `p99_ms`). In a tune of several models the figures of
 model M are named `M/throughput`, `M/p99_ms`, …, and objectives and constraints over them are the
-per-model ones with the models' weights folded in (`perfkit.tune.combination`).
+per-model ones with the models' weights folded in (`perfkit.tune.multi.study`).
 
 Objectives. model_analyzer compares two measurements by Σ wᵢ·(aᵢ − bᵢ)/mean(aᵢ, bᵢ) with the sign
 of each metric's direction (result/model_config_measurement.py). perfkit scores each measurement on
@@ -121,7 +121,7 @@ FIGURES: dict[str, Metric] = {m.figure: m for m in METRICS if m.figure}
 
 def metric_of(name: str) -> Metric:
     """The metric a figure name stands for; `MODEL/figure` names one model's figure in a tune of
-    several models (`perfkit.tune.combination`)."""
+    several models (`perfkit.tune.multi.study`)."""
     return FIGURES[name.rpartition("/")[2]]
 
 

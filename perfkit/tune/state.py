@@ -202,7 +202,7 @@ class TuneResult:
         return None if self.ranking is None or self.ranking.best is None else self.records[self.ranking.best]
 
 
-def _levels_from_json(levels: list[Any]) -> list[LevelResult]:
+def levels_from_json(levels: list[Any]) -> list[LevelResult]:
     # Through the sweep reader, which owns LevelResult's JSON form.
     doc = {"schema_version": RESULT_SCHEMA_VERSION, "model": "", "model_version": "", "url": "", "protocol": "",
            "mode": "concurrency"}  # fmt: skip
@@ -226,6 +226,8 @@ class Checkpoint:
             found = doc["fingerprint"]
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise PerfkitError(f"--checkpoint {path}: not a tune checkpoint ({exc}); pass another file") from None
+        if doc.get("kind") == "tune_combination_checkpoint":
+            raise PerfkitError(f"--checkpoint {path} is a tune of several models'; pass a new --checkpoint file")
         differ = sorted(k for k in set(found) | set(fingerprint) if found.get(k) != fingerprint.get(k))
         if doc.get("schema") != CHECKPOINT_SCHEMA or differ:
             raise PerfkitError(
@@ -233,10 +235,10 @@ class Checkpoint:
                 "its measurements would not compare: pass a new --checkpoint file or delete this one"
             )
         for key, entry in doc["variants"].items():
-            self.levels[key] = {int(lv.level): lv for lv in _levels_from_json(entry["levels"])}
+            self.levels[key] = {int(lv.level): lv for lv in levels_from_json(entry["levels"])}
             if entry.get("error"):
                 self.failures[key] = entry["error"]
-        self.remeasures = {k: _levels_from_json(v) for k, v in doc.get("remeasures", {}).items()}
+        self.remeasures = {k: levels_from_json(v) for k, v in doc.get("remeasures", {}).items()}
         self.default_config = doc.get("default_config")
         self.server_had_model = bool(doc.get("server_had_model"))
 

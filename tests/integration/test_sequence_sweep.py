@@ -98,3 +98,14 @@ def test_sequence_flags_with_a_batch_are_refused(
 ) -> None:
     code, _ = sweep(urls, tmp_path, "http", "-m", "accumulator", "--sequence-length", "5", "-b", "2")
     assert code == 2 and "do not support batching" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_probe_sends_a_sequence_model_one_request_sequences(
+    urls: dict[str, str], protocol: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Without an id and START the sequence batcher refuses the request; each probe request is a
+    # sequence of its own, so all of them succeed.
+    assert main(["probe", "-u", urls[protocol], "-i", protocol, "-m", "accumulator", "-n", "3"]) == 0, (
+        capsys.readouterr()
+    )

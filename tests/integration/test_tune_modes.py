@@ -4,6 +4,7 @@ margins of several times, which short windows keep."""
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 import urllib.request
@@ -15,7 +16,7 @@ import pytest
 
 from perfkit.cli import main
 from perfkit.target import open_target
-from perfkit.testing import triton_server, write_sleeper
+from perfkit.testing import triton_server, write_bls, write_sleeper
 from tests.integration.test_tune import SLOW_MLP
 from v2kit.demo import build_demo_repository
 
@@ -163,6 +164,26 @@ def test_two_models_are_measured_together_and_ranked_with_weights(
     with urllib.request.urlopen(f"http://{server[0]}/v2/models/preprocess/config", timeout=30) as response:
         after = json.loads(response.read())
     assert after["instance_group"][0]["count"] == 2 and "dynamic_batching" not in after
+    # results.csv: one row per combination × model × level (search and re-measurement); report.html
+    # with a table and plots per model; `perfkit report` reads the tune.json.
+    with (out / "results.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    levels = sum(len(c["levels"]) + len(c["remeasures"]) for c in doc["combinations"])
+    assert len(rows) == 2 * levels and {r["model"] for r in rows} == {"mlp", "preprocess"}
+    assert {r["phase"] for r in rows} == {"search", "remeasure"} and all(
+        float(r["throughput_infer_per_s"]) > 0 for r in rows
+    )
+    page = (out / "report.html").read_text()
+    assert "<h3>mlp, best first</h3>" in page and "<h3>preprocess, best first</h3>" in page and page.count("<img") >= 6
+    assert main(["report", str(out / "tune.json"), "-o", str(tmp_path / "again.html")]) == 0
+    # Resumed from its checkpoint, the tune measures nothing again and reaches the same verdict.
+    again = tmp_path / "again"
+    code = tune(server, str(slow_mlp), str(preprocess), "--weights", "mlp:3", "--batching-delays-us", "0",
+                "--leaders", "2", "--remeasure", "1", "-o", str(again), "--checkpoint", str(out / "checkpoint.json"),
+                *SMALL_GRID)  # fmt: skip
+    resumed = read_json(again / "tune.json")
+    assert code == 0 and resumed["measurements"]["measured_in_this_run"] == 0
+    assert resumed["leader"] == doc["leader"] and resumed["measurements"]["levels"] == levels
     repository_call(server[0], "models/preprocess/unload", {})
 
 
@@ -184,6 +205,27 @@ def test_an_ensemble_is_measured_while_its_composing_models_are_searched(
     assert "20000us" not in doc["leader"]
     assert throughput_of(doc, doc["leader"], "mlp_pipeline") > 1.5 * throughput_of(doc, doc["default"], "mlp_pipeline")
     assert ready_models(server[0]) == set()  # the server is left as the tune found it
+
+
+@pytest.mark.timeout(200)
+def test_a_bls_model_is_measured_while_its_composing_models_are_searched(
+    server: tuple[str, Path], slow_mlp: Path, tmp_path: Path
+) -> None:
+    # The BLS model sends each request on to the mlp, which waits 20 ms for a batch.
+    bls = write_bls(server[1], "bls", ["mlp"], max_batch_size=64)
+    out = tmp_path / "out"
+    code = tune(server, str(bls / "config.pbtxt"), "--composing-models", "mlp", "--search", "quick",
+                "--remeasure", "0", "--shape", "INPUT0:256", "-o", str(out), *SMALL_GRID)  # fmt: skip
+    assert code == 0
+    doc = read_json(out / "tune.json")
+    assert doc["mode"] == "bls" and doc["models"] == ["mlp", "bls"] and doc["endpoint"] == "bls"
+    # Only the BLS model takes load; the composing models' configs (and its own) are what vary.
+    assert all(set(levels) == {"bls"} for c in doc["combinations"] for levels in c["levels"])
+    assert len({c["variants"]["mlp"] for c in doc["combinations"]}) >= 2
+    assert doc["default"].startswith("mlp: count=1 mbs=64 batching=20000us kind=cpu | bls: ")
+    assert "20000us" not in doc["leader"]
+    assert throughput_of(doc, doc["leader"], "bls") > 1.5 * throughput_of(doc, doc["default"], "bls")
+    assert ready_models(server[0]) == set()
 
 
 SLEEPER_PIPELINE = """\

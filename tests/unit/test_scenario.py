@@ -83,6 +83,29 @@ input_data = "random"
     ]  # fmt: skip
 
 
+def test_sequence_and_request_data_keys_reach_the_sweep_spec(tmp_path: Path) -> None:
+    s = scenario(
+        """
+[sweep]
+sequence_length = 5
+sequence-length-variation = 0
+sequence_id_range = "100:200"
+serial_sequences = true
+request_rate_range = "10:10"
+request_parameter = ["priority:2:int", "tag:x:string"]
+string_length = 8
+request_count = 40
+""",
+        tmp_path,
+    )
+    spec = spec_from_args(SWEEP.parse_args(command_argv(SWEEP, s.settings, "s")))
+    sequences = spec.sequences
+    assert sequences.enabled and sequences.serial and sequences.length == 5 and sequences.length_variation_pct == 0
+    assert (sequences.start_id, sequences.id_range) == (100, 100)
+    assert [p[0] for p in spec.inputs.request_parameters] == ["priority", "tag"]
+    assert spec.inputs.string_length == 8 and spec.windows.request_limit == 40
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

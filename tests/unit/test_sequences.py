@@ -21,7 +21,7 @@ from perfkit.load.samples import SampleBuffer
 from perfkit.load.schedule import ClosedLoop, OpenLoop
 from perfkit.load.sequences import SequenceLoad, SequenceManager, SequenceSpec, parse_id_range
 from perfkit.load.validation import batch_expected, read_validation_data
-from perfkit.report.export import render_summary_table
+from perfkit.report.export import render_profile_export, render_summary_table
 from perfkit.report.html import render_html
 from perfkit.results.files import ReportItem
 from perfkit.results.model import LatencyStats, ResourceUsage
@@ -161,6 +161,17 @@ async def test_concurrency_runs_one_request_per_slot_and_ends_every_sequence() -
     assert len(done) == 9 and done.ok.all()
     whole = done.requests == 4
     assert np.all(done.done_ns[whole] - done.first_sent_ns[whole] == 40 * MS)
+    # Every request is recorded with its sequence's id, which the profile export writes as
+    # perf_analyzer's does: "sequence_id" after "timestamp"; a request of no sequence has none.
+    samples = buffer.arrays()
+    assert samples.sequence_id is not None
+    sent = sorted((int(t), int(name.split(":")[0])) for t, name in client.sent)
+    assert sorted(zip(samples.sent_ns.tolist(), samples.sequence_id.tolist())) == sent
+    buffer.record(0, 0, 1)
+    text = render_profile_export([("concurrency", 3, buffer.arrays(), [])], version="v", epoch_offset_ns=0)
+    requests = json.loads(text)["experiments"][0]["requests"]
+    assert [r.get("sequence_id") for r in requests] == [*samples.sequence_id.tolist(), None]
+    assert list(requests[0])[:2] == ["timestamp", "sequence_id"]
 
 
 async def test_request_rate_draws_sequences_and_serial_mode_waits_for_each_answer() -> None:

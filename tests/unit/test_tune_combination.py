@@ -1,22 +1,30 @@
-"""perfkit.tune.combination: the combined grid of several models, weights, combined figures, the
+"""perfkit.tune.multi.study: the combined grid of several models, weights, combined figures, the
 searches over combinations (a synthetic server where models share cores), and the study's checks;
 no server, no clock."""
 
 from __future__ import annotations
 
+import csv
+import io
+import json
 import math
 from pathlib import Path
 
 import pytest
 
 from perfkit.errors import PerfkitError
+from perfkit.report.tune_tables import render_combination_csv, render_combination_json
+from perfkit.results.files import TuneView, load_result
 from perfkit.tune.bayesian import bayesian_search
-from perfkit.tune.combination import (
+from perfkit.tune.multi.checkpoint import CombinationCheckpoint, fingerprint
+from perfkit.tune.multi.study import (
     Combination,
+    CombinationRecord,
     CombinedSpace,
     Study,
     combined_figures,
     combined_objective,
+    level_figures,
     new_result,
     parse_weights,
     read_study,
@@ -24,6 +32,7 @@ from perfkit.tune.combination import (
 from perfkit.tune.objectives import Estimate, Figures, Objective, merit, parse_constraint, parse_objective
 from perfkit.tune.search import Space, SpaceSpec, Variant, brute_search, quick_search
 from perfkit.tune.state import Model, TuneSpec
+from tests.synthetic import make_level
 from tests.unit.test_search import figures, run
 from v2kit.demo import build_demo_repository
 
@@ -165,3 +174,44 @@ def test_a_combination_applies_each_model_s_variant(repository: Path) -> None:
     configs = combination.configs(study)
     assert configs["mlp"]["instance_group"][0]["count"] == 2 and configs["mlp"]["max_batch_size"] == 8
     assert "dynamic_batching" not in configs["preprocess"]
+
+
+def test_a_combination_checkpoint_gives_back_its_levels_and_refuses_another_tune(
+    repository: Path, tmp_path: Path
+) -> None:
+    study = read_study([repository / "mlp" / "config.pbtxt", repository / "preprocess" / "config.pbtxt"])
+    assert study is not None
+    spec = TuneSpec(config_path=repository / "mlp" / "config.pbtxt", space=SpaceSpec(max_instances=1, max_batch=1))
+    result = new_result(spec, study)
+    combination = result.space.variant(result.space.coordinates()[0])
+    record = result.records[combination.key] = CombinationRecord(combination, combination.configs(study), False)
+    for concurrency in (1, 2):
+        record.levels.append(
+            {"mlp": make_level(concurrency, [100.0] * 3), "preprocess": make_level(concurrency, [50.0] * 3)}
+        )
+    record.remeasure_levels.append(record.levels[1])
+    path = tmp_path / "checkpoint.json"
+    CombinationCheckpoint(path, fingerprint(spec, study, "embedded")).save(result, {"mlp": None})
+    again = CombinationCheckpoint(path, fingerprint(spec, study, "embedded"))
+    assert sorted(again.levels[combination.key]) == [1, 2] and again.served == {"mlp": None}
+    assert again.levels[combination.key][2]["preprocess"].throughput_infer_per_s == 50.0
+    assert list(again.remeasures[combination.key][0]) == ["mlp", "preprocess"]
+    # Its CSV: a row per combination × model × level, the re-measurement last.
+    rows = list(csv.DictReader(io.StringIO(render_combination_csv(result))))
+    assert [(r["model"], r["phase"]) for r in rows] == [("mlp", "search")] * 2 + [("mlp", "remeasure")] + [
+        ("preprocess", "search")] * 2 + [("preprocess", "remeasure")]  # fmt: skip
+    # Its tune.json, as `perfkit report` reads it: the combinations, then each model's own figures.
+    record.figures = [level_figures(study, levels) for levels in record.levels]
+    record.chosen, record.status = 1, "ok"
+    result.ranking = result.rank()
+    (tmp_path / "tune.json").write_text(render_combination_json(result, ["tune"]))
+    item = load_result(tmp_path / "tune.json")
+    assert item.kind == "tune_combination" and isinstance(item.result, TuneView)
+    assert item.result.variants[0].throughput_infer_per_s == 150.0 and item.result.best == combination.key
+    assert [(m.model, m.variants[0].throughput_infer_per_s) for m in item.result.per_model] == [
+        ("mlp", 100.0), ("preprocess", 50.0)]  # fmt: skip
+    with pytest.raises(PerfkitError, match="server differ"):
+        CombinationCheckpoint(path, fingerprint(spec, study, "host:8000"))
+    path.write_text(json.dumps({"schema": 1, "fingerprint": {}, "variants": {}}))
+    with pytest.raises(PerfkitError, match="checkpoint of a one-model tune"):
+        CombinationCheckpoint(path, fingerprint(spec, study, "embedded"))

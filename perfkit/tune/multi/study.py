@@ -41,13 +41,14 @@ Theory of operation, after model_analyzer's config_search.md:
 With -u, the default combination is each member as the server serves it (its `/config`), else
 its config.pbtxt, and each model is left as the server had it (its config loaded back, or unloaded).
 
-Not here: a one-model tune's checkpoint, Ray workers and request-rate search. The outputs are a
-tune.json and summary of their own (`perfkit.report.tune_tables.render_combination_*`).
+This module holds what a tune of several models is asked for and keeps (the study, the combined
+grid, the records and result); `perfkit.tune.multi.tuner` measures, `perfkit.tune.multi.checkpoint`
+saves the levels as they come so that `--checkpoint` resumes a tune. Not here: Ray workers and
+request-rate search. The outputs are rendered by `perfkit.report.tune_tables.render_combination_*`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import datetime as dt
 import itertools
@@ -56,42 +57,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from perfkit.errors import ExitCode, PerfkitError, TargetError
-from perfkit.load.generator import LoadGenerator, RealClock
-from perfkit.load.inputs import build_requests
-from perfkit.load.samples import SampleBuffer
-from perfkit.load.schedule import ClosedLoop
-from perfkit.measure.level import ServerStatsProbe, observe_level, server_gone
-from perfkit.measure.probe import check_credentials
-from perfkit.progress import Progress
+from perfkit.errors import PerfkitError
 from perfkit.results.model import LevelResult
-from perfkit.target import open_target
-from perfkit.tune.bayesian import bayesian_search
-from perfkit.tune.objectives import (
-    Constraint,
-    Estimate,
-    Figures,
-    Objective,
-    Ranking,
-    best_level,
-    combine,
-    figures_of,
-    rank,
-)
-from perfkit.tune.search import (
-    Space,
-    SpaceSpec,
-    Variant,
-    brute_search,
-    build_space,
-    concurrency_sweep,
-    neighbours_in,
-    quick_search,
-    variant_of,
-)
+from perfkit.tune.objectives import Constraint, Estimate, Figures, Objective, Ranking, combine, figures_of, rank
+from perfkit.tune.search import Space, SpaceSpec, Variant, build_space, neighbours_in, variant_of
 from perfkit.tune.state import Model, TuneSpec, read_model
-from perfkit.wire.client import InferClient, make_client
-from v2kit.runtime import eventloop
 
 __all__ = [
     "Combination",
@@ -101,9 +71,10 @@ __all__ = [
     "Study",
     "combined_figures",
     "combined_objective",
+    "level_figures",
+    "new_result",
     "parse_weights",
     "read_study",
-    "run_combination_tune",
 ]
 
 
@@ -284,6 +255,13 @@ def combined_figures(per_model: Mapping[str, Figures | None]) -> dict[str, Estim
     return out
 
 
+def level_figures(study: Study, levels: Mapping[str, LevelResult]) -> dict[str, Estimate] | None:
+    """A level's figures: the endpoint's, or every model's under `MODEL/figure` (`combined_figures`)."""
+    if study.endpoint is None:
+        return combined_figures({name: figures_of(lv) for name, lv in levels.items()})
+    return figures_of(levels[study.endpoint.name])
+
+
 # --- what a combination tune keeps ----------------------------------------------------------------
 
 
@@ -298,6 +276,8 @@ class CombinationRecord:
     figures: list[dict[str, Estimate] | None] = field(default_factory=list)  # per level, combined
     chosen: int | None = None
     remeasures: list[dict[str, Estimate]] = field(default_factory=list)  # the chosen level, measured again
+    remeasure_levels: list[dict[str, LevelResult]] = field(default_factory=list)  # what `remeasures` came from
+    measured: int = 0  # levels measured by this run (the rest came from the checkpoint)
 
     def chosen_figures(self) -> dict[str, Estimate] | None:
         return None if self.chosen is None else self.figures[self.chosen]
@@ -339,196 +319,6 @@ class CombinationResult:
         return None if self.ranking is None or self.ranking.best is None else self.records[self.ranking.best]
 
 
-# --- measuring ------------------------------------------------------------------------------------
-
-
-class CombinationTuner:
-    """Loads each combination on one server and measures its endpoint(s) over concurrency."""
-
-    def __init__(self, spec: TuneSpec, study: Study, client: InferClient, url: str, progress: Progress) -> None:
-        self.spec, self.study, self.client, self.url, self.progress = spec, study, client, url, progress
-        self.loaded: dict[str, dict[str, Any] | None] = {}  # what the server serves now, as far as we loaded it
-        self.prepared: dict[str, list[Any]] = {}
-        self.silent = Progress(quiet=True)  # observes the levels measured beside the one shown
-
-    async def run(self, result: CombinationResult, served: Mapping[str, dict[str, Any] | None]) -> None:
-        """Search, measure and rank; the default is each member as the server serves it (`served`,
-        with -u), else as its config.pbtxt says."""
-        if not await self._live():
-            raise TargetError(f"cannot reach the server at {self.url}")
-        spec, study = self.spec, self.study
-        defaults = {m.name: served.get(m.name) or m.base for m in study.members}
-        default = Combination(tuple((m.name, variant_of(defaults[m.name])) for m in study.members))
-        result.default_key = default.key
-        if spec.search == "quick":
-            policy = quick_search(result.space, default, result.objective, result.constraints)
-        elif spec.search == "bayesian":
-            policy = bayesian_search(
-                result.space, default, result.objective, result.constraints, budget=spec.budget, seed=spec.seed
-            )
-        else:
-            policy = brute_search(result.space, default)
-        combination = next(policy)
-        while True:
-            is_default = combination.key == result.default_key
-            configs = defaults if is_default else combination.configs(study)
-            record = result.records[combination.key] = CombinationRecord(combination, configs, is_default)
-            self.progress.note(f"combination {len(result.records)} ({spec.search} search): {combination.key}")
-            await self._sweep(record, result)
-            result.ranking = result.rank()
-            self.progress.note(_outcome(record, result))
-            try:
-                combination = policy.send(record.chosen_figures())
-            except StopIteration:
-                break
-        await self._remeasure(result)
-        result.completed = True
-
-    async def _remeasure(self, result: CombinationResult) -> None:
-        """The leaders measured again at their chosen concurrency, round-robin (A B C A B C), as a
-        one-model tune does, so that one lucky measurement does not name the winner; again for a
-        combination that overtakes them meanwhile, so that the leader is always re-measured."""
-        for _ in range(3 if self.spec.remeasure_rounds else 0):
-            assert result.ranking is not None
-            group = [k for k in result.ranking.leaders(self.spec.leaders) if k not in result.leaders]
-            if result.ranking.leader in result.leaders or not group or len(group) + len(result.leaders) < 2:
-                return
-            result.leaders += group
-            self.progress.note(f"re-measuring, interleaved: {'; '.join(group)}")
-            for _ in range(self.spec.remeasure_rounds):
-                for key in group:
-                    record = result.records[key]
-                    concurrency = record.chosen_concurrency()
-                    if concurrency is None or await self._load(record.configs):
-                        continue  # it loaded before; a refusal now leaves the first measurement alone
-                    figures = self._figures(await self._level(concurrency, record))
-                    if figures is not None:
-                        record.remeasures.append(figures)
-            result.ranking = result.rank()
-
-    def _figures(self, levels: dict[str, LevelResult]) -> dict[str, Estimate] | None:
-        if self.study.endpoint is None:
-            return combined_figures({name: figures_of(lv) for name, lv in levels.items()})
-        return figures_of(levels[self.study.endpoint.name])
-
-    async def _live(self) -> bool:
-        try:
-            return await self.client.live()
-        except TargetError as exc:
-            check_credentials(exc)
-            return False
-
-    async def _sweep(self, record: CombinationRecord, result: CombinationResult) -> None:
-        spec = self.spec
-        error = await self._load(record.configs)
-        if error:
-            record.status, record.error = "failed", error
-            return
-        policy = concurrency_sweep(spec.concurrency[0], spec.concurrency[1], result.constraints)
-        concurrency = next(policy)
-        while True:
-            levels = await self._level(concurrency, record)
-            record.levels.append(levels)
-            figures = self._figures(levels)
-            record.figures.append(figures)
-            try:
-                concurrency = policy.send(figures)
-            except StopIteration:
-                break
-        record.chosen = best_level(record.figures, result.objective, result.constraints)
-        record.status = "ok" if record.chosen is not None else "failed"
-        if record.chosen is None:
-            record.error = "no request succeeded"
-
-    async def _load(self, configs: dict[str, dict[str, Any]]) -> str:
-        """Load the members whose configuration changed, then the endpoint; "" or the server's reason."""
-        wanted: list[tuple[str, dict[str, Any] | None]] = [
-            (n, c) for n, c in configs.items() if self.loaded.get(n) != c
-        ]
-        endpoint = self.study.endpoint
-        if endpoint is not None and endpoint.name not in configs and (wanted or endpoint.name not in self.loaded):
-            wanted.append((endpoint.name, None))
-        for name, config in wanted:
-            self.loaded.pop(name, None)
-            try:
-                await self.client.load_model(name, config)
-            except TargetError as exc:
-                check_credentials(exc)
-                text = str(exc)
-                if "not allowed" in text or "polling is enabled" in text:
-                    raise TargetError(
-                        f"{text}; tune loads each combination through the repository API: start the server with "
-                        "--model-control-mode explicit (or leave out -u to use the bundled server)"
-                    ) from None
-                return f"{name}: {text}"
-            self.loaded[name] = config
-        for model in self.study.measured:
-            if model.name not in self.prepared:
-                metadata = await self.client.model_metadata(model.name)
-                config = await self.client.model_config(model.name)
-                requests = build_requests(
-                    metadata, config, model=model.name, shapes={n: list(d) for n, d in self.spec.shapes},
-                    input_data=self.spec.input_data, seed=self.spec.seed,
-                )  # fmt: skip
-                self.prepared[model.name] = [self.client.prepare(r) for r in requests]
-        return ""
-
-    async def _level(self, concurrency: int, record: CombinationRecord) -> dict[str, LevelResult]:
-        """One level on every measured model at once; each keeps its load until all are measured."""
-        measured = self.study.measured
-        all_done = asyncio.Event()
-        remaining = [len(measured)]
-
-        async def one(model: Model, shown: bool) -> LevelResult:
-            client, name = self.client, model.name
-            loadgen = LoadGenerator(client, self.prepared[name], SampleBuffer(), RealClock())
-            measurement = await observe_level(
-                self.progress if shown else self.silent, loadgen, ClosedLoop(concurrency), self.spec.windows,
-                batch_size=1, server=ServerStatsProbe(lambda: client.model_statistics(name, ""), name, ""),
-                resources=None, drain_timeout_s=self.spec.target.request_timeout_s + 5,
-            )  # fmt: skip
-            remaining[0] -= 1
-            if remaining[0] == 0:
-                all_done.set()
-            else:  # the neighbours are still measured: keep this model's load on them
-                filler = LoadGenerator(client, self.prepared[name], SampleBuffer(), RealClock())
-                filler.start(ClosedLoop(concurrency))
-                await all_done.wait()
-                await filler.stop(self.spec.target.request_timeout_s + 5)
-            return measurement.result
-
-        results = await asyncio.gather(*(one(m, i == 0) for i, m in enumerate(measured)))
-        for level in results:
-            if server_gone(level.errors, level.ok_count):
-                raise TargetError(f"the server stopped answering while measuring {record.combination.key}")
-        return {m.name: lv for m, lv in zip(measured, results)}
-
-    async def restore(self, served: dict[str, dict[str, Any] | None]) -> None:
-        """Leave each model as the server had it before the tune (best effort)."""
-        for name, config in served.items():
-            try:
-                if config is not None:
-                    await self.client.load_model(name, config)
-                else:
-                    await self.client.unload_model(name)
-            except (TargetError, OSError) as exc:
-                self.progress.note(f"could not restore model '{name}' on {self.url}: {exc}")
-
-
-def _outcome(record: CombinationRecord, result: CombinationResult) -> str:
-    if record.status == "failed":
-        text = f"  failed: {record.error}"
-    else:
-        figures = record.chosen_figures()
-        assert figures is not None and result.ranking is not None
-        feasible = result.ranking.entry(record.combination.key).status == "feasible"
-        text = (
-            f"  {figures['throughput'].value:.1f} infer/s at concurrency {record.chosen_concurrency()}"
-            f"{'' if feasible else ', breaks the constraints'}"
-        )
-    return text + (f"; best so far: {result.ranking.leader}" if result.ranking and result.ranking.leader else "")
-
-
 def _member_space(spec: SpaceSpec, study: Study) -> SpaceSpec:
     """An ensemble's batch size bounds its composing models' (Triton refuses an ensemble whose
     max_batch_size exceeds a step's): smaller ones are left out of the grid, not measured to fail."""
@@ -551,56 +341,3 @@ def new_result(spec: TuneSpec, study: Study) -> CombinationResult:
     result = CombinationResult(spec, study, CombinedSpace(spaces), objective, constraints, default.key)
     result.started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     return result
-
-
-def run_combination_tune(spec: TuneSpec, study: Study) -> tuple[CombinationResult, int]:
-    """Run a tune of several models on -u (explicit mode) or the bundled server; the result and exit code."""
-    spec.validate()
-    if spec.rate_mode or spec.workers or spec.checkpoint is not None or spec.space.params:
-        raise PerfkitError(
-            "a tune of several models (or of an ensemble) takes the knob flags and measures by concurrency on one "
-            "server: leave out --request-rate-range, --workers, --checkpoint and --param"
-        )
-    result = new_result(spec, study)
-    progress = Progress(quiet=spec.quiet)
-    t = spec.target
-    repository = study.members[0].folder.parent
-    try:
-        with open_target(t.url, t.protocol, model_repository=repository,
-                         server_args=["--model-control-mode", "explicit"]) as target:  # fmt: skip
-            client = make_client(
-                target.url, target.protocol, request_timeout_s=t.request_timeout_s, headers=dict(t.headers), tls=t.tls
-            )
-            tuner = CombinationTuner(spec, study, client, target.url, progress)
-            eventloop.run(_run(tuner, result, restore=not target.embedded))
-    except KeyboardInterrupt:
-        return result, ExitCode.INTERRUPTED
-    except TargetError as exc:
-        if not result.records:
-            raise
-        result.stop_reason = str(exc)
-        result.ranking = result.rank()
-        return result, ExitCode.FAILED
-    finally:
-        progress.close()
-    return result, (ExitCode.OK if result.best is not None else ExitCode.FAILED)
-
-
-async def _run(tuner: CombinationTuner, result: CombinationResult, restore: bool) -> None:
-    names = [m.name for m in tuner.study.members] + ([tuner.study.endpoint.name] if tuner.study.endpoint else [])
-    served: dict[str, dict[str, Any] | None] = {}
-    try:
-        if restore:
-            for name in dict.fromkeys(names):
-                try:
-                    served[name] = await tuner.client.model_config(name)
-                except TargetError as exc:
-                    check_credentials(exc)
-                    served[name] = None
-        try:
-            await tuner.run(result, served)
-        finally:
-            if restore:
-                await tuner.restore(served)
-    finally:
-        await tuner.client.close()
