@@ -20,6 +20,7 @@ from reference_server.errors import InternalError, InvalidArgument, Unavailable
 from reference_server.frontends.http.messages import Exchange, HttpRequest, HttpResponse, Reply
 from reference_server.frontends.http.server import HttpServer
 from reference_server.scheduling.policy import BatchingPolicy
+from reference_server.scheduling.model_scheduler import submit_by_task
 from reference_server.scheduling.scheduler import Scheduler
 from reference_server.scheduling.stats import ModelStats
 from tests.unit.test_http_server import post, read_response, serve
@@ -152,13 +153,17 @@ def test_an_answer_that_comes_after_the_server_closed_its_connection_is_dropped(
 
 
 class _Wrapped:
-    """A scheduler wrapper without `submit`, as a response cache, a reshape or a sequence batcher is."""
+    """A scheduler wrapper whose requests await, as a response cache or a sequence batcher is: its
+    `submit` runs `infer` in a task."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
 
     async def infer(self, *args: Any, **kwargs: Any) -> Any:
         return await self.inner.infer(*args, **kwargs)
+
+    def submit(self, inputs: Any, output_names: Any, done: Any, **kwargs: Any) -> None:
+        submit_by_task(self.infer(inputs, output_names, **kwargs), done)
 
     async def close(self, grace_s: float) -> None:
         await self.inner.close(grace_s)
