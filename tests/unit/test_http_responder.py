@@ -19,8 +19,8 @@ from reference_server.core.repository import ModelRepository
 from reference_server.errors import InternalError, InvalidArgument, Unavailable
 from reference_server.frontends.http.messages import Exchange, HttpRequest, HttpResponse, Reply
 from reference_server.frontends.http.server import HttpServer
-from reference_server.scheduling.policy import BatchingPolicy
 from reference_server.scheduling.model_scheduler import submit_by_task
+from reference_server.scheduling.policy import BatchingPolicy
 from reference_server.scheduling.scheduler import Scheduler
 from reference_server.scheduling.stats import ModelStats
 from tests.unit.test_http_server import post, read_response, serve
@@ -205,7 +205,8 @@ async def test_start_infer_answers_a_plain_scheduler_from_its_callback_and_a_wra
             plane.start_infer(request(name="NOPE"), lambda _: None)
         repository.get("identity").scheduler = _Wrapped(repository.get("identity").scheduler)  # type: ignore[assignment]
         wrapped = await answer(request())
-        refused = await answer(request(name="NOPE"))  # ... and through `done` on the task path
+        with pytest.raises(InvalidArgument):  # checked before any scheduler: at once on the task path too
+            plane.start_infer(request(name="NOPE"), lambda _: None)
     finally:
         loop.set_task_factory(default)
         await repository.close(0)
@@ -217,5 +218,4 @@ async def test_start_infer_answers_a_plain_scheduler_from_its_callback_and_a_wra
     ]
     assert tasks_for_plain == 0
     assert isinstance(wrapped, v2.InferResponse) and np.asarray(wrapped.outputs[0].data).tolist() == [[1, 5, 3]]
-    assert isinstance(refused, InvalidArgument) and "NOPE" in str(refused)
     assert made >= 2  # the wrapped scheduler's requests each ran in a task
