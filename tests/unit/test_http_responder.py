@@ -218,4 +218,4 @@ async def test_start_infer_answers_a_plain_scheduler_from_its_callback_and_a_wra
     ]
     assert tasks_for_plain == 0
     assert isinstance(wrapped, v2.InferResponse) and np.asarray(wrapped.outputs[0].data).tolist() == [[1, 5, 3]]
-    assert made >= 2  # the wrapped scheduler's requests each ran in a task
+    assert made == 1  # the wrapped scheduler's request ran in a task
