@@ -7,10 +7,9 @@ The staller (one instance, 5 ms per request, but the first request of every 2 s 
 requests (the stalled one and the ~8 that arrive in its 400 ms, of ~40 per period; with a stall
 every second it would be nearly half, and the median would sit on the edge of the stalls). A client that keeps its schedule measures them from their intended send time, so the
 corrected p99 is close to the stall; the median request never meets a stall and stays small.
-perf_analyzer measures the same server from the actual send only; its figures are printed beside
-perfkit's (`pytest -s`) for comparison, not asserted. On the quiet 2-core development box:
-perfkit p50 6.8 ms, p99 402 ms from the intended send, 1 % of sends more than 1 ms late (largest
-lag 1.0 ms); perf_analyzer p50 6.5 ms, p99 402 ms.
+perfkit's figures are printed (`pytest -s`). On the quiet 2-core development box: p50 6.8 ms, p99
+402 ms from the intended send, 1 % of sends more than 1 ms late (largest lag 1.0 ms); perf_analyzer,
+which measures from the actual send only, gave p50 6.5 ms, p99 402 ms on the same server.
 
 That the client kept its schedule (next to no late send) is a property of the client and of the
 machine: when other processes take more than BUSY_MACHINE_SHARE of the CPUs and the schedule was
@@ -19,7 +18,6 @@ missed twice, the test is skipped with the figures rather than failed.
 
 from __future__ import annotations
 
-import csv
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -95,7 +93,7 @@ def schedule_kept(level: LevelResult) -> bool:
     return level.delayed_pct <= MAX_DELAYED_PCT and level.max_send_lag_us < 0.5 * STALL_MS * 1000
 
 
-def test_staller_latency_from_intended_send_sees_the_stalls(triton: TritonProcess, peers: Path, tmp_path: Path) -> None:
+def test_staller_latency_from_intended_send_sees_the_stalls(triton: TritonProcess, tmp_path: Path) -> None:
     load = ("--request-rate-range", str(RATE), "--request-distribution", "poisson")
     with OtherLoad() as other:
         level = sweep(triton.http_url, "staller", tmp_path / "try1", *load, *STALLER_WINDOWS)
@@ -106,19 +104,6 @@ def test_staller_latency_from_intended_send_sees_the_stalls(triton: TritonProces
             level = sweep(triton.http_url, "staller", tmp_path / "try2", *load, *STALLER_WINDOWS)
     stall_us = STALL_MS * 1000
 
-    # perf_analyzer on the same staller at the same rate, for comparison only.
-    pa_csv = tmp_path / "pa.csv"
-    pa = subprocess.run(
-        [str(peers / "bin" / "perf_analyzer"), "-m", "staller", "-u", triton.http_url, *SHAPE, *load,
-         *STALLER_WINDOWS, "-f", str(pa_csv)],
-        capture_output=True, text=True, timeout=90, check=False,
-    )  # fmt: skip
-    if pa.returncode == 0:
-        with pa_csv.open(newline="") as handle:
-            (row,) = list(csv.DictReader(handle))
-        pa_line = f"p50 {int(row['p50 latency']) / 1000:.1f} ms, p99 {int(row['p99 latency']) / 1000:.1f} ms"
-    else:
-        pa_line = f"exited {pa.returncode}: {pa.stdout[-300:]} {pa.stderr[-300:]}"
     print(
         f"\nstaller {STALLER_MS:.0f} ms + {STALL_MS:.0f} ms stall every {STALL_EVERY_S:.0f} s, {RATE} req/s poisson:\n"
         f"  perfkit from intended send: p50 {level.latency_from_intended.p50_us / 1000:.1f} ms, "
@@ -126,8 +111,7 @@ def test_staller_latency_from_intended_send_sees_the_stalls(triton: TritonProces
         f"  perfkit from actual send:   p50 {level.latency.p50_us / 1000:.1f} ms, "
         f"p99 {level.latency.p99_us / 1000:.1f} ms; delayed {level.delayed_pct:.1f} % "
         f"(largest lag {level.max_send_lag_us / 1000:.1f} ms), "
-        f"{level.request_count} requests\n"
-        f"  perf_analyzer (actual send): {pa_line}"
+        f"{level.request_count} requests"
     )
 
     assert level.error_count == 0
