@@ -1,6 +1,7 @@
 """perfkit sweep and NVIDIA's perf_analyzer measure the same model on the same server in the same
-run, and agree: over HTTP and gRPC, against our reference server and against the real tritonserver
-(the demo MLP in a python-backend ONNX wrapper), at concurrency 1 and 4.
+run, and agree: over HTTP and gRPC, against the real tritonserver (the demo MLP in a python-backend
+ONNX wrapper), at concurrency 1 and 4. (perf_analyzer against our reference server is
+tests/integration/test_perf_analyzer.py's.)
 
 What is compared, and how wide the margins are:
 - the `-f` CSV header: perfkit's must equal perf_analyzer's for the same options, column for
@@ -32,7 +33,6 @@ import psutil
 import pytest
 
 from perfkit.results.model import SweepResult, read_sweep
-from perfkit.target import reference_server_process
 from perfkit.testing import triton_server, write_onnx_wrapper
 
 pytestmark = [pytest.mark.integration, pytest.mark.peers]
@@ -54,13 +54,6 @@ class Target:
 
     def url(self, protocol: str) -> str:
         return self.http_url if protocol == "http" else self.grpc_url
-
-
-@pytest.fixture(scope="module")
-def reference(demo_repository: Path) -> Iterator[Target]:
-    """Our reference server as a separate process, so it does not share the test's interpreter."""
-    with reference_server_process(demo_repository) as server:
-        yield Target(server.http_url, server.grpc_url)
 
 
 @pytest.fixture(scope="module")
@@ -178,18 +171,15 @@ def compare_once(peers: Path, url: str, protocol: str, out: Path, label: str) ->
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
-@pytest.mark.parametrize("server", ["reference", "triton"])
-def test_perfkit_agrees_with_perf_analyzer(
-    server: str, protocol: str, peers: Path, tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
-    target: Target = request.getfixturevalue(server)
+def test_perfkit_agrees_with_perf_analyzer(protocol: str, peers: Path, triton: Target, tmp_path: Path) -> None:
+    target = triton
     # A second try when the tools disagree or perf_analyzer cannot stabilise: a burst of other work
     # on a small shared machine starves perfkit's one event-loop thread more than perf_analyzer's
     # thread per request, and makes perf_analyzer's windows differ.
     for attempt in (1, 2):
         with OtherLoad() as other:
             failure = compare_once(
-                peers, target.url(protocol), protocol, tmp_path / f"try{attempt}", f"{server}/{protocol}"
+                peers, target.url(protocol), protocol, tmp_path / f"try{attempt}", f"triton/{protocol}"
             )
         if not failure:
             return
