@@ -32,6 +32,8 @@ from v2kit.genai.repository import write_sim_llm
 from v2kit.genai.sim_engine import SimTiming
 from v2kit.model_config import read_config
 
+pytestmark = pytest.mark.integration
+
 #: What the OpenAI front end puts around a chat's one user message: "user: {text}\nassistant: ".
 CHAT_FRAME_TOKENS = len("user: \nassistant: ")
 OUTPUT_TOKENS = 9
@@ -126,6 +128,7 @@ def aiperf() -> Path:
     return executable
 
 
+@pytest.mark.peers
 def test_aiperf_and_perfkit_agree_on_the_same_server(
     tmp_path: Path, sim_server: tuple[str, SimTiming], aiperf: Path
 ) -> None:
