@@ -140,12 +140,12 @@ def test_aiperf_and_perfkit_agree_on_the_same_server(
     tokenizer = write_byte_tokenizer(tmp_path / "tokenizer", aiperf.parent.parent / "aiperf" / "bin" / "python")
     export = aiperf_profile(aiperf, [
         "--model", "sim_llm", "--url", f"http://{url}", "--endpoint-type", "chat", "--streaming",
-        "--concurrency", "1", "--request-count", "10", "--warmup-request-count", "3",
-        "--prompt-input-tokens-mean", "100", "--prompt-input-tokens-stddev", "0",
+        "--concurrency", "1", "--request-count", "6", "--warmup-request-count", "3",
+        "--prompt-input-tokens-mean", "200", "--prompt-input-tokens-stddev", "0",
         "--prompt-output-tokens-mean", str(OUTPUT_TOKENS), "--extra-inputs", "ignore_eos:true",
-        "--tokenizer", str(tokenizer), "--random-seed", "1",
+        "--tokenizer", str(tokenizer), "--random-seed", "1", "--workers-max", "1", "--record-processors", "1",
     ], tmp_path / "aiperf")  # fmt: skip
-    level = _sweep(tmp_path, url, "chat", 1, 100, 10)
+    level = _sweep(tmp_path, url, "chat", 1, 200, 6)
     tokens = level.tokens
     assert tokens is not None
     assert aiperf_stat(export, "output_sequence_length") == OUTPUT_TOKENS
