@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from perfkit.genai.goodput import goodput_holds
-from perfkit.genai.records import output_length_check, token_figures
+from perfkit.genai.records import output_length_check, response_tokens, token_figures
 from perfkit.load.distributed import DistributedLoadGenerator
 from perfkit.load.generator import Clock, LoadGenerator
 from perfkit.load.samples import SampleBuffer
@@ -82,8 +82,11 @@ class Sweep:
         resources: ResourceSampler | None = None,
         workers: DistributedLoadGenerator | None = None,
         sequences: SequenceLoad | None = None,
+        responses_as_tokens: bool = False,
     ) -> None:
         self.spec = spec
+        # a generative model streamed over gRPC: its responses give the token figures
+        self.responses_as_tokens = responses_as_tokens
         self.client = client
         self.clock = clock
         self.progress = progress
@@ -155,7 +158,7 @@ class Sweep:
             stable = self.spec.windows.stable_window_count
             annotated = self.workers.annotate(measurement.result, measurement.samples, stable)
             measurement = dataclasses.replace(measurement, result=annotated)
-        if self.spec.genai.enabled:
+        if self.spec.genai.enabled or self.responses_as_tokens:
             measurement = dataclasses.replace(measurement, result=self._with_tokens(measurement))
         self.result = self.result.with_level(measurement.result)
         self.on_level(self.result, measurement)
@@ -163,9 +166,11 @@ class Sweep:
 
     def _with_tokens(self, measurement: LevelMeasurement) -> LevelResult:
         """The level with its token figures (over its reported windows) and the output-length check."""
-        level, genai = measurement.result, self.spec.genai
+        level, genai, samples = measurement.result, self.spec.genai, measurement.samples
+        if self.responses_as_tokens:
+            genai, samples = dataclasses.replace(genai, streaming=True, tokenizer="responses"), response_tokens(samples)
         reported = level.windows[-self.spec.windows.stable_window_count :]
-        figures = token_figures(measurement.samples, reported, genai)
+        figures = token_figures(samples, reported, genai)
         check = output_length_check(figures, genai.exact_output)
         checks = level.checks if check is None else (*level.checks, check)
         return dataclasses.replace(level, tokens=figures, checks=checks)

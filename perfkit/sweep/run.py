@@ -63,6 +63,11 @@ async def resolve_model(client: InferClient | GenerativeClient, spec: SweepSpec,
     raise PerfkitError(f"the server has {len(ready)} ready models ({', '.join(ready) or 'none'}); pick one with -m")
 
 
+def _generates_text(metadata: dict[str, Any]) -> bool:
+    """A generative model by the vLLM and TensorRT-LLM backends' convention: a `text_output`."""
+    return any(output.get("name") == "text_output" for output in metadata.get("outputs", ()))
+
+
 async def _model_error(client: InferClient, model: str, url: str, exc: Exception) -> PerfkitError:
     """Why the model's metadata could not be read: a usage error (exit 2) when the server has no
     such model, so -m is what to change; otherwise the server's own failure (exit 1)."""
@@ -335,6 +340,7 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
                 provenance=provenance(spec, seed=spec.inputs.seed, server=server, argv=argv), clock=RealClock(),
                 progress=progress,
                 on_level=outputs.save, resources=resources, workers=workers, sequences=sequences,
+                responses_as_tokens=spec.data_path.streaming and _generates_text(metadata),
             )  # fmt: skip
             try:
                 await sweep.run()

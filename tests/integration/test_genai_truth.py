@@ -17,6 +17,7 @@ requests of the last group admitted have an ITL of decode_step(N) exactly.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +27,7 @@ import pytest
 from perfkit.cli import main
 from perfkit.errors import ExitCode
 from perfkit.results.model import LevelResult, read_sweep
-from perfkit.target import reference_server_process
+from perfkit.target import ServerProcess, reference_server_process
 from perfkit.testing.aiperf import aiperf_profile, aiperf_stat, write_byte_tokenizer
 from v2kit.genai.repository import write_sim_llm
 from v2kit.genai.sim_engine import SimTiming
@@ -48,7 +49,7 @@ def _truth(repository: Path) -> SimTiming:
 
 
 @pytest.fixture(scope="module")
-def sim_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, SimTiming]]:
+def sim_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerProcess, SimTiming]]:
     """The reference server on sim_llm with costs large next to scheduler noise, and a per-sequence
     decode cost that makes concurrency visible; never "EOS" early."""
     repository = tmp_path_factory.mktemp("sim") / "models"
@@ -57,7 +58,7 @@ def sim_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
         SimTiming(prefill_us_per_token=600, decode_step_us=10_000, decode_us_per_sequence=5_000, eos_after_tokens=0),
     )
     with reference_server_process(repository) as server:
-        yield server.http_url, _truth(repository)
+        yield server, _truth(repository)
 
 
 def _sweep(
@@ -91,9 +92,9 @@ def test_the_embedded_default_measures_sim_llm_over_generate_stream_at_its_truth
 
 
 def test_chat_streamed_at_concurrency_1_reads_the_engines_truth(
-    tmp_path: Path, sim_server: tuple[str, SimTiming]
+    tmp_path: Path, sim_server: tuple[ServerProcess, SimTiming]
 ) -> None:
-    url, truth = sim_server
+    url, truth = sim_server[0].http_url, sim_server[1]
     level = _sweep(tmp_path, url, "chat", 1, 400, 6)
     assert level.tokens is not None
     ttft, itl = truth.prefill_s(400 + CHAT_FRAME_TOKENS) * 1e3, truth.decode_step_s(1) * 1e3
@@ -101,8 +102,10 @@ def test_chat_streamed_at_concurrency_1_reads_the_engines_truth(
     assert level.tokens.itl_ms.p50 == pytest.approx(itl, rel=TRUTH_TOLERANCE)
 
 
-def test_at_concurrency_4_the_itl_is_the_batched_decode_step(tmp_path: Path, sim_server: tuple[str, SimTiming]) -> None:
-    url, truth = sim_server
+def test_at_concurrency_4_the_itl_is_the_batched_decode_step(
+    tmp_path: Path, sim_server: tuple[ServerProcess, SimTiming]
+) -> None:
+    url, truth = sim_server[0].http_url, sim_server[1]
     n, prompt = 4, 20 + CHAT_FRAME_TOKENS
     level = _sweep(tmp_path, url, "chat", n, 20, 16)
     assert level.tokens is not None
@@ -115,6 +118,30 @@ def test_at_concurrency_4_the_itl_is_the_batched_decode_step(tmp_path: Path, sim
     # The median within the model's range (30 to 34.3 ms); its upper margin is 25 %, not 5 %: on a
     # shared 2-core machine a stalled engine thread delays whole cycles (seen: p50 40 ms, mean 71 ms).
     assert step * (1 - TRUTH_TOLERANCE) <= itl.p50 <= (step + stall) * 1.25
+
+
+def test_grpc_streaming_counts_each_response_as_a_token(
+    tmp_path: Path, sim_server: tuple[ServerProcess, SimTiming]
+) -> None:
+    # --endpoint-type kserve-infer --streaming on a model with a text_output: one token per response
+    server, truth = sim_server
+    prompt = "x" * 300
+    sampling = json.dumps({"max_tokens": OUTPUT_TOKENS, "ignore_eos": True})
+    request = {"text_input": [prompt], "stream": [True], "sampling_parameters": [sampling],
+               "exclude_input_in_output": [True], "return_num_input_tokens": [False],
+               "return_num_output_tokens": [False]}  # fmt: skip
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps({"data": [request]}))
+    out = tmp_path / "grpc"
+    code = main(["sweep", "-u", server.grpc_url, "-i", "grpc", "-m", "sim_llm", "--streaming", "--input-data",
+                 str(data), "--concurrency-range", "1", "--request-count", "5", "--warmup-request-count", "1",
+                 "--quiet", "--no-report", "--report-dir", str(out)])  # fmt: skip
+    assert code in (ExitCode.OK, ExitCode.UNSTABLE)
+    tokens = read_sweep(next(out.glob("sweep-sim_llm-*.json"))).levels[0].tokens
+    assert tokens is not None and tokens.token_source == "responses"
+    assert tokens.output_tokens.p50 == OUTPUT_TOKENS
+    assert tokens.ttft_ms.p50 == pytest.approx(truth.prefill_s(len(prompt)) * 1e3, rel=TRUTH_TOLERANCE)
+    assert tokens.itl_ms.p50 == pytest.approx(truth.decode_step_s(1) * 1e3, rel=TRUTH_TOLERANCE)
 
 
 @pytest.fixture(scope="module")
@@ -130,13 +157,13 @@ def aiperf() -> Path:
 
 @pytest.mark.peers
 def test_aiperf_and_perfkit_agree_on_the_same_server(
-    tmp_path: Path, sim_server: tuple[str, SimTiming], aiperf: Path
+    tmp_path: Path, sim_server: tuple[ServerProcess, SimTiming], aiperf: Path
 ) -> None:
     """Same server, model, endpoint (chat, streamed), concurrency 1 and lengths. TTFT and ITL have the
     same definitions in both; perfkit's per-request output tokens/s (1 / ITL) is AIPerf's
     output_token_throughput_per_user. (AIPerf's output_token_throughput divides by its whole run,
     perfkit's output_tokens_per_s by the measured windows: not compared.)"""
-    url, _ = sim_server
+    url = sim_server[0].http_url
     tokenizer = write_byte_tokenizer(tmp_path / "tokenizer", aiperf.parent.parent / "aiperf" / "bin" / "python")
     export = aiperf_profile(aiperf, [
         "--model", "sim_llm", "--url", f"http://{url}", "--endpoint-type", "chat", "--streaming",
