@@ -84,7 +84,7 @@ def test_the_embedded_default_measures_sim_llm_over_generate_stream_at_its_truth
     from v2kit.demo import ensure_demo_repository
 
     truth = _truth(ensure_demo_repository(genai=True))
-    level = _sweep(tmp_path, None, "kserve-generate", 1, 1000, 5)
+    level = _sweep(tmp_path, None, "kserve-generate", 1, 1000, 4)
     assert level.tokens is not None
     ttft, itl = truth.prefill_s(1000) * 1e3, truth.decode_step_s(1) * 1e3
     assert level.tokens.ttft_ms.p50 == pytest.approx(ttft, rel=TRUTH_TOLERANCE)
@@ -95,7 +95,7 @@ def test_chat_streamed_at_concurrency_1_reads_the_engines_truth(
     tmp_path: Path, sim_server: tuple[ServerProcess, SimTiming]
 ) -> None:
     url, truth = sim_server[0].http_url, sim_server[1]
-    level = _sweep(tmp_path, url, "chat", 1, 400, 6)
+    level = _sweep(tmp_path, url, "chat", 1, 400, 5)
     assert level.tokens is not None
     ttft, itl = truth.prefill_s(400 + CHAT_FRAME_TOKENS) * 1e3, truth.decode_step_s(1) * 1e3
     assert level.tokens.ttft_ms.p50 == pytest.approx(ttft, rel=TRUTH_TOLERANCE)
