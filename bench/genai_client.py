@@ -11,9 +11,10 @@ cost of a request, start-up (imports, AIPerf's services, tokenizer loading) canc
     .venv/bin/python bench/genai_client.py [--aiperf /path/to/venv/bin/aiperf] [--concurrency 1,4,16]
 
 AIPerf is not a dependency of perfkit (its requirements pin older pandas, pillow, psutil and rich
-than ours): install it into a virtual environment of its own and pass its `aiperf` executable.
-AIPerf needs a Hugging Face tokenizer; this script writes a byte-level one (one token per byte, as
-the server and perfkit's default `bytes` count) into a temporary folder, so nothing is downloaded.
+than ours): `peers/install.sh DIR` installs it into a virtual environment of its own; pass
+DIR/bin/aiperf. AIPerf needs a Hugging Face tokenizer; this script writes a byte-level one (one
+token per byte, as the server and perfkit's default `bytes` count; perfkit/testing/aiperf.py) into
+a temporary folder, so nothing is downloaded.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import machine, run_timed
+
+from perfkit.testing.aiperf import aiperf_stat, write_byte_tokenizer
 
 INPUT_TOKENS = 128
 OUTPUT_TOKENS = 32
@@ -54,19 +57,10 @@ def _perfkit(port: int, concurrency: int, window_ms: int, out: Path) -> tuple[fl
     return timed.cpu_s, _served(port) - before, level
 
 
-def _byte_tokenizer_script(folder: Path) -> str:
-    """Python that writes a byte-level BPE without merges into `folder`: one token per UTF-8 byte
-    (run with AIPerf's interpreter, which has `tokenizers`)."""
-    return f"""
-from tokenizers import Tokenizer, models, pre_tokenizers, decoders
-from tokenizers.pre_tokenizers import ByteLevel
-alphabet = ByteLevel.alphabet()
-vocab = {{c: i for i, c in enumerate(sorted(alphabet))}}
-tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-tok.decoder = decoders.ByteLevel()
-tok.save("{folder}/tokenizer.json")
-"""
+def _python_of(aiperf: Path) -> Path:
+    """AIPerf's interpreter: beside its executable in a virtual environment, or peers/install.sh's."""
+    beside = aiperf.parent / "python"
+    return beside if beside.exists() else aiperf.parent.parent / "aiperf" / "bin" / "python"
 
 
 def _aiperf(
@@ -85,13 +79,6 @@ def _aiperf(
         raise SystemExit(f"aiperf failed: {timed.result.stdout[-2000:]}\n{timed.result.stderr[-2000:]}")
     export = sorted(out.rglob("profile_export_aiperf.json"))[-1]
     return timed.cpu_s, _served(port) - before, json.loads(export.read_text())
-
-
-def _aiperf_stat(export: dict[str, Any], tag: str, stat: str = "p50") -> float:
-    """A metric of AIPerf's export (its layout moved between releases: a list of records or a dict)."""
-    records = export.get("records", export)
-    entry = records.get(tag) if isinstance(records, dict) else next(r for r in records if r.get("tag") == tag)
-    return float(entry[stat])
 
 
 def main() -> None:
@@ -116,13 +103,7 @@ def main() -> None:
             tmp_path = Path(tmp)
             tokenizer = None
             if args.aiperf is not None:
-                tokenizer = tmp_path / "tokenizer"
-                tokenizer.mkdir()
-                script = _byte_tokenizer_script(tokenizer)
-                subprocess.run([str(args.aiperf.parent / "python"), "-c", script], check=True)
-                (tokenizer / "tokenizer_config.json").write_text(
-                    json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"})
-                )
+                tokenizer = write_byte_tokenizer(tmp_path / "tokenizer", _python_of(args.aiperf))
             for c in (int(x) for x in args.concurrency.split(",")):
                 cpu_short, n_short, _ = _perfkit(port, c, 1000, tmp_path / f"pk-{c}-short")
                 cpu_long, n_long, level = _perfkit(port, c, 3000, tmp_path / f"pk-{c}-long")
@@ -135,8 +116,8 @@ def main() -> None:
                     a_short = _aiperf(args.aiperf, port, c, count // 3, tokenizer, tmp_path / f"ai-{c}-short")
                     a_long = _aiperf(args.aiperf, port, c, count, tokenizer, tmp_path / f"ai-{c}-long")
                     export = a_long[2]
-                    rows.append([f"AIPerf c={c}", _aiperf_stat(export, "time_to_first_token"),
-                                 _aiperf_stat(export, "inter_token_latency"), _aiperf_stat(export, "request_latency"),
+                    rows.append([f"AIPerf c={c}", aiperf_stat(export, "time_to_first_token"),
+                                 aiperf_stat(export, "inter_token_latency"), aiperf_stat(export, "request_latency"),
                                  (a_long[0] - a_short[0]) / max(a_long[1] - a_short[1], 1) * 1e6])  # fmt: skip
     finally:
         server.terminate()

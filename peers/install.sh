@@ -4,8 +4,10 @@
 #   DIR/bin/perf_analyzer  NVIDIA perf_analyzer 2.48.0 (C++), from the tritonclient 2.48.0 wheel
 #   DIR/bin/tritonserver   NVIDIA Triton Inference Server 2.51, from the nvidia-pytriton 0.7.0 wheel,
 #                          with its python backend in DIR/backends (--backend-directory DIR/backends)
-# Both run on a machine without a GPU. Usage: bash peers/install.sh [DIR], then PERFKIT_PEERS=DIR.
-# Needs pip, apt-get (as root or through sudo), the network and about 400 MB of disk.
+#   DIR/bin/aiperf         NVIDIA AIPerf 0.13.0 (generative endpoints), from PyPI into a virtual
+#                          environment of its own, DIR/aiperf: its requirements conflict with perfkit's
+# All run on a machine without a GPU. Usage: bash peers/install.sh [DIR], then PERFKIT_PEERS=DIR.
+# Needs pip, apt-get (as root or through sudo), the network and about 1.6 GB of disk (1.2 GB AIPerf's).
 # Idempotent: once DIR holds working peers, a run only checks them and says so.
 set -euo pipefail
 
@@ -53,6 +55,22 @@ ${env:+$env }LD_LIBRARY_PATH="$libdir\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" ex
 EOF
     chmod +x "$DIR/bin/$name"
 }
+
+AIPERF_VERSION=0.13.0
+aiperf_ready() {
+    [[ "$("$DIR/bin/aiperf" --version 2>/dev/null)" == *"$AIPERF_VERSION"* ]]
+}
+
+# AIPerf first, on its own: a rerun that finds it installs nothing, whatever the state of the rest.
+if ! aiperf_ready; then
+    mkdir -p "$DIR/bin"
+    rm -rf "$DIR/aiperf"
+    "$PY" -m venv "$DIR/aiperf"
+    "$DIR/aiperf/bin/pip" install -q "aiperf==$AIPERF_VERSION"
+    printf '#!/bin/sh\nexec "%s" "$@"\n' "$DIR/aiperf/bin/aiperf" >"$DIR/bin/aiperf"
+    chmod +x "$DIR/bin/aiperf"
+    aiperf_ready || { echo "AIPerf in $DIR/aiperf does not run: $DIR/bin/aiperf --version fails" >&2; exit 1; }
+fi
 
 if ready; then
     echo "peers ready in $DIR"

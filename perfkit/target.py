@@ -1,6 +1,7 @@
 """The server a command measures: the one given with -u, or else the embedded default target, the
 bundled reference server started as a child process on free loopback ports for the duration of one
-command, on the demo model repository unless told otherwise. Sweep and tune open it with
+command, on the demo model repository unless told otherwise (with its generative models for a
+generative endpoint). Sweep and tune open it with
 `open_target`, which also applies perf_analyzer's rule for where a -u server's metrics are read.
 `TargetSpec` is what sweep, tune and probe are told about it (-u, -i, headers, TLS), checked by one
 `validate()`.
@@ -120,12 +121,18 @@ def metrics_urls_of(url: str, metrics_urls: Sequence[str], collect_metrics: bool
 
 @contextlib.contextmanager
 def open_target(url: str | None, protocol: str, *, metrics_urls: Sequence[str] = (), collect_metrics: bool = False,
-                model_repository: Path | None = None, server_args: Sequence[str] = ()) -> Iterator[Target]:  # fmt: skip
+                model_repository: Path | None = None, server_args: Sequence[str] = (),
+                genai: bool = False) -> Iterator[Target]:  # fmt: skip
     """The server at `url` (-u) as given; with no `url`, the embedded reference server on
-    `model_repository` (default: the demo models) with `server_args`, until the block ends."""
+    `model_repository` (default: the demo models, with the generative ones if `genai`) with
+    `server_args`, until the block ends."""
     if url is not None:
         yield Target(url, protocol, metrics_urls_of(url, metrics_urls, collect_metrics), None, embedded=False)
         return
+    if model_repository is None and genai:
+        from v2kit.demo import ensure_demo_repository  # it loads onnx: only for the demo models
+
+        model_repository = ensure_demo_repository(genai=True)
     with reference_server_process(model_repository, server_args) as server:
         url = server.grpc_url if protocol == "grpc" else server.http_url
         yield Target(url, protocol, tuple(metrics_urls) or (server.metrics_url,), server.process.pid, embedded=True)

@@ -153,17 +153,24 @@ class GenerativeClient:
         elif kind == "completions":
             body = {"model": model, "prompt": prompt.text}
         else:  # Triton's generate: inputs and parameters by name, flat
-            body = {"text_input": prompt.text}
+            # `stream` and `exclude_input_in_output` are the vLLM backend's inputs (a model without
+            # them takes them as request parameters): a token per response, and no prompt counted
+            # as output in an answer that is not streamed.
+            body = {"text_input": prompt.text, "stream": self.spec.streaming, "exclude_input_in_output": True}
         if self._openai:
             body["stream"] = self.spec.streaming
             if self.spec.streaming and self._usage:
                 body["stream_options"] = {"include_usage": True}
+        sampling: dict[str, Any] = {}
         if prompt.max_tokens:
-            body["max_tokens"] = prompt.max_tokens
+            sampling["max_tokens"] = prompt.max_tokens
             if w.deterministic_output:
-                body["min_tokens"] = prompt.max_tokens
+                sampling["min_tokens"] = prompt.max_tokens
             if w.ignore_eos:
-                body["ignore_eos"] = True
+                sampling["ignore_eos"] = True
+        body.update(sampling)
+        if sampling and not self._openai:  # the vLLM backend reads them from this input (TensorRT-LLM: flat)
+            body["sampling_parameters"] = json.dumps(sampling)
         return body
 
     def prepare(self, prompt: Prompt, model: str) -> GenPrepared:

@@ -19,6 +19,11 @@ The end-to-end latency itself is the level's `latency` (completion - send). Ever
 carries 95% confidence intervals of its mean (Student t over the requests, as if independent)
 and of its p99 (order statistics, `analysis.stats.percentile_ci`).
 
+*Responses as tokens.* A generative model streamed over gRPC (`--endpoint-type kserve-infer
+--streaming` on a model with a `text_output`, one token per response as the vLLM backend streams)
+has no token records; `response_tokens` makes them from its responses: TTFT the first response's
+arrival, TTST the first gap, one output token per response (token source "responses").
+
 *Output lengths asked for and not honoured.* A request that sent `max_tokens` and got more
 tokens back was not honoured; with `min_tokens` or `ignore_eos` also sent (`exact`), so was one
 that got fewer. Counted by the tokenizer in use, so a tokenizer other than the server's can
@@ -27,6 +32,7 @@ disagree with it by a token or two: compare with `--tokenizer usage`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 
@@ -39,7 +45,7 @@ from perfkit.genai.workload import GenerativeSpec
 from perfkit.load.samples import TOKEN_COLUMNS, SampleArrays
 from perfkit.results.model import Check, TokenFigures, ValueStats, WindowResult
 
-__all__ = ["output_length_check", "per_request_figures", "token_figures", "value_stats"]
+__all__ = ["output_length_check", "per_request_figures", "response_tokens", "token_figures", "value_stats"]
 
 F64 = npt.NDArray[np.float64]
 _TTFT, _TTST, _IN, _OUT, _ASKED = range(len(TOKEN_COLUMNS))
@@ -80,6 +86,22 @@ def per_request_figures(ok: SampleArrays) -> dict[str, F64]:
         "latency_ms": latency_ns / 1e6,
         "output_tokens_per_s": per_request,
     }
+
+
+def response_tokens(samples: SampleArrays) -> SampleArrays:
+    """`samples` with token records made from their streamed responses (module docstring); a
+    request that was not streamed, or got no response, has no times and no tokens."""
+    responses = samples.responses
+    counts = samples.gap_counts()
+    starts = np.cumsum(counts) - counts  # each request's first gap in the flat column
+    has_gap = counts > 0
+    ttst = np.full(len(samples), -1, dtype=np.int64)
+    ttst[has_gap] = samples.gaps_ns[starts[has_gap]]
+    tokens = np.zeros((len(samples), len(TOKEN_COLUMNS)), dtype=np.int64)
+    tokens[:, _TTFT] = np.where(responses > 0, samples.first_ns - samples.sent_ns, -1)
+    tokens[:, _TTST] = ttst
+    tokens[:, _OUT] = np.maximum(responses, 0)
+    return dataclasses.replace(samples, tokens=tokens)
 
 
 def _in_windows(times_ns: npt.NDArray[np.int64], windows: Sequence[WindowResult]) -> npt.NDArray[np.bool_]:

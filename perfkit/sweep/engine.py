@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from perfkit.analysis.server_stats import ComposingMap
 from perfkit.analysis.stats import endpoint_figures, reported_windows
 from perfkit.genai.goodput import goodput_holds
-from perfkit.genai.records import output_length_check, token_figures
+from perfkit.genai.records import output_length_check, response_tokens, token_figures
 from perfkit.load.cluster.distributed import DistributedLoadGenerator
 from perfkit.load.fleet import FleetClient
 from perfkit.load.generator import Clock, LoadGenerator
@@ -86,8 +86,11 @@ class Sweep:
         workers: DistributedLoadGenerator | None = None,
         sequences: SequenceLoad | None = None,
         composing: ComposingMap | None = None,
+        responses_as_tokens: bool = False,
     ) -> None:
         self.spec = spec
+        # a generative model streamed over gRPC: its responses give the token figures
+        self.responses_as_tokens = responses_as_tokens
         self.client = client
         self.clock = clock
         self.progress = progress
@@ -162,7 +165,7 @@ class Sweep:
             stable = self.spec.windows.stable_window_count
             annotated = self.workers.annotate(measurement.result, measurement.samples, stable)
             measurement = dataclasses.replace(measurement, result=annotated)
-        if self.spec.genai.enabled:
+        if self.spec.genai.enabled or self.responses_as_tokens:
             measurement = dataclasses.replace(measurement, result=self._with_tokens(measurement))
         if isinstance(self.client, FleetClient):
             measurement = dataclasses.replace(measurement, result=self._with_endpoints(measurement.result))
@@ -172,9 +175,11 @@ class Sweep:
 
     def _with_tokens(self, measurement: LevelMeasurement) -> LevelResult:
         """The level with its token figures (over its reported windows) and the output-length check."""
-        level, genai = measurement.result, self.spec.genai
+        level, genai, samples = measurement.result, self.spec.genai, measurement.samples
+        if self.responses_as_tokens:
+            genai, samples = dataclasses.replace(genai, streaming=True, tokenizer="responses"), response_tokens(samples)
         reported = level.windows[-self.spec.windows.stable_window_count :]
-        figures = token_figures(measurement.samples, reported, genai)
+        figures = token_figures(samples, reported, genai)
         check = output_length_check(figures, genai.exact_output)
         checks = level.checks if check is None else (*level.checks, check)
         return dataclasses.replace(level, tokens=figures, checks=checks)

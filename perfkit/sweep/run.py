@@ -45,6 +45,9 @@ from v2kit import codec as v2
 from v2kit.runtime import eventloop
 
 DEFAULT_EMBEDDED_MODEL = "mlp"
+#: What a generative endpoint measures on the embedded server: the simulated engine, whose timing
+#: its config.pbtxt states.
+DEFAULT_EMBEDDED_GENERATIVE_MODEL = "sim_llm"
 
 
 async def resolve_model(client: InferClient | GenerativeClient, spec: SweepSpec, embedded: bool) -> str:
@@ -55,11 +58,17 @@ async def resolve_model(client: InferClient | GenerativeClient, spec: SweepSpec,
     except Exception as exc:
         raise PerfkitError(f"the server does not list its models ({exc}); name the model with -m") from None
     ready = sorted({str(e["name"]) for e in index if e.get("state", "READY") == "READY"})
-    if embedded and DEFAULT_EMBEDDED_MODEL in ready:
-        return DEFAULT_EMBEDDED_MODEL
+    default = DEFAULT_EMBEDDED_GENERATIVE_MODEL if spec.genai.enabled else DEFAULT_EMBEDDED_MODEL
+    if embedded and default in ready:
+        return default
     if len(ready) == 1:
         return ready[0]
     raise PerfkitError(f"the server has {len(ready)} ready models ({', '.join(ready) or 'none'}); pick one with -m")
+
+
+def _generates_text(metadata: dict[str, Any]) -> bool:
+    """A generative model by the vLLM and TensorRT-LLM backends' convention: a `text_output`."""
+    return any(output.get("name") == "text_output" for output in metadata.get("outputs", ()))
 
 
 async def _model_error(client: InferClient, model: str, url: str, exc: Exception) -> PerfkitError:
@@ -378,6 +387,7 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
                 progress=progress,
                 on_level=outputs.save, resources=resources, workers=workers, sequences=sequences,
                 composing=composing,
+                responses_as_tokens=spec.data_path.streaming and _generates_text(metadata),
             )  # fmt: skip
             try:
                 await sweep.run()
@@ -396,9 +406,8 @@ def run_sweep(spec: SweepSpec, argv: list[str]) -> tuple[SweepRun, int]:
     run = SweepRun()
     try:
         t, metrics = spec.target, spec.metrics
-        with open_target(
-            t.url, t.protocol, metrics_urls=metrics.metrics_urls, collect_metrics=metrics.collect
-        ) as target:
+        with open_target(t.url, t.protocol, metrics_urls=metrics.metrics_urls, collect_metrics=metrics.collect,
+                         genai=spec.genai.enabled) as target:  # fmt: skip
             if target.embedded:
                 progress.note(f"measuring the embedded reference server at {target.url}")
             eventloop.run(_sweep(spec, target, progress, argv, run))

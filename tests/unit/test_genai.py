@@ -14,7 +14,7 @@ from perfkit.analysis.compare import Thresholds, compare_sweeps
 from perfkit.analysis.metrics import find, metric
 from perfkit.errors import PerfkitError
 from perfkit.genai.goodput import Slo, check_goodput, goodput_holds, met_mask, parse_goodput
-from perfkit.genai.records import output_length_check, token_figures, value_stats
+from perfkit.genai.records import output_length_check, response_tokens, token_figures, value_stats
 from perfkit.genai.sse import SseError, SseEvent, SseParser
 from perfkit.genai.tokenizer import ByteTokenizer, load_tokenizer
 from perfkit.genai.trace import read_trace, trace_intervals_ns, trace_prompts
@@ -33,7 +33,9 @@ MS = 1_000_000
 # SSE
 
 
-STREAM = b'data: {"a": 1}\r\n\r\n: a comment\n\nevent: ping\n\nevent: usage\ndata: x\ndata: y\n\rdata:[DONE]\r\rid: 7\n\n'
+STREAM = (
+    b'data: {"a": 1}\r\n\r\n: a comment\n\nevent: ping\n\nevent: usage\ndata: x\ndata: y\n\rdata:[DONE]\r\rid: 7\n\n'
+)
 EVENTS = [SseEvent('{"a": 1}'), SseEvent("x\ny", "usage"), SseEvent("[DONE]")]
 
 
@@ -93,6 +95,17 @@ def test_prompt_files_take_json_lines_and_plain_lines(tmp_path: Path) -> None:
     path.write_text('{"prompt": "x"}\n')
     with pytest.raises(PerfkitError, match=r'prompts.jsonl:1: a JSON line needs a "text" string'):
         build_prompts(WorkloadSpec(input_file=path), ByteTokenizer())
+
+
+def test_streamed_responses_become_token_records() -> None:
+    # three requests: three responses (gaps 7 and 9), one response, none (it failed)
+    buffer = SampleBuffer()
+    buffer.record_streamed(0, 100, 0, "", 10, 10, 0, 0, response_ns=[150, 157, 166])
+    buffer.record_streamed(0, 200, 0, "", 10, 10, 0, 0, response_ns=[230])
+    buffer.record_streamed(0, 300, 400, "timeout", 10, 0, 0, 0, response_ns=[])
+    tokens = response_tokens(buffer.arrays()).tokens
+    assert tokens is not None
+    assert tokens.tolist() == [[50, 7, 0, 3, 0], [30, -1, 0, 1, 0], [-1, -1, 0, 0, 0]]
 
 
 def test_tokenizer_flag_names_the_fix() -> None:

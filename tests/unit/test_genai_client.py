@@ -4,6 +4,7 @@ what it measures per request, and each hostile answer counted as its own kind, n
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -76,3 +77,20 @@ def test_hostile_streams_are_counted_errors_of_their_own_kinds(model: str, kind:
 
 def test_triton_generate_stream_needs_no_done_marker() -> None:
     assert _run(_send("kserve-generate", "nodone")).error == ""
+
+
+@pytest.mark.parametrize("streaming", [True, False])
+def test_a_generate_body_asks_the_vllm_backends_inputs(streaming: bool) -> None:
+    # `stream` for a token per response, no prompt in an unstreamed answer, and the sampling
+    # parameters both flat (TensorRT-LLM's inputs) and as the vLLM backend's JSON input.
+    workload = WorkloadSpec(output_tokens_mean=5, deterministic_output=True, ignore_eos=True)
+    client = GenerativeClient("127.0.0.1:1", GenerativeSpec("kserve-generate", streaming=streaming, workload=workload),
+                              ByteTokenizer())  # fmt: skip
+    body = client.body(Prompt("hi", 2, 5), "m")
+    sampling = {"max_tokens": 5, "min_tokens": 5, "ignore_eos": True}
+    assert body == {"text_input": "hi", "stream": streaming, "exclude_input_in_output": True, **sampling,
+                    "sampling_parameters": json.dumps(sampling)}  # fmt: skip
+    chat = GenerativeClient(
+        "127.0.0.1:1", GenerativeSpec("chat", streaming=streaming, workload=workload), ByteTokenizer()
+    )
+    assert "sampling_parameters" not in chat.body(Prompt("hi", 2, 5), "m")

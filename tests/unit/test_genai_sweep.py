@@ -3,14 +3,17 @@ figures in the result files, the goodput, the output-length check, and the flags
 
 from __future__ import annotations
 
+import asyncio
 import csv
 from pathlib import Path
 
 import pytest
 
-from perfkit.cli import main
-from perfkit.errors import ExitCode
+from perfkit.cli import build_parser, main
+from perfkit.cli.sweep import spec_from_args
+from perfkit.errors import ExitCode, PerfkitError
 from perfkit.results.model import read_sweep
+from perfkit.sweep.run import resolve_model
 from perfkit.testing.genai_server import FIRST_S, serving_in_thread
 
 WINDOWS = ["--concurrency-range", "2", "-p", "250", "-r", "3", "-s", "1000", "--quiet", "--no-report"]
@@ -105,6 +108,7 @@ min_goodput_per_s = 100000
         (["-u", "h:1", "--endpoint-type", "chat", "--goodput", "ttft_ms<=1"], "need --streaming"),
         (["-u", "h:1", "--goodput", "latency_ms<=1"], "needs a generative --endpoint-type"),
         (["-u", "h:1", "--endpoint-type", "chat", "-i", "grpc"], "drop -i grpc"),
+        (["--endpoint-type", "embeddings"], "needs -u: the embedded reference server has no embedding model"),
         (
             ["-u", "h:1", "--endpoint-type", "chat", "--trace-file", "t", "--concurrency-range", "2"],
             "drop --concurrency",
@@ -131,3 +135,18 @@ def test_generative_flags_name_what_to_change(
 ) -> None:
     assert main(["sweep", *flags]) == ExitCode.USAGE
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("endpoint_type", "default"), [("kserve-infer", "mlp"), ("chat", "sim_llm"), ("kserve-generate", "sim_llm")]
+)
+def test_the_embedded_server_is_measured_on_its_model_for_the_endpoint(endpoint_type: str, default: str) -> None:
+    class Index:
+        async def repository_index(self) -> list[dict[str, str]]:
+            return [{"name": name, "state": "READY"} for name in ("mlp", "sim_llm", "tiny_decoder")]
+
+    args = ["sweep", "--endpoint-type", endpoint_type]
+    spec = spec_from_args(build_parser().parse_args(args))
+    assert asyncio.run(resolve_model(Index(), spec, embedded=True)) == default  # type: ignore[arg-type]
+    with pytest.raises(PerfkitError, match="3 ready models"):
+        asyncio.run(resolve_model(Index(), spec, embedded=False))  # type: ignore[arg-type]
