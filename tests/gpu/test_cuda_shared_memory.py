@@ -121,6 +121,7 @@ def test_tritonclients_cuda_shared_memory_flow(client: tuple[Any, Any], cudashm:
 
 
 def _sweep(tmp_path: Path, *extra: str) -> pd.DataFrame:
+    tmp_path.mkdir()
     out = tmp_path / "out.csv"
     result = subprocess.run(
         [sys.executable, "-m", "perfkit", "sweep", "--concurrency-range", "1:2", "-p", "500", "-s", "50",
