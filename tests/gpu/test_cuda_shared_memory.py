@@ -7,8 +7,12 @@ GPU or cuda-python is missing."""
 
 from __future__ import annotations
 
+import importlib
+import json
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +21,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import tritonclient.grpc as grpcclient
-import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from perfkit.target import ServerProcess, reference_server_process
@@ -29,6 +32,18 @@ pytestmark = [
 ]
 
 X = np.arange(16, dtype=np.float32).reshape(1, 16)
+
+
+def _http_client_module() -> Any:
+    """tritonclient.http, or None where its gevent dependencies are not installed (the raw HTTP test
+    below covers the route then)."""
+    try:
+        return importlib.import_module("tritonclient.http")
+    except ImportError:
+        return None
+
+
+httpclient = _http_client_module()
 
 
 @pytest.fixture(scope="module")
@@ -46,6 +61,8 @@ def server(demo_repository: Path) -> Iterator[ServerProcess]:
 
 @pytest.fixture(params=["http", "grpc"])
 def client(request: pytest.FixtureRequest, server: ServerProcess) -> Iterator[tuple[Any, Any]]:
+    if request.param == "http" and httpclient is None:
+        pytest.skip("tritonclient.http needs geventhttpclient, not installed here")
     module: Any = httpclient if request.param == "http" else grpcclient
     made = module.InferenceServerClient(server.http_url if module is httpclient else server.grpc_url)
     yield module, made
@@ -140,3 +157,43 @@ def test_a_sweep_with_cuda_shared_memory_runs_clean_at_the_same_order_of_through
     assert (cuda_run["throughput_infer_per_s"] > 0).all()
     ratio = cuda_run["throughput_infer_per_s"].mean() / plain["throughput_infer_per_s"].mean()
     assert 0.2 < ratio < 5, f"CUDA shared memory {ratio:.2f}x the throughput without"
+
+
+def _http(server: ServerProcess, path: str, body: Any = None) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"http://{server.http_url}{path}", data, method="GET" if body is None else "POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            status, text = response.status, response.read()
+    except urllib.error.HTTPError as error:
+        status, text = error.code, error.read()
+    return status, json.loads(text) if text else None
+
+
+def test_the_http_routes_with_a_region_tritonclient_made(server: ServerProcess, cudashm: Any, regions: Any) -> None:
+    region = regions("raw", 2 * X.nbytes)
+    cudashm.set_shared_memory_region(region, [X])
+    handle = {"b64": cudashm.get_raw_handle(region).decode()}
+    body = {"raw_handle": handle, "device_id": 0, "byte_size": 2 * X.nbytes}
+    assert _http(server, "/v2/cudasharedmemory/region/raw/register", body) == (200, None)
+    try:
+        assert _http(server, "/v2/cudasharedmemory/region/raw/status") == (
+            200, [{"name": "raw", "device_id": 0, "byte_size": 2 * X.nbytes}]
+        )  # fmt: skip
+        at = {"shared_memory_region": "raw", "shared_memory_byte_size": X.nbytes}
+        infer: dict[str, Any] = {
+            "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": list(X.shape), "parameters": at}],
+            "outputs": [{"name": "OUTPUT0", "parameters": {**at, "shared_memory_offset": X.nbytes}}],
+        }
+        status, reply = _http(server, "/v2/models/identity/infer", infer)
+        assert status == 200 and "data" not in reply["outputs"][0], reply
+        both = cudashm.get_contents_as_numpy(region, np.float32, [2, *X.shape[1:]])
+        np.testing.assert_array_equal(both, np.concatenate([X, X]))
+        infer["inputs"][0]["parameters"] = {**at, "shared_memory_byte_size": 8}
+        status, reply = _http(server, "/v2/models/identity/infer", infer)
+        assert status == 400 and "input byte size mismatch for input 'INPUT0'" in reply["error"]
+        status, reply = _http(server, "/v2/cudasharedmemory/region/raw2/register", {**body, "byte_size": 1 << 30})
+        assert status == 400 and "invalid args" in reply["error"]
+    finally:
+        assert _http(server, "/v2/cudasharedmemory/region/raw/unregister", {}) == (200, None)
+    assert _http(server, "/v2/cudasharedmemory/status") == (200, [])

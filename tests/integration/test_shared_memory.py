@@ -348,6 +348,56 @@ def test_cuda_shared_memory_is_refused_clearly(transport: tuple[Any, Client]) ->
     client.unregister_cuda_shared_memory()
 
 
+class DeviceStandIn:
+    """Host memory standing in for a client's device allocation, as `cuda.IpcMemory` offers it."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.data, self.closed = size, bytearray(size), False
+
+    def read(self, offset: int, byte_size: int) -> bytes:
+        return bytes(self.data[offset : offset + byte_size])
+
+    def write(self, offset: int, data: bytes) -> None:
+        self.data[offset : offset + len(data)] = data
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_cuda_routes_and_binding_over_a_stand_in_for_the_device(
+    transport: tuple[Any, Client], server: ReferenceServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CUDA extension's front ends and request binding, where only opening the handle is not real
+    (tests/gpu opens real ones)."""
+    module, client = transport
+    registry = server.dataplane.shared_memory  # type: ignore[union-attr]
+    memory, opened = DeviceStandIn(64), []
+    monkeypatch.setattr(registry, "_cuda_opener", lambda handle, device: opened.append((handle, device)) or memory)
+    monkeypatch.setattr(registry, "_cuda_reason", [None])
+    metadata = client.get_server_metadata()
+    assert "cuda_shared_memory" in (metadata["extensions"] if module is httpclient else metadata.extensions)
+    x = np.arange(4, dtype=np.float32)
+    memory.write(0, x.tobytes())
+    client.register_cuda_shared_memory("dev", base64.b64encode(bytes(range(64))), 0, 64)
+    try:
+        assert opened == [(bytes(range(64)), 0)]
+        status = client.get_cuda_shared_memory_status("dev")
+        if module is grpcclient:
+            status = [
+                {"name": r.name, "device_id": r.device_id, "byte_size": r.byte_size} for r in status.regions.values()
+            ]
+        assert status == [{"name": "dev", "device_id": 0, "byte_size": 64}]
+        client.infer(
+            "identity",
+            [shm_input(module, "X", [1, 4], "FP32", "dev", 16)],
+            outputs=[shm_output(module, "Y", "dev", 16, 32)],
+        )
+        np.testing.assert_array_equal(np.frombuffer(memory.read(32, 16), np.float32), x)
+    finally:
+        client.unregister_cuda_shared_memory("dev")
+    assert memory.closed
+
+
 REGISTER = "/v2/systemsharedmemory/region/r/register"
 CUDA_REGISTER = "/v2/cudasharedmemory/region/c/register"
 

@@ -97,6 +97,7 @@ def test_register_status_and_unregister_in_tritons_words(
         (HANDLE, 0, 257, r"invalid args: byte_size 257 is past the end of the CUDA allocation \(256 bytes\)"),
         (bytes(64), 0, 8, r"invalid args: cannot open the CUDA IPC handle on device 0 \(cudaIpcOpenMemHandle failed"),
     ],
+    ids=["short-handle", "zero-size", "negative-device", "past-the-allocation", "unknown-handle"],
 )
 def test_bad_registrations_are_refused(
     registry: SharedMemoryRegistry, allocations: Allocations, handle: bytes, device_id: int, byte_size: int, words: str
