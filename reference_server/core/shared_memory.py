@@ -44,6 +44,7 @@ INVALID_ARGUMENT (400) here, as every bad request is.
 from __future__ import annotations
 
 import errno
+import logging
 import mmap
 import os
 import stat
@@ -57,6 +58,8 @@ from reference_server.errors import AlreadyExists, InvalidArgument, NotFound
 from v2kit import codec as v2
 from v2kit.runtime import cuda
 from v2kit.tensors import element_count, tensor_from_raw, tensor_to_raw
+
+log = logging.getLogger(__name__)
 
 __all__ = ["MAX_NAME_CHARS", "MAX_REGIONS", "CudaRegion", "Region", "RequestBinding", "SharedMemoryRegistry", "SHM_DIR"]
 
@@ -181,7 +184,10 @@ class CudaRegion:
         return self._memory.closed
 
     def close(self) -> None:
-        self._memory.close()
+        try:
+            self._memory.close()
+        except cuda.CudaError as exc:  # the region is gone from the registry either way
+            log.warning("CUDA shared memory region '%s' did not close cleanly: %s", self.name, exc)
 
 
 class CudaMemory(Protocol):

@@ -234,3 +234,17 @@ def test_perfkit_refuses_a_server_without_the_cuda_extension() -> None:
     with pytest.raises(PerfkitError, match="does not offer Triton's CUDA shared memory extension") as caught:
         client_shm.check_extension({"extensions": ["system_shared_memory"]}, "h:1", "cuda")
     assert caught.value.exit_code == 2
+
+
+def test_a_region_that_fails_to_close_is_unregistered_all_the_same(
+    registry: SharedMemoryRegistry, allocations: Allocations, caplog: pytest.LogCaptureFixture
+) -> None:
+    memory = allocations.by_handle[HANDLE] = HostMemory(64)
+
+    def fail() -> None:
+        raise cuda.CudaError("cudaIpcCloseMemHandle failed: cudaErrorInvalidValue")
+
+    memory.close = fail  # type: ignore[method-assign]
+    registry.cuda_register("c", HANDLE, 0, 64)
+    registry.cuda_unregister("c")
+    assert registry.cuda_status() == [] and "did not close cleanly" in caplog.text
