@@ -116,7 +116,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--shared-memory",
         choices=("none", "system", "cuda"),
         default="none",
-        help="put inputs and outputs in shared memory registered with the server (default none)",
+        help="put inputs and outputs in shared memory registered with the server (default none); cuda: device "
+        "memory on GPU 0, needs cuda-python",
     )
     path.add_argument(
         "--output-shared-memory-size",

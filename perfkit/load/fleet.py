@@ -72,6 +72,12 @@ class FleetClient:
     async def unregister_system_shared_memory(self, name: str) -> None:
         raise PerfkitError("--shared-memory takes one -u endpoint: give one, not several")
 
+    async def register_cuda_shared_memory(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        raise PerfkitError("--shared-memory takes one -u endpoint: give one, not several")
+
+    async def unregister_cuda_shared_memory(self, name: str) -> None:
+        raise PerfkitError("--shared-memory takes one -u endpoint: give one, not several")
+
     async def send(self, prepared: Prepared) -> Outcome:
         index = self._next
         self._next = (index + 1) % len(self.clients)

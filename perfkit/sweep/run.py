@@ -357,14 +357,14 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
                 )
                 prepared = [client.prepare(prompt, model) for prompt in prompts]
             else:
-                if spec.data_path.shared_memory == "system":
-                    check_extension(server, target.url)
+                if (shm_kind := spec.data_path.shared_memory) != "none":
+                    check_extension(server, target.url, shm_kind)
                     outputs_of_model = [str(o.get("name")) for o in metadata.get("outputs", [])]
                     plan = plan_regions(
                         requests, outputs_of_model, output_size=spec.data_path.output_shared_memory_size,
                         batch_size=spec.inputs.batch_size, prefix=f"perfkit_{os.getpid()}",
                     )  # fmt: skip
-                    requests = list(await stack.enter_async_context(registered_regions(client, plan)))
+                    requests = list(await stack.enter_async_context(registered_regions(client, plan, shm_kind)))
                 prepared = [client.prepare(r) for r in requests]
                 if sequences is None:
                     prepared = _with_expected(prepared, spec, metadata)

@@ -75,8 +75,8 @@ class DataPathSpec:
             raise PerfkitError("--streaming is for -i grpc (Triton streams over gRPC's ModelStreamInfer); add -i grpc")
         if self.shared_memory not in ("none", "system", "cuda"):
             raise PerfkitError(f"--shared-memory must be none, system or cuda, got '{self.shared_memory}'")
-        if self.shared_memory == "cuda":
-            raise PerfkitError(cuda_unsupported())
+        if self.shared_memory == "cuda" and (why := cuda_unsupported()) is not None:
+            raise PerfkitError(why)
         if self.output_shared_memory_size <= 0:
             raise PerfkitError("--output-shared-memory-size must be a positive number of bytes")
         if workers > 1 and (self.streaming or self.shared_memory != "none"):

@@ -32,6 +32,7 @@ Neither includes the network or the server: those are the rest of the request's 
 from __future__ import annotations
 
 import asyncio
+import base64
 import dataclasses
 import json
 import ssl
@@ -119,6 +120,10 @@ class InferClient(Protocol):
     async def unload_model(self, name: str) -> None: ...
     async def register_system_shared_memory(self, name: str, key: str, byte_size: int) -> None: ...
     async def unregister_system_shared_memory(self, name: str) -> None: ...
+    async def register_cuda_shared_memory(
+        self, name: str, raw_handle: bytes, device_id: int, byte_size: int
+    ) -> None: ...
+    async def unregister_cuda_shared_memory(self, name: str) -> None: ...
     async def close(self) -> None: ...
 
 
@@ -345,8 +350,15 @@ class HttpClient:
     async def unregister_system_shared_memory(self, name: str) -> None:
         await self._shared_memory(name, "unregister")
 
-    async def _shared_memory(self, name: str, action: str, body: Any = None) -> None:
-        url = self._base / "v2" / "systemsharedmemory" / "region" / name / action
+    async def register_cuda_shared_memory(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        body = {"raw_handle": {"b64": base64.b64encode(raw_handle).decode()}, "device_id": device_id}
+        await self._shared_memory(name, "register", {**body, "byte_size": byte_size}, "cudasharedmemory")
+
+    async def unregister_cuda_shared_memory(self, name: str) -> None:
+        await self._shared_memory(name, "unregister", None, "cudasharedmemory")
+
+    async def _shared_memory(self, name: str, action: str, body: Any = None, kind: str = "systemsharedmemory") -> None:
+        url = self._base / "v2" / kind / "region" / name / action
         status, data = await self._call("POST", url, body)  # Triton answers 200 with an empty body
         if status != 200:
             raise TargetError(f"POST {url}: HTTP {status}: {v2.decode_error(data)}")
@@ -568,6 +580,13 @@ class GrpcClient:
 
     async def unregister_system_shared_memory(self, name: str) -> None:
         await self._rpc("SystemSharedMemoryUnregister", pb.SystemSharedMemoryUnregisterRequest(name=name))
+
+    async def register_cuda_shared_memory(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        fields = {"name": name, "raw_handle": raw_handle, "device_id": device_id, "byte_size": byte_size}
+        await self._rpc("CudaSharedMemoryRegister", pb.CudaSharedMemoryRegisterRequest(**fields))
+
+    async def unregister_cuda_shared_memory(self, name: str) -> None:
+        await self._rpc("CudaSharedMemoryUnregister", pb.CudaSharedMemoryUnregisterRequest(name=name))
 
     async def repository_index(self) -> list[dict[str, Any]]:
         reply = await self._rpc("RepositoryIndex", pb.RepositoryIndexRequest())

@@ -19,27 +19,38 @@ What perf_analyzer does (src/infer_data_manager_shm.cc), and so what this does:
   touches only its own, as other clients may be using the server.
 
 The server must offer the extension ("system_shared_memory" in its metadata) and run on this machine:
-it opens the regions by key in its own /dev/shm. CUDA shared memory (`--shared-memory cuda`) needs
-the CUDA runtime on the client, to allocate device memory and export its IPC handle; perfkit does
-not implement it (`cuda_unsupported`).
+it opens the regions by key in its own /dev/shm.
+
+`--shared-memory cuda` lays the regions out the same way in device memory on GPU 0 (perf_analyzer's
+device; it has no flag to choose another), with tritonclient's `cuda_shared_memory` utilities
+(cuda-python underneath): each region is `cudaMalloc`ed, filled from the host, and registered with its
+CUDA IPC handle ("cuda_shared_memory" in the server's metadata), then unregistered and freed in the
+same `finally`. The server opens the handles, so it runs on this machine, in another process
+(CUDA opens no IPC handle in the process that made it), seeing the same GPU. Without a GPU or
+cuda-python, `cuda_unsupported` says which, with the fix.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
-import ctypes.util
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+import numpy as np
+
 from perfkit.errors import PerfkitError
 from v2kit import codec as v2
+from v2kit.runtime import cuda
 from v2kit.tensors import tensor_to_raw
 
 __all__ = [
+    "CUDA_DEVICE",
     "EXTENSION",
+    "EXTENSIONS",
     "SharedMemoryPlan",
     "SharedMemoryRegion",
     "check_extension",
@@ -49,6 +60,10 @@ __all__ = [
 ]
 
 EXTENSION = "system_shared_memory"
+#: Each `--shared-memory` kind's extension, as the server's metadata lists it.
+EXTENSIONS = {"system": EXTENSION, "cuda": "cuda_shared_memory"}
+#: The GPU that holds the CUDA regions: perf_analyzer's, device 0.
+CUDA_DEVICE = 0
 SHM_DIR = "/dev/shm"
 UNREGISTER_TIMEOUT_S = 5.0
 
@@ -112,13 +127,23 @@ def plan_regions(
     return SharedMemoryPlan(tuple(regions), tuple(rewritten))
 
 
-def cuda_unsupported() -> str:
-    """Why `--shared-memory cuda` cannot run here (always something: perfkit has no CUDA client)."""
-    if ctypes.util.find_library("cudart") is None and ctypes.util.find_library("cuda") is None:
-        why = "this client has no CUDA runtime (neither libcudart nor libcuda is installed)"
-    else:
-        why = "perfkit does not implement CUDA shared memory (device buffers shared by CUDA IPC handles)"
+def cuda_unsupported() -> str | None:
+    """Why `--shared-memory cuda` cannot run here, with the fix; None when it can."""
+    why = cuda.unavailable_reason()
+    if why is None:
+        try:
+            _cuda_utilities()
+        except (ImportError, RuntimeError) as exc:  # tritonclient raises RuntimeError without cuda-python
+            why = f"tritonclient's CUDA shared memory utilities do not load ({exc}); pip install 'tritonclient[cuda]'"
+    if why is None:
+        return None
     return f"--shared-memory cuda: {why}; use --shared-memory system with a server on this machine, or none"
+
+
+def _cuda_utilities() -> Any:
+    import tritonclient.utils.cuda_shared_memory as cudashm  # lazily: it needs cuda-python
+
+    return cudashm
 
 
 class _Registrar(Protocol):
@@ -126,14 +151,19 @@ class _Registrar(Protocol):
 
     async def register_system_shared_memory(self, name: str, key: str, byte_size: int) -> None: ...
     async def unregister_system_shared_memory(self, name: str) -> None: ...
+    async def register_cuda_shared_memory(
+        self, name: str, raw_handle: bytes, device_id: int, byte_size: int
+    ) -> None: ...
+    async def unregister_cuda_shared_memory(self, name: str) -> None: ...
 
 
-def check_extension(server_metadata: Mapping[str, Any], url: str) -> None:
-    """Refuse a server that does not list the system shared memory extension (exit 2, naming the fix)."""
+def check_extension(server_metadata: Mapping[str, Any], url: str, kind: str = "system") -> None:
+    """Refuse a server that does not list `kind`'s shared memory extension (exit 2, naming the fix)."""
     extensions = [str(e) for e in server_metadata.get("extensions", ()) or ()]
-    if EXTENSION not in extensions:
+    if EXTENSIONS[kind] not in extensions:
+        words = "CUDA" if kind == "cuda" else kind
         raise PerfkitError(
-            f"--shared-memory system: the server at {url} does not offer Triton's system shared memory extension "
+            f"--shared-memory {kind}: the server at {url} does not offer Triton's {words} shared memory extension "
             f"(its extensions: {', '.join(extensions) or 'none'}); drop --shared-memory, or measure a server that "
             "has it"
         )
@@ -156,34 +186,101 @@ def _unlink(region: SharedMemoryRegion) -> None:
         os.unlink(os.path.join(SHM_DIR, region.name))
 
 
+class _SystemRegions:
+    """Regions as POSIX shared-memory objects in /dev/shm, registered by key."""
+
+    kind = "system"
+
+    def __init__(self, client: _Registrar) -> None:
+        self._client = client
+
+    def create(self, region: SharedMemoryRegion) -> None:
+        try:
+            _create(region)
+        except OSError as exc:
+            raise PerfkitError(f"--shared-memory system: cannot create {SHM_DIR}/{region.name}: {exc}") from None
+
+    async def register(self, region: SharedMemoryRegion) -> None:
+        await self._client.register_system_shared_memory(region.name, region.key, region.byte_size)
+
+    async def unregister(self, name: str) -> None:
+        await self._client.unregister_system_shared_memory(name)
+
+    def destroy(self, region: SharedMemoryRegion) -> None:
+        _unlink(region)
+
+    def where(self, region: SharedMemoryRegion) -> str:
+        return f"the server must run on this machine, where it opens {SHM_DIR}{region.key}"
+
+
+class _CudaRegions:
+    """Regions in device memory on CUDA_DEVICE (tritonclient's utilities), registered by IPC handle."""
+
+    kind = "cuda"
+
+    def __init__(self, client: _Registrar) -> None:
+        self._client = client
+        self._cudashm = _cuda_utilities()
+        self._handles: dict[str, Any] = {}
+
+    def create(self, region: SharedMemoryRegion) -> None:
+        try:
+            handle = self._handles[region.name] = self._cudashm.create_shared_memory_region(
+                region.name, region.byte_size, CUDA_DEVICE
+            )
+            if region.data:
+                self._cudashm.set_shared_memory_region(handle, [np.frombuffer(region.data, np.uint8)])
+        except self._cudashm.CudaSharedMemoryException as exc:
+            self.destroy(region)  # allocated but not filled: the caller knows only regions it made whole
+            raise PerfkitError(
+                f"--shared-memory cuda: cannot create region {region.name} ({region.byte_size} bytes) on GPU "
+                f"{CUDA_DEVICE}: {exc}"
+            ) from None
+
+    async def register(self, region: SharedMemoryRegion) -> None:
+        raw_handle = base64.b64decode(self._cudashm.get_raw_handle(self._handles[region.name]))
+        await self._client.register_cuda_shared_memory(region.name, raw_handle, CUDA_DEVICE, region.byte_size)
+
+    async def unregister(self, name: str) -> None:
+        await self._client.unregister_cuda_shared_memory(name)
+
+    def destroy(self, region: SharedMemoryRegion) -> None:
+        handle = self._handles.pop(region.name, None)
+        if handle is not None:
+            self._cudashm.destroy_shared_memory_region(handle)
+
+    def where(self, region: SharedMemoryRegion) -> str:
+        return f"the server must run on this machine, in another process, and see GPU {CUDA_DEVICE}"
+
+
 @contextlib.asynccontextmanager
-async def registered_regions(client: _Registrar, plan: SharedMemoryPlan) -> AsyncIterator[tuple[v2.InferRequest, ...]]:
-    """Create and register `plan`'s regions; yield its requests; unregister and unlink the regions
-    however the block ends (an error, a cancellation)."""
+async def registered_regions(
+    client: _Registrar, plan: SharedMemoryPlan, kind: str = "system"
+) -> AsyncIterator[tuple[v2.InferRequest, ...]]:
+    """Create and register `plan`'s regions (`kind`: system or cuda); yield its requests; unregister
+    and destroy the regions however the block ends (an error, a cancellation)."""
+    regions = _CudaRegions(client) if kind == "cuda" else _SystemRegions(client)
     created: list[SharedMemoryRegion] = []
     registered: list[str] = []
     try:
         for region in plan.regions:
-            try:
-                _create(region)
-            except OSError as exc:
-                raise PerfkitError(f"--shared-memory system: cannot create {SHM_DIR}/{region.name}: {exc}") from None
+            regions.create(region)
             created.append(region)
         for region in plan.regions:
             registered.append(region.name)  # before the answer: an interrupted call may have registered it
             try:
-                await client.register_system_shared_memory(region.name, region.key, region.byte_size)
+                await regions.register(region)
             except PerfkitError as exc:
                 raise PerfkitError(
-                    f"--shared-memory system: the server at {client.url} did not register region {region.name} "
-                    f"({exc}); the server must run on this machine, where it opens {SHM_DIR}{region.key}"
+                    f"--shared-memory {kind}: the server at {client.url} did not register region {region.name} "
+                    f"({exc}); {regions.where(region)}"
                 ) from None
         yield plan.requests
     finally:
         try:
             for name in reversed(registered):
                 with contextlib.suppress(Exception):
-                    await asyncio.wait_for(client.unregister_system_shared_memory(name), UNREGISTER_TIMEOUT_S)
+                    await asyncio.wait_for(regions.unregister(name), UNREGISTER_TIMEOUT_S)
         finally:
             for region in created:
-                _unlink(region)
+                regions.destroy(region)

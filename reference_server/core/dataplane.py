@@ -129,7 +129,8 @@ class DataPlane:
         return self.repository.all_ready() if self.strict_readiness else True
 
     def server_metadata(self) -> dict[str, Any]:
-        return {"name": self.server_name, "version": __version__, "extensions": EXTENSIONS}
+        cuda = ["cuda_shared_memory"] if self.shared_memory.cuda_available() else []
+        return {"name": self.server_name, "version": __version__, "extensions": EXTENSIONS + cuda}
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:

@@ -26,33 +26,42 @@ Theory of operation:
 * **Threads.** The front ends call this on the event loop; a lock still guards the registry, as
   Triton's mutex does, so that a backend thread may look regions up too.
 
+* **CUDA.** A CUDA region is device memory a client process exported with an IPC handle
+  (`cudaIpcGetMemHandle`); registering it opens the handle on its device (`v2kit/runtime/cuda.py`,
+  cuda-python), refusing a byte size past the allocation as Triton does. Our backends take host
+  tensors, so an input in a CUDA region is copied to the host before the request is validated, as a
+  system one is, and an output is copied into its region after the model. Both kinds share one
+  namespace of names (Triton's one map), and each extension's status and unregister see only its
+  own kind. Without a GPU or without cuda-python, registering answers Triton's INVALID_ARG saying
+  which, and the server metadata does not list "cuda_shared_memory".
+
 Errors carry Triton's wording (`src/shared_memory_manager.cc`, checked against Triton 2.51's
 answers) with what to change after it, and Triton's status, except where Triton answers a client's
 mistake with INTERNAL (a key that cannot be opened, an output region too small): those are
-INVALID_ARGUMENT (400) here, as every bad request is. CUDA shared memory needs CUDA IPC, which this
-server does not implement: its status lists no region, unregistering succeeds, and registering
-answers Triton's INVALID_ARG saying so; the server metadata therefore does not list
-"cuda_shared_memory".
+INVALID_ARGUMENT (400) here, as every bad request is.
 """
 
 from __future__ import annotations
 
 import errno
+import logging
 import mmap
 import os
 import stat
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from reference_server.errors import AlreadyExists, InvalidArgument, NotFound
 from v2kit import codec as v2
-from v2kit.runtime import gpu
+from v2kit.runtime import cuda
 from v2kit.tensors import element_count, tensor_from_raw, tensor_to_raw
 
-__all__ = ["MAX_NAME_CHARS", "MAX_REGIONS", "Region", "RequestBinding", "SharedMemoryRegistry", "SHM_DIR"]
+log = logging.getLogger(__name__)
+
+__all__ = ["MAX_NAME_CHARS", "MAX_REGIONS", "CudaRegion", "Region", "RequestBinding", "SharedMemoryRegistry", "SHM_DIR"]
 
 #: Where Linux keeps POSIX shared-memory objects: `shm_open("/key")` opens SHM_DIR/key.
 SHM_DIR = "/dev/shm"
@@ -67,6 +76,8 @@ class Region:
     """One registered window of a shared-memory object, mapped while registered or held."""
 
     __slots__ = ("name", "key", "offset", "byte_size", "_fd", "_map", "_start", "users", "retired")
+
+    kind = "system"
 
     def __init__(self, name: str, key: str, offset: int, byte_size: int) -> None:
         self.name, self.key, self.offset, self.byte_size = name, key, offset, byte_size
@@ -96,17 +107,7 @@ class Region:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
 
     def check_window(self, offset: int, byte_size: int) -> None:
-        """Triton's bounds check of a tensor's window, relative to the region."""
-        if offset >= self.byte_size:
-            raise InvalidArgument(
-                f"Invalid offset for shared memory region: '{self.name}' (offset {offset}, the region holds "
-                f"{self.byte_size} bytes)"
-            )
-        if offset + byte_size > self.byte_size:
-            raise InvalidArgument(
-                f"Invalid offset + byte size for shared memory region: '{self.name}' (offset {offset} + "
-                f"byte size {byte_size} > the region's {self.byte_size} bytes)"
-            )
+        _check_window(self.name, self.byte_size, offset, byte_size)
 
     def read(self, offset: int, byte_size: int) -> bytes:
         """A copy of `byte_size` bytes at `offset` (checked with `check_window` first)."""
@@ -138,30 +139,137 @@ class Region:
         os.close(self._fd)
 
 
-class SharedMemoryRegistry:
-    """The system shared-memory regions of one server, by name."""
+class CudaRegion:
+    """One registered CUDA region: a client's device allocation, opened from its IPC handle while
+    registered or held."""
 
-    def __init__(self, max_regions: int = MAX_REGIONS) -> None:
-        self._regions: dict[str, Region] = {}
+    __slots__ = ("name", "device_id", "byte_size", "_memory", "users", "retired")
+
+    kind = "cuda"
+
+    def __init__(self, name: str, raw_handle: bytes, device_id: int, byte_size: int, opener: CudaOpener) -> None:
+        self.name, self.device_id, self.byte_size = name, device_id, byte_size
+        try:
+            self._memory = opener(raw_handle, device_id)
+        except (cuda.CudaError, ValueError) as exc:
+            # Triton logs CUDA's error and answers the client only "invalid args"; ours says both.
+            raise InvalidArgument(
+                f"failed to register CUDA shared memory region '{name}': invalid args: cannot open the CUDA IPC "
+                f"handle on device {device_id} ({exc}); send the handle cudaIpcGetMemHandle gave, from another "
+                "process, for a device this server sees"
+            ) from None
+        if byte_size > self._memory.size:
+            self._memory.close()
+            raise InvalidArgument(
+                f"failed to register shared memory region '{name}': invalid args: byte_size {byte_size} is past "
+                f"the end of the CUDA allocation ({self._memory.size} bytes); register at most its size"
+            )
+        self.users = 0
+        self.retired = False
+
+    def status(self) -> dict[str, Any]:
+        return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}
+
+    def check_window(self, offset: int, byte_size: int) -> None:
+        _check_window(self.name, self.byte_size, offset, byte_size)
+
+    def read(self, offset: int, byte_size: int) -> bytes:
+        return self._memory.read(offset, byte_size)
+
+    def write(self, offset: int, data: bytes) -> None:
+        self._memory.write(offset, data)
+
+    @property
+    def closed(self) -> bool:
+        return self._memory.closed
+
+    def close(self) -> None:
+        try:
+            self._memory.close()
+        except cuda.CudaError as exc:  # the region is gone from the registry either way
+            log.warning("CUDA shared memory region '%s' did not close cleanly: %s", self.name, exc)
+
+
+class CudaMemory(Protocol):
+    """What a CUDA region needs of opened device memory (`v2kit.runtime.cuda.IpcMemory`)."""
+
+    @property
+    def size(self) -> int: ...
+    @property
+    def closed(self) -> bool: ...
+    def read(self, offset: int, byte_size: int) -> bytes: ...
+    def write(self, offset: int, data: bytes) -> None: ...
+    def close(self) -> None: ...
+
+
+CudaOpener = Callable[[bytes, int], CudaMemory]
+AnyRegion = Region | CudaRegion
+
+#: The words of each extension, for a name registered as the other kind and for an unknown one.
+_KIND_WORDS = {"system": "system shared memory", "cuda": "CUDA shared memory"}
+
+
+class SharedMemoryRegistry:
+    """The shared-memory regions of one server, system and CUDA, by name."""
+
+    def __init__(
+        self,
+        max_regions: int = MAX_REGIONS,
+        cuda_opener: CudaOpener = cuda.IpcMemory,
+        cuda_unavailable: Callable[[], str | None] = cuda.unavailable_reason,
+    ) -> None:
+        self._regions: dict[str, AnyRegion] = {}
         self._lock = threading.Lock()
         self._max_regions = max_regions
+        self._cuda_opener = cuda_opener
+        self._cuda_unavailable = cuda_unavailable
+        self._cuda_reason: list[str | None] = []  # found out once, at the first question
 
-    # --- the extension's three calls -------------------------------------------------------------
+    def cuda_unavailable(self) -> str | None:
+        """Why CUDA regions cannot be registered here (no GPU, no cuda-python), or None when they can."""
+        if not self._cuda_reason:
+            self._cuda_reason.append(self._cuda_unavailable())
+        return self._cuda_reason[0]
+
+    def cuda_available(self) -> bool:
+        """Whether CUDA regions can be registered here: the server lists "cuda_shared_memory" only then."""
+        return self.cuda_unavailable() is None
+
+    # --- the extensions' calls -------------------------------------------------------------------
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        if not name or len(name) > MAX_NAME_CHARS:
-            raise InvalidArgument(
-                f"a shared memory region needs a name of 1 to {MAX_NAME_CHARS} characters, got {len(name)}"
-            )
+        _check_name(name)
         for field, value in (("offset", offset), ("byte_size", byte_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
-                raise InvalidArgument(
-                    f"failed to register shared memory region '{name}': {field} must be an integer >= 0, got {value!r}"
-                )
+            _check_size(name, field, value)
         if byte_size == 0:
             raise InvalidArgument(
                 f"failed to register shared memory region '{name}': invalid args: byte_size must be greater than 0"
             )
+        self._add(name, lambda: Region(name, key, offset, byte_size))
+
+    def cuda_register(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        _check_name(name)
+        for field, value in (("device_id", device_id), ("byte_size", byte_size)):
+            _check_size(name, field, value)
+        if len(raw_handle) != cuda.HANDLE_BYTES:
+            raise InvalidArgument(
+                f"failed to register CUDA shared memory region '{name}': 'raw_handle' must be a valid base64 "
+                f"encoded cudaIpcMemHandle_t ({cuda.HANDLE_BYTES} bytes, got {len(raw_handle)})"
+            )
+        if byte_size == 0:
+            raise InvalidArgument(
+                f"failed to register shared memory region '{name}': invalid args: byte_size must be greater than 0"
+            )
+        reason = self.cuda_unavailable()
+        if reason is not None:
+            # Triton answers a registration it cannot open with INVALID_ARG (HTTP 400).
+            raise InvalidArgument(
+                f"failed to register CUDA shared memory region '{name}': CUDA shared memory is not available on "
+                f"this server ({reason}); use system shared memory (/v2/systemsharedmemory) instead"
+            )
+        self._add(name, lambda: CudaRegion(name, raw_handle, device_id, byte_size, self._cuda_opener))
+
+    def _add(self, name: str, make: Callable[[], AnyRegion]) -> None:
         with self._lock:
             if name in self._regions:
                 raise AlreadyExists(
@@ -172,39 +280,58 @@ class SharedMemoryRegistry:
                     f"failed to register shared memory region '{name}': the server already holds "
                     f"{self._max_regions} regions, its limit; unregister some first"
                 )
-            self._regions[name] = Region(name, key, offset, byte_size)
+            self._regions[name] = make()
 
     def status(self, name: str = "") -> list[dict[str, Any]]:
-        """Every region's status, or the named one's (NotFound, in Triton's words, if none)."""
+        """Every system region's status, or the named one's (NotFound, in Triton's words, if none)."""
+        return self._status("system", name)
+
+    def cuda_status(self, name: str = "") -> list[dict[str, Any]]:
+        return self._status("cuda", name)
+
+    def _status(self, kind: str, name: str) -> list[dict[str, Any]]:
         with self._lock:
             if not name:
-                return [region.status() for region in self._regions.values()]
+                return [region.status() for region in self._regions.values() if region.kind == kind]
             region = self._regions.get(name)
         if region is None:
-            raise NotFound(f"Unable to find system shared memory region: '{name}'")
+            unknown = "system" if kind == "system" else "cuda"
+            raise NotFound(f"Unable to find {unknown} shared memory region: '{name}'")
+        if region.kind != kind:
+            raise NotFound(
+                f"The region named '{name}' is registered as {_KIND_WORDS[region.kind]}, not {_KIND_WORDS[kind]}"
+            )
         return [region.status()]
 
     def unregister(self, name: str = "") -> None:
-        """Unregister one region, or all of them with no name. An unknown name is no error (Triton's
-        answer too): the region is not registered afterwards either way."""
+        """Unregister one system region, or all of them with no name. An unknown name is no error
+        (Triton's answer too): the region is not registered afterwards either way."""
+        self._unregister("system", name)
+
+    def cuda_unregister(self, name: str = "") -> None:
+        self._unregister("cuda", name)
+
+    def _unregister(self, kind: str | None, name: str) -> None:
         with self._lock:
             if name:
-                region = self._regions.pop(name, None)
-                retired = [] if region is None else [region]
+                region = self._regions.get(name)
+                retired = [] if region is None or region.kind != kind else [self._regions.pop(name)]
             else:
-                retired, self._regions = list(self._regions.values()), {}
+                retired = [r for r in self._regions.values() if kind is None or r.kind == kind]
+                for region in retired:
+                    del self._regions[region.name]
             for region in retired:
                 region.retired = True
                 if not region.users:
                     region.close()
 
     def close(self) -> None:
-        """Unregister everything (the server is stopping)."""
-        self.unregister()
+        """Unregister everything, of both kinds (the server is stopping)."""
+        self._unregister(None, "")
 
     # --- requests --------------------------------------------------------------------------------
 
-    def acquire(self, name: str) -> Region:
+    def acquire(self, name: str) -> AnyRegion:
         """The region `name`, held until `release`: it stays mapped even if unregistered meanwhile."""
         with self._lock:
             region = self._regions.get(name)
@@ -213,7 +340,7 @@ class SharedMemoryRegistry:
             region.users += 1
             return region
 
-    def release(self, regions: Iterable[Region]) -> None:
+    def release(self, regions: Iterable[AnyRegion]) -> None:
         with self._lock:
             for region in regions:
                 region.users -= 1
@@ -252,30 +379,6 @@ class SharedMemoryRegistry:
             raise
         return binding
 
-    # --- CUDA shared memory: not offered ---------------------------------------------------------
-
-    def cuda_register(self, name: str) -> None:
-        gpus = gpu.gpu_count()
-        reason = "no GPU" if not gpus else f"{gpus} GPU(s), but this server does not implement CUDA IPC"
-        # Triton answers a registration it cannot open with INVALID_ARG (HTTP 400).
-        raise InvalidArgument(
-            f"failed to register CUDA shared memory region '{name}': CUDA shared memory is not available on "
-            f"this server ({reason}); use system shared memory (/v2/systemsharedmemory) instead"
-        )
-
-    def cuda_status(self, name: str = "") -> list[dict[str, Any]]:
-        """No CUDA region is ever registered; a name is not found, in Triton's words."""
-        if not name:
-            return []
-        with self._lock:
-            system = name in self._regions
-        if system:
-            raise NotFound(f"The region named '{name}' is registered as system shared memory, not CUDA shared memory")
-        raise NotFound(f"Unable to find cuda shared memory region: '{name}'")
-
-    def cuda_unregister(self, name: str = "") -> None:
-        """Nothing to unregister; Triton answers success, and so do we."""
-
 
 class RequestBinding:
     """The regions one request holds, and where its outputs go."""
@@ -284,10 +387,10 @@ class RequestBinding:
 
     def __init__(self, registry: SharedMemoryRegistry) -> None:
         self._registry = registry
-        self._held: list[Region] = []
-        self.outputs: dict[str, tuple[Region, v2.SharedMemoryRef]] = {}
+        self._held: list[AnyRegion] = []
+        self.outputs: dict[str, tuple[AnyRegion, v2.SharedMemoryRef]] = {}
 
-    def hold(self, ref: v2.SharedMemoryRef) -> Region:
+    def hold(self, ref: v2.SharedMemoryRef) -> AnyRegion:
         region = self._registry.acquire(ref.region)
         self._held.append(region)
         region.check_window(ref.offset, ref.byte_size)
@@ -331,11 +434,38 @@ class RequestBinding:
 _EMPTY = np.empty(0, np.uint8)
 
 
+def _check_name(name: str) -> None:
+    if not name or len(name) > MAX_NAME_CHARS:
+        raise InvalidArgument(
+            f"a shared memory region needs a name of 1 to {MAX_NAME_CHARS} characters, got {len(name)}"
+        )
+
+
+def _check_size(name: str, field: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise InvalidArgument(
+            f"failed to register shared memory region '{name}': {field} must be an integer >= 0, got {value!r}"
+        )
+
+
+def _check_window(name: str, region_size: int, offset: int, byte_size: int) -> None:
+    """Triton's bounds check of a tensor's window, relative to the region."""
+    if offset >= region_size:
+        raise InvalidArgument(
+            f"Invalid offset for shared memory region: '{name}' (offset {offset}, the region holds {region_size} bytes)"
+        )
+    if offset + byte_size > region_size:
+        raise InvalidArgument(
+            f"Invalid offset + byte size for shared memory region: '{name}' (offset {offset} + "
+            f"byte size {byte_size} > the region's {region_size} bytes)"
+        )
+
+
 def _ref(parameters: dict[str, Any], kind: str, name: str) -> v2.SharedMemoryRef | None:
     return v2.shared_memory_ref(parameters, f"{kind} '{name}'")
 
 
-def _read_input(region: Region, ref: v2.SharedMemoryRef, tensor: v2.InferTensor, model: str) -> np.ndarray:
+def _read_input(region: AnyRegion, ref: v2.SharedMemoryRef, tensor: v2.InferTensor, model: str) -> np.ndarray:
     what = f"input '{tensor.name}'"
     if tensor.datatype != "BYTES":
         expected = element_count(tensor.shape, what) * v2.datatype_to_numpy(tensor.datatype, what).itemsize

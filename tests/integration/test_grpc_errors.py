@@ -3,6 +3,7 @@ hierarchy means the same failure reads the same on HTTP and gRPC."""
 
 from __future__ import annotations
 
+import base64
 import http.client
 import socket
 from collections.abc import Callable, Iterator
@@ -203,9 +204,9 @@ CASES: list[tuple[str, Call, str, str]] = [
     ),
     (
         "cuda shared memory",
-        lambda c, s: c.register_cuda_shared_memory("c", b"\0" * 64, 0, 64),
+        lambda c, s: c.register_cuda_shared_memory("c", base64.b64encode(bytes(64)), 0, 64),
         "INVALID_ARGUMENT",
-        "CUDA shared memory is not available on this server",
+        "failed to register CUDA shared memory region 'c'",
     ),
     ("trace settings", lambda c, s: c.get_trace_settings(), "UNIMPLEMENTED", "trace"),
     ("log settings", lambda c, s: c.get_log_settings(), "UNIMPLEMENTED", "logging"),

@@ -3,12 +3,13 @@
 
 Each refusal is checked for Triton's words and status (as Triton 2.51 answers them; where Triton
 says INTERNAL to a client's mistake, a key it cannot open or an output region too small, 400 /
-INVALID_ARGUMENT here), and the server serves an ordinary request after all of them. CUDA shared memory, which needs CUDA IPC, is refused
-clearly; the routes of extensions the server does not offer answer 501, not 404.
+INVALID_ARGUMENT here), and the server serves an ordinary request after all of them. CUDA shared
+memory is refused clearly where it cannot work (tests/gpu drives it where it can); the routes of extensions the server does not offer answer 501, not 404.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
 import time
@@ -30,6 +31,7 @@ from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 from reference_server.server import ReferenceServer, running_server
 from tests.servers import loopback_config
+from v2kit.runtime import cuda
 
 pytestmark = pytest.mark.integration
 
@@ -166,11 +168,12 @@ def failure(call: Callable[[], Any]) -> tuple[str, str]:
     raise AssertionError("the call succeeded")
 
 
-def test_metadata_lists_system_shared_memory_only(transport: tuple[Any, Client]) -> None:
+def test_metadata_lists_cuda_shared_memory_only_where_it_works(transport: tuple[Any, Client]) -> None:
     module, client = transport
     metadata = client.get_server_metadata()
     extensions = metadata["extensions"] if module is httpclient else list(metadata.extensions)
-    assert "system_shared_memory" in extensions and "cuda_shared_memory" not in extensions
+    assert "system_shared_memory" in extensions
+    assert ("cuda_shared_memory" in extensions) == (cuda.unavailable_reason() is None)
 
 
 def test_register_infer_through_regions_and_unregister(transport: tuple[Any, Client], regions: Regions) -> None:
@@ -335,15 +338,68 @@ def _cache_hits(client: Client, module: Any) -> int:
 
 def test_cuda_shared_memory_is_refused_clearly(transport: tuple[Any, Client]) -> None:
     module, client = transport
-    status, message = failure(lambda: client.register_cuda_shared_memory("c", b"\0" * 64, 0, 64))
+    status, message = failure(lambda: client.register_cuda_shared_memory("c", base64.b64encode(bytes(64)), 0, 64))
     assert status == ("400" if module is httpclient else "INVALID_ARGUMENT")
-    assert "CUDA shared memory is not available on this server" in message
+    # A handle of zeros opens nowhere; without a GPU or cuda-python, the refusal says which is missing.
+    words = "CUDA shared memory is not available on this server" if cuda.unavailable_reason() else "invalid args"
+    assert "failed to register CUDA shared memory region 'c'" in message and words in message
     status_reply = client.get_cuda_shared_memory_status()
     assert (status_reply if module is httpclient else list(status_reply.regions)) == []
     client.unregister_cuda_shared_memory()
 
 
+class DeviceStandIn:
+    """Host memory standing in for a client's device allocation, as `cuda.IpcMemory` offers it."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.data, self.closed = size, bytearray(size), False
+
+    def read(self, offset: int, byte_size: int) -> bytes:
+        return bytes(self.data[offset : offset + byte_size])
+
+    def write(self, offset: int, data: bytes) -> None:
+        self.data[offset : offset + len(data)] = data
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_cuda_routes_and_binding_over_a_stand_in_for_the_device(
+    transport: tuple[Any, Client], server: ReferenceServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CUDA extension's front ends and request binding, where only opening the handle is not real
+    (tests/gpu opens real ones)."""
+    module, client = transport
+    registry = server.dataplane.shared_memory  # type: ignore[union-attr]
+    memory, opened = DeviceStandIn(64), []
+    monkeypatch.setattr(registry, "_cuda_opener", lambda handle, device: opened.append((handle, device)) or memory)
+    monkeypatch.setattr(registry, "_cuda_reason", [None])
+    metadata = client.get_server_metadata()
+    assert "cuda_shared_memory" in (metadata["extensions"] if module is httpclient else metadata.extensions)
+    x = np.arange(4, dtype=np.float32)
+    memory.write(0, x.tobytes())
+    client.register_cuda_shared_memory("dev", base64.b64encode(bytes(range(64))), 0, 64)
+    try:
+        assert opened == [(bytes(range(64)), 0)]
+        status = client.get_cuda_shared_memory_status("dev")
+        if module is grpcclient:
+            status = [
+                {"name": r.name, "device_id": r.device_id, "byte_size": r.byte_size} for r in status.regions.values()
+            ]
+        assert status == [{"name": "dev", "device_id": 0, "byte_size": 64}]
+        client.infer(
+            "identity",
+            [shm_input(module, "X", [1, 4], "FP32", "dev", 16)],
+            outputs=[shm_output(module, "Y", "dev", 16, 32)],
+        )
+        np.testing.assert_array_equal(np.frombuffer(memory.read(32, 16), np.float32), x)
+    finally:
+        client.unregister_cuda_shared_memory("dev")
+    assert memory.closed
+
+
 REGISTER = "/v2/systemsharedmemory/region/r/register"
+CUDA_REGISTER = "/v2/cudasharedmemory/region/c/register"
 
 
 @pytest.mark.parametrize(
@@ -359,6 +415,9 @@ REGISTER = "/v2/systemsharedmemory/region/r/register"
         ("POST", REGISTER, b'{"key": "/k", "byte_size": 8, "offset": true}', 400, "'offset' must be an integer"),
         ("POST", REGISTER, b"[", 400, "not valid JSON"),
         ("POST", "/v2/cudasharedmemory/region/c/register", b"{}", 400, "has no 'raw_handle' field"),
+        ("POST", CUDA_REGISTER, b'{"raw_handle": {"b64": "!"}, "byte_size": 8}', 400, "valid base64 encoded"),
+        ("POST", CUDA_REGISTER, b'{"raw_handle": "AAAA", "byte_size": 8}', 400, "'raw_handle' must be a JSON object"),
+        ("POST", CUDA_REGISTER, b'{"raw_handle": {"b64": "AAAA"}, "byte_size": 8}', 400, "(64 bytes, got 3)"),
         ("GET", REGISTER, None, 405, "Method Not Allowed"),
     ],
 )

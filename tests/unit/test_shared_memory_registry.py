@@ -276,9 +276,11 @@ def test_a_request_naming_no_region_binds_nothing(registry: SharedMemoryRegistry
     assert registry.bind(_request([v2.InferTensor("X", "FP32", [1], np.zeros(1, np.float32))])) is None
 
 
-def test_cuda_shared_memory_is_refused_clearly(registry: SharedMemoryRegistry, make_key: MakeKey) -> None:
-    with pytest.raises(InvalidArgument, match="CUDA shared memory is not available on this server"):
-        registry.cuda_register("c")
+def test_cuda_shared_memory_is_refused_clearly_without_a_gpu(make_key: MakeKey) -> None:
+    registry = SharedMemoryRegistry(cuda_unavailable=lambda: "no GPU: NVML (pynvml) sees none on this machine")
+    assert not registry.cuda_available()
+    with pytest.raises(InvalidArgument, match=r"CUDA shared memory is not available on this server \(no GPU"):
+        registry.cuda_register("c", b"\0" * 64, 0, 64)
     assert registry.cuda_status() == []
     registry.cuda_unregister("c")
     registry.register("sys", make_key(8), 0, 8)
@@ -286,3 +288,4 @@ def test_cuda_shared_memory_is_refused_clearly(registry: SharedMemoryRegistry, m
         registry.cuda_status("sys")
     with pytest.raises(NotFound, match="Unable to find cuda shared memory region: 'c'"):
         registry.cuda_status("c")
+    registry.close()

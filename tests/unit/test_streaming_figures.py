@@ -136,7 +136,6 @@ def test_streaming_asks_for_the_empty_final_response() -> None:
     ("path", "protocol", "workers", "words"),
     [
         (DataPathSpec(streaming=True), "http", 1, "--streaming is for -i grpc"),
-        (DataPathSpec(shared_memory="cuda"), "grpc", 1, "--shared-memory cuda"),
         (DataPathSpec(output_shared_memory_size=0), "http", 1, "--output-shared-memory-size"),
         (DataPathSpec(shared_memory="system"), "http", 2, "drop --workers"),
     ],
@@ -147,10 +146,14 @@ def test_data_path_flags_are_checked(path: DataPathSpec, protocol: str, workers:
     assert caught.value.exit_code == 2
 
 
-def test_cuda_shared_memory_says_why_it_cannot_run() -> None:
+def test_cuda_shared_memory_says_why_it_cannot_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shared_memory.cuda, "unavailable_reason", lambda: "no GPU: NVML (pynvml) sees none")
     message = shared_memory.cuda_unsupported()
-    assert message.startswith("--shared-memory cuda: ")
-    assert "CUDA" in message and "--shared-memory system" in message
+    assert message is not None and message.startswith("--shared-memory cuda: no GPU")
+    assert "--shared-memory system" in message
+    with pytest.raises(PerfkitError, match="--shared-memory cuda: no GPU") as caught:
+        DataPathSpec(shared_memory="cuda").validate(TargetSpec(url="x:1", protocol="grpc"), 1)
+    assert caught.value.exit_code == 2
 
 
 # --- the shared-memory plan ---------------------------------------------------------------------------

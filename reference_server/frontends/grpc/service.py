@@ -309,14 +309,17 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def CudaSharedMemoryStatus(
         self, request: pb.CudaSharedMemoryStatusRequest, context: Context
     ) -> pb.CudaSharedMemoryStatusResponse:
-        self._plane.shared_memory.cuda_status(request.name)  # never a region: raises or lists none
-        return pb.CudaSharedMemoryStatusResponse()
+        response = pb.CudaSharedMemoryStatusResponse()
+        for region in self._plane.shared_memory.cuda_status(request.name):
+            response.regions[region["name"]].CopyFrom(pb.CudaSharedMemoryStatusResponse.RegionStatus(**region))
+        return response
 
     @_rpc
     async def CudaSharedMemoryRegister(
         self, request: pb.CudaSharedMemoryRegisterRequest, context: Context
     ) -> pb.CudaSharedMemoryRegisterResponse:
-        self._plane.shared_memory.cuda_register(request.name)
+        shm = self._plane.shared_memory
+        shm.cuda_register(request.name, request.raw_handle, request.device_id, request.byte_size)
         return pb.CudaSharedMemoryRegisterResponse()
 
     @_rpc

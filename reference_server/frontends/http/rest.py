@@ -220,9 +220,19 @@ class RestApi:
 
     def cuda_shm_register(self, request: HttpRequest, region: str, version: str, reply: Reply) -> None:
         body = _json_object(request.body)
-        for name in ("raw_handle", "device_id", "byte_size"):
-            _field(body, name, object)
-        self.plane.shared_memory.cuda_register(region)
+        raw_handle, device_id = _field(body, "raw_handle", dict), _field(body, "device_id", int, 0)
+        byte_size = _field(body, "byte_size", int)
+        b64 = raw_handle.get("b64")
+        try:
+            handle = base64.b64decode(b64, validate=True) if isinstance(b64, str) else None
+        except binascii.Error:
+            handle = None
+        if handle is None:
+            raise InvalidArgument(
+                f"failed to register CUDA shared memory region: '{region}': 'raw_handle' must be a valid base64 "
+                'encoded cudaIpcMemHandle_t, as {"b64": "..."}'
+            )
+        self.plane.shared_memory.cuda_register(region, handle, device_id, byte_size)
         reply(HttpResponse(200))
 
     def cuda_shm_unregister(self, request: HttpRequest, region: str, version: str, reply: Reply) -> None:
@@ -343,7 +353,7 @@ def _field(body: dict[str, Any], name: str, kind: type, default: Any = None) -> 
     if kind is int and isinstance(value, int):
         bad = isinstance(value, bool) or value < 0
     if bad:
-        wanted = {str: "a string", int: "an integer >= 0"}[kind]
+        wanted = {str: "a string", int: "an integer >= 0", dict: "a JSON object"}[kind]
         raise InvalidArgument(f"shared memory register request: field '{name}' must be {wanted}, got {value!r:.40}")
     return value
 
