@@ -39,7 +39,7 @@ def _http_client_module() -> Any:
     below covers the route then)."""
     try:
         return importlib.import_module("tritonclient.http")
-    except ImportError:
+    except (ImportError, RuntimeError):  # tritonclient raises RuntimeError when its http extra is missing
         return None
 
 
