@@ -246,7 +246,9 @@ def test_waiting_for_a_capped_connection_counts_against_the_timeout(run: Runner[
             assert isinstance(failure_of(first), TimeoutError)
             assert isinstance(failure_of(second), TimeoutError) and second[3] == 0  # never sent
             await pool.close()
-        assert stub.connections == 1
+        # The cap held, and only the first request reached the server. (The second may still open
+        # the room the first's closed connection left, when its own deadline is a few ms later.)
+        assert stub.open_most == 1 and len(stub.heads) == 1
 
     run(scenario())
 
