@@ -216,7 +216,7 @@ def test_tune_against_triton_in_explicit_mode(peers: Path, tmp_path: Path) -> No
     with triton_server(peers, repo, extra_args=["--model-control-mode=explicit", "--load-model=sleeper"]) as triton:
         code = tune(str(config), "-u", triton.grpc_url, "-i", "grpc", "--shape", "INPUT0:16",
                     "--max-instance-count", "2", "--min-batch-size", "8", "--max-batch-size", "8",
-                    "--batching-delays-us", "0", "--concurrency-range", "2:4", "--leaders", "2", "--remeasure", "1",
+                    "--batching-delays-us", "0", "--concurrency-range", "4:4", "--leaders", "2", "--remeasure", "1",
                     "-o", str(out), *FAST)  # fmt: skip
         with urllib.request.urlopen(f"http://{triton.http_url}/v2/models/sleeper/config", timeout=30) as response:
             after = json.loads(response.read())
