@@ -52,7 +52,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server.errors import ModelConfigError, ServerError
 from reference_server.scheduling.execute import Tensors
-from reference_server.scheduling.model_scheduler import Done, ModelScheduler, submit_by_task
+from reference_server.scheduling.model_scheduler import ModelScheduler, SubmitsByTask
 from reference_server.scheduling.stats import ModelStats
 
 __all__ = [
@@ -129,7 +129,7 @@ class ResponseCache:
         return True
 
 
-class CachedScheduler:
+class CachedScheduler(SubmitsByTask):
     """A model version's scheduler behind the response cache (the `ModelScheduler` surface): a hit
     is answered here, a miss goes to `inner` and is inserted when it succeeds; both are counted in
     `stats` (and a hit in an ensemble's `secondary_stats`) as Triton counts them. Client requests,
@@ -175,27 +175,6 @@ class CachedScheduler:
         self.cache.insert(key, outputs, name)
         self.stats.record_cache_miss(lookup_end - lookup_start + perf_counter_ns() - insert_start)
         return outputs
-
-    def submit(
-        self,
-        inputs: Tensors,
-        output_names: Sequence[str],
-        done: Done,
-        *,
-        timeout_us: int | None = None,
-        received_ns: int | None = None,
-        request_id: str = "",
-        parameters: dict[str, Any] | None = None,
-        secondary_stats: ModelStats | None = None,
-    ) -> None:
-        """`infer` in a task (`a miss awaits its model's scheduler`)."""
-        submit_by_task(
-            self.infer(
-                inputs, output_names, timeout_us=timeout_us, received_ns=received_ns, request_id=request_id,
-                parameters=parameters, secondary_stats=secondary_stats,
-            ),
-            done,
-        )  # fmt: skip
 
     def infer_stream(
         self,

@@ -76,6 +76,44 @@ class ModelScheduler(Protocol):
     async def close(self, grace_s: float) -> None: ...
 
 
+class SubmitsByTask:
+    """`submit` for a scheduler whose requests await (the response cache, the sequence batcher):
+    its `infer` runs in a task, whose end calls `done`."""
+
+    async def infer(
+        self,
+        inputs: Tensors,
+        output_names: Sequence[str],
+        *,
+        timeout_us: int | None = None,
+        received_ns: int | None = None,
+        request_id: str = "",
+        parameters: dict[str, Any] | None = None,
+        secondary_stats: ModelStats | None = None,
+    ) -> Tensors:
+        raise NotImplementedError
+
+    def submit(
+        self,
+        inputs: Tensors,
+        output_names: Sequence[str],
+        done: Done,
+        *,
+        timeout_us: int | None = None,
+        received_ns: int | None = None,
+        request_id: str = "",
+        parameters: dict[str, Any] | None = None,
+        secondary_stats: ModelStats | None = None,
+    ) -> None:
+        submit_by_task(
+            self.infer(
+                inputs, output_names, timeout_us=timeout_us, received_ns=received_ns, request_id=request_id,
+                parameters=parameters, secondary_stats=secondary_stats,
+            ),
+            done,
+        )  # fmt: skip
+
+
 def submit_by_task(infer: Coroutine[Any, Any, Tensors], done: Done) -> None:
     """`submit` for a scheduler whose requests await: `infer` (the request's `infer(...)`) runs in a
     task, whose end calls `done`. A task cancelled (the server stopping) answers Unavailable."""

@@ -49,7 +49,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server.errors import InvalidArgument, ServerError, Unavailable, Unsupported
 from reference_server.scheduling.execute import ModelInstance, RequestsInstance, Tensors
-from reference_server.scheduling.model_scheduler import Done, ModelScheduler, submit_by_task
+from reference_server.scheduling.model_scheduler import ModelScheduler, SubmitsByTask
 from reference_server.scheduling.policy import BatchingPolicy
 from reference_server.scheduling.rate_limiter import RateGate
 from reference_server.scheduling.scheduler import Scheduler
@@ -115,7 +115,7 @@ class _Ticket:
         self.done = done
 
 
-class SequenceScheduler:
+class SequenceScheduler(SubmitsByTask):
     """The sequence batcher of one model version (the `ModelScheduler` surface)."""
 
     def __init__(
@@ -358,27 +358,6 @@ class SequenceScheduler:
             return self._keep_states(ticket, outputs, output_names)
         finally:
             self._finish(ticket)
-
-    def submit(
-        self,
-        inputs: Tensors,
-        output_names: Sequence[str],
-        done: Done,
-        *,
-        timeout_us: int | None = None,
-        received_ns: int | None = None,
-        request_id: str = "",
-        parameters: dict[str, Any] | None = None,
-        secondary_stats: ModelStats | None = None,
-    ) -> None:
-        """`infer` in a task (`a request may wait for its turn in the sequence`)."""
-        submit_by_task(
-            self.infer(
-                inputs, output_names, timeout_us=timeout_us, received_ns=received_ns, request_id=request_id,
-                parameters=parameters, secondary_stats=secondary_stats,
-            ),
-            done,
-        )  # fmt: skip
 
     def infer_stream(
         self,
