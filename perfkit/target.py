@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import re
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -26,6 +27,8 @@ from pathlib import Path
 
 from perfkit.errors import PerfkitError, TargetError
 
+_GRPC_ROOTS_FLAG = "--ssl-grpc-root-certifications-file"
+
 
 @dataclass(frozen=True, slots=True)
 class TlsSpec:
@@ -35,6 +38,34 @@ class TlsSpec:
     grpc_root_certs: Path | None = None  # PEM CA bundle; None: the system's roots
     https_ca_certs: Path | None = None  # PEM CA bundle; None: the system's roots
     https_verify_peer: bool = True
+
+    def https_context(self) -> ssl.SSLContext:
+        """The context an https:// server is checked with."""
+        if not self.https_verify_peer:  # --ssl-https-verify-peer 0: encrypted, but the server is not checked
+            context = ssl.create_default_context()
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+            return context
+        try:
+            return ssl.create_default_context(cafile=self.https_ca_certs)
+        except (OSError, ssl.SSLError) as exc:
+            raise PerfkitError(f"--ssl-https-ca-certificates-file {self.https_ca_certs}: {exc}") from None
+
+    def grpc_root_certificates(self) -> bytes | None:
+        """The PEM bundle gRPC's TLS checks the server with; None: the system's roots."""
+        if self.grpc_root_certs is None:
+            return None
+        try:
+            return self.grpc_root_certs.read_bytes()
+        except OSError as exc:
+            raise PerfkitError(f"{_GRPC_ROOTS_FLAG} {self.grpc_root_certs}: {exc.strerror or exc}") from None
+
+    def grpc_context(self, roots: bytes | None) -> ssl.SSLContext:
+        """The context of gRPC's TLS for the roots `grpc_root_certificates` gave."""
+        try:
+            return ssl.create_default_context(cadata=roots.decode("ascii", "replace") if roots else None)
+        except ssl.SSLError as exc:
+            raise PerfkitError(f"{_GRPC_ROOTS_FLAG} {self.grpc_root_certs}: not PEM certificates ({exc})") from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -162,25 +162,6 @@ def make_client(
     raise PerfkitError(f"-i must be http or grpc, got '{protocol}'")
 
 
-def _read_pem(path: Any, flag: str) -> bytes:
-    try:
-        return bytes(path.read_bytes())
-    except OSError as exc:
-        raise PerfkitError(f"{flag} {path}: {exc.strerror or exc}") from None
-
-
-def _https_context(tls: TlsSpec) -> ssl.SSLContext:
-    if not tls.https_verify_peer:  # --ssl-https-verify-peer 0: encrypted, but the server is not checked
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-        return context
-    try:
-        return ssl.create_default_context(cafile=tls.https_ca_certs)
-    except (OSError, ssl.SSLError) as exc:
-        raise PerfkitError(f"--ssl-https-ca-certificates-file {tls.https_ca_certs}: {exc}") from None
-
-
 # --- HTTP ------------------------------------------------------------------------------------------
 
 
@@ -213,7 +194,7 @@ class HttpClient:
         self._base = yarl.URL(url if "://" in url else f"http://{url}")
         if self._base.scheme not in ("http", "https") or not self._base.host:
             raise PerfkitError(f"-u {url}: expected HOST:PORT or http(s)://HOST:PORT for -i http")
-        https = _https_context(tls or TlsSpec()) if self._base.scheme == "https" else None
+        https = (tls or TlsSpec()).https_context() if self._base.scheme == "https" else None
         self._ssl: ssl.SSLContext | bool = https or True
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._headers = dict(headers)
@@ -414,13 +395,9 @@ class GrpcClient:
         self._credentials: grpc.ChannelCredentials | None = None
         context: ssl.SSLContext | None = None
         if tls.grpc_use_ssl:
-            flag = "--ssl-grpc-root-certifications-file"
-            roots = _read_pem(tls.grpc_root_certs, flag) if tls.grpc_root_certs else None
+            roots = tls.grpc_root_certificates()
             self._credentials = grpc.ssl_channel_credentials(root_certificates=roots)
-            try:
-                context = ssl.create_default_context(cadata=roots.decode("ascii", "replace") if roots else None)
-            except ssl.SSLError as exc:
-                raise PerfkitError(f"{flag} {tls.grpc_root_certs}: not PEM certificates ({exc})") from None
+            context = tls.grpc_context(roots)
         self._timeout_s = request_timeout_s
         # -H headers travel as call metadata, whose keys gRPC wants in lower case.
         self._metadata = tuple((k.lower(), v) for k, v in headers.items()) or None
