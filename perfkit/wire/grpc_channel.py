@@ -80,16 +80,11 @@ class Channel:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + encoded.timeout_s
         connection = self._connection
-        if connection is None or not connection.takes_calls():
-            opened = await self._open(deadline)
-            if isinstance(opened, Call):
-                return opened
-            connection = opened
-        if not connection.has_room():
-            waited = await self._wait_for_room(connection, deadline)
-            if isinstance(waited, Call):
-                return waited
-            connection = waited
+        if connection is None or not connection.takes_calls() or not connection.has_room():
+            ready = await self._ready(deadline)
+            if isinstance(ready, Call):
+                return ready
+            connection = ready
         call = Call(loop.create_future())
         connection.start(encoded, call, deadline)
         try:
@@ -97,6 +92,17 @@ class Channel:
         except asyncio.CancelledError:
             connection.cancel(call)
             raise
+
+    async def _ready(self, deadline: float) -> Connection | Call:
+        """A connection with room for one more call, opened or waited for if need be; or the
+        failed call when none came by `deadline`."""
+        connection = self._connection
+        if connection is None or not connection.takes_calls():
+            opened = await self._open(deadline)
+            if isinstance(opened, Call):
+                return opened
+            connection = opened
+        return connection if connection.has_room() else await self._wait_for_room(connection, deadline)
 
     async def _wait_for_room(self, connection: Connection, deadline: float) -> Connection | Call:
         loop = asyncio.get_running_loop()

@@ -246,15 +246,9 @@ class StreamChannel(Channel):
         return None
 
     async def _open_stream(self, block: bytes, deadline: float) -> InferStream | Call:
-        opened = await self._open(deadline)
-        if isinstance(opened, Call):
-            return opened
-        connection = opened
-        if not connection.has_room():
-            waited = await self._wait_for_room(connection, deadline)
-            if isinstance(waited, Call):
-                return waited
-            connection = waited
+        connection = await self._ready(deadline)
+        if isinstance(connection, Call):
+            return connection
         assert isinstance(connection, StreamConnection)
         if not connection.takes_calls():
             return failed(status.UNAVAILABLE, connection.error or "the connection closed")
