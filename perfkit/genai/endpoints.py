@@ -212,14 +212,7 @@ class GenerativeClient:
                 return await self._stream(response, prepared, start, received)
             body_bytes = await _read_bounded(response, received)
         t = _now()
-        try:
-            answer = json.loads(body_bytes)
-        except ValueError:
-            raise _Failed(BAD_REPLY, f"not JSON: {body_bytes[:200]!r}") from None
-        if not isinstance(answer, dict):
-            raise _Failed(BAD_REPLY, f"not a JSON object: {body_bytes[:200]!r}")
-        if "error" in answer:
-            raise _Failed(ERROR_EVENT, str(answer["error"])[:300])
+        answer = _answer_object(body_bytes, BAD_REPLY, "")
         if self.spec.endpoint_type == "embeddings":
             if not isinstance(answer.get("data"), list) or not answer["data"]:
                 raise _Failed(BAD_REPLY, "an embeddings answer without data")
@@ -250,14 +243,7 @@ class GenerativeClient:
                 if openai and event.data.strip() == "[DONE]":
                     done = True
                     continue
-                try:
-                    data = json.loads(event.data)
-                except ValueError:
-                    raise _Failed(MALFORMED, f"event data is not JSON: {event.data[:200]!r}") from None
-                if not isinstance(data, dict):
-                    raise _Failed(MALFORMED, f"event data is not a JSON object: {event.data[:200]!r}")
-                if "error" in data:
-                    raise _Failed(ERROR_EVENT, str(data["error"])[:300])
+                data = _answer_object(event.data, MALFORMED, "event data is ")
                 if data.get("usage"):
                     usage = data["usage"]
                 text = _text_of(kind, data, True)
@@ -335,6 +321,20 @@ class GenerativeClient:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+
+def _answer_object(text: str | bytes, kind: str, what: str) -> dict[str, Any]:
+    """A reply (or an event's data) as the JSON object it must be: `kind` when it is not one, the
+    error kind when it is the server's error object."""
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        raise _Failed(kind, f"{what}not JSON: {text[:200]!r}") from None
+    if not isinstance(answer, dict):
+        raise _Failed(kind, f"{what}not a JSON object: {text[:200]!r}")
+    if "error" in answer:
+        raise _Failed(ERROR_EVENT, str(answer["error"])[:300])
+    return answer
 
 
 async def _read_bounded(response: aiohttp.ClientResponse, received: list[int]) -> bytes:

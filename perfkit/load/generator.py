@@ -182,11 +182,7 @@ class LoadGenerator:
         tasks, self._tasks = self._tasks, []
         pending = [*tasks, *self._in_flight]
         if pending:
-            done, not_done = await asyncio.wait(pending, timeout=drain_timeout_s)
-            for task in not_done:
-                task.cancel()
-            if not_done:
-                await asyncio.wait(not_done)
+            done = await _wait_cancelling_late(pending, drain_timeout_s)
             for task in done:
                 if not task.cancelled() and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
@@ -202,11 +198,7 @@ class LoadGenerator:
             for slot in self.sequences.manager.open_slots()
         ]
         if ends:
-            _, not_done = await asyncio.wait(ends, timeout=timeout_s)
-            for task in not_done:
-                task.cancel()
-            if not_done:
-                await asyncio.wait(not_done)
+            await _wait_cancelling_late(ends, timeout_s)
 
     async def _sequence_request(self, slot: int, intended: int, *, last: bool = False) -> None:
         sequences, clock = self.sequences, self.clock
@@ -338,3 +330,16 @@ class LoadGenerator:
         else:
             self.buffer.record_streamed(intended, sent, done, outcome.error, request.bytes_out, outcome.bytes_in,
                                         outcome.send_ns, outcome.recv_ns, outcome.response_ns)  # fmt: skip
+
+
+async def _wait_cancelling_late(
+    tasks: Sequence[asyncio.Future[Any]], timeout_s: float | None
+) -> set[asyncio.Future[Any]]:
+    """Wait up to `timeout_s` for `tasks`; cancel those still running and wait for them to end.
+    The tasks that finished in time."""
+    done, late = await asyncio.wait(tasks, timeout=timeout_s)
+    for task in late:
+        task.cancel()
+    if late:
+        await asyncio.wait(late)
+    return done
