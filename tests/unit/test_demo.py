@@ -127,8 +127,8 @@ def test_genai_models_are_built_only_when_asked(tmp_path: Path, capsys: pytest.C
     assert not (tmp_path / "plain" / "sim_llm").exists()
     assert demo.main([str(tmp_path / "genai"), "--genai"]) == 0
     for name, files in (
-        ("sim_llm", {"model.py", "llm_io.py", "sim_engine.py"}),
-        ("tiny_decoder", {"model.py", "llm_io.py", "model.onnx"}),
+        ("sim_llm", {"model.py", "llm_io.py", "pb_io.py", "sim_engine.py"}),
+        ("tiny_decoder", {"model.py", "llm_io.py", "pb_io.py", "model.onnx"}),
     ):
         folder = tmp_path / "genai" / name
         assert {p.name for p in (folder / "1").iterdir()} == files

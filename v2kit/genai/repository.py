@@ -8,8 +8,8 @@
 
 Both are python-backend decoupled models (`max_batch_size: 0`) with the vLLM backend's inputs and
 outputs (`llm_io.py`), so the generate extension, gRPC streaming and the OpenAI front end all
-drive them. `llm_io.py` (and `sim_engine.py` for sim_llm) are copied into the version folder,
-which the stub puts on sys.path.
+drive them. `llm_io.py`, `pb_io.py` (and `sim_engine.py` for sim_llm) are copied into the version
+folder, which the stub puts on sys.path.
 """
 
 from __future__ import annotations
@@ -52,19 +52,8 @@ import json
 
 import triton_python_backend_utils as pb_utils
 from llm_io import GenerationError, output_tensors, read_generation
+from pb_io import FINAL, input_array, send
 from sim_engine import TEXT, SimEngine, SimSequence, SimTiming, output_length
-
-FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-
-
-def _input(request, name):
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    return None if tensor is None else tensor.as_numpy()
-
-
-def _send(sender, outputs, final):
-    tensors = [pb_utils.Tensor(name, array) for name, array in outputs.items()]
-    sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if final else 0)
 
 
 class TritonPythonModel:
@@ -80,7 +69,7 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                generation = read_generation(lambda name: _input(request, name), self.name)
+                generation = read_generation(lambda name: input_array(request, name), self.name)
                 self.engine.submit(self._sequence(generation, request, sender))
             except (GenerationError, ValueError) as exc:
                 error = pb_utils.TritonError(str(exc), pb_utils.TritonError.INVALID_ARG)
@@ -95,11 +84,11 @@ class TritonPythonModel:
             at = index % len(TEXT)
             token = TEXT[at : at + 1]
             if generation.stream:
-                _send(sender, output_tensors(generation, token, 1), final)
+                send(sender, output_tensors(generation, token, 1), final)
                 return
             collected.extend(token)
             if final:
-                _send(sender, output_tensors(generation, bytes(collected), length), True)
+                send(sender, output_tensors(generation, bytes(collected), length), True)
 
         return SimSequence(
             len(generation.prompt),
@@ -121,8 +110,8 @@ import numpy as np
 import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 from llm_io import GenerationError, encode, output_tensors, read_generation
+from pb_io import FINAL, input_array, send
 
-FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 EOS = 0
 MASKED = np.float32(-1e9)
 # What it may generate: printable ASCII and newline (each token is a character), and EOS.
@@ -131,16 +120,6 @@ PRINTABLE[32:127] = True
 PRINTABLE[10] = True
 WITH_EOS = PRINTABLE.copy()
 WITH_EOS[EOS] = True
-
-
-def _input(request, name):
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    return None if tensor is None else tensor.as_numpy()
-
-
-def _send(sender, outputs, final):
-    tensors = [pb_utils.Tensor(name, array) for name, array in outputs.items()]
-    sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=FINAL if final else 0)
 
 
 class TritonPythonModel:
@@ -166,7 +145,7 @@ class TritonPythonModel:
         for request in requests:
             sender = request.get_response_sender()
             try:
-                generation = read_generation(lambda name: _input(request, name), self.name)
+                generation = read_generation(lambda name: input_array(request, name), self.name)
                 tokens = encode(generation.prompt)
                 if len(tokens) + generation.max_tokens > self.context:
                     raise GenerationError(
@@ -200,11 +179,11 @@ class TritonPythonModel:
             final = token == EOS or index + 1 == generation.max_tokens
             text = b"" if token == EOS else bytes([token])
             if generation.stream:
-                _send(sender, output_tensors(generation, text, len(text)), final)
+                send(sender, output_tensors(generation, text, len(text)), final)
             else:
                 produced.extend(text)
                 if final:
-                    _send(sender, output_tensors(generation, bytes(produced), len(produced)), True)
+                    send(sender, output_tensors(generation, bytes(produced), len(produced)), True)
             if final:
                 return
             position = n + index
@@ -227,12 +206,12 @@ def write_sim_llm(repository: Path, timing: SimTiming | None = None, name: str =
     """Write the simulated engine as `name`, its costs and limits from `timing` (defaults if None)."""
     timing = timing or SimTiming()
     values: dict[str, object] = {spec.name: getattr(timing, spec.name) for spec in fields(SimTiming)}
-    return _write(repository, name, _SIM_LLM_MODEL, _parameters(values), ("llm_io.py", "sim_engine.py"))
+    return _write(repository, name, _SIM_LLM_MODEL, _parameters(values), ("llm_io.py", "pb_io.py", "sim_engine.py"))
 
 
 def write_tiny_decoder(repository: Path, name: str = "tiny_decoder") -> Path:
     """Write the ONNX decoder and the model that decodes with it as `name`."""
-    folder = _write(repository, name, _TINY_DECODER_MODEL, _parameters({"context": CONTEXT}), ("llm_io.py",))
+    folder = _write(repository, name, _TINY_DECODER_MODEL, _parameters({"context": CONTEXT}), ("llm_io.py", "pb_io.py"))
     (folder / "1" / "model.onnx").write_bytes(build_decoder().SerializeToString())
     return folder
 
