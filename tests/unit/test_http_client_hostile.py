@@ -85,13 +85,14 @@ class Hostile:
                 for chunk in endless():
                     if self.sent >= self.budget:
                         return
+                    if reader.at_eof() or writer.is_closing():
+                        self.stopped_by_client = True
+                        return
                     writer.write(chunk)
                     self.sent += len(chunk)
                     await writer.drain()
                     if self.pause_s:
                         await asyncio.sleep(self.pause_s)
-                    if reader.at_eof():
-                        break
         except (ConnectionError, asyncio.IncompleteReadError):
             self.stopped_by_client = hostile or self.stopped_by_client
         finally:
