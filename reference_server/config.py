@@ -23,6 +23,7 @@ CONTROL_MODES = ("none", "explicit", "poll")
 DEFAULT_MAX_INFLIGHT_REQUESTS = 4096
 DEFAULT_HTTP_READ_PAUSE_INFLIGHT = 2048  # half the in-flight limit: the gate acts before the 503s
 DEFAULT_MAX_TENSOR_ELEMENTS = 1 << 24
+MAX_FRONTEND_WORKERS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +65,8 @@ class ServerConfig:
     #: --rate-limit-resource values as (name, count, device or None for every device).
     rate_limit_resources: tuple[tuple[str, int, int | None], ...] = ()
     server_name: str = SERVER_NAME
+    #: Processes running the HTTP and gRPC front ends (`workers/`); 1: they run in this process.
+    frontend_workers: int = 1
 
     @property
     def tls(self) -> bool:
@@ -117,6 +120,8 @@ class ServerConfig:
             raise ServerError("--cache-config local,size=BYTES needs a positive size")
         if self.rate_limit not in RATE_LIMIT_MODES:
             raise ServerError("invalid argument for --rate-limit: give off or execution_count")
+        if not 1 <= self.frontend_workers <= MAX_FRONTEND_WORKERS:
+            raise ServerError(f"--frontend-workers must be 1-{MAX_FRONTEND_WORKERS}, got {self.frontend_workers}")
         if not self.server_name.strip():
             raise ServerError("--server-name must not be empty")
         for flag, path in (("--ssl-certfile", self.ssl_certfile), ("--ssl-keyfile", self.ssl_keyfile)):
@@ -337,6 +342,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="on SIGTERM, how long in-flight requests may take to finish",
     )
     parser.add_argument(
+        "--frontend-workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="processes that run the HTTP and gRPC front ends, sharing their ports, while this one runs the "
+        "models; 1 (the default): one process does both",
+    )
+    parser.add_argument(
         "--server-name",
         default=SERVER_NAME,
         metavar="NAME",
@@ -408,6 +421,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         http_head_timeout_secs=args.http_head_timeout_secs,
         http_idle_timeout_secs=args.http_idle_timeout_secs,
         exit_timeout_secs=args.exit_timeout_secs,
+        frontend_workers=args.frontend_workers,
         default_max_batch_size=default_mbs,
         log_verbose=args.log_verbose,
         backend_config=backend,

@@ -6,8 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
-import ssl
+import tempfile
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
@@ -20,15 +21,14 @@ from reference_server.core.dataplane import DataPlane
 from reference_server.core.poller import RepositoryPoller
 from reference_server.core.repository import ModelRepository
 from reference_server.core.response_cache import ResponseCache
-from reference_server.errors import ServerError
 from reference_server.frontends.auth import Token
 from reference_server.frontends.grpc.server import GrpcServer
-from reference_server.frontends.grpc.service import InferenceServicer
-from reference_server.frontends.http.read_gate import ReadGate
-from reference_server.frontends.http.rest import build_rest_server
 from reference_server.frontends.http.server import HttpServer
 from reference_server.frontends.metrics import build_metrics_app
 from reference_server.scheduling.rate_limiter import RateLimiter
+from reference_server.workers.frontends import build_grpc, build_http, listen_grpc, server_ssl_context
+from reference_server.workers.plane_server import PlaneServer
+from reference_server.workers.process import FrontendWorkers
 from v2kit.runtime import gpu
 
 log = logging.getLogger(__name__)
@@ -47,8 +47,11 @@ class ReferenceServer:
         self._http: HttpServer | None = None
         self._poller: RepositoryPoller | None = None
         self._grpc_server: GrpcServer | None = None
+        self._workers: FrontendWorkers | None = None
+        self._plane_server: PlaneServer | None = None
+        self._plane_dir: tempfile.TemporaryDirectory[str] | None = None
         self._token = Token(config.auth_token) if config.auth_token is not None else None
-        self._ssl = _server_ssl_context(config)
+        self._ssl = server_ssl_context(config)
 
     @property
     def http_url(self) -> str:
@@ -82,21 +85,18 @@ class ReferenceServer:
             self._poller = RepositoryPoller(self.repository, config.repository_poll_secs)
             await self._poller.start()
         try:
+            if config.frontend_workers > 1:
+                await self._start_workers(self.dataplane)
+            else:
+                if config.allow_http:
+                    self._http = build_http(config, self.dataplane, self._token)
+                    self.http_port = await self._http.listen(config.host, config.http_port, self._ssl)
+                if config.allow_grpc:
+                    self._grpc_server = build_grpc(config, self.dataplane, self._token)
+                    self.grpc_port = await listen_grpc(self._grpc_server, config, config.grpc_port)
             if config.allow_http:
-                gate = ReadGate(config.http_read_pause_inflight) if config.http_read_pause_inflight else None
-                self._http = build_rest_server(
-                    self.dataplane,
-                    max_request_bytes=config.http_max_input_size,
-                    token=self._token,
-                    read_gate=gate,
-                    body_timeout_s=config.http_body_timeout_secs,
-                    access_log=log if config.log_verbose > 0 else None,
-                    limits=config.http_limits,
-                )
-                self.http_port = await self._http.listen(config.host, config.http_port, self._ssl)
                 print(f"Started HTTPService at {config.host}:{self.http_port}", flush=True)
             if config.allow_grpc:
-                self.grpc_port = await self._listen_grpc(self.dataplane, config.grpc_port)
                 print(f"Started GRPCInferenceService at {config.host}:{self.grpc_port}", flush=True)
             if config.allow_metrics:
                 self.metrics_port = await self._listen(build_metrics_app(self.repository), config.metrics_port)
@@ -118,20 +118,13 @@ class ReferenceServer:
         bound: Any = runner.addresses[-1]
         return int(bound[1])
 
-    async def _listen_grpc(self, plane: DataPlane, port: int) -> int:
-        # One size limit for both front ends: --http-max-input-size also caps gRPC messages.
-        server = GrpcServer(
-            InferenceServicer(plane), max_message_bytes=self.config.http_max_input_size, token=self._token
-        )
-        self._grpc_server = server  # set first, so that stop() cleans up after a failed bind
-        host = self.config.host
-        try:
-            return await server.listen(host, port, _server_ssl_context(self.config, alpn="h2"))
-        except OSError as exc:
-            address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-            raise OSError(
-                exc.errno, f"cannot bind the gRPC listener to {address} (--grpc-port): {exc.strerror}"
-            ) from exc
+    async def _start_workers(self, plane: DataPlane) -> None:
+        """The front ends in `--frontend-workers` processes of their own, calling `plane` here."""
+        self._plane_dir = tempfile.TemporaryDirectory(prefix="reference-server-")
+        self._plane_server = PlaneServer(plane, os.path.join(self._plane_dir.name, "plane.sock"))
+        await self._plane_server.start()
+        self._workers = FrontendWorkers(self.config, self._plane_server.path)
+        self.http_port, self.grpc_port = await self._workers.start()
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Stop accepting, let in-flight requests finish within the grace period, then unload."""
@@ -141,12 +134,21 @@ class ReferenceServer:
             await poller.stop()  # first: no model may be (re)loaded while the server winds down
         if self.dataplane is not None:
             self.dataplane.accepting = False
+        workers, self._workers = self._workers, None
+        if workers is not None:
+            await workers.stop(grace)
         grpc_server, self._grpc_server = self._grpc_server, None
         if grpc_server is not None:
             await grpc_server.stop(grace)
         http, self._http = self._http, None
         if http is not None:
             await http.stop(grace)
+        plane_server, self._plane_server = self._plane_server, None
+        if plane_server is not None:
+            await plane_server.stop()
+        if self._plane_dir is not None:
+            self._plane_dir.cleanup()
+            self._plane_dir = None
         runners, self._runners = self._runners, []
         for runner in runners:
             await runner.cleanup()
@@ -166,25 +168,6 @@ class ReferenceServer:
         await stop.wait()
         log.info("shutting down: finishing in-flight requests (up to %ss)", self.config.exit_timeout_secs)
         await self.stop()
-
-
-def _server_ssl_context(config: ServerConfig, alpn: str | None = None) -> ssl.SSLContext | None:
-    """TLS for a listener (and a check of the pair before anything listens), or None. gRPC's
-    listener offers ALPN `h2`, which gRPC clients require."""
-    if config.ssl_certfile is None or config.ssl_keyfile is None:
-        return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.minimum_version = ssl.TLSVersion.TLSv1_2
-    try:
-        context.load_cert_chain(config.ssl_certfile, config.ssl_keyfile)
-    except (OSError, ssl.SSLError) as exc:
-        raise ServerError(
-            f"--ssl-certfile {config.ssl_certfile} / --ssl-keyfile {config.ssl_keyfile}: cannot use them as a "
-            f"certificate and its key: {exc}"
-        ) from None
-    if alpn is not None:
-        context.set_alpn_protocols([alpn])
-    return context
 
 
 @contextlib.contextmanager

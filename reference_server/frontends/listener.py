@@ -32,12 +32,17 @@ class Listener:
         """A protocol for a new connection; it adds itself to `connections` and leaves when lost."""
         raise NotImplementedError
 
-    async def listen(self, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> int:
-        """Bind and start accepting; returns the bound port (`port` 0 picks a free one)."""
+    async def listen(
+        self, host: str, port: int, ssl_context: ssl.SSLContext | None = None, *, reuse_port: bool = False
+    ) -> int:
+        """Bind and start accepting; returns the bound port (`port` 0 picks a free one). With
+        `reuse_port`, other processes of this user may listen on the same port, and the kernel
+        spreads new connections over them (SO_REUSEPORT)."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            self.connection, host, port, ssl=ssl_context, reuse_address=True, backlog=128
-        )
+            self.connection, host, port, ssl=ssl_context, reuse_address=True, reuse_port=reuse_port or None,
+            backlog=128,
+        )  # fmt: skip
         return int(self._server.sockets[0].getsockname()[1])
 
     async def stop(self, grace_s: float) -> None:

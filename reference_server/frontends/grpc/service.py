@@ -26,8 +26,9 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from reference_server.core.dataplane import GRPC_ENDPOINT, DataPlane
+from reference_server.core.dataplane import GRPC_ENDPOINT
 from reference_server.errors import ServerError, Unsupported, server_error
+from reference_server.frontends.plane import Plane
 from v2kit.grpc_proto import parameters_from_proto, request_from_proto, response_to_proto
 
 log = logging.getLogger(__name__)
@@ -133,7 +134,7 @@ def _rejected(request: pb.ModelInferRequest, exc: Exception) -> pb.ModelStreamIn
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
     """`inference.GRPCInferenceService` over a DataPlane."""
 
-    def __init__(self, plane: DataPlane) -> None:
+    def __init__(self, plane: Plane) -> None:
         self._plane = plane
 
     # --- health and metadata ---------------------------------------------------------------------

@@ -31,9 +31,10 @@ import logging
 from collections.abc import AsyncGenerator, Mapping
 from typing import Any
 
-from reference_server.core.dataplane import DataPlane, StreamResponse
+from reference_server.core.dataplane import StreamResponse
 from reference_server.errors import InvalidArgument, ServerError, server_error
 from reference_server.frontends.http.messages import HttpRequest, HttpResponse
+from reference_server.frontends.plane import Plane
 from v2kit import codec as v2
 from v2kit.tensors import tensor_from_json, tensor_to_json
 
@@ -50,7 +51,7 @@ ONE_RESPONSE = (
 )
 
 
-async def generate(plane: DataPlane, request: HttpRequest, model: str, version: str, *, stream: bool) -> HttpResponse:
+async def generate(plane: Plane, request: HttpRequest, model: str, version: str, *, stream: bool) -> HttpResponse:
     """The answer to a generate (`stream` False) or generate_stream request."""
     inputs = {t["name"]: t for t in plane.model_metadata(model, version)["inputs"]}
     infer_request = generate_request(request.body, model, version, inputs)
@@ -64,7 +65,7 @@ async def generate(plane: DataPlane, request: HttpRequest, model: str, version: 
 
 
 async def _events(
-    plane: DataPlane, responses: AsyncGenerator[tuple[StreamResponse, bool], None]
+    plane: Plane, responses: AsyncGenerator[tuple[StreamResponse, bool], None]
 ) -> AsyncGenerator[tuple[dict[str, Any], int], None]:
     """Each response as its JSON object and the status it gives when it comes first. The request
     holds an in-flight slot from its first step to the end of its stream: a stream never started

@@ -45,9 +45,10 @@ from typing import Any
 
 import numpy as np
 
-from reference_server.core.dataplane import DataPlane, StreamResponse
+from reference_server.core.dataplane import StreamResponse
 from reference_server.errors import ServerError, server_error
 from reference_server.frontends.http.messages import HttpRequest, HttpResponse, Reply, reply_when_done
+from reference_server.frontends.plane import Plane
 from v2kit import codec as v2
 from v2kit.tensors import datatype_to_numpy
 
@@ -116,7 +117,7 @@ class Completion:
 class OpenAiApi:
     """The /v1 routes over a DataPlane. `respond` takes the path's segments after '/v1'."""
 
-    def __init__(self, plane: DataPlane, owner: str = "perfkit-reference-server") -> None:
+    def __init__(self, plane: Plane, owner: str = "perfkit-reference-server") -> None:
         self.plane = plane
         self.owner = owner
         self.created = int(time.time())
@@ -327,7 +328,7 @@ class Delta:
 
 
 async def _events(
-    plane: DataPlane, responses: AsyncGenerator[tuple[StreamResponse, bool], None]
+    plane: Plane, responses: AsyncGenerator[tuple[StreamResponse, bool], None]
 ) -> AsyncGenerator[Delta | OpenAiError, None]:
     """Each model response as a Delta, or the error that ends the answer. Holds an in-flight slot
     from the first step to the end."""

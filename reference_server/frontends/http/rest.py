@@ -20,7 +20,6 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 from urllib.parse import unquote
 
-from reference_server.core.dataplane import DataPlane
 from reference_server.core.load_overrides import FILE_PREFIX
 from reference_server.errors import InvalidArgument, Unsupported, server_error
 from reference_server.frontends.auth import OPEN_HTTP_PATHS, Token, Unauthenticated
@@ -31,6 +30,7 @@ from reference_server.frontends.http.messages import Reply, internal_error, repl
 from reference_server.frontends.http.openai import OpenAiApi, OpenAiError, openai_error
 from reference_server.frontends.http.read_gate import ReadGate
 from reference_server.frontends.http.server import HttpRequest, HttpResponse, HttpServer, error_response
+from reference_server.frontends.plane import Plane
 from v2kit import codec as v2
 
 __all__ = ["RestApi", "build_rest_server", "is_infer"]
@@ -63,7 +63,7 @@ def _refusal(exc: Exception) -> HttpResponse:
 class RestApi:
     """The KServe v2 REST routes over a DataPlane, with optional bearer-token authentication."""
 
-    def __init__(self, plane: DataPlane, token: Token | None = None) -> None:
+    def __init__(self, plane: Plane, token: Token | None = None) -> None:
         self.plane = plane
         self.token = token
         self._openai: OpenAiApi | None = None  # made on the first /v1 request
@@ -384,7 +384,7 @@ def _load_parameters(body: bytes) -> dict[str, Any]:
 
 
 def build_rest_server(
-    plane: DataPlane,
+    plane: Plane,
     *,
     max_request_bytes: int,
     token: Token | None = None,

@@ -1,0 +1,174 @@
+"""The core's side: serves its DataPlane to the front-end workers over a Unix socket.
+
+Each worker holds two connections: an asynchronous one for inference (a unary request answered from
+the scheduler's callback, as `DataPlane.start_infer` answers the in-process front ends; a stream's
+responses one frame each) and the repository API, and a blocking one for the calls a front end
+makes synchronously. Messages in: `(kind, call_id, payload)`; out: `(call_id, status, value)`, with
+status `ok`, `err` (value: `frames.error_of`), `item` (a stream's response and its final flag) and
+`end`. The in-flight limit is taken here, once per request, so it stays server-wide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+from reference_server.core.dataplane import DataPlane
+from reference_server.errors import InvalidArgument
+from reference_server.workers.frames import FrameProtocol, error_of
+
+__all__ = ["CALLABLE", "PlaneServer"]
+
+log = logging.getLogger(__name__)
+
+#: What a worker may call by name: the DataPlane's methods the front ends use, and the shared
+#: memory registry's.
+CALLABLE = frozenset({
+    "live", "ready", "server_metadata", "model_ready", "model_metadata", "model_config",
+    "model_config_proto", "statistics", "repository_index", "decode_raw_request", "load_model",
+    "unload_model",
+    "shared_memory.status", "shared_memory.register", "shared_memory.unregister",
+    "shared_memory.cuda_status", "shared_memory.cuda_register", "shared_memory.cuda_unregister",
+})  # fmt: skip
+
+
+class PlaneServer:
+    def __init__(self, plane: DataPlane, path: str) -> None:
+        self.plane = plane
+        self.path = path
+        self._server: asyncio.AbstractServer | None = None
+        self._connections: set[_WorkerConnection] = set()
+
+    async def start(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_unix_server(lambda: _WorkerConnection(self), self.path)
+        os.chmod(self.path, 0o600)  # the workers run as this user; nobody else may call the core
+
+    async def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.close()
+            for connection in list(self._connections):
+                connection.close()
+            await server.wait_closed()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+    def method(self, name: str) -> Callable[..., Any]:
+        if name not in CALLABLE:
+            raise InvalidArgument(f"no such call '{name}'")
+        if name == "model_config_proto":  # a protobuf message crosses as its wire form
+            return lambda *args: self.plane.model_config_proto(*args).SerializeToString()
+        target: Any = self.plane
+        for part in name.split("."):
+            target = getattr(target, part)
+        return target  # type: ignore[no-any-return]
+
+
+class _WorkerConnection(FrameProtocol):
+    def __init__(self, server: PlaneServer) -> None:
+        super().__init__(self._message, self._lost)
+        self._server = server
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        server._connections.add(self)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def _lost(self) -> None:
+        self._server._connections.discard(self)
+        for task in self._tasks.values():
+            task.cancel()  # the worker is gone: nobody waits for these answers
+
+    def _message(self, message: tuple[Any, ...]) -> None:
+        kind, call_id, payload = message
+        if kind == "infer":
+            self._infer(call_id, *payload)
+        elif kind == "call":
+            self._call(call_id, *payload)
+        elif kind == "stream":
+            self._spawn(call_id, self._stream(call_id, payload))
+        elif kind == "cancel":
+            task = self._tasks.get(call_id)
+            if task is not None:
+                task.cancel()
+        else:
+            self.send((call_id, "err", error_of(InvalidArgument(f"unknown message kind '{kind}'"), "a worker call")))
+
+    def _spawn(self, call_id: int, work: Any) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks[call_id] = task
+        task.add_done_callback(lambda _: self._tasks.pop(call_id, None))
+
+    def _infer(self, call_id: int, request: Any, endpoint: str) -> None:
+        plane = self._server.plane
+        try:
+            plane.acquire()
+        except Exception as exc:
+            self.send((call_id, "err", error_of(exc, "admission")))
+            return
+
+        def done(response: Any) -> None:
+            plane.release()
+            if isinstance(response, BaseException):
+                self.send((call_id, "err", error_of(response, "inference")))
+            else:
+                self.send((call_id, "ok", response))
+
+        try:
+            plane.start_infer(request, done, endpoint=endpoint)
+        except Exception as exc:
+            plane.release()
+            self.send((call_id, "err", error_of(exc, "inference")))
+
+    def _call(self, call_id: int, name: str, args: tuple[Any, ...]) -> None:
+        try:
+            result = self._server.method(name)(*args)
+        except Exception as exc:
+            self.send((call_id, "err", error_of(exc, name)))
+            return
+        if inspect.isawaitable(result):
+            self._spawn(call_id, self._await(call_id, name, result))
+        else:
+            self.send((call_id, "ok", result))
+
+    async def _await(self, call_id: int, name: str, result: Any) -> None:
+        try:
+            value = await result
+        except Exception as exc:
+            self.send((call_id, "err", error_of(exc, name)))
+        else:
+            self.send((call_id, "ok", value))
+
+    async def _stream(self, call_id: int, request: Any) -> None:
+        plane = self._server.plane
+        try:
+            plane.acquire()
+        except Exception as exc:
+            self.send((call_id, "err", error_of(exc, "admission")))
+            return
+        try:
+            responses = plane.infer_stream(request)
+            try:
+                async for response, final in responses:
+                    if isinstance(response, BaseException):
+                        self.send((call_id, "item", (error_of(response, "a stream response"), final, True)))
+                    else:
+                        self.send((call_id, "item", (response, final, False)))
+            finally:
+                await responses.aclose()
+            self.send((call_id, "end", None))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.send((call_id, "err", error_of(exc, "a stream")))
+        finally:
+            plane.release()

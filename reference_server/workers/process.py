@@ -1,0 +1,204 @@
+"""Front-end worker processes: how the core starts, watches and stops them (`FrontendWorkers`), and
+what each one runs (`main`, as `python -m reference_server.workers.process`).
+
+The core reserves the HTTP and gRPC ports first (bound with SO_REUSEPORT, never listening), so that
+port 0 resolves once and nobody else takes the port between the workers' binds; each worker then
+listens on the same ports with SO_REUSEPORT and the kernel spreads connections over them. A worker
+reads its configuration from its standard input, says `Worker ready` on its standard output once it
+listens, and ends when told (SIGTERM, SIGINT) or when the core's connection closes, so a core that
+dies leaves no listener behind. A worker that dies while the server runs is started again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import pickle
+import signal
+import socket
+import sys
+import time
+from dataclasses import replace
+
+from reference_server.config import ServerConfig
+from reference_server.errors import ServerError
+from reference_server.frontends.auth import Token
+from reference_server.frontends.listener import Listener
+from reference_server.workers.frontends import build_grpc, build_http, listen_grpc, server_ssl_context
+from reference_server.workers.remote_plane import connect
+
+__all__ = ["FrontendWorkers", "main"]
+
+log = logging.getLogger(__name__)
+
+READY_LINE = b"Worker ready"
+START_TIMEOUT_S = 60.0
+#: A worker that dies sooner than this after its start is not started again: it would only die again.
+MIN_LIFETIME_S = 5.0
+
+
+class FrontendWorkers:
+    def __init__(self, config: ServerConfig, plane_path: str) -> None:
+        self.config = config
+        self.plane_path = plane_path
+        self._reserved: list[socket.socket] = []
+        self._processes: list[asyncio.subprocess.Process | None] = [None] * config.frontend_workers
+        self._watchers: set[asyncio.Task[None]] = set()
+        self._stopping = False
+        self.restarts = 0
+
+    async def start(self) -> tuple[int | None, int | None]:
+        """Reserve the ports, start every worker and wait until each listens; the ports bound."""
+        config = self.config
+        http_port = self._reserve(config.http_port) if config.allow_http else None
+        grpc_port = self._reserve(config.grpc_port) if config.allow_grpc else None
+        self.config = replace(config, http_port=http_port or 0, grpc_port=grpc_port or 0)
+        try:
+            await asyncio.gather(*(self._start(index) for index in range(len(self._processes))))
+        except BaseException:
+            await self.stop(0)
+            raise
+        return http_port, grpc_port
+
+    def _reserve(self, port: int) -> int:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            self.config.host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        reserved = socket.socket(family, kind, proto)
+        reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            reserved.bind(address)
+        except OSError:
+            reserved.close()
+            raise
+        self._reserved.append(reserved)
+        return int(reserved.getsockname()[1])
+
+    async def _start(self, index: int) -> None:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "reference_server.workers.process",
+            stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        self._processes[index] = process
+        assert process.stdin is not None and process.stdout is not None
+        process.stdin.write(pickle.dumps((self.config, self.plane_path, index)))
+        process.stdin.close()
+        try:
+            await asyncio.wait_for(_ready(process.stdout), START_TIMEOUT_S)
+        except (asyncio.TimeoutError, EOFError):
+            code = process.returncode
+            raise ServerError(
+                f"front-end worker {index} did not start (exit code {code}; its error is above); "
+                "run with --frontend-workers 1 to serve from one process"
+            ) from None
+        watcher = asyncio.get_running_loop().create_task(self._watch(index, process, time.monotonic()))
+        self._watchers.add(watcher)
+        watcher.add_done_callback(self._watchers.discard)
+
+    async def _watch(self, index: int, process: asyncio.subprocess.Process, started: float) -> None:
+        assert process.stdout is not None
+        await process.stdout.read()  # its output until it ends (nothing is expected after the ready line)
+        code = await process.wait()
+        if self._stopping:
+            return
+        lived = time.monotonic() - started
+        if lived < MIN_LIFETIME_S:
+            log.error("front-end worker %d exited with %s after %.1f s; not starting it again", index, code, lived)
+            return
+        log.error("front-end worker %d exited with %s; starting it again", index, code)
+        self.restarts += 1
+        try:
+            await self._start(index)
+        except ServerError as exc:
+            if not self._stopping:
+                log.error("%s", exc)
+
+    async def stop(self, grace_s: float) -> None:
+        """Tell every worker to stop (they let what they serve finish within `grace_s`), then wait."""
+        self._stopping = True
+        running = [p for p in self._processes if p is not None and p.returncode is None]
+        for process in running:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGTERM)
+        for process in running:
+            try:
+                await asyncio.wait_for(process.wait(), grace_s + 5.0)
+            except asyncio.TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                await process.wait()
+        for watcher in list(self._watchers):
+            watcher.cancel()
+        for reserved in self._reserved:
+            reserved.close()
+        self._reserved.clear()
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._processes if p is not None and p.returncode is None]
+
+
+async def _ready(stdout: asyncio.StreamReader) -> None:
+    while True:
+        line = await stdout.readline()
+        if not line:
+            raise EOFError
+        if line.strip() == READY_LINE:
+            return
+
+
+async def serve(config: ServerConfig, plane_path: str, index: int) -> None:
+    """One worker: the front ends on the shared ports over a RemotePlane, until told to stop."""
+    plane = await connect(plane_path)
+    token = Token(config.auth_token) if config.auth_token is not None else None
+    listeners: list[Listener] = []
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        if config.allow_http:
+            http = build_http(config, plane, token)
+            listeners.append(http)
+            await http.listen(config.host, config.http_port, server_ssl_context(config), reuse_port=True)
+        if config.allow_grpc:
+            grpc = build_grpc(config, plane, token)
+            listeners.append(grpc)
+            await listen_grpc(grpc, config, config.grpc_port, reuse_port=True)
+        sys.stdout.buffer.write(READY_LINE + b"\n")
+        sys.stdout.flush()
+        lost = loop.create_task(plane.closed.wait())
+        told = loop.create_task(stop.wait())
+        await asyncio.wait((lost, told), return_when=asyncio.FIRST_COMPLETED)
+        lost.cancel()
+        told.cancel()
+        plane.accepting = False
+    finally:
+        grace = 0.0 if plane.closed.is_set() else config.exit_timeout_secs
+        await asyncio.gather(*(listener.stop(grace) for listener in listeners))
+        plane.close()
+
+
+def main() -> int:
+    config, plane_path, index = pickle.loads(sys.stdin.buffer.read())
+    logging.basicConfig(
+        level=logging.DEBUG if config.log_verbose > 1 else logging.INFO,
+        format=f"%(asctime)s %(levelname)s frontend-worker-{index} %(name)s: %(message)s",
+    )
+    from v2kit.runtime.eventloop import run
+
+    try:
+        run(serve(config, plane_path, index))
+    except ServerError as exc:
+        print(f"error: front-end worker {index}: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: front-end worker {index}: cannot start listening: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

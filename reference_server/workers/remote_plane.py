@@ -1,0 +1,242 @@
+"""The worker's side: the DataPlane's interface, each call made in the core process.
+
+The front ends take this in place of a `DataPlane` and cannot tell the difference, except that a
+bad streamed request fails on the stream's first step rather than at once. Inference and the
+repository API go over an asynchronous connection, one frame out and one (or, for a stream, one a
+response) back; the synchronous calls over a blocking one. In-flight slots are counted here for
+the HTTP read gate, and the server-wide limit is taken by the core (`plane_server.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncGenerator, Callable, Iterator
+from typing import Any
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from reference_server.core.dataplane import HTTP_ENDPOINT, StreamResponse
+from reference_server.errors import Unavailable
+from reference_server.workers.frames import FrameProtocol, FrameSocket, exception_of
+from v2kit import codec as v2
+
+__all__ = ["RemotePlane", "connect"]
+
+_GONE = "the server's core process is gone"
+
+
+class _Calls(FrameProtocol):
+    """The asynchronous connection: each reply goes to the handler its call registered."""
+
+    def __init__(self) -> None:
+        super().__init__(self._message, self._lost)
+        self.handlers: dict[int, Callable[[str, Any], None]] = {}
+        self.closed = asyncio.Event()
+        self._next = 0
+
+    def start(self, kind: str, payload: Any, handler: Callable[[str, Any], None]) -> int:
+        if self.transport is None:
+            raise Unavailable(_GONE)
+        self._next += 1
+        call_id = self._next
+        self.handlers[call_id] = handler
+        self.send((kind, call_id, payload))
+        return call_id
+
+    def _message(self, message: tuple[Any, ...]) -> None:
+        call_id, status, value = message
+        handler = self.handlers.get(call_id)
+        if handler is None:
+            return  # cancelled meanwhile
+        if status != "item":
+            del self.handlers[call_id]
+        handler(status, value)
+
+    def _lost(self) -> None:
+        handlers, self.handlers = self.handlers, {}
+        for handler in handlers.values():
+            handler("err", (Unavailable, _GONE))
+        self.closed.set()
+
+
+class _RemoteSharedMemory:
+    """The shared memory registry's calls, made in the core, where the regions are mapped."""
+
+    def __init__(self, plane: RemotePlane) -> None:
+        self._plane = plane
+
+    def status(self, name: str = "") -> list[dict[str, Any]]:
+        return self._plane._call("shared_memory.status", name)  # type: ignore[no-any-return]
+
+    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self._plane._call("shared_memory.register", name, key, offset, byte_size)
+
+    def unregister(self, name: str = "") -> None:
+        self._plane._call("shared_memory.unregister", name)
+
+    def cuda_status(self, name: str = "") -> list[dict[str, Any]]:
+        return self._plane._call("shared_memory.cuda_status", name)  # type: ignore[no-any-return]
+
+    def cuda_register(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        self._plane._call("shared_memory.cuda_register", name, raw_handle, device_id, byte_size)
+
+    def cuda_unregister(self, name: str = "") -> None:
+        self._plane._call("shared_memory.cuda_unregister", name)
+
+
+class RemotePlane:
+    def __init__(self, calls: _Calls, blocking: FrameSocket) -> None:
+        self._calls = calls
+        self._blocking = blocking
+        self.accepting = True
+        self.inflight = 0
+        self.inflight_listeners: list[Callable[[int], None]] = []
+        self.shared_memory = _RemoteSharedMemory(self)
+
+    @property
+    def closed(self) -> asyncio.Event:
+        """Set when the core's connection is lost."""
+        return self._calls.closed
+
+    def close(self) -> None:
+        if self._calls.transport is not None:
+            self._calls.transport.close()
+        self._blocking.close()
+
+    # --- admission: counted here, limited in the core -------------------------------------------
+
+    @contextlib.contextmanager
+    def admit(self) -> Iterator[None]:
+        self.acquire()
+        try:
+            yield
+        finally:
+            self.release()
+
+    def acquire(self) -> None:
+        self.inflight += 1
+        for listener in self.inflight_listeners:
+            listener(self.inflight)
+
+    def release(self) -> None:
+        self.inflight -= 1
+        for listener in self.inflight_listeners:
+            listener(self.inflight)
+
+    # --- synchronous calls -------------------------------------------------------------------------
+
+    def _call(self, name: str, *args: Any) -> Any:
+        try:
+            _, status, value = self._blocking.call(("call", 0, (name, args)))
+        except OSError:
+            raise Unavailable(_GONE) from None
+        if status == "err":
+            raise exception_of(value)
+        return value
+
+    def live(self) -> bool:
+        return bool(self._call("live"))
+
+    def ready(self) -> bool:
+        return self.accepting and bool(self._call("ready"))
+
+    def server_metadata(self) -> dict[str, Any]:
+        return self._call("server_metadata")  # type: ignore[no-any-return]
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        return bool(self._call("model_ready", name, version))
+
+    def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
+        return self._call("model_metadata", name, version)  # type: ignore[no-any-return]
+
+    def model_config(self, name: str, version: str = "") -> dict[str, Any]:
+        return self._call("model_config", name, version)  # type: ignore[no-any-return]
+
+    def model_config_proto(self, name: str, version: str = "") -> mc.ModelConfig:
+        config = mc.ModelConfig()
+        config.ParseFromString(self._call("model_config_proto", name, version))
+        return config
+
+    def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
+        return self._call("statistics", name, version)  # type: ignore[no-any-return]
+
+    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
+        return self._call("repository_index", ready_only)  # type: ignore[no-any-return]
+
+    def decode_raw_request(self, name: str, version: str, body: bytes) -> v2.InferRequest:
+        return self._call("decode_raw_request", name, version, body)  # type: ignore[no-any-return]
+
+    # --- asynchronous calls ------------------------------------------------------------------------
+
+    async def _await(self, kind: str, payload: Any) -> Any:
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        def answered(status: str, value: Any) -> None:
+            if not future.done():
+                if status == "err":
+                    future.set_exception(exception_of(value))
+                else:
+                    future.set_result(value)
+
+        call_id = self._calls.start(kind, payload, answered)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            self._cancel(call_id)
+            raise
+
+    def _cancel(self, call_id: int) -> None:
+        if self._calls.handlers.pop(call_id, None) is not None:
+            self._calls.send(("cancel", call_id, None))
+
+    async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        await self._await("call", ("load_model", (name, parameters)))
+
+    async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        await self._await("call", ("unload_model", (name, parameters)))
+
+    async def infer(self, request: v2.InferRequest, *, endpoint: str = HTTP_ENDPOINT) -> v2.InferResponse:
+        return await self._await("infer", (request, endpoint))  # type: ignore[no-any-return]
+
+    def start_infer(
+        self,
+        request: v2.InferRequest,
+        done: Callable[[v2.InferResponse | Exception], None],
+        *,
+        endpoint: str = HTTP_ENDPOINT,
+    ) -> None:
+        def answered(status: str, value: Any) -> None:
+            done(exception_of(value) if status == "err" else value)
+
+        self._calls.start("infer", (request, endpoint), answered)
+
+    def infer_stream(self, request: v2.InferRequest) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
+        return self._stream(request)
+
+    async def _stream(self, request: v2.InferRequest) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
+        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+        call_id = self._calls.start("stream", request, lambda status, value: queue.put_nowait((status, value)))
+        finished = False
+        try:
+            while True:
+                status, value = await queue.get()
+                if status == "end":
+                    finished = True
+                    return
+                if status == "err":
+                    finished = True
+                    raise exception_of(value)
+                response, final, is_error = value
+                yield (exception_of(response) if is_error else response), final
+        finally:
+            if not finished:
+                self._cancel(call_id)
+
+
+async def connect(path: str) -> RemotePlane:
+    """A RemotePlane over the core's socket at `path`."""
+    loop = asyncio.get_running_loop()
+    _, calls = await loop.create_unix_connection(_Calls, path)
+    blocking = await loop.run_in_executor(None, FrameSocket, path)
+    return RemotePlane(calls, blocking)
