@@ -332,9 +332,7 @@ def write_genai_models(repository: Path) -> list[str]:
     return list(GENAI_MODELS)
 
 
-def _write(
-    repository: Path, name: str, source: str, parameters: str, modules: tuple[str, ...], io: str = _IO
-) -> Path:
+def _write(repository: Path, name: str, source: str, parameters: str, modules: tuple[str, ...], io: str = _IO) -> Path:
     folder = repository / name
     version = folder / "1"
     version.mkdir(parents=True, exist_ok=True)
