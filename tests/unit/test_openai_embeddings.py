@@ -90,6 +90,12 @@ def test_each_input_is_one_request_of_the_model_s_shape_and_type() -> None:
         ({"input": "x"}, METADATA, True, r"is decoupled \(it generates text\).*use /v1/completions"),
         ({"input": "x"}, {**METADATA, "outputs": METADATA["outputs"][1:]}, False, "no FP32 output 'embedding'"),
         ({"input": "x", "dimensions": 3}, METADATA, False, "embeddings of 4 dimensions, not 3.*set it to 4"),
+        (
+            {"input": "x", "dimensions": 3},
+            {**METADATA, "outputs": [{"name": "embedding", "datatype": "FP32", "shape": [-1, -1]}]},
+            False,
+            "whose size its config leaves open, not 3: leave 'dimensions' out",
+        ),
         ({"input": [1, 2]}, {**METADATA, "inputs": METADATA["inputs"][:1]}, False, "no integer input 'input_ids'"),
         ({"input": "x"}, {**METADATA, "inputs": METADATA["inputs"][1:]}, False, "no BYTES input 'text_input'"),
     ],

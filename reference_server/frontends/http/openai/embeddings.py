@@ -143,10 +143,10 @@ def model_requests(request: EmbeddingRequest, metadata: dict[str, Any], *, decou
         )
     size = embedding["shape"][-1] if embedding["shape"] else 1
     if request.dimensions is not None and request.dimensions != size:
+        made = f"of {size} dimensions" if size > 0 else "whose size its config leaves open"
+        fix = f"leave 'dimensions' out or set it to {size}" if size > 0 else "leave 'dimensions' out"
         raise OpenAiError(
-            f"model '{name}' makes embeddings of {size} dimensions, not {request.dimensions}: "
-            f"leave 'dimensions' out or set it to {size}",
-            param="dimensions",
+            f"model '{name}' makes embeddings {made}, not {request.dimensions}: {fix}", param="dimensions"
         )
     inputs = {spec["name"]: spec for spec in metadata["inputs"]}
     return [_request(name, item, inputs) for item in request.items]
