@@ -16,8 +16,9 @@ blow up: the outputs are finite and vary with the input.
 - `mlp_pipeline`: an ensemble (Triton's `platform: "ensemble"`, no model file) of two steps:
   `preprocess` (an ONNX model scaling [0, 1] inputs to [-1, 1]) feeding `mlp`; the shape of the
   model pipelines Triton users deploy.
-- with `genai=True` (`--genai`), also the generative models of `v2kit.genai`: `sim_llm` (a
-  simulated engine with known timing) and `tiny_decoder` (a small ONNX transformer). They are
+- with `genai=True` (`--genai`), also the models of `v2kit.genai`: `sim_llm` (a simulated
+  engine with known timing), `tiny_decoder` (a small ONNX transformer) and `tiny_embedder` (an
+  ONNX embedding model for `/v1/embeddings`). They are
   left out by default: their stubs (one imports onnxruntime) would slow the start of every server
   on the demo repository, which most uses never send text to.
 
@@ -42,7 +43,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 __all__ = ["BUILDER_VERSION", "build_demo_repository", "ensure_demo_repository", "main"]
 
-BUILDER_VERSION = 4
+BUILDER_VERSION = 5
 # Opset 17 with IR version 8 (the pair onnx released together) loads in every onnxruntime from
 # 1.14 on; the installed onnx would otherwise stamp a newer IR version than some runtimes accept.
 OPSET = 17

@@ -48,6 +48,8 @@ DEFAULT_EMBEDDED_MODEL = "mlp"
 #: What a generative endpoint measures on the embedded server: the simulated engine, whose timing
 #: its config.pbtxt states.
 DEFAULT_EMBEDDED_GENERATIVE_MODEL = "sim_llm"
+#: What `--endpoint-type embeddings` measures there: the ONNX embedder.
+DEFAULT_EMBEDDED_EMBEDDING_MODEL = "tiny_embedder"
 
 
 async def resolve_model(client: InferClient | GenerativeClient, spec: SweepSpec, embedded: bool) -> str:
@@ -59,6 +61,8 @@ async def resolve_model(client: InferClient | GenerativeClient, spec: SweepSpec,
         raise PerfkitError(f"the server does not list its models ({exc}); name the model with -m") from None
     ready = sorted({str(e["name"]) for e in index if e.get("state", "READY") == "READY"})
     default = DEFAULT_EMBEDDED_GENERATIVE_MODEL if spec.genai.enabled else DEFAULT_EMBEDDED_MODEL
+    if spec.genai.endpoint_type == "embeddings":
+        default = DEFAULT_EMBEDDED_EMBEDDING_MODEL
     if embedded and default in ready:
         return default
     if len(ready) == 1:

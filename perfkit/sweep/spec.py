@@ -141,8 +141,6 @@ def _validate_generative(g: GenerativeSpec, spec: SweepSpec) -> None:
         raise PerfkitError(f"{kind}: one prompt per request; drop -b/--batch-size")
     if spec.data_path.shared_memory != "none":
         raise PerfkitError(f"{kind} sends JSON prompts, not tensors: drop --shared-memory")
-    if g.endpoint_type == "embeddings" and spec.target.url is None:
-        raise PerfkitError(f"{kind} needs -u: the embedded reference server has no embedding model")
 
 
 def _validate_request_count(spec: SweepSpec) -> None:

@@ -1,16 +1,18 @@
 """The generative demo models (`python -m v2kit.demo --genai`) served end to end: gRPC streaming
-and the generate extension with tritonclient, the OpenAI-compatible routes with aiohttp, and the
-simulated engine's time to first token and inter-token latency, measured at the client, against
-the truth its config states."""
+and the generate extension with tritonclient, the OpenAI-compatible routes with aiohttp (and
+perfkit's embeddings endpoint type), and the simulated engine's time to first token and
+inter-token latency, measured at the client, against the truth its config states."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import queue
 import statistics
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -18,9 +20,13 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
+from perfkit.cli import main
+from perfkit.errors import ExitCode
+from perfkit.results.model import read_sweep
 from reference_server.server import ReferenceServer, running_server
 from tests.servers import loopback_config
 from v2kit.demo import build_demo_repository
+from v2kit.genai.embedder import DIM, embed_reference
 from v2kit.genai.repository import write_sim_llm
 from v2kit.genai.sim_engine import SimTiming
 
@@ -32,7 +38,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceServer
     repository = build_demo_repository(tmp_path_factory.mktemp("genai") / "models", genai=True)
     # One running sequence at a time, 1 ms a token: a request that keeps the slot shows.
     write_sim_llm(repository, SimTiming(decode_step_us=1000, max_num_seqs=1), name="sim_llm_one")
-    load = ("sim_llm", "sim_llm_one", "tiny_decoder", "identity")
+    load = ("sim_llm", "sim_llm_one", "tiny_decoder", "tiny_embedder", "identity")
     with running_server(loopback_config(repository, load=load)) as running:
         yield running
 
@@ -127,7 +133,8 @@ async def test_models_are_listed_and_looked_up(server: ReferenceServer) -> None:
             one = await response.json()
         async with session.get(f"{base}/nope") as missing:
             error = await missing.json()
-    assert {"sim_llm", "tiny_decoder"} <= {m["id"] for m in listed["data"]} and listed["object"] == "list"
+    assert {"sim_llm", "tiny_decoder", "tiny_embedder"} <= {m["id"] for m in listed["data"]}
+    assert listed["object"] == "list"
     assert one["id"] == "sim_llm" and one["object"] == "model"
     assert missing.status == 404 and error["error"]["code"] == "model_not_found"
 
@@ -180,7 +187,12 @@ async def test_a_streamed_chat_sends_role_deltas_usage_and_done(server: Referenc
         ),
         ("/v1/completions", {"model": "sim_llm", "prompt": "x", "n": 2}, 400, "only single choice"),
         ("/v1/completions", {"model": "identity", "prompt": "x"}, 400, "no BYTES input 'text_input'"),
-        ("/v1/embeddings", {"model": "sim_llm", "input": "x"}, 404, "Not Found"),
+        ("/v1/embeddings", {"model": "sim_llm", "input": "x"}, 400, "'sim_llm' is decoupled"),
+        ("/v1/embeddings", {"model": "nope", "input": "x"}, 404, "Unknown model: nope"),
+        ("/v1/embeddings", {"model": "tiny_embedder", "input": ""}, 400, "'input' cannot be empty"),
+        ("/v1/embeddings", {"model": "tiny_embedder", "input": "x", "dimensions": 32}, 400, "not 32"),
+        ("/v1/embeddings", {"model": "tiny_embedder", "input": [1, 300]}, 400, "token ids must be in [0, 256)"),
+        ("/v1/embed", {"model": "tiny_embedder", "input": "x"}, 404, "Not Found"),
         ("/v1/models", {}, 405, "Method Not Allowed"),
     ],
 )
@@ -190,6 +202,36 @@ async def test_bad_requests_get_openai_error_json(
     answered, error = await _post(server, path, body)
     assert answered == status
     assert set(error["error"]) == {"message", "type", "param", "code"} and words in error["error"]["message"]
+
+
+async def test_embeddings_are_the_model_s_vectors_in_order_as_floats_or_base64(server: ReferenceServer) -> None:
+    texts = ["hello", "a longer sentence", "é"]
+    body = {"model": "tiny_embedder", "input": texts}
+    status, floats = await _post(server, "/v1/embeddings", body)
+    status64, packed = await _post(server, "/v1/embeddings", {**body, "encoding_format": "base64", "dimensions": DIM})
+    assert status == status64 == 200 and floats["object"] == "list" and floats["model"] == "tiny_embedder"
+    tokens = sum(len(text.encode()) for text in texts)  # a byte a token
+    assert floats["usage"] == packed["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
+    for index, (text, item, item64) in enumerate(zip(texts, floats["data"], packed["data"], strict=True)):
+        assert (item["object"], item["index"], item64["index"]) == ("embedding", index, index)
+        vector = np.array(item["embedding"], dtype=np.float32)
+        assert vector.shape == (DIM,) and np.abs(vector - embed_reference(list(text.encode()))).max() < 1e-6
+        assert np.frombuffer(base64.b64decode(item64["embedding"]), dtype="<f4").tolist() == vector.tolist()
+    status, ids = await _post(server, "/v1/embeddings", {"model": "tiny_embedder", "input": list(b"hello")})
+    assert status == 200 and ids["usage"]["prompt_tokens"] == 5
+    assert ids["data"][0]["embedding"] == pytest.approx(floats["data"][0]["embedding"], abs=1e-6)
+
+
+def test_perfkit_measures_the_embeddings_endpoint(server: ReferenceServer, tmp_path: Path) -> None:
+    # --tokenizer usage: the input tokens counted are the server's, which must match the prompt's bytes.
+    code = main(["sweep", "-u", f"127.0.0.1:{server.http_port}", "-m", "tiny_embedder", "--endpoint-type",
+                 "embeddings", "--concurrency-range", "2", "--request-count", "8", "--warmup-request-count", "2",
+                 "--synthetic-input-tokens-mean", "40", "--tokenizer", "usage", "--quiet", "--no-report",
+                 "--report-dir", str(tmp_path)])  # fmt: skip
+    assert code in (ExitCode.OK, ExitCode.UNSTABLE)
+    [level] = read_sweep(next(tmp_path.glob("sweep-tiny_embedder-*.json"))).levels
+    assert level.request_count == 8 and level.error_count == 0
+    assert level.tokens is not None and level.tokens.input_tokens.min == level.tokens.input_tokens.max == 40
 
 
 async def test_a_model_error_in_the_first_response_keeps_its_status(server: ReferenceServer) -> None:

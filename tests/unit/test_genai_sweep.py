@@ -108,7 +108,6 @@ min_goodput_per_s = 100000
         (["-u", "h:1", "--endpoint-type", "chat", "--goodput", "ttft_ms<=1"], "need --streaming"),
         (["-u", "h:1", "--goodput", "latency_ms<=1"], "needs a generative --endpoint-type"),
         (["-u", "h:1", "--endpoint-type", "chat", "-i", "grpc"], "drop -i grpc"),
-        (["--endpoint-type", "embeddings"], "needs -u: the embedded reference server has no embedding model"),
         (
             ["-u", "h:1", "--endpoint-type", "chat", "--trace-file", "t", "--concurrency-range", "2"],
             "drop --concurrency",
@@ -138,15 +137,16 @@ def test_generative_flags_name_what_to_change(
 
 
 @pytest.mark.parametrize(
-    ("endpoint_type", "default"), [("kserve-infer", "mlp"), ("chat", "sim_llm"), ("kserve-generate", "sim_llm")]
+    ("endpoint_type", "default"),
+    [("kserve-infer", "mlp"), ("chat", "sim_llm"), ("kserve-generate", "sim_llm"), ("embeddings", "tiny_embedder")],
 )
 def test_the_embedded_server_is_measured_on_its_model_for_the_endpoint(endpoint_type: str, default: str) -> None:
     class Index:
         async def repository_index(self) -> list[dict[str, str]]:
-            return [{"name": name, "state": "READY"} for name in ("mlp", "sim_llm", "tiny_decoder")]
+            return [{"name": name, "state": "READY"} for name in ("mlp", "sim_llm", "tiny_decoder", "tiny_embedder")]
 
     args = ["sweep", "--endpoint-type", endpoint_type]
     spec = spec_from_args(build_parser().parse_args(args))
     assert asyncio.run(resolve_model(Index(), spec, embedded=True)) == default  # type: ignore[arg-type]
-    with pytest.raises(PerfkitError, match="3 ready models"):
+    with pytest.raises(PerfkitError, match="4 ready models"):
         asyncio.run(resolve_model(Index(), spec, embedded=False))  # type: ignore[arg-type]

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from reference_server.frontends.http.openai import OpenAiError, chat_prompt, model_request, read_completion
+from reference_server.frontends.http.openai.completions import chat_prompt, model_request, read_completion
+from reference_server.frontends.http.openai.errors import OpenAiError
 
 VLLM_INPUTS = {
     name: {"name": name, "datatype": datatype, "shape": [1]}

@@ -1,4 +1,4 @@
-"""The python-backend calls both generative demo models make: copied beside their model.py, since
+"""The python-backend calls the generative demo models make: copied beside their model.py, since
 it imports `triton_python_backend_utils`, which exists only inside a python-backend stub."""
 
 from __future__ import annotations

@@ -5,11 +5,16 @@
 - `tiny_decoder`: `decoder.py`'s ONNX transformer, greedily decoded token by token with onnxruntime
   in the model's stub, one request at a time per instance. It generates printable ASCII (plus
   newline) and may stop at its EOS token (byte 0) unless `ignore_eos` or `min_tokens` says not yet.
+- `tiny_embedder`: `embedder.py`'s ONNX pooling, run by onnxruntime in the model's stub on a whole
+  dynamic batch at once (rows padded to the longest, the mask keeping padding out of the mean).
 
-Both are python-backend decoupled models (`max_batch_size: 0`) with the vLLM backend's inputs and
-outputs (`llm_io.py`), so the generate extension, gRPC streaming and the OpenAI front end all
-drive them. `llm_io.py`, `pb_io.py` (and `sim_engine.py` for sim_llm) are copied into the version
-folder, which the stub puts on sys.path.
+The first two are python-backend decoupled models (`max_batch_size: 0`) with the vLLM backend's
+inputs and outputs (`llm_io.py`), so the generate extension, gRPC streaming and the OpenAI front
+end all drive them. `tiny_embedder` answers once (`max_batch_size: 8`, dynamic batching): it takes
+`text_input` (BYTES, tokenised as the others are, a byte a token) or `input_ids` (INT64 token ids,
+below 256), one of the two, and returns `embedding` (FP32 [64]) and `num_input_tokens` (UINT32),
+which the OpenAI front end's `/v1/embeddings` reads. `llm_io.py`, `pb_io.py` (and `sim_engine.py`
+for sim_llm) are copied into the version folder, which the stub puts on sys.path.
 """
 
 from __future__ import annotations
@@ -19,12 +24,15 @@ from dataclasses import fields
 from pathlib import Path
 
 from v2kit.genai.decoder import CONTEXT, build_decoder
+from v2kit.genai.embedder import DIM, VOCAB, build_embedder
 from v2kit.genai.sim_engine import SimTiming
 
-__all__ = ["GENAI_MODELS", "write_genai_models", "write_sim_llm", "write_tiny_decoder"]
+__all__ = ["GENAI_MODELS", "write_genai_models", "write_sim_llm", "write_tiny_decoder", "write_tiny_embedder"]
 
 #: The generative demo models, by name.
-GENAI_MODELS = ("sim_llm", "tiny_decoder")
+GENAI_MODELS = ("sim_llm", "tiny_decoder", "tiny_embedder")
+#: The longest input tiny_embedder takes, in tokens (OpenAI's embedding models' limit).
+EMBEDDER_CONTEXT = 8192
 
 _HERE = Path(__file__).parent
 
@@ -197,6 +205,98 @@ class TritonPythonModel:
 """
 
 
+_EMBEDDER_IO = f"""\
+max_batch_size: 8
+dynamic_batching {{ }}
+input [
+  {{ name: "text_input" data_type: TYPE_STRING dims: [ 1 ] optional: true }},
+  {{ name: "input_ids" data_type: TYPE_INT64 dims: [ -1 ] optional: true }}
+]
+output [
+  {{ name: "embedding" data_type: TYPE_FP32 dims: [ {DIM} ] }},
+  {{ name: "num_input_tokens" data_type: TYPE_UINT32 dims: [ 1 ] }}
+]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+"""
+
+_TINY_EMBEDDER_MODEL = f"""\
+import json
+import os
+
+import numpy as np
+import onnxruntime as ort
+import triton_python_backend_utils as pb_utils
+from llm_io import encode
+from pb_io import input_array
+
+VOCAB = {VOCAB}
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        self.name = config["name"]
+        self.context = int(config["parameters"]["context"]["string_value"])
+        folder = os.path.join(args["model_repository"], args["model_version"])
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        self.session = ort.InferenceSession(
+            os.path.join(folder, "model.onnx"), options, providers=["CPUExecutionProvider"]
+        )
+
+    def execute(self, requests):
+        # Every sequence of every request in one onnxruntime call: the batch is what batching buys.
+        sequences = []
+        for request in requests:
+            try:
+                sequences.append(self._sequences(request))
+            except ValueError as exc:
+                sequences.append(exc)
+        rows = [row for item in sequences if not isinstance(item, ValueError) for row in item]
+        embeddings = self._embed(rows) if rows else None
+        responses, at = [], 0
+        for item in sequences:
+            if isinstance(item, ValueError):
+                error = pb_utils.TritonError(str(item), pb_utils.TritonError.INVALID_ARG)
+                responses.append(pb_utils.InferenceResponse(error=error))
+                continue
+            counts = np.array([[len(row)] for row in item], dtype=np.uint32)
+            outputs = [pb_utils.Tensor("embedding", embeddings[at : at + len(item)]),
+                       pb_utils.Tensor("num_input_tokens", counts)]
+            responses.append(pb_utils.InferenceResponse(output_tensors=outputs))
+            at += len(item)
+        return responses
+
+    def _sequences(self, request):
+        # The token ids of each sequence of the request's batch ([k, 1] texts or [k, n] ids).
+        text, ids = input_array(request, "text_input"), input_array(request, "input_ids")
+        if (text is None) == (ids is None):
+            raise ValueError(f"{{self.name}}: send one of 'text_input' (text) and 'input_ids' (token ids)")
+        if text is not None:
+            rows = [np.array(encode(t if isinstance(t, bytes) else str(t).encode()), dtype=np.int64)
+                    for t in text.reshape(-1)]
+        else:
+            rows = list(ids.reshape(ids.shape[0], -1).astype(np.int64))
+        for row in rows:
+            if not 0 < len(row) <= self.context:
+                raise ValueError(f"{{self.name}}: an input of {{len(row)}} tokens; it takes 1 to {{self.context}}")
+            if row.min() < 0 or row.max() >= VOCAB:
+                raise ValueError(f"{{self.name}}: token ids must be in [0, {{VOCAB}}) (a byte each), got {{row.max()}}")
+        return rows
+
+    def _embed(self, rows):
+        width = max(len(row) for row in rows)
+        ids = np.zeros((len(rows), width), dtype=np.int64)
+        mask = np.zeros((len(rows), width), dtype=np.float32)
+        for index, row in enumerate(rows):
+            ids[index, : len(row)] = row
+            mask[index, : len(row)] = 1.0
+        (embeddings,) = self.session.run(["embedding"], {{"input_ids": ids, "attention_mask": mask}})
+        return embeddings
+"""
+
+
 def _parameters(values: dict[str, object]) -> str:
     entries = ",\n".join(f'  {{ key: "{key}" value: {{ string_value: "{value}" }} }}' for key, value in values.items())
     return f"parameters [\n{entries}\n]\n"
@@ -216,20 +316,29 @@ def write_tiny_decoder(repository: Path, name: str = "tiny_decoder") -> Path:
     return folder
 
 
+def write_tiny_embedder(repository: Path, name: str = "tiny_embedder") -> Path:
+    """Write the ONNX embedder and the model that batches text or token ids through it as `name`."""
+    parameters = _parameters({"context": EMBEDDER_CONTEXT})
+    folder = _write(repository, name, _TINY_EMBEDDER_MODEL, parameters, ("llm_io.py", "pb_io.py"), _EMBEDDER_IO)
+    (folder / "1" / "model.onnx").write_bytes(build_embedder().SerializeToString())
+    return folder
+
+
 def write_genai_models(repository: Path) -> list[str]:
     """Write every generative demo model into `repository`; returns their names."""
     write_sim_llm(repository)
     write_tiny_decoder(repository)
+    write_tiny_embedder(repository)
     return list(GENAI_MODELS)
 
 
-def _write(repository: Path, name: str, source: str, parameters: str, modules: tuple[str, ...]) -> Path:
+def _write(repository: Path, name: str, source: str, parameters: str, modules: tuple[str, ...], io: str = _IO) -> Path:
     folder = repository / name
     version = folder / "1"
     version.mkdir(parents=True, exist_ok=True)
     (version / "model.py").write_text(source, encoding="utf-8")
     for module in modules:
         shutil.copyfile(_HERE / module, version / module)
-    config = f'name: "{name}"\nbackend: "python"\n{_IO}{parameters}'
+    config = f'name: "{name}"\nbackend: "python"\n{io}{parameters}'
     (folder / "config.pbtxt").write_text(config, encoding="utf-8")
     return folder

@@ -4,7 +4,7 @@
 the body timeout, admission and the read gate. It answers through the request's `Reply`: at once
 where the data plane answers at once, from the scheduler's callback for an inference (no task, no
 loop pass: `DataPlane.start_infer`), and from a task for what awaits (generate, the repository).
-Paths under `/v1` go to the OpenAI-compatible routes (`openai.py`), after the same token check.
+Paths under `/v1` go to the OpenAI-compatible routes (`openai/`), after the same token check.
 Routing compares the path's percent-decoded segments with the protocol's routes; a decoded segment
 that holds a '/' (`%2F`) stays one segment, so it can never reach another route, and a model name
 is only ever one segment.

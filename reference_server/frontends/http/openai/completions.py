@@ -1,6 +1,5 @@
-"""An OpenAI-compatible front end for text-generation models, as Triton's OpenAI front end
-(server/python/openai) serves them: `GET /v1/models`, `GET /v1/models/{model}`, `POST
-/v1/completions` and `POST /v1/chat/completions`, on the HTTP port beside the KServe v2 routes.
+"""`/v1/completions` and `/v1/chat/completions` for text-generation models, as Triton's OpenAI
+front end (server/python/openai) serves them.
 
 *Request mapping.* A model is driven through its inputs, as Triton maps them for its two LLM
 backends. With a `sampling_parameters` input (the vLLM backend's; our demo models'): `text_input`
@@ -23,12 +22,10 @@ role), `finish_reason` on the last, a last chunk with `usage` and no choices whe
 "length" when the completion used all of `max_tokens`, else "stop". Text is decoded from the
 model's bytes incrementally, so a character split across responses is whole in one chunk.
 
-*Errors* are OpenAI's JSON, `{"error": {"message", "type", "param", "code"}}`, with the HTTP
-status: 400 for a bad body or field (Triton's words where it has them), 404 for an unknown model
-or route, 405 for a wrong method, the data plane's status for what it refuses. An error once a
-stream has begun is a last `data: {"error": ...}` event before `[DONE]`; one in the model's first
-response still gets its status. A request holds one of the data plane's in-flight slots until its
-answer is out, and a client that goes away cancels it (both answers are streamed for that reason).
+*Errors* (`errors.py`) use Triton's words where it has them. An error once a stream has begun is a
+last `data: {"error": ...}` event before `[DONE]`; one in the model's first response still gets
+its status. A request holds one of the data plane's in-flight slots until its answer is out, and
+a client that goes away cancels it (both answers are streamed for that reason).
 """
 
 from __future__ import annotations
@@ -36,7 +33,6 @@ from __future__ import annotations
 import codecs
 import contextlib
 import json
-import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
@@ -47,16 +43,14 @@ import numpy as np
 
 from reference_server.core.dataplane import StreamResponse
 from reference_server.errors import ServerError, server_error
-from reference_server.frontends.http.messages import HttpRequest, HttpResponse, Reply, reply_when_done
+from reference_server.frontends.http.messages import HttpResponse
+from reference_server.frontends.http.openai.errors import JSON, OpenAiError, dumps, from_server, require_model, typed
 from reference_server.frontends.plane import Plane
 from v2kit import codec as v2
 from v2kit.tensors import datatype_to_numpy
 
-__all__ = ["DEFAULT_MAX_TOKENS", "OpenAiApi", "OpenAiError", "openai_error"]
+__all__ = ["DEFAULT_MAX_TOKENS", "Completion", "answer", "chat_prompt", "model_request", "read_completion"]
 
-log = logging.getLogger(__name__)
-
-_JSON = "application/json"
 _SSE = "text/event-stream; charset=utf-8"
 #: max_tokens when a request does not say (Triton's OpenAI front end's --default-max-tokens).
 DEFAULT_MAX_TOKENS = 16
@@ -73,33 +67,6 @@ _NOT_SAMPLING = frozenset(
 _TRTLLM_SAMPLING = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty")
 
 
-class OpenAiError(Exception):
-    """An error to answer in OpenAI's shape."""
-
-    def __init__(
-        self, message: str, status: int = 400, *, param: str | None = None, code: str | None = None, allow: str = ""
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.param = param
-        self.code = code
-        self.allow = allow  # a 405's Allow header (RFC 9110 §15.5.6)
-
-    def body(self) -> dict[str, Any]:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
-
-
-def openai_error(error: OpenAiError) -> HttpResponse:
-    headers = (("Allow", error.allow),) if error.allow else ()
-    return HttpResponse(error.status, _dumps(error.body()), _JSON, headers)
-
-
-def _from_server(error: ServerError) -> OpenAiError:
-    return OpenAiError(error.message, error.http_status)
-
-
 @dataclass(slots=True)
 class Completion:
     """One /v1/completions or /v1/chat/completions request, read and checked."""
@@ -114,118 +81,40 @@ class Completion:
     sampling: dict[str, Any] = field(default_factory=dict)
 
 
-class OpenAiApi:
-    """The /v1 routes over a DataPlane. `respond` takes the path's segments after '/v1'."""
-
-    def __init__(self, plane: Plane, owner: str = "perfkit-reference-server") -> None:
-        self.plane = plane
-        self.owner = owner
-        self.created = int(time.time())
-
-    def respond(self, request: HttpRequest, route: list[str], reply: Reply) -> None:
-        try:
-            self._route(request, route, reply)
-        except OpenAiError as exc:
-            reply(openai_error(exc))
-        except ServerError as exc:
-            reply(openai_error(_from_server(exc)))
-
-    def _route(self, request: HttpRequest, route: list[str], reply: Reply) -> None:
-        method = request.method
-        if route == ["models"] or (len(route) == 2 and route[0] == "models" and route[1]):
-            _allow(method, "GET", request.path)
-            reply(self._json(self.models() if len(route) == 1 else self.model(route[1])))
-        elif route in (["completions"], ["chat", "completions"]):
-            _allow(method, "POST", request.path)
-            answer = self.completion(request.body, chat=len(route) == 2)
-            reply_when_done(answer, reply, _failure)
-        else:
-            raise OpenAiError(f"Not Found: {method} {request.path}", 404)
-
-    def _json(self, payload: Any) -> HttpResponse:
-        return HttpResponse(200, _dumps(payload), _JSON)
-
-    def models(self) -> dict[str, Any]:
-        names = sorted({entry["name"] for entry in self.plane.repository_index(ready_only=True)})
-        return {"object": "list", "data": [self._model(name) for name in names]}
-
-    def model(self, name: str) -> dict[str, Any]:
-        if not self.plane.model_ready(name):
-            raise OpenAiError(f"Unknown model: {name}", 404, param="model", code="model_not_found")
-        return self._model(name)
-
-    def _model(self, name: str) -> dict[str, Any]:
-        return {"id": name, "object": "model", "created": self.created, "owned_by": self.owner}
-
-    async def completion(self, body: bytes, *, chat: bool) -> HttpResponse:
-        """The answer to a completion (`chat` False) or chat completion request."""
-        completion = read_completion(_json_object(body), chat=chat)
-        if not self.plane.model_ready(completion.model):
-            raise OpenAiError(f"Unknown model: {completion.model}", 404, param="model", code="model_not_found")
-        inputs = {spec["name"]: spec for spec in self.plane.model_metadata(completion.model)["inputs"]}
-        responses = self.plane.infer_stream(model_request(completion, inputs))  # checks; runs nothing yet
-        response = HttpResponse(200, content_type=_SSE if completion.stream else _JSON)
-        events = _events(self.plane, responses)
-        write = _stream if completion.stream else _single
-        response.stream = write(response, completion, events)
-        return response
-
-
-def _allow(method: str, allowed: str, path: str) -> None:
-    if method != allowed and not (method == "HEAD" and allowed == "GET"):
-        raise OpenAiError(
-            f"Method Not Allowed: {method} {path}", 405, allow="GET, HEAD" if allowed == "GET" else allowed
-        )
-
-
-def _failure(exc: Exception) -> HttpResponse:
-    if isinstance(exc, OpenAiError):
-        return openai_error(exc)
-    error = server_error(exc)
-    if error is not None:
-        return openai_error(_from_server(error))
-    log.error("internal error serving an OpenAI request", exc_info=exc)
-    return openai_error(OpenAiError(f"internal error: {type(exc).__name__}: {exc}", 500))
+async def answer(plane: Plane, document: dict[str, Any], *, chat: bool) -> HttpResponse:
+    """The answer to a completion (`chat` False) or chat completion request's body."""
+    completion = read_completion(document, chat=chat)
+    require_model(plane, completion.model)
+    inputs = {spec["name"]: spec for spec in plane.model_metadata(completion.model)["inputs"]}
+    responses = plane.infer_stream(model_request(completion, inputs))  # checks; runs nothing yet
+    response = HttpResponse(200, content_type=_SSE if completion.stream else JSON)
+    events = _events(plane, responses)
+    write = _stream if completion.stream else _single
+    response.stream = write(response, completion, events)
+    return response
 
 
 # -- the request ----------------------------------------------------------------------------
 
 
-def _json_object(body: bytes) -> dict[str, Any]:
-    try:
-        document = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise OpenAiError(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(document, dict):
-        raise OpenAiError("request body must be a JSON object")
-    return document
-
-
-def _typed(document: dict[str, Any], key: str, kind: type | tuple[type, ...], noun: str) -> Any:
-    value = document.get(key)
-    if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
-        raise OpenAiError(f"'{key}' must be {noun}, got {json.dumps(value)[:40]}", param=key)
-    return value
-
-
 def read_completion(document: dict[str, Any], *, chat: bool) -> Completion:
     """A request body, checked as Triton's front end checks it (its words where it has them)."""
-    model = _typed(document, "model", str, "a string")
+    model = typed(document, "model", str, "a string")
     if not model:
         raise OpenAiError("'model' is required", param="model")
-    stream = bool(_typed(document, "stream", bool, "a boolean"))
-    options = _typed(document, "stream_options", dict, "an object")
+    stream = bool(typed(document, "stream", bool, "a boolean"))
+    options = typed(document, "stream_options", dict, "an object")
     if options is not None and not stream:
         raise OpenAiError("`stream_options` can only be used when `stream` is True", param="stream_options")
-    include_usage = bool(_typed(options or {}, "include_usage", bool, "a boolean"))
-    n = _typed(document, "n", int, "an integer")
+    include_usage = bool(typed(options or {}, "include_usage", bool, "a boolean"))
+    n = typed(document, "n", int, "an integer")
     if n is not None and n > 1:
         raise OpenAiError(f"Received n={n}, but only single choice (n=1) is currently supported", param="n")
     if document.get("logit_bias") is not None:
         raise OpenAiError("logit bias is not supported", param="logit_bias")
-    limit = _typed(document, "max_tokens", int, "an integer")
+    limit = typed(document, "max_tokens", int, "an integer")
     if chat:
-        limit = _typed(document, "max_completion_tokens", int, "an integer") or limit
+        limit = typed(document, "max_completion_tokens", int, "an integer") or limit
         prompt = chat_prompt(document.get("messages"))
         echo = False
     else:
@@ -237,15 +126,15 @@ def read_completion(document: dict[str, Any], *, chat: bool) -> Completion:
         prompt = raw
         if document.get("suffix") is not None:
             raise OpenAiError("suffix is not currently supported", param="suffix")
-        echo = bool(_typed(document, "echo", bool, "a boolean"))
+        echo = bool(typed(document, "echo", bool, "a boolean"))
     max_tokens = DEFAULT_MAX_TOKENS if limit is None else limit
     if max_tokens < 1:
         raise OpenAiError(f"max_tokens must be at least 1, got {max_tokens}", param="max_tokens")
     for key in ("min_tokens",):
-        count = _typed(document, key, int, "an integer")
+        count = typed(document, key, int, "an integer")
         if count is not None and not 0 <= count <= max_tokens:
             raise OpenAiError(f"{key} must be between 0 and max_tokens ({max_tokens}), got {count}", param=key)
-    _typed(document, "ignore_eos", bool, "a boolean")
+    typed(document, "ignore_eos", bool, "a boolean")
     sampling = {k: v for k, v in document.items() if k not in _NOT_SAMPLING and v is not None}
     return Completion(chat, model, prompt, stream, include_usage, max_tokens, echo, sampling)
 
@@ -336,19 +225,19 @@ async def _events(
         plane.acquire()
     except ServerError as exc:
         await responses.aclose()
-        yield _from_server(exc)
+        yield from_server(exc)
         return
     try:
         async with contextlib.aclosing(responses):
             try:
                 async for response, final in responses:
                     if isinstance(response, ServerError):
-                        yield _from_server(response)
+                        yield from_server(response)
                         return
                     yield Delta(b"", None, None, final) if response is None else _delta(response, final)
             except Exception as exc:  # the execution failed
                 error = server_error(exc)
-                yield _from_server(error) if error is not None else OpenAiError(f"internal error: {exc}", 500)
+                yield from_server(error) if error is not None else OpenAiError(f"internal error: {exc}", 500)
     finally:
         plane.release()
 
@@ -412,13 +301,13 @@ async def _single(
         async for event in events:
             if isinstance(event, OpenAiError):
                 response.status = event.status
-                yield _dumps(event.body())
+                yield dumps(event.body())
                 return
             parts.append(tally.add(event))
     parts.append(tally.add(Delta(b"", None, None, True)))
     answer = tally.envelope([tally.choice("".join(parts), tally.finish_reason(), chunk=False)], chunk=False)
     answer["usage"] = tally.usage()
-    yield _dumps(answer)
+    yield dumps(answer)
 
 
 async def _stream(
@@ -434,8 +323,8 @@ async def _stream(
         async for event in events:
             if isinstance(event, OpenAiError):
                 if first:
-                    response.status, response.content_type = event.status, _JSON
-                    yield _dumps(event.body())
+                    response.status, response.content_type = event.status, JSON
+                    yield dumps(event.body())
                     return
                 yield _event(event.body())
                 break
@@ -452,8 +341,4 @@ async def _stream(
 
 
 def _event(payload: dict[str, Any]) -> bytes:
-    return b"data: " + _dumps(payload) + b"\n\n"
-
-
-def _dumps(payload: Any) -> bytes:
-    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
+    return b"data: " + dumps(payload) + b"\n\n"
