@@ -238,7 +238,7 @@ class LoadGenerator:
             done = clock.now_ns()
             record(sent, sent, done, outcome.error, request.bytes_out, outcome.bytes_in,
                    outcome.send_ns, outcome.recv_ns, tokens=outcome.tokens, sequence_id=live.sequence_id)  # fmt: skip
-            sequences.answered(live, done, not outcome.error, record_sequence, outcome.text)
+            sequences.answered(live, done, not outcome.error, record_sequence, outcome.text if chained else "")
             if chained and live.remaining and (think := sequences.think_ns(live)):
                 if not await self._think(done + think):
                     return
