@@ -276,7 +276,10 @@ def test_session_figures_count_the_windows_sessions() -> None:
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--conversation-turn-mean", "3"], "--conversation-num/--conversation-turn-* needs a generative --endpoint-type"),
+        (
+            ["--conversation-turn-mean", "3"],
+            "--conversation-num/--conversation-turn-* needs a generative --endpoint-type",
+        ),
         (["--endpoint-type", "embeddings", "-u", "h:1", "--num-sessions", "2"], "embeddings have no answer to carry"),
         (["--endpoint-type", "chat", "--session-turns-mean", "0"], "--conversation-turn-mean must be >= 1"),
         (["--endpoint-type", "chat", "--session-delay-ratio", "-1"], "must not be negative"),
