@@ -254,8 +254,7 @@ class LoadGenerator:
         except asyncio.CancelledError:
             if not self._stopping:
                 raise
-            task.uncancel()
-            return False
+            return False  # the caller's task ends at once: nothing after this awaits
         finally:
             self._thinking.discard(task)
         return not self._stopping

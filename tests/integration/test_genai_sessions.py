@@ -24,6 +24,7 @@ from perfkit.load.samples import SampleBuffer
 from perfkit.load.schedule import ClosedLoop
 from perfkit.target import ServerProcess, reference_server_process
 from perfkit.wire.client import Outcome
+from tests.waiting import eventually
 from v2kit.genai.repository import write_sim_llm
 from v2kit.genai.sim_engine import SimTiming
 
@@ -86,8 +87,7 @@ def test_chat_sessions_carry_their_history_and_one_correlation_id(sim_server: Se
     async def run() -> None:
         generator = LoadGenerator(client, [], buffer, RealClock(), sequences=load)
         generator.start(ClosedLoop(2))
-        while len(buffer.sessions()) < SESSIONS:
-            await asyncio.sleep(0.005)
+        await eventually(lambda: len(buffer.sessions()) >= SESSIONS, 30)
         await generator.stop(5)
         await client.close()
 
