@@ -5,7 +5,9 @@ flags' errors."""
 from __future__ import annotations
 
 import asyncio
+import csv
 import dataclasses
+import io
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -34,6 +36,8 @@ from perfkit.genai.workload import GenerativeSpec, Prompt, SessionSpec, Workload
 from perfkit.load.generator import FakeClock, LoadGenerator
 from perfkit.load.samples import SampleBuffer, SequenceArrays
 from perfkit.load.schedule import ClosedLoop, OpenLoop
+from perfkit.report.export import render_summary_table
+from perfkit.report.tidy import render_tidy_csv
 from perfkit.results.model import WindowResult, sweep_from_json, sweep_to_json
 from tests.fakes import FakeOutcome
 from tests.synthetic import make_level, make_sweep
@@ -269,8 +273,12 @@ def test_session_figures_count_the_windows_sessions() -> None:
     assert (figures.count, figures.ok_count, figures.throughput_per_s) == (2, 1, 2.0)
     assert figures.turns.mean == 1.5 and figures.latency_ms.count == 1 and figures.latency_ms.p50 == 600.0
     level = dataclasses.replace(make_level(1, [10.0, 10.0, 10.0]), sessions=figures)
-    again = sweep_from_json(sweep_to_json(make_sweep([level]))).levels[0]
-    assert again.sessions == figures
+    sweep = make_sweep([level])
+    assert sweep_from_json(sweep_to_json(sweep)).levels[0].sessions == figures
+    title, _, row = render_summary_table([level])
+    assert "sessions/s  turns  session p50 ms" in title and "2.00    1.5          600.00" in row
+    tidy = next(csv.DictReader(io.StringIO(render_tidy_csv(sweep))))
+    assert (tidy["session_count"], tidy["session_p50_ms"], tidy["session_turns_mean"]) == ("2", "600", "1.5")
 
 
 @pytest.mark.parametrize(
