@@ -305,7 +305,8 @@ def render_profile_export(
     timestamp has `epoch_offset_ns` (wall clock − monotonic clock, taken at the start of the run)
     added. A request's `timestamp` is its actual send and its one response timestamp its completion
     (a streamed request's response timestamps: each of its responses that carried outputs); a
-    sequence model's request has its `sequence_id`; requests keep the order of `samples`. perfkit adds, per request, `intended_timestamp` (when the
+    sequence model's request has its `sequence_id` (a session's turn: its session's number, the n of
+    its X-Correlation-ID); requests keep the order of `samples`. perfkit adds, per request, `intended_timestamp` (when the
     schedule wanted it sent) and `error` ("" on success, else the error's kind); `request_inputs`
     and `response_outputs` hold no tensor data.
     """
