@@ -16,7 +16,8 @@ cycled) and a think time before it drawn from another (`--conversation-turn-dela
 `-stddev`, floored at 0, times `--conversation-turn-delay-ratio`), all from `--seed`. Or
 `--input-file` in AIPerf's multi_turn JSONL: `{"session_id": "s1", "turns": [{"text": "Hi",
 "delay": 0}, {"text": "More", "delay": 1000}]}`, a turn's `delay` (ms) its think time and its
-`output_length` its max_tokens; lines with the same session_id are one conversation, in order.
+`output_length` its max_tokens; lines with the same session_id are one conversation, in order (a
+line without one is a conversation of its own).
 The first turn's delay is not waited: when a session starts is the load's to decide.
 
 *How they run* (`SessionLoad`, on `perfkit.load.sequences`' slots, as a sequence model's
@@ -166,9 +167,7 @@ def read_multi_turn(path: Path, tokenizer: Tokenizer, workload: WorkloadSpec) ->
         where = f"--input-file {path}:{number}"
         if not isinstance(record, dict) or not isinstance(record.get("turns"), list) or not record["turns"]:
             raise PerfkitError(f'{where}: a multi_turn line is a JSON object with "turns", a non-empty list')
-        session_id = record.get("session_id")
-        if session_id is None:
-            session_id = f"session_{len(sessions)}"
+        session_id = record.get("session_id", f"line_{number}")  # a line without one is a session of its own
         if not isinstance(session_id, str):
             raise PerfkitError(f'{where}: "session_id" must be a string')
         sessions.setdefault(session_id, []).extend(

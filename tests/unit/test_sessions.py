@@ -126,7 +126,7 @@ def test_a_multi_turn_file_gives_conversations(tmp_path: Path) -> None:
     assert [t.delay_ms for t in by_id["a"].turns] == [0.0, 1000.0, 0.0]
     assert by_id["b"].turns[0].prompt == Prompt("one\ntwo", 7, 7)
     assert by_id["a"].turns[0].prompt.max_tokens == 3  # --output-tokens-mean where the turn names none
-    assert len(conversations) == 3 and "session_2" in by_id
+    assert len(conversations) == 3 and by_id["line_4"].turns[0].prompt.text == "anonymous"
     single = tmp_path / "single.jsonl"
     single.write_text('{"text": "a prompt"}\n')
     assert not is_multi_turn(single)
