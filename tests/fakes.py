@@ -17,6 +17,7 @@ class FakeOutcome:
     message: str = ""
     response_ns: tuple[int, ...] | None = None  # streamed requests only
     tokens: tuple[int, ...] = ()
+    text: str = ""  # a generative answer's text
 
 
 @dataclass(frozen=True, slots=True)

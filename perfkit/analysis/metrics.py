@@ -21,7 +21,10 @@ from typing import Literal
 
 from perfkit.results.model import LatencyStats, LevelResult
 
-__all__ = ["METRICS", "TOKEN_METRICS", "Metric", "find", "latency_ms", "metric", "ms", "sequence_latency_ms", "token_figure"]
+__all__ = [
+    "METRICS", "SESSION_METRICS", "TOKEN_METRICS", "Metric", "find", "latency_ms", "metric", "ms",
+    "sequence_latency_ms", "session_figure", "token_figure",
+]  # fmt: skip
 
 
 def ms(us: float) -> float:
@@ -75,6 +78,22 @@ def token_figure(attr: str, stat: str | None = None) -> Callable[[LevelResult], 
         value = getattr(figures, attr)
         if stat is None:
             return float(value) if value is not None else None
+        return float(getattr(value, stat)) if value.count > 0 else None
+
+    return get
+
+
+def session_figure(attr: str, stat: str | None = None) -> Callable[[LevelResult], float | None]:
+    """A figure of a level's multi-turn sessions (`LevelResult.sessions`), `stat` of a distribution;
+    None for a level without sessions, or when no session had the figure."""
+
+    def get(level: LevelResult) -> float | None:
+        figures = level.sessions
+        if figures is None:
+            return None
+        value = getattr(figures, attr)
+        if stat is None:
+            return float(value)
         return float(getattr(value, stat)) if value.count > 0 else None
 
     return get
@@ -159,6 +178,22 @@ TOKEN_METRICS: tuple[Metric, ...] = (
     Metric("goodput_pct", "%", "higher", token_figure("goodput_pct"), fmt="{:.1f}",
            description="share of the successful requests that met every --goodput objective"),
 )  # fmt: skip
+_SESSION = "a session's last answer - its first turn's send, think times included (generative sessions)"
+#: The figures of multi-turn sessions (perfkit/genai/sessions.py).
+SESSION_METRICS: tuple[Metric, ...] = (
+    Metric("session_throughput_per_s", "sessions/s", "higher", session_figure("throughput_per_s"), fmt="{:.2f}",
+           description="successful sessions whose last answer came in the windows / seconds"),
+    *(
+        Metric(f"session_turns_{stat}", "turns", "higher", session_figure("turns", stat), fmt="{:.1f}",
+               description="turns per session (ended sessions, failed ones included)")
+        for stat in ("mean", "max")
+    ),
+    *(
+        Metric(f"session_{stat}_ms", "ms", "lower", session_figure("latency_ms", stat),
+               gate=f"session_{stat}_ms" if stat in ("p50", "p99") else None, description=_SESSION)
+        for stat in ("p50", "p90", "p95", "p99", "mean", "max")
+    ),
+)  # fmt: skip
 _INTENDED = "completion - intended send (coordinated omission corrected)"
 _SEQUENCE = "a sequence's last answer - its first send (sequence models)"
 
@@ -212,6 +247,7 @@ METRICS: tuple[Metric, ...] = (
     Metric("gpu_utilization_pct", "%", "higher", _gpu_utilization_pct, ("gpu_utilization",),
            figure="gpu_utilization_pct", fmt="{:.1f}", description="mean over GPUs"),
     *TOKEN_METRICS,
+    *SESSION_METRICS,
 )  # fmt: skip
 
 _BY_SPELLING = {spelling: metric for metric in METRICS for spelling in metric.spellings}

@@ -11,8 +11,9 @@ from pathlib import Path
 from perfkit.cli.common import Command, add_connection_flags, headers_from_args, tls_from_args, windows_from_args
 from perfkit.errors import ExitCode, PerfkitError
 from perfkit.genai.goodput import parse_goodput
+from perfkit.genai.sessions import is_multi_turn
 from perfkit.genai.trace import read_trace, trace_intervals_ns
-from perfkit.genai.workload import ENDPOINT_TYPES, GenerativeSpec, WorkloadSpec
+from perfkit.genai.workload import ENDPOINT_TYPES, GenerativeSpec, SessionSpec, WorkloadSpec
 from perfkit.load.cluster.distributed import DistributedSpec
 from perfkit.load.inputs import parse_request_parameter, parse_shape_flag
 from perfkit.load.schedule import parse_range, read_intervals
@@ -127,6 +128,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="bytes of each output's region, per batch item (default 102400)",
     )
     add_generative_arguments(p)
+    add_session_arguments(p)
     dist = p.add_argument_group("distributed load (pip install 'perfkit[distributed]')")
     dist.add_argument(
         "--workers",
@@ -225,8 +227,10 @@ def add_generative_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--output-tokens-mean-deterministic", action="store_true", help="also send min_tokens")
     g.add_argument("--ignore-eos", action="store_true", help="also send ignore_eos: true")
     g.add_argument(
-        "--input-file", type=Path, metavar="PROMPTS.jsonl", help='prompts: {"text": ...} lines, or plain lines'
-    )
+        "--input-file", type=Path, metavar="PROMPTS.jsonl",
+        help='prompts: {"text": ...} lines, or plain lines; or sessions: AIPerf\'s multi_turn lines '
+        '{"session_id": ..., "turns": [{"text": ..., "delay": MS}, ...]}',
+    )  # fmt: skip
     g.add_argument("--trace-file", type=Path, metavar="TRACE.jsonl",
                    help="replay a Mooncake trace (timestamp ms, input_length, output_length, hash_ids) open loop")  # fmt: skip
     g.add_argument("--num-prompts", type=int, default=100, metavar="N", help="synthetic prompts to cycle through")
@@ -234,6 +238,45 @@ def add_generative_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--goodput-attainment", type=float, default=90.0, metavar="PCT",
                    help="goodput holds at a level when PCT%% of its requests met every bound; --binary-search "
                    "without -l finds the highest such level (default 90)")  # fmt: skip
+
+
+def add_session_arguments(p: argparse.ArgumentParser) -> None:
+    s = p.add_argument_group(
+        "multi-turn sessions (AIPerf's flags)",
+        "each turn sends the session's history (prompts and answers received) and an X-Correlation-ID header",
+    )
+    s.add_argument("--conversation-num", "--num-conversations", "--num-sessions", type=int, metavar="N",
+                   help="conversations to draw sessions from (default 100)")  # fmt: skip
+    s.add_argument("--conversation-turn-mean", "--session-turns-mean", type=int, metavar="N",
+                   help="turns per conversation, normal with --conversation-turn-stddev, at least 1 (default 1)")  # fmt: skip
+    s.add_argument("--conversation-turn-stddev", "--session-turns-stddev", type=float, metavar="N")
+    s.add_argument("--conversation-turn-delay-mean", "--session-turn-delay-mean", type=float, metavar="MS",
+                   help="think time between a turn's answer and the next turn (default 0)")  # fmt: skip
+    s.add_argument("--conversation-turn-delay-stddev", "--session-turn-delay-stddev", type=float, metavar="MS")
+    s.add_argument("--conversation-turn-delay-ratio", "--session-delay-ratio", type=float, metavar="X",
+                   help="every think time times X (default 1)")  # fmt: skip
+
+
+def sessions_from_args(args: argparse.Namespace) -> SessionSpec:
+    """The session flags; `enabled` when any is given or --input-file is multi_turn."""
+    given = [
+        args.conversation_num, args.conversation_turn_mean, args.conversation_turn_stddev,
+        args.conversation_turn_delay_mean, args.conversation_turn_delay_stddev, args.conversation_turn_delay_ratio,
+    ]  # fmt: skip
+    from_file = args.input_file is not None and args.input_file.is_file() and is_multi_turn(args.input_file)
+
+    def value(v: float | None, default: float) -> float:
+        return default if v is None else v
+
+    return SessionSpec(
+        enabled=from_file or any(v is not None for v in given),
+        count=int(value(args.conversation_num, 100)),
+        turns_mean=int(value(args.conversation_turn_mean, 1)),
+        turns_stddev=value(args.conversation_turn_stddev, 0.0),
+        delay_mean_ms=value(args.conversation_turn_delay_mean, 0.0),
+        delay_stddev_ms=value(args.conversation_turn_delay_stddev, 0.0),
+        delay_ratio=value(args.conversation_turn_delay_ratio, 1.0),
+    )
 
 
 def _generative(args: argparse.Namespace) -> GenerativeSpec:
@@ -256,6 +299,7 @@ def _generative(args: argparse.Namespace) -> GenerativeSpec:
         ),
         goodput=parse_goodput(args.goodput) if args.goodput is not None else (),
         attainment_pct=args.goodput_attainment,
+        sessions=sessions_from_args(args),
     )
 
 

@@ -36,6 +36,7 @@ import aiohttp
 import yarl
 
 from perfkit.errors import PerfkitError, TargetError
+from perfkit.genai.sessions import SESSION_HEADER, History, chat_messages, history_text
 from perfkit.genai.sse import SseError, SseParser
 from perfkit.genai.tokenizer import USAGE, Tokenizer
 from perfkit.genai.workload import GenerativeSpec, Prompt
@@ -78,6 +79,7 @@ class GenPrepared:
     bytes_out: int
     tokens_in: int  # as the counting tokenizer counts the prompt
     tokens_asked: int  # max_tokens sent; 0 when none
+    headers: Mapping[str, str] | None = None  # a session's turn: its correlation header
 
 
 def _text_of(endpoint_type: str, body: Mapping[str, Any], streamed: bool) -> str:
@@ -142,21 +144,23 @@ class GenerativeClient:
             return self._base.with_path(_PATHS[self.spec.endpoint_type])
         return self._base / "v2" / "models" / model / ("generate_stream" if self.spec.streaming else "generate")
 
-    def body(self, prompt: Prompt, model: str) -> dict[str, Any]:
-        """The JSON request of `prompt` for this endpoint type."""
+    def body(self, prompt: Prompt, model: str, history: History = ()) -> dict[str, Any]:
+        """The JSON request of `prompt` for this endpoint type; with a session's `history`, its
+        turns before (`perfkit.genai.sessions`)."""
         kind, w = self.spec.endpoint_type, self.spec.workload
         body: dict[str, Any]
         if kind == "embeddings":
             return {"model": model, "input": prompt.text}
         if kind == "chat":
-            body = {"model": model, "messages": [{"role": "user", "content": prompt.text}]}
+            body = {"model": model, "messages": chat_messages(history, prompt.text)}
         elif kind == "completions":
-            body = {"model": model, "prompt": prompt.text}
+            body = {"model": model, "prompt": history_text(history, prompt.text)}
         else:  # Triton's generate: inputs and parameters by name, flat
             # `stream` and `exclude_input_in_output` are the vLLM backend's inputs (a model without
             # them takes them as request parameters): a token per response, and no prompt counted
             # as output in an answer that is not streamed.
-            body = {"text_input": prompt.text, "stream": self.spec.streaming, "exclude_input_in_output": True}
+            text = history_text(history, prompt.text)
+            body = {"text_input": text, "stream": self.spec.streaming, "exclude_input_in_output": True}
         if self._openai:
             body["stream"] = self.spec.streaming
             if self.spec.streaming and self._usage:
@@ -176,6 +180,20 @@ class GenerativeClient:
     def prepare(self, prompt: Prompt, model: str) -> GenPrepared:
         payload = json.dumps(self.body(prompt, model), separators=(",", ":")).encode()
         return GenPrepared(self.endpoint_url(model), payload, len(payload), prompt.input_tokens, prompt.max_tokens)
+
+    def prepare_turn(self, prompt: Prompt, model: str, history: History, correlation_id: str) -> GenPrepared:
+        """A session's turn, encoded when it is sent: the history in the body, its input tokens
+        counted over all of it (chat: each message's content), the session's correlation header."""
+        body = self.body(prompt, model, history)
+        if not history:
+            tokens_in = prompt.input_tokens
+        elif self.spec.endpoint_type == "chat":
+            tokens_in = sum(self.tokenizer.count(m["content"]) for m in body["messages"])
+        else:
+            tokens_in = self.tokenizer.count(history_text(history, prompt.text))
+        payload = json.dumps(body, separators=(",", ":")).encode()
+        return GenPrepared(self.endpoint_url(model), payload, len(payload), tokens_in, prompt.max_tokens,
+                           {SESSION_HEADER: correlation_id})  # fmt: skip
 
     async def send(self, prepared: GenPrepared) -> Outcome:
         start = _now()
@@ -203,7 +221,7 @@ class GenerativeClient:
         return Outcome(kind, received, 0, 0, message if seen < MESSAGES_PER_KIND else "")
 
     async def _exchange(self, prepared: GenPrepared, start: int, received: list[int]) -> Outcome:
-        async with self._open().post(prepared.url, data=prepared.payload) as response:
+        async with self._open().post(prepared.url, data=prepared.payload, headers=prepared.headers) as response:
             if response.status != 200:
                 body = await response.content.read(4096)
                 received[0] = len(body)
@@ -220,7 +238,9 @@ class GenerativeClient:
         else:
             text = _text_of(self.spec.endpoint_type, answer, False)
         tokens_in, tokens_out = self._counts(prepared, text, answer.get("usage"))
-        return Outcome("", received[0], 0, _now() - t, tokens=(-1, -1, tokens_in, tokens_out, prepared.tokens_asked))
+        return Outcome(
+            "", received[0], 0, _now() - t, tokens=(-1, -1, tokens_in, tokens_out, prepared.tokens_asked), text=text
+        )
 
     async def _stream(
         self, response: aiohttp.ClientResponse, prepared: GenPrepared, start: int, received: list[int]
@@ -258,9 +278,15 @@ class GenerativeClient:
             raise _Failed(CUT, "the stream ended inside an event")
         if openai and not done:
             raise _Failed(NO_DONE, "the stream ended without data: [DONE]")
-        tokens_in, tokens_out = self._counts(prepared, "".join(pieces), usage)
+        text = "".join(pieces)
+        tokens_in, tokens_out = self._counts(prepared, text, usage)
         return Outcome(
-            "", received[0], 0, parse_ns, tokens=(first, second, tokens_in, tokens_out, prepared.tokens_asked)
+            "",
+            received[0],
+            0,
+            parse_ns,
+            tokens=(first, second, tokens_in, tokens_out, prepared.tokens_asked),
+            text=text,
         )
 
     def _counts(self, prepared: GenPrepared, text: str, usage: Any) -> tuple[int, int]:

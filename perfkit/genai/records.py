@@ -42,10 +42,13 @@ import numpy.typing as npt
 from perfkit.analysis.stats import percentile_ci, percentile_rank, student_t_quantile
 from perfkit.genai.goodput import met_mask, render_goodput
 from perfkit.genai.workload import GenerativeSpec
-from perfkit.load.samples import TOKEN_COLUMNS, SampleArrays
-from perfkit.results.model import Check, TokenFigures, ValueStats, WindowResult
+from perfkit.load.samples import TOKEN_COLUMNS, SampleArrays, SequenceArrays
+from perfkit.results.model import Check, SessionFigures, TokenFigures, ValueStats, WindowResult
 
-__all__ = ["output_length_check", "per_request_figures", "response_tokens", "token_figures", "value_stats"]
+__all__ = [
+    "output_length_check", "per_request_figures", "response_tokens", "session_figures", "token_figures",
+    "value_stats",
+]  # fmt: skip
 
 F64 = npt.NDArray[np.float64]
 _TTFT, _TTST, _IN, _OUT, _ASKED = range(len(TOKEN_COLUMNS))
@@ -144,6 +147,21 @@ def token_figures(samples: SampleArrays, windows: Sequence[WindowResult], spec: 
         goodput_slo=render_goodput(spec.goodput) if spec.goodput else "",
         goodput_per_s=goodput_per_s,
         goodput_pct=goodput_pct,
+    )
+
+
+def session_figures(sessions: SequenceArrays, windows: Sequence[WindowResult]) -> SessionFigures:
+    """The per-session figures of the sessions whose last answer came in `windows`: turns per
+    session over all of them, latency (first send to last answer) over the successful ones."""
+    inside = _in_windows(sessions.done_ns, windows)
+    ok = inside & sessions.ok
+    duration_s = sum(w.end_ns - w.start_ns for w in windows) / 1e9
+    return SessionFigures(
+        count=int(inside.sum()),
+        ok_count=int(ok.sum()),
+        throughput_per_s=int(ok.sum()) / duration_s if duration_s > 0 else 0.0,
+        turns=value_stats(sessions.requests[inside]),
+        latency_ms=value_stats((sessions.done_ns[ok] - sessions.first_sent_ns[ok]) / 1e6),
     )
 
 

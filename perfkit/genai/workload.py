@@ -24,9 +24,11 @@ from perfkit.errors import PerfkitError
 from perfkit.genai.goodput import DEFAULT_ATTAINMENT_PCT, STREAMED_FIGURES, Slo
 from perfkit.genai.tokenizer import BYTES, USAGE, Tokenizer
 
-__all__ = ["ENDPOINT_TYPES", "GenerativeSpec", "Prompt", "WorkloadSpec", "build_prompts"]
+__all__ = ["ENDPOINT_TYPES", "GenerativeSpec", "Prompt", "SessionSpec", "WorkloadSpec", "build_prompts", "draw_lengths"]
 
 ENDPOINT_TYPES = ("kserve-infer", "chat", "completions", "embeddings", "kserve-generate")
+#: How errors name the session flags (each has an AIPerf alias: --num-sessions, --session-turns-mean, ...).
+SESSION_FLAGS = "--conversation-num/--conversation-turn-*"
 _VOCABULARY = (
     "the quick brown fox jumps over a lazy dog while seven tired engineers measure latency of large "
     "language models serving tokens across busy clusters under steady and bursty load every night"
@@ -48,6 +50,30 @@ class WorkloadSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionSpec:
+    """The session flags; `enabled` once any is given (or the input file is multi_turn)."""
+
+    enabled: bool = False
+    count: int = 100  # --conversation-num
+    turns_mean: int = 1
+    turns_stddev: float = 0.0
+    delay_mean_ms: float = 0.0
+    delay_stddev_ms: float = 0.0
+    delay_ratio: float = 1.0
+
+    def validate(self) -> None:
+        if self.count < 1:
+            raise PerfkitError(f"--conversation-num must be at least 1, got {self.count}")
+        if self.turns_mean < 1 or self.turns_stddev < 0:
+            raise PerfkitError("--conversation-turn-mean must be >= 1 and --conversation-turn-stddev >= 0")
+        if self.delay_mean_ms < 0 or self.delay_stddev_ms < 0 or self.delay_ratio < 0:
+            raise PerfkitError(
+                "--conversation-turn-delay-mean, --conversation-turn-delay-stddev and "
+                "--conversation-turn-delay-ratio must not be negative"
+            )
+
+
+@dataclass(frozen=True, slots=True)
 class GenerativeSpec:
     """`--endpoint-type` and its settings; `kserve-infer` (the default) is the tensor path of old."""
 
@@ -58,6 +84,7 @@ class GenerativeSpec:
     workload: WorkloadSpec = field(default_factory=WorkloadSpec)
     goodput: tuple[Slo, ...] = ()
     attainment_pct: float = DEFAULT_ATTAINMENT_PCT  # goodput holds at a level when this share met it
+    sessions: SessionSpec = field(default_factory=SessionSpec)  # multi-turn sessions (sessions.py)
 
     @property
     def enabled(self) -> bool:
@@ -74,10 +101,19 @@ class GenerativeSpec:
         if self.endpoint_type not in ENDPOINT_TYPES:
             raise PerfkitError(f"--endpoint-type {self.endpoint_type}: choose from {', '.join(ENDPOINT_TYPES)}")
         if not self.enabled:
-            for flag, given in (("--goodput", self.goodput), ("--trace-file", w.trace_file)):
+            for flag, given in (("--goodput", self.goodput), ("--trace-file", w.trace_file),
+                                (SESSION_FLAGS, self.sessions.enabled)):  # fmt: skip
                 if given:
                     raise PerfkitError(f"{flag} needs a generative --endpoint-type (chat, completions, ...)")
             return
+        if self.sessions.enabled:
+            self.sessions.validate()
+            if self.endpoint_type == "embeddings":
+                raise PerfkitError(f"{SESSION_FLAGS}: embeddings have no answer to carry into a next turn; "
+                                   "use chat, completions or kserve-generate")  # fmt: skip
+            if w.trace_file is not None:
+                raise PerfkitError(f"{SESSION_FLAGS}: --trace-file replays single requests at its own times; "
+                                   "drop one of them")  # fmt: skip
         if self.endpoint and not self.endpoint.startswith("/"):
             raise PerfkitError(f"--endpoint {self.endpoint}: give a path starting with '/', e.g. /v1/chat/completions")
         if self.streaming and self.endpoint_type == "embeddings":
@@ -112,7 +148,8 @@ class Prompt:
     max_tokens: int = 0  # output tokens to ask for; 0: none asked
 
 
-def _lengths(rng: np.random.Generator, mean: int, stddev: float, count: int) -> list[int]:
+def draw_lengths(rng: np.random.Generator, mean: int, stddev: float, count: int) -> list[int]:
+    """`count` values from a normal distribution, rounded and floored at 1; all 0 for a mean of 0."""
     if mean == 0:
         return [0] * count
     drawn = rng.normal(mean, stddev, count) if stddev > 0 else np.full(count, float(mean))
@@ -160,7 +197,7 @@ def build_prompts(spec: WorkloadSpec, tokenizer: Tokenizer) -> list[Prompt]:
     if spec.input_file is not None:
         texts = _file_prompts(spec.input_file)
     else:
-        lengths = _lengths(rng, spec.input_tokens_mean, spec.input_tokens_stddev, spec.prompt_count)
+        lengths = draw_lengths(rng, spec.input_tokens_mean, spec.input_tokens_stddev, spec.prompt_count)
         texts = [synthetic_text(rng, n, tokenizer) for n in lengths]
-    outputs = _lengths(rng, spec.output_tokens_mean, spec.output_tokens_stddev, len(texts))
+    outputs = draw_lengths(rng, spec.output_tokens_mean, spec.output_tokens_stddev, len(texts))
     return [Prompt(text, tokenizer.count(text), out) for text, out in zip(texts, outputs)]

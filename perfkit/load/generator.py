@@ -116,7 +116,11 @@ class LoadGenerator:
 
     With `sequences` (a sequence model) each request is the next of a sequence slot's, as
     `perfkit.load.sequences` decides: closed-loop worker i runs slot i; an open loop draws a slot
-    per send; `stop` ends every open sequence with one more request carrying END."""
+    per send; `stop` ends every open sequence with one more request carrying END. A chained load
+    (generative sessions) sends a sequence's steps one after another's answer, its think time
+    apart: closed-loop worker i runs slot i's sessions one after another; an open loop's schedule
+    starts sessions, each running on to its end in a task of its own; `stop` cuts think times
+    short and owes no END."""
 
     def __init__(
         self,
@@ -141,6 +145,7 @@ class LoadGenerator:
         self.started_ns = 0
         self.sequences = sequences
         self._slot_freed: asyncio.Event | None = None  # serial sequences: a slot's answer came
+        self._thinking: set[asyncio.Task[Any]] = set()  # chained sequences waiting out a think time
         self._left = -1
 
     @property
@@ -170,7 +175,7 @@ class LoadGenerator:
                 ]
         elif isinstance(load, OpenLoop):
             if sequences is not None:
-                sequences.begin_level(sequences.spec.num_of_sequences)
+                sequences.begin_level(0 if sequences.chained else sequences.spec.num_of_sequences)
                 self._slot_freed = asyncio.Event()
             self._tasks = [loop.create_task(self._open_dispatcher(ScheduleStream(load)))]
         else:
@@ -179,6 +184,8 @@ class LoadGenerator:
     async def stop(self, drain_timeout_s: float | None = None) -> None:
         """Send nothing more; wait for requests already sent (bounded by the client's own timeout)."""
         self._stopping = True
+        for thinking in self._thinking:
+            thinking.cancel()
         tasks, self._tasks = self._tasks, []
         pending = [*tasks, *self._in_flight]
         if pending:
@@ -186,7 +193,7 @@ class LoadGenerator:
             for task in done:
                 if not task.cancelled() and task.exception() is not None:
                     raise task.exception()  # type: ignore[misc]
-        if self.sequences is not None:
+        if self.sequences is not None and not self.sequences.chained:
             await self._end_open_sequences(drain_timeout_s)
 
     async def _end_open_sequences(self, timeout_s: float | None) -> None:
@@ -213,14 +220,16 @@ class LoadGenerator:
         done = self.clock.now_ns()
         buffer = self.buffer
         buffer.record(intended, sent, done, outcome.error, request.bytes_out, outcome.bytes_in,
-                      outcome.send_ns, outcome.recv_ns, sequence_id=live.sequence_id)  # fmt: skip
+                      outcome.send_ns, outcome.recv_ns, tokens=outcome.tokens, sequence_id=live.sequence_id)  # fmt: skip
         self.sequences.answered(live, done, not outcome.error, buffer.record_sequence)
 
     async def _closed_sequence_worker(self, slot: int) -> None:
         # _sequence_request inlined: this loop is the hot path of concurrency mode on a sequence model.
         clock, client, record = self.clock, self.client, self.buffer.record
-        sequences, record_sequence = self.sequences, self.buffer.record_sequence
+        sequences = self.sequences
         assert sequences is not None
+        chained = sequences.chained
+        record_sequence = self.buffer.record_session if chained else self.buffer.record_sequence
         while not self._stopping and self._left:
             self._left -= 1
             sent = clock.now_ns()
@@ -228,8 +237,52 @@ class LoadGenerator:
             outcome = await client.send(request)
             done = clock.now_ns()
             record(sent, sent, done, outcome.error, request.bytes_out, outcome.bytes_in,
-                   outcome.send_ns, outcome.recv_ns, sequence_id=live.sequence_id)  # fmt: skip
-            sequences.answered(live, done, not outcome.error, record_sequence)
+                   outcome.send_ns, outcome.recv_ns, tokens=outcome.tokens, sequence_id=live.sequence_id)  # fmt: skip
+            sequences.answered(live, done, not outcome.error, record_sequence, outcome.text if chained else "")
+            if chained and live.remaining and (think := sequences.think_ns(live)):
+                if not await self._think(done + think):
+                    return
+
+    async def _think(self, until_ns: int) -> bool:
+        """A session's think time before its next turn; False when the load stopped meanwhile
+        (`stop` cancels the wait, so a level ends without waiting out think times)."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._thinking.add(task)
+        try:
+            await self.clock.sleep_until(until_ns)
+        except asyncio.CancelledError:
+            if not self._stopping:
+                raise
+            return False  # the caller's task ends at once: nothing after this awaits
+        finally:
+            self._thinking.discard(task)
+        return not self._stopping
+
+    async def _open_session(self, intended: int) -> None:
+        """A chained open loop: one session from its scheduled first turn to its last; each later
+        turn intended at its predecessor's answer plus the think time."""
+        sequences, clock, client, buffer = self.sequences, self.clock, self.client, self.buffer
+        assert sequences is not None
+        slot = sequences.take_slot()
+        try:
+            while True:
+                sent = clock.now_ns()
+                request, live = sequences.send(slot, sent)
+                outcome = await client.send(request)
+                done = clock.now_ns()
+                buffer.record(intended, sent, done, outcome.error, request.bytes_out, outcome.bytes_in,
+                              outcome.send_ns, outcome.recv_ns, tokens=outcome.tokens,
+                              sequence_id=live.sequence_id)  # fmt: skip
+                sequences.answered(live, done, not outcome.error, buffer.record_session, outcome.text)
+                if not live.remaining or self._stopping or not self._left:
+                    return
+                self._left -= 1
+                intended = done + sequences.think_ns(live)
+                if not await self._think(intended):
+                    return
+        finally:
+            sequences.release_slot(slot)
 
     async def _closed_worker(self, index: int, concurrency: int) -> None:
         client, clock, record = self.client, self.clock, self.buffer.record
@@ -266,6 +319,9 @@ class LoadGenerator:
                 if self._stopping or not self._left:
                     return
                 self._left -= 1
+                if self.sequences is not None and self.sequences.chained:
+                    self._start_open_session(intended)
+                    continue
                 if self.sequences is not None:
                     if not await self._open_sequence_send(intended):
                         return
@@ -281,6 +337,15 @@ class LoadGenerator:
                 task = loop.create_task(self._open_request(intended, request))
                 self._in_flight.add(task)
                 task.add_done_callback(self._in_flight.discard)
+
+    def _start_open_session(self, intended: int) -> None:
+        if len(self._in_flight) >= self.max_outstanding:
+            now = self.clock.now_ns()
+            self.buffer.record(intended, now, now, NOT_SENT, 0, 0)
+            return
+        task = asyncio.get_running_loop().create_task(self._open_session(intended))
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
 
     async def _open_sequence_send(self, intended: int) -> bool:
         """Send the next request of a drawn slot (serial: of the first free one, waiting for one

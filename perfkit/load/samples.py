@@ -159,12 +159,15 @@ class SequenceArrays:
 class SampleBuffer:
     """Append-only store of samples for one run; the load generator is its only writer."""
 
-    __slots__ = ("_columns", "_error_index", "_error_names", "_gaps", "_has_tokens", "_sequences", "_tokens")
+    __slots__ = (
+        "_columns", "_error_index", "_error_names", "_gaps", "_has_tokens", "_sequences", "_sessions", "_tokens",
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self._columns: tuple[list[int], ...] = tuple([] for _ in _COLUMNS)
         self._gaps: list[int] = []
         self._sequences: tuple[list[int], list[int], list[int], list[int]] = ([], [], [], [])
+        self._sessions: tuple[list[int], list[int], list[int], list[int]] = ([], [], [], [])
         self._error_names: list[str] = [""]
         self._error_index: dict[str, int] = {"": 0}
         self._tokens: list[tuple[int, ...]] = []
@@ -239,19 +242,19 @@ class SampleBuffer:
 
     def record_sequence(self, first_sent_ns: int, done_ns: int, ok: bool, requests: int) -> None:
         """A sequence whose last request was answered (sequence models only)."""
-        c = self._sequences
-        c[0].append(first_sent_ns)
-        c[1].append(done_ns)
-        c[2].append(ok)
-        c[3].append(requests)
+        _append(self._sequences, first_sent_ns, done_ns, ok, requests)
+
+    def record_session(self, first_sent_ns: int, done_ns: int, ok: bool, turns: int) -> None:
+        """A generative session whose last turn was answered (or that ended on a failed turn)."""
+        _append(self._sessions, first_sent_ns, done_ns, ok, turns)
 
     def sequences(self) -> SequenceArrays:
         """Every finished sequence recorded so far (select a level's by time)."""
-        first, done, ok, requests = self._sequences
-        return SequenceArrays(
-            np.asarray(first, dtype=np.int64), np.asarray(done, dtype=np.int64),
-            np.asarray(ok, dtype=np.bool_), np.asarray(requests, dtype=np.int64),
-        )  # fmt: skip
+        return _sequence_arrays(self._sequences)
+
+    def sessions(self) -> SequenceArrays:
+        """Every finished session recorded so far, `requests` its turns (select a level's by time)."""
+        return _sequence_arrays(self._sessions)
 
     def add(self, sample: Sample) -> None:
         if sample.responses >= 0:
@@ -272,3 +275,20 @@ class SampleBuffer:
         if self._has_tokens:
             tokens = np.asarray(self._tokens[start:], dtype=np.int64).reshape(-1, len(TOKEN_COLUMNS))
         return SampleArrays(**columns, gaps_ns=gaps, error_names=tuple(self._error_names), tokens=tokens)
+
+
+def _append(
+    columns: tuple[list[int], list[int], list[int], list[int]], first: int, done: int, ok: bool, n: int
+) -> None:
+    columns[0].append(first)
+    columns[1].append(done)
+    columns[2].append(ok)
+    columns[3].append(n)
+
+
+def _sequence_arrays(columns: tuple[list[int], list[int], list[int], list[int]]) -> SequenceArrays:
+    first, done, ok, requests = columns
+    return SequenceArrays(
+        np.asarray(first, dtype=np.int64), np.asarray(done, dtype=np.int64),
+        np.asarray(ok, dtype=np.bool_), np.asarray(requests, dtype=np.int64),
+    )  # fmt: skip

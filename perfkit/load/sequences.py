@@ -115,6 +115,7 @@ class LiveSequence:
     sent: int = 0
     outstanding: int = 0
     failed: bool = False
+    context: Any = None  # what the load keeps of this sequence between steps (a session's history)
 
 
 class SequenceManager:
@@ -182,7 +183,13 @@ RecordSequence = Callable[[int, int, bool, int], None]
 
 class SequenceLoad:
     """What the load generator asks in sequence mode: the next request of a slot, and the
-    bookkeeping of its answer. `prepare` encodes one step of one stream with its sequence fields."""
+    bookkeeping of its answer. `prepare` encodes one step of one stream with its sequence fields.
+
+    A `chained` load (generative sessions, `perfkit.genai.sessions`) sends a sequence's next step
+    only once the previous one is answered, `think_ns` later; in an open loop its schedule starts
+    sequences, each on a slot of its own (`take_slot`), and no END is owed at a level's end."""
+
+    chained = False
 
     def __init__(self, spec: SequenceSpec, manager: SequenceManager, prepare: PrepareStep, seed: int = 0) -> None:
         self.spec = spec
@@ -206,14 +213,30 @@ class SequenceLoad:
         live.outstanding += 1
         return self._prepare(live.stream, step, live.sequence_id, start, end), live
 
-    def answered(self, live: LiveSequence, done_ns: int, ok: bool, record: RecordSequence) -> None:
-        """A request of `live` came back; once its END is answered and nothing of it is in flight,
-        the sequence is recorded: (first send, last answer, ok, length)."""
+    def answered(self, live: LiveSequence, done_ns: int, ok: bool, record: RecordSequence, answer: str = "") -> None:
+        """A request of `live` came back (`answer`: its text, for a load that carries it on); once
+        its END is answered and nothing of it is in flight, the sequence is recorded: (first send,
+        last answer, ok, length)."""
         live.outstanding -= 1
         live.last_done_ns = max(live.last_done_ns, done_ns)
         live.failed = live.failed or not ok
         if live.remaining == 0 and live.outstanding == 0:
             record(live.first_sent_ns, live.last_done_ns, not live.failed, live.sent)
+
+    def think_ns(self, live: LiveSequence) -> int:
+        """A chained load: how long after an answer the sequence's next step is sent."""
+        return 0
+
+    def take_slot(self) -> int:
+        """A chained open loop: a slot for a new sequence, a free one or a new one."""
+        if self._free:
+            return self._free.pop()
+        self.manager.slots.append(None)
+        return len(self.manager.slots) - 1
+
+    def release_slot(self, slot: int) -> None:
+        self.manager.slots[slot] = None
+        self._free.append(slot)
 
     def draw_slot(self) -> int:
         """Request-rate mode: the slot a send goes to, drawn at random (RandCtxIdTracker)."""

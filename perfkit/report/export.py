@@ -305,7 +305,8 @@ def render_profile_export(
     timestamp has `epoch_offset_ns` (wall clock − monotonic clock, taken at the start of the run)
     added. A request's `timestamp` is its actual send and its one response timestamp its completion
     (a streamed request's response timestamps: each of its responses that carried outputs); a
-    sequence model's request has its `sequence_id`; requests keep the order of `samples`. perfkit adds, per request, `intended_timestamp` (when the
+    sequence model's request has its `sequence_id` (a session's turn: its session's number, the n of
+    its X-Correlation-ID); requests keep the order of `samples`. perfkit adds, per request, `intended_timestamp` (when the
     schedule wanted it sent) and `error` ("" on success, else the error's kind); `request_inputs`
     and `response_outputs` hold no tensor data.
     """
@@ -346,10 +347,23 @@ def _token_cells(level: LevelResult, goodput: bool) -> list[str]:
     return cells + ([f"{t.goodput_per_s:.1f}" if t.goodput_per_s is not None else "-"] if goodput else [])
 
 
+def _session_cells(level: LevelResult) -> list[str]:
+    """The summary table's session columns: sessions/s, mean turns, session p50."""
+    f = level.sessions
+    if f is None:
+        return ["-"] * 3
+    return [
+        f"{f.throughput_per_s:.2f}",
+        f"{f.turns.mean:.1f}" if f.turns.count else "-",
+        f"{f.latency_ms.p50:.2f}" if f.latency_ms.count else "-",
+    ]
+
+
 def render_summary_table(levels: Sequence[LevelResult]) -> list[str]:
     """The per-level summary as aligned plain-text lines. Rate-mode columns (latency from the
-    intended send time, delayed sends) appear when some level ran on a schedule, and the sequences'
-    rate and p50 when the model is a sequence model."""
+    intended send time, delayed sends) appear when some level ran on a schedule, the sequences'
+    rate and p50 when the model is a sequence model, and the sessions' rate, turns and p50 when
+    the levels ran multi-turn sessions."""
     scheduled = any(level.mode != "concurrency" for level in levels)
     if all(level.mode == "concurrency" for level in levels):
         level_title = "concurrency"
@@ -370,6 +384,9 @@ def render_summary_table(levels: Sequence[LevelResult]) -> list[str]:
     sequences = any(level.sequence_latency is not None for level in levels)
     if sequences:
         titles += ["seq/s", "seq p50 ms"]
+    sessions = any(level.sessions is not None for level in levels)
+    if sessions:
+        titles += ["sessions/s", "turns", "session p50 ms"]
     titles += ["errors", "avg batch", "stable", "valid"]
 
     rows: list[list[str]] = []
@@ -401,6 +418,8 @@ def render_summary_table(levels: Sequence[LevelResult]) -> list[str]:
         if sequences:
             seq = level.sequence_latency
             row += ["-", "-"] if seq is None else [f"{level.sequence_throughput_per_s:.1f}", _fmt_ms(seq, seq.p50_us)]
+        if sessions:
+            row += _session_cells(level)
         row += [
             str(level.error_count),
             "-" if level.server is None else f"{level.server.avg_batch_size:.2f}",

@@ -193,6 +193,13 @@ _TOKEN_TABLE: tuple[tuple[str, str, int, str], ...] = (
     ("goodput %", "goodput_pct", 1, ""),
     ("lengths not honoured", "output_lengths_not_honoured", 0, ""),
 )
+#: Added to the token table when the levels ran multi-turn sessions.
+_SESSION_TABLE: tuple[tuple[str, str, int, str], ...] = (
+    ("sessions/s", "session_throughput_per_s", 2, ""),
+    ("turns/session", "session_turns_mean", 1, ""),
+    ("session p50 ms", "session_p50_ms", 2, ""),
+    ("session p99 ms", "session_p99_ms", 2, ""),
+)
 _COLUMNS = {column.name: column for column in TIDY_COLUMNS}
 
 
@@ -225,7 +232,8 @@ def _token_section(result: SweepResult) -> str:
     tokens = next((lv.tokens for lv in result.levels if lv.tokens is not None), None)
     if tokens is None:
         return ""
-    header, rows = _level_rows(result, _TOKEN_TABLE)
+    sessions = any(lv.sessions is not None for lv in result.levels)
+    header, rows = _level_rows(result, (*_TOKEN_TABLE, *_SESSION_TABLE) if sessions else _TOKEN_TABLE)
     how = "streamed" if tokens.streaming else "not streamed: no token timings"
     note = (f"{tokens.endpoint_type} endpoint, {how}; tokens counted with {tokens.token_source}"
             + (f"; goodput objectives {tokens.goodput_slo}" if tokens.goodput_slo else ""))  # fmt: skip

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from perfkit.analysis.metrics import TOKEN_METRICS, latency_ms, metric, ms, token_figure
+from perfkit.analysis.metrics import SESSION_METRICS, TOKEN_METRICS, latency_ms, metric, ms, token_figure
 from perfkit.errors import PerfkitError
 from perfkit.results.files import write_text_atomic
 from perfkit.results.model import (
@@ -54,7 +54,7 @@ __all__ = [
     "tidy_header",
 ]
 
-TIDY_SCHEMA_VERSION = 2
+TIDY_SCHEMA_VERSION = 3
 
 
 # --------------------------------------------------------------------------------------------------
@@ -192,6 +192,13 @@ TIDY_COLUMNS: tuple[Column, ...] = (
     ),  # fmt: skip
     _metric_column("sequence_throughput_per_s"),
     *(_metric_column(f"sequence_{stat}_ms") for stat in ("p50", "p90", "p95", "p99", "mean", "max")),
+    Column(
+        "session_count",
+        "count",
+        lambda s, lv: lv.sessions.count if lv.sessions else None,
+        "generative sessions: sessions whose last answer came in the windows",
+    ),  # fmt: skip
+    *(_metric_column(m.name) for m in SESSION_METRICS),
     Column(
         "failed_checks",
         "",

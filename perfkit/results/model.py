@@ -195,6 +195,19 @@ class TokenFigures:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionFigures:
+    """What a level of multi-turn sessions adds (perfkit/genai/sessions.py): the sessions whose
+    last answer came in a reported window, their rate, their turns, and the latency of the
+    successful ones from the first turn's send to the last turn's answer (think times included)."""
+
+    count: int
+    ok_count: int
+    throughput_per_s: float  # successful sessions / the windows' seconds
+    turns: ValueStats  # turns per session
+    latency_ms: ValueStats
+
+
+@dataclass(frozen=True, slots=True)
 class LevelResult:
     mode: str  # "concurrency" | "request_rate" | "custom_intervals"
     level: float  # concurrency, or requests per second
@@ -231,6 +244,7 @@ class LevelResult:
     sequence_throughput_per_s: float = 0.0
     sequence_latency: LatencyStats | None = None
     endpoints: tuple[EndpointFigures, ...] = ()  # several -u endpoints only
+    sessions: SessionFigures | None = None  # generative multi-turn sessions only
 
     @property
     def valid(self) -> bool:
@@ -305,6 +319,7 @@ def _level_from_json(data: dict[str, Any]) -> LevelResult:
                 LatencyStats(**data["sequence_latency"]) if data.get("sequence_latency") is not None else None
             ),
             "endpoints": tuple(_endpoint_from_json(e) for e in data.get("endpoints", ())),
+            "sessions": _sessions_from_json(data.get("sessions")),
         }
     )
 
@@ -314,6 +329,16 @@ def _responses_from_json(data: dict[str, Any] | None) -> ResponseStats | None:
         return None
     first, gap = LatencyStats(**data["first_response"]), LatencyStats(**data["gap"])
     return ResponseStats(**{**data, "first_response": first, "gap": gap})
+
+
+def _sessions_from_json(data: dict[str, Any] | None) -> SessionFigures | None:
+    if data is None:
+        return None
+    return SessionFigures(
+        **{**data, "turns": ValueStats(**data["turns"]), "latency_ms": ValueStats(**data["latency_ms"])}
+    )
+
+
 def _tokens_from_json(data: dict[str, Any] | None) -> TokenFigures | None:
     if data is None:
         return None

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 from perfkit.analysis.server_stats import ComposingMap
 from perfkit.analysis.stats import endpoint_figures, reported_windows
 from perfkit.genai.goodput import goodput_holds
-from perfkit.genai.records import output_length_check, response_tokens, token_figures
+from perfkit.genai.records import output_length_check, response_tokens, session_figures, token_figures
 from perfkit.load.cluster.distributed import DistributedLoadGenerator
 from perfkit.load.fleet import FleetClient
 from perfkit.load.generator import Clock, LoadGenerator
@@ -97,6 +97,7 @@ class Sweep:
         self.on_level = on_level
         self.resources = resources
         self.workers = workers
+        self.sequences = sequences
         self.loadgen: LoadGenerator | DistributedLoadGenerator
         if workers is not None:  # --workers: the load comes from Ray actors, the samples to us
             self.buffer = workers.buffer
@@ -182,7 +183,12 @@ class Sweep:
         figures = token_figures(samples, reported, genai)
         check = output_length_check(figures, genai.exact_output)
         checks = level.checks if check is None else (*level.checks, check)
-        return dataclasses.replace(level, tokens=figures, checks=checks)
+        sessions = (
+            session_figures(self.buffer.sessions(), reported)
+            if self.sequences is not None and self.sequences.chained
+            else None
+        )
+        return dataclasses.replace(level, tokens=figures, checks=checks, sessions=sessions)
 
     def _with_endpoints(self, level: LevelResult) -> LevelResult:
         """Each endpoint's share of the reported windows; a note for one that answered nothing."""

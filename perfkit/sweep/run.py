@@ -17,6 +17,7 @@ from perfkit._version import __version__
 from perfkit.analysis.server_stats import ensemble_steps
 from perfkit.errors import ExitCode, PerfkitError, TargetError
 from perfkit.genai.endpoints import GenerativeClient
+from perfkit.genai.sessions import SessionLoad, is_multi_turn, read_multi_turn, synthetic_conversations
 from perfkit.genai.tokenizer import load_tokenizer
 from perfkit.genai.trace import read_trace, trace_prompts
 from perfkit.genai.workload import build_prompts
@@ -180,6 +181,21 @@ async def sequence_load(
     return SequenceLoad(seq_spec, manager, prepare, inputs.seed)
 
 
+def session_load(client: GenerativeClient, spec: SweepSpec, model: str) -> SessionLoad:
+    """Multi-turn sessions (perfkit.genai.sessions): a multi_turn --input-file's conversations, or
+    synthetic ones on the run's prompts; each turn prepared when it is sent, with its history."""
+    w = spec.genai.workload
+    if w.input_file is not None and is_multi_turn(w.input_file):
+        conversations = read_multi_turn(w.input_file, client.tokenizer, w)
+    else:
+        conversations = synthetic_conversations(spec.genai.sessions, build_prompts(w, client.tokenizer), w.seed)
+    return SessionLoad(
+        conversations,
+        lambda prompt, history, correlation: client.prepare_turn(prompt, model, history, correlation),
+        w.seed,
+    )
+
+
 async def composing_models(
     client: InferClient, model: str, config: dict[str, Any], bls: Sequence[tuple[str, str]]
 ) -> dict[str, tuple[tuple[str, str], ...]]:
@@ -334,7 +350,7 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
         server = {"url": target.url, "embedded": target.embedded, **await client.server_metadata()}
         requests: list[v2.InferRequest] = []
         metadata: dict[str, Any] = {}
-        sequences = None
+        sequences: SequenceLoad | None = None
         composing: dict[str, tuple[tuple[str, str], ...]] = {}
         if not isinstance(client, GenerativeClient):
             try:
@@ -352,7 +368,9 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
                 ), spec)  # fmt: skip
         async with contextlib.AsyncExitStack() as stack:
             prepared: list[Any]
-            if isinstance(client, GenerativeClient):
+            if isinstance(client, GenerativeClient) and spec.genai.sessions.enabled:
+                sequences, prepared = session_load(client, spec, model), []
+            elif isinstance(client, GenerativeClient):
                 w = spec.genai.workload
                 prompts = (
                     trace_prompts(read_trace(w.trace_file), client.tokenizer, w.seed)

@@ -141,6 +141,9 @@ def _validate_generative(g: GenerativeSpec, spec: SweepSpec) -> None:
         raise PerfkitError(f"{kind}: one prompt per request; drop -b/--batch-size")
     if spec.data_path.shared_memory != "none":
         raise PerfkitError(f"{kind} sends JSON prompts, not tensors: drop --shared-memory")
+    if g.sessions.enabled and spec.sequences.enabled:
+        raise PerfkitError("the sequence flags are for sequence models (--endpoint-type kserve-infer); a generative "
+                           "session's turns are set by --conversation-turn-*: drop the sequence flags")  # fmt: skip
 
 
 def _validate_request_count(spec: SweepSpec) -> None:

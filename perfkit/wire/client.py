@@ -100,6 +100,7 @@ class Outcome:
     message: str = ""  # the error's text, for the first occurrences of each kind
     response_ns: tuple[int, ...] | None = None  # streaming only: each response's arrival (perf_counter_ns)
     tokens: tuple[int, ...] = ()  # a generative request's token record (load/samples.py TOKEN_COLUMNS)
+    text: str = ""  # a generative request's answer text (a session's next turn carries it)
 
 
 class InferClient(Protocol):

@@ -17,12 +17,12 @@ from perfkit.cli import main
 from perfkit.cli.scenario import parse_scenario
 from perfkit.errors import PerfkitError
 from perfkit.report.tidy import TIDY_COLUMNS, render_tidy_csv
-from perfkit.results.model import LatencyStats, ResponseStats
+from perfkit.results.model import LatencyStats, ResponseStats, SessionFigures, ValueStats
 from perfkit.tune.objectives import FIGURES, figures_of, parse_constraint, parse_objective
 from tests.synthetic import make_level, make_sweep, make_token_figures, steady_sweep, write_sweep_json
 
-# Streamed, generative and a sequence model's, so that the response, token and per-sequence
-# figures have values too.
+# Streamed, generative, with sessions and a sequence model's, so that the response, token,
+# per-session and per-sequence figures have values too.
 _TIMES = LatencyStats(count=100, mean_us=1500.0, p50_us=1000.0, p90_us=2000.0, p99_us=3000.0, max_us=4000.0)
 SWEEP = make_sweep([
     dataclasses.replace(
@@ -32,6 +32,8 @@ SWEEP = make_sweep([
         sequence_count=30, sequence_throughput_per_s=10.0,
         sequence_latency=LatencyStats(count=30, mean_us=9000.0, max_us=15000.0, p50_us=8000.0, p90_us=12000.0,
                                       p95_us=13000.0, p99_us=14000.0),
+        sessions=SessionFigures(20, 19, 6.5, ValueStats(20, 3.0, 0.5, 2.0, 4.0, 3.0, 4.0, 4.0, 4.0),
+                                ValueStats(19, 900.0, 90.0, 700.0, 1200.0, 880.0, 1000.0, 1100.0, 1180.0)),
     )
 ])  # fmt: skip
 LEVEL = SWEEP.levels[0]
