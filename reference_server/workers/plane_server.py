@@ -20,7 +20,7 @@ from typing import Any
 
 from reference_server.core.dataplane import DataPlane
 from reference_server.errors import InvalidArgument
-from reference_server.workers.frames import FrameProtocol, error_of
+from reference_server.workers.frames import FrameProtocol, error_of, request_from_wire, response_to_wire
 
 __all__ = ["CALLABLE", "PlaneServer"]
 
@@ -121,10 +121,10 @@ class _WorkerConnection(FrameProtocol):
             if isinstance(response, BaseException):
                 self.send((call_id, "err", error_of(response, "inference")))
             else:
-                self.send((call_id, "ok", response))
+                self.send((call_id, "ok", response_to_wire(response)))
 
         try:
-            plane.start_infer(request, done, endpoint=endpoint)
+            plane.start_infer(request_from_wire(request), done, endpoint=endpoint)
         except Exception as exc:
             plane.release()
             self.send((call_id, "err", error_of(exc, "inference")))
@@ -156,13 +156,14 @@ class _WorkerConnection(FrameProtocol):
             self.send((call_id, "err", error_of(exc, "admission")))
             return
         try:
-            responses = plane.infer_stream(request)
+            responses = plane.infer_stream(request_from_wire(request))
             try:
                 async for response, final in responses:
                     if isinstance(response, BaseException):
                         self.send((call_id, "item", (error_of(response, "a stream response"), final, True)))
                     else:
-                        self.send((call_id, "item", (response, final, False)))
+                        wire = None if response is None else response_to_wire(response)
+                        self.send((call_id, "item", (wire, final, False)))
             finally:
                 await responses.aclose()
             self.send((call_id, "end", None))

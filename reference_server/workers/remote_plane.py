@@ -18,7 +18,13 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server.core.dataplane import HTTP_ENDPOINT, StreamResponse
 from reference_server.errors import Unavailable
-from reference_server.workers.frames import FrameProtocol, FrameSocket, exception_of
+from reference_server.workers.frames import (
+    FrameProtocol,
+    FrameSocket,
+    exception_of,
+    request_to_wire,
+    response_from_wire,
+)
 from v2kit import codec as v2
 
 __all__ = ["RemotePlane", "connect"]
@@ -197,7 +203,7 @@ class RemotePlane:
         await self._await("call", ("unload_model", (name, parameters)))
 
     async def infer(self, request: v2.InferRequest, *, endpoint: str = HTTP_ENDPOINT) -> v2.InferResponse:
-        return await self._await("infer", (request, endpoint))  # type: ignore[no-any-return]
+        return response_from_wire(await self._await("infer", (request_to_wire(request), endpoint)))
 
     def start_infer(
         self,
@@ -207,16 +213,18 @@ class RemotePlane:
         endpoint: str = HTTP_ENDPOINT,
     ) -> None:
         def answered(status: str, value: Any) -> None:
-            done(exception_of(value) if status == "err" else value)
+            done(exception_of(value) if status == "err" else response_from_wire(value))
 
-        self._calls.start("infer", (request, endpoint), answered)
+        self._calls.start("infer", (request_to_wire(request), endpoint), answered)
 
     def infer_stream(self, request: v2.InferRequest) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
         return self._stream(request)
 
     async def _stream(self, request: v2.InferRequest) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
         queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
-        call_id = self._calls.start("stream", request, lambda status, value: queue.put_nowait((status, value)))
+        call_id = self._calls.start(
+            "stream", request_to_wire(request), lambda status, value: queue.put_nowait((status, value))
+        )
         finished = False
         try:
             while True:
@@ -228,7 +236,10 @@ class RemotePlane:
                     finished = True
                     raise exception_of(value)
                 response, final, is_error = value
-                yield (exception_of(response) if is_error else response), final
+                if is_error:
+                    yield exception_of(response), final
+                else:
+                    yield (None if response is None else response_from_wire(response)), final
         finally:
             if not finished:
                 self._cancel(call_id)

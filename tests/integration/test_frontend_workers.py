@@ -261,6 +261,7 @@ def test_system_shared_memory_registered_through_one_worker_serves_another(
         }]})  # fmt: skip
         connection.request("POST", "/v2/models/identity/infer", body)
         answer = json.loads(connection.getresponse().read())
+        assert "outputs" in answer, answer
         assert answer["outputs"][0]["data"] == [1.0, 2.0, 3.0, 4.0]
         assert [r["name"] for r in _http(server).get_system_shared_memory_status()] == ["workers_in"]
     finally:
