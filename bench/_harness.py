@@ -212,11 +212,27 @@ class Endpoint:
 
 
 @contextlib.contextmanager
-def both_servers(peers: Path, ours: Path, triton: Path) -> Iterator[dict[str, Endpoint]]:
-    """The reference server on `ours` and real tritonserver on `triton` (the same folder, or one
-    written for each), on free loopback ports, both stopped when the block ends."""
-    with reference_server_process(ours) as our_server, triton_server(peers, triton) as triton_process:
-        yield {
+def both_servers(
+    peers: Path, ours: Path, triton: Path, *, our_args: Sequence[str] = (), cpus: Sequence[int] | None = None
+) -> Iterator[dict[str, Endpoint]]:
+    """The reference server on `ours` (with `our_args`) and real tritonserver on `triton` (the same
+    folder, or one written for each), on free loopback ports, both stopped when the block ends;
+    with `cpus`, each server's processes (its workers, Triton's stubs) may run on those CPUs only."""
+    with reference_server_process(ours, our_args) as our_server, triton_server(peers, triton) as triton_process:
+        endpoints = {
             "ours": Endpoint(our_server.http_url, our_server.grpc_url, our_server.process.pid),
             "triton": Endpoint(triton_process.http_url, triton_process.grpc_url, triton_process.process.pid),
         }
+        if cpus is not None:
+            for endpoint in endpoints.values():
+                pin_tree(endpoint.pid, cpus)
+        yield endpoints
+
+
+def pin_tree(pid: int, cpus: Sequence[int]) -> None:
+    """Restrict a process, its children and every thread of theirs to `cpus` (what they start
+    later inherits it)."""
+    process = psutil.Process(pid)
+    for member in [process, *process.children(recursive=True)]:
+        for thread in member.threads():
+            os.sched_setaffinity(thread.id, set(cpus))

@@ -2,9 +2,11 @@
 
     PERFKIT_PEERS=DIR python bench/server_vs_triton.py [-i http|grpc] [--concurrency 1,2,4,8]
         [--window-ms 2000] [--instances 1] [--max-batch-size 64] [--queue-delay-us 100]
-        [--intra-op-threads N] [--allow-spinning 0|1]
+        [--intra-op-threads N] [--allow-spinning 0|1] [--frontend-workers N] [--server-cpus 0[,1...]]
 
-(`--intra-op-threads 1` is the fastest setting for both servers on a 2-core box; see bench/README.md.)
+(`--intra-op-threads 1` is the fastest setting for both servers on a 2-core box; see bench/README.md.
+`--server-cpus` pins both servers, their threads and child processes to those CPUs, for a scaling
+table by cores; perf_analyzer is not pinned.)
 
 One invocation builds the demo MLP (256-1024-1024-10, fp32), writes two model folders for each
 server from the same settings, `mlp_batching` (dynamic batching, `max_queue_delay_microseconds`
@@ -262,7 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queue-delay-us", type=int, default=100, help="max_queue_delay_microseconds")
     parser.add_argument("--intra-op-threads", type=int, help="default: usable cores / instances")
     parser.add_argument("--allow-spinning", type=int, choices=(0, 1), default=0)
+    parser.add_argument("--frontend-workers", type=int, default=1, help="our server's --frontend-workers")
+    parser.add_argument("--server-cpus", help="comma-separated CPUs both servers may use (default: all)")
     args = parser.parse_args(argv)
+    cpus = None if args.server_cpus is None else [int(c) for c in args.server_cpus.split(",")]
     peers = peers_dir()
     levels = [int(c) for c in args.concurrency.split(",")]
     intra = args.intra_op_threads or max(1, len(os.sched_getaffinity(0)) // args.instances)
@@ -271,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         ours, triton = write_repositories(tmp, settings)
-        with both_servers(peers, ours, triton) as endpoints:
+        our_args = ["--frontend-workers", str(args.frontend_workers)]
+        with both_servers(peers, ours, triton, our_args=our_args, cpus=cpus) as endpoints:
             for server in SERVERS:  # warm-up: sessions, stubs, connections
                 for model in VARIANTS:
                     measure(peers, endpoints[server], server, model, args.protocol, max(levels), 500, tmp)
@@ -286,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
                         runs.append(run)
                     step += 1
     print()
-    print(render(runs, settings, args.protocol, levels, args.window_ms, machine(peers)))
+    placement = f"our front-end workers {args.frontend_workers}; server CPUs {args.server_cpus or 'all'}"
+    print(render(runs, settings, args.protocol, levels, args.window_ms, f"{placement}; {machine(peers)}"))
     return 0
 
 

@@ -3,6 +3,7 @@ proof that nothing was lost, duplicated, mixed up or leaked.
 
     python bench/soak.py                      # 180 s at concurrency 32, a reload every 15 s
     python bench/soak.py --duration 60 --concurrency 16 --reload-every 10 --json soak.json
+    python bench/soak.py --frontend-workers 2  # the same across front-end worker processes
 
 The server runs in its own process (explicit model control, the demo `identity` model). The load is
 split across HTTP (binary tensors), gRPC ModelInfer and gRPC ModelStreamInfer (long-lived streams
@@ -206,16 +207,27 @@ async def reloader(url: str, every_s: float, stop: asyncio.Event, log: list[dict
             )
 
 
+def tree_rss(process: psutil.Process) -> int:
+    """The resident memory of a process and its children (front-end workers, python-backend stubs)."""
+    total = 0
+    for member in [process, *process.children(recursive=True)]:
+        try:
+            total += member.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
 async def memory_sampler(server_pid: int, stop: asyncio.Event, samples: list[tuple[float, int, int]]) -> None:
     server, client = psutil.Process(server_pid), psutil.Process()
     start = time.monotonic()
     while not stop.is_set():
-        samples.append((time.monotonic() - start, server.memory_info().rss, client.memory_info().rss))
+        samples.append((time.monotonic() - start, tree_rss(server), client.memory_info().rss))
         try:
             await asyncio.wait_for(stop.wait(), 2.0)
         except asyncio.TimeoutError:
             pass
-    samples.append((time.monotonic() - start, server.memory_info().rss, client.memory_info().rss))
+    samples.append((time.monotonic() - start, tree_rss(server), client.memory_info().rss))
 
 
 # --- the run -------------------------------------------------------------------------------------------
@@ -313,10 +325,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--max-growth-mb", type=float, default=50.0, help="largest RSS growth accepted, each side")
     parser.add_argument("--json", type=Path, metavar="OUT.json", help="also write the figures here")
+    parser.add_argument("--frontend-workers", type=int, default=1, help="the server's --frontend-workers")
     args = parser.parse_args(argv)
     if args.concurrency < 4:
         parser.error("--concurrency must be at least 4 (HTTP, gRPC and stream workers)")
-    extra = ["--model-control-mode", "explicit", "--load-model", MODEL]
+    extra = ["--model-control-mode", "explicit", "--load-model", MODEL, "--frontend-workers", str(args.frontend_workers)]
     with reference_server_process(ensure_demo_repository(), extra) as server:
         print(f"soak: {args.duration:.0f} s at concurrency {args.concurrency} against {server.http_url}", flush=True)
         figures = asyncio.run(soak(server.http_url, server.grpc_url, server.process.pid, args))

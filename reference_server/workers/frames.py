@@ -135,10 +135,12 @@ class FrameProtocol(asyncio.Protocol):
         self._on_message = on_message
         self._on_lost = on_lost
         self._buffer = bytearray()
+        self._unsent: list[bytes] = []
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.Transport, transport)  # uvloop's are no subclass of asyncio's
+        self._loop = asyncio.get_running_loop()
 
     def data_received(self, data: bytes) -> None:
         buffer = self._buffer
@@ -166,7 +168,16 @@ class FrameProtocol(asyncio.Protocol):
             frame = encode(message)
         except Exception as exc:  # an answer that cannot cross is that call's failure, not the connection's
             frame = encode((message[0], "err", error_of(exc, "sending an answer")))
-        self.transport.write(frame)
+        # What is sent in one pass of the loop (a batch's answers, a burst of requests) leaves in one
+        # write: a system call and a wake-up of the other side for all of them.
+        if not self._unsent:
+            self._loop.call_soon(self._flush)
+        self._unsent.append(frame)
+
+    def _flush(self) -> None:
+        frames, self._unsent = self._unsent, []
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
 
 
 class FrameSocket:
