@@ -196,6 +196,9 @@ def test_no_process_left_when_body_raises(peers: Path, tmp_path: Path) -> None:
         pid = server.process.pid
         stubs = psutil.Process(pid).children(recursive=True)
         assert len(stubs) == 2, stubs  # one stub process per instance
+        # Each stub's shared-memory region, named on its command line (MODEL.py REGION ...).
+        regions = [Path("/dev/shm") / stub.cmdline()[2] for stub in stubs]
+        assert all(region.exists() for region in regions), regions
         # An idle keep-alive connection holds tritonserver's shutdown for the whole exit timeout,
         # after which it exits without unloading its models: the stubs are left to our SIGKILL.
         client = httpclient.InferenceServerClient(server.http_url)
@@ -208,6 +211,7 @@ def test_no_process_left_when_body_raises(peers: Path, tmp_path: Path) -> None:
     assert server.process.returncode is not None
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert processes_mentioning(repo) == []
+    assert [region for region in regions if region.exists()] == []  # killed stubs leave none behind
 
 
 def test_start_failure_raises_with_log_tail(peers: Path, tmp_path: Path) -> None:
