@@ -23,7 +23,7 @@ from reference_server.server import running_server
 from tests.h2peer import Peer
 from tests.h2spec import generic, hpack, http2_frames, http2_streams  # noqa: F401  (they register the cases)
 from tests.h2spec.verify import CASES, connection_error
-from tests.servers import loopback_config
+from tests.servers import loopback_config, running_triton
 from v2kit.h2 import frames as h2
 
 pytestmark = pytest.mark.integration
@@ -98,11 +98,9 @@ def our_port(demo_repository: Path) -> Iterator[int]:
 
 @pytest.fixture(scope="module")
 def triton_port(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    from perfkit.testing.triton import triton_server
-
     repository = tmp_path_factory.mktemp("h2spec-triton") / "models"
     repository.mkdir()
-    with triton_server(peers, repository, start_timeout_s=90) as server:
+    with running_triton(peers, repository) as server:
         yield server.grpc_port
 
 

@@ -26,6 +26,7 @@ from perfkit.testing import (
     write_staller,
 )
 from perfkit.testing import triton as triton_module
+from tests.servers import running_triton
 from v2kit.demo import build_demo_repository
 
 pytestmark = [pytest.mark.integration, pytest.mark.peers]
@@ -57,7 +58,7 @@ def triton(
     write_onnx_wrapper(repo, "mlp_timed", onnx_mlp, max_batch_size=64, allow_spinning=False, ort_time_dir=ort_times)
     write_sleeper(repo, "sleeper", service_ms=SLEEPER_MS)
     write_staller(repo, "staller", service_ms=STALLER_MS, stall_ms=STALL_MS, stall_every_s=STALL_EVERY_S)
-    with triton_server(peers, repo, start_timeout_s=90) as server:
+    with running_triton(peers, repo) as server:
         yield server
 
 
