@@ -35,8 +35,7 @@ HOST = "127.0.0.1"
 # What tritonserver logs when a listener cannot bind: "failed to start HTTP service: Unavailable -
 # Socket '127.0.0.1:PORT' already in use" (likewise GRPC and Metrics), then it exits with status 1.
 _BIND_ERRORS = ("already in use",)
-_SHM_DIR = Path("/dev/shm")
-_STUB_REGION_PREFIX = b"triton_python_backend_shm_region_"
+_STUB_REGION_PREFIX = "/dev/shm/triton_python_backend_shm_region_"
 
 
 class TritonStartError(RuntimeError):
@@ -243,9 +242,9 @@ def _stop(process: subprocess.Popen[bytes], timeout_s: float) -> None:
     process.wait()
     _await_group_gone(process.pid, timeout_s=10.0)
     # A stub unloaded in time removes its region; one killed leaves it (1 MiB or more) in /dev/shm.
-    for name in regions:
+    for region in regions:
         with contextlib.suppress(OSError):
-            (_SHM_DIR / name).unlink(missing_ok=True)
+            region.unlink(missing_ok=True)
 
 
 def _await_group_gone(pgid: int, timeout_s: float) -> None:
@@ -256,17 +255,20 @@ def _await_group_gone(pgid: int, timeout_s: float) -> None:
         time.sleep(0.01)
 
 
-def _stub_regions(pgid: int) -> list[str]:
-    """The shared-memory regions of the group's python-backend stubs: each stub is started as
-    `triton_python_backend_stub MODEL.py REGION ...`, its region a file in /dev/shm."""
-    regions = []
+def _stub_regions(pgid: int) -> set[Path]:
+    """The python backend's shared-memory regions that the group's processes map: each stub maps its
+    own (`triton_python_backend_stub MODEL.py REGION ...`), and tritonserver maps it until it removes
+    it, so a region whose stub has exited during an unload is found too."""
+    regions = set()
     for pid in _live_members(pgid):
         try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            maps = Path(f"/proc/{pid}/maps").read_text()
         except OSError:
             continue  # gone meanwhile
-        if len(argv) > 2 and argv[2].startswith(_STUB_REGION_PREFIX) and b"/" not in argv[2]:
-            regions.append(argv[2].decode())
+        for line in maps.splitlines():
+            path = line.split(maxsplit=5)[-1]
+            if path.startswith(_STUB_REGION_PREFIX) and not path.endswith(" (deleted)"):
+                regions.add(Path(path))
     return regions
 
 
