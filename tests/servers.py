@@ -1,11 +1,14 @@
-"""Reference-server configurations and model folders the integration tests share."""
+"""Reference-server configurations, model folders and the tritonserver start the integration tests share."""
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from perfkit.testing import TritonProcess, triton_server
 from reference_server.config import ServerConfig
 
 
@@ -29,3 +32,13 @@ def write_identity_model(repository: Path, name: str, batching: str) -> Path:
         f"{batching}\n"
     )
     return target
+
+
+def running_triton(
+    peers: Path, repository: Path, *, extra_args: Sequence[str] = ()
+) -> AbstractContextManager[TritonProcess]:
+    """Real tritonserver for tests: 90 s to start (python models on a busy 2-core machine), and killed
+    at once when the block ends (its stubs' shared memory removed), since no test that uses it is about
+    Triton's own graceful stop, which takes 2-3 s with python models (tests/integration/test_triton_peer.py
+    tests the stop)."""
+    return triton_server(peers, repository, extra_args=extra_args, start_timeout_s=90, stop_timeout_s=0)

@@ -4,7 +4,8 @@
 new session (its own process group, with the python backend's stub processes), waits for
 `/v2/health/ready`, yields a `TritonProcess`, and always stops it: SIGTERM to tritonserver, a
 grace period, then SIGKILL to the whole process group, so that neither tritonserver nor a stub
-outlives the `with` block, whether the body returns or raises.
+outlives the `with` block, whether the body returns or raises; a killed stub's shared-memory
+region, which only a stub that unloads in time removes, is removed from /dev/shm.
 
 Free ports are found by binding port 0 and closing the sockets before tritonserver binds them, so
 another process can take one in between; when tritonserver then fails to bind, the start is
@@ -34,6 +35,7 @@ HOST = "127.0.0.1"
 # What tritonserver logs when a listener cannot bind: "failed to start HTTP service: Unavailable -
 # Socket '127.0.0.1:PORT' already in use" (likewise GRPC and Metrics), then it exits with status 1.
 _BIND_ERRORS = ("already in use",)
+_STUB_REGION_PREFIX = "/dev/shm/triton_python_backend_shm_region_"
 
 
 class TritonStartError(RuntimeError):
@@ -95,7 +97,8 @@ def triton_server(
     tritonserver exits or is not ready within `start_timeout_s`.
 
     On exit, tritonserver gets SIGTERM and `stop_timeout_s` to stop before its process group is
-    killed. It is started with `--exit-timeout-secs=exit_timeout_s` (Triton's default is 30): on
+    killed (0: killed at once, for a caller that does not need the graceful stop, which takes a
+    second or more and about 2 s with python models). It is started with `--exit-timeout-secs=exit_timeout_s` (Triton's default is 30): on
     SIGTERM it gives open HTTP connections (even idle keep-alive ones that a client object still
     holds), then in-flight inferences, then model unloading (about 1-3 s for python models) that
     one budget in total, and exits at once when it runs out, leaving its stubs to our SIGKILL.
@@ -222,7 +225,9 @@ def _bind_failed(server: TritonProcess) -> bool:
 
 
 def _stop(process: subprocess.Popen[bytes], timeout_s: float) -> None:
-    """SIGTERM, wait up to `timeout_s`, then SIGKILL the process group; reap in any case."""
+    """SIGTERM, wait up to `timeout_s`, then SIGKILL the process group; reap in any case; remove
+    the shared-memory regions of the python backend's stubs that a kill left behind."""
+    regions = _stub_regions(process.pid)
     if process.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(signal.SIGTERM)
@@ -236,6 +241,10 @@ def _stop(process: subprocess.Popen[bytes], timeout_s: float) -> None:
         os.killpg(process.pid, signal.SIGKILL)
     process.wait()
     _await_group_gone(process.pid, timeout_s=10.0)
+    # A stub unloaded in time removes its region; one killed leaves it (1 MiB or more) in /dev/shm.
+    for region in regions:
+        with contextlib.suppress(OSError):
+            region.unlink(missing_ok=True)
 
 
 def _await_group_gone(pgid: int, timeout_s: float) -> None:
@@ -244,6 +253,23 @@ def _await_group_gone(pgid: int, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while _live_members(pgid) and time.monotonic() < deadline:
         time.sleep(0.01)
+
+
+def _stub_regions(pgid: int) -> set[Path]:
+    """The python backend's shared-memory regions that the group's processes map: each stub maps its
+    own (`triton_python_backend_stub MODEL.py REGION ...`), and tritonserver maps it until it removes
+    it, so a region whose stub has exited during an unload is found too."""
+    regions = set()
+    for pid in _live_members(pgid):
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        for line in maps.splitlines():
+            path = line.split(maxsplit=5)[-1]
+            if path.startswith(_STUB_REGION_PREFIX) and not path.endswith(" (deleted)"):
+                regions.add(Path(path))
+    return regions
 
 
 def _live_members(pgid: int) -> list[int]:

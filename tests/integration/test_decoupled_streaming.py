@@ -28,10 +28,10 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from perfkit.testing import TritonProcess, triton_server, write_sleeper
+from perfkit.testing import TritonProcess, write_sleeper
 from reference_server.server import ReferenceServer, running_server
 from tests.decoupled_models import write_decoupled_ensemble, write_decoupled_models
-from tests.servers import loopback_config
+from tests.servers import loopback_config, running_triton
 from v2kit.demo import build_demo_repository
 
 pytestmark = [pytest.mark.integration]
@@ -65,7 +65,7 @@ def triton(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tr
     write_decoupled_models(repository)
     write_decoupled_ensemble(repository)
     write_sleeper(repository, "identity", service_ms=0)
-    with triton_server(peers, repository, start_timeout_s=90) as server:
+    with running_triton(peers, repository) as server:
         yield server
 
 

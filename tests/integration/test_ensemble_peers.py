@@ -20,10 +20,10 @@ from onnx import TensorProto, helper
 
 from perfkit.cli import main as perfkit_main
 from perfkit.results.model import read_sweep
-from perfkit.testing import TritonProcess, triton_server
+from perfkit.testing import TritonProcess
 from reference_server.server import ReferenceServer, running_server
 from tests.integration.test_sweep_vs_perf_analyzer import BUSY_MACHINE_SHARE, OtherLoad
-from tests.servers import loopback_config
+from tests.servers import loopback_config, running_triton
 
 pytestmark = [pytest.mark.integration, pytest.mark.peers]
 
@@ -112,7 +112,7 @@ def triton(peers: Path, triton_repository: Path) -> Iterator[TritonProcess]:
     repository = triton_repository
     # Explicit mode, every model loaded: the last test reloads a composing model through the API.
     explicit = ["--model-control-mode=explicit", "--load-model=*"]
-    with triton_server(peers, repository, start_timeout_s=90, extra_args=explicit) as server:
+    with running_triton(peers, repository, extra_args=explicit) as server:
         yield server
 
 

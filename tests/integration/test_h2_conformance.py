@@ -14,6 +14,7 @@ is xfail for Triton only, with the reason (`TRITON_FAILS`).
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from reference_server.server import running_server
 from tests.h2peer import Peer
 from tests.h2spec import generic, hpack, http2_frames, http2_streams  # noqa: F401  (they register the cases)
 from tests.h2spec.verify import CASES, connection_error
-from tests.servers import loopback_config
+from tests.servers import loopback_config, running_triton
 from v2kit.h2 import frames as h2
 
 pytestmark = pytest.mark.integration
@@ -97,11 +98,9 @@ def our_port(demo_repository: Path) -> Iterator[int]:
 
 @pytest.fixture(scope="module")
 def triton_port(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    from perfkit.testing.triton import triton_server
-
     repository = tmp_path_factory.mktemp("h2spec-triton") / "models"
     repository.mkdir()
-    with triton_server(peers, repository, start_timeout_s=90) as server:
+    with running_triton(peers, repository) as server:
         yield server.grpc_port
 
 
@@ -111,6 +110,25 @@ def run_case(port: int, key: str, strict: bool, timeout_s: float = 5.0) -> None:
         p.strict = strict
         p.handshake()
         run(p)
+
+
+def _outcome(port: int, key: str) -> BaseException | None:
+    """What Triton's run of the case raised (a failure, or pytest's skip), or None where it passed."""
+    try:
+        run_case(port, key, strict=False, timeout_s=SILENT_WAIT_S if key in TRITON_FAILS else 5.0)
+    except (Exception, pytest.skip.Exception, pytest.fail.Exception) as error:  # re-raised by the case's test
+        return error
+    return None
+
+
+@pytest.fixture(scope="module")
+def triton_outcomes(triton_port: int) -> dict[str, BaseException | None]:
+    """Every case against Triton, each on its own connection, all at once: most cases Triton fails
+    wait `SILENT_WAIT_S` for an answer that never comes, and one after another those waits add up
+    to most of a minute. Each case's test raises what its run raised."""
+    keys = [k for k in CASES if k != "http2/3.5/2"]
+    with ThreadPoolExecutor(max_workers=len(keys)) as pool:
+        return dict(zip(keys, pool.map(lambda key: _outcome(triton_port, key), keys), strict=True))
 
 
 @pytest.mark.parametrize("key", [k for k in CASES if k != "http2/3.5/2"])
@@ -124,8 +142,10 @@ def test_our_server_passes(our_port: int, key: str) -> None:
     [pytest.param(k, marks=pytest.mark.xfail(reason=TRITON_FAILS[k], strict=True)) if k in TRITON_FAILS else k
      for k in CASES if k != "http2/3.5/2"],
 )  # fmt: skip
-def test_triton_for_reference(triton_port: int, key: str) -> None:
-    run_case(triton_port, key, strict=False, timeout_s=SILENT_WAIT_S if key in TRITON_FAILS else 5.0)
+def test_triton_for_reference(triton_outcomes: dict[str, BaseException | None], key: str) -> None:
+    error = triton_outcomes[key]
+    if error is not None:
+        raise error
 
 
 def _invalid_preface(port: int, strict: bool) -> None:

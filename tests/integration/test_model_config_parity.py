@@ -26,9 +26,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from perfkit.testing import triton_server
 from reference_server.server import running_server
-from tests.servers import loopback_config
+from tests.servers import loopback_config, running_triton
 
 pytestmark = [pytest.mark.integration, pytest.mark.peers]
 
@@ -97,7 +96,7 @@ def servers(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
     (repository / "pyreshape" / "labels.txt").write_bytes(LABELS)
     explicit = ("--model-control-mode=explicit", "--load-model=pyreshape")
     with (
-        triton_server(peers, repository, extra_args=explicit, start_timeout_s=90) as triton,
+        running_triton(peers, repository, extra_args=explicit) as triton,
         running_server(loopback_config(repository, load=("pyreshape",))) as ours,
     ):
         yield {

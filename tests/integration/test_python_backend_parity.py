@@ -21,9 +21,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from perfkit.testing import triton_server
 from reference_server.server import running_server
-from tests.servers import loopback_config
+from tests.servers import loopback_config, running_triton
 
 pytestmark = [pytest.mark.integration, pytest.mark.peers]
 
@@ -243,7 +242,7 @@ def urls(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict
     """{"triton": (http, grpc), "ours": (http, grpc)}, both serving one copy of the repository."""
     repository = write_repository(tmp_path_factory.mktemp("parity") / "models")
     with (
-        triton_server(peers, repository, start_timeout_s=90) as triton,
+        running_triton(peers, repository) as triton,
         running_server(loopback_config(repository)) as ours,
     ):
         yield {

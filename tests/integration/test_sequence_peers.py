@@ -22,12 +22,11 @@ from tritonclient.utils import InferenceServerException
 
 from perfkit.cli import main
 from perfkit.results.model import LevelResult, read_sweep
-from perfkit.testing import triton_server
 from reference_server.server import running_server
 from tests.integration.test_sequence_sweep import STREAMS
 from tests.integration.test_sweep_vs_perf_analyzer import BUSY_MACHINE_SHARE, OtherLoad
 from tests.sequence_models import CORRELATION, ENSEMBLE_CONFIG, write_accumulator
-from tests.servers import loopback_config
+from tests.servers import loopback_config, running_triton
 
 pytestmark = [pytest.mark.integration, pytest.mark.peers]
 
@@ -63,7 +62,7 @@ def urls(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Urls
     (repository / "sequence_ensemble" / "1").mkdir(parents=True)
     (repository / "sequence_ensemble" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
     with (
-        triton_server(peers, repository, start_timeout_s=90) as triton,
+        running_triton(peers, repository) as triton,
         running_server(loopback_config(repository)) as ours,
     ):
         yield {

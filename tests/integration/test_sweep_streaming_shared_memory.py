@@ -31,13 +31,13 @@ import numpy as np
 import pytest
 
 from perfkit.cli import main
-from perfkit.testing import triton_server, write_sleeper
+from perfkit.testing import write_sleeper
 from perfkit.testing.canned_server import canned_server_process
 from perfkit.wire.client import make_client
 from reference_server.server import running_server
 from tests.decoupled_models import write_paced
 from tests.integration.test_sweep_vs_perf_analyzer import BUSY_MACHINE_SHARE, OtherLoad
-from tests.servers import loopback_config
+from tests.servers import loopback_config, running_triton
 from v2kit import codec as v2
 
 pytestmark = [pytest.mark.integration]
@@ -75,7 +75,7 @@ def triton(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[En
     repository = _repository(tmp_path_factory.mktemp("triton") / "models")
     for unused in ("stalled", "mute"):  # Triton would hold their requests until it stops
         shutil.rmtree(repository / unused)
-    with triton_server(peers, repository, start_timeout_s=90) as server:
+    with running_triton(peers, repository) as server:
         yield Endpoints(server.http_url, server.grpc_url)
 
 

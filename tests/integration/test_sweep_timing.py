@@ -26,8 +26,9 @@ from pathlib import Path
 import pytest
 
 from perfkit.results.model import LevelResult, read_sweep
-from perfkit.testing import TritonProcess, triton_server, write_sleeper, write_staller
+from perfkit.testing import TritonProcess, write_sleeper, write_staller
 from tests.integration.test_sweep_vs_perf_analyzer import BUSY_MACHINE_SHARE, OtherLoad
+from tests.servers import running_triton
 
 pytestmark = [pytest.mark.integration, pytest.mark.peers]
 
@@ -49,7 +50,7 @@ def triton(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tr
     repo = tmp_path_factory.mktemp("triton-timing") / "models"
     write_sleeper(repo, "sleeper", service_ms=SLEEPER_MS)
     write_staller(repo, "staller", service_ms=STALLER_MS, stall_ms=STALL_MS, stall_every_s=STALL_EVERY_S)
-    with triton_server(peers, repo, start_timeout_s=90) as server:
+    with running_triton(peers, repo) as server:
         yield server
 
 

@@ -33,7 +33,8 @@ import psutil
 import pytest
 
 from perfkit.results.model import SweepResult, read_sweep
-from perfkit.testing import triton_server, write_onnx_wrapper
+from perfkit.testing import write_onnx_wrapper
+from tests.servers import running_triton
 
 pytestmark = [pytest.mark.integration, pytest.mark.peers]
 
@@ -62,7 +63,7 @@ def triton(peers: Path, demo_repository: Path, tmp_path_factory: pytest.TempPath
     repo = tmp_path_factory.mktemp("triton-mlp") / "models"
     onnx_file = demo_repository / "mlp" / "1" / "model.onnx"
     write_onnx_wrapper(repo, "mlp", onnx_file, max_batch_size=64, dynamic_batching=True, max_queue_delay_us=100)
-    with triton_server(peers, repo, start_timeout_s=90) as server:
+    with running_triton(peers, repo) as server:
         yield Target(server.http_url, server.grpc_url)
 
 

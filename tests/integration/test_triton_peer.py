@@ -26,6 +26,7 @@ from perfkit.testing import (
     write_staller,
 )
 from perfkit.testing import triton as triton_module
+from tests.servers import running_triton
 from v2kit.demo import build_demo_repository
 
 pytestmark = [pytest.mark.integration, pytest.mark.peers]
@@ -57,7 +58,7 @@ def triton(
     write_onnx_wrapper(repo, "mlp_timed", onnx_mlp, max_batch_size=64, allow_spinning=False, ort_time_dir=ort_times)
     write_sleeper(repo, "sleeper", service_ms=SLEEPER_MS)
     write_staller(repo, "staller", service_ms=STALLER_MS, stall_ms=STALL_MS, stall_every_s=STALL_EVERY_S)
-    with triton_server(peers, repo, start_timeout_s=90) as server:
+    with running_triton(peers, repo) as server:
         yield server
 
 
@@ -196,6 +197,9 @@ def test_no_process_left_when_body_raises(peers: Path, tmp_path: Path) -> None:
         pid = server.process.pid
         stubs = psutil.Process(pid).children(recursive=True)
         assert len(stubs) == 2, stubs  # one stub process per instance
+        # Each stub's shared-memory region, named on its command line (MODEL.py REGION ...).
+        regions = [Path("/dev/shm") / stub.cmdline()[2] for stub in stubs]
+        assert all(region.exists() for region in regions), regions
         # An idle keep-alive connection holds tritonserver's shutdown for the whole exit timeout,
         # after which it exits without unloading its models: the stubs are left to our SIGKILL.
         client = httpclient.InferenceServerClient(server.http_url)
@@ -208,6 +212,7 @@ def test_no_process_left_when_body_raises(peers: Path, tmp_path: Path) -> None:
     assert server.process.returncode is not None
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     assert processes_mentioning(repo) == []
+    assert [region for region in regions if region.exists()] == []  # killed stubs leave none behind
 
 
 def test_start_failure_raises_with_log_tail(peers: Path, tmp_path: Path) -> None:

@@ -33,9 +33,8 @@ import tritonclient.http as httpclient
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from perfkit.testing import triton_server
 from reference_server.server import running_server
-from tests.servers import loopback_config
+from tests.servers import loopback_config, running_triton
 
 pytestmark = [pytest.mark.integration, pytest.mark.peers]
 
@@ -75,7 +74,7 @@ def servers(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
     repository = write_repository(tmp_path_factory.mktemp("wording") / "models")
     explicit = ["--model-control-mode=explicit", "--load-model=echo"]
     with (
-        triton_server(peers, repository, extra_args=explicit, start_timeout_s=90) as triton,
+        running_triton(peers, repository, extra_args=explicit) as triton,
         running_server(loopback_config(repository, load=("echo",))) as ours,
     ):
         yield {

@@ -16,8 +16,9 @@ import pytest
 
 from perfkit.cli import main
 from perfkit.target import open_target
-from perfkit.testing import triton_server, write_bls, write_sleeper
+from perfkit.testing import write_bls, write_sleeper
 from tests.integration.test_tune import SLOW_MLP
+from tests.servers import running_triton
 from v2kit.demo import build_demo_repository
 
 pytestmark = pytest.mark.integration
@@ -255,7 +256,7 @@ def test_an_ensemble_of_sleepers_on_triton_needs_both_steps_batched(peers: Path,
     (repo / "pipeline" / "1").mkdir(parents=True)
     (repo / "pipeline" / "config.pbtxt").write_text(SLEEPER_PIPELINE)
     out = tmp_path / "out"
-    with triton_server(peers, repo, extra_args=["--model-control-mode=explicit"]) as triton:
+    with running_triton(peers, repo, extra_args=["--model-control-mode=explicit"]) as triton:
         code = main(["tune", str(repo / "pipeline" / "config.pbtxt"), "-u", triton.grpc_url, "-i", "grpc",
                      "--shape", "INPUT0:16", "--max-instance-count", "1", "--min-batch-size", "8",
                      "--max-batch-size", "8", "--batching-delays-us", "0", "--concurrency-range", "8:8",

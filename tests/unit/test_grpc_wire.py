@@ -23,10 +23,11 @@ import uvloop
 from tritonclient.grpc import service_pb2 as pb
 
 from perfkit.errors import PerfkitError
-from perfkit.testing import TritonProcess, triton_server, write_sleeper
+from perfkit.testing import TritonProcess, write_sleeper
 from perfkit.wire.client import Outcome, make_client
 from perfkit.wire.grpc_channel import MALFORMED, Channel
 from reference_server.server import ReferenceServer
+from tests.servers import running_triton
 from v2kit import codec as v2
 from v2kit.grpc_proto import request_to_proto
 from v2kit.h2.frames import keeps_table
@@ -670,7 +671,7 @@ def triton(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tr
     repo = tmp_path_factory.mktemp("triton") / "models"
     write_sleeper(repo, "echo", service_ms=0)
     write_sleeper(repo, "slow", service_ms=500)
-    with triton_server(peers, repo, start_timeout_s=90) as server:
+    with running_triton(peers, repo) as server:
         yield server
 
 
