@@ -54,37 +54,16 @@ GRPC_ENDPOINT = "ModelInfer RPC"
 #: goes on), or None for a final flag sent alone.
 StreamResponse = v2.InferResponse | ServerError | None
 
-class DataPlane:
-    def __init__(
-        self,
-        repository: ModelRepository,
-        *,
-        model_control_mode: str = "none",
-        strict_readiness: bool = True,
-        max_inflight_requests: int = 0,
-        max_tensor_elements: int = 0,
-        server_name: str = SERVER_NAME,
-    ) -> None:
-        self.repository = repository
-        self.server_name = server_name  # the server metadata's name (--server-name)
-        self.model_control_mode = model_control_mode
-        self.strict_readiness = strict_readiness
-        self.accepting = True
-        #: 0 = no limit. `inflight` is owned by the event loop, like everything else here.
-        self.max_inflight_requests = max_inflight_requests
-        self.max_tensor_elements = max_tensor_elements
-        self.inflight = 0
-        #: Told the new count whenever `inflight` changes (the HTTP front end's read gate).
-        self.inflight_listeners: list[Callable[[int], None]] = []
-        #: The folders of the models loaded with the load API's `file:` overrides.
-        self.override_folders = OverrideFolders()
-        #: The shared memory extensions' regions (`core/shared_memory.py`).
-        self.shared_memory = SharedMemoryRegistry()
-        # Models calling models (python BLS) go through the same checks as a client's request.
-        repository.call_model = self.call_model
-        repository.stream_model = self.stream_model
 
-    # --- admission -------------------------------------------------------------------------------
+class InflightSlots:
+    """The in-flight inference requests: counted, limited (`max_inflight_requests`, 0 = no limit)
+    and told to `inflight_listeners` (the HTTP front end's read gate) whenever the count changes.
+    The count is owned by the event loop, like everything else here."""
+
+    def __init__(self, max_inflight_requests: int = 0) -> None:
+        self.max_inflight_requests = max_inflight_requests
+        self.inflight = 0
+        self.inflight_listeners: list[Callable[[int], None]] = []
 
     @contextlib.contextmanager
     def admit(self) -> Iterator[None]:
@@ -117,6 +96,33 @@ class DataPlane:
         self.inflight -= 1
         for listener in self.inflight_listeners:
             listener(self.inflight)
+
+
+class DataPlane(InflightSlots):
+    def __init__(
+        self,
+        repository: ModelRepository,
+        *,
+        model_control_mode: str = "none",
+        strict_readiness: bool = True,
+        max_inflight_requests: int = 0,
+        max_tensor_elements: int = 0,
+        server_name: str = SERVER_NAME,
+    ) -> None:
+        super().__init__(max_inflight_requests)
+        self.repository = repository
+        self.server_name = server_name  # the server metadata's name (--server-name)
+        self.model_control_mode = model_control_mode
+        self.strict_readiness = strict_readiness
+        self.accepting = True
+        self.max_tensor_elements = max_tensor_elements
+        #: The folders of the models loaded with the load API's `file:` overrides.
+        self.override_folders = OverrideFolders()
+        #: The shared memory extensions' regions (`core/shared_memory.py`).
+        self.shared_memory = SharedMemoryRegistry()
+        # Models calling models (python BLS) go through the same checks as a client's request.
+        repository.call_model = self.call_model
+        repository.stream_model = self.stream_model
 
     # --- health and metadata ---------------------------------------------------------------------
 
@@ -532,4 +538,4 @@ def _memory_usage(served: ModelVersion) -> list[dict[str, Any]]:
     return [{"type": "GPU", "id": index, "byte_size": size} for index, size in sorted(served.gpu_memory_bytes.items())]
 
 
-__all__ = ["GRPC_ENDPOINT", "HTTP_ENDPOINT", "DataPlane", "SERVER_NAME", "StreamResponse", "is_decoupled"]
+__all__ = ["GRPC_ENDPOINT", "HTTP_ENDPOINT", "DataPlane", "InflightSlots", "SERVER_NAME", "StreamResponse", "is_decoupled"]

@@ -10,13 +10,12 @@ the HTTP read gate, and the server-wide limit is taken by the core (`plane_serve
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncGenerator, Callable, Iterator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
-from reference_server.core.dataplane import HTTP_ENDPOINT, StreamResponse
+from reference_server.core.dataplane import HTTP_ENDPOINT, InflightSlots, StreamResponse
 from reference_server.errors import Unavailable
 from reference_server.workers.frames import (
     FrameProtocol,
@@ -91,13 +90,14 @@ class _RemoteSharedMemory:
         self._plane._call("shared_memory.cuda_unregister", name)
 
 
-class RemotePlane:
+class RemotePlane(InflightSlots):
+    """Counts its in-flight requests for the read gate with no limit: the core takes the limit."""
+
     def __init__(self, calls: _Calls, blocking: FrameSocket) -> None:
         self._calls = calls
+        super().__init__()
         self._blocking = blocking
         self.accepting = True
-        self.inflight = 0
-        self.inflight_listeners: list[Callable[[int], None]] = []
         self.shared_memory = _RemoteSharedMemory(self)
 
     @property
@@ -109,26 +109,6 @@ class RemotePlane:
         if self._calls.transport is not None:
             self._calls.transport.close()
         self._blocking.close()
-
-    # --- admission: counted here, limited in the core -------------------------------------------
-
-    @contextlib.contextmanager
-    def admit(self) -> Iterator[None]:
-        self.acquire()
-        try:
-            yield
-        finally:
-            self.release()
-
-    def acquire(self) -> None:
-        self.inflight += 1
-        for listener in self.inflight_listeners:
-            listener(self.inflight)
-
-    def release(self) -> None:
-        self.inflight -= 1
-        for listener in self.inflight_listeners:
-            listener(self.inflight)
 
     # --- synchronous calls -------------------------------------------------------------------------
 
