@@ -108,13 +108,19 @@ class _WorkerConnection(FrameProtocol):
         self._tasks[call_id] = task
         task.add_done_callback(lambda _: self._tasks.pop(call_id, None))
 
-    def _infer(self, call_id: int, request: Any, endpoint: str) -> None:
-        plane = self._server.plane
+    def _admitted(self, call_id: int) -> bool:
+        """Whether an in-flight slot was taken for the call; if not, its refusal is sent."""
         try:
-            plane.acquire()
+            self._server.plane.acquire()
         except Exception as exc:
             self.send((call_id, "err", error_of(exc, "admission")))
+            return False
+        return True
+
+    def _infer(self, call_id: int, request: Any, endpoint: str) -> None:
+        if not self._admitted(call_id):
             return
+        plane = self._server.plane
 
         def done(response: Any) -> None:
             plane.release()
@@ -149,12 +155,9 @@ class _WorkerConnection(FrameProtocol):
             self.send((call_id, "ok", value))
 
     async def _stream(self, call_id: int, request: Any) -> None:
-        plane = self._server.plane
-        try:
-            plane.acquire()
-        except Exception as exc:
-            self.send((call_id, "err", error_of(exc, "admission")))
+        if not self._admitted(call_id):
             return
+        plane = self._server.plane
         try:
             responses = plane.infer_stream(request_from_wire(request))
             try:
