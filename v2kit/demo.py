@@ -43,7 +43,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 __all__ = ["BUILDER_VERSION", "build_demo_repository", "ensure_demo_repository", "main"]
 
-BUILDER_VERSION = 5
+BUILDER_VERSION = 6
 # Opset 17 with IR version 8 (the pair onnx released together) loads in every onnxruntime from
 # 1.14 on; the installed onnx would otherwise stamp a newer IR version than some runtimes accept.
 OPSET = 17

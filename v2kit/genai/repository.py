@@ -112,13 +112,11 @@ class TritonPythonModel:
 
 _TINY_DECODER_MODEL = """\
 import json
-import os
 
 import numpy as np
-import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 from llm_io import GenerationError, encode, output_tensors, read_generation
-from pb_io import FINAL, input_array, send
+from pb_io import FINAL, input_array, onnx_session, send
 
 EOS = 0
 MASKED = np.float32(-1e9)
@@ -135,13 +133,7 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         self.name = config["name"]
         self.context = int(config["parameters"]["context"]["string_value"])
-        folder = os.path.join(args["model_repository"], args["model_version"])
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(
-            os.path.join(folder, "model.onnx"), options, providers=["CPUExecutionProvider"]
-        )
+        self.session = onnx_session(args)
         self.output_names = [output.name for output in self.session.get_outputs()]
         self.past = {}
         for graph_input in self.session.get_inputs():
@@ -221,13 +213,11 @@ instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 
 _TINY_EMBEDDER_MODEL = f"""\
 import json
-import os
 
 import numpy as np
-import onnxruntime as ort
 import triton_python_backend_utils as pb_utils
 from llm_io import encode
-from pb_io import input_array
+from pb_io import input_array, onnx_session
 
 VOCAB = {VOCAB}
 
@@ -237,13 +227,7 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         self.name = config["name"]
         self.context = int(config["parameters"]["context"]["string_value"])
-        folder = os.path.join(args["model_repository"], args["model_version"])
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        self.session = ort.InferenceSession(
-            os.path.join(folder, "model.onnx"), options, providers=["CPUExecutionProvider"]
-        )
+        self.session = onnx_session(args)
 
     def execute(self, requests):
         # Every sequence of every request in one onnxruntime call: the batch is what batching buys.
