@@ -191,12 +191,14 @@ def _counts(server: ReferenceServer, model: str) -> tuple[int, int]:
 
 def test_one_batch_forms_from_connections_on_different_workers(servers: dict[int, ReferenceServer]) -> None:
     server = servers[2]
-    connections = _connections_on_every_worker(server, 8)[:8]
-    # Every worker must hold one of the eight that are sent on (the first ones may all be on one).
-    assert server._workers is not None
-    holders = {_worker_of(server, c.sock.getsockname()[1]) for c in connections}
-    if holders != set(server._workers.pids):
-        connections = connections[:7] + [_connections_on_every_worker(server, 1)[-1]]
+    opened = _connections_on_every_worker(server, 8)
+    # The eight sent on: the first connection each worker holds, then the others in order, so that
+    # every worker holds one of them (the first eight opened may all be on one).
+    firsts: dict[int, http.client.HTTPConnection] = {}
+    for connection in opened:
+        firsts.setdefault(_worker_of(server, connection.sock.getsockname()[1]), connection)
+    connections = [*firsts.values(), *(c for c in opened if c not in firsts.values())][:8]
+    assert server._workers is not None and set(firsts) == set(server._workers.pids)
     before = _counts(server, "batched")
     results: dict[int, list[float]] = {}
     threads = [
