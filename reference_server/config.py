@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -24,6 +25,10 @@ DEFAULT_MAX_INFLIGHT_REQUESTS = 4096
 DEFAULT_HTTP_READ_PAUSE_INFLIGHT = 2048  # half the in-flight limit: the gate acts before the 503s
 DEFAULT_MAX_TENSOR_ELEMENTS = 1 << 24
 MAX_FRONTEND_WORKERS = 64
+#: Below this many usable CPUs, `--frontend-workers auto` keeps one process (bench/README.md, "cores.py").
+AUTO_WORKERS_MIN_CPUS = 4
+#: The most workers `auto` starts: more did not serve more on 8 cores, where the core process bounds.
+AUTO_WORKERS_MAX = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,11 +348,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--frontend-workers",
-        type=int,
-        default=1,
-        metavar="N",
+        type=_frontend_workers,
+        default="auto",
+        metavar="N|auto",
         help="processes that run the HTTP and gRPC front ends, sharing their ports, while this one runs the "
-        "models; 1 (the default): one process does both",
+        f"models; 1: one process does both; auto: 1 below {AUTO_WORKERS_MIN_CPUS} usable CPUs, "
+        f"else half of them, at most {AUTO_WORKERS_MAX}",
     )
     parser.add_argument(
         "--server-name",
@@ -421,7 +427,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         http_head_timeout_secs=args.http_head_timeout_secs,
         http_idle_timeout_secs=args.http_idle_timeout_secs,
         exit_timeout_secs=args.exit_timeout_secs,
-        frontend_workers=args.frontend_workers,
+        frontend_workers=auto_frontend_workers() if args.frontend_workers == "auto" else args.frontend_workers,
         default_max_batch_size=default_mbs,
         log_verbose=args.log_verbose,
         backend_config=backend,
@@ -441,3 +447,26 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
     except Exception as exc:
         parser.error(str(exc))
     return config
+
+
+def _frontend_workers(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give a number of processes or auto, not {text!r}") from None
+
+
+def auto_frontend_workers(usable_cpus: int | None = None) -> int:
+    """The front-end workers that serve best with `usable_cpus` (default: this process's CPUs).
+
+    One process below AUTO_WORKERS_MIN_CPUS: there a worker's two hand-offs per request cost more
+    than a second process gains (with the client on the same two cores, one process served up to
+    2x what two workers did). From 4 CPUs, half of them, at most AUTO_WORKERS_MAX: on 4 and 8 pinned cores
+    two to four workers served 1.2-2.2x one process, and eight no more than four.
+    """
+    if usable_cpus is None:
+        usable_cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cpus = usable_cpus
+    return 1 if cpus < AUTO_WORKERS_MIN_CPUS else min(AUTO_WORKERS_MAX, cpus // 2)

@@ -125,6 +125,7 @@ class ReferenceServer:
         await self._plane_server.start()
         self._workers = FrontendWorkers(self.config, self._plane_server.path)
         self.http_port, self.grpc_port = await self._workers.start()
+        log.info("front ends in %d worker processes (--frontend-workers)", self.config.frontend_workers)
 
     async def stop(self, grace_s: float | None = None) -> None:
         """Stop accepting, let in-flight requests finish within the grace period, then unload."""
