@@ -245,6 +245,25 @@ def test_unload_and_load_through_one_worker_reach_every_connection(servers: dict
         assert _post_infer(connection, "identity", 7.0) == [7.0]
 
 
+def test_a_reload_with_a_config_override_reaches_every_connection(servers: dict[int, ReferenceServer]) -> None:
+    """A load of a loaded model with a config override reloads it: every worker's connections see the
+    new config and are served by it, and a later plain load goes back to the repository's."""
+    server = servers[2]
+    connections = _connections_on_every_worker(server, 2)
+    config = _http(server).get_model_config("identity")
+    override = {**config, "max_batch_size": 4}
+    _grpc(server).load_model("identity", config=json.dumps(override))
+    try:
+        for connection in connections:
+            connection.request("GET", "/v2/models/identity/config")
+            response = connection.getresponse()
+            assert json.loads(response.read())["max_batch_size"] == 4
+            assert _post_infer(connection, "identity", 3.0) == [3.0]
+    finally:
+        _http(server).load_model("identity")
+    assert _grpc(server).get_model_config("identity").config.max_batch_size == config["max_batch_size"]
+
+
 def test_system_shared_memory_registered_through_one_worker_serves_another(
     servers: dict[int, ReferenceServer],
 ) -> None:
