@@ -216,9 +216,11 @@ def test_a_report_dir_that_cannot_be_created_is_a_usage_error(
 
 
 def server_http_connections(server: ServerProcess) -> int:
-    """Established connections to the server's HTTP port, as the server's process sees them."""
+    """Established connections to the server's HTTP port, as the server's processes see them (its
+    front-end workers too, on a machine where `--frontend-workers auto` starts them)."""
     port = server.ports["HTTPService"]
-    connections = psutil.Process(server.process.pid).net_connections(kind="tcp")
+    core = psutil.Process(server.process.pid)
+    connections = [c for p in (core, *core.children()) for c in p.net_connections(kind="tcp")]
     return sum(1 for c in connections if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port)
 
 
