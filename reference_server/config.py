@@ -464,9 +464,12 @@ def auto_frontend_workers(usable_cpus: int | None = None) -> int:
     One process below AUTO_WORKERS_MIN_CPUS: there a worker's two hand-offs per request cost more
     than a second process gains (with the client on the same two cores, one process served up to
     2x what two workers did). From 4 CPUs, half of them, at most AUTO_WORKERS_MAX: on 4 and 8 pinned cores
-    two to four workers served 1.2-2.2x one process, and eight no more than four.
+    two to four workers served 1.2-2.2x one process, and eight no more than four. One process off
+    Linux.
     """
     if usable_cpus is None:
-        usable_cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        if not sys.platform.startswith("linux"):
+            return 1  # elsewhere SO_REUSEPORT does not spread connections over the workers' sockets
+        usable_cpus = len(os.sched_getaffinity(0))
     cpus = usable_cpus
     return 1 if cpus < AUTO_WORKERS_MIN_CPUS else min(AUTO_WORKERS_MAX, cpus // 2)
