@@ -137,6 +137,14 @@ def json_type_name(value: Any) -> str:
 
 def element_count(shape: Any, what: str) -> int:
     """Validates a shape; its element count as a Python int, which cannot overflow."""
+    if type(shape) is list:  # the common case, a JSON list of ints, checked in one pass
+        count = 1
+        for d in shape:
+            if type(d) is not int or not 0 <= d <= _MAX_DIM:
+                break
+            count *= d
+        else:
+            return count
     bad = not isinstance(shape, (list, tuple))
     bad = bad or any(isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)) for d in shape)
     if bad:
