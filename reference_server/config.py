@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from reference_server.frontends.auth import Token, read_token_file
 from reference_server.frontends.http.limits import DEFAULT_LIMITS, HttpLimits
 from reference_server.scheduling.rate_limiter import MODES as RATE_LIMIT_MODES
 from reference_server.scheduling.rate_limiter import parse_resource
+from v2kit.runtime import cpus as runtime_cpus
 
 CONTROL_MODES = ("none", "explicit", "poll")
 
@@ -459,7 +459,8 @@ def _frontend_workers(text: str) -> int | str:
 
 
 def auto_frontend_workers(usable_cpus: int | None = None) -> int:
-    """The front-end workers that serve best with `usable_cpus` (default: this process's CPUs).
+    """The front-end workers that serve best with `usable_cpus` (default: the CPUs this process may
+    use, its cgroup's CPU quota included).
 
     One process below AUTO_WORKERS_MIN_CPUS: there a worker's two hand-offs per request cost more
     than a second process gains (with the client on the same two cores, one process served up to
@@ -470,6 +471,6 @@ def auto_frontend_workers(usable_cpus: int | None = None) -> int:
     if usable_cpus is None:
         if not sys.platform.startswith("linux"):
             return 1  # elsewhere SO_REUSEPORT does not spread connections over the workers' sockets
-        usable_cpus = len(os.sched_getaffinity(0))
+        usable_cpus = runtime_cpus.usable_cpus()  # a container's CPU limit counts, not the host's CPUs
     cpus = usable_cpus
     return 1 if cpus < AUTO_WORKERS_MIN_CPUS else min(AUTO_WORKERS_MAX, cpus // 2)

@@ -3,12 +3,12 @@ at most AUTO_WORKERS_MAX, on larger ones; a number is taken as given."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from reference_server.config import AUTO_WORKERS_MAX, auto_frontend_workers, config_from_args
+from v2kit.runtime.cpus import usable_cpus
 
 
 @pytest.mark.parametrize(("cpus", "workers"), [(1, 1), (2, 1), (3, 1), (4, 2), (6, 3), (8, 4), (64, 4)])
@@ -19,7 +19,7 @@ def test_auto_by_usable_cpus(cpus: int, workers: int) -> None:
 
 def test_auto_is_the_default_and_follows_this_process_cpus(tmp_path: Path) -> None:
     config = config_from_args(["--model-repository", str(tmp_path)])
-    assert config.frontend_workers == auto_frontend_workers(len(os.sched_getaffinity(0)))
+    assert config.frontend_workers == auto_frontend_workers(usable_cpus())
 
 
 def test_a_number_is_taken_as_given(tmp_path: Path) -> None:
