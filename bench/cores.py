@@ -13,7 +13,8 @@ could use every core: Triton runs K stub processes, ours K sessions on threads o
 Ours is measured as one process (`--frontend-workers 1`) and with K front-end workers.
 
 Columns: perf_analyzer's infer/s and p50 at --concurrency, the server's CPU per request (its
-process and children, over the whole perf_analyzer run), the ratio to Triton on the same cores,
+process and children, over the whole perf_analyzer run, and its main process alone: where ours
+schedules and runs every request, the bound of the worker layout), the ratio to Triton on the same cores,
 and the gain over the same server on one core. Rows are also appended to --csv as they are made,
 so that a run cut short keeps what it measured.
 """
@@ -29,6 +30,8 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -47,7 +50,8 @@ class Row:
     model: str
     infer_per_s: float
     p50_us: float
-    cpu_us: float
+    cpu_us: float  # the server's processes and threads, all of them
+    main_cpu_us: float  # its main process alone: ours' core (models, batchers), Triton's tritonserver
 
 
 def parse_cpus(text: str) -> list[int]:
@@ -98,8 +102,10 @@ def measure_server(
             measure(peers, endpoint, server, model, "http", args.concurrency, 300, tmp)
         for protocol in protocols:
             for model in VARIANTS:
+                main_before = _own_cpu_s(endpoint.pid)
                 run = measure(peers, endpoint, server, model, protocol, args.concurrency, args.window_ms, tmp)
-                row = Row(cores, label, protocol, model, run.infer_per_s, run.p50_us, run.cpu_us)
+                main_us = (_own_cpu_s(endpoint.pid) - main_before) / max(1, run.times.success_count) * 1e6
+                row = Row(cores, label, protocol, model, run.infer_per_s, run.p50_us, run.cpu_us, main_us)
                 print(f"  {row}", file=sys.stderr, flush=True)
                 rows.append(row)
                 if args.csv:
@@ -112,12 +118,18 @@ def measure_server(
     return rows
 
 
+def _own_cpu_s(pid: int) -> float:
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
 def render(rows: list[Row]) -> str:
     by_key = {(r.cores, r.server, r.protocol, r.model): r for r in rows}
     one_core = {(r.server.split(",")[0], r.protocol, r.model): r.infer_per_s for r in rows if r.cores == 1}
     lines = [
-        "| protocol | model | cores | server | infer/s | ratio to Triton | gain over 1 core | p50 us | server CPU us/req |",
-        "|---|---|---:|---|---:|---:|---:|---:|---:|",
+        "| protocol | model | cores | server | infer/s | ratio to Triton | gain over 1 core | p50 us "
+        "| server CPU us/req | of it, main process |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         triton = by_key.get((r.cores, "triton", r.protocol, r.model))
@@ -126,7 +138,7 @@ def render(rows: list[Row]) -> str:
         gain = f"{r.infer_per_s / base:.2f}" if base else ""
         lines.append(
             f"| {r.protocol} | {r.model} | {r.cores} | {r.server} | {r.infer_per_s:.0f} | {versus} | {gain} "
-            f"| {r.p50_us:.0f} | {r.cpu_us:.0f} |"
+            f"| {r.p50_us:.0f} | {r.cpu_us:.0f} | {r.main_cpu_us:.0f} |"
         )
     return "\n".join(lines)
 
