@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import shutil
 import sys
 import tempfile
@@ -86,6 +85,7 @@ from _harness import (
 
 from perfkit.testing.models import read_ort_times, write_onnx_wrapper
 from v2kit.demo import build_demo_repository
+from v2kit.runtime.cpus import affinity_cpus
 
 SERVERS = ("ours", "triton")
 VARIANTS = {"mlp_batching": True, "mlp_plain": False}
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     cpus = None if args.server_cpus is None else [int(c) for c in args.server_cpus.split(",")]
     peers = peers_dir()
     levels = [int(c) for c in args.concurrency.split(",")]
-    intra = args.intra_op_threads or max(1, len(os.sched_getaffinity(0)) // args.instances)
+    intra = args.intra_op_threads or max(1, affinity_cpus() // args.instances)
     settings = Settings(args.max_batch_size, args.instances, args.queue_delay_us, intra, args.allow_spinning)
     runs: list[Run] = []
     with tempfile.TemporaryDirectory() as tmp_name:

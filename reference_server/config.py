@@ -472,5 +472,4 @@ def auto_frontend_workers(usable_cpus: int | None = None) -> int:
         if not sys.platform.startswith("linux"):
             return 1  # elsewhere SO_REUSEPORT does not spread connections over the workers' sockets
         usable_cpus = runtime_cpus.usable_cpus()  # a container's CPU limit counts, not the host's CPUs
-    cpus = usable_cpus
-    return 1 if cpus < AUTO_WORKERS_MIN_CPUS else min(AUTO_WORKERS_MAX, cpus // 2)
+    return 1 if usable_cpus < AUTO_WORKERS_MIN_CPUS else min(AUTO_WORKERS_MAX, usable_cpus // 2)

@@ -27,6 +27,8 @@ import struct
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from v2kit.runtime.cpus import affinity_cpus
+
 __all__ = ["read_ort_times", "write_bls", "write_onnx_wrapper", "write_sleeper", "write_staller"]
 
 # The record `_ONNX_MODEL` writes with `struct.pack("<4Q", ...)`.
@@ -330,7 +332,7 @@ def write_onnx_wrapper(
         output_dims = graph_output[1] if output_dims is None else output_dims
     assert input_name and output_name and input_dims is not None and output_dims is not None
     if intra_op_threads is None:
-        intra_op_threads = max(1, _usable_cpus() // max(1, instances))
+        intra_op_threads = max(1, affinity_cpus() // max(1, instances))
     io = (
         f'input [ {{ name: "{input_name}" data_type: TYPE_FP32 dims: {_dims(input_dims)} }} ]\n'
         f'output [ {{ name: "{output_name}" data_type: TYPE_FP32 dims: {_dims(output_dims)} }} ]\n'
@@ -422,8 +424,3 @@ def _graph_io(onnx_path: Path) -> tuple[tuple[str, list[int]], tuple[str, list[i
     return found[0], found[1]
 
 
-def _usable_cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not on Linux
-        return os.cpu_count() or 1

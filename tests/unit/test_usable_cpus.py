@@ -33,4 +33,4 @@ def test_a_quota_below_the_affinity_bounds_it(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(cpus, "cgroup_cpu_quota", lambda: 1.5)
     assert cpus.usable_cpus() == 2
     monkeypatch.setattr(cpus, "cgroup_cpu_quota", lambda: None)
-    assert cpus.usable_cpus() == 64
+    assert cpus.usable_cpus() == cpus.affinity_cpus() == 64

@@ -11,14 +11,19 @@ _CGROUP_V2 = Path("/sys/fs/cgroup/cpu.max")
 _CGROUP_V1 = (Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us"))
 
 
+def affinity_cpus() -> int:
+    """CPUs this process may be scheduled on (every CPU off Linux); at least 1."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
+
+
 def usable_cpus() -> int:
     """CPUs this process may run on, at most its cgroup's quota rounded up; at least 1."""
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not on Linux
-        cpus = os.cpu_count() or 1
+    cpus = affinity_cpus()
     quota = cgroup_cpu_quota()
-    return max(1, min(cpus, math.ceil(quota))) if quota is not None else max(1, cpus)
+    return max(1, min(cpus, math.ceil(quota))) if quota is not None else cpus
 
 
 def cgroup_cpu_quota(v2: Path = _CGROUP_V2, v1: tuple[Path, Path] = _CGROUP_V1) -> float | None:
