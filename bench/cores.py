@@ -63,30 +63,42 @@ def parse_cpus(text: str) -> list[int]:
     return cpus
 
 
-def server_labels(cores: int, workers: list[int] | None) -> list[str]:
-    """Ours as one process, ours with each of `workers` front-end workers (default: one per core),
-    and Triton."""
+@dataclass(frozen=True, slots=True)
+class Server:
+    kind: str  # process, workers or triton, as --servers names them
+    frontend_workers: int = 1  # ours only
+
+    @property
+    def label(self) -> str:
+        if self.kind == "triton":
+            return "triton"
+        return "ours, 1 process" if self.kind == "process" else f"ours, {self.frontend_workers} workers"
+
+
+def servers_for(cores: int, workers: list[int] | None, kinds: list[str]) -> list[Server]:
+    """Of `kinds`: ours as one process, ours with each of `workers` front-end workers (default: one
+    per core), and Triton."""
     counts = workers if workers is not None else ([cores] if cores > 1 else [])
-    return ["ours, 1 process", *(f"ours, {n} workers" for n in counts if n > 1), "triton"]
+    every = [Server("process"), *(Server("workers", n) for n in counts if n > 1), Server("triton")]
+    return [server for server in every if server.kind in kinds]
 
 
 @contextlib.contextmanager
-def started(label: str, peers: Path, ours: Path, triton: Path, cpus: Sequence[int]) -> Iterator[Endpoint]:
-    if label == "triton":
+def started(server: Server, peers: Path, ours: Path, triton: Path, cpus: Sequence[int]) -> Iterator[Endpoint]:
+    if server.kind == "triton":
         with triton_server(peers, triton) as process:
             endpoint = Endpoint(process.http_url, process.grpc_url, process.process.pid)
             pin_tree(endpoint.pid, cpus)
             yield endpoint
         return
-    workers = label.split()[1] if "workers" in label else "1"
-    with reference_server_process(ours, ["--frontend-workers", workers]) as server:
-        endpoint = Endpoint(server.http_url, server.grpc_url, server.process.pid)
+    with reference_server_process(ours, ["--frontend-workers", str(server.frontend_workers)]) as ours_process:
+        endpoint = Endpoint(ours_process.http_url, ours_process.grpc_url, ours_process.process.pid)
         pin_tree(endpoint.pid, cpus)
         yield endpoint
 
 
 def measure_server(
-    label: str,
+    server: Server,
     cores: int,
     peers: Path,
     ours: Path,
@@ -96,16 +108,16 @@ def measure_server(
     tmp: Path,
 ) -> list[Row]:
     rows: list[Row] = []
-    with started(label, peers, ours, triton, list(range(cores))) as endpoint:
-        server = "triton" if label == "triton" else "ours"
+    with started(server, peers, ours, triton, list(range(cores))) as endpoint:
+        name = "triton" if server.kind == "triton" else "ours"
         for model in VARIANTS:  # warm-up: sessions, stubs, connections
-            measure(peers, endpoint, server, model, "http", args.concurrency, 300, tmp)
+            measure(peers, endpoint, name, model, "http", args.concurrency, 300, tmp)
         for protocol in protocols:
             for model in VARIANTS:
                 main_before = _own_cpu_s(endpoint.pid)
-                run = measure(peers, endpoint, server, model, protocol, args.concurrency, args.window_ms, tmp)
+                run = measure(peers, endpoint, name, model, protocol, args.concurrency, args.window_ms, tmp)
                 main_us = (_own_cpu_s(endpoint.pid) - main_before) / max(1, run.times.success_count) * 1e6
-                row = Row(cores, label, protocol, model, run.infer_per_s, run.p50_us, run.cpu_us, main_us)
+                row = Row(cores, server.label, protocol, model, run.infer_per_s, run.p50_us, run.cpu_us, main_us)
                 print(f"  {row}", file=sys.stderr, flush=True)
                 rows.append(row)
                 if args.csv:
@@ -173,13 +185,12 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory() as tmp_name:
             tmp = Path(tmp_name)
             ours, triton = write_repositories(tmp, settings)
-            wanted = args.servers.split(",")
-            for label in [x for x in server_labels(cores, workers) if any(w in x for w in wanted)]:
-                print(f"{cores} cores: starting {label}", file=sys.stderr, flush=True)
+            for server in servers_for(cores, workers, args.servers.split(",")):
+                print(f"{cores} cores: starting {server.label}", file=sys.stderr, flush=True)
                 try:
-                    rows += measure_server(label, cores, peers, ours, triton, protocols, args, tmp)
+                    rows += measure_server(server, cores, peers, ours, triton, protocols, args, tmp)
                 except RuntimeError as exc:  # a peer that cannot start or answer here: the other rows still count
-                    print(f"{cores} cores, {label}: skipped: {exc}", file=sys.stderr, flush=True)
+                    print(f"{cores} cores, {server.label}: skipped: {exc}", file=sys.stderr, flush=True)
     print()
     print(f"concurrency {args.concurrency}; perf_analyzer on CPUs {client_cpus}; {machine(peers)}")
     print()
