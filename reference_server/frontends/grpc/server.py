@@ -11,7 +11,10 @@ deserialised leniently, and a `_Context` whose `abort` and `write` stand in for 
 
 - *Calls.* The path names the method. A unary call runs, as one task, once its request has
   ended; ModelStreamInfer runs from its headers on, its requests fed to the servicer as they
-  complete. A client's RST_STREAM cancels the call's task.
+  complete. A client's RST_STREAM cancels the call's task. ModelInfer, uncompressed, runs with
+  no task (`_serve_now`, the servicer's `start_ModelInfer`): its request goes to the scheduler
+  and the answer leaves from the callback that ends its batch, as an HTTP inference does; a
+  reset answers nothing more, and the request runs to its end.
 - *Answers.* A unary answer leaves as HEADERS, DATA and trailers in one write where the windows
   allow; a failure before any answer as trailers only (grpc-status, and grpc-message
   percent-encoded).
@@ -95,14 +98,23 @@ class _Abort(grpc.aio.AbortError):  # type: ignore[misc]
         self.details = details
 
 
-class _Method:
-    __slots__ = ("name", "handler", "deserialize", "streaming")
+#: A unary method's form without a task: (request, done), where `done` gets the response message
+#: or (grpc.StatusCode, details), once, on the loop.
+Start = Callable[[Any, Callable[[Any], None]], None]
 
-    def __init__(self, name: str, handler: Callable[..., Awaitable[Any]], deserialize: Any, streaming: bool) -> None:
+
+class _Method:
+    __slots__ = ("name", "handler", "deserialize", "streaming", "start")
+
+    def __init__(
+        self, name: str, handler: Callable[..., Awaitable[Any]], deserialize: Any, streaming: bool,
+        start: Start | None = None,
+    ) -> None:  # fmt: skip
         self.name = name
         self.handler = handler
         self.deserialize = deserialize
         self.streaming = streaming
+        self.start = start
 
 
 class GrpcServer(Listener):
@@ -119,7 +131,10 @@ class GrpcServer(Listener):
             path = f"/{_SERVICE.full_name}/{method.name}"
             deserialize = lenient_deserializer(getattr(pb, method.input_type.name))
             handler = getattr(servicer, method.name)
-            self.methods[path] = _Method(method.name, handler, deserialize, method.client_streaming)
+            # Looked up on the class: a servicer's __getattr__ stands in for missing methods, not these.
+            start = getattr(type(servicer), f"start_{method.name}", None)
+            bound = None if start is None else start.__get__(servicer)
+            self.methods[path] = _Method(method.name, handler, deserialize, method.client_streaming, bound)
 
     def connection(self) -> asyncio.Protocol:
         return _GrpcConnection(self)
@@ -268,7 +283,11 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
             self._start(stream, self._serve_compressed(stream, memoryview(body)[5:]))
             return
         message = self._message(stream, body[0], memoryview(body)[5:])
-        if message is not None:
+        if message is None:
+            return
+        if stream.method.start is not None and stream.reply_coding is None:
+            self._serve_now(stream, stream.method.deserialize(message))
+        else:
             self._start(stream, self._serve_unary(stream, stream.method.deserialize(message)))
 
     def stream_reset(self, stream: _Call, code: int | None) -> None:
@@ -378,6 +397,38 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
         server.busy(+1)
         call.task = self.loop.create_task(coroutine)
         call.task.add_done_callback(lambda _: server.busy(-1))
+
+    def _serve_now(self, call: _Call, request: Any) -> None:
+        """A unary call whose method has a form without a task (ModelInfer): its answer is
+        encoded and written from the callback that ends its batch, with no task and no loop pass
+        of its own. A reset or a deadline answers the call at once as ever; the request itself
+        runs to its end, and its answer is dropped."""
+        server = self._server
+        server.busy(+1)
+        answered = False
+
+        def done(result: Any) -> None:
+            nonlocal answered
+            if answered:
+                return
+            answered = True
+            server.busy(-1)
+            if isinstance(result, tuple):
+                code, details = result
+                self._finish(call, code_of(code), details)
+                return
+            data = result.SerializeToString()
+            if self.h2.streams.get(call.id) is call and self._sendable(call, len(data)):
+                self._answer(call, _prefixed(data))
+
+        assert call.method.start is not None
+        try:
+            call.method.start(request, done)
+        except Exception as exc:  # the servicer maps every error it knows; this one is a bug
+            if not answered:
+                answered = True
+                server.busy(-1)
+                self._crashed(call, exc)
 
     async def _serve_unary(self, call: _Call, request: Any) -> None:
         try:

@@ -44,12 +44,12 @@ Method: TypeAlias = Callable[[Any, Req, Context], Awaitable[Resp]]
 def _status(exc: Exception, method: str) -> tuple[grpc.StatusCode, str]:
     """The one error mapping of the gRPC front end (the REST middleware reads the same attributes).
 
-    Call it from an `except` block: unexpected errors are logged with their traceback here.
+    Unexpected errors are logged with their traceback here.
     """
     error = server_error(exc)
     if error is not None:
         return grpc.StatusCode[error.grpc_code], error.message
-    log.exception("internal error serving gRPC %s", method)
+    log.error("internal error serving gRPC %s", method, exc_info=exc)
     return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
 
 
@@ -170,6 +170,40 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Context) -> pb.ModelInferResponse:
         with self._plane.admit():
             return response_to_proto(await self._plane.infer(request_from_proto(request), endpoint=GRPC_ENDPOINT))
+
+    def start_ModelInfer(self, request: pb.ModelInferRequest, done: Callable[[Any], None]) -> None:
+        """ModelInfer without a coroutine (`server._serve_now`): the request goes to the
+        scheduler through `Plane.start_infer`, and `done` gets the response message, or the
+        (status, details) that `ModelInfer` would abort with, once, on the loop."""
+        if isinstance(request, _Malformed):
+            done((grpc.StatusCode.INVALID_ARGUMENT, request.error))
+            return
+        plane = self._plane
+        try:
+            plane.acquire()
+        except Exception as exc:
+            done(_status(exc, "ModelInfer"))
+            return
+        held = True
+
+        def answered(response: Any) -> None:
+            nonlocal held
+            if held:
+                held = False
+                plane.release()
+            try:
+                if isinstance(response, Exception):
+                    raise response
+                message = response_to_proto(response)
+            except Exception as exc:
+                done(_status(exc, "ModelInfer"))
+                return
+            done(message)
+
+        try:
+            plane.start_infer(request_from_proto(request), answered, endpoint=GRPC_ENDPOINT)
+        except Exception as exc:
+            answered(exc)
 
     @_rpc
     async def ModelStreamInfer(self, requests: AsyncIterator[pb.ModelInferRequest], context: Context) -> None:
