@@ -766,3 +766,69 @@ def test_the_codec_modules_use_only_public_names_of_each_other():
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("v2kit"):
                 private += [f"{path.name}: {a.name}" for a in node.names if a.name.startswith("_")]
     assert private == []
+
+
+def _binary_request(values: np.ndarray) -> tuple[bytes, int | None]:
+    request = InferRequest(
+        "m", inputs=[InferTensor("IN", "FP32", list(values.shape), values)], outputs=[RequestedOutput("OUT", True)]
+    )
+    return v2.encode_infer_request(request)
+
+
+def test_a_header_seen_before_decodes_each_body_afresh():
+    # The second body has the same JSON header, so its parse is reused: its data, and objects of its own.
+    first_body, length = _binary_request(np.arange(4, dtype=np.float32).reshape(1, 4))
+    second_body, second_length = _binary_request(np.full((1, 4), 7, dtype=np.float32))
+    assert first_body[:length] == second_body[:second_length]
+    first = v2.decode_infer_request(first_body, length, "m")
+    first.parameters["changed"] = True
+    first.inputs[0].parameters["changed"] = True
+    first.inputs[0].shape.append(9)
+    assert first.outputs is not None
+    first.outputs[0].parameters["changed"] = True
+    second = v2.decode_infer_request(second_body, second_length, "m")
+    assert second.inputs[0].data.tolist() == [[7, 7, 7, 7]]
+    assert first.inputs[0].data.tolist() == [[0, 1, 2, 3]]
+    assert second.inputs[0].shape == [1, 4] and second.inputs[0].parameters == {}
+    assert second.parameters == {} and second.outputs is not None and second.outputs[0].parameters == {}
+    assert second.outputs[0].binary is True
+
+
+def test_a_header_seen_before_still_checks_the_binary_size():
+    body, length = _binary_request(np.zeros((1, 4), dtype=np.float32))
+    v2.decode_infer_request(body, length, "m")
+    with pytest.raises(CodecError, match="expecting 4 additional bytes"):
+        v2.decode_infer_request(body[:-4], length, "m")
+    with pytest.raises(CodecError, match="unexpected additional input data"):
+        v2.decode_infer_request(body + b"1234", length, "m")
+
+
+def test_parsed_headers_are_bounded():
+    for i in range(v2._PARSED_MAX + 10):
+        body, length = _binary_request(np.zeros((1, i + 1), dtype=np.float32))
+        v2.decode_infer_request(body, length, "m")
+        assert len(v2._PARSED) <= v2._PARSED_MAX
+
+
+def test_an_answer_of_shapes_seen_before_carries_its_own_data():
+    request = InferRequest("m", outputs=[RequestedOutput("OUT", True)])
+
+    def answer(values: np.ndarray) -> tuple[bytes, int | None]:
+        response = InferResponse("m", "1", outputs=[InferTensor("OUT", "FP32", list(values.shape), values)])
+        return v2.encode_infer_response(response, request)
+
+    first_body, first_length = answer(np.zeros((1, 3), dtype=np.float32))
+    second_body, second_length = answer(np.array([[1, 2, 3]], dtype=np.float32))
+    assert first_length == second_length and first_body[:first_length] == second_body[:second_length]
+    decoded = v2.decode_infer_response(second_body, second_length)
+    assert decoded.outputs[0].data.tolist() == [[1, 2, 3]]
+    # Data that does not fit its shape is refused as before, whatever was encoded before.
+    misfit = InferResponse("m", "1", outputs=[InferTensor("OUT", "FP32", [1, 3], np.zeros((1, 4), np.float32))])
+    with pytest.raises(CodecError, match="needs 3 elements but data has 4"):
+        v2.encode_infer_response(misfit, request)
+    # An id, or JSON output, takes the full path and says so in the header.
+    with_id = InferResponse("m", "1", "r1", outputs=[InferTensor("OUT", "FP32", [1, 3], np.zeros((1, 3), np.float32))])
+    body, length = v2.encode_infer_response(with_id, request)
+    assert length is not None and json.loads(body[:length])["id"] == "r1"
+    as_json, none = v2.encode_infer_response(with_id, InferRequest("m", outputs=[RequestedOutput("OUT", False)]))
+    assert none is None and json.loads(as_json)["outputs"][0]["data"] == [0, 0, 0]
