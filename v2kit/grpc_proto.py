@@ -112,6 +112,8 @@ def _map_single(field: FieldDescriptor, value: Any, fn: ScalarMap) -> Any:
 
 def parameters_from_proto(pb_map: Any) -> dict[str, Any]:
     """`map<string, InferParameter>` → dict of bool/int/str/float (entries with nothing set are skipped)."""
+    if not pb_map:
+        return {}  # the common case; items() of an empty map still costs three Python calls
     out = {}
     for key, p in pb_map.items():
         which = p.WhichOneof("parameter_choice")
@@ -172,30 +174,33 @@ def _tensors_from_proto(tensors: Any, raw: Any, kind: str, model: str) -> list[I
     out: list[InferTensor] = []
     seen: set[str] = set()
     used = 0  # raw entries taken: an input in shared memory has none (tritonclient sends none)
+    raw_count = len(raw)
     for t in tensors:
-        what = f"{kind} {t.name!r}"
-        if t.name in seen:
-            raise CodecError(f"duplicate {kind} name {t.name!r}")
-        seen.add(t.name)
+        # Each field read of a protobuf message is a lookup of its own: read each once.
+        name, datatype, shape = t.name, t.datatype, list(t.shape)
+        what = f"{kind} {name!r}"
+        if name in seen:
+            raise CodecError(f"duplicate {kind} name {name!r}")
+        seen.add(name)
         params = parameters_from_proto(t.parameters)
-        present = [f for f in _CONTENT_FIELDS if len(getattr(t.contents, f))]
+        present = [f for f in _CONTENT_FIELDS if len(getattr(t.contents, f))] if t.HasField("contents") else []
         if params and kind == "input" and shared_memory_ref(params, what) is not None:
             if present:
                 raise CodecError(f"{what}: has both shared_memory_region and contents; send one")
-            data = np.empty(0, datatype_to_numpy(t.datatype, what))
-        elif len(raw):
+            data = np.empty(0, datatype_to_numpy(datatype, what))
+        elif raw_count:
             if present:
                 raise CodecError(  # Triton's words
-                    f"contents field must not be specified when using {raw_name} for {t.name!r}{for_model(model)}"
+                    f"contents field must not be specified when using {raw_name} for {name!r}{for_model(model)}"
                 )
-            if used == len(raw):
-                raise _raw_count_error(tensors, raw, kind, model, missing=t.name)
-            data = tensor_from_raw(raw[used], t.datatype, list(t.shape), t.name, kind=kind, model=model)
+            if used == raw_count:
+                raise _raw_count_error(tensors, raw, kind, model, missing=name)
+            data = tensor_from_raw(raw[used], datatype, shape, name, kind=kind, model=model)
             used += 1
         else:
             data = _from_contents(t, present, raw_name, what, model)
-        out.append(InferTensor(t.name, t.datatype, list(t.shape), data, params))
-    if used != len(raw):
+        out.append(InferTensor(name, datatype, shape, data, params))
+    if used != raw_count:
         raise _raw_count_error(tensors, raw, kind, model)
     return out
 
@@ -231,14 +236,16 @@ def _tensors_to_proto(tensors: list[InferTensor], target: Any, raw: Any, kind: s
 def request_from_proto(pb: Any) -> InferRequest:
     """gRPC `ModelInferRequest` → InferRequest (raw or typed contents). Raises only CodecError."""
     # No inputs is the model's business: the server words it with the count the model wants.
-    inputs = _tensors_from_proto(pb.inputs, pb.raw_input_contents, "input", pb.model_name)
+    model = pb.model_name
+    inputs = _tensors_from_proto(pb.inputs, pb.raw_input_contents, "input", model)
     outputs: dict[str, RequestedOutput] = {}
     for o in pb.outputs:
-        if o.name in outputs:
-            raise CodecError(f"duplicate requested output name {o.name!r}")
-        outputs[o.name] = RequestedOutput(o.name, None, parameters_from_proto(o.parameters))
+        name = o.name
+        if name in outputs:
+            raise CodecError(f"duplicate requested output name {name!r}")
+        outputs[name] = RequestedOutput(name, None, parameters_from_proto(o.parameters))
     params, requested = parameters_from_proto(pb.parameters), list(outputs.values()) or None
-    return InferRequest(pb.model_name, pb.model_version, pb.id, inputs, requested, params)
+    return InferRequest(model, pb.model_version, pb.id, inputs, requested, params)
 
 
 def request_to_proto(req: InferRequest) -> Any:
