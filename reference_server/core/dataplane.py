@@ -468,7 +468,7 @@ def _model_name(name: str) -> str:
 
 def is_decoupled(served: ModelVersion) -> bool:
     """Whether `served` may answer a request 0..N times (`model_transaction_policy { decoupled: true }`)."""
-    return bool(served.config.model_transaction_policy.decoupled)
+    return served.decoupled
 
 
 def _model_parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:

@@ -119,10 +119,13 @@ class ModelVersion:
     #: checks and answers of every request (a protobuf read of each costs about a microsecond).
     input_types: dict[str, tuple[str, tuple[int, ...]]] = field(init=False)
     output_datatypes: dict[str, str] = field(init=False)
+    #: `model_transaction_policy { decoupled: true }`: it may answer a request 0..N times.
+    decoupled: bool = field(init=False)
 
     def __post_init__(self) -> None:
         self.input_types = {n: (_datatype(t.data_type), tuple(t.dims)) for n, t in self.inputs.items()}
         self.output_datatypes = {n: _datatype(t.data_type) for n, t in self.outputs.items()}
+        self.decoupled = bool(self.config.model_transaction_policy.decoupled)
 
     async def close(self, grace_s: float) -> None:
         await self.scheduler.close(grace_s)

@@ -246,9 +246,11 @@ def test_waiting_for_a_capped_connection_counts_against_the_timeout(run: Runner[
             assert isinstance(failure_of(first), TimeoutError)
             assert isinstance(failure_of(second), TimeoutError) and second[3] == 0  # never sent
             await pool.close()
-        # The cap held, and only the first request reached the server. (The second may still open
-        # the room the first's closed connection left, when its own deadline is a few ms later.)
-        assert stub.open_most == 1 and len(stub.heads) == 1
+        # Only the first request reached the server. The second may still open the room the first's
+        # closed connection left when its own deadline is a few ms later, and the stub may see that
+        # connection before it sees the first one's close: its count of open connections proves
+        # nothing here (the cap itself is tested above).
+        assert len(stub.heads) == 1
 
     run(scenario())
 

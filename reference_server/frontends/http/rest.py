@@ -89,21 +89,12 @@ class RestApi:
 
     def _route(self, request: HttpRequest, reply: Reply) -> None:
         path = request.path
-        segments = [unquote(s, errors="surrogateescape") if "%" in s else s for s in path.split("/")]
-        if len(segments) >= 2 and not segments[0] and segments[1] == "v1":  # the OpenAI-compatible routes
-            if self.token is not None:
-                try:
-                    self.token.check(request.headers.get("authorization"))
-                except Unauthenticated as exc:
-                    answer = openai_error(OpenAiError(exc.message, exc.http_status, code="invalid_api_key"))
-                    answer.headers = _CHALLENGE
-                    reply(answer)
-                    return
-            if self._openai is None:
-                self._openai = OpenAiApi(self.plane, self.plane.server_metadata()["name"])
-            self._openai.respond(request, segments[2:], reply)
-            return
-        endpoint, methods, model, version = _match(segments)
+        route = _ROUTED.get(path)
+        if route is None:
+            route = self._route_new(path, request, reply)
+            if route is None:
+                return
+        endpoint, methods, model, version = route
         # The matched route, not the path's spelling, decides: no spelling of a path (%2F, '..')
         # reaches a protected handler through an open name. Unmatched paths want the token too.
         if self.token is not None and not (endpoint is not None and path in OPEN_HTTP_PATHS):
@@ -118,6 +109,31 @@ class RestApi:
             reply(response)
             return
         endpoint(self, request, model, version, reply)
+
+    def _route_new(
+        self, path: str, request: HttpRequest, reply: Reply
+    ) -> tuple[RouteHandler | None, frozenset[str], str, str] | None:
+        """The route of a path not seen yet, kept in `_ROUTED`; or None where the OpenAI routes
+        answered it (they route on the segments themselves)."""
+        segments = [unquote(s, errors="surrogateescape") if "%" in s else s for s in path.split("/")]
+        if len(segments) >= 2 and not segments[0] and segments[1] == "v1":  # the OpenAI-compatible routes
+            if self.token is not None:
+                try:
+                    self.token.check(request.headers.get("authorization"))
+                except Unauthenticated as exc:
+                    answer = openai_error(OpenAiError(exc.message, exc.http_status, code="invalid_api_key"))
+                    answer.headers = _CHALLENGE
+                    reply(answer)
+                    return None
+            if self._openai is None:
+                self._openai = OpenAiApi(self.plane, self.plane.server_metadata()["name"])
+            self._openai.respond(request, segments[2:], reply)
+            return None
+        route = _match(segments)
+        if len(_ROUTED) >= _ROUTED_MAX:
+            _ROUTED.clear()
+        _ROUTED[path] = route
+        return route
 
     # -- endpoints
 
@@ -290,6 +306,12 @@ _REPOSITORY: dict[str, tuple[RouteHandler, frozenset[str]]] = {
     "load": (RestApi.repository_load, _POST),
     "unload": (RestApi.repository_unload, _POST),
 }
+
+
+#: Routes by path: a client asks the same few paths again and again, and a route depends on the
+#: path alone. Bounded; it starts again empty when full.
+_ROUTED: dict[str, tuple[RouteHandler | None, frozenset[str], str, str]] = {}
+_ROUTED_MAX = 1024
 
 
 def _match(segments: list[str]) -> tuple[RouteHandler | None, frozenset[str], str, str]:
