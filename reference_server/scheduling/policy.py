@@ -116,6 +116,9 @@ def batch_key(policy: BatchingPolicy, batching: bool, inputs: Tensors) -> tuple[
         raise InvalidArgument(f"inference request batch-size must be <= {max_batch_size}")
     if not batching:
         return batch_size, None
+    if len(inputs) == 1:
+        ((name, array),) = inputs.items()
+        return batch_size, ((name, array.dtype, array.shape[1:]),)
     # Sorted so that two clients listing the same inputs in another order still batch.
     return batch_size, tuple(sorted((n, a.dtype, a.shape[1:]) for n, a in inputs.items()))
 

@@ -208,12 +208,23 @@ class DuplicateHost(Exception):
     """A request with more than one Host line (RFC 9112 §3.2: 400)."""
 
 
+#: Header names as they came → their lower-case text: clients send the same few names with every
+#: request. Bounded (at most 512 names of up to 64 bytes): others are decoded each time.
+_FIELD_NAMES: dict[bytes, str] = {}
+_FIELD_NAMES_MAX = 512
+
+
 def parse_fields(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
     """Headers by lower-case name, a repeated header's values joined with ', '. Raises
     DuplicateHost for a second Host line (an exception, so the common case pays nothing)."""
     fields: dict[str, str] = {}
+    names = _FIELD_NAMES
     for name, value in headers:
-        key = name.decode("latin-1").lower()
+        key = names.get(name)
+        if key is None:
+            key = name.decode("latin-1").lower()
+            if len(names) < _FIELD_NAMES_MAX and len(name) <= 64:
+                names[name] = key
         text = value.decode("latin-1")
         if key in fields:
             if key == "host":
