@@ -267,6 +267,21 @@ def test_oversized_message_is_refused(demo_repository: Path) -> None:
             c.close()
 
 
+def test_a_model_infer_message_that_does_not_parse_is_invalid_argument(demo_server: ReferenceServer) -> None:
+    # Bytes that are no ModelInferRequest (a field 1 of wire type 7, which does not exist).
+    with grpc.insecure_channel(f"127.0.0.1:{demo_server.grpc_port}") as channel:
+        call = channel.unary_unary(
+            "/inference.GRPCInferenceService/ModelInfer",
+            request_serializer=lambda raw: raw,
+            response_deserializer=pb.ModelInferResponse.FromString,
+        )
+        with pytest.raises(grpc.RpcError) as refused:
+            call(b"\x0f\xff\xff", timeout=30)
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "is not a valid inference.ModelInferRequest message" in (refused.value.details() or "")
+        assert Stub(channel).ServerLive(pb.ServerLiveRequest(), timeout=30).live  # the connection serves on
+
+
 async def test_busy_grpc_port_stops_the_started_listeners(demo_repository: Path) -> None:
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -34,6 +34,7 @@ from reference_server.config import (
 )
 from reference_server.server import ReferenceServer, running_server
 from tests.servers import loopback_config
+from tests.waiting import eventually
 
 pytestmark = pytest.mark.integration
 
@@ -149,6 +150,37 @@ def test_grpc_calls_past_the_inflight_limit_get_unavailable(limited_server: Refe
     assert set(codes) <= {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}, set(codes)
     assert codes.count(grpc.StatusCode.OK) >= 4 and grpc.StatusCode.UNAVAILABLE in codes
     assert all("--max-inflight-requests" in details for code, details, _ in answers if code != grpc.StatusCode.OK)
+    assert limited_server.dataplane is not None and limited_server.dataplane.inflight == 0
+
+
+def test_cancelled_grpc_calls_give_their_inflight_slots_back(limited_server: ReferenceServer) -> None:
+    async def scenario() -> tuple[list[object], grpc.StatusCode]:
+        request = pb.ModelInferRequest(model_name="slow")
+        request.inputs.add(name="INPUT0", datatype="FP32", shape=[1])
+        request.raw_input_contents.append(np.ones(1, np.float32).tobytes())
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{limited_server.grpc_port}") as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            # As many calls as there are slots, given up while their requests run or wait.
+            calls = [stub.ModelInfer(request, timeout=60) for _ in range(4)]
+            await asyncio.sleep(0.01)
+            for call in calls:
+                call.cancel()
+            outcomes = await asyncio.gather(*calls, return_exceptions=True)
+            # Their requests run to their end; then every slot is free again and a new call is served.
+            assert limited_server.dataplane is not None
+            plane = limited_server.dataplane
+            await eventually(lambda: plane.inflight == 0, timeout_s=30)
+            try:
+                await stub.ModelInfer(request, timeout=60)
+                code = grpc.StatusCode.OK
+            except grpc.aio.AioRpcError as exc:
+                code = exc.code()
+            return outcomes, code
+
+    outcomes, code = asyncio.run(scenario())
+    assert all(isinstance(o, (asyncio.CancelledError, pb.ModelInferResponse)) for o in outcomes), outcomes
+    assert any(isinstance(o, asyncio.CancelledError) for o in outcomes)
+    assert code == grpc.StatusCode.OK
     assert limited_server.dataplane is not None and limited_server.dataplane.inflight == 0
 
 
