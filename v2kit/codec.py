@@ -355,20 +355,19 @@ def decode_infer_request(
 ) -> InferRequest:
     """Server side: an HTTP infer body. `header_length` is Inference-Header-Content-Length (None when
     absent). Length 0 means a raw binary request, which needs `decode_raw_binary_request`."""
-    if _header_length(header_length, memoryview(body).nbytes) == 0:
+    mv = memoryview(body).cast("B")
+    n = _header_length(header_length, len(mv))
+    if n == 0:
         raise CodecError(
             "Inference-Header-Content-Length: 0 (raw binary request) needs the model's input metadata; "
             "the server must decode it with decode_raw_binary_request"
         )
     key = None
-    if header_length is not None and not isinstance(header_length, bool):
-        mv = memoryview(body).cast("B")
-        n = _header_length(header_length, len(mv))
-        if n is not None and n <= _PARSED_KEY_MAX:
-            key = bytes(mv[:n])
-            parsed = _PARSED.get(key)
-            if parsed is not None:
-                return _request_from(parsed, mv[n:], model_name, model_version)
+    if n is not None and n <= _PARSED_KEY_MAX:
+        key = bytes(mv[:n])
+        parsed = _PARSED.get(key)
+        if parsed is not None:
+            return _request_from(parsed, mv[n:], model_name, model_version)
     doc, rest = _split_body(body, header_length, "request")
     rid, params = _parse_common(doc)
     if "inputs" not in doc:
