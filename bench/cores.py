@@ -9,8 +9,10 @@ For each core count K the servers are started one at a time, each with every pro
 run on --client-cpus only, so that the load generator never takes a server's core. Each server
 gets the models of bench/server_vs_triton.py (`mlp_plain`, and `mlp_batching` with dynamic
 batching), both with K KIND_CPU instances of one intra-op thread each, so that the instances alone
-could use every core: Triton runs K stub processes, ours K sessions on threads of its core process.
-Ours is measured as one process (`--frontend-workers 1`) and with K front-end workers.
+could use every core: Triton runs K stub processes, ours K sessions, on threads of its core process
+or divided among its front-end workers. Ours is measured as one process (`--frontend-workers 1`)
+and with K front-end workers (`--workers`), its instances in the workers (`--worker-instances
+true`, the default) or all in the core process (`workers-core`).
 
 Columns: perf_analyzer's infer/s and p50 at --concurrency, the server's CPU per request (its
 process and children, over the whole perf_analyzer run, and its main process alone: where ours
@@ -65,21 +67,28 @@ def parse_cpus(text: str) -> list[int]:
 
 @dataclass(frozen=True, slots=True)
 class Server:
-    kind: str  # process, workers or triton, as --servers names them
+    kind: str  # process, workers, workers-core or triton, as --servers names them
     frontend_workers: int = 1  # ours only
 
     @property
     def label(self) -> str:
         if self.kind == "triton":
             return "triton"
-        return "ours, 1 process" if self.kind == "process" else f"ours, {self.frontend_workers} workers"
+        if self.kind == "process":
+            return "ours, 1 process"
+        where = ", instances in core" if self.kind == "workers-core" else ""
+        return f"ours, {self.frontend_workers} workers{where}"
 
 
 def servers_for(cores: int, workers: list[int] | None, kinds: list[str]) -> list[Server]:
     """Of `kinds`: ours as one process, ours with each of `workers` front-end workers (default: one
     per core), and Triton."""
     counts = workers if workers is not None else ([cores] if cores > 1 else [])
-    every = [Server("process"), *(Server("workers", n) for n in counts if n > 1), Server("triton")]
+    every = [
+        Server("process"),
+        *(Server(kind, n) for kind in ("workers", "workers-core") for n in counts if n > 1),
+        Server("triton"),
+    ]
     return [server for server in every if server.kind in kinds]
 
 
@@ -91,7 +100,10 @@ def started(server: Server, peers: Path, ours: Path, triton: Path, cpus: Sequenc
             pin_tree(endpoint.pid, cpus)
             yield endpoint
         return
-    with reference_server_process(ours, ["--frontend-workers", str(server.frontend_workers)]) as ours_process:
+    flags = ["--frontend-workers", str(server.frontend_workers)]
+    if server.kind == "workers-core":
+        flags += ["--worker-instances", "false"]
+    with reference_server_process(ours, flags) as ours_process:
         endpoint = Endpoint(ours_process.http_url, ours_process.grpc_url, ours_process.process.pid)
         pin_tree(endpoint.pid, cpus)
         yield endpoint
@@ -165,7 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch-size", type=int, default=64)
     parser.add_argument("--queue-delay-us", type=int, default=100)
     parser.add_argument(
-        "--servers", default="process,workers,triton", help="which of: process (ours, one), workers (ours), triton"
+        "--servers",
+        default="process,workers,triton",
+        help="which of: process (ours, one), workers (ours, instances in the workers), workers-core (ours, "
+        "instances in the core process), triton",
     )
     parser.add_argument("--workers", help="comma-separated front-end worker counts for ours (default: the cores)")
     parser.add_argument("--csv", type=Path, help="append each row here as it is measured")

@@ -72,6 +72,8 @@ class ServerConfig:
     server_name: str = SERVER_NAME
     #: Processes running the HTTP and gRPC front ends (`workers/`); 1: they run in this process.
     frontend_workers: int = 1
+    #: Whether the workers run the instances of the models that allow it themselves (`workers/hosting.py`).
+    worker_instances: bool = True
 
     @property
     def tls(self) -> bool:
@@ -356,6 +358,15 @@ def build_parser() -> argparse.ArgumentParser:
         f"else half of them, at most {AUTO_WORKERS_MAX}",
     )
     parser.add_argument(
+        "--worker-instances",
+        type=_bool,
+        default=True,
+        metavar="BOOL",
+        help="with front-end workers, divide the instances of each plain onnxruntime model with at least one "
+        "instance per worker among the workers, each running the requests it reads; false: the models run "
+        "in this process only",
+    )
+    parser.add_argument(
         "--server-name",
         default=SERVER_NAME,
         metavar="NAME",
@@ -428,6 +439,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         http_idle_timeout_secs=args.http_idle_timeout_secs,
         exit_timeout_secs=args.exit_timeout_secs,
         frontend_workers=auto_frontend_workers() if args.frontend_workers == "auto" else args.frontend_workers,
+        worker_instances=args.worker_instances,
         default_max_batch_size=default_mbs,
         log_verbose=args.log_verbose,
         backend_config=backend,

@@ -27,7 +27,9 @@ from reference_server.frontends.http.server import HttpServer
 from reference_server.frontends.metrics import build_metrics_app
 from reference_server.scheduling.rate_limiter import RateLimiter
 from reference_server.workers.frontends import build_grpc, build_http, listen_grpc, server_ssl_context
+from reference_server.workers.hosting import WorkerHosting
 from reference_server.workers.plane_server import PlaneServer
+from reference_server.workers.process import START_TIMEOUT_S as WORKER_START_TIMEOUT_S
 from reference_server.workers.process import FrontendWorkers
 from v2kit.runtime import gpu
 
@@ -99,7 +101,8 @@ class ReferenceServer:
             if config.allow_grpc:
                 print(f"Started GRPCInferenceService at {config.host}:{self.grpc_port}", flush=True)
             if config.allow_metrics:
-                self.metrics_port = await self._listen(build_metrics_app(self.repository), config.metrics_port)
+                app = build_metrics_app(self.repository, self.dataplane.stats_of)
+                self.metrics_port = await self._listen(app, config.metrics_port)
                 print(f"Started Metrics Service at {config.host}:{self.metrics_port}", flush=True)
         except BaseException:
             await self.stop(grace_s=0)
@@ -121,10 +124,16 @@ class ReferenceServer:
     async def _start_workers(self, plane: DataPlane) -> None:
         """The front ends in `--frontend-workers` processes of their own, calling `plane` here."""
         self._plane_dir = tempfile.TemporaryDirectory(prefix="reference-server-")
-        self._plane_server = PlaneServer(plane, os.path.join(self._plane_dir.name, "plane.sock"))
+        hosting = WorkerHosting(plane, self.config)
+        await hosting.sync()  # what the workers run, from the models loaded; each is told once connected
+        self._plane_server = PlaneServer(plane, os.path.join(self._plane_dir.name, "plane.sock"), hosting)
         await self._plane_server.start()
         self._workers = FrontendWorkers(self.config, self._plane_server.path)
         self.http_port, self.grpc_port = await self._workers.start()
+        try:  # so that the first requests already run where they will
+            await asyncio.wait_for(hosting.settled(), WORKER_START_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            log.warning("not every front-end worker runs its models yet; until it does, the core runs them")
         log.info("front ends in %d worker processes (--frontend-workers)", self.config.frontend_workers)
 
     async def stop(self, grace_s: float | None = None) -> None:

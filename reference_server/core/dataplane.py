@@ -29,6 +29,7 @@ from reference_server.core.shared_memory import RequestBinding, SharedMemoryRegi
 from reference_server.core.validation import datatype_of, validated_inputs, validated_outputs
 from reference_server.errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported, unknown_model
 from reference_server.scheduling.execute import Tensors
+from reference_server.scheduling.stats import ModelStats
 from v2kit import codec as v2
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,9 @@ class DataPlane(InflightSlots):
         self.override_folders = OverrideFolders()
         #: The shared memory extensions' regions (`core/shared_memory.py`).
         self.shared_memory = SharedMemoryRegistry()
+        #: A version's statistics as the extension reports them: its own, or with what the front-end
+        #: workers' instances of it counted (`workers/hosting.py`).
+        self.stats_of: Callable[[ModelVersion], ModelStats] = own_stats
         # Models calling models (python BLS) go through the same checks as a client's request.
         repository.call_model = self.call_model
         repository.stream_model = self.stream_model
@@ -389,7 +393,9 @@ class DataPlane(InflightSlots):
         except NotFound as exc:  # Triton's words for statistics
             raise NotFound(f"requested model '{name}' is not available: {exc}") from None
         served.sort(key=lambda mv: (mv.name, mv.version))
-        return {"model_stats": [mv.stats.to_dict(mv.name, str(mv.version), _memory_usage(mv)) for mv in served]}
+        return {
+            "model_stats": [self.stats_of(mv).to_dict(mv.name, str(mv.version), _memory_usage(mv)) for mv in served]
+        }
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         return self.repository.index(ready_only)
@@ -466,6 +472,11 @@ def _model_name(name: str) -> str:
     return name
 
 
+def own_stats(served: ModelVersion) -> ModelStats:
+    """The statistics `served` counted in this process."""
+    return served.stats
+
+
 def is_decoupled(served: ModelVersion) -> bool:
     """Whether `served` may answer a request 0..N times (`model_transaction_policy { decoupled: true }`)."""
     return served.decoupled
@@ -538,4 +549,7 @@ def _memory_usage(served: ModelVersion) -> list[dict[str, Any]]:
     return [{"type": "GPU", "id": index, "byte_size": size} for index, size in sorted(served.gpu_memory_bytes.items())]
 
 
-__all__ = ["GRPC_ENDPOINT", "HTTP_ENDPOINT", "DataPlane", "InflightSlots", "SERVER_NAME", "StreamResponse", "is_decoupled"]
+__all__ = [
+    "GRPC_ENDPOINT", "HTTP_ENDPOINT", "DataPlane", "InflightSlots", "SERVER_NAME", "StreamResponse", "is_decoupled",
+    "own_stats",
+]  # fmt: skip

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import psutil
 from aiohttp import web
 
-from reference_server.core.repository import ModelRepository
+from reference_server.core.dataplane import own_stats
+from reference_server.core.repository import ModelRepository, ModelVersion
 from reference_server.scheduling.stats import FAILURE_REASONS, ModelStats
 from v2kit.runtime import gpu
 
@@ -211,8 +212,8 @@ def model_memory_family(repository: ModelRepository, uuids: dict[int, str]) -> l
                    samples)]  # fmt: skip
 
 
-def scrape(repository: ModelRepository) -> str:
-    served = [(mv.name, str(mv.version), mv.stats) for mv in repository.loaded()]
+def scrape(repository: ModelRepository, stats_of: Callable[[ModelVersion], ModelStats] = own_stats) -> str:
+    served = [(mv.name, str(mv.version), stats_of(mv)) for mv in repository.loaded()]
     readings = gpu.read_gpus()
     process_memory = gpu.process_gpu_memory_bytes(os.getpid()) if readings else {}
     uuids = {r.index: r.uuid for r in readings}
@@ -222,11 +223,13 @@ def scrape(repository: ModelRepository) -> str:
     ])  # fmt: skip
 
 
-def build_metrics_app(repository: ModelRepository) -> web.Application:
+def build_metrics_app(
+    repository: ModelRepository, stats_of: Callable[[ModelVersion], ModelStats] = own_stats
+) -> web.Application:
     psutil.cpu_percent(interval=None)  # primes the interval the first scrape reads
 
     async def metrics(request: web.Request) -> web.Response:
-        return web.Response(text=scrape(repository), headers={"Content-Type": CONTENT_TYPE})
+        return web.Response(text=scrape(repository, stats_of), headers={"Content-Type": CONTENT_TYPE})
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)

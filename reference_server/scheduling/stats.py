@@ -24,12 +24,31 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Iterable
 from typing import Any, Final
+
+import numpy as np
 
 #: Failure reasons Triton attaches to `nv_inference_request_failure` (core src/metric_model_reporter.cc).
 FAILURE_REASONS: Final = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
 
 _LOADS = itertools.count(1)
+
+#: What `ModelStats.publish` writes for another process to read, in this order, then the failures by
+#: reason, then four counters for each batch size from 1 (`counters_length`).
+_PUBLISHED: Final = (
+    "success_count", "success_ns", "fail_count", "fail_ns", "queue_ns_total", "compute_input_ns_total",
+    "compute_infer_ns_total", "compute_output_ns_total", "inference_count", "execution_count",
+    "last_inference_ms", "pending", "cache_hit_count", "cache_hit_ns_total", "cache_miss_count",
+    "cache_miss_ns_total",
+)  # fmt: skip
+_HEAD: Final = len(_PUBLISHED) + len(FAILURE_REASONS)
+_SUMMED: Final = tuple(name for name in _PUBLISHED if name != "last_inference_ms")
+
+
+def counters_length(max_batch_size: int) -> int:
+    """How many int64 counters `publish` writes for a model of `max_batch_size` (0: no batching)."""
+    return _HEAD + 4 * max(1, max_batch_size)
 
 
 def _duration(count: int, ns: int) -> dict[str, int]:
@@ -160,6 +179,59 @@ class ModelStats:
         entry.compute_infer_ns += compute_infer_ns
         entry.compute_output_ns += compute_output_ns
         self.last_inference_ms = time.time_ns() // 1_000_000
+
+    # -- across processes (a front-end worker's instances, read by the core) ---------------------
+
+    def publish(self, counters: np.ndarray) -> None:
+        """Write every counter into `counters` (int64, `counters_length` long, shared with a reader).
+
+        A reader may see one request's counters half written; the next read is whole again."""
+        counters[:_HEAD] = (*[getattr(self, name) for name in _PUBLISHED], *self.failures.values())
+        rows = (len(counters) - _HEAD) // 4
+        for size, entry in self._batches.items():
+            if size <= rows:
+                start = _HEAD + 4 * (size - 1)
+                counters[start : start + 4] = (
+                    entry.count, entry.compute_input_ns, entry.compute_infer_ns, entry.compute_output_ns
+                )  # fmt: skip
+
+    @classmethod
+    def from_counters(cls, counters: np.ndarray) -> ModelStats:
+        """The statistics another process published into `counters`."""
+        values = counters.tolist()
+        stats = cls()
+        for name, value in zip(_PUBLISHED, values):
+            setattr(stats, name, value)
+        stats.failures = dict(zip(FAILURE_REASONS, values[len(_PUBLISHED) : _HEAD]))
+        for start in range(_HEAD, len(values), 4):
+            if values[start]:
+                entry = stats._batches[(start - _HEAD) // 4 + 1] = _BatchStats()
+                entry.count, entry.compute_input_ns, entry.compute_infer_ns, entry.compute_output_ns = values[
+                    start : start + 4
+                ]
+        return stats
+
+    @classmethod
+    def merged(cls, parts: Iterable[ModelStats]) -> ModelStats:
+        """One version's statistics summed over the processes that ran it; the first part's load."""
+        parts = list(parts)
+        total = cls(parts[0].cache_enabled)
+        total.load_id = parts[0].load_id
+        for part in parts:
+            for name in _SUMMED:
+                setattr(total, name, getattr(total, name) + getattr(part, name))
+            total.last_inference_ms = max(total.last_inference_ms, part.last_inference_ms)
+            for reason, count in part.failures.items():
+                total.failures[reason] += count
+            for size, entry in part._batches.items():
+                into = total._batches.get(size)
+                if into is None:
+                    into = total._batches[size] = _BatchStats()
+                into.count += entry.count
+                into.compute_input_ns += entry.compute_input_ns
+                into.compute_infer_ns += entry.compute_infer_ns
+                into.compute_output_ns += entry.compute_output_ns
+        return total
 
     # -- readers (statistics endpoint, Prometheus) -----------------------------------------------
 

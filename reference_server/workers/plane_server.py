@@ -21,6 +21,7 @@ from typing import Any
 from reference_server.core.dataplane import DataPlane
 from reference_server.errors import InvalidArgument
 from reference_server.workers.frames import FrameProtocol, error_of, request_from_wire, response_to_wire
+from reference_server.workers.hosting import WorkerHosting
 
 __all__ = ["CALLABLE", "PlaneServer"]
 
@@ -37,10 +38,15 @@ CALLABLE = frozenset({
 })  # fmt: skip
 
 
+#: Calls after which the workers are told what to run themselves.
+_MODEL_CONTROL = frozenset(("load_model", "unload_model"))
+
+
 class PlaneServer:
-    def __init__(self, plane: DataPlane, path: str) -> None:
+    def __init__(self, plane: DataPlane, path: str, hosting: WorkerHosting) -> None:
         self.plane = plane
         self.path = path
+        self.hosting = hosting
         self._server: asyncio.AbstractServer | None = None
         self._connections: set[_WorkerConnection] = set()
 
@@ -77,6 +83,7 @@ class _WorkerConnection(FrameProtocol):
         super().__init__(self._message, self._lost)
         self._server = server
         self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._worker: int | None = None  # set by the worker's hello, on its asynchronous connection
         server._connections.add(self)
 
     def close(self) -> None:
@@ -85,6 +92,8 @@ class _WorkerConnection(FrameProtocol):
 
     def _lost(self) -> None:
         self._server._connections.discard(self)
+        if self._worker is not None:
+            self._server.hosting.lost(self._worker, self.send)
         for task in self._tasks.values():
             task.cancel()  # the worker is gone: nobody waits for these answers
 
@@ -100,6 +109,11 @@ class _WorkerConnection(FrameProtocol):
             task = self._tasks.get(call_id)
             if task is not None:
                 task.cancel()
+        elif kind == "answer":
+            self._server.hosting.answered(call_id, *payload)
+        elif kind == "hello":
+            self._worker = payload
+            self._spawn(-1, self._server.hosting.attach(payload, self.send))
         else:
             self.send((call_id, "err", error_of(InvalidArgument(f"unknown message kind '{kind}'"), "a worker call")))
 
@@ -149,6 +163,8 @@ class _WorkerConnection(FrameProtocol):
     async def _await(self, call_id: int, name: str, result: Any) -> None:
         try:
             value = await result
+            if name in _MODEL_CONTROL:
+                await self._server.hosting.sync()
         except Exception as exc:
             self.send((call_id, "err", error_of(exc, name)))
         else:

@@ -26,6 +26,7 @@ from reference_server.errors import ServerError
 from reference_server.frontends.auth import Token
 from reference_server.frontends.listener import Listener
 from reference_server.workers.frontends import build_grpc, build_http, listen_grpc, server_ssl_context
+from reference_server.workers.local_models import LocalModels
 from reference_server.workers.remote_plane import connect
 
 __all__ = ["FrontendWorkers", "main"]
@@ -151,7 +152,10 @@ async def _ready(stdout: asyncio.StreamReader) -> None:
 
 async def serve(config: ServerConfig, plane_path: str, index: int) -> None:
     """One worker: the front ends on the shared ports over a RemotePlane, until told to stop."""
-    plane = await connect(plane_path)
+    local = LocalModels(config) if config.worker_instances else None
+    # Requests run here take no slot in the core: this worker admits its share of the limit.
+    limit = -(-config.max_inflight_requests // config.frontend_workers) if local is not None else 0
+    plane = await connect(plane_path, index, local, limit)
     token = Token(config.auth_token) if config.auth_token is not None else None
     listeners: list[Listener] = []
     stop = asyncio.Event()
@@ -179,6 +183,8 @@ async def serve(config: ServerConfig, plane_path: str, index: int) -> None:
         grace = 0.0 if plane.closed.is_set() else config.exit_timeout_secs
         await asyncio.gather(*(listener.stop(grace) for listener in listeners))
         plane.close()
+        if local is not None:
+            await local.close(0.0)
 
 
 def main() -> int:

@@ -10,6 +10,7 @@ the HTTP read gate, and the server-wide limit is taken by the core (`plane_serve
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
@@ -24,9 +25,12 @@ from reference_server.workers.frames import (
     request_to_wire,
     response_from_wire,
 )
+from reference_server.workers.local_models import LocalModels
 from v2kit import codec as v2
 
 __all__ = ["RemotePlane", "connect"]
+
+log = logging.getLogger(__name__)
 
 _GONE = "the server's core process is gone"
 
@@ -39,6 +43,8 @@ class _Calls(FrameProtocol):
         self.handlers: dict[int, Callable[[str, Any], None]] = {}
         self.closed = asyncio.Event()
         self._next = 0
+        #: What the core asks of this worker (call id 0): run a model here, or stop running it.
+        self.on_ask: Callable[[int, str, tuple[Any, ...]], None] | None = None
 
     def start(self, kind: str, payload: Any, handler: Callable[[str, Any], None]) -> int:
         if self.transport is None:
@@ -51,6 +57,10 @@ class _Calls(FrameProtocol):
 
     def _message(self, message: tuple[Any, ...]) -> None:
         call_id, status, value = message
+        if call_id == 0 and status == "ask":
+            if self.on_ask is not None:
+                self.on_ask(*value)
+            return
         handler = self.handlers.get(call_id)
         if handler is None:
             return  # cancelled meanwhile
@@ -91,14 +101,45 @@ class _RemoteSharedMemory:
 
 
 class RemotePlane(InflightSlots):
-    """Counts its in-flight requests for the read gate with no limit: the core takes the limit."""
+    """Counts its in-flight requests for the read gate. The core takes the server-wide limit on what
+    crosses to it; when this worker may run models itself, it also admits no more than its share."""
 
-    def __init__(self, calls: _Calls, blocking: FrameSocket) -> None:
+    def __init__(
+        self, calls: _Calls, blocking: FrameSocket, local: LocalModels | None = None, max_inflight_requests: int = 0
+    ) -> None:
         self._calls = calls
-        super().__init__()
+        super().__init__(max_inflight_requests)
         self._blocking = blocking
         self.accepting = True
         self.shared_memory = _RemoteSharedMemory(self)
+        #: The models this worker runs itself (`hosting.py`), if the core asks it to.
+        self.local = local
+        self._asked: set[asyncio.Task[None]] = set()
+        if local is not None:
+            calls.on_ask = self._asked_by_core
+
+    def _asked_by_core(self, ask_id: int, what: str, args: tuple[Any, ...]) -> None:
+        task = asyncio.get_running_loop().create_task(self._answer(ask_id, what, args))
+        self._asked.add(task)
+        task.add_done_callback(self._asked.discard)
+
+    async def _answer(self, ask_id: int, what: str, args: tuple[Any, ...]) -> None:
+        assert self.local is not None
+        try:
+            if what == "host":
+                value: Any = await self.local.host(*args)
+            elif what == "drop":
+                await self.local.drop(*args)
+                value = None
+            else:
+                raise ValueError(f"unknown ask '{what}'")
+        except Exception as exc:
+            log.error("cannot %s model '%s' here: %s", what, args[0] if args else "", exc)
+            status, value = "err", f"{type(exc).__name__}: {exc}"
+        else:
+            status = "ok"
+        if self._calls.transport is not None:
+            self._calls.send(("answer", ask_id, (status, value)))
 
     @property
     def closed(self) -> asyncio.Event:
@@ -106,6 +147,8 @@ class RemotePlane(InflightSlots):
         return self._calls.closed
 
     def close(self) -> None:
+        for task in self._asked:
+            task.cancel()
         if self._calls.transport is not None:
             self._calls.transport.close()
         self._blocking.close()
@@ -183,6 +226,8 @@ class RemotePlane(InflightSlots):
         await self._await("call", ("unload_model", (name, parameters)))
 
     async def infer(self, request: v2.InferRequest, *, endpoint: str = HTTP_ENDPOINT) -> v2.InferResponse:
+        if self.local is not None and self.local.serves(request):
+            return await self.local.infer(request, endpoint=endpoint)
         return response_from_wire(await self._await("infer", (request_to_wire(request), endpoint)))
 
     def start_infer(
@@ -192,6 +237,10 @@ class RemotePlane(InflightSlots):
         *,
         endpoint: str = HTTP_ENDPOINT,
     ) -> None:
+        if self.local is not None and self.local.serves(request):
+            self.local.start_infer(request, done, endpoint=endpoint)
+            return
+
         def answered(status: str, value: Any) -> None:
             done(exception_of(value) if status == "err" else response_from_wire(value))
 
@@ -225,9 +274,15 @@ class RemotePlane(InflightSlots):
                 self._cancel(call_id)
 
 
-async def connect(path: str) -> RemotePlane:
-    """A RemotePlane over the core's socket at `path`."""
+async def connect(
+    path: str, index: int, local: LocalModels | None = None, max_inflight_requests: int = 0
+) -> RemotePlane:
+    """A RemotePlane over the core's socket at `path`, for worker `index`, running `local`'s models
+    itself when the core asks it to."""
     loop = asyncio.get_running_loop()
     _, calls = await loop.create_unix_connection(_Calls, path)
     blocking = await loop.run_in_executor(None, FrameSocket, path)
-    return RemotePlane(calls, blocking)
+    plane = RemotePlane(calls, blocking, local, max_inflight_requests)
+    if local is not None:
+        calls.send(("hello", 0, index))
+    return plane
