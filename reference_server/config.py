@@ -27,8 +27,8 @@ DEFAULT_MAX_TENSOR_ELEMENTS = 1 << 24
 MAX_FRONTEND_WORKERS = 64
 #: Below this many usable CPUs, `--frontend-workers auto` keeps one process (bench/README.md, "cores.py").
 AUTO_WORKERS_MIN_CPUS = 4
-#: The most workers `auto` starts: more did not serve more on 8 cores, where the core process bounds.
-AUTO_WORKERS_MAX = 4
+#: The most workers `auto` starts (one per CPU up to here; measured to 8, bench/README.md "cores.py").
+AUTO_WORKERS_MAX = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,7 +355,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N|auto",
         help="processes that run the HTTP and gRPC front ends, sharing their ports, while this one runs the "
         f"models; 1: one process does both; auto: 1 below {AUTO_WORKERS_MIN_CPUS} usable CPUs, "
-        f"else half of them, at most {AUTO_WORKERS_MAX}",
+        f"else one per CPU, at most {AUTO_WORKERS_MAX}",
     )
     parser.add_argument(
         "--worker-instances",
@@ -474,14 +474,14 @@ def auto_frontend_workers(usable_cpus: int | None = None) -> int:
     """The front-end workers that serve best with `usable_cpus` (default: the CPUs this process may
     use, its cgroup's CPU quota included).
 
-    One process below AUTO_WORKERS_MIN_CPUS: there a worker's two hand-offs per request cost more
-    than a second process gains (with the client on the same two cores, one process served up to
-    2x what two workers did). From 4 CPUs, half of them, at most AUTO_WORKERS_MAX: on 4 and 8 pinned cores
-    two to four workers served 1.2-2.2x one process, and eight no more than four. One process off
-    Linux.
+    One process below AUTO_WORKERS_MIN_CPUS: there a worker's hand-offs per request cost more than a
+    second process gains (with the client on the same two cores, one process served up to 2x what
+    two workers did). From 4 CPUs, one worker per CPU, at most AUTO_WORKERS_MAX: a model with an
+    instance per worker runs in the workers (`--worker-instances`), and on 8 pinned cores 8 workers
+    served 1.2-1.6x what 4 did. One process off Linux.
     """
     if usable_cpus is None:
         if not sys.platform.startswith("linux"):
             return 1  # elsewhere SO_REUSEPORT does not spread connections over the workers' sockets
         usable_cpus = runtime_cpus.usable_cpus()  # a container's CPU limit counts, not the host's CPUs
-    return 1 if usable_cpus < AUTO_WORKERS_MIN_CPUS else min(AUTO_WORKERS_MAX, usable_cpus // 2)
+    return 1 if usable_cpus < AUTO_WORKERS_MIN_CPUS else min(AUTO_WORKERS_MAX, usable_cpus)

@@ -1,5 +1,5 @@
-"""--frontend-workers N|auto: auto keeps one process on small machines and takes half the CPUs,
-at most AUTO_WORKERS_MAX, on larger ones; a number is taken as given."""
+"""--frontend-workers N|auto: auto keeps one process on small machines and takes one worker per
+CPU, at most AUTO_WORKERS_MAX, on larger ones; a number is taken as given."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from reference_server.config import AUTO_WORKERS_MAX, auto_frontend_workers, con
 from v2kit.runtime.cpus import usable_cpus
 
 
-@pytest.mark.parametrize(("cpus", "workers"), [(1, 1), (2, 1), (3, 1), (4, 2), (6, 3), (8, 4), (64, 4)])
+@pytest.mark.parametrize(("cpus", "workers"), [(1, 1), (2, 1), (3, 1), (4, 4), (6, 6), (8, 8), (16, 16), (64, 16)])
 def test_auto_by_usable_cpus(cpus: int, workers: int) -> None:
     assert auto_frontend_workers(cpus) == workers
     assert auto_frontend_workers(cpus) <= AUTO_WORKERS_MAX
