@@ -182,11 +182,14 @@ class ModelStats:
 
     # -- across processes (a front-end worker's instances, read by the core) ---------------------
 
-    def publish(self, counters: np.ndarray) -> None:
-        """Write every counter into `counters` (int64, `counters_length` long, shared with a reader).
+    def publish(self, counters: np.ndarray, batches: bool = True) -> None:
+        """Write every counter into `counters` (int64, `counters_length` long, shared with a reader);
+        the per-batch-size ones only with `batches` (they change with executions alone).
 
         A reader may see one request's counters half written; the next read is whole again."""
         counters[:_HEAD] = (*[getattr(self, name) for name in _PUBLISHED], *self.failures.values())
+        if not batches:
+            return
         rows = (len(counters) - _HEAD) // 4
         for size, entry in self._batches.items():
             if size <= rows:

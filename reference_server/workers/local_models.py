@@ -168,7 +168,13 @@ class LocalModels:
 
 
 def _publisher(stats: ModelStats, array: np.ndarray) -> Callable[[], None]:
+    published_executions = -1
+
     def publish() -> None:
-        stats.publish(array)
+        # The requests of one batch are answered one after the other: its execution is written once.
+        nonlocal published_executions
+        executions = stats.execution_count
+        stats.publish(array, batches=executions != published_executions)
+        published_executions = executions
 
     return publish

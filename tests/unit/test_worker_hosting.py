@@ -124,3 +124,17 @@ def test_a_request_naming_shared_memory_is_told_apart() -> None:
         outputs=[v2.RequestedOutput("OUT", parameters={"shared_memory_region": "r"})],
     )
     assert names_shared_memory(output)
+
+
+def test_publishing_without_batches_leaves_the_batch_counters_as_they_were() -> None:
+    stats = _counted(1, [2])
+    counters = np.zeros(counters_length(8), dtype=np.int64)
+    stats.publish(counters)
+    stats.record_execution(4, 1, 1, 1)
+    stats.record_success(10, 1, 1, 1, 1)
+    stats.publish(counters, batches=False)
+    read = ModelStats.from_counters(counters)
+    assert read.success_count == 2 and read.execution_count == 2  # the per-request counters: current
+    assert [b["batch_size"] for b in read.to_dict("m", "1")["batch_stats"]] == [2]  # the rows: as before
+    stats.publish(counters)
+    assert [b["batch_size"] for b in ModelStats.from_counters(counters).to_dict("m", "1")["batch_stats"]] == [2, 4]
