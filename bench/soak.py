@@ -9,7 +9,9 @@ The server runs in its own process (explicit model control, the demo `identity` 
 split across HTTP (binary tensors), gRPC ModelInfer and gRPC ModelStreamInfer (long-lived streams
 that live through every reload). Each request carries a unique id and a payload that encodes it;
 `identity` echoes the payload, so every answer is checked against the request it claims to answer.
-Meanwhile the model is reloaded with alternating configs (1 or 2 instances, batching on or off).
+Meanwhile the model is reloaded with alternating configs (1, 2 or 4 instances, batching on or off):
+with two front-end workers, the configs of 2 and 4 instances run in the workers, the others in the
+core, so each reload moves the model's requests from one to the other.
 
 Figures: requests sent and answered, errors by kind, lost (no answer) and duplicated (answered
 twice) requests, mismatches (an answer with another request's payload), reloads, and the resident
@@ -49,6 +51,7 @@ CONFIGS = [  # identity's config overrides, in turn
     {"max_batch_size": 8, "instance_group": [{"count": 2, "kind": "KIND_CPU"}], "dynamic_batching": {}},
     {"max_batch_size": 8, "instance_group": [{"count": 1, "kind": "KIND_CPU"}]},
     {"max_batch_size": 8, "instance_group": [{"count": 1, "kind": "KIND_CPU"}], "dynamic_batching": {}},
+    {"max_batch_size": 8, "instance_group": [{"count": 4, "kind": "KIND_CPU"}]},
 ]
 
 
