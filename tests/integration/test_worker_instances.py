@@ -42,6 +42,8 @@ def repository(tmp_path_factory: pytest.TempPathFactory, demo_repository: Path) 
     shutil.copytree(demo_repository / "identity", root / "identity")  # one instance: the core's
     write_identity_model(root, "pair", PAIR)
     write_identity_model(root, "batched", BATCHED)
+    twin = write_identity_model(root, "twin", PAIR + "\nversion_policy: { all { } }")
+    shutil.copytree(twin / "1", twin / "2")
     return root
 
 
@@ -50,7 +52,7 @@ def server(repository: Path) -> Iterator[ReferenceServer]:
     saved = process.MIN_LIFETIME_S
     process.MIN_LIFETIME_S = 0.0  # a worker killed here is started again at once
     try:
-        config = loopback_config(repository, load=("identity", "pair", "batched"), frontend_workers=2)
+        config = loopback_config(repository, load=("identity", "pair", "batched", "twin"), frontend_workers=2)
         with running_server(config) as running:
             yield running
     finally:
@@ -110,7 +112,23 @@ def test_a_model_with_an_instance_per_worker_runs_in_the_workers(server: Referen
         assert _infer(server, "identity", float(value)) == [float(value)]
     assert _core_successes(server, "pair") == core_pair  # none of them reached the core's instances
     assert _core_successes(server, "identity") == core_identity + 12  # one instance for two workers
-    assert sorted(_hosting(server)._hosted) == ["batched", "pair"]
+    assert sorted(_hosting(server)._hosted) == ["batched", "pair", "twin"]
+
+
+def test_every_version_runs_in_the_workers_and_is_counted_as_its_own(server: ReferenceServer) -> None:
+    client = _http(server)
+    for version, sent in (("1", 3), ("2", 5), ("", 2)):  # no version: the latest, 2
+        for value in range(sent):
+            assert client.infer("twin", [_input(float(value))], model_version=version).as_numpy("OUTPUT0").tolist() == [
+                [float(value)]
+            ]
+    assert server.repository is not None
+    assert [server.repository.get("twin", v).stats.success_count for v in ("1", "2")] == [0, 0]
+    counted = {
+        s["version"]: s["inference_stats"]["success"]["count"]
+        for s in client.get_inference_statistics("twin")["model_stats"]
+    }
+    assert counted == {"1": 3, "2": 7}
 
 
 def test_statistics_and_metrics_count_each_request_before_its_answer(server: ReferenceServer) -> None:
