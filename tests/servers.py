@@ -8,8 +8,12 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
 from perfkit.testing import TritonProcess, triton_server
 from reference_server.config import ServerConfig
+from reference_server.server import ReferenceServer
 
 
 def loopback_config(repository: Path, *, load: tuple[str, ...] | None = None, **overrides: Any) -> ServerConfig:
@@ -42,3 +46,13 @@ def running_triton(
     Triton's own graceful stop, which takes 2-3 s with python models (tests/integration/test_triton_peer.py
     tests the stop)."""
     return triton_server(peers, repository, extra_args=extra_args, start_timeout_s=90, stop_timeout_s=0)
+
+
+def http_client(server: ReferenceServer) -> httpclient.InferenceServerClient:
+    """tritonclient's HTTP client on a running server's port."""
+    return httpclient.InferenceServerClient(f"127.0.0.1:{server.http_port}")
+
+
+def grpc_client(server: ReferenceServer) -> grpcclient.InferenceServerClient:
+    """tritonclient's gRPC client on a running server's port."""
+    return grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")

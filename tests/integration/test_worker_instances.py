@@ -23,13 +23,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from reference_server.server import ReferenceServer, running_server
 from reference_server.workers import process
-from tests.servers import loopback_config, write_identity_model
+from tests.servers import grpc_client, http_client, loopback_config, write_identity_model
 
 PAIR = "instance_group [ { count: 2 kind: KIND_CPU } ]"
 BATCHED = PAIR + "\ndynamic_batching { max_queue_delay_microseconds: 200000 }"
@@ -59,14 +58,6 @@ def server(repository: Path) -> Iterator[ReferenceServer]:
         process.MIN_LIFETIME_S = saved
 
 
-def _http(server: ReferenceServer) -> httpclient.InferenceServerClient:
-    return httpclient.InferenceServerClient(f"127.0.0.1:{server.http_port}")
-
-
-def _grpc(server: ReferenceServer) -> grpcclient.InferenceServerClient:
-    return grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
-
-
 def _infer(server: ReferenceServer, model: str, value: float) -> list[float]:
     """One request on a new connection, so that over many of them every worker reads some."""
     connection = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=30)
@@ -82,7 +73,7 @@ def _infer(server: ReferenceServer, model: str, value: float) -> list[float]:
 
 
 def _successes(server: ReferenceServer, model: str) -> int:
-    (stats,) = _http(server).get_inference_statistics(model)["model_stats"]
+    (stats,) = http_client(server).get_inference_statistics(model)["model_stats"]
     return int(stats["inference_stats"]["success"]["count"])
 
 
@@ -116,7 +107,7 @@ def test_a_model_with_an_instance_per_worker_runs_in_the_workers(server: Referen
 
 
 def test_every_version_runs_in_the_workers_and_is_counted_as_its_own(server: ReferenceServer) -> None:
-    client = _http(server)
+    client = http_client(server)
     for version, sent in (("1", 3), ("2", 5), ("", 2)):  # no version: the latest, 2
         for value in range(sent):
             assert client.infer("twin", [_input(float(value))], model_version=version).as_numpy("OUTPUT0").tolist() == [
@@ -133,11 +124,11 @@ def test_every_version_runs_in_the_workers_and_is_counted_as_its_own(server: Ref
 
 def test_statistics_and_metrics_count_each_request_before_its_answer(server: ReferenceServer) -> None:
     before = _successes(server, "pair")
-    grpc_client = _grpc(server)
+    client = grpc_client(server)
     for sent in range(1, 11):
         assert _infer(server, "pair", 1.0) == [1.0]
         assert _successes(server, "pair") == before + sent  # read on another connection, any worker
-    (stats,) = grpc_client.get_inference_statistics("pair").model_stats
+    (stats,) = client.get_inference_statistics("pair").model_stats
     assert stats.inference_stats.success.count == before + 10
     assert stats.inference_count == stats.inference_stats.compute_infer.count == before + 10
     assert sum(b.batch_size * b.compute_infer.count for b in stats.batch_stats) == stats.inference_count
@@ -146,7 +137,7 @@ def test_statistics_and_metrics_count_each_request_before_its_answer(server: Ref
 
 
 def test_batches_form_in_the_workers_and_are_counted_once(server: ReferenceServer) -> None:
-    before = _http(server).get_inference_statistics("batched")["model_stats"][0]
+    before = http_client(server).get_inference_statistics("batched")["model_stats"][0]
     connections = [httpclient.InferenceServerClient(f"127.0.0.1:{server.http_port}") for _ in range(8)]
     answers: dict[int, Any] = {}
 
@@ -161,7 +152,7 @@ def test_batches_form_in_the_workers_and_are_counted_once(server: ReferenceServe
     for thread in threads:
         thread.join(60)
     assert answers == {i: [[float(i)]] for i in range(8)}
-    after = _http(server).get_inference_statistics("batched")["model_stats"][0]
+    after = http_client(server).get_inference_statistics("batched")["model_stats"][0]
     inferences = int(after["inference_count"]) - int(before["inference_count"])
     executions = int(after["execution_count"]) - int(before["execution_count"])
     assert inferences == 8
@@ -170,12 +161,12 @@ def test_batches_form_in_the_workers_and_are_counted_once(server: ReferenceServe
 
 
 def test_unload_and_load_reach_the_workers(server: ReferenceServer) -> None:
-    client = _grpc(server)
+    client = grpc_client(server)
     client.unload_model("pair")
     try:
         assert "pair" not in _hosting(server)._hosted
         with pytest.raises(InferenceServerException) as refused:
-            _http(server).infer("pair", [_input(1.0)])
+            http_client(server).infer("pair", [_input(1.0)])
         assert refused.value.status() == "503"  # as one process answers a model unloaded
         assert "pair" in refused.value.message()
     finally:
@@ -189,11 +180,11 @@ def test_unload_and_load_reach_the_workers(server: ReferenceServer) -> None:
 
 
 def test_a_reload_with_a_config_override_reaches_the_workers(server: ReferenceServer) -> None:
-    http_client = _http(server)
-    config = http_client.get_model_config("pair")
+    client = http_client(server)
+    config = client.get_model_config("pair")
     # One instance for two workers: the model goes back to the core.
     single = {**config, "instance_group": [{"count": 1, "kind": "KIND_CPU"}]}
-    http_client.load_model("pair", config=json.dumps(single))
+    client.load_model("pair", config=json.dumps(single))
     try:
         assert "pair" not in _hosting(server)._hosted
         core_before = _core_successes(server, "pair")
@@ -201,24 +192,24 @@ def test_a_reload_with_a_config_override_reaches_the_workers(server: ReferenceSe
         assert _core_successes(server, "pair") == core_before + 1
         # Four instances: two in each worker.
         four = {**config, "instance_group": [{"count": 4, "kind": "KIND_CPU"}], "max_batch_size": 4}
-        http_client.load_model("pair", config=json.dumps(four))
+        client.load_model("pair", config=json.dumps(four))
         assert "pair" in _hosting(server)._hosted
-        assert http_client.get_model_config("pair")["max_batch_size"] == 4
+        assert client.get_model_config("pair")["max_batch_size"] == 4
         for value in range(4):
             assert _infer(server, "pair", float(value)) == [float(value)]
         assert _core_successes(server, "pair") == 0
         assert _successes(server, "pair") == 4
     finally:
-        http_client.load_model("pair")
+        client.load_model("pair")
     assert "pair" in _hosting(server)._hosted
 
 
 def test_a_failed_load_leaves_the_workers_serving(server: ReferenceServer) -> None:
-    http_client = _http(server)
+    client = http_client(server)
     loaded = _hosting(server)._hosted["pair"].load_ids
-    bad = {**http_client.get_model_config("pair"), "max_batch_size": -3}
+    bad = {**client.get_model_config("pair"), "max_batch_size": -3}
     with pytest.raises(InferenceServerException) as failed:
-        http_client.load_model("pair", config=json.dumps(bad))
+        client.load_model("pair", config=json.dumps(bad))
     assert "pair" in failed.value.message()
     assert _hosting(server)._hosted["pair"].load_ids == loaded
     core_before = _core_successes(server, "pair")
@@ -233,7 +224,7 @@ def test_requests_naming_shared_memory_run_in_the_core(server: ReferenceServer) 
     handle = shm.create_shared_memory_region("pair_in", key, 16)
     try:
         shm.set_shared_memory_region(handle, [np.array([1, 2, 3, 4], dtype=np.float32)])
-        client = _http(server)
+        client = http_client(server)
         client.register_system_shared_memory("pair_in", key, 16)
         core_before = _core_successes(server, "pair")
         tensor = httpclient.InferInput("INPUT0", [1, 4], "FP32")
@@ -241,7 +232,7 @@ def test_requests_naming_shared_memory_run_in_the_core(server: ReferenceServer) 
         assert client.infer("pair", [tensor]).as_numpy("OUTPUT0").tolist() == [[1.0, 2.0, 3.0, 4.0]]
         assert _core_successes(server, "pair") == core_before + 1
     finally:
-        _http(server).unregister_system_shared_memory("pair_in")
+        http_client(server).unregister_system_shared_memory("pair_in")
         shm.destroy_shared_memory_region(handle)
 
 
