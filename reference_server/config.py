@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,8 +27,12 @@ DEFAULT_MAX_TENSOR_ELEMENTS = 1 << 24
 MAX_FRONTEND_WORKERS = 64
 #: Below this many usable CPUs, `--frontend-workers auto` keeps one process (bench/README.md, "cores.py").
 AUTO_WORKERS_MIN_CPUS = 4
-#: The most workers `auto` starts (one per CPU up to here; measured to 8, bench/README.md "cores.py").
+#: The most workers `auto` starts for a model whose instances they run (measured to 8, bench/README.md "cores.py").
 AUTO_WORKERS_MAX = 16
+#: The most workers `auto` starts when the core runs every model: more did not serve more on 8 cores.
+AUTO_CORE_WORKERS_MAX = 4
+#: `--frontend-workers auto`: chosen at start, from the usable CPUs and the models loaded then.
+AUTO_FRONTEND_WORKERS = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +74,8 @@ class ServerConfig:
     #: --rate-limit-resource values as (name, count, device or None for every device).
     rate_limit_resources: tuple[tuple[str, int, int | None], ...] = ()
     server_name: str = SERVER_NAME
-    #: Processes running the HTTP and gRPC front ends (`workers/`); 1: they run in this process.
+    #: Processes running the HTTP and gRPC front ends (`workers/`); 1: they run in this process;
+    #: AUTO_FRONTEND_WORKERS: chosen at start (`auto_frontend_workers`).
     frontend_workers: int = 1
     #: Whether the workers run the instances of the models that allow it themselves (`workers/hosting.py`).
     worker_instances: bool = True
@@ -127,7 +132,7 @@ class ServerConfig:
             raise ServerError("--cache-config local,size=BYTES needs a positive size")
         if self.rate_limit not in RATE_LIMIT_MODES:
             raise ServerError("invalid argument for --rate-limit: give off or execution_count")
-        if not 1 <= self.frontend_workers <= MAX_FRONTEND_WORKERS:
+        if self.frontend_workers != AUTO_FRONTEND_WORKERS and not 1 <= self.frontend_workers <= MAX_FRONTEND_WORKERS:
             raise ServerError(f"--frontend-workers must be 1-{MAX_FRONTEND_WORKERS}, got {self.frontend_workers}")
         if not self.server_name.strip():
             raise ServerError("--server-name must not be empty")
@@ -354,8 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         metavar="N|auto",
         help="processes that run the HTTP and gRPC front ends, sharing their ports, while this one runs the "
-        f"models; 1: one process does both; auto: 1 below {AUTO_WORKERS_MIN_CPUS} usable CPUs, "
-        f"else one per CPU, at most {AUTO_WORKERS_MAX}",
+        f"models; 1: one process does both; auto: 1 below {AUTO_WORKERS_MIN_CPUS} usable CPUs, else as many as "
+        f"the most instances a model loaded at start may run in the workers (--worker-instances), at most one per "
+        f"CPU and {AUTO_WORKERS_MAX}, and at least half the CPUs up to {AUTO_CORE_WORKERS_MAX}",
     )
     parser.add_argument(
         "--worker-instances",
@@ -438,7 +444,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         http_head_timeout_secs=args.http_head_timeout_secs,
         http_idle_timeout_secs=args.http_idle_timeout_secs,
         exit_timeout_secs=args.exit_timeout_secs,
-        frontend_workers=auto_frontend_workers() if args.frontend_workers == "auto" else args.frontend_workers,
+        frontend_workers=AUTO_FRONTEND_WORKERS if args.frontend_workers == "auto" else args.frontend_workers,
         worker_instances=args.worker_instances,
         default_max_batch_size=default_mbs,
         log_verbose=args.log_verbose,
@@ -465,23 +471,32 @@ def _frontend_workers(text: str) -> int | str:
     if text == "auto":
         return text
     try:
-        return int(text)
+        workers = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"give a number of processes or auto, not {text!r}") from None
+    if not 1 <= workers <= MAX_FRONTEND_WORKERS:
+        raise argparse.ArgumentTypeError(f"give 1-{MAX_FRONTEND_WORKERS} processes or auto, not {text}")
+    return workers
 
 
-def auto_frontend_workers(usable_cpus: int | None = None) -> int:
+def auto_frontend_workers(usable_cpus: int | None = None, instance_counts: Iterable[int] = ()) -> int:
     """The front-end workers that serve best with `usable_cpus` (default: the CPUs this process may
-    use, its cgroup's CPU quota included).
+    use, its cgroup's CPU quota included), given the `instance_counts` of the models loaded at start
+    that the workers could run themselves (`workers/hosting.py`).
 
     One process below AUTO_WORKERS_MIN_CPUS: there a worker's hand-offs per request cost more than a
     second process gains (with the client on the same two cores, one process served up to 2x what
-    two workers did). From 4 CPUs, one worker per CPU, at most AUTO_WORKERS_MAX: a model with an
-    instance per worker runs in the workers (`--worker-instances`), and on 8 pinned cores 8 workers
-    served 1.2-1.6x what 4 did. One process off Linux.
+    two workers did). From 4 CPUs, as many workers as the largest of `instance_counts`, at most one
+    per CPU and AUTO_WORKERS_MAX, so that such a model has an instance in every worker and its
+    requests never cross to the core (on 8 pinned cores 8 workers served 1.2-1.6x what 4 did); but
+    at least half the CPUs, at most AUTO_CORE_WORKERS_MAX, which served best when the core runs every
+    request (1.2-2.2x one process on 4 and 8 cores; 8 workers no more than 4). One process off Linux.
     """
     if usable_cpus is None:
         if not sys.platform.startswith("linux"):
             return 1  # elsewhere SO_REUSEPORT does not spread connections over the workers' sockets
         usable_cpus = runtime_cpus.usable_cpus()  # a container's CPU limit counts, not the host's CPUs
-    return 1 if usable_cpus < AUTO_WORKERS_MIN_CPUS else min(AUTO_WORKERS_MAX, usable_cpus)
+    if usable_cpus < AUTO_WORKERS_MIN_CPUS:
+        return 1
+    in_workers = min(AUTO_WORKERS_MAX, usable_cpus, max(instance_counts, default=0))
+    return max(min(AUTO_CORE_WORKERS_MAX, usable_cpus // 2), in_workers)

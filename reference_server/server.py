@@ -16,7 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
-from reference_server.config import ServerConfig
+from reference_server.config import AUTO_FRONTEND_WORKERS, ServerConfig, auto_frontend_workers
 from reference_server.core.dataplane import DataPlane
 from reference_server.core.poller import RepositoryPoller
 from reference_server.core.repository import ModelRepository
@@ -27,7 +27,7 @@ from reference_server.frontends.http.server import HttpServer
 from reference_server.frontends.metrics import build_metrics_app
 from reference_server.scheduling.rate_limiter import RateLimiter
 from reference_server.workers.frontends import build_grpc, build_http, listen_grpc, server_ssl_context
-from reference_server.workers.hosting import WorkerHosting
+from reference_server.workers.hosting import WorkerHosting, hostable_instance_counts
 from reference_server.workers.plane_server import PlaneServer
 from reference_server.workers.process import START_TIMEOUT_S as WORKER_START_TIMEOUT_S
 from reference_server.workers.process import FrontendWorkers
@@ -83,6 +83,11 @@ class ReferenceServer:
             await self.repository.load_all(self.repository.resolve_load_models(config.load_models))
         else:
             await self.repository.load_all()
+        if config.frontend_workers == AUTO_FRONTEND_WORKERS:
+            counts = hostable_instance_counts(self.repository, config)
+            config = self.config = replace(config, frontend_workers=auto_frontend_workers(instance_counts=counts))
+            log.info("--frontend-workers auto: %d (models the workers could run have %s instances)",
+                     config.frontend_workers, counts or "no")  # fmt: skip
         if config.model_control_mode == "poll":
             self._poller = RepositoryPoller(self.repository, config.repository_poll_secs)
             await self._poller.start()

@@ -35,10 +35,10 @@ from tritonclient.grpc import model_config_pb2 as mc
 from reference_server.backends.onnxruntime import ONNX_PLATFORM
 from reference_server.config import ServerConfig
 from reference_server.core.dataplane import DataPlane
-from reference_server.core.repository import ModelVersion
+from reference_server.core.repository import ModelRepository, ModelVersion
 from reference_server.scheduling.stats import ModelStats
 
-__all__ = ["WorkerHosting", "share"]
+__all__ = ["WorkerHosting", "hosting_allowed", "hostable_instance_counts", "share", "why_not_hosted"]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,26 @@ def why_not_hosted(versions: list[ModelVersion], workers: int) -> str | None:
     return None
 
 
+def hosting_allowed(config: ServerConfig) -> bool:
+    """Whether the server's settings let the workers run any model themselves."""
+    return config.worker_instances and config.model_control_mode != "poll" and config.rate_limit != "execution_count"
+
+
+def hostable_instance_counts(repository: ModelRepository, config: ServerConfig) -> list[int]:
+    """The instance counts of the loaded models that workers could run, one worker per instance
+    (what `--frontend-workers auto` sizes the workers by)."""
+    if not hosting_allowed(config):
+        return []
+    by_name: dict[str, list[ModelVersion]] = {}
+    for served in repository.loaded():
+        by_name.setdefault(served.name, []).append(served)
+    return [
+        versions[0].config.instance_group[0].count
+        for versions in by_name.values()
+        if why_not_hosted(versions, 1) is None
+    ]
+
+
 @dataclass
 class _Hosted:
     """A model the workers run: which load of it, and the statistics each worker publishes."""
@@ -92,12 +112,7 @@ class WorkerHosting:
     def __init__(self, plane: DataPlane, config: ServerConfig) -> None:
         self._plane = plane
         self._workers = config.frontend_workers
-        self.enabled = (
-            config.worker_instances
-            and self._workers > 1
-            and config.model_control_mode != "poll"
-            and config.rate_limit != "execution_count"
-        )
+        self.enabled = self._workers > 1 and hosting_allowed(config)
         self._hosted: dict[str, _Hosted] = {}
         self._senders: dict[int, Send] = {}
         self._answers: dict[int, tuple[int, asyncio.Future[Any]]] = {}  # ask → (worker, its answer)

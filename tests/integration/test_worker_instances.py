@@ -4,7 +4,8 @@ What must hold: the requests of such a model never reach the core, yet the stati
 the `nv_*` metrics count every one of them before its answer arrives, as one process does; a model
 with fewer instances than workers stays in the core; an unload, a reload with a config override, a
 failed load and a worker that dies leave the server answering as one process would; requests that
-name shared memory run in the core, where the regions are registered.
+name shared memory run in the core, where the regions are registered; and `--frontend-workers auto`
+starts a worker per instance of such a model.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from reference_server.config import AUTO_FRONTEND_WORKERS
 from reference_server.server import ReferenceServer, running_server
 from reference_server.workers import process
 from tests.servers import grpc_client, http_client, loopback_config, write_identity_model
@@ -273,3 +275,17 @@ def _input(value: float) -> httpclient.InferInput:
     tensor = httpclient.InferInput("INPUT0", [1, 1], "FP32")
     tensor.set_data_from_numpy(np.array([[value]], dtype=np.float32))
     return tensor
+
+
+def test_auto_sizes_the_workers_by_the_models_loaded(
+    demo_repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "models"
+    root.mkdir()
+    shutil.copytree(demo_repository / "identity", root / "identity")
+    write_identity_model(root, "triple", "instance_group [ { count: 3 kind: KIND_CPU } ]")
+    monkeypatch.setattr("v2kit.runtime.cpus.usable_cpus", lambda: 4)  # 4 CPUs: 2 workers unless a model asks more
+    config = loopback_config(root, load=("identity", "triple"), frontend_workers=AUTO_FRONTEND_WORKERS)
+    with running_server(config) as server:
+        assert server.config.frontend_workers == 3
+        assert server._workers is not None and len(server._workers.pids) == 3
