@@ -42,8 +42,6 @@ __all__ = ["WorkerHosting", "hosting_allowed", "hostable_instance_counts", "shar
 
 log = logging.getLogger(__name__)
 
-#: A worker's message to the core: what it asks (`host`, `drop`) and its arguments.
-Ask = tuple[str, tuple[Any, ...]]
 Send = Callable[[tuple[Any, ...]], None]
 
 
@@ -85,14 +83,18 @@ def hostable_instance_counts(repository: ModelRepository, config: ServerConfig) 
     (what `--frontend-workers auto` sizes the workers by)."""
     if not hosting_allowed(config):
         return []
+    return [
+        versions[0].config.instance_group[0].count
+        for versions in _versions_by_model(repository).values()
+        if why_not_hosted(versions, 1) is None
+    ]
+
+
+def _versions_by_model(repository: ModelRepository) -> dict[str, list[ModelVersion]]:
     by_name: dict[str, list[ModelVersion]] = {}
     for served in repository.loaded():
         by_name.setdefault(served.name, []).append(served)
-    return [
-        versions[0].config.instance_group[0].count
-        for versions in by_name.values()
-        if why_not_hosted(versions, 1) is None
-    ]
+    return by_name
 
 
 @dataclass
@@ -173,11 +175,8 @@ class WorkerHosting:
         if not self.enabled:
             return
         async with self._lock:
-            by_name: dict[str, list[ModelVersion]] = {}
-            for served in self._plane.repository.loaded():
-                by_name.setdefault(served.name, []).append(served)
             wanted: dict[str, list[ModelVersion]] = {}
-            for name, versions in by_name.items():
+            for name, versions in _versions_by_model(self._plane.repository).items():
                 reason = why_not_hosted(versions, self._workers)
                 if reason is None:
                     wanted[name] = versions
