@@ -23,9 +23,11 @@ __all__ = [
     "RequestsInstance",
     "RequestsOutcome",
     "ResponseSink",
+    "RunCost",
     "Tensor",
     "TensorSignature",
     "Tensors",
+    "batch_elements",
     "execute",
     "requests_outcome",
 ]
@@ -172,6 +174,51 @@ def execute(instance: ModelInstance | RequestsInstance, batch: Sequence[BatchIte
         if request.sink is not None and not isinstance(answer, Exception):
             request.sink(answer, True, None)
     return t0, t1, t2, t3, results, None
+
+
+class RunCost:
+    """The CPU time a batch is expected to take on one instance, from its number of input elements.
+
+    A batch costs a fixed part (a small model reads all its weights for any batch) plus a part
+    per element, so the cost is fitted as `fixed + per_element * elements` by least squares over
+    recent batches, each weighted 3/4 of the one after it: a run far over the estimate moves it
+    at once. While every batch had about the same size, the cost is taken as proportional to the
+    elements, which errs high for larger batches until one is measured. Costs are CPU time of
+    the thread that ran the batch, not wall time: a batch run on a worker thread also waits for
+    the GIL, and one run anywhere may wait for a CPU, and neither wait is the model's.
+    """
+
+    __slots__ = ("_n", "_x", "_xx", "_y", "_xy")
+
+    def __init__(self) -> None:
+        self._n = self._x = self._xx = self._y = self._xy = 0.0
+
+    def record(self, elements: int, cpu_ns: int) -> None:
+        keep = 0.75
+        self._n = self._n * keep + 1
+        self._x = self._x * keep + elements
+        self._xx = self._xx * keep + elements * elements
+        self._y = self._y * keep + cpu_ns
+        self._xy = self._xy * keep + elements * cpu_ns
+
+    def expected_ns(self, elements: int) -> float:
+        """The expected CPU time (ns) of a batch of `elements`; 0 before any batch was recorded."""
+        n, x, y = self._n, self._x, self._y
+        if n == 0 or x == 0:
+            return 0.0
+        spread = n * self._xx - x * x
+        if spread <= 1e-6 * n * self._xx:
+            return y / x * elements
+        per_element = max(0.0, (n * self._xy - x * y) / spread)
+        fixed = (y - per_element * x) / n
+        if fixed < 0:  # the fit's line crosses zero: the proportional estimate errs high, not low
+            return y / x * elements
+        return fixed + per_element * elements
+
+
+def batch_elements(batch: Sequence[BatchItem]) -> int:
+    """The input elements of a batch, summed over its requests and their inputs."""
+    return sum(array.size for request in batch for array in request.inputs.values())
 
 
 def _union_outputs(batch: Sequence[BatchItem]) -> Sequence[str]:

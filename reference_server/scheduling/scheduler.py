@@ -28,9 +28,10 @@ wake-up one way, `call_soon_threadsafe`'s self-pipe the other) and a GIL round t
 of CPU per batch on a 2-core box, more than a small MLP's whole `run`. So a model with exactly one
 instance that says it may (`runs_on_loop`: onnxruntime on CPU with one intra-op thread) runs a
 batch on the event-loop thread itself when its expected cost is at most `INLINE_MAX_NS`. The
-expectation is the last batches' time per input element (an exponential average, updated by every
-batch, inline or not) times the batch's elements; with no history yet the batch goes to the
-worker. The bound caps how long one batch holds up every other connection and model. Requests that
+expectation is fitted to the CPU time of the last batches, inline or not, against their input
+elements (`execute.RunCost`); with no history yet the batch goes to the worker. CPU time, not
+wall time: a batch on the worker also waits for the GIL while the loop is busy, and counting
+that wait would keep the next batches off the loop, each waiting again. The bound caps how long one batch holds up every other connection and model. Requests that
 arrive meanwhile wait in the sockets instead of the queue and are read as soon as the batch ends,
 so the dynamic batcher still finds them together (measured under perf_analyzer: more throughput
 with dynamic batching, not less). Several instances keep their worker threads, which run in
@@ -84,7 +85,7 @@ import threading
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from functools import partial
-from time import perf_counter_ns
+from time import perf_counter_ns, thread_time_ns
 from typing import Any
 
 from reference_server.errors import InternalError, ServerError, Unavailable, Unsupported
@@ -93,7 +94,9 @@ from reference_server.scheduling.execute import (
     Outcome,
     RequestsInstance,
     ResponseSink,
+    RunCost,
     Tensors,
+    batch_elements,
     execute,
 )
 from reference_server.scheduling.policy import BatchingPolicy, batch_key, take_batch
@@ -153,7 +156,7 @@ class Scheduler:
         inline = len(instances) == 1 and getattr(instances[0], "runs_on_loop", False) is True
         self._prepare: Callable[[Tensors], Tensors] | None = getattr(instances[0], "prepare_inputs", None)
         self._inline_slot = self._slots[0] if inline else None
-        self._ns_per_element = 0.0  # average run cost of the inline slot's batches; 0 = not known yet
+        self._run_cost = RunCost()  # of the inline slot's batches
         # Handing busy instances batches ahead would let a queued request outlive its timeout unseen.
         self._ahead = 0 if policy.default_timeout_ns or gate is not None else AHEAD_BATCHES
         self._gate = gate  # --rate-limit execution_count: a batch starts when its resources are free
@@ -421,10 +424,12 @@ class Scheduler:
             assert self._loop is not None  # set by infer() before anything is dispatched
             start_batch(self._loop, slot, entry, self._finish)
             return
-        if slot is self._inline_slot and 0 < _elements(batch) * self._ns_per_element <= INLINE_MAX_NS:
+        if slot is self._inline_slot and 0 < self._run_cost.expected_ns(batch_elements(batch)) <= INLINE_MAX_NS:
             loop = self._loop
             assert loop is not None  # set by infer() before anything is dispatched
-            loop.call_soon(self._finish, slot, entry, execute(slot.instance, batch))
+            started = thread_time_ns()
+            outcome = execute(slot.instance, batch)
+            loop.call_soon(self._finish, slot, entry, outcome, thread_time_ns() - started)
             return
         slot.inbox.put(entry)
 
@@ -489,20 +494,23 @@ class Scheduler:
     def _work(self, slot: Slot) -> None:
         instance = slot.instance
         inbox = slot.inbox
+        measured = slot is self._inline_slot  # its cost decides which batches run on the loop
         while (entry := inbox.get()) is not None:
             if self._closed:
                 continue  # close() failed what waited here; the sentinel follows
+            started = thread_time_ns() if measured else 0
             outcome = execute(instance, entry[1])
+            cpu_ns = thread_time_ns() - started if measured else 0
             loop = self._loop
             assert loop is not None  # set by infer() before anything is dispatched
             try:
-                loop.call_soon_threadsafe(self._finish, slot, entry, outcome)
+                loop.call_soon_threadsafe(self._finish, slot, entry, outcome, cpu_ns)
             except RuntimeError:
                 return  # the loop is closed; nobody is waiting for this batch any more
 
     # -- completion (event loop) -----------------------------------------------------------------
 
-    def _finish(self, slot: Slot, entry: Batch, outcome: Outcome) -> None:
+    def _finish(self, slot: Slot, entry: Batch, outcome: Outcome, cpu_ns: int = 0) -> None:
         seq, batch = entry
         running = slot.running
         if running and running[0] is entry:
@@ -518,11 +526,8 @@ class Scheduler:
         t0, t1, t2, t3, _, error = outcome
         if error is None:
             self._stats.record_execution(sum(r.batch_size for r in batch), t1 - t0, t2 - t1, t3 - t2)
-            if slot is self._inline_slot:
-                cost = (t3 - t0) / max(1, _elements(batch))
-                average = self._ns_per_element
-                # 1/4 weight: a run far over the bound sends the next batch to the worker at once.
-                self._ns_per_element = cost if average == 0 else average + (cost - average) / 4
+            if cpu_ns:
+                self._run_cost.record(batch_elements(batch), cpu_ns)
         if self._ordered and not self._closed:
             self._held[seq] = (batch, outcome)
             while self._release_seq in self._held:
@@ -593,7 +598,3 @@ async def _one(answer: Awaitable[Tensors]) -> AsyncIterator[tuple[Tensors | Serv
 
 def _backlog(slot: Slot) -> int:
     return len(slot.running)
-
-
-def _elements(batch: list[QueuedRequest]) -> int:
-    return sum(array.size for request in batch for array in request.inputs.values())

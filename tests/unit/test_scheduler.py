@@ -627,8 +627,8 @@ async def test_close_fails_batches_waiting_ahead_and_never_runs_them(harness: Ha
 
 
 class ThreadRecorder:
-    """An instance that may run on the loop: records which thread ran each request, and sleeps
-    10 ms on HOLD (a run too slow for the loop)."""
+    """An instance that may run on the loop: records which thread ran each request, and computes
+    for 10 ms of CPU time on HOLD (a run too slow for the loop)."""
 
     runs_on_loop = True
 
@@ -640,7 +640,9 @@ class ThreadRecorder:
         self.threads.append(threading.current_thread().name)
         x = inputs["IN"]
         if x.flat[0] == HOLD:
-            time.sleep(0.01)
+            until = time.thread_time() + 0.01  # the scheduler times runs in CPU time, not wall time
+            while time.thread_time() < until:
+                pass
         return {"OUT": x * 2}
 
 
