@@ -3,6 +3,7 @@
     PERFKIT_PEERS=DIR python bench/server_vs_triton.py [-i http|grpc] [--concurrency 1,2,4,8]
         [--window-ms 2000] [--instances 1] [--max-batch-size 64] [--queue-delay-us 100]
         [--intra-op-threads N] [--allow-spinning 0|1] [--frontend-workers N] [--server-cpus 0[,1...]]
+        [--repeats N]
 
 (`--intra-op-threads 1` is the fastest setting for both servers on a 2-core box; see bench/README.md.
 `--server-cpus` pins both servers, their threads and child processes to those CPUs, for a scaling
@@ -14,6 +15,10 @@ from --queue-delay-us) and `mlp_plain` (no dynamic batching), both with `max_bat
 --max-batch-size and --instances KIND_CPU instances, starts both servers on free loopback ports,
 and runs perf_analyzer against each variant at each concurrency, alternating which server goes
 first. Both servers keep running during the whole run; the idle one costs next to nothing.
+`--repeats N` measures the whole grid N times over, round after round, and reports for each
+server and line the round with the median infer/s (the column "ratio per round" keeps each
+round's own ratio): on a small shared box either server's figure moves by up to a third between
+minutes, and a median of rounds taken minutes apart is steadier than one window.
 
 How Triton serves it: its peers build bundles only the python backend, so the ONNX file is run by
 onnxruntime inside a python-backend model (`perfkit.testing.models.write_onnx_wrapper`): one stub
@@ -111,6 +116,7 @@ class Run:
     times: ServerTimes  # statistics extension delta over the whole perf_analyzer run
     run_ns: int  # onnxruntime session.run time summed per request, same span
     server_cpu_s: float
+    round: int = 0
 
     @property
     def cpu_us(self) -> float:
@@ -183,8 +189,9 @@ def run_ns(server: str, times: ServerTimes, tmp: Path, model: str) -> int:
 
 
 def measure(
-    peers: Path, endpoint: Endpoint, server: str, model: str, protocol: str, concurrency: int, window_ms: int, tmp: Path
-) -> Run:
+    peers: Path, endpoint: Endpoint, server: str, model: str, protocol: str, concurrency: int, window_ms: int, tmp: Path,
+    round_: int = 0,
+) -> Run:  # fmt: skip
     url = endpoint.http_url if protocol == "http" else endpoint.grpc_url
     args = ["-i", protocol, "--concurrency-range", str(concurrency), "-p", str(window_ms), "-s", "25", "-r", "10"]
     times_before = server_times(endpoint.http_url, model)
@@ -204,30 +211,49 @@ def measure(
         times=times,
         run_ns=run_ns(server, times_after, tmp, model) - run_before,
         server_cpu_s=cpu_s,
+        round=round_,
     )
 
 
+def median_runs(runs: list[Run]) -> dict[tuple[str, str, int], Run]:
+    """Per (server, model, concurrency), its run with the median infer/s (the lower of two middles)."""
+    grouped: dict[tuple[str, str, int], list[Run]] = {}
+    for run in runs:
+        grouped.setdefault((run.server, run.model, run.concurrency), []).append(run)
+    return {key: sorted(group, key=lambda r: r.infer_per_s)[(len(group) - 1) // 2] for key, group in grouped.items()}
+
+
+def round_ratios(runs: list[Run], model: str, concurrency: int) -> str:
+    """Ours over Triton in each round, in round order."""
+    by_round = {(r.server, r.round): r.infer_per_s for r in runs if r.model == model and r.concurrency == concurrency}
+    rounds = sorted({round_ for _, round_ in by_round})
+    return " / ".join(ratio(by_round[("ours", n)], by_round[("triton", n)]) for n in rounds)
+
+
 def render(runs: list[Run], settings: Settings, protocol: str, levels: list[int], window_ms: int, host: str) -> str:
-    by_key = {(r.server, r.model, r.concurrency): r for r in runs}
+    by_key = median_runs(runs)
+    rounds = len({r.round for r in runs})
     lines = [
         f"reference server vs Triton 2.51 (python backend running onnxruntime), demo MLP 256-1024-1024-10 fp32, "
         f"perf_analyzer -i {protocol} -p {window_ms} -s 25 -r 10; max_batch_size {settings.max_batch_size}, "
         f"{settings.instances} instance(s), intra-op threads {settings.intra_op_threads}, "
-        f"spinning {settings.allow_spinning}; {host}",
+        f"spinning {settings.allow_spinning}; {host}"
+        + (f"; the median of {rounds} rounds" if rounds > 1 else ""),
         "",
-        "| model | concurrency | infer/s ours | infer/s Triton | ratio (>= 1.5) | p50 ms ours | p50 ms Triton "
+        "| model | concurrency | infer/s ours | infer/s Triton | ratio (>= 1.5) | ratio per round | p50 ms ours | p50 ms Triton "
         "| p99 ms ours | p99 ms Triton | overhead (fair) us/req ours | overhead (fair) us/req Triton "
         "| ratio (<= 1) | overhead (PA) us/req ours | overhead (PA) us/req Triton | session.run us/req ours "
         "| session.run us/req Triton | compute infer us ours | compute infer us Triton "
         "| server CPU us/req ours | server CPU us/req Triton |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for model in VARIANTS:
         for concurrency in levels:
             ours, triton = by_key[("ours", model, concurrency)], by_key[("triton", model, concurrency)]
             lines.append(
                 f"| {model} | {concurrency} | {ours.infer_per_s:.0f} | {triton.infer_per_s:.0f} | "
-                f"{ratio(ours.infer_per_s, triton.infer_per_s)} | {ours.p50_us / 1000:.2f} | "
+                f"{ratio(ours.infer_per_s, triton.infer_per_s)} | {round_ratios(runs, model, concurrency)} | "
+                f"{ours.p50_us / 1000:.2f} | "
                 f"{triton.p50_us / 1000:.2f} | {ours.p99_us / 1000:.2f} | {triton.p99_us / 1000:.2f} | "
                 f"{ours.fair_overhead_us:.0f} | {triton.fair_overhead_us:.0f} | "
                 f"{ratio(ours.fair_overhead_us, triton.fair_overhead_us)} | "
@@ -266,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow-spinning", type=int, choices=(0, 1), default=0)
     parser.add_argument("--frontend-workers", type=int, default=1, help="our server's --frontend-workers")
     parser.add_argument("--server-cpus", help="comma-separated CPUs both servers may use (default: all)")
+    parser.add_argument("--repeats", type=int, default=1, help="rounds over the whole grid; medians are reported")
     args = parser.parse_args(argv)
     cpus = None if args.server_cpus is None else [int(c) for c in args.server_cpus.split(",")]
     peers = peers_dir()
@@ -282,15 +309,17 @@ def main(argv: list[str] | None = None) -> int:
                 for model in VARIANTS:
                     measure(peers, endpoints[server], server, model, args.protocol, max(levels), 500, tmp)
             step = 0
-            for model in VARIANTS:
-                for concurrency in levels:
-                    # Alternate which server goes first, so that neither always follows the same one.
-                    for server in SERVERS if step % 2 == 0 else SERVERS[::-1]:
-                        print(f"measuring: {server} {model} c={concurrency} ...", file=sys.stderr, flush=True)
-                        endpoint = endpoints[server]
-                        run = measure(peers, endpoint, server, model, args.protocol, concurrency, args.window_ms, tmp)
-                        runs.append(run)
-                    step += 1
+            for round_ in range(max(1, args.repeats)):
+                for model in VARIANTS:
+                    for concurrency in levels:
+                        # Alternate which server goes first, so that neither always follows the same one.
+                        for server in SERVERS if step % 2 == 0 else SERVERS[::-1]:
+                            print(f"measuring: round {round_ + 1}, {server} {model} c={concurrency} ...",
+                                  file=sys.stderr, flush=True)  # fmt: skip
+                            endpoint = endpoints[server]
+                            runs.append(measure(peers, endpoint, server, model, args.protocol, concurrency,
+                                                args.window_ms, tmp, round_))  # fmt: skip
+                        step += 1
     print()
     placement = f"our front-end workers {args.frontend_workers}; server CPUs {args.server_cpus or 'all'}"
     print(render(runs, settings, args.protocol, levels, args.window_ms, f"{placement}; {machine(peers)}"))
