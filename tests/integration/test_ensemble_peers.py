@@ -259,7 +259,7 @@ def test_perfkit_agrees_with_perf_analyzer_on_an_ensemble_and_compare_reads_its_
     peers: Path, triton: TritonProcess, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     tries: list[dict[str, dict[str, float]]] = []
-    for attempt in (1, 2):
+    for attempt in (1, 2, 3):  # half-second windows at concurrency 1: one try can be 10% off
         with OtherLoad() as other:
             figures = run_both(peers, triton.http_url, tmp_path / f"try{attempt}")
         tries += [figures] if figures is not None else []
