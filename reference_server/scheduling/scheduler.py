@@ -31,8 +31,8 @@ batch on the event-loop thread itself when its expected cost is at most `INLINE_
 expectation is fitted to the CPU time of the last batches, inline or not, against their input
 elements (`execute.RunCost`); with no history yet the batch goes to the worker. CPU time, not
 wall time: a batch on the worker also waits for the GIL while the loop is busy, and counting
-that wait would keep the next batches off the loop, each waiting again. The bound caps how long one batch holds up every other connection and model. Requests that
-arrive meanwhile wait in the sockets instead of the queue and are read as soon as the batch ends,
+that wait would keep the next batches off the loop, each waiting again. The bound caps how long
+one batch holds up every other connection and model. Requests that arrive meanwhile wait in the sockets instead of the queue and are read as soon as the batch ends,
 so the dynamic batcher still finds them together (measured under perf_analyzer: more throughput
 with dynamic batching, not less). Several instances keep their worker threads, which run in
 parallel. Nothing else changes: the same `batch_run.execute` and the same statistics, and
@@ -424,13 +424,15 @@ class Scheduler:
             assert self._loop is not None  # set by infer() before anything is dispatched
             start_batch(self._loop, slot, entry, self._finish)
             return
-        if slot is self._inline_slot and 0 < self._run_cost.expected_ns(batch_elements(batch)) <= INLINE_MAX_NS:
-            loop = self._loop
-            assert loop is not None  # set by infer() before anything is dispatched
-            started = thread_time_ns()
-            outcome = execute(slot.instance, batch)
-            loop.call_soon(self._finish, slot, entry, outcome, thread_time_ns() - started)
-            return
+        if slot is self._inline_slot:
+            elements = batch_elements(batch)
+            if 0 < self._run_cost.expected_ns(elements) <= INLINE_MAX_NS:
+                loop = self._loop
+                assert loop is not None  # set by infer() before anything is dispatched
+                started = thread_time_ns()
+                outcome = execute(slot.instance, batch)
+                loop.call_soon(self._finish, slot, entry, outcome, thread_time_ns() - started, elements)
+                return
         slot.inbox.put(entry)
 
     def _expire(self, now: int) -> None:
@@ -501,16 +503,17 @@ class Scheduler:
             started = thread_time_ns() if measured else 0
             outcome = execute(instance, entry[1])
             cpu_ns = thread_time_ns() - started if measured else 0
+            elements = batch_elements(entry[1]) if measured else 0  # here, not on the loop
             loop = self._loop
             assert loop is not None  # set by infer() before anything is dispatched
             try:
-                loop.call_soon_threadsafe(self._finish, slot, entry, outcome, cpu_ns)
+                loop.call_soon_threadsafe(self._finish, slot, entry, outcome, cpu_ns, elements)
             except RuntimeError:
                 return  # the loop is closed; nobody is waiting for this batch any more
 
     # -- completion (event loop) -----------------------------------------------------------------
 
-    def _finish(self, slot: Slot, entry: Batch, outcome: Outcome, cpu_ns: int = 0) -> None:
+    def _finish(self, slot: Slot, entry: Batch, outcome: Outcome, cpu_ns: int = 0, elements: int = 0) -> None:
         seq, batch = entry
         running = slot.running
         if running and running[0] is entry:
@@ -527,7 +530,7 @@ class Scheduler:
         if error is None:
             self._stats.record_execution(sum(r.batch_size for r in batch), t1 - t0, t2 - t1, t3 - t2)
             if cpu_ns:
-                self._run_cost.record(batch_elements(batch), cpu_ns)
+                self._run_cost.record(elements, cpu_ns)
         if self._ordered and not self._closed:
             self._held[seq] = (batch, outcome)
             while self._release_seq in self._held:
