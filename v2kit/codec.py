@@ -68,6 +68,7 @@ __all__ = [
     "decode_infer_response",
     "decode_error",
     "error_body",
+    "SHARED_MEMORY_REGION",
     "SharedMemoryRef",
     "shared_memory_ref",
 ]
@@ -131,7 +132,9 @@ class SharedMemoryRef:
     byte_size: int
 
 
-_SHM_REGION, _SHM_OFFSET, _SHM_SIZE = "shared_memory_region", "shared_memory_offset", "shared_memory_byte_size"
+#: The tensor parameter that names a shared-memory region (`shared_memory_ref`).
+SHARED_MEMORY_REGION = "shared_memory_region"
+_SHM_REGION, _SHM_OFFSET, _SHM_SIZE = SHARED_MEMORY_REGION, "shared_memory_offset", "shared_memory_byte_size"
 
 
 def shared_memory_ref(parameters: dict[str, Any], what: str) -> SharedMemoryRef | None:

@@ -37,7 +37,6 @@ __all__ = ["COUNTERS_DIR", "LocalModels", "names_shared_memory"]
 #: Where the statistics files are made: memory, not disk, where there is /dev/shm.
 COUNTERS_DIR = Path("/dev/shm") if os.path.isdir("/dev/shm") else Path(tempfile.gettempdir())
 _FILES = itertools.count(1)
-_REGION = "shared_memory_region"
 
 Done = Callable[[v2.InferResponse | Exception], None]
 
@@ -45,9 +44,9 @@ Done = Callable[[v2.InferResponse | Exception], None]
 def names_shared_memory(request: v2.InferRequest) -> bool:
     """Whether `request` reads or writes a shared-memory region (registered in the core only)."""
     for tensor in request.inputs:
-        if tensor.parameters and _REGION in tensor.parameters:
+        if tensor.parameters and v2.SHARED_MEMORY_REGION in tensor.parameters:
             return True
-    return any(o.parameters and _REGION in o.parameters for o in request.outputs or ())
+    return any(o.parameters and v2.SHARED_MEMORY_REGION in o.parameters for o in request.outputs or ())
 
 
 @dataclass(slots=True)
