@@ -39,6 +39,7 @@ COUNTERS_DIR = Path("/dev/shm") if os.path.isdir("/dev/shm") else Path(tempfile.
 _FILES = itertools.count(1)
 
 Done = Callable[[v2.InferResponse | Exception], None]
+Publish = Callable[[], None]
 
 
 def names_shared_memory(request: v2.InferRequest) -> bool:
@@ -94,15 +95,20 @@ class LocalModels:
             server_name=config.server_name,
         )
         #: (name, "" or a version number) → what publishes that version's statistics.
-        self._routes: dict[tuple[str, str], Callable[[], None]] = {}
+        self._routes: dict[tuple[str, str], Publish] = {}
         self._counters: dict[str, list[_Counters]] = {}
         self._lock = asyncio.Lock()
 
-    def serves(self, request: v2.InferRequest) -> bool:
-        return (request.model_name, request.model_version) in self._routes and not names_shared_memory(request)
+    def publisher(self, request: v2.InferRequest) -> Publish | None:
+        """What publishes the statistics of the version `request` names, when this worker runs it;
+        None when the core does."""
+        publish = self._routes.get((request.model_name, request.model_version))
+        return None if publish is None or names_shared_memory(request) else publish
 
-    def start_infer(self, request: v2.InferRequest, done: Done, *, endpoint: str = HTTP_ENDPOINT) -> None:
-        publish = self._routes[(request.model_name, request.model_version)]
+    def start_infer(
+        self, request: v2.InferRequest, publish: Publish, done: Done, *, endpoint: str = HTTP_ENDPOINT
+    ) -> None:
+        """Run `request` here (`publish`: its `publisher`), as `DataPlane.start_infer` does."""
 
         def answered(response: v2.InferResponse | Exception) -> None:
             publish()
@@ -114,8 +120,10 @@ class LocalModels:
             publish()
             raise
 
-    async def infer(self, request: v2.InferRequest, *, endpoint: str = HTTP_ENDPOINT) -> v2.InferResponse:
-        publish = self._routes[(request.model_name, request.model_version)]
+    async def infer(
+        self, request: v2.InferRequest, publish: Publish, *, endpoint: str = HTTP_ENDPOINT
+    ) -> v2.InferResponse:
+        """Run `request` here (`publish`: its `publisher`), as `DataPlane.infer` does."""
         try:
             return await self.plane.infer(request, endpoint=endpoint)
         finally:
@@ -166,7 +174,7 @@ class LocalModels:
             self._forget(name)
 
 
-def _publisher(stats: ModelStats, array: np.ndarray) -> Callable[[], None]:
+def _publisher(stats: ModelStats, array: np.ndarray) -> Publish:
     published_executions = -1
 
     def publish() -> None:

@@ -226,8 +226,9 @@ class RemotePlane(InflightSlots):
         await self._await("call", ("unload_model", (name, parameters)))
 
     async def infer(self, request: v2.InferRequest, *, endpoint: str = HTTP_ENDPOINT) -> v2.InferResponse:
-        if self.local is not None and self.local.serves(request):
-            return await self.local.infer(request, endpoint=endpoint)
+        local = self.local
+        if local is not None and (publish := local.publisher(request)) is not None:
+            return await local.infer(request, publish, endpoint=endpoint)
         return response_from_wire(await self._await("infer", (request_to_wire(request), endpoint)))
 
     def start_infer(
@@ -237,8 +238,9 @@ class RemotePlane(InflightSlots):
         *,
         endpoint: str = HTTP_ENDPOINT,
     ) -> None:
-        if self.local is not None and self.local.serves(request):
-            self.local.start_infer(request, done, endpoint=endpoint)
+        local = self.local
+        if local is not None and (publish := local.publisher(request)) is not None:
+            local.start_infer(request, publish, done, endpoint=endpoint)
             return
 
         def answered(status: str, value: Any) -> None:
