@@ -93,9 +93,9 @@ def requested_classes(
         if count is None:
             continue
         where = f"output '{output.name}' of model '{model_name}'"
-        if "shared_memory_region" in output.parameters:
+        if v2.SHARED_MEMORY_REGION in output.parameters:
             # Classes are computed from the output, so they cannot be written where the output goes.
-            raise InvalidArgument(f"Output can't set both 'shared_memory_region' and '{CLASSIFICATION}' ({where})")
+            raise InvalidArgument(f"Output can't set both '{v2.SHARED_MEMORY_REGION}' and '{CLASSIFICATION}' ({where})")
         if not isinstance(count, int) or isinstance(count, bool):
             raise InvalidArgument(
                 f"invalid value type for '{CLASSIFICATION}' parameter of {where}, expected an integer class "

@@ -27,16 +27,15 @@ batch size and what it must share with others to batch.
 wake-up one way, `call_soon_threadsafe`'s self-pipe the other) and a GIL round trip, about 100 us
 of CPU per batch on a 2-core box, more than a small MLP's whole `run`. So a model with exactly one
 instance that says it may (`runs_on_loop`: onnxruntime on CPU with one intra-op thread) runs a
-batch on the event-loop thread itself when its expected cost is at most `INLINE_MAX_NS`. The
-expectation is fitted to the CPU time of the last batches, inline or not, against their input
-elements (`execute.RunCost`); with no history yet the batch goes to the worker. CPU time, not
-wall time: a batch on the worker also waits for the GIL while the loop is busy, and counting
-that wait would keep the next batches off the loop, each waiting again. The bound caps how long
-one batch holds up every other connection and model. Requests that arrive meanwhile wait in the sockets instead of the queue and are read as soon as the batch ends,
-so the dynamic batcher still finds them together (measured under perf_analyzer: more throughput
-with dynamic batching, not less). Several instances keep their worker threads, which run in
-parallel. Nothing else changes: the same `batch_run.execute` and the same statistics, and
-`_finish` runs one loop iteration later, as it would.
+batch on the event-loop thread itself when its expected cost is at most `INLINE_MAX_NS`, which
+caps how long one batch holds up every other connection and model. The expectation is fitted to
+the CPU time of the last batches, inline or not, against their input elements (`execute.RunCost`);
+with no history yet the batch goes to the worker. CPU time, not wall time: a batch on the worker
+also waits for the GIL while the loop is busy, and counting that wait would keep the next batches
+off the loop, each waiting again. Requests that arrive during an inline run wait in the sockets
+and are read as soon as it ends, so the dynamic batcher still finds them together. Several
+instances keep their worker threads, which run in parallel. Nothing else changes: the same
+`execute.execute`, the same statistics, and `_finish` one loop iteration later.
 
 *Backlogs.* A worker's finished batch reaches the loop through `call_soon_threadsafe`, and the
 next batch goes back only when the loop runs that callback: one batch per instance per loop
@@ -69,12 +68,11 @@ iteration later when the answer came inside the dispatch itself. *Decoupled mode
 `infer_stream` (`streaming.stream_responses`): a consumer that leaves early withdraws a queued
 request and cancels a running one through its instance.
 
-*Statistics* (`stats.ModelStats`): queue time runs from `received_ns` to the moment the worker
-thread starts the batch. compute_input covers gathering and concatenating inputs,
-compute_infer covers `run`, and compute_output covers splitting outputs. All three are measured
-in the worker on `time.perf_counter_ns`. Request time runs from `received_ns` until the response
-is released on the loop. Each request ends in exactly one of success, REJECTED (queue full or
-timeout), CANCELED (caller gave up), BACKEND (`run` raised) or OTHER (failed by `close`).
+*Statistics* (`stats.ModelStats`): queue time runs from `received_ns` to the start of the batch's
+run; compute_input covers gathering inputs, compute_infer `run`, compute_output splitting outputs
+(`perf_counter_ns`, where the batch runs). Request time ends when the response is released on the
+loop. Each request ends in exactly one of success, REJECTED (queue full or timeout), CANCELED
+(caller gave up), BACKEND (`run` raised) or OTHER (failed by `close`).
 """
 
 from __future__ import annotations
@@ -187,10 +185,10 @@ class Scheduler:
         `received_ns` is on the `time.perf_counter_ns` clock (default: now). An empty
         `output_names` asks for every output. `request_id` and `parameters` reach backends that
         show them to the model (python). Raises InvalidArgument for a bad batch dimension or an
-        input the instances' `prepare_inputs` refuses,
-        Unavailable when the queue is full, the request times out or the scheduler is closing,
-        Unsupported for a decoupled model (use `infer_stream`), and InternalError (or the model's
-        own error) when the model fails. `secondary_stats`: see `model_scheduler.ModelScheduler`.
+        input the instances' `prepare_inputs` refuses, Unavailable when the queue is full, the
+        request times out or the scheduler is closing, Unsupported for a decoupled model (use
+        `infer_stream`), and InternalError (or the model's own error) when the model fails.
+        `secondary_stats`: see `model_scheduler.ModelScheduler`.
         """
         if self._policy.decoupled:
             raise Unsupported(_DECOUPLED)
@@ -402,7 +400,7 @@ class Scheduler:
         instead of one event-loop iteration later (see "Backlogs")."""
         inline_until = now + INLINE_MAX_NS  # the loop runs inline batches here for at most this long
         while self._queue and len(self._queue) >= (self._max_preferred if self._batching else 1):
-            slot = min(self._slots, key=_backlog)
+            slot = min(self._slots, key=lambda slot: len(slot.running))
             if len(slot.running) >= self._ahead or (slot is self._inline_slot and perf_counter_ns() > inline_until):
                 return
             count = self._take(now) if self._batching else 1
@@ -597,7 +595,3 @@ class Scheduler:
 
 async def _one(answer: Awaitable[Tensors]) -> AsyncIterator[tuple[Tensors | ServerError | None, bool]]:
     yield await answer, True
-
-
-def _backlog(slot: Slot) -> int:
-    return len(slot.running)
