@@ -134,7 +134,7 @@ class SharedMemoryRef:
 
 #: The tensor parameter that names a shared-memory region (`shared_memory_ref`).
 SHARED_MEMORY_REGION = "shared_memory_region"
-_SHM_REGION, _SHM_OFFSET, _SHM_SIZE = SHARED_MEMORY_REGION, "shared_memory_offset", "shared_memory_byte_size"
+_SHM_OFFSET, _SHM_SIZE = "shared_memory_offset", "shared_memory_byte_size"
 
 
 def shared_memory_ref(parameters: dict[str, Any], what: str) -> SharedMemoryRef | None:
@@ -145,17 +145,17 @@ def shared_memory_ref(parameters: dict[str, Any], what: str) -> SharedMemoryRef 
     """
     if not parameters:
         return None  # the common case, on every tensor of every request
-    region = parameters.get(_SHM_REGION)
+    region = parameters.get(SHARED_MEMORY_REGION)
     if region is None:
         stray = [k for k in (_SHM_OFFSET, _SHM_SIZE) if k in parameters]
         if stray:
-            raise CodecError(f"{what}: parameter {stray[0]} needs {_SHM_REGION}")
+            raise CodecError(f"{what}: parameter {stray[0]} needs {SHARED_MEMORY_REGION}")
         return None
     if not isinstance(region, str) or not region:
-        raise CodecError(f"{what}: {_SHM_REGION} must be a non-empty string, got {short_repr(region)}")
+        raise CodecError(f"{what}: {SHARED_MEMORY_REGION} must be a non-empty string, got {short_repr(region)}")
     offset, size = parameters.get(_SHM_OFFSET, 0), parameters.get(_SHM_SIZE)
     if size is None:
-        raise CodecError(f"{what}: {_SHM_REGION} '{region}' needs {_SHM_SIZE}")
+        raise CodecError(f"{what}: {SHARED_MEMORY_REGION} '{region}' needs {_SHM_SIZE}")
     for key, value in ((_SHM_OFFSET, offset), (_SHM_SIZE, size)):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
             raise CodecError(f"{what}: {key} must be an integer >= 0, got {short_repr(value)}")
@@ -163,7 +163,7 @@ def shared_memory_ref(parameters: dict[str, Any], what: str) -> SharedMemoryRef 
 
 
 def _without_shared_memory(parameters: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in parameters.items() if k not in (_SHM_REGION, _SHM_OFFSET, _SHM_SIZE)}
+    return {k: v for k, v in parameters.items() if k not in (SHARED_MEMORY_REGION, _SHM_OFFSET, _SHM_SIZE)}
 
 
 # --- shared helpers ------------------------------------------------------------------------------
