@@ -400,7 +400,7 @@ class Scheduler:
         instead of one event-loop iteration later (see "Backlogs")."""
         inline_until = now + INLINE_MAX_NS  # the loop runs inline batches here for at most this long
         while self._queue and len(self._queue) >= (self._max_preferred if self._batching else 1):
-            slot = min(self._slots, key=lambda slot: len(slot.running))
+            slot = min(self._slots, key=_backlog)
             if len(slot.running) >= self._ahead or (slot is self._inline_slot and perf_counter_ns() > inline_until):
                 return
             count = self._take(now) if self._batching else 1
@@ -595,3 +595,7 @@ class Scheduler:
 
 async def _one(answer: Awaitable[Tensors]) -> AsyncIterator[tuple[Tensors | ServerError | None, bool]]:
     yield await answer, True
+
+
+def _backlog(slot: Slot) -> int:
+    return len(slot.running)
