@@ -79,6 +79,25 @@ class ServerConfig:
     frontend_workers: int = 1
     #: Whether the workers run the instances of the models that allow it themselves (`workers/hosting.py`).
     worker_instances: bool = True
+    # --- logging (tritonserver's --log-*; changed at run time through the logging extension) ---
+    #: Where the server (and its python stubs) log; None: standard error.
+    log_file: Path | None = None
+    log_info: bool = True
+    log_warning: bool = True
+    log_error: bool = True
+    #: "default" (glog-style `I1129 05:45:55.123456 123 file.py:12] message`) or "ISO8601".
+    log_format: str = "default"
+    # --- tracing (tritonserver's --trace-config, and the deprecated --trace-file/-level/-rate/-count/-log-frequency) ---
+    #: The `--trace-config` entries as given, `[<mode>,]<setting>=<value>` (mode: triton or opentelemetry).
+    trace_config: tuple[str, ...] = ()
+    # --- model configuration ---
+    #: False with --disable-auto-complete-config or --strict-model-config true: no auto-complete.
+    auto_complete_config: bool = True
+    #: --model-config-name NAME: read `<model>/configs/NAME.pbtxt` where it exists, else config.pbtxt.
+    model_config_name: str | None = None
+    # --- request headers forwarded to models as request parameters (regular expressions) ---
+    http_header_forward_pattern: str | None = None
+    grpc_header_forward_pattern: str | None = None
 
     @property
     def tls(self) -> bool:
