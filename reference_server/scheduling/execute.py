@@ -22,6 +22,7 @@ __all__ = [
     "Outcome",
     "RequestsInstance",
     "RequestsOutcome",
+    "Rescheduled",
     "ResponseSink",
     "RunCost",
     "Tensor",
@@ -38,6 +39,15 @@ Tensors = dict[str, Tensor]
 #: Where a decoupled model's responses go, from any thread: (outputs or None, final flag, error or
 #: None). An error is one response sent as an error: the stream ends with the final flag.
 ResponseSink = Callable[["Tensors | None", bool, "Exception | None"], None]
+
+
+class Rescheduled(dict[str, Tensor]):
+    """The answer, with no outputs, for a request its model released with
+    TRITONSERVER_REQUEST_RELEASE_RESCHEDULE: it is to run again, the same request, as the next of its
+    sequence. Only an `iterative_sequence` model's instance answers it (the sequence batcher runs
+    the request again); a decoupled request's stream stays open meanwhile."""
+
+    __slots__ = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +127,8 @@ def requests_outcome(batch: Sequence[BatchItem], t0: int, result: RequestsOutcom
             try:
                 answer = _select(answer, request.output_names)
             except RuntimeError as error:
-                answer = error
+                # A rescheduled request has no outputs yet (checked here, off the common path).
+                answer = answer if isinstance(answer, Rescheduled) else error
         selected.append(answer)
     return t0, t1, t2, perf_counter_ns(), selected, None
 

@@ -19,7 +19,14 @@ from time import perf_counter_ns
 from typing import Protocol, runtime_checkable
 
 from reference_server.errors import InternalError, ServerError
-from reference_server.scheduling.execute import Outcome, RequestsOutcome, ResponseSink, Tensors, requests_outcome
+from reference_server.scheduling.execute import (
+    Outcome,
+    RequestsOutcome,
+    Rescheduled,
+    ResponseSink,
+    Tensors,
+    requests_outcome,
+)
 from reference_server.scheduling.queued import Batch, QueuedRequest, Slot
 
 __all__ = ["Cancellable", "start_batch", "stream_responses"]
@@ -56,6 +63,9 @@ async def stream_responses(
         if not future.cancelled() and (error := future.exception()) is not None:
             assert isinstance(error, Exception)
             items.put_nowait((None, True, error, True))
+        elif not future.cancelled() and isinstance(result := future.result(), Rescheduled):
+            # Released to run again: this run's responses are all here; the sequence batcher runs it again.
+            items.put_nowait((result, True, None, False))
 
     request = submit(sink)
     request.future.add_done_callback(executed)

@@ -45,6 +45,7 @@ from typing import Any
 from reference_server.backends.placement import Placement
 from reference_server.backends.python import ipc
 from reference_server.backends.python.process import PythonModel, StubProcess
+from reference_server.backends.python.reschedule import reschedule
 from reference_server.errors import InternalError, ModelConfigError, Unavailable
 from reference_server.scheduling.execute import BatchItem, RequestsOutcome, ResponseSink, Tensors
 
@@ -385,16 +386,19 @@ class PythonInstance:
                     f"Failed to process the request(s) for model '{self.name}', message: {reply['error']}"
                 )
             self._release_unary(stub, batch, prepared.per_request)
-            if prepared.tokens:
-                return [{} for _ in batch]  # a decoupled model answers through the streams
             results: list[Tensors | Exception] = []
-            for response in reply["responses"]:
-                if response is None:
-                    message = f"model instance '{self.name}' gave no response for a request (returned None, sent none)"
-                    results.append(InternalError(message))
-                    continue
-                outputs, error = stub.read_response(response, out_fds)
-                results.append(error if error is not None else outputs or {})
+            if prepared.tokens:
+                results = [{} for _ in batch]  # a decoupled model answers through the streams
+            else:
+                for response in reply["responses"]:
+                    if response is None:
+                        results.append(InternalError(f"model instance '{self.name}' gave no response for a request "
+                                                     "(returned None, sent none)"))  # fmt: skip
+                        continue
+                    outputs, error = stub.read_response(response, out_fds)
+                    results.append(error if error is not None else outputs or {})
+            if "reschedule" in reply:
+                reschedule(self.model, stub, prepared.items, reply["reschedule"], results)
             return results
         finally:
             ipc.close_fds(out_fds)

@@ -35,6 +35,7 @@ from typing import Any
 
 from reference_server.backends.python import ipc
 from reference_server.backends.python.pb import triton_python_backend_utils as pb_utils
+from reference_server.backends.python.pb.release import release_flags
 
 # Model files import it by Triton's name; it must be this very module, which holds `_runtime`.
 sys.modules.setdefault("triton_python_backend_utils", pb_utils)
@@ -72,6 +73,7 @@ class Stub:
         self.model: Any = None
         self.model_class: Any = None
         self.decoupled = False
+        self.instance_name = ""
         self.loop = asyncio.new_event_loop()
         self._bls_ids = itertools.count(1)
         self._bls: dict[int, Any] = {}
@@ -191,8 +193,10 @@ class Stub:
             try:
                 completed = self.model_class.auto_complete_config(pb_utils.ModelConfig(message["model_config"]))
                 if not isinstance(completed, pb_utils.ModelConfig):
+                    name = json.loads(message["model_config"]).get("name", "")
                     return {
-                        "error": "auto_complete_config() must return the pb_utils.ModelConfig it was given",
+                        "error": f"auto_complete_config function in model '{name}' must return a valid "
+                        "pb.ModelConfig object.",
                         "config": None,
                     }
                 config = json.dumps(completed.as_dict())
@@ -203,6 +207,7 @@ class Stub:
     def _initialize(self, args: dict[str, str]) -> str | None:
         config = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
+        self.instance_name = args["model_instance_name"]  # Triton's stub names the instance in its errors
         try:
             self.model = self.model_class()
             if hasattr(self.model, "initialize"):
@@ -235,10 +240,12 @@ class Stub:
             result = self.model.execute(requests)
             if inspect.iscoroutine(result):
                 result = self.loop.run_until_complete(result)
+            reschedule = pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
+            rescheduled = [i for i, request in enumerate(requests) if release_flags(request) == reschedule]
             if self.decoupled:
                 if result is not None:
                     raise pb_utils.TritonModelException(
-                        f"Python model '{message['model_name']}' is using the decoupled mode and the execute "
+                        f"Python model '{self.instance_name}' is using the decoupled mode and the execute "
                         "function must return None."
                     )
             else:
@@ -254,7 +261,15 @@ class Stub:
                         f"objects. InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) "
                         f"size is:{len(result)}"
                     )
+                for i in rescheduled:
+                    if result[i] is not None:
+                        raise pb_utils.TritonModelException(
+                            "Expected a None object in the execute function return list for reschduled request, "
+                            f"found type '{type(result[i])}'."
+                        )
                 reply["responses"] = [self._response(r, out_fds) for r in result]
+            if rescheduled:
+                reply["reschedule"] = rescheduled  # run again, not released (see pb/release.py)
         except Exception as exc:
             reply["error"] = format_exception(exc)
             reply["responses"] = None

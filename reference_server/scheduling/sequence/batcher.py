@@ -29,6 +29,12 @@ START/END as flagged, CORRID the id; `controls`) and each implicit state: its in
 START, else what the previous request's `output_name` returned. The client neither sends nor sees
 them; a state output comes back only if the client asks for it by name.
 
+*Iterative sequences* (`iterative_sequence: true`, core's IterativeSequencer): a request without an
+id gets one of the batcher's own (1, 2, ...) and STARTs; each request's sequence ends with it. A
+model that releases its request with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE (the instance answers
+`Rescheduled`) has it run again on the same slot, neither START nor END, its inputs and (decoupled)
+response stream as they were, until a run releases it.
+
 *Errors*, as Triton words them (core `sequence_batch_scheduler.cc`): a request without an id, a
 batch size above 1, a request that does not START an unknown sequence (never started, already
 ended, or reaped) are INVALID_ARG. A START for a sequence that is still live is logged as a conflict
@@ -39,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
@@ -48,7 +55,7 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server.errors import InvalidArgument, ServerError, Unavailable, Unsupported
-from reference_server.scheduling.execute import ModelInstance, RequestsInstance, Tensors
+from reference_server.scheduling.execute import ModelInstance, RequestsInstance, Rescheduled, Tensors
 from reference_server.scheduling.model_scheduler import ModelScheduler, SubmitsByTask
 from reference_server.scheduling.policy import BatchingPolicy
 from reference_server.scheduling.rate_limiter import RateGate
@@ -142,6 +149,8 @@ class SequenceScheduler(SubmitsByTask):
         self._backlog: deque[_Sequence] = deque()
         self._reaper: asyncio.TimerHandle | None = None
         self._closing = False
+        # The ids an iterative sequence model gives the requests that come without one.
+        self._iterative_ids = itertools.count(1)
 
     # -- admission ---------------------------------------------------------------------------------
 
@@ -170,6 +179,8 @@ class SequenceScheduler(SubmitsByTask):
                     f"Unable to parse '{name}': it must be a boolean, got {flag!r} (inference request to "
                     f"model '{model}')"
                 )
+        if sequence_id in (0, "") and self.policy.iterative:
+            sequence_id, start = next(self._iterative_ids), True
         if sequence_id in (0, ""):
             raise InvalidArgument(
                 f"inference request to model '{model}' must specify a non-zero or non-empty correlation ID"
@@ -196,7 +207,8 @@ class SequenceScheduler(SubmitsByTask):
                 "sequence start. Previous sequence will be terminated early.", sequence_id, model,
             )  # fmt: skip
         sequence.last_ns = perf_counter_ns()
-        if end:
+        if end or self.policy.iterative:
+            # An iterative sequence also ends with its request (once no longer rescheduled).
             # Forget the id now: what comes after the END must START a new sequence.
             del self._live[sequence_id]
             sequence.ended = True
@@ -351,13 +363,24 @@ class SequenceScheduler(SubmitsByTask):
         ticket, params = self._admit(inputs, parameters)
         try:
             slot = await self._wait_turn(ticket, timeout_us)
-            outputs = await self._inner[slot].infer(
-                self._inputs(ticket, inputs), self._outputs(output_names), timeout_us=timeout_us,
-                received_ns=received_ns, request_id=request_id, parameters=params, secondary_stats=secondary_stats,
-            )  # fmt: skip
-            return self._keep_states(ticket, outputs, output_names)
+            while True:
+                outputs = await self._inner[slot].infer(
+                    self._inputs(ticket, inputs), self._outputs(output_names), timeout_us=timeout_us,
+                    received_ns=received_ns, request_id=request_id, parameters=params, secondary_stats=secondary_stats,
+                )  # fmt: skip
+                if not isinstance(outputs, Rescheduled):
+                    return self._keep_states(ticket, outputs, output_names)
+                self._keep_states(ticket, outputs, output_names)
+                self._again(ticket, params)
         finally:
             self._finish(ticket)
+
+    @staticmethod
+    def _again(ticket: _Ticket, params: dict[str, Any]) -> None:
+        """The model released the request to run again: it goes on its slot once more, neither
+        START nor END (core's IterativeSequencer::RescheduleRequest)."""
+        ticket.start = ticket.end = False
+        params.update(sequence_start=False, sequence_end=False)
 
     def infer_stream(
         self,
@@ -388,26 +411,39 @@ class SequenceScheduler(SubmitsByTask):
         try:
             slot = await self._wait_turn(ticket, timeout_us)
             inner = self._inner[slot]
-            full, names = self._inputs(ticket, inputs), self._outputs(output_names)
-            if not self._decoupled:
-                outputs = await inner.infer(
+            names = self._outputs(output_names)
+            rescheduled = True
+            while rescheduled:
+                rescheduled = False
+                full = self._inputs(ticket, inputs)
+                if not self._decoupled:
+                    outputs = await inner.infer(
+                        full, names, timeout_us=timeout_us, received_ns=received_ns, request_id=request_id,
+                        parameters=params,
+                    )  # fmt: skip
+                    rescheduled = isinstance(outputs, Rescheduled)
+                    outputs = self._keep_states(ticket, outputs, output_names)
+                    if not rescheduled:
+                        yield outputs, True
+                    self._again(ticket, params)
+                    continue
+                stream = inner.infer_stream(
                     full, names, timeout_us=timeout_us, received_ns=received_ns, request_id=request_id,
                     parameters=params,
                 )  # fmt: skip
-                yield self._keep_states(ticket, outputs, output_names), True
-                return
-            stream = inner.infer_stream(
-                full, names, timeout_us=timeout_us, received_ns=received_ns, request_id=request_id, parameters=params
-            )
-            try:
-                async for response, final in stream:
-                    if isinstance(response, dict):
-                        response = self._keep_states(ticket, response, output_names)
-                    yield response, final
-            finally:
-                aclose = getattr(stream, "aclose", None)
-                if aclose is not None:
-                    await aclose()
+                try:
+                    async for response, final in stream:
+                        if isinstance(response, Rescheduled):
+                            rescheduled = True
+                            break
+                        if isinstance(response, dict):
+                            response = self._keep_states(ticket, response, output_names)
+                        yield response, final
+                finally:
+                    aclose = getattr(stream, "aclose", None)
+                    if aclose is not None:
+                        await aclose()
+                self._again(ticket, params)
         finally:
             self._finish(ticket)
 

@@ -77,6 +77,9 @@ class SequencePolicy:
     states: tuple[State, ...]
     #: How each instance's requests are batched across the sequences it holds.
     batching: BatchingPolicy
+    #: `iterative_sequence`: a request without an id starts a sequence of its own, which ends when
+    #: the model releases it without rescheduling (core's IterativeSequencer).
+    iterative: bool = False
 
     @classmethod
     def from_config(cls, config: mc.ModelConfig) -> SequencePolicy:
@@ -121,7 +124,7 @@ class SequencePolicy:
             preserve_ordering=oldest and sb.oldest.preserve_ordering,
         )
         idle_us = sb.max_sequence_idle_microseconds or DEFAULT_IDLE_US
-        return cls(name, mbs, oldest, slots, idle_us * 1000, controls, states, batching)
+        return cls(name, mbs, oldest, slots, idle_us * 1000, controls, states, batching, sb.iterative_sequence)
 
 
 def hidden_tensors(config: mc.ModelConfig) -> tuple[frozenset[str], frozenset[str]]:

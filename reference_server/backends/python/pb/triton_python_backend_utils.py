@@ -17,6 +17,8 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from reference_server.backends.python.pb.release import RequestRelease
+
 __all__ = [
     "InferenceRequest",
     "InferenceResponse",
@@ -295,7 +297,7 @@ class InferenceResponseSender:
         return _bridge().is_cancelled(self._token)
 
 
-class InferenceRequest:
+class InferenceRequest(RequestRelease):
     """A request: one that `execute` receives, or one a model builds to call another model (BLS)."""
 
     __slots__ = (

@@ -1,0 +1,136 @@
+"""Iterative sequences and request rescheduling (python backend README, "Request Rescheduling"),
+on real tritonserver 2.51 and on the reference server alike.
+
+The models are Triton's own QA models, unmodified (`tests/triton_qa/python_models/`, from the
+server repository's qa/python_models): `iterative_sequence` (decoupled: each execute sends one
+response and reschedules the request until the count runs out), `request_rescheduling_addsub`
+(reschedules its first request, returning None in its place) and `wrong_return_type` (returns a
+response for a rescheduled request). All three have `sequence_batching { iterative_sequence: true }`
+and are called without a sequence id, which such a model accepts: the sequence batcher gives the
+request a sequence of its own. The steps follow qa/L0_backend_python/request_rescheduling.
+"""
+
+from __future__ import annotations
+
+import queue
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from reference_server.server import running_server
+from tests.servers import loopback_config, running_triton
+
+pytestmark = [pytest.mark.integration, pytest.mark.peers]
+
+QA_MODELS = Path(__file__).parent.parent / "triton_qa" / "python_models"
+MODELS = ("iterative_sequence", "request_rescheduling_addsub", "wrong_return_type")
+
+
+def write_repository(root: Path) -> Path:
+    for name in MODELS:
+        (root / name / "1").mkdir(parents=True)
+        shutil.copy(QA_MODELS / name / "config.pbtxt", root / name / "config.pbtxt")
+        shutil.copy(QA_MODELS / name / "model.py", root / name / "1" / "model.py")
+    return root
+
+
+@pytest.fixture(scope="module")
+def servers(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[str, str]]]:
+    """{"triton": (http, grpc), "ours": (http, grpc)}, in explicit model control with every model
+    loaded, as the QA test runs Triton."""
+    repository = write_repository(tmp_path_factory.mktemp("reschedule") / "models")
+    with (
+        running_triton(peers, repository, extra_args=["--model-control-mode=explicit", "--load-model=*"]) as triton,
+        running_server(loopback_config(repository, load=("*",))) as ours,
+    ):
+        yield {
+            "triton": (triton.http_url, triton.grpc_url),
+            "ours": (ours.http_url, f"{ours.config.host}:{ours.grpc_port}"),
+        }
+
+
+def _stream_counts(grpc_url: str, count: int) -> list[int]:
+    """The OUT values of the responses to one `iterative_sequence` request for `count` responses,
+    streamed without a sequence id (qa grpc_endpoint_test.py test_grpc_decoupled)."""
+    answers: queue.Queue[object] = queue.Queue()
+    with grpcclient.InferenceServerClient(grpc_url) as client:
+        # Reload to reset the model's state, as the QA test does.
+        client.unload_model("iterative_sequence")
+        client.load_model("iterative_sequence")
+        client.start_stream(callback=lambda result, error: answers.put(error or result))
+        tensor = grpcclient.InferInput("IN", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([count], dtype=np.int32))
+        client.async_stream_infer(model_name="iterative_sequence", inputs=[tensor])
+        values = []
+        for _ in range(count):
+            answer = answers.get(timeout=30)
+            if isinstance(answer, InferenceServerException):
+                raise answer
+            assert isinstance(answer, grpcclient.InferResult)
+            values.append(int(answer.as_numpy("OUT")[0]))
+        client.stop_stream()
+    return values
+
+
+@pytest.mark.parametrize("server", ["triton", "ours"])
+def test_a_decoupled_iterative_sequence_runs_until_done(servers: dict[str, tuple[str, str]], server: str) -> None:
+    assert _stream_counts(servers[server][1], 3) == [2, 1, 0]
+
+
+def _add_sub_inputs(module: object, shape: int = 16) -> tuple[list[object], np.ndarray, np.ndarray]:
+    a = np.arange(shape, dtype=np.float32) / 4
+    b = np.full(shape, 0.5, dtype=np.float32)
+    tensors = []
+    for name, array in (("INPUT0", a), ("INPUT1", b)):
+        tensor = module.InferInput(name, [shape], "FP32")  # type: ignore[attr-defined]
+        tensor.set_data_from_numpy(array)
+        tensors.append(tensor)
+    return tensors, a, b
+
+
+@pytest.mark.parametrize("server", ["triton", "ours"])
+def test_a_rescheduled_request_is_answered_by_its_next_run(servers: dict[str, tuple[str, str]], server: str) -> None:
+    """qa test_grpc_non_decoupled: the model returns None for its first request and reschedules
+    it; the client gets the one answer of the run after. Over HTTP too, with the model loaded again
+    (its first request again rescheduled)."""
+    http_url, grpc_url = servers[server]
+    with grpcclient.InferenceServerClient(grpc_url) as client:
+        client.unload_model("request_rescheduling_addsub")
+        client.load_model("request_rescheduling_addsub")
+        inputs, a, b = _add_sub_inputs(grpcclient)
+        result = client.infer(model_name="request_rescheduling_addsub", inputs=inputs)  # type: ignore[arg-type]
+        assert result.as_numpy("OUTPUT0").tolist() == (a + b).tolist()
+        assert result.as_numpy("OUTPUT1").tolist() == (a - b).tolist()
+        client.unload_model("request_rescheduling_addsub")
+        client.load_model("request_rescheduling_addsub")
+    http = httpclient.InferenceServerClient(http_url)
+    try:
+        for _ in range(2):  # the first rescheduled, the second not
+            inputs, a, b = _add_sub_inputs(httpclient)
+            result = http.infer("request_rescheduling_addsub", inputs)  # type: ignore[arg-type]
+            assert result.as_numpy("OUTPUT0").tolist() == (a + b).tolist()
+    finally:
+        http.close()
+
+
+def _wrong_return_error(grpc_url: str) -> str:
+    tensor = grpcclient.InferInput("INPUT0", [4], "FP32")
+    tensor.set_data_from_numpy(np.ones(4, dtype=np.float32))
+    with grpcclient.InferenceServerClient(grpc_url) as client:
+        with pytest.raises(InferenceServerException) as caught:
+            client.infer("wrong_return_type", [tensor])
+    return str(caught.value.message())
+
+
+def test_a_response_for_a_rescheduled_request_fails_it_alike(servers: dict[str, tuple[str, str]]) -> None:
+    """qa bls_request_rescheduling test_wrong_return_type: Triton's words, on both."""
+    words = "Expected a None object in the execute function return list for reschduled request"
+    triton, ours = (_wrong_return_error(servers[s][1]) for s in ("triton", "ours"))
+    assert words in triton
+    assert words in ours
