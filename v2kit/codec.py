@@ -420,14 +420,16 @@ def decode_raw_binary_request(
     body: bytes, model_name: str, model_version: str, input_name: str, datatype: str, shape: list[int]
 ) -> InferRequest:
     """Server side: a raw binary request (Inference-Header-Content-Length: 0) to a one-input model with
-    input `shape`, where one -1 is deduced from the size. BYTES needs shape [1]: the body is the one
-    element, with no length prefix. All outputs are asked for, binary."""
+    input `shape`, where one -1 is deduced from the size. BYTES needs a shape of one element ([1], or
+    [1, 1] with the batch dimension): the body is the element, with no length prefix. All outputs
+    are asked for, binary."""
     what = f"input {input_name!r}"
     dtype, shape = datatype_to_numpy(datatype, what), list(shape)
     if datatype == "BYTES":
-        if shape not in ([1], [-1]):
+        if any(d not in (1, -1) for d in shape) or shape.count(-1) > 1:
             raise CodecError(f"{what}: a raw binary request needs BYTES shape [1], not {format_shape(shape)}")
-        data, shape = object_array([bytes(body)]), [1]
+        shape = [1] * len(shape)
+        data = object_array([bytes(body)]).reshape(shape)
     else:
         variable = [i for i, d in enumerate(shape) if d == -1]
         if len(variable) > 1:

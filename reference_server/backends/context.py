@@ -49,3 +49,6 @@ class BackendContext:
     stream_model: Callable[[ModelCall], AsyncIterator[tuple[Tensors | None, bool]]] | None = None
     #: The loop the hooks run on.
     loop: asyncio.AbstractEventLoop | None = None
+    #: Whether the backend may complete the config (python's auto_complete_config); off with
+    #: --disable-auto-complete-config, as in Triton.
+    auto_complete: bool = True

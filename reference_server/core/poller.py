@@ -1,7 +1,7 @@
 """Poll mode (`--model-control-mode poll`): follow the model repository as it changes on disk.
 
 Every `interval_s` seconds (`--repository-poll-secs`) the poller fingerprints each model folder
-(`repository.model_fingerprint`: a stat of every entry, no hashing) and compares it with the fingerprint the
+(`model_source.model_fingerprint`: a stat of every entry, no hashing) and compares it with the fingerprint the
 repository recorded when it last tried to load that model:
 
 - a folder whose fingerprint differs, or that was never loaded, is (re)loaded. A reload swaps the
@@ -23,7 +23,8 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 
-from reference_server.core.repository import Fingerprint, ModelRepository, model_fingerprint
+from reference_server.core.model_source import Fingerprint, model_fingerprint
+from reference_server.core.repository import ModelRepository
 from reference_server.errors import ServerError
 
 __all__ = ["PollResult", "RepositoryPoller"]

@@ -1,7 +1,8 @@
 """The model repository: Triton's layout on disk, and the models loaded from it.
 
-`<root>/<model>/config.pbtxt` (optional: completed from the ONNX graph) and numeric version folders
-`<root>/<model>/<version>/model.onnx`. Loading a model builds every version its version_policy
+`<root>/<model>/config.pbtxt` (optional: completed by the backend; `model_source` reads it and picks
+the backend from the model file) and numeric version folders `<root>/<model>/<version>/model.onnx`
+(or `model.py`). Loading a model builds every version its version_policy
 selects, each with its instances (warmed up), scheduler and statistics; a model that fails to load
 is recorded as UNAVAILABLE with the reason and never stops the others.
 
@@ -13,7 +14,7 @@ enters an old scheduler before it starts closing or sees the new versions: none 
 ready". Replaced versions close in the background with a grace period, and requests already queued
 on them finish there. A failed load swaps nothing: the old versions and the READY state stay, and
 the reason is recorded for the index. Loads of one model serialize on its lock; different models
-load in parallel. Each load attempt records the model folder's fingerprint (`model_fingerprint`),
+load in parallel. Each load attempt records the model folder's fingerprint (`model_source.model_fingerprint`),
 which poll mode (`poller`) compares with the folder now.
 
 An ensemble (`platform: "ensemble"`) has no model file and no instances: `ensemble.loading` checks
@@ -27,11 +28,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server import errors
@@ -44,6 +46,13 @@ from reference_server.core.classification import Labels, read_labels
 from reference_server.core.ensemble.config import is_ensemble
 from reference_server.core.ensemble.loading import prepare_ensemble
 from reference_server.core.ensemble.scheduler import EnsembleScheduler
+from reference_server.core.model_source import (
+    Fingerprint,
+    config_path,
+    fill_backend,
+    model_fingerprint,
+    read_model_config,
+)
 from reference_server.core.response_cache import ResponseCache, cached, check_cache_config
 from reference_server.errors import InvalidArgument, ModelConfigError, NotFound, ServerError, Unavailable
 from reference_server.scheduling.execute import ModelInstance, Tensors
@@ -52,7 +61,7 @@ from reference_server.scheduling.rate_limiter import RateLimiter
 from reference_server.scheduling.reshape import with_reshape
 from reference_server.scheduling.sequence.batcher import make_scheduler
 from reference_server.scheduling.stats import ModelStats
-from v2kit.tensors import config_type_to_datatype
+from v2kit.tensors import config_type_to_datatype, datatype_to_numpy
 
 log = logging.getLogger(__name__)
 
@@ -63,34 +72,6 @@ UNLOADING = "UNLOADING"
 
 #: Replaced and unloaded versions get this long to finish the requests queued on them.
 RETIRE_GRACE_S = 30.0
-
-
-#: (path relative to the model folder, size, mtime_ns, inode) of every entry, sorted.
-Fingerprint = tuple[tuple[str, int, int, int], ...]
-
-
-def model_fingerprint(model_dir: Path) -> Fingerprint:
-    """Every entry under the model folder with its size, modification time and inode.
-
-    stat() only: hashing multi-gigabyte model files on every poll would cost more than the reloads
-    it could save. As in Triton, which compares modification times, a rewrite that keeps the size,
-    the mtime (in ns) and the inode goes unnoticed. Hidden entries (editor swap files) are skipped.
-    """
-    entries: list[tuple[str, int, int, int]] = []
-    for dirpath, dirnames, filenames in os.walk(model_dir):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-        for entry in (*dirnames, *filenames):
-            if entry.startswith("."):
-                continue
-            path = os.path.join(dirpath, entry)
-            relative = os.path.relpath(path, model_dir)
-            try:
-                st = os.stat(path)  # follows links: pointing a link elsewhere is a change
-            except OSError:
-                entries.append((relative, -1, -1, -1))  # a dangling link, or removed while we walk
-                continue
-            entries.append((relative, st.st_size, st.st_mtime_ns, st.st_ino))
-    return tuple(sorted(entries))
 
 
 @dataclass(slots=True)
@@ -119,12 +100,15 @@ class ModelVersion:
     #: checks and answers of every request (a protobuf read of each costs about a microsecond).
     input_types: dict[str, tuple[str, tuple[int, ...]]] = field(init=False)
     output_datatypes: dict[str, str] = field(init=False)
+    #: Output name -> its numpy dtype: an output of another dtype (a python model's) is answered as made.
+    output_dtypes: dict[str, np.dtype[Any]] = field(init=False)
     #: `model_transaction_policy { decoupled: true }`: it may answer a request 0..N times.
     decoupled: bool = field(init=False)
 
     def __post_init__(self) -> None:
         self.input_types = {n: (_datatype(t.data_type), tuple(t.dims)) for n, t in self.inputs.items()}
         self.output_datatypes = {n: _datatype(t.data_type) for n, t in self.outputs.items()}
+        self.output_dtypes = {n: datatype_to_numpy(d) for n, d in self.output_datatypes.items()}
         self.decoupled = bool(self.config.model_transaction_policy.decoupled)
 
     async def close(self, grace_s: float) -> None:
@@ -204,9 +188,14 @@ class ModelRepository:
         gpu_count: int = 0,
         default_max_batch_size: int = 4,
         backend_config: Mapping[str, str] | None = None,
+        auto_complete_config: bool = True,
+        model_config_name: str | None = None,
     ) -> None:
         self.root = root.resolve()
         self.backend_config = dict(backend_config or {})
+        #: Off (--disable-auto-complete-config): a model needs its config file, which backends leave as is.
+        self.auto_complete = auto_complete_config
+        self.model_config_name = model_config_name  # --model-config-name: <model>/configs/NAME.pbtxt
         #: How a model calls another (python BLS); the data plane fills them in, validating as for a client.
         self.call_model: Callable[[ModelCall], Awaitable[Tensors]] | None = None
         self.stream_model: Callable[[ModelCall], AsyncIterator[tuple[Tensors | None, bool]]] | None = None
@@ -298,7 +287,10 @@ class ModelRepository:
                 # poll, and before any check, so that a model refused for good is not retried.
                 record.fingerprint = await loop.run_in_executor(None, model_fingerprint, source or self.root / name)
                 model_dir = source or self.model_dir(name)
-                raw = override if override is not None else model_config.read_config(model_dir)
+                given, config_name = override, None if source else self.model_config_name
+                if given is None:
+                    given = read_model_config(model_dir, config_name=config_name, auto_complete=self.auto_complete)
+                raw = fill_backend(given, model_dir)
                 polled = True
                 record.composing = (
                     frozenset(step.model_name for step in raw.ensemble_scheduling.step) if raw else frozenset()
@@ -449,7 +441,7 @@ class ModelRepository:
         ]
 
     def _prepare_versions(self, name: str, model_dir: Path, raw: mc.ModelConfig | None) -> list[_PreparedVersion]:
-        config_path = model_dir / "config.pbtxt"
+        config_file = config_path(model_dir, self.model_config_name)
         base = mc.ModelConfig()
         if raw is not None:
             base.CopyFrom(raw)
@@ -459,10 +451,10 @@ class ModelRepository:
         selected = model_config.select_versions(base, available)
         if not selected:
             raise ModelConfigError(
-                f"{model_dir}: no version to serve (version folders found: {available or 'none'}; "
-                "a version is a numeric folder holding the model file)"
+                f"at least one version must be available under the version policy of model '{name}' ({model_dir}: "
+                f"version folders found: {available or 'none'}; a version is a numeric folder holding the model file)"
             )
-        return [self._prepare_version(name, v, model_dir, config_path, base) for v in selected]
+        return [self._prepare_version(name, v, model_dir, config_file, base) for v in selected]
 
     def _prepare_version(
         self,
@@ -490,6 +482,7 @@ class ModelRepository:
             call_model=self._call_model,
             stream_model=self._stream_model,
             loop=self._loop,
+            auto_complete=self.auto_complete,
         )
         version_config = mc.ModelConfig()
         version_config.CopyFrom(base)  # a backend may complete it in place (python's auto_complete_config)

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
+from reference_server.core.model_source import model_fingerprint
 from reference_server.core.poller import RepositoryPoller
-from reference_server.core.repository import ModelRepository, model_fingerprint
+from reference_server.core.repository import ModelRepository
 from reference_server.errors import ServerError
 from tests.unit.test_repository_load import write_ensemble
 

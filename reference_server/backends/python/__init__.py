@@ -10,7 +10,11 @@ the class defines `auto_complete_config`, completes the config with it (inputs, 
 max_batch_size, dynamic batching, the decoupled policy); the repository's completion rules then
 give the final config, which every instance's `initialize(args)` receives as `args["model_config"]`.
 The config's inputs and outputs, after auto-complete, are the model's signature: a python model
-has no graph to read them from.
+has no graph to read them from. With auto-complete off (`--disable-auto-complete-config`) the
+method is not called, as in Triton.
+
+Outputs leave with the datatype the model gave them, whatever the config says (Triton 2.51 does
+not hold a python model to its config there); a log line says so once per model and output.
 
 Settings (`--backend-config=python,KEY=VALUE`): `stub-timeout-seconds` (Triton's; default 30)
 bounds starting a stub, importing the model and `initialize`; `execute-timeout-seconds` (ours;
@@ -85,7 +89,7 @@ def create_instances(
     try:
         first = instances[0]
         started.append(first)
-        completed = first.load(json.dumps(config_to_json(config)), auto_complete=True)
+        completed = first.load(json.dumps(config_to_json(config)), auto_complete=context.auto_complete)
         if completed is not None:
             _apply_auto_complete(config, completed, model_path)
         signature = _signature(config, config_path)
@@ -119,12 +123,8 @@ def _apply_auto_complete(config: mc.ModelConfig, completed: str, model_path: Pat
 
 def _signature(config: mc.ModelConfig, config_path: Path) -> tuple[list[TensorSignature], list[TensorSignature]]:
     """The config's tensors as the model's signature, with the batch dimension where it batches."""
+    # A config with no tensors loads, as on Triton (a request to it can name no input).
     batch = (-1,) if config.max_batch_size > 0 else ()
-    if not config.input and not config.output:
-        raise ModelConfigError(
-            f"{config_path}: python model '{config.name}' declares no inputs and no outputs: list them in "
-            "config.pbtxt, or add them in TritonPythonModel.auto_complete_config"
-        )
     signature: tuple[list[TensorSignature], list[TensorSignature]] = ([], [])
     for tensors, into in ((config.input, signature[0]), (config.output, signature[1])):
         for tensor in tensors:

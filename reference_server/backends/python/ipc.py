@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from v2kit.tensors import DATATYPES, deserialize_bytes_tensor, numpy_to_datatype, serialize_bytes_tensor
+from v2kit.tensors import DATATYPES, CodecError, deserialize_bytes_tensor, numpy_to_datatype, serialize_bytes_tensor
 
 __all__ = [
     "Arena",
@@ -217,7 +217,10 @@ def write_tensor(arena: Arena, name: str, array: Any, fds: list[int]) -> TensorD
     datatype = _DATATYPE_OF.get(dtype) or numpy_to_datatype(dtype)
     shape = array.shape
     if datatype == "BYTES":
-        data: Any = serialize_bytes_tensor(array)
+        try:
+            data: Any = serialize_bytes_tensor(array)
+        except CodecError:
+            data = serialize_bytes_tensor(_as_text(array))
         nbytes = len(data)
     else:
         data = (
@@ -244,6 +247,12 @@ def write_tensor(arena: Arena, name: str, array: Any, fds: list[int]) -> TensorD
         target.release()
         own.close()
     return name, datatype, shape, where
+
+
+def _as_text(array: npt.NDArray[Any]) -> list[bytes]:
+    """A BYTES tensor's elements as Triton's stub serializes them: bytes as they are, anything else
+    (a Python int in a STRING output, say) as `str(element)` in UTF-8."""
+    return [x if isinstance(x, bytes) else str(x).encode() for x in array.ravel()]
 
 
 def read_tensor(arena: Arena, desc: TensorDesc, fds: list[int], *, copy: bool) -> npt.NDArray[Any]:

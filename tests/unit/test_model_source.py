@@ -1,0 +1,98 @@
+"""What a load reads from a model folder: which config file, a missing one with auto-complete off, and
+the backend Triton picks from the model file's name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from reference_server.backends.python import ipc
+from reference_server.core.model_config import parse_config_text
+from reference_server.core.model_source import config_path, fill_backend, read_model_config
+from reference_server.errors import ModelConfigError
+from v2kit import codec as v2
+
+
+def _folder(root: Path, *files: str) -> Path:
+    for name in files:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text("max_batch_size: 2\n" if name.endswith(".pbtxt") else "")
+    return root
+
+
+def test_model_config_name_picks_configs_name_pbtxt_where_it_exists(tmp_path: Path) -> None:
+    both = _folder(tmp_path / "both", "config.pbtxt", "configs/alt.pbtxt")
+    only_default = _folder(tmp_path / "default", "config.pbtxt")
+    assert config_path(both, "alt") == both / "configs" / "alt.pbtxt"
+    assert config_path(both, None) == both / "config.pbtxt"
+    assert config_path(only_default, "alt") == only_default / "config.pbtxt"
+
+
+def test_a_folder_without_config_reads_as_none_unless_auto_complete_is_off(tmp_path: Path) -> None:
+    folder = _folder(tmp_path / "m", "1/model.py")
+    assert read_model_config(folder) is None
+    with pytest.raises(ModelConfigError) as caught:
+        read_model_config(folder, config_name="alt", auto_complete=False)
+    message = str(caught.value)
+    assert message.startswith(f"{folder / 'config.pbtxt'}: no model configuration file (nor configs/alt.pbtxt)")
+    assert "--disable-auto-complete-config" in message
+
+
+def test_a_config_file_that_does_not_parse_names_the_file(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    (folder / "configs").mkdir(parents=True)
+    (folder / "configs" / "alt.pbtxt").write_text("max_batch_size: [\n")
+    with pytest.raises(ModelConfigError, match="alt.pbtxt"):
+        read_model_config(folder, config_name="alt")
+
+
+@pytest.mark.parametrize(
+    ("files", "backend"),
+    [
+        (["1/model.py"], "python"),
+        (["1/model.onnx"], "onnxruntime"),
+        (["1/model.onnx", "1/model.py"], "onnxruntime"),  # Triton looks for ONNX first
+        (["10/model.py", "9/model.onnx"], "python"),  # the first folder by name: "10"
+        (["1/weights.bin"], None),
+    ],
+)
+def test_the_backend_comes_from_the_model_file_in_the_first_version_folder(
+    tmp_path: Path, files: list[str], backend: str | None
+) -> None:
+    folder = _folder(tmp_path / "m", *files)
+    filled = fill_backend(None, folder)
+    assert (filled.backend if filled is not None else None) == backend
+
+
+def test_a_named_backend_or_filename_wins_and_the_given_config_is_not_changed(tmp_path: Path) -> None:
+    folder = _folder(tmp_path / "m", "1/model.onnx")
+    named = parse_config_text('backend: "python"\n', folder / "config.pbtxt")
+    assert fill_backend(named, folder) is named
+    by_name = parse_config_text('default_model_filename: "model.py"\n', folder / "config.pbtxt")
+    filled = fill_backend(by_name, folder)
+    assert filled is not None and filled.backend == "python"
+    assert by_name.backend == ""  # a load override is kept as the client gave it
+    other_name = parse_config_text('default_model_filename: "net.bin"\n', folder / "config.pbtxt")
+    assert fill_backend(other_name, folder) is other_name
+
+
+def test_python_ints_in_a_bytes_output_travel_as_their_str(tmp_path: Path) -> None:
+    arena = ipc.Arena.create("test-as-text", 1 << 16)
+    try:
+        fds: list[int] = []
+        desc = ipc.write_tensor(arena, "S", np.array([[1, "two", b"\xff", 4.5]], dtype=np.object_), fds)
+        assert desc[1] == "BYTES" and desc[2] == (1, 4)
+        assert ipc.read_tensor(arena, desc, fds, copy=True).tolist() == [[b"1", b"two", b"\xff", b"4.5"]]
+    finally:
+        arena.close()
+
+
+def test_a_raw_bytes_request_to_a_batched_model_is_one_element_of_shape_1_1() -> None:
+    request = v2.decode_raw_binary_request(b"\x05\x00\x00\x00hi", "m", "", "RAW", "BYTES", [1, 1])
+    (tensor,) = request.inputs
+    assert tensor.shape == [1, 1]
+    assert tensor.data.tolist() == [[b"\x05\x00\x00\x00hi"]]
+    with pytest.raises(v2.CodecError, match="needs BYTES shape"):
+        v2.decode_raw_binary_request(b"x", "m", "", "RAW", "BYTES", [1, 2])
