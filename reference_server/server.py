@@ -18,14 +18,17 @@ from aiohttp import web
 
 from reference_server.config import AUTO_FRONTEND_WORKERS, ServerConfig, auto_frontend_workers
 from reference_server.core.dataplane import DataPlane
+from reference_server.core.log_settings import LogSettings
 from reference_server.core.poller import RepositoryPoller
 from reference_server.core.repository import ModelRepository
 from reference_server.core.response_cache import ResponseCache
+from reference_server.core.tracing import Tracing, startup_settings
 from reference_server.frontends.auth import Token
 from reference_server.frontends.grpc.server import GrpcServer
 from reference_server.frontends.http.server import HttpServer
 from reference_server.frontends.metrics import build_metrics_app
 from reference_server.scheduling.rate_limiter import RateLimiter
+from reference_server.startup import load_at_start
 from reference_server.workers.frontends import build_grpc, build_http, listen_grpc, server_ssl_context
 from reference_server.workers.hosting import WorkerHosting, hostable_instance_counts
 from reference_server.workers.plane_server import PlaneServer
@@ -53,6 +56,12 @@ class ReferenceServer:
         self._plane_server: PlaneServer | None = None
         self._plane_dir: tempfile.TemporaryDirectory[str] | None = None
         self._token = Token(config.auth_token) if config.auth_token is not None else None
+        #: What the logging and trace extensions report and change (`__main__` installs the log).
+        self.log_settings = LogSettings(
+            str(config.log_file or ""), config.log_info, config.log_warning, config.log_error, config.log_verbose,
+            config.log_format,
+        )  # fmt: skip
+        self.tracing = Tracing(startup_settings(config.trace_config))
         self._ssl = server_ssl_context(config)
 
     @property
@@ -66,6 +75,8 @@ class ReferenceServer:
             gpu_count=gpu.gpu_count(),
             default_max_batch_size=config.default_max_batch_size,
             backend_config=config.backend_config,
+            auto_complete_config=config.auto_complete_config,
+            model_config_name=config.model_config_name,
         )
         if config.response_cache_bytes is not None:
             self.repository.response_cache = ResponseCache(config.response_cache_bytes)
@@ -78,11 +89,19 @@ class ReferenceServer:
             max_inflight_requests=config.max_inflight_requests,
             max_tensor_elements=config.max_tensor_elements,
             server_name=config.server_name,
+            log_settings=self.log_settings,
+            tracing=self.tracing,
         )
-        if config.model_control_mode == "explicit":
-            await self.repository.load_all(self.repository.resolve_load_models(config.load_models))
-        else:
-            await self.repository.load_all()
+        for flag, why in config.no_effect_flags:
+            log.warning("%s has no effect on this server: %s", flag, why)
+        explicit = config.model_control_mode == "explicit"
+        await load_at_start(
+            self.repository,
+            self.repository.resolve_load_models(config.load_models) if explicit else None,
+            threads=config.model_load_thread_count,
+            retries=config.model_load_retry_count,
+            exit_on_error=config.exit_on_error,
+        )
         if config.frontend_workers == AUTO_FRONTEND_WORKERS:
             counts = hostable_instance_counts(self.repository, config)
             config = self.config = replace(config, frontend_workers=auto_frontend_workers(instance_counts=counts))
@@ -97,18 +116,26 @@ class ReferenceServer:
             else:
                 if config.allow_http:
                     self._http = build_http(config, self.dataplane, self._token)
-                    self.http_port = await self._http.listen(config.host, config.http_port, self._ssl)
+                    self.http_port = await self._http.listen(
+                        config.host, config.http_port, self._ssl, reuse_port=config.reuse_http_port
+                    )
                 if config.allow_grpc:
                     self._grpc_server = build_grpc(config, self.dataplane, self._token)
-                    self.grpc_port = await listen_grpc(self._grpc_server, config, config.grpc_port)
+                    self.grpc_port = await listen_grpc(
+                        self._grpc_server, config, config.grpc_port, reuse_port=config.reuse_grpc_port
+                    )
             if config.allow_http:
                 print(f"Started HTTPService at {config.host}:{self.http_port}", flush=True)
             if config.allow_grpc:
-                print(f"Started GRPCInferenceService at {config.host}:{self.grpc_port}", flush=True)
+                print(f"Started GRPCInferenceService at {config.grpc_host}:{self.grpc_port}", flush=True)
             if config.allow_metrics:
-                app = build_metrics_app(self.repository, self.dataplane.stats_of)
+                app = build_metrics_app(
+                    self.repository, self.dataplane.stats_of, gpu=config.allow_gpu_metrics,
+                    cpu=config.allow_cpu_metrics, counter_latencies=config.metrics_counter_latencies,
+                    interval_s=None if config.metrics_interval_ms is None else config.metrics_interval_ms / 1000,
+                )  # fmt: skip
                 self.metrics_port = await self._listen(app, config.metrics_port)
-                print(f"Started Metrics Service at {config.host}:{self.metrics_port}", flush=True)
+                print(f"Started Metrics Service at {config.metrics_host}:{self.metrics_port}", flush=True)
         except BaseException:
             await self.stop(grace_s=0)
             raise
@@ -121,7 +148,7 @@ class ReferenceServer:
         )
         await runner.setup()
         self._runners.append(runner)
-        site = web.TCPSite(runner, self.config.host, port, reuse_address=True)
+        site = web.TCPSite(runner, self.config.metrics_host, port, reuse_address=True)
         await site.start()
         bound: Any = runner.addresses[-1]
         return int(bound[1])
@@ -171,6 +198,7 @@ class ReferenceServer:
             await self.repository.close(grace)
         if self.dataplane is not None:
             self.dataplane.shared_memory.close()  # unmaps what no request holds any more
+        self.tracing.close()  # the traces held are written, the trace file closed
 
     async def serve_forever(self) -> None:
         stop = asyncio.Event()

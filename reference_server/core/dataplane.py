@@ -24,8 +24,10 @@ from reference_server.backends.onnxruntime import ONNX_PLATFORM
 from reference_server.core import model_config
 from reference_server.core.classification import classify, requested_classes
 from reference_server.core.load_overrides import FILE_PREFIX, OverrideFolders
+from reference_server.core.log_settings import LogSettings
 from reference_server.core.repository import ModelRepository, ModelVersion
 from reference_server.core.shared_memory import RequestBinding, SharedMemoryRegistry
+from reference_server.core.tracing import RequestTrace, Tracing
 from reference_server.core.validation import datatype_of, validated_inputs, validated_outputs
 from reference_server.errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported, unknown_model
 from reference_server.scheduling.execute import Tensors
@@ -44,6 +46,8 @@ EXTENSIONS = [
     "model_repository",
     "statistics",
     "schedule_policy",
+    "trace",
+    "logging",
 ]
 
 
@@ -109,6 +113,8 @@ class DataPlane(InflightSlots):
         max_inflight_requests: int = 0,
         max_tensor_elements: int = 0,
         server_name: str = SERVER_NAME,
+        log_settings: LogSettings | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         super().__init__(max_inflight_requests)
         self.repository = repository
@@ -121,6 +127,9 @@ class DataPlane(InflightSlots):
         self.override_folders = OverrideFolders()
         #: The shared memory extensions' regions (`core/shared_memory.py`).
         self.shared_memory = SharedMemoryRegistry()
+        #: The logging and trace extensions' settings (`core/log_settings.py`, `core/tracing.py`).
+        self.logs = log_settings if log_settings is not None else LogSettings()
+        self.tracing = tracing if tracing is not None else Tracing()
         #: A version's statistics as the extension reports them: its own, or with what the front-end
         #: workers' instances of it counted (`workers/hosting.py`).
         self.stats_of: Callable[[ModelVersion], ModelStats] = own_stats
@@ -179,9 +188,18 @@ class DataPlane(InflightSlots):
         which only a stream can carry."""
         received_ns = time.perf_counter_ns()
         served = self._unary(request, endpoint)
-        return await self._infer(served, request, received_ns)
+        if not self.tracing.active:
+            return await self._infer(served, request, received_ns)
+        trace = self._trace(served, request, endpoint, received_ns)
+        try:
+            return await self._infer(served, request, received_ns, trace)
+        finally:
+            if trace is not None:
+                trace.returned(endpoint == GRPC_ENDPOINT)
 
-    async def _infer(self, served: ModelVersion, request: v2.InferRequest, received_ns: int) -> v2.InferResponse:
+    async def _infer(
+        self, served: ModelVersion, request: v2.InferRequest, received_ns: int, trace: RequestTrace | None = None
+    ) -> v2.InferResponse:
         inputs, output_names, timeout_us, classes, binding = self._prepare(served, request)
         try:
             results = await served.scheduler.infer(
@@ -191,6 +209,7 @@ class DataPlane(InflightSlots):
                 received_ns=received_ns,
                 request_id=request.id,
                 parameters=_model_parameters(request.parameters),
+                secondary_stats=trace,
             )
             response = _response(served, request.id, output_names, results, classes)
             return response if binding is None else binding.write(response)
@@ -214,16 +233,28 @@ class DataPlane(InflightSlots):
         received_ns = time.perf_counter_ns()
         served = self._unary(request, endpoint)
         inputs, output_names, timeout_us, classes, binding = self._prepare(served, request)
+        trace = self._trace(served, request, endpoint, received_ns) if self.tracing.active else None
+        if trace is not None:
+            done = partial(trace.answered, done, endpoint == GRPC_ENDPOINT)
         try:
             finished = partial(_finished, done, served, request.id, output_names, classes, binding)
             served.scheduler.submit(
                 inputs, output_names, finished, timeout_us=timeout_us, received_ns=received_ns,
-                request_id=request.id, parameters=_model_parameters(request.parameters),
+                request_id=request.id, parameters=_model_parameters(request.parameters), secondary_stats=trace,
             )  # fmt: skip
         except BaseException:
             if binding is not None:
                 binding.release()
             raise
+
+    def _trace(
+        self, served: ModelVersion, request: v2.InferRequest, endpoint: str, received_ns: int
+    ) -> RequestTrace | None:
+        """A trace of `request` if the trace settings take it (`core/tracing.py`)."""
+        trace = self.tracing.sample(served.name, served.version, request.id)
+        if trace is not None:
+            trace.start(endpoint == GRPC_ENDPOINT, received_ns)
+        return trace
 
     def _unary(self, request: v2.InferRequest, endpoint: str) -> ModelVersion:
         """The model version a unary request goes to; a decoupled one is refused."""
@@ -355,14 +386,19 @@ class DataPlane(InflightSlots):
         served = self.repository.get(_model_name(name), version)
         if len(served.inputs) != 1:
             raise InvalidArgument(
-                f"raw binary request (Inference-Header-Content-Length: 0) needs a model with exactly one "
-                f"input; model '{name}' has {len(served.inputs)}"
+                f"Raw request must only have 1 input (found 1) to be deduced but got {len(served.inputs)} inputs "
+                f"in '{name}' model configuration (Inference-Header-Content-Length: 0 is a raw binary request)"
             )
         (spec,) = served.inputs.values()
+        # As Triton infers it: [1] for the batch dimension where the model batches, then the dims.
         dims = ([1] if served.config.max_batch_size > 0 else []) + list(spec.dims)
         datatype = datatype_of(spec.data_type)
         if datatype == "BYTES":
-            dims = [1]
+            if -1 in spec.dims or math.prod(spec.dims) != 1:
+                raise InvalidArgument(
+                    f"For BYTE datatype raw input '{spec.name}', the model must have input shape [1] "
+                    f"(model '{name}' has dims {list(spec.dims)}); send a JSON header with the shape"
+                )
         elif dims.count(-1) == 1:
             itemsize = v2.datatype_to_numpy(datatype).itemsize
             known = int(np.prod([d for d in dims if d != -1], dtype=np.int64))
@@ -374,8 +410,8 @@ class DataPlane(InflightSlots):
             dims[dims.index(-1)] = len(body) // (known * itemsize)
         elif -1 in dims:
             raise InvalidArgument(
-                f"raw binary request for '{name}': input '{spec.name}' has more than one variable dimension "
-                f"({dims}); send a JSON header with the shape"
+                f"The shape of the raw input '{spec.name}' can not be deduced because there are more than one "
+                f"variable-sized dimension (model '{name}', shape {dims}); send a JSON header with the shape"
             )
         return v2.decode_raw_binary_request(body, name, version, spec.name, datatype, dims)
 
@@ -399,6 +435,23 @@ class DataPlane(InflightSlots):
 
     def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
         return self.repository.index(ready_only)
+
+    # --- the logging and trace extensions ----------------------------------------------------------
+
+    def log_settings(self, changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The log settings, after `changes` (checked by `log_settings.changes_from_*`) if given."""
+        if changes:
+            self.logs.apply(changes)
+        return self.logs.as_dict()
+
+    def trace_settings(self, model: str = "", changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """`model`'s trace settings ('' for the global ones), after `changes` (checked by
+        `tracing.changes_from_*`; an empty update changes nothing) if given."""
+        if model and not self.model_ready(model):
+            raise InvalidArgument(f"Request for unknown model : {model}")
+        if changes is not None:
+            self.tracing.update(model, changes)
+        return self.tracing.settings(model)
 
     async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
         self._require_explicit("load")
@@ -536,6 +589,8 @@ def _response(
         if array is None:
             continue
         datatype = served.output_datatypes[name]
+        if array.dtype != served.output_dtypes[name]:  # a python model's output is answered as it made it
+            datatype = v2.numpy_to_datatype(array.dtype)
         if name in classes:  # the classification extension: top-k "value:index[:label]" strings
             array = classify(array, classes[name], served.config.max_batch_size > 0, served.labels.get(name, ()))
             datatype = "BYTES"

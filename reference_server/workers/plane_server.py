@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 CALLABLE = frozenset({
     "live", "ready", "server_metadata", "model_ready", "model_metadata", "model_config",
     "model_config_proto", "statistics", "repository_index", "decode_raw_request", "load_model",
-    "unload_model",
+    "unload_model", "log_settings", "trace_settings",
     "shared_memory.status", "shared_memory.register", "shared_memory.unregister",
     "shared_memory.cuda_status", "shared_memory.cuda_register", "shared_memory.cuda_unregister",
 })  # fmt: skip

@@ -22,6 +22,7 @@ import time
 from dataclasses import replace
 
 from reference_server.config import ServerConfig
+from reference_server.core.log_settings import LogSettings, install
 from reference_server.errors import ServerError
 from reference_server.frontends.auth import Token
 from reference_server.frontends.listener import Listener
@@ -52,8 +53,8 @@ class FrontendWorkers:
     async def start(self) -> tuple[int | None, int | None]:
         """Reserve the ports, start every worker and wait until each listens; the ports bound."""
         config = self.config
-        http_port = self._reserve(config.http_port) if config.allow_http else None
-        grpc_port = self._reserve(config.grpc_port) if config.allow_grpc else None
+        http_port = self._reserve(config.host, config.http_port) if config.allow_http else None
+        grpc_port = self._reserve(config.grpc_host, config.grpc_port) if config.allow_grpc else None
         self.config = replace(config, http_port=http_port or 0, grpc_port=grpc_port or 0)
         try:
             await asyncio.gather(*(self._start(index) for index in range(len(self._processes))))
@@ -62,9 +63,9 @@ class FrontendWorkers:
             raise
         return http_port, grpc_port
 
-    def _reserve(self, port: int) -> int:
+    def _reserve(self, host: str, port: int) -> int:
         family, kind, proto, _, address = socket.getaddrinfo(
-            self.config.host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
         reserved = socket.socket(family, kind, proto)
         reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -189,10 +190,10 @@ async def serve(config: ServerConfig, plane_path: str, index: int) -> None:
 
 def main() -> int:
     config, plane_path, index = pickle.loads(sys.stdin.buffer.read())
-    logging.basicConfig(
-        level=logging.DEBUG if config.log_verbose > 1 else logging.INFO,
-        format=f"%(asctime)s %(levelname)s frontend-worker-{index} %(name)s: %(message)s",
-    )
+    # The core's log settings at start, in the same format and file; the logging extension's later
+    # changes are the core's alone.
+    install(LogSettings(str(config.log_file or ""), config.log_info, config.log_warning, config.log_error,
+                        config.log_verbose, config.log_format))  # fmt: skip
     from v2kit.runtime.eventloop import run
 
     try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -195,6 +195,12 @@ class RemotePlane(InflightSlots):
 
     def decode_raw_request(self, name: str, version: str, body: bytes) -> v2.InferRequest:
         return self._call("decode_raw_request", name, version, body)  # type: ignore[no-any-return]
+
+    def log_settings(self, changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        return self._call("log_settings", changes)  # type: ignore[no-any-return]
+
+    def trace_settings(self, model: str = "", changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        return self._call("trace_settings", model, changes)  # type: ignore[no-any-return]
 
     # --- asynchronous calls ------------------------------------------------------------------------
 

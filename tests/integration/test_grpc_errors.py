@@ -208,8 +208,18 @@ CASES: list[tuple[str, Call, str, str]] = [
         "INVALID_ARGUMENT",
         "failed to register CUDA shared memory region 'c'",
     ),
-    ("trace settings", lambda c, s: c.get_trace_settings(), "UNIMPLEMENTED", "trace"),
-    ("log settings", lambda c, s: c.get_log_settings(), "UNIMPLEMENTED", "logging"),
+    (
+        "trace settings",
+        lambda c, s: c.update_trace_settings(settings={"trace_count": "-2"}),
+        "INVALID_ARGUMENT",
+        "Unable to parse 'trace_count'. Expecting value >= -1, got: -2",
+    ),
+    (
+        "log settings",
+        lambda c, s: c.update_log_settings({"log_file": "l.txt"}),
+        "UNIMPLEMENTED",
+        "log file location can not be updated through network protocol",
+    ),
 ]
 
 

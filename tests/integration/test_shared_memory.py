@@ -405,9 +405,10 @@ CUDA_REGISTER = "/v2/cudasharedmemory/region/c/register"
 @pytest.mark.parametrize(
     ("method", "path", "body", "status", "fragment"),
     [
-        ("GET", "/v2/trace/setting", None, 501, "trace extension is not supported"),
-        ("POST", "/v2/models/identity/trace/setting", b"{}", 501, "trace extension is not supported"),
-        ("GET", "/v2/logging", None, 501, "logging extension is not supported"),
+        ("POST", "/v2/trace/setting", b'{"trace_file": "t.json"}', 501, "trace file location can not be updated"),
+        ("POST", "/v2/models/identity/trace/setting", b'{"trace_rate": "x"}', 400, "Unable to parse 'trace_rate'"),
+        ("GET", "/v2/models/nosuch/trace/setting", None, 400, "Request for unknown model : nosuch"),
+        ("POST", "/v2/logging", b'{"log_file": "l.txt"}', 501, "log file location can not be updated"),
         ("POST", REGISTER, b"{}", 400, "Shared memory register request has no 'key' field"),
         ("POST", REGISTER, b'{"key": "/k"}', 400, "Shared memory register request has no 'byte_size' field"),
         ("POST", REGISTER, b'{"key": 5, "byte_size": 8}', 400, "field 'key' must be a string"),

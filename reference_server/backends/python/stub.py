@@ -37,6 +37,9 @@ from reference_server.backends.python import ipc
 from reference_server.backends.python.pb import triton_python_backend_utils as pb_utils
 from reference_server.backends.python.pb.release import release_flags
 
+#: The files between a model's `pb_utils.Logger` call and `Stub.log`.
+_LOGGER_FILES = frozenset((pb_utils.__file__, __file__))
+
 # Model files import it by Triton's name; it must be this very module, which holds `_runtime`.
 sys.modules.setdefault("triton_python_backend_utils", pb_utils)
 
@@ -329,7 +332,12 @@ class Stub:
         ipc.close_fds(fds)
 
     def log(self, level: str, message: str) -> None:
-        self.channel.send({"op": "log", "level": level, "message": message})
+        # The server's log names the model file and line that called pb_utils.Logger, as Triton's does.
+        frame = sys._getframe(1)
+        while frame.f_back is not None and frame.f_code.co_filename in _LOGGER_FILES:
+            frame = frame.f_back
+        where = (os.path.basename(frame.f_code.co_filename), frame.f_lineno)
+        self.channel.send({"op": "log", "level": level, "message": message, "where": where})
 
     def _send_bls(self, request: pb_utils.InferenceRequest, decoupled: bool, waiter: Any) -> None:
         bls_id = next(self._bls_ids)

@@ -26,6 +26,7 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
+from reference_server.core import log_settings, tracing
 from reference_server.core.dataplane import GRPC_ENDPOINT
 from reference_server.errors import ServerError, Unsupported, server_error
 from reference_server.frontends.plane import Plane
@@ -94,11 +95,10 @@ def _rpc(method: Method[Req, Resp]) -> Method[Req, Resp]:
     return handler
 
 
-def _unsupported(what: str) -> Method[Any, Any]:
-    async def handler(self: Any, request: Any, context: Context) -> Any:
-        raise Unsupported(f"{what} is not supported by this server")
-
-    return _rpc(handler)
+def _choice(value: Any) -> Any:
+    """The value of a `LogSettingsRequest.SettingValue`'s `parameter_choice`, None when none is set."""
+    choice = value.WhichOneof("parameter_choice")
+    return None if choice is None else getattr(value, choice)
 
 
 def _check_repository(name: str) -> None:
@@ -122,6 +122,22 @@ def _stream_reply(request: pb.ModelInferRequest, final: bool, error: str = "") -
     reply = pb.ModelInferResponse(id=request.id, model_name=request.model_name, model_version=request.model_version)
     reply.parameters[_FINAL].bool_param = final
     return pb.ModelStreamInferResponse(error_message=error, infer_response=reply)
+
+
+class _EndStream(Exception):
+    """A response's error on a stream opened with the `triton_grpc_error: true` header: it ends the
+    call with its status (src/grpc/stream_infer_handler.cc, WriteGRPCErrorResponse)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+def _ends_on_error(context: Context) -> bool:
+    # Triton reads the header once, when the stream opens; only "true" turns the mode on.
+    metadata = getattr(context, "invocation_metadata", None)
+    return metadata is not None and ("triton_grpc_error", "true") in tuple(metadata() or ())
 
 
 def _rejected(request: pb.ModelInferRequest, exc: Exception) -> pb.ModelStreamInferResponse:
@@ -210,12 +226,16 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         # Requests on one stream run concurrently, as in Triton, so that a single stream can fill a
         # dynamic batch and a slow decoupled request holds up no other; replies leave as they come,
         # each carrying its request's id. grpc.aio allows one write in flight, hence the lock.
+        # With `triton_grpc_error: true`, a response's error ends the call with its status instead
+        # (a request refused before it runs is still answered in the stream, as Triton does).
         write_lock = asyncio.Lock()
         tasks: set[asyncio.Task[None]] = set()
         failures: list[BaseException] = []
+        ends = _ends_on_error(context)
+        main = asyncio.current_task()
 
         async def answer(request: pb.ModelInferRequest | _Malformed) -> None:
-            async with contextlib.aclosing(self._stream_replies(request)) as replies:
+            async with contextlib.aclosing(self._stream_replies(request, ends)) as replies:
                 async for reply in replies:
                     async with write_lock:
                         await context.write(reply)
@@ -224,6 +244,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             tasks.discard(task)
             if not task.cancelled() and (exc := task.exception()) is not None:
                 failures.append(exc)
+                if isinstance(exc, _EndStream) and main is not None:
+                    main.cancel()  # stop waiting for the client's next request
 
         try:
             async for request in requests:
@@ -236,7 +258,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
             if failures:
-                raise failures[0]  # only a write can fail: _stream_replies answers every error itself
+                raise failures[0]  # a write failed, or a response's error ends the stream (`ends`)
+        except (asyncio.CancelledError, _EndStream):
+            ended = next((f for f in failures if isinstance(f, _EndStream)), None)
+            if ended is None:
+                raise
+            await context.abort(ended.code, ended.message)
         finally:
             # Cancelled (the client went away), or the call failed: the requests still running
             # are cancelled, and so are their models' executions.
@@ -244,10 +271,11 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                 pending.cancel()
 
     async def _stream_replies(
-        self, request: pb.ModelInferRequest | _Malformed
+        self, request: pb.ModelInferRequest | _Malformed, ends: bool = False
     ) -> AsyncGenerator[pb.ModelStreamInferResponse, None]:
         """Triton's replies to one request on the stream (src/grpc/stream_infer_handler.cc): each
-        response with `triton_final_response`; an error as `error_message` (the stream stays open);
+        response with `triton_final_response`; an error as `error_message` (the stream stays open;
+        with `ends`, a response's error raises `_EndStream` instead);
         a final flag sent alone as an empty response only when the request asked for one with
         `triton_enable_empty_final_response`."""
         if isinstance(request, _Malformed):
@@ -272,14 +300,21 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
                             if _wants_empty_final(request):
                                 yield _stream_reply(request, final)
                         elif isinstance(response, ServerError):
+                            if ends:
+                                raise _EndStream(grpc.StatusCode[response.grpc_code], response.message)
                             yield _stream_reply(request, final, response.message)
                         else:
                             proto = response_to_proto(response)
                             proto.parameters[_FINAL].bool_param = final
                             yield pb.ModelStreamInferResponse(infer_response=proto)
+                except _EndStream:
+                    raise
                 except Exception as exc:
                     # The execution failed: Triton's last, failed response for the request.
-                    yield _stream_reply(request, True, _status(exc, "ModelStreamInfer")[1])
+                    code, message = _status(exc, "ModelStreamInfer")
+                    if ends:
+                        raise _EndStream(code, message) from None
+                    yield _stream_reply(request, True, message)
         finally:
             plane.release()
 
@@ -364,7 +399,31 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         self._plane.shared_memory.cuda_unregister(request.name)
         return pb.CudaSharedMemoryUnregisterResponse()
 
-    # --- not offered: UNIMPLEMENTED with a reason rather than the generated "Method not implemented!"
+    # --- the trace and logging extensions ----------------------------------------------------------
 
-    TraceSetting = _unsupported("the trace extension")
-    LogSettings = _unsupported("the logging extension")
+    @_rpc
+    async def TraceSetting(self, request: pb.TraceSettingRequest, context: Context) -> pb.TraceSettingResponse:
+        # Triton's gRPC front end applies an update only when the request names some setting.
+        settings = {name: list(value.value) for name, value in request.settings.items()}
+        changes = tracing.changes_from_proto(settings) if settings else None
+        response = pb.TraceSettingResponse()
+        for name, value in self._plane.trace_settings(request.model_name, changes).items():
+            response.settings[name].value.extend(value if isinstance(value, list) else [value])
+        return response
+
+    @_rpc
+    async def LogSettings(self, request: pb.LogSettingsRequest, context: Context) -> pb.LogSettingsResponse:
+        settings = {
+            name: (value.WhichOneof("parameter_choice"), _choice(value)) for name, value in request.settings.items()
+        }
+        changes = log_settings.changes_from_proto(settings) if settings else None
+        response = pb.LogSettingsResponse()
+        for name, value in self._plane.log_settings(changes).items():
+            setting = response.settings[name]
+            if isinstance(value, bool):
+                setting.bool_param = value
+            elif isinstance(value, int):
+                setting.uint32_param = value
+            else:
+                setting.string_param = value
+        return response

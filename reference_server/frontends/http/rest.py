@@ -20,9 +20,11 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 from urllib.parse import unquote
 
+from reference_server.core import log_settings, tracing
 from reference_server.core.load_overrides import FILE_PREFIX
-from reference_server.errors import InvalidArgument, Unsupported, server_error
+from reference_server.errors import InternalError, InvalidArgument, server_error
 from reference_server.frontends.auth import OPEN_HTTP_PATHS, Token, Unauthenticated
+from reference_server.frontends.forwarding import HeaderForwarding
 from reference_server.frontends.http.encoding import ContentCodings
 from reference_server.frontends.http.generate import generate
 from reference_server.frontends.http.limits import DEFAULT_LIMITS, HttpLimits
@@ -63,9 +65,12 @@ def _refusal(exc: Exception) -> HttpResponse:
 class RestApi:
     """The KServe v2 REST routes over a DataPlane, with optional bearer-token authentication."""
 
-    def __init__(self, plane: Plane, token: Token | None = None) -> None:
+    def __init__(
+        self, plane: Plane, token: Token | None = None, header_forward: HeaderForwarding | None = None
+    ) -> None:
         self.plane = plane
         self.token = token
+        self.header_forward = header_forward  # --http-header-forward-pattern
         self._openai: OpenAiApi | None = None  # made on the first /v1 request
 
     def respond(self, request: HttpRequest, reply: Reply) -> None:
@@ -172,6 +177,8 @@ class RestApi:
             infer_request = plane.decode_raw_request(model, version, request.body)
         else:
             infer_request = v2.decode_infer_request(request.body, header_length, model, version)
+        if self.header_forward is not None:
+            self.header_forward.apply(request.headers.items(), infer_request.parameters)
 
         def answered(response: v2.InferResponse | Exception) -> None:
             # Called by the scheduler when the batch is done: the answer is encoded and written now.
@@ -255,11 +262,18 @@ class RestApi:
         self.plane.shared_memory.cuda_unregister(region)
         reply(HttpResponse(200))
 
+    # The trace and logging extensions: a POST's body is read as Triton's HTTP front end reads it.
+
     def trace_setting(self, request: HttpRequest, model: str, version: str, reply: Reply) -> None:
-        raise Unsupported("the trace extension is not supported by this server")
+        if version:  # Triton routes no version here
+            reply(error_response("Not Found", 404))
+            return
+        changes = tracing.changes_from_json(_settings_body(request)) if request.method == "POST" else None
+        reply(_json(self.plane.trace_settings(model, changes)))
 
     def logging(self, request: HttpRequest, model: str, version: str, reply: Reply) -> None:
-        raise Unsupported("the logging extension is not supported by this server")
+        changes = log_settings.changes_from_json(_settings_body(request)) if request.method == "POST" else None
+        reply(_json(self.plane.log_settings(changes)))
 
 
 _GET = frozenset({"GET"})
@@ -279,7 +293,6 @@ _FIXED: dict[tuple[str, ...], tuple[RouteHandler, frozenset[str]]] = {
     ("systemsharedmemory", "unregister"): (RestApi.system_shm_unregister, _POST),
     ("cudasharedmemory", "status"): (RestApi.cuda_shm_status, _GET),
     ("cudasharedmemory", "unregister"): (RestApi.cuda_shm_unregister, _POST),
-    # Extensions this server does not offer: 501 with the reason, not 404.
     ("trace", "setting"): (RestApi.trace_setting, _GET_POST),
     ("logging",): (RestApi.logging, _GET_POST),
 }
@@ -366,6 +379,16 @@ def _json_object(body: bytes) -> dict[str, Any]:
     return payload
 
 
+def _settings_body(request: HttpRequest) -> Any:
+    """A settings update's JSON body (empty: no change), refused in Triton's words when it is no JSON."""
+    if not request.body.strip():
+        return {}
+    try:
+        return json.loads(request.body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise InternalError(f"failed to parse the request JSON buffer: {exc}") from None
+
+
 def _field(body: dict[str, Any], name: str, kind: type, default: Any = None) -> Any:
     """A field of a shared-memory register request, in Triton's words when it is missing."""
     value = body.get(name, default)
@@ -414,12 +437,15 @@ def build_rest_server(
     body_timeout_s: float = 60.0,
     access_log: logging.Logger | None = None,
     limits: HttpLimits = DEFAULT_LIMITS,
+    header_forward: HeaderForwarding | None = None,
 ) -> HttpServer:
     """The KServe v2 REST front end over `plane`, not yet listening (`HttpServer.listen`)."""
     if read_gate is not None:
         plane.inflight_listeners.append(read_gate.inflight_changed)
     # Content codings wrap the API: a compressed body is inflated (within the same limit) before it is routed.
-    api = ContentCodings(RestApi(plane, token), max_body_bytes=max_request_bytes, compresses=frozenset({"/infer"}))
+    api = ContentCodings(
+        RestApi(plane, token, header_forward), max_body_bytes=max_request_bytes, compresses=frozenset({"/infer"})
+    )
     return HttpServer(
         api,
         max_body_bytes=max_request_bytes,

@@ -1,0 +1,486 @@
+"""Triton's trace extension: the trace settings, which requests are traced, and the trace files.
+
+Settings (tritonserver's src/tracer.cc, `TraceManager`). One global setting, begun from
+`--trace-config` (`startup_settings`), and one per model that asked for one; a model's setting
+names the fields it was given (`specified`) and takes the rest from the global one, also when the
+global one changes later. Setting a field to null (HTTP) or to no value (gRPC) clears it: a model's
+falls back to the global value again, the global one to its value at start. A model with no field
+of its own left has no setting of its own. The answer reports the setting in force, every value a
+string (the level a list of them), with `trace_count` the traces still to take.
+
+Sampling: a setting takes every `trace_rate`-th request it sees while `trace_count` is not used up
+(-1: no limit), if its level is not OFF and it has a file. `Tracing.active` is True only while some
+setting could take a request, so that with tracing off the data plane pays one attribute check per
+request and makes nothing.
+
+A traced request (`RequestTrace`) records TIMESTAMPS as Triton's do, on the same clock
+(`time.perf_counter_ns`, CLOCK_MONOTONIC like Triton's steady clock): the front end's
+`HTTP_RECV_START`/`HTTP_RECV_END` (gRPC: `GRPC_WAITREAD_START`/`GRPC_WAITREAD_END`), taken when the
+request, read and decoded whole, reaches the data plane; `REQUEST_START`, `QUEUE_START`,
+`COMPUTE_START`, `COMPUTE_INPUT_END`, `COMPUTE_OUTPUT_START`, `COMPUTE_END` and `REQUEST_END` from
+the scheduler's own timings of the request (the trace is the request's secondary statistics, so the
+scheduler records it as it records the model's); and `HTTP_SEND_START`/`HTTP_SEND_END`
+(`GRPC_SEND_*`) around the answer's hand-off to the front end. TENSORS is accepted as a level, but
+tensor contents are not written.
+
+Files: Triton's JSON, one array of objects: per trace `{"id":..,"model_name":..,"model_version":..
+[,"request_id":..]}` and one `{"id":..,"timestamps":[{"name":..,"ns":..}]}` per timestamp. With
+`log_frequency` N, every N traces of a setting go to `<trace_file>.<index>`, a whole array each;
+with 0, to `<trace_file>` itself, closed with ']' at shutdown. A setting holds at most N (or
+`_FLUSH_EVERY`) traces in memory before writing them, and writes what it holds when it is replaced
+or the server stops (`Tracing.close`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from time import perf_counter_ns
+from typing import IO, Any
+
+from reference_server.errors import InternalError, InvalidArgument, ServerError, Unsupported
+from reference_server.scheduling.stats import ModelStats
+
+__all__ = [
+    "LEVELS",
+    "RequestTrace",
+    "TraceSetting",
+    "Tracing",
+    "changes_from_json",
+    "changes_from_proto",
+    "startup_settings",
+]
+
+OFF, TIMESTAMPS, TENSORS = 0, 1, 2
+#: Level names by bit, in the order Triton lists them.
+LEVELS = {"TIMESTAMPS": TIMESTAMPS, "TENSORS": TENSORS}
+MIN_TRACE_COUNT = -1
+_UINT32_MAX = 2**32 - 1
+_INT32_MAX = 2**31 - 1
+#: Traces a setting with log_frequency 0 holds before appending them to its file.
+_FLUSH_EVERY = 64
+_FIELDS = ("level", "rate", "count", "log_frequency")
+_FILE_REFUSED = "trace file location can not be updated through network protocol"
+#: The front ends' timestamps, as Triton's HTTP and gRPC front ends name them.
+_HTTP_RECV, _HTTP_SEND = ("HTTP_RECV_START", "HTTP_RECV_END"), ("HTTP_SEND_START", "HTTP_SEND_END")
+_GRPC_RECV, _GRPC_SEND = ("GRPC_WAITREAD_START", "GRPC_WAITREAD_END"), ("GRPC_SEND_START", "GRPC_SEND_END")
+
+
+class TraceSetting:
+    """One setting in force (global or a model's), with its sampling state and unwritten traces."""
+
+    __slots__ = ("level", "rate", "count", "log_frequency", "file", "specified", "_seen", "_taken", "_held", "_done")
+
+    def __init__(
+        self, level: int, rate: int, count: int, log_frequency: int, file: TraceFile, specified: frozenset[str]
+    ) -> None:
+        self.level = level
+        self.rate = rate
+        self.count = count
+        self.log_frequency = log_frequency
+        self.file = file
+        self.specified = specified  # the fields a model's setting has of its own
+        self._seen = 0
+        self._taken = 0
+        self._held: list[str] = []
+        self._done = 0
+
+    def valid(self) -> bool:
+        return self.level != OFF and self.rate != 0 and bool(self.file.name) and self.count != 0
+
+    def reason(self) -> str:
+        """Why this setting can take no trace ('' when it can), in Triton's words."""
+        if self.level == OFF:
+            return "tracing is disabled"
+        if self.rate == 0:
+            return "sample rate must be non-zero"
+        if not self.file.name:
+            return "trace file name is not given"
+        return ""
+
+    def sample(self) -> bool:
+        """Whether the request now seen is traced (Triton's `TraceSetting::SampleTrace`)."""
+        if not self.valid():
+            return False
+        self._seen += 1
+        if self._seen % self.rate:
+            return False
+        if self.count > 0:
+            self.count -= 1
+        self._taken += 1
+        return True
+
+    def as_dict(self) -> dict[str, Any]:
+        levels = [name for name, bit in LEVELS.items() if self.level & bit] or ["OFF"]
+        return {
+            "trace_level": levels,
+            "trace_rate": str(self.rate),
+            "trace_count": str(self.count),
+            "log_frequency": str(self.log_frequency),
+            "trace_file": self.file.name,
+            "trace_mode": "triton",
+        }
+
+    def write(self, trace: str) -> None:
+        """Hold one finished trace's objects (JSON text without the brackets); write when due."""
+        self._held.append(trace)
+        self._done += 1
+        if self.log_frequency:
+            if len(self._held) >= self.log_frequency:
+                self.file.write_indexed(self._take())
+        elif self.count == 0 and self._done == self._seen:
+            self.file.write_indexed(self._take())  # Triton's: the last of `trace_count` traces taken
+        elif len(self._held) >= _FLUSH_EVERY:
+            self.file.append(self._take())
+
+    def flush(self) -> None:
+        """Write what this setting holds: it is being replaced, or the server stops."""
+        if self._held:
+            held = self._take()
+            if self.log_frequency:
+                self.file.write_indexed(held)
+            else:
+                self.file.append(held)
+
+    def _take(self) -> list[str]:
+        held, self._held = self._held, []
+        return held
+
+
+class TraceFile:
+    """One trace file's name, its open stream (log_frequency 0) and the next `.<index>` file."""
+
+    __slots__ = ("name", "_stream", "_index")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._stream: IO[str] | None = None
+        self._index = 0
+
+    def append(self, traces: list[str]) -> None:
+        if self._stream is None:
+            self._stream = open(self.name, "w", encoding="utf-8")  # closed by close()
+            self._stream.write("[")
+        else:
+            self._stream.write(",")
+        self._stream.write(",".join(traces))
+        self._stream.flush()
+
+    def write_indexed(self, traces: list[str]) -> None:
+        name = f"{self.name}.{self._index}"
+        self._index += 1
+        with open(name, "w", encoding="utf-8") as stream:
+            stream.write("[" + ",".join(traces) + "]")
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.write("]")
+            self._stream.close()
+            self._stream = None
+
+
+class RequestTrace(ModelStats):
+    """The timestamps of one traced request. The scheduler records it as the request's secondary
+    statistics (`record_success`, `record_failure`, `record_cache_hit`: durations from the request's
+    arrival, from which the timestamps are rebuilt); the data plane adds the front end's."""
+
+    def __init__(self, trace_id: int, setting: TraceSetting, model: str, version: int, request_id: str) -> None:
+        super().__init__()
+        self.trace_id = trace_id
+        self.setting = setting
+        self.model = model
+        self.version = version
+        self.request_id = request_id
+        self.events: list[tuple[str, int]] = []
+        self.received_ns = 0
+
+    def start(self, grpc: bool, received_ns: int) -> None:
+        """The request reached the data plane at `received_ns`, read and decoded whole, from the
+        gRPC front end or (not `grpc`) the HTTP one."""
+        self.received_ns = received_ns
+        recv = _GRPC_RECV if grpc else _HTTP_RECV
+        self.events += ((recv[0], received_ns), (recv[1], received_ns))
+        self.events += (("REQUEST_START", received_ns), ("QUEUE_START", received_ns))
+
+    def record_success(
+        self, request_ns: int, queue_ns: int, compute_input_ns: int, compute_infer_ns: int, compute_output_ns: int
+    ) -> None:
+        at = self.received_ns + queue_ns
+        for name, span in (
+            ("COMPUTE_START", 0),
+            ("COMPUTE_INPUT_END", compute_input_ns),
+            ("COMPUTE_OUTPUT_START", compute_infer_ns),
+            ("COMPUTE_END", compute_output_ns),
+        ):
+            at += span
+            self.events.append((name, at))
+        self.events.append(("REQUEST_END", max(at, self.received_ns + request_ns)))
+
+    def record_cache_hit(self, request_ns: int, queue_ns: int, lookup_ns: int) -> None:
+        self.events.append(("REQUEST_END", self.received_ns + request_ns))
+
+    def record_failure(self, request_ns: int, reason: str) -> None:
+        self.events.append(("REQUEST_END", self.received_ns + request_ns))
+
+    def answered(self, answer: Callable[[Any], None], grpc: bool, response: Any) -> None:
+        """Hand `response` to the front end's `answer`, timed as the front end's send, then write
+        the trace."""
+        send = _GRPC_SEND if grpc else _HTTP_SEND
+        self.events.append((send[0], perf_counter_ns()))
+        try:
+            answer(response)
+        finally:
+            self.events.append((send[1], perf_counter_ns()))
+            self.finish()
+
+    def returned(self, grpc: bool) -> None:
+        """The answer went back to a front end that awaited it: its send is timed as it leaves."""
+        now = perf_counter_ns()
+        send = _GRPC_SEND if grpc else _HTTP_SEND
+        self.events += ((send[0], now), (send[1], now))
+        self.finish()
+
+    def finish(self) -> None:
+        """Write this trace to its setting's file."""
+        head: dict[str, Any] = {"id": self.trace_id, "model_name": self.model, "model_version": self.version}
+        if self.request_id:
+            head["request_id"] = self.request_id
+        objects = [json.dumps(head, separators=(",", ":"), ensure_ascii=False)]
+        if self.setting.level & TIMESTAMPS:
+            objects += (
+                f'{{"id":{self.trace_id},"timestamps":[{{"name":"{name}","ns":{ns}}}]}}' for name, ns in self.events
+            )
+        self.setting.write(",".join(objects))
+
+
+class Tracing:
+    """The server's trace settings and the traces they take (the core process's, on its loop)."""
+
+    def __init__(self, default: TraceSetting | None = None) -> None:
+        if default is None:
+            default = TraceSetting(OFF, 1000, -1, 0, TraceFile(""), frozenset())
+        self._files = {default.file.name: default.file}
+        self._default = default  # the start-up values a cleared global field returns to
+        self._global = TraceSetting(
+            default.level, default.rate, default.count, default.log_frequency, default.file, frozenset()
+        )
+        self._models: dict[str, TraceSetting] = {}
+        self._next_id = 1
+        #: Whether any setting may take a trace: the one check the data plane makes per request.
+        self.active = self._global.valid()
+
+    def settings(self, model: str = "") -> dict[str, Any]:
+        return self._models.get(model, self._global).as_dict() if model else self._global.as_dict()
+
+    def update(self, model: str, changes: Mapping[str, Any]) -> None:
+        """Apply checked `changes` ({field: value, or None to clear}) to `model`'s setting ('' for the
+        global one), as Triton's `TraceManager::UpdateTraceSetting` does."""
+        self._update(model, changes)
+        if not model:  # the models' settings take their unspecified fields from the global one
+            for name in [name for name, setting in self._models.items() if len(setting.specified) < len(_FIELDS)]:
+                self._update(name, {})
+        self.active = any(setting.valid() for setting in (self._global, *self._models.values()))
+
+    def _update(self, model: str, changes: Mapping[str, Any]) -> None:
+        current = self._models.get(model) if model else self._global
+        fallback = self._global if model else self._default
+        values = {field: getattr(fallback, field) for field in _FIELDS}
+        specified = set(current.specified) if current is not None else set()
+        for field, value in changes.items():
+            if value is None:
+                specified.discard(field)
+            else:
+                specified.add(field)
+        for field in specified:
+            values[field] = changes[field] if changes.get(field) is not None else getattr(current, field)
+        if model and not specified:
+            replaced = self._models.pop(model, None)
+            if replaced is not None:
+                replaced.flush()
+            return
+        setting = TraceSetting(
+            values["level"], values["rate"], values["count"], values["log_frequency"], fallback.file,
+            frozenset(specified),
+        )  # fmt: skip
+        if setting.level != OFF and not setting.valid():
+            raise InvalidArgument(f"Attempting to set invalid trace setting :{setting.reason()}")
+        if current is not None:
+            current.flush()
+        if model:
+            self._models[model] = setting
+        else:
+            self._global = setting
+
+    def sample(self, model: str, version: int, request_id: str) -> RequestTrace | None:
+        """A trace for the request now seen for `model`, if its setting takes this one."""
+        setting = self._models.get(model, self._global)
+        if not setting.sample():
+            if not setting.valid():
+                self.active = any(s.valid() for s in (self._global, *self._models.values()))
+            return None
+        trace_id, self._next_id = self._next_id, self._next_id + 1
+        return RequestTrace(trace_id, setting, model, version, request_id)
+
+    def close(self) -> None:
+        """Write every trace held and close the files (the server stops)."""
+        for setting in (self._global, *self._models.values()):
+            setting.flush()
+        for file in self._files.values():
+            file.close()
+        self.active = False
+
+
+def startup_settings(entries: Iterable[str]) -> TraceSetting:
+    """The global trace setting that `--trace-config` entries (`[<mode>,]<setting>=<value>`) give,
+    on Triton's defaults (level OFF, rate 1000, count -1, log-frequency 0, no file)."""
+    level, rate, count, log_frequency, file = OFF, 1000, -1, 0, ""
+    for entry in entries:
+        mode, comma, setting = entry.partition(",")
+        if not comma:
+            mode, setting = "", entry
+        elif not mode:
+            raise ServerError(
+                "No trace mode specified. --trace-config option format is <trace mode>,<setting>=<value> or "
+                f"<setting>=<value>. Got {entry}"
+            )
+        key, sep, value = setting.partition("=")
+        if not sep or not key or not value:
+            raise ServerError(f"--trace-config option format is '<trace mode>,<setting>=<value>'. Got {entry}")
+        mode = mode.lower()
+        if mode not in ("", "triton", "opentelemetry"):
+            raise ServerError(
+                f'invalid value for trace mode option: {mode}. Available options are "triton" and "opentelemetry"'
+            )
+        if mode == "opentelemetry" or (key == "mode" and value.lower() == "opentelemetry"):
+            raise Unsupported(
+                "--trace-config: the opentelemetry trace mode is not supported by this server; use triton"
+            )
+        where = f"--trace-config {mode + ',' if mode else ''}{key}"
+        if mode == "" and key == "level":
+            lowered = value.lower()
+            if lowered in ("false", "off"):
+                level = OFF
+            elif lowered in ("true", "on", "min", "max", "timestamps"):
+                level |= TIMESTAMPS
+            elif lowered == "tensors":
+                level |= TENSORS
+            else:
+                raise ServerError(f'Bad option: "{where}". invalid value for trace level option: {lowered}')
+        elif mode == "" and key in ("rate", "count"):
+            number = _integer(value, where)
+            if key == "rate":
+                rate = number & _UINT32_MAX
+            elif number < MIN_TRACE_COUNT:
+                raise ServerError(f'Bad option: "{where}". trace count must be -1 (no limit) or more, got {number}')
+            else:
+                count = number
+        elif mode == "triton" and key == "file":
+            file = value
+        elif mode == "triton" and key == "log-frequency":
+            log_frequency = _integer(value, where) & _UINT32_MAX
+    return TraceSetting(level, rate, count, log_frequency, TraceFile(file), frozenset())
+
+
+def _integer(text: str, where: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ServerError(f'Bad option: "{where}". expected an integer, got {text}') from None
+
+
+def _stoi(name: str, text: str, low: int, high: int, shown_low: int, shown_high: int) -> int:
+    """`text` read as C++'s std::stoi reads it (leading blanks, a sign, digits; what follows is
+    ignored), in Triton's words when it is no number or out of the int32 range."""
+    stripped = text.lstrip(" \t\n\r\f\v")
+    digits = 1 if stripped[:1] in ("+", "-") else 0
+    while digits < len(stripped) and stripped[digits].isdigit():
+        digits += 1
+    head = stripped[:digits]
+    if not head or head in ("+", "-"):
+        raise InvalidArgument(f"Unable to parse '{name}', got: {text}")
+    value = int(head)
+    if not low <= value <= high:
+        raise InvalidArgument(
+            f"Unable to parse '{name}', value is out of range [ {shown_low}, {shown_high} ], got: {text}"
+        )
+    return value
+
+
+def _number(name: str, text: str, grpc: bool = False) -> int:
+    if name == "trace_count":
+        count = _stoi(name, text, -(2**31), _INT32_MAX, MIN_TRACE_COUNT, _INT32_MAX)
+        if count < MIN_TRACE_COUNT:
+            got = f"got: {text}" if grpc else f"got:{text}"  # Triton's two front ends differ by a space
+            raise InvalidArgument(f"Unable to parse '{name}'. Expecting value >= {MIN_TRACE_COUNT}, {got}")
+        return count
+    # Triton keeps rate and log_frequency as uint32 from stoi's int: a negative number wraps.
+    return _stoi(name, text, -(2**31), _INT32_MAX, 0, _UINT32_MAX) & _UINT32_MAX
+
+
+_KEYS = {"trace_level": "level", "trace_rate": "rate", "trace_count": "count", "log_frequency": "log_frequency"}
+
+
+def _level(names: Iterable[str]) -> int | None:
+    names = list(names)
+    level: int | None = None
+    for name in names:
+        if name == "OFF":
+            if len(names) != 1:
+                raise InvalidArgument("Expect only one trace level 'OFF' is specified")
+            level = OFF
+        elif name in LEVELS:
+            level = (level or 0) | LEVELS[name]
+    return level
+
+
+def changes_from_json(body: Any) -> dict[str, Any]:
+    """The changes a `POST .../trace/setting` body asks for, as Triton's HTTP front end reads them:
+    a key it does not know and a body that is no object change nothing, null clears a field, a
+    value of the wrong JSON type fails with its JSON parser's words (HTTP 500)."""
+    if not isinstance(body, dict):
+        return {}
+    if "trace_file" in body:
+        raise Unsupported(_FILE_REFUSED)
+    changes: dict[str, Any] = {}
+    for key, field in _KEYS.items():
+        if key not in body:
+            continue
+        value = body[key]
+        if value is None:
+            changes[field] = None
+        elif key == "trace_level":
+            if not isinstance(value, list):
+                raise InternalError("attempt to access JSON non-array as array")
+            if not all(isinstance(name, str) for name in value):
+                raise InternalError("attempt to access JSON non-string as string")
+            level = _level(value)
+            if level is not None:
+                changes[field] = level
+        else:
+            if not isinstance(value, str):
+                raise InternalError("attempt to access JSON non-string as string")
+            changes[field] = _number(key, value)
+    return changes
+
+
+def changes_from_proto(settings: Mapping[str, list[str]]) -> dict[str, Any]:
+    """The changes a gRPC `TraceSettingRequest` asks for ({name: its values}), in Triton's gRPC
+    words: no value clears a field, more than one is refused but for the level."""
+    if "trace_file" in settings:
+        raise Unsupported(_FILE_REFUSED)
+    changes: dict[str, Any] = {}
+    for key, field in _KEYS.items():
+        if key not in settings:
+            continue
+        values = settings[key]
+        if not values:
+            changes[field] = None
+        elif key == "trace_level":
+            level = _level(values)
+            if level is not None:
+                changes[field] = level
+        elif len(values) != 1:
+            raise InvalidArgument(f"expect only 1 value for '{key}'")
+        else:
+            changes[field] = _number(key, values[0], grpc=True)
+    return changes
