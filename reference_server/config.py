@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from reference_server import triton_flags
 from reference_server.core.dataplane import SERVER_NAME
 from reference_server.core.response_cache import cache_size_from_flags
 from reference_server.errors import ServerError
@@ -98,10 +99,49 @@ class ServerConfig:
     # --- request headers forwarded to models as request parameters (regular expressions) ---
     http_header_forward_pattern: str | None = None
     grpc_header_forward_pattern: str | None = None
+    # --- the rest of tritonserver's command line (reference_server/triton_flags.py) ---
+    #: Bind addresses of the gRPC and metrics listeners; None: `host` (--http-address).
+    grpc_address: str | None = None
+    metrics_address: str | None = None
+    reuse_http_port: bool = False
+    reuse_grpc_port: bool = False
+    #: TLS on the gRPC listener alone (--grpc-use-ssl[-mutual], --grpc-server-cert/-key, --grpc-root-cert).
+    grpc_use_ssl: bool = False
+    grpc_use_ssl_mutual: bool = False
+    grpc_server_cert: Path | None = None
+    grpc_server_key: Path | None = None
+    grpc_root_cert: Path | None = None
+    #: --grpc-infer-response-compression-level: none, low, medium or high.
+    grpc_response_compression: str = "none"
+    #: A model that fails to load at start stops the server (Triton's default is true; ours serves the rest).
+    exit_on_error: bool = False
+    model_load_thread_count: int = 4
+    model_load_retry_count: int = 0
+    allow_cpu_metrics: bool = True
+    allow_gpu_metrics: bool = True
+    #: How often the GPU and CPU figures are read; None: at every scrape.
+    metrics_interval_ms: float | None = None
+    #: --metrics-config counter_latencies: the per-model *_duration_us counters.
+    metrics_counter_latencies: bool = True
+    #: (flag, why) for each tritonserver flag given that has no effect here, logged once at start.
+    no_effect_flags: tuple[tuple[str, str], ...] = ()
 
     @property
     def tls(self) -> bool:
         return self.ssl_certfile is not None
+
+    @property
+    def grpc_host(self) -> str:
+        return self.host if self.grpc_address is None else self.grpc_address
+
+    @property
+    def metrics_host(self) -> str:
+        return self.host if self.metrics_address is None else self.metrics_address
+
+    @property
+    def grpc_ssl(self) -> bool:
+        """TLS on the gRPC listener of its own (--grpc-use-ssl or --grpc-use-ssl-mutual)."""
+        return self.grpc_use_ssl or self.grpc_use_ssl_mutual
 
     @property
     def http_limits(self) -> HttpLimits:
@@ -155,7 +195,20 @@ class ServerConfig:
             raise ServerError(f"--frontend-workers must be 1-{MAX_FRONTEND_WORKERS}, got {self.frontend_workers}")
         if not self.server_name.strip():
             raise ServerError("--server-name must not be empty")
-        for flag, path in (("--ssl-certfile", self.ssl_certfile), ("--ssl-keyfile", self.ssl_keyfile)):
+        if self.grpc_ssl and (self.grpc_server_cert is None or self.grpc_server_key is None):
+            raise ServerError("--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key")
+        if self.grpc_use_ssl_mutual and self.grpc_root_cert is None:
+            raise ServerError("--grpc-use-ssl-mutual needs --grpc-root-cert, the CA that signs the client certificates")
+        if self.model_load_thread_count < 1:
+            raise ServerError("--model-load-thread-count must be at least 1")
+        for flag, path in (
+            ("--ssl-certfile", self.ssl_certfile),
+            ("--ssl-keyfile", self.ssl_keyfile),
+            *(
+                (("--grpc-server-cert", self.grpc_server_cert), ("--grpc-server-key", self.grpc_server_key),
+                 ("--grpc-root-cert", self.grpc_root_cert)) if self.grpc_ssl else ()
+            ),
+        ):  # fmt: skip
             if path is not None and not path.is_file():
                 raise ServerError(f"{flag} {path}: no such file")
 
@@ -190,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--model-repository",
         "--model-store",
         type=Path,
+        action="append",
         required=True,
         metavar="DIR",
         help="Triton model repository: DIR/<model>/config.pbtxt and DIR/<model>/<version>/model.onnx",
@@ -393,6 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--server-name",
+        "--id",
         default=SERVER_NAME,
         metavar="NAME",
         help="the name the server metadata reports; 'triton' for clients that check for Triton by name",
@@ -400,6 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-verbose", type=int, default=0, metavar="LEVEL", help="0: info; 1 and above: also every request"
     )
+    triton_flags.add_arguments(parser)
     return parser
 
 
@@ -419,6 +475,15 @@ def parse_backend_config(entries: Sequence[str]) -> dict[str, str]:
 def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if len(args.model_repository) > 1:
+        parser.error("--model-repository: given more than once; perfkit-server serves one model repository")
+    refused = triton_flags.refusal(args)
+    if refused is not None:
+        parser.error(refused)
+    try:
+        triton = triton_flags.config_fields(args)
+    except argparse.ArgumentTypeError as exc:
+        parser.error(str(exc))
     try:
         backend = parse_backend_config(args.backend_config)
         default_mbs = int(backend.get("default-max-batch-size", "4"))
@@ -442,7 +507,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         except ServerError as exc:
             parser.error(str(exc))
     config = ServerConfig(
-        model_repository=args.model_repository,
+        model_repository=args.model_repository[0],
         host=args.host,
         http_port=args.http_port,
         grpc_port=args.grpc_port,
@@ -478,6 +543,8 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         rate_limit=args.rate_limit,
         rate_limit_resources=resources,
         server_name=args.server_name,
+        no_effect_flags=triton_flags.no_effect_given(args),
+        **triton,
     )
     try:
         config.validate()

@@ -21,10 +21,24 @@ from __future__ import annotations
 import asyncio
 import zlib
 
-__all__ = ["CHUNK", "CODINGS", "Corrupt", "TooLarge", "compress", "compress_async", "inflate", "inflate_async"]
+__all__ = [
+    "CHUNK", "CODINGS", "Corrupt", "TooLarge", "coding_for_level", "compress", "compress_async", "inflate",
+    "inflate_async",
+]  # fmt: skip
 
 #: The codings both front ends read and write, in the order they are advertised.
 CODINGS = ("gzip", "deflate")
+
+
+def coding_for_level(level: str, offered: list[str]) -> str | None:
+    """The coding of an answer under a gRPC compression level (none, low, medium, high), from the
+    codings the client accepts: grpc core ranks them (gzip, deflate) and gives low the first, medium
+    the middle one and high the last (compression_internal.cc). None: uncompressed."""
+    accepted = [c for c in CODINGS if c in offered]
+    if level == "none" or not accepted:
+        return None
+    return accepted[{"low": 0, "medium": len(accepted) // 2, "high": -1}[level]]
+
 
 #: Output bytes asked of zlib at a time: what `inflate` may hold past its limit.
 CHUNK = 1 << 18

@@ -10,6 +10,7 @@ prometheus_client would rename every counter family.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -93,9 +94,11 @@ def _model_families() -> list[tuple[str, str, str, str]]:
     ]
 
 
-def model_families(served: Iterable[tuple[str, str, ModelStats]]) -> list[Family]:
+def model_families(served: Iterable[tuple[str, str, ModelStats]], counter_latencies: bool = True) -> list[Family]:
+    """Per-model families; without `counter_latencies` (--metrics-config counter_latencies=false), no
+    `*_duration_us` counters, as Triton."""
     served = list(served)
-    specs = _model_families()
+    specs = [spec for spec in _model_families() if counter_latencies or not spec[0].endswith("_duration_us")]
     families = [Family(name, kind, text) for name, kind, text, _ in specs]
     failure = Family("nv_inference_request_failure", "counter", "Number of failed inference requests, all batch sizes")
     for model, version, stats in served:
@@ -212,24 +215,61 @@ def model_memory_family(repository: ModelRepository, uuids: dict[int, str]) -> l
                    samples)]  # fmt: skip
 
 
-def scrape(repository: ModelRepository, stats_of: Callable[[ModelVersion], ModelStats] = own_stats) -> str:
+@dataclass(slots=True)
+class MetricsOptions:
+    """tritonserver's metrics flags: --allow-gpu-metrics, --allow-cpu-metrics, --metrics-config
+    counter_latencies, and --metrics-interval-ms (`interval_s`; None: read at every scrape)."""
+
+    gpu: bool = True
+    cpu: bool = True
+    counter_latencies: bool = True
+    interval_s: float | None = None
+    #: The GPU and CPU families last read, and when (time.monotonic()), kept for `interval_s`.
+    polled: tuple[float, list[Family], list[Family]] | None = None
+
+
+def _system_families(repository: ModelRepository, options: MetricsOptions) -> tuple[list[Family], list[Family]]:
+    """The GPU families (the models' GPU memory among them) and the CPU families, read anew once
+    `interval_s` has passed since the last reading, as Triton polls them."""
+    now = time.monotonic()
+    if options.polled is not None and options.interval_s is not None and now - options.polled[0] < options.interval_s:
+        return options.polled[1], options.polled[2]
+    gpus: list[Family] = []
+    if options.gpu:
+        readings = gpu.read_gpus()
+        process_memory = gpu.process_gpu_memory_bytes(os.getpid()) if readings else {}
+        uuids = {r.index: r.uuid for r in readings}
+        gpus = [*gpu_families(readings, process_memory), *model_memory_family(repository, uuids)]
+    cpus = cpu_families() if options.cpu else []
+    options.polled = (now, gpus, cpus)
+    return gpus, cpus
+
+
+def scrape(
+    repository: ModelRepository,
+    stats_of: Callable[[ModelVersion], ModelStats] = own_stats,
+    options: MetricsOptions | None = None,
+) -> str:
+    options = options or MetricsOptions()
     served = [(mv.name, str(mv.version), stats_of(mv)) for mv in repository.loaded()]
-    readings = gpu.read_gpus()
-    process_memory = gpu.process_gpu_memory_bytes(os.getpid()) if readings else {}
-    uuids = {r.index: r.uuid for r in readings}
-    return render_exposition([
-        *model_families(served), *gpu_families(readings, process_memory),
-        *model_memory_family(repository, uuids), *cpu_families(),
-    ])  # fmt: skip
+    gpus, cpus = _system_families(repository, options)
+    return render_exposition([*model_families(served, options.counter_latencies), *gpus, *cpus])
 
 
 def build_metrics_app(
-    repository: ModelRepository, stats_of: Callable[[ModelVersion], ModelStats] = own_stats
+    repository: ModelRepository,
+    stats_of: Callable[[ModelVersion], ModelStats] = own_stats,
+    *,
+    gpu: bool = True,
+    cpu: bool = True,
+    counter_latencies: bool = True,
+    interval_s: float | None = None,
 ) -> web.Application:
     psutil.cpu_percent(interval=None)  # primes the interval the first scrape reads
+    options = MetricsOptions(gpu, cpu, counter_latencies, interval_s)
 
     async def metrics(request: web.Request) -> web.Response:
-        return web.Response(text=scrape(repository, stats_of), headers={"Content-Type": CONTENT_TYPE})
+        return web.Response(text=scrape(repository, stats_of, options), headers={"Content-Type": CONTENT_TYPE})
 
     app = web.Application()
     app.router.add_get("/metrics", metrics)

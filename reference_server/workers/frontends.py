@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import logging
 import ssl
+from functools import partial
 
 from reference_server.config import ServerConfig
 from reference_server.errors import ServerError
 from reference_server.frontends.auth import Token
+from reference_server.frontends.compression import coding_for_level
+from reference_server.frontends.forwarding import HeaderForwarding
 from reference_server.frontends.grpc.server import GrpcServer
 from reference_server.frontends.grpc.service import InferenceServicer
 from reference_server.frontends.http.read_gate import ReadGate
@@ -16,7 +19,7 @@ from reference_server.frontends.http.rest import build_rest_server
 from reference_server.frontends.http.server import HttpServer
 from reference_server.frontends.plane import Plane
 
-__all__ = ["build_grpc", "build_http", "listen_grpc", "server_ssl_context"]
+__all__ = ["build_grpc", "build_http", "grpc_ssl_context", "listen_grpc", "server_ssl_context"]
 
 log = logging.getLogger("reference_server.server")
 
@@ -32,22 +35,53 @@ def build_http(config: ServerConfig, plane: Plane, token: Token | None) -> HttpS
         body_timeout_s=config.http_body_timeout_secs,
         access_log=log if config.log_verbose > 0 else None,
         limits=config.http_limits,
+        header_forward=HeaderForwarding.of(config.http_header_forward_pattern),
     )
 
 
 def build_grpc(config: ServerConfig, plane: Plane, token: Token | None) -> GrpcServer:
     """The gRPC front end over `plane`, not yet listening. One size limit for both front ends:
     --http-max-input-size also caps gRPC messages."""
-    return GrpcServer(InferenceServicer(plane), max_message_bytes=config.http_max_input_size, token=token)
+    return GrpcServer(
+        InferenceServicer(plane),
+        max_message_bytes=config.http_max_input_size,
+        token=token,
+        header_forward=HeaderForwarding.of(config.grpc_header_forward_pattern),
+        reply_coding=partial(coding_for_level, config.grpc_response_compression)
+        if config.grpc_response_compression != "none"
+        else None,
+    )
 
 
 async def listen_grpc(server: GrpcServer, config: ServerConfig, port: int, *, reuse_port: bool = False) -> int:
-    host = config.host
+    host = config.grpc_host
+    context = grpc_ssl_context(config) if config.grpc_ssl else server_ssl_context(config, alpn="h2")
     try:
-        return await server.listen(host, port, server_ssl_context(config, alpn="h2"), reuse_port=reuse_port)
+        return await server.listen(host, port, context, reuse_port=reuse_port)
     except OSError as exc:
         address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
         raise OSError(exc.errno, f"cannot bind the gRPC listener to {address} (--grpc-port): {exc.strerror}") from exc
+
+
+def grpc_ssl_context(config: ServerConfig) -> ssl.SSLContext:
+    """TLS on the gRPC listener alone (--grpc-use-ssl), requiring a client certificate signed by
+    --grpc-root-cert with --grpc-use-ssl-mutual."""
+    assert config.grpc_server_cert is not None and config.grpc_server_key is not None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(config.grpc_server_cert, config.grpc_server_key)
+        if config.grpc_use_ssl_mutual and config.grpc_root_cert is not None:
+            context.load_verify_locations(config.grpc_root_cert)
+            context.verify_mode = ssl.CERT_REQUIRED
+    except (OSError, ssl.SSLError) as exc:
+        raise ServerError(
+            f"--grpc-server-cert {config.grpc_server_cert} / --grpc-server-key {config.grpc_server_key}"
+            f"{f' / --grpc-root-cert {config.grpc_root_cert}' if config.grpc_use_ssl_mutual else ''}: cannot use "
+            f"them for TLS: {exc}"
+        ) from None
+    context.set_alpn_protocols(["h2"])
+    return context
 
 
 def server_ssl_context(config: ServerConfig, alpn: str | None = None) -> ssl.SSLContext | None:

@@ -53,8 +53,10 @@ from urllib.parse import quote
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
+from reference_server.errors import InvalidArgument
 from reference_server.frontends.auth import OPEN_GRPC_METHODS, Token, Unauthenticated
 from reference_server.frontends.compression import CODINGS, Corrupt, TooLarge, compress_async, inflate, inflate_async
+from reference_server.frontends.forwarding import HeaderForwarding, forward_into, grpc_metadata
 from reference_server.frontends.grpc.service import InferenceServicer, lenient_deserializer
 from reference_server.frontends.listener import Listener
 from v2kit import grpc_status as status
@@ -86,6 +88,7 @@ _READABLE = frozenset(("identity", *CODINGS))
 _SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 #: grpc-timeout units (PROTOCOL-HTTP2.md: "Timeout → TimeoutValue TimeoutUnit"), in seconds.
 _TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+_INFER_METHODS = frozenset(("ModelInfer", "ModelStreamInfer"))
 
 
 class _Abort(grpc.aio.AbortError):  # type: ignore[misc]
@@ -120,8 +123,13 @@ class _Method:
 class GrpcServer(Listener):
     """Serves `servicer` over gRPC on one listening socket; see the module's docstring."""
 
-    def __init__(self, servicer: InferenceServicer, *, max_message_bytes: int, token: Token | None = None) -> None:
+    def __init__(
+        self, servicer: InferenceServicer, *, max_message_bytes: int, token: Token | None = None,
+        header_forward: HeaderForwarding | None = None, reply_coding: Callable[[list[str]], str | None] | None = None,
+    ) -> None:  # fmt: skip
         super().__init__()
+        self.header_forward = header_forward  # an inference call's metadata into its request's parameters
+        self.reply_coding = reply_coding  # an inference answer's coding, from those the client accepts
         self.max_message_bytes = max_message_bytes
         #: Request bytes the calls of one connection may hold together: one largest message.
         self.max_held_bytes = max_message_bytes + 5
@@ -146,7 +154,7 @@ class _Call(Stream):
 
     __slots__ = (
         "method", "chunks", "size", "need", "task", "requests", "queued", "headers_sent", "drained", "encoding",
-        "reply_coding",
+        "reply_coding", "forwarded", "metadata",
     )  # fmt: skip
 
     def __init__(self, method: _Method, encoding: str = "", reply_coding: str | None = None) -> None:
@@ -163,6 +171,8 @@ class _Call(Stream):
         self.queued = 0  # bytes of the requests in `requests`, not yet taken by the servicer
         self.headers_sent = False
         self.drained: asyncio.Future[None] | None = None  # a sender waiting for its data to leave
+        self.metadata: tuple[tuple[str, str], ...] = ()  # a stream's request headers (invocation_metadata)
+        self.forwarded: dict[str, str] | None = None  # metadata for the request's parameters
 
 
 class _Context:
@@ -179,6 +189,10 @@ class _Context:
 
     async def write(self, message: Any) -> None:
         await self._connection.send_message(self._call, message.SerializeToString())
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        """A streaming call's request headers (a unary call's are not kept), as grpc.aio's."""
+        return self._call.metadata
 
 
 class _GrpcConnection(asyncio.Protocol, Events[_Call]):
@@ -237,6 +251,12 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
                 server.token.check(headers.get("authorization"))
             except Unauthenticated as exc:
                 refusal = (status.UNAUTHENTICATED, exc.message)
+        forwarded = None
+        if refusal is None and server.header_forward and method is not None and method.name in _INFER_METHODS:
+            try:
+                forwarded = server.header_forward.select(grpc_metadata(headers))
+            except InvalidArgument as exc:
+                refusal = (status.INVALID_ARGUMENT, exc.message)
         if refusal is not None:
             code, details = refusal
             self.h2.send_headers(stream_id, _trailers_only(code, details), end_stream=True)
@@ -247,13 +267,18 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
         coding = "" if encoding == "identity" else encoding
         # Answer in the request's coding where the client accepts it (as grpc-go servers do).
         accepted = headers.get("grpc-accept-encoding", "")
-        reply = coding if coding and coding in (c.strip() for c in accepted.split(",")) else None
+        offered = [c.strip() for c in accepted.split(",")]
+        reply = coding if coding and coding in offered else None
+        if reply is None and server.reply_coding is not None and method.name in _INFER_METHODS:
+            reply = server.reply_coding(offered)
         call = _Call(method, coding, reply)
+        call.forwarded = forwarded or None
         timeout_s = _timeout_s(headers.get("grpc-timeout"))
         if timeout_s is not None:
             self.h2.set_deadline(call, self.loop.time() + timeout_s)
         if method.streaming:
             call.requests = asyncio.Queue()
+            call.metadata = tuple((k, v) for k, v in headers.items() if not k.startswith(":"))
             self._start(call, self._serve_stream(call))
         return call
 
@@ -286,9 +311,9 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
         if message is None:
             return
         if stream.method.start is not None and stream.reply_coding is None:
-            self._serve_now(stream, stream.method.deserialize(message))
+            self._serve_now(stream, _deserialize(stream, message))
         else:
-            self._start(stream, self._serve_unary(stream, stream.method.deserialize(message)))
+            self._start(stream, self._serve_unary(stream, _deserialize(stream, message)))
 
     def stream_reset(self, stream: _Call, code: int | None) -> None:
         self._release(stream)
@@ -346,7 +371,7 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
             if message is None:
                 return
             held = 5 + len(message)
-            call.requests.put_nowait((call.method.deserialize(message), held))
+            call.requests.put_nowait((_deserialize(call, message), held))
             call.queued += held
             self.buffered += held - 5 - length
             pos += 5 + length
@@ -454,7 +479,7 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
         except (TooLarge, Corrupt) as exc:
             self._finish(call, *self._inflate_failure(call, exc))
             return
-        await self._serve_unary(call, call.method.deserialize(message))
+        await self._serve_unary(call, _deserialize(call, message))
 
     async def _serve_stream(self, call: _Call) -> None:
         try:
@@ -559,6 +584,12 @@ def _timeout_s(value: str | None) -> float | None:
 
 def _prefixed(message: bytes, compressed: bool = False) -> bytes:
     return (b"\x01" if compressed else b"\x00") + len(message).to_bytes(4, "big") + message
+
+
+def _deserialize(call: _Call, message: Payload) -> Any:
+    """A request message, with the call's forwarded metadata among its parameters."""
+    request = call.method.deserialize(message)
+    return request if call.forwarded is None else forward_into(request, call.forwarded)
 
 
 def _headers(call: _Call) -> bytes:
