@@ -87,6 +87,8 @@ class LocalModels:
             gpu_count=gpu.gpu_count(),
             default_max_batch_size=config.default_max_batch_size,
             backend_config=config.backend_config,
+            auto_complete_config=config.auto_complete_config,
+            model_config_name=config.model_config_name,
         )
         self.plane = DataPlane(
             repository,

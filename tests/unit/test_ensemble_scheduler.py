@@ -93,6 +93,7 @@ class FakeScheduler:
 class Served:
     def __init__(self, scheduler: FakeScheduler) -> None:
         self.scheduler = scheduler
+        self.input_types: dict[str, tuple[str, tuple[int, ...]]] = {}  # no datatype checks
 
 
 def make(models: dict[str, FakeScheduler]) -> tuple[EnsembleScheduler, ModelStats]:
@@ -201,6 +202,7 @@ def make_chain(repeat: FakeStream, after: FakeScheduler) -> EnsembleScheduler:
     class Step:
         def __init__(self, scheduler: Any) -> None:
             self.scheduler = scheduler
+            self.input_types: dict[str, tuple[str, tuple[int, ...]]] = {}
 
     return EnsembleScheduler(plan, 0, ModelStats(), lambda name, version: Step(models[name]), frozenset({"repeat"}))
 

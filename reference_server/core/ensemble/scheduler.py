@@ -16,6 +16,8 @@ An ensemble version's `scheduler` is an `EnsembleScheduler` (the `ModelScheduler
   reload is seen at once, and an unloaded composing model fails the request as UNAVAILABLE.
 - *Passes tensors as they are*: a step's output arrays (views of its batch's outputs) become the
   next step's inputs without a copy. The request's timeout, id and parameters go to every step.
+  A python step may answer with another datatype than its config says (as on Triton): a step
+  input whose datatype is not the composing model's fails the request in Triton's words.
 - *Fails with the first failing step's error*, its message prefixed with "in ensemble 'NAME', " as
   Triton's; the steps still running are cancelled.
 - *Streams with a decoupled step* (`infer_stream`): each response of the decoupled step starts a
@@ -44,6 +46,7 @@ from reference_server.errors import InvalidArgument, ServerError, Unavailable
 from reference_server.scheduling.execute import Tensors
 from reference_server.scheduling.model_scheduler import Done, ModelScheduler, submit_by_task
 from reference_server.scheduling.stats import ModelStats
+from v2kit.tensors import DATATYPES, numpy_to_datatype
 
 __all__ = ["Composing", "EnsembleScheduler"]
 
@@ -56,6 +59,9 @@ class Composing(Protocol):
 
     @property
     def scheduler(self) -> ModelScheduler: ...
+
+    #: Input name -> (v2 datatype, dims), as `ModelVersion.input_types`.
+    input_types: dict[str, tuple[str, tuple[int, ...]]]
 
 
 class EnsembleScheduler:
@@ -363,7 +369,7 @@ class EnsembleScheduler:
         """Run decoupled `step`; each of its responses starts a branch over `waiting`."""
         served = self._lookup(step.model_name, step.version)
         stream = served.scheduler.infer_stream(
-            {model_input: tensors[tensor] for model_input, tensor in step.inputs},
+            _step_inputs(served, step, tensors),
             [model_output for model_output, _ in step.outputs],
             timeout_us=call.timeout_us,
             request_id=call.request_id,
@@ -396,10 +402,9 @@ class EnsembleScheduler:
 
     async def _step(self, step: Step, tensors: Tensors, call: _Call) -> Tensors:
         served = self._lookup(step.model_name, step.version)
-        inputs = {model_input: tensors[tensor] for model_input, tensor in step.inputs}
         outputs = [model_output for model_output, _ in step.outputs]
         return await served.scheduler.infer(
-            inputs,
+            _step_inputs(served, step, tensors),
             outputs,
             timeout_us=call.timeout_us,
             request_id=call.request_id,
@@ -465,7 +470,7 @@ class _Chain:
         try:
             served = self.owner._lookup(step.model_name, step.version)
             served.scheduler.submit(
-                {model_input: tensors[tensor] for model_input, tensor in step.inputs},
+                _step_inputs(served, step, tensors),
                 [model_output for model_output, _ in step.outputs],
                 self._stepped, timeout_us=call.timeout_us, request_id=call.request_id, parameters=call.parameters,
                 secondary_stats=call.steps_stats,
@@ -530,6 +535,20 @@ class _Call:
         self.request_id = request_id
         self.parameters = parameters
         self.steps_stats = steps_stats
+
+
+def _step_inputs(served: Composing, step: Step, tensors: Tensors) -> Tensors:
+    """`step`'s inputs by the composing model's names, each of the datatype the model expects."""
+    inputs = {model_input: tensors[tensor] for model_input, tensor in step.inputs}
+    types = served.input_types
+    for name, array in inputs.items():
+        spec = types.get(name)
+        if spec is not None and array.dtype != DATATYPES[spec[0]]:
+            raise InvalidArgument(
+                f"inference input '{name}' data-type is '{numpy_to_datatype(array.dtype)}', but model "
+                f"'{step.model_name}' expects '{spec[0]}'"
+            )
+    return inputs
 
 
 def _merge(tensors: Tensors, step: Step, outputs: Tensors) -> None:
