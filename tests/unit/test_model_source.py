@@ -3,6 +3,7 @@ the backend Triton picks from the model file's name."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 from reference_server.backends.python import ipc
 from reference_server.core.model_config import parse_config_text
 from reference_server.core.model_source import config_path, fill_backend, read_model_config
+from reference_server.core.repository import ModelRepository
 from reference_server.errors import ModelConfigError
 from v2kit import codec as v2
 
@@ -96,3 +98,22 @@ def test_a_raw_bytes_request_to_a_batched_model_is_one_element_of_shape_1_1() ->
     assert tensor.data.tolist() == [[b"\x05\x00\x00\x00hi"]]
     with pytest.raises(v2.CodecError, match="needs BYTES shape"):
         v2.decode_raw_binary_request(b"x", "m", "", "RAW", "BYTES", [1, 2])
+
+
+async def test_an_onnx_folder_without_config_loads_unless_auto_complete_is_off(
+    demo_repository: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "models"
+    shutil.copytree(demo_repository / "identity", root / "identity")
+    (root / "identity" / "config.pbtxt").unlink()
+    for auto_complete in (True, False):
+        repository = ModelRepository(root, auto_complete_config=auto_complete)
+        try:
+            if auto_complete:
+                await repository.load("identity")
+                assert repository.get("identity").config.backend == "onnxruntime"
+            else:
+                with pytest.raises(ModelConfigError, match="failed to load 'identity', failed to poll from model"):
+                    await repository.load("identity")
+        finally:
+            await repository.close(0)
