@@ -4,10 +4,12 @@
 server starts it through a lighter bootstrap, `process._BOOTSTRAP`, that calls `run`), which is
 told what to load over the control channel (see `ipc`). The main thread runs the model (load,
 `auto_complete_config`, `initialize`, `execute`, `finalize`) one call at a time, as Triton's stub
-does. There is no reader thread: a thread that waits reads (`Stub.pump`), so the idle main thread
-receives its next execute itself, and a thread waiting for a BLS answer reads until it comes
-(frees and other threads' answers are routed on the way). Decoupled responses may be sent from
-any thread.
+does; a decoupled model's `async def execute` is the exception, run on a background asyncio loop
+(`_run_in_background`, as Triton's stub runs it) while execute answers at once, so that one
+instance's coroutines await together. There is no reader thread: a thread that waits reads
+(`Stub.pump`), so the idle main thread receives its next execute itself, and a thread waiting for
+a BLS answer reads until it comes (frees and other threads' answers are routed on the way).
+Decoupled responses may be sent from any thread, during execute or after it returned.
 
 When the control channel reaches EOF (the server exited, even by SIGKILL) the stub exits; during
 an execute, when no one reads, a watchdog thread sees the server gone within a second: no stub
@@ -18,11 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import importlib.util
 import inspect
 import itertools
 import json
 import os
+import queue
 import signal
 import socket
 import sys
@@ -78,6 +82,11 @@ class Stub:
         self.decoupled = False
         self.instance_name = ""
         self.loop = asyncio.new_event_loop()
+        # A decoupled model's `async def execute` runs here, on a thread of its own, as Triton's
+        # stub does: execute answers at once and the coroutines of many batches await together.
+        self._background: asyncio.AbstractEventLoop | None = None
+        # Tokens of decoupled senders dropped before their final flag (pb.response_sender).
+        self._dropped: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._bls_ids = itertools.count(1)
         self._bls: dict[int, Any] = {}
         self._bls_lock = threading.Lock()
@@ -211,6 +220,9 @@ class Stub:
         config = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.instance_name = args["model_instance_name"]  # Triton's stub names the instance in its errors
+        if self.decoupled and pb_utils.InferenceResponseSender.dropped is None:
+            pb_utils.InferenceResponseSender.dropped = self._dropped
+            threading.Thread(target=self._end_dropped, name="stub-dropped-senders", daemon=True).start()
         try:
             self.model = self.model_class()
             if hasattr(self.model, "initialize"):
@@ -222,7 +234,7 @@ class Stub:
         return None
 
     def _execute(self, message: dict[str, Any], fds: list[int]) -> None:
-        requests = []
+        requests: list[Any] = []
         arena, model_name, decoupled = self.server_arena, message["model_name"], self.decoupled
         incoming, tensor, sender = (
             pb_utils.InferenceRequest._incoming,
@@ -242,7 +254,11 @@ class Stub:
         try:
             result = self.model.execute(requests)
             if inspect.iscoroutine(result):
-                result = self.loop.run_until_complete(result)
+                if decoupled:
+                    self._run_in_background(result, requests)
+                    result = None
+                else:
+                    result = self.loop.run_until_complete(result)
             reschedule = pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE
             rescheduled = [i for i, request in enumerate(requests) if release_flags(request) == reschedule]
             if self.decoupled:
@@ -273,9 +289,14 @@ class Stub:
                 reply["responses"] = [self._response(r, out_fds) for r in result]
             if rescheduled:
                 reply["reschedule"] = rescheduled  # run again, not released (see pb/release.py)
+                for i in rescheduled:
+                    requests[i]._sender._close()  # the next run of the request gets a sender of its own
         except Exception as exc:
             reply["error"] = format_exception(exc)
             reply["responses"] = None
+            if decoupled:  # the server ends their streams with the error: nothing more goes out
+                for request in requests:
+                    request._sender._close()
         if out_fds:
             self._flush()
             self.channel.send(reply, out_fds)
@@ -286,6 +307,47 @@ class Stub:
         self._answers.append(reply)
         if len(self._answers) >= _MAX_ANSWERS or not self._execute_next(message["ahead"]):
             self._flush()
+
+    def _run_in_background(self, coroutine: Any, requests: list[pb_utils.InferenceRequest]) -> None:
+        if self._background is None:
+            self._background = asyncio.new_event_loop()
+            threading.Thread(target=self._background.run_forever, name="stub-async-execute", daemon=True).start()
+        future = asyncio.run_coroutine_threadsafe(coroutine, self._background)
+        future.add_done_callback(lambda done: self._background_done(done, requests))
+
+    def _background_done(self, future: concurrent.futures.Future[Any], requests: list[Any]) -> None:
+        """A decoupled coroutine ended: one that raised is logged with its traceback (as Triton's
+        stub logs it) and fails its requests that are still open, and only those."""
+        exc = future.exception() if not future.cancelled() else None
+        if exc is None:
+            return
+        self.log("ERROR", "".join(traceback.format_exception(exc)).rstrip())
+        self._fail_open(requests, format_exception(exc))
+
+    def _fail_open(self, requests: list[Any], error: str) -> None:
+        text = f"Failed to process the request(s) for model '{self.instance_name}', message: {error}"
+        for request in requests:
+            if request._sender._close():
+                self._send_final_error(request._sender._token, text)
+
+    def _send_final_error(self, token: int, text: str) -> None:
+        response = pb_utils.InferenceResponse(error=pb_utils.TritonError(text))
+        self.send_response(token, response, pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def _end_dropped(self) -> None:
+        """End the requests whose decoupled sender was dropped before its final flag, which would
+        otherwise leave their clients waiting for ever (Triton 2.51's do)."""
+        while True:
+            token = self._dropped.get()
+            text = (
+                f"Failed to process the request(s) for model '{self.instance_name}', message: the request's "
+                "response sender was released without the final flag; a decoupled model ends each request "
+                "with sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)"
+            )
+            try:
+                self._send_final_error(token, text)
+            except ipc.ChannelClosed:
+                return
 
     def _execute_next(self, ahead: bool) -> bool:
         # Only a batch that was sent ahead has a successor that may be waiting unread: for any
@@ -387,12 +449,12 @@ class Stub:
         return responses()
 
     def infer_async(self, request: pb_utils.InferenceRequest) -> Awaitable[pb_utils.InferenceResponse]:
-        # The model's thread runs the asyncio loop meanwhile, so a pool thread waits (and reads).
-        return self.loop.run_in_executor(None, lambda: self.infer(request)[0])
+        # The calling thread runs the asyncio loop meanwhile, so a pool thread waits (and reads).
+        return asyncio.get_running_loop().run_in_executor(None, lambda: self.infer(request)[0])
 
     def infer_stream_async(self, request: pb_utils.InferenceRequest) -> Awaitable[Iterator[pb_utils.InferenceResponse]]:
         # Sent now, so several can be in flight; the iterator waits (and reads) as `exec`'s does.
-        ready: asyncio.Future[Iterator[pb_utils.InferenceResponse]] = self.loop.create_future()
+        ready: asyncio.Future[Iterator[pb_utils.InferenceResponse]] = asyncio.get_running_loop().create_future()
         ready.set_result(self.infer_stream(request))
         return ready
 

@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from reference_server.backends.python.pb.release import RequestRelease
+from reference_server.backends.python.pb.response_sender import InferenceResponseSender
 
 __all__ = [
     "InferenceRequest",
@@ -256,45 +257,6 @@ class InferenceResponse:
 
     def parameters(self) -> str:
         return self._parameters
-
-
-class InferenceResponseSender:
-    """Sends a request's responses, from any thread, until the final flag. A decoupled model sends
-    any number; any other model may send its one response here instead of returning it from
-    `execute` (which then returns None), before `execute` returns."""
-
-    __slots__ = ("_token", "_decoupled", "_closed", "kept")
-
-    def __init__(self, token: int, decoupled: bool) -> None:
-        self._token = token
-        self._decoupled = decoupled
-        self._closed = False
-        self.kept: InferenceResponse | None = None  # a non-decoupled model's response
-
-    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
-        if self._closed:
-            raise TritonModelException("Unable to send response. Response sender has been closed.")
-        if response is None and flags != TRITONSERVER_RESPONSE_COMPLETE_FINAL:
-            raise TritonModelException(
-                "Inference Response object must be provided when the response flags is not final."
-            )
-        if response is not None and not isinstance(response, InferenceResponse):
-            raise TritonModelException(f"send() takes a pb_utils.InferenceResponse, got {type(response).__name__}")
-        if not self._decoupled:
-            if response is not None and self.kept is not None:
-                raise TritonModelException(
-                    "Unable to send response. Non-decoupled model cannot send more than one response."
-                )
-            self.kept = response or self.kept
-            self._closed = flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
-            return
-        if flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL:
-            self._closed = True
-        _bridge().send_response(self._token, response, flags)
-
-    def is_cancelled(self) -> bool:
-        """Whether the client gave the request up (closed its stream or connection)."""
-        return _bridge().is_cancelled(self._token)
 
 
 class InferenceRequest(RequestRelease):
