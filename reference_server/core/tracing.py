@@ -34,12 +34,15 @@ or the server stops (`Tracing.close`).
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from time import perf_counter_ns
 from typing import IO, Any
 
 from reference_server.errors import InternalError, InvalidArgument, ServerError, Unsupported
 from reference_server.scheduling.stats import ModelStats
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "LEVELS",
@@ -150,29 +153,41 @@ class TraceSetting:
 class TraceFile:
     """One trace file's name, its open stream (log_frequency 0) and the next `.<index>` file."""
 
-    __slots__ = ("name", "_stream", "_index")
+    __slots__ = ("name", "_stream", "_index", "_closed")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self._stream: IO[str] | None = None
         self._index = 0
+        self._closed = False  # a trace finishing after shutdown must not open the file again
 
     def append(self, traces: list[str]) -> None:
-        if self._stream is None:
-            self._stream = open(self.name, "w", encoding="utf-8")  # closed by close()
-            self._stream.write("[")
-        else:
-            self._stream.write(",")
-        self._stream.write(",".join(traces))
-        self._stream.flush()
+        if self._closed:
+            return
+        try:
+            if self._stream is None:
+                self._stream = open(self.name, "w", encoding="utf-8")  # closed by close()
+                self._stream.write("[")
+            else:
+                self._stream.write(",")
+            self._stream.write(",".join(traces))
+            self._stream.flush()
+        except OSError as exc:
+            log.error("failed creating trace file: %s", exc)  # Triton's words; the request is answered all the same
 
     def write_indexed(self, traces: list[str]) -> None:
+        if self._closed:
+            return
         name = f"{self.name}.{self._index}"
         self._index += 1
-        with open(name, "w", encoding="utf-8") as stream:
-            stream.write("[" + ",".join(traces) + "]")
+        try:
+            with open(name, "w", encoding="utf-8") as stream:
+                stream.write("[" + ",".join(traces) + "]")
+        except OSError as exc:
+            log.error("failed creating trace file: %s", exc)
 
     def close(self) -> None:
+        self._closed = True
         if self._stream is not None:
             self._stream.write("]")
             self._stream.close()

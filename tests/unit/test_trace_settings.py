@@ -4,6 +4,7 @@ rules, its sampling, its words for bad values, and the trace JSON it writes."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -177,3 +178,14 @@ def test_grpc_updates() -> None:
         tracing.changes_from_proto({"trace_count": ["1", "2"]})
     with pytest.raises(InvalidArgument, match="Expecting value >= -1, got: -5"):
         tracing.changes_from_proto({"trace_count": ["-5"]})
+
+
+def test_an_unwritable_trace_file_is_logged_not_raised(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    trace = Tracing(startup_settings((f"triton,file={tmp_path}/missing/trace.json", "level=TIMESTAMPS", "rate=1")))
+    with caplog.at_level(logging.ERROR):
+        for _ in range(tracing._FLUSH_EVERY):
+            run_one(trace)
+        trace.close()
+    assert "failed creating trace file" in caplog.text
+    run_one(trace)  # after shutdown: nothing is opened again
+    assert not (tmp_path / "missing").exists()
