@@ -371,6 +371,10 @@ def tensor_to_json(arr: Any, datatype: str, *, name: str = "", kind: str = "outp
     """Flat row-major JSON values of `arr`. FP16, and BYTES that are not UTF-8, raise CodecError."""
     what = f"{kind} {name!r}" if name else kind
     if datatype == "FP16":
+        if kind == "output":  # Triton's words (a python model may answer FP16 for an FP32 output)
+            raise CodecError(
+                f"sending FP16 data via JSON is not supported. Please use the binary data format for output ({what})"
+            )
         raise CodecError(f"{what}: FP16 cannot be sent as JSON; use binary tensor data (binary_data)")
     if datatype != "BYTES":
         values: list[Any] = _as_dtype(arr, datatype, what).ravel().tolist()

@@ -425,6 +425,20 @@ def test_outputs_leave_with_the_datatype_the_model_made(urls: Urls, transport: s
     }
 
 
+def test_an_fp16_output_asked_for_as_json_is_refused_in_tritons_words(urls: Urls) -> None:
+    def run(client: Any) -> None:
+        client.load_model("dtypes")
+        x = httpclient.InferInput("INPUT0", [4], "FP32")
+        x.set_data_from_numpy(X[0], binary_data=False)
+        client.infer("dtypes", [x], outputs=[httpclient.InferRequestedOutput("F32", binary_data=False)])
+
+    failures = _failures(urls, "http", run)
+    assert failures["ours"].status() == failures["triton"].status() == "400"
+    words = "sending FP16 data via JSON is not supported. Please use the binary data format for output"
+    for failure in failures.values():
+        assert failure.message().startswith(words)
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_an_ensemble_step_given_an_output_of_another_datatype_fails_in_tritons_words(
     urls: Urls, transport: str

@@ -186,6 +186,8 @@ def test_json_fp16_is_refused_both_ways():
     with pytest.raises(CodecError, match="FP16 cannot be sent as JSON; use binary"):
         v2.tensor_from_json([1.0], "FP16", [1], "h")
     with pytest.raises(CodecError, match="FP16 cannot be sent as JSON"):
+        v2.tensor_to_json(np.zeros(1, np.float16), "FP16", name="h", kind="input")
+    with pytest.raises(CodecError, match="^sending FP16 data via JSON is not supported. Please use the binary"):
         v2.tensor_to_json(np.zeros(1, np.float16), "FP16", name="h")
 
 
