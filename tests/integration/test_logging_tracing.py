@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ class TritonPythonModel:
         pb_utils.Logger.log_warn("warning line")
         pb_utils.Logger.log_error("error line")
         pb_utils.Logger.log_verbose("verbose line")
+        pb_utils.Logger.log("leveled line", pb_utils.Logger.LogLevel.WARNING)
         responses = []
         for request in requests:
             x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
@@ -114,7 +116,7 @@ def test_model_log_lines_follow_the_settings(server: ReferenceServer, tmp_path: 
     log = tmp_path / "server.log"
     infer_http(server.http_url)
     first = log.read_text()
-    for severity, text in (("I", "info line"), ("W", "warning line"), ("E", "error line")):
+    for severity, text in (("I", "info line"), ("W", "warning line"), ("E", "error line"), ("W", "leveled line")):
         assert model_line(severity, text).search(first), first
     assert "verbose line" not in first
 
@@ -266,4 +268,9 @@ def test_answers_and_refusals_as_tritons(peers: Path, repository: Path, tmp_path
             answer["settings"].pop("trace_file")
         assert answers["ours"] == answers["triton"]
         infer_http(triton.http_url)
-        assert model_line("I", "info line").search(triton.log_path.read_text())
+        # Triton's stub sends its log lines from a thread of their own: they may follow the answer.
+        deadline = time.monotonic() + 30
+        while not model_line("W", "leveled line").search(log := triton.log_path.read_text()):
+            assert time.monotonic() < deadline, log
+            time.sleep(0.05)
+        assert model_line("I", "info line").search(log)

@@ -10,6 +10,7 @@ sends responses, BLS requests and log lines to the server.
 
 from __future__ import annotations
 
+import enum
 import json
 from collections.abc import Awaitable, Iterator, Sequence
 from typing import Any, Protocol
@@ -377,12 +378,16 @@ class InferenceRequest(RequestRelease):
 
 
 class Logger:
-    """Log lines into the server's log, tagged with the model instance."""
+    """Lines into the server's log, naming the model file and line that logged them (`Stub.log`);
+    the server's log settings decide which are written."""
 
-    INFO = 0
-    WARNING = 1
-    ERROR = 2
-    VERBOSE = 3
+    class LogLevel(enum.IntEnum):
+        INFO = 0
+        WARNING = 1
+        ERROR = 2
+        VERBOSE = 3
+
+    INFO, WARNING, ERROR, VERBOSE = LogLevel.INFO, LogLevel.WARNING, LogLevel.ERROR, LogLevel.VERBOSE  # as Triton's
     _NAMES = {0: "INFO", 1: "WARNING", 2: "ERROR", 3: "VERBOSE"}
 
     @staticmethod
