@@ -78,7 +78,8 @@ class LogSettings:
             if name not in self.__slots__ or name == "log_file":
                 raise InvalidArgument(f"unknown log setting '{name}'")
             setattr(self, name, value)
-        _sync_root_level(self)
+        if _installed is self:
+            _sync_root_level(self)
 
     def enabled(self, record: logging.LogRecord) -> bool:
         level = record.levelno
@@ -210,10 +211,15 @@ def install(settings: LogSettings) -> TritonHandler:
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
-        old.close()
     root.addHandler(handler)
+    global _installed
+    _installed = settings
     _sync_root_level(settings)
     return handler
+
+
+#: The settings `install` made this process's log: only theirs move the root logger's level.
+_installed: LogSettings | None = None
 
 
 def _sync_root_level(settings: LogSettings) -> None:

@@ -57,16 +57,26 @@ def test_the_log_file_gets_the_lines(tmp_path: Path) -> None:
     assert path.read_text().count("\n") == 1 and '"kept"' in path.read_text()
 
 
-def test_the_root_level_follows_verbose() -> None:
+def test_the_installed_settings_move_the_root_level() -> None:
     root = logging.getLogger()
-    before = root.level
+    handlers, before = list(root.handlers), root.level
+    settings = LogSettings()
     try:
-        LogSettings().apply({"log_verbose_level": 2})
+        LogSettings().apply({"log_verbose_level": 2})  # not installed: the process's logging is left alone
+        assert root.level == before
+        handler = log_settings.install(settings)
+        assert root.handlers == [handler]
+        settings.apply({"log_verbose_level": 2})
         assert root.level == logging.DEBUG
-        LogSettings().apply({"log_verbose_level": 0})
+        settings.apply({"log_verbose_level": 0})
         assert root.level == logging.INFO
     finally:
+        for added in list(root.handlers):
+            root.removeHandler(added)
+        for kept in handlers:
+            root.addHandler(kept)
         root.setLevel(before)
+        log_settings._installed = None
 
 
 @pytest.mark.parametrize(
