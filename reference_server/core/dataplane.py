@@ -497,10 +497,11 @@ class DataPlane(InflightSlots):
 
     def _require_explicit(self, action: str) -> None:
         if self.model_control_mode != "explicit":
-            # Triton answers model control outside explicit mode with UNAVAILABLE.
+            # Triton answers model control outside explicit mode with UNAVAILABLE, in these words for
+            # both the none and the poll mode (core model_repository_manager.cc).
             raise Unavailable(
-                f"explicit model {action} is not allowed in model control mode '{self.model_control_mode}'; "
-                "start the server with --model-control-mode explicit"
+                f"explicit model load / unload is not allowed if polling is enabled (asked to {action} in model "
+                f"control mode '{self.model_control_mode}'); start the server with --model-control-mode explicit"
             )
 
 

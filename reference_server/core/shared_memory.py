@@ -15,10 +15,12 @@ Theory of operation:
   a client that shrinks the object after registering it would otherwise make the server touch
   pages past the end of the file, which is SIGBUS, and the end of the server.
 * **Lifetime.** A request holds every region it names from its start until its outputs are
-  written (`RequestBinding.release`). Unregistering a region that a request holds removes its
-  name at once (new requests no longer find it; the name may be registered again) and unmaps it
-  when the last holder lets go, as Triton's `awaiting_unregister_` does: no request has the
-  mapping pulled out from under it.
+  written (`RequestBinding.release`). Unregistering a region that a request holds is refused, as
+  Triton 2.51 refuses it (INTERNAL, "Cannot unregister shared memory region 'NAME', it is currently
+  in use."); unregistering all of them unregisters those no request holds and names the others
+  ("Failed to unregister the following system shared memory regions: ..."). Only the server's
+  stop retires a held region anyway: its name goes at once and it is unmapped when the last holder
+  lets go, so no request has the mapping pulled out from under it.
 * **Copies.** An input is copied out of its region before the request is validated, so that the
   model never sees bytes the client changes while the request runs, and a region can be
   overlapped by another, as Triton allows (two names for windows of one object): the last write
@@ -54,7 +56,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from reference_server.errors import AlreadyExists, InvalidArgument, NotFound
+from reference_server.errors import AlreadyExists, InternalError, InvalidArgument, NotFound
 from v2kit import codec as v2
 from v2kit.runtime import cuda
 from v2kit.tensors import element_count, tensor_from_raw, tensor_to_raw
@@ -238,7 +240,7 @@ class SharedMemoryRegistry:
     # --- the extensions' calls -------------------------------------------------------------------
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        _check_name(name)
+        _check_name(name, "system")
         for field, value in (("offset", offset), ("byte_size", byte_size)):
             _check_size(name, field, value)
         if byte_size == 0:
@@ -248,7 +250,7 @@ class SharedMemoryRegistry:
         self._add(name, lambda: Region(name, key, offset, byte_size))
 
     def cuda_register(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
-        _check_name(name)
+        _check_name(name, "cuda")
         for field, value in (("device_id", device_id), ("byte_size", byte_size)):
             _check_size(name, field, value)
         if len(raw_handle) != cuda.HANDLE_BYTES:
@@ -305,25 +307,38 @@ class SharedMemoryRegistry:
 
     def unregister(self, name: str = "") -> None:
         """Unregister one system region, or all of them with no name. An unknown name is no error
-        (Triton's answer too): the region is not registered afterwards either way."""
+        (Triton's answer too): the region is not registered afterwards either way. A region a
+        request holds stays, and is named in an InternalError (Triton 2.51's words)."""
         self._unregister("system", name)
 
     def cuda_unregister(self, name: str = "") -> None:
         self._unregister("cuda", name)
 
     def _unregister(self, kind: str | None, name: str) -> None:
+        busy: list[str] = []
         with self._lock:
             if name:
                 region = self._regions.get(name)
+                if region is not None and region.kind == kind and region.users:
+                    raise InternalError(f"Cannot unregister shared memory region '{name}', it is currently in use.")
                 retired = [] if region is None or region.kind != kind else [self._regions.pop(name)]
             else:
                 retired = [r for r in self._regions.values() if kind is None or r.kind == kind]
+                if kind is not None:  # the server's stop (kind None) retires held regions too
+                    busy = sorted(r.name for r in retired if r.users)
+                    retired = [r for r in retired if not r.users]
                 for region in retired:
                     del self._regions[region.name]
             for region in retired:
                 region.retired = True
                 if not region.users:
                     region.close()
+        if busy:
+            # Triton's list, each name followed by " ," (shared_memory_manager.cc UnregisterAll).
+            raise InternalError(
+                f"Failed to unregister the following {'system' if kind == 'system' else 'cuda'} shared memory "
+                f"regions: {''.join(n + ' ,' for n in busy)}"
+            )
 
     def close(self) -> None:
         """Unregister everything, of both kinds (the server is stopping)."""
@@ -434,8 +449,11 @@ class RequestBinding:
 _EMPTY = np.empty(0, np.uint8)
 
 
-def _check_name(name: str) -> None:
-    if not name or len(name) > MAX_NAME_CHARS:
+def _check_name(name: str, kind: str) -> None:
+    if not name:
+        # Triton's HTTP words (its gRPC front end does not check); the same here over both.
+        raise InvalidArgument(f"'region name' is necessary to register {kind} shared memory region")
+    if len(name) > MAX_NAME_CHARS:
         raise InvalidArgument(
             f"a shared memory region needs a name of 1 to {MAX_NAME_CHARS} characters, got {len(name)}"
         )

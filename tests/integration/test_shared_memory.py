@@ -277,9 +277,10 @@ def test_refusals_in_tritons_words(transport: tuple[Any, Client], regions: Regio
     np.testing.assert_array_equal(shm.get_contents_as_numpy(handle, np.float32, [4], offset=48), np.ones(4))
 
 
-def test_a_region_unregistered_while_a_request_uses_it_stays_mapped_for_it(
+def test_a_region_a_request_uses_cannot_be_unregistered_until_it_is_done(
     server: ReferenceServer, regions: Regions, gate: Path
 ) -> None:
+    """Triton 2.51's refusal (shared_memory_manager.cc), over HTTP (500) and gRPC (INTERNAL)."""
     client = httpclient.InferenceServerClient(server.http_url, concurrency=2)
     x = np.array([[1.0, 2.0, 3.0]], np.float32)
     key, handle = regions.create(64)
@@ -295,16 +296,21 @@ def test_a_region_unregistered_while_a_request_uses_it_stays_mapped_for_it(
     while not started.exists():  # the model is running the request
         assert time.monotonic() < deadline, "the gated model never started"
         time.sleep(0.01)
-    client.unregister_system_shared_memory("in_use")
-    assert client.get_system_shared_memory_status() == []
-    status, message = failure(
-        lambda: client.infer("identity", [shm_input(httpclient, "X", [1, 3], "FP32", "in_use", 12)])
-    )
-    assert (status, "Unable to find shared memory region: 'in_use'" in message) == ("400", True)
+    in_use = "Cannot unregister shared memory region 'in_use', it is currently in use."
+    assert failure(lambda: client.unregister_system_shared_memory("in_use")) == ("500", in_use)
+    all_words = "Failed to unregister the following system shared memory regions: in_use ,"
+    assert failure(lambda: client.unregister_system_shared_memory()) == ("500", all_words)
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}") as rpc:
+        with pytest.raises(InferenceServerException) as caught:
+            rpc.unregister_system_shared_memory("in_use")
+        assert (caught.value.status(), caught.value.message()) == ("StatusCode.INTERNAL", in_use)
+    assert [r["name"] for r in client.get_system_shared_memory_status()] == ["in_use"]
 
-    Path(f"{gate}.open").touch()  # let the model answer: its output still goes to the region
+    Path(f"{gate}.open").touch()  # let the model answer: its output goes to the region
     pending.get_result(timeout=60)
     np.testing.assert_array_equal(shm.get_contents_as_numpy(handle, np.float32, [1, 3], offset=32), x)
+    client.unregister_system_shared_memory("in_use")  # done: now it goes
+    assert client.get_system_shared_memory_status() == []
     client.close()
 
 

@@ -9,11 +9,14 @@ for malformed input, where Triton answers 500; 503 for a model in the repository
 or whose load failed; 415 for a content coding we do not read).
 
 One tritonserver for the module, both servers on one repository of python models (the only
-backend the peers bundle): `echo` (loaded), `idle` (not loaded), `broken` (its model.py raises at
-import) and `badcfg` (its config.pbtxt does not parse).
+backend the peers bundle): `echo` (loaded), `gated` (loaded; it answers once the test opens its
+gate), `idle` (not loaded), `broken` (its model.py raises at import) and `badcfg` (its config.pbtxt
+does not parse).
 
 The same servers also run one system shared-memory session each (register, infer from one region
-into another, the usual mistakes, unregister), compared step by step.
+into another, the usual mistakes, unregister), compared step by step, and try to unregister a
+region while `gated` holds it. Model control outside explicit mode is compared on servers of
+their own (none and poll).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -55,8 +59,31 @@ output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }} ]
 """
 
 
+#: `echo` that says when it runs (GATE.started) and answers once GATE.open exists (60 s at most).
+GATED = """\
+import os
+import time
+
+import triton_python_backend_utils as pb_utils
+
+GATE = {gate!r}
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        open(GATE + ".started", "w").close()
+        deadline = time.monotonic() + 60
+        while not os.path.exists(GATE + ".open") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        inputs = [pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy() for r in requests]
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]) for x in inputs]
+"""
+
+
 def write_repository(root: Path) -> Path:
-    for name, source in (("echo", ECHO), ("idle", ECHO), ("broken", 'raise RuntimeError("boom at import")\n')):
+    gated = GATED.format(gate=str(root.parent / "gate"))
+    sources = (("echo", ECHO), ("gated", gated), ("idle", ECHO), ("broken", 'raise RuntimeError("boom at import")\n'))
+    for name, source in sources:
         (root / name / "1").mkdir(parents=True)
         (root / name / "1" / "model.py").write_text(source)
         (root / name / "config.pbtxt").write_text(CONFIG.format(name=name))
@@ -70,12 +97,23 @@ Endpoints = tuple[str, str]  # HTTP host:port, gRPC host:port
 
 
 @pytest.fixture(scope="module")
-def servers(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Endpoints]]:
-    repository = write_repository(tmp_path_factory.mktemp("wording") / "models")
-    explicit = ["--model-control-mode=explicit", "--load-model=echo"]
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("wording")
+
+
+@pytest.fixture(scope="module")
+def gate(root: Path) -> Path:
+    """The files `gated` waits on (write_repository)."""
+    return root / "gate"
+
+
+@pytest.fixture(scope="module")
+def servers(peers: Path, root: Path) -> Iterator[dict[str, Endpoints]]:
+    repository = write_repository(root / "models")
+    explicit = ["--model-control-mode=explicit", "--load-model=echo", "--load-model=gated"]
     with (
         running_triton(peers, repository, extra_args=explicit) as triton,
-        running_server(loopback_config(repository, load=("echo",))) as ours,
+        running_server(loopback_config(repository, load=("echo", "gated"))) as ours,
     ):
         yield {
             "triton": (triton.http_url, triton.grpc_url),
@@ -185,6 +223,10 @@ CASES: dict[str, tuple[Call, str | None]] = {
     "http element count": (rest("POST", "/v2/models/echo/infer", infer_json(dict(GOOD, data=[1, 2, 3]))), None),
     "http malformed JSON": (rest("POST", "/v2/models/echo/infer", b"{nope"), "buffer: "),
     "http binary data short": (_binary_short(), None),
+    "http register without a region name": (
+        rest("POST", "/v2/systemsharedmemory/register", json.dumps({"key": "/x", "byte_size": 16}).encode()),
+        None,
+    ),
     "grpc unknown model": (rpc("ModelInfer", grpc_infer("nope")), None),
     "grpc unknown version": (rpc("ModelInfer", grpc_infer(version="7")), None),
     "grpc bad version string": (rpc("ModelInfer", grpc_infer(version="abc")), None),
@@ -291,6 +333,7 @@ def _shared_memory_session(http_url: str, tag: str) -> dict[str, Any]:
         seen["twice"] = refusal(lambda: client.register_system_shared_memory("in", f"/perfkit-{tag}-in", 16))
         seen["unknown region"] = refusal(lambda: infer(region="nope"))
         seen["past the end"] = refusal(lambda: infer(offset=8))
+        seen["offset past"] = refusal(lambda: infer(offset=16))
         seen["size mismatch"] = refusal(lambda: infer(byte_size=12))
         seen["unregister unknown"] = refusal(lambda: client.unregister_system_shared_memory("nope"))
         client.unregister_system_shared_memory()
@@ -306,10 +349,97 @@ def test_shared_memory_sessions_match_tritons(servers: dict[str, Endpoints]) -> 
     triton = _shared_memory_session(servers["triton"][0], f"t{uuid.uuid4().hex[:8]}")
     ours = _shared_memory_session(servers["ours"][0], f"o{uuid.uuid4().hex[:8]}")
     assert ours["output"] == triton["output"] == [1.5, -2.0, 3.25, 0.0]
-    for step in ("status", "output listed", "twice", "past the end", "size mismatch", "unregister unknown", "after unregister"):
+    steps = ("status", "output listed", "twice", "past the end", "offset past", "size mismatch", "unregister unknown")
+    for step in (*steps, "after unregister"):
         assert ours[step] == triton[step] or (
             isinstance(ours[step], tuple) and ours[step][0] == triton[step][0] and ours[step][1].startswith(triton[step][1])
         ), f"{step}: Triton {triton[step]!r}, ours {ours[step]!r}"
     # The one deliberate difference: naming an unregistered region is the request's fault, 400 here.
     assert (triton["unknown region"][0], ours["unknown region"][0]) == ("404", "400")
     assert ours["unknown region"][1].startswith(triton["unknown region"][1])
+
+
+def _region_in_use(endpoints: Endpoints, gate: Path, tag: str) -> dict[str, Any]:
+    """Register `busy`, let `gated` hold it, and try to unregister it, one name and all, over HTTP
+    and gRPC; then an input offset past the end of a region over gRPC."""
+    import tritonclient.grpc as grpcclient
+    import tritonclient.utils.shared_memory as shm
+    from tritonclient.utils import InferenceServerException
+
+    def refusal(call: Callable[[], Any]) -> tuple[str, str]:
+        try:
+            call()
+        except InferenceServerException as exc:
+            return str(exc.status()), normalise(exc.message() or "")
+        return "OK", ""
+
+    key = f"/perfkit-{tag}-busy"
+    handle = shm.create_shared_memory_region(f"{tag}_busy", key, 16)
+    client = httpclient.InferenceServerClient(endpoints[0], concurrency=2)
+    rpc = grpcclient.InferenceServerClient(endpoints[1])
+    seen: dict[str, Any] = {}
+    try:
+        shm.set_shared_memory_region(handle, [np.ones(4, np.float32)])
+        client.register_system_shared_memory("busy", key, 16)
+        x = httpclient.InferInput("INPUT0", [4], "FP32")
+        x.set_shared_memory("busy", 16)
+        pending = client.async_infer("gated", [x])
+        deadline = time.monotonic() + 60
+        while not Path(f"{gate}.started").exists():  # the model holds the request, and so the region
+            assert time.monotonic() < deadline, "the gated model never started"
+            time.sleep(0.01)
+        seen["unregister"] = refusal(lambda: client.unregister_system_shared_memory("busy"))
+        seen["unregister all"] = refusal(lambda: client.unregister_system_shared_memory())
+        seen["grpc unregister"] = refusal(lambda: rpc.unregister_system_shared_memory("busy"))
+        seen["still there"] = [r["name"] for r in client.get_system_shared_memory_status()]
+        Path(f"{gate}.open").touch()
+        seen["answered"] = pending.get_result(timeout=60).as_numpy("OUTPUT0").tolist()
+        g = grpcclient.InferInput("INPUT0", [4], "FP32")
+        g.set_shared_memory("busy", 16, offset=16)
+        seen["grpc offset past"] = refusal(lambda: rpc.infer("echo", [g]))
+        seen["unregister after"] = refusal(lambda: client.unregister_system_shared_memory("busy"))
+    finally:
+        for suffix in (".started", ".open"):
+            Path(f"{gate}{suffix}").unlink(missing_ok=True)
+        shm.destroy_shared_memory_region(handle)
+        client.close()
+        rpc.close()
+    return seen
+
+
+def test_a_region_in_use_is_not_unregistered_alike(servers: dict[str, Endpoints], gate: Path) -> None:
+    """Triton 2.51 refuses (INTERNAL) to unregister a region a request holds, names the held ones
+    when asked to unregister all, and lets go once the request is done."""
+    triton = _region_in_use(servers["triton"], gate, f"t{uuid.uuid4().hex[:8]}")
+    ours = _region_in_use(servers["ours"], gate, f"o{uuid.uuid4().hex[:8]}")
+    assert triton["unregister"] == ("500", "Cannot unregister shared memory region 'busy', it is currently in use")
+    assert triton["grpc unregister"][0] == "StatusCode.INTERNAL"
+    assert triton["grpc offset past"][1].startswith("Invalid offset for shared memory region: 'busy'")
+    for step, answer in triton.items():
+        mine = ours[step]
+        assert mine == answer or (mine[0] == answer[0] and mine[1].startswith(answer[1])), (step, answer, mine)
+
+
+@pytest.mark.parametrize("mode", ["none", "poll"])
+def test_model_control_outside_explicit_mode_is_refused_alike(peers: Path, tmp_path: Path, mode: str) -> None:
+    repository = tmp_path / "models"
+    (repository / "echo" / "1").mkdir(parents=True)
+    (repository / "echo" / "1" / "model.py").write_text(ECHO)
+    (repository / "echo" / "config.pbtxt").write_text(CONFIG.format(name="echo"))
+    flags = [f"--model-control-mode={mode}", *(["--repository-poll-secs=60"] if mode == "poll" else [])]
+    calls = {
+        "http load": rest("POST", "/v2/repository/models/echo/load", b""),
+        "http unload": rest("POST", "/v2/repository/models/echo/unload", b""),
+        "grpc load": rpc("RepositoryModelLoad", pb.RepositoryModelLoadRequest(model_name="echo")),
+        "grpc unload": rpc("RepositoryModelUnload", pb.RepositoryModelUnloadRequest(model_name="echo")),
+    }
+    with (
+        running_triton(peers, repository, extra_args=flags) as triton,
+        running_server(loopback_config(repository, model_control_mode=mode)) as ours,
+    ):
+        theirs = {name: call((triton.http_url, triton.grpc_url)) for name, call in calls.items()}
+        mine = {name: call((ours.http_url, f"{ours.config.host}:{ours.grpc_port}")) for name, call in calls.items()}
+    words = "explicit model load / unload is not allowed if polling is enabled"
+    for name, (status, text) in theirs.items():
+        assert text == words and status in ("503", "UNAVAILABLE"), (name, status, text)
+        assert mine[name][0] == status and mine[name][1].startswith(words), (name, mine[name])

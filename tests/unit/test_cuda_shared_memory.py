@@ -17,7 +17,7 @@ import pytest
 from perfkit.errors import PerfkitError
 from perfkit.wire import shared_memory as client_shm
 from reference_server.core.shared_memory import SharedMemoryRegistry
-from reference_server.errors import AlreadyExists, InvalidArgument, NotFound
+from reference_server.errors import AlreadyExists, InternalError, InvalidArgument, NotFound
 from v2kit import codec as v2
 from v2kit.runtime import cuda
 
@@ -127,9 +127,11 @@ def test_a_request_reads_inputs_from_and_writes_outputs_to_cuda_regions(
     (written,) = binding.write(response).outputs
     assert written.data.size == 0 and written.parameters["shared_memory_region"] == "c"
     np.testing.assert_array_equal(np.frombuffer(memory.read(32, 16), np.float32), values * 2)
-    registry.cuda_unregister("c")
-    assert not memory.closed  # the request still holds it
+    with pytest.raises(InternalError, match="Cannot unregister shared memory region 'c', it is currently in use"):
+        registry.cuda_unregister("c")  # the request still holds it
+    assert not memory.closed
     binding.release()
+    registry.cuda_unregister("c")
     assert memory.closed
     registry.cuda_register("c", HANDLE, 0, 64)  # the name is free again once unregistered
     past_the_end = v2.InferTensor("X", "FP32", [4], np.empty(0, np.float32), {**where, "shared_memory_offset": 60})

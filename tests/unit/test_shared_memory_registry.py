@@ -14,7 +14,7 @@ import pytest
 
 from reference_server.core import shared_memory as shm
 from reference_server.core.shared_memory import SharedMemoryRegistry
-from reference_server.errors import AlreadyExists, InvalidArgument, NotFound
+from reference_server.errors import AlreadyExists, InternalError, InvalidArgument, NotFound
 from v2kit import codec as v2
 
 MakeKey = Callable[[int], str]
@@ -86,7 +86,7 @@ def test_refusals_in_tritons_words(registry: SharedMemoryRegistry, make_key: Mak
         registry.register("e", key, -1, 8)
     with pytest.raises(InvalidArgument, match="a name of 1 to 1024 characters, got 1025"):
         registry.register("n" * 1025, key, 0, 8)
-    with pytest.raises(InvalidArgument, match="got 0"):
+    with pytest.raises(InvalidArgument, match="^'region name' is necessary to register system shared memory region$"):
         registry.register("", key, 0, 8)
     assert [r["name"] for r in registry.status()] == ["a"]
 
@@ -137,28 +137,37 @@ def test_window_bounds_in_tritons_words(registry: SharedMemoryRegistry, make_key
         registry.acquire("other")
 
 
-def test_unregister_while_held_unmaps_only_after_release(registry: SharedMemoryRegistry, make_key: MakeKey) -> None:
+def test_unregister_while_held_is_refused_in_tritons_words(registry: SharedMemoryRegistry, make_key: MakeKey) -> None:
     key = make_key(16)
     registry.register("r", key, 0, 16)
     held = registry.acquire("r")
-    registry.unregister("r")
-    assert registry.status() == []
-    with pytest.raises(InvalidArgument):
-        registry.acquire("r")  # new requests no longer find it...
-    held.write(0, b"still mapped")  # ...but the request holding it still writes there
-    assert get(key, 0, 12) == b"still mapped"
-    registry.register("r", key, 0, 8)  # and the name is free again
-    assert not held.closed
+    with pytest.raises(InternalError, match=r"^Cannot unregister shared memory region 'r', it is currently in use\.$"):
+        registry.unregister("r")
+    assert [r["name"] for r in registry.status()] == ["r"]
+    held.write(0, b"still mapped")
     registry.release([held])
-    assert held.closed  # the old mapping is gone once its last holder let go
-    assert registry.acquire("r").read(0, 5) == b"still"
+    assert not held.closed
+    registry.unregister("r")  # once no request holds it
+    assert held.closed and registry.status() == []
 
 
-def test_unregister_all_spares_held_regions_until_released(registry: SharedMemoryRegistry, make_key: MakeKey) -> None:
-    registry.register("a", make_key(8), 0, 8)
-    registry.register("b", make_key(8), 0, 8)
-    held = registry.acquire("a")
+def test_unregister_all_leaves_held_regions_and_names_them(registry: SharedMemoryRegistry, make_key: MakeKey) -> None:
+    for name in ("c", "a", "b"):
+        registry.register(name, make_key(8), 0, 8)
+    held = [registry.acquire("c"), registry.acquire("a")]
+    with pytest.raises(InternalError) as caught:
+        registry.unregister()
+    assert caught.value.message == "Failed to unregister the following system shared memory regions: a ,c ,"
+    assert sorted(r["name"] for r in registry.status()) == ["a", "c"]
+    registry.release(held)
     registry.unregister()
+    assert registry.status() == [] and all(region.closed for region in held)
+
+
+def test_the_servers_stop_retires_held_regions_once_released(registry: SharedMemoryRegistry, make_key: MakeKey) -> None:
+    registry.register("a", make_key(8), 0, 8)
+    held = registry.acquire("a")
+    registry.close()
     assert registry.status() == []
     assert held.read(0, 8) == bytes(8)
     registry.release([held])

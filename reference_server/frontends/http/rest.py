@@ -178,7 +178,8 @@ class RestApi:
         else:
             infer_request = v2.decode_infer_request(request.body, header_length, model, version)
         if self.header_forward is not None:
-            self.header_forward.apply(request.headers.items(), infer_request.parameters)
+            lines = ((name.decode("latin-1"), value.decode("latin-1")) for name, value in request.raw_headers)
+            self.header_forward.apply(lines, infer_request.parameters)
 
         def answered(response: v2.InferResponse | Exception) -> None:
             # Called by the scheduler when the batch is done: the answer is encoded and written now.
@@ -290,8 +291,10 @@ _FIXED: dict[tuple[str, ...], tuple[RouteHandler, frozenset[str]]] = {
     ("models", "stats"): (RestApi.model_stats, _GET),
     ("repository", "index"): (RestApi.repository_index, _POST),
     ("systemsharedmemory", "status"): (RestApi.system_shm_status, _GET),
+    ("systemsharedmemory", "register"): (RestApi.system_shm_register, _POST),  # no name: Triton's 400
     ("systemsharedmemory", "unregister"): (RestApi.system_shm_unregister, _POST),
     ("cudasharedmemory", "status"): (RestApi.cuda_shm_status, _GET),
+    ("cudasharedmemory", "register"): (RestApi.cuda_shm_register, _POST),
     ("cudasharedmemory", "unregister"): (RestApi.cuda_shm_unregister, _POST),
     ("trace", "setting"): (RestApi.trace_setting, _GET_POST),
     ("logging",): (RestApi.logging, _GET_POST),
