@@ -28,7 +28,7 @@ from reference_server.frontends.grpc.server import GrpcServer
 from reference_server.frontends.http.server import HttpServer
 from reference_server.frontends.metrics import build_metrics_app
 from reference_server.scheduling.rate_limiter import RateLimiter
-from reference_server.startup import load_at_start
+from reference_server.startup import ModelsFailed, load_at_start
 from reference_server.workers.frontends import build_grpc, build_http, listen_grpc, server_ssl_context
 from reference_server.workers.hosting import WorkerHosting, hostable_instance_counts
 from reference_server.workers.plane_server import PlaneServer
@@ -95,13 +95,17 @@ class ReferenceServer:
         for flag, why in config.no_effect_flags:
             log.warning("%s has no effect on this server: %s", flag, why)
         explicit = config.model_control_mode == "explicit"
-        await load_at_start(
-            self.repository,
-            self.repository.resolve_load_models(config.load_models) if explicit else None,
-            threads=config.model_load_thread_count,
-            retries=config.model_load_retry_count,
-            exit_on_error=config.exit_on_error,
-        )
+        try:
+            await load_at_start(
+                self.repository,
+                self.repository.resolve_load_models(config.load_models) if explicit else None,
+                threads=config.model_load_thread_count,
+                retries=config.model_load_retry_count,
+                exit_on_error=config.exit_on_error,
+            )
+        except ModelsFailed:
+            await self.stop(grace_s=0)  # the models that did load, and their stubs
+            raise
         if config.frontend_workers == AUTO_FRONTEND_WORKERS:
             counts = hostable_instance_counts(self.repository, config)
             config = self.config = replace(config, frontend_workers=auto_frontend_workers(instance_counts=counts))

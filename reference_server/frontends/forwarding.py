@@ -2,8 +2,10 @@
 --http-header-forward-pattern and --grpc-header-forward-pattern (docs/protocol/extension_parameters.md,
 "Forwarding HTTP/GRPC Headers as Parameters"): a header whose name the pattern matches anywhere
 (RE2's PartialMatch; case-insensitive unless the pattern starts with `(?-i)`) becomes a string
-parameter under its name. A matching header named like a reserved parameter fails the request with
-Triton's words. Our HTTP front end keeps header names in lower case, and gRPC metadata is lower case.
+parameter under its name, as sent (gRPC metadata names are always lower case). A matching header
+named like a reserved parameter fails the request with the words of Triton after 2.51, which checks
+this (2.51 itself passes such a header on as a custom string parameter): here a request's parameters
+are the ones the scheduler reads, so a forwarded `priority` or `sequence_id` would change the request.
 """
 
 from __future__ import annotations

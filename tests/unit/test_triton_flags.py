@@ -4,6 +4,7 @@ recorded to be logged as having no effect; the README's table is the catalogue's
 
 from __future__ import annotations
 
+import asyncio
 import re
 from pathlib import Path
 
@@ -13,9 +14,10 @@ from tritonclient.grpc import service_pb2 as pb
 from reference_server import triton_flags
 from reference_server.__main__ import main
 from reference_server.config import ServerConfig, build_parser, config_from_args
-from reference_server.errors import InvalidArgument
+from reference_server.errors import InvalidArgument, ServerError
 from reference_server.frontends.compression import coding_for_level
 from reference_server.frontends.forwarding import HeaderForwarding, forward_into, grpc_metadata
+from reference_server.startup import ModelsFailed, load_at_start
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -284,3 +286,49 @@ def test_grpc_metadata_leaves_out_the_transports_headers() -> None:
 )
 def test_grpc_compression_level_picks_an_accepted_coding(level: str, offered: list[str], coding: str | None) -> None:
     assert coding_for_level(level, offered) == coding
+
+
+class _Repository:
+    """What `load_at_start` uses of ModelRepository: `flaky` fails its first two loads, `broken` every one."""
+
+    def __init__(self) -> None:
+        self.loaded: set[str] = set()
+        self.tries: dict[str, int] = {}
+        self.running = self.most_at_once = 0
+
+    def model_names(self) -> list[str]:
+        return ["a", "b", "c", "flaky", "broken"]
+
+    def on_disk(self, name: str) -> bool:
+        return False  # so no config is read: none is an ensemble
+
+    def serving(self, name: str) -> bool:
+        return name in self.loaded
+
+    async def load(self, name: str) -> None:
+        self.tries[name] = self.tries.get(name, 0) + 1
+        self.running += 1
+        self.most_at_once = max(self.most_at_once, self.running)
+        try:
+            await asyncio.sleep(0)
+            await asyncio.sleep(0)
+            if name == "broken" or (name == "flaky" and self.tries[name] <= 2):
+                raise ServerError(f"failed to load '{name}'")
+            self.loaded.add(name)
+        finally:
+            self.running -= 1
+
+    async def load_all(self, names: list[str]) -> None:
+        raise AssertionError("no ensembles here")
+
+
+async def test_models_load_at_start_in_parallel_with_retries() -> None:
+    repository = _Repository()
+    failed = await load_at_start(repository, threads=2, retries=2)  # type: ignore[arg-type]
+    assert failed == ["broken"] and repository.loaded == {"a", "b", "c", "flaky"}
+    assert repository.most_at_once == 2 and repository.tries == {"a": 1, "b": 1, "c": 1, "flaky": 3, "broken": 3}
+    repository = _Repository()
+    assert await load_at_start(repository, threads=1) == ["flaky", "broken"]  # type: ignore[arg-type]
+    assert repository.most_at_once == 1
+    with pytest.raises(ModelsFailed, match=r"failed to load all models: flaky, broken \(--exit-on-error true\)"):
+        await load_at_start(_Repository(), exit_on_error=True)  # type: ignore[arg-type]

@@ -46,15 +46,20 @@ _JSON = "application/json"
 
 class HttpRequest:
     """One parsed request. `path` is as sent (percent-encoded, without the query); header names
-    are lower case, and a repeated header's values are joined with ', '."""
+    are lower case, and a repeated header's values are joined with ', '; `raw_headers` are the
+    lines as they came (header forwarding passes on the names as sent, as Triton does)."""
 
-    __slots__ = ("method", "path", "headers", "body")
+    __slots__ = ("method", "path", "headers", "body", "raw_headers")
 
-    def __init__(self, method: str, path: str, headers: dict[str, str], body: bytes) -> None:
+    def __init__(
+        self, method: str, path: str, headers: dict[str, str], body: bytes,
+        raw_headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:  # fmt: skip
         self.method = method
         self.path = path
         self.headers = headers
         self.body = body
+        self.raw_headers = raw_headers or []
 
 
 class HttpResponse:

@@ -326,7 +326,7 @@ class _Connection(asyncio.Protocol):
                 url = messages.origin_form(url)
             query = url.find(b"?")
             path = (url if query < 0 else url[:query]).decode("latin-1")
-            item = HttpRequest(parser.get_method().decode("latin-1"), path, self._fields, body)
+            item = HttpRequest(parser.get_method().decode("latin-1"), path, self._fields, body, self._headers)
         admitted, self._admitted = self._admitted, False
         self._queue.append((item, admitted, keep_alive))
         if not self._serving and len(self._queue) == 1:
