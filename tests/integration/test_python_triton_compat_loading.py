@@ -18,6 +18,7 @@ the reference server, with tritonclient over HTTP and gRPC, give the same answer
 from __future__ import annotations
 
 import json
+import queue
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -201,6 +202,26 @@ class TritonPythonModel:
         raise ValueError("boom")
 """
 
+RETURNS_A_LIST = """\
+class TritonPythonModel:
+    def execute(self, requests):
+        return [None for _ in requests]
+"""
+
+RETURNS_INTS = """\
+class TritonPythonModel:
+    def execute(self, requests):
+        return [7 for _ in requests]
+"""
+
+DECOUPLED_CONFIG = """\
+backend: "python"
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+model_transaction_policy { decoupled: true }
+"""
+
 FOUR_IN_FOUR_OUT = """\
 backend: "python"
 {batch}
@@ -235,6 +256,8 @@ def write_repository(root: Path) -> Path:
     model("consume", CONSUME_INT32, CONSUME_INT32_CONFIG)
     (root / "chain" / "1").mkdir(parents=True)
     (root / "chain" / "config.pbtxt").write_text(CHAIN_CONFIG)
+    model("decoupled_list", RETURNS_A_LIST, DECOUPLED_CONFIG)
+    model("returns_ints", RETURNS_INTS, _tensors(4, extra="instance_group [ { count: 1 kind: KIND_CPU } ]"))
     model("inst", RAISES, _tensors(4, extra="instance_group [ { count: 1 kind: KIND_CPU } ]"))
     # auto_complete_config here contradicts both files (dims [4] against [2], max_batch_size 8 against
     # 4 dims [3]): the model loads only where it is not called.
@@ -483,6 +506,43 @@ def test_an_error_raised_in_execute_names_the_instance(urls: Urls, transport: st
         # An instance_group without a name is `inst_0`, and its first instance `inst_0_0`.
         assert failure.message().startswith("Failed to process the request(s) for model 'inst_0_0', message: ")
         assert "ValueError: boom" in failure.message()
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_what_execute_returns_is_checked_in_tritons_words(urls: Urls, transport: str) -> None:
+    _each(urls, transport, lambda client: client.load_model("returns_ints"))
+    failures = _failures(urls, transport, lambda client: _infer(transport, client, "returns_ints", {"INPUT0": X[0]}))
+    words = (
+        "Failed to process the request(s) for model 'returns_ints_0_0', message: Expected an 'InferenceResponse' "
+        "object in the execute function return list, found type '<class 'int'>'"
+    )
+    for failure in failures.values():
+        assert failure.message().startswith(words)
+
+
+def test_a_decoupled_execute_that_returns_a_list_names_the_instance(urls: Urls) -> None:
+    def stream(client: Any) -> list[str]:
+        client.load_model("decoupled_list")
+        answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        try:
+            tensor = grpcclient.InferInput("INPUT0", [4], "FP32")
+            tensor.set_data_from_numpy(X[0])
+            client.async_stream_infer("decoupled_list", [tensor])
+            _, error = answers.get(timeout=30)
+        finally:
+            client.stop_stream()
+        return [error.message()]
+
+    answers = _each(urls, "grpc", stream)
+    assert (
+        answers["ours"]
+        == answers["triton"]
+        == [
+            "Failed to process the request(s) for model 'decoupled_list_0_0', message: Python model "
+            "'decoupled_list_0_0' is using the decoupled mode and the execute function must return None."
+        ]
+    )
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)

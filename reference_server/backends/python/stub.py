@@ -52,8 +52,15 @@ _MAX_ANSWERS = 16
 _EXECUTE_RESULT_HINT = "execute() must return a list with one pb_utils.InferenceResponse per request"
 
 
+class BackendError(Exception):
+    """A check of the stub's own on what a model did: Triton's stub makes these in C++, so they read
+    as their message alone, with no Python type name."""
+
+
 def format_exception(exc: BaseException) -> str:
     """`Type: message` then the model-side frames, as Triton's stub reports a Python error."""
+    if isinstance(exc, BackendError):
+        return str(exc)
     frames = traceback.extract_tb(exc.__traceback__)
     own = os.path.dirname(__file__)
     # The model's frames only: not ours, nor importlib's (<frozen ...>) around a failing import.
@@ -263,7 +270,7 @@ class Stub:
             rescheduled = [i for i, request in enumerate(requests) if release_flags(request) == reschedule]
             if self.decoupled:
                 if result is not None:
-                    raise pb_utils.TritonModelException(
+                    raise BackendError(
                         f"Python model '{self.instance_name}' is using the decoupled mode and the execute "
                         "function must return None."
                     )
@@ -271,11 +278,11 @@ class Stub:
                 if result is None:  # the responses went through each request's sender
                     result = [request._sender.kept if request._sender else None for request in requests]
                 if not isinstance(result, list):
-                    raise pb_utils.TritonModelException(
-                        f"Expected a list in the execute return; {_EXECUTE_RESULT_HINT}"
+                    raise BackendError(
+                        f"Expected a list in the execute return, found type '{type(result)}'; {_EXECUTE_RESULT_HINT}"
                     )
                 if len(result) != len(requests):
-                    raise pb_utils.TritonModelException(
+                    raise BackendError(
                         "Number of InferenceResponse objects do not match the number of InferenceRequest "
                         f"objects. InferenceRequest(s) size is:{len(requests)}, and InferenceResponse(s) "
                         f"size is:{len(result)}"
@@ -367,8 +374,9 @@ class Stub:
         if response is None:
             return None
         if not isinstance(response, pb_utils.InferenceResponse):
-            raise pb_utils.TritonModelException(
-                f"execute() returned a {type(response).__name__}; {_EXECUTE_RESULT_HINT}"
+            raise BackendError(
+                "Expected an 'InferenceResponse' object in the execute function return list, found type "
+                f"'{type(response)}'; {_EXECUTE_RESULT_HINT}"
             )
         error = response._error
         arena, write = self.arena, ipc.write_tensor
