@@ -7,7 +7,9 @@ response and reschedules the request until the count runs out), `request_resched
 (reschedules its first request, returning None in its place) and `wrong_return_type` (returns a
 response for a rescheduled request). All three have `sequence_batching { iterative_sequence: true }`
 and are called without a sequence id, which such a model accepts: the sequence batcher gives the
-request a sequence of its own. The steps follow qa/L0_backend_python/request_rescheduling.
+request a sequence of its own. The steps follow qa/L0_backend_python/request_rescheduling, and a BLS
+model of ours calls both models as qa's bls_request_rescheduling does. A model without
+`iterative_sequence` that reschedules fails here (Triton leaves its client waiting).
 """
 
 from __future__ import annotations
@@ -32,11 +34,63 @@ QA_MODELS = Path(__file__).parent.parent / "triton_qa" / "python_models"
 MODELS = ("iterative_sequence", "request_rescheduling_addsub", "wrong_return_type")
 
 
+#: BLS into both rescheduling models, as qa bls_request_rescheduling does (without its sleeps):
+#: the add/sub answer, and the OUT of each response of iterative_sequence for COUNT responses.
+BLS = """\
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            count = pb_utils.Tensor("IN", pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy())
+            a = np.arange(16, dtype=np.float32)
+            inputs = [pb_utils.Tensor("INPUT0", a), pb_utils.Tensor("INPUT1", a)]
+            added = pb_utils.InferenceRequest(
+                model_name="request_rescheduling_addsub", inputs=inputs, requested_output_names=["OUTPUT0"]
+            ).exec()
+            if added.has_error():
+                raise pb_utils.TritonModelException(added.error().message())
+            counts = []
+            stream = pb_utils.InferenceRequest(
+                model_name="iterative_sequence", inputs=[count], requested_output_names=["OUT"]
+            ).exec(decoupled=True)
+            for response in stream:
+                if response.has_error():
+                    raise pb_utils.TritonModelException(response.error().message())
+                if response.output_tensors():
+                    counts.append(int(pb_utils.get_output_tensor_by_name(response, "OUT").as_numpy()[0]))
+            sums = pb_utils.get_output_tensor_by_name(added, "OUTPUT0").as_numpy()
+            responses.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("SUM", sums), pb_utils.Tensor("COUNTS", np.array(counts, dtype=np.int32))
+            ]))
+        return responses
+"""
+BLS_CONFIG = """\
+name: "bls_reschedule"
+backend: "python"
+input [ { name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 16 ] }, { name: "COUNTS" data_type: TYPE_INT32 dims: [ -1 ] } ]
+instance_group [ { kind: KIND_CPU } ]
+"""
+
+
 def write_repository(root: Path) -> Path:
+    (root / "bls_reschedule" / "1").mkdir(parents=True)
+    (root / "bls_reschedule" / "1" / "model.py").write_text(BLS)
+    (root / "bls_reschedule" / "config.pbtxt").write_text(BLS_CONFIG)
     for name in MODELS:
         (root / name / "1").mkdir(parents=True)
         shutil.copy(QA_MODELS / name / "config.pbtxt", root / name / "config.pbtxt")
         shutil.copy(QA_MODELS / name / "model.py", root / name / "1" / "model.py")
+    # The add/sub model without a sequence batcher: it may not reschedule.
+    (root / "not_iterative" / "1").mkdir(parents=True)
+    shutil.copy(QA_MODELS / "request_rescheduling_addsub" / "model.py", root / "not_iterative" / "1" / "model.py")
+    config = (QA_MODELS / "request_rescheduling_addsub" / "config.pbtxt").read_text()
+    config = config[: config.index("sequence_batching")].replace("request_rescheduling_addsub", "not_iterative")
+    (root / "not_iterative" / "config.pbtxt").write_text(config)
     return root
 
 
@@ -134,3 +188,34 @@ def test_a_response_for_a_rescheduled_request_fails_it_alike(servers: dict[str, 
     triton, ours = (_wrong_return_error(servers[s][1]) for s in ("triton", "ours"))
     assert words in triton
     assert words in ours
+
+
+def test_a_model_without_iterative_sequences_may_not_reschedule(servers: dict[str, tuple[str, str]]) -> None:
+    """Core refuses the release (infer_request.cc) and Triton 2.51 then leaves the client waiting
+    for an answer that never comes; here the request fails at once with core's words instead."""
+    http = httpclient.InferenceServerClient(servers["ours"][0])
+    try:
+        inputs, _, _ = _add_sub_inputs(httpclient)
+        with pytest.raises(InferenceServerException) as caught:
+            http.infer("not_iterative", inputs)  # type: ignore[arg-type]
+    finally:
+        http.close()
+    assert caught.value.status() == "400"
+    assert caught.value.message() == (
+        "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not configured to "
+        "handle such a flag."
+    )
+
+
+@pytest.mark.parametrize("server", ["triton", "ours"])
+def test_bls_calls_reach_rescheduling_models(servers: dict[str, tuple[str, str]], server: str) -> None:
+    """qa bls_request_rescheduling test_non_decoupled_e2e and test_decoupled_e2e, from one BLS model."""
+    with grpcclient.InferenceServerClient(servers[server][1]) as client:
+        for name in ("request_rescheduling_addsub", "iterative_sequence"):  # fresh model state
+            client.unload_model(name)
+            client.load_model(name)
+        count = grpcclient.InferInput("COUNT", [1], "INT32")
+        count.set_data_from_numpy(np.array([3], dtype=np.int32))
+        result = client.infer("bls_reschedule", [count])
+    assert result.as_numpy("SUM").tolist() == (np.arange(16, dtype=np.float32) * 2).tolist()
+    assert result.as_numpy("COUNTS").tolist() == [2, 1, 0]
