@@ -7,6 +7,10 @@ place, `_rpc`: a `ServerError` carries its own gRPC status-code name, v2kit's er
 theirs by `errors.server_error` (a malformed request is INVALID_ARGUMENT), and anything else is a
 bug (INTERNAL, logged with its traceback).
 
+ModelStreamInfer answers an error in the stream (`error_message`) and goes on, unless the client
+opened the stream with the `triton_grpc_error: true` header: then the first error a response carries
+ends the call with its status (`_EndStream`), as Triton's stream_infer_handler.cc does.
+
 ModelInfer is the hot path: the request's raw bytes become zero-copy numpy views (`tensor_from_raw`)
 and the only copy on the way out is the one protobuf needs to own the output bytes.
 """
