@@ -117,3 +117,23 @@ async def test_an_onnx_folder_without_config_loads_unless_auto_complete_is_off(
                     await repository.load("identity")
         finally:
             await repository.close(0)
+
+
+async def test_a_python_version_folder_without_model_py_fails_in_tritons_words(tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    (root / "nomodel" / "1").mkdir(parents=True)
+    (root / "nomodel" / "config.pbtxt").write_text(
+        'backend: "python"\n'
+        'input [ { name: "I" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "O" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+    )
+    repository = ModelRepository(root)
+    try:
+        with pytest.raises(ModelConfigError) as caught:
+            await repository.load("nomodel")
+    finally:
+        await repository.close(0)
+    words = (
+        f"Failed to preinitialize Python stub: Python model file not found in '{root / 'nomodel' / '1' / 'model.py'}'"
+    )
+    assert str(caught.value).startswith(f"load failed for model 'nomodel': {words}")

@@ -70,9 +70,10 @@ def create_instances(
     initialize every instance with the completed config."""
     context = context or BackendContext()
     if not model_path.is_file():
+        # Triton's words, which its QA looks for in the server log.
         raise ModelConfigError(
-            f"{model_path}: python model file not found (a python model's version folder holds "
-            f"{config.default_model_filename or PYTHON_MODEL_FILENAME})"
+            f"Failed to preinitialize Python stub: Python model file not found in '{model_path}' (a python "
+            f"model's version folder holds {config.default_model_filename or PYTHON_MODEL_FILENAME})"
         )
     model = PythonModel(
         name=config.name,
