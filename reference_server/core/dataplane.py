@@ -20,6 +20,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server._version import __version__
 from reference_server.backends.context import ModelCall
+from reference_server.backends.custom_metrics import CustomMetrics
 from reference_server.backends.onnxruntime import ONNX_PLATFORM
 from reference_server.core import model_config
 from reference_server.core.classification import classify, requested_classes
@@ -136,6 +137,10 @@ class DataPlane(InflightSlots):
         # Models calling models (python BLS) go through the same checks as a client's request.
         repository.call_model = self.call_model
         repository.stream_model = self.stream_model
+        #: The metric families models register (pb_utils.MetricFamily), listed on the metrics port.
+        self.custom_metrics = CustomMetrics()
+        repository.custom_metrics = self.custom_metrics
+        repository.model_control = self  # pb_utils.load_model and its kin: the repository API's checks
 
     # --- health and metadata ---------------------------------------------------------------------
 

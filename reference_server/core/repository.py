@@ -38,7 +38,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server import errors
 from reference_server.backends import instance_factory, why_no_gpu
-from reference_server.backends.context import BackendContext, ModelCall
+from reference_server.backends.context import BackendContext, ModelCall, ModelControl
+from reference_server.backends.custom_metrics import CustomMetrics
 from reference_server.backends.placement import gpu_memory_delta, plan_instances
 from reference_server.backends.warmup import run_warmup
 from reference_server.core import model_config
@@ -199,6 +200,9 @@ class ModelRepository:
         #: How a model calls another (python BLS); the data plane fills them in, validating as for a client.
         self.call_model: Callable[[ModelCall], Awaitable[Tensors]] | None = None
         self.stream_model: Callable[[ModelCall], AsyncIterator[tuple[Tensors | None, bool]]] | None = None
+        #: The custom metric families and the repository API as models reach them (the data plane's).
+        self.custom_metrics: CustomMetrics | None = None
+        self.model_control: ModelControl | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.response_cache: ResponseCache | None = None  # --cache-config; None: no cache
         self.rate_limiter: RateLimiter | None = None  # --rate-limit execution_count; None: off
@@ -483,6 +487,8 @@ class ModelRepository:
             stream_model=self._stream_model,
             loop=self._loop,
             auto_complete=self.auto_complete,
+            custom_metrics=self.custom_metrics,
+            model_control=self.model_control,
         )
         version_config = mc.ModelConfig()
         version_config.CopyFrom(base)  # a backend may complete it in place (python's auto_complete_config)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import psutil
 from aiohttp import web
 
+from reference_server.backends.custom_metrics import CustomMetrics
 from reference_server.core.dataplane import own_stats
 from reference_server.core.repository import ModelRepository, ModelVersion
 from reference_server.scheduling.stats import FAILURE_REASONS, ModelStats
@@ -29,9 +30,11 @@ Labels = dict[str, str]
 @dataclass(slots=True)
 class Family:
     name: str
-    kind: str  # counter | gauge
+    kind: str  # counter | gauge | histogram
     help: str
     samples: list[tuple[Labels, float]] = field(default_factory=list)
+    #: Samples with a name of their own: a histogram's `_count`, `_sum` and `_bucket` lines.
+    named: list[tuple[str, Labels, float]] = field(default_factory=list)
 
 
 def _model_families() -> list[tuple[str, str, str, str]]:
@@ -194,13 +197,22 @@ def render_exposition(families: Iterable[Family]) -> str:
     for family in families:
         lines.append(f"# HELP {family.name} {family.help}")
         lines.append(f"# TYPE {family.name} {family.kind}")
-        for labels, value in family.samples:
+        for name, labels, value in [*((family.name, *sample) for sample in family.samples), *family.named]:
             if labels:
-                inner = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
-                lines.append(f"{family.name}{{{inner}}} {_number(value)}")
+                # Sorted by name, a histogram's "le" last, as Triton (prometheus-cpp) prints them.
+                ordered = sorted(labels.items(), key=lambda item: (item[0] == "le", item[0]))
+                inner = ",".join(f'{k}="{_escape(v)}"' for k, v in ordered)
+                lines.append(f"{name}{{{inner}}} {_number(value)}")
             else:
-                lines.append(f"{family.name} {_number(value)}")
+                lines.append(f"{name} {_number(value)}")
     return "\n".join(lines) + "\n"
+
+
+def custom_families(metrics: CustomMetrics | None) -> list[Family]:
+    """The families models registered (python's pb_utils.MetricFamily)."""
+    if metrics is None:
+        return []
+    return [Family(view.name, view.kind, view.description, named=view.samples) for view in metrics.families()]
 
 
 def model_memory_family(repository: ModelRepository, uuids: dict[int, str]) -> list[Family]:
@@ -253,7 +265,8 @@ def scrape(
     options = options or MetricsOptions()
     served = [(mv.name, str(mv.version), stats_of(mv)) for mv in repository.loaded()]
     gpus, cpus = _system_families(repository, options)
-    return render_exposition([*model_families(served, options.counter_latencies), *gpus, *cpus])
+    families = [*model_families(served, options.counter_latencies), *gpus, *cpus]
+    return render_exposition([*families, *custom_families(repository.custom_metrics)])
 
 
 def build_metrics_app(

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from reference_server.backends.context import BackendContext, ModelCall
-from reference_server.backends.python import ipc
+from reference_server.backends.python import ipc, services
 from reference_server.errors import (
     AlreadyExists,
     Cancelled,
@@ -38,6 +38,7 @@ from reference_server.errors import (
     Unknown,
     Unsupported,
 )
+from reference_server.scheduling.cancel import CANCELLED_MESSAGE
 from reference_server.scheduling.execute import ResponseSink, Tensors
 
 __all__ = ["PythonModel", "StubProcess", "server_error_from_code"]
@@ -147,6 +148,8 @@ class StubProcess:
         self._to_free: list[tuple[int, int]] = []  # stub-arena blocks read and copied, not yet given back
         self._to_free_bytes = 0
         self._callbacks: dict[int, Callable[[dict[str, Any] | None, list[int]], None]] = {}
+        # BLS calls running for requests of the model (their tokens, not yet cancelled), by BLS id.
+        self._bls_calls: dict[int, tuple[set[int], concurrent.futures.Future[None]]] = {}
         # The server's event loop reads the channel when there is one (no thread hand-off per
         # answer); without one (a backend used on its own) a reader thread does.
         loop = model.context.loop
@@ -212,11 +215,25 @@ class StubProcess:
             token = next((t for t, stream in self._streams.items() if stream.sink is sink), None)
         if token is None:
             return False
+        self.cancel_request(token)
+        return True
+
+    def cancel_request(self, token: int) -> None:
+        """Tell the stub that the client gave up request `token`, and cancel the BLS calls the
+        model made for it (for a batch of several, once all of them are cancelled)."""
         try:
             self.channel.send({"op": "cancel", "token": token})
         except ipc.ChannelClosed:
-            pass  # the stub is gone: the stream ends with its death
-        return True
+            pass  # the stub is gone: the request ends with its death
+        with self._lock:
+            orphans = []
+            for owners, call in self._bls_calls.values():
+                if token in owners:
+                    owners.discard(token)
+                    if not owners:
+                        orphans.append(call)
+        for call in orphans:
+            call.cancel()  # its caller hears CANCELLED (see _run_bls)
 
     def drop_stream(self, token: int) -> None:
         with self._lock:
@@ -265,6 +282,7 @@ class StubProcess:
         except subprocess.TimeoutExpired:
             self.kill()
             self.process.wait()
+        services.release(self)  # its metric families leave the metrics port with it
         self._detach()
         self.channel.close()
         if self._reader is not None:
@@ -356,6 +374,8 @@ class StubProcess:
                 self.stub_arena.release(offset, nbytes)
         elif op == "bls":
             self._bls(message, fds)
+        elif op == "service":  # custom metrics and the model loading API
+            services.serve(self, message)
         elif op == "log":
             level = {"WARNING": logging.WARNING, "ERROR": logging.ERROR, "VERBOSE": logging.DEBUG}.get(
                 message["level"], logging.INFO
@@ -469,7 +489,16 @@ class StubProcess:
         if context.loop is None or context.call_model is None or context.stream_model is None:
             self._bls_answer(bls_id, decoupled, None, Unsupported("this server offers no BLS here"), True)
             return
-        asyncio.run_coroutine_threadsafe(self._run_bls(context, call, bls_id, decoupled), context.loop)
+        running = asyncio.run_coroutine_threadsafe(self._run_bls(context, call, bls_id, decoupled), context.loop)
+        owners = message.get("owners")
+        if owners:
+            with self._lock:
+                self._bls_calls[bls_id] = (set(owners), running)
+            running.add_done_callback(lambda _: self._forget_bls(bls_id))
+
+    def _forget_bls(self, bls_id: int) -> None:
+        with self._lock:
+            self._bls_calls.pop(bls_id, None)
 
     async def _run_bls(self, context: BackendContext, call: ModelCall, bls_id: int, decoupled: bool) -> None:
         assert context.call_model is not None and context.stream_model is not None
@@ -485,6 +514,8 @@ class StubProcess:
                 self._bls_answer(bls_id, False, await context.call_model(call), None, True)
         except ServerError as error:
             self._bls_answer(bls_id, decoupled, None, error, True)
+        except asyncio.CancelledError:  # the request it was made for was cancelled (cancel_request)
+            self._bls_answer(bls_id, decoupled, None, Cancelled(CANCELLED_MESSAGE), True)
         except Exception as error:  # a bug on our side must still answer the model
             log.exception("BLS call from '%s' failed", self.instance_name)
             self._bls_answer(bls_id, decoupled, None, InternalError(f"{type(error).__name__}: {error}"), True)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextvars
 import importlib.util
 import inspect
 import itertools
@@ -46,6 +47,9 @@ _LOGGER_FILES = frozenset((pb_utils.__file__, __file__))
 
 # Model files import it by Triton's name; it must be this very module, which holds `_runtime`.
 sys.modules.setdefault("triton_python_backend_utils", pb_utils)
+
+#: The tokens of the requests a decoupled coroutine runs for (its BLS calls are made for them).
+_BLS_OWNERS: contextvars.ContextVar[tuple[int, ...]] = contextvars.ContextVar("bls_owners", default=())
 
 #: The most execute answers that go in one message.
 _MAX_ANSWERS = 16
@@ -97,9 +101,14 @@ class Stub:
         self._bls_ids = itertools.count(1)
         self._bls: dict[int, Any] = {}
         self._bls_lock = threading.Lock()
+        self._main_thread = threading.get_ident()
+        self._executing: Any = ()  # the requests of the execute running on the main thread (message tuples)
         self._answers: list[dict[str, Any]] = []  # executes answered, not sent yet (see _execute)
         # Tokens of requests whose client went away (the server's `cancel`), until their final response.
         self.cancelled: set[int] = set()
+        # BLS runs once `initialize` has returned and until `finalize` starts, as in Triton's stub.
+        self.bls_allowed = False
+        self._calls: dict[int, collections.deque[dict[str, Any]]] = {}  # service calls unanswered
 
     # --- reading: by whichever thread waits ------------------------------------------------------
 
@@ -162,6 +171,9 @@ class Stub:
             self.cancelled.add(message["token"])
         elif op == "bls_result":
             self._bls_result(message, fds)
+        elif op == "service_result":
+            with self._bls_lock:
+                self._calls.pop(message["id"]).append(message)
         else:
             self.work.append((message, fds))
 
@@ -183,6 +195,7 @@ class Stub:
                 self._execute(message, fds)
             elif op == "finalize":
                 error = None
+                self.bls_allowed = False
                 if self.model is not None and hasattr(self.model, "finalize"):
                     try:
                         self.model.finalize()
@@ -238,6 +251,7 @@ class Stub:
                     self.loop.run_until_complete(result)
         except Exception as exc:
             return format_exception(exc)
+        self.bls_allowed = True
         return None
 
     def _execute(self, message: dict[str, Any], fds: list[int]) -> None:
@@ -258,6 +272,7 @@ class Stub:
             ipc.close_fds(fds)
         reply: dict[str, Any] = {"op": "executed", "id": message["id"], "responses": None, "error": None}
         out_fds: list[int] = []
+        self._executing = message["requests"]  # the owners of the BLS calls made on this thread
         try:
             result = self.model.execute(requests)
             if inspect.iscoroutine(result):
@@ -304,6 +319,11 @@ class Stub:
             if decoupled:  # the server ends their streams with the error: nothing more goes out
                 for request in requests:
                     request._sender._close()
+        self._executing = ()
+        if self.cancelled and not decoupled:
+            # These requests are over, and so is any cancellation that came for an earlier one.
+            last = message["requests"][-1][0]
+            self.cancelled = {token for token in self.cancelled if token > last}
         if out_fds:
             self._flush()
             self.channel.send(reply, out_fds)
@@ -319,7 +339,12 @@ class Stub:
         if self._background is None:
             self._background = asyncio.new_event_loop()
             threading.Thread(target=self._background.run_forever, name="stub-async-execute", daemon=True).start()
-        future = asyncio.run_coroutine_threadsafe(coroutine, self._background)
+        # The coroutine's task copies this context: its BLS calls are made for its requests.
+        owners = _BLS_OWNERS.set(tuple(item[0] for item in self._executing))
+        try:
+            future = asyncio.run_coroutine_threadsafe(coroutine, self._background)
+        finally:
+            _BLS_OWNERS.reset(owners)
         future.add_done_callback(lambda done: self._background_done(done, requests))
 
     def _background_done(self, future: concurrent.futures.Future[Any], requests: list[Any]) -> None:
@@ -409,7 +434,33 @@ class Stub:
         where = (os.path.basename(frame.f_code.co_filename), frame.f_lineno)
         self.channel.send({"op": "log", "level": level, "message": message, "where": where})
 
-    def _send_bls(self, request: pb_utils.InferenceRequest, decoupled: bool, waiter: Any) -> None:
+    def call_server(self, call: str, args: dict[str, Any]) -> Any:
+        """One custom-metrics or model-control call to the server (`services.py`): its result, or
+        TritonModelException with the server's words. From any thread; the caller reads meanwhile."""
+        answers: collections.deque[dict[str, Any]] = collections.deque()
+        call_id = next(self._bls_ids)
+        with self._bls_lock:
+            self._calls[call_id] = answers
+        self.channel.send({"op": "service", "id": call_id, "call": call, **args})
+        self.pump(lambda: bool(answers))
+        answer = answers.popleft()
+        if answer["error"] is not None:
+            raise pb_utils.TritonModelException(answer["error"])
+        return answer["result"]
+
+    def _owners(self) -> tuple[int, ...]:
+        """The tokens of the requests a BLS call made now is made for: those of the execute or
+        coroutine that makes it; none from a thread of the model's own."""
+        owners = _BLS_OWNERS.get()
+        if not owners and threading.get_ident() == self._main_thread:
+            owners = tuple(item[0] for item in self._executing)
+        return owners
+
+    def _send_bls(
+        self, request: pb_utils.InferenceRequest, decoupled: bool, waiter: Any, owners: tuple[int, ...] | None = None
+    ) -> None:
+        if not self.bls_allowed:
+            raise pb_utils.TritonModelException("BLS is only supported during the 'execute' function.")
         bls_id = next(self._bls_ids)
         with self._bls_lock:
             self._bls[bls_id] = waiter
@@ -429,14 +480,17 @@ class Stub:
                 "timeout": request.timeout(),
                 "sequence": (request.correlation_id(), request.flags()),
                 "decoupled": decoupled,
+                "owners": self._owners() if owners is None else owners,
             },
             fds,
         )
         ipc.close_fds(fds)
 
-    def infer(self, request: pb_utils.InferenceRequest) -> list[pb_utils.InferenceResponse]:
+    def infer(
+        self, request: pb_utils.InferenceRequest, owners: tuple[int, ...] | None = None
+    ) -> list[pb_utils.InferenceResponse]:
         answers: collections.deque[pb_utils.InferenceResponse | None] = collections.deque()
-        self._send_bls(request, False, answers)
+        self._send_bls(request, False, answers, owners)
         self.pump(lambda: bool(answers))
         response = answers.popleft()
         assert response is not None
@@ -458,7 +512,8 @@ class Stub:
 
     def infer_async(self, request: pb_utils.InferenceRequest) -> Awaitable[pb_utils.InferenceResponse]:
         # The calling thread runs the asyncio loop meanwhile, so a pool thread waits (and reads).
-        return asyncio.get_running_loop().run_in_executor(None, lambda: self.infer(request)[0])
+        owners = self._owners()
+        return asyncio.get_running_loop().run_in_executor(None, lambda: self.infer(request, owners)[0])
 
     def infer_stream_async(self, request: pb_utils.InferenceRequest) -> Awaitable[Iterator[pb_utils.InferenceResponse]]:
         # Sent now, so several can be in flight; the iterator waits (and reads) as `exec`'s does.

@@ -18,6 +18,8 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from reference_server.backends.python.pb.metrics import Metric, MetricFamily, MetricKind
+from reference_server.backends.python.pb.model_control import is_model_ready, load_model, unload_model
 from reference_server.backends.python.pb.release import RequestRelease
 from reference_server.backends.python.pb.response_sender import InferenceResponseSender
 
@@ -26,6 +28,9 @@ __all__ = [
     "InferenceResponse",
     "InferenceResponseSender",
     "Logger",
+    "Metric",
+    "MetricFamily",
+    "MetricKind",
     "ModelConfig",
     "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END",
     "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
@@ -38,10 +43,13 @@ __all__ = [
     "get_input_tensor_by_name",
     "get_output_config_by_name",
     "get_output_tensor_by_name",
+    "is_model_ready",
+    "load_model",
     "numpy_to_triton_type",
     "serialize_byte_tensor",
     "triton_string_to_numpy",
     "triton_to_numpy_type",
+    "unload_model",
     "using_decoupled_model_transaction_policy",
 ]
 
@@ -88,6 +96,8 @@ class _Runtime(Protocol):
     def infer_stream_async(self, request: InferenceRequest) -> Awaitable[Iterator[InferenceResponse]]: ...
 
     def is_cancelled(self, token: int) -> bool: ...
+
+    def call_server(self, call: str, args: dict[str, Any]) -> Any: ...
 
     def log(self, level: str, message: str) -> None: ...
 
