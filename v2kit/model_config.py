@@ -61,9 +61,10 @@ def parse_config_text(text: str, path: Path) -> ModelConfig:
     return config
 
 
-def read_config(model_dir: Path) -> ModelConfig | None:
-    """Read `<model_dir>/config.pbtxt`; None when there is none (Triton then auto-completes)."""
-    path = model_dir / CONFIG_FILENAME
+def read_config(model_dir: Path, filename: str = CONFIG_FILENAME) -> ModelConfig | None:
+    """Read `<model_dir>/config.pbtxt` (or `filename` there); None when there is none (Triton then
+    auto-completes)."""
+    path = model_dir / filename
     try:
         data = path.read_bytes()
     except FileNotFoundError:

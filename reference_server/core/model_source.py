@@ -22,7 +22,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server.backends.onnxruntime import ONNX_BACKEND
 from reference_server.backends.python import PYTHON_BACKEND, PYTHON_MODEL_FILENAME
-from reference_server.core.model_config import CONFIG_FILENAME, DEFAULT_MODEL_FILENAME, parse_config_text
+from reference_server.core.model_config import CONFIG_FILENAME, DEFAULT_MODEL_FILENAME, read_config
 from reference_server.errors import ModelConfigError
 
 __all__ = ["CONFIGS_FOLDER", "Fingerprint", "config_path", "fill_backend", "model_fingerprint", "read_model_config"]
@@ -51,23 +51,14 @@ def read_model_config(
     auto-complete is off.
     """
     path = config_path(model_dir, config_name)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        if auto_complete:
-            return None
+    config = read_config(model_dir, str(path.relative_to(model_dir)))
+    if config is None and not auto_complete:
         custom = f" (nor {CONFIGS_FOLDER}/{config_name}.pbtxt)" if config_name else ""
         raise ModelConfigError(
             f"{path}: no model configuration file{custom}, and auto-complete is off ({_AUTO_COMPLETE_OFF}); "
             f"write {CONFIG_FILENAME} or turn auto-complete on"
-        ) from None
-    except OSError as exc:
-        raise ModelConfigError(f"{path}: cannot read the model configuration: {exc.strerror or exc}") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ModelConfigError(f"{path}: not valid UTF-8 (byte offset {exc.start})") from None
-    return parse_config_text(text, path)
+        )
+    return config
 
 
 def fill_backend(config: mc.ModelConfig | None, model_dir: Path) -> mc.ModelConfig | None:
