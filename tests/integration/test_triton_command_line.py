@@ -6,6 +6,7 @@ compression and start-up flags do what they say."""
 from __future__ import annotations
 
 import json
+import queue
 import socket
 import subprocess
 import sys
@@ -15,10 +16,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+import trustme
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from reference_server.server import running_server
@@ -29,6 +34,7 @@ pytestmark = pytest.mark.integration
 
 REQUEST_PARAMETERS = """\
 import json
+import queue
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -168,8 +174,25 @@ def test_forwarded_headers_reach_the_model_as_string_parameters(forwarding_serve
     for infer, url in ((_infer_http, http_url), (_infer_grpc, grpc_url)):
         assert infer(url, HEADERS) == {"x-user": "ada", "x-trace": "t-1"}
         assert infer(url, {}) == {}
+    assert _stream_grpc(grpc_url, HEADERS) == {"x-user": "ada", "x-trace": "t-1"}  # ModelStreamInfer too
     # Matched case-insensitively; an HTTP header's name reaches the model as sent.
     assert _infer_http(http_url, {"X-Case": "any"}) == {"X-Case": "any"}
+
+
+def _stream_grpc(url: str, headers: dict[str, str]) -> dict[str, str]:
+    client = grpcclient.InferenceServerClient(url)
+    answers: queue.Queue[object] = queue.Queue()
+    try:
+        client.start_stream(lambda result, error: answers.put(error or result), headers=headers)
+        tensor = grpcclient.InferInput("INPUT0", [1], "FP32")
+        tensor.set_data_from_numpy(np.zeros(1, np.float32))
+        client.async_stream_infer("parameters", [tensor])
+        answer = answers.get(timeout=30)
+        assert isinstance(answer, grpcclient.InferResult), answer
+        return dict(json.loads(answer.as_numpy("PARAMETERS")[0]))
+    finally:
+        client.stop_stream()
+        client.close()
 
 
 def _refusal(infer: Callable[[str, dict[str, str]], dict[str, str]], url: str) -> str:
@@ -227,3 +250,32 @@ def test_metrics_flags(repository: Path) -> None:
             text = answer.read().decode()
     assert 'nv_inference_request_success{model="parameters",version="1"} 1' in text
     assert "nv_cpu_" not in text and "_duration_us" not in text
+
+
+def test_grpc_tls_of_its_own_with_client_certificates(repository: Path, tmp_path: Path) -> None:
+    ca = trustme.CA()
+    server_cert, client_cert = ca.issue_cert("127.0.0.1"), ca.issue_cert("client")
+    paths = {name: tmp_path / f"{name}.pem" for name in ("ca", "cert", "key")}
+    ca.cert_pem.write_to_path(str(paths["ca"]))
+    server_cert.private_key_pem.write_to_path(str(paths["key"]))
+    paths["cert"].write_bytes(b"".join(blob.bytes() for blob in server_cert.cert_chain_pems))
+    config = loopback_config(
+        repository, load=(), grpc_use_ssl_mutual=True, grpc_server_cert=paths["cert"], grpc_server_key=paths["key"],
+        grpc_root_cert=paths["ca"],
+    )  # fmt: skip
+    with running_server(config) as ours:
+        _ready(f"http://127.0.0.1:{ours.http_port}/v2/health/live")  # HTTP stays plain, as on tritonserver
+        target = f"127.0.0.1:{ours.grpc_port}"
+        mutual = grpc.ssl_channel_credentials(
+            root_certificates=ca.cert_pem.bytes(),
+            private_key=client_cert.private_key_pem.bytes(),
+            certificate_chain=b"".join(blob.bytes() for blob in client_cert.cert_chain_pems),
+        )
+        with grpc.secure_channel(target, mutual) as channel:
+            assert (
+                service_pb2_grpc.GRPCInferenceServiceStub(channel).ServerLive(pb.ServerLiveRequest(), timeout=10).live
+            )
+        anonymous = grpc.ssl_channel_credentials(root_certificates=ca.cert_pem.bytes())
+        with grpc.secure_channel(target, anonymous) as channel, pytest.raises(grpc.RpcError) as refused:
+            service_pb2_grpc.GRPCInferenceServiceStub(channel).ServerLive(pb.ServerLiveRequest(), timeout=10)
+        assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
