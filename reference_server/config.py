@@ -235,6 +235,8 @@ def _port(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="perfkit-server",
+        # Not argparse's listing of every flag, which would bury an error under a hundred lines.
+        usage="%(prog)s --model-repository DIR [options]   (--help lists them)",
         description="KServe v2 inference server for ONNX models in a Triton model repository. "
         "Flags follow tritonserver's.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -253,7 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--host",
         "--http-address",
         default="127.0.0.1",
-        help="address to bind; pass 0.0.0.0 deliberately to serve beyond this machine",
+        help="address to bind, and --grpc-address's and --metrics-address's default; pass 0.0.0.0 deliberately "
+        "to serve beyond this machine",
     )
     net.add_argument("--http-port", type=_port, default=8000, help="HTTP/REST port (0 = any free port)")
     net.add_argument("--grpc-port", type=_port, default=8001, help="gRPC port (0 = any free port)")

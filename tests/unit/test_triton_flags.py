@@ -14,10 +14,13 @@ from tritonclient.grpc import service_pb2 as pb
 from reference_server import triton_flags
 from reference_server.__main__ import main
 from reference_server.config import ServerConfig, build_parser, config_from_args
+from reference_server.core.repository import ModelRepository
 from reference_server.errors import InvalidArgument, ServerError
+from reference_server.frontends import metrics
 from reference_server.frontends.compression import coding_for_level
 from reference_server.frontends.forwarding import HeaderForwarding, forward_into, grpc_metadata
 from reference_server.startup import ModelsFailed, load_at_start
+from v2kit.runtime import gpu
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -332,3 +335,23 @@ async def test_models_load_at_start_in_parallel_with_retries() -> None:
     assert repository.most_at_once == 1
     with pytest.raises(ModelsFailed, match=r"failed to load all models: flaky, broken \(--exit-on-error true\)"):
         await load_at_start(_Repository(), exit_on_error=True)  # type: ignore[arg-type]
+
+
+def test_metrics_interval_reads_the_system_figures_at_most_that_often(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    reads: list[int] = []
+
+    def cpu_families() -> list[metrics.Family]:
+        reads.append(1)
+        return []
+
+    monkeypatch.setattr(metrics, "cpu_families", cpu_families)
+    monkeypatch.setattr(gpu, "read_gpus", lambda: [])
+    repository = ModelRepository(tmp_path, gpu_count=0)
+    every_scrape, hourly = metrics.MetricsOptions(), metrics.MetricsOptions(interval_s=3600)
+    for options in (every_scrape, hourly, hourly, hourly):
+        metrics.scrape(repository, options=options)
+    assert len(reads) == 2  # one for the options without an interval, one for the hour
+    metrics.scrape(repository, options=metrics.MetricsOptions(cpu=False))
+    assert len(reads) == 2
