@@ -252,6 +252,7 @@ def write_repository(root: Path) -> Path:
     model("ac_none", AUTO_COMPLETE_RETURNS_NONE)
     model("ac_no_dims", AUTO_COMPLETE_NO_DIMS)
     model("dtypes", OTHER_DTYPES, OTHER_DTYPES_CONFIG)
+    model("dtypes_cached", OTHER_DTYPES, OTHER_DTYPES_CONFIG + "response_cache { enable: true }\n")
     model("raw_bytes", RAW_BYTES, RAW_BYTES_CONFIG)
     model("consume", CONSUME_INT32, CONSUME_INT32_CONFIG)
     (root / "chain" / "1").mkdir(parents=True)
@@ -277,10 +278,11 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def urls(peers: Path, repository: Path) -> Iterator[Urls]:
-    """Both servers in explicit model control, nothing loaded: each test loads what it uses."""
+    """Both servers in explicit model control, nothing loaded: each test loads what it uses. Ours has
+    a response cache (the peers' tritonserver has no cache library: its `dtypes_cached` runs each time)."""
     with (
         running_triton(peers, repository, extra_args=["--model-control-mode=explicit"]) as triton,
-        running_server(loopback_config(repository, load=())) as ours,
+        running_server(loopback_config(repository, load=(), response_cache_bytes=1 << 20)) as ours,
     ):
         yield {"triton": (triton.http_url, triton.grpc_url), "ours": (ours.http_url, f"127.0.0.1:{ours.grpc_port}")}
 
@@ -433,19 +435,29 @@ def test_a_failing_auto_complete_config_fails_the_load_in_tritons_words(
     assert ready == {"triton": (True, False), "ours": (True, False)}
 
 
+@pytest.mark.parametrize("model", ["dtypes", "dtypes_cached"])
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_outputs_leave_with_the_datatype_the_model_made(urls: Urls, transport: str) -> None:
-    def run(client: Any) -> dict[str, Any]:
-        client.load_model("dtypes")
-        return _infer(transport, client, "dtypes", {"INPUT0": X[0]})
+def test_outputs_leave_with_the_datatype_the_model_made(urls: Urls, transport: str, model: str) -> None:
+    def run(client: Any) -> list[dict[str, Any]]:
+        client.load_model(model)
+        return [_infer(transport, client, model, {"INPUT0": X[0]}) for _ in range(2)]  # a cached answer too
 
     answers = _each(urls, transport, run)
+    if model == "dtypes_cached":
+        client = httpclient.InferenceServerClient(urls["ours"][0])
+        stats = client.get_inference_statistics(model)["model_stats"][0]["inference_stats"]
+        client.close()
+        assert stats["cache_hit"]["count"] >= 1  # the second answer came from our cache
     assert answers["ours"] == answers["triton"]
-    assert answers["ours"] == {
-        "I32": ("INT64", [0, 1]),
-        "F32": ("FP16", [1.5, 2.5]),
-        "S": ("BYTES", [b"1", b"22"]),  # Python ints in a STRING output: their str()
-    }
+    assert (
+        answers["ours"][0]
+        == answers["ours"][1]
+        == {
+            "I32": ("INT64", [0, 1]),
+            "F32": ("FP16", [1.5, 2.5]),
+            "S": ("BYTES", [b"1", b"22"]),  # Python ints in a STRING output: their str()
+        }
+    )
 
 
 def test_an_fp16_output_asked_for_as_json_is_refused_in_tritons_words(urls: Urls) -> None:
