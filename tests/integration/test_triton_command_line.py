@@ -26,6 +26,7 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from reference_server.config import config_from_args
 from reference_server.server import running_server
 from reference_server.startup import ModelsFailed
 from tests.servers import loopback_config, running_triton
@@ -279,3 +280,17 @@ def test_grpc_tls_of_its_own_with_client_certificates(repository: Path, tmp_path
         with grpc.secure_channel(target, anonymous) as channel, pytest.raises(grpc.RpcError) as refused:
             service_pb2_grpc.GRPCInferenceServiceStub(channel).ServerLive(pb.ServerLiveRequest(), timeout=10)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.peers
+def test_id_names_the_server_as_on_tritonserver(peers: Path, tmp_path: Path) -> None:
+    args = ["--id", "edge-7", "--model-control-mode", "explicit"]
+    ours = replace(
+        config_from_args(["--model-repository", str(tmp_path), *args]), http_port=0, grpc_port=0, metrics_port=0
+    )
+    with running_triton(peers, tmp_path, extra_args=args) as triton, running_server(ours) as server:
+        names = []
+        for url in (triton.http_url, f"127.0.0.1:{server.http_port}"):
+            with urllib.request.urlopen(f"http://{url}/v2", timeout=10) as answer:
+                names.append(json.load(answer)["name"])
+    assert names == ["edge-7", "edge-7"]
