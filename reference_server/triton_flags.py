@@ -246,7 +246,8 @@ CATALOGUE: tuple[TritonFlag, ...] = (
                "the GPU and CPU figures are read at most this often (default here: at every scrape)",
                {"type": _positive_float, "metavar": "MS", "dest": "metrics_interval_ms"}),
     TritonFlag("--metrics-config", PARTIAL,
-               "counter_latencies=false drops the *_duration_us counters; summary_latencies=true refused",
+               "counter_latencies=false drops the *_duration_us counters; summary_latencies=true refused; other "
+        "settings accepted without effect",
                {"metavar": "<setting>=<value>", "action": "append", "dest": "metrics_config"},
                _summary_refused),
     # Tracing
@@ -339,6 +340,10 @@ def no_effect_given(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
         dest = flag.dest if flag.arg is not None else flag.name[2:].replace("-", "_")
         if flag.idle is not None and getattr(args, dest, None) is not None:
             given.append((flag.name, flag.idle))
+    for entry in args.metrics_config or ():
+        setting = entry.partition("=")[0].strip()
+        if setting != "counter_latencies":
+            given.append((f"--metrics-config {setting}", "only counter_latencies applies here: no latency summaries"))
     return tuple(given)
 
 
