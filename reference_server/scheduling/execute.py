@@ -22,6 +22,7 @@ __all__ = [
     "Outcome",
     "RequestsInstance",
     "RequestsOutcome",
+    "RESCHEDULE_REFUSED",
     "Rescheduled",
     "ResponseSink",
     "RunCost",
@@ -39,6 +40,14 @@ Tensors = dict[str, Tensor]
 #: Where a decoupled model's responses go, from any thread: (outputs or None, final flag, error or
 #: None). An error is one response sent as an error: the stream ends with the final flag.
 ResponseSink = Callable[["Tensors | None", bool, "Exception | None"], None]
+
+
+#: core infer_request.cc's words for a release with RESCHEDULE that nothing takes: the model is not
+#: an iterative sequence one, or the request ENDs its sequence.
+RESCHEDULE_REFUSED = (
+    "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not configured to "
+    "handle such a flag."
+)
 
 
 class Rescheduled(dict[str, Tensor]):

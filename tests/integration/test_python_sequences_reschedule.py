@@ -77,7 +77,44 @@ instance_group [ { kind: KIND_CPU } ]
 """
 
 
+#: Reschedules each request once and answers what the model saw on each run: the correlation id
+#: and the flags, (id, flags) of the first run, then of the second.
+SEEN = """\
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.first = {}
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            cid, flags = request.correlation_id(), request.flags()
+            if cid not in self.first:
+                self.first[cid] = (cid, flags)
+                request.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+                responses.append(None)
+                continue
+            seen = np.array([*self.first.pop(cid), cid, flags], dtype=np.int64)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("SEEN", seen)]))
+        return responses
+"""
+SEEN_CONFIG = """\
+name: "seen"
+backend: "python"
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "SEEN" data_type: TYPE_INT64 dims: [ 4 ] } ]
+sequence_batching { iterative_sequence: true }
+instance_group [ { kind: KIND_CPU } ]
+"""
+
+
 def write_repository(root: Path) -> Path:
+    (root / "seen" / "1").mkdir(parents=True)
+    (root / "seen" / "1" / "model.py").write_text(SEEN)
+    (root / "seen" / "config.pbtxt").write_text(SEEN_CONFIG)
     (root / "bls_reschedule" / "1").mkdir(parents=True)
     (root / "bls_reschedule" / "1" / "model.py").write_text(BLS)
     (root / "bls_reschedule" / "config.pbtxt").write_text(BLS_CONFIG)
@@ -219,3 +256,33 @@ def test_bls_calls_reach_rescheduling_models(servers: dict[str, tuple[str, str]]
         result = client.infer("bls_reschedule", [count])
     assert result.as_numpy("SUM").tolist() == (np.arange(16, dtype=np.float32) * 2).tolist()
     assert result.as_numpy("COUNTS").tolist() == [2, 1, 0]
+
+
+def _seen(http_url: str, **sequence: object) -> list[int]:
+    http = httpclient.InferenceServerClient(http_url)
+    try:
+        tensor = httpclient.InferInput("IN", [1], "INT32")
+        tensor.set_data_from_numpy(np.array([1], dtype=np.int32))
+        return [int(v) for v in http.infer("seen", [tensor], **sequence).as_numpy("SEEN")]  # type: ignore[arg-type]
+    finally:
+        http.close()
+
+
+def test_what_the_model_sees_of_an_iterative_sequence_alike(servers: dict[str, tuple[str, str]]) -> None:
+    """Without an id: the batcher's own (1, 2, ...), START on the first run, neither flag on the
+    rerun. With an id and START: the client's, START first, none on the rerun."""
+    answers = {}
+    for server in ("triton", "ours"):
+        with grpcclient.InferenceServerClient(servers[server][1]) as client:
+            client.unload_model("seen")  # the batcher's ids count from 1 again
+            client.load_model("seen")
+        url = servers[server][0]
+        answers[server] = [_seen(url), _seen(url), _seen(url, sequence_id=42, sequence_start=True)]
+    assert answers["ours"] == answers["triton"] == [[1, 1, 1, 0], [2, 1, 2, 0], [42, 1, 42, 0]]
+
+
+def test_a_request_that_ends_its_sequence_is_not_rescheduled(servers: dict[str, tuple[str, str]]) -> None:
+    """Core takes no RESCHEDULE release of a request flagged END (IterativeSequencer adds no
+    callback for it), and Triton 2.51's client then waits forever; here it fails with core's words."""
+    with pytest.raises(InferenceServerException, match="while the model is not configured to handle such a flag"):
+        _seen(servers["ours"][0], sequence_id=43, sequence_start=True, sequence_end=True)

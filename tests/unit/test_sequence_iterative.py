@@ -92,3 +92,15 @@ def test_a_sequence_model_that_is_not_iterative_still_wants_an_id() -> None:
         await scheduler.close(1.0)
 
     asyncio.run(scenario())
+
+
+def test_a_request_that_ends_its_sequence_cannot_be_rescheduled() -> None:
+    async def scenario() -> None:
+        scheduler = make_scheduler(config(iterative=True), [Rescheduler(again=1)], ModelStats())
+        tensor = {"IN": np.array([1.0], dtype=np.float32)}
+        ends = {"sequence_id": 7, "sequence_start": True, "sequence_end": True}
+        with pytest.raises(InvalidArgument, match="while the model is not configured to handle such a flag"):
+            await scheduler.infer(tensor, [], parameters=ends)
+        await scheduler.close(1.0)
+
+    asyncio.run(scenario())

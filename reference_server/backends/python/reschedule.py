@@ -15,15 +15,9 @@ from typing import Any
 
 from reference_server.backends.python.process import PythonModel, StubProcess
 from reference_server.errors import InvalidArgument
-from reference_server.scheduling.execute import Rescheduled, Tensors
+from reference_server.scheduling.execute import RESCHEDULE_REFUSED, Rescheduled, Tensors
 
 __all__ = ["reschedule"]
-
-#: core infer_request.cc, the outermost release callback of a request.
-NOT_CONFIGURED = (
-    "Request is released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, while the model is not configured to "
-    "handle such a flag."
-)
 
 
 def iterative(model: PythonModel) -> bool:
@@ -44,4 +38,4 @@ def reschedule(
     again = iterative(model)
     for i in indices:
         stub.drop_stream(items[i][0])  # a decoupled request's next run opens its stream again
-        results[i] = Rescheduled() if again else InvalidArgument(NOT_CONFIGURED)
+        results[i] = Rescheduled() if again else InvalidArgument(RESCHEDULE_REFUSED)

@@ -55,7 +55,13 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server.errors import InvalidArgument, ServerError, Unavailable, Unsupported
-from reference_server.scheduling.execute import ModelInstance, RequestsInstance, Rescheduled, Tensors
+from reference_server.scheduling.execute import (
+    RESCHEDULE_REFUSED,
+    ModelInstance,
+    RequestsInstance,
+    Rescheduled,
+    Tensors,
+)
 from reference_server.scheduling.model_scheduler import ModelScheduler, SubmitsByTask
 from reference_server.scheduling.policy import BatchingPolicy
 from reference_server.scheduling.rate_limiter import RateGate
@@ -378,7 +384,10 @@ class SequenceScheduler(SubmitsByTask):
     @staticmethod
     def _again(ticket: _Ticket, params: dict[str, Any]) -> None:
         """The model released the request to run again: it goes on its slot once more, neither
-        START nor END (core's IterativeSequencer::RescheduleRequest)."""
+        START nor END (core's IterativeSequencer::RescheduleRequest). A request that ENDs its
+        sequence cannot be (core takes no such release; Triton 2.51's client then waits forever)."""
+        if ticket.end:
+            raise InvalidArgument(RESCHEDULE_REFUSED)
         ticket.start = ticket.end = False
         params.update(sequence_start=False, sequence_end=False)
 
@@ -425,6 +434,7 @@ class SequenceScheduler(SubmitsByTask):
                     outputs = self._keep_states(ticket, outputs, output_names)
                     if not rescheduled:
                         yield outputs, True
+                        return
                     self._again(ticket, params)
                     continue
                 stream = inner.infer_stream(
@@ -443,7 +453,8 @@ class SequenceScheduler(SubmitsByTask):
                     aclose = getattr(stream, "aclose", None)
                     if aclose is not None:
                         await aclose()
-                self._again(ticket, params)
+                if rescheduled:
+                    self._again(ticket, params)
         finally:
             self._finish(ticket)
 
