@@ -87,6 +87,7 @@ from time import perf_counter_ns, thread_time_ns
 from typing import Any
 
 from reference_server.errors import InternalError, ServerError, Unavailable, Unsupported
+from reference_server.scheduling.cancel import cancel_request, watch
 from reference_server.scheduling.execute import (
     ModelInstance,
     Outcome,
@@ -198,7 +199,7 @@ class Scheduler:
         try:
             return await request.future
         except asyncio.CancelledError:
-            self._withdraw(request)
+            cancel_request(request, self._withdraw, self._slots)
             raise
 
     def submit(
@@ -288,6 +289,7 @@ class Scheduler:
             secondary_stats, done,
         )  # fmt: skip
         self._queue.append(request)
+        watch(request, self._withdraw, self._slots)  # a front end's cancel.CancelScope, if one is open
         self._stats.pending += 1
         if deadline and (not self._next_deadline or deadline < self._next_deadline):
             self._next_deadline = deadline

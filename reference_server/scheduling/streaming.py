@@ -5,7 +5,7 @@ request with a sink, which the backend calls with each response from any thread 
 one final), and yields them in order. A request that fails as a whole (refused, or its execute
 raised) raises instead. When the consumer leaves before the final response (the client closed
 its stream or connection), a request still queued is withdrawn, and one already running is
-cancelled: `Cancellable.cancel` tells the instance, so the model's `is_cancelled()` turns True.
+cancelled: `cancel.Cancellable.cancel` tells the instance, so the model's `is_cancelled()` turns True.
 
 *Instances that start batches* (`start_requests`, the python backend): `start_batch` hands the
 batch over on the loop and finishes it when the instance calls back, with no worker thread.
@@ -16,9 +16,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from time import perf_counter_ns
-from typing import Protocol, runtime_checkable
 
 from reference_server.errors import InternalError, ServerError
+from reference_server.scheduling.cancel import cancel_request
 from reference_server.scheduling.execute import (
     Outcome,
     RequestsOutcome,
@@ -29,16 +29,7 @@ from reference_server.scheduling.execute import (
 )
 from reference_server.scheduling.queued import Batch, QueuedRequest, Slot
 
-__all__ = ["Cancellable", "start_batch", "stream_responses"]
-
-
-@runtime_checkable
-class Cancellable(Protocol):
-    """An instance that can tell a running decoupled request's model that its client went away."""
-
-    def cancel(self, sink: ResponseSink) -> bool:
-        """Whether the request fed to `sink` runs here (and is now told)."""
-        ...
+__all__ = ["start_batch", "stream_responses"]
 
 
 async def stream_responses(
@@ -84,13 +75,9 @@ async def stream_responses(
             if final:
                 return
     finally:
-        if request.queued:
-            withdraw(request)
-        elif not ended:
-            # Running (or done executing, still streaming): the model may stop early.
-            for slot in slots:
-                if isinstance(slot.instance, Cancellable) and slot.instance.cancel(sink):
-                    break
+        if not ended:
+            # Queued: withdrawn; running (or done executing, still streaming): the model may stop early.
+            cancel_request(request, withdraw, slots)
 
 
 def start_batch(

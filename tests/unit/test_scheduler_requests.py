@@ -131,9 +131,10 @@ class CancellableFake(RequestsFake):
                 request.sink(None, True, None)
         return [{} for _ in batch], t1, perf_counter_ns()
 
-    def cancel(self, sink: Any) -> bool:
-        self.cancelled.append(sink)
-        sink(None, True, None)
+    def cancel(self, request: BatchItem) -> bool:
+        assert request.sink is not None
+        self.cancelled.append(request.sink)
+        request.sink(None, True, None)
         return True
 
 

@@ -111,6 +111,9 @@ class PythonInstance:
         # when it passes) under `execute-timeout-seconds`, watched by one timer (`_check_deadlines`).
         self._deadlines: dict[_Prepared, tuple[int, Callable[[], None]]] = {}
         self._watchdog: asyncio.TimerHandle | None = None
+        # The batches sent to the stub and not concluded, by batch id, for `cancel` to find a
+        # request's token (those of a stub that died are dropped when the next one starts).
+        self._running: dict[int, tuple[Sequence[BatchItem], _Prepared]] = {}
 
     # --- lifecycle ------------------------------------------------------------------------------------
 
@@ -216,6 +219,7 @@ class PythonInstance:
             stub.kill()
             stub.close()
         self._stub = None
+        self._running.clear()
         try:
             stub = StubProcess(self.model, self.name)
             self._stub = stub
@@ -316,11 +320,20 @@ class PythonInstance:
             del deadlines[prepared]
             expire()
 
-    def cancel(self, sink: ResponseSink) -> bool:
-        """The client gave up the decoupled request that `sink` feeds: tell the model. Whether the
-        request runs here."""
+    def cancel(self, request: BatchItem) -> bool:
+        """The client gave `request` up (a decoupled one: the request feeding its sink): tell the
+        model (`cancel.Cancellable`). Whether the request runs here."""
         stub = self._stub
-        return stub is not None and stub.alive and stub.cancel_stream(sink)
+        if stub is None or not stub.alive:
+            return False
+        if request.sink is not None:
+            return stub.cancel_stream(request.sink)
+        for batch, prepared in list(self._running.values()):
+            for item, entry in zip(batch, prepared.items):
+                if item is request:
+                    stub.cancel_request(entry[0])
+                    return True
+        return False
 
     def _prepare(self, stub: StubProcess, batch: Sequence[BatchItem]) -> _Prepared:
         """The inputs into the server's arena, and the execute message that names them."""
@@ -352,6 +365,7 @@ class PythonInstance:
             # it answers this one, to send both answers together (see stub._execute).
             "ahead": stub.answers_pending(),
         }
+        self._running[prepared.batch_id] = (batch, prepared)
         return prepared
 
     def _execute(self, stub: StubProcess, batch: Sequence[BatchItem]) -> RequestsOutcome:
@@ -401,10 +415,12 @@ class PythonInstance:
                 reschedule(self.model, stub, prepared.items, reply["reschedule"], results)
             return results
         finally:
+            self._running.pop(prepared.batch_id, None)
             ipc.close_fds(out_fds)
 
     def _abandon(self, stub: StubProcess, batch: Sequence[BatchItem], prepared: _Prepared) -> None:
         """A batch that will not be answered: its streams end and its inputs' space is free."""
+        self._running.pop(prepared.batch_id, None)
         for token in prepared.tokens:
             stub.drop_stream(token)
         self._release_unary(stub, batch, prepared.per_request)

@@ -14,7 +14,7 @@ deserialised leniently, and a `_Context` whose `abort` and `write` stand in for 
   complete. A client's RST_STREAM cancels the call's task. ModelInfer, uncompressed, runs with
   no task (`_serve_now`, the servicer's `start_ModelInfer`): its request goes to the scheduler
   and the answer leaves from the callback that ends its batch, as an HTTP inference does; a
-  reset answers nothing more, and the request runs to its end.
+  reset answers nothing more, and cancels the request (`scheduling/cancel.py`).
 - *Answers.* A unary answer leaves as HEADERS, DATA and trailers in one write where the windows
   allow; a failure before any answer as trailers only (grpc-status, and grpc-message
   percent-encoded).
@@ -59,6 +59,7 @@ from reference_server.frontends.compression import CODINGS, Corrupt, TooLarge, c
 from reference_server.frontends.forwarding import HeaderForwarding, forward_into, grpc_metadata
 from reference_server.frontends.grpc.service import InferenceServicer, lenient_deserializer
 from reference_server.frontends.listener import Listener
+from reference_server.scheduling.cancel import CancelScope
 from v2kit import grpc_status as status
 from v2kit.grpc_status import code_of
 from v2kit.h2.connection import Connection as H2Connection
@@ -154,7 +155,7 @@ class _Call(Stream):
 
     __slots__ = (
         "method", "chunks", "size", "need", "task", "requests", "queued", "headers_sent", "drained", "encoding",
-        "reply_coding", "forwarded", "metadata",
+        "reply_coding", "forwarded", "metadata", "cancel",
     )  # fmt: skip
 
     def __init__(self, method: _Method, encoding: str = "", reply_coding: str | None = None) -> None:
@@ -173,6 +174,7 @@ class _Call(Stream):
         self.drained: asyncio.Future[None] | None = None  # a sender waiting for its data to leave
         self.metadata: tuple[tuple[str, str], ...] = ()  # a stream's request headers (invocation_metadata)
         self.forwarded: dict[str, str] | None = None  # metadata for the request's parameters
+        self.cancel: CancelScope | None = None  # what a call without a task queued, cancelled by a reset
 
 
 class _Context:
@@ -320,6 +322,8 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
         _wake(stream)
         if stream.task is not None and not stream.task.done():
             stream.task.cancel()
+        if stream.cancel is not None:
+            stream.cancel.cancel()
 
     def drained(self, stream: _Call) -> None:
         _wake(stream)
@@ -426,8 +430,8 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
     def _serve_now(self, call: _Call, request: Any) -> None:
         """A unary call whose method has a form without a task (ModelInfer): its answer is
         encoded and written from the callback that ends its batch, with no task and no loop pass
-        of its own. A reset or a deadline answers the call at once as ever; the request itself
-        runs to its end, and its answer is dropped."""
+        of its own. A reset or a deadline answers the call at once as ever; a reset also cancels
+        the request (`scheduling.cancel`), and its answer is dropped."""
         server = self._server
         server.busy(+1)
         answered = False
@@ -437,6 +441,7 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
             if answered:
                 return
             answered = True
+            call.cancel = None  # nothing left to cancel, nor to hold on to
             server.busy(-1)
             if isinstance(result, tuple):
                 code, details = result
@@ -448,7 +453,8 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
 
         assert call.method.start is not None
         try:
-            call.method.start(request, done)
+            with CancelScope() as call.cancel:
+                call.method.start(request, done)
         except Exception as exc:  # the servicer maps every error it knows; this one is a bug
             if not answered:
                 answered = True
@@ -552,9 +558,11 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
         h2.send_trailers(call, _OK_TRAILERS)
 
     def _fail_call(self, call: _Call, code: int, details: str) -> None:
-        """A call that cannot go on: its task is cancelled and the client told why."""
+        """A call that cannot go on: its task (or its request) is cancelled and the client told why."""
         if call.task is not None and not call.task.done():
             call.task.cancel()
+        if call.cancel is not None:
+            call.cancel.cancel()
         self._release(call)
         self._finish(call, code, details)
 

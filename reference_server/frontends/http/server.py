@@ -62,6 +62,7 @@ from reference_server.frontends.http.limits import DEFAULT_LIMITS, HttpLimits
 from reference_server.frontends.http.messages import Admission, HttpRequest, HttpResponse, Responder, error_response
 from reference_server.frontends.http.read_gate import ReadGate
 from reference_server.frontends.listener import Listener
+from reference_server.scheduling.cancel import CancelScope
 
 __all__ = ["MAX_PIPELINED", "Admission", "HttpRequest", "HttpResponse", "HttpServer", "error_response"]
 
@@ -136,6 +137,7 @@ class _Connection(asyncio.Protocol):
         self._queue: deque[tuple[HttpRequest | HttpResponse, bool, bool]] = deque()
         self._serving = False  # a request is with the handler, or its answer is being streamed
         self._task: asyncio.Task[None] | None = None  # a streamed answer being written
+        self._cancel = CancelScope()  # what the request with the handler queued (cancelled if the client leaves)
         self._paused = False
         self._closing = False  # close once the requests read so far are answered
         self._body_timer: asyncio.TimerHandle | None = None
@@ -189,8 +191,11 @@ class _Connection(asyncio.Protocol):
             self._admitted = False
         if self._server.read_gate is not None and transport is not None:
             self._server.read_gate.connection_lost(transport)
-        # A request being served runs to its end (and is counted as the server served it); its
-        # answer has nowhere to go, unless it streams: then it stops. Those behind it never started.
+        # A request being served is cancelled, as Triton cancels it: queued, it leaves the queue;
+        # running, its model sees `is_cancelled()`. Its answer has nowhere to go; a streamed one
+        # stops. Those behind it never started.
+        if self._serving:
+            self._cancel.cancel()
         if self._streaming and self._task is not None:
             self._task.cancel()
         for _item, admitted, _ in self._queue:
@@ -232,6 +237,10 @@ class _Connection(asyncio.Protocol):
 
     def eof_received(self) -> bool | None:
         self._closing = True
+        if self._serving:
+            # The client sends nothing more (a closed connection reads as this first): the request
+            # being served is cancelled as if the connection were lost, and answered if it can be.
+            self._cancel.cancel()
         if (not self._serving and not self._queue) or self._streaming:
             return False  # nothing to answer, or a stream with no one left to read it: close now
         return True  # keep the transport open to write the answers
@@ -358,7 +367,8 @@ class _Connection(asyncio.Protocol):
                 admitted = True
         exchange = messages.Exchange(self._replied, item, admitted, keep_alive, transport)
         try:
-            server.respond(item, exchange)
+            with self._cancel:
+                server.respond(item, exchange)
         except Exception as exc:  # the handler maps every error it knows; this one is a bug
             if exchange.sent:
                 log.exception("internal error serving %s %s, after its answer", item.method, item.path)
@@ -368,6 +378,7 @@ class _Connection(asyncio.Protocol):
     def _replied(self, exchange: messages.Exchange, response: HttpResponse) -> None:
         """The handler's answer: the request's slot goes back, then the answer is written or streamed."""
         request, keep_alive = exchange.request, exchange.keep_alive
+        self._cancel.release()
         if exchange.admitted:
             self._release(exchange.transport)
         if response.stream is None:

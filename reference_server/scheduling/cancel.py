@@ -1,0 +1,98 @@
+"""A unary request's client going away reaches the model, as Triton's request cancellation does
+(server docs/user_guide/request_cancellation.md): a closed HTTP connection, a gRPC RST_STREAM.
+
+The front end starts each request inside a `CancelScope` (`with scope:` around the synchronous
+`start_infer`); the scheduler that queues the request (`Scheduler._submit`) adds it to
+the scope it finds there (`watch`), with nothing passed through the planes and wrappers between
+them. Only what is queued during that call is watched: a step an ensemble queues later, or a
+request a wrapper queues from a task of its own, is not. When the client leaves, the front end calls
+`scope.cancel()`: a request still queued leaves the queue and is answered CANCELLED; a running one's
+instance is told (`Cancellable.cancel`), so the model's `request.is_cancelled()` turns True and the
+BLS requests it made for it are cancelled too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextvars import ContextVar, Token
+from typing import Protocol, runtime_checkable
+
+from reference_server.errors import Cancelled
+from reference_server.scheduling.execute import BatchItem
+from reference_server.scheduling.queued import QueuedRequest, Slot
+
+__all__ = ["CancelScope", "Cancellable", "cancel_request", "watch"]
+
+#: Core's words for a request cancelled before it ran (InferenceRequest::Cancel, then the queue).
+CANCELLED_MESSAGE = "Request was cancelled"
+
+
+@runtime_checkable
+class Cancellable(Protocol):
+    """An instance that can tell a running request's model that its client went away."""
+
+    def cancel(self, request: BatchItem) -> bool:
+        """Whether `request` (a decoupled one: the request feeding its sink) runs here, and is now told."""
+        ...
+
+
+Withdraw = Callable[[QueuedRequest], None]
+
+
+class CancelScope:
+    """The requests queued for one client request; `cancel` when the client goes away."""
+
+    __slots__ = ("_watched", "_open", "_token")
+
+    def __init__(self) -> None:
+        self._watched: list[tuple[QueuedRequest, Withdraw, list[Slot]]] = []
+        self._open = False
+        self._token: Token[CancelScope | None] | None = None
+
+    def __enter__(self) -> CancelScope:
+        """Requests queued inside the block belong to the scope, in place of those before it (and
+        only those: a callback that copied the context meanwhile finds the scope closed). A class,
+        not a generator context manager: it wraps every request."""
+        self._watched.clear()
+        self._open = True
+        self._token = _CURRENT.set(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._token is not None:
+            _CURRENT.reset(self._token)
+            self._token = None
+        self._open = False
+
+    def release(self) -> None:
+        """The client has its answer: nothing left to cancel, nor to hold on to."""
+        self._watched.clear()
+
+    def cancel(self) -> None:
+        watched, self._watched = self._watched, []
+        for request, withdraw, slots in watched:
+            if not request.future.done():
+                cancel_request(request, withdraw, slots)
+
+
+_CURRENT: ContextVar[CancelScope | None] = ContextVar("cancel_scope", default=None)
+
+
+def watch(request: QueuedRequest, withdraw: Withdraw, slots: list[Slot]) -> None:
+    """Add a request being queued to the front end's scope, if one is open (`Scheduler._submit`)."""
+    scope = _CURRENT.get()
+    if scope is not None and scope._open:
+        scope._watched.append((request, withdraw, slots))
+
+
+def cancel_request(request: QueuedRequest, withdraw: Withdraw, slots: list[Slot]) -> None:
+    """The caller gave `request` up: withdrawn while queued (a caller waiting on `done` hears
+    CANCELLED, so that what it holds for the answer is let go), else its instance is told."""
+    if request.queued:
+        withdraw(request)
+        if request.done is not None:
+            request.done(Cancelled(CANCELLED_MESSAGE))
+        return
+    for slot in slots:
+        if isinstance(slot.instance, Cancellable) and slot.instance.cancel(request):
+            return

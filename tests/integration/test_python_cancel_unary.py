@@ -1,0 +1,119 @@
+"""A client that gives up reaches a python model's `request.is_cancelled()` on every path: a cancelled
+unary gRPC call (RST_STREAM), a closed HTTP connection, a cancelled stream (`is_cancelled()` on the
+request and on its response sender, in an `async def execute`), and the BLS request a model made
+for the cancelled one. The models (tests/python_async_models.py) write the file named by the
+request's `marker` parameter when they see it: far sooner than the 10 s they would otherwise run.
+
+Real tritonserver 2.51 cancels the gRPC call and the stream alike; it does not cancel on a closed
+HTTP connection nor pass a cancellation on to BLS requests, so those two run on ours only.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+
+from reference_server.server import running_server
+from tests.integration.test_python_async_sender import Endpoints, Stream
+from tests.python_async_models import write_async_models
+from tests.servers import loopback_config, running_triton
+
+pytestmark = [pytest.mark.integration]
+
+
+@pytest.fixture(scope="module")
+def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("cancel_unary") / "models"
+    write_async_models(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def ours(repository: Path) -> Iterator[Endpoints]:
+    with running_server(loopback_config(repository)) as server:
+        yield Endpoints("ours", server.http_url, f"127.0.0.1:{server.grpc_port}", server)
+
+
+@pytest.fixture(scope="module")
+def triton(peers: Path, repository: Path) -> Iterator[Endpoints]:
+    with running_triton(peers, repository) as server:
+        yield Endpoints("triton", server.http_url, server.grpc_url)
+
+
+@pytest.fixture(params=["ours", pytest.param("triton", marks=pytest.mark.peers)])
+def server(request: pytest.FixtureRequest) -> Endpoints:
+    endpoints: Endpoints = request.getfixturevalue(request.param)
+    return endpoints
+
+
+def wait_for(path: Path, timeout_s: float = 5.0) -> str:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"the model never saw the cancellation ({path} not written)"
+        time.sleep(0.02)
+    time.sleep(0.05)  # written and closed
+    return path.read_text()
+
+
+def _in(values: list[int]) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput("IN", [len(values)], "INT32")
+    tensor.set_data_from_numpy(np.array(values, np.int32))
+    return tensor
+
+
+def _cancel_grpc_call(server: Endpoints, model: str, **parameters: str) -> None:
+    """Start a unary gRPC call and reset it once the model runs (then the model is told)."""
+    client = grpcclient.InferenceServerClient(server.grpc)
+    try:
+        call = client.async_infer(model, [_in([1])], callback=lambda result, error: None, parameters=parameters)
+        time.sleep(0.3)  # not tuned: the model waits up to 10 s, so the reset finds it running or queued
+        call.cancel()
+    finally:
+        client.close()
+
+
+def test_a_cancelled_unary_grpc_call_reaches_the_model(server: Endpoints, tmp_path: Path) -> None:
+    marker = tmp_path / "grpc"
+    _cancel_grpc_call(server, "unary_watch", marker=str(marker))
+    assert wait_for(marker) == "cancelled"
+
+
+def test_a_cancelled_stream_reaches_request_and_sender_in_an_async_execute(server: Endpoints, tmp_path: Path) -> None:
+    marker = tmp_path / "stream"
+    stream = Stream(server.grpc)
+    stream.send("cancel_watch", [1], "x", marker=str(marker))
+    assert stream.take() == ("x", [0], False)
+    stream.close()  # stop_stream(cancel_requests=True)
+    assert wait_for(marker) == "cancelled"
+
+
+def test_a_closed_http_connection_reaches_the_model(ours: Endpoints, tmp_path: Path) -> None:
+    marker = tmp_path / "http"
+    host, port = ours.http.rsplit(":", 1)
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    body = {"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [1]}],
+            "parameters": {"marker": str(marker)}}  # fmt: skip
+    connection.request("POST", "/v2/models/unary_watch/infer", json.dumps(body))
+    time.sleep(0.3)  # not tuned: the model waits up to 10 s for the cancellation
+    connection.close()
+    assert wait_for(marker) == "cancelled"
+
+
+def test_cancelling_a_request_cancels_its_bls_requests(ours: Endpoints, tmp_path: Path) -> None:
+    marker = tmp_path / "child"
+    _cancel_grpc_call(ours, "bls_watch", child_marker=str(marker))
+    assert wait_for(marker) == "cancelled"
+    # The server serves on.
+    client = grpcclient.InferenceServerClient(ours.grpc)
+    try:
+        assert client.is_model_ready("bls_watch") and client.is_model_ready("unary_watch")
+        assert client.infer("sender_unary", [_in([0])]).as_numpy("OUT").tolist() == [0]
+    finally:
+        client.close()
