@@ -443,3 +443,12 @@ def test_model_control_outside_explicit_mode_is_refused_alike(peers: Path, tmp_p
     for name, (status, text) in theirs.items():
         assert text == words and status in ("503", "UNAVAILABLE"), (name, status, text)
         assert mine[name][0] == status and mine[name][1].startswith(words), (name, mine[name])
+
+
+def test_a_region_without_a_name_is_refused_over_both_protocols(servers: dict[str, Endpoints]) -> None:
+    """Triton refuses it over HTTP (above) and registers it over gRPC, where its front end does not
+    check; here gRPC refuses it too, in the HTTP front end's words: a region named "" could be
+    neither named in a request nor unregistered alone ("" unregisters all)."""
+    request = pb.SystemSharedMemoryRegisterRequest(name="", key="/perfkit-no-such-key", offset=0, byte_size=16)
+    status, text = rpc("SystemSharedMemoryRegister", request)(servers["ours"])
+    assert (status, text) == ("INVALID_ARGUMENT", "'region name' is necessary to register system shared memory region")
