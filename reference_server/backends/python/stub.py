@@ -96,6 +96,7 @@ class Stub:
         # A decoupled model's `async def execute` runs here, on a thread of its own, as Triton's
         # stub does: execute answers at once and the coroutines of many batches await together.
         self._background: asyncio.AbstractEventLoop | None = None
+        self._running_coroutines: set[concurrent.futures.Future[Any]] = set()
         # Tokens of decoupled senders dropped before their final flag (pb.response_sender).
         self._dropped: queue.SimpleQueue[int] = queue.SimpleQueue()
         self._bls_ids = itertools.count(1)
@@ -345,11 +346,13 @@ class Stub:
             future = asyncio.run_coroutine_threadsafe(coroutine, self._background)
         finally:
             _BLS_OWNERS.reset(owners)
+        self._running_coroutines.add(future)  # held, as Triton's stub holds them, until they end
         future.add_done_callback(lambda done: self._background_done(done, requests))
 
     def _background_done(self, future: concurrent.futures.Future[Any], requests: list[Any]) -> None:
         """A decoupled coroutine ended: one that raised is logged with its traceback (as Triton's
         stub logs it) and fails its requests that are still open, and only those."""
+        self._running_coroutines.discard(future)
         exc = future.exception() if not future.cancelled() else None
         if exc is None:
             return
