@@ -254,6 +254,7 @@ def write_repository(root: Path) -> Path:
     model("dtypes", OTHER_DTYPES, OTHER_DTYPES_CONFIG)
     model("dtypes_cached", OTHER_DTYPES, OTHER_DTYPES_CONFIG + "response_cache { enable: true }\n")
     model("raw_bytes", RAW_BYTES, RAW_BYTES_CONFIG)
+    model("raw_bytes_2", RAW_BYTES, RAW_BYTES_CONFIG.replace("dims: [ 1 ] } ]\noutput", "dims: [ 2 ] } ]\noutput"))
     model("consume", CONSUME_INT32, CONSUME_INT32_CONFIG)
     (root / "chain" / "1").mkdir(parents=True)
     (root / "chain" / "config.pbtxt").write_text(CHAIN_CONFIG)
@@ -486,27 +487,37 @@ def test_an_ensemble_step_given_an_output_of_another_datatype_fails_in_tritons_w
         assert "inference input 'X' data-type is 'INT64', but model 'consume' expects 'INT32'" in failure.message()
 
 
+def _post_raw(url: str, model: str, body: bytes) -> tuple[int, Any]:
+    """A raw binary request (no JSON header): the status, and the INFO output's shape and values or
+    the error's message."""
+    request = urllib.request.Request(
+        f"http://{url}/v2/models/{model}/infer",
+        data=body,
+        headers={"Inference-Header-Content-Length": "0", "Content-Type": "application/octet-stream"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            length = int(response.headers["Inference-Header-Content-Length"])
+            result = httpclient.InferResult.from_response_body(response.read(), header_length=length)
+            return response.status, (result.get_output("INFO")["shape"], result.as_numpy("INFO").tolist())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())["error"]
+
+
 def test_a_raw_binary_bytes_request_to_a_batched_model_is_one_element_of_shape_1_1(urls: Urls) -> None:
     body = b"\x05\x00\x00\x00hello"  # what looks like a length prefix is part of the one element
-
-    def post(pair: tuple[str, str]) -> tuple[int, Any]:
-        request = urllib.request.Request(
-            f"http://{pair[0]}/v2/models/raw_bytes/infer",
-            data=body,
-            headers={"Inference-Header-Content-Length": "0", "Content-Type": "application/octet-stream"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                length = int(response.headers["Inference-Header-Content-Length"])
-                result = httpclient.InferResult.from_response_body(response.read(), header_length=length)
-                return response.status, (result.get_output("INFO")["shape"], result.as_numpy("INFO").tolist())
-        except urllib.error.HTTPError as error:
-            return error.code, error.read()
-
     _each(urls, "http", lambda client: client.load_model("raw_bytes"))
-    answers = {server: post(pair) for server, pair in urls.items()}
+    answers = {server: _post_raw(pair[0], "raw_bytes", body) for server, pair in urls.items()}
     assert answers["ours"] == answers["triton"]
     assert answers["ours"] == (200, ([1, 1], [[repr(((1, 1), [body])).encode()]]))
+
+
+def test_a_raw_binary_request_to_a_bytes_input_of_two_elements_is_refused_in_tritons_words(urls: Urls) -> None:
+    _each(urls, "http", lambda client: client.load_model("raw_bytes_2"))
+    answers = {server: _post_raw(pair[0], "raw_bytes_2", b"hello") for server, pair in urls.items()}
+    assert answers["ours"][0] == answers["triton"][0] == 400
+    for _, message in answers.values():
+        assert "For BYTE datatype raw input 'RAW', the model must have input shape [1]" in message
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
