@@ -305,9 +305,15 @@ class Stub:
                     )
                 for i in rescheduled:
                     if result[i] is not None:
-                        raise pb_utils.TritonModelException(
+                        kind = type(result[i])  # named as Triton's stub names its own classes
+                        named = (
+                            f"<class 'c_python_backend_utils.{kind.__name__}'>"
+                            if kind.__module__ == pb_utils.__name__
+                            else kind
+                        )
+                        raise BackendError(
                             "Expected a None object in the execute function return list for reschduled request, "
-                            f"found type '{type(result[i])}'."
+                            f"found type '{named}'."
                         )
                 reply["responses"] = [self._response(r, out_fds) for r in result]
             if rescheduled:
