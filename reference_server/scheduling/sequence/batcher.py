@@ -376,7 +376,6 @@ class SequenceScheduler(SubmitsByTask):
                 )  # fmt: skip
                 if not isinstance(outputs, Rescheduled):
                     return self._keep_states(ticket, outputs, output_names)
-                self._keep_states(ticket, outputs, output_names)
                 self._again(ticket, params)
         finally:
             self._finish(ticket)
