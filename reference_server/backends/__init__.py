@@ -4,12 +4,14 @@ A backend is an `InstanceFactory`: from a version's config, its model file, wher
 go (`placement`) and the server around it (`context.BackendContext`), it builds the instances the
 scheduler runs and reads the model's own inputs and outputs, which complete the config. Adding one
 is a module (or folder) here and a line in `_BACKENDS`: ONNX Runtime (`onnxruntime.py`) and
-Triton's python backend (`python/`).
+Triton's python backend (`python/`). `close_instances` lets go of what instances hold beyond memory
+(python's stub processes).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import logging
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -21,7 +23,7 @@ from reference_server.backends.placement import Placement
 from reference_server.backends.python import PYTHON_BACKEND
 from reference_server.scheduling.execute import ModelInstance, TensorSignature
 
-__all__ = ["BackendContext", "InstanceFactory", "instance_factory", "why_no_gpu"]
+__all__ = ["BackendContext", "InstanceFactory", "close_instances", "instance_factory", "why_no_gpu"]
 
 #: (config, model file, placements, config file for messages, the server around it) → (one
 #: instance per placement, (the model's inputs, its outputs)). A factory may complete `config` in
@@ -31,6 +33,8 @@ InstanceFactory = Callable[
     [mc.ModelConfig, Path, Sequence[Placement], Path, BackendContext],
     tuple[Sequence[ModelInstance], tuple[list[TensorSignature], list[TensorSignature]]],
 ]
+
+log = logging.getLogger(__name__)
 
 _BACKENDS: dict[str, InstanceFactory] = {
     ONNX_BACKEND: onnxruntime.create_instances,
@@ -47,6 +51,17 @@ def instance_factory(config: mc.ModelConfig) -> InstanceFactory:
     naming the files.
     """
     return _BACKENDS.get(config.backend or config.platform, onnxruntime.create_instances)
+
+
+def close_instances(instances: Iterable[ModelInstance]) -> None:
+    """Close the instances that need it (python's stub processes); blocking."""
+    for instance in instances:
+        close = getattr(instance, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception:
+                log.exception("closing model instance '%s' failed", instance.name)
 
 
 def why_no_gpu(config: mc.ModelConfig) -> str | None:

@@ -37,7 +37,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server import errors
-from reference_server.backends import instance_factory, why_no_gpu
+from reference_server.backends import close_instances, instance_factory, why_no_gpu
 from reference_server.backends.context import BackendContext, ModelCall, ModelControl
 from reference_server.backends.custom_metrics import CustomMetrics
 from reference_server.backends.placement import gpu_memory_delta, plan_instances
@@ -120,17 +120,6 @@ class ModelVersion:
 
 def _datatype(data_type: int) -> str:
     return config_type_to_datatype(mc.DataType.Name(data_type))
-
-
-def close_instances(instances: Iterable[ModelInstance]) -> None:
-    """Close the instances that need it (python's stub processes); blocking."""
-    for instance in instances:
-        close = getattr(instance, "close", None)
-        if close is not None:
-            try:
-                close()
-            except Exception:
-                log.exception("closing model instance '%s' failed", instance.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -458,7 +447,14 @@ class ModelRepository:
                 f"at least one version must be available under the version policy of model '{name}' ({model_dir}: "
                 f"version folders found: {available or 'none'}; a version is a numeric folder holding the model file)"
             )
-        return [self._prepare_version(name, v, model_dir, config_file, base) for v in selected]
+        prepared: list[_PreparedVersion] = []
+        try:
+            for version in selected:
+                prepared.append(self._prepare_version(name, version, model_dir, config_file, base))
+        except BaseException:  # the versions built before the one that failed hold stubs and sessions
+            close_instances(instance for built in prepared for instance in built.instances)
+            raise
+        return prepared
 
     def _prepare_version(
         self,

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from reference_server.core.model_config import parse_config_text
@@ -142,3 +143,27 @@ async def test_a_reload_that_still_fits_keeps_the_ensemble_serving(repository: M
     before = repository.get("ens")
     await repository.load("identity", identity_config(4))
     assert repository.is_ready("ens") and repository.get("ens") is not before  # checked again, as in Triton
+
+
+async def test_a_version_that_fails_stops_the_stubs_of_the_versions_built_before_it(tmp_path: Path) -> None:
+    model = tmp_path / "models" / "two"
+    for version, body in ((1, "pass"), (2, "raise ValueError('version 2 is broken')")):
+        (model / str(version)).mkdir(parents=True)
+        (model / str(version) / "model.py").write_text(
+            f"class TritonPythonModel:\n    def initialize(self, args):\n        {body}\n\n"
+            "    def execute(self, requests):\n        return []\n"
+        )
+    (model / "config.pbtxt").write_text(
+        'backend: "python"\nversion_policy { all {} }\n'
+        'input [ { name: "I" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+        'output [ { name: "O" data_type: TYPE_FP32 dims: [ 1 ] } ]\n'
+    )
+    repository = ModelRepository(tmp_path / "models")
+    before = {child.pid for child in psutil.Process().children()}
+    try:
+        with pytest.raises(ModelConfigError, match="version 2 is broken"):
+            await repository.load("two")
+        # Version 1's stub was stopped, not left running.
+        assert {child.pid for child in psutil.Process().children()} <= before
+    finally:
+        await repository.close(0)
