@@ -21,7 +21,9 @@ Decoupled:
 Not decoupled:
 - `sender_unary`: answers through the response sender (OUT = IN, then the final flag) and
   returns None; IN[0] picks a misuse: 1 two responses, 2 a response without the final flag,
-  3 the final flag alone, 4 a response both sent and returned, 5 nothing sent nor returned.
+  3 the final flag alone, 4 a response both sent and returned, 5 nothing sent nor returned,
+  6 a response sent from a thread once execute returned. Triton 2.51 leaves 2 and 5 waiting for
+  ever, and answers 6 when the thread sends; ours answers when execute returns.
 - `unary_watch`: polls `request.is_cancelled()` for 10 s at most, writes `marker` when it turns
   True, and answers OUT = [1 if it was cancelled].
 - `bls_watch`: calls `unary_watch` through BLS (exec, from a thread) with its own marker
@@ -156,9 +158,19 @@ class TritonPythonModel:
 """
 
 _SENDER_UNARY = """\
+import threading
+
 import triton_python_backend_utils as pb_utils
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+
+
+def send_late(sender, returned, response):
+    returned.wait()
+    try:
+        sender.send(response, flags=FINAL)
+    except pb_utils.TritonModelException:
+        pass
 
 
 class TritonPythonModel:
@@ -182,8 +194,16 @@ class TritonPythonModel:
                 returned[-1] = response
             elif mode == 5:
                 pass
+            elif mode == 6:
+                returned_event = threading.Event()
+                threading.Thread(target=send_late, args=(sender, returned_event, response), daemon=True).start()
+                self.returned = returned_event
             else:
                 sender.send(response, flags=FINAL)
+        late = getattr(self, "returned", None)
+        if late is not None:
+            threading.Timer(0.1, late.set).start()  # after execute has returned
+            self.returned = None
         return returned if any(r is not None for r in returned) else None
 """
 

@@ -194,13 +194,17 @@ def test_a_non_decoupled_model_answers_through_its_response_sender(server: Endpo
 
 @pytest.mark.parametrize("transport", ["http", "grpc"])
 def test_misusing_a_non_decoupled_sender_fails_the_request(ours: Endpoints, transport: str) -> None:
-    # Triton 2.51 answers these three otherwise: two responses reach its front end ("expected a
-    # single response, got 2"), and the other two are never answered.
+    # Triton 2.51 answers these otherwise: two responses reach its front end ("expected a single
+    # response, got 2"), the next two are never answered, and the last when its thread sends.
     two = _infer(ours, transport, "sender_unary", [1])
     assert isinstance(two, str) and "Non-decoupled model cannot send more than one response." in two
     assert _infer(ours, transport, "sender_unary", [2]) == [2]  # one response, no final flag: answered
     nothing = _infer(ours, transport, "sender_unary", [5])
     assert isinstance(nothing, str) and "gave no response for a request" in nothing
+    # A response sent once execute returned: ours has answered the request already (and refuses
+    # the send with a TritonModelException saying why), where Triton 2.51 holds it open for it.
+    late = _infer(ours, transport, "sender_unary", [6])
+    assert isinstance(late, str) and "gave no response for a request" in late
 
 
 def test_misuse_leaks_no_stub_nor_stream(ours: Endpoints) -> None:

@@ -407,7 +407,9 @@ class PythonInstance:
                 for response in reply["responses"]:
                     if response is None:
                         results.append(InternalError(f"model instance '{self.name}' gave no response for a request "
-                                                     "(returned None, sent none)"))  # fmt: skip
+                                                     "(returned None, sent none): a non-decoupled model returns one "
+                                                     "response per request, or sends it with the final flag through "
+                                                     "its response sender before execute returns"))  # fmt: skip
                         continue
                     outputs, error = stub.read_response(response, out_fds)
                     results.append(error if error is not None else outputs or {})

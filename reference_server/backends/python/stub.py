@@ -427,6 +427,10 @@ class Stub:
             self.poll()  # one non-blocking read: only models that ask pay for it
         return token in self.cancelled
 
+    def in_execute(self, token: int) -> bool:
+        """Whether request `token` belongs to the execute running now."""
+        return any(item[0] == token for item in self._executing)
+
     def send_response(self, token: int, response: pb_utils.InferenceResponse | None, flags: int) -> None:
         if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
             self.cancelled.discard(token)

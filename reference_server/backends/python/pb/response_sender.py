@@ -3,7 +3,8 @@ python backend README, "Decoupled mode" and "Using the response sender in non-de
 
 A decoupled model sends any number of responses, from any thread, during `execute` or long after
 it returned, and ends the request with the final flag. A non-decoupled model may send its one
-response here, with the final flag, instead of returning it from `execute`. Misuse is refused with
+response here, with the final flag, instead of returning it from `execute`, before `execute`
+returns (Triton would also take it later; this server answers the request when execute returns). Misuse is refused with
 Triton's words (python_backend src/response_sender.cc).
 
 A decoupled sender that is dropped before its final flag (no reference left to it: the model
@@ -50,6 +51,12 @@ class InferenceResponseSender:
             )
         if response is not None and not isinstance(response, pb.InferenceResponse):
             raise pb.TritonModelException(f"send() takes a pb_utils.InferenceResponse, got {type(response).__name__}")
+        if not self._decoupled and not pb._bridge().in_execute(self._token):
+            # Its answer went with execute's return: Triton would hold the request open for it.
+            raise pb.TritonModelException(
+                "Unable to send response. A non-decoupled model sends its response before execute returns on "
+                "this server; a model that answers later is decoupled (model_transaction_policy { decoupled: true })"
+            )
         with self._lock:
             if not self._decoupled:
                 if response is not None and self._sent:
