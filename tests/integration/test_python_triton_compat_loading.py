@@ -7,12 +7,13 @@ the reference server, with tritonclient over HTTP and gRPC, give the same answer
 - An `auto_complete_config` that raises or returns something else fails the load in Triton's words;
   the server goes on serving the others.
 - An output leaves with the datatype the model made (INT64 for a TYPE_INT32 output, FP16 for
-  TYPE_FP32), and Python ints in a STRING output become their `str()`; an ensemble step given such
-  an output fails, as on Triton.
+  TYPE_FP32; from our response cache too), and Python ints in a STRING output become their `str()`;
+  FP16 asked for as JSON, and an ensemble step given such an output, fail as on Triton.
 - A raw binary request (Inference-Header-Content-Length: 0) to a batched BYTES model is one element
   of shape [1, 1].
-- An error raised in `execute` names the instance (`inst_0_0`), and a load override that leaves no
-  version answers "load failed for model".
+- An error raised in `execute`, and the stub's checks of what `execute` returns, name the instance
+  (`inst_0_0`) in Triton's words; a load override that leaves no version answers "load failed for
+  model".
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from google.protobuf import json_format
 from tritonclient.utils import InferenceServerException
 
 from reference_server.server import running_server
@@ -222,7 +224,7 @@ instance_group [ { count: 1 kind: KIND_CPU } ]
 model_transaction_policy { decoupled: true }
 """
 
-FOUR_IN_FOUR_OUT = """\
+ONE_IN_ONE_OUT = """\
 backend: "python"
 {batch}
 input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ {n} ] }} ]
@@ -232,7 +234,7 @@ output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ {n} ] }} ]
 
 
 def _tensors(n: int, batch: str = "", extra: str = "") -> str:
-    return FOUR_IN_FOUR_OUT.format(n=n, batch=batch, extra=extra)
+    return ONE_IN_ONE_OUT.format(n=n, batch=batch, extra=extra)
 
 
 def write_repository(root: Path) -> Path:
@@ -305,13 +307,9 @@ def _client(transport: str, pair: tuple[str, str]) -> Any:
 
 def _config(client: Any, model: str) -> dict[str, Any]:
     config = client.get_model_config(model)
-    return config if isinstance(config, dict) else json.loads(_grpc_json(config.config))
-
-
-def _grpc_json(message: Any) -> str:
-    from google.protobuf import json_format
-
-    return json_format.MessageToJson(message, preserving_proto_field_name=True)
+    if isinstance(config, dict):
+        return config
+    return json.loads(json_format.MessageToJson(config.config, preserving_proto_field_name=True))
 
 
 def _infer(transport: str, client: Any, model: str, inputs: dict[str, np.ndarray]) -> dict[str, tuple[str, Any]]:
