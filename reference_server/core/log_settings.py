@@ -20,7 +20,8 @@ error. (Triton writes INFO lines to standard output; here standard output carrie
 lines a parent process reads until "Server ready", after which perfkit stops reading it, so a log
 line there could fill the pipe and stall the server.) Both front ends parse their wire form into
 one dict of checked changes (`changes_from_json`, `changes_from_proto`), each in Triton's words
-for that protocol, which `LogSettings.apply` applies in the core process.
+for that protocol, which `LogSettings.apply` applies in the core process; the core then tells its
+front-end workers, which apply the same settings to their own log (`workers/hosting.py`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,15 @@ from typing import IO, Any
 
 from reference_server.errors import InternalError, InvalidArgument, ServerError, Unavailable, Unsupported
 
-__all__ = ["LOG_FORMATS", "LogSettings", "TritonHandler", "changes_from_json", "changes_from_proto", "install"]
+__all__ = [
+    "LOG_FORMATS",
+    "LogSettings",
+    "TritonHandler",
+    "changes_from_json",
+    "changes_from_proto",
+    "install",
+    "installed",
+]
 
 LOG_FORMATS = ("default", "ISO8601")
 _BOOLS = ("log_info", "log_warning", "log_error")
@@ -220,6 +229,12 @@ def install(settings: LogSettings) -> TritonHandler:
 
 #: The settings `install` made this process's log: only theirs move the root logger's level.
 _installed: LogSettings | None = None
+
+
+def installed() -> LogSettings | None:
+    """The settings `install` made this process's log (a front-end worker applies the core's
+    changes to them), or None."""
+    return _installed
 
 
 def _sync_root_level(settings: LogSettings) -> None:

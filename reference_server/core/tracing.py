@@ -29,6 +29,10 @@ Files: Triton's JSON, one array of objects: per trace `{"id":..,"model_name":..,
 with 0, to `<trace_file>` itself, closed with ']' at shutdown. A setting holds at most N (or
 `_FLUSH_EVERY`) traces in memory before writing them, and writes what it holds when it is replaced
 or the server stops (`Tracing.close`).
+
+Front-end workers that run models themselves sample by a copy of these settings (`snapshot`, and
+`workers/trace_relay.py`) and send their finished traces here (`accept`): the core numbers them,
+counts them against trace_count, and writes them with its own.
 """
 
 from __future__ import annotations
@@ -112,6 +116,20 @@ class TraceSetting:
             self.count -= 1
         self._taken += 1
         return True
+
+    def sampling(self) -> tuple[int, int, int]:
+        """What a front-end worker samples by: the level (OFF when nothing can be taken), rate, count."""
+        return (self.level if self.valid() else OFF, self.rate, self.count)
+
+    def finished(self, trace: RequestTrace) -> None:
+        """A trace this setting took is done: write it."""
+        self.write(trace.json())
+
+    def taken(self) -> None:
+        """A front-end worker took a trace by this setting (`Tracing.accept`): counted as seen and
+        taken here, so that the last of `trace_count` traces still writes the file."""
+        self._seen += 1
+        self._taken += 1
 
     def as_dict(self) -> dict[str, Any]:
         levels = [name for name, bit in LEVELS.items() if self.level & bit] or ["OFF"]
@@ -256,7 +274,11 @@ class RequestTrace(ModelStats):
         self.finish()
 
     def finish(self) -> None:
-        """Write this trace to its setting's file."""
+        """Hand this trace to its setting, to be written."""
+        self.setting.finished(self)
+
+    def json(self) -> str:
+        """This trace's objects in Triton's JSON, without the array's brackets."""
         head: dict[str, Any] = {"id": self.trace_id, "model_name": self.model, "model_version": self.version}
         if self.request_id:
             head["request_id"] = self.request_id
@@ -265,7 +287,7 @@ class RequestTrace(ModelStats):
             objects += (
                 f'{{"id":{self.trace_id},"timestamps":[{{"name":"{name}","ns":{ns}}}]}}' for name, ns in self.events
             )
-        self.setting.write(",".join(objects))
+        return ",".join(objects)
 
 
 class Tracing:
@@ -283,6 +305,9 @@ class Tracing:
         self._next_id = 1
         #: Whether any setting may take a trace: the one check the data plane makes per request.
         self.active = self._global.valid()
+        #: Called when a setting's trace_count runs out, so that the front-end workers stop taking
+        #: traces (`workers/hosting.py`); an update's callers tell them themselves.
+        self.used_up: Callable[[], None] | None = None
 
     def settings(self, model: str = "") -> dict[str, Any]:
         return self._models.get(model, self._global).as_dict() if model else self._global.as_dict()
@@ -333,8 +358,47 @@ class Tracing:
             if not setting.valid():
                 self.active = any(s.valid() for s in (self._global, *self._models.values()))
             return None
+        if setting.count == 0:
+            self._used_up()
         trace_id, self._next_id = self._next_id, self._next_id + 1
         return RequestTrace(trace_id, setting, model, version, request_id)
+
+    def snapshot(self) -> dict[str, tuple[int, int, int]]:
+        """The settings in force as a front-end worker samples by them ({'' (global) or a model:
+        `TraceSetting.sampling()`}), for `adopt` there."""
+        return {"": self._global.sampling(), **{name: s.sampling() for name, s in self._models.items()}}
+
+    def adopt(self, global_setting: TraceSetting, models: Mapping[str, TraceSetting]) -> None:
+        """Sample by these settings from now on (a front-end worker's copy of the core's)."""
+        self._global = global_setting
+        self._models = dict(models)
+        self.active = any(setting.valid() for setting in (global_setting, *models.values()))
+
+    def accept(self, records: Iterable[tuple[str, int, str, list[tuple[str, int]]]]) -> None:
+        """Traces that front-end workers took ((model, version, request_id, timestamps) each): each
+        counts against its model's trace_count when it arrives here, where it gets its id and is
+        written as the core's own are. One that arrives after the count ran out (a worker had not
+        heard yet) or after its level became OFF is dropped, so trace_count holds server-wide."""
+        used_up = False
+        for model, version, request_id, events in records:
+            setting = self._models.get(model, self._global)
+            if not setting.valid():
+                continue
+            if setting.count > 0:
+                setting.count -= 1
+                used_up = used_up or setting.count == 0
+            setting.taken()
+            trace_id, self._next_id = self._next_id, self._next_id + 1
+            trace = RequestTrace(trace_id, setting, model, version, request_id)
+            trace.events = events
+            setting.finished(trace)
+        if used_up:
+            self._used_up()
+
+    def _used_up(self) -> None:
+        self.active = any(s.valid() for s in (self._global, *self._models.values()))
+        if self.used_up is not None:
+            self.used_up()
 
     def close(self) -> None:
         """Write every trace held and close the files (the server stops)."""

@@ -121,7 +121,10 @@ class WorkerHosting:
         self._asks = itertools.count(1)
         self._lock = asyncio.Lock()
         self._attached: dict[int, asyncio.Event] = {}
+        self._telling: set[asyncio.Task[None]] = set()
         plane.stats_of = self.stats_of
+        if self.enabled:  # only workers that run models take traces
+            plane.tracing.used_up = self._trace_used_up
 
     # --- the workers' connections --------------------------------------------------------------
 
@@ -129,6 +132,7 @@ class WorkerHosting:
         """A worker connected: it runs every hosted model from now on."""
         async with self._lock:
             self._senders[index] = send
+            await self._tell(index)
             for name, hosted in self._hosted.items():
                 self._retire(hosted, index)
                 await self._host_on(index, name, hosted)
@@ -225,6 +229,31 @@ class WorkerHosting:
                 counted = ModelStats.from_counters(counters)
                 hosted.retired[version] = counted if before is None else ModelStats.merged([before, counted])
                 del hosted.counters[(worker, version)]
+
+    # --- the log and trace settings -------------------------------------------------------------
+
+    def settings(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The core's log settings (but the file: only the command line sets it, and the workers
+        were started with it) and trace settings, as a worker applies them."""
+        logs = self._plane.logs.as_dict()
+        del logs["log_file"]
+        return logs, self._plane.tracing.snapshot()
+
+    async def tell_settings(self, but: int | None = None) -> None:
+        """Tell every connected worker (`but` one) the core's log and trace settings."""
+        await asyncio.gather(*(self._tell(index) for index in list(self._senders) if index != but))
+
+    async def _tell(self, index: int) -> None:
+        try:
+            await self._ask(index, "settings", *self.settings())
+        except Exception as exc:
+            log.error("front-end worker %d did not take the log and trace settings: %s", index, exc)
+
+    def _trace_used_up(self) -> None:
+        # From a request's sampling, on the loop: the workers stop taking traces once told.
+        task = asyncio.get_running_loop().create_task(self.tell_settings())
+        self._telling.add(task)
+        task.add_done_callback(self._telling.discard)
 
     # --- statistics ---------------------------------------------------------------------------
 

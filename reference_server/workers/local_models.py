@@ -29,6 +29,7 @@ from reference_server.config import ServerConfig
 from reference_server.core.dataplane import HTTP_ENDPOINT, DataPlane
 from reference_server.core.repository import ModelRepository
 from reference_server.scheduling.stats import ModelStats, counters_length
+from reference_server.workers.trace_relay import RelayedTracing
 from v2kit import codec as v2
 from v2kit.runtime import gpu
 
@@ -90,11 +91,14 @@ class LocalModels:
             auto_complete_config=config.auto_complete_config,
             model_config_name=config.model_config_name,
         )
+        #: The core's trace settings as this worker samples by them; its traces go to the core.
+        self.tracing = RelayedTracing()
         self.plane = DataPlane(
             repository,
             model_control_mode="explicit",
             max_tensor_elements=config.max_tensor_elements,
             server_name=config.server_name,
+            tracing=self.tracing,
         )
         #: (name, "" or a version number) → what publishes that version's statistics.
         self._routes: dict[tuple[str, str], Publish] = {}
@@ -172,6 +176,7 @@ class LocalModels:
     async def close(self, grace_s: float) -> None:
         self._routes.clear()
         await self.plane.repository.close(grace_s)
+        self.tracing.close()
         for name in list(self._counters):
             self._forget(name)
 

@@ -5,7 +5,9 @@ the scheduler's callback, as `DataPlane.start_infer` answers the in-process fron
 responses one frame each) and the repository API, and a blocking one for the calls a front end
 makes synchronously. Messages in: `(kind, call_id, payload)`; out: `(call_id, status, value)`, with
 status `ok`, `err` (value: `frames.error_of`), `item` (a stream's response and its final flag) and
-`end`. The in-flight limit is taken here, once per request, so it stays server-wide.
+`end`. The in-flight limit is taken here, once per request, so it stays server-wide. A worker's
+finished traces arrive as `traces` (no answer); a worker's update of the log or trace settings
+(`update_settings`) is answered once the other workers have the new settings.
 """
 
 from __future__ import annotations
@@ -111,6 +113,8 @@ class _WorkerConnection(FrameProtocol):
                 task.cancel()
         elif kind == "answer":
             self._server.hosting.answered(call_id, *payload)
+        elif kind == "traces":
+            self._server.plane.tracing.accept(payload)
         elif kind == "hello":
             self._worker = payload
             self._spawn(-1, self._server.hosting.attach(payload, self.send))
@@ -150,6 +154,9 @@ class _WorkerConnection(FrameProtocol):
             self.send((call_id, "err", error_of(exc, "inference")))
 
     def _call(self, call_id: int, name: str, args: tuple[Any, ...]) -> None:
+        if name == "update_settings":
+            self._update_settings(call_id, *args)
+            return
         try:
             result = self._server.method(name)(*args)
         except Exception as exc:
@@ -159,6 +166,24 @@ class _WorkerConnection(FrameProtocol):
             self._spawn(call_id, self._await(call_id, name, result))
         else:
             self.send((call_id, "ok", result))
+
+    def _update_settings(self, call_id: int, worker: int, kind: str, model: str, changes: Any) -> None:
+        """A worker's update of the log ("log") or trace settings: answered with the settings now in
+        force, and with what that worker applies itself, once every other worker has them too, so
+        that a client's next request, whichever worker reads it, runs by them. (The calling
+        worker waits on its blocking connection: it cannot answer an ask meanwhile.)"""
+        plane = self._server.plane
+        try:
+            result = plane.log_settings(changes) if kind == "log" else plane.trace_settings(model, changes)
+        except Exception as exc:
+            self.send((call_id, "err", error_of(exc, f"{kind}_settings")))
+            return
+        self._spawn(call_id, self._told(call_id, worker, result))
+
+    async def _told(self, call_id: int, worker: int, result: Any) -> None:
+        hosting = self._server.hosting
+        await hosting.tell_settings(but=worker)
+        self.send((call_id, "ok", (result, *hosting.settings())))
 
     async def _await(self, call_id: int, name: str, result: Any) -> None:
         try:

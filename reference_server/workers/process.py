@@ -190,8 +190,8 @@ async def serve(config: ServerConfig, plane_path: str, index: int) -> None:
 
 def main() -> int:
     config, plane_path, index = pickle.loads(sys.stdin.buffer.read())
-    # The core's log settings at start, in the same format and file; the logging extension's later
-    # changes are the core's alone.
+    # The core's log settings at start, in the same format and file; the core tells the logging
+    # extension's later changes (`RemotePlane._settings`).
     install(LogSettings(str(config.log_file or ""), config.log_info, config.log_warning, config.log_error,
                         config.log_verbose, config.log_format))  # fmt: skip
     from v2kit.runtime.eventloop import run

@@ -16,6 +16,7 @@ from typing import Any
 
 from tritonclient.grpc import model_config_pb2 as mc
 
+from reference_server.core import log_settings
 from reference_server.core.dataplane import HTTP_ENDPOINT, InflightSlots, StreamResponse
 from reference_server.errors import Unavailable
 from reference_server.workers.frames import (
@@ -43,7 +44,8 @@ class _Calls(FrameProtocol):
         self.handlers: dict[int, Callable[[str, Any], None]] = {}
         self.closed = asyncio.Event()
         self._next = 0
-        #: What the core asks of this worker (call id 0): run a model here, or stop running it.
+        #: What the core asks of this worker (call id 0): run a model here, stop running it, or
+        #: take the core's log and trace settings.
         self.on_ask: Callable[[int, str, tuple[Any, ...]], None] | None = None
 
     def start(self, kind: str, payload: Any, handler: Callable[[str, Any], None]) -> int:
@@ -105,9 +107,15 @@ class RemotePlane(InflightSlots):
     crosses to it; when this worker may run models itself, it also admits no more than its share."""
 
     def __init__(
-        self, calls: _Calls, blocking: FrameSocket, local: LocalModels | None = None, max_inflight_requests: int = 0
+        self,
+        calls: _Calls,
+        blocking: FrameSocket,
+        local: LocalModels | None = None,
+        max_inflight_requests: int = 0,
+        index: int = 0,
     ) -> None:
         self._calls = calls
+        self.index = index  # this worker's, as the core knows it
         super().__init__(max_inflight_requests)
         self._blocking = blocking
         self.accepting = True
@@ -115,8 +123,13 @@ class RemotePlane(InflightSlots):
         #: The models this worker runs itself (`hosting.py`), if the core asks it to.
         self.local = local
         self._asked: set[asyncio.Task[None]] = set()
+        calls.on_ask = self._asked_by_core
         if local is not None:
-            calls.on_ask = self._asked_by_core
+            local.tracing.send = self._send_traces
+
+    def _send_traces(self, batch: list[Any]) -> None:
+        if self._calls.transport is not None:
+            self._calls.send(("traces", 0, batch))
 
     def _asked_by_core(self, ask_id: int, what: str, args: tuple[Any, ...]) -> None:
         task = asyncio.get_running_loop().create_task(self._answer(ask_id, what, args))
@@ -124,22 +137,35 @@ class RemotePlane(InflightSlots):
         task.add_done_callback(self._asked.discard)
 
     async def _answer(self, ask_id: int, what: str, args: tuple[Any, ...]) -> None:
-        assert self.local is not None
+        value: Any = None
         try:
-            if what == "host":
-                value: Any = await self.local.host(*args)
+            if what == "settings":
+                self._settings(*args)
+            elif self.local is None:
+                raise ValueError(f"this worker runs no models; cannot {what}")
+            elif what == "host":
+                value = await self.local.host(*args)
             elif what == "drop":
                 await self.local.drop(*args)
-                value = None
             else:
                 raise ValueError(f"unknown ask '{what}'")
         except Exception as exc:
-            log.error("cannot %s model '%s' here: %s", what, args[0] if args else "", exc)
+            subject = f"model '{args[0]}'" if what in ("host", "drop") and args else "the core's settings"
+            log.error("cannot %s %s here: %s", what, subject, exc)
             status, value = "err", f"{type(exc).__name__}: {exc}"
         else:
             status = "ok"
         if self._calls.transport is not None:
             self._calls.send(("answer", ask_id, (status, value)))
+
+    def _settings(self, logs: dict[str, Any], traces: dict[str, Any]) -> None:
+        """The core's log settings (`LogSettings.as_dict` less the file) and trace settings
+        (`Tracing.snapshot`), in force here from now on."""
+        installed = log_settings.installed()
+        if installed is not None:
+            installed.apply(logs)
+        if self.local is not None:
+            self.local.tracing.load(traces)
 
     @property
     def closed(self) -> asyncio.Event:
@@ -197,10 +223,21 @@ class RemotePlane(InflightSlots):
         return self._call("decode_raw_request", name, version, body)  # type: ignore[no-any-return]
 
     def log_settings(self, changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        return self._call("log_settings", changes)  # type: ignore[no-any-return]
+        if changes is None:
+            return self._call("log_settings", None)  # type: ignore[no-any-return]
+        return self._update_settings("log", "", changes)
 
     def trace_settings(self, model: str = "", changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        return self._call("trace_settings", model, changes)  # type: ignore[no-any-return]
+        if changes is None:
+            return self._call("trace_settings", model, None)  # type: ignore[no-any-return]
+        return self._update_settings("trace", model, changes)
+
+    def _update_settings(self, kind: str, model: str, changes: Mapping[str, Any]) -> dict[str, Any]:
+        """An update made in the core, which tells the other workers; this one applies the settings
+        now in force itself (it cannot hear the core while it waits here)."""
+        result, logs, traces = self._call("update_settings", self.index, kind, model, dict(changes))
+        self._settings(logs, traces)
+        return result  # type: ignore[no-any-return]
 
     # --- asynchronous calls ------------------------------------------------------------------------
 
@@ -290,7 +327,6 @@ async def connect(
     loop = asyncio.get_running_loop()
     _, calls = await loop.create_unix_connection(_Calls, path)
     blocking = await loop.run_in_executor(None, FrameSocket, path)
-    plane = RemotePlane(calls, blocking, local, max_inflight_requests)
-    if local is not None:
-        calls.send(("hello", 0, index))
+    plane = RemotePlane(calls, blocking, local, max_inflight_requests, index)
+    calls.send(("hello", 0, index))  # the core then tells this worker its settings, and what to run
     return plane

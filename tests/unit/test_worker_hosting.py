@@ -12,6 +12,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server.config import ServerConfig
+from reference_server.core.tracing import Tracing
 from reference_server.scheduling.stats import ModelStats, counters_length
 from reference_server.workers.hosting import WorkerHosting, share, why_not_hosted
 from reference_server.workers.local_models import names_shared_memory
@@ -65,6 +66,7 @@ def test_what_keeps_a_model_in_the_core(version: _Version, reason: str) -> None:
 def test_poll_mode_and_the_rate_limiter_keep_every_model_in_the_core(tmp_path: Path) -> None:
     class _Plane:
         stats_of = None
+        tracing = Tracing()
 
     def enabled(**overrides: object) -> bool:
         config = ServerConfig(model_repository=tmp_path, **{"frontend_workers": 2, **overrides})  # type: ignore[arg-type]
