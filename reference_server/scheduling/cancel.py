@@ -23,7 +23,8 @@ from reference_server.scheduling.queued import QueuedRequest, Slot
 
 __all__ = ["CancelScope", "Cancellable", "cancel_request", "watch"]
 
-#: Core's words for a request cancelled before it ran (InferenceRequest::Cancel, then the queue).
+#: The message of a request cancelled before it ran or while it waited on a BLS call (core's
+#: CANCELLED status carries none; the client that left reads neither).
 CANCELLED_MESSAGE = "Request was cancelled"
 
 
