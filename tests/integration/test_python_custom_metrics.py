@@ -11,12 +11,14 @@ a model registers is listed on the metrics port in Prometheus' text beside the `
   words; misuse (a negative counter increment, `set` on a counter, `observe` on a gauge, another kind
   for a registered name, a histogram without buckets...) raises TritonModelException with core's
   words; and an unloaded model's families leave the metrics port (Triton 2.51 keeps them until the
-  model deletes its MetricFamily objects).
+  model deletes its MetricFamily objects), as does a Metric the model drops.
+- With `--frontend-workers 2` the core, where python models run, lists them on the metrics port.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -89,6 +91,25 @@ class TritonPythonModel:
         self.family.Metric(labels={"model-name": "x"})
 """
 
+TRANSIENT = """\
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.family = pb_utils.MetricFamily(name="transient_seen", description="Seen",
+                                            kind=pb_utils.MetricFamily.GAUGE)
+        self.kept = self.family.Metric(labels={"k": "kept"})
+
+    def execute(self, requests):
+        temporary = self.family.Metric(labels={"k": "temporary"})
+        temporary.set(5)
+        del temporary
+        self.kept.set(len(requests))
+        out = [pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()) for r in requests]
+        return [pb_utils.InferenceResponse([tensor]) for tensor in out]
+"""
+
 MISUSE = """\
 import json
 
@@ -145,6 +166,7 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ("bad_label_init", BAD_LABEL_INIT, "TYPE_FP32"),
         ("bad_label_execute", BAD_LABEL_EXECUTE, "TYPE_FP32"),
         ("misuse", MISUSE, "TYPE_STRING"),
+        ("transient", TRANSIENT, "TYPE_FP32"),
     ):
         (root / name / "1").mkdir(parents=True)
         (root / name / "1" / "model.py").write_text(source)
@@ -212,7 +234,8 @@ def _bad_label_at_load(client: httpclient.InferenceServerClient) -> None:
 
 @pytest.fixture(scope="module")
 def ours(repository: Path) -> Iterator[tuple[httpclient.InferenceServerClient, int]]:
-    with running_server(loopback_config(repository, load=("counted", "misuse", "bad_label_execute"))) as server:
+    load = ("counted", "misuse", "bad_label_execute", "transient")
+    with running_server(loopback_config(repository, load=load)) as server:
         client = http_client(server)
         assert server.metrics_port is not None
         yield client, server.metrics_port
@@ -275,6 +298,25 @@ def test_misuse_raises_with_cores_words(ours: tuple[httpclient.InferenceServerCl
         "labels_not_dict": "Failed to create metric. Labels must be a dictionary.",
         "unsorted_buckets": "Error when creating Metric: " + server("Bucket Boundaries must be strictly sorted"),
     }  # fmt: skip
+
+
+def test_a_metric_the_model_drops_leaves_the_metrics_port(ours: tuple[httpclient.InferenceServerClient, int]) -> None:
+    client, metrics_port = ours
+    _infer(client, "transient", 1.0)
+    assert _family_lines(_scrape(metrics_port), "transient_") == (
+        '# HELP transient_seen Seen\n# TYPE transient_seen gauge\ntransient_seen{k="kept"} 1'
+    )
+
+
+def test_with_frontend_workers_the_core_lists_them(repository: Path, tmp_path: Path) -> None:
+    shutil.copytree(repository / "counted", tmp_path / "counted")
+    with running_server(loopback_config(tmp_path, frontend_workers=2)) as server:
+        client = http_client(server)
+        assert server.metrics_port is not None
+        try:
+            _count_and_check(client, server.metrics_port)
+        finally:
+            client.close()
 
 
 @pytest.mark.peers

@@ -51,8 +51,8 @@ def serve(stub: StubProcess, message: dict[str, Any]) -> None:
         if call in _METRIC_CALLS:
             if metrics is None:
                 raise _Refused("metrics not supported")
-            for handle in message.get("drop", ()):  # Metric objects the model let go of
-                metrics.metric_delete(handle)
+            for kind, handle in message.get("drop", ()):  # objects the model let go of
+                (metrics.family_delete if kind == "family" else metrics.metric_delete)(handle)
             _answer(stub, message, _METRIC_CALLS[call](metrics, stub, message))
         elif call in _CONTROL_CALLS:
             _control(stub, context, message)

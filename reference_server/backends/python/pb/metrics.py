@@ -10,9 +10,9 @@ metric.increment(1)
 
 A HISTOGRAM family's metrics take `buckets=[...]` (upper bounds, ascending) and `observe(value)`.
 Every call goes to the server (`backends/python/services.py`, where the values live) and waits for
-its answer; misuse is refused with Triton's words, as TritonModelException. A Metric the model lets
-go of leaves the metrics port with the model's next metric call; everything the model registered
-leaves when the model unloads.
+its answer; misuse is refused with Triton's words, as TritonModelException. A Metric (or a family
+with no Metric left) that the model lets go of leaves the metrics port with the model's next metric
+call; everything the model registered leaves when the model unloads.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from reference_server.backends.python.pb import triton_python_backend_utils as p
 
 __all__ = ["Metric", "MetricFamily", "MetricKind"]
 
-#: Handles of Metric objects that were garbage-collected: `__del__` may run on any thread at any
-#: moment (inside a send, even), so it only queues them; the next call takes them to the server.
-_dropped: queue.SimpleQueue[int] = queue.SimpleQueue()
+#: ("metric" | "family", handle) of objects the model let go of: `__del__` may run on any thread at
+#: any moment (inside a send, even), so it only queues them; the next call takes them to the server.
+_dropped: queue.SimpleQueue[tuple[str, int]] = queue.SimpleQueue()
 
 
 class MetricKind(enum.IntEnum):
@@ -71,7 +71,8 @@ class MetricFamily:
             )
         self._name = name
         self._kind = kind
-        self._handle: int = _call(
+        self._handle: int | None = None
+        self._handle = _call(
             "family_new", "Error when creating MetricFamily: ", name=name, description=description, kind=int(kind)
         )
 
@@ -89,6 +90,10 @@ class MetricFamily:
         # As Triton's stub sends them: through JSON, so keys become strings and values stay as given.
         wire = json.loads(json.dumps(labels)) or {}
         return Metric(self, wire, None if buckets is None else [float(b) for b in buckets])
+
+    def __del__(self) -> None:
+        if self._handle is not None:
+            _dropped.put(("family", self._handle))
 
 
 class Metric:
@@ -116,7 +121,7 @@ class Metric:
 
     def __del__(self) -> None:
         if self._handle is not None:
-            _dropped.put(self._handle)
+            _dropped.put(("metric", self._handle))
 
 
 def _number(value: Any, method: str) -> float:
