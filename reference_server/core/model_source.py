@@ -62,22 +62,28 @@ def read_model_config(
 
 
 def fill_backend(config: mc.ModelConfig | None, model_dir: Path) -> mc.ModelConfig | None:
-    """`config` with the backend its model files name, where it names no backend and no platform.
+    """`config` with the backend its model files name, where it names no backend and no platform,
+    and a python model's `default_model_filename`, as Triton fills them before the model's
+    `auto_complete_config` sees the config.
 
     Returns `config` itself when there is nothing to fill, else a filled copy (never modifying the
     caller's, which may be a load override kept for reloads).
     """
-    if config is not None and (config.backend or config.platform):
-        return config
-    backend = _backend_of_file(config.default_model_filename if config is not None else "")
-    if backend is None and not (config is not None and config.default_model_filename):
-        backend = _backend_of_file_in(_first_version_dir(model_dir))
-    if backend is None:
+    filename = config.default_model_filename if config is not None else ""
+    backend = None
+    if config is None or not (config.backend or config.platform):
+        backend = _backend_of_file(filename) or (
+            None if filename else _backend_of_file_in(_first_version_dir(model_dir))
+        )
+    python = PYTHON_BACKEND in (backend, config.backend if config is not None else None)
+    if backend is None and (filename or not python):
         return config
     filled = mc.ModelConfig()
     if config is not None:
         filled.CopyFrom(config)
-    filled.backend = backend
+    filled.backend = backend or filled.backend
+    if python and not filename:
+        filled.default_model_filename = PYTHON_MODEL_FILENAME
     return filled
 
 

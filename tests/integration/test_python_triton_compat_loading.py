@@ -78,6 +78,26 @@ class TritonPythonModel:
         return None
 """
 
+RECORDS_AUTO_COMPLETE_INPUT = """\
+import json
+import os
+
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        with open(os.path.join(os.path.dirname(__file__), "..", "seen.json"), "w") as seen:
+            json.dump(config.as_dict(), seen)
+        config.add_input({"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [4]})
+        config.add_output({"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [4]})
+        return config
+
+    def execute(self, requests):
+        return []
+"""
+
 ECHO = """\
 import triton_python_backend_utils as pb_utils
 
@@ -249,6 +269,7 @@ def write_repository(root: Path) -> Path:
 
     model("auto", AUTO)
     model("auto_decoupled", AUTO_DECOUPLED)
+    model("records", RECORDS_AUTO_COMPLETE_INPUT)
     model("bare", ECHO)
     model("ac_raises", AUTO_COMPLETE_RAISES)
     model("ac_none", AUTO_COMPLETE_RETURNS_NONE)
@@ -386,6 +407,20 @@ def test_a_folder_with_only_model_py_loads_from_its_auto_complete_config(urls: U
         "decoupled": False,
     }
     assert outputs == {"OUTPUT0": ("FP32", (X * 2).tolist())}
+
+
+def test_auto_complete_config_is_given_the_config_triton_gives_it(urls: Urls, repository: Path) -> None:
+    seen = repository / "records" / "seen.json"
+    given = {}
+    for server, pair in urls.items():  # one after the other: both write the same file
+        client = httpclient.InferenceServerClient(pair[0])
+        client.load_model("records")
+        client.close()
+        fields = ("name", "backend", "platform", "default_model_filename", "max_batch_size", "input", "output")
+        given[server] = {key: json.loads(seen.read_text()).get(key) for key in fields}
+        seen.unlink()
+    assert given["ours"] == given["triton"]
+    assert given["ours"]["default_model_filename"] == "model.py"
 
 
 def test_auto_complete_config_sets_the_decoupled_transaction_policy(urls: Urls) -> None:

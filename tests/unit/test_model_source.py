@@ -71,7 +71,11 @@ def test_the_backend_comes_from_the_model_file_in_the_first_version_folder(
 def test_a_named_backend_or_filename_wins_and_the_given_config_is_not_changed(tmp_path: Path) -> None:
     folder = _folder(tmp_path / "m", "1/model.onnx")
     named = parse_config_text('backend: "python"\n', folder / "config.pbtxt")
-    assert fill_backend(named, folder) is named
+    filled = fill_backend(named, folder)
+    assert filled is not None and (filled.backend, filled.default_model_filename) == ("python", "model.py")
+    assert named.default_model_filename == ""
+    onnx = parse_config_text('platform: "onnxruntime_onnx"\n', folder / "config.pbtxt")
+    assert fill_backend(onnx, folder) is onnx
     by_name = parse_config_text('default_model_filename: "model.py"\n', folder / "config.pbtxt")
     filled = fill_backend(by_name, folder)
     assert filled is not None and filled.backend == "python"
