@@ -207,7 +207,7 @@ def test_misusing_a_non_decoupled_sender_fails_the_request(ours: Endpoints, tran
     assert isinstance(late, str) and "gave no response for a request" in late
 
 
-def test_misuse_leaks_no_stub_nor_stream(ours: Endpoints) -> None:
+def test_misuse_leaks_no_stub_stream_nor_shared_memory(ours: Endpoints) -> None:
     server = ours.ours
     assert server is not None and server.repository is not None
     stubs = len(psutil.Process().children())
@@ -223,4 +223,7 @@ def test_misuse_leaks_no_stub_nor_stream(ours: Endpoints) -> None:
         # A stream is dropped before its final response goes out: none is left once all are in.
         (instance,) = server.repository.get(model).instances
         assert isinstance(instance, PythonInstance)
-        assert instance._stub is not None and not instance._stub._streams, model
+        stub = instance._stub
+        assert stub is not None and not stub._streams, model
+        # Each request's inputs stay in shared memory until its final response, and no longer.
+        assert stub.server_arena.free_bytes() == stub.server_arena.size, model
