@@ -4,9 +4,10 @@ arenas (`ipc`), and a reader thread for everything the stub sends.
 `StubProcess.call` sends a message and waits for its answer (execute by id; load, initialize and
 finalize one at a time). The reader thread takes the answers, a decoupled model's responses (handed
 to each request's sink from that thread), BLS requests (run on the server's loop through the
-`BackendContext` hooks and answered through shared memory) and log lines. At EOF (the stub exited
-or was killed) it fails every waiting call and open stream with "Stub process '<instance>' is not
-healthy." `instance.PythonInstance` decides what to do about it.
+`BackendContext` hooks and answered through shared memory), log lines, and custom-metric and
+model-control calls (`services.py`). At EOF (the stub exited or was killed) it fails every waiting
+call and open stream with "Stub process '<instance>' is not healthy." `instance.PythonInstance`
+decides what to do about it.
 """
 
 from __future__ import annotations
