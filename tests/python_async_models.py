@@ -26,8 +26,9 @@ Not decoupled:
   ever, and answers 6 when the thread sends; ours answers when execute returns.
 - `unary_watch`: polls `request.is_cancelled()` for 10 s at most, writes `marker` when it turns
   True, and answers OUT = [1 if it was cancelled].
-- `bls_watch`: calls `unary_watch` through BLS (exec, from a thread) with its own marker
-  parameter, so that its client leaving must reach the child request.
+- `bls_watch`: calls `unary_watch` through BLS (`exec`, in execute) with the request parameter
+  `child_marker` as the child's marker, so that its client leaving must reach the child request.
+- `async_bls_watch`: the same from an `async def execute`, awaiting `async_exec()`.
 
 The sources run in Triton's stub (Debian's Python 3.11 with numpy<2): nothing from the checkout.
 """
@@ -256,6 +257,10 @@ class TritonPythonModel:
         return responses
 """
 
+_ASYNC_BLS_WATCH = _BLS_WATCH.replace("    def execute(", "    async def execute(").replace(
+    "answer = child.exec()", "answer = await child.async_exec()"
+)
+
 #: name → (source, decoupled)
 _MODELS = {
     "gate": (_GATE, True),
@@ -267,6 +272,7 @@ _MODELS = {
     "sender_unary": (_SENDER_UNARY, False),
     "unary_watch": (_UNARY_WATCH, False),
     "bls_watch": (_BLS_WATCH, False),
+    "async_bls_watch": (_ASYNC_BLS_WATCH, False),
 }
 
 DECOUPLED = frozenset(name for name, (_, decoupled) in _MODELS.items() if decoupled)

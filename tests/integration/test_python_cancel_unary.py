@@ -106,14 +106,15 @@ def test_a_closed_http_connection_reaches_the_model(ours: Endpoints, tmp_path: P
     assert wait_for(marker) == "cancelled"
 
 
-def test_cancelling_a_request_cancels_its_bls_requests(ours: Endpoints, tmp_path: Path) -> None:
+@pytest.mark.parametrize("model", ["bls_watch", "async_bls_watch"])
+def test_cancelling_a_request_cancels_its_bls_requests(ours: Endpoints, tmp_path: Path, model: str) -> None:
     marker = tmp_path / "child"
-    _cancel_grpc_call(ours, "bls_watch", child_marker=str(marker))
+    _cancel_grpc_call(ours, model, child_marker=str(marker))
     assert wait_for(marker) == "cancelled"
     # The server serves on.
     client = grpcclient.InferenceServerClient(ours.grpc)
     try:
-        assert client.is_model_ready("bls_watch") and client.is_model_ready("unary_watch")
+        assert client.is_model_ready(model) and client.is_model_ready("unary_watch")
         assert client.infer("sender_unary", [_in([0])]).as_numpy("OUT").tolist() == [0]
     finally:
         client.close()
