@@ -4,8 +4,8 @@ python backend README, "Decoupled mode" and "Using the response sender in non-de
 A decoupled model sends any number of responses, from any thread, during `execute` or long after
 it returned, and ends the request with the final flag. A non-decoupled model may send its one
 response here, with the final flag, instead of returning it from `execute`, before `execute`
-returns (Triton would also take it later; this server answers the request when execute returns). Misuse is refused with
-Triton's words (python_backend src/response_sender.cc).
+returns (Triton would also take it later; this server answers the request when execute returns).
+Misuse is refused with Triton's words (python_backend src/response_sender.cc).
 
 A decoupled sender that is dropped before its final flag (no reference left to it: the model
 returned, or its thread ended, without ever ending the request) reports its token to the stub,
@@ -27,7 +27,7 @@ __all__ = ["InferenceResponseSender"]
 class InferenceResponseSender:
     """Sends a request's responses, from any thread, until the final flag."""
 
-    __slots__ = ("_token", "_decoupled", "_closed", "_sent", "kept", "__weakref__")
+    __slots__ = ("_token", "_decoupled", "_closed", "_sent", "kept")
 
     _lock = threading.Lock()  # one check-and-close at a time, across every sender (rarely contended)
     #: Where a decoupled sender dropped before its final flag puts its token (set by the stub): a
