@@ -3,7 +3,8 @@ python_backend README "Model Loading API"), and BLS refused outside `execute`.
 
 - In explicit model control mode a model loads another from the repository, checks its readiness
   (with and without a version), unloads it, and loads a model from files it passes itself (a config
-  in JSON and "file:1/model.py"): the client sees each change, alike on tritonserver 2.51 and ours.
+  in JSON and a "file:1/model.py" of 6 MiB, more than a control message holds): the client sees
+  each change, alike on tritonserver 2.51 and ours.
 - BLS from `initialize` fails the load with Triton's words ("BLS is only supported during the
   'execute' function."), on both.
 - On ours only, since tritonserver 2.51 aborts on a refused model-control call from a model: outside
@@ -70,7 +71,9 @@ class TritonPythonModel:
         if action == "ready_bad_version":
             return pb_utils.is_model_ready(model_name="target", model_version="one")
         if action == "load_files":
-            files = {"file:1/model.py": self.target_source}
+            # Larger than a control message: 6 MiB of comment after the code. One file only: with
+            # more, tritonserver 2.51 gives every file the last one's contents.
+            files = {"file:1/model.py": self.target_source + b"\\n#" + b"-" * (6 << 20) + b"\\n"}
             return pb_utils.load_model("copied", config=COPIED_CONFIG, files=files)
         raise ValueError(action)
 
@@ -81,7 +84,7 @@ class TritonPythonModel:
             try:
                 answer = {"result": self.act(action)}
             except pb_utils.TritonModelException as exc:
-                answer = {"error": exc.message()}
+                answer = {"error": str(exc)}
             out = np.array([json.dumps(answer).encode()], dtype=np.object_)
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", out)]))
         return responses
@@ -135,7 +138,7 @@ def _act(client: httpclient.InferenceServerClient, action: str) -> dict[str, Any
     return answer
 
 
-def _doubled(client: httpclient.InferenceServerClient, model: str) -> list[float]:
+def _scaled(client: httpclient.InferenceServerClient, model: str) -> list[float]:
     tensor = httpclient.InferInput("IN", [1], "FP32")
     tensor.set_data_from_numpy(np.array([1.5], dtype=np.float32))
     result: list[float] = client.infer(model, [tensor]).as_numpy("OUT").tolist()
@@ -156,14 +159,14 @@ def _control_from_the_model(client: httpclient.InferenceServerClient) -> None:
     assert not client.is_model_ready("target")
     assert _act(client, "ready") == {"result": False}
     assert _act(client, "load") == {"result": None}
-    assert client.is_model_ready("target") and _doubled(client, "target") == [3.0]
+    assert client.is_model_ready("target") and _scaled(client, "target") == [3.0]
     assert _act(client, "ready") == {"result": True}
     assert _act(client, "ready_v1") == {"result": True}
     assert _act(client, "unload") == {"result": None}
     assert _act(client, "ready") == {"result": False}
     assert _eventually(lambda: not client.is_model_ready("target"))
     assert _act(client, "load_files") == {"result": None}
-    assert client.is_model_ready("copied") and _doubled(client, "copied") == [3.0]
+    assert client.is_model_ready("copied") and _scaled(client, "copied") == [3.0]
     with pytest.raises(InferenceServerException) as caught:
         client.load_model("bls_init")
     assert BLS_WORDS in caught.value.message()

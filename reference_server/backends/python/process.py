@@ -376,7 +376,7 @@ class StubProcess:
         elif op == "bls":
             self._bls(message, fds)
         elif op == "service":  # custom metrics and the model loading API
-            services.serve(self, message)
+            services.serve(self, message, fds)
         elif op == "log":
             level = {"WARNING": logging.WARNING, "ERROR": logging.ERROR, "VERBOSE": logging.DEBUG}.get(
                 message["level"], logging.INFO

@@ -42,8 +42,14 @@ class _Refused(Exception):
     """A call refused with a message for the model."""
 
 
-def serve(stub: StubProcess, message: dict[str, Any]) -> None:
+def serve(stub: StubProcess, message: dict[str, Any], fds: list[int]) -> None:
     """Answer one `service` message from `stub` (on the stub's reading side)."""
+    descs = message["tensors"]
+    try:
+        message["tensors"] = {d[0]: ipc.read_tensor(stub.stub_arena, d, fds, copy=True) for d in descs}
+    finally:
+        ipc.close_fds(fds)
+    stub.give_back([(d[3][1], d[3][2]) for d in descs if d[3][0] == "a"])
     context = stub.model.context
     call = message["call"]
     try:
@@ -141,7 +147,7 @@ def _control(stub: StubProcess, context: BackendContext, message: dict[str, Any]
         # The repository is the loop's: read it there.
         run: Any = _ready(control.model_ready, name, version)
     elif call == "load_model":
-        parameters: dict[str, Any] = dict(message["files"])
+        parameters: dict[str, Any] = {path: content.tobytes() for path, content in message["tensors"].items()}
         if message["config"]:
             parameters["config"] = message["config"]
         run = control.load_model(name, parameters)

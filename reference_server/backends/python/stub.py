@@ -447,14 +447,18 @@ class Stub:
         where = (os.path.basename(frame.f_code.co_filename), frame.f_lineno)
         self.channel.send({"op": "log", "level": level, "message": message, "where": where})
 
-    def call_server(self, call: str, args: dict[str, Any]) -> Any:
+    def call_server(self, call: str, args: dict[str, Any], tensors: dict[str, Any] | None = None) -> Any:
         """One custom-metrics or model-control call to the server (`services.py`): its result, or
-        TritonModelException with the server's words. From any thread; the caller reads meanwhile."""
+        TritonModelException with the server's words. From any thread; the caller reads meanwhile.
+        `tensors` (a model file's bytes, say) go through shared memory: they may outgrow a message."""
         answers: collections.deque[dict[str, Any]] = collections.deque()
         call_id = next(self._bls_ids)
         with self._bls_lock:
             self._calls[call_id] = answers
-        self.channel.send({"op": "service", "id": call_id, "call": call, **args})
+        fds: list[int] = []
+        descs = [ipc.write_tensor(self.arena, name, array, fds) for name, array in (tensors or {}).items()]
+        self.channel.send({"op": "service", "id": call_id, "call": call, "tensors": descs, **args}, fds)
+        ipc.close_fds(fds)
         self.pump(lambda: bool(answers))
         answer = answers.popleft()
         if answer["error"] is not None:

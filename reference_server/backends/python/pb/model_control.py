@@ -13,29 +13,32 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 # Imported by pb_utils, which this module needs at call time only: import pb_utils, not this.
 from reference_server.backends.python.pb import triton_python_backend_utils as pb
 
 __all__ = ["is_model_ready", "load_model", "unload_model"]
 
 
-def _call(call: str, prefix: str, **args: Any) -> Any:
+def _call(call: str, prefix: str, tensors: dict[str, Any] | None = None, **args: Any) -> Any:
     try:
-        return pb._bridge().call_server(call, args)
+        return pb._bridge().call_server(call, args, tensors)
     except pb.TritonModelException as exc:
         raise pb.TritonModelException(prefix + str(exc)) from None
 
 
 def load_model(model_name: str, config: str = "", files: dict[str, bytes] | None = None) -> None:
     """Load (or reload) `model_name`; with `config` (JSON) and `files` as the load API takes them."""
-    wire: dict[str, bytes] = {}
+    contents: dict[str, Any] = {}
     if files is not None:
         if not isinstance(files, dict):
             raise pb.TritonModelException(
                 f"failed to load model '{model_name}', files should be a dictionary of file paths and file contents"
             )
-        wire = {str(path): bytes(content) for path, content in files.items()}
-    _call("load_model", "Failed to load model: ", model_name=model_name, config=config, files=wire)
+        # Through shared memory, as bytes: a model file may be far larger than a control message.
+        contents = {str(path): np.frombuffer(bytes(content), dtype=np.uint8) for path, content in files.items()}
+    _call("load_model", "Failed to load model: ", contents, model_name=model_name, config=config)
 
 
 def unload_model(model_name: str, unload_dependents: bool = False) -> None:
