@@ -258,7 +258,7 @@ class DataPlane(InflightSlots):
         """A trace of `request` if the trace settings take it (`core/tracing.py`)."""
         trace = self.tracing.sample(served.name, served.version, request.id)
         if trace is not None:
-            trace.start(endpoint == GRPC_ENDPOINT, received_ns)
+            trace.start(endpoint == GRPC_ENDPOINT, received_ns, self.tracing.received)
         return trace
 
     def _unary(self, request: v2.InferRequest, endpoint: str) -> ModelVersion:

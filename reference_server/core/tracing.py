@@ -15,8 +15,11 @@ request and makes nothing.
 
 A traced request (`RequestTrace`) records TIMESTAMPS as Triton's do, on the same clock
 (`time.perf_counter_ns`, CLOCK_MONOTONIC like Triton's steady clock): the front end's
-`HTTP_RECV_START`/`HTTP_RECV_END` (gRPC: `GRPC_WAITREAD_START`/`GRPC_WAITREAD_END`), taken when the
-request, read and decoded whole, reaches the data plane; `REQUEST_START`, `QUEUE_START`,
+`HTTP_RECV_START`/`HTTP_RECV_END` (gRPC: `GRPC_WAITREAD_START`/`GRPC_WAITREAD_END`), when it began
+reading the request's body (its HTTP head complete; its HTTP/2 stream opened) and when the body was
+complete, which the front end takes only while `active` and hands over in `Tracing.received`
+(a request handed over from a task, as compressed gRPC ones are, has both at its arrival in the
+data plane); `REQUEST_START`, `QUEUE_START`,
 `COMPUTE_START`, `COMPUTE_INPUT_END`, `COMPUTE_OUTPUT_START`, `COMPUTE_END` and `REQUEST_END` from
 the scheduler's own timings of the request (the trace is the request's secondary statistics, so the
 scheduler records it as it records the model's); and `HTTP_SEND_START`/`HTTP_SEND_END`
@@ -227,12 +230,13 @@ class RequestTrace(ModelStats):
         self.events: list[tuple[str, int]] = []
         self.received_ns = 0
 
-    def start(self, grpc: bool, received_ns: int) -> None:
-        """The request reached the data plane at `received_ns`, read and decoded whole, from the
-        gRPC front end or (not `grpc`) the HTTP one."""
+    def start(self, grpc: bool, received_ns: int, read: tuple[int, int] | None = None) -> None:
+        """The request reached the data plane at `received_ns`, decoded, from the gRPC front end or
+        (not `grpc`) the HTTP one, which began and ended reading it at `read` (if it knows)."""
         self.received_ns = received_ns
         recv = _GRPC_RECV if grpc else _HTTP_RECV
-        self.events += ((recv[0], received_ns), (recv[1], received_ns))
+        begun, ended = read if read is not None else (received_ns, received_ns)
+        self.events += ((recv[0], begun), (recv[1], ended))
         self.events += (("REQUEST_START", received_ns), ("QUEUE_START", received_ns))
 
     def record_success(
@@ -308,6 +312,10 @@ class Tracing:
         #: Called when a setting's trace_count runs out, so that the front-end workers stop taking
         #: traces (`workers/hosting.py`); an update's callers tell them themselves.
         self.used_up: Callable[[], None] | None = None
+        #: The front end's read of the request it hands to the data plane now (when it began and
+        #: ended reading its body, `perf_counter_ns`), set only around that synchronous hand-off
+        #: while tracing is active; None otherwise (then the hand-off's time stands for both).
+        self.received: tuple[int, int] | None = None
 
     def settings(self, model: str = "") -> dict[str, Any]:
         return self._models.get(model, self._global).as_dict() if model else self._global.as_dict()

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server.core.dataplane import StreamResponse
+from reference_server.core.tracing import Tracing
 from v2kit import codec as v2
 
 __all__ = ["Plane", "SharedMemoryCalls"]
@@ -27,6 +28,10 @@ class SharedMemoryCalls(Protocol):
 class Plane(Protocol):
     inflight: int
     inflight_listeners: list[Callable[[int], None]]
+
+    @property
+    def tracing(self) -> Tracing:
+        """The trace settings requests are sampled by, in this process (a worker's copy of the core's)."""
 
     @property
     def shared_memory(self) -> SharedMemoryCalls: ...

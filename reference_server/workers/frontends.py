@@ -27,7 +27,7 @@ log = logging.getLogger("reference_server.server")
 def build_http(config: ServerConfig, plane: Plane, token: Token | None) -> HttpServer:
     """The REST front end over `plane`, not yet listening."""
     gate = ReadGate(config.http_read_pause_inflight) if config.http_read_pause_inflight else None
-    return build_rest_server(
+    server = build_rest_server(
         plane,
         max_request_bytes=config.http_max_input_size,
         token=token,
@@ -37,12 +37,14 @@ def build_http(config: ServerConfig, plane: Plane, token: Token | None) -> HttpS
         limits=config.http_limits,
         header_forward=HeaderForwarding.of(config.http_header_forward_pattern),
     )
+    server.tracing = plane.tracing
+    return server
 
 
 def build_grpc(config: ServerConfig, plane: Plane, token: Token | None) -> GrpcServer:
     """The gRPC front end over `plane`, not yet listening. One size limit for both front ends:
     --http-max-input-size also caps gRPC messages."""
-    return GrpcServer(
+    server = GrpcServer(
         InferenceServicer(plane),
         max_message_bytes=config.http_max_input_size,
         token=token,
@@ -51,6 +53,8 @@ def build_grpc(config: ServerConfig, plane: Plane, token: Token | None) -> GrpcS
         if config.grpc_response_compression != "none"
         else None,
     )
+    server.tracing = plane.tracing
+    return server
 
 
 async def listen_grpc(server: GrpcServer, config: ServerConfig, port: int, *, reuse_port: bool = False) -> int:

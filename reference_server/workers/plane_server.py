@@ -135,7 +135,8 @@ class _WorkerConnection(FrameProtocol):
             return False
         return True
 
-    def _infer(self, call_id: int, request: Any, endpoint: str) -> None:
+    def _infer(self, call_id: int, request: Any, endpoint: str, received: tuple[int, int] | None = None) -> None:
+        """A unary request; `received`: when the worker began and ended reading it, while tracing."""
         if not self._admitted(call_id):
             return
         plane = self._server.plane
@@ -147,11 +148,16 @@ class _WorkerConnection(FrameProtocol):
             else:
                 self.send((call_id, "ok", response_to_wire(response)))
 
+        if received is not None:
+            plane.tracing.received = received
         try:
             plane.start_infer(request_from_wire(request), done, endpoint=endpoint)
         except Exception as exc:
             plane.release()
             self.send((call_id, "err", error_of(exc, "inference")))
+        finally:
+            if received is not None:
+                plane.tracing.received = None
 
     def _call(self, call_id: int, name: str, args: tuple[Any, ...]) -> None:
         if name == "update_settings":

@@ -27,6 +27,7 @@ from reference_server.workers.frames import (
     response_from_wire,
 )
 from reference_server.workers.local_models import LocalModels
+from reference_server.workers.trace_relay import RelayedTracing
 from v2kit import codec as v2
 
 __all__ = ["RemotePlane", "connect"]
@@ -122,6 +123,9 @@ class RemotePlane(InflightSlots):
         self.shared_memory = _RemoteSharedMemory(self)
         #: The models this worker runs itself (`hosting.py`), if the core asks it to.
         self.local = local
+        #: The core's trace settings, as this worker times and samples its requests by them: a
+        #: request it hands to the core carries its read's times (`Tracing.received`).
+        self.tracing = local.tracing if local is not None else RelayedTracing()
         self._asked: set[asyncio.Task[None]] = set()
         calls.on_ask = self._asked_by_core
         if local is not None:
@@ -164,8 +168,7 @@ class RemotePlane(InflightSlots):
         installed = log_settings.installed()
         if installed is not None:
             installed.apply(logs)
-        if self.local is not None:
-            self.local.tracing.load(traces)
+        self.tracing.load(traces)
 
     @property
     def closed(self) -> asyncio.Event:
@@ -289,7 +292,11 @@ class RemotePlane(InflightSlots):
         def answered(status: str, value: Any) -> None:
             done(exception_of(value) if status == "err" else response_from_wire(value))
 
-        self._calls.start("infer", (request_to_wire(request), endpoint), answered)
+        received = self.tracing.received
+        if received is None:
+            self._calls.start("infer", (request_to_wire(request), endpoint), answered)
+        else:  # tracing is active: the core traces it from this worker's read
+            self._calls.start("infer", (request_to_wire(request), endpoint, received), answered)
 
     def infer_stream(self, request: v2.InferRequest) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
         return self._stream(request)

@@ -1,7 +1,8 @@
 """Tracing and logging with front-end workers (`--frontend-workers 2`): the models the workers run
 themselves are traced into the core's one trace file, in the same JSON as the core's requests,
 trace_count holds server-wide, and the logging extension's changes reach the workers' own logs.
-Requests go on fresh connections, which the kernel spreads over the workers.
+Requests go on fresh connections, which the kernel spreads over the workers. And the front ends'
+receive timestamps time the request's read, in one process and across the workers.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import json
 import os
 import re
 import shutil
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -151,3 +154,36 @@ def test_log_settings_changes_reach_the_workers(repository: Path, tmp_path: Path
     assert len(live) == 6 and str(os.getpid()) not in live, text
     assert "/v2/health/ready" not in text, text  # no worker wrote them
     assert len(re.findall(r'"GET /v2 200"$', text, re.M)) == 6, text
+
+
+def slow_http(server: ReferenceServer, model: str, request_id: str, delay_s: float) -> None:
+    """A request whose body the client sends `delay_s` after its head."""
+    body = json.dumps(
+        {"id": request_id, "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 2], "data": [1.0, 2.0]}]}
+    ).encode()
+    head = f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as connection:
+        connection.sendall(head.encode())
+        time.sleep(delay_s)
+        connection.sendall(body)
+        assert connection.recv(65536).startswith(b"HTTP/1.1 200")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_receive_stamps_time_the_requests_read(repository: Path, tmp_path: Path, workers: int) -> None:
+    trace_file = tmp_path / "trace.json"
+    config = loopback_config(
+        repository, frontend_workers=workers, trace_config=(f"triton,file={trace_file}", "level=TIMESTAMPS", "rate=1")
+    )
+    delay_ns = 200_000_000
+    with running_server(config) as server:
+        for model in ("pair", "identity"):  # with workers: run by a worker, and by the core
+            slow_http(server, model, f"slow-{model}", delay_ns / 1e9)
+            infer(server, model, f"grpc-{model}", grpc=True)
+    stamps = {trace["request_id"]: dict(trace["stamps"]) for trace in read_traces(trace_file).values()}
+    for model in ("pair", "identity"):
+        http = stamps[f"slow-{model}"]
+        assert http["HTTP_RECV_END"] - http["HTTP_RECV_START"] >= delay_ns  # the body came that much later
+        assert http["HTTP_RECV_END"] <= http["REQUEST_START"]
+        grpc = stamps[f"grpc-{model}"]
+        assert grpc["GRPC_WAITREAD_START"] < grpc["GRPC_WAITREAD_END"] <= grpc["REQUEST_START"]

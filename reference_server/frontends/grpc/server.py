@@ -47,12 +47,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from time import perf_counter_ns
 from typing import Any, cast
 from urllib.parse import quote
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb
 
+from reference_server.core.tracing import Tracing
 from reference_server.errors import InvalidArgument
 from reference_server.frontends.auth import OPEN_GRPC_METHODS, Token, Unauthenticated
 from reference_server.frontends.compression import CODINGS, Corrupt, TooLarge, compress_async, inflate, inflate_async
@@ -135,6 +137,9 @@ class GrpcServer(Listener):
         #: Request bytes the calls of one connection may hold together: one largest message.
         self.max_held_bytes = max_message_bytes + 5
         self.token = token
+        #: The trace settings (the plane's, set by the builder): while active, each unary call's
+        #: read is timed for its trace (`Tracing.received`).
+        self.tracing = Tracing()
         self.methods: dict[str, _Method] = {}
         for method in _SERVICE.methods:
             path = f"/{_SERVICE.full_name}/{method.name}"
@@ -155,8 +160,9 @@ class _Call(Stream):
 
     __slots__ = (
         "method", "chunks", "size", "need", "task", "requests", "queued", "headers_sent", "drained", "encoding",
-        "reply_coding", "forwarded", "metadata", "cancel",
+        "reply_coding", "forwarded", "metadata", "cancel", "read_began",
     )  # fmt: skip
+    read_began: int  # when its stream opened (perf_counter_ns), set only while tracing is active
 
     def __init__(self, method: _Method, encoding: str = "", reply_coding: str | None = None) -> None:
         super().__init__()
@@ -274,6 +280,8 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
         if reply is None and server.reply_coding is not None and method.name in _INFER_METHODS:
             reply = server.reply_coding(offered)
         call = _Call(method, coding, reply)
+        if server.tracing.active:
+            call.read_began = perf_counter_ns()
         call.forwarded = forwarded or None
         timeout_s = _timeout_s(headers.get("grpc-timeout"))
         if timeout_s is not None:
@@ -313,7 +321,16 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
         if message is None:
             return
         if stream.method.start is not None and stream.reply_coding is None:
-            self._serve_now(stream, _deserialize(stream, message))
+            tracing = self._server.tracing
+            if not tracing.active:
+                self._serve_now(stream, _deserialize(stream, message))
+                return
+            # Its read's times go with it to the data plane, for its trace.
+            tracing.received = (getattr(stream, "read_began", 0) or perf_counter_ns(), perf_counter_ns())
+            try:
+                self._serve_now(stream, _deserialize(stream, message))
+            finally:
+                tracing.received = None
         else:
             self._start(stream, self._serve_unary(stream, _deserialize(stream, message)))
 

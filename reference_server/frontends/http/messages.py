@@ -47,9 +47,11 @@ _JSON = "application/json"
 class HttpRequest:
     """One parsed request. `path` is as sent (percent-encoded, without the query); header names
     are lower case, and a repeated header's values are joined with ', '; `raw_headers` are the
-    lines as they came (header forwarding passes on the names as sent, as Triton does)."""
+    lines as they came (header forwarding passes on the names as sent, as Triton does). Only while
+    tracing is active, `received` holds when its body began and ended to be read (unset otherwise)."""
 
-    __slots__ = ("method", "path", "headers", "body", "raw_headers")
+    __slots__ = ("method", "path", "headers", "body", "raw_headers", "received")
+    received: tuple[int, int]
 
     def __init__(
         self, method: str, path: str, headers: dict[str, str], body: bytes,

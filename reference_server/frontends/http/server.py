@@ -52,10 +52,12 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from functools import partial
+from time import perf_counter_ns
 from typing import cast
 
 import httptools
 
+from reference_server.core.tracing import Tracing
 from reference_server.frontends.http import limits as limits_
 from reference_server.frontends.http import messages, streaming
 from reference_server.frontends.http.limits import DEFAULT_LIMITS, HttpLimits
@@ -109,6 +111,9 @@ class HttpServer(Listener):
         self.refusal = refusal or _default_refusal
         self.read_gate = read_gate
         self.access_log = access_log
+        #: The trace settings (the plane's, set by the builder): while active, each request's read
+        #: is timed for its trace (`Tracing.received`).
+        self.tracing = Tracing()
 
     def connection(self) -> asyncio.Protocol:
         return _Connection(self)
@@ -127,6 +132,8 @@ class _Connection(asyncio.Protocol):
 
     def __init__(self, server: HttpServer) -> None:
         self._server = server
+        self._tracing = server.tracing
+        self._body_began = 0  # when the head was complete (perf_counter_ns), while tracing is active
         limits = self._limits = server.limits
         self._max_request_line = limits.max_request_line  # read per request: one attribute, not two
         self._max_header_line = limits.max_header_line
@@ -269,6 +276,8 @@ class _Connection(asyncio.Protocol):
             return
         server = self._server
         self._in_body = True
+        if self._tracing.active:
+            self._body_began = perf_counter_ns()
         # A head that came in one read no larger than the line limit can be over no limit but the
         # count: most heads are checked with two comparisons, not a look at every line.
         meter = self._meter
@@ -336,6 +345,9 @@ class _Connection(asyncio.Protocol):
             query = url.find(b"?")
             path = (url if query < 0 else url[:query]).decode("latin-1")
             item = HttpRequest(parser.get_method().decode("latin-1"), path, self._fields, body, self._headers)
+            if self._body_began:
+                item.received = (self._body_began, perf_counter_ns())
+                self._body_began = 0
         admitted, self._admitted = self._admitted, False
         self._queue.append((item, admitted, keep_alive))
         if not self._serving and len(self._queue) == 1:
@@ -366,6 +378,10 @@ class _Connection(asyncio.Protocol):
                     return
                 admitted = True
         exchange = messages.Exchange(self._replied, item, admitted, keep_alive, transport)
+        tracing = self._tracing
+        traced = tracing.active
+        if traced:  # its read's times go with it to the data plane, for its trace
+            tracing.received = getattr(item, "received", None)
         try:
             with self._cancel:
                 server.respond(item, exchange)
@@ -374,6 +390,9 @@ class _Connection(asyncio.Protocol):
                 log.exception("internal error serving %s %s, after its answer", item.method, item.path)
             else:
                 exchange(messages.internal_error(exc, f"{item.method} {item.path}"))
+        finally:
+            if traced:
+                tracing.received = None
 
     def _replied(self, exchange: messages.Exchange, response: HttpResponse) -> None:
         """The handler's answer: the request's slot goes back, then the answer is written or streamed."""
