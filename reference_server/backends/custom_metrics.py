@@ -5,8 +5,9 @@ the metrics port beside the `nv_*` families.
 One registry per server, handed to backends in their `BackendContext`. A family is a name, a kind
 (counter, gauge, histogram) and a description; a metric is one label set of a family. Both are
 held through handles that belong to an owner (a python stub process): what an owner holds goes
-when it lets go of it or when the owner goes (`release`, at unload or when the stub dies), and a
-family with neither handles nor metrics left is no longer listed.
+when it lets go of it or when the owner goes (`release`, at unload or when the stub dies). A family
+without metrics is not listed (as on Triton); one with neither handles nor metrics left is
+forgotten, its name free again.
 
 As Triton (prometheus-cpp under it): registering a family name again with the same kind returns the
 same family, keeping its first description; with another kind it is refused. Two metrics of a family
