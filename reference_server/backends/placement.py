@@ -15,7 +15,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from reference_server.errors import ModelConfigError
 from v2kit.runtime import gpu
 
-__all__ = ["MAX_INSTANCES_PER_GROUP", "Placement", "gpu_memory_delta", "plan_instances"]
+__all__ = ["MAX_INSTANCES_PER_GROUP", "Placement", "gpu_memory_delta", "plan_instances", "show_placed_kinds"]
 
 MAX_INSTANCES_PER_GROUP = 64
 
@@ -27,6 +27,8 @@ class Placement:
     name: str
     device: str
     gpu: int | None = None
+    #: The index of its instance_group in the config.
+    group: int = 0
 
 
 def plan_instances(
@@ -75,16 +77,33 @@ def plan_instances(
                 )
             for gpu in listed or list(range(gpu_count)):
                 for index in range(count):
-                    placements.append(Placement(f"{group_name}_{index}", "GPU", gpu))
+                    placements.append(Placement(f"{group_name}_{index}", "GPU", gpu, group_index))
         elif kind == mc.ModelInstanceGroup.KIND_CPU:
             for index in range(count):
-                placements.append(Placement(f"{group_name}_{index}", "CPU"))
+                placements.append(Placement(f"{group_name}_{index}", "CPU", None, group_index))
         else:
             raise ModelConfigError(
                 f"{config_path}: instance_group '{group_name}' kind {mc.ModelInstanceGroup.Kind.Name(kind)} "
                 "is not supported; use KIND_CPU or KIND_GPU"
             )
     return placements
+
+
+def show_placed_kinds(config: mc.ModelConfig, placements: Iterable[Placement]) -> None:
+    """Write into `config` the kind each KIND_AUTO group was placed with (and a GPU group's GPUs
+    where it lists none), as Triton's config shows them: KIND_CPU on a machine without a GPU."""
+    placed: dict[int, list[Placement]] = {}
+    for placement in placements:
+        placed.setdefault(placement.group, []).append(placement)
+    for index, group in enumerate(config.instance_group):
+        mine = placed.get(index)
+        if not mine:
+            continue
+        if group.kind == mc.ModelInstanceGroup.KIND_AUTO:
+            on_gpu = any(p.device == "GPU" for p in mine)
+            group.kind = mc.ModelInstanceGroup.KIND_GPU if on_gpu else mc.ModelInstanceGroup.KIND_CPU
+        if group.kind == mc.ModelInstanceGroup.KIND_GPU and not group.gpus:
+            group.gpus.extend(sorted({p.gpu for p in mine if p.gpu is not None}))
 
 
 # NVML reports memory per process, not per model: serialise the creation of GPU instances so that

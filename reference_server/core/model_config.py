@@ -37,6 +37,7 @@ from typing import Any
 from tritonclient.grpc import model_config_pb2
 
 from reference_server.backends.onnxruntime import ONNX_BACKEND, ONNX_PLATFORM
+from reference_server.backends.placement import Placement, show_placed_kinds
 from reference_server.backends.python import PYTHON_BACKEND, PYTHON_MODEL_FILENAME
 from reference_server.errors import ModelConfigError, raising_server_errors
 from reference_server.scheduling.execute import TensorSignature
@@ -98,8 +99,10 @@ def complete_config(
     config_path: Path,
     model_path: Path,
     default_max_batch_size: int = 4,
+    placements: Sequence[Placement] = (),
 ) -> ModelConfig:
-    """Return a new config completed from the graph signature and checked against it.
+    """Return a new config completed from the graph signature and checked against it; with the
+    `placements` of its instances, a KIND_AUTO group shows the kind it was placed with.
 
     Raises ModelConfigError naming `config_path`, `model_path` and the offending tensor when the
     config contradicts the graph or is invalid. `config` itself is not modified.
@@ -152,6 +155,7 @@ def complete_config(
     _complete_dynamic_batching(completed, where)
     _complete_sequence_batching(completed, where)
     _complete_instance_groups(completed)
+    show_placed_kinds(completed, placements)
     _complete_version_policy(completed, where)
     if not completed.default_model_filename:
         completed.default_model_filename = _default_filename(completed)
@@ -379,8 +383,8 @@ def _complete_sequence_batching(config: ModelConfig, where: _Where) -> None:
 
 def _complete_instance_groups(config: ModelConfig) -> None:
     # Simpler than Triton: one instance per group when count is unset or below 1 (Triton's
-    # onnxruntime backend gives KIND_CPU groups without a count 2). The kind stays as written;
-    # KIND_AUTO is resolved where the devices are known.
+    # onnxruntime backend gives KIND_CPU groups without a count 2). KIND_AUTO is resolved where the
+    # devices are known (`placement.show_placed_kinds`).
     if not config.instance_group:
         group = config.instance_group.add()
         group.name = config.name

@@ -475,6 +475,7 @@ class ModelRepository:
             config_path=config_path,
             model_path=model_path,
             default_max_batch_size=self.default_max_batch_size,
+            placements=placements,
         )
         context = BackendContext(
             settings=self.backend_config,

@@ -382,6 +382,7 @@ def _tensor_fields(config: dict[str, Any]) -> dict[str, Any]:
         "dynamic_batching": "dynamic_batching" in config and config["dynamic_batching"] is not None,
         "backend": config.get("backend"),
         "decoupled": bool((config.get("model_transaction_policy") or {}).get("decoupled", False)),
+        "instance_group": [(g["name"], g["kind"], int(g["count"])) for g in config.get("instance_group", [])],
     }
 
 
@@ -405,6 +406,7 @@ def test_a_folder_with_only_model_py_loads_from_its_auto_complete_config(urls: U
         "dynamic_batching": True,
         "backend": "python",
         "decoupled": False,
+        "instance_group": [("auto", "KIND_CPU", 1)],  # KIND_CPU where there is no GPU, as Triton shows it
     }
     assert outputs == {"OUTPUT0": ("FP32", (X * 2).tolist())}
 

@@ -9,7 +9,7 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server.backends import instance_factory, onnxruntime, python
-from reference_server.backends.placement import Placement, plan_instances
+from reference_server.backends.placement import Placement, plan_instances, show_placed_kinds
 from reference_server.errors import ModelConfigError
 
 CONFIG = Path("models/m/config.pbtxt")
@@ -106,3 +106,17 @@ def test_gpus_a_backend_cannot_use_count_as_none_and_kind_gpu_says_why() -> None
     gpu = text_format.Parse('name: "m" instance_group [ { count: 1, kind: KIND_GPU } ]', mc.ModelConfig())
     with pytest.raises(ModelConfigError, match=r"asks for KIND_GPU but onnxruntime 1\.0 here has no CUDA"):
         plan_instances(gpu, 1, CONFIG, why)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "shown"),
+    [(0, [("KIND_CPU", []), ("KIND_CPU", [])]), (2, [("KIND_GPU", [0, 1]), ("KIND_CPU", [])])],
+)
+def test_the_config_shows_the_kind_a_kind_auto_group_was_placed_with(
+    gpus: int, shown: list[tuple[str, list[int]]]
+) -> None:
+    # As Triton's config endpoint shows them: KIND_AUTO resolved, a GPU group's GPUs listed.
+    text = 'name: "m"\ninstance_group [ { kind: KIND_AUTO count: 2 }, { kind: KIND_CPU } ]\n'
+    config = text_format.Parse(text, mc.ModelConfig())
+    show_placed_kinds(config, plan_instances(config, gpus, CONFIG))
+    assert [(mc.ModelInstanceGroup.Kind.Name(g.kind), list(g.gpus)) for g in config.instance_group] == shown
