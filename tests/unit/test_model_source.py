@@ -6,15 +6,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from reference_server.backends.python import ipc
 from reference_server.core.model_config import parse_config_text
 from reference_server.core.model_source import config_path, fill_backend, read_model_config
 from reference_server.core.repository import ModelRepository
 from reference_server.errors import ModelConfigError
-from v2kit import codec as v2
 
 
 def _folder(root: Path, *files: str) -> Path:
@@ -82,26 +79,6 @@ def test_a_named_backend_or_filename_wins_and_the_given_config_is_not_changed(tm
     assert by_name.backend == ""  # a load override is kept as the client gave it
     other_name = parse_config_text('default_model_filename: "net.bin"\n', folder / "config.pbtxt")
     assert fill_backend(other_name, folder) is other_name
-
-
-def test_python_ints_in_a_bytes_output_travel_as_their_str(tmp_path: Path) -> None:
-    arena = ipc.Arena.create("test-as-text", 1 << 16)
-    try:
-        fds: list[int] = []
-        desc = ipc.write_tensor(arena, "S", np.array([[1, "two", b"\xff", 4.5]], dtype=np.object_), fds)
-        assert desc[1] == "BYTES" and desc[2] == (1, 4)
-        assert ipc.read_tensor(arena, desc, fds, copy=True).tolist() == [[b"1", b"two", b"\xff", b"4.5"]]
-    finally:
-        arena.close()
-
-
-def test_a_raw_bytes_request_to_a_batched_model_is_one_element_of_shape_1_1() -> None:
-    request = v2.decode_raw_binary_request(b"\x05\x00\x00\x00hi", "m", "", "RAW", "BYTES", [1, 1])
-    (tensor,) = request.inputs
-    assert tensor.shape == [1, 1]
-    assert tensor.data.tolist() == [[b"\x05\x00\x00\x00hi"]]
-    with pytest.raises(v2.CodecError, match="needs BYTES shape"):
-        v2.decode_raw_binary_request(b"x", "m", "", "RAW", "BYTES", [1, 2])
 
 
 async def test_an_onnx_folder_without_config_loads_unless_auto_complete_is_off(

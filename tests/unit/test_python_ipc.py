@@ -118,3 +118,14 @@ def test_utilities_convert_types_and_strings() -> None:
     assert (error.message(), error.code()) == ("nope", 2)
     with pytest.raises(pb_utils.TritonModelException, match="only usable inside a model"):
         pb_utils.InferenceRequest(model_name="m").exec()
+
+
+def test_python_ints_in_a_bytes_output_travel_as_their_str() -> None:
+    arena = ipc.Arena.create("test-as-text", 1 << 16)
+    try:
+        fds: list[int] = []
+        desc = ipc.write_tensor(arena, "S", np.array([[1, "two", b"\xff", 4.5]], dtype=np.object_), fds)
+        assert desc[1] == "BYTES" and desc[2] == (1, 4)
+        assert ipc.read_tensor(arena, desc, fds, copy=True).tolist() == [[b"1", b"two", b"\xff", b"4.5"]]
+    finally:
+        arena.close()

@@ -834,3 +834,12 @@ def test_an_answer_of_shapes_seen_before_carries_its_own_data():
     assert length is not None and json.loads(body[:length])["id"] == "r1"
     as_json, none = v2.encode_infer_response(with_id, InferRequest("m", outputs=[RequestedOutput("OUT", False)]))
     assert none is None and json.loads(as_json)["outputs"][0]["data"] == [0, 0, 0]
+
+
+def test_a_raw_bytes_request_to_a_batched_model_is_one_element_of_shape_1_1() -> None:
+    request = v2.decode_raw_binary_request(b"\x05\x00\x00\x00hi", "m", "", "RAW", "BYTES", [1, 1])
+    (tensor,) = request.inputs
+    assert tensor.shape == [1, 1]
+    assert tensor.data.tolist() == [[b"\x05\x00\x00\x00hi"]]
+    with pytest.raises(v2.CodecError, match="needs BYTES shape"):
+        v2.decode_raw_binary_request(b"x", "m", "", "RAW", "BYTES", [1, 2])
