@@ -16,6 +16,7 @@ from reference_server.frontends.auth import Token, read_token_file
 from reference_server.frontends.http.limits import DEFAULT_LIMITS, HttpLimits
 from reference_server.scheduling.rate_limiter import MODES as RATE_LIMIT_MODES
 from reference_server.scheduling.rate_limiter import parse_resource
+from reference_server.triton_flags import parse_bool
 from v2kit.runtime import cpus as runtime_cpus
 
 CONTROL_MODES = ("none", "explicit", "poll")
@@ -213,15 +214,6 @@ class ServerConfig:
                 raise ServerError(f"{flag} {path}: no such file")
 
 
-def _bool(text: str) -> bool:
-    lowered = text.lower()
-    if lowered in ("true", "1", "yes", "on"):
-        return True
-    if lowered in ("false", "0", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
-
-
 def _port(text: str) -> int:
     try:
         value = int(text)
@@ -278,9 +270,9 @@ def build_parser() -> argparse.ArgumentParser:
     secret.add_argument(
         "--auth-token-file", type=Path, metavar="FILE", help="as --auth-token, the token read from FILE"
     )
-    net.add_argument("--allow-http", type=_bool, default=True, metavar="BOOL")
-    net.add_argument("--allow-grpc", type=_bool, default=True, metavar="BOOL")
-    net.add_argument("--allow-metrics", type=_bool, default=True, metavar="BOOL")
+    net.add_argument("--allow-http", type=parse_bool, default=True, metavar="BOOL")
+    net.add_argument("--allow-grpc", type=parse_bool, default=True, metavar="BOOL")
+    net.add_argument("--allow-metrics", type=parse_bool, default=True, metavar="BOOL")
     net.add_argument(
         "--http-max-input-size",
         type=int,
@@ -379,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
     models.add_argument("--repository-poll-secs", type=float, default=15.0, metavar="SECONDS")
     models.add_argument(
         "--strict-readiness",
-        type=_bool,
+        type=parse_bool,
         default=True,
         metavar="BOOL",
         help="true: /v2/health/ready needs every model ready; false: server up is ready",
@@ -441,7 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--worker-instances",
-        type=_bool,
+        type=parse_bool,
         default=True,
         metavar="BOOL",
         help="with front-end workers, divide the instances of each plain onnxruntime model with at least one "

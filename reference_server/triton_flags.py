@@ -109,7 +109,7 @@ def _no_effect(name: str, why: str, kind: Callable[[str], Any] = str, metavar: s
 
 def _summary_refused(entry: str) -> str | None:
     key, _, value = entry.partition("=")
-    if key.strip() == "summary_latencies" and parse_bool(value.strip() or "false"):
+    if key.strip() == "summary_latencies" and value.strip().lower() in ("true", "1", "yes", "on"):
         return "latency summaries (quantiles) are not kept here; the latency counters are (counter_latencies)"
     return None
 
