@@ -139,6 +139,14 @@ def test_exit_on_error_stops_the_start(repository: Path, tmp_path: Path) -> None
             pass
     with running_server(loopback_config(broken)) as server:  # the default: log it and serve the rest
         assert server.repository is not None and not server.repository.serving("broken")
+    http, grpc, metrics = (str(port) for port in _free_ports(3))
+    argv = ["--model-repository", str(broken), "--exit-on-error=true", "--http-port", http, "--grpc-port", grpc]
+    run = subprocess.run(
+        [sys.executable, "-m", "reference_server", *argv, "--metrics-port", metrics],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert run.returncode == 1, run.stderr  # as tritonserver's "error: creating server: ..."
+    assert "error: creating server: failed to load all models: broken (--exit-on-error true)" in run.stderr
 
 
 def _infer_http(url: str, headers: dict[str, str]) -> dict[str, str]:
