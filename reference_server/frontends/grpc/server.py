@@ -273,12 +273,14 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
             return None
         assert method is not None
         coding = "" if encoding == "identity" else encoding
-        # Answer in the request's coding where the client accepts it (as grpc-go servers do).
-        accepted = headers.get("grpc-accept-encoding", "")
-        offered = [c.strip() for c in accepted.split(",")]
-        reply = coding if coding and coding in offered else None
-        if reply is None and server.reply_coding is not None and method.name in _INFER_METHODS:
-            reply = server.reply_coding(offered)
+        # Answer in the request's coding where the client accepts it (as grpc-go servers do), else an
+        # inference in the coding --grpc-infer-response-compression-level picks; most calls read neither.
+        reply = None
+        if coding or server.reply_coding is not None:
+            offered = [c.strip() for c in headers.get("grpc-accept-encoding", "").split(",")]
+            reply = coding if coding and coding in offered else None
+            if reply is None and server.reply_coding is not None and method.name in _INFER_METHODS:
+                reply = server.reply_coding(offered)
         call = _Call(method, coding, reply)
         if server.tracing.active:
             call.read_began = perf_counter_ns()
