@@ -4,14 +4,15 @@ a model registers is listed on the metrics port in Prometheus' text beside the `
 - A counter, a gauge and a histogram print the same lines on tritonserver 2.51 and on ours: HELP and
   TYPE, labels sorted by name (the `nv_*` ones too), a histogram's `_count`, `_sum` and `_bucket`
   lines with "le" last.
-- A model whose `initialize` registers a metric with a bad label fails to load with Triton's words,
-  and the server serves the others.
-- On ours only, since tritonserver 2.51 aborts (boost lock_exception, the whole server) on most
-  refused metric calls from `execute`: a bad label in `execute` fails that request with Triton's
-  words; misuse (a negative counter increment, `set` on a counter, `observe` on a gauge, another kind
-  for a registered name, a histogram without buckets...) raises TritonModelException with core's
-  words; and an unloaded model's families leave the metrics port (Triton 2.51 keeps them until the
-  model deletes its MetricFamily objects), as does a Metric the model drops.
+- On ours only, since tritonserver 2.51 may abort (boost lock_exception, the whole server) on any
+  refused metric call (2 runs in 8 for the bad label at load below; most calls from `execute`): a
+  model whose `initialize` registers a metric with a bad label fails to load with Triton's words
+  (those of the runs where 2.51 did not abort), and the server serves the others; a bad label in
+  `execute` fails that request with Triton's words; misuse (a negative counter increment, `set` on a
+  counter, `observe` on a gauge, another kind for a registered name, a histogram without buckets...)
+  raises TritonModelException with core's words; and an unloaded model's families leave the metrics
+  port (Triton 2.51 keeps them until the model deletes its MetricFamily objects), as does a Metric
+  the model drops.
 - With `--frontend-workers 2` the core, where python models run, lists them on the metrics port.
 """
 
@@ -320,13 +321,17 @@ def test_with_frontend_workers_the_core_lists_them(repository: Path, tmp_path: P
 
 
 @pytest.mark.peers
-def test_triton_prints_the_same_lines_and_refuses_the_same_bad_label(peers: Path, repository: Path) -> None:
+def test_triton_prints_the_same_lines(peers: Path, repository: Path) -> None:
     with running_triton(peers, repository, extra_args=["--model-control-mode=explicit", "--load-model=counted"]) as t:
         client = httpclient.InferenceServerClient(t.http_url)
         try:
             text = _count_and_check(client, t.metrics_port)
-            assert 'nv_inference_request_success{model="counted",version="1"} 3' in text
+            success = 'nv_inference_request_success{model="counted",version="1"} 3'
+            deadline = time.monotonic() + 10  # Triton counts a success once the response has left
+            while success not in text and time.monotonic() < deadline:
+                time.sleep(0.05)
+                text = _scrape(t.metrics_port)
+            assert success in text
             assert 'nv_inference_request_failure{model="counted",reason="BACKEND",version="1"} 0' in text
-            _bad_label_at_load(client)
         finally:
             client.close()
