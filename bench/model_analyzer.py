@@ -59,11 +59,11 @@ def write_run(work: Path, model: str, perf_analyzer: Path) -> Path:
     shim.chmod(0o755)
     http, grpc, metrics = free_ports(3)
     shape = SHAPES.get(model)
-    flags = f"\n    perf_analyzer_flags:\n      shape: {shape}" if shape else ""
+    profile = f"\n  {model}:\n    perf_analyzer_flags:\n      shape: {shape}" if shape else f" {model}"
     config = work / "config.yaml"
     config.write_text(
         f"model_repository: {repository}\n"
-        f"profile_models:\n  {model}:{flags}\n"
+        f"profile_models:{profile}\n"
         "triton_launch_mode: local\n"
         f"triton_server_path: {shim}\n"
         f"triton_output_path: {work / 'server.log'}\n"
