@@ -283,11 +283,12 @@ class StubProcess:
         except subprocess.TimeoutExpired:
             self.kill()
             self.process.wait()
-        services.release(self)  # its metric families leave the metrics port with it
         self._detach()
         self.channel.close()
         if self._reader is not None:
             self._reader.join(5)
+        # Once nothing reads its calls any more: its metric families leave the metrics port with it.
+        services.release(self)
         self.server_arena.close()
         self.stub_arena.close()
 
