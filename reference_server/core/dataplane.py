@@ -268,7 +268,9 @@ class DataPlane(InflightSlots):
             raise Unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
         return served
 
-    def infer_stream(self, request: v2.InferRequest) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
+    def infer_stream(
+        self, request: v2.InferRequest, *, endpoint: str = HTTP_ENDPOINT
+    ) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
         """The responses to one request, as the model sends them, each with whether it is the last.
 
         A response is a `v2.InferResponse`; a `ServerError` that the model sent in place of a
@@ -278,11 +280,16 @@ class DataPlane(InflightSlots):
         The request is checked here, before anything runs: a bad one raises at once (a
         `ServerError`, as `infer` would). An error that ends the execution raises from the
         iteration. Closing the iteration early (`aclose`, a cancelled task) cancels the request.
+        `endpoint` names the front end (`GRPC_ENDPOINT` for gRPC), for the request's trace.
         """
         received_ns = time.perf_counter_ns()
         served = self.repository.get(_model_name(request.model_name), request.model_version)
         inputs, output_names, timeout_us, classes, binding = self._prepare(served, request)
-        return self._stream(served, request, inputs, output_names, timeout_us, received_ns, classes, binding)
+        trace = self._trace(served, request, endpoint, received_ns) if self.tracing.active else None
+        return self._stream(
+            served, request, inputs, output_names, timeout_us, received_ns, classes, binding, trace,
+            endpoint == GRPC_ENDPOINT,
+        )  # fmt: skip
 
     async def _stream(
         self,
@@ -294,6 +301,8 @@ class DataPlane(InflightSlots):
         received_ns: int,
         classes: Mapping[str, int],
         binding: RequestBinding | None = None,
+        trace: RequestTrace | None = None,
+        grpc: bool = False,
     ) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
         stream = served.scheduler.infer_stream(
             inputs,
@@ -302,15 +311,30 @@ class DataPlane(InflightSlots):
             received_ns=received_ns,
             request_id=request.id,
             parameters=_model_parameters(request.parameters),
+            secondary_stats=trace,
         )
         try:
             async for results, final in stream:
-                if results is None or isinstance(results, ServerError):
+                if results is None:
+                    if trace is not None:
+                        trace.responded(grpc, False)
                     yield results, final
+                    continue
+                if isinstance(results, ServerError):
+                    answer: StreamResponse = results
                 else:
                     response = _response(served, request.id, output_names, results, classes)
-                    yield (response if binding is None else binding.write(response)), final
+                    answer = response if binding is None else binding.write(response)
+                if trace is None:
+                    yield answer, final
+                    continue
+                # Traced: each response's send is from its hand-off until the front end asks for the next.
+                trace.responded(grpc, True)
+                yield answer, final
+                trace.sent(grpc)
         finally:
+            if trace is not None:
+                trace.ended(grpc)
             # Closed early (the client went away): the scheduler's iteration ends too, now.
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:

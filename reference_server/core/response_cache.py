@@ -185,10 +185,12 @@ class CachedScheduler(SubmitsByTask):
         received_ns: int | None = None,
         request_id: str = "",
         parameters: dict[str, Any] | None = None,
+        secondary_stats: ModelStats | None = None,
     ) -> AsyncIterator[tuple[Tensors | ServerError | None, bool]]:
         """One response, final (a model with the cache is never decoupled: `check_cache_config`)."""
         return _one(self.infer(inputs, output_names, timeout_us=timeout_us, received_ns=received_ns,
-                               request_id=request_id, parameters=parameters))  # fmt: skip
+                               request_id=request_id, parameters=parameters,
+                               secondary_stats=secondary_stats))  # fmt: skip
 
     async def close(self, grace_s: float) -> None:
         await self.inner.close(grace_s)

@@ -19,12 +19,15 @@ A traced request (`RequestTrace`) records TIMESTAMPS as Triton's do, on the same
 reading the request's body (its HTTP head complete; its HTTP/2 stream opened) and when the body was
 complete, which the front end takes only while `active` and hands over in `Tracing.received`
 (a request handed over from a task, as compressed gRPC ones are, has both at its arrival in the
-data plane); `REQUEST_START`, `QUEUE_START`,
-`COMPUTE_START`, `COMPUTE_INPUT_END`, `COMPUTE_OUTPUT_START`, `COMPUTE_END` and `REQUEST_END` from
-the scheduler's own timings of the request (the trace is the request's secondary statistics, so the
-scheduler records it as it records the model's); and `HTTP_SEND_START`/`HTTP_SEND_END`
-(`GRPC_SEND_*`) around the answer's hand-off to the front end. TENSORS is accepted as a level, but
-tensor contents are not written.
+data plane); `REQUEST_START`, `QUEUE_START`, `COMPUTE_START`, `COMPUTE_INPUT_END`,
+`COMPUTE_OUTPUT_START`, `COMPUTE_END` and `REQUEST_END` from the scheduler's own timings of the
+request (the trace is the request's secondary statistics, so the scheduler records it as it records
+the model's); and Triton's `INFER_RESPONSE_COMPLETE`, then `HTTP_SEND_START`/`HTTP_SEND_END`
+(`GRPC_SEND_*`), around the answer's hand-off to the front end. A streamed request (gRPC
+ModelStreamInfer, HTTP generate) has one trace with a send per response it sends (from its
+hand-off until the front end asks for the next), and INFER_RESPONSE_COMPLETE for the first response
+over gRPC, for each response and a final flag sent alone over HTTP, as tritonserver 2.51 writes
+them. TENSORS is accepted as a level, but tensor contents are not written.
 
 Files: Triton's JSON, one array of objects: per trace `{"id":..,"model_name":..,"model_version":..
 [,"request_id":..]}` and one `{"id":..,"timestamps":[{"name":..,"ns":..}]}` per timestamp. With
@@ -229,6 +232,7 @@ class RequestTrace(ModelStats):
         self.request_id = request_id
         self.events: list[tuple[str, int]] = []
         self.received_ns = 0
+        self.responses = 0  # a stream's, so far
 
     def start(self, grpc: bool, received_ns: int, read: tuple[int, int] | None = None) -> None:
         """The request reached the data plane at `received_ns`, decoded, from the gRPC front end or
@@ -263,7 +267,8 @@ class RequestTrace(ModelStats):
         """Hand `response` to the front end's `answer`, timed as the front end's send, then write
         the trace."""
         send = _GRPC_SEND if grpc else _HTTP_SEND
-        self.events.append((send[0], perf_counter_ns()))
+        now = perf_counter_ns()
+        self.events += (("INFER_RESPONSE_COMPLETE", now), (send[0], now))
         try:
             answer(response)
         finally:
@@ -274,7 +279,32 @@ class RequestTrace(ModelStats):
         """The answer went back to a front end that awaited it: its send is timed as it leaves."""
         now = perf_counter_ns()
         send = _GRPC_SEND if grpc else _HTTP_SEND
-        self.events += ((send[0], now), (send[1], now))
+        self.events += (("INFER_RESPONSE_COMPLETE", now), (send[0], now), (send[1], now))
+        self.finish()
+
+    def responded(self, grpc: bool, sending: bool) -> None:
+        """The scheduler gave a stream its next response: one the front end sends (`sending`:
+        its send starts now), or the final flag alone. Triton's INFER_RESPONSE_COMPLETE marks
+        each of them over HTTP, only the first over gRPC."""
+        now = perf_counter_ns()
+        if not grpc or not self.responses:
+            self.events.append(("INFER_RESPONSE_COMPLETE", now))
+        self.responses += 1
+        if sending:
+            self.events.append(((_GRPC_SEND if grpc else _HTTP_SEND)[0], now))
+
+    def sent(self, grpc: bool) -> None:
+        """The front end took the stream's response last handed to it (`responded`)."""
+        self.events.append(((_GRPC_SEND if grpc else _HTTP_SEND)[1], perf_counter_ns()))
+
+    def ended(self, grpc: bool) -> None:
+        """A stream's responses are over: a send not seen to end ends now, REQUEST_END is now
+        if the scheduler recorded none (a sequence model's stream), and the trace is written."""
+        now = perf_counter_ns()
+        if self.events[-1][0] == (_GRPC_SEND if grpc else _HTTP_SEND)[0]:
+            self.sent(grpc)
+        if not any(name == "REQUEST_END" for name, _ in self.events):
+            self.events.append(("REQUEST_END", now))
         self.finish()
 
     def finish(self) -> None:

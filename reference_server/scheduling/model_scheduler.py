@@ -71,6 +71,7 @@ class ModelScheduler(Protocol):
         received_ns: int | None = None,
         request_id: str = "",
         parameters: dict[str, Any] | None = None,
+        secondary_stats: ModelStats | None = None,
     ) -> AsyncIterator[tuple[Tensors | ServerError | None, bool]]: ...
 
     async def close(self, grace_s: float) -> None: ...

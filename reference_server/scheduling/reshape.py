@@ -155,6 +155,7 @@ class ReshapingScheduler:
         received_ns: int | None = None,
         request_id: str = "",
         parameters: dict[str, Any] | None = None,
+        secondary_stats: ModelStats | None = None,
     ) -> AsyncIterator[tuple[Tensors | ServerError | None, bool]]:
         stream = self.inner.infer_stream(
             self.plan.to_model(inputs),
@@ -163,6 +164,7 @@ class ReshapingScheduler:
             received_ns=received_ns,
             request_id=request_id,
             parameters=parameters,
+            secondary_stats=secondary_stats,
         )
         try:
             async for outputs, final in stream:

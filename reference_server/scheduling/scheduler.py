@@ -231,6 +231,7 @@ class Scheduler:
         received_ns: int | None = None,
         request_id: str = "",
         parameters: dict[str, Any] | None = None,
+        secondary_stats: ModelStats | None = None,
     ) -> AsyncIterator[tuple[Tensors | ServerError | None, bool]]:
         """Run one request and yield its responses as (outputs, final) as they come.
 
@@ -243,10 +244,11 @@ class Scheduler:
         running decoupled one's model (`streaming.stream_responses`).
         """
         if self._policy.decoupled:
-            submit = partial(self._submit, inputs, output_names, timeout_us, received_ns, request_id, parameters)
+            submit = partial(self._submit, inputs, output_names, timeout_us, received_ns, request_id, parameters,
+                             secondary_stats=secondary_stats)  # fmt: skip
             return stream_responses(submit, self._withdraw, self._slots)
         return _one(self.infer(inputs, output_names, timeout_us=timeout_us, received_ns=received_ns,
-                               request_id=request_id, parameters=parameters))  # fmt: skip
+                               request_id=request_id, parameters=parameters, secondary_stats=secondary_stats))  # fmt: skip
 
     def _submit(
         self,
@@ -541,50 +543,6 @@ class Scheduler:
         if not self._closed:
             self._schedule()
             self._check_drained()
-
-    def _resolve(self, batch: list[QueuedRequest], outcome: Outcome) -> None:
-        t0, t1, t2, t3, results, error = outcome
-        done = perf_counter_ns()
-        stats = self._stats
-        if results is None:
-            if isinstance(error, ServerError):
-                failure: ServerError = error
-            else:
-                failure = InternalError(f"{type(error).__name__}: {error}" if str(error) else type(error).__name__)
-            for request in batch:
-                self._fail(request, failure, "BACKEND", done)
-            return
-        for request, result in zip(batch, results):
-            if isinstance(result, Exception):
-                own = result if isinstance(result, ServerError) else InternalError(f"{type(result).__name__}: {result}")
-                self._fail(request, own, "BACKEND", done)
-                continue
-            future = request.future
-            if future.done():
-                if future.cancelled():
-                    record_failure(stats, request.secondary_stats, done - request.received_ns, "CANCELED")
-                continue  # otherwise close() failed it and counted it already
-            received = request.received_ns
-            stats.record_success(done - received, t0 - received, t1 - t0, t2 - t1, t3 - t2)
-            if request.secondary_stats is not None:
-                request.secondary_stats.record_success(done - received, t0 - received, t1 - t0, t2 - t1, t3 - t2)
-            future.set_result(result)
-            if request.done is not None:
-                request.done(result)
-
-    def _fail(self, request: QueuedRequest, error: Exception, reason: str, now: int) -> None:
-        future = request.future
-        if future.cancelled():
-            reason = "CANCELED"
-        elif future.done():
-            return  # already answered and counted
-        else:
-            future.set_exception(error)
-            if request.done is not None:
-                future.exception()  # taken from `done`, not from the future: not "never retrieved"
-        record_failure(self._stats, request.secondary_stats, now - request.received_ns, reason)
-        if request.done is not None and reason != "CANCELED":
-            request.done(error)
 
     def _is_drained(self) -> bool:
         idle = len(self._idle) == len(self._slots)

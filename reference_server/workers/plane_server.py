@@ -106,7 +106,7 @@ class _WorkerConnection(FrameProtocol):
         elif kind == "call":
             self._call(call_id, *payload)
         elif kind == "stream":
-            self._spawn(call_id, self._stream(call_id, payload))
+            self._spawn(call_id, self._stream(call_id, *payload))
         elif kind == "cancel":
             task = self._tasks.get(call_id)
             if task is not None:
@@ -201,12 +201,12 @@ class _WorkerConnection(FrameProtocol):
         else:
             self.send((call_id, "ok", value))
 
-    async def _stream(self, call_id: int, request: Any) -> None:
+    async def _stream(self, call_id: int, request: Any, endpoint: str) -> None:
         if not self._admitted(call_id):
             return
         plane = self._server.plane
         try:
-            responses = plane.infer_stream(request_from_wire(request))
+            responses = plane.infer_stream(request_from_wire(request), endpoint=endpoint)
             try:
                 async for response, final in responses:
                     if isinstance(response, BaseException):

@@ -298,13 +298,17 @@ class RemotePlane(InflightSlots):
         else:  # tracing is active: the core traces it from this worker's read
             self._calls.start("infer", (request_to_wire(request), endpoint, received), answered)
 
-    def infer_stream(self, request: v2.InferRequest) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
-        return self._stream(request)
+    def infer_stream(
+        self, request: v2.InferRequest, *, endpoint: str = HTTP_ENDPOINT
+    ) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
+        return self._stream(request, endpoint)
 
-    async def _stream(self, request: v2.InferRequest) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
+    async def _stream(
+        self, request: v2.InferRequest, endpoint: str
+    ) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
         queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         call_id = self._calls.start(
-            "stream", request_to_wire(request), lambda status, value: queue.put_nowait((status, value))
+            "stream", (request_to_wire(request), endpoint), lambda status, value: queue.put_nowait((status, value))
         )
         finished = False
         try:

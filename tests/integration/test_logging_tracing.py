@@ -188,8 +188,8 @@ def test_trace_config_writes_tritons_trace_json(repository: Path, tmp_path: Path
         names = [name for name, _ in trace["stamps"]]
         assert names == [
             f"{front[0]}_START", f"{front[0]}_END", "REQUEST_START", "QUEUE_START", "COMPUTE_START",
-            "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END", f"{front[1]}_START",
-            f"{front[1]}_END",
+            "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END", "INFER_RESPONSE_COMPLETE",
+            f"{front[1]}_START", f"{front[1]}_END",
         ]  # fmt: skip
         times = [ns for _, ns in trace["stamps"]]
         assert times == sorted(times), trace

@@ -74,7 +74,8 @@ def stamp_names(grpc: bool) -> list[str]:
     recv, send = ("GRPC_WAITREAD", "GRPC_SEND") if grpc else ("HTTP_RECV", "HTTP_SEND")
     return [
         f"{recv}_START", f"{recv}_END", "REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
-        "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END", f"{send}_START", f"{send}_END",
+        "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END", "INFER_RESPONSE_COMPLETE", f"{send}_START",
+        f"{send}_END",
     ]  # fmt: skip
 
 

@@ -59,7 +59,7 @@ class ScriptedPlane:
             raise NotFound(f"model '{name}' is not found")
         return {"name": name, "inputs": [{"name": "IN", "datatype": "INT32", "shape": [-1]}]}
 
-    def infer_stream(self, request: v2.InferRequest) -> AsyncGenerator[tuple[Any, bool], None]:
+    def infer_stream(self, request: v2.InferRequest, *, endpoint: str = "") -> AsyncGenerator[tuple[Any, bool], None]:
         if request.model_name not in self.scripts:
             raise NotFound(f"model '{request.model_name}' is not found")
         return self._run(request, self.scripts[request.model_name])

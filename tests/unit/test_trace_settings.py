@@ -107,7 +107,8 @@ def test_trace_json_as_triton_writes_it(tmp_path: Path) -> None:
     names = [e["timestamps"][0]["name"] for e in written[1:] if e["id"] == 1]
     assert names == [
         "HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END",
-        "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END", "HTTP_SEND_START", "HTTP_SEND_END",
+        "COMPUTE_OUTPUT_START", "COMPUTE_END", "REQUEST_END", "INFER_RESPONSE_COMPLETE", "HTTP_SEND_START",
+        "HTTP_SEND_END",
     ]  # fmt: skip
     stamps = [e["timestamps"][0]["ns"] for e in written if e["id"] == 1 and "timestamps" in e]
     assert stamps == sorted(stamps)

@@ -218,6 +218,7 @@ class EnsembleScheduler:
         received_ns: int | None = None,
         request_id: str = "",
         parameters: dict[str, Any] | None = None,
+        secondary_stats: ModelStats | None = None,
     ) -> AsyncIterator[tuple[Tensors | ServerError | None, bool]]:
         """The ensemble's responses. Without a decoupled step: one, final. With one: a response per
         completed pass through the steps after it, each pass started by one of its responses, as
@@ -232,6 +233,7 @@ class EnsembleScheduler:
                 received_ns=received_ns,
                 request_id=request_id,
                 parameters=parameters,
+                secondary_stats=secondary_stats,
             )
             yield outputs, True
             return

@@ -293,7 +293,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             return
         try:
             try:
-                responses = plane.infer_stream(request_from_proto(request))
+                responses = plane.infer_stream(request_from_proto(request), endpoint=GRPC_ENDPOINT)
             except Exception as exc:
                 yield _rejected(request, exc)
                 return

@@ -399,9 +399,11 @@ class SequenceScheduler(SubmitsByTask):
         received_ns: int | None = None,
         request_id: str = "",
         parameters: dict[str, Any] | None = None,
+        secondary_stats: ModelStats | None = None,
     ) -> AsyncIterator[tuple[Tensors | ServerError | None, bool]]:
         """`infer` for a stream: checked (and queued on its sequence) at once, then (outputs, final)
-        per response; a decoupled model's responses as it sends them."""
+        per response; a decoupled model's responses as it sends them. (`secondary_stats`, a trace,
+        is not recorded here: its trace has the request's start and end only.)"""
         received_ns = perf_counter_ns() if received_ns is None else received_ns
         ticket, params = self._admit(inputs, parameters)
         return self._stream(ticket, inputs, output_names, timeout_us, received_ns, request_id, params)
