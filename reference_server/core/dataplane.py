@@ -28,6 +28,7 @@ from reference_server.core.load_overrides import FILE_PREFIX, OverrideFolders
 from reference_server.core.log_settings import LogSettings
 from reference_server.core.repository import ModelRepository, ModelVersion
 from reference_server.core.shared_memory import RequestBinding, SharedMemoryRegistry
+from reference_server.core.trace_tensors import BACKEND_OUTPUT, QUEUE_INPUT
 from reference_server.core.tracing import RequestTrace, Tracing
 from reference_server.core.validation import datatype_of, validated_inputs, validated_outputs
 from reference_server.errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported, unknown_model
@@ -206,6 +207,8 @@ class DataPlane(InflightSlots):
         self, served: ModelVersion, request: v2.InferRequest, received_ns: int, trace: RequestTrace | None = None
     ) -> v2.InferResponse:
         inputs, output_names, timeout_us, classes, binding = self._prepare(served, request)
+        if trace is not None:
+            trace.record_tensors(QUEUE_INPUT, inputs)
         try:
             results = await served.scheduler.infer(
                 inputs,
@@ -216,6 +219,8 @@ class DataPlane(InflightSlots):
                 parameters=_model_parameters(request.parameters),
                 secondary_stats=trace,
             )
+            if trace is not None:
+                trace.record_tensors(BACKEND_OUTPUT, results)
             response = _response(served, request.id, output_names, results, classes)
             return response if binding is None else binding.write(response)
         finally:
@@ -238,11 +243,13 @@ class DataPlane(InflightSlots):
         received_ns = time.perf_counter_ns()
         served = self._unary(request, endpoint)
         inputs, output_names, timeout_us, classes, binding = self._prepare(served, request)
-        trace = self._trace(served, request, endpoint, received_ns) if self.tracing.active else None
+        trace = self._trace(served, request, endpoint, received_ns, inputs) if self.tracing.active else None
         if trace is not None:
             done = partial(trace.answered, done, endpoint == GRPC_ENDPOINT)
         try:
             finished = partial(_finished, done, served, request.id, output_names, classes, binding)
+            if trace is not None:
+                finished = partial(trace.results, finished)
             served.scheduler.submit(
                 inputs, output_names, finished, timeout_us=timeout_us, received_ns=received_ns,
                 request_id=request.id, parameters=_model_parameters(request.parameters), secondary_stats=trace,
@@ -253,12 +260,16 @@ class DataPlane(InflightSlots):
             raise
 
     def _trace(
-        self, served: ModelVersion, request: v2.InferRequest, endpoint: str, received_ns: int
+        self, served: ModelVersion, request: v2.InferRequest, endpoint: str, received_ns: int,
+        inputs: Tensors | None = None,
     ) -> RequestTrace | None:
-        """A trace of `request` if the trace settings take it (`core/tracing.py`)."""
+        """A trace of `request` (its checked `inputs`, if known yet) if the trace settings take it
+        (`core/tracing.py`)."""
         trace = self.tracing.sample(served.name, served.version, request.id)
         if trace is not None:
             trace.start(endpoint == GRPC_ENDPOINT, received_ns, self.tracing.received)
+            if inputs is not None:
+                trace.record_tensors(QUEUE_INPUT, inputs)
         return trace
 
     def _unary(self, request: v2.InferRequest, endpoint: str) -> ModelVersion:
@@ -285,7 +296,7 @@ class DataPlane(InflightSlots):
         received_ns = time.perf_counter_ns()
         served = self.repository.get(_model_name(request.model_name), request.model_version)
         inputs, output_names, timeout_us, classes, binding = self._prepare(served, request)
-        trace = self._trace(served, request, endpoint, received_ns) if self.tracing.active else None
+        trace = self._trace(served, request, endpoint, received_ns, inputs) if self.tracing.active else None
         return self._stream(
             served, request, inputs, output_names, timeout_us, received_ns, classes, binding, trace,
             endpoint == GRPC_ENDPOINT,
@@ -328,6 +339,8 @@ class DataPlane(InflightSlots):
                 if trace is None:
                     yield answer, final
                     continue
+                if not isinstance(results, ServerError):
+                    trace.record_tensors(BACKEND_OUTPUT, results)
                 # Traced: each response's send is from its hand-off until the front end asks for the next.
                 trace.responded(grpc, True)
                 yield answer, final

@@ -27,7 +27,7 @@ the model's); and Triton's `INFER_RESPONSE_COMPLETE`, then `HTTP_SEND_START`/`HT
 ModelStreamInfer, HTTP generate) has one trace with a send per response it sends (from its
 hand-off until the front end asks for the next), and INFER_RESPONSE_COMPLETE for the first response
 over gRPC, for each response and a final flag sent alone over HTTP, as tritonserver 2.51 writes
-them. TENSORS is accepted as a level, but tensor contents are not written.
+them. At level TENSORS the request's tensors are written too (`trace_tensors.py`).
 
 Files: Triton's JSON, one array of objects: per trace `{"id":..,"model_name":..,"model_version":..
 [,"request_id":..]}` and one `{"id":..,"timestamps":[{"name":..,"ns":..}]}` per timestamp. With
@@ -49,6 +49,7 @@ from collections.abc import Callable, Iterable, Mapping
 from time import perf_counter_ns
 from typing import IO, Any
 
+from reference_server.core.trace_tensors import BACKEND_OUTPUT, tensor_records
 from reference_server.errors import InternalError, InvalidArgument, ServerError, Unsupported
 from reference_server.scheduling.stats import ModelStats
 
@@ -233,6 +234,19 @@ class RequestTrace(ModelStats):
         self.events: list[tuple[str, int]] = []
         self.received_ns = 0
         self.responses = 0  # a stream's, so far
+        self.tensors: list[str] = []  # at level TENSORS (`trace_tensors.py`)
+
+    def record_tensors(self, activity: str, tensors: Mapping[str, Any]) -> None:
+        """`tensors` of the request (`trace_tensors.QUEUE_INPUT`, `BACKEND_OUTPUT`), if its level
+        is TENSORS."""
+        if self.setting.level & TENSORS:
+            self.tensors += tensor_records(activity, tensors)
+
+    def results(self, finished: Callable[[Any], None], results: Any) -> None:
+        """A scheduler's callback: the outputs in `results` recorded, then `finished` called."""
+        if not isinstance(results, Exception):
+            self.record_tensors(BACKEND_OUTPUT, results)
+        finished(results)
 
     def start(self, grpc: bool, received_ns: int, read: tuple[int, int] | None = None) -> None:
         """The request reached the data plane at `received_ns`, decoded, from the gRPC front end or
@@ -312,15 +326,19 @@ class RequestTrace(ModelStats):
         self.setting.finished(self)
 
     def json(self) -> str:
-        """This trace's objects in Triton's JSON, without the array's brackets."""
-        head: dict[str, Any] = {"id": self.trace_id, "model_name": self.model, "model_version": self.version}
-        if self.request_id:
-            head["request_id"] = self.request_id
-        objects = [json.dumps(head, separators=(",", ":"), ensure_ascii=False)]
+        """This trace's objects in Triton's JSON, without the array's brackets: at TIMESTAMPS its
+        model and request, then its timestamps; at TENSORS its tensors (alone, they come without
+        the model and request, as Triton writes them)."""
+        objects = []
         if self.setting.level & TIMESTAMPS:
+            head: dict[str, Any] = {"id": self.trace_id, "model_name": self.model, "model_version": self.version}
+            if self.request_id:
+                head["request_id"] = self.request_id
+            objects.append(json.dumps(head, separators=(",", ":"), ensure_ascii=False))
             objects += (
                 f'{{"id":{self.trace_id},"timestamps":[{{"name":"{name}","ns":{ns}}}]}}' for name, ns in self.events
             )
+        objects += (f'{{"id":{self.trace_id},{record}' for record in self.tensors)
         return ",".join(objects)
 
 
@@ -412,13 +430,14 @@ class Tracing:
         self._models = dict(models)
         self.active = any(setting.valid() for setting in (global_setting, *models.values()))
 
-    def accept(self, records: Iterable[tuple[str, int, str, list[tuple[str, int]]]]) -> None:
-        """Traces that front-end workers took ((model, version, request_id, timestamps) each): each
+    def accept(self, records: Iterable[tuple[str, int, str, list[tuple[str, int]], list[str]]]) -> None:
+        """Traces that front-end workers took ((model, version, request_id, timestamps, tensor
+        records) each): each
         counts against its model's trace_count when it arrives here, where it gets its id and is
         written as the core's own are. One that arrives after the count ran out (a worker had not
         heard yet) or after its level became OFF is dropped, so trace_count holds server-wide."""
         used_up = False
-        for model, version, request_id, events in records:
+        for model, version, request_id, events, tensors in records:
             setting = self._models.get(model, self._global)
             if not setting.valid():
                 continue
@@ -428,7 +447,7 @@ class Tracing:
             setting.taken()
             trace_id, self._next_id = self._next_id, self._next_id + 1
             trace = RequestTrace(trace_id, setting, model, version, request_id)
-            trace.events = events
+            trace.events, trace.tensors = events, tensors
             setting.finished(trace)
         if used_up:
             self._used_up()

@@ -25,8 +25,8 @@ from reference_server.core.tracing import OFF, RequestTrace, TraceFile, TraceSet
 
 __all__ = ["RelayedTracing"]
 
-#: What a worker sends per trace: model, version, request id, its timestamps.
-Record = tuple[str, int, str, list[tuple[str, int]]]
+#: What a worker sends per trace: model, version, request id, its timestamps and tensor records.
+Record = tuple[str, int, str, list[tuple[str, int]], list[str]]
 #: The name the copies' file has: the core writes, the worker only needs a file to be named.
 _CORE_FILE = TraceFile("(the core's trace file)")
 
@@ -62,7 +62,7 @@ class RelayedTracing(Tracing):
     def finished(self, trace: RequestTrace) -> None:
         if not self._batch:
             asyncio.get_running_loop().call_soon(self._flush)
-        self._batch.append((trace.model, trace.version, trace.request_id, trace.events))
+        self._batch.append((trace.model, trace.version, trace.request_id, trace.events, trace.tensors))
 
     def _flush(self) -> None:
         batch, self._batch = self._batch, []

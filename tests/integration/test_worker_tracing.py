@@ -188,3 +188,22 @@ def test_the_receive_stamps_time_the_requests_read(repository: Path, tmp_path: P
         assert http["HTTP_RECV_END"] <= http["REQUEST_START"]
         grpc = stamps[f"grpc-{model}"]
         assert grpc["GRPC_WAITREAD_START"] < grpc["GRPC_WAITREAD_END"] <= grpc["REQUEST_START"]
+
+
+def test_the_workers_trace_tensors(repository: Path, tmp_path: Path) -> None:
+    trace_file = tmp_path / "trace.json"
+    config = loopback_config(
+        repository, frontend_workers=2, trace_config=(f"triton,file={trace_file}", "level=TENSORS", "rate=1")
+    )
+    with running_server(config) as server:
+        before = core_successes(server, "pair")
+        for n in range(4):
+            infer(server, "pair", f"t{n}", grpc=bool(n % 2))
+        assert core_successes(server, "pair") == before
+    events = json.loads(trace_file.read_text())
+    assert sorted((e["id"], e["activity"]) for e in events) == [
+        (n, activity) for n in range(1, 5) for activity in ("TENSOR_BACKEND_OUTPUT", "TENSOR_QUEUE_INPUT")
+    ]
+    assert {(e["tensor"]["data"], e["tensor"]["shape"], e["tensor"]["dtype"]) for e in events} == {
+        ("1,2", "1,2", "FP32")
+    }

@@ -41,7 +41,7 @@ def test_a_worker_samples_by_its_copy_and_sends_batches() -> None:
     asyncio.run(requests())
     assert [[record[2] for record in batch] for batch in sent] == [["r1", "r3"]]  # every 2nd, 2 at most
     assert not worker.active  # its count is used up
-    model, version, request_id, events = sent[0][0]
+    model, version, request_id, events, tensors = sent[0][0]
     assert (model, version, events[0]) == ("m", 1, ("HTTP_RECV_START", 101))
 
 
@@ -54,7 +54,7 @@ def test_the_core_counts_numbers_and_writes_what_workers_send(tmp_path: Path) ->
     own.start(False, 1)
     own.returned(False)
     events = [("HTTP_RECV_START", 5), ("HTTP_RECV_END", 6)]
-    core.accept([("m", 1, f"w{n}", events) for n in range(4)])  # the last one is beyond the count
+    core.accept([("m", 1, f"w{n}", events, []) for n in range(4)])  # the last one is beyond the count
     assert told == [True] and not core.active
     assert core.settings()["trace_count"] == "0"
     written = json.loads((tmp_path / "t.json.0").read_text())
