@@ -13,8 +13,8 @@ Sampling: a setting takes every `trace_rate`-th request it sees while `trace_cou
 setting could take a request, so that with tracing off the data plane pays one attribute check per
 request and makes nothing.
 
-A traced request (`RequestTrace`) records TIMESTAMPS as Triton's do, on the same clock
-(`time.perf_counter_ns`, CLOCK_MONOTONIC like Triton's steady clock): the front end's
+A traced request (`RequestTrace`, `core/request_trace.py`) records TIMESTAMPS as Triton's do, on
+the same clock (`time.perf_counter_ns`, CLOCK_MONOTONIC like Triton's steady clock): the front end's
 `HTTP_RECV_START`/`HTTP_RECV_END` (gRPC: `GRPC_WAITREAD_START`/`GRPC_WAITREAD_END`), when it began
 reading the request's body (its HTTP head complete; its HTTP/2 stream opened) and when the body was
 complete, which the front end takes only while `active` and hands over in `Tracing.received`
@@ -43,20 +43,20 @@ counts them against trace_count, and writes them with its own.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from time import perf_counter_ns
 from typing import IO, Any
 
-from reference_server.core.trace_tensors import BACKEND_OUTPUT, tensor_records
+from reference_server.core.request_trace import OFF, TENSORS, TIMESTAMPS, RequestTrace
 from reference_server.errors import InternalError, InvalidArgument, ServerError, Unsupported
-from reference_server.scheduling.stats import ModelStats
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "LEVELS",
+    "OFF",
+    "TENSORS",
+    "TIMESTAMPS",
     "RequestTrace",
     "TraceSetting",
     "Tracing",
@@ -65,7 +65,6 @@ __all__ = [
     "startup_settings",
 ]
 
-OFF, TIMESTAMPS, TENSORS = 0, 1, 2
 #: Level names by bit, in the order Triton lists them.
 LEVELS = {"TIMESTAMPS": TIMESTAMPS, "TENSORS": TENSORS}
 MIN_TRACE_COUNT = -1
@@ -75,9 +74,6 @@ _INT32_MAX = 2**31 - 1
 _FLUSH_EVERY = 64
 _FIELDS = ("level", "rate", "count", "log_frequency")
 _FILE_REFUSED = "trace file location can not be updated through network protocol"
-#: The front ends' timestamps, as Triton's HTTP and gRPC front ends name them.
-_HTTP_RECV, _HTTP_SEND = ("HTTP_RECV_START", "HTTP_RECV_END"), ("HTTP_SEND_START", "HTTP_SEND_END")
-_GRPC_RECV, _GRPC_SEND = ("GRPC_WAITREAD_START", "GRPC_WAITREAD_END"), ("GRPC_SEND_START", "GRPC_SEND_END")
 
 
 class TraceSetting:
@@ -217,129 +213,6 @@ class TraceFile:
             self._stream.write("]")
             self._stream.close()
             self._stream = None
-
-
-class RequestTrace(ModelStats):
-    """The timestamps of one traced request. The scheduler records it as the request's secondary
-    statistics (`record_success`, `record_failure`, `record_cache_hit`: durations from the request's
-    arrival, from which the timestamps are rebuilt); the data plane adds the front end's."""
-
-    def __init__(self, trace_id: int, setting: TraceSetting, model: str, version: int, request_id: str) -> None:
-        super().__init__()
-        self.trace_id = trace_id
-        self.setting = setting
-        self.model = model
-        self.version = version
-        self.request_id = request_id
-        self.events: list[tuple[str, int]] = []
-        self.received_ns = 0
-        self.responses = 0  # a stream's, so far
-        self.tensors: list[str] = []  # at level TENSORS (`trace_tensors.py`)
-
-    def record_tensors(self, activity: str, tensors: Mapping[str, Any]) -> None:
-        """`tensors` of the request (`trace_tensors.QUEUE_INPUT`, `BACKEND_OUTPUT`), if its level
-        is TENSORS."""
-        if self.setting.level & TENSORS:
-            self.tensors += tensor_records(activity, tensors)
-
-    def results(self, finished: Callable[[Any], None], results: Any) -> None:
-        """A scheduler's callback: the outputs in `results` recorded, then `finished` called."""
-        if not isinstance(results, Exception):
-            self.record_tensors(BACKEND_OUTPUT, results)
-        finished(results)
-
-    def start(self, grpc: bool, received_ns: int, read: tuple[int, int] | None = None) -> None:
-        """The request reached the data plane at `received_ns`, decoded, from the gRPC front end or
-        (not `grpc`) the HTTP one, which began and ended reading it at `read` (if it knows)."""
-        self.received_ns = received_ns
-        recv = _GRPC_RECV if grpc else _HTTP_RECV
-        begun, ended = read if read is not None else (received_ns, received_ns)
-        self.events += ((recv[0], begun), (recv[1], ended))
-        self.events += (("REQUEST_START", received_ns), ("QUEUE_START", received_ns))
-
-    def record_success(
-        self, request_ns: int, queue_ns: int, compute_input_ns: int, compute_infer_ns: int, compute_output_ns: int
-    ) -> None:
-        at = self.received_ns + queue_ns
-        for name, span in (
-            ("COMPUTE_START", 0),
-            ("COMPUTE_INPUT_END", compute_input_ns),
-            ("COMPUTE_OUTPUT_START", compute_infer_ns),
-            ("COMPUTE_END", compute_output_ns),
-        ):
-            at += span
-            self.events.append((name, at))
-        self.events.append(("REQUEST_END", max(at, self.received_ns + request_ns)))
-
-    def record_cache_hit(self, request_ns: int, queue_ns: int, lookup_ns: int) -> None:
-        self.events.append(("REQUEST_END", self.received_ns + request_ns))
-
-    def record_failure(self, request_ns: int, reason: str) -> None:
-        self.events.append(("REQUEST_END", self.received_ns + request_ns))
-
-    def answered(self, answer: Callable[[Any], None], grpc: bool, response: Any) -> None:
-        """Hand `response` to the front end's `answer`, timed as the front end's send, then write
-        the trace."""
-        send = _GRPC_SEND if grpc else _HTTP_SEND
-        now = perf_counter_ns()
-        self.events += (("INFER_RESPONSE_COMPLETE", now), (send[0], now))
-        try:
-            answer(response)
-        finally:
-            self.events.append((send[1], perf_counter_ns()))
-            self.finish()
-
-    def returned(self, grpc: bool) -> None:
-        """The answer went back to a front end that awaited it: its send is timed as it leaves."""
-        now = perf_counter_ns()
-        send = _GRPC_SEND if grpc else _HTTP_SEND
-        self.events += (("INFER_RESPONSE_COMPLETE", now), (send[0], now), (send[1], now))
-        self.finish()
-
-    def responded(self, grpc: bool, sending: bool) -> None:
-        """The scheduler gave a stream its next response: one the front end sends (`sending`:
-        its send starts now), or the final flag alone. Triton's INFER_RESPONSE_COMPLETE marks
-        each of them over HTTP, only the first over gRPC."""
-        now = perf_counter_ns()
-        if not grpc or not self.responses:
-            self.events.append(("INFER_RESPONSE_COMPLETE", now))
-        self.responses += 1
-        if sending:
-            self.events.append(((_GRPC_SEND if grpc else _HTTP_SEND)[0], now))
-
-    def sent(self, grpc: bool) -> None:
-        """The front end took the stream's response last handed to it (`responded`)."""
-        self.events.append(((_GRPC_SEND if grpc else _HTTP_SEND)[1], perf_counter_ns()))
-
-    def ended(self, grpc: bool) -> None:
-        """A stream's responses are over: a send not seen to end ends now, REQUEST_END is now
-        if the scheduler recorded none (a sequence model's stream), and the trace is written."""
-        now = perf_counter_ns()
-        if self.events[-1][0] == (_GRPC_SEND if grpc else _HTTP_SEND)[0]:
-            self.sent(grpc)
-        if not any(name == "REQUEST_END" for name, _ in self.events):
-            self.events.append(("REQUEST_END", now))
-        self.finish()
-
-    def finish(self) -> None:
-        """Hand this trace to its setting, to be written."""
-        self.setting.finished(self)
-
-    def json(self) -> str:
-        """This trace's objects in Triton's JSON, without the array's brackets: at TIMESTAMPS its
-        model and request, then its timestamps; at TENSORS its tensors (alone, they come without
-        the model and request, as Triton writes them)."""
-        objects = []
-        if self.setting.level & TIMESTAMPS:
-            head: dict[str, Any] = {"id": self.trace_id, "model_name": self.model, "model_version": self.version}
-            if self.request_id:
-                head["request_id"] = self.request_id
-            objects.append(json.dumps(head, separators=(",", ":"), ensure_ascii=False))
-            objects += (
-                f'{{"id":{self.trace_id},"timestamps":[{{"name":"{name}","ns":{ns}}}]}}' for name, ns in self.events
-            )
-        objects += (f'{{"id":{self.trace_id},{record}' for record in self.tensors)
-        return ",".join(objects)
 
 
 class Tracing:
