@@ -18,8 +18,8 @@ the same clock (`time.perf_counter_ns`, CLOCK_MONOTONIC like Triton's steady clo
 `HTTP_RECV_START`/`HTTP_RECV_END` (gRPC: `GRPC_WAITREAD_START`/`GRPC_WAITREAD_END`), when it began
 reading the request's body (its HTTP head complete; its HTTP/2 stream opened) and when the body was
 complete, which the front end takes only while `active` and hands over in `Tracing.received`
-(a request handed over from a task, as compressed gRPC ones are, has both at its arrival in the
-data plane); `REQUEST_START`, `QUEUE_START`, `COMPUTE_START`, `COMPUTE_INPUT_END`,
+(HTTP generate hands it over too; a compressed gRPC request, handed over from a task, and a gRPC
+stream's request have both at their arrival in the data plane); `REQUEST_START`, `QUEUE_START`, `COMPUTE_START`, `COMPUTE_INPUT_END`,
 `COMPUTE_OUTPUT_START`, `COMPUTE_END` and `REQUEST_END` from the scheduler's own timings of the
 request (the trace is the request's secondary statistics, so the scheduler records it as it records
 the model's); and Triton's `INFER_RESPONSE_COMPLETE`, then `HTTP_SEND_START`/`HTTP_SEND_END`

@@ -201,12 +201,20 @@ class _WorkerConnection(FrameProtocol):
         else:
             self.send((call_id, "ok", value))
 
-    async def _stream(self, call_id: int, request: Any, endpoint: str) -> None:
+    async def _stream(self, call_id: int, request: Any, endpoint: str, received: tuple[int, int] | None = None) -> None:
+        """A streamed request; `received`: when the worker began and ended reading it, while tracing."""
         if not self._admitted(call_id):
             return
         plane = self._server.plane
         try:
-            responses = plane.infer_stream(request_from_wire(request), endpoint=endpoint)
+            if received is None:
+                responses = plane.infer_stream(request_from_wire(request), endpoint=endpoint)
+            else:
+                plane.tracing.received = received
+                try:
+                    responses = plane.infer_stream(request_from_wire(request), endpoint=endpoint)
+                finally:
+                    plane.tracing.received = None
             try:
                 async for response, final in responses:
                     if isinstance(response, BaseException):

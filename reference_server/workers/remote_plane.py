@@ -301,14 +301,16 @@ class RemotePlane(InflightSlots):
     def infer_stream(
         self, request: v2.InferRequest, *, endpoint: str = HTTP_ENDPOINT
     ) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
-        return self._stream(request, endpoint)
+        return self._stream(request, endpoint, self.tracing.received)  # read now: the hand-off is now
 
     async def _stream(
-        self, request: v2.InferRequest, endpoint: str
+        self, request: v2.InferRequest, endpoint: str, received: tuple[int, int] | None
     ) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
         queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         call_id = self._calls.start(
-            "stream", (request_to_wire(request), endpoint), lambda status, value: queue.put_nowait((status, value))
+            "stream",
+            (request_to_wire(request), endpoint, received),
+            lambda status, value: queue.put_nowait((status, value)),
         )
         finished = False
         try:

@@ -10,6 +10,7 @@ import http.client
 import json
 import os
 import queue
+import socket
 import time
 from collections import Counter
 from pathlib import Path
@@ -149,3 +150,22 @@ def test_the_same_timestamps_as_tritonserver(peers: Path, repository: Path, tmp_
         traces = read_traces(ours_folder, 5)
     names["ours"] = {request_id: Counter(name for name, _ in stamps) for request_id, stamps in traces.items()}
     assert names["ours"] == names["triton"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_generate_streams_receive_stamps_time_the_read(repository: Path, tmp_path: Path, workers: int) -> None:
+    delay_ns = 200_000_000
+    config = loopback_config(
+        repository, frontend_workers=workers, trace_config=tuple(trace_args(tmp_path / "trace.json"))
+    )
+    with running_server(config) as server:
+        body = json.dumps({"id": "slow", "IN": [7]}).encode()
+        head = f"POST /v2/models/repeat/generate_stream HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+        with socket.create_connection(("127.0.0.1", server.http_port), timeout=30) as connection:
+            connection.sendall(head.encode())
+            time.sleep(delay_ns / 1e9)  # the body comes that much after the head
+            connection.sendall(body)
+            assert connection.recv(65536).startswith(b"HTTP/1.1 200")
+        stamps = dict(read_traces(tmp_path, 1)["slow"])
+    assert stamps["HTTP_RECV_END"] - stamps["HTTP_RECV_START"] >= delay_ns
+    assert stamps["HTTP_RECV_END"] <= stamps["REQUEST_START"]

@@ -55,7 +55,15 @@ async def generate(plane: Plane, request: HttpRequest, model: str, version: str,
     """The answer to a generate (`stream` False) or generate_stream request."""
     inputs = {t["name"]: t for t in plane.model_metadata(model, version)["inputs"]}
     infer_request = generate_request(request.body, model, version, inputs)
-    responses = plane.infer_stream(infer_request)  # checks the request; runs nothing yet
+    tracing = plane.tracing
+    if not tracing.active:
+        responses = plane.infer_stream(infer_request)  # checks the request; runs nothing yet
+    else:  # its read's times go with it to the data plane, for its trace
+        tracing.received = getattr(request, "received", None)
+        try:
+            responses = plane.infer_stream(infer_request)
+        finally:
+            tracing.received = None
     # Streamed either way, as Triton's are: the head waits for the first response (whose status
     # it carries), and a client that goes away meanwhile cancels the request.
     response = HttpResponse(200, content_type=_SSE if stream else _JSON)
