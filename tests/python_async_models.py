@@ -23,7 +23,8 @@ Not decoupled:
   returns None; IN[0] picks a misuse: 1 two responses, 2 a response without the final flag,
   3 the final flag alone, 4 a response both sent and returned, 5 nothing sent nor returned,
   6 a response sent from a thread once execute returned. Triton 2.51 leaves 2 and 5 waiting for
-  ever, and answers 6 when the thread sends; ours answers when execute returns.
+  ever; ours answers 2 when execute returns and fails 5 when its sender is dropped. Both answer 6
+  when the thread sends.
 - `unary_watch`: polls `request.is_cancelled()` for 10 s at most, writes `marker` when it turns
   True, and answers OUT = [1 if it was cancelled].
 - `bls_watch`: calls `unary_watch` through BLS (`exec`, in execute) with the request parameter

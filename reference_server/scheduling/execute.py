@@ -8,6 +8,7 @@ one that takes the requests as they are (`RequestsInstance.run_requests`: the py
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from time import perf_counter_ns
@@ -18,6 +19,7 @@ import numpy.typing as npt
 
 __all__ = [
     "BatchItem",
+    "Deferred",
     "ModelInstance",
     "Outcome",
     "RequestsInstance",
@@ -102,8 +104,61 @@ class BatchItem(Protocol):
     sink: ResponseSink | None
 
 
-#: (one entry per request: its outputs, or the error that fails it alone; start and end of the
-#: model's own run, perf_counter_ns, which bound compute_infer).
+class Deferred(Exception):
+    """A request's answer that comes after its batch ended: the instance left the request open
+    (a python model that returned None for it and keeps its response sender) and settles it once,
+    from any thread, with the outputs or the error that fails it (`answers.Answers` waits for it).
+
+    An Exception only so that it rides, unlooked at, through every path that passes a request's
+    own error along: the requests answered at once pay no check for it.
+    """
+
+    def __init__(self) -> None:
+        super().__init__("the request is answered after its batch")
+        self._lock = threading.Lock()
+        self._result: Tensors | Exception | None = None
+        self._then: Callable[[Tensors | Exception], None] | None = None
+        self._kept: Tensors | None = None
+        #: Called once, before the answer goes on, by whoever settles it (the instance lets go of it).
+        self.on_settled: Callable[[], None] | None = None
+
+    def settle(self, result: Tensors | Exception) -> bool:
+        """Answer the request, unless it was answered already; whether this call answered it."""
+        with self._lock:
+            if self._result is not None:
+                return False
+            self._result = result
+            then = self._then
+        if self.on_settled is not None:
+            self.on_settled()
+        if then is not None:
+            then(result)
+        return True
+
+    def then(self, callback: Callable[[Tensors | Exception], None]) -> None:
+        """Have `callback` called with the answer, now if it has come, else from `settle`."""
+        with self._lock:
+            result = self._result
+            if result is None:
+                self._then = callback
+                return
+        callback(result)
+
+    def sink(self, outputs: Tensors | None, final: bool, error: Exception | None) -> None:
+        """The `ResponseSink` of a request answered once: its response, then (or with it) the final
+        flag; an error response settles it at once."""
+        if error is not None:
+            self.settle(error)
+            return
+        if outputs is not None:
+            self._kept = outputs
+        if final:
+            kept = self._kept
+            self.settle(kept if kept is not None else RuntimeError("the final flag came without a response"))
+
+
+#: (one entry per request: its outputs, the error that fails it alone, or a `Deferred` answer;
+#: start and end of the model's own run, perf_counter_ns, which bound compute_infer).
 RequestsOutcome = tuple["list[Tensors | Exception]", int, int]
 
 

@@ -66,7 +66,8 @@ that order. Requests rejected while queued never got a number, so, as in Triton 
 and call back when it is answered (`streaming.start_batch`); `_finish` then runs at once, or one
 iteration later when the answer came inside the dispatch itself. *Decoupled models* are served by
 `infer_stream` (`streaming.stream_responses`): a consumer that leaves early withdraws a queued
-request and cancels a running one through its instance.
+request and cancels a running one through its instance. A request that its instance leaves open
+when the batch ends (`execute.Deferred`) is answered when it settles (`answers.Answers`).
 
 *Statistics* (`stats.ModelStats`): queue time runs from `received_ns` to the start of the batch's
 run; compute_input covers gathering inputs, compute_infer `run`, compute_output splitting outputs
@@ -86,7 +87,8 @@ from functools import partial
 from time import perf_counter_ns, thread_time_ns
 from typing import Any
 
-from reference_server.errors import InternalError, ServerError, Unavailable, Unsupported
+from reference_server.errors import ServerError, Unavailable, Unsupported
+from reference_server.scheduling.answers import Answers
 from reference_server.scheduling.cancel import cancel_request, watch
 from reference_server.scheduling.execute import (
     ModelInstance,
@@ -150,6 +152,9 @@ class Scheduler:
         self._next_seq = 0  # preserve_ordering: next batch number to hand out
         self._release_seq = 0  # ... and the next one to release
         self._held: dict[int, tuple[list[QueuedRequest], Outcome]] = {}
+        self._answers = Answers(stats, self._check_drained)
+        self._resolve = self._answers.resolve
+        self._fail = self._answers.fail
         self._slots = [Slot(instance) for instance in instances]
         self._idle: deque[Slot] = deque(self._slots)
         inline = len(instances) == 1 and getattr(instances[0], "runs_on_loop", False) is True
@@ -356,6 +361,7 @@ class Scheduler:
         # Batches held back for ordering have their outputs; their predecessors just failed.
         for seq in sorted(self._held):
             self._resolve(*self._held.pop(seq))
+        self._answers.fail_later(Unavailable("Server is stopping: request was still executing"), "OTHER")
         if self._gate is not None:
             self._gate.close()
         for slot in self._slots:
@@ -546,7 +552,7 @@ class Scheduler:
 
     def _is_drained(self) -> bool:
         idle = len(self._idle) == len(self._slots)
-        return idle and not self._queue and not self._delayed and not self._held
+        return idle and not self._queue and not self._delayed and not self._held and not self._answers.later
 
     def _check_drained(self) -> None:
         if self._drained is not None and self._is_drained():

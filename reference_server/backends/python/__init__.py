@@ -19,7 +19,7 @@ not hold a python model to its config there); a log line says so once per model 
 Settings (`--backend-config=python,KEY=VALUE`): `stub-timeout-seconds` (Triton's; default 30)
 bounds starting a stub, importing the model and `initialize`; `execute-timeout-seconds` (ours;
 default 300, 0 = no limit) bounds one `execute`, after which the batch fails and the stub is
-restarted; `shm-default-byte-size` (Triton's name; default 64 MiB) sizes each of an instance's
+restarted, and how long a request that execute left open waits for its response (`deferred.py`); `shm-default-byte-size` (Triton's name; default 64 MiB) sizes each of an instance's
 two arenas (larger tensors get a shared-memory file of their own).
 """
 

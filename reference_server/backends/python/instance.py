@@ -18,6 +18,8 @@ Failures, each confined to what it touches:
 - `execute` raises: that batch fails with Triton's "Failed to process the request(s) for model
   '<instance>', message: ..." and the exception's text and frames; the stub keeps serving.
 - A response carrying `TritonError`: that request fails with its message and the code's status.
+- A request execute gave no response (a non-decoupled model answering through its sender later):
+  it stays open, and the rest of the batch is answered (`deferred.OpenRequests`).
 - The stub exits or is killed: the reader sees EOF; the batch in flight and every open stream
   fail with "Stub process '<instance>' is not healthy."; the next batch starts a new stub
   (import and `initialize` again) before it runs.
@@ -34,6 +36,7 @@ timeout); a stub whose server dies sees EOF and exits by itself.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import json
 import logging
@@ -44,10 +47,11 @@ from typing import Any
 
 from reference_server.backends.placement import Placement
 from reference_server.backends.python import ipc
+from reference_server.backends.python.deferred import OpenRequests
 from reference_server.backends.python.process import PythonModel, StubProcess
 from reference_server.backends.python.reschedule import reschedule
 from reference_server.errors import InternalError, ModelConfigError, Unavailable
-from reference_server.scheduling.execute import BatchItem, RequestsOutcome, ResponseSink, Tensors
+from reference_server.scheduling.execute import BatchItem, Deferred, RequestsOutcome, ResponseSink, Tensors
 
 __all__ = ["PythonInstance"]
 
@@ -114,6 +118,7 @@ class PythonInstance:
         # The batches sent to the stub and not concluded, by batch id, for `cancel` to find a
         # request's token (those of a stub that died are dropped when the next one starts).
         self._running: dict[int, tuple[Sequence[BatchItem], _Prepared]] = {}
+        self._open = OpenRequests(model, self.name)  # requests execute left open (`deferred`)
 
     # --- lifecycle ------------------------------------------------------------------------------------
 
@@ -238,6 +243,10 @@ class PythonInstance:
     def run(self, inputs: Tensors, output_names: Sequence[str]) -> Tensors:
         """One request outside the scheduler (warmup)."""
         (result,), _, _ = self.run_requests([_Single(inputs, output_names)])
+        if isinstance(result, Deferred):  # left open: its answer comes when the model sends it
+            answer = concurrent.futures.Future[Tensors | Exception]()
+            result.then(answer.set_result)
+            result = answer.result()
         if isinstance(result, Exception):
             raise result
         return result
@@ -328,6 +337,8 @@ class PythonInstance:
             return False
         if request.sink is not None:
             return stub.cancel_stream(request.sink)
+        if self._open and self._open.cancel(request):
+            return True
         for batch, prepared in list(self._running.values()):
             for item, entry in zip(batch, prepared.items):
                 if item is request:
@@ -399,7 +410,9 @@ class PythonInstance:
                 raise InternalError(
                     f"Failed to process the request(s) for model '{self.name}', message: {reply['error']}"
                 )
-            self._release_unary(stub, batch, prepared.per_request)
+            left_open = reply.get("deferred")  # requests the model answers later (deferred.py)
+            if left_open is None:
+                self._release_unary(stub, batch, prepared.per_request)
             results: list[Tensors | Exception] = []
             if prepared.tokens:
                 results = [{} for _ in batch]  # a decoupled model answers through the streams
@@ -413,6 +426,9 @@ class PythonInstance:
                         continue
                     outputs, error = stub.read_response(response, out_fds)
                     results.append(error if error is not None else outputs or {})
+                if left_open is not None:
+                    tokens = [item[0] for item in prepared.items]
+                    self._open.hold(stub, batch, tokens, prepared.per_request, left_open, results)
             if "reschedule" in reply:
                 reschedule(self.model, stub, prepared.items, reply["reschedule"], results)
             return results

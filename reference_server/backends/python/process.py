@@ -145,6 +145,9 @@ class StubProcess:
         self._lock = threading.Lock()
         self._waiters: dict[object, _Waiter] = {}
         self._streams: dict[int, _Stream] = {}
+        # Requests an execute answer left open (`deferred`), by token, until `defer` opens their
+        # stream: their responses, if any came before that, wait here (see `defer`).
+        self._early: dict[int, list[tuple[dict[str, Any], list[int]]]] = {}
         self._ids = itertools.count(1)
         self._to_free: list[tuple[int, int]] = []  # stub-arena blocks read and copied, not yet given back
         self._to_free_bytes = 0
@@ -207,6 +210,23 @@ class StubProcess:
     ) -> None:
         with self._lock:
             self._streams[token] = _Stream(sink, blocks, output_names)
+
+    def defer(self, token: int, sink: ResponseSink, blocks: list[tuple[int, int]], output_names: Sequence[str]) -> None:
+        """Open the stream of a request its execute left open (`deferred.py`). A worker thread that
+        waited for the execute answer opens it while the loop reads on: whatever the model sent for
+        it meanwhile was kept for now."""
+        with self._lock:
+            if not self.alive:
+                early = None
+            else:
+                self._streams[token] = _Stream(sink, blocks, output_names)
+                early = self._early.pop(token, [])
+        if early is None:
+            self.release(blocks)
+            sink(None, True, self.unhealthy())
+            return
+        for message, fds in early:
+            self._response(message, fds)
 
     def cancel_stream(self, sink: ResponseSink) -> bool:
         """Tell the stub that the client gave up the stream `sink` feeds (the model sees
@@ -284,6 +304,7 @@ class StubProcess:
             self.kill()
             self.process.wait()
         self._detach()
+        self._died()  # whatever the loop had not read: the streams still open end now
         self.channel.close()
         if self._reader is not None:
             self._reader.join(5)
@@ -357,6 +378,10 @@ class StubProcess:
                 self._dispatch(answer, [])
             return
         if op in ("executed", "loaded", "initialized", "finalized"):
+            if "deferred" in message:  # before anyone hears the answer: see `defer`
+                with self._lock:
+                    for token in message["deferred"]:
+                        self._early[token] = []
             key: object = message["id"] if op == "executed" else "control"
             callback = self.unexpect(message["id"]) if op == "executed" else None
             if callback is not None:
@@ -393,6 +418,9 @@ class StubProcess:
         final = bool(message["flags"] & _FINAL)
         with self._lock:
             stream = self._streams.get(token)
+            if stream is None and token in self._early:
+                self._early[token].append((message, fds))  # its stream opens in a moment (`defer`)
+                return
         try:
             outputs, error = self.read_response(message["response"], fds)
         finally:
@@ -456,6 +484,10 @@ class StubProcess:
             self._streams.clear()
             callbacks = list(self._callbacks.values())
             self._callbacks.clear()
+            early = [fds for messages in self._early.values() for _, fds in messages]
+            self._early.clear()
+        for fds in early:
+            ipc.close_fds(fds)
         for waiter in waiters:
             waiter.dead = True
             waiter.event.set()

@@ -107,6 +107,10 @@ class Stub:
         self._answers: list[dict[str, Any]] = []  # executes answered, not sent yet (see _execute)
         # Tokens of requests whose client went away (the server's `cancel`), until their final response.
         self.cancelled: set[int] = set()
+        # A non-decoupled model's requests left open by execute (`_leave_open`), until their final
+        # flag; what their senders send waits for the answer that left them open to go out.
+        self._left_open: set[int] = set()
+        self._deferring = threading.Lock()
         # BLS runs once `initialize` has returned and until `finalize` starts, as in Triton's stub.
         self.bls_allowed = False
         self._calls: dict[int, collections.deque[dict[str, Any]]] = {}  # service calls unanswered
@@ -241,9 +245,8 @@ class Stub:
         config = json.loads(args["model_config"])
         self.decoupled = pb_utils.using_decoupled_model_transaction_policy(config)
         self.instance_name = args["model_instance_name"]  # Triton's stub names the instance in its errors
-        if self.decoupled and pb_utils.InferenceResponseSender.dropped is None:
-            pb_utils.InferenceResponseSender.dropped = self._dropped
-            threading.Thread(target=self._end_dropped, name="stub-dropped-senders", daemon=True).start()
+        if self.decoupled:
+            self._watch_dropped()
         try:
             self.model = self.model_class()
             if hasattr(self.model, "initialize"):
@@ -273,6 +276,7 @@ class Stub:
             ipc.close_fds(fds)
         reply: dict[str, Any] = {"op": "executed", "id": message["id"], "responses": None, "error": None}
         out_fds: list[int] = []
+        holding = False
         self._executing = message["requests"]  # the owners of the BLS calls made on this thread
         try:
             result = self.model.execute(requests)
@@ -315,7 +319,13 @@ class Stub:
                             "Expected a None object in the execute function return list for reschduled request, "
                             f"found type '{named}'."
                         )
-                reply["responses"] = [self._response(r, out_fds) for r in result]
+                responses = reply["responses"] = [self._response(r, out_fds) for r in result]
+                if None in responses:  # a request left open, to be answered later (or rescheduled)
+                    self._deferring.acquire()  # released once this answer is out (see _leave_open)
+                    holding = True
+                    left_open = self._leave_open(requests, responses, rescheduled, out_fds)
+                    if left_open:
+                        reply["deferred"] = left_open
             if rescheduled:
                 reply["reschedule"] = rescheduled  # run again, not released (see pb/release.py)
                 for i in rescheduled:
@@ -323,6 +333,7 @@ class Stub:
         except Exception as exc:
             reply["error"] = format_exception(exc)
             reply["responses"] = None
+            reply.pop("deferred", None)
             if decoupled:  # the server ends their streams with the error: nothing more goes out
                 for request in requests:
                     request._sender._close()
@@ -330,7 +341,15 @@ class Stub:
         if self.cancelled and not decoupled:
             # These requests are over, and so is any cancellation that came for an earlier one.
             last = message["requests"][-1][0]
-            self.cancelled = {token for token in self.cancelled if token > last}
+            self.cancelled = {token for token in self.cancelled if token > last or token in self._left_open}
+        if holding:
+            try:  # now, not with a later answer: the model may send for its open requests
+                self._flush()
+                self.channel.send(reply, out_fds)
+            finally:
+                ipc.close_fds(out_fds)
+                self._deferring.release()
+            return
         if out_fds:
             self._flush()
             self.channel.send(reply, out_fds)
@@ -341,6 +360,37 @@ class Stub:
         self._answers.append(reply)
         if len(self._answers) >= _MAX_ANSWERS or not self._execute_next(message["ahead"]):
             self._flush()
+
+    def _leave_open(
+        self, requests: list[Any], responses: list[dict[str, Any] | None], rescheduled: list[int], out_fds: list[int]
+    ) -> list[int]:
+        """The requests given no response by execute (None returned for them, or in place of the
+        list) that stay open, as Triton's python backend leaves them: their senders may send the
+        response and the final flag later, from any thread. One that sent during execute is
+        answered with that response now. Their tokens; the caller holds `_deferring`, so that
+        nothing they send goes out before the answer that names them."""
+        left_open = []
+        skip = set(rescheduled)
+        with pb_utils.InferenceResponseSender._lock:
+            for index, request in enumerate(requests):
+                if responses[index] is not None or index in skip:
+                    continue
+                sender = request._sender
+                if sender.kept is not None:
+                    responses[index] = self._response(sender.kept, out_fds)
+                elif not sender._closed:
+                    sender._late = True
+                    left_open.append(sender._token)
+        if left_open:
+            self._left_open.update(left_open)
+            self._watch_dropped()
+        return left_open
+
+    def _watch_dropped(self) -> None:
+        """Have senders dropped before their final flag reported (see `_end_dropped`), once."""
+        if pb_utils.InferenceResponseSender.dropped is None:
+            pb_utils.InferenceResponseSender.dropped = self._dropped
+            threading.Thread(target=self._end_dropped, name="stub-dropped-senders", daemon=True).start()
 
     def _run_in_background(self, coroutine: Any, requests: list[pb_utils.InferenceRequest]) -> None:
         if self._background is None:
@@ -382,8 +432,8 @@ class Stub:
             token = self._dropped.get()
             text = (
                 f"Failed to process the request(s) for model '{self.instance_name}', message: the request's "
-                "response sender was released without the final flag; a decoupled model ends each request "
-                "with sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)"
+                "response sender was released without the final flag; a model that answers through its "
+                "response sender ends each request with sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)"
             )
             try:
                 self._send_final_error(token, text)
@@ -432,6 +482,15 @@ class Stub:
         return any(item[0] == token for item in self._executing)
 
     def send_response(self, token: int, response: pb_utils.InferenceResponse | None, flags: int) -> None:
+        if not self.decoupled:  # a request left open: after the answer that says so (see _leave_open)
+            with self._deferring:
+                self._send_response(token, response, flags)
+                if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
+                    self._left_open.discard(token)
+            return
+        self._send_response(token, response, flags)
+
+    def _send_response(self, token: int, response: pb_utils.InferenceResponse | None, flags: int) -> None:
         if flags & pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL:
             self.cancelled.discard(token)
         fds: list[int] = []

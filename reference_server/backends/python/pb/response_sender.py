@@ -3,12 +3,13 @@ python backend README, "Decoupled mode" and "Using the response sender in non-de
 
 A decoupled model sends any number of responses, from any thread, during `execute` or long after
 it returned, and ends the request with the final flag. A non-decoupled model may send its one
-response here, with the final flag, instead of returning it from `execute`, before `execute`
-returns (Triton would also take it later; this server answers the request when execute returns).
+response here, with the final flag, instead of returning it from `execute`: during execute, or
+later from a thread of its own for a request that execute gave no response (returned None for
+it, or returned None): the stub leaves that request open (`stub._leave_open`, which sets `_late`).
 Misuse is refused with Triton's words (python_backend src/response_sender.cc).
 
-A decoupled sender that is dropped before its final flag (no reference left to it: the model
-returned, or its thread ended, without ever ending the request) reports its token to the stub,
+A sender that is dropped before its final flag while its request is open (no reference left to
+it: the model returned, or its thread ended, without ever ending the request) reports its token to the stub,
 which ends the request with an error instead of leaving the client waiting forever.
 """
 
@@ -27,7 +28,7 @@ __all__ = ["InferenceResponseSender"]
 class InferenceResponseSender:
     """Sends a request's responses, from any thread, until the final flag."""
 
-    __slots__ = ("_token", "_decoupled", "_closed", "_sent", "kept")
+    __slots__ = ("_token", "_decoupled", "_closed", "_sent", "kept", "_late")
 
     _lock = threading.Lock()  # one check-and-close at a time, across every sender (rarely contended)
     #: Where a decoupled sender dropped before its final flag puts its token (set by the stub): a
@@ -40,6 +41,7 @@ class InferenceResponseSender:
         self._closed = False
         self._sent = 0
         self.kept: pb.InferenceResponse | None = None  # a non-decoupled model's response
+        self._late = False  # a non-decoupled request left open by execute: it sends as a decoupled one
 
     def send(self, response: pb.InferenceResponse | None = None, flags: int = 0) -> None:
         final = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -51,14 +53,12 @@ class InferenceResponseSender:
             )
         if response is not None and not isinstance(response, pb.InferenceResponse):
             raise pb.TritonModelException(f"send() takes a pb_utils.InferenceResponse, got {type(response).__name__}")
-        if not self._decoupled and not pb._bridge().in_execute(self._token):
-            # Its answer went with execute's return: Triton would hold the request open for it.
-            raise pb.TritonModelException(
-                "Unable to send response. A non-decoupled model sends its response before execute returns on "
-                "this server; a model that answers later is decoupled (model_transaction_policy { decoupled: true })"
-            )
         with self._lock:
+            late = self._late
             if not self._decoupled:
+                if not late and not pb._bridge().in_execute(self._token):
+                    # Its execute returned its response, which ended the request.
+                    raise pb.TritonModelException("Unable to send response. Response sender has been closed.")
                 if response is not None and self._sent:
                     raise pb.TritonModelException(
                         "Unable to send response. Non-decoupled model cannot send more than one response."
@@ -72,9 +72,9 @@ class InferenceResponseSender:
                 raise pb.TritonModelException("Unable to send response. Response sender has been closed.")
             self._closed = flags == final
             self._sent += 1
-        if not self._decoupled:
-            self.kept = response or self.kept
-            return
+            if not self._decoupled and not late:
+                self.kept = response or self.kept
+                return
         pb._bridge().send_response(self._token, response, flags)
 
     def is_cancelled(self) -> bool:
@@ -88,5 +88,5 @@ class InferenceResponseSender:
         return was_open
 
     def __del__(self) -> None:
-        if self._decoupled and not self._closed and self.dropped is not None:
+        if (self._decoupled or self._late) and not self._closed and self.dropped is not None:
             self.dropped.put(self._token)
