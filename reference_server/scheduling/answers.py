@@ -38,8 +38,9 @@ class Answers:
 
     def resolve(self, batch: list[QueuedRequest], outcome: Outcome) -> None:
         """Answer each request of `batch` from its batch's outcome."""
-        results, error = outcome[4], outcome[5]
+        t0, t1, t2, t3, results, error = outcome
         done = perf_counter_ns()
+        stats = self._stats
         if results is None:
             if isinstance(error, ServerError):
                 failure: ServerError = error
@@ -56,9 +57,22 @@ class Answers:
                 own = result if isinstance(result, ServerError) else InternalError(f"{type(result).__name__}: {result}")
                 self.fail(request, own, "BACKEND", done)
                 continue
-            self._succeed(request, result, outcome, done)
+            # Inline, not `_succeed`: once per request of every batch.
+            future = request.future
+            if future.done():
+                if future.cancelled():
+                    record_failure(stats, request.secondary_stats, done - request.received_ns, "CANCELED")
+                continue  # otherwise close() failed it and counted it already
+            received = request.received_ns
+            stats.record_success(done - received, t0 - received, t1 - t0, t2 - t1, t3 - t2)
+            if request.secondary_stats is not None:
+                request.secondary_stats.record_success(done - received, t0 - received, t1 - t0, t2 - t1, t3 - t2)
+            future.set_result(result)
+            if request.done is not None:
+                request.done(result)
 
     def _succeed(self, request: QueuedRequest, result: Tensors, outcome: Outcome, done: int) -> None:
+        """`resolve`'s success, for a request answered later."""
         future = request.future
         if future.done():
             if future.cancelled():
