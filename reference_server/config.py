@@ -100,6 +100,10 @@ class ServerConfig:
     # --- request headers forwarded to models as request parameters (regular expressions) ---
     http_header_forward_pattern: str | None = None
     grpc_header_forward_pattern: str | None = None
+    #: --http-restricted-api / --grpc-restricted-protocol rules, (category, header key, value) each
+    #: (`frontends/restricted.py`).
+    http_restricted_api: tuple[tuple[str, str, str], ...] = ()
+    grpc_restricted_protocol: tuple[tuple[str, str, str], ...] = ()
     # --- the rest of tritonserver's command line (reference_server/triton_flags.py) ---
     #: Bind addresses of the gRPC and metrics listeners; None: `host` (--http-address).
     grpc_address: str | None = None

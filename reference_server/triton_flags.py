@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from reference_server.frontends.forwarding import compile_forward_pattern
+from reference_server.frontends.restricted import CATEGORIES as RESTRICTED_CATEGORIES
+from reference_server.frontends.restricted import parse_restrictions
 
 __all__ = [
     "CATALOGUE",
@@ -176,11 +178,10 @@ CATALOGUE: tuple[TritonFlag, ...] = (
                "matching HTTP request headers reach the model as string request parameters",
                {"type": _forward_pattern, "metavar": "REGEX", "dest": "http_header_forward_pattern"}),
     _no_effect("--http-thread-count", _NO_HTTP_THREADS, _non_negative, "N"),
-    TritonFlag("--http-restricted-api", REFUSED,
-               "restricted API groups are not supported; --auth-token guards every endpoint but the health probes",
-               {"metavar": "<apis>,<key>=<value>", "action": "append"},
-               lambda value: "restricted API groups are not supported by perfkit-server; --auth-token TOKEN "
-               "guards every endpoint but the health probes"),
+    TritonFlag("--http-restricted-api", IMPLEMENTED,
+               "`<category>[,<category>...]:<key>=<value>`: requests to those endpoints want header `<key>: <value>` "
+               "(else 403); categories: " + ", ".join(RESTRICTED_CATEGORIES),
+               {"metavar": "<apis>:<key>=<value>", "action": "append", "dest": "http_restricted_api"}),
     # GRPC
     TritonFlag("--allow-grpc", IMPLEMENTED, "serve the gRPC front end"),
     TritonFlag("--grpc-address", IMPLEMENTED, "gRPC bind address; default: --http-address",
@@ -214,11 +215,10 @@ CATALOGUE: tuple[TritonFlag, ...] = (
     _no_effect("--grpc-http2-max-ping-strikes", _NO_PINGS, _non_negative, "N"),
     _no_effect("--grpc-max-connection-age", "connections are not aged out: " + _NO_PINGS, _non_negative, "MS"),
     _no_effect("--grpc-max-connection-age-grace", "connections are not aged out: " + _NO_PINGS, _non_negative, "MS"),
-    TritonFlag("--grpc-restricted-protocol", REFUSED,
-               "restricted protocol groups are not supported; --auth-token guards every method but the health probes",
-               {"metavar": "<protocols>,<key>=<value>", "action": "append"},
-               lambda value: "restricted protocol groups are not supported by perfkit-server; --auth-token TOKEN "
-               "guards every method but the health probes"),
+    TritonFlag("--grpc-restricted-protocol", IMPLEMENTED,
+               "`<category>[,<category>...]:<key>=<value>`: calls to those methods want metadata "
+               "`triton-grpc-protocol-<key>: <value>` (else UNAVAILABLE); categories as --http-restricted-api",
+               {"metavar": "<protocols>:<key>=<value>", "action": "append", "dest": "grpc_restricted_protocol"}),
     # SageMaker
     TritonFlag("--allow-sagemaker", PARTIAL, "false accepted; true refused: " + _NO_SAGEMAKER,
                {**_BOOL, "action": "append"}, _when_true(_NO_SAGEMAKER + "; drop the flag or give false"),
@@ -304,6 +304,8 @@ _READ_BELOW = frozenset(
         "strict_model_config",
         "trace_config",
         "metrics_config",
+        "http_restricted_api",
+        "grpc_restricted_protocol",
         *(d for d, _ in _TRACE_ENTRIES),
     )
 )
@@ -370,6 +372,10 @@ def config_fields(args: argparse.Namespace) -> dict[str, Any]:
         fields["auto_complete_config"] = False
     trace = [prefix + str(value) for dest, prefix in _TRACE_ENTRIES for value in _listed(getattr(args, dest))]
     fields["trace_config"] = tuple(trace + list(args.trace_config or ()))
+    fields["http_restricted_api"] = parse_restrictions(args.http_restricted_api or (), "--http-restricted-api", "api")
+    fields["grpc_restricted_protocol"] = parse_restrictions(
+        args.grpc_restricted_protocol or (), "--grpc-restricted-protocol", "protocol"
+    )
     metrics = metrics_settings(args.metrics_config or ())
     counters = metrics.get("counter_latencies")
     if counters is not None:

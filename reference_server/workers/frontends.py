@@ -18,6 +18,7 @@ from reference_server.frontends.http.read_gate import ReadGate
 from reference_server.frontends.http.rest import build_rest_server
 from reference_server.frontends.http.server import HttpServer
 from reference_server.frontends.plane import Plane
+from reference_server.frontends.restricted import Restrictions
 
 __all__ = ["build_grpc", "build_http", "grpc_ssl_context", "listen_grpc", "server_ssl_context"]
 
@@ -36,6 +37,7 @@ def build_http(config: ServerConfig, plane: Plane, token: Token | None) -> HttpS
         access_log=log if config.log_verbose > 0 else None,
         limits=config.http_limits,
         header_forward=HeaderForwarding.of(config.http_header_forward_pattern),
+        restricted=Restrictions.for_http(config.http_restricted_api),
     )
     server.tracing = plane.tracing
     return server
@@ -49,6 +51,7 @@ def build_grpc(config: ServerConfig, plane: Plane, token: Token | None) -> GrpcS
         max_message_bytes=config.http_max_input_size,
         token=token,
         header_forward=HeaderForwarding.of(config.grpc_header_forward_pattern),
+        restricted=Restrictions.for_grpc(config.grpc_restricted_protocol),
         reply_coding=partial(coding_for_level, config.grpc_response_compression)
         if config.grpc_response_compression != "none"
         else None,

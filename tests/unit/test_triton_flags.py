@@ -81,6 +81,7 @@ ACCEPTED: dict[str, str | None] = {
     "--trace-config": "triton,file=/tmp/trace.json", "--trace-count": "-1", "--trace-file": "/tmp/trace.json",
     "--trace-level": "TIMESTAMPS", "--trace-log-frequency": "0", "--trace-rate": "1000",
     "--vertex-ai-default-model": "identity", "--vertex-ai-port": "8080", "--vertex-ai-thread-count": "8",
+    "--http-restricted-api": "health,metadata:admin-key=secret", "--grpc-restricted-protocol": "inference:k=v",
 }  # fmt: skip
 
 #: Values asked for what this server cannot do: exit 2, naming the flag.
@@ -88,8 +89,6 @@ REFUSED = {
     "--allow-sagemaker": "true",
     "--allow-vertex-ai": "true",
     "--model-namespacing": "true",
-    "--http-restricted-api": "inference,key=value",
-    "--grpc-restricted-protocol": "inference,key=value",
     "--metrics-config": "summary_latencies=true",
 }
 
@@ -232,6 +231,22 @@ def test_flags_without_effect_are_recorded_once_each_with_the_reason(tmp_path: P
         (["--model-load-thread-count", "0"], "--model-load-thread-count must be at least 1"),
         (["--http-header-forward-pattern", "("], "--http-header-forward-pattern: '(' is not a regular expression"),
         (["--exit-on-error", "maybe"], "--exit-on-error: expected true or false, got 'maybe'"),
+        (
+            ["--http-restricted-api", "inference,key=value"],
+            "--http-restricted-api option format is '<config name>:<setting>=<value>'. Got inference,key=value",
+        ),
+        (
+            ["--grpc-restricted-protocol", "metrics:k=v"],
+            "--grpc-restricted-protocol: unknown restricted protocol 'metrics'",
+        ),
+        (
+            ["--http-restricted-api=health:a=b", "--http-restricted-api=metadata,health:c=d"],
+            "--http-restricted-api: restricted api 'health' can not be specified in multiple config groups",
+        ),
+        (
+            ["--grpc-restricted-protocol=health,health:a=b"],
+            "--grpc-restricted-protocol: restricted protocol 'health' can not be specified in multiple config groups",
+        ),
     ],
 )
 def test_bad_values_exit_2_naming_the_flag(
@@ -356,3 +371,18 @@ def test_metrics_interval_reads_the_system_figures_at_most_that_often(
     assert len(reads) == 2  # one for the options without an interval, one for the hour
     metrics.scrape(repository, options=metrics.MetricsOptions(cpu=False))
     assert len(reads) == 2
+
+
+def test_restrictions_group_categories_under_one_header(tmp_path: Path) -> None:
+    config = _parse(
+        tmp_path,
+        "--http-restricted-api=health,metadata:admin-key=a=b",
+        "--http-restricted-api",
+        "inference:k=v",
+        "--grpc-restricted-protocol=model-repository,logging:Key=v",
+    )
+    assert config.http_restricted_api == (
+        ("health", "admin-key", "a=b"), ("metadata", "admin-key", "a=b"), ("inference", "k", "v")
+    )  # fmt: skip
+    assert config.grpc_restricted_protocol == (("model-repository", "Key", "v"), ("logging", "Key", "v"))
+    assert _parse(tmp_path).http_restricted_api == ()

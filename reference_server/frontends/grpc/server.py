@@ -61,6 +61,7 @@ from reference_server.frontends.compression import CODINGS, Corrupt, TooLarge, c
 from reference_server.frontends.forwarding import HeaderForwarding, forward_into, grpc_metadata
 from reference_server.frontends.grpc.service import InferenceServicer, lenient_deserializer
 from reference_server.frontends.listener import Listener
+from reference_server.frontends.restricted import Restrictions
 from reference_server.scheduling.cancel import CancelScope
 from v2kit import grpc_status as status
 from v2kit.grpc_status import code_of
@@ -129,8 +130,10 @@ class GrpcServer(Listener):
     def __init__(
         self, servicer: InferenceServicer, *, max_message_bytes: int, token: Token | None = None,
         header_forward: HeaderForwarding | None = None, reply_coding: Callable[[list[str]], str | None] | None = None,
+        restricted: Restrictions | None = None,
     ) -> None:  # fmt: skip
         super().__init__()
+        self.restricted = restricted  # --grpc-restricted-protocol
         self.header_forward = header_forward  # an inference call's metadata into its request's parameters
         self.reply_coding = reply_coding  # an inference answer's coding, from those the client accepts
         self.max_message_bytes = max_message_bytes
@@ -259,6 +262,10 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
                 server.token.check(headers.get("authorization"))
             except Unauthenticated as exc:
                 refusal = (status.UNAUTHENTICATED, exc.message)
+        if refusal is None and server.restricted is not None and method is not None:
+            refused = server.restricted.refusal(method.name, headers)
+            if refused is not None:
+                refusal = (status.UNAVAILABLE, refused)
         forwarded = None
         if refusal is None and server.header_forward and method is not None and method.name in _INFER_METHODS:
             try:

@@ -33,6 +33,7 @@ from reference_server.frontends.http.openai import OpenAiApi, OpenAiError, opena
 from reference_server.frontends.http.read_gate import ReadGate
 from reference_server.frontends.http.server import HttpRequest, HttpResponse, HttpServer, error_response
 from reference_server.frontends.plane import Plane
+from reference_server.frontends.restricted import Restrictions
 from v2kit import codec as v2
 
 __all__ = ["RestApi", "build_rest_server", "is_infer"]
@@ -66,11 +67,16 @@ class RestApi:
     """The KServe v2 REST routes over a DataPlane, with optional bearer-token authentication."""
 
     def __init__(
-        self, plane: Plane, token: Token | None = None, header_forward: HeaderForwarding | None = None
+        self,
+        plane: Plane,
+        token: Token | None = None,
+        header_forward: HeaderForwarding | None = None,
+        restricted: Restrictions | None = None,
     ) -> None:
         self.plane = plane
         self.token = token
         self.header_forward = header_forward  # --http-header-forward-pattern
+        self.restricted = restricted  # --http-restricted-api
         self._openai: OpenAiApi | None = None  # made on the first /v1 request
 
     def respond(self, request: HttpRequest, reply: Reply) -> None:
@@ -107,6 +113,11 @@ class RestApi:
         if endpoint is None:
             reply(error_response(f"Not Found: {request.method} {path}", 404))
             return
+        if self.restricted is not None:  # before the method, as tritonserver checks it
+            refused = self.restricted.refusal(endpoint.__name__, request.headers)
+            if refused is not None:
+                reply(error_response(refused, 403))
+                return
         # HEAD is GET without the body (RFC 9110 §9.3.2), which the transport leaves out.
         if request.method not in methods and not (request.method == "HEAD" and "GET" in methods):
             response = error_response(f"Method Not Allowed: {request.method} {path}", 405)
@@ -441,13 +452,16 @@ def build_rest_server(
     access_log: logging.Logger | None = None,
     limits: HttpLimits = DEFAULT_LIMITS,
     header_forward: HeaderForwarding | None = None,
+    restricted: Restrictions | None = None,
 ) -> HttpServer:
     """The KServe v2 REST front end over `plane`, not yet listening (`HttpServer.listen`)."""
     if read_gate is not None:
         plane.inflight_listeners.append(read_gate.inflight_changed)
     # Content codings wrap the API: a compressed body is inflated (within the same limit) before it is routed.
     api = ContentCodings(
-        RestApi(plane, token, header_forward), max_body_bytes=max_request_bytes, compresses=frozenset({"/infer"})
+        RestApi(plane, token, header_forward, restricted),
+        max_body_bytes=max_request_bytes,
+        compresses=frozenset({"/infer"}),
     )
     return HttpServer(
         api,
