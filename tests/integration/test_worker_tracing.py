@@ -184,7 +184,8 @@ def test_the_receive_stamps_time_the_requests_read(repository: Path, tmp_path: P
     stamps = {trace["request_id"]: dict(trace["stamps"]) for trace in read_traces(trace_file).values()}
     for model in ("pair", "identity"):
         http = stamps[f"slow-{model}"]
-        assert http["HTTP_RECV_END"] - http["HTTP_RECV_START"] >= delay_ns  # the body came that much later
+        # The body came that much after the head (which the server may read a little late).
+        assert http["HTTP_RECV_END"] - http["HTTP_RECV_START"] >= delay_ns // 2
         assert http["HTTP_RECV_END"] <= http["REQUEST_START"]
         grpc = stamps[f"grpc-{model}"]
         assert grpc["GRPC_WAITREAD_START"] < grpc["GRPC_WAITREAD_END"] <= grpc["REQUEST_START"]
