@@ -211,6 +211,7 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
 
     def __init__(self, server: GrpcServer) -> None:
         self._server = server
+        self._tracing = server.tracing  # one attribute to check per call, while tracing is off
         self.loop = loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.buffered = 0  # request bytes held for the calls on this connection, all together
@@ -289,7 +290,7 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
             if reply is None and server.reply_coding is not None and method.name in _INFER_METHODS:
                 reply = server.reply_coding(offered)
         call = _Call(method, coding, reply)
-        if server.tracing.active:
+        if self._tracing.active:
             call.read_began = perf_counter_ns()
         call.forwarded = forwarded or None
         timeout_s = _timeout_s(headers.get("grpc-timeout"))
@@ -330,7 +331,7 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
         if message is None:
             return
         if stream.method.start is not None and stream.reply_coding is None:
-            tracing = self._server.tracing
+            tracing = self._tracing
             if not tracing.active:
                 self._serve_now(stream, _deserialize(stream, message))
                 return
