@@ -137,6 +137,12 @@ def test_every_call_is_answered_as_one_process_answers_it(servers: dict[int, Ref
         assert two[key] == one[key], key
 
 
+def _listening(pid: int) -> bool:
+    """Whether process `pid` listens yet: a worker started again is a process before its imports
+    are done and its ports are open."""
+    return any(c.status == psutil.CONN_LISTEN for c in psutil.Process(pid).net_connections("tcp"))
+
+
 def _worker_of(server: ReferenceServer, local_port: int) -> int:
     """The pid of the worker holding the server's end of the connection from `local_port`."""
     assert server._workers is not None
@@ -308,7 +314,7 @@ def test_a_worker_that_dies_is_started_again(servers: dict[int, ReferenceServer]
         assert _post_infer(connection, "identity", float(value)) == [float(value)]
     workers = server._workers
     deadline = time.monotonic() + 30
-    while not (len(workers.pids) == 2 and victim not in workers.pids):
+    while not (len(workers.pids) == 2 and victim not in workers.pids and all(map(_listening, workers.pids))):
         assert time.monotonic() < deadline, "no worker was started in place of the one that died"
         time.sleep(0.05)
     assert workers.restarts == 1
