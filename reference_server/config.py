@@ -16,6 +16,7 @@ from reference_server.frontends.auth import Token, read_token_file
 from reference_server.frontends.http.limits import DEFAULT_LIMITS, HttpLimits
 from reference_server.scheduling.rate_limiter import MODES as RATE_LIMIT_MODES
 from reference_server.scheduling.rate_limiter import parse_resource
+from reference_server.scheduling.summaries import DEFAULT_QUANTILES
 from reference_server.triton_flags import parse_bool
 from v2kit.runtime import cpus as runtime_cpus
 
@@ -128,6 +129,10 @@ class ServerConfig:
     metrics_interval_ms: float | None = None
     #: --metrics-config counter_latencies: the per-model *_duration_us counters.
     metrics_counter_latencies: bool = True
+    #: --metrics-config summary_latencies=true: the *_summary_us summaries (`scheduling/summaries.py`),
+    #: over these (quantile, error) pairs (summary_quantiles).
+    metrics_summary_latencies: bool = False
+    metrics_summary_quantiles: tuple[tuple[float, float], ...] = DEFAULT_QUANTILES
     #: (flag, why) for each tritonserver flag given that has no effect here, logged once at start.
     no_effect_flags: tuple[tuple[str, str], ...] = ()
 

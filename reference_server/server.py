@@ -28,6 +28,7 @@ from reference_server.frontends.grpc.server import GrpcServer
 from reference_server.frontends.http.server import HttpServer
 from reference_server.frontends.metrics import build_metrics_app
 from reference_server.scheduling.rate_limiter import RateLimiter
+from reference_server.scheduling.summaries import SummarizedStats
 from reference_server.startup import ModelsFailed, load_at_start
 from reference_server.workers.frontends import build_grpc, build_http, listen_grpc, server_ssl_context
 from reference_server.workers.hosting import WorkerHosting, hostable_instance_counts
@@ -82,6 +83,8 @@ class ReferenceServer:
             self.repository.response_cache = ResponseCache(config.response_cache_bytes)
         if config.rate_limit == "execution_count":
             self.repository.rate_limiter = RateLimiter(config.rate_limit_resources)
+        if config.metrics_summary_latencies:
+            self.repository.new_stats = SummarizedStats
         self.dataplane = DataPlane(
             self.repository,
             model_control_mode=config.model_control_mode,
@@ -137,6 +140,7 @@ class ReferenceServer:
                     self.repository, self.dataplane.stats_of, gpu=config.allow_gpu_metrics,
                     cpu=config.allow_cpu_metrics, counter_latencies=config.metrics_counter_latencies,
                     interval_s=None if config.metrics_interval_ms is None else config.metrics_interval_ms / 1000,
+                    summary_quantiles=config.metrics_summary_quantiles if config.metrics_summary_latencies else None,
                 )  # fmt: skip
                 self.metrics_port = await self._listen(app, config.metrics_port)
                 print(f"Started Metrics Service at {config.metrics_host}:{self.metrics_port}", flush=True)

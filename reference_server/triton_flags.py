@@ -21,6 +21,7 @@ from typing import Any
 from reference_server.frontends.forwarding import compile_forward_pattern
 from reference_server.frontends.restricted import CATEGORIES as RESTRICTED_CATEGORIES
 from reference_server.frontends.restricted import parse_restrictions
+from reference_server.scheduling.summaries import parse_quantiles
 
 __all__ = [
     "CATALOGUE",
@@ -41,6 +42,8 @@ PARTIAL = "implemented, some values refused"
 NO_EFFECT = "accepted, no effect"
 REFUSED = "refused"
 COMPRESSION_LEVELS = ("none", "low", "medium", "high")
+#: The --metrics-config settings that change something here.
+_METRICS_SETTINGS = ("counter_latencies", "summary_latencies", "summary_quantiles")
 LOG_FORMATS = ("default", "ISO8601")
 
 
@@ -107,13 +110,6 @@ def _when_true(reason: str) -> Callable[[Any], str | None]:
 
 def _no_effect(name: str, why: str, kind: Callable[[str], Any] = str, metavar: str = "VALUE") -> TritonFlag:
     return TritonFlag(name, NO_EFFECT, why, {"type": kind, "metavar": metavar, "action": "append"}, idle=why)
-
-
-def _summary_refused(entry: str) -> str | None:
-    key, _, value = entry.partition("=")
-    if key.strip() == "summary_latencies" and value.strip().lower() in ("true", "1", "yes", "on"):
-        return "latency summaries (quantiles) are not kept here; the latency counters are (counter_latencies)"
-    return None
 
 
 _BOOL = {"type": parse_bool, "metavar": "BOOL"}
@@ -245,11 +241,11 @@ CATALOGUE: tuple[TritonFlag, ...] = (
     TritonFlag("--metrics-interval-ms", IMPLEMENTED,
                "the GPU and CPU figures are read at most this often (default here: at every scrape)",
                {"type": _positive_float, "metavar": "MS", "dest": "metrics_interval_ms"}),
-    TritonFlag("--metrics-config", PARTIAL,
-               "counter_latencies=false drops the *_duration_us counters; summary_latencies=true refused; other "
-        "settings accepted without effect",
-               {"metavar": "<setting>=<value>", "action": "append", "dest": "metrics_config"},
-               _summary_refused),
+    TritonFlag("--metrics-config", IMPLEMENTED,
+               "`counter_latencies=false` drops the `*_duration_us` counters; `summary_latencies=true` adds the "
+               "`*_summary_us` summaries, over `summary_quantiles=<q>:<error>,...`; other settings accepted "
+               "without effect",
+               {"metavar": "<setting>=<value>", "action": "append", "dest": "metrics_config"}),
     # Tracing
     TritonFlag("--trace-config", IMPLEMENTED, "[<mode>,]<setting>=<value>, for the trace extension",
                {"metavar": "[<mode>,]<setting>=<value>", "action": "append", "dest": "trace_config"}),
@@ -344,8 +340,8 @@ def no_effect_given(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
             given.append((flag.name, flag.idle))
     for entry in args.metrics_config or ():
         setting = entry.partition("=")[0].strip()
-        if setting != "counter_latencies":
-            given.append((f"--metrics-config {setting}", "only counter_latencies applies here: no latency summaries"))
+        if setting not in _METRICS_SETTINGS:
+            given.append((f"--metrics-config {setting}", "only " + ", ".join(_METRICS_SETTINGS) + " apply here"))
     return tuple(given)
 
 
@@ -377,6 +373,13 @@ def config_fields(args: argparse.Namespace) -> dict[str, Any]:
         args.grpc_restricted_protocol or (), "--grpc-restricted-protocol", "protocol"
     )
     metrics = metrics_settings(args.metrics_config or ())
+    # Triton turns summaries on with exactly "true" (core src/metric_model_reporter.cc).
+    fields["metrics_summary_latencies"] = metrics.get("summary_latencies") == "true"
+    if "summary_quantiles" in metrics:
+        try:
+            fields["metrics_summary_quantiles"] = parse_quantiles(metrics["summary_quantiles"])
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
     counters = metrics.get("counter_latencies")
     if counters is not None:
         fields["metrics_counter_latencies"] = parse_bool(counters)

@@ -133,9 +133,8 @@ class _PreparedVersion:
 
 
 def _start_version(
-    prepared: _PreparedVersion, cache: ResponseCache | None, limiter: RateLimiter | None
+    prepared: _PreparedVersion, cache: ResponseCache | None, limiter: RateLimiter | None, stats: ModelStats
 ) -> ModelVersion:
-    stats = ModelStats()
     config = prepared.config
     gate = limiter.register(config, prepared.instances) if limiter is not None else None
     scheduler = make_scheduler(config, prepared.instances, stats, gate)
@@ -195,6 +194,8 @@ class ModelRepository:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.response_cache: ResponseCache | None = None  # --cache-config; None: no cache
         self.rate_limiter: RateLimiter | None = None  # --rate-limit execution_count; None: off
+        #: Each version's statistics (summaries.SummarizedStats with --metrics-config summary_latencies=true).
+        self.new_stats: Callable[[], ModelStats] = ModelStats
         if not self.root.is_dir():
             raise ModelConfigError(f"{root}: model repository is not a directory; pass --model-repository DIR")
         self.gpu_count = gpu_count
@@ -320,7 +321,7 @@ class ModelRepository:
         versions: dict[int, ModelVersion] = {}
         try:
             for p in prepared:
-                versions[p.version] = _start_version(p, self.response_cache, self.rate_limiter)
+                versions[p.version] = _start_version(p, self.response_cache, self.rate_limiter, self.new_stats())
         except BaseException:
             # Nothing was served from them: stop their worker threads now.
             await asyncio.gather(*(mv.close(0) for mv in versions.values()))
@@ -356,7 +357,7 @@ class ModelRepository:
         check_cache_config(config)
         versions = {}
         for version in prepared.versions:
-            stats = ModelStats()
+            stats = self.new_stats()
             scheduler = EnsembleScheduler(prepared.plan, config.max_batch_size, stats, self.get, prepared.decoupled)
             versions[version] = ModelVersion(
                 name=name,

@@ -1,7 +1,8 @@
 """Prometheus metrics with Triton's names and labels, served on the metrics port at /metrics.
 
 Per-model figures are read from each served version's statistics at scrape time, so nothing is
-counted twice and nothing on the inference path pays for metrics. The exposition is written here
+counted twice and nothing on the inference path pays for metrics (but the latency summaries, when
+--metrics-config summary_latencies=true asks for them: `scheduling/summaries.py`). The exposition is written here
 rather than by prometheus_client because Triton's counters carry no `_total` suffix (for example
 `nv_inference_request_success`), and dashboards and model_analyzer query those exact names;
 prometheus_client would rename every counter family.
@@ -9,9 +10,10 @@ prometheus_client would rename every counter family.
 
 from __future__ import annotations
 
+import math
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import psutil
@@ -21,6 +23,7 @@ from reference_server.backends.custom_metrics import CustomMetrics
 from reference_server.core.dataplane import own_stats
 from reference_server.core.repository import ModelRepository, ModelVersion
 from reference_server.scheduling.stats import FAILURE_REASONS, ModelStats
+from reference_server.scheduling.summaries import SUMMARIES, SummarizedStats
 from v2kit.runtime import gpu
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -30,7 +33,7 @@ Labels = dict[str, str]
 @dataclass(slots=True)
 class Family:
     name: str
-    kind: str  # counter | gauge | histogram
+    kind: str  # counter | gauge | histogram | summary
     help: str
     samples: list[tuple[Labels, float]] = field(default_factory=list)
     #: Samples with a name of their own: a histogram's `_count`, `_sum` and `_bucket` lines.
@@ -114,6 +117,30 @@ def model_families(served: Iterable[tuple[str, str, ModelStats]], counter_latenc
     return [*families, failure, *cache_families(served)]
 
 
+def summary_families(served: Iterable[tuple[str, str, ModelStats]], quantiles: Sequence[float]) -> list[Family]:
+    """The latency summaries of the versions that keep them (`SummarizedStats`), as Triton lists them:
+    each model's `_count`, `_sum`, then a line per quantile."""
+    kept = [(model, version, stats) for model, version, stats in served if isinstance(stats, SummarizedStats)]
+    if not kept:
+        return []
+    now = time.monotonic()
+    families = []
+    for name, text, attribute in SUMMARIES:
+        family = Family(name, "summary", text)
+        for model, version, stats in kept:
+            if attribute == "request_summary" and stats.cache_enabled:
+                continue  # Triton has no request summary for a model with the cache
+            summary = getattr(stats, attribute)
+            labels = {"model": model, "version": version}
+            family.named.append((f"{name}_count", labels, summary.count))
+            family.named.append((f"{name}_sum", labels, summary.total))
+            for quantile, value in zip(quantiles, summary.quantiles(quantiles, now)):
+                family.named.append((name, {**labels, "quantile": _number(quantile)}, value))
+        if family.named:
+            families.append(family)
+    return families
+
+
 def cache_families(served: Iterable[tuple[str, str, ModelStats]]) -> list[Family]:
     """Triton's per-model response-cache counters, for the versions whose config enables the cache."""
     specs = [
@@ -188,7 +215,12 @@ def _escape(value: str) -> str:
 
 
 def _number(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"  # an empty summary window, as prometheus-cpp writes it
     return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+_LAST_LABELS = ("le", "quantile")
 
 
 def render_exposition(families: Iterable[Family]) -> str:
@@ -199,8 +231,9 @@ def render_exposition(families: Iterable[Family]) -> str:
         lines.append(f"# TYPE {family.name} {family.kind}")
         for name, labels, value in [*((family.name, *sample) for sample in family.samples), *family.named]:
             if labels:
-                # Sorted by name, a histogram's "le" last, as Triton (prometheus-cpp) prints them.
-                ordered = sorted(labels.items(), key=lambda item: (item[0] == "le", item[0]))
+                # Sorted by name, a histogram's "le" or a summary's "quantile" last, as Triton
+                # (prometheus-cpp) prints them.
+                ordered = sorted(labels.items(), key=lambda item: (item[0] in _LAST_LABELS, item[0]))
                 inner = ",".join(f'{k}="{_escape(v)}"' for k, v in ordered)
                 lines.append(f"{name}{{{inner}}} {_number(value)}")
             else:
@@ -236,6 +269,8 @@ class MetricsOptions:
     cpu: bool = True
     counter_latencies: bool = True
     interval_s: float | None = None
+    #: --metrics-config summary_latencies=true: the quantiles of the latency summaries; None: off.
+    summary_quantiles: tuple[float, ...] | None = None
     #: The GPU and CPU families last read, and when (time.monotonic()), kept for `interval_s`.
     polled: tuple[float, list[Family], list[Family]] | None = None
 
@@ -265,7 +300,9 @@ def scrape(
     options = options or MetricsOptions()
     served = [(mv.name, str(mv.version), stats_of(mv)) for mv in repository.loaded()]
     gpus, cpus = _system_families(repository, options)
-    families = [*model_families(served, options.counter_latencies), *gpus, *cpus]
+    summaries = [] if options.summary_quantiles is None else summary_families(served, options.summary_quantiles)
+    families = [*model_families(served, options.counter_latencies), *summaries, *gpus, *cpus]
+
     return render_exposition([*families, *custom_families(repository.custom_metrics)])
 
 
@@ -277,9 +314,13 @@ def build_metrics_app(
     cpu: bool = True,
     counter_latencies: bool = True,
     interval_s: float | None = None,
+    summary_quantiles: Sequence[tuple[float, float]] | None = None,
 ) -> web.Application:
+    """The metrics port's app; `summary_quantiles`: (quantile, error) pairs of the latency summaries
+    (None: no summaries)."""
     psutil.cpu_percent(interval=None)  # primes the interval the first scrape reads
-    options = MetricsOptions(gpu, cpu, counter_latencies, interval_s)
+    quantiles = None if summary_quantiles is None else tuple(q for q, _ in summary_quantiles)
+    options = MetricsOptions(gpu, cpu, counter_latencies, interval_s, quantiles)
 
     async def metrics(request: web.Request) -> web.Response:
         return web.Response(text=scrape(repository, stats_of, options), headers={"Content-Type": CONTENT_TYPE})

@@ -13,7 +13,8 @@ A model is hosted by the workers when each of them gets at least one instance an
 onnxruntime model: no sequence batcher, no ensemble, not decoupled, no response cache, one CPU
 instance group without rate-limiter resources, a dynamic batcher without priorities or queue
 policies. Its dynamic batches then form per worker, across the connections that worker holds. The
-rate limiter and poll mode keep every model in the core. Each worker admits its share of the
+rate limiter, poll mode and latency summaries (`--metrics-config summary_latencies=true`) keep every
+model in the core. Each worker admits its share of the
 server's in-flight limit (`--max-inflight-requests`), so that the sum stays within it.
 """
 
@@ -75,7 +76,13 @@ def why_not_hosted(versions: list[ModelVersion], workers: int) -> str | None:
 
 def hosting_allowed(config: ServerConfig) -> bool:
     """Whether the server's settings let the workers run any model themselves."""
-    return config.worker_instances and config.model_control_mode != "poll" and config.rate_limit != "execution_count"
+    # Latency summaries need every request's durations, which only the core's statistics keep.
+    return (
+        config.worker_instances
+        and config.model_control_mode != "poll"
+        and config.rate_limit != "execution_count"
+        and not config.metrics_summary_latencies
+    )
 
 
 def hostable_instance_counts(repository: ModelRepository, config: ServerConfig) -> list[int]:

@@ -89,7 +89,6 @@ REFUSED = {
     "--allow-sagemaker": "true",
     "--allow-vertex-ai": "true",
     "--model-namespacing": "true",
-    "--metrics-config": "summary_latencies=true",
 }
 
 #: model_analyzer's local launch (triton_launch_mode: local).
@@ -212,12 +211,12 @@ def test_flags_without_effect_are_recorded_once_each_with_the_reason(tmp_path: P
         tmp_path,
         *"--pinned-memory-pool-byte-size 0 --cuda-memory-pool-byte-size 0:0 --cuda-memory-pool-byte-size 1:0".split(),
         *"--allow-sagemaker false --backend-directory /opt/b --cache-directory /opt/c --strict-readiness true".split(),
-        *"--metrics-config counter_latencies=true --metrics-config summary_quantiles=0.5:0.05".split(),
+        *"--metrics-config counter_latencies=true --metrics-config histogram_latencies=true".split(),
     )
     flags = [flag for flag, _ in config.no_effect_flags]
     assert flags == [
         "--allow-sagemaker", "--backend-directory", "--cache-directory", "--pinned-memory-pool-byte-size",
-        "--cuda-memory-pool-byte-size", "--metrics-config summary_quantiles",
+        "--cuda-memory-pool-byte-size", "--metrics-config histogram_latencies",
     ]  # fmt: skip
     assert all(why for _, why in config.no_effect_flags)
 
