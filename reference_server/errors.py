@@ -131,6 +131,30 @@ def load_failed(name: str, why: str, *, polled: bool = False) -> str:
     return f"load failed for model '{name}': {why}"
 
 
+#: Triton's Status::CodeString, which begins a version's load failure ("Internal: ...").
+_STATUS_WORDS: dict[str, str] = {
+    "INTERNAL": "Internal",
+    "NOT_FOUND": "Not found",
+    "INVALID_ARGUMENT": "Invalid argument",
+    "UNAVAILABLE": "Unavailable",
+    "UNIMPLEMENTED": "Unsupported",
+    "ALREADY_EXISTS": "Already exists",
+    "UNKNOWN": "Unknown",
+    "CANCELLED": "Cancelled",
+}
+
+
+def status_text(exc: ServerError) -> str:
+    """`exc` as Triton prints a Status: its code's word, then the message ("Internal: ValueError: ...")."""
+    return f"{_STATUS_WORDS.get(exc.grpc_code, 'Invalid argument')}: {exc.message}"
+
+
+def version_unavailable(version: int, reason: str) -> str:
+    """Triton's words for one version that failed to load, after "load failed for model 'X': "; `reason`
+    is the failure as `status_text` gives it (what the repository index shows as the reason)."""
+    return f"version {version} is at UNAVAILABLE state: {reason};\n"
+
+
 def server_error(exc: Exception) -> ServerError | None:
     """What a client is told of `exc`: a ServerError as it is, v2kit's errors as their ServerError,
     and None for anything else, which is a bug."""

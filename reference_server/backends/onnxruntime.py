@@ -16,6 +16,7 @@ Models without string tensors pay nothing: the string inputs and outputs are fou
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server.backends.context import BackendContext
 from reference_server.backends.placement import Placement
-from reference_server.errors import InvalidArgument, ModelConfigError
+from reference_server.errors import InternalError, InvalidArgument, ModelConfigError, ServerError
 from reference_server.scheduling.execute import TensorSignature
 from v2kit.tensors import object_array
 
@@ -111,6 +112,19 @@ def why_no_cuda() -> str | None:
     return f"onnxruntime {ort.__version__} here has no CUDA execution provider (pip install onnxruntime-gpu)"
 
 
+#: How onnxruntime's Python binding words an OrtStatus: "[ONNXRuntimeError] : 7 : INVALID_PROTOBUF : ...".
+_ORT_STATUS = re.compile(r"^\[ONNXRuntimeError\] : (\d+) : \w+ : (.*)$", re.DOTALL)
+
+
+def ort_load_error(model_path: Path, exc: Exception) -> ServerError:
+    """onnxruntime's refusal of a model file as Triton's onnxruntime backend words it (an Internal
+    "onnx runtime error 7: Load model from ... failed:Protobuf parsing failed.")."""
+    match = _ORT_STATUS.match(str(exc))
+    if match is None:
+        return ModelConfigError(f"{model_path}: onnxruntime cannot load the model: {exc}")
+    return InternalError(f"onnx runtime error {match.group(1)}: {match.group(2)}")
+
+
 class OnnxInstance:
     """One onnxruntime InferenceSession; `run` blocks and is called from the instance's worker thread."""
 
@@ -132,7 +146,7 @@ class OnnxInstance:
         try:
             self.session = ort.InferenceSession(os.fspath(model_path), options, providers=providers)
         except Exception as exc:
-            raise ModelConfigError(f"{model_path}: onnxruntime cannot load the model: {exc}") from exc
+            raise ort_load_error(model_path, exc) from exc
         if placement.device == "GPU" and "CUDAExecutionProvider" not in self.session.get_providers():
             raise ModelConfigError(
                 f"{model_path}: instance '{self.name}' needs the CUDA execution provider on GPU "

@@ -56,6 +56,7 @@ __all__ = [
     "config_parameter",
     "config_to_json",
     "model_file",
+    "normalize",
     "parse_config_text",
     "read_config",
     "reshape_problem",
@@ -157,9 +158,30 @@ def complete_config(
     _complete_instance_groups(completed)
     show_placed_kinds(completed, placements)
     _complete_version_policy(completed, where)
+    _complete_optimization(completed)
     if not completed.default_model_filename:
         completed.default_model_filename = _default_filename(completed)
     return completed
+
+
+def normalize(config: ModelConfig, placements: Sequence[Placement]) -> None:
+    """Fill in `config` what Triton's NormalizeModelConfig fills before the backend sees it (what a
+    python model's auto_complete_config is given): the version policy, the pinned-memory
+    optimization and the instance groups (named, counted, KIND_AUTO shown as placed)."""
+    if config.version_policy.WhichOneof("policy_choice") is None:
+        config.version_policy.latest.num_versions = 1
+    _complete_optimization(config)
+    _complete_instance_groups(config)
+    show_placed_kinds(config, placements)
+
+
+def _complete_optimization(config: ModelConfig) -> None:
+    # Triton turns pinned memory on unless the config says otherwise; the rest stay at their defaults.
+    optimization = config.optimization
+    if not optimization.HasField("input_pinned_memory"):
+        optimization.input_pinned_memory.enable = True
+    if not optimization.HasField("output_pinned_memory"):
+        optimization.output_pinned_memory.enable = True
 
 
 def _default_filename(config: ModelConfig) -> str:

@@ -47,6 +47,7 @@ from reference_server.core.classification import Labels, read_labels
 from reference_server.core.ensemble.config import is_ensemble
 from reference_server.core.ensemble.loading import prepare_ensemble
 from reference_server.core.ensemble.scheduler import EnsembleScheduler
+from reference_server.core.load_outcome import VersionFailed, index_entries, version_failed
 from reference_server.core.model_source import (
     Fingerprint,
     config_path,
@@ -167,6 +168,8 @@ class ModelRecord:
     source: Path | None = None
     #: For an ensemble, the composing models its last load attempt named.
     composing: frozenset[str] = frozenset()
+    #: Version -> why it failed, where the last load failed at a version (`load_outcome`).
+    failed: dict[int, str] = field(default_factory=dict)
 
 
 class ModelRepository:
@@ -301,17 +304,24 @@ class ModelRepository:
                 if not record.versions:
                     record.state, record.reason = UNAVAILABLE, "load cancelled"
                 raise
+            except VersionFailed as exc:
+                if not record.versions:
+                    record.state = UNAVAILABLE
+                record.reason, record.failed = exc.reason, {exc.version: exc.reason}
+                log.info("failed to load '%s'", name)
+                raise ModelConfigError(errors.load_failed(name, exc.message, polled=True)) from exc
             except Exception as exc:
                 # Whatever served before keeps serving, and keeps its state.
                 if not record.versions:
                     record.state = UNAVAILABLE
                 record.reason = str(exc) if isinstance(exc, ServerError) else f"{type(exc).__name__}: {exc}"
+                record.failed = {}
                 log.error("failed to load '%s': %s", name, exc, exc_info=not isinstance(exc, ServerError))
                 kind = type(exc) if isinstance(exc, ServerError) else ModelConfigError
                 raise kind(errors.load_failed(name, record.reason, polled=polled)) from exc
             old = record.versions
             record.versions = versions
-            record.state, record.reason = READY, ""
+            record.state, record.reason, record.failed = READY, "", {}
             record.override, record.source = override, source
             self._retire(old.values())
             log.info("loaded model '%s' versions %s", name, sorted(versions))
@@ -414,9 +424,9 @@ class ModelRepository:
                 await self.unload(dependent, unload_dependents=True)
         record = self._records.get(name)
         if record is None:
-            if not self.on_disk(name):
-                raise NotFound(f"model '{name}' is not in the model repository")
-            self._records[name] = ModelRecord(name, UNAVAILABLE, "unloaded")
+            return  # Triton 2.51 answers success for a model it has not loaded (on disk or not), and lists it as before
+        if not record.versions and record.failed:
+            record.fingerprint = None  # nothing to unload: the failure stays in the index, as in Triton
             return
         async with record.lock:
             old = record.versions
@@ -451,7 +461,10 @@ class ModelRepository:
         prepared: list[_PreparedVersion] = []
         try:
             for version in selected:
-                prepared.append(self._prepare_version(name, version, model_dir, config_file, base))
+                try:
+                    prepared.append(self._prepare_version(name, version, model_dir, config_file, base))
+                except Exception as exc:
+                    raise version_failed(name, version, exc) from exc
         except BaseException:  # the versions built before the one that failed hold stubs and sessions
             close_instances(instance for built in prepared for instance in built.instances)
             raise
@@ -490,6 +503,7 @@ class ModelRepository:
         )
         version_config = mc.ModelConfig()
         version_config.CopyFrom(base)  # a backend may complete it in place (python's auto_complete_config)
+        model_config.normalize(version_config, placements)  # as Triton gives it to the backend
         with gpu_memory_delta(gpus) as gpu_memory:
             instances, (inputs, outputs) = create_instances(
                 version_config, model_path, placements, config_path, context
@@ -531,6 +545,8 @@ class ModelRepository:
             if self.on_disk(name):
                 raise Unavailable(f"{errors.unknown_model(name)}: it is in the model repository but not loaded")
             raise NotFound(errors.unknown_model(name))
+        if not record.versions and record.failed:
+            raise NotFound(errors.no_available_versions(name))  # Triton's answer; the reason is in the index
         if not record.versions:
             why = f": {record.reason}" if record.reason else ""
             raise Unavailable(f"{errors.no_available_versions(name)} (state {record.state}){why}")
@@ -560,34 +576,8 @@ class ModelRepository:
         return all(record.state == READY or record.reason == "unloaded" for record in self._records.values())
 
     def index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        """Repository index entries as Triton's POST /v2/repository/index returns them.
-
-        Every model folder on disk is listed (Triton lists the repository), plus any model still
-        serving after its folder went away. A serving version carries the reason of a failed
-        reload, if the last load attempt failed.
-        """
-        entries: list[dict[str, str]] = []
-        serving = {name for name, record in self._records.items() if record.versions}
-        for name in sorted(set(self.model_names()) | serving):
-            record = self._records.get(name)
-            if record is None:
-                if not ready_only:
-                    entries.append({"name": name})
-                continue
-            if record.versions:
-                for version, served in sorted(record.versions.items()):
-                    entry = {"name": name, "version": str(version), "state": READY, "reason": record.reason}
-                    missing = [model for model, v in served.composing if not self.is_ready(model, v)]
-                    if missing:
-                        # An ensemble whose composing model went away serves nothing until it is back.
-                        if ready_only:
-                            continue
-                        entry["state"] = UNAVAILABLE
-                        entry["reason"] = f"composing model(s) not ready: {', '.join(missing)}"
-                    entries.append(entry)
-            elif not ready_only:
-                entries.append({"name": name, "state": record.state, "reason": record.reason})
-        return entries
+        """Repository index entries as Triton's POST /v2/repository/index returns them (`load_outcome`)."""
+        return index_entries(self._records, self.model_names(), self.is_ready, ready_only)
 
     async def close(self, grace_s: float) -> None:
         versions = self.loaded()

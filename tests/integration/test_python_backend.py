@@ -285,14 +285,15 @@ def test_bad_model_files_leave_the_model_unavailable_with_the_reason(
     index = {entry["name"]: entry for entry in http.get_model_repository_index()}
     assert index["py_syntax"]["state"] == "UNAVAILABLE"
     reason = index["py_syntax"]["reason"]
-    assert "SyntaxError: invalid syntax (model.py, line 2)" in reason and "py_syntax" in reason  # Triton's words
+    assert reason == "Internal: SyntaxError: invalid syntax (model.py, line 2)"  # Triton's words
     assert index["py_init_raises"]["state"] == "UNAVAILABLE"
     reason = index["py_init_raises"]["reason"]
-    assert "initialize() failed: ValueError: no weights in this folder\n\nAt:\n" in reason
+    assert reason.startswith("Internal: ValueError: no weights in this folder\n\nAt:\n")
     assert "py_init_raises/1/model.py(3): initialize" in reason
     with pytest.raises(InferenceServerException) as refused:
         http.infer("py_syntax", [http_input(fp32(1.0))])
-    assert refused.value.status() == "503"
+    assert refused.value.status() == "404"  # Triton's status and words for a model whose load failed
+    assert refused.value.message() == "Request for unknown model: 'py_syntax' has no available versions"
     assert http.is_model_ready("py_identity")
 
 

@@ -5,8 +5,8 @@ Normalisation: Triton's `[request id: <id_unknown>] ` prefix, a C++ parser's `(d
 and trailing dots and spaces go. Where Triton's text goes on with what only it can say (its
 JSON parser's message, the state of a version), the case's cut ends the comparison; the rest is ours.
 Status codes are compared too; where ours differ they are listed in `OURS` and say why (a 4xx
-for malformed input, where Triton answers 500; 503 for a model in the repository but not loaded
-or whose load failed; 415 for a content coding we do not read).
+for malformed input, where Triton answers 500; 503 for a model in the repository but not loaded;
+415 for a content coding we do not read).
 
 One tritonserver for the module, both servers on one repository of python models (the only
 backend the peers bundle): `echo` (loaded), `gated` (loaded; it answers once the test opens its
@@ -261,8 +261,6 @@ OURS = {
     "http malformed JSON": ("500", "400"),
     "grpc unknown model statistics": ("INVALID_ARGUMENT", "NOT_FOUND"),
     "http unknown content coding": ("501", "415"),  # RFC 9110 §15.5.16, with Accept-Encoding
-    "http infer on the model that failed": ("404", "503"),  # known, and unavailable until a load works
-    "grpc infer on the model that failed": ("NOT_FOUND", "UNAVAILABLE"),
 }
 
 _REQUEST_ID = re.compile(r"^\[request id: [^\]]*\] ")

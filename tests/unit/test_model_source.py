@@ -117,4 +117,5 @@ async def test_a_python_version_folder_without_model_py_fails_in_tritons_words(t
     words = (
         f"Failed to preinitialize Python stub: Python model file not found in '{root / 'nomodel' / '1' / 'model.py'}'"
     )
-    assert str(caught.value).startswith(f"load failed for model 'nomodel': {words}")
+    prefix = "load failed for model 'nomodel': version 1 is at UNAVAILABLE state: "
+    assert str(caught.value).startswith(prefix) and words in str(caught.value)

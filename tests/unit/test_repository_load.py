@@ -89,8 +89,8 @@ async def test_unload_leaves_the_model_unavailable_with_reason_unloaded(reposito
     await repository.unload("identity")
     assert not repository.is_ready("identity")
     assert repository.index() == [{"name": "identity", "state": "UNAVAILABLE", "reason": "unloaded"}]
-    with pytest.raises(NotFound):
-        await repository.unload("nope")
+    await repository.unload("nope")  # Triton 2.51 unloads a model it does not have without a word
+    assert [entry["name"] for entry in repository.index()] == ["identity"]
 
 
 def test_resolve_load_models(repository: ModelRepository) -> None:

@@ -124,16 +124,20 @@ class PythonInstance:
 
     def load(self, config_json: str, auto_complete: bool) -> str | None:
         """Start a stub and import the model file; returns auto_complete_config's config as JSON
-        (None when the model has none or `auto_complete` is off). Raises ModelConfigError."""
+        (None when the model has none or `auto_complete` is off). Raises InternalError for what the
+        model file raised (the Python error in the stub's words), ModelConfigError for the stub."""
         with self._lock:
             self._stub = StubProcess(self.model, self.name)
             message = {"op": "load", "model_file": str(self.model.model_file), "model_config": config_json,
                        "auto_complete": auto_complete}  # fmt: skip
             reply = self._control(self._stub, message, "import")
             if reply["error"] is not None:
-                raise ModelConfigError(
-                    f"{self.model.model_file}: model '{self.model.name}': failed to load the model file: {reply['error']}"
-                )
+                # Triton's words and status for it (an Internal error, the Python error as the text);
+                # where it happened goes to the log.
+                stage = " for auto-complete" if auto_complete else ""
+                log.info("Failed to initialize Python stub%s: %s", stage, reply["error"])
+                log.info("model '%s': the failure above is in %s", self.model.name, self.model.model_file)
+                raise InternalError(reply["error"])
             config: str | None = reply["config"]
             return config
 
@@ -155,9 +159,10 @@ class PythonInstance:
         }
         reply = self._control(stub, {"op": "initialize", "args": args}, "initialize")
         if reply["error"] is not None:
-            raise ModelConfigError(
-                f"{model.model_file}: model '{model.name}' instance '{self.name}': initialize() failed: {reply['error']}"
-            )
+            log.info("Failed to initialize Python stub: %s", reply["error"])
+            log.error("ERROR: Failed to create instance: %s", reply["error"])
+            log.info("model '%s' instance '%s': the failure above is in %s", model.name, self.name, model.model_file)
+            raise InternalError(reply["error"])  # Triton's status and words, as for `load`
 
     def _control(self, stub: StubProcess, message: dict[str, Any], what: str) -> dict[str, Any]:
         timeout = self.model.stub_timeout_s
@@ -234,7 +239,7 @@ class PythonInstance:
             if reply["error"] is not None:
                 raise ModelConfigError(f"failed to load the model file: {reply['error']}")
             self._initialize(stub)
-        except ModelConfigError as exc:
+        except (ModelConfigError, InternalError) as exc:
             raise InternalError(f"Stub process '{self.name}' is not healthy, and restarting it failed: {exc}") from None
         return stub
 

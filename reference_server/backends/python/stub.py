@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,21 @@ def format_exception(exc: BaseException) -> str:
     ]
     text = f"{type(exc).__name__}: {exc}"
     return text + ("\n\nAt:\n" + "".join(line + "\n" for line in reversed(lines)) if lines else "")
+
+
+def format_import_error(exc: BaseException, importer: types.FrameType) -> str:
+    """What a model file raised when `importer` imported it, as Triton's stub reports it (pybind11's
+    words): the frames from where it was raised out to `importer`, importlib's included."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    lines: list[str] = []
+    frame, lineno = (tb.tb_frame, tb.tb_lineno) if tb is not None else (None, 0)
+    while frame is not None and frame is not importer:
+        lines.append(f"  {frame.f_code.co_filename}({lineno}): {frame.f_code.co_name}\n")
+        frame = frame.f_back
+        lineno = frame.f_lineno if frame is not None else 0
+    return f"{type(exc).__name__}: {exc}" + ("\n\nAt:\n" + "".join(lines) if lines else "")
 
 
 class Stub:
@@ -214,14 +230,21 @@ class Stub:
         # Triton puts the version folder on sys.path, so model.py may import its neighbours.
         sys.path.insert(0, str(path.parent))
         try:
-            spec = importlib.util.spec_from_file_location("model", path)
-            if spec is None or spec.loader is None:
-                return {"error": f"cannot import {path}", "config": None}
-            module = importlib.util.module_from_spec(spec)
-            sys.modules["model"] = module
-            spec.loader.exec_module(module)
+            if path.suffix == ".py":
+                # Imported by name from the version folder, as Triton's stub imports it: its errors
+                # then show the same importlib frames.
+                sys.modules.pop(path.stem, None)
+                __import__(path.stem)
+                module = sys.modules[path.stem]
+            else:
+                spec = importlib.util.spec_from_file_location("model", path)
+                if spec is None or spec.loader is None:
+                    return {"error": f"cannot import {path}", "config": None}
+                module = importlib.util.module_from_spec(spec)
+                sys.modules["model"] = module
+                spec.loader.exec_module(module)
         except BaseException as exc:  # SyntaxError, ImportError, SystemExit from a model file
-            return {"error": format_exception(exc), "config": None}
+            return {"error": format_import_error(exc, sys._getframe()), "config": None}
         self.model_class = getattr(module, "TritonPythonModel", None)
         if self.model_class is None:
             return {"error": f"{path} does not define class TritonPythonModel", "config": None}

@@ -166,7 +166,10 @@ class RestApi:
         reply(_json(self.plane.model_metadata(model, version)))
 
     def model_ready(self, request: HttpRequest, model: str, version: str, reply: Reply) -> None:
-        reply(_status(self.plane.model_ready(model, version)))
+        if self.plane.model_ready(model, version):
+            reply(HttpResponse(200))
+        else:  # Triton's answer, with its body
+            reply(HttpResponse(400, b'{"error":"Model version not ready"}', _JSON))
 
     def model_config(self, request: HttpRequest, model: str, version: str, reply: Reply) -> None:
         reply(_json(self.plane.model_config(model, version)))
