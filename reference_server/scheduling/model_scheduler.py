@@ -17,7 +17,8 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from functools import partial
 from typing import Any, Protocol
 
-from reference_server.errors import ServerError, Unavailable
+from reference_server.errors import Cancelled, ServerError, Unavailable
+from reference_server.scheduling.cancel import CANCELLED_MESSAGE, watch_call
 from reference_server.scheduling.execute import Tensors
 from reference_server.scheduling.stats import ModelStats
 
@@ -117,13 +118,26 @@ class SubmitsByTask:
 
 def submit_by_task(infer: Coroutine[Any, Any, Tensors], done: Done) -> None:
     """`submit` for a scheduler whose requests await: `infer` (the request's `infer(...)`) runs in a
-    task, whose end calls `done`. A task cancelled (the server stopping) answers Unavailable."""
+    task, whose end calls `done`. The task is cancelled when the front end's client goes away
+    (`cancel.watch_call`: its request is withdrawn or its model told) and answers Cancelled; a
+    task cancelled otherwise (the server stopping) answers Unavailable."""
     task = asyncio.ensure_future(infer)
     task.add_done_callback(partial(_task_done, done))
+    watch_call(_client_gone, task)
 
 
-def _task_done(done: Done, task: asyncio.Future[Tensors]) -> None:
+def _client_gone(task: asyncio.Task[Tensors]) -> None:
+    task.cancel(CANCELLED_MESSAGE)
+
+
+def _task_done(done: Done, task: asyncio.Task[Tensors]) -> None:
     if task.cancelled():
+        try:
+            task.result()
+        except asyncio.CancelledError as cancelled:
+            if cancelled.args == (CANCELLED_MESSAGE,):
+                done(Cancelled(CANCELLED_MESSAGE))
+                return
         done(Unavailable("Server is stopping: request was cancelled"))
         return
     error = task.exception()

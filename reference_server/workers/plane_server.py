@@ -5,7 +5,9 @@ the scheduler's callback, as `DataPlane.start_infer` answers the in-process fron
 responses one frame each) and the repository API, and a blocking one for the calls a front end
 makes synchronously. Messages in: `(kind, call_id, payload)`; out: `(call_id, status, value)`, with
 status `ok`, `err` (value: `frames.error_of`), `item` (a stream's response and its final flag) and
-`end`. The in-flight limit is taken here, once per request, so it stays server-wide. A worker's
+`end`. A worker's `cancel` (its client went away) cancels the call: a stream's task, or a unary
+request through the `CancelScope` it runs in, as in the core's own front ends. The in-flight limit
+is taken here, once per request, so it stays server-wide. A worker's
 finished traces arrive as `traces` (no answer); a worker's update of the log or trace settings
 (`update_settings`) is answered once the other workers have the new settings.
 """
@@ -22,6 +24,7 @@ from typing import Any
 
 from reference_server.core.dataplane import DataPlane
 from reference_server.errors import InvalidArgument
+from reference_server.scheduling.cancel import CancelScope
 from reference_server.workers.frames import FrameProtocol, error_of, request_from_wire, response_to_wire
 from reference_server.workers.hosting import WorkerHosting
 
@@ -85,6 +88,9 @@ class _WorkerConnection(FrameProtocol):
         super().__init__(self._message, self._lost)
         self._server = server
         self._tasks: dict[int, asyncio.Task[None]] = {}
+        #: The unary requests running for the worker, by call id, until answered: what its `cancel`
+        #: (the client went away) cancels, as the in-process front ends cancel theirs.
+        self._scopes: dict[int, CancelScope] = {}
         self._worker: int | None = None  # set by the worker's hello, on its asynchronous connection
         server._connections.add(self)
 
@@ -98,6 +104,9 @@ class _WorkerConnection(FrameProtocol):
             self._server.hosting.lost(self._worker, self.send)
         for task in self._tasks.values():
             task.cancel()  # the worker is gone: nobody waits for these answers
+        scopes, self._scopes = self._scopes, {}
+        for scope in scopes.values():
+            scope.cancel()
 
     def _message(self, message: tuple[Any, ...]) -> None:
         kind, call_id, payload = message
@@ -111,6 +120,9 @@ class _WorkerConnection(FrameProtocol):
             task = self._tasks.get(call_id)
             if task is not None:
                 task.cancel()
+            scope = self._scopes.pop(call_id, None)
+            if scope is not None:
+                scope.cancel()
         elif kind == "answer":
             self._server.hosting.answered(call_id, *payload)
         elif kind == "traces":
@@ -140,9 +152,13 @@ class _WorkerConnection(FrameProtocol):
         if not self._admitted(call_id):
             return
         plane = self._server.plane
+        scopes = self._scopes
 
         def done(response: Any) -> None:
             plane.release()
+            scope = scopes.pop(call_id, None)
+            if scope is not None:
+                scope.release()
             if isinstance(response, BaseException):
                 self.send((call_id, "err", error_of(response, "inference")))
             else:
@@ -150,9 +166,12 @@ class _WorkerConnection(FrameProtocol):
 
         if received is not None:
             plane.tracing.received = received
+        scope = scopes[call_id] = CancelScope()
         try:
-            plane.start_infer(request_from_wire(request), done, endpoint=endpoint)
+            with scope:
+                plane.start_infer(request_from_wire(request), done, endpoint=endpoint)
         except Exception as exc:
+            scopes.pop(call_id, None)
             plane.release()
             self.send((call_id, "err", error_of(exc, "inference")))
         finally:

@@ -19,6 +19,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from reference_server.core import log_settings
 from reference_server.core.dataplane import HTTP_ENDPOINT, InflightSlots, StreamResponse
 from reference_server.errors import Unavailable
+from reference_server.scheduling.cancel import watch_call
 from reference_server.workers.frames import (
     FrameProtocol,
     FrameSocket,
@@ -294,9 +295,16 @@ class RemotePlane(InflightSlots):
 
         received = self.tracing.received
         if received is None:
-            self._calls.start("infer", (request_to_wire(request), endpoint), answered)
+            call_id = self._calls.start("infer", (request_to_wire(request), endpoint), answered)
         else:  # tracing is active: the core traces it from this worker's read
-            self._calls.start("infer", (request_to_wire(request), endpoint, received), answered)
+            call_id = self._calls.start("infer", (request_to_wire(request), endpoint, received), answered)
+        watch_call(self._cancel_infer, call_id)  # the front end's CancelScope: a client gone tells the core
+
+    def _cancel_infer(self, call_id: int) -> None:
+        """The client of unary call `call_id` went away: the core cancels the request, which is still
+        answered (CANCELLED, or its outputs), so that `done` lets go of what it holds."""
+        if call_id in self._calls.handlers and self._calls.transport is not None:
+            self._calls.send(("cancel", call_id, None))
 
     def infer_stream(
         self, request: v2.InferRequest, *, endpoint: str = HTTP_ENDPOINT

@@ -42,7 +42,8 @@ from time import perf_counter_ns
 from typing import Any, Protocol
 
 from reference_server.core.ensemble.config import EnsemblePlan, Step
-from reference_server.errors import InvalidArgument, ServerError, Unavailable
+from reference_server.errors import Cancelled, InvalidArgument, ServerError, Unavailable
+from reference_server.scheduling.cancel import CANCELLED_MESSAGE, CancelScope, watch_call
 from reference_server.scheduling.execute import Tensors
 from reference_server.scheduling.model_scheduler import Done, ModelScheduler, submit_by_task
 from reference_server.scheduling.stats import ModelStats
@@ -147,8 +148,10 @@ class EnsembleScheduler:
         start = perf_counter_ns()
         call = _Call(timeout_us, request_id, parameters, ModelStats())
         self._inflight += 1
-        _Chain(self, chain, wanted, dict(inputs), call, done, start if received_ns is None else received_ns, start,
-               secondary_stats).next(first=True)  # fmt: skip
+        running = _Chain(self, chain, wanted, dict(inputs), call, done, start if received_ns is None else received_ns,
+                         start, secondary_stats)  # fmt: skip
+        running.watch()
+        running.next(first=True)
 
     def _chain_for(self, wanted: tuple[str, ...], inputs: Tensors) -> tuple[Step, ...] | None:
         """The steps for `wanted` in the order they run, when each is the only one ready after the
@@ -433,7 +436,10 @@ class _Chain:
     """One ensemble request run by `EnsembleScheduler.submit`: each step submitted from the
     callback of the step before it."""
 
-    __slots__ = ("owner", "steps", "position", "wanted", "tensors", "call", "done", "received", "start", "secondary")
+    __slots__ = (
+        "owner", "steps", "position", "wanted", "tensors", "call", "done", "received", "start", "secondary", "scope",
+        "cancelled",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -457,10 +463,27 @@ class _Chain:
         self.received = received
         self.start = start
         self.secondary = secondary
+        # Where the front end's client can go away (`cancel.watch_call`): the steps are queued in a
+        # scope of the chain's own, which `cancel` cancels, and no step starts after it.
+        self.scope: CancelScope | None = None
+        self.cancelled = False
+
+    def watch(self) -> None:
+        if watch_call(_Chain.cancel, self):
+            self.scope = CancelScope()
+
+    def cancel(self) -> None:
+        """The client went away: the running step is cancelled, and none starts after it."""
+        self.cancelled = True
+        if self.scope is not None:
+            self.scope.cancel()
 
     def next(self, first: bool = False) -> None:
         """Submit the next step, or answer when none is left. The `first` step's refusal raises
         (from within `submit`, as `infer` would); a later one's is the request's answer."""
+        if self.cancelled:
+            self._fail(Cancelled(CANCELLED_MESSAGE))
+            return
         if self.position == len(self.steps):
             owner = self.owner
             owner._left()
@@ -471,12 +494,19 @@ class _Chain:
         call, tensors = self.call, self.tensors
         try:
             served = self.owner._lookup(step.model_name, step.version)
-            served.scheduler.submit(
-                _step_inputs(served, step, tensors),
-                [model_output for model_output, _ in step.outputs],
-                self._stepped, timeout_us=call.timeout_us, request_id=call.request_id, parameters=call.parameters,
-                secondary_stats=call.steps_stats,
-            )  # fmt: skip
+            scope = self.scope
+            if scope is not None:
+                scope.__enter__()
+            try:
+                served.scheduler.submit(
+                    _step_inputs(served, step, tensors),
+                    [model_output for model_output, _ in step.outputs],
+                    self._stepped, timeout_us=call.timeout_us, request_id=call.request_id, parameters=call.parameters,
+                    secondary_stats=call.steps_stats,
+                )  # fmt: skip
+            finally:
+                if scope is not None:
+                    scope.__exit__()
         except Exception as error:  # refused before it was queued: the request fails as a step's error would
             if not first:
                 self._fail(error)
