@@ -200,7 +200,8 @@ def _assert_nothing_left(server: ReferenceServer | None) -> None:
     if server is None:
         return
     assert server.repository is not None
-    (instance,) = server.repository.get("held").instances
+    version = server.repository.get("held")
+    (instance,) = version.instances
     assert isinstance(instance, PythonInstance)
     deadline = time.monotonic() + _WAIT_S
     while True:  # a dropped sender's end comes from the stub's own thread, soon after
@@ -216,6 +217,7 @@ def _assert_nothing_left(server: ReferenceServer | None) -> None:
             break
         time.sleep(0.02)
     assert left == (0, 0, 0, 0), "open requests, streams, early responses, server arena bytes in use"
+    assert not version.scheduler._answers.later  # no request waits for an answer
 
 
 @pytest.mark.parametrize("transport", ["grpc", "http"])

@@ -343,7 +343,8 @@ class Stub:
                             f"found type '{named}'."
                         )
                 responses = reply["responses"] = [self._response(r, out_fds) for r in result]
-                if None in responses:  # a request left open, to be answered later (or rescheduled)
+                if None in responses and (not rescheduled or responses.count(None) > len(rescheduled)):
+                    # a request left open, to be answered later
                     self._deferring.acquire()  # released once this answer is out (see _leave_open)
                     holding = True
                     left_open = self._leave_open(requests, responses, rescheduled, out_fds)
