@@ -41,6 +41,9 @@ AUTO_FRONTEND_WORKERS = 0
 @dataclass(frozen=True, slots=True)
 class ServerConfig:
     model_repository: Path
+    #: The repositories after the first, when --model-repository is given several times: their models
+    #: are served beside the first's, each name in one repository only (`core/repository_roots.py`).
+    more_model_repositories: tuple[Path, ...] = ()
     host: str = "127.0.0.1"
     http_port: int = 8000
     grpc_port: int = 8001
@@ -249,7 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         required=True,
         metavar="DIR",
-        help="Triton model repository: DIR/<model>/config.pbtxt and DIR/<model>/<version>/model.onnx",
+        help="Triton model repository: DIR/<model>/config.pbtxt and DIR/<model>/<version>/model.onnx; "
+        "repeat it to serve the models of several",
     )
     net = parser.add_argument_group("network")
     net.add_argument(
@@ -479,8 +483,6 @@ def parse_backend_config(entries: Sequence[str]) -> dict[str, str]:
 def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if len(args.model_repository) > 1:
-        parser.error("--model-repository: given more than once; perfkit-server serves one model repository")
     refused = triton_flags.refusal(args)
     if refused is not None:
         parser.error(refused)
@@ -512,6 +514,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
             parser.error(str(exc))
     config = ServerConfig(
         model_repository=args.model_repository[0],
+        more_model_repositories=tuple(args.model_repository[1:]),
         host=args.host,
         http_port=args.http_port,
         grpc_port=args.grpc_port,

@@ -78,6 +78,7 @@ class ReferenceServer:
             backend_config=config.backend_config,
             auto_complete_config=config.auto_complete_config,
             model_config_name=config.model_config_name,
+            more_roots=config.more_model_repositories,
         )
         if config.response_cache_bytes is not None:
             self.repository.response_cache = ResponseCache(config.response_cache_bytes)

@@ -104,5 +104,5 @@ class RepositoryPoller:
         return result
 
     def _scan(self) -> dict[str, Fingerprint]:
-        root = self.repository.root
-        return {name: model_fingerprint(root / name) for name in self.repository.model_names()}
+        roots = self.repository.roots
+        return {name: model_fingerprint(roots.folder(name)) for name in self.repository.model_names()}

@@ -55,8 +55,9 @@ from reference_server.core.model_source import (
     model_fingerprint,
     read_model_config,
 )
+from reference_server.core.repository_roots import RepositoryRoots
 from reference_server.core.response_cache import ResponseCache, cached, check_cache_config
-from reference_server.errors import InvalidArgument, ModelConfigError, NotFound, ServerError, Unavailable
+from reference_server.errors import InternalError, InvalidArgument, ModelConfigError, NotFound, ServerError, Unavailable
 from reference_server.scheduling.execute import ModelInstance, Tensors
 from reference_server.scheduling.model_scheduler import ModelScheduler
 from reference_server.scheduling.rate_limiter import RateLimiter
@@ -182,8 +183,11 @@ class ModelRepository:
         backend_config: Mapping[str, str] | None = None,
         auto_complete_config: bool = True,
         model_config_name: str | None = None,
+        more_roots: Sequence[Path] = (),
     ) -> None:
-        self.root = root.resolve()
+        #: The repositories (--model-repository given more than once: `more_roots`); `root` is the first.
+        self.roots = RepositoryRoots([root, *more_roots])
+        self.root = self.roots.paths[0]
         self.backend_config = dict(backend_config or {})
         #: Off (--disable-auto-complete-config): a model needs its config file, which backends leave as is.
         self.auto_complete = auto_complete_config
@@ -199,8 +203,6 @@ class ModelRepository:
         self.rate_limiter: RateLimiter | None = None  # --rate-limit execution_count; None: off
         #: Each version's statistics (summaries.SummarizedStats with --metrics-config summary_latencies=true).
         self.new_stats: Callable[[], ModelStats] = ModelStats
-        if not self.root.is_dir():
-            raise ModelConfigError(f"{root}: model repository is not a directory; pass --model-repository DIR")
         self.gpu_count = gpu_count
         self.default_max_batch_size = default_max_batch_size
         self._records: dict[str, ModelRecord] = {}
@@ -211,25 +213,16 @@ class ModelRepository:
     # --- discovery -------------------------------------------------------------------------------
 
     def model_names(self) -> list[str]:
-        """Models present on disk: every non-hidden folder of the repository."""
-        return sorted(p.name for p in self.root.iterdir() if p.is_dir() and not p.name.startswith("."))
+        """Models present on disk: every non-hidden folder of the repositories."""
+        return self.roots.model_names()
 
     def on_disk(self, name: str) -> bool:
         """Whether `name` is a model folder of the repository (names that would leave it are not)."""
-        bad = not name or name in (".", "..") or any(c in name for c in "/\\\x00") or name.startswith(".")
-        return not bad and (self.root / name).is_dir()
+        return bool(self.roots.holders(name))
 
     def model_dir(self, name: str) -> Path:
         """The folder of model `name`; names that would leave the repository are not models."""
-        if not self.on_disk(name):
-            raise NotFound(f"model '{name}' is not in the model repository")
-        candidate = self.root / name
-        resolved = candidate.resolve()
-        if resolved.parent != self.root:
-            raise ModelConfigError(
-                f"{candidate}: model folder resolves to {resolved}, outside the model repository {self.root}"
-            )
-        return candidate
+        return self.roots.model_dir(name)
 
     def resolve_load_models(self, requested: Iterable[str]) -> list[str]:
         """The models `--load-model` names ('*' means all of them), in order, without repeats.
@@ -244,7 +237,7 @@ class ModelRepository:
         for name in requested:
             if not self.on_disk(name):
                 raise NotFound(
-                    f"--load-model '{name}': model '{name}' is not in the model repository {self.root} "
+                    f"--load-model '{name}': model '{name}' is not in {self.roots} "
                     f"(models there: {', '.join(on_disk) or 'none'})"
                 )
         return list(dict.fromkeys(requested))
@@ -270,7 +263,9 @@ class ModelRepository:
         API's `file:` overrides). A failed load raises and leaves any serving versions in place."""
         if source is None and not self.on_disk(name):
             # Checked before a record exists, so that a typo never shows up in the index.
-            raise NotFound(errors.load_failed(name, f"model '{name}' is not in the model repository {self.root}"))
+            raise NotFound(errors.load_failed(name, f"model '{name}' is not in {self.roots}"))
+        if source is None and not self.roots.unique(name):  # never loaded; tritonserver's 500
+            raise InternalError(errors.load_failed(name, self.roots.not_unique(name)))
         record = self._records.setdefault(name, ModelRecord(name))
         self._loop = asyncio.get_running_loop()
         if self._load_pass is not None:
@@ -282,7 +277,8 @@ class ModelRepository:
             try:
                 # Before reading anything, so that a change made while we load is seen by the next
                 # poll, and before any check, so that a model refused for good is not retried.
-                record.fingerprint = await loop.run_in_executor(None, model_fingerprint, source or self.root / name)
+                folder = source or self.roots.folder(name)
+                record.fingerprint = await loop.run_in_executor(None, model_fingerprint, folder)
                 model_dir = source or self.model_dir(name)
                 given, config_name = override, None if source else self.model_config_name
                 if given is None:
@@ -542,7 +538,7 @@ class ModelRepository:
         """The version to serve: `version` when given, else the highest ready one."""
         record = self._records.get(name)  # the errors begin with Triton's wording (errors.py)
         if record is None:
-            if self.on_disk(name):
+            if self.on_disk(name) and self.roots.unique(name):  # one in two repositories is no model, as on Triton
                 raise Unavailable(f"{errors.unknown_model(name)}: it is in the model repository but not loaded")
             raise NotFound(errors.unknown_model(name))
         if not record.versions and record.failed:
@@ -577,7 +573,7 @@ class ModelRepository:
 
     def index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Repository index entries as Triton's POST /v2/repository/index returns them (`load_outcome`)."""
-        return index_entries(self._records, self.model_names(), self.is_ready, ready_only)
+        return self.roots.mark_duplicates(index_entries(self._records, self.model_names(), self.is_ready, ready_only))
 
     async def close(self, grace_s: float) -> None:
         versions = self.loaded()

@@ -90,6 +90,7 @@ class LocalModels:
             backend_config=config.backend_config,
             auto_complete_config=config.auto_complete_config,
             model_config_name=config.model_config_name,
+            more_roots=config.more_model_repositories,
         )
         #: The core's trace settings as this worker samples by them; its traces go to the core.
         self.tracing = RelayedTracing()

@@ -224,7 +224,6 @@ def test_flags_without_effect_are_recorded_once_each_with_the_reason(tmp_path: P
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--model-repository", "/tmp/b"], "--model-repository: given more than once"),
         (["--grpc-use-ssl", "true"], "--grpc-use-ssl needs --grpc-server-cert and --grpc-server-key"),
         (["--log-format", "json"], "--log-format: invalid choice"),
         (["--model-load-thread-count", "0"], "--model-load-thread-count must be at least 1"),
@@ -385,3 +384,10 @@ def test_restrictions_group_categories_under_one_header(tmp_path: Path) -> None:
     )  # fmt: skip
     assert config.grpc_restricted_protocol == (("model-repository", "Key", "v"), ("logging", "Key", "v"))
     assert _parse(tmp_path).http_restricted_api == ()
+
+
+def test_several_model_repositories(tmp_path: Path) -> None:
+    config = config_from_args(["--model-repository", "/tmp/a", "--model-store=/tmp/b", "--model-repository=/tmp/c"])
+    assert config.model_repository == Path("/tmp/a")
+    assert config.more_model_repositories == (Path("/tmp/b"), Path("/tmp/c"))
+    assert _parse(tmp_path).more_model_repositories == ()

@@ -44,8 +44,7 @@ class _Served(Protocol):
 class Host(Protocol):
     """What ensemble loading needs of the model repository."""
 
-    @property
-    def root(self) -> Path: ...
+    def model_dir(self, name: str) -> Path: ...
 
     def on_disk(self, name: str) -> bool: ...
 
@@ -107,7 +106,7 @@ def composing_on_disk(host: Host, name: str) -> list[str]:
     if not host.on_disk(name):
         return []
     try:
-        raw = model_config.read_config(host.root / name)
+        raw = model_config.read_config(host.model_dir(name))
     except ServerError:
         return []  # its own load reports it
     if raw is None or not is_ensemble(raw):
