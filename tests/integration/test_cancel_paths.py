@@ -71,6 +71,7 @@ _TENSORS = (
 
 _CONFIGS = {
     "watch": "",
+    "watch2": "",
     "after": "",
     "seq_watch": "sequence_batching { max_sequence_idle_microseconds: 60000000 }\n",
     "cache_watch": "response_cache { enable: true }\n",
@@ -80,6 +81,18 @@ _ENSEMBLE = (
     'name: "ens_watch"\nplatform: "ensemble"\nmax_batch_size: 0\n' + _TENSORS + "ensemble_scheduling { step [ "
     '{ model_name: "watch" model_version: -1 input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "mid" } }, '
     '{ model_name: "after" model_version: -1 input_map { key: "IN" value: "mid" } output_map { key: "OUT" value: "OUT" } } '
+    "] }\n"
+)
+
+
+# Two steps side by side (not a chain: the request runs in a task of its own).
+_FORK = (
+    'name: "ens_fork"\nplatform: "ensemble"\nmax_batch_size: 0\n'
+    'input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
+    'output [ { name: "A" data_type: TYPE_INT32 dims: [ -1 ] }, { name: "B" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
+    "ensemble_scheduling { step [ "
+    '{ model_name: "watch" model_version: -1 input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "A" } }, '
+    '{ model_name: "watch2" model_version: -1 input_map { key: "IN" value: "IN" } output_map { key: "OUT" value: "B" } } '
     "] }\n"
 )
 
@@ -101,6 +114,8 @@ def repository(tmp_path_factory: pytest.TempPathFactory, markers: Path) -> Path:
         )
     (root / "ens_watch" / "1").mkdir(parents=True)
     (root / "ens_watch" / "config.pbtxt").write_text(_ENSEMBLE)
+    (root / "ens_fork" / "1").mkdir(parents=True)
+    (root / "ens_fork" / "config.pbtxt").write_text(_FORK)
     return root
 
 
@@ -233,3 +248,12 @@ def test_a_cancelled_call_cancels_the_running_ensemble_step_and_no_later_one(
     # The second step would have run at once; it never does.
     _serves_on(ours_and_workers)
     assert not (markers / "after").exists()
+
+
+def test_a_cancelled_call_cancels_the_running_steps_of_an_ensemble_graph(
+    ours_and_workers: Endpoints, markers: Path
+) -> None:
+    _cancel_grpc(ours_and_workers, "ens_fork", [1])
+    assert _seen(markers, "watch") == "cancelled"
+    assert _seen(markers, "watch2") == "cancelled"
+    _serves_on(ours_and_workers)
