@@ -150,9 +150,10 @@ def status_text(exc: ServerError) -> str:
 
 
 def version_unavailable(version: int, reason: str) -> str:
-    """Triton's words for one version that failed to load, after "load failed for model 'X': "; `reason`
-    is the failure as `status_text` gives it (what the repository index shows as the reason)."""
-    return f"version {version} is at UNAVAILABLE state: {reason};\n"
+    """Triton's words for one version that failed to load; after "load failed for model 'X': " come
+    those of each failed version, then a newline. `reason` is the failure as `status_text` gives it
+    (what the repository index shows as the reason)."""
+    return f"version {version} is at UNAVAILABLE state: {reason};"
 
 
 def server_error(exc: Exception) -> ServerError | None:

@@ -23,31 +23,45 @@ from reference_server.errors import ModelConfigError, ServerError
 if TYPE_CHECKING:
     from reference_server.core.repository import ModelRecord
 
-__all__ = ["VersionFailed", "index_entries", "version_failed"]
+__all__ = ["VersionFailed", "index_entries", "versions_failed"]
 
 log = logging.getLogger(__name__)
 
 
 class VersionFailed(ModelConfigError):
-    """One version of a model failed to build; its message is Triton's words for it, after
-    "load failed for model 'X': "."""
+    """Versions of a model failed to build; its message is Triton's words for them, after "load
+    failed for model 'X': "."""
 
-    def __init__(self, message: str, version: int = 0, reason: str = "") -> None:
+    def __init__(self, message: str, failed: dict[int, str] | None = None) -> None:
         super().__init__(message)
-        self.version = version
-        #: The failure as the repository index shows it ("Internal: ValueError: ...").
-        self.reason = reason
+        #: Version -> what the repository index says of it: the failure as Triton prints it
+        #: ("Internal: ValueError: ..."), or "unloaded" for one that loaded beside a failed one.
+        self.failed = failed or {}
+        self.reason = next((r for r in self.failed.values() if r != _UNLOADED), "")
 
 
-def version_failed(name: str, version: int, exc: Exception) -> VersionFailed:
-    """`exc`, raised while building `version` of model `name`, as Triton reports that version (and
-    logged as Triton logs it)."""
-    if isinstance(exc, ServerError):
-        reason = errors.status_text(exc)
-    else:  # a bug of ours, or a library's: Triton's backends answer these as Internal
-        reason = f"Internal: {type(exc).__name__}: {exc}"
-    log.error("failed to load '%s' version %d: %s", name, version, reason, exc_info=not isinstance(exc, ServerError))
-    return VersionFailed(errors.version_unavailable(version, reason), version, reason)
+_UNLOADED = "unloaded"
+
+
+def versions_failed(name: str, failures: dict[int, Exception], built: list[int]) -> VersionFailed:
+    """`failures` (version -> what building it raised) of model `name`, as Triton reports them (and
+    logged as Triton logs them); the `built` versions are dropped with them, as in Triton."""
+    reasons: dict[int, str] = {}
+    for version, exc in failures.items():
+        if isinstance(exc, ServerError):
+            reasons[version] = errors.status_text(exc)
+        else:  # a bug of ours, or a library's: Triton's backends answer these as Internal
+            reasons[version] = f"Internal: {type(exc).__name__}: {exc}"
+        log.error(
+            "failed to load '%s' version %d: %s",
+            name,
+            version,
+            reasons[version],
+            exc_info=not isinstance(exc, ServerError),
+        )
+    # Triton lists the failed versions highest first.
+    words = "".join(errors.version_unavailable(v, reasons[v]) for v in sorted(reasons, reverse=True)) + "\n"
+    return VersionFailed(words, {**dict.fromkeys(built, _UNLOADED), **reasons})
 
 
 def index_entries(

@@ -47,7 +47,7 @@ from reference_server.core.classification import Labels, read_labels
 from reference_server.core.ensemble.config import is_ensemble
 from reference_server.core.ensemble.loading import prepare_ensemble
 from reference_server.core.ensemble.scheduler import EnsembleScheduler
-from reference_server.core.load_outcome import VersionFailed, index_entries, version_failed
+from reference_server.core.load_outcome import VersionFailed, index_entries, versions_failed
 from reference_server.core.model_source import (
     Fingerprint,
     config_path,
@@ -303,7 +303,7 @@ class ModelRepository:
             except VersionFailed as exc:
                 if not record.versions:
                     record.state = UNAVAILABLE
-                record.reason, record.failed = exc.reason, {exc.version: exc.reason}
+                record.reason, record.failed = exc.reason, exc.failed
                 log.info("failed to load '%s'", name)
                 raise ModelConfigError(errors.load_failed(name, exc.message, polled=True)) from exc
             except Exception as exc:
@@ -455,13 +455,16 @@ class ModelRepository:
                 f"version folders found: {available or 'none'}; a version is a numeric folder holding the model file)"
             )
         prepared: list[_PreparedVersion] = []
+        failed: dict[int, Exception] = {}
         try:
-            for version in selected:
+            for version in selected:  # each one, as Triton tries each (and tells each failure)
                 try:
                     prepared.append(self._prepare_version(name, version, model_dir, config_file, base))
                 except Exception as exc:
-                    raise version_failed(name, version, exc) from exc
-        except BaseException:  # the versions built before the one that failed hold stubs and sessions
+                    failed[version] = exc
+            if failed:
+                raise versions_failed(name, failed, [p.version for p in prepared]) from next(iter(failed.values()))
+        except BaseException:  # the versions built beside the one that failed hold stubs and sessions
             close_instances(instance for built in prepared for instance in built.instances)
             raise
         return prepared

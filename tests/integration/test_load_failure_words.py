@@ -25,6 +25,7 @@ Remaining differences, on purpose or beyond our reach:
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import re
@@ -153,6 +154,10 @@ def write_repository(root: Path) -> Path:
     model("rec_partial", RECORDS, PARTIAL_CONFIG)
     model("okmodel", OK)
     model("unloader", UNLOADER, UNLOADER_CONFIG)
+    model("multi", OK, 'backend: "python"\nversion_policy: { all {} }\n')
+    for version in (2, 3):
+        (root / "multi" / str(version)).mkdir()
+        (root / "multi" / str(version) / "model.py").write_text(INIT_RAISES.replace("init boom", f"v{version} boom"))
     (root / "bad_onnx" / "1").mkdir(parents=True)
     (root / "bad_onnx" / "1" / "model.onnx").write_text("not a model\n")
     return root
@@ -264,6 +269,30 @@ def test_a_version_that_fails_to_load_answers_in_tritons_words(
     entries = _each(urls, transport, lambda client: [e for e in _index(client) if e["name"] == model])
     assert entries["ours"] == entries["triton"]
     assert entries["ours"] == [{"name": model, "version": "1", "state": "UNAVAILABLE", "reason": reason}]
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_each_version_that_fails_is_told_and_the_one_that_loaded_is_unloaded(
+    urls: Urls, repository: Path, transport: str
+) -> None:
+    answers = _each(urls, transport, lambda client: _failure(lambda: client.load_model("multi")))
+    (status, triton), (our_status, ours) = answers["triton"], answers["ours"]
+    assert our_status == status
+
+    def reason(version: int) -> str:
+        return f"Internal: ValueError: v{version} boom\n\nAt:\n  {repository.resolve()}/multi/{version}/model.py(3): initialize\n"
+
+    # Triton loads the versions in parallel; the order of its list is not a promise: compared as a set.
+    segments = {f"version {v} is at UNAVAILABLE state: {reason(v)};" for v in (2, 3)}
+    assert ours == "load failed for model 'multi': " + "".join(sorted(segments, reverse=True)) + "\n"
+    orders = {"load failed for model 'multi': " + "".join(order) + "\n" for order in itertools.permutations(segments)}
+    assert triton in orders
+    entries = _each(urls, transport, lambda client: [e for e in _index(client) if e["name"] == "multi"])
+    failed = [{"name": "multi", "version": str(v), "state": "UNAVAILABLE", "reason": reason(v)} for v in (2, 3)]
+    assert entries["triton"][1:] == entries["ours"][1:] == failed
+    # Version 1 loaded and was dropped with them (Triton may still be unloading it).
+    assert entries["ours"][0] == {"name": "multi", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}
+    assert entries["triton"][0]["state"] in ("UNLOADING", "UNAVAILABLE")
 
 
 def test_both_logs_say_which_version_failed_and_why(
