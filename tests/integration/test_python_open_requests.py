@@ -26,6 +26,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from reference_server.backends.python.instance import PythonInstance
+from reference_server.scheduling.scheduler import Scheduler
 from reference_server.server import ReferenceServer, running_server
 from tests.integration.test_python_async_sender import Endpoints
 from tests.servers import loopback_config, running_triton
@@ -217,7 +218,9 @@ def _assert_nothing_left(server: ReferenceServer | None) -> None:
             break
         time.sleep(0.02)
     assert left == (0, 0, 0, 0), "open requests, streams, early responses, server arena bytes in use"
-    assert not version.scheduler._answers.later  # no request waits for an answer
+    scheduler = version.scheduler
+    assert isinstance(scheduler, Scheduler)
+    assert not scheduler._answers.later  # no request waits for an answer
 
 
 @pytest.mark.parametrize("transport", ["grpc", "http"])
