@@ -424,10 +424,10 @@ class PythonInstance:
             else:
                 for response in reply["responses"]:
                     if response is None:
-                        results.append(InternalError(f"model instance '{self.name}' gave no response for a request "
-                                                     "(returned None, sent none): a non-decoupled model returns one "
-                                                     "response per request, or sends it with the final flag through "
-                                                     "its response sender before execute returns"))  # fmt: skip
+                        # The stub leaves such a request open (`deferred`) unless it was rescheduled.
+                        results.append(InternalError(f"model instance '{self.name}' gave no response for a request: a "
+                                                     "non-decoupled model returns one response per request, or sends "
+                                                     "it with the final flag through its response sender"))  # fmt: skip
                         continue
                     outputs, error = stub.read_response(response, out_fds)
                     results.append(error if error is not None else outputs or {})
