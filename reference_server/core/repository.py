@@ -169,7 +169,8 @@ class ModelRecord:
     source: Path | None = None
     #: For an ensemble, the composing models its last load attempt named.
     composing: frozenset[str] = frozenset()
-    #: Version -> why it failed, where the last load failed at a version (`load_outcome`).
+    #: Version -> why it is not served, where the last load failed at a version (`load_outcome`)
+    #: or the model was unloaded ("unloaded"); the index lists each, and a request gets Triton's 404.
     failed: dict[int, str] = field(default_factory=dict)
 
 
@@ -428,6 +429,7 @@ class ModelRepository:
             old = record.versions
             record.versions = {}
             record.state, record.reason = UNAVAILABLE, "unloaded"
+            record.failed = dict.fromkeys(old, "unloaded")  # each version listed so, as Triton lists them
             record.fingerprint = None
             self._retire(old.values())
         log.info("unloaded model '%s'", name)

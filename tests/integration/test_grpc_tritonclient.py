@@ -271,7 +271,7 @@ def test_load_and_unload_in_explicit_mode(repository_copy: Path) -> None:
             assert not client.is_model_ready("convnet")
             with pytest.raises(InferenceServerException) as gone:
                 client.infer("convnet", [fp32_input(x)])
-            assert gone.value.status() == "StatusCode.UNAVAILABLE"  # in the repository, not loaded
+            assert gone.value.status() == "StatusCode.NOT_FOUND"  # unloaded: Triton's "has no available versions"
             with pytest.raises(InferenceServerException) as missing:
                 client.load_model("no_such_model")
             assert missing.value.status() == "StatusCode.NOT_FOUND"

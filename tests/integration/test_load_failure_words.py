@@ -9,7 +9,10 @@ HTTP and gRPC (NVIDIA's model-control examples check these words).
   config answer 404 "Request for unknown model: 'X' has no available versions", and both logs say
   "failed to load 'X' version 1: Internal: ...".
 - Unloading a model that is not loaded succeeds, whether it is in the repository, failed to load,
-  or does not exist at all, over HTTP, gRPC and `pb_utils.unload_model`.
+  or does not exist at all, over HTTP, gRPC and `pb_utils.unload_model`; a model unloaded is listed
+  by version ("unloaded") and answers Triton's 404.
+- Every version of a load is tried and each one that fails is told; one that loaded beside them is
+  dropped and listed as "unloaded".
 - `auto_complete_config` is given, and `initialize(args["model_config"])` sees, the config Triton
   gives them (version_policy, optimization, instance_group filled), for a folder without
   config.pbtxt and for one with a partial one; the config endpoint answers the same config.
@@ -29,6 +32,7 @@ import itertools
 import json
 import logging
 import re
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -349,6 +353,28 @@ def test_unloading_a_model_that_is_not_loaded_succeeds(urls: Urls, transport: st
     assert answers["ours"] == answers["triton"]
     assert answers["ours"][1] == {"name": "okmodel"}  # listed as before
     assert answers["ours"][0]["reason"].startswith("Internal: ValueError: init boom")  # the failure stays
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_an_unloaded_model_is_listed_by_version_and_answers_404(urls: Urls, transport: str) -> None:
+    def unload(client: Any) -> list[Any]:
+        client.load_model("okmodel")
+        client.unload_model("okmodel")
+        deadline = time.monotonic() + 30  # Triton unloads in the background
+        while True:
+            entries = [e for e in _index(client) if e["name"] == "okmodel"]
+            if entries[0].get("state") != "UNLOADING" or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        return [entries, _failure(lambda: client.get_model_metadata("okmodel"))]
+
+    answers = _each(urls, transport, unload)
+    assert answers["ours"] == answers["triton"]
+    not_found = "404" if transport == "http" else "StatusCode.NOT_FOUND"
+    assert answers["ours"] == [
+        [{"name": "okmodel", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}],
+        (not_found, "Request for unknown model: 'okmodel' has no available versions"),
+    ]
 
 
 def test_unload_model_from_a_model_succeeds_for_a_model_that_is_not_loaded(urls: Urls) -> None:

@@ -150,10 +150,14 @@ def test_explicit_load_with_config_override_unload_and_reload(demo_repository: P
 
         client.unload_model("mlp")
         assert not client.is_model_ready("mlp")
-        assert index_of(client)["mlp"] == {"name": "mlp", "state": "UNAVAILABLE", "reason": "unloaded"}
+        assert index_of(client)["mlp"] == {"name": "mlp", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}
         with pytest.raises(InferenceServerException) as info:
             client.infer("mlp", mlp_input(np.zeros((1, 256), dtype=np.float32)))
-        assert info.value.status() == "503" and "mlp" in info.value.message()
+        # Triton's status and words for a model it unloaded.
+        assert (info.value.status(), info.value.message()) == (
+            "404",
+            "Request for unknown model: 'mlp' has no available versions",
+        )
 
         client.load_model("mlp")  # no config: the one on disk again
         assert client.is_model_ready("mlp")
@@ -288,7 +292,7 @@ def test_poll_mode_follows_the_repository(repository_copy: Path, client_of: Any)
         assert "convnet" not in index_of(client)
         with pytest.raises(InferenceServerException) as info:
             client.infer("convnet", mlp_input(np.zeros((1, 1, 28, 28), dtype=np.float32)))
-        assert info.value.status() == "503"
+        assert info.value.status() == "404"  # unloaded: Triton's "has no available versions"
 
         identity_config = repository_copy / "identity" / "config.pbtxt"
         identity_config.write_text(identity_config.read_text() + "\ninstance_group [ { count: \n")

@@ -88,7 +88,10 @@ async def test_unload_leaves_the_model_unavailable_with_reason_unloaded(reposito
     await repository.load("identity")
     await repository.unload("identity")
     assert not repository.is_ready("identity")
-    assert repository.index() == [{"name": "identity", "state": "UNAVAILABLE", "reason": "unloaded"}]
+    # Each version it served, as Triton lists them.
+    assert repository.index() == [{"name": "identity", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}]
+    with pytest.raises(NotFound, match=r"^Request for unknown model: 'identity' has no available versions$"):
+        repository.get("identity")  # Triton's 404
     await repository.unload("nope")  # Triton 2.51 unloads a model it does not have without a word
     assert [entry["name"] for entry in repository.index()] == ["identity"]
 
