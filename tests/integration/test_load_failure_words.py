@@ -2,8 +2,8 @@
 the same model folders on real tritonserver and on the reference server, with tritonclient over
 HTTP and gRPC (NVIDIA's model-control examples check these words).
 
-- A python model raising in `initialize`, at import, with a SyntaxError, or in
-  `auto_complete_config`: the load answers "load failed for model 'X': version 1 is at UNAVAILABLE
+- A python model raising in `initialize` (sys.exit too), at import, with a SyntaxError, or in
+  `auto_complete_config`, or defining no TritonPythonModel: the load answers "load failed for model 'X': version 1 is at UNAVAILABLE
   state: Internal: <the Python error and its frames>;\\n" (HTTP 400, gRPC INVALID_ARGUMENT), the
   repository index lists version 1 as UNAVAILABLE with "Internal: ..." as the reason, metadata and
   config answer 404 "Request for unknown model: 'X' has no available versions", and both logs say
@@ -21,6 +21,9 @@ Remaining differences, on purpose or beyond our reach:
 - An import error's importlib frames carry the line numbers of the interpreter that runs the stub
   (Triton's stub embeds Debian's Python 3.11.2, ours runs the server's 3.11): they are compared
   without the numbers.
+- An error raised inside `pb_utils` (e.g. `add_input` refusing a tensor without dims): Triton lists
+  the frame of its triton_python_backend_utils.py, ours leaves out the frames of our own module,
+  whose path could not be Triton's anyway.
 - The peers' tritonserver bundles no onnxruntime backend, so an ONNX file that is not a model is
   checked on our server only, against the onnxruntime backend's words ("onnx runtime error 7: ...",
   an Internal status, from its RETURN_IF_ORT_ERROR).
@@ -65,6 +68,20 @@ IMPORT_RAISES = 'raise RuntimeError("import boom")\n'
 SYNTAX_ERROR = """\
 class TritonPythonModel:
     def execute(self, requests)
+        return []
+"""
+
+NO_CLASS = "X = 1\n"
+
+INIT_EXITS = """\
+import sys
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        sys.exit(3)
+
+    def execute(self, requests):
         return []
 """
 
@@ -138,7 +155,7 @@ input [ { name: "NAME" data_type: TYPE_STRING dims: [ 1 ] } ]
 output [ { name: "SAID" data_type: TYPE_STRING dims: [ 1 ] } ]
 """
 
-FAILING = ["init_raises", "import_raises", "syntax_error", "ac_raises"]
+FAILING = ["init_raises", "import_raises", "syntax_error", "ac_raises", "no_class", "init_exits"]
 TRANSPORTS = ["http", "grpc"]
 
 #: server -> (HTTP url, gRPC url)
@@ -152,7 +169,9 @@ def write_repository(root: Path) -> Path:
         if config is not None:
             (root / name / "config.pbtxt").write_text(config)
 
-    for name, source in zip(FAILING, (INIT_RAISES, IMPORT_RAISES, SYNTAX_ERROR, AUTO_COMPLETE_RAISES)):
+    for name, source in zip(
+        FAILING, (INIT_RAISES, IMPORT_RAISES, SYNTAX_ERROR, AUTO_COMPLETE_RAISES, NO_CLASS, INIT_EXITS)
+    ):
         model(name, source)
     model("rec_none", RECORDS)
     model("rec_partial", RECORDS, PARTIAL_CONFIG)
@@ -238,6 +257,9 @@ WORDS = {
     ),
     "syntax_error": "Internal: SyntaxError: expected ':' (model.py, line 2)",
     "ac_raises": "Internal: ValueError: no shapes known\n\nAt:\n  {dir}/ac_raises/1/model.py(4): auto_complete_config\n",
+    # Triton's stub imports the file as `<version>.model`.
+    "no_class": "Internal: AttributeError: module '1.model' has no attribute 'TritonPythonModel'",
+    "init_exits": "Internal: SystemExit: 3\n\nAt:\n  {dir}/init_exits/1/model.py(6): initialize\n",
 }
 
 

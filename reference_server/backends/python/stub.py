@@ -227,15 +227,17 @@ class Stub:
 
     def _load(self, message: dict[str, Any]) -> dict[str, Any]:
         path = Path(message["model_file"])
-        # Triton puts the version folder on sys.path, so model.py may import its neighbours.
-        sys.path.insert(0, str(path.parent))
+        # Triton puts the version folder on sys.path, so model.py may import its neighbours, and the
+        # model folder, from which it imports the file as `<version>.model`.
+        sys.path[:0] = [str(path.parent), str(path.parent.parent)]
         try:
             if path.suffix == ".py":
-                # Imported by name from the version folder, as Triton's stub imports it: its errors
-                # then show the same importlib frames.
-                sys.modules.pop(path.stem, None)
-                __import__(path.stem)
-                module = sys.modules[path.stem]
+                # Imported by name, as Triton's stub imports it: its errors then show the same
+                # importlib frames, and the module has the same name.
+                name = f"{path.parent.name}.{path.stem}" if path.parent.name.isdigit() else path.stem
+                sys.modules.pop(name, None)
+                __import__(name)
+                module = sys.modules[name]
             else:
                 spec = importlib.util.spec_from_file_location("model", path)
                 if spec is None or spec.loader is None:
@@ -246,8 +248,9 @@ class Stub:
         except BaseException as exc:  # SyntaxError, ImportError, SystemExit from a model file
             return {"error": format_import_error(exc, sys._getframe()), "config": None}
         self.model_class = getattr(module, "TritonPythonModel", None)
-        if self.model_class is None:
-            return {"error": f"{path} does not define class TritonPythonModel", "config": None}
+        if self.model_class is None:  # Python's words, as Triton's stub reports them
+            error = f"AttributeError: module '{module.__name__}' has no attribute 'TritonPythonModel'"
+            return {"error": error, "config": None}
         config = None
         if message["auto_complete"] and hasattr(self.model_class, "auto_complete_config"):
             try:
@@ -260,7 +263,7 @@ class Stub:
                         "config": None,
                     }
                 config = json.dumps(completed.as_dict())
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:  # SystemExit too: Triton's stub reports it and lives
                 return {"error": format_exception(exc), "config": None}
         return {"error": None, "config": config}
 
@@ -276,7 +279,7 @@ class Stub:
                 result = self.model.initialize(args)
                 if inspect.iscoroutine(result):
                     self.loop.run_until_complete(result)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # SystemExit too: Triton's stub reports it and lives
             return format_exception(exc)
         self.bls_allowed = True
         return None
