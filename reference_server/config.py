@@ -44,6 +44,8 @@ class ServerConfig:
     #: The repositories after the first, when --model-repository is given several times: their models
     #: are served beside the first's, each name in one repository only (`core/repository_roots.py`).
     more_model_repositories: tuple[Path, ...] = ()
+    #: --model-namespacing true: each repository is a namespace (`core/namespaces.py`).
+    model_namespacing: bool = False
     host: str = "127.0.0.1"
     http_port: int = 8000
     grpc_port: int = 8001

@@ -79,6 +79,7 @@ class ReferenceServer:
             auto_complete_config=config.auto_complete_config,
             model_config_name=config.model_config_name,
             more_roots=config.more_model_repositories,
+            namespacing=config.model_namespacing,
         )
         if config.response_cache_bytes is not None:
             self.repository.response_cache = ResponseCache(config.response_cache_bytes)

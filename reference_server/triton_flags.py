@@ -141,7 +141,8 @@ CATALOGUE: tuple[TritonFlag, ...] = (
     # Model repository
     TritonFlag("--model-store", IMPLEMENTED, "alias of --model-repository"),
     TritonFlag("--model-repository", IMPLEMENTED, "a model repository; given several times, the models of all are "
-               "served (a name in two of them is not loaded: not unique across all model repositories)"),
+               "served (a name in two of them is not loaded: not unique across all model repositories, "
+               "unless --model-namespacing true)"),
     TritonFlag("--exit-on-error", IMPLEMENTED,
                "true: a model that fails to load at start stops the server (exit 1); default false here, Triton's "
                "true: the server logs the failure and serves the rest", {**_BOOL, "dest": "exit_on_error"}),
@@ -157,12 +158,11 @@ CATALOGUE: tuple[TritonFlag, ...] = (
                {"type": _non_negative, "metavar": "N", "dest": "model_load_thread_count"}),
     TritonFlag("--model-load-retry-count", IMPLEMENTED, "times a model that failed to load at start is tried again",
                {"type": _non_negative, "metavar": "N", "dest": "model_load_retry_count"}),
-    TritonFlag("--model-namespacing", PARTIAL,
-               "false (the default) accepted; true refused: a model name is unique across the repositories here",
-               {**_BOOL, "action": "append"},
-               _when_true("model namespacing is not supported by perfkit-server: a model name must be unique "
-                          "across all model repositories; drop the flag or give false"),
-               "model names are not namespaced here, as by default"),
+    TritonFlag("--model-namespacing", IMPLEMENTED,
+               "true: each --model-repository is a namespace, and models of one name in several repositories "
+               "all load (a request naming such a name gets Triton's ambiguity error; an ensemble's step "
+               "takes its own repository's model; metrics carry a `namespace` label)",
+               {**_BOOL, "dest": "model_namespacing"}),
     _no_effect("--enable-peer-access", "no CUDA peer access is set up: models run on onnxruntime's or the stub's "
                "devices", parse_bool, "BOOL"),
     # HTTP

@@ -26,6 +26,7 @@ from reference_server.core import model_config
 from reference_server.core.classification import classify, requested_classes
 from reference_server.core.load_overrides import FILE_PREFIX, OverrideFolders
 from reference_server.core.log_settings import LogSettings
+from reference_server.core.namespaces import Ambiguous
 from reference_server.core.repository import ModelRepository, ModelVersion
 from reference_server.core.shared_memory import RequestBinding, SharedMemoryRegistry
 from reference_server.core.trace_tensors import BACKEND_OUTPUT, QUEUE_INPUT
@@ -470,6 +471,8 @@ class DataPlane(InflightSlots):
                 served = [mv for mv in self.repository.loaded() if mv.name == name]
         except NotFound as exc:  # Triton's words for statistics
             raise NotFound(f"requested model '{name}' is not available: {exc}") from None
+        except Ambiguous:  # a name of several repositories (--model-namespacing true): Triton says no more
+            raise InvalidArgument(f"requested model '{name}' is not available") from None
         served.sort(key=lambda mv: (mv.name, mv.version))
         return {
             "model_stats": [self.stats_of(mv).to_dict(mv.name, str(mv.version), _memory_usage(mv)) for mv in served]

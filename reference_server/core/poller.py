@@ -104,5 +104,6 @@ class RepositoryPoller:
         return result
 
     def _scan(self) -> dict[str, Fingerprint]:
-        roots = self.repository.roots
-        return {name: model_fingerprint(roots.folder(name)) for name in self.repository.model_names()}
+        namespaces = self.repository.namespaces
+        folder = namespaces.place if namespaces else self.repository.roots.folder
+        return {name: model_fingerprint(folder(name)) for name in self.repository.model_names()}

@@ -55,6 +55,7 @@ from reference_server.core.model_source import (
     model_fingerprint,
     read_model_config,
 )
+from reference_server.core.namespaces import Namespaces, load_each
 from reference_server.core.repository_roots import RepositoryRoots
 from reference_server.core.response_cache import ResponseCache, cached, check_cache_config
 from reference_server.errors import InternalError, InvalidArgument, ModelConfigError, NotFound, ServerError, Unavailable
@@ -107,6 +108,8 @@ class ModelVersion:
     output_dtypes: dict[str, np.dtype[Any]] = field(init=False)
     #: `model_transaction_policy { decoupled: true }`: it may answer a request 0..N times.
     decoupled: bool = field(init=False)
+    #: With --model-namespacing true, its repository's path (metrics' `namespace` label); else "".
+    namespace: str = field(default="", init=False)
 
     def __post_init__(self) -> None:
         self.input_types = {n: (_datatype(t.data_type), tuple(t.dims)) for n, t in self.inputs.items()}
@@ -185,9 +188,12 @@ class ModelRepository:
         auto_complete_config: bool = True,
         model_config_name: str | None = None,
         more_roots: Sequence[Path] = (),
+        namespacing: bool = False,
     ) -> None:
         #: The repositories (--model-repository given more than once: `more_roots`); `root` is the first.
         self.roots = RepositoryRoots([root, *more_roots])
+        #: --model-namespacing true: records are keyed as `namespaces` says; None: by model name.
+        self.namespaces = Namespaces(self.roots) if namespacing else None
         self.root = self.roots.paths[0]
         self.backend_config = dict(backend_config or {})
         #: Off (--disable-auto-complete-config): a model needs its config file, which backends leave as is.
@@ -215,15 +221,15 @@ class ModelRepository:
 
     def model_names(self) -> list[str]:
         """Models present on disk: every non-hidden folder of the repositories."""
-        return self.roots.model_names()
+        return self.namespaces.model_names() if self.namespaces else self.roots.model_names()
 
     def on_disk(self, name: str) -> bool:
         """Whether `name` is a model folder of the repository (names that would leave it are not)."""
-        return bool(self.roots.holders(name))
+        return bool(self.roots.holders(name)) or (self.namespaces is not None and self.namespaces.on_disk(name))
 
     def model_dir(self, name: str) -> Path:
         """The folder of model `name`; names that would leave the repository are not models."""
-        return self.roots.model_dir(name)
+        return self.namespaces.folder(name) if self.namespaces else self.roots.model_dir(name)
 
     def resolve_load_models(self, requested: Iterable[str]) -> list[str]:
         """The models `--load-model` names ('*' means all of them), in order, without repeats.
@@ -265,7 +271,9 @@ class ModelRepository:
         if source is None and not self.on_disk(name):
             # Checked before a record exists, so that a typo never shows up in the index.
             raise NotFound(errors.load_failed(name, f"model '{name}' is not in {self.roots}"))
-        if source is None and not self.roots.unique(name):  # never loaded; tritonserver's 500
+        if self.namespaces is not None and source is None and len(keys := self.namespaces.keys(name)) > 1:
+            return await load_each(keys, functools.partial(self.load, override=override))
+        if source is None and self.namespaces is None and not self.roots.unique(name):  # never loaded; Triton's 500
             raise InternalError(errors.load_failed(name, self.roots.not_unique(name)))
         record = self._records.setdefault(name, ModelRecord(name))
         self._loop = asyncio.get_running_loop()
@@ -278,13 +286,15 @@ class ModelRepository:
             try:
                 # Before reading anything, so that a change made while we load is seen by the next
                 # poll, and before any check, so that a model refused for good is not retried.
-                folder = source or self.roots.folder(name)
+                folder = source or (self.model_dir(name) if self.namespaces else self.roots.folder(name))
                 record.fingerprint = await loop.run_in_executor(None, model_fingerprint, folder)
                 model_dir = source or self.model_dir(name)
                 given, config_name = override, None if source else self.model_config_name
                 if given is None:
                     given = read_model_config(model_dir, config_name=config_name, auto_complete=self.auto_complete)
                 raw = fill_backend(given, model_dir)
+                if self.namespaces is not None and raw is not None and is_ensemble(raw):
+                    raw = self.namespaces.resolve_steps(name, raw)
                 polled = True
                 record.composing = (
                     frozenset(step.model_name for step in raw.ensemble_scheduling.step) if raw else frozenset()
@@ -294,7 +304,8 @@ class ModelRepository:
                     versions = await self._load_ensemble(name, model_dir, raw)
                 else:
                     # Sessions and warmup take long: build them off the loop, schedulers on it.
-                    prepared = await loop.run_in_executor(None, self._prepare_versions, name, model_dir, raw)
+                    shown = self.namespaces.split(name)[1] if self.namespaces else name
+                    prepared = await loop.run_in_executor(None, self._prepare_versions, shown, model_dir, raw)
                     versions = await self._start_versions(prepared)
             except asyncio.CancelledError:
                 # The caller gave up (server stopping); the half-built versions are dropped.
@@ -316,6 +327,8 @@ class ModelRepository:
                 log.error("failed to load '%s': %s", name, exc, exc_info=not isinstance(exc, ServerError))
                 kind = type(exc) if isinstance(exc, ServerError) else ModelConfigError
                 raise kind(errors.load_failed(name, record.reason, polled=polled)) from exc
+            if self.namespaces is not None:
+                self.namespaces.label(name, versions.values())
             old = record.versions
             record.versions = versions
             record.state, record.reason, record.failed = READY, "", {}
@@ -416,6 +429,10 @@ class ModelRepository:
     async def unload(self, name: str, *, unload_dependents: bool = False) -> None:
         """Unload `name`; with `unload_dependents`, also the ensembles that use it (Triton's
         unload parameter). Without it those ensembles stay loaded but not ready."""
+        if self.namespaces is not None and len(keys := self.namespaces.keys(name)) > 1:
+            for key in keys:  # every repository's copy, as Triton unloads every identifier of the name
+                await self.unload(key, unload_dependents=unload_dependents)
+            return
         if unload_dependents:
             for dependent in self._dependents(name):
                 await self.unload(dependent, unload_dependents=True)
@@ -543,6 +560,8 @@ class ModelRepository:
         """The version to serve: `version` when given, else the highest ready one."""
         record = self._records.get(name)  # the errors begin with Triton's wording (errors.py)
         if record is None:
+            if self.namespaces is not None:
+                raise self.namespaces.unknown(name, self._records)
             if self.on_disk(name) and self.roots.unique(name):  # one in two repositories is no model, as on Triton
                 raise Unavailable(f"{errors.unknown_model(name)}: it is in the model repository but not loaded")
             raise NotFound(errors.unknown_model(name))
@@ -578,7 +597,8 @@ class ModelRepository:
 
     def index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Repository index entries as Triton's POST /v2/repository/index returns them (`load_outcome`)."""
-        return self.roots.mark_duplicates(index_entries(self._records, self.model_names(), self.is_ready, ready_only))
+        entries = index_entries(self._records, self.model_names(), self.is_ready, ready_only)
+        return self.namespaces.index(entries) if self.namespaces else self.roots.mark_duplicates(entries)
 
     async def close(self, grace_s: float) -> None:
         versions = self.loaded()

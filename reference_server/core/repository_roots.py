@@ -2,9 +2,10 @@
 tritonserver takes it.
 
 Models of all the repositories are served together, named by their folder. Without model
-namespacing (the default, and all this server does), a name must be unique across the repositories:
-a model whose folder is in two of them is not loaded ("not unique across all model repositories",
-core src/model_repository_manager/model_repository_manager.cc), and the others load as usual.
+namespacing (the default), a name must be unique across the repositories: a model whose folder is in
+two of them is not loaded ("not unique across all model repositories", core
+src/model_repository_manager/model_repository_manager.cc), and the others load as usual. With
+`--model-namespacing true`, `namespaces.py` keys such models by repository instead.
 """
 
 from __future__ import annotations

@@ -100,6 +100,28 @@ def _model_families() -> list[tuple[str, str, str, str]]:
     ]
 
 
+class NamespacedName(str):
+    """A model's name that also carries its repository (--model-namespacing true), which Triton puts
+    in each per-model metric's `namespace` label (core src/metric_model_reporter.cc)."""
+
+    namespace: str
+
+    @classmethod
+    def of(cls, served: ModelVersion) -> str:
+        if not served.namespace:
+            return served.name
+        named = cls(served.name)
+        named.namespace = served.namespace
+        return named
+
+
+def _labels(model: str, version: str) -> dict[str, str]:
+    namespace = getattr(model, "namespace", "")
+    if namespace:  # in Triton's order: its labels are sorted
+        return {"model": model, "namespace": namespace, "version": version}
+    return {"model": model, "version": version}
+
+
 def model_families(served: Iterable[tuple[str, str, ModelStats]], counter_latencies: bool = True) -> list[Family]:
     """Per-model families; without `counter_latencies` (--metrics-config counter_latencies=false), no
     `*_duration_us` counters, as Triton."""
@@ -108,7 +130,7 @@ def model_families(served: Iterable[tuple[str, str, ModelStats]], counter_latenc
     families = [Family(name, kind, text) for name, kind, text, _ in specs]
     failure = Family("nv_inference_request_failure", "counter", "Number of failed inference requests, all batch sizes")
     for model, version, stats in served:
-        labels = {"model": model, "version": version}
+        labels = _labels(model, version)
         for family, (_, _, _, attribute) in zip(families, specs):
             value = getattr(stats, attribute)
             family.samples.append((labels, value // 1000 if attribute.endswith("_ns_total") else value))
@@ -131,7 +153,7 @@ def summary_families(served: Iterable[tuple[str, str, ModelStats]], quantiles: S
             if attribute == "request_summary" and stats.cache_enabled:
                 continue  # Triton has no request summary for a model with the cache
             summary = getattr(stats, attribute)
-            labels = {"model": model, "version": version}
+            labels = _labels(model, version)
             family.named.append((f"{name}_count", labels, summary.count))
             family.named.append((f"{name}_sum", labels, summary.total))
             for quantile, value in zip(quantiles, summary.quantiles(quantiles, now)):
@@ -156,7 +178,7 @@ def cache_families(served: Iterable[tuple[str, str, ModelStats]]) -> list[Family
         return []
     return [
         Family(name, "counter", text, [
-            ({"model": model, "version": version},
+            (_labels(model, version),
              getattr(stats, attribute) // 1000 if attribute.endswith("_ns_total") else getattr(stats, attribute))
             for model, version, stats in cached
         ])  # fmt: skip
@@ -298,7 +320,7 @@ def scrape(
     options: MetricsOptions | None = None,
 ) -> str:
     options = options or MetricsOptions()
-    served = [(mv.name, str(mv.version), stats_of(mv)) for mv in repository.loaded()]
+    served = [(NamespacedName.of(mv), str(mv.version), stats_of(mv)) for mv in repository.loaded()]
     gpus, cpus = _system_families(repository, options)
     summaries = [] if options.summary_quantiles is None else summary_families(served, options.summary_quantiles)
     families = [*model_families(served, options.counter_latencies), *summaries, *gpus, *cpus]

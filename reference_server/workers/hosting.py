@@ -13,8 +13,8 @@ A model is hosted by the workers when each of them gets at least one instance an
 onnxruntime model: no sequence batcher, no ensemble, not decoupled, no response cache, one CPU
 instance group without rate-limiter resources, a dynamic batcher without priorities or queue
 policies. Its dynamic batches then form per worker, across the connections that worker holds. The
-rate limiter, poll mode and latency summaries (`--metrics-config summary_latencies=true`) keep every
-model in the core. Each worker admits its share of the
+rate limiter, poll mode, model namespacing and latency summaries (`--metrics-config
+summary_latencies=true`) keep every model in the core. Each worker admits its share of the
 server's in-flight limit (`--max-inflight-requests`), so that the sum stays within it.
 """
 
@@ -82,6 +82,7 @@ def hosting_allowed(config: ServerConfig) -> bool:
         and config.model_control_mode != "poll"
         and config.rate_limit != "execution_count"
         and not config.metrics_summary_latencies
+        and not config.model_namespacing  # a worker finds its models by name alone
     )
 
 

@@ -88,7 +88,6 @@ ACCEPTED: dict[str, str | None] = {
 REFUSED = {
     "--allow-sagemaker": "true",
     "--allow-vertex-ai": "true",
-    "--model-namespacing": "true",
 }
 
 #: model_analyzer's local launch (triton_launch_mode: local).

@@ -1,0 +1,172 @@
+"""Model namespacing (`--model-namespacing true`): each model repository is a namespace, and models
+of the same name in different repositories all load, as tritonserver 2.51 does.
+
+Triton names a model by (namespace, name), the namespace being the repository's path (core
+src/model.h `ModelIdentifier`), and keeps a global map from a name to its identifiers
+(src/model_repository_manager/model_repository_manager.cc). Here the repository's records are keyed
+by the bare name where one repository holds it, so that a request's lookup stays one dict access,
+and by `<repository>::<name>` (Triton's `ModelIdentifier::str()`) for each folder of a name that
+several repositories hold. What Triton does with the name alone, so does this module:
+
+- a request, metadata or config naming a model of several repositories gets INVALID_ARG "There are
+  N identifiers of model 'NAME' in global map, model namespace must be provided to resolve
+  ambiguity." (`FindModelIdentifier`); statistics say "requested model 'NAME' is not available";
+- a name that was never loaded gets INVALID_ARG "Request for unknown model: 'NAME' is not found",
+  and a name whose every copy was unloaded NOT_FOUND "Identifier of model 'NAME' is not found in
+  global map";
+- load and unload by name act on every repository's copy (`Poll` polls each repository);
+- an ensemble's step names the model of the ensemble's own repository where it has one, else the
+  only one of that name (`DependencyGraph::ConnectNode`, fuzzy matching);
+- the repository index lists each copy under its bare name, ordered by (repository, name);
+- per-model metrics carry a `namespace` label, the repository's path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Protocol
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from reference_server.core.repository_roots import RepositoryRoots
+from reference_server.errors import InvalidArgument, NotFound, ServerError
+
+__all__ = ["SEPARATOR", "Ambiguous", "Namespaces", "load_each"]
+
+#: Between a namespace and a model name in a key, as Triton writes an identifier.
+SEPARATOR = "::"
+
+
+class Ambiguous(InvalidArgument):
+    """A model name that several repositories' models answer to (statistics answer it in their own words)."""
+
+
+class _Record(Protocol):
+    @property
+    def fingerprint(self) -> object: ...
+
+
+class _Labelled(Protocol):
+    name: str
+    namespace: str
+    config: mc.ModelConfig
+
+
+class Namespaces:
+    """The keys of the models of several repositories, each repository a namespace."""
+
+    __slots__ = ("roots",)
+
+    def __init__(self, roots: RepositoryRoots) -> None:
+        self.roots = roots
+
+    def keys(self, name: str) -> list[str]:
+        """The record keys `name` stands for: a key as it is, a bare name of one repository as it
+        is, a bare name of several repositories one key for each of them."""
+        if SEPARATOR in name:
+            return [name]
+        held = self.roots.holders(name)
+        if len(held) <= 1:
+            return [name]
+        return [f"{folder.parent}{SEPARATOR}{name}" for folder in held]
+
+    def model_names(self) -> list[str]:
+        """Every model folder of every repository, as record keys."""
+        return [key for name in self.roots.model_names() for key in self.keys(name)]
+
+    def split(self, key: str) -> tuple[str, str]:
+        """(namespace, name) of a key; a bare name's namespace is the repository that holds it."""
+        if SEPARATOR in key:
+            namespace, _, name = key.rpartition(SEPARATOR)
+            return namespace, name
+        held = self.roots.holders(key)
+        return (str(held[0].parent) if held else "", key)
+
+    def place(self, key: str) -> Path:
+        """The folder a key names, unchecked (the poller's fingerprints)."""
+        if SEPARATOR in key:
+            namespace, name = self.split(key)
+            return Path(namespace) / name
+        return self.roots.folder(key)
+
+    def folder(self, key: str) -> Path:
+        """The folder of a key's model (checked as `RepositoryRoots.model_dir` checks a name)."""
+        namespace, name = self.split(key)
+        if SEPARATOR not in key:
+            return self.roots.model_dir(name)
+        root = Path(namespace)
+        if root not in self.roots.paths or not (root / name).is_dir():
+            raise NotFound(f"model '{name}' is not in the model repository {namespace}")
+        return root / name
+
+    def on_disk(self, key: str) -> bool:
+        try:
+            self.folder(key)
+        except ServerError:
+            return False
+        return True
+
+    def resolve_steps(self, key: str, raw: mc.ModelConfig) -> mc.ModelConfig:
+        """An ensemble's config with each step naming its model's key: the model of the ensemble's
+        own repository where there is one, else the name as written (which resolves to the only
+        model of that name, or to Triton's ambiguity error)."""
+        namespace, _ = self.split(key)
+        resolved = mc.ModelConfig()
+        resolved.CopyFrom(raw)
+        for step in resolved.ensemble_scheduling.step:
+            if SEPARATOR in step.model_name or not (Path(namespace) / step.model_name).is_dir():
+                continue
+            if len(self.keys(step.model_name)) > 1:
+                step.model_name = f"{namespace}{SEPARATOR}{step.model_name}"
+        return resolved
+
+    def show_steps(self, config: mc.ModelConfig) -> None:
+        """An ensemble's served config as Triton shows it: each step's bare model name, with the
+        namespace of the model it resolved to in `model_namespace` (the versions of an ensemble
+        share one config: a step already shown is left as is)."""
+        for step in config.ensemble_scheduling.step:
+            if SEPARATOR in step.model_name or not step.model_namespace:
+                step.model_namespace, step.model_name = self.split(step.model_name)
+
+    def label(self, key: str, versions: Iterable[_Labelled]) -> None:
+        """Name the loaded versions of `key` by their bare name and namespace (statistics, metrics)."""
+        namespace, name = self.split(key)
+        for version in versions:
+            version.name, version.namespace = name, namespace
+            self.show_steps(version.config)
+
+    def unknown(self, name: str, records: Mapping[str, _Record]) -> ServerError:
+        """Triton's answer to a name that no record is keyed by."""
+        copies = [key for key in self.keys(name) if key in records]
+        live = [key for key in copies if records[key].fingerprint is not None]
+        if len(live) > 1:
+            return Ambiguous(
+                f"There are {len(live)} identifiers of model '{name}' in global map, model namespace must be "
+                "provided to resolve ambiguity."
+            )
+        if copies and not live:
+            return NotFound(f"Identifier of model '{name}' is not found in global map")
+        return InvalidArgument(f"Request for unknown model: '{name}' is not found")
+
+    def index(self, entries: list[dict[str, str]]) -> list[dict[str, str]]:
+        """Repository index entries keyed by record keys, as Triton lists them: bare names, in
+        (repository, name) order."""
+        named = [(self.split(entry["name"]), entry) for entry in entries]
+        named.sort(key=lambda item: item[0])
+        for (_, name), entry in named:
+            entry["name"] = name
+        return [entry for _, entry in named]
+
+
+async def load_each(keys: Iterable[str], load: Callable[[str], Awaitable[None]]) -> None:
+    """Load every repository's copy of a name, as Triton polls each; the first failure is raised
+    after all were tried."""
+    first: ServerError | None = None
+    for key in keys:
+        try:
+            await load(key)
+        except ServerError as exc:
+            first = first or exc
+    if first is not None:
+        raise first
