@@ -175,6 +175,9 @@ class ModelRecord:
     #: Version -> why it is not served, where the last load failed at a version (`load_outcome`)
     #: or the model was unloaded ("unloaded"); the index lists each, and a request gets Triton's 404.
     failed: dict[int, str] = field(default_factory=dict)
+    #: What a request is told while the model serves nothing after a failed load or an unload:
+    #: Triton's 404 words. "" while it loads, or was never loaded (our 503).
+    not_found: str = ""
 
 
 class ModelRepository:
@@ -316,6 +319,7 @@ class ModelRepository:
                 if not record.versions:
                     record.state = UNAVAILABLE
                 record.reason, record.failed = exc.reason, exc.failed
+                record.not_found = errors.no_available_versions(name)
                 log.info("failed to load '%s'", name)
                 raise ModelConfigError(errors.load_failed(name, exc.message, polled=True)) from exc
             except Exception as exc:
@@ -324,6 +328,7 @@ class ModelRepository:
                     record.state = UNAVAILABLE
                 record.reason = str(exc) if isinstance(exc, ServerError) else f"{type(exc).__name__}: {exc}"
                 record.failed = {}
+                record.not_found = errors.no_available_versions(name) if polled else errors.unknown_model(name)
                 log.error("failed to load '%s': %s", name, exc, exc_info=not isinstance(exc, ServerError))
                 kind = type(exc) if isinstance(exc, ServerError) else ModelConfigError
                 raise kind(errors.load_failed(name, record.reason, polled=polled)) from exc
@@ -331,7 +336,7 @@ class ModelRepository:
                 self.namespaces.label(name, versions.values())
             old = record.versions
             record.versions = versions
-            record.state, record.reason, record.failed = READY, "", {}
+            record.state, record.reason, record.failed, record.not_found = READY, "", {}, ""
             record.override, record.source = override, source
             self._retire(old.values())
             log.info("loaded model '%s' versions %s", name, sorted(versions))
@@ -447,6 +452,7 @@ class ModelRepository:
             record.versions = {}
             record.state, record.reason = UNAVAILABLE, "unloaded"
             record.failed = dict.fromkeys(old, "unloaded")  # each version listed so, as Triton lists them
+            record.not_found = record.not_found or errors.no_available_versions(name)
             record.fingerprint = None
             self._retire(old.values())
         log.info("unloaded model '%s'", name)
@@ -565,8 +571,8 @@ class ModelRepository:
             if self.on_disk(name) and self.roots.unique(name):  # one in two repositories is no model, as on Triton
                 raise Unavailable(f"{errors.unknown_model(name)}: it is in the model repository but not loaded")
             raise NotFound(errors.unknown_model(name))
-        if not record.versions and record.failed:
-            raise NotFound(errors.no_available_versions(name))  # Triton's answer; the reason is in the index
+        if not record.versions and record.not_found:
+            raise NotFound(record.not_found)  # Triton's answer; the reason is in the index and the log
         if not record.versions:
             why = f": {record.reason}" if record.reason else ""
             raise Unavailable(f"{errors.no_available_versions(name)} (state {record.state}){why}")
