@@ -24,6 +24,11 @@ Remaining differences, on purpose or beyond our reach:
 - An error raised inside `pb_utils` (e.g. `add_input` refusing a tensor without dims): Triton lists
   the frame of its triton_python_backend_utils.py, ours leaves out the frames of our own module,
   whose path could not be Triton's anyway.
+- A model that fails before its versions (a config.pbtxt that does not parse, no version folder):
+  the load's answer goes on after Triton's words with ours (the file and line, the folders found),
+  a config that does not parse is 400 (Triton: 500), and the index lists it with its state and
+  reason (Triton: the name alone, or not at all without a version folder), which is where a client
+  can read why.
 - The peers' tritonserver bundles no onnxruntime backend, so an ONNX file that is not a model is
   checked on our server only, against the onnxruntime backend's words ("onnx runtime error 7: ...",
   an Internal status, from its RETURN_IF_ORT_ERROR).
@@ -181,6 +186,9 @@ def write_repository(root: Path) -> Path:
     for version in (2, 3):
         (root / "multi" / str(version)).mkdir()
         (root / "multi" / str(version) / "model.py").write_text(INIT_RAISES.replace("init boom", f"v{version} boom"))
+    model("badcfg", OK, 'backend: "python"\nmax_batch_size: [ oops ]\n')
+    (root / "noversion").mkdir()
+    (root / "noversion" / "config.pbtxt").write_text('backend: "python"\n')
     (root / "bad_onnx" / "1").mkdir(parents=True)
     (root / "bad_onnx" / "1" / "model.onnx").write_text("not a model\n")
     return root
@@ -319,6 +327,27 @@ def test_each_version_that_fails_is_told_and_the_one_that_loaded_is_unloaded(
     # Version 1 loaded and was dropped with them (Triton may still be unloading it).
     assert entries["ours"][0] == {"name": "multi", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}
     assert entries["triton"][0]["state"] in ("UNLOADING", "UNAVAILABLE")
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_a_model_that_failed_before_its_versions_answers_tritons_404(urls: Urls, transport: str) -> None:
+    def asked(client: Any) -> dict[str, tuple[str, str]]:
+        answers = {}
+        for model in ("badcfg", "noversion"):  # a config that does not parse; no version folder
+            load = _failure(lambda model=model: client.load_model(model))
+            assert load[1].startswith(
+                f"failed to load '{model}', failed to poll" if model == "badcfg" else "load failed"
+            )
+            answers[model] = _failure(lambda model=model: client.get_model_metadata(model))
+        return answers
+
+    answers = _each(urls, transport, asked)
+    assert answers["ours"] == answers["triton"]
+    not_found = "404" if transport == "http" else "StatusCode.NOT_FOUND"
+    assert answers["ours"] == {
+        "badcfg": (not_found, "Request for unknown model: 'badcfg' is not found"),
+        "noversion": (not_found, "Request for unknown model: 'noversion' has no available versions"),
+    }
 
 
 def test_both_logs_say_which_version_failed_and_why(
