@@ -4,9 +4,11 @@ of the same name in different repositories all load, as tritonserver 2.51 does.
 Triton names a model by (namespace, name), the namespace being the repository's path (core
 src/model.h `ModelIdentifier`), and keeps a global map from a name to its identifiers
 (src/model_repository_manager/model_repository_manager.cc). Here the repository's records are keyed
-by the bare name where one repository holds it, so that a request's lookup stays one dict access,
-and by `<repository>::<name>` (Triton's `ModelIdentifier::str()`) for each folder of a name that
-several repositories hold. What Triton does with the name alone, so does this module:
+by `<repository>::<name>` (Triton's `ModelIdentifier::str()`), which stays the same when another
+repository gains or loses a model of that name (poll mode), so an ensemble's resolved steps stay
+right. A request names a model by its name alone: the repository's dict lookup misses (the lookup
+with namespacing off is untouched) and `key_of` finds the key in a name -> keys map that is rebuilt
+only when a record is added. What Triton does with the name alone, so does this module:
 
 - a request, metadata or config naming a model of several repositories gets INVALID_ARG "There are
   N identifiers of model 'NAME' in global map, model namespace must be provided to resolve
@@ -56,27 +58,27 @@ class _Labelled(Protocol):
 class Namespaces:
     """The keys of the models of several repositories, each repository a namespace."""
 
-    __slots__ = ("roots",)
+    __slots__ = ("_by_name", "_indexed", "roots")
 
     def __init__(self, roots: RepositoryRoots) -> None:
         self.roots = roots
+        #: Model name -> the keys of its records, as of when the records numbered `_indexed`.
+        self._by_name: dict[str, list[str]] = {}
+        self._indexed = -1
 
     def keys(self, name: str) -> list[str]:
-        """The record keys `name` stands for: a key as it is, a bare name of one repository as it
-        is, a bare name of several repositories one key for each of them."""
+        """The record keys `name` stands for: a key as it is, a name one key for each repository
+        that holds a folder of that name (none for a name on no disk)."""
         if SEPARATOR in name:
             return [name]
-        held = self.roots.holders(name)
-        if len(held) <= 1:
-            return [name]
-        return [f"{folder.parent}{SEPARATOR}{name}" for folder in held]
+        return [f"{folder.parent}{SEPARATOR}{name}" for folder in self.roots.holders(name)]
 
     def model_names(self) -> list[str]:
         """Every model folder of every repository, as record keys."""
         return [key for name in self.roots.model_names() for key in self.keys(name)]
 
     def split(self, key: str) -> tuple[str, str]:
-        """(namespace, name) of a key; a bare name's namespace is the repository that holds it."""
+        """(namespace, name) of a key; a bare name's namespace is the first repository that holds it."""
         if SEPARATOR in key:
             namespace, _, name = key.rpartition(SEPARATOR)
             return namespace, name
@@ -92,9 +94,9 @@ class Namespaces:
 
     def folder(self, key: str) -> Path:
         """The folder of a key's model (checked as `RepositoryRoots.model_dir` checks a name)."""
-        namespace, name = self.split(key)
         if SEPARATOR not in key:
-            return self.roots.model_dir(name)
+            return self.roots.model_dir(key)
+        namespace, name = self.split(key)
         root = Path(namespace)
         if root not in self.roots.paths or not (root / name).is_dir():
             raise NotFound(f"model '{name}' is not in the model repository {namespace}")
@@ -109,16 +111,20 @@ class Namespaces:
 
     def resolve_steps(self, key: str, raw: mc.ModelConfig) -> mc.ModelConfig:
         """An ensemble's config with each step naming its model's key: the model of the ensemble's
-        own repository where there is one, else the name as written (which resolves to the only
-        model of that name, or to Triton's ambiguity error)."""
+        own repository where there is one, else the only model of that name; else the name as
+        written, which is then not found (Triton: "not available or ambiguous")."""
         namespace, _ = self.split(key)
         resolved = mc.ModelConfig()
         resolved.CopyFrom(raw)
         for step in resolved.ensemble_scheduling.step:
-            if SEPARATOR in step.model_name or not (Path(namespace) / step.model_name).is_dir():
+            if SEPARATOR in step.model_name:
                 continue
-            if len(self.keys(step.model_name)) > 1:
-                step.model_name = f"{namespace}{SEPARATOR}{step.model_name}"
+            keys = self.keys(step.model_name)
+            own = f"{namespace}{SEPARATOR}{step.model_name}"
+            if own in keys:
+                step.model_name = own
+            elif len(keys) == 1:
+                step.model_name = keys[0]
         return resolved
 
     def show_steps(self, config: mc.ModelConfig) -> None:
@@ -136,18 +142,26 @@ class Namespaces:
             version.name, version.namespace = name, namespace
             self.show_steps(version.config)
 
-    def unknown(self, name: str, records: Mapping[str, _Record]) -> ServerError:
-        """Triton's answer to a name that no record is keyed by."""
-        copies = [key for key in self.keys(name) if key in records]
-        live = [key for key in copies if records[key].fingerprint is not None]
+    def key_of(self, name: str, records: Mapping[str, _Record]) -> str:
+        """The key of the record a request naming `name` alone is served by, as Triton finds a
+        model's identifier by its name; else Triton's error."""
+        if self._indexed != len(records):  # records are only ever added
+            self._by_name = {}
+            for key in records:
+                self._by_name.setdefault(self.split(key)[1], []).append(key)
+            self._indexed = len(records)
+        copies = self._by_name.get(name, [])
+        live = [key for key in copies if records[key].fingerprint is not None]  # in Triton's global map
+        if len(live) == 1:
+            return live[0]
         if len(live) > 1:
-            return Ambiguous(
+            raise Ambiguous(
                 f"There are {len(live)} identifiers of model '{name}' in global map, model namespace must be "
                 "provided to resolve ambiguity."
             )
         if copies and not live:
-            return NotFound(f"Identifier of model '{name}' is not found in global map")
-        return InvalidArgument(f"Request for unknown model: '{name}' is not found")
+            raise NotFound(f"Identifier of model '{name}' is not found in global map")
+        raise InvalidArgument(f"Request for unknown model: '{name}' is not found")
 
     def index(self, entries: list[dict[str, str]]) -> list[dict[str, str]]:
         """Repository index entries keyed by record keys, as Triton lists them: bare names, in

@@ -274,7 +274,7 @@ class ModelRepository:
         if source is None and not self.on_disk(name):
             # Checked before a record exists, so that a typo never shows up in the index.
             raise NotFound(errors.load_failed(name, f"model '{name}' is not in {self.roots}"))
-        if self.namespaces is not None and source is None and len(keys := self.namespaces.keys(name)) > 1:
+        if self.namespaces is not None and source is None and (keys := self.namespaces.keys(name)) and keys != [name]:
             return await load_each(keys, functools.partial(self.load, override=override))
         if source is None and self.namespaces is None and not self.roots.unique(name):  # never loaded; Triton's 500
             raise InternalError(errors.load_failed(name, self.roots.not_unique(name)))
@@ -302,12 +302,12 @@ class ModelRepository:
                 record.composing = (
                     frozenset(step.model_name for step in raw.ensemble_scheduling.step) if raw else frozenset()
                 )
+                shown = self.namespaces.split(name)[1] if self.namespaces else name  # the config's name
                 if is_ensemble(raw):
                     assert raw is not None
-                    versions = await self._load_ensemble(name, model_dir, raw)
+                    versions = await self._load_ensemble(shown, model_dir, raw)
                 else:
                     # Sessions and warmup take long: build them off the loop, schedulers on it.
-                    shown = self.namespaces.split(name)[1] if self.namespaces else name
                     prepared = await loop.run_in_executor(None, self._prepare_versions, shown, model_dir, raw)
                     versions = await self._start_versions(prepared)
             except asyncio.CancelledError:
@@ -434,7 +434,7 @@ class ModelRepository:
     async def unload(self, name: str, *, unload_dependents: bool = False) -> None:
         """Unload `name`; with `unload_dependents`, also the ensembles that use it (Triton's
         unload parameter). Without it those ensembles stay loaded but not ready."""
-        if self.namespaces is not None and len(keys := self.namespaces.keys(name)) > 1:
+        if self.namespaces is not None and (keys := self.namespaces.keys(name)) and keys != [name]:
             for key in keys:  # every repository's copy, as Triton unloads every identifier of the name
                 await self.unload(key, unload_dependents=unload_dependents)
             return
@@ -566,8 +566,8 @@ class ModelRepository:
         """The version to serve: `version` when given, else the highest ready one."""
         record = self._records.get(name)  # the errors begin with Triton's wording (errors.py)
         if record is None:
-            if self.namespaces is not None:
-                raise self.namespaces.unknown(name, self._records)
+            if self.namespaces is not None:  # a name alone: its one loaded copy, or Triton's error
+                return self.get(self.namespaces.key_of(name, self._records), version)
             if self.on_disk(name) and self.roots.unique(name):  # one in two repositories is no model, as on Triton
                 raise Unavailable(f"{errors.unknown_model(name)}: it is in the model repository but not loaded")
             raise NotFound(errors.unknown_model(name))

@@ -1,15 +1,18 @@
 """--model-namespacing true with two repositories that hold models of the same name: both load, a
 request naming the name alone gets Triton's ambiguity error (HTTP 400, gRPC INVALID_ARGUMENT), an
 ensemble's step takes its own repository's model, the index lists each copy, per-model metrics
-carry a `namespace` label, and load/unload by name act on every copy; the same as tritonserver 2.51
-(the peers tests)."""
+carry a `namespace` label, load/unload by name act on every copy, and poll mode follows a name that
+gains and loses a second repository; the same as tritonserver 2.51 (the peers tests)."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -245,3 +248,79 @@ def test_load_and_unload_by_name_as_tritonserver_does(repositories: tuple[Path, 
     first, second = repositories
     args = _args(first, second, "--model-control-mode=explicit", "--load-model=solo")[2:]
     assert _run(_triton(args, first), _observe_model_control) == _model_control_expected()
+
+
+def _wait_for(condition: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def _observe_polling(urls: tuple[str, str, str], first: Path, second: Path) -> dict[str, Any]:
+    """Poll mode: a second 'twice' appears in the other repository, then goes away."""
+    clients = _Clients(urls)
+    try:
+        steps = clients.http.get_model_config("ens")["ensemble_scheduling"]["step"]
+        seen: dict[str, Any] = {"ens step": [(s["model_name"], s.get("model_namespace")) for s in steps]}
+        staging = second.parent / f"{second.name}-staging"
+        _model(staging, "twice", 7.0)
+        (staging / "twice").rename(second / "twice")
+        _wait_for(lambda: clients.index().count(("twice", "READY")) == 2, "the second 'twice' to load")
+        seen["added"] = (clients.attempt(lambda: clients.http.get_model_metadata("twice")), clients.infer("ens"))
+        shutil.rmtree(second / "twice")
+        # Triton's index drops the copy a moment before its name resolves again: wait for both.
+        _wait_for(
+            lambda: (
+                clients.index().count(("twice", "READY")) == 1
+                and isinstance(clients.attempt(lambda: clients.http.get_model_metadata("twice")), dict)
+            ),
+            "the second 'twice' to unload",
+        )
+        seen["removed"] = (clients.http.get_model_metadata("twice")["name"], clients.infer("ens"), clients.index())
+        return seen
+    finally:
+        clients.close()
+
+
+def _polling_expected(first: Path) -> dict[str, Any]:
+    return {
+        "ens step": [("twice", str(first))],
+        "added": (("400", AMBIGUOUS), {"http": [5.0], "grpc": [5.0]}),
+        "removed": (
+            "twice",
+            {"http": [5.0], "grpc": [5.0]},
+            [("ens", "READY"), ("solo", "READY"), ("twice", "READY"), ("ensb", "READY")],
+        ),
+    }
+
+
+@pytest.fixture
+def polled(tmp_path: Path) -> tuple[Path, Path]:
+    first, second = tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    _model(first, "twice", 5.0)
+    _model(first, "solo", 2.0)
+    _ensemble(first, "ens", "twice")
+    _ensemble(second, "ensb", "solo")
+    return first, second
+
+
+def test_poll_mode_follows_a_name_that_gains_and_loses_a_repository(polled: tuple[Path, Path]) -> None:
+    first, second = polled
+    config = config_from_args(
+        [*_args(first, second, "--model-control-mode=poll"), "--http-port=0", "--grpc-port=0", "--metrics-port=0"]
+    )
+    with running_server(replace(config, repository_poll_secs=0.2)) as server:
+        urls = (f"127.0.0.1:{server.http_port}", f"127.0.0.1:{server.grpc_port}", f"127.0.0.1:{server.metrics_port}")
+        assert _observe_polling(urls, first, second) == _polling_expected(first)
+
+
+@pytest.mark.peers
+def test_poll_mode_as_tritonserver_follows_it(polled: tuple[Path, Path]) -> None:
+    first, second = polled
+    args = _args(first, second, "--model-control-mode=poll", "--repository-poll-secs=1")[2:]
+    with _triton(args, first) as urls:
+        assert _observe_polling(urls, first, second) == _polling_expected(first)
