@@ -272,7 +272,7 @@ def custom_families(metrics: CustomMetrics | None) -> list[Family]:
 
 def model_memory_family(repository: ModelRepository, uuids: dict[int, str]) -> list[Family]:
     samples: list[tuple[Labels, float]] = [
-        ({"model": mv.name, "version": str(mv.version), "gpu_uuid": uuids.get(index, str(index))}, size)
+        ({**_labels(NamespacedName.of(mv), str(mv.version)), "gpu_uuid": uuids.get(index, str(index))}, size)
         for mv in repository.loaded()
         for index, size in sorted(mv.gpu_memory_bytes.items())
     ]
