@@ -62,8 +62,8 @@ def test_gpu_families_with_readings() -> None:
 
 def test_model_gpu_memory_is_labelled_by_model_and_gpu() -> None:
     versions: list[Any] = [
-        SimpleNamespace(name="mlp", version=1, gpu_memory_bytes={0: 1000, 1: 2000}),
-        SimpleNamespace(name="cpu_only", version=1, gpu_memory_bytes={}),
+        SimpleNamespace(name="mlp", version=1, namespace="", gpu_memory_bytes={0: 1000, 1: 2000}),
+        SimpleNamespace(name="cpu_only", version=1, namespace="", gpu_memory_bytes={}),
     ]
     repository: Any = SimpleNamespace(loaded=lambda: versions)
     samples = parse(render_exposition(model_memory_family(repository, {0: "GPU-a", 1: "GPU-b"})))
