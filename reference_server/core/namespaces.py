@@ -32,7 +32,7 @@ from typing import Protocol
 from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server.core.repository_roots import RepositoryRoots
-from reference_server.errors import InvalidArgument, NotFound, ServerError
+from reference_server.errors import InvalidArgument, ModelConfigError, NotFound, ServerError
 
 __all__ = ["SEPARATOR", "Ambiguous", "Namespaces", "load_each"]
 
@@ -69,7 +69,7 @@ class Namespaces:
     def keys(self, name: str) -> list[str]:
         """The record keys `name` stands for: a key as it is, a name one key for each repository
         that holds a folder of that name (none for a name on no disk)."""
-        if SEPARATOR in name:
+        if self.is_key(name):
             return [name]
         return [f"{folder.parent}{SEPARATOR}{name}" for folder in self.roots.holders(name)]
 
@@ -77,30 +77,38 @@ class Namespaces:
         """Every model folder of every repository, as record keys."""
         return [key for name in self.roots.model_names() for key in self.keys(name)]
 
+    def is_key(self, name: str) -> bool:
+        """Whether `name` is a key (a repository's path, the separator, a name), not a model's name."""
+        return any(name.startswith(f"{root}{SEPARATOR}") for root in self.roots.paths)
+
     def split(self, key: str) -> tuple[str, str]:
         """(namespace, name) of a key; a bare name's namespace is the first repository that holds it."""
-        if SEPARATOR in key:
-            namespace, _, name = key.rpartition(SEPARATOR)
-            return namespace, name
+        for root in self.roots.paths:  # by the repositories, since a path or a folder may hold "::" too
+            if key.startswith(prefix := f"{root}{SEPARATOR}"):
+                return str(root), key[len(prefix) :]
         held = self.roots.holders(key)
         return (str(held[0].parent) if held else "", key)
 
     def place(self, key: str) -> Path:
         """The folder a key names, unchecked (the poller's fingerprints)."""
-        if SEPARATOR in key:
+        if self.is_key(key):
             namespace, name = self.split(key)
             return Path(namespace) / name
         return self.roots.folder(key)
 
     def folder(self, key: str) -> Path:
         """The folder of a key's model (checked as `RepositoryRoots.model_dir` checks a name)."""
-        if SEPARATOR not in key:
+        if not self.is_key(key):
             return self.roots.model_dir(key)
         namespace, name = self.split(key)
-        root = Path(namespace)
-        if root not in self.roots.paths or not (root / name).is_dir():
+        folder = Path(namespace) / name
+        if folder not in self.roots.holders(name):  # which also refuses names that would leave the repository
             raise NotFound(f"model '{name}' is not in the model repository {namespace}")
-        return root / name
+        if folder.resolve().parent != folder.parent:
+            raise ModelConfigError(
+                f"{folder}: model folder resolves to {folder.resolve()}, outside the model repository {namespace}"
+            )
+        return folder
 
     def on_disk(self, key: str) -> bool:
         try:
@@ -117,7 +125,7 @@ class Namespaces:
         resolved = mc.ModelConfig()
         resolved.CopyFrom(raw)
         for step in resolved.ensemble_scheduling.step:
-            if SEPARATOR in step.model_name:
+            if self.is_key(step.model_name):
                 continue
             keys = self.keys(step.model_name)
             own = f"{namespace}{SEPARATOR}{step.model_name}"
@@ -132,7 +140,7 @@ class Namespaces:
         namespace of the model it resolved to in `model_namespace` (the versions of an ensemble
         share one config: a step already shown is left as is)."""
         for step in config.ensemble_scheduling.step:
-            if SEPARATOR in step.model_name or not step.model_namespace:
+            if self.is_key(step.model_name) or not step.model_namespace:
                 step.model_namespace, step.model_name = self.split(step.model_name)
 
     def label(self, key: str, versions: Iterable[_Labelled]) -> None:

@@ -37,6 +37,8 @@ def test_a_name_has_a_key_per_repository_that_holds_it(spaces: tuple[Namespaces,
     assert namespaces.keys(f"{second}::twice") == [f"{second}::twice"]
     assert namespaces.folder(f"{second}::twice") == second / "twice"
     assert not namespaces.on_disk(f"{second}::solo")
+    assert not namespaces.on_disk(f"{second}::../a/solo")  # a key never leaves its repository
+    assert namespaces.split(f"{first}::x::y") == (str(first), "x::y")
     assert namespaces.model_names() == [f"{second}::other", f"{first}::solo", f"{first}::twice", f"{second}::twice"]
 
 
