@@ -21,6 +21,11 @@ only when a record is added. What Triton does with the name alone, so does this 
   only one of that name (`DependencyGraph::ConnectNode`, fuzzy matching);
 - the repository index lists each copy under its bare name, ordered by (repository, name);
 - per-model metrics carry a `namespace` label, the repository's path.
+
+Beyond Triton, which has no way to name a namespace: a request that names a key itself
+(`<repository>::<name>`) is served by that copy. And statistics of all models list every copy,
+where Triton 2.51 answers 400 "Request for unknown model: '<repository>::<name>' is not found"
+(its statistics look each model up by that string).
 """
 
 from __future__ import annotations
