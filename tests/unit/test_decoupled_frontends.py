@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
+from reference_server.core.tracing import Tracing
 from reference_server.errors import InternalError, InvalidArgument, NotFound, ServerError, Unavailable
 from reference_server.frontends.grpc.service import InferenceServicer
 from reference_server.frontends.http.generate import ONE_RESPONSE, generate_event, generate_request
@@ -45,6 +46,7 @@ class ScriptedPlane:
         self.inflight = 0
         self.started: list[str] = []
         self.closed: list[str] = []
+        self.tracing = Tracing()
 
     def acquire(self) -> None:
         if self.inflight >= self.limit:
