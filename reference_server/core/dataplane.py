@@ -26,8 +26,9 @@ from reference_server.core import model_config
 from reference_server.core.classification import classify, requested_classes
 from reference_server.core.load_overrides import FILE_PREFIX, OverrideFolders
 from reference_server.core.log_settings import LogSettings
+from reference_server.core.model_version import ModelVersion
 from reference_server.core.namespaces import Ambiguous
-from reference_server.core.repository import ModelRepository, ModelVersion
+from reference_server.core.repository import ModelRepository
 from reference_server.core.shared_memory import RequestBinding, SharedMemoryRegistry
 from reference_server.core.trace_tensors import BACKEND_OUTPUT, QUEUE_INPUT
 from reference_server.core.tracing import RequestTrace, Tracing

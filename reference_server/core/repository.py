@@ -31,9 +31,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server import errors
@@ -43,7 +41,7 @@ from reference_server.backends.custom_metrics import CustomMetrics
 from reference_server.backends.placement import gpu_memory_delta, plan_instances
 from reference_server.backends.warmup import run_warmup
 from reference_server.core import model_config
-from reference_server.core.classification import Labels, read_labels
+from reference_server.core.classification import read_labels
 from reference_server.core.ensemble.config import is_ensemble
 from reference_server.core.ensemble.loading import prepare_ensemble
 from reference_server.core.ensemble.scheduler import EnsembleScheduler
@@ -55,17 +53,14 @@ from reference_server.core.model_source import (
     model_fingerprint,
     read_model_config,
 )
+from reference_server.core.model_version import ModelVersion, PreparedVersion, start_version
 from reference_server.core.namespaces import Namespaces, load_each
 from reference_server.core.repository_roots import RepositoryRoots
 from reference_server.core.response_cache import ResponseCache, cached, check_cache_config
 from reference_server.errors import InternalError, InvalidArgument, ModelConfigError, NotFound, ServerError, Unavailable
-from reference_server.scheduling.execute import ModelInstance, Tensors
-from reference_server.scheduling.model_scheduler import ModelScheduler
+from reference_server.scheduling.execute import Tensors
 from reference_server.scheduling.rate_limiter import RateLimiter
-from reference_server.scheduling.reshape import with_reshape
-from reference_server.scheduling.sequence.batcher import make_scheduler
 from reference_server.scheduling.stats import ModelStats
-from v2kit.tensors import config_type_to_datatype, datatype_to_numpy
 
 log = logging.getLogger(__name__)
 
@@ -76,85 +71,6 @@ UNLOADING = "UNLOADING"
 
 #: Replaced and unloaded versions get this long to finish the requests queued on them.
 RETIRE_GRACE_S = 30.0
-
-
-@dataclass(slots=True)
-class ModelVersion:
-    """One served version of a model: its completed config, instances, scheduler and statistics.
-
-    An ensemble has no instances; its scheduler runs its steps on the composing models.
-    """
-
-    name: str
-    version: int
-    config: mc.ModelConfig
-    instances: Sequence[ModelInstance]
-    scheduler: ModelScheduler
-    stats: ModelStats
-    inputs: dict[str, mc.ModelInput]
-    outputs: dict[str, mc.ModelOutput]
-    #: GPU index → bytes this version's instances took on that GPU when they were created and
-    #: warmed up (NVML); empty without GPU instances.
-    gpu_memory_bytes: dict[int, int] = field(default_factory=dict)
-    #: An ensemble's composing models, as (name, version or "" for the latest).
-    composing: tuple[tuple[str, str], ...] = ()
-    #: Output name -> the lines of its `label_filename` (the classification extension).
-    labels: Labels = field(default_factory=dict)
-    #: Input name -> (datatype, dims), output name -> datatype: the config's, read once for the
-    #: checks and answers of every request (a protobuf read of each costs about a microsecond).
-    input_types: dict[str, tuple[str, tuple[int, ...]]] = field(init=False)
-    output_datatypes: dict[str, str] = field(init=False)
-    #: Output name -> its numpy dtype: an output of another dtype (a python model's) is answered as made.
-    output_dtypes: dict[str, np.dtype[Any]] = field(init=False)
-    #: `model_transaction_policy { decoupled: true }`: it may answer a request 0..N times.
-    decoupled: bool = field(init=False)
-    #: With --model-namespacing true, its repository's path (metrics' `namespace` label); else "".
-    namespace: str = field(default="", init=False)
-
-    def __post_init__(self) -> None:
-        self.input_types = {n: (_datatype(t.data_type), tuple(t.dims)) for n, t in self.inputs.items()}
-        self.output_datatypes = {n: _datatype(t.data_type) for n, t in self.outputs.items()}
-        self.output_dtypes = {n: datatype_to_numpy(d) for n, d in self.output_datatypes.items()}
-        self.decoupled = bool(self.config.model_transaction_policy.decoupled)
-
-    async def close(self, grace_s: float) -> None:
-        await self.scheduler.close(grace_s)
-        # Then the instances that hold more than memory (python stubs: finalize, then exit).
-        await asyncio.get_running_loop().run_in_executor(None, close_instances, self.instances)
-
-
-def _datatype(data_type: int) -> str:
-    return config_type_to_datatype(mc.DataType.Name(data_type))
-
-
-@dataclass(frozen=True, slots=True)
-class _PreparedVersion:
-    name: str
-    version: int
-    config: mc.ModelConfig
-    instances: Sequence[ModelInstance]
-    gpu_memory_bytes: dict[int, int]
-    labels: Labels
-
-
-def _start_version(
-    prepared: _PreparedVersion, cache: ResponseCache | None, limiter: RateLimiter | None, stats: ModelStats
-) -> ModelVersion:
-    config = prepared.config
-    gate = limiter.register(config, prepared.instances) if limiter is not None else None
-    scheduler = make_scheduler(config, prepared.instances, stats, gate)
-    return ModelVersion(
-        name=prepared.name,
-        version=prepared.version,
-        config=config,
-        instances=prepared.instances,
-        scheduler=cached(with_reshape(scheduler, config), cache, config, stats, prepared.version),
-        stats=stats,
-        inputs={i.name: i for i in config.input},
-        outputs={o.name: o for o in config.output},
-        gpu_memory_bytes=prepared.gpu_memory_bytes,
-        labels=prepared.labels,
-    )
 
 
 @dataclass(slots=True)
@@ -342,11 +258,11 @@ class ModelRepository:
             log.info("loaded model '%s' versions %s", name, sorted(versions))
         await self._reload_dependents(name)
 
-    async def _start_versions(self, prepared: list[_PreparedVersion]) -> dict[int, ModelVersion]:
+    async def _start_versions(self, prepared: list[PreparedVersion]) -> dict[int, ModelVersion]:
         versions: dict[int, ModelVersion] = {}
         try:
             for p in prepared:
-                versions[p.version] = _start_version(p, self.response_cache, self.rate_limiter, self.new_stats())
+                versions[p.version] = start_version(p, self.response_cache, self.rate_limiter, self.new_stats())
         except BaseException:
             # Nothing was served from them: stop their worker threads now.
             await asyncio.gather(*(mv.close(0) for mv in versions.values()))
@@ -465,7 +381,7 @@ class ModelRepository:
             if any(model == name for mv in record.versions.values() for model, _ in mv.composing)
         ]
 
-    def _prepare_versions(self, name: str, model_dir: Path, raw: mc.ModelConfig | None) -> list[_PreparedVersion]:
+    def _prepare_versions(self, name: str, model_dir: Path, raw: mc.ModelConfig | None) -> list[PreparedVersion]:
         config_file = config_path(model_dir, self.model_config_name)
         base = mc.ModelConfig()
         if raw is not None:
@@ -479,7 +395,7 @@ class ModelRepository:
                 f"at least one version must be available under the version policy of model '{name}' ({model_dir}: "
                 f"version folders found: {available or 'none'}; a version is a numeric folder holding the model file)"
             )
-        prepared: list[_PreparedVersion] = []
+        prepared: list[PreparedVersion] = []
         failed: dict[int, Exception] = {}
         try:
             for version in selected:  # each one, as Triton tries each (and tells each failure)
@@ -501,7 +417,7 @@ class ModelRepository:
         model_dir: Path,
         config_path: Path,
         base: mc.ModelConfig,
-    ) -> _PreparedVersion:
+    ) -> PreparedVersion:
         model_path = model_config.model_file(model_dir, version, base)
         labels = read_labels(base, model_dir)
         placements = plan_instances(base, self.gpu_count, config_path, why_no_gpu(base))
@@ -540,7 +456,7 @@ class ModelRepository:
             except BaseException:
                 close_instances(instances)
                 raise
-        return _PreparedVersion(name, version, config, instances, gpu_memory, labels)
+        return PreparedVersion(name, version, config, instances, gpu_memory, labels)
 
     async def _call_model(self, call: ModelCall) -> Tensors:
         if self.call_model is None:

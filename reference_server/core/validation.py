@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
-from reference_server.core.repository import ModelVersion
+from reference_server.core.model_version import ModelVersion
 from reference_server.errors import InvalidArgument
 from v2kit import codec as v2
 

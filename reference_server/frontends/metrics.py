@@ -21,7 +21,8 @@ from aiohttp import web
 
 from reference_server.backends.custom_metrics import CustomMetrics
 from reference_server.core.dataplane import own_stats
-from reference_server.core.repository import ModelRepository, ModelVersion
+from reference_server.core.model_version import ModelVersion
+from reference_server.core.repository import ModelRepository
 from reference_server.scheduling.stats import FAILURE_REASONS, ModelStats
 from reference_server.scheduling.summaries import SUMMARIES, SummarizedStats
 from v2kit.runtime import gpu

@@ -36,7 +36,8 @@ from tritonclient.grpc import model_config_pb2 as mc
 from reference_server.backends.onnxruntime import ONNX_PLATFORM
 from reference_server.config import ServerConfig
 from reference_server.core.dataplane import DataPlane
-from reference_server.core.repository import ModelRepository, ModelVersion
+from reference_server.core.model_version import ModelVersion
+from reference_server.core.repository import ModelRepository
 from reference_server.scheduling.stats import ModelStats
 
 __all__ = ["WorkerHosting", "hosting_allowed", "hostable_instance_counts", "share", "why_not_hosted"]
