@@ -11,7 +11,7 @@ An ensemble version's `scheduler` is an `EnsembleScheduler` (the `ModelScheduler
   inputs are ready together run concurrently; a lone ready step is awaited directly (no task).
   `submit` (the HTTP front end's way in) runs a request whose steps form a chain, each the only
   one ready when the one before it ends, as a chain of the composing schedulers' `submit`
-  callbacks: no task and no loop pass per step; any other graph runs `infer` in a task.
+  callbacks (`chain.SubmitChain`): no task and no loop pass per step; any other graph runs `infer` in a task.
   The composing model is looked up per request, as Triton takes its model handles per request: a
   reload is seen at once, and an unloaded composing model fails the request as UNAVAILABLE.
 - *Passes tensors as they are*: a step's output arrays (views of its batch's outputs) become the
@@ -39,30 +39,20 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from time import perf_counter_ns
-from typing import Any, Protocol
+from typing import Any
 
+from reference_server.core.ensemble.chain import SubmitChain
 from reference_server.core.ensemble.config import EnsemblePlan, Step
-from reference_server.errors import Cancelled, InvalidArgument, ServerError, Unavailable
-from reference_server.scheduling.cancel import CANCELLED_MESSAGE, CancelScope, watch_call
+from reference_server.core.ensemble.steps import Composing, StepCall, merge_next, merge_outputs, step_inputs
+from reference_server.errors import InvalidArgument, ServerError, Unavailable
 from reference_server.scheduling.execute import Tensors
-from reference_server.scheduling.model_scheduler import Done, ModelScheduler, submit_by_task
+from reference_server.scheduling.model_scheduler import Done, submit_by_task
 from reference_server.scheduling.stats import ModelStats
-from v2kit.tensors import DATATYPES, numpy_to_datatype
 
 __all__ = ["Composing", "EnsembleScheduler"]
 
 #: How many distinct sets of requested outputs keep their pruned step lists.
 _PRUNED_CACHE = 64
-
-
-class Composing(Protocol):
-    """What the ensemble needs of a served composing model version."""
-
-    @property
-    def scheduler(self) -> ModelScheduler: ...
-
-    #: Input name -> (v2 datatype, dims), as `ModelVersion.input_types`.
-    input_types: dict[str, tuple[str, tuple[int, ...]]]
 
 
 class EnsembleScheduler:
@@ -109,7 +99,7 @@ class EnsembleScheduler:
         steps_stats = ModelStats()
         self._inflight += 1
         try:
-            call = _Call(timeout_us, request_id, parameters, steps_stats)
+            call = StepCall(timeout_us, request_id, parameters, steps_stats)
             tensors = await self._run(dict(inputs), self._steps_for(wanted), call)
         except BaseException as error:
             self._failed(error, received, secondary_stats)
@@ -146,9 +136,9 @@ class EnsembleScheduler:
             return
         self._admit()
         start = perf_counter_ns()
-        call = _Call(timeout_us, request_id, parameters, ModelStats())
+        call = StepCall(timeout_us, request_id, parameters, ModelStats())
         self._inflight += 1
-        running = _Chain(self, chain, wanted, dict(inputs), call, done, start if received_ns is None else received_ns,
+        running = SubmitChain(self, chain, wanted, dict(inputs), call, done, start if received_ns is None else received_ns,
                          start, secondary_stats)  # fmt: skip
         running.watch()
         running.next(first=True)
@@ -248,7 +238,7 @@ class EnsembleScheduler:
         fanout = _Fanout(wanted)
         self._inflight += 1
         try:
-            call = _Call(timeout_us, request_id, parameters, steps_stats)
+            call = StepCall(timeout_us, request_id, parameters, steps_stats)
             fanout.live = 1
             root = asyncio.ensure_future(self._branch(dict(inputs), list(self._steps_for(wanted)), call, fanout))
             try:
@@ -305,7 +295,7 @@ class EnsembleScheduler:
                 self._pruned[wanted] = steps
         return steps
 
-    async def _run(self, tensors: Tensors, steps: tuple[Step, ...], call: _Call) -> Tensors:
+    async def _run(self, tensors: Tensors, steps: tuple[Step, ...], call: StepCall) -> Tensors:
         waiting = list(steps)
         running: set[asyncio.Future[tuple[Step, Tensors]]] = set()
         try:
@@ -316,7 +306,7 @@ class EnsembleScheduler:
                 if len(ready) == 1 and not running:
                     # The common chain: no task, no wait set.
                     step = ready[0]
-                    _merge(tensors, step, await self._step(step, tensors, call))
+                    merge_outputs(tensors, step, await self._step(step, tensors, call))
                     continue
                 for step in ready:
                     running.add(asyncio.ensure_future(self._step_task(step, tensors, call)))
@@ -324,12 +314,12 @@ class EnsembleScheduler:
                     if waiting:
                         raise self._starved(waiting, tensors)
                     return tensors
-                running = await _merge_next(running, tensors)
+                running = await merge_next(running, tensors)
         finally:
             for task in running:
                 task.cancel()
 
-    async def _branch(self, tensors: Tensors, waiting: list[Step], call: _Call, fanout: _Fanout) -> None:
+    async def _branch(self, tensors: Tensors, waiting: list[Step], call: StepCall, fanout: _Fanout) -> None:
         """`_run` for an ensemble with a decoupled step: when that step is ready, the steps still
         waiting run on in one branch per response it sends (`_fan_out`); a finished branch puts its
         outputs on `fanout`. A branch counts in `fanout.live` until it finishes or hands over."""
@@ -345,7 +335,7 @@ class EnsembleScheduler:
                     waiting.extend(s for s in ready if s is not streaming[0])
                     if running:
                         for step, outputs in await asyncio.gather(*running):
-                            _merge(tensors, step, outputs)
+                            merge_outputs(tensors, step, outputs)
                         running.clear()
                     await self._fan_out(streaming[0], tensors, waiting, call, fanout)
                     return
@@ -356,7 +346,7 @@ class EnsembleScheduler:
                         raise self._starved(waiting, tensors)
                     fanout.done({name: tensors[name] for name in fanout.wanted})
                     return
-                running = await _merge_next(running, tensors)
+                running = await merge_next(running, tensors)
         finally:
             for task in running:
                 task.cancel()
@@ -370,11 +360,13 @@ class EnsembleScheduler:
             "which the request does not carry"
         )
 
-    async def _fan_out(self, step: Step, tensors: Tensors, waiting: list[Step], call: _Call, fanout: _Fanout) -> None:
+    async def _fan_out(
+        self, step: Step, tensors: Tensors, waiting: list[Step], call: StepCall, fanout: _Fanout
+    ) -> None:
         """Run decoupled `step`; each of its responses starts a branch over `waiting`."""
         served = self._lookup(step.model_name, step.version)
         stream = served.scheduler.infer_stream(
-            _step_inputs(served, step, tensors),
+            step_inputs(served, step, tensors),
             [model_output for model_output, _ in step.outputs],
             timeout_us=call.timeout_us,
             request_id=call.request_id,
@@ -391,7 +383,7 @@ class EnsembleScheduler:
                 if outputs is None:
                     continue
                 branch_tensors = dict(tensors)
-                _merge(branch_tensors, step, outputs)
+                merge_outputs(branch_tensors, step, outputs)
                 fanout.live += 1
                 branches.add(asyncio.ensure_future(self._branch(branch_tensors, list(waiting), call, fanout)))
             # The step's stream is over: this branch hands over to those it started.
@@ -405,11 +397,11 @@ class EnsembleScheduler:
             if aclose is not None:
                 await aclose()
 
-    async def _step(self, step: Step, tensors: Tensors, call: _Call) -> Tensors:
+    async def _step(self, step: Step, tensors: Tensors, call: StepCall) -> Tensors:
         served = self._lookup(step.model_name, step.version)
         outputs = [model_output for model_output, _ in step.outputs]
         return await served.scheduler.infer(
-            _step_inputs(served, step, tensors),
+            step_inputs(served, step, tensors),
             outputs,
             timeout_us=call.timeout_us,
             request_id=call.request_id,
@@ -417,7 +409,7 @@ class EnsembleScheduler:
             secondary_stats=call.steps_stats,
         )
 
-    async def _step_task(self, step: Step, tensors: Tensors, call: _Call) -> tuple[Step, Tensors]:
+    async def _step_task(self, step: Step, tensors: Tensors, call: StepCall) -> tuple[Step, Tensors]:
         return step, await self._step(step, tensors, call)
 
     def _batch_size(self, inputs: Tensors) -> int:
@@ -430,106 +422,6 @@ class EnsembleScheduler:
         self._stats.record_failure(request_ns, reason)
         if secondary_stats is not None:
             secondary_stats.record_failure(request_ns, reason)
-
-
-class _Chain:
-    """One ensemble request run by `EnsembleScheduler.submit`: each step submitted from the
-    callback of the step before it."""
-
-    __slots__ = (
-        "owner", "steps", "position", "wanted", "tensors", "call", "done", "received", "start", "secondary", "scope",
-        "cancelled",
-    )  # fmt: skip
-
-    def __init__(
-        self,
-        owner: EnsembleScheduler,
-        steps: tuple[Step, ...],
-        wanted: tuple[str, ...],
-        tensors: Tensors,
-        call: _Call,
-        done: Done,
-        received: int,
-        start: int,
-        secondary: ModelStats | None,
-    ) -> None:
-        self.owner = owner
-        self.steps = steps
-        self.position = 0
-        self.wanted = wanted
-        self.tensors = tensors
-        self.call = call
-        self.done = done
-        self.received = received
-        self.start = start
-        self.secondary = secondary
-        # Where the front end's client can go away (`cancel.watch_call`): the steps are queued in a
-        # scope of the chain's own, which `cancel` cancels, and no step starts after it.
-        self.scope: CancelScope | None = None
-        self.cancelled = False
-
-    def watch(self) -> None:
-        if watch_call(_Chain.cancel, self):
-            self.scope = CancelScope()
-
-    def cancel(self) -> None:
-        """The client went away: the running step is cancelled, and none starts after it."""
-        self.cancelled = True
-        if self.scope is not None:
-            self.scope.cancel()
-
-    def next(self, first: bool = False) -> None:
-        """Submit the next step, or answer when none is left. The `first` step's refusal raises
-        (from within `submit`, as `infer` would); a later one's is the request's answer."""
-        if self.cancelled:
-            self._fail(Cancelled(CANCELLED_MESSAGE))
-            return
-        if self.position == len(self.steps):
-            owner = self.owner
-            owner._left()
-            owner._succeeded(self.tensors, self.received, self.start, self.call.steps_stats, self.secondary)
-            self.done({name: self.tensors[name] for name in self.wanted})
-            return
-        step = self.steps[self.position]
-        call, tensors = self.call, self.tensors
-        try:
-            served = self.owner._lookup(step.model_name, step.version)
-            scope = self.scope
-            if scope is not None:
-                scope.__enter__()
-            try:
-                served.scheduler.submit(
-                    _step_inputs(served, step, tensors),
-                    [model_output for model_output, _ in step.outputs],
-                    self._stepped, timeout_us=call.timeout_us, request_id=call.request_id, parameters=call.parameters,
-                    secondary_stats=call.steps_stats,
-                )  # fmt: skip
-            finally:
-                if scope is not None:
-                    scope.__exit__()
-        except Exception as error:  # refused before it was queued: the request fails as a step's error would
-            if not first:
-                self._fail(error)
-                return
-            owner = self.owner
-            owner._left()
-            owner._failed(error, self.received, self.secondary)
-            raise owner._named(error) from None
-
-    def _stepped(self, outputs: Tensors | Exception) -> None:
-        if isinstance(outputs, Exception):
-            self._fail(outputs)
-            return
-        _merge(self.tensors, self.steps[self.position], outputs)
-        self.position += 1
-        self.next()
-
-    def _fail(self, error: Exception) -> None:
-        owner = self.owner
-        owner._left()
-        owner._failed(error, self.received, self.secondary)
-        named = owner._named(error)
-        self.done(named if isinstance(named, Exception) else error)
 
 
 class _Fanout:
@@ -553,52 +445,3 @@ class _Fanout:
         self.live -= 1
         if self.live == 0:
             self.ready.put_nowait((None, True))
-
-
-class _Call:
-    """What every step of one ensemble request carries."""
-
-    __slots__ = ("timeout_us", "request_id", "parameters", "steps_stats")
-
-    def __init__(
-        self, timeout_us: int | None, request_id: str, parameters: dict[str, Any] | None, steps_stats: ModelStats
-    ) -> None:
-        self.timeout_us = timeout_us
-        self.request_id = request_id
-        self.parameters = parameters
-        self.steps_stats = steps_stats
-
-
-def _step_inputs(served: Composing, step: Step, tensors: Tensors) -> Tensors:
-    """`step`'s inputs by the composing model's names, each of the datatype the model expects."""
-    inputs = {model_input: tensors[tensor] for model_input, tensor in step.inputs}
-    types = served.input_types
-    for name, array in inputs.items():
-        spec = types.get(name)
-        if spec is not None and array.dtype != DATATYPES[spec[0]]:
-            raise InvalidArgument(
-                f"inference input '{name}' data-type is '{numpy_to_datatype(array.dtype)}', but model "
-                f"'{step.model_name}' expects '{spec[0]}'"
-            )
-    return inputs
-
-
-def _merge(tensors: Tensors, step: Step, outputs: Tensors) -> None:
-    for model_output, tensor in step.outputs:
-        tensors[tensor] = outputs[model_output]
-
-
-async def _merge_next(
-    running: set[asyncio.Future[tuple[Step, Tensors]]], tensors: Tensors
-) -> set[asyncio.Future[tuple[Step, Tensors]]]:
-    """Wait for the next step(s) to finish and merge their outputs; the steps still running.
-
-    A failed step raises its error; the caller cancels the rest.
-    """
-    done, pending = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-    failed = [task.exception() for task in done if task.exception() is not None]
-    if failed:
-        raise failed[0]  # type: ignore[misc]  # an Exception: steps are not cancelled but by us
-    for task in done:
-        _merge(tensors, *task.result())
-    return pending
