@@ -6,7 +6,6 @@ raises `ServerError`s that carry their own HTTP and gRPC status.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import math
@@ -24,16 +23,16 @@ from reference_server.backends.custom_metrics import CustomMetrics
 from reference_server.backends.onnxruntime import ONNX_PLATFORM
 from reference_server.core import model_config
 from reference_server.core.classification import classify, requested_classes
-from reference_server.core.load_overrides import FILE_PREFIX, OverrideFolders
+from reference_server.core.load_overrides import OverrideFolders
 from reference_server.core.log_settings import LogSettings
+from reference_server.core.model_management import ModelManagement, checked_model_name
 from reference_server.core.model_version import ModelVersion
-from reference_server.core.namespaces import Ambiguous
 from reference_server.core.repository import ModelRepository
 from reference_server.core.shared_memory import RequestBinding, SharedMemoryRegistry
 from reference_server.core.trace_tensors import BACKEND_OUTPUT, QUEUE_INPUT
 from reference_server.core.tracing import RequestTrace, Tracing
 from reference_server.core.validation import datatype_of, validated_inputs, validated_outputs
-from reference_server.errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported, unknown_model
+from reference_server.errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported
 from reference_server.scheduling.execute import Tensors
 from reference_server.scheduling.stats import ModelStats
 from v2kit import codec as v2
@@ -107,7 +106,7 @@ class InflightSlots:
             listener(self.inflight)
 
 
-class DataPlane(InflightSlots):
+class DataPlane(InflightSlots, ModelManagement):
     def __init__(
         self,
         repository: ModelRepository,
@@ -161,18 +160,20 @@ class DataPlane(InflightSlots):
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
-            _model_name(name)
+            checked_model_name(name)
         except NotFound:
             return False
         return self.repository.is_ready(name, version)
 
     def model_metadata(self, name: str, version: str = "") -> dict[str, Any]:
-        served = self.repository.get(_model_name(name), version)
+        served = self.repository.get(checked_model_name(name), version)
         config = served.config
         batch_dim = [-1] if config.max_batch_size > 0 else []
         versions = [str(v) for v in self._versions(name)] if not version else [version]
         tensors = {
-            kind: [{"name": t.name, "datatype": datatype_of(t.data_type), "shape": batch_dim + list(t.dims)} for t in ts]
+            kind: [
+                {"name": t.name, "datatype": datatype_of(t.data_type), "shape": batch_dim + list(t.dims)} for t in ts
+            ]
             for kind, ts in (("inputs", config.input), ("outputs", config.output))
         }
         # Triton reports a python model's backend as its platform here (its config's platform is "").
@@ -180,10 +181,10 @@ class DataPlane(InflightSlots):
         return {"name": name, "versions": versions, "platform": platform, **tensors}
 
     def model_config(self, name: str, version: str = "") -> dict[str, Any]:
-        return model_config.config_to_json(self.repository.get(_model_name(name), version).config)
+        return model_config.config_to_json(self.repository.get(checked_model_name(name), version).config)
 
     def model_config_proto(self, name: str, version: str = "") -> mc.ModelConfig:
-        return self.repository.get(_model_name(name), version).config
+        return self.repository.get(checked_model_name(name), version).config
 
     def _versions(self, name: str) -> list[int]:
         return sorted(mv.version for mv in self.repository.loaded() if mv.name == name)
@@ -262,7 +263,11 @@ class DataPlane(InflightSlots):
             raise
 
     def _trace(
-        self, served: ModelVersion, request: v2.InferRequest, endpoint: str, received_ns: int,
+        self,
+        served: ModelVersion,
+        request: v2.InferRequest,
+        endpoint: str,
+        received_ns: int,
         inputs: Tensors | None = None,
     ) -> RequestTrace | None:
         """A trace of `request` (its checked `inputs`, if known yet) if the trace settings take it
@@ -276,7 +281,7 @@ class DataPlane(InflightSlots):
 
     def _unary(self, request: v2.InferRequest, endpoint: str) -> ModelVersion:
         """The model version a unary request goes to; a decoupled one is refused."""
-        served = self.repository.get(_model_name(request.model_name), request.model_version)
+        served = self.repository.get(checked_model_name(request.model_name), request.model_version)
         if is_decoupled(served):
             raise Unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
         return served
@@ -296,7 +301,7 @@ class DataPlane(InflightSlots):
         `endpoint` names the front end (`GRPC_ENDPOINT` for gRPC), for the request's trace.
         """
         received_ns = time.perf_counter_ns()
-        served = self.repository.get(_model_name(request.model_name), request.model_version)
+        served = self.repository.get(checked_model_name(request.model_name), request.model_version)
         inputs, output_names, timeout_us, classes, binding = self._prepare(served, request)
         trace = self._trace(served, request, endpoint, received_ns, inputs) if self.tracing.active else None
         return self._stream(
@@ -391,7 +396,7 @@ class DataPlane(InflightSlots):
             parameters=dict(call.parameters),
         )
         self._check_elements(request)
-        served = self.repository.get(_model_name(call.model_name), call.model_version)
+        served = self.repository.get(checked_model_name(call.model_name), call.model_version)
         return served, request, validated_inputs(served, request), validated_outputs(served, request)
 
     async def call_model(self, call: ModelCall) -> Tensors:
@@ -427,7 +432,7 @@ class DataPlane(InflightSlots):
 
     def decode_raw_request(self, name: str, version: str, body: bytes) -> v2.InferRequest:
         """The binary extension's raw form: the body is the only input's bytes, batch size 1."""
-        served = self.repository.get(_model_name(name), version)
+        served = self.repository.get(checked_model_name(name), version)
         if len(served.inputs) != 1:
             raise InvalidArgument(
                 f"Raw request must only have 1 input (found 1) to be deduced but got {len(served.inputs)} inputs "
@@ -459,29 +464,6 @@ class DataPlane(InflightSlots):
             )
         return v2.decode_raw_binary_request(body, name, version, spec.name, datatype, dims)
 
-    # --- statistics and repository ---------------------------------------------------------------
-
-    def statistics(self, name: str = "", version: str = "") -> dict[str, Any]:
-        try:
-            if not name:
-                served = self.repository.loaded()
-            elif version:
-                served = [self.repository.get(_model_name(name), version)]
-            else:
-                self.repository.get(_model_name(name))  # raises NotFound / Unavailable for the right reason
-                served = [mv for mv in self.repository.loaded() if mv.name == name]
-        except NotFound as exc:  # Triton's words for statistics
-            raise NotFound(f"requested model '{name}' is not available: {exc}") from None
-        except Ambiguous:  # a name of several repositories (--model-namespacing true): Triton says no more
-            raise InvalidArgument(f"requested model '{name}' is not available") from None
-        served.sort(key=lambda mv: (mv.name, mv.version))
-        return {
-            "model_stats": [self.stats_of(mv).to_dict(mv.name, str(mv.version), _memory_usage(mv)) for mv in served]
-        }
-
-    def repository_index(self, ready_only: bool = False) -> list[dict[str, str]]:
-        return self.repository.index(ready_only)
-
     # --- the logging and trace extensions ----------------------------------------------------------
 
     def log_settings(self, changes: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -499,77 +481,10 @@ class DataPlane(InflightSlots):
             self.tracing.update(model, changes)
         return self.tracing.settings(model)
 
-    async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
-        self._require_explicit("load")
-        parameters = parameters or {}
-        override = None
-        files = {}
-        for key, value in parameters.items():
-            if key == "config":
-                if not isinstance(value, str):
-                    raise InvalidArgument("load parameter 'config' must be a JSON string of a model config")
-                override = model_config.config_from_json(value, f"load request for model '{name}'")
-            elif key.startswith(FILE_PREFIX):
-                files[key] = value
-            else:
-                raise InvalidArgument(
-                    f"unknown load parameter '{key}'; those accepted are 'config' and '{FILE_PREFIX}<path>'"
-                )
-        source = None
-        if files:  # Triton loads such a model from a temporary folder of those files, not the repository
-            source = await asyncio.get_running_loop().run_in_executor(
-                None, self.override_folders.stage, _model_name(name), override, files
-            )
-        try:
-            await self.repository.load(_model_name(name), override, source=source)
-        finally:
-            # What the model serves from now; with loads of one model racing, the last to swap in.
-            serving = self.repository.source(name) if self.repository.serving(name) else None
-            self.override_folders.commit(name, serving)
-            if source is not None and source != serving:
-                self.override_folders.discard(source)
-
-    async def unload_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
-        self._require_explicit("unload")
-        parameters = parameters or {}
-        for key in parameters:
-            if key != "unload_dependents":
-                raise InvalidArgument(f"unknown unload parameter '{key}'")
-        dependents = parameters.get("unload_dependents", False)
-        if not isinstance(dependents, bool):
-            raise InvalidArgument("unload parameter 'unload_dependents' must be a boolean")
-        await self.repository.unload(_model_name(name), unload_dependents=dependents)
-        self.override_folders.commit(name, None)
-
-    def _require_explicit(self, action: str) -> None:
-        if self.model_control_mode != "explicit":
-            # Triton answers model control outside explicit mode with UNAVAILABLE, in these words for
-            # both the none and the poll mode (core model_repository_manager.cc).
-            raise Unavailable(
-                f"explicit model load / unload is not allowed if polling is enabled (asked to {action} in model "
-                f"control mode '{self.model_control_mode}'); start the server with --model-control-mode explicit"
-            )
-
 
 #: Request parameters the protocol itself reads and keeps; as in Triton's front ends, models never
 #: see them. The sequence parameters go on with the request (`scheduling/sequence/batcher.py` reads them).
 _SERVER_ONLY_PARAMETERS = frozenset(("priority", "timeout", "binary_data_output"))
-
-#: The longest file name most file systems take (NAME_MAX); a longer name is no model folder.
-_NAME_MAX_BYTES = 255
-
-
-def _model_name(name: str) -> str:
-    """`name`, if it can name a model folder at all; NotFound before the file system is asked (which
-    would fail with ENAMETOOLONG or on an unencodable name)."""
-    try:
-        size = len(name.encode("utf-8", "surrogateescape"))
-    except UnicodeEncodeError:
-        size = -1
-    if not 0 < size <= _NAME_MAX_BYTES:
-        shown = name if len(name) <= 64 else name[:61] + "..."
-        raise NotFound(f"{unknown_model(shown)}: not a model folder name")
-    return name
 
 
 def own_stats(served: ModelVersion) -> ModelStats:
@@ -643,12 +558,6 @@ def _response(
             datatype = "BYTES"
         outputs.append(v2.InferTensor(name, datatype, list(array.shape), array))
     return v2.InferResponse(model_name=served.name, model_version=str(served.version), id=request_id, outputs=outputs)
-
-
-def _memory_usage(served: ModelVersion) -> list[dict[str, Any]]:
-    # Only GPU memory is measured (per version, at load): CPU memory cannot be told apart by model
-    # inside one process.
-    return [{"type": "GPU", "id": index, "byte_size": size} for index, size in sorted(served.gpu_memory_bytes.items())]
 
 
 __all__ = [
