@@ -182,6 +182,7 @@ class TritonPythonModel:
         self.responses = int(params["responses"]["string_value"])
         self.gap_s = float(params["gap_ms"]["string_value"]) / 1000.0
         self.final = params["final"]["string_value"] == "1"
+        self.held = []  # without the final flag, senders kept: their requests stay open, never ended
 
     def execute(self, requests):
         for request in requests:
@@ -193,13 +194,16 @@ class TritonPythonModel:
                 sender.send(pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("OUT", value)]))
             if self.final:
                 sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            else:
+                self.held.append(sender)
         return None
 """
 
 
 def write_paced(repository: Path, name: str, *, responses: int, gap_ms: float, final: bool = True) -> None:
     """A decoupled model (IN INT32 [-1] → OUT = IN): `responses` responses `gap_ms` apart, then the
-    FINAL flag alone (or never, with `final=False`)."""
+    FINAL flag alone (or never, with `final=False`: the model keeps the sender, so the request stays
+    open, as a model that forgets its final flag leaves it)."""
     folder = repository / name
     (folder / "1").mkdir(parents=True, exist_ok=True)
     (folder / "1" / "model.py").write_text(_PACED)

@@ -568,10 +568,9 @@ class GrpcClient:
 
     async def repository_index(self) -> list[dict[str, Any]]:
         reply = await self._rpc("RepositoryIndex", pb.RepositoryIndexRequest())
-        # proto3 has no absent strings. Triton's HTTP index gives a model known only by name as
-        # {"name"}, and a reason, even "", wherever there is a state: rebuild that shape.
-        entries = [message_to_json(m) for m in reply.models]
-        return [{k: v for k, v in e.items() if v != "" or (k == "reason" and e.get("state"))} for e in entries]
+        # proto3 has no absent strings. Triton 2.51's HTTP index leaves out every empty field (a
+        # model known only by name is {"name"}, a READY one has no reason): rebuild that shape.
+        return [{k: v for k, v in message_to_json(m).items() if v != ""} for m in reply.models]
 
     async def close(self) -> None:
         channel, self._channel, self._stub = self._channel, None, None

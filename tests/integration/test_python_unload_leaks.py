@@ -52,12 +52,12 @@ instance_group [ { count: 1 kind: KIND_CPU } ]
 """
 
 
-def _counts(metrics_port: int) -> dict[str, int]:
+def _counts(metrics_port: int, others: frozenset[int]) -> dict[str, int]:
     server = psutil.Process()  # the server runs in this process (running_server), its stubs are children
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as response:
         metrics = response.read().decode()
     return {
-        "stub processes": _stubs(server),
+        "stub processes": _stubs(server, others),
         # Held by the server, mapped or open: the machine's whole /dev/shm listing also moves with
         # other programs' regions (other tests, real tritonservers), which are not ours to count.
         "/dev/shm files held": sum(1 for path in _held(server) if path.startswith("/dev/shm/")),
@@ -68,9 +68,13 @@ def _counts(metrics_port: int) -> dict[str, int]:
     }  # fmt: skip
 
 
-def _stubs(server: psutil.Process) -> int:
+def _stubs(server: psutil.Process, others: frozenset[int]) -> int:
+    """This server's stubs: `others` are children that were there before it started (stubs of other
+    servers a test session keeps running in this process)."""
     count = 0
     for child in server.children(recursive=True):
+        if child.pid in others:
+            continue
         try:
             count += "reference_server.backends.python" in " ".join(child.cmdline())
         except psutil.ZombieProcess:
@@ -103,27 +107,28 @@ def test_load_unload_cycles_leak_nothing(tmp_path: Path) -> None:
     (tmp_path / "cycler" / "1").mkdir(parents=True)
     (tmp_path / "cycler" / "1" / "model.py").write_text(CYCLER)
     (tmp_path / "cycler" / "config.pbtxt").write_text(CONFIG)
+    others = frozenset(child.pid for child in psutil.Process().children(recursive=True))
     with running_server(loopback_config(tmp_path, load=())) as server:
         assert server.metrics_port is not None
         client = http_client(server)
         try:
             _cycle(client)  # first-time costs (imports, pools) are not leaks
-            before = _settled(server.metrics_port, None)
+            before = _settled(server.metrics_port, others, None)
             assert before["stub processes"] == 0 and before["cycler families"] == 0, before
             for _ in range(CYCLES):
                 _cycle(client)
-            assert _settled(server.metrics_port, before) == before
+            assert _settled(server.metrics_port, others, before) == before
         finally:
             client.close()
 
 
-def _settled(metrics_port: int, want: dict[str, int] | None) -> dict[str, int]:
+def _settled(metrics_port: int, others: frozenset[int], want: dict[str, int] | None) -> dict[str, int]:
     """The counts once the last unload is done: unloaded versions close in the background."""
     deadline = time.monotonic() + 15
-    counts = _counts(metrics_port)
+    counts = _counts(metrics_port, others)
     while time.monotonic() < deadline and (
         counts["stub processes"] or counts["cycler families"] or (want is not None and counts != want)
     ):
         time.sleep(0.1)
-        counts = _counts(metrics_port)
+        counts = _counts(metrics_port, others)
     return counts
