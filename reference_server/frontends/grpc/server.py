@@ -49,7 +49,6 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from time import perf_counter_ns
 from typing import Any, cast
-from urllib.parse import quote
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb
@@ -60,6 +59,16 @@ from reference_server.frontends.auth import OPEN_GRPC_METHODS, Token, Unauthenti
 from reference_server.frontends.compression import CODINGS, Corrupt, TooLarge, compress_async, inflate, inflate_async
 from reference_server.frontends.forwarding import HeaderForwarding, forward_into, grpc_metadata
 from reference_server.frontends.grpc.service import InferenceServicer, lenient_deserializer
+from reference_server.frontends.grpc.wire import (
+    _ACCEPTED,
+    _CODED_HEADERS,
+    _OK_TRAILERS,
+    _RESPONSE_HEADERS,
+    _prefixed,
+    _timeout_s,
+    _trailers,
+    _trailers_only,
+)
 from reference_server.frontends.listener import Listener
 from reference_server.frontends.restricted import Restrictions
 from reference_server.scheduling.cancel import CancelScope
@@ -67,7 +76,7 @@ from v2kit import grpc_status as status
 from v2kit.grpc_status import code_of
 from v2kit.h2.connection import Connection as H2Connection
 from v2kit.h2.connection import Events, Payload, Stream
-from v2kit.h2.frames import DATA, END_HEADERS, END_STREAM, HEADERS, NO_ERROR, frame, literal
+from v2kit.h2.frames import DATA, END_HEADERS, END_STREAM, HEADERS, NO_ERROR, frame
 
 __all__ = ["MAX_STREAMS", "GrpcServer"]
 
@@ -79,19 +88,8 @@ logging.getLogger("hpack").setLevel(logging.INFO)
 #: Streams a client may have open at once on one connection (SETTINGS_MAX_CONCURRENT_STREAMS).
 MAX_STREAMS = 1024
 
-_CONTENT_TYPE = literal(31, b"application/grpc")
-_ACCEPTED = "identity," + ",".join(reversed(CODINGS))  # grpc core's order: identity,deflate,gzip
-_ACCEPT_ENCODING = literal(b"grpc-accept-encoding", _ACCEPTED.encode())
-_RESPONSE_HEADERS = b"\x88" + _CONTENT_TYPE + _ACCEPT_ENCODING  # :status 200
-#: The answer's headers by the coding of its messages.
-_CODED_HEADERS = {c: _RESPONSE_HEADERS + literal(b"grpc-encoding", c.encode()) for c in CODINGS}
-_OK_TRAILERS = literal(b"grpc-status", b"0")
-# grpc-message: percent-encode everything but printable ASCII, and '%' itself.
-_MESSAGE_SAFE = "".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%")
 _READABLE = frozenset(("identity", *CODINGS))
 _SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
-#: grpc-timeout units (PROTOCOL-HTTP2.md: "Timeout → TimeoutValue TimeoutUnit"), in seconds.
-_TIMEOUT_UNITS = {"H": 3600.0, "M": 60.0, "S": 1.0, "m": 1e-3, "u": 1e-6, "n": 1e-9}
 _INFER_METHODS = frozenset(("ModelInfer", "ModelStreamInfer"))
 
 
@@ -610,17 +608,6 @@ def _wake(call: _Call) -> None:
         call.drained.set_result(None)
 
 
-def _timeout_s(value: str | None) -> float | None:
-    """A grpc-timeout header's seconds, or None when there is none or it is malformed."""
-    if not value or len(value) > 9 or value[-1] not in _TIMEOUT_UNITS or not value[:-1].isdigit():
-        return None
-    return int(value[:-1]) * _TIMEOUT_UNITS[value[-1]]
-
-
-def _prefixed(message: bytes, compressed: bool = False) -> bytes:
-    return (b"\x01" if compressed else b"\x00") + len(message).to_bytes(4, "big") + message
-
-
 def _deserialize(call: _Call, message: Payload) -> Any:
     """A request message, with the call's forwarded metadata among its parameters."""
     request = call.method.deserialize(message)
@@ -629,14 +616,3 @@ def _deserialize(call: _Call, message: Payload) -> Any:
 
 def _headers(call: _Call) -> bytes:
     return _RESPONSE_HEADERS if call.reply_coding is None else _CODED_HEADERS[call.reply_coding]
-
-
-def _trailers(code: int, details: str) -> bytes:
-    block = literal(b"grpc-status", str(code).encode())
-    if details:
-        block += literal(b"grpc-message", quote(details, safe=_MESSAGE_SAFE).encode())
-    return block
-
-
-def _trailers_only(code: int, details: str) -> bytes:
-    return _RESPONSE_HEADERS + _trailers(code, details)
