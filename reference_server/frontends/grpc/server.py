@@ -583,13 +583,15 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
         h2.send_trailers(call, _OK_TRAILERS)
 
     def _fail_call(self, call: _Call, code: int, details: str) -> None:
-        """A call that cannot go on: its task (or its request) is cancelled and the client told why."""
+        """A call that cannot go on: the client told why, then its task (or its request) cancelled.
+        Told first, so that the request's own answer to being cancelled (CANCELLED) finds the call
+        finished instead of standing in for `code`."""
+        self._release(call)
+        self._finish(call, code, details)
         if call.task is not None and not call.task.done():
             call.task.cancel()
         if call.cancel is not None:
             call.cancel.cancel()
-        self._release(call)
-        self._finish(call, code, details)
 
     def _over_held(self, call: _Call) -> None:
         limit = self._server.max_held_bytes
