@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,17 @@ import tritonclient.http as httpclient
 from perfkit.testing import TritonProcess, triton_server
 from reference_server.config import ServerConfig
 from reference_server.server import ReferenceServer
+
+
+@dataclass
+class Endpoints:
+    """Where a test reaches one server: its name ("ours", "triton"), HTTP and gRPC addresses, and
+    the reference server itself when it is ours (for looking inside)."""
+
+    name: str
+    http: str
+    grpc: str
+    ours: ReferenceServer | None = None
 
 
 def loopback_config(repository: Path, *, load: tuple[str, ...] | None = None, **overrides: Any) -> ServerConfig:

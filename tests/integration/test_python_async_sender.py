@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import queue
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +23,8 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from reference_server.backends.python.instance import PythonInstance
-from reference_server.server import ReferenceServer, running_server
 from tests.python_async_models import write_async_models
-from tests.servers import loopback_config, running_triton
+from tests.servers import Endpoints
 
 pytestmark = [pytest.mark.integration]
 
@@ -34,37 +32,11 @@ pytestmark = [pytest.mark.integration]
 _WAIT_S = 10.0
 
 
-@dataclass
-class Endpoints:
-    name: str
-    http: str
-    grpc: str
-    ours: ReferenceServer | None = None
-
-
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("async") / "models"
     write_async_models(root)
     return root
-
-
-@pytest.fixture(scope="module")
-def ours(repository: Path) -> Iterator[Endpoints]:
-    with running_server(loopback_config(repository)) as server:
-        yield Endpoints("ours", server.http_url, f"127.0.0.1:{server.grpc_port}", server)
-
-
-@pytest.fixture(scope="module")
-def triton(peers: Path, repository: Path) -> Iterator[Endpoints]:
-    with running_triton(peers, repository) as server:
-        yield Endpoints("triton", server.http_url, server.grpc_url)
-
-
-@pytest.fixture(params=["ours", pytest.param("triton", marks=pytest.mark.peers)])
-def server(request: pytest.FixtureRequest) -> Endpoints:
-    endpoints: Endpoints = request.getfixturevalue(request.param)
-    return endpoints
 
 
 class Stream:

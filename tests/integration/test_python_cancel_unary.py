@@ -13,17 +13,15 @@ from __future__ import annotations
 import http.client
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
-from reference_server.server import running_server
-from tests.integration.test_python_async_sender import Endpoints, Stream
+from tests.integration.test_python_async_sender import Stream
 from tests.python_async_models import write_async_models
-from tests.servers import loopback_config, running_triton
+from tests.servers import Endpoints
 
 pytestmark = [pytest.mark.integration]
 
@@ -33,24 +31,6 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("cancel_unary") / "models"
     write_async_models(root)
     return root
-
-
-@pytest.fixture(scope="module")
-def ours(repository: Path) -> Iterator[Endpoints]:
-    with running_server(loopback_config(repository)) as server:
-        yield Endpoints("ours", server.http_url, f"127.0.0.1:{server.grpc_port}", server)
-
-
-@pytest.fixture(scope="module")
-def triton(peers: Path, repository: Path) -> Iterator[Endpoints]:
-    with running_triton(peers, repository) as server:
-        yield Endpoints("triton", server.http_url, server.grpc_url)
-
-
-@pytest.fixture(params=["ours", pytest.param("triton", marks=pytest.mark.peers)])
-def server(request: pytest.FixtureRequest) -> Endpoints:
-    endpoints: Endpoints = request.getfixturevalue(request.param)
-    return endpoints
 
 
 def wait_for(path: Path, timeout_s: float = 5.0) -> str:

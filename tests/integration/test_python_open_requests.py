@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import queue
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +27,7 @@ from tritonclient.utils import InferenceServerException
 from reference_server.backends.python.instance import PythonInstance
 from reference_server.scheduling.scheduler import Scheduler
 from reference_server.server import ReferenceServer, running_server
-from tests.integration.test_python_async_sender import Endpoints
-from tests.servers import loopback_config, running_triton
+from tests.servers import Endpoints, loopback_config
 
 pytestmark = [pytest.mark.integration]
 
@@ -107,24 +105,6 @@ def _write(root: Path) -> Path:
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _write(tmp_path_factory.mktemp("open") / "models")
-
-
-@pytest.fixture(scope="module")
-def ours(repository: Path) -> Iterator[Endpoints]:
-    with running_server(loopback_config(repository)) as server:
-        yield Endpoints("ours", server.http_url, f"127.0.0.1:{server.grpc_port}", server)
-
-
-@pytest.fixture(scope="module")
-def triton(peers: Path, repository: Path) -> Iterator[Endpoints]:
-    with running_triton(peers, repository) as server:
-        yield Endpoints("triton", server.http_url, server.grpc_url)
-
-
-@pytest.fixture(params=["ours", pytest.param("triton", marks=pytest.mark.peers)])
-def server(request: pytest.FixtureRequest) -> Endpoints:
-    endpoints: Endpoints = request.getfixturevalue(request.param)
-    return endpoints
 
 
 class Pending:
