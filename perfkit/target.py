@@ -134,6 +134,86 @@ def endpoints_of(url: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in url.split(","))
 
 
+#: The port an endpoint given without one means, as perf_analyzer's defaults (localhost:8000 / :8001).
+DEFAULT_PORTS = {"http": 8000, "grpc": 8001}
+METRICS_PORT = 8002
+_SCHEMES = {"http": ("http", "https"), "grpc": ("grpc", "http", "https")}
+_HOST = re.compile(r"[A-Za-z0-9._~-]+")  # a name or IPv4 address (an IPv6 address comes in brackets)
+
+
+def _host_and_port(authority: str, flag: str, given: str) -> tuple[str, int | None]:
+    """("host", port) from HOST, HOST:PORT, [V6] or [V6]:PORT; PerfkitError (exit 2) naming `flag`."""
+    if authority.startswith("["):
+        inside, bracket, rest = authority[1:].partition("]")
+        if not bracket or not inside or (rest and not rest.startswith(":")):
+            raise PerfkitError(f"{flag} {given!r}: an IPv6 address goes in brackets, e.g. [::1]:8000")
+        host, sep, port = f"[{inside}]", rest[:1], rest[1:]
+    elif authority.count(":") > 1:
+        raise PerfkitError(f"{flag} {given!r}: expected HOST:PORT (one colon; an IPv6 address in brackets, "
+                           "e.g. [::1]:8000)")  # fmt: skip
+    else:
+        host, sep, port = authority.partition(":")
+        if not host:
+            raise PerfkitError(f"{flag} {given!r}: no host; give HOST:PORT, e.g. localhost{authority or ':8000'}")
+        if not _HOST.fullmatch(host):
+            raise PerfkitError(f"{flag} {given!r}: {host!r} is not a host name or address")
+    if not sep:
+        return host, None
+    if not port.isdigit():
+        raise PerfkitError(f"{flag} {given!r}: the port {port!r} is not a number; give HOST:PORT, e.g. localhost:8000")
+    if not 0 < int(port) < 65536:
+        raise PerfkitError(f"{flag} {given!r}: the port {int(port)} is out of range (1-65535)")
+    return host, int(port)
+
+
+def checked_endpoint(text: str, protocol: str, flag: str = "-u") -> str:
+    """One endpoint of -u, checked, with its port: HOST or HOST:PORT (HOST alone: the protocol's
+    default port, 8000 HTTP or 8001 gRPC, as perf_analyzer), or a URL http(s)://HOST[:PORT][/PREFIX]
+    (without a port: its scheme's, 80 or 443). A malformed one is a usage error (exit 2)."""
+    given = text.strip()
+    scheme, has_scheme, rest = given.partition("://")
+    if not has_scheme:
+        scheme, rest = "", given
+    elif scheme.lower() not in _SCHEMES.get(protocol, ()):
+        raise PerfkitError(f"{flag} {given!r}: the scheme {scheme}:// is not one of -i {protocol}'s "
+                           f"({', '.join(s + '://' for s in _SCHEMES.get(protocol, ()))}); or give HOST:PORT")  # fmt: skip
+    authority, slash, path = rest.partition("/")
+    if slash and (protocol == "grpc" or not has_scheme) and path.strip("/"):
+        raise PerfkitError(f"{flag} {given!r}: expected HOST:PORT, without a path")
+    host, port = _host_and_port(authority, flag, given)
+    if port is None:
+        if has_scheme and protocol == "http":
+            return given  # a URL's port is its scheme's
+        port = DEFAULT_PORTS.get(protocol, DEFAULT_PORTS["http"])
+    prefix = f"{scheme}://" if has_scheme else ""
+    return f"{prefix}{host}:{port}" + (f"/{path}" if has_scheme and path else "")
+
+
+def checked_url(url: str | None, protocol: str) -> str | None:
+    """-u checked (`checked_endpoint` for each comma-separated endpoint), or None (the embedded server)."""
+    if url is None:
+        return None
+    if not url.strip():
+        raise PerfkitError("-u is empty; give HOST:PORT, e.g. localhost:8000, or leave -u out for the embedded server")
+    return ",".join(checked_endpoint(part, protocol) if part.strip() else "" for part in url.split(","))
+
+
+def checked_metrics_url(url: str, flag: str = "--metrics-url") -> str:
+    """A Prometheus endpoint, checked and complete: HOST[:PORT][/PATH] or http(s)://HOST[:PORT][/PATH];
+    without a port 8002, without a path /metrics (perf_analyzer's default localhost:8002/metrics)."""
+    given = url.strip()
+    scheme, has_scheme, rest = given.partition("://")
+    if not has_scheme:
+        scheme, rest = "http", given
+    elif scheme.lower() not in ("http", "https"):
+        raise PerfkitError(f"{flag} {given!r}: expected http(s)://HOST:PORT/PATH or HOST:PORT")
+    authority, _, path = rest.partition("/")
+    host, port = _host_and_port(authority, flag, given)
+    if port is None and not has_scheme:
+        port = METRICS_PORT
+    return f"{scheme}://{host}{'' if port is None else f':{port}'}/{path or 'metrics'}"
+
+
 def metrics_url_of(url: str, metrics_url: str | None, collect_metrics: bool) -> str | None:
     """Where the metrics of the server at `url` are read: --metrics-url, else with --collect-metrics
     perf_analyzer's port 8002 on the host of -u (served in the clear, also beside an https:// server)."""

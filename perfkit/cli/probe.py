@@ -10,13 +10,18 @@ from perfkit.cli.common import Command, add_connection_flags, headers_from_args,
 from perfkit.errors import ExitCode, PerfkitError
 from perfkit.measure.probe import probe
 from perfkit.report.summary import render_probe
-from perfkit.target import TargetSpec, endpoints_of, open_target
+from perfkit.target import TargetSpec, checked_url, endpoints_of, open_target
 from v2kit.runtime import eventloop
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     target = p.add_argument_group("target")
-    target.add_argument("-u", "--url", metavar="HOST:PORT", help="server endpoint (default: embedded server)")
+    target.add_argument(
+        "-u",
+        "--url",
+        metavar="HOST:PORT",
+        help="server endpoint (default: embedded server); a HOST alone means port 8000, 8001 with -i grpc",
+    )
     target.add_argument("-i", "--protocol", choices=("http", "grpc"), default="http")
     add_connection_flags(p, target)
     p.add_argument(
@@ -35,14 +40,15 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     """0 every model answered; 1 the server is down, serves no model, or a request failed."""
     if args.requests < 1:
         raise PerfkitError("-n/--requests must be at least 1")
-    target = TargetSpec(args.url, args.protocol, headers=headers_from_args(args), tls=tls_from_args(args))
+    url = checked_url(args.url, args.protocol)
+    target = TargetSpec(url, args.protocol, headers=headers_from_args(args), tls=tls_from_args(args))
     target.validate()  # -u, -i, -H and TLS by the sweep's rules
-    if args.url and len(endpoints_of(args.url)) > 1:
+    if url and len(endpoints_of(url)) > 1:
         raise PerfkitError("probe checks one server: give one -u HOST:PORT (several are for perfkit sweep)")
 
-    if not args.url:
+    if not url:
         print("starting the embedded reference server on the demo models...", file=sys.stderr, flush=True)
-    with open_target(args.url, args.protocol) as opened:
+    with open_target(url, args.protocol) as opened:
         result = eventloop.run(
             probe(opened.url, args.model_name, args.requests, args.seed, args.protocol, headers=target.headers,
                   tls=target.tls)

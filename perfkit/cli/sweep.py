@@ -21,7 +21,7 @@ from perfkit.load.sequences import DEFAULT_ID_RANGE, SequenceSpec, parse_id_rang
 from perfkit.report.summary import sweep_notes, sweep_table
 from perfkit.sweep.run import SweepRun, run_sweep
 from perfkit.sweep.spec import DataPathSpec, InputSpec, LoadSpec, MetricsSpec, OutputSpec, SweepSpec
-from perfkit.target import TargetSpec
+from perfkit.target import TargetSpec, checked_metrics_url, checked_url
 
 DESCRIPTION = """\
 Measure a KServe v2 server over a range of load levels, as perf_analyzer does, with its flag names
@@ -43,8 +43,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     target.add_argument("-x", "--model-version", default="", metavar="VERSION", help="default: the latest")
     target.add_argument(
         "-u", "--url", metavar="HOST:PORT[,...]",
-        help="server endpoint (default: embedded server); several alike servers comma-separated, requests "
-        "round-robin, each endpoint's figures and the total reported",
+        help="server endpoint (default: embedded server); a HOST alone means port 8000, 8001 with -i grpc; several "
+        "alike servers comma-separated, requests round-robin, each endpoint's figures and the total reported",
     )  # fmt: skip
     target.add_argument("-i", "--protocol", choices=("http", "grpc"), default="http")
     target.add_argument(
@@ -436,7 +436,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
         raise PerfkitError("--metrics-url and --metrics-interval need --collect-metrics")
     spec = SweepSpec(
         target=TargetSpec(
-            url=args.url,
+            url=checked_url(args.url, args.protocol),
             protocol=args.protocol,
             model=args.model_name,
             model_version=args.model_version,
@@ -459,8 +459,10 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
             request_parameters=tuple(map(parse_request_parameter, args.request_parameter)),
         ),
         metrics=MetricsSpec(
-            collect=args.collect_metrics, metrics_urls=tuple(args.metrics_url), interval_ms=args.metrics_interval
-        ),  # fmt: skip
+            collect=args.collect_metrics,
+            metrics_urls=tuple(map(checked_metrics_url, args.metrics_url)),
+            interval_ms=args.metrics_interval,
+        ),
         output=OutputSpec(
             report_dir=args.report_dir,
             pa_csv=args.latency_report_file,

@@ -30,7 +30,7 @@ from perfkit.report.tune_tables import (
 )
 from perfkit.results.files import load_result, write_text_atomic
 from perfkit.results.provenance import redact_argv
-from perfkit.target import TargetSpec
+from perfkit.target import TargetSpec, checked_endpoint, checked_metrics_url
 from perfkit.tune.distributed import open_tuner
 from perfkit.tune.multi.study import CombinationResult, Study, read_study
 from perfkit.tune.multi.tuner import run_combination_tune
@@ -93,11 +93,11 @@ def _range(text: str, flag: str) -> tuple[int, int]:
     return values[0], values[-1]
 
 
-def _endpoints(values: list[str]) -> tuple[str, ...]:
+def _endpoints(values: list[str], protocol: str) -> tuple[str, ...]:
     urls = tuple(part.strip() for value in values for part in value.split(","))
     if any(not url for url in urls):
         raise PerfkitError(f"-u takes HOST:PORT, repeated or as a comma list; got {', '.join(values)!r}")
-    return urls
+    return tuple(checked_endpoint(url, protocol) for url in urls)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -108,7 +108,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     target = p.add_argument_group("target")
     target.add_argument(
         "-u", "--url", action="append", metavar="HOST:PORT[,...]",
-        help="a server in explicit mode (default: bundled); several (repeat, or a comma list) with --workers",
+        help="a server in explicit mode (default: bundled; a HOST alone means port 8000, 8001 with -i grpc); several "
+        "(repeat, or a comma list) with --workers",
     )  # fmt: skip
     target.add_argument("-i", "--protocol", choices=("http", "grpc"), default="http")
     add_connection_flags(p, target)
@@ -242,7 +243,7 @@ def spec_from_args(args: argparse.Namespace) -> TuneSpec:
             raise PerfkitError(f"CONFIG.pbtxt: {path} is not a file; give the config.pbtxt of a model folder")
     if args.metrics_url and not args.collect_metrics:
         raise PerfkitError("--metrics-url needs --collect-metrics")
-    urls = _endpoints(args.url or [])
+    urls = _endpoints(args.url or [], args.protocol)
     if args.collect_metrics and not urls:
         raise PerfkitError("--collect-metrics applies to -u; the bundled server's metrics are always read")
     workers = args.workers if args.workers is not None else (len(urls) if len(urls) > 1 else 0)
@@ -267,7 +268,7 @@ def spec_from_args(args: argparse.Namespace) -> TuneSpec:
         input_data=args.input_data, seed=args.seed, top=args.top,
         leaders=args.leaders, remeasure_rounds=args.remeasure, checkpoint=args.checkpoint,
         output_dir=args.output_dir, quiet=args.quiet, collect_metrics=args.collect_metrics,
-        metrics_url=args.metrics_url, endpoints=urls if workers or len(urls) > 1 else (), workers=workers,
+        metrics_url=checked_metrics_url(args.metrics_url) if args.metrics_url else None, endpoints=urls if workers or len(urls) > 1 else (), workers=workers,
         ray_address=args.ray_address,
     )  # fmt: skip
     spec.validate()

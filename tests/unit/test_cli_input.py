@@ -1,0 +1,59 @@
+"""What the commands make of what they are given: -u and --metrics-url, perf_analyzer's own flags,
+and their --help. Nothing here starts a server: every case ends at the flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from perfkit.cli import main, sweep
+from perfkit.target import checked_metrics_url, checked_url
+
+MALFORMED_URLS = ["127.0.0.1:abc", "127.0.0.1:99999", ":8000", "foo:bar:baz", "[::1", "::1", "h:0", "ftp://h:1"]
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    code = main(argv)
+    return code, capsys.readouterr().err
+
+
+def _one_usage_line(code: int, err: str) -> None:
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert err.startswith("error: -u ") or err.startswith("error: --metrics-url "), err
+
+
+@pytest.mark.parametrize("url", MALFORMED_URLS)
+def test_a_malformed_url_is_a_one_line_usage_error_in_every_command(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "m" / "config.pbtxt"
+    config.parent.mkdir()
+    config.write_text('name: "m"\nbackend: "python"\n')
+    scenario = tmp_path / "s.toml"
+    scenario.write_text(f'[server]\nurl = "{url}"\n[sweep]\nconcurrency_range = "1"\n')
+    for argv in (["sweep", "-u", url], ["probe", "-u", url], ["tune", str(config), "-u", url], ["run", str(scenario)],
+                 ["sweep", "-i", "grpc", "-u", url]):  # fmt: skip
+        _one_usage_line(*_run(argv, capsys))
+
+
+@pytest.mark.parametrize("url", ["h:abc", "http://:9", "ftp://h:1/metrics", "a:b:c"])
+def test_a_malformed_metrics_url_is_a_one_line_usage_error(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    _one_usage_line(*_run(["sweep", "-u", "h:1", "--collect-metrics", "--metrics-url", url], capsys))
+
+
+def test_a_host_alone_means_the_protocols_default_port_not_80() -> None:
+    def target_url(*flags: str) -> str | None:
+        args = sweep.COMMAND.parser().parse_args(list(flags))
+        return sweep.spec_from_args(args).target.url
+
+    assert target_url("-u", "127.0.0.1") == "127.0.0.1:8000"
+    assert target_url("-u", "127.0.0.1", "-i", "grpc") == "127.0.0.1:8001"
+    assert target_url("-u", "a,b:9") == "a:8000,b:9"
+    assert target_url("-u", "[::1]") == "[::1]:8000"
+    assert target_url("-u", "https://h:9/prefix") == "https://h:9/prefix"
+    assert target_url() is None  # the embedded server
+    assert checked_url("http://h", "http") == "http://h"  # a URL's port is its scheme's
+    assert checked_metrics_url("h") == "http://h:8002/metrics"  # perf_analyzer's default port and path
+    assert checked_metrics_url("https://h:1/m") == "https://h:1/m"
