@@ -29,8 +29,13 @@ size and the custom-intervals mode, which its file cannot hold, from the other r
 The metrics a gate can look at are the catalogue's (`analysis.metrics`) that have a gate name; any
 spelling of one names it (`p99`, `p99_ms`), and the verdicts carry the gate name.
 
-Levels are matched by load mode, level and batch size. Runs that did not measure the same levels
-cannot be compared level by level, and that is a usage error (exit 2), not a pass.
+Levels are matched by load mode, level and batch size (by mode and level alone when each run used
+one batch size and the two differ). Runs that did not measure the same levels cannot be compared
+level by level, and that is a usage error (exit 2), not a pass.
+
+Runs set up differently (protocol, server, endpoint type, batch size, model, machine) and runs with
+levels that failed their checks are compared all the same, with `Comparison.warnings` saying so
+(`analysis.run_setup`); every output shows them before the verdict.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from perfkit.analysis.metrics import METRICS, TOKEN_METRICS, Metric, find, ms
+from perfkit.analysis.run_setup import invalid_levels, setup_differences
 from perfkit.analysis.significance import Significance, windows_differ
 from perfkit.errors import PerfkitError
 from perfkit.results.model import LevelResult, SweepResult, level_name
@@ -206,6 +212,9 @@ class Comparison:
     #: The runs (by name) without per-window samples (read from a perf_analyzer CSV): when there
     #: is one, every change worse than its limit is a regression, with no significance test.
     without_samples: tuple[str, ...] = ()
+    #: How the runs' setups differ, and runs with levels that failed a check: compared all the
+    #: same, but every output says so before the verdict.
+    warnings: tuple[str, ...] = ()
 
     @property
     def thresholds_only(self) -> bool:
@@ -221,13 +230,16 @@ def level_label(level: LevelResult) -> str:
     return text if level.batch_size == 1 else f"{text} (batch {level.batch_size})"
 
 
-def _key(level: LevelResult) -> tuple[str, float, int]:
-    return level.mode, level.level, level.batch_size
+def _key(level: LevelResult, batch: bool = True) -> tuple[str, float, int]:
+    return level.mode, level.level, level.batch_size if batch else 0
 
 
 def _match_levels(baseline: SweepResult, candidate: SweepResult) -> list[tuple[LevelResult, LevelResult]]:
-    base = {_key(lv): lv for lv in baseline.levels}
-    cand = {_key(lv): lv for lv in candidate.levels}
+    # Each run of one batch size, the two different: a level is its load (the warnings say so).
+    sizes = [{lv.batch_size for lv in r.levels} for r in (baseline, candidate)]
+    batch = not (len(sizes[0]) == len(sizes[1]) == 1 and sizes[0] != sizes[1])
+    base = {_key(lv, batch): lv for lv in baseline.levels}
+    cand = {_key(lv, batch): lv for lv in candidate.levels}
     if not base or not cand:
         empty = "baseline" if not base else "candidate"
         raise PerfkitError(f"the {empty} measured no level; nothing to compare")
@@ -296,21 +308,19 @@ def compare_sweeps(
             "compare runs of the same load mode"
         )
     pairs = _match_levels(baseline, candidate)
+    warnings = setup_differences(baseline, candidate, names)
+    warnings += [w for role, name, r in zip(("baseline", "candidate"), names, (baseline, candidate))
+                 if (w := invalid_levels(r, role, name))]  # fmt: skip
     notes: list[str] = []
     if without:
         notes.append(f"{' and '.join(without)} {'has' if len(without) == 1 else 'have'} no per-window samples "
                      "(a perf_analyzer CSV): gated on thresholds only, no significance test")  # fmt: skip
-    if baseline.model and candidate.model and baseline.model != candidate.model:
-        notes.append(f"different models: {baseline.model} and {candidate.model}")
-    hosts = [r.provenance.get("machine", {}).get("hostname") for r in (baseline, candidate)]
-    if hosts[0] and hosts[1] and hosts[0] != hosts[1]:
-        notes.append(f"measured on different machines ({hosts[0]} and {hosts[1]}): differences may be the machine's")
     for name, result in zip(names, (baseline, candidate)):
         if not result.completed:
             notes.append(f"the {name} sweep stopped early: {result.stop_reason}")
     notes += [note for base, cand in pairs for note in composing_changes(base, cand)]
     deltas = tuple(_delta(base, cand, metric, thresholds, not without) for base, cand in pairs for metric in gates)
-    return Comparison(names[0], names[1], thresholds, deltas, tuple(notes), without)
+    return Comparison(names[0], names[1], thresholds, deltas, tuple(notes), without, tuple(warnings))
 
 
 def composing_changes(base: LevelResult, cand: LevelResult) -> list[str]:

@@ -39,7 +39,8 @@ def comparison_rows(comparison: Comparison) -> tuple[list[str], list[list[str]]]
 
 
 def render_comparison_lines(comparison: Comparison) -> list[str]:
-    """The table, the notes, and a last line with the verdict."""
+    """The table, the notes, the warnings (runs set up differently, levels not valid) just above
+    the verdict where a CI log's reader looks, and a last line with the verdict."""
     header, rows = comparison_rows(comparison)
     widths = [max(len(cell) for cell in column) for column in zip(header, *rows)]
 
@@ -48,6 +49,7 @@ def render_comparison_lines(comparison: Comparison) -> list[str]:
 
     lines = [line(header), "  ".join("-" * w for w in widths), *(line(r) for r in rows)]
     lines += [f"note: {note}" for note in comparison.notes]
+    lines += [f"WARNING: {warning}" for warning in comparison.warnings]
     regressions = comparison.regressions
     only = " (thresholds only: no per-window samples, no significance test)" if comparison.thresholds_only else ""
     if regressions:

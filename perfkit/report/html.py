@@ -480,6 +480,14 @@ SECTIONS: dict[str, Callable[[ReportItem, float | None], str]] = {
 # Several results
 
 
+def _warnings(warnings: Sequence[str]) -> str:
+    """The comparison's warnings (runs set up differently, levels not valid), above its table."""
+    if not warnings:
+        return ""
+    items = "".join(f"<li>{_e(w)}</li>" for w in warnings)
+    return f'<div class="verdict warn"><div class="title">Read with care</div><ul>{items}</ul></div>'
+
+
 def _comparison_section(items: Sequence[ReportItem], thresholds: Thresholds, slo_ms: float | None) -> str:
     sweeps = [(it.label, it.result) for it in items if isinstance(it.result, SweepResult)]
     parts = ['<section id="comparison"><h2>Comparison</h2>']
@@ -520,6 +528,7 @@ def _comparison_section(items: Sequence[ReportItem], thresholds: Thresholds, slo
                     f"+{thresholds.max_latency_increase_pct:g}%, and beyond the runs' noise)"
                 )  # fmt: skip
                 + "</div></div>"
+                + _warnings(comparison.warnings)
                 + f'<div class="scroll">{_table(header, badge_rows)}</div>'
                 + "".join(f'<p class="note">{_e(n)}</p>' for n in comparison.notes)
             )

@@ -32,6 +32,7 @@ h2 { font-size:19px; margin:4px 0 12px; } h3 { font-size:15px; margin:22px 0 8px
 .muted { color:var(--muted); font-weight:400; font-size:13px; margin-left:8px; }
 .verdict { border-radius:6px; padding:10px 14px; margin:8px 0 14px; border-left:6px solid; }
 .verdict.ok { background:var(--okbg); border-color:var(--ok); } .verdict.bad { background:var(--badbg); border-color:var(--bad); }
+.verdict.warn { background:#fff6e5; border-color:#b54708; }
 .verdict .title { font-weight:600; } .verdict ul { margin:6px 0 0 18px; padding:0; } .advice { color:var(--muted); }
 .kpis { display:flex; flex-wrap:wrap; gap:12px; margin:6px 0 4px; }
 .kpi { border:1px solid var(--line); border-radius:6px; padding:8px 14px; min-width:170px; }

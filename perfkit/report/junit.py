@@ -75,7 +75,8 @@ def render_junit(
 
 
 def comparison_properties(comparison: Comparison) -> list[tuple[str, str]]:
-    """The suite's properties: what was compared, and the gate's limits."""
+    """The suite's properties: what was compared, the gate's limits, and a `warning` for each way
+    the runs were set up differently or a run has levels that are not valid."""
     t = comparison.thresholds
     return [
         ("baseline", comparison.baseline),
@@ -87,6 +88,7 @@ def comparison_properties(comparison: Comparison) -> list[tuple[str, str]]:
             "significance",
             "thresholds only: no per-window samples" if comparison.thresholds_only else "per-window samples",
         ),
+        *(("warning", warning) for warning in comparison.warnings),
     ]
 
 

@@ -102,11 +102,11 @@ def test_runs_of_different_levels_or_modes_cannot_be_compared() -> None:
         compare_sweeps(base, base, Thresholds(metrics=("p42",)))
 
 
-def test_notes_name_other_machines_and_models() -> None:
+def test_warnings_name_other_machines_and_models() -> None:
     other = steady_sweep(model="convnet", machine={"hostname": "elsewhere"})
-    notes = compare_sweeps(steady_sweep(), other).notes
-    assert any("different models" in n for n in notes)
-    assert any("different machines (testhost and elsewhere)" in n for n in notes)
+    warnings = compare_sweeps(steady_sweep(), other).warnings
+    assert any("differ in model: baseline mlp, candidate convnet" in w for w in warnings)
+    assert any("differ in machine: baseline testhost, 4 CPUs, Linux, candidate elsewhere" in w for w in warnings)
 
 
 def test_parse_percent() -> None:
