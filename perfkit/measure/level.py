@@ -5,6 +5,17 @@ gaps; a request counts in the window in which it completes; after each window th
 compared, and the level is stable when their throughputs and their stabilising latencies (average, or
 --percentile) each lie within ±stability%; the reported figures merge those last windows. Unlike
 perf_analyzer, an unstable level is not dropped: it is reported, flagged, and the exit code says so.
+
+Lengthened windows (`WindowSpec.lengthenings`, sweep's --window-lengthenings). model_analyzer reruns
+perf_analyzer with a longer window when it reports "Failed to obtain stable measurement"; here the
+level goes on instead. When -r windows have not agreed, the window doubles: the windows measured so
+far are joined in pairs, newest first (two contiguous windows of T are exactly one window of 2T under
+the completion rule, so nothing is measured twice and the oldest window is dropped when their number
+is odd), the stability rule is applied to the joined ones at once, and new windows of 2T follow until
+-r windows of that length exist. At most `lengthenings` times, and never to a window longer than
+MAX_LENGTHENED_WINDOW_S, so a level measures at most -r x -p x 2^lengthenings. Short windows on a
+busy machine mostly fail on throughput swings from CPU contention (in concurrency mode Little's law
+ties the average latency to throughput, so both spread alike); a longer window averages over them.
 Server statistics are read at every window boundary, so the server-side figures cover exactly the
 reported windows. The load may run elsewhere (perfkit.load.cluster.distributed): `sync()` after the start and after
 every window end brings every sample completed by then into the buffer before the window is computed.
@@ -16,7 +27,7 @@ import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from perfkit.analysis import server_stats, stats
 from perfkit.errors import PerfkitError
@@ -24,11 +35,16 @@ from perfkit.load.generator import Clock
 from perfkit.load.samples import SampleArrays, SampleBuffer
 from perfkit.load.schedule import ClosedLoop, Load
 from perfkit.measure.resources import ResourceSampler
-from perfkit.results.model import LevelResult, ResourceUsage, ServerStats, WindowResult
+from perfkit.results.model import Check, LevelResult, ResourceUsage, ServerStats, WindowResult, level_name
 
 log = logging.getLogger(__name__)
+_Edge = TypeVar("_Edge")
 
 POLL_NS = 10_000_000  # how often count windows and warmup look at the sample count
+#: A lengthened window is never longer than this: with -r it bounds the time one level can take.
+MAX_LENGTHENED_WINDOW_S = 30.0
+#: How often sweep doubles the windows of a level that has not stabilised (--window-lengthenings).
+DEFAULT_LENGTHENINGS = 2
 # Error kinds that mean "no server there": a window of nothing else ends the level at once.
 CONNECTION_ERRORS = ("connection", "disconnected", "grpc UNAVAILABLE")
 
@@ -49,6 +65,9 @@ class WindowSpec:
     # --request-count N: send N requests (after the warm-up), one window from the first send to the
     # last answer, stable by definition (perf_analyzer's). 0: windows until stable.
     request_limit: int = 0
+    # How often the window may double when -r windows have not agreed (module header); 0 is
+    # perf_analyzer's rule: the level ends unstable after -r windows.
+    lengthenings: int = 0
 
     def validate(self) -> None:
         """The measurement flags' rules, shared by sweep and tune."""
@@ -71,6 +90,14 @@ class WindowSpec:
             raise PerfkitError("--warmup-request-count must not be negative")
         if self.request_limit < 0:
             raise PerfkitError(f"--request-count must be > 0, got {self.request_limit}")
+        if self.lengthenings < 0:
+            raise PerfkitError(f"--window-lengthenings must not be negative, got {self.lengthenings}")
+
+    def length_text(self, scale: int = 1) -> str:
+        """A window's length, `scale` times the first: "2 s", or "100 requests" for count windows."""
+        if self.mode == "count_windows":
+            return f"{self.request_count * scale} requests"
+        return f"{self.interval_ms * scale / 1000:g} s"
 
 
 class LevelLoad(Protocol):
@@ -99,6 +126,8 @@ class LevelObserver(Protocol):
     ) -> None: ...
 
     def level_done(self, result: LevelResult) -> None: ...
+
+    def note(self, text: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,8 +224,27 @@ async def measure_level(
             boundaries.append(counted.end_ns)
             snapshots.append(await server.snapshot() if server else None)
             stable = True
-        while len(windows) < spec.max_trials and not spec.request_limit:
-            await _wait_window_end(loadgen, spec, window_start)
+        scale = 1  # the windows' length, in first windows (doubled by each lengthening)
+        failed_lengths: list[str] = []  # each length whose -r windows did not agree
+        while not spec.request_limit:
+            if len(windows) >= spec.max_trials:
+                if not _may_lengthen(spec, windows, len(failed_lengths), scale):
+                    break
+                failed_lengths.append(f"{len(windows)} of {spec.length_text(scale)}")
+                if progress is not None:
+                    progress.note(_lengthening_note(mode, level, spec, windows, scale, len(failed_lengths)))
+                boundaries, snapshots = joined_in_pairs(boundaries), joined_in_pairs(snapshots)
+                arrays = buffer.arrays(first_index)
+                windows = [
+                    stats.window_result(arrays, start, end, batch_size, percentile)
+                    for start, end in zip(boundaries, boundaries[1:])
+                ]
+                scale *= 2
+                stable = stats.is_stable(windows, threshold, spec.stable_window_count)
+                if stable:
+                    break
+                continue
+            await _wait_window_end(loadgen, spec, window_start, scale)
             window_end = clock.now_ns()
             await loadgen.sync()
             snapshot = await server.snapshot() if server else None
@@ -242,6 +290,8 @@ async def measure_level(
         stability_count=spec.stable_window_count,
         sequences=buffer.sequences(),
     )
+    if failed_lengths:
+        result = _with_lengthening(result, spec, failed_lengths, scale)
     return LevelMeasurement(result, all_samples, tuple(boundaries))
 
 
@@ -257,20 +307,81 @@ async def _counted_window(loadgen: LevelLoad, spec: WindowSpec, first_index: int
     return stats.window_result(counted, start, end, batch_size, spec.percentile)
 
 
-async def _wait_window_end(loadgen: LevelLoad, spec: WindowSpec, window_start: int) -> None:
+async def _wait_window_end(loadgen: LevelLoad, spec: WindowSpec, window_start: int, scale: int = 1) -> None:
+    """Until the window ends: `scale` times the first window's length (lengthened windows)."""
     clock, buffer = loadgen.clock, loadgen.buffer
     if spec.mode == "time_windows":
-        await clock.sleep_until(window_start + int(spec.interval_ms * 1e6))
+        await clock.sleep_until(window_start + int(spec.interval_ms * 1e6) * scale)
         return
-    # count_windows: at least N completions in the window, and at least one second (perf_analyzer).
+    # count_windows: at least N completions in the window, and at least one second (perf_analyzer),
+    # both times `scale`, as two joined windows would be.
     # Samples are recorded at completion, so those appended since the window began completed in it.
     recorded_at_start = len(buffer)
-    min_end = window_start + 1_000_000_000
+    min_end = window_start + 1_000_000_000 * scale
     while True:
         now = clock.now_ns()
-        if now >= min_end and len(buffer) - recorded_at_start >= spec.request_count:
+        if now >= min_end and len(buffer) - recorded_at_start >= spec.request_count * scale:
             return
         await clock.sleep_until(min_end if now < min_end else now + POLL_NS)
+
+
+def joined_in_pairs(edges: list[_Edge]) -> list[_Edge]:
+    """What is kept at the edges of windows (their boundaries, or the server snapshots taken there)
+    when the windows are joined in pairs, newest first: every other edge, counted back from the
+    last; an odd oldest window has no partner and is left out."""
+    return edges[(len(edges) - 1) % 2 :: 2]
+
+
+def _may_lengthen(spec: WindowSpec, windows: list[WindowResult], done: int, scale: int) -> bool:
+    """Whether the level's windows may double once more: lengthenings left, a doubled window within
+    MAX_LENGTHENED_WINDOW_S (count windows: judged by the ones measured), and the newest window
+    answered something (a level whose requests all fail has nothing to stabilise)."""
+    if done >= spec.lengthenings or not windows or windows[-1].ok_count == 0:
+        return False
+    if spec.mode == "time_windows":
+        seconds = spec.interval_ms * scale / 1000
+    else:
+        seconds = sum(w.end_ns - w.start_ns for w in windows) / len(windows) / 1e9
+    return 2 * seconds <= MAX_LENGTHENED_WINDOW_S
+
+
+def _spread_text(windows: list[WindowResult], count: int) -> str:
+    last = windows[-count:]
+    tp = stats.spread([w.throughput_infer_per_s for w in last]) - 1.0
+    lat = stats.spread([w.stabilizing_latency_us for w in last]) - 1.0
+    return f"throughput {tp * 100:.0f}%, latency {lat * 100:.0f}% apart"
+
+
+def _lengthening_note(mode: str, level: float, spec: WindowSpec, windows: list[WindowResult], scale: int,
+                      nth: int) -> str:  # fmt: skip
+    return (
+        f"{level_name(mode, level)}: {len(windows)} windows of {spec.length_text(scale)} did not agree within "
+        f"{spec.stability_pct:g}% (last {spec.stable_window_count}: {_spread_text(windows, spec.stable_window_count)}): "
+        f"lengthening the windows to {spec.length_text(scale * 2)}, the ones measured joined in pairs "
+        f"({nth} of --window-lengthenings {spec.lengthenings})"
+    )
+
+
+def _with_lengthening(result: LevelResult, spec: WindowSpec, failed: list[str], scale: int) -> LevelResult:
+    """The level's stability check says its windows were lengthened, from what to what and why."""
+    how = (
+        f"windows lengthened from {spec.length_text()} to {spec.length_text(scale)} "
+        f"({' and '.join(failed)} did not agree)"
+    )
+    if not result.stable and len(failed) >= spec.lengthenings:
+        how += f"; --window-lengthenings {spec.lengthenings} allows no more"
+    elif not result.stable:
+        how += f"; a longer window would pass {MAX_LENGTHENED_WINDOW_S:g} s"
+
+    def noted(check: Check) -> Check:
+        if check.name != "stable":
+            return check
+        advice = check.advice
+        if advice:
+            advice += ", or lengthen the windows more often (--window-lengthenings N)"
+        return dataclasses.replace(check, detail=f"{check.detail}; {how}", advice=advice)
+
+    return dataclasses.replace(result, checks=tuple(noted(check) for check in result.checks))
 
 
 def server_gone(errors: Mapping[str, int], ok_count: int, *, timeouts: bool = True) -> bool:

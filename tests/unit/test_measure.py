@@ -14,7 +14,15 @@ import pytest
 from perfkit.load.generator import FakeClock, LoadGenerator
 from perfkit.load.samples import SampleBuffer
 from perfkit.load.schedule import ClosedLoop, Load, OpenLoop
-from perfkit.measure.level import POLL_NS, LevelMeasurement, ServerStatsProbe, WindowSpec, measure_level, server_gone
+from perfkit.measure.level import (
+    POLL_NS,
+    LevelMeasurement,
+    ServerStatsProbe,
+    WindowSpec,
+    joined_in_pairs,
+    measure_level,
+    server_gone,
+)
 from tests.fakes import FakeClient, FakePrepared
 
 MS = 1_000_000
@@ -24,11 +32,15 @@ S = 1_000_000_000
 class RecordingProgress:
     def __init__(self) -> None:
         self.windows: list[tuple[float, int, int, float, float, bool]] = []
+        self.notes: list[str] = []
 
     def window_done(
         self, level: float, window_index: int, max_trials: int, throughput: float, latency_us: float, stable: bool
     ) -> None:
         self.windows.append((level, window_index, max_trials, throughput, latency_us, stable))
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
 
 
 async def measure(
@@ -311,3 +323,93 @@ async def test_request_count_sends_that_many_and_measures_them_as_one_stable_win
     assert m.result.request_count == 50 and m.result.stable
     sends = sorted(t for t, _ in client.sent)[10:]
     assert (window.start_ns, window.end_ns) == (sends[0], max(sends) + 4_000_000 + 1)
+
+
+# Lengthened windows: a level whose -r windows did not agree goes on with windows twice as long.
+
+
+async def test_a_level_that_swings_every_second_stabilises_on_lengthened_windows() -> None:
+    progress = RecordingProgress()
+    spec = WindowSpec(interval_ms=1000, max_trials=4, lengthenings=2)
+    m, _ = await measure(per_window(10, 20), ClosedLoop(2), spec, progress=progress)
+    r = m.result
+    # 4 windows of 1 s swing 2:1; joined in pairs they are 2 windows of 2 s, and one more of 2 s
+    # makes the 3 that agree: 6 s in all, no window measured twice.
+    assert len(progress.windows) == 5
+    assert m.window_boundaries_ns == (0, 2 * S, 4 * S, 6 * S)
+    assert [(w.start_ns, w.end_ns) for w in r.windows] == [(0, 2 * S), (2 * S, 4 * S), (4 * S, 6 * S)]
+    assert [w.ok_count for w in r.windows] == [298, 300, 300]
+    assert r.stable and r.duration_s == 6.0 and r.ok_count == 898
+    check = next(c for c in r.checks if c.name == "stable")
+    assert check.passed
+    assert "windows lengthened from 1 s to 2 s (4 of 1 s did not agree)" in check.detail
+    (note,) = progress.notes
+    assert note.startswith("concurrency 2: 4 windows of 1 s did not agree within 10% (last 3: throughput 100%")
+    assert "lengthening the windows to 2 s" in note and "(1 of --window-lengthenings 2)" in note
+
+
+async def test_joined_windows_that_agree_end_the_level_without_measuring_more() -> None:
+    progress = RecordingProgress()
+    m, _ = await measure(per_window(10, 20), ClosedLoop(2), WindowSpec(interval_ms=1000, max_trials=6, lengthenings=1),
+                         progress=progress)  # fmt: skip
+    assert len(progress.windows) == 6  # six windows of 1 s measured, none after
+    assert m.window_boundaries_ns == (0, 2 * S, 4 * S, 6 * S)
+    assert m.result.stable and [w.ok_count for w in m.result.windows] == [298, 300, 300]
+
+
+async def test_without_lengthenings_the_level_ends_unstable_after_max_trials_as_perf_analyzer() -> None:
+    m, _ = await measure(per_window(10, 20), ClosedLoop(2), WindowSpec(interval_ms=1000, max_trials=4))
+    assert not m.result.stable and len(m.result.windows) == 4
+    assert "lengthened" not in next(c for c in m.result.checks if c.name == "stable").detail
+
+
+def drifting(now: int, index: int) -> int:
+    """Service time that keeps growing (10 ms, +10 ms every second): no window length agrees."""
+    return (10 + 10 * now // S) * MS
+
+
+async def test_lengthening_is_bounded_by_its_count() -> None:
+    progress = RecordingProgress()
+    spec = WindowSpec(interval_ms=1000, max_trials=4, lengthenings=2)
+    m, _ = await measure(drifting, ClosedLoop(1), spec, progress=progress)
+    r = m.result
+    # 4 x 1 s, then 2 more of 2 s, then 2 more of 4 s: -r x -p x 2^lengthenings = 16 s at most.
+    assert m.window_boundaries_ns == (0, 4 * S, 8 * S, 12 * S, 16 * S)
+    assert not r.stable and len(progress.notes) == 2 and len(progress.windows) == 4 + 2 + 2
+    check = next(c for c in r.checks if c.name == "stable")
+    assert "windows lengthened from 1 s to 4 s (4 of 1 s and 4 of 2 s did not agree)" in check.detail
+    assert "--window-lengthenings 2 allows no more" in check.detail
+    assert "--window-lengthenings N" in check.advice
+
+
+async def test_lengthening_stops_before_a_window_would_pass_the_cap() -> None:
+    progress = RecordingProgress()
+    spec = WindowSpec(interval_ms=10_000, max_trials=3, lengthenings=3)
+    m, _ = await measure(drifting, ClosedLoop(1), spec, progress=progress)
+    # 10 s windows double once to 20 s; 40 s would pass MAX_LENGTHENED_WINDOW_S (30 s).
+    assert len(progress.notes) == 1
+    assert {w.end_ns - w.start_ns for w in m.result.windows} == {20 * S}
+    assert "a longer window would pass 30 s" in next(c for c in m.result.checks if c.name == "stable").detail
+
+
+async def test_count_windows_lengthen_by_doubling_the_count_and_the_minimum_second() -> None:
+    progress = RecordingProgress()
+    spec = WindowSpec(mode="count_windows", request_count=50, max_trials=4, lengthenings=1)
+    m, _ = await measure(per_window(10, 20), ClosedLoop(2), spec, progress=progress)
+    assert m.result.stable
+    assert "lengthening the windows to 100 requests" in progress.notes[0]
+    # Every window after the joined ones waited for 100 answers and 2 s.
+    assert all(w.end_ns - w.start_ns >= 2 * S and w.ok_count >= 100 for w in m.result.windows)
+
+
+async def test_a_level_whose_requests_all_fail_is_not_lengthened() -> None:
+    progress = RecordingProgress()
+    spec = WindowSpec(interval_ms=1000, max_trials=3, lengthenings=2)
+    m, _ = await measure(lambda now, i: 10 * MS, ClosedLoop(1), spec, error=lambda i: "HTTP 500", progress=progress)
+    assert progress.notes == [] and len(m.result.windows) == 3 and not m.result.stable
+
+
+def test_joining_keeps_every_other_edge_counted_back_from_the_last() -> None:
+    assert joined_in_pairs([0, 1, 2, 3, 4]) == [0, 2, 4]  # 4 windows -> 2
+    assert joined_in_pairs([0, 1, 2, 3]) == [1, 3]  # 3 windows -> 1, the oldest left out
+    assert joined_in_pairs([0, 1]) == [1]
