@@ -4,7 +4,7 @@ On uvloop where it is installed, as perfkit's own commands: against asyncio's lo
 more of the demo identity at concurrency 8 over HTTP and gRPC, and 1-3% more of the MLP
 (perf_analyzer, 3 alternating rounds, medians; bench/README.md).
 
-`--flags-markdown` prints the README's table of tritonserver flags (`triton_flags.markdown_table`).
+`--flags-markdown` prints docs/server.md's table of tritonserver flags (`triton_flags.markdown_table`).
 """
 
 from __future__ import annotations

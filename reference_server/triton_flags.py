@@ -3,8 +3,8 @@ it does here (implemented), why it does nothing here (accepted without effect, s
 log), or why a value is refused (exit 2, naming the flag).
 
 `CATALOGUE` is the one table: `config.build_parser` adds the flags it defines here (`add_arguments`),
-`config.config_from_args` reads them back (`config_fields`, `refusal`, `no_effect_given`), and the
-README's table is generated from it (`markdown_table`, `python -m reference_server --flags-markdown`),
+`config.config_from_args` reads them back (`config_fields`, `refusal`, `no_effect_given`), and
+docs/server.md's table is generated from it (`markdown_table`, `python -m reference_server --flags-markdown`),
 so the three cannot drift. The flags perfkit-server had before (ports, TLS, control mode, caches,
 rate limiter) stay defined in config.py; their rows here carry `arg=None`.
 """
@@ -310,7 +310,7 @@ _READ_BELOW = frozenset(
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The tritonserver flags config.py does not define itself, in one group."""
-    group = parser.add_argument_group("tritonserver compatibility (README: 'tritonserver flags')")
+    group = parser.add_argument_group("tritonserver compatibility (docs/server.md: 'tritonserver flags')")
     for flag in CATALOGUE:
         if flag.arg is not None:
             kwargs = {k: v for k, v in flag.arg.items() if k != "dest"}
@@ -394,7 +394,7 @@ def _listed(value: Any) -> list[Any]:
 
 
 def markdown_table() -> str:
-    """The README's table of tritonserver flags, from CATALOGUE."""
+    """docs/server.md's table of tritonserver flags, from CATALOGUE."""
     lines = ["| tritonserver flag | here | what it does here, or why not |", "| --- | --- | --- |"]
     for flag in sorted(CATALOGUE, key=lambda f: f.name):
         lines.append(f"| `{flag.name}` | {flag.status} | {flag.note} |")

@@ -53,7 +53,7 @@ class OverrideFolders:
         from model repository" followed by the reason (Triton's words for it, which Triton only
         logs): files without a config, content that is not bytes, a path that leaves the folder.
         Triton answers these with INTERNAL (HTTP 500); a client's mistake is a 400 here, as every
-        bad request is (README, "Bad input")."""
+        bad request is (docs/reliability.md, "Bad input")."""
         if config is None:
             raise InvalidArgument(f"{_failed(name)}Load parameter 'config' must be specified for model file override")
         if name in (".", "..") or any(c in name for c in "/\\\x00"):

@@ -182,7 +182,7 @@ def test_file_overrides_load_the_same_model_and_refuse_the_same_requests(servers
             assert client.is_model_ready("pyfiles")  # the failed loads left the loaded model serving
             client.close()
         # Triton answers both with INTERNAL and one message, the reason only in its log; ours adds
-        # the reason, and answers a client's mistake with a client's status (README, "Bad input").
+        # the reason, and answers a client's mistake with a client's status (docs/reliability.md, "Bad input").
         for case in ("escape", "no config"):
             triton, ours = refusals["triton", case], refusals["ours", case]
             assert triton.status() == ("500" if transport == "http" else "StatusCode.INTERNAL")

@@ -622,7 +622,7 @@ def test_without_auto_complete_a_folder_without_config_fails_to_poll(strict_urls
     failures = _failures(strict_urls, transport, lambda client: client.load_model("auto"))
     triton, ours = failures["triton"], failures["ours"]
     assert triton.message() == "failed to load 'auto', failed to poll from model repository"
-    # Ours adds the reason, with a client's status for a client's repository (README, "Bad input").
+    # Ours adds the reason, with a client's status for a client's repository (docs/reliability.md, "Bad input").
     assert ours.message().startswith(triton.message() + ": ")
     assert "--disable-auto-complete-config" in ours.message()
 

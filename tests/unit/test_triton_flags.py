@@ -1,6 +1,6 @@
 """tritonserver 2.51's command line on perfkit-server: every flag of `tritonserver --help` parses in
 both `--flag value` and `--flag=value` forms, lands in ServerConfig, is refused naming the flag, or is
-recorded to be logged as having no effect; the README's table is the catalogue's."""
+recorded to be logged as having no effect; docs/server.md's table is the catalogue's."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from reference_server.frontends.forwarding import HeaderForwarding, forward_into
 from reference_server.startup import ModelsFailed, load_at_start
 from v2kit.runtime import gpu
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+SERVER_DOC = Path(__file__).resolve().parents[2] / "docs" / "server.md"
 
 #: The flags of `tritonserver --help`, 2.51 (r24.10), each once.
 TRITONSERVER_FLAGS = (
@@ -255,12 +255,12 @@ def test_bad_values_exit_2_naming_the_flag(
     assert message in capsys.readouterr().err
 
 
-def test_the_readme_table_is_the_catalogues(capsys: pytest.CaptureFixture[str]) -> None:
-    text = README.read_text()
+def test_the_docs_table_is_the_catalogues(capsys: pytest.CaptureFixture[str]) -> None:
+    text = SERVER_DOC.read_text()
     found = re.search(r"<!-- tritonserver-flags:start -->\n(.*?)<!-- tritonserver-flags:end -->", text, re.S)
-    assert found is not None, "README.md lost its tritonserver-flags markers"
+    assert found is not None, "docs/server.md lost its tritonserver-flags markers"
     assert found.group(1) == triton_flags.markdown_table(), (
-        "README.md's table of tritonserver flags is stale: paste `python -m reference_server --flags-markdown`"
+        "docs/server.md's table of tritonserver flags is stale: paste `python -m reference_server --flags-markdown`"
     )
     assert main(["--flags-markdown"]) == 0
     assert capsys.readouterr().out == triton_flags.markdown_table()
