@@ -1,6 +1,8 @@
 """What a sweep shows while it runs, following hyperfine's `--style auto` rules: on a terminal a live
 status line per level (rich), with a verdict line left behind when the level ends; when the output
 is piped, one plain line per event; nothing at all with `--quiet`. NO_COLOR turns colour off.
+With `-v` (perf_analyzer's verbose mode) every window's line is kept on a terminal too, and each
+level's verdict is followed by its validity checks, one line each, with the advice of a failed one.
 
 Errors are not progress: the CLI prints them itself, so `--quiet` silences everything here.
 """
@@ -11,7 +13,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
-from perfkit.results.model import LevelResult, level_name
+from perfkit.results.model import Check, LevelResult, level_name
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -41,6 +43,12 @@ def _verdict_text(result: LevelResult) -> str:
     return f"{level_name(result.mode, result.level)}: {', '.join(parts)}"
 
 
+def _check_text(check: Check) -> str:
+    """One validity check of a level, for -v: what it measured, and what to do when it failed."""
+    text = f"  {'passed' if check.passed else 'FAILED'} {check.name}" + (f": {check.detail}" if check.detail else "")
+    return text + (f" ({check.advice})" if check.advice and not check.passed else "")
+
+
 class Progress:
     """Progress of a sweep, written to `stream` (stderr by default).
 
@@ -55,9 +63,11 @@ class Progress:
         *,
         force_terminal: bool | None = None,
         no_color: bool | None = None,
+        verbose: int = 0,
     ) -> None:
         self._stream = sys.stderr if stream is None else stream
         self._quiet = quiet
+        self._verbose = verbose
         self._mode = "concurrency"
         self._console: Console | None = None
         self._status: Status | None = None
@@ -104,6 +114,8 @@ class Progress:
         label = level_name(self._mode, level)
         text = _window_text(label, window_index, max_trials, throughput, latency_us, stable_so_far)
         if self._status is not None:
+            if self._verbose:
+                self._status.console.print(_rich_text(text))
             self._status.update(self._live_text(text))
         else:
             self._plain(text)
@@ -116,6 +128,8 @@ class Progress:
             self._console.print(_rich_text(text, style))
         else:
             self._plain(text)
+        for check in result.checks if self._verbose else ():
+            self._line(_check_text(check), "" if check.passed else "yellow")
 
     def note(self, text: str) -> None:
         if self._console is not None:
@@ -143,6 +157,12 @@ class Progress:
         assert self._console is not None
         room = max(self._console.width - 3, 10)
         return _rich_text(text if len(text) <= room else text[: room - 1] + "…")
+
+    def _line(self, text: str, style: str = "") -> None:
+        if self._console is not None:
+            self._console.print(_rich_text(text, style))
+        else:
+            self._plain(text)
 
     def _plain(self, text: str) -> None:
         if self._quiet:

@@ -40,7 +40,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(arguments)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(arguments)
+    if unknown:  # refused with the command's own usage, which lists its flags, not perfkit's
+        subcommands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        subcommands.choices[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(COMMANDS[args.command].run(args, arguments))
     except PerfkitError as exc:

@@ -122,7 +122,10 @@ def _run_sweep(
     from perfkit.report.html import render_html  # it loads matplotlib: only when a report is drawn
 
     gates = scenario.gates
-    spec = sweep.spec_from_args(parser.parse_args([*argv, "--no-report"]))
+    args = parser.parse_args([*argv, "--no-report"])
+    spec = sweep.spec_from_args(args)
+    for note in sweep.perf_analyzer_notes(args):
+        say(note)
     baseline = None
     if baseline_path is not None and not values.get("update_baseline") and not values.get("no_gate"):
         baseline = load_sweep(baseline_path, "the baseline")  # read before measuring: fail fast

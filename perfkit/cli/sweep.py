@@ -18,6 +18,7 @@ from perfkit.load.cluster.distributed import DistributedSpec
 from perfkit.load.inputs import parse_request_parameter, parse_shape_flag
 from perfkit.load.schedule import parse_range, read_intervals
 from perfkit.load.sequences import DEFAULT_ID_RANGE, SequenceSpec, parse_id_range
+from perfkit.measure.level import DEFAULT_LENGTHENINGS, DEFAULT_MAX_TRIALS, MAX_LENGTHENED_WINDOW_S
 from perfkit.report.summary import sweep_notes, sweep_table
 from perfkit.sweep.run import SweepRun, run_sweep
 from perfkit.sweep.spec import DataPathSpec, InputSpec, LoadSpec, MetricsSpec, OutputSpec, SweepSpec
@@ -89,8 +90,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="open loop: send intervals in microseconds, one per line, cycled",
     )
-    p.add_argument("--request-distribution", choices=("constant", "poisson"), default="constant")
-    p.add_argument(
+    load_group.add_argument(
+        "--request-distribution",
+        choices=("constant", "poisson"),
+        default="constant",
+        help="open loop: gaps between sends, even or exponential (default constant)",
+    )
+    load_group.add_argument(
         "-l",
         "--latency-threshold",
         type=float,
@@ -98,8 +104,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="MS",
         help="stop once the stabilising latency passes MS (0: no limit)",
     )
-    p.add_argument("--binary-search", action="store_true", help="find the highest level within -l")
-    p.add_argument(
+    load_group.add_argument("--binary-search", action="store_true", help="find the highest level within -l")
+    load_group.add_argument(
         "--max-outstanding",
         type=int,
         default=10_000,
@@ -139,7 +145,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     dist.add_argument("--ray-address", metavar="HOST:PORT", help="Ray cluster to run them on (default: local Ray)")
     data = p.add_argument_group("input data")
-    data.add_argument("-b", "--batch-size", type=int, default=1)
+    data.add_argument("-b", "--batch-size", type=int, default=1, metavar="N", help="inputs per request (default 1)")
     data.add_argument(
         "--shape",
         action="append",
@@ -152,24 +158,48 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_request_data_flags(p)
     add_sequence_flags(p)
     m = p.add_argument_group("measurement")
-    m.add_argument("--measurement-mode", choices=("time_windows", "count_windows"), default="time_windows")
+    # The window flags default to None so that a generative sweep can tell that none was given
+    # (SweepSpec.auto_windows); `_windows` puts perf_analyzer's defaults in their place.
+    m.add_argument(
+        "--measurement-mode", choices=("time_windows", "count_windows"), default=None,
+        help="default time_windows; with a generative --endpoint-type and no window flag, count windows of "
+        "at least 100 requests (10 per request in flight; 5 s of arrivals on a schedule)",
+    )  # fmt: skip
     m.add_argument(
         "-p",
         "--measurement-interval",
         type=float,
-        default=5000.0,
+        default=None,
         metavar="MS",
         help="time window length (default 5000)",
     )
     m.add_argument(
         "--measurement-request-count",
         type=int,
-        default=50,
+        default=None,
         metavar="N",
         help="count_windows: requests per window (default 50; windows last at least 1 s)",
     )
-    m.add_argument("-s", "--stability-percentage", type=float, default=10.0, metavar="PCT")
-    m.add_argument("-r", "--max-trials", type=int, default=10, metavar="N", help="windows per level at most")
+    m.add_argument(
+        "-s",
+        "--stability-percentage",
+        type=float,
+        default=10.0,
+        metavar="PCT",
+        help="the last 3 windows' throughput and latency within ±PCT %% of their mean make a level stable (default 10)",
+    )
+    m.add_argument(
+        "-r", "--max-trials", type=int, default=None, metavar="N",
+        help=f"windows per level at most, at each window length (default {DEFAULT_MAX_TRIALS}); given, it bounds "
+        "the level as in perf_analyzer: windows are not lengthened unless --window-lengthenings is given too",
+    )  # fmt: skip
+    m.add_argument(
+        "--window-lengthenings", type=int, default=None, metavar="N",
+        help="a level whose last 3 windows still disagree after -r windows goes on with windows twice as long "
+        "(-p, or --measurement-request-count), the ones measured joined in pairs, up to N times and never past "
+        f"{MAX_LENGTHENED_WINDOW_S:g} s a window: a level lasts at most about -r x -p x 2^N; the report says when "
+        f"it happened (default {DEFAULT_LENGTHENINGS}, or 0 when -r is given; 0: perf_analyzer's rule)",
+    )  # fmt: skip
     m.add_argument(
         "--percentile",
         type=float,
@@ -208,6 +238,92 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="HISTORY.csv",
         help="also add the tidy rows, with run id and time, to HISTORY.csv",
     )
+    out.add_argument("-v", "--verbose", action="count", default=0, help="every window's line, and each level's checks")
+    out.add_argument(
+        "--verbose-csv",
+        action="store_true",
+        help="-f CSV: perf_analyzer's extra columns (Avg latency, request/response, response wait; the GPU "
+        "columns with --collect-metrics)",
+    )
+    add_perf_analyzer_arguments(p)
+
+
+#: perf_analyzer's --service-kind values perfkit cannot measure, and why.
+_REFUSED_SERVICE_KINDS = {
+    "tfserving": "TensorFlow Serving's API is not KServe v2; perfkit measures KServe v2 (triton) and "
+    "OpenAI-compatible (openai) servers",
+    "torchserve": "TorchServe's API is not KServe v2; perfkit measures KServe v2 (triton) and "
+    "OpenAI-compatible (openai) servers",
+    "triton_c_api": "the C API runs Triton inside perf_analyzer's process; perfkit measures a server over the "
+    "network: start tritonserver and give -u",
+}
+#: perf_analyzer's --endpoint paths under --service-kind openai, and the --endpoint-type they mean.
+_OPENAI_ENDPOINTS = (("chat/completions", "chat"), ("completions", "completions"), ("embeddings", "embeddings"))
+
+
+def _service_kind(text: str) -> str:
+    if text in _REFUSED_SERVICE_KINDS:
+        raise argparse.ArgumentTypeError(f"'{text}' is not supported: {_REFUSED_SERVICE_KINDS[text]}")
+    if text not in ("triton", "openai"):
+        raise argparse.ArgumentTypeError(f"invalid choice: '{text}' (choose triton or openai)")
+    return text
+
+
+def _periodic_concurrency(text: str) -> str:
+    raise argparse.ArgumentTypeError(
+        "not supported: perfkit measures each concurrency level until it is stable, and does not ramp "
+        "concurrency within one run by responses received; use --concurrency-range START:END:STEP "
+        "(with -i grpc --streaming for a decoupled model)"
+    )
+
+
+def _request_period(text: str) -> str:
+    raise argparse.ArgumentTypeError("not supported: it paces --periodic-concurrency-range, which perfkit does not do")
+
+
+def add_perf_analyzer_arguments(p: argparse.ArgumentParser) -> None:
+    """perf_analyzer's flags that perfkit's own do not cover, so that its command lines run unchanged:
+    accepted with a note where they have no meaning here, mapped where they do, refused with the
+    reason otherwise (a usage error of this command)."""
+    g = p.add_argument_group("perf_analyzer's other flags (so its command lines run unchanged)")
+    g.add_argument("-a", "--async", dest="pa_async", action="store_true",
+                   help="accepted, no effect: perfkit's client is asynchronous (asyncio) at every concurrency")  # fmt: skip
+    g.add_argument("--sync", dest="pa_sync", action="store_true", help="accepted, no effect (see --async)")
+    g.add_argument("--max-threads", type=int, metavar="N", help="accepted, no effect: no threads send requests here")
+    g.add_argument("--service-kind", type=_service_kind, default="triton", metavar="triton|openai",
+                   help="triton: KServe v2 (default); openai: --endpoint v1/chat/completions, v1/completions or "
+                   "v1/embeddings picks the --endpoint-type")  # fmt: skip
+    g.add_argument("--periodic-concurrency-range", type=_periodic_concurrency, metavar="START:END:STEP",
+                   help="not supported (use --concurrency-range)")  # fmt: skip
+    g.add_argument("--request-period", type=_request_period, metavar="N", help="not supported")
+
+
+def perf_analyzer_notes(args: argparse.Namespace) -> list[str]:
+    """One note naming the perf_analyzer flags given that have no meaning here."""
+    ignored = [flag for flag, given in (("--async", args.pa_async), ("--sync", args.pa_sync),
+               ("--max-threads", args.max_threads is not None)) if given]  # fmt: skip
+    if not ignored:
+        return []
+    return [f"note: {', '.join(ignored)} ignored: perfkit's client is one asyncio event loop, which keeps any "
+            "concurrency outstanding without threads"]  # fmt: skip
+
+
+def _endpoint_path(args: argparse.Namespace) -> str:
+    """--endpoint; perf_analyzer's under --service-kind openai is relative to -u (v1/chat/completions)."""
+    relative = args.service_kind == "openai" and args.endpoint[:1] not in ("", "/")
+    return f"/{args.endpoint}" if relative else str(args.endpoint)
+
+
+def _endpoint_type(args: argparse.Namespace) -> str:
+    """--endpoint-type, or under --service-kind openai the one perf_analyzer's --endpoint names."""
+    if args.service_kind != "openai" or args.endpoint_type != "kserve-infer":
+        return str(args.endpoint_type)
+    path = args.endpoint.strip("/")
+    for suffix, kind in _OPENAI_ENDPOINTS:
+        if path.endswith(suffix):
+            return kind
+    raise PerfkitError("--service-kind openai needs --endpoint v1/chat/completions, v1/completions or "
+                       "v1/embeddings (or give --endpoint-type)")  # fmt: skip
 
 
 def add_generative_arguments(p: argparse.ArgumentParser) -> None:
@@ -281,8 +397,8 @@ def sessions_from_args(args: argparse.Namespace) -> SessionSpec:
 
 def _generative(args: argparse.Namespace) -> GenerativeSpec:
     return GenerativeSpec(
-        endpoint_type=args.endpoint_type,
-        endpoint=args.endpoint,
+        endpoint_type=_endpoint_type(args),
+        endpoint=_endpoint_path(args),
         streaming=args.streaming,
         tokenizer=args.tokenizer,
         workload=WorkloadSpec(
@@ -397,7 +513,7 @@ def _load(args: argparse.Namespace) -> LoadSpec:
             raise PerfkitError(
                 f"--trace-file sends at the trace's own times: drop {', '.join(chosen) or '--binary-search'}"
             )
-        if args.endpoint_type == "kserve-infer":
+        if _endpoint_type(args) == "kserve-infer":
             raise PerfkitError("--trace-file needs a generative --endpoint-type (chat, completions, ...)")
         return LoadSpec("custom_intervals", intervals_ns=trace_intervals_ns(read_trace(args.trace_file)), **common)
     if args.request_intervals is not None:
@@ -470,6 +586,8 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
             quiet=args.quiet,
             html_report=not args.no_report,
             history_csv=args.append,
+            verbose=args.verbose,
+            verbose_csv=args.verbose_csv,
         ),
         distributed=DistributedSpec(workers=args.workers, ray_address=args.ray_address),
         data_path=DataPathSpec(args.streaming, args.shared_memory, args.output_shared_memory_size),
@@ -492,9 +610,18 @@ def measure(spec: SweepSpec, argv: list[str]) -> tuple[SweepRun, int]:
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
-    _, code = measure(spec_from_args(args), argv)
+    spec = spec_from_args(args)
+    for note in perf_analyzer_notes(args):
+        print(note, file=sys.stderr)
+    swept, code = measure(spec, argv)
     if code == ExitCode.INTERRUPTED:
-        print("interrupted: the levels finished so far are on disk", file=sys.stderr)
+        if swept.result is not None and swept.result.levels:
+            print("interrupted: the levels finished so far are in the files above", file=sys.stderr)
+            if swept.outputs is not None and swept.outputs.history_path is not None:
+                print(f"--append {swept.outputs.history_path}: not appended to, as the sweep was interrupted",
+                      file=sys.stderr)  # fmt: skip
+        else:
+            print("interrupted before any level finished: no results written", file=sys.stderr)
     return int(code)
 
 

@@ -3,6 +3,7 @@ and pre-encode its requests, run the sweep, and keep every finished level on dis
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
@@ -225,7 +226,9 @@ async def composing_models(
 
 
 class SweepFiles:
-    """Where a sweep's files go; each finished level rewrites them atomically."""
+    """Where a sweep's files go, named by model, load mode, protocol and start time
+    (`sweep-mlp-concurrency-grpc-20260101-120000.json`); each finished level rewrites them
+    atomically, and `paths()` names only the files actually written."""
 
     def __init__(self, spec: SweepSpec, model: str) -> None:
         stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -237,11 +240,12 @@ class SweepFiles:
         for flag, path in (("-f/--latency-report-file", out.pa_csv), ("--profile-export-file", out.profile_export)):
             if path is not None and not path.parent.is_dir():
                 raise PerfkitError(f"{flag} {path}: the folder {path.parent} does not exist")
-        base = out.report_dir / f"sweep-{model}-{spec.load.mode}-{stamp}"
+        name = f"sweep-{model}-{spec.load.mode}-{spec.target.protocol}-{stamp}"
+        base = out.report_dir / name
         for suffix in range(2, 1000):  # two sweeps started in the same second keep both results
             if not base.with_suffix(".json").exists():
                 break
-            base = out.report_dir / f"sweep-{model}-{spec.load.mode}-{stamp}-{suffix}"
+            base = out.report_dir / f"{name}-{suffix}"
         self.json_path = base.with_suffix(".json")
         self.pa_csv_path = out.pa_csv or base.with_suffix(".csv")
         self.tidy_csv_path = self.pa_csv_path.with_name(self.pa_csv_path.stem + "_long.csv")
@@ -252,24 +256,32 @@ class SweepFiles:
         self.profile_path = out.profile_export
         self.composing_paths: dict[Path, None] = {}  # the composing models' CSVs, in the order written
         self.collect_metrics = spec.metrics.collect
+        self.verbose_csv = spec.output.verbose_csv
         self.experiments: list[tuple[str, float, SampleArrays, list[int]]] = []
         self.epoch_offset_ns = time.time_ns() - time.perf_counter_ns()
+        self.written: set[Path] = set()
+
+    def _write(self, path: Path, text: str) -> None:
+        write_text_atomic(path, text)
+        self.written.add(path)
 
     def save(self, result: SweepResult, measurement: LevelMeasurement | None) -> None:
         write_sweep(result, self.json_path)
-        write_text_atomic(self.pa_csv_path, export.render_pa_csv(result.levels, collect_metrics=self.collect_metrics))
+        self.written.add(self.json_path)
+        pa_csv = export.render_pa_csv(result.levels, collect_metrics=self.collect_metrics, verbose_csv=self.verbose_csv)
+        self._write(self.pa_csv_path, pa_csv)
         for model, version, text in export.render_composing_csvs(result.levels):
             path = self.pa_csv_path.with_name(export.composing_csv_name(model, version, self.pa_csv_path.name))
-            write_text_atomic(path, text)
+            self._write(path, text)
             self.composing_paths[path] = None
-        write_text_atomic(self.tidy_csv_path, tidy.render_tidy_csv(result))
+        self._write(self.tidy_csv_path, tidy.render_tidy_csv(result))
         if self.profile_path is not None and measurement is not None:
             level = measurement.result
             if not self.experiments or self.experiments[-1][1] != level.level:
                 self.experiments.append(
                     (level.mode, level.level, measurement.samples, list(measurement.window_boundaries_ns))
                 )
-            write_text_atomic(
+            self._write(
                 self.profile_path,
                 export.render_profile_export(
                     self.experiments, version=__version__, epoch_offset_ns=self.epoch_offset_ns
@@ -278,18 +290,24 @@ class SweepFiles:
 
     def finish(self, result: SweepResult) -> None:
         """Once, when the sweep ends: the HTML report and the history CSV's new rows."""
+        self.write_report(result)
+        if self.history_path is not None:
+            append_history(self.history_path, result, self.json_path.stem)
+            self.written.add(self.history_path)
+
+    def write_report(self, result: SweepResult, title: str | None = None) -> None:
+        """The HTML report of `result` (unless --no-report)."""
         if self.html_path is not None:
             from perfkit.report.html import render_html  # it loads matplotlib: only when a report is drawn
 
             item = ReportItem(self.json_path.stem, "sweep", result, str(self.json_path))
-            write_text_atomic(self.html_path, render_html([item]))
-        if self.history_path is not None:
-            append_history(self.history_path, result, self.json_path.stem)
+            self._write(self.html_path, render_html([item], title=title))
 
     def paths(self) -> list[Path]:
+        """The files written, in the order a person looks for them."""
         paths = [self.pa_csv_path, *self.composing_paths, self.tidy_csv_path, self.json_path]
-        paths += [p for p in (self.html_path, self.history_path) if p is not None]
-        return paths + ([self.profile_path] if self.profile_path else [])
+        paths += [p for p in (self.html_path, self.history_path, self.profile_path) if p is not None]
+        return [p for p in paths if p in self.written]
 
 
 def exit_code(result: SweepResult) -> int:
@@ -411,20 +429,39 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
                 composing=composing,
                 responses_as_tokens=spec.data_path.streaming and _generates_text(metadata),
             )  # fmt: skip
+            keep = True
             try:
                 await sweep.run()
+            except (asyncio.CancelledError, KeyboardInterrupt):
+                keep = bool(sweep.result.levels)  # interrupted before any level ended: no empty files
+                raise
             finally:
                 run.result = sweep.result
-                outputs.save(sweep.result, None)
+                if keep:
+                    outputs.save(sweep.result, None)
         outputs.finish(sweep.result)
     finally:
         await client.close()
 
 
+def _report_interrupted(run: SweepRun, progress: Progress) -> None:
+    """Ctrl-C: the HTML report of the levels finished so far, its title and verdict saying the sweep
+    was interrupted. A second Ctrl-C skips it; then it is neither written nor named as written."""
+    outputs, result = run.outputs, run.result
+    if outputs is None or result is None or not result.levels or outputs.html_path is None:
+        return
+    if outputs.html_path in outputs.written:  # the sweep had ended: its report is the whole one
+        return
+    finished = f"{len(result.levels)} level{'s' if len(result.levels) > 1 else ''}"
+    progress.note(f"interrupted: writing the report of the {finished} finished (Ctrl-C again to skip it)")
+    with contextlib.suppress(KeyboardInterrupt):
+        outputs.write_report(result, title=f"perfkit report: {result.model} (interrupted after {finished})")
+
+
 def run_sweep(spec: SweepSpec, argv: list[str]) -> tuple[SweepRun, int]:
     """Run the sweep: what it produced (also when interrupted) and the exit code."""
     spec.validate()
-    progress = Progress(quiet=spec.output.quiet)
+    progress = Progress(quiet=spec.output.quiet, verbose=spec.output.verbose)
     run = SweepRun()
     try:
         t, metrics = spec.target, spec.metrics
@@ -434,6 +471,7 @@ def run_sweep(spec: SweepSpec, argv: list[str]) -> tuple[SweepRun, int]:
                 progress.note(f"measuring the embedded reference server at {target.url}")
             eventloop.run(_sweep(spec, target, progress, argv, run))
     except KeyboardInterrupt:
+        _report_interrupted(run, progress)
         return run, ExitCode.INTERRUPTED
     finally:
         progress.close()

@@ -8,9 +8,12 @@ Its parts that other commands share keep their own `validate()` where their code
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from perfkit.analysis.stats import GENERATIVE_PERCENTILE, min_requests_for_percentile
 from perfkit.errors import PerfkitError
 from perfkit.genai.workload import GenerativeSpec
 from perfkit.load.cluster.distributed import DistributedSpec
@@ -53,6 +56,8 @@ class OutputSpec:
     quiet: bool = False
     html_report: bool = True  # write the HTML report beside the CSV when the sweep ends
     history_csv: Path | None = None  # --append: add the tidy rows, with run id and time, to this file
+    verbose: int = 0  # -v: every window's line and each level's checks on the console
+    verbose_csv: bool = False  # --verbose-csv: perf_analyzer's extra -f columns (and the GPU ones with metrics)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +100,15 @@ class SweepSpec:
     data_path: DataPathSpec = field(default_factory=DataPathSpec)
     genai: GenerativeSpec = field(default_factory=GenerativeSpec)
     sequences: SequenceSpec = field(default_factory=SequenceSpec)
+    # No window flag was given (-p, --measurement-mode, --measurement-request-count): a generative
+    # sweep then sizes count windows per level (`windows_at`).
+    auto_windows: bool = False
+
+    def windows_at(self, level: float) -> WindowSpec:
+        """The windows that measure `level`: the spec's own, or a generative sweep's default."""
+        if not (self.auto_windows and self.genai.enabled) or self.windows.request_limit:
+            return self.windows
+        return generative_windows(self.windows, self.load.mode, level)
 
     def validate(self) -> None:
         load = self.load
@@ -126,6 +140,32 @@ class SweepSpec:
         _validate_request_count(self)
         if self.sequences.enabled:
             validate_sequences(self)
+
+
+#: A generative level's default windows: count windows (perf_analyzer's count_windows) of at
+#: least this many requests. The stability rule compares windows' mean latency and throughput; the
+#: mean of N requests varies as CV/sqrt(N), so 100 a window keep three windows within 10% for a
+#: latency CV up to about 0.3 (outputs of varying length), where 5 s time windows at LLM speeds hold
+#: 20 requests and differ by whichever requests happened to finish inside (13 vs 16 req/s). Count
+#: windows start and end on a completion, so that edge effect is gone too. AIPerf measures a
+#: request count, max(10, 2 x concurrency), with no stability rule at all.
+GENERATIVE_WINDOW_REQUESTS = 100
+#: ... and at least this many per request in flight (closed loop), so that each slot finishes many
+#: requests a window and a continuous-batching engine's bursts of completions (up to its batch at
+#: one decode step) stay a small part of a window.
+GENERATIVE_REQUESTS_PER_SLOT = 10
+#: ... and, on a schedule (open loop), at least this many seconds of arrivals (perf_analyzer's 5 s).
+GENERATIVE_WINDOW_S = 5.0
+
+
+def generative_windows(windows: WindowSpec, mode: str, level: float) -> WindowSpec:
+    """Count windows sized for a generative level (constants above), large enough too for three
+    windows to reach the judged percentile's sample count (stats.token_sample_check)."""
+    percentile = windows.percentile or GENERATIVE_PERCENTILE
+    needed = math.ceil(min_requests_for_percentile(percentile) / windows.stable_window_count)
+    by_load = GENERATIVE_REQUESTS_PER_SLOT * level if mode == "concurrency" else GENERATIVE_WINDOW_S * level
+    count = max(GENERATIVE_WINDOW_REQUESTS, needed, math.ceil(by_load))
+    return dataclasses.replace(windows, mode="count_windows", request_count=count)
 
 
 def _validate_generative(g: GenerativeSpec, spec: SweepSpec) -> None:

@@ -57,3 +57,64 @@ def test_a_host_alone_means_the_protocols_default_port_not_80() -> None:
     assert checked_url("http://h", "http") == "http://h"  # a URL's port is its scheme's
     assert checked_metrics_url("h") == "http://h:8002/metrics"  # perf_analyzer's default port and path
     assert checked_metrics_url("https://h:1/m") == "https://h:1/m"
+
+
+# --------------------------------------------------------------------------------------------------
+# perf_analyzer's command lines
+
+
+def _sweep_spec(*flags: str) -> sweep.SweepSpec:
+    return sweep.spec_from_args(sweep.COMMAND.parser().parse_args(list(flags)))
+
+
+def test_perf_analyzer_flags_without_meaning_here_are_accepted_with_one_note() -> None:
+    args = sweep.COMMAND.parser().parse_args(["-a", "--sync", "--max-threads", "8", "--service-kind", "triton"])
+    sweep.spec_from_args(args)
+    (note,) = sweep.perf_analyzer_notes(args)
+    assert note.startswith("note: --async, --sync, --max-threads ignored: ") and "asyncio" in note
+    assert sweep.perf_analyzer_notes(sweep.COMMAND.parser().parse_args([])) == []
+    assert sweep.COMMAND.parser().parse_args(["--async"]).pa_async
+
+
+def test_perf_analyzer_flags_that_map_reach_the_spec() -> None:
+    spec = _sweep_spec("-v", "-v", "--verbose-csv", "--collect-metrics", "--metrics-interval", "500", "-u", "h:1")
+    assert (spec.output.verbose, spec.output.verbose_csv) == (2, True)
+    assert (spec.metrics.collect, spec.metrics.interval_ms) == (True, 500.0)
+    openai = ("--service-kind", "openai", "-u", "h:9000")
+    assert _sweep_spec(*openai, "--endpoint", "v1/chat/completions").genai.endpoint_type == "chat"
+    assert _sweep_spec(*openai, "--endpoint", "/v1/completions").genai.endpoint_type == "completions"
+    assert _sweep_spec(*openai, "--endpoint", "v1/embeddings").genai.endpoint_type == "embeddings"
+    with pytest.raises(sweep.PerfkitError, match="--service-kind openai needs --endpoint"):
+        _sweep_spec(*openai)
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--service-kind", "tfserving"], "argument --service-kind: 'tfserving' is not supported"),
+        (["--service-kind", "triton_c_api"], "start tritonserver and give -u"),
+        (["--service-kind", "nope"], "invalid choice: 'nope'"),
+        (["--periodic-concurrency-range", "1:4:1", "--request-period", "5"], "use --concurrency-range"),
+        (["--request-period", "5"], "argument --request-period: not supported"),
+        (["--no-such-flag", "3"], "unrecognized arguments: --no-such-flag 3"),
+    ],
+)
+def test_refused_flags_get_the_sweeps_own_usage(
+    flags: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["sweep", *flags])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert err.startswith("usage: perfkit sweep ") and "perfkit sweep: error: " in err and words in err, err
+
+
+def test_verbose_csv_writes_perf_analyzers_extra_columns(tmp_path: Path) -> None:
+    from perfkit.sweep.run import SweepFiles
+    from tests.synthetic import steady_sweep
+
+    for flag, extra in (("--verbose-csv", True), ("--quiet", False)):
+        files = SweepFiles(_sweep_spec(flag, "--report-dir", str(tmp_path / flag)), "m")
+        files.save(steady_sweep(), None)
+        header = files.pa_csv_path.read_text().splitlines()[0].split(",")
+        assert ("Avg latency" in header and "request/response" in header and "response wait" in header) is extra

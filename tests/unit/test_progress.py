@@ -101,3 +101,16 @@ def test_short_level_names_are_the_comparisons() -> None:
     assert level_name("concurrency", 8.0, short=True) == "concurrency 8"
     assert level_name("request_rate", 12.5, short=True) == "rate 12.5/s"
     assert level_name("custom_intervals", 6.0, short=True) == "intervals 6/s"
+
+
+@pytest.mark.parametrize("terminal", [False, True])
+def test_verbose_keeps_every_window_and_lists_each_levels_checks(terminal: bool) -> None:
+    stream = io.StringIO()
+    drive(Progress(stream=stream, force_terminal=terminal, no_color=True, verbose=1))
+    out = stream.getvalue()
+    assert "concurrency 4: window 1/10: 1200.0 infer/s, latency 2.500 ms, not stable yet\n" in out
+    assert "concurrency 4: 1234.6 infer/s, p99 2.310 ms, stable, valid\n  passed stable\n" in out
+    assert out.endswith("  FAILED errors: 5 errors\n  FAILED delayed: 3% delayed\n")
+    plain = io.StringIO()
+    drive(Progress(stream=plain))
+    assert "passed" not in plain.getvalue() and "FAILED" not in plain.getvalue()
