@@ -1,4 +1,4 @@
-"""perfkit's result files: reading a JSON result of any kind, and writing any file atomically.
+"""perfkit's result files: reading a JSON result of any kind (writing any file: results/writing.py).
 
 Every result file says what it is with a top-level `kind` ("sweep", "tune", "tune_combination"); sweep files written
 before `kind` existed are recognised by their `levels`. `load_result` dispatches on the kind
@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +20,7 @@ from typing import Any
 
 from perfkit.errors import PerfkitError
 from perfkit.results.model import SweepResult, sweep_from_json
+from perfkit.results.writing import write_text_atomic  # here too: every command's writer
 
 __all__ = [
     "LOADERS",
@@ -33,20 +32,6 @@ __all__ = [
     "tune_view_from_json",
     "write_text_atomic",
 ]
-
-
-def write_text_atomic(path: Path | str, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same folder, so that an interrupted
-    run never leaves a half-written report."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @dataclass(frozen=True, slots=True)

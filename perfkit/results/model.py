@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from perfkit.results.writing import write_text_atomic
+
 RESULT_SCHEMA_VERSION = 1
 
 
@@ -361,9 +363,7 @@ def sweep_from_json(text: str, source: str = "result") -> SweepResult:
 
 def write_sweep(result: SweepResult, path: Path) -> None:
     """Write atomically, so an interrupted sweep never leaves a half-written file."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(sweep_to_json(result))
-    tmp.replace(path)
+    write_text_atomic(path, sweep_to_json(result))
 
 
 def read_sweep(path: Path) -> SweepResult:

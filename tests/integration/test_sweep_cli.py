@@ -64,12 +64,12 @@ def sweep(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.C
     )  # fmt: skip
 
 
-def start_sweep(*args: str, env: dict[str, str], stderr: Path) -> subprocess.Popen[str]:
+def start_sweep(*args: str, env: dict[str, str], stderr: Path, umask: int = -1) -> subprocess.Popen[str]:
     """The sweep in a process group of its own, as a shell runs a command (its pid is the group's)."""
     with stderr.open("w") as err:
         return subprocess.Popen(
             [sys.executable, "-m", "perfkit", "sweep", *args], stdout=subprocess.DEVNULL, stderr=err, text=True,
-            env=env, start_new_session=True,
+            env=env, start_new_session=True, umask=umask,
         )  # fmt: skip
 
 
@@ -322,24 +322,31 @@ def test_a_server_killed_mid_sweep_leaves_the_finished_levels_and_exit_code_1(
     assert len(saved.levels) == len(rows)
 
 
-@pytest.mark.parametrize("to_group", [False, True], ids=["to-the-sweep", "to-the-process-group"])
+@pytest.mark.parametrize("after_a_level", [True, False], ids=["after-a-level-to-the-group", "before-any-level-to-the-sweep"])
 def test_sigint_ends_a_sweep_with_results_so_far_and_the_embedded_server_stopped(
-    to_group: bool, env: dict[str, str], tmp_path: Path
+    after_a_level: bool, env: dict[str, str], tmp_path: Path
 ) -> None:
-    """SIGINT to the sweep alone (it must stop the server itself), or to its process group, as
-    Ctrl-C in a terminal sends it (the server gets it too)."""
+    """Ctrl-C in a terminal sends SIGINT to the process group (the server gets it too): here once
+    the first level is on disk, which then has its CSV, JSON and an HTML report marked interrupted.
+    SIGINT to the sweep alone (it must stop the server itself): here before any level finished,
+    which leaves no file and says so. Either way exit 130, and every file named as written exists,
+    with the mode the umask gives."""
     report_dir = tmp_path / "reports"
     stderr = tmp_path / "stderr.txt"
+    window_ms = "300" if after_a_level else "60000"  # the latter: no level can finish before the signal
     process = start_sweep(
-        "--concurrency-range", "1:50", "-p", "300", "-r", "4", "-s", "100", "--report-dir", str(report_dir),
-        env=env, stderr=stderr,
+        "--concurrency-range", "1:50", "-p", window_ms, "-r", "4", "-s", "100", "--report-dir", str(report_dir),
+        env=env, stderr=stderr, umask=0o022,
     )  # fmt: skip
     try:
-        wait_until(lambda: len(pa_csv_rows(report_dir)) >= 1, "the first level on disk", process, stderr, 90)
+        if after_a_level:
+            wait_until(lambda: len(pa_csv_rows(report_dir)) >= 1, "the first level on disk", process, stderr, 90)
+        else:
+            wait_until(lambda: ": measuring" in stderr.read_text(), "the first level started", process, stderr, 90)
         [server] = [c for c in psutil.Process(process.pid).children() if "reference_server" in c.cmdline()]
         port = int(re.findall(r"embedded reference server at 127\.0\.0\.1:(\d+)", stderr.read_text())[0])
         assert not refuses_connections(port)
-        if to_group:
+        if after_a_level:
             os.killpg(process.pid, signal.SIGINT)
         else:
             process.send_signal(signal.SIGINT)
@@ -350,15 +357,25 @@ def test_sigint_ends_a_sweep_with_results_so_far_and_the_embedded_server_stopped
             process.wait()
     err = stderr.read_text()
     assert code == 130, err
-    assert "interrupted: the levels finished so far are on disk" in err
     assert "Traceback" not in err
     # The embedded server was stopped by the sweep, not left behind.
     assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE
     assert refuses_connections(port)
-    # What was measured is on disk, and says it was interrupted.
+    # Every file said to be written is there, readable by others as umask 022 asks.
+    written = [Path(line) for line in re.findall(r"^wrote (.+)$", err, re.MULTILINE)]
+    assert all(path.is_file() and path.stat().st_mode & 0o777 == 0o644 for path in written), err
+    if not after_a_level:
+        assert written == [] and list(report_dir.glob("*")) == [], err
+        assert "interrupted before any level finished: no results written" in err
+        return
+    assert "interrupted: the levels finished so far are in the files above" in err
+    # What was measured is on disk, and says it was interrupted: the report too.
+    (html,) = report_dir.glob("sweep-mlp-concurrency-http-*.html")
+    assert html in written and "(interrupted after" in html.read_text()
     rows = pa_csv_rows(report_dir)
     assert len(rows) >= 1 and sorted(int(row[0]) for row in rows) == list(range(1, len(rows) + 1))
     assert all(float(row[1]) > 0 for row in rows)
     saved = read_sweep(only(sorted(report_dir.glob("*.json"))))
     assert not saved.completed and saved.stop_reason == "interrupted"
     assert len(saved.levels) == len(rows)
+    assert set(report_dir.iterdir()) <= set(written)
