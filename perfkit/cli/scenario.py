@@ -303,10 +303,13 @@ def touched_dests(parser: argparse.ArgumentParser, argv: Sequence[str]) -> set[s
 
 
 def merge_argv(parser: argparse.ArgumentParser, from_file: list[str], from_cli: Sequence[str]) -> list[str]:
-    """The file's flags followed by the command line's, so the command line wins; a mutually
-    exclusive group the command line touches loses the file's members."""
+    """The file's flags followed by the command line's, so the command line wins. A flag the
+    command line gives again loses the file's value (so the command echoed says each once, unless
+    the flag is repeatable); a mutually exclusive group the command line touches loses the file's
+    members."""
     touched = touched_dests(parser, from_cli)
-    dropped: set[str] = set()
+    repeatable = {a.dest for a in parser._actions if isinstance(a, (argparse._AppendAction, argparse._CountAction))}
+    dropped: set[str] = touched - repeatable
     for group in parser._mutually_exclusive_groups:
         members = {a.dest for a in group._group_actions}
         if members & touched:

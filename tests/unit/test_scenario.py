@@ -146,12 +146,22 @@ def test_paths_in_the_file_are_relative_to_it(tmp_path: Path) -> None:
 def test_the_command_line_wins_over_the_file() -> None:
     file_argv = ["--concurrency-range", "1:4", "--measurement-interval", "500", "--request-distribution", "constant"]
     merged = merge_argv(SWEEP, file_argv, ["-p", "200", "--request-rate-range=100:200"])
-    # The file's --concurrency-range is dropped: the command line chose the other load flag.
-    assert merged == ["--measurement-interval", "500", "--request-distribution", "constant", "-p", "200",
-                      "--request-rate-range=100:200"]  # fmt: skip
+    # The file's --concurrency-range is dropped: the command line chose the other load flag; its
+    # --measurement-interval too: the command line gives it again (as -p), and each flag is said once.
+    assert merged == ["--request-distribution", "constant", "-p", "200", "--request-rate-range=100:200"]
     args = SWEEP.parse_args(merged)
     assert args.measurement_interval == 200.0 and args.request_rate_range == "100:200"
     assert args.concurrency_range is None
+    repeatable = merge_argv(SWEEP, ["--shape", "a:1", "--report-dir", "x"], ["--shape", "b:2", "--report-dir", "y"])
+    assert repeatable == ["--shape", "a:1", "--shape", "b:2", "--report-dir", "y"]  # repeatable flags add up
+
+
+def test_run_echoes_each_flag_once(capsys: pytest.CaptureFixture[str]) -> None:
+    smoke = ROOT / "scenarios" / "smoke.toml"
+    assert main(["run", str(smoke), "--dry-run", "--concurrency-range", "1", "-r", "3", "--report-dir", "out"]) == 0
+    command = capsys.readouterr().out.splitlines()[0]
+    assert command.count("--concurrency-range") == 1 and command.count("--report-dir") == 1, command
+    assert "--max-trials" not in command and command.endswith("--concurrency-range 1 -r 3 --report-dir out")
 
 
 def test_run_dry_run_shows_the_resolved_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
