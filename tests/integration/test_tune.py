@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from perfkit.cli import main
+from perfkit.results.writing import new_file_mode
 from perfkit.testing import write_sleeper
 from reference_server.config import ServerConfig
 from reference_server.core.model_config import config_from_json, config_to_json, parse_config_text
@@ -89,6 +90,9 @@ def test_tune_on_the_bundled_server_beats_the_default_and_resumes(
     assert rows[0].startswith("variant,is_default,instance_count,max_batch_size,dynamic_batching")
     assert "throughput_infer_per_s" in rows[0] and len(rows) - 1 == doc["measurements"]["levels"]
     assert summary.startswith("perfkit tune of model 'mlp'")
+    # Every output is as readable as the umask lets a new file be (not mkstemp's 0600).
+    modes = {p.relative_to(out): p.stat().st_mode & 0o777 for p in out.rglob("*") if p.is_file()}
+    assert modes == dict.fromkeys(modes, new_file_mode()) and Path("best/config.pbtxt") in modes
 
     # best/config.pbtxt is a Triton config that round-trips and that our server loads.
     text = (out / "best" / "config.pbtxt").read_text()
