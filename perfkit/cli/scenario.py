@@ -41,6 +41,7 @@ the file's members of that group are dropped rather than reported as a conflict.
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -139,9 +140,18 @@ def _take(table: dict[str, Any], key: str, kinds: type | tuple[type, ...], where
     return value
 
 
+def _did_you_mean(key: str, known: Sequence[str]) -> str:
+    """ " (did you mean 'x'?)" for a misspelt key, else ""."""
+    by_spelling = {k.replace("-", "_").lower(): k for k in known}
+    close = difflib.get_close_matches(key.replace("-", "_").lower(), list(by_spelling), n=1, cutoff=0.6)
+    return f" (did you mean '{by_spelling[close[0]]}'?)" if close else ""
+
+
 def _no_leftovers(table: dict[str, Any], where: str, allowed: Sequence[str]) -> None:
     if table:
-        raise PerfkitError(f"{where}: unknown key(s) {', '.join(sorted(table))}; expected {', '.join(allowed)}")
+        first = sorted(table)[0]
+        raise PerfkitError(f"{where}: unknown key(s) {', '.join(sorted(table))}{_did_you_mean(first, allowed)}; "
+                           f"expected {', '.join(allowed)}")  # fmt: skip
 
 
 def _server(table: dict[str, Any], base: Path, where: str) -> ServerSection:
@@ -258,7 +268,8 @@ def command_argv(parser: argparse.ArgumentParser, settings: dict[str, Any], wher
         action = arguments.get(key)
         if action is None:
             known = ", ".join(sorted(arguments))
-            raise PerfkitError(f"{where}: '{key}' is not an argument of this command; known: {known}")
+            hint = _did_you_mean(key, sorted(arguments))
+            raise PerfkitError(f"{where}: '{key}' is not an argument of this command{hint}; known: {known}")
         if action.nargs == 0:  # store_true and the like
             if not isinstance(value, bool):
                 raise PerfkitError(f"{where}: {key} is a switch: write {key} = true or false")

@@ -109,7 +109,7 @@ request_count = 40
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("[sweep]\nconcurrency = 4\n", "'concurrency' is not an argument of this command; known: "),
+        ("[sweep]\nconcurrency = 4\n", "'concurrency' is not an argument of this command (did you mean "),
         ("[sweep]\nquiet = 1\n", "quiet is a switch: write quiet = true or false"),
         ("[sweep]\nmodel_name = ['a', 'b']\n", "model_name takes one value, not a list"),
         ("[sweep]\nurl = 'x:1'\n", "url belongs under [server]"),
@@ -182,3 +182,22 @@ def test_run_dry_run_shows_the_resolved_command(tmp_path: Path, capsys: pytest.C
     assert "cannot read scenario" in capsys.readouterr().err
     assert main(["run", str(ROOT / "scenarios" / "smoke.toml"), "--update-baseline", "--dry-run"]) == 2
     assert "--update-baseline: the scenario names no baseline" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ('[sweep]\nconcurency_range = "1"\n', "'concurency_range' is not an argument of this command (did you mean "
+         "'concurrency_range'?)"),
+        ("[gates]\nslo_p99 = 3\n", "unknown key(s) slo_p99 (did you mean 'slo_p99_ms'?)"),
+        ('comand = "sweep"\n', "unknown key(s) comand (did you mean 'command'?)"),
+        ('[server]\nurls = "h:1"\n', "unknown key(s) urls (did you mean 'url'?)"),
+    ],
+)  # fmt: skip
+def test_a_misspelt_key_gets_a_suggestion(
+    text: str, words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "s.toml"
+    path.write_text(text)
+    assert main(["run", str(path), "--dry-run"]) == 2
+    assert words in capsys.readouterr().err
