@@ -91,11 +91,12 @@ def test_a_sweeps_files_name_the_protocol_and_follow_the_umask(tmp_path: Path, u
         assert {p: mode(p) for p in files.paths()} == {p: umask for p in files.paths()}
 
 
-def test_a_sweep_without_its_report_names_no_report(tmp_path: Path) -> None:
-    files = SweepFiles(sweep_spec(tmp_path, "http", html_report=True), "mlp")
-    files.save(steady_sweep(), None)
-    assert files.html_path is not None and files.html_path not in files.paths()  # finish never ran
-    assert all(p.exists() for p in files.paths())
+def test_an_unfinished_sweep_names_neither_its_report_nor_its_history(tmp_path: Path) -> None:
+    files = SweepFiles(sweep_spec(tmp_path, "http", history_csv=tmp_path / "history.csv"), "mlp")
+    files.save(steady_sweep(), None)  # as after Ctrl-C: the levels saved, `finish` never ran
+    assert files.html_path is not None and files.history_path is not None
+    assert files.html_path not in files.paths() and files.history_path not in files.paths()
+    assert files.paths() and all(p.exists() for p in files.paths())
 
 
 def test_report_and_compare_outputs_follow_the_umask(tmp_path: Path, umask: int, quick_png: None) -> None:
