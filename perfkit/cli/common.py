@@ -13,7 +13,7 @@ from typing import Any
 
 from perfkit.analysis.compare import GATE_METRICS, Thresholds, gated, parse_percent
 from perfkit.errors import PerfkitError
-from perfkit.measure.level import WindowSpec
+from perfkit.measure.level import DEFAULT_LENGTHENINGS, DEFAULT_MAX_TRIALS, WindowSpec
 from perfkit.results.files import load_result, write_text_atomic
 from perfkit.results.model import SweepResult
 from perfkit.results.pa_csv import composing_csvs, sweep_from_pa_csv
@@ -115,13 +115,19 @@ def tls_from_args(args: argparse.Namespace) -> TlsSpec:
 
 
 def windows_from_args(args: argparse.Namespace) -> WindowSpec:
-    """The measurement flags of sweep and tune (their defaults differ)."""
+    """The measurement flags of sweep and tune (their defaults differ). Sweep lengthens the windows of
+    a level that does not stabilise unless -r alone bounds it; tune, which measures many variants,
+    keeps perf_analyzer's rule."""
+    lengthenings = getattr(args, "window_lengthenings", 0)
+    if lengthenings is None:
+        lengthenings = 0 if args.max_trials is not None else DEFAULT_LENGTHENINGS
     return WindowSpec(
         mode=args.measurement_mode,
         interval_ms=args.measurement_interval,
         request_count=args.measurement_request_count,
         stability_pct=args.stability_percentage,
-        max_trials=args.max_trials,
+        max_trials=DEFAULT_MAX_TRIALS if args.max_trials is None else args.max_trials,
+        lengthenings=lengthenings,
         percentile=args.percentile,
         warmup_request_count=args.warmup_request_count,
         request_limit=getattr(args, "request_count", 0),  # sweep only

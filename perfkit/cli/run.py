@@ -30,6 +30,7 @@ from perfkit.errors import ExitCode, PerfkitError
 from perfkit.genai.goodput import check_goodput
 from perfkit.report.compare_text import render_comparison_lines
 from perfkit.report.junit import JUnitCase, render_gate_junit, slo_case
+from perfkit.report.summary import exit_line
 from perfkit.results.files import ReportItem
 from perfkit.target import reference_server_process
 
@@ -177,6 +178,9 @@ def _run_sweep(
         return ExitCode.FAILED
     if code == ExitCode.UNSTABLE and gates.allow_unstable:
         return ExitCode.OK
+    ending = exit_line(result, code)  # exit 3 ends with which levels, which check, which flag
+    if ending is not None:
+        say(ending)
     return int(code)
 
 

@@ -19,7 +19,7 @@ from perfkit.load.inputs import parse_request_parameter, parse_shape_flag
 from perfkit.load.schedule import parse_range, read_intervals
 from perfkit.load.sequences import DEFAULT_ID_RANGE, SequenceSpec, parse_id_range
 from perfkit.measure.level import DEFAULT_LENGTHENINGS, DEFAULT_MAX_TRIALS, MAX_LENGTHENED_WINDOW_S
-from perfkit.report.summary import sweep_notes, sweep_table
+from perfkit.report.summary import exit_line, sweep_notes, sweep_table
 from perfkit.sweep.run import SweepRun, run_sweep
 from perfkit.sweep.spec import DataPathSpec, InputSpec, LoadSpec, MetricsSpec, OutputSpec, SweepSpec
 from perfkit.target import TargetSpec, checked_metrics_url, checked_url
@@ -622,6 +622,9 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
                       file=sys.stderr)  # fmt: skip
         else:
             print("interrupted before any level finished: no results written", file=sys.stderr)
+    ending = exit_line(swept.result, code)  # exit 3: which levels, which check, which flag
+    if ending is not None:
+        print(ending, file=sys.stderr)
     return int(code)
 
 

@@ -45,6 +45,8 @@ POLL_NS = 10_000_000  # how often count windows and warmup look at the sample co
 MAX_LENGTHENED_WINDOW_S = 30.0
 #: How often sweep doubles the windows of a level that has not stabilised (--window-lengthenings).
 DEFAULT_LENGTHENINGS = 2
+#: perf_analyzer's -r: windows per level at most (here: at each window length).
+DEFAULT_MAX_TRIALS = 10
 # Error kinds that mean "no server there": a window of nothing else ends the level at once.
 CONNECTION_ERRORS = ("connection", "disconnected", "grpc UNAVAILABLE")
 
@@ -57,7 +59,7 @@ class WindowSpec:
     interval_ms: float = 5000.0
     request_count: int = 50
     stability_pct: float = 10.0
-    max_trials: int = 10
+    max_trials: int = DEFAULT_MAX_TRIALS
     stable_window_count: int = 3
     percentile: float | None = None  # None: stabilise on (and report) the average latency
     warmup_request_count: int = 0
