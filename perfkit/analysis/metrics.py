@@ -199,7 +199,8 @@ _SEQUENCE = "a sequence's last answer - its first send (sequence models)"
 
 METRICS: tuple[Metric, ...] = (
     Metric("throughput_infer_per_s", "infer/s", "higher", lambda lv: lv.throughput_infer_per_s,
-           ("perf_throughput",), gate="throughput", figure="throughput", fmt="{:.1f}"),
+           ("perf_throughput",), gate="throughput", figure="throughput", fmt="{:.1f}",
+           description="successful inferences (requests × batch size) / seconds of the windows"),
     *(
         Metric(f"{stat}_ms", "ms", "lower", latency_ms(f"{stat}_us"), aliases,
                gate=gate, figure=f"{stat}_ms" if tuned else None, description=_SENT, grows_with_load=tuned)
