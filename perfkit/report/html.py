@@ -122,13 +122,26 @@ def _verdict(result: SweepResult) -> str:
     )
 
 
+def _peak_card(levels: Sequence[LevelResult]) -> tuple[str, str, str]:
+    """The peak throughput among the valid levels (stable, error-free, every check passed): a level
+    that failed a check is no peak to quote. With none valid, the card says so and names the best
+    invalid level as such, with the checks it failed."""
+    valid = [lv for lv in levels if lv.valid and lv.stable and not lv.error_count]
+    best = max(valid or levels, key=lambda lv: lv.throughput_infer_per_s)
+    figure = f"{best.throughput_infer_per_s:,.1f} infer/s"
+    if valid:
+        higher = any(lv.throughput_infer_per_s > best.throughput_infer_per_s for lv in levels)
+        return "peak throughput", figure, f"at {level_label(best)}" + (", the best valid level" if higher else "")
+    failed = [c.name for c in best.checks if not c.passed] or (["stable"] if not best.stable else ["errors"])
+    return "peak throughput", "no valid level", f"best invalid: {figure} at {level_label(best)} ({', '.join(failed)})"
+
+
 def _kpis(result: SweepResult) -> str:
     levels = result.levels
     if not levels:
         return ""
-    peak = max(levels, key=lambda lv: lv.throughput_infer_per_s)
     measured = [lv for lv in levels if lv.latency.count]
-    cards = [("peak throughput", f"{peak.throughput_infer_per_s:,.1f} infer/s", f"at {level_label(peak)}")]
+    cards = [_peak_card(levels)]
     if measured:
         best = min(measured, key=lambda lv: lv.latency.p99_us)
         cards.append(("lowest p99", f"{ms(best.latency.p99_us):,.2f} ms", f"at {level_label(best)}"))
