@@ -116,7 +116,10 @@ def _spellings(metric: Metric) -> str:
 
 
 def _metrics_table(metrics: Sequence[Metric]) -> list[str]:
-    rows = ["| figure | unit | better | also named | `compare` gate | meaning |", "| --- | --- | --- | --- | --- | --- |"]
+    rows = [
+        "| figure | unit | better | also named | `compare` gate | meaning |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for m in metrics:
         cells = (f"`{m.name}`", m.unit, m.better, _spellings(m), f"`{m.gate}`" if m.gate else "", m.description)
         rows.append("| " + " | ".join(_cell(c) for c in cells) + " |")
