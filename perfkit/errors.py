@@ -9,7 +9,7 @@ class ExitCode(enum.IntEnum):
     OK = 0
     FAILED = 1  # the run completed but what it checked failed (errors, regression)
     USAGE = 2  # bad flags or input files; nothing was measured
-    UNSTABLE = 3  # the sweep finished, but some level never met the stability rule
+    UNSTABLE = 3  # the sweep finished, but some level is not valid (unstable, too few samples, ...)
     ERRORS = 4  # the sweep finished, but some requests failed
     INTERRUPTED = 130  # Ctrl-C: results so far are on disk
 

@@ -502,3 +502,39 @@ def endpoint_figures(
         throughput_infer_per_s=ok_count * batch_size / seconds if seconds > 0 else 0.0,
         latency=latency_stats((span.done_ns - span.sent_ns)[ok], percentile),
     )
+
+
+# --------------------------------------------------------------------------------------------------
+# Generative levels
+
+#: The percentile a generative level is judged on when --percentile is not given. Its figures are
+#: per-request distributions (TTFT, ITL, end-to-end latency, each one value a request, as AIPerf
+#: defines them), and requests come a few per second at LLM speeds: a p99 needs 662 of them
+#: (minutes a level), a p90 64. p90 is what genai-perf and AIPerf print beside p99 and what
+#: DistServe's SLO attainment uses; --percentile 99 asks for p99 (and the default windows grow).
+GENERATIVE_PERCENTILE = 90.0
+
+
+def token_sample_check(level: LevelResult) -> Check:
+    """`sample_count` for a generative level: enough requests behind each of its per-request
+    figures that were measured (TTFT and ITL need streaming; ITL a second output token) for the
+    judged percentile (--percentile, else GENERATIVE_PERCENTILE)."""
+    tokens = level.tokens
+    percentile = level.latency.custom_percentile or GENERATIVE_PERCENTILE
+    needed = min_requests_for_percentile(percentile)
+    counts = {"latency": level.ok_count}
+    if tokens is not None:
+        counts |= {name: n for name, n in (("TTFT", tokens.ttft_ms.count), ("ITL", tokens.itl_ms.count)) if n}
+    short = [name for name, n in counts.items() if n < needed]
+    output_tokens = round(tokens.output_tokens.mean * tokens.output_tokens.count) if tokens is not None else 0
+    figures = "; ".join(f"{n:,} with {'an' if name == 'ITL' else 'a'} {name}" for name, n in counts.items() if name != "latency")
+    detail = (f"{level.ok_count:,} successful requests measured ({figures + '; ' if figures else ''}"
+              f"{output_tokens:,} output tokens); a p{percentile:g} needs {needed} (MLPerf early stopping, 99% "
+              "confidence)")  # fmt: skip
+    if short:
+        detail += f": too few for the {', '.join(short)} p{percentile:g}"
+    return _check(
+        "sample_count", not short, detail,
+        f"measure more requests a window (--measurement-request-count N, or --measurement-mode time_windows "
+        f"with a longer -p); three windows need {needed} requests in all",
+    )  # fmt: skip

@@ -18,7 +18,7 @@ from perfkit.load.cluster.distributed import DistributedSpec
 from perfkit.load.inputs import parse_request_parameter, parse_shape_flag
 from perfkit.load.schedule import parse_range, read_intervals
 from perfkit.load.sequences import DEFAULT_ID_RANGE, SequenceSpec, parse_id_range
-from perfkit.measure.level import DEFAULT_LENGTHENINGS, DEFAULT_MAX_TRIALS, MAX_LENGTHENED_WINDOW_S
+from perfkit.measure.level import DEFAULT_LENGTHENINGS, DEFAULT_MAX_TRIALS, MAX_LENGTHENED_WINDOW_S, WindowSpec
 from perfkit.report.summary import exit_line, sweep_notes, sweep_table
 from perfkit.sweep.run import SweepRun, run_sweep
 from perfkit.sweep.spec import DataPathSpec, InputSpec, LoadSpec, MetricsSpec, OutputSpec, SweepSpec
@@ -564,7 +564,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
             bls_composing_models=parse_model_list(args.bls_composing_models, "--bls-composing-models"),
         ),
         load=_load(args),
-        windows=windows_from_args(args),
+        windows=_windows(args),
         inputs=InputSpec(
             batch_size=args.batch_size,
             shapes=tuple((name, tuple(dims)) for name, dims in map(parse_shape_flag, args.shape)),
@@ -593,9 +593,21 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
         data_path=DataPathSpec(args.streaming, args.shared_memory, args.output_shared_memory_size),
         genai=_generative(args),
         sequences=sequences_from_args(args),
+        auto_windows=not any(getattr(args, name) is not None for name in _WINDOW_FLAGS),
     )
     spec.validate()
     return spec
+
+
+#: The window flags, by their argparse names, and perf_analyzer's defaults for them.
+_WINDOW_FLAGS = {"measurement_mode": "time_windows", "measurement_interval": 5000.0, "measurement_request_count": 50}
+
+
+def _windows(args: argparse.Namespace) -> WindowSpec:
+    """The measurement flags, perf_analyzer's defaults for the window flags not given."""
+    filled = {name: default if getattr(args, name) is None else getattr(args, name)
+              for name, default in _WINDOW_FLAGS.items()}  # fmt: skip
+    return windows_from_args(argparse.Namespace(**{**vars(args), **filled}))
 
 
 def measure(spec: SweepSpec, argv: list[str]) -> tuple[SweepRun, int]:

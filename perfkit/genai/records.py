@@ -43,15 +43,18 @@ from perfkit.analysis.stats import percentile_ci, percentile_rank, student_t_qua
 from perfkit.genai.goodput import met_mask, render_goodput
 from perfkit.genai.workload import GenerativeSpec
 from perfkit.load.samples import TOKEN_COLUMNS, SampleArrays, SequenceArrays
-from perfkit.results.model import Check, SessionFigures, TokenFigures, ValueStats, WindowResult
+from perfkit.results.model import Check, SessionFigures, TokenFigures, TokenSample, ValueStats, WindowResult
 
 __all__ = [
-    "output_length_check", "per_request_figures", "response_tokens", "session_figures", "token_figures",
-    "value_stats",
+    "SAMPLE_CAP", "output_length_check", "per_request_figures", "response_tokens", "session_figures",
+    "token_figures", "token_sample", "value_stats",
 ]  # fmt: skip
 
 F64 = npt.NDArray[np.float64]
 _TTFT, _TTST, _IN, _OUT, _ASKED = range(len(TOKEN_COLUMNS))
+#: The most requests a level keeps in its result file for the report's distributions and scatter:
+#: about 40 bytes each in the JSON, so a level stays under 50 kB however long it ran.
+SAMPLE_CAP = 1000
 
 
 def value_stats(values: npt.ArrayLike) -> ValueStats:
@@ -107,6 +110,25 @@ def response_tokens(samples: SampleArrays) -> SampleArrays:
     return dataclasses.replace(samples, tokens=tokens)
 
 
+def _rounded(values: F64, digits: int = 3) -> tuple[float | None, ...]:
+    return tuple(None if math.isnan(v) else round(v, digits) for v in values.tolist())
+
+
+def token_sample(figures: dict[str, F64], tokens: npt.NDArray[np.int64], cap: int = SAMPLE_CAP) -> TokenSample:
+    """At most `cap` of the requests (`per_request_figures` and their token records), drawn evenly
+    in their order of completion, so a level's early and late requests are both in it."""
+    n = len(tokens)
+    pick = np.unique(np.linspace(0, n - 1, cap).round().astype(np.int64)) if n > cap else np.arange(n)
+    return TokenSample(
+        total=n,
+        ttft_ms=_rounded(figures["ttft_ms"][pick]),
+        itl_ms=_rounded(figures["itl_ms"][pick]),
+        latency_ms=tuple(v for v in _rounded(figures["latency_ms"][pick]) if v is not None),
+        input_tokens=tuple(int(v) for v in tokens[pick, _IN]),
+        output_tokens=tuple(int(v) for v in tokens[pick, _OUT]),
+    )
+
+
 def _in_windows(times_ns: npt.NDArray[np.int64], windows: Sequence[WindowResult]) -> npt.NDArray[np.bool_]:
     mask = np.zeros(len(times_ns), dtype=np.bool_)
     for w in windows:
@@ -147,6 +169,7 @@ def token_figures(samples: SampleArrays, windows: Sequence[WindowResult], spec: 
         goodput_slo=render_goodput(spec.goodput) if spec.goodput else "",
         goodput_per_s=goodput_per_s,
         goodput_pct=goodput_pct,
+        sample=token_sample(figures, tokens),
     )
 
 

@@ -173,6 +173,21 @@ class ValueStats:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenSample:
+    """Up to `records.SAMPLE_CAP` successful requests of a generative level, drawn evenly in order of
+    completion from `total`, one column per figure, so that a report read from the result file can
+    draw the distributions and the per-request scatter (the tables' figures come from every request).
+    None where a request has no such figure (no TTFT without streaming, no ITL with one token)."""
+
+    total: int = 0
+    ttft_ms: tuple[float | None, ...] = ()
+    itl_ms: tuple[float | None, ...] = ()
+    latency_ms: tuple[float, ...] = ()
+    input_tokens: tuple[int, ...] = ()
+    output_tokens: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class TokenFigures:
     """What a level of generative requests adds (perfkit/genai/records.py): per-request token
     timings and counts over the successful requests of the reported windows, the token
@@ -194,6 +209,7 @@ class TokenFigures:
     goodput_slo: str = ""  # --goodput as given; "" when none
     goodput_per_s: float | None = None
     goodput_pct: float | None = None  # of the successful requests
+    sample: TokenSample | None = None  # per-request figures for the report's distributions (capped)
 
 
 @dataclass(frozen=True, slots=True)
@@ -344,8 +360,10 @@ def _sessions_from_json(data: dict[str, Any] | None) -> SessionFigures | None:
 def _tokens_from_json(data: dict[str, Any] | None) -> TokenFigures | None:
     if data is None:
         return None
-    stats = {name: ValueStats(**value) for name, value in data.items() if isinstance(value, dict)}
-    return TokenFigures(**{**data, **stats})
+    sample = data.get("sample")
+    stats = {name: ValueStats(**value) for name, value in data.items() if isinstance(value, dict) and name != "sample"}
+    columns = {} if sample is None else {k: tuple(v) if isinstance(v, list) else v for k, v in sample.items()}
+    return TokenFigures(**{**data, **stats, "sample": None if sample is None else TokenSample(**columns)})
 
 
 def sweep_to_json(result: SweepResult) -> str:

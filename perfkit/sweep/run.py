@@ -312,14 +312,15 @@ class SweepFiles:
 
 def exit_code(result: SweepResult) -> int:
     """0: done; 1: the sweep could not finish, or a load worker died; 4: requests failed; 3: a level
-    never stabilised."""
+    is not valid (it never stabilised, or failed another check: too few samples, late sends, a
+    saturated client, ...), whatever the endpoint type."""
     if not result.completed:
         return ExitCode.FAILED
     if any(not check.passed for level in result.levels for check in level.checks if check.name == "workers"):
         return ExitCode.FAILED
     if any(level.error_count for level in result.levels):
         return ExitCode.ERRORS
-    if any(not level.stable for level in result.levels):
+    if any(not level.stable or not level.valid for level in result.levels):
         return ExitCode.UNSTABLE
     return ExitCode.OK
 

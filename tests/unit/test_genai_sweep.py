@@ -31,8 +31,10 @@ def test_a_streaming_chat_sweep_writes_token_figures_goodput_and_the_length_chec
         code, path = _sweep(tmp_path, url, "ok", "--output-tokens-mean", "5", "--output-tokens-mean-deterministic",
                             "--goodput", "ttft_ms<=2000,itl_ms<=1", "--synthetic-input-tokens-mean", "16")  # fmt: skip
         short_code, short_path = _sweep(tmp_path, url, "short", "--output-tokens-mean", "5", "--ignore-eos")
-    assert code == ExitCode.OK
+    # 0.75 s of windows hold too few requests for a p90: the level is measured, and not valid
+    assert code == ExitCode.UNSTABLE
     level = read_sweep(path).levels[0]
+    assert {c.name for c in level.checks if not c.passed} <= {"sample_count", "duration"}
     tokens = level.tokens
     assert tokens is not None and level.ok_count == tokens.output_tokens.count > 0
     assert (tokens.input_tokens.mean, tokens.output_tokens.mean, tokens.token_source) == (16.0, 5.0, "bytes")
@@ -46,7 +48,7 @@ def test_a_streaming_chat_sweep_writes_token_figures_goodput_and_the_length_chec
     assert float(row["output_tokens_per_s"]) == pytest.approx(tokens.output_tokens_per_s)
     # a server that answers 3 tokens when 5 were asked with ignore_eos: the check says so
     short = read_sweep(short_path).levels[0]
-    assert short_code == ExitCode.OK and short.tokens is not None
+    assert short_code == ExitCode.UNSTABLE and short.tokens is not None
     assert short.tokens.not_honoured_count == short.tokens.asked_count > 0 and not short.valid
 
 
@@ -65,7 +67,7 @@ def test_a_trace_is_replayed_at_its_own_times_with_its_lengths(tmp_path: Path) -
     with serving_in_thread() as url:
         code = main(["sweep", "-u", url, "-m", "ok", "--endpoint-type", "completions", "--streaming",
                      "--trace-file", str(trace), *WINDOWS[2:], "--report-dir", str(tmp_path)])  # fmt: skip
-    assert code == ExitCode.OK
+    assert code == ExitCode.UNSTABLE  # measured; 0.75 s of windows are too few requests for a valid level
     level = read_sweep(next(tmp_path.glob("sweep-*.json"))).levels[0]
     assert level.mode == "custom_intervals" and level.level == pytest.approx(50.0)  # one request per 20 ms
     assert level.send_rate_per_s == pytest.approx(50.0, rel=0.2) and level.tokens is not None
