@@ -37,15 +37,31 @@ class Command:
     def add_to(self, commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         parser = commands.add_parser(self.name, help=self.help, **self._texts())
         self.add_arguments(parser)
+        show_defaults(parser)
 
     def parser(self) -> argparse.ArgumentParser:
         """The command's parser on its own, parsing as `perfkit NAME` does (for scenario files)."""
         parser = argparse.ArgumentParser(prog=f"perfkit {self.name}", **self._texts())
         self.add_arguments(parser)
+        show_defaults(parser)
         return parser
 
     def _texts(self) -> dict[str, Any]:
         return {"description": self.description, "epilog": self.epilog, "formatter_class": self.formatter_class}
+
+
+def show_defaults(parser: argparse.ArgumentParser) -> None:
+    """Say each flag's default in its --help line, as "(default X)", where the help does not already
+    say it: every flag that has one, help text or not. Unlike argparse's ArgumentDefaultsHelpFormatter,
+    a flag without a default (None, off, an empty list) says nothing rather than "(default: None)"."""
+    for action in parser._actions:
+        default = action.default
+        if action.nargs == 0 or default in (None, "", argparse.SUPPRESS) or default == [] or default == ():
+            continue  # switches, and flags whose absence is the default
+        if "default" in (action.help or "") or action.help == argparse.SUPPRESS:
+            continue
+        text = (f"{default:g}" if isinstance(default, float) else str(default)).replace("%", "%%")  # %-formatted
+        action.help = f"{action.help} (default {text})" if action.help else f"default {text}"
 
 
 def say(text: str) -> None:

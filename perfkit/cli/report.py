@@ -70,5 +70,4 @@ COMMAND = Command(
     "files. Several results are overlaid and compared.",
     add_arguments=add_arguments,
     run=run,
-    formatter_class=argparse.ArgumentDefaultsHelpFormatter,
 )

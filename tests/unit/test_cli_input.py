@@ -3,11 +3,12 @@ and their --help. Nothing here starts a server: every case ends at the flags."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
 
-from perfkit.cli import main, sweep
+from perfkit.cli import COMMANDS, main, sweep
 from perfkit.target import checked_metrics_url, checked_url
 
 MALFORMED_URLS = ["127.0.0.1:abc", "127.0.0.1:99999", ":8000", "foo:bar:baz", "[::1", "::1", "h:0", "ftp://h:1"]
@@ -118,3 +119,29 @@ def test_verbose_csv_writes_perf_analyzers_extra_columns(tmp_path: Path) -> None
         files.save(steady_sweep(), None)
         header = files.pa_csv_path.read_text().splitlines()[0].split(",")
         assert ("Avg latency" in header and "request/response" in header and "response wait" in header) is extra
+
+
+# --------------------------------------------------------------------------------------------------
+# --help
+
+
+def test_every_commands_help_says_each_default_and_never_none() -> None:
+    for name, command in COMMANDS.items():
+        parser = command.parser()
+        text = parser.format_help()
+        assert "(default: None)" not in text and "default: []" not in text and "default: False" not in text, name
+        for action in parser._actions:
+            if action.nargs == 0 or action.default in (None, "", [], argparse.SUPPRESS):
+                continue
+            assert "default" in (action.help or ""), f"perfkit {name} {action.option_strings}: no default in its help"
+    helps = {a.dest: a.help or "" for a in sweep.COMMAND.parser()._actions}
+    assert all("(default " in helps[dest] for dest in ("stability_percentage", "max_trials", "batch_size"))
+
+
+def test_flags_sit_in_their_groups_not_under_options() -> None:
+    for name in ("sweep", "tune"):
+        parser = COMMANDS[name].parser()
+        assert [a.dest for a in parser._optionals._group_actions] == ["help"], name
+    load = next(g for g in sweep.COMMAND.parser()._action_groups if g.title == "load")
+    dests = {a.dest for a in load._group_actions}
+    assert {"latency_threshold", "binary_search", "request_distribution", "concurrency_range"} <= dests
