@@ -621,19 +621,24 @@ def measure(spec: SweepSpec, argv: list[str]) -> tuple[SweepRun, int]:
     return run, code
 
 
+def interrupt_lines(swept: SweepRun) -> list[str]:
+    """What Ctrl-C kept, after the `wrote` lines: the levels finished, or that none had."""
+    if swept.result is None or not swept.result.levels:
+        return ["interrupted before any level finished: no results written"]
+    lines = ["interrupted: the levels finished so far are in the files above"]
+    history = swept.outputs.history_path if swept.outputs is not None else None
+    if swept.outputs is not None and history is not None and history not in swept.outputs.written:
+        lines.append(f"--append {history}: not appended to, as the sweep was interrupted")
+    return lines
+
+
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     spec = spec_from_args(args)
     for note in perf_analyzer_notes(args):
         print(note, file=sys.stderr)
     swept, code = measure(spec, argv)
     if code == ExitCode.INTERRUPTED:
-        if swept.result is not None and swept.result.levels:
-            print("interrupted: the levels finished so far are in the files above", file=sys.stderr)
-            if swept.outputs is not None and swept.outputs.history_path is not None:
-                print(f"--append {swept.outputs.history_path}: not appended to, as the sweep was interrupted",
-                      file=sys.stderr)  # fmt: skip
-        else:
-            print("interrupted before any level finished: no results written", file=sys.stderr)
+        print("\n".join(interrupt_lines(swept)), file=sys.stderr)
     ending = exit_line(swept.result, code)  # exit 3: which levels, which check, which flag
     if ending is not None:
         print(ending, file=sys.stderr)

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from perfkit.cli import main
+from perfkit.cli.sweep import interrupt_lines
 from perfkit.report import plots
 from perfkit.results import writing
 from perfkit.results.writing import new_file_mode, write_text_atomic
-from perfkit.sweep.run import SweepFiles
+from perfkit.sweep.run import SweepFiles, SweepRun
 from perfkit.sweep.spec import LoadSpec, OutputSpec, SweepSpec
 from perfkit.target import TargetSpec
 from tests.synthetic import steady_sweep, tune_json, write_sweep_json
@@ -107,3 +108,15 @@ def test_report_and_compare_outputs_follow_the_umask(tmp_path: Path, umask: int,
     assert main(["report", str(base), "-o", str(outputs[2])]) == 0
     assert main(["report", str(tune_json(tmp_path)), "-o", str(outputs[3])]) == 0
     assert {p.name: mode(p) for p in outputs} == {p.name: umask for p in outputs}
+
+
+def test_ctrl_c_says_what_it_kept(tmp_path: Path) -> None:
+    files = SweepFiles(sweep_spec(tmp_path, "http", history_csv=tmp_path / "history.csv"), "mlp")
+    assert interrupt_lines(SweepRun()) == ["interrupted before any level finished: no results written"]
+    files.save(steady_sweep(), None)
+    assert interrupt_lines(SweepRun(steady_sweep(), files)) == [
+        "interrupted: the levels finished so far are in the files above",
+        f"--append {tmp_path / 'history.csv'}: not appended to, as the sweep was interrupted",
+    ]
+    files.finish(steady_sweep())  # Ctrl-C after the sweep's end: the history has its rows
+    assert interrupt_lines(SweepRun(steady_sweep(), files))[1:] == []
