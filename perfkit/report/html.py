@@ -8,7 +8,7 @@ is fetched from the network (practice 16). Each result file carries a `kind`;
 - `sweep` (perfkit sweep's JSON; files without a `kind` but with `levels` are sweeps): the
   validity verdict first (practice 10), key figures, the per-level table, throughput and latency
   against load, the throughput–p99 curve, the latency breakdown, the windows and utilisation over
-  the run, errors and late sends, each load worker's share (`--workers N` runs), the checks, and
+  the run, errors and late sends (when there are any), each load worker's share (`--workers N` runs), the checks, and
   the run's provenance.
 - `tune`: a ranked table, the throughput–p99 Pareto plot of every variant with the constraint, the
   top variants' curves, and a sentence on the best configuration's gain over the default;
@@ -62,6 +62,8 @@ def _img(png: bytes, alt: str, wide: bool = False) -> str:
 
 def _numeric(value: object) -> bool:
     return not isinstance(value, _Badge) and _NUMERIC.fullmatch(str(value)) is not None
+    if isinstance(value, _WithRange):
+        return True
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[object]], classes: str = "") -> str:
@@ -79,12 +81,24 @@ class _Badge:
 
 
 _NUMERIC = re.compile(r"[-+]?[\d,.]+( ?[–%] ?[\d,.]*%?)?|-")
+@dataclass(frozen=True, slots=True)
+class _WithRange:
+    """A figure with its 95% CI under it, small: one column where two would widen the table."""
+
+    value: str
+    low: str
+    high: str
+
+
 
 
 def _cell(value: object) -> str:
     if isinstance(value, _Badge):
         return f'<td><span class="badge {"ok" if value.ok else "bad"}">{_e(value.text)}</span></td>'
     return f'<td class="n">{_e(value)}</td>' if _numeric(value) else f"<td>{_e(value)}</td>"
+    if isinstance(value, _WithRange):
+        ci = "" if value.low == value.high == "-" else f'<span class="ci">{_e(value.low)}–{_e(value.high)}</span>'
+        return f'<td class="n">{_e(value.value)}{ci}</td>'
 
 
 def _number(value: str | float | None, digits: int) -> str:
@@ -227,17 +241,30 @@ def _level_rows(
         if (scheduled or spec[1] not in _RATE_ONLY) and (streamed or spec[1] not in _STREAMED_ONLY)
         and (sequences or spec[1] not in _SEQUENCE_ONLY)
     ]  # fmt: skip
-    header = ["level", *(title for title, *_ in table), "stable", "valid"]
+    # A range (a 95% CI) goes under the figure of the column before it, not in a column of its
+    # own: a rate-mode table of separate CI columns outgrows a 1400 px window.
+    header = ["level"]
+    for i, (title, _, _, high) in enumerate(table):
+        if high and i:
+            header[-1] += " (95% CI)"
+        else:
+            header.append(title)
+    header += ["stable", "valid"]
     rows: list[list[object]] = []
     for lv in result.levels:
         cells = {name: _COLUMNS[name].getter(result, lv) for _, name, _, high in table for name in (name, high) if name}
         row: list[object] = [level_label(lv)]
-        for _, name, digits, high in table:
+        for i, (_, name, digits, high) in enumerate(table):
             text = _number(cells[name], digits)
-            row.append(f"{text} – {_number(cells[high], digits)}" if high else text)
+            if high and i:
+                row[-1] = _WithRange(str(row[-1]), text, _number(cells[high], digits))
+            else:
+                row.append(f"{text} – {_number(cells[high], digits)}" if high else text)
         row += [_Badge("yes" if lv.stable else "no", lv.stable), _Badge("yes" if lv.valid else "no", lv.valid)]
         rows.append(row)
-    return header, rows
+    # A column no level has a figure for (GPU utilisation without a GPU...) only widens the table.
+    keep = [i for i in range(len(header)) if not rows or any(row[i] != "-" for row in rows)]
+    return [header[i] for i in keep], [[row[i] for i in keep] for row in rows]
 
 
 def _token_section(result: SweepResult) -> str:
@@ -309,6 +336,10 @@ def _spec_text(spec: dict[str, Any]) -> dict[str, str]:
             f"{size}; stable when the last {windows.get('stable_window_count', 3)} agree within "
             f"{windows.get('stability_pct', 0):g}% (throughput and {stabilise}); at most {windows.get('max_trials')} windows"
         )  # fmt: skip
+        if windows.get("lengthenings"):
+            out["measurement"] += (
+                f" a length, doubled up to {windows['lengthenings']} times when they disagree (see each level's stable check)"
+            )
     if inputs:
         out["inputs"] = f"batch {inputs.get('batch_size', 1)}, {inputs.get('input_data', 'random')} data"
     return out
@@ -351,10 +382,15 @@ def render_sweep_section(item: ReportItem, slo_ms: float | None = None) -> str:
         _img(plots.throughput_vs_p99(runs, slo), "throughput vs p99 latency"),
         _img(plots.latency_breakdown(result), "latency breakdown"),
         _img(plots.windows_over_run(result), "measurement windows over the run", wide=True),
-        _img(plots.utilization_over_run(result), "utilisation and memory over the run", wide=True),
-        _img(plots.errors_and_late_sends(result), "errors and late sends"),
+        _img(
+            plots.utilization_over_run(result),
+            plots.utilisation_title(result).replace("Utilisation", "utilisation"),
+            wide=True,
+        ),
     ]
     notes = sorted({note for lv in result.levels for note in lv.resources.notes})
+    if plots.has_errors_or_late_sends(result):  # an empty chart says less than no chart
+        figures.append(_img(plots.errors_and_late_sends(result), "errors and late sends"))
     header, rows = _level_rows(result)
     title = f"Sweep of {result.model}: {result.mode.replace('_', ' ')}"
     return (
@@ -530,7 +566,13 @@ def _comparison_section(items: Sequence[ReportItem], thresholds: Thresholds, slo
             parts.append(f'<p class="note">Not compared level by level: {_e(exc)}</p>')
         else:
             header, rows = comparison_rows(comparison)
-            badge_rows = [[*r[:-1], _Badge(r[-1], not d.regression)] for r, d in zip(rows, comparison.deltas)]
+            # Every gate metric is compared; the ones neither run measured (token figures of a
+            # tensor model...) would be most of the table: counted, not listed.
+            shown = [
+                (r, d) for r, d in zip(rows, comparison.deltas) if d.baseline is not None or d.candidate is not None
+            ]
+            badge_rows = [[*r[:-1], _Badge(r[-1], not d.regression)] for r, d in shown]
+            unmeasured = sorted({d.metric for d in comparison.deltas} - {d.metric for _, d in shown})
             regressions = len(comparison.regressions)
             parts.append(
                 f"<h3>{_e(cand_label)} against {_e(base_label)}</h3>"
@@ -542,7 +584,12 @@ def _comparison_section(items: Sequence[ReportItem], thresholds: Thresholds, slo
                 )  # fmt: skip
                 + "</div></div>"
                 + _warnings(comparison.warnings)
-                + f'<div class="scroll">{_table(header, badge_rows)}</div>'
+                + f'<div class="scroll">{_table(header, badge_rows, "compared")}</div>'
+                + (
+                    f'<p class="note">{_e("Measured by neither run, so not shown: " + ", ".join(unmeasured))}.</p>'
+                    if unmeasured
+                    else ""
+                )
                 + "".join(f'<p class="note">{_e(n)}</p>' for n in comparison.notes)
             )
     parts.append("</section>")

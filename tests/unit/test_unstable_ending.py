@@ -14,6 +14,7 @@ from perfkit.cli import main
 from perfkit.cli.common import windows_from_args
 from perfkit.errors import ExitCode
 from perfkit.measure.level import WindowSpec
+from perfkit.report.html import _spec_text
 from perfkit.report.summary import exit_line
 from perfkit.results.model import Check, SweepResult
 from perfkit.sweep.run import SweepFiles, SweepRun
@@ -115,3 +116,11 @@ def test_tune_keeps_perf_analyzers_rule() -> None:
     args = argparse.Namespace(measurement_mode="time_windows", measurement_interval=1000.0, measurement_request_count=50,
                               stability_percentage=10.0, max_trials=10, percentile=None, warmup_request_count=20)  # fmt: skip
     assert windows_from_args(args).lengthenings == 0
+
+
+def test_the_reports_measurement_line_says_windows_may_be_lengthened() -> None:
+    windows = {"interval_ms": 1000.0, "stability_pct": 10.0, "max_trials": 10, "lengthenings": 2}
+    text = _spec_text({"windows": windows})["measurement"]
+    assert text.endswith("at most 10 windows a length, doubled up to 2 times when they disagree (see each level's "
+                         "stable check)")  # fmt: skip
+    assert "doubled" not in _spec_text({"windows": {**windows, "lengthenings": 0}})["measurement"]
