@@ -5,11 +5,12 @@ and the generated pages (docs/cli.md, docs/figures.md's catalogue) equal to what
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
 import pytest
 
-from perfkit.cli import COMMANDS, reference
+from perfkit.cli import COMMANDS, build_parser, reference
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -117,3 +118,24 @@ def test_every_server_flag_is_documented() -> None:
     flags = [flag for action in build_parser()._actions for flag in action.option_strings if flag.startswith("--")]
     missing = [flag for flag in flags if f"`{flag}" not in pages and flag != "--help"]
     assert not missing, f"perfkit-server flags not in docs/server.md or docs/reliability.md: {missing}"
+
+
+def _examples(page: Path) -> list[str]:
+    """The `perfkit ...` command lines of a page's code blocks, continuations joined, comments and
+    [optional] parts left out."""
+    blocks = re.findall(r"^\s*```\w*\n(.*?)^\s*```", page.read_text(), re.S | re.M)
+    lines = "\n".join(blocks).replace("\\\n", " ").splitlines()
+    commands = [re.split(r"\s+#\s", line.strip())[0] for line in lines if line.strip().startswith("perfkit ")]
+    return [re.sub(r"\[[^\]]*--[^\]]*\]", "", command) for command in commands]
+
+
+HAND_WRITTEN = [README, *(p for p in sorted((ROOT / "docs").glob("*.md")) if p.name != "cli.md")]
+
+
+@pytest.mark.parametrize("page", HAND_WRITTEN, ids=lambda p: p.name)
+def test_the_examples_parse(page: Path) -> None:
+    for command in _examples(page):
+        try:
+            build_parser().parse_args(shlex.split(command)[1:])
+        except SystemExit:
+            pytest.fail(f"{page.name}: `{command}` no longer parses")
