@@ -39,15 +39,16 @@ h2 { font-size:19px; margin:4px 0 12px; } h3 { font-size:15px; margin:22px 0 8px
 .kpi .k { color:var(--muted); font-size:12px; text-transform:uppercase; letter-spacing:.03em; }
 .kpi .v { font-size:20px; font-weight:600; } .kpi .s { color:var(--muted); font-size:12px; }
 table { border-collapse:collapse; font-size:12.5px; margin:4px 0; }
-th, td { border-bottom:1px solid var(--line); padding:4px 8px; text-align:left; white-space:nowrap; }
+th, td { border-bottom:1px solid var(--line); padding:4px 7px; text-align:left; white-space:nowrap; }
 td.n, th.n { text-align:right; font-variant-numeric:tabular-nums; }
+td .ci { display:block; color:var(--muted); font-size:11px; }
 th { background:#eef2f6; font-weight:600; white-space:normal; vertical-align:bottom; } tbody tr:nth-child(even) { background:#fafbfc; }
 td:first-child, th:first-child { text-align:left; white-space:nowrap; }
 table.checks td, table.kv td { text-align:left; white-space:normal; } table.checks td:first-child { white-space:nowrap; } table.kv th { text-align:left; width:160px; }
 .scroll { overflow-x:auto; }
 .badge { display:inline-block; padding:0 7px; border-radius:9px; font-size:11.5px; font-weight:600; }
 .badge.ok { background:var(--okbg); color:var(--ok); } .badge.bad { background:var(--badbg); color:var(--bad); }
-.grid { display:grid; grid-template-columns:repeat(auto-fit, minmax(560px, 1fr)); gap:14px; }
+.grid { display:grid; grid-template-columns:repeat(auto-fit, minmax(560px, 1fr)); gap:14px; margin:12px 0; }
 figure { margin:0; border:1px solid var(--line); border-radius:6px; padding:6px; background:#fff; }
 figure.wide { grid-column:1 / -1; } figure img { width:100%; height:auto; display:block; }
 .note { color:var(--muted); font-size:12.5px; margin:6px 0; }

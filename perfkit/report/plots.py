@@ -8,6 +8,7 @@ Each function draws one figure and returns its PNG; `report.py` inlines them as 
 from __future__ import annotations
 
 import io
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,11 +25,14 @@ __all__ = [
     "PALETTE",
     "Point",
     "errors_and_late_sends",
+    "has_errors_or_late_sends",
+    "has_memory",
     "latency_breakdown",
     "latency_vs_load",
     "pareto",
     "throughput_vs_load",
     "throughput_vs_p99",
+    "utilisation_title",
     "utilization_over_run",
     "windows_over_run",
 ]
@@ -101,6 +105,112 @@ def _top_legend(fig: Figure, *axes: Any) -> None:
         fig.legend(handles, labels, loc="upper right", ncols=len(handles), frameon=False, fontsize=8)
 
 
+def _legend_below(fig: Figure, *axes: Any, fontsize: float = 8) -> None:
+    """One legend for `axes`, under the x axis's label, outside the data: a legend inside the axes
+    covers points and the y axis's ticks, most of all with several runs. The figure grows by the
+    legend's rows, in as many columns as the longest label lets fit across."""
+    handles, labels = [], []
+    for ax in axes:
+        h, lab = ax.get_legend_handles_labels()
+        handles += h
+        labels += lab
+    if not handles:
+        return
+    width, height = fig.get_size_inches()
+    column = 0.5 + max(len(label) for label in labels) * fontsize * 0.6 / 72  # the handle, then ~0.6 em a letter
+    rows = math.ceil(len(labels) / max(1, min(len(labels), int((width - 0.3) // column))))
+    ncols = math.ceil(len(labels) / rows)  # the rows balanced: 3 + 3, not 5 + 1
+    extra = rows * fontsize * 1.7 / 72 + 0.06
+    params = fig.subplotpars
+    bottom, top = params.bottom * height, (1 - params.top) * height
+    fig.set_size_inches(width, height + extra)
+    fig.subplots_adjust(bottom=(bottom + extra) / (height + extra), top=1 - top / (height + extra))
+    fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 0.01), ncols=ncols, frameon=False,
+               fontsize=fontsize)  # fmt: skip
+
+
+def robust_upper(values: Sequence[float], keep: Sequence[float] = ()) -> float | None:
+    """An upper axis limit that leaves out the far outliers of `values` (all positive): sorted, the
+    first jump of more than 3× between neighbours with at most a quarter of the points (one of
+    fewer than eight) above it; the limit then covers the points below the jump and every value of
+    `keep` (a constraint, the best and the default). None when no point is that far out, or with
+    fewer than three points, too few to tell an outlier."""
+    xs = sorted(v for v in values if v > 0 and math.isfinite(v))
+    if len(xs) < 3:
+        return None
+    allowed = max(1, len(xs) // 4)
+    for i in range(max(len(xs) - allowed, 1), len(xs)):
+        if xs[i] > 3 * xs[i - 1]:
+            limit = max([xs[i - 1], *(k for k in keep if k is not None and math.isfinite(k))]) * 1.12
+            return limit if limit < xs[-1] else None
+    return None
+
+
+def _clip_right(ax: Any, points: Sequence[tuple[float, float, str]], keep: Sequence[float]) -> None:
+    """Set the x axis to `robust_upper`'s limit over `points` (x, y, colour), and draw each point
+    beyond it at the right edge as a ▸ with its value, so the region that matters keeps its room
+    and no point is lost."""
+    limit = robust_upper([x for x, _, _ in points], keep)
+    if limit is None:
+        return
+    ax.set_xlim(right=limit)
+    for x, y, color in points:
+        if x > limit:
+            ax.scatter([limit], [y], marker=">", s=40, color=color, clip_on=False, zorder=4)
+            ax.annotate(f"{x:.3g} ms →", (limit, y), textcoords="offset points", xytext=(-7, 0), ha="right",
+                        va="center", fontsize=7, color=color)  # fmt: skip
+
+
+def _place_labels(ax: Any, labels: Sequence[tuple[str, float, float, str]], fontsize: float = 7) -> None:
+    """Label points (text, x, y, colour), each at the first of eight spots around its point that
+    covers no drawn point or line, no label already placed, and stays inside the axes; the least
+    crowded spot when none is free. Call it last: it reads the final layout."""
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    to_px = ax.transData.transform
+    obstacles: list[tuple[float, float]] = []
+    for line in ax.get_lines():
+        path = line.get_xydata()
+        for (x0, y0), (x1, y1) in zip(path[:-1], path[1:]):
+            obstacles += [(x0 + (x1 - x0) * t / 12, y0 + (y1 - y0) * t / 12) for t in range(13)]
+        if len(path) == 1:
+            obstacles.append(tuple(path[0]))
+    for collection in ax.collections:
+        obstacles += [tuple(xy) for xy in collection.get_offsets()]
+    points = [to_px(xy) for xy in obstacles if all(map(math.isfinite, xy))]
+    frame = ax.get_window_extent(renderer)
+    placed: list[Any] = []
+    spots = ((5, 4, "left", "bottom"), (5, -4, "left", "top"), (-5, 4, "right", "bottom"), (-5, -4, "right", "top"),
+             (0, 9, "center", "bottom"), (0, -9, "center", "top"), (12, 12, "left", "bottom"),
+             (-12, -12, "right", "top"))  # fmt: skip
+    for text, x, y, color in labels:
+        own = to_px((x, y))
+        note = ax.annotate(
+            text, (x, y), xytext=(5, 4), textcoords="offset points", fontsize=fontsize, color=color, zorder=5
+        )
+        best: tuple[int, tuple[int, int, str, str]] | None = None
+        for spot in spots:
+            dx, dy, ha, va = spot
+            note.set_position((dx, dy))
+            note.set_ha(ha)
+            note.set_va(va)
+            box = note.get_window_extent(renderer).expanded(1.0, 1.0)
+            hits = sum(box.x0 - 3 <= px <= box.x1 + 3 and box.y0 - 3 <= py <= box.y1 + 3
+                       for px, py in points if abs(px - own[0]) + abs(py - own[1]) > 1)  # fmt: skip
+            hits += 3 * sum(box.overlaps(other) for other in placed)
+            hits += 5 * (box.x0 < frame.x0 or box.x1 > frame.x1 or box.y0 < frame.y0 or box.y1 > frame.y1)
+            if best is None or hits < best[0]:
+                best = (hits, spot)
+            if hits == 0:
+                break
+        assert best is not None
+        dx, dy, ha, va = best[1]
+        note.set_position((dx, dy))
+        note.set_ha(ha)
+        note.set_va(va)
+        placed.append(note.get_window_extent(renderer))
+
+
 def _measured(levels: Sequence[LevelResult]) -> list[LevelResult]:
     return [lv for lv in levels if lv.latency.count > 0]
 
@@ -126,7 +236,7 @@ def throughput_vs_load(runs: Sequence[Run]) -> bytes:
     ax.set_ylabel("throughput (infer/s)")
     ax.set_ylim(bottom=0)
     ax.set_title("Throughput vs load", fontsize=11)
-    _legend(ax)
+    _legend_below(fig, ax)
     return _png(fig)
 
 
@@ -161,7 +271,7 @@ def latency_vs_load(runs: Sequence[Run], slo_ms: float | None = None) -> bytes:
     ax.set_ylabel("latency (ms)")
     ax.set_ylim(bottom=0)
     ax.set_title("Latency percentiles vs load", fontsize=11)
-    _legend(ax, ncols=2)
+    _legend_below(fig, ax)
     return _png(fig)
 
 
@@ -169,29 +279,35 @@ def throughput_vs_p99(runs: Sequence[Run], slo_ms: float | None = None) -> bytes
     """The throughput–latency curve: each level is a point (p99, throughput), joined in load order
     and labelled with its level."""
     fig, ax = _figure()
+    points: list[tuple[float, float, str]] = []
+    labels: list[tuple[str, float, float, str]] = []
     for i, (label, run) in enumerate(runs):
         levels = sorted(_measured(run.levels), key=lambda lv: lv.level)
         xs = [ms(lv.latency.p99_us) for lv in levels]
         ys = [lv.throughput_infer_per_s for lv in levels]
         ax.plot(xs, ys, marker="o", markersize=4, color=PALETTE[i % 8], label=label if len(runs) > 1 else None)
+        points += [(x, y, PALETTE[i % 8]) for x, y in zip(xs, ys)]
         if len(runs) <= 2:
-            for x, y, lv in zip(xs, ys, levels):
-                ax.annotate(f"{lv.level:g}", (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7,
-                            color=PALETTE[i % 8])  # fmt: skip
-    _throughput_p99_axes(ax, "Throughput vs p99 latency", slo_ms)
+            labels += [(f"{lv.level:g}", x, y, PALETTE[i % 8]) for x, y, lv in zip(xs, ys, levels)]
+    _throughput_p99_axes(ax, "Throughput vs p99 latency", slo_ms, points)
+    _place_labels(ax, [label for label in labels if label[1] <= ax.get_xlim()[1]])
     return _png(fig)
 
 
-def _throughput_p99_axes(ax: Any, title: str, bound_ms: float | None) -> None:
-    """Labels, limits and the latency bound of a throughput (y) against p99 (x) figure."""
+def _throughput_p99_axes(
+    ax: Any, title: str, bound_ms: float | None, points: Sequence[tuple[float, float, str]], keep: Sequence[float] = ()
+) -> None:
+    """Labels, limits (robust to a far outlier: `_clip_right`), the latency bound and the legend of
+    a throughput (y) against p99 (x) figure."""
     if bound_ms:
         ax.axvline(bound_ms, color=PALETTE[3], linestyle="-.", linewidth=1, label=f"p99 ≤ {bound_ms:g} ms")
     ax.set_xlabel("p99 latency (ms)")
     ax.set_ylabel("throughput (infer/s)")
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
+    _clip_right(ax, points, [*keep, *([bound_ms] if bound_ms else [])])
     ax.set_title(title, fontsize=11)
-    _legend(ax)
+    _legend_below(ax.figure, ax)
 
 
 #: perf_analyzer's latency decomposition (report_writer.cc), client side first.
@@ -278,7 +394,8 @@ def windows_over_run(run: SweepResult) -> bytes:
     ax.set_xlabel("time since the first window (s)")
     ax.set_ylabel("throughput (infer/s)", color=PALETTE[0])
     ax.set_ylim(bottom=0)
-    ax.set_title("Measurement windows over the run (level shown on top)", fontsize=11, pad=14)
+    # Title on the left, legend on the right: both sit above the axes of a wide figure.
+    ax.set_title("Measurement windows over the run (level shown on top)", fontsize=11, pad=14, loc="left")
     return _png(fig)
 
 
@@ -298,6 +415,16 @@ def _steps(ax: Any, spans: Sequence[tuple[float, float]], values: Sequence[Any],
             ax.hlines(value, start, end, linewidth=2.2, label=None if drawn else label, **style)
             drawn = True
     return drawn
+
+
+def has_memory(run: SweepResult) -> bool:
+    """Whether any level recorded GPU memory (the only memory a result holds)."""
+    return any(lv.resources.gpu_memory_used_bytes for lv in run.levels)
+
+
+def utilisation_title(run: SweepResult) -> str:
+    """The utilisation figure's title: it names memory only when there is memory to draw."""
+    return "Utilisation and GPU memory over the run" if has_memory(run) else "Utilisation over the run"
 
 
 def utilization_over_run(run: SweepResult) -> bytes:
@@ -327,13 +454,19 @@ def utilization_over_run(run: SweepResult) -> bytes:
     if not drawn:
         _note(ax, "no CPU or GPU figures were recorded")
     ax.set_xlabel("time since the first window (s)")
-    ax.set_title("Utilisation and memory over the run (level shown on top)", fontsize=11, pad=14)
+    ax.set_title(f"{utilisation_title(run)} (level shown on top)", fontsize=11, pad=14, loc="left")
     _top_legend(fig, *fig.axes)
     return _png(fig)
 
 
+def has_errors_or_late_sends(run: SweepResult) -> bool:
+    """Whether `errors_and_late_sends` has anything to draw: an empty chart is left out."""
+    return any(lv.errors or lv.error_count or lv.delayed_pct > 0 for lv in run.levels)
+
+
 def errors_and_late_sends(run: SweepResult) -> bytes:
-    """Failed requests per level, stacked by kind, and the share of late sends (rate modes)."""
+    """Failed requests per level, stacked by kind, and the share of late sends (rate modes); drawn
+    only when `has_errors_or_late_sends`."""
     scheduled = run.mode != "concurrency"
     fig, ax = _figure(right=0.75 if scheduled else 0.2)
     levels = sorted(run.levels, key=lambda lv: lv.level)
@@ -396,10 +529,10 @@ def pareto(points: Sequence[Point], constraint_ms: float | None = None) -> bytes
             ax.scatter([p.p99_ms], [p.throughput], s=60, marker="s", color=PALETTE[1], label="default", zorder=3)
         if p.best:
             ax.scatter([p.p99_ms], [p.throughput], s=120, marker="*", color=PALETTE[3], label="best", zorder=3)
-        if p.default or p.best:
-            ax.annotate(p.label, (p.p99_ms, p.throughput), textcoords="offset points", xytext=(5, 4), fontsize=7)
-    if constraint_ms:  # shade what breaks the constraint
-        ax.axvspan(constraint_ms, max([p.p99_ms for p in points] + [constraint_ms]) * 1.05, color=PALETTE[3],
-                   alpha=0.06)  # fmt: skip
-    _throughput_p99_axes(ax, "Throughput vs p99 of every variant", constraint_ms)
+    marked = [p for p in points if p.default or p.best]
+    _throughput_p99_axes(ax, "Throughput vs p99 of every variant", constraint_ms,
+                         [(p.p99_ms, p.throughput, PALETTE[5]) for p in points], [p.p99_ms for p in marked])  # fmt: skip
+    if constraint_ms:  # shade what breaks the constraint, to the axis's end
+        ax.axvspan(constraint_ms, max(ax.get_xlim()[1], constraint_ms), color=PALETTE[3], alpha=0.06, zorder=0)
+    _place_labels(ax, [(p.label, p.p99_ms, p.throughput, "#222222") for p in marked])
     return _png(fig)
