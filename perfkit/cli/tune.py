@@ -292,7 +292,7 @@ class TuneFiles:
         self(result)
         paths = [self.folder / "results.csv", self.folder / "tune.json", self.folder / "summary.txt"]
         write_text_atomic(paths[-1], "\n".join(render_summary(result)) + "\n")
-        if result.best is not None and result.completed:
+        if result.best is not None:  # a tune that did not finish: the best so far, said to be provisional
             (self.folder / "best").mkdir(exist_ok=True)
             paths.append(self.folder / "best" / "config.pbtxt")
             write_text_atomic(paths[-1], best_pbtxt(result.best.config))
@@ -304,7 +304,8 @@ class TuneFiles:
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
     """`perfkit tune`: 0 a configuration is recommended; 1 none met the constraints or the tune
-    could not finish (the checkpoint resumes it); 2 usage; 130 interrupted."""
+    could not finish (the checkpoint resumes it); 2 usage, or a model that does not load with its own
+    configuration; 130 interrupted (the best configuration so far is written all the same)."""
     spec = spec_from_args(args)
     folder = spec.output_dir or Path("reports") / f"{dt.datetime.now():%Y%m%d-%H%M%S}-tune"
     composing = [name.strip() for name in args.composing_models.split(",") if name.strip()]
@@ -322,11 +323,32 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
             print(f"wrote {path}", file=sys.stderr)
     if result is not None and result.stop_reason:
         print(f"error: the tune stopped early: {result.stop_reason}", file=sys.stderr)
-    if code in (ExitCode.INTERRUPTED, ExitCode.FAILED) and (result is None or not result.completed):
-        print(f"the measurements so far are in {checkpoint}: resume with --checkpoint {checkpoint}", file=sys.stderr)
+    unfinished = result is None or not result.completed
+    if code == ExitCode.INTERRUPTED or (code == ExitCode.FAILED and unfinished):
+        best = None if result is None or result.best is None else folder / "best" / "config.pbtxt"
+        _say_unfinished(code, best, "variant", checkpoint)
     elif code == ExitCode.FAILED:
-        print("error: no variant met the constraints; loosen --constraint or widen the search", file=sys.stderr)
+        _say_nothing_recommended(result is not None and bool(result.spec.constraints), "variant")
     return int(code)
+
+
+def _say_unfinished(code: int, best: Path | None, what: str, checkpoint: Path) -> None:
+    """What an interrupted or stopped tune left: the best so far (provisional), and how to resume."""
+    how = "interrupted" if code == ExitCode.INTERRUPTED else "stopped early"
+    if best is not None:
+        print(f"{how}: {best} holds the best configuration found so far (provisional: the tune did not finish)",
+              file=sys.stderr)  # fmt: skip
+    else:
+        print(f"{how}: no {what} was recommended before that, so no best configuration was written", file=sys.stderr)
+    print(f"the measurements so far are in {checkpoint}: resume with --checkpoint {checkpoint}", file=sys.stderr)
+
+
+def _say_nothing_recommended(constrained: bool, what: str) -> None:
+    """Why a finished tune recommends nothing; loosening --constraint is advised only when one was set."""
+    if constrained:
+        print(f"error: no {what} met the constraints; loosen --constraint or widen the search", file=sys.stderr)
+    else:
+        print(f"error: every {what} failed (the reasons are in the summary); nothing to recommend", file=sys.stderr)
 
 
 class CombinationFiles:
@@ -348,7 +370,7 @@ class CombinationFiles:
         paths = [self.folder / "results.csv", self.folder / "tune.json", self.folder / "summary.txt"]
         write_text_atomic(paths[-1], "\n".join(render_combination_summary(result)) + "\n")
         best = result.best
-        if best is not None and result.completed:
+        if best is not None:  # a tune that did not finish: the best so far, said to be provisional
             for name, config in best.configs.items():
                 (self.folder / "best" / name).mkdir(parents=True, exist_ok=True)
                 paths.append(self.folder / "best" / name / "config.pbtxt")
@@ -370,10 +392,10 @@ def _run_combination(spec: TuneSpec, study: Study, folder: Path, argv: list[str]
         print(f"wrote {path}", file=sys.stderr)
     if result.stop_reason:
         print(f"error: the tune stopped early: {result.stop_reason}", file=sys.stderr)
-    if code in (ExitCode.INTERRUPTED, ExitCode.FAILED) and not result.completed:
-        print(f"the measurements so far are in {checkpoint}: resume with --checkpoint {checkpoint}", file=sys.stderr)
+    if code == ExitCode.INTERRUPTED or (code == ExitCode.FAILED and not result.completed):
+        _say_unfinished(code, None if result.best is None else folder / "best", "combination", checkpoint)
     elif code == ExitCode.FAILED:
-        print("error: no combination met the constraints; loosen --constraint or widen the search", file=sys.stderr)
+        _say_nothing_recommended(bool(result.constraints), "combination")
     return int(code)
 
 

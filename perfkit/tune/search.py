@@ -60,6 +60,7 @@ configuration JSON sent to the repository load API. Everything else the model's 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import math
 from collections.abc import Generator, Sequence
@@ -87,6 +88,7 @@ __all__ = [
     "brute_search",
     "build_space",
     "concurrency_sweep",
+    "default_variant",
     "doubling",
     "neighbours_in",
     "one_at_a_time",
@@ -381,8 +383,8 @@ class Space:
     max_batch_size 0 and batching (None,). With --param, each param is one more dimension (its
     values in order), the four knobs hold the base's values only, and `home` is where the base
     config's own values sit on the param dimensions; when all of them are among the values
-    (`home_is_base`), that point is the base config itself, and is the default variant rather
-    than a second variant that would measure the same config again."""
+    (`home_is_base`), that point is the base config itself: named by those values, as every point
+    is, it has the default variant's key (`default_variant`), and is not measured a second time."""
 
     instance_counts: tuple[int, ...]
     max_batch_sizes: tuple[int, ...]
@@ -406,10 +408,7 @@ class Space:
         mbs = self.max_batch_sizes[b]
         choice = self.batchings[d]
         batching = choice.resolve(mbs) if isinstance(choice, BatchingChoice) else choice
-        if self.home_is_base and tuple(coord[4:]) == self.home:
-            settings: tuple[Setting, ...] = ()
-        else:
-            settings = tuple((path, values[j]) for (path, values), j in zip(self.params, coord[4:]))
+        settings = tuple((path, values[j]) for (path, values), j in zip(self.params, coord[4:]))
         return Variant(self.instance_counts[i], mbs, batching, self.kinds[k], settings)
 
     def coordinates(self) -> list[tuple[int, ...]]:
@@ -480,8 +479,28 @@ def build_space(spec: SpaceSpec, base: Variant, config: dict[str, Any] | None = 
     return Space(counts, tuple(doubling(spec.min_batch, spec.max_batch)), batchings, kinds)
 
 
+def default_variant(config: dict[str, Any], params: Sequence[Param] = ()) -> Variant:
+    """The variant a configuration is, as the tune names it: with --param, by its own values of the
+    params (`UNSET` where it sets none), the way every other variant of that tune is named."""
+    variant = variant_of(config)
+    if not params:
+        return variant
+    own = tuple((p.path, _value_of(config, p)) for p in params)
+    return dataclasses.replace(variant, settings=tuple((path, UNSET if v is None else v) for path, v in own))
+
+
+#: How a variant's key names a --param field that the default configuration does not set.
+UNSET = "unset"
+
+
 def _index_of(config: dict[str, Any], param: Param) -> int | None:
     """Where the config's own value of `param` is among its values (None: absent, or not one of them)."""
+    value = _value_of(config, param)
+    return param.values.index(value) if value is not None and value in param.values else None
+
+
+def _value_of(config: dict[str, Any], param: Param) -> Any:
+    """The config's own value of `param` (a list as a tuple); None when it sets none."""
     node: Any = config
     for name, index in param.steps:
         node = node.get(name) if isinstance(node, dict) else None
@@ -489,8 +508,7 @@ def _index_of(config: dict[str, Any], param: Param) -> int | None:
             node = node.get(index) if isinstance(node, dict) else None
         elif index is not None:
             node = node[index] if isinstance(node, list) and index < len(node) else None
-    value = tuple(node) if isinstance(node, list) else node
-    return param.values.index(value) if value in param.values else None
+    return tuple(node) if isinstance(node, list) else node
 
 
 # --- the searches ---------------------------------------------------------------------------------

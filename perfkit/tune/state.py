@@ -145,6 +145,18 @@ def read_model(config_path: Path) -> Model:
     return Model(folder.name, folder, config_to_json(config))
 
 
+class DefaultRefused(PerfkitError):
+    """The server would not load the model's own configuration, the first variant of every tune:
+    every variant would be refused the same way, so the tune stops (exit 2, nothing measured)."""
+
+    def __init__(self, what: str, reason: str) -> None:
+        super().__init__(
+            f"the server cannot load {what} (the default variant, tried first), so no variant can be measured; "
+            f"the server said: {reason.strip().rstrip(';')}. Fix the model (its files, its config.pbtxt) until it "
+            "loads, then tune again"
+        )
+
+
 # --- what a tune keeps ----------------------------------------------------------------------------
 
 
@@ -160,6 +172,7 @@ class Record:
     remeasures: list[LevelResult] = field(default_factory=list)
     measured: int = 0  # levels measured by this run (the rest came from the checkpoint)
     endpoint: str = ""  # the server that measured it, with --workers
+    refused: bool = False  # the server would not load it (`error` is its reason)
 
     def params(self) -> dict[str, Any]:
         """The variant's parameters; with --param values, the knobs as the config it loads has them."""

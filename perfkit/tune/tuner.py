@@ -60,12 +60,13 @@ from perfkit.tune.search import (
     brute_search,
     build_space,
     concurrency_sweep,
+    default_variant,
     quick_search,
     rate_sweep,
     sustains,
     variant_of,
 )
-from perfkit.tune.state import Checkpoint, Model, Record, TuneResult, TuneSpec, read_model
+from perfkit.tune.state import Checkpoint, DefaultRefused, Model, Record, TuneResult, TuneSpec, read_model
 from perfkit.wire.client import InferClient, make_client
 from v2kit.runtime import eventloop
 
@@ -188,7 +189,7 @@ async def sweep_variant(
             if not loaded:
                 error = await load(record.config)
                 if error:
-                    record.status, record.error = "failed", error
+                    record.status, record.error, record.refused = "failed", error, True
                     return
                 loaded = True
             found = await level(value, record)
@@ -281,14 +282,16 @@ class Tuner:
         return checkpoint
 
     def _new_result(self) -> TuneResult:
-        default = variant_of(self.default_config)
+        default = default_variant(self.default_config, self.spec.space.params)
         space = build_space(self.spec.space, variant_of(self.model.base), self.model.base)
         self.result = result = TuneResult(self.spec, self.model, space, default.key)
+        if self.checkpoint is not None:  # a default refused before stopped that tune: try it again
+            self.checkpoint.failures.pop(default.key, None)
         result.started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
         return result
 
     async def _tune(self, result: TuneResult) -> None:
-        await self._search(result, variant_of(self.default_config), result.space)
+        await self._search(result, default_variant(self.default_config, self.spec.space.params), result.space)
         await self._remeasure(result)
         result.ranking = result.rank(final=True)
         result.completed = True
@@ -329,6 +332,8 @@ class Tuner:
         return record
 
     def _finish_record(self, result: TuneResult, record: Record) -> None:
+        if record.default and record.refused:
+            raise DefaultRefused(f"model '{self.model.name}' with its own configuration", record.error)
         result.ranking = result.rank()
         self.progress.note(describe_outcome(record, result))
         self._save(result)

@@ -40,12 +40,15 @@ def read_json(path: Path) -> Any:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """One bundled server in explicit mode for the module (each tune leaves it as it found it: its
     models unloaded), on a demo repository whose mlp waits 20 ms for a batch, plus `mlp200`, the
-    same model waiting 200 ms."""
+    same model waiting 200 ms, and `broken`, the mlp without its model file: it cannot load."""
     repository = build_demo_repository(tmp_path_factory.mktemp("tune_modes") / "models")
     (repository / "mlp" / "config.pbtxt").write_text(SLOW_MLP)
     shutil.copytree(repository / "mlp", repository / "mlp200")
     slower = SLOW_MLP.replace('"mlp"', '"mlp200"').replace("20000", "200000")
     (repository / "mlp200" / "config.pbtxt").write_text(slower)
+    shutil.copytree(repository / "mlp", repository / "broken")
+    (repository / "broken" / "config.pbtxt").write_text(SLOW_MLP.replace('"mlp"', '"broken"'))
+    (repository / "broken" / "1" / "model.onnx").unlink()
     with open_target(None, "http", model_repository=repository, server_args=["--model-control-mode", "explicit"]) as t:
         yield t.url, repository
 
@@ -68,6 +71,22 @@ def repository_call(url: str, path: str, body: dict[str, Any]) -> Any:
 
 def ready_models(url: str) -> set[str]:
     return {m["name"] for m in repository_call(url, "index", {}) if m.get("state") == "READY"}
+
+
+def test_a_model_that_cannot_load_stops_the_tune_at_once_with_the_servers_words(
+    server: tuple[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, repository = server
+    broken, mlp = str(repository / "broken" / "config.pbtxt"), str(repository / "mlp" / "config.pbtxt")
+    for configs in ([broken], [mlp, broken]):  # one model, and a tune of several
+        out = tmp_path / str(len(configs))
+        assert tune(server, *configs, "--max-instance-count", "3", "--concurrency-range", "1:1", "-o", str(out),
+                    *NO_REMEASURE) == 2  # fmt: skip
+        err = capsys.readouterr().err
+        assert "(the default variant, tried first), so no variant can be measured" in err
+        assert err.count("model file not found") == 1, err  # the default's refusal only: no other variant tried
+        assert "--constraint" not in err and not out.exists()  # nothing measured, nothing written
+    assert ready_models(url) == set()  # the server left as the tune found it
 
 
 @pytest.mark.timeout(200)

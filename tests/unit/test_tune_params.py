@@ -17,7 +17,16 @@ from perfkit.errors import PerfkitError
 from perfkit.report.tune_tables import render_csv
 from perfkit.tune.objectives import Estimate, Figures, Objective
 from perfkit.tune.params import apply_settings, check_against_config, parse_param
-from perfkit.tune.search import Space, SpaceSpec, Variant, brute_search, build_space, quick_search, variant_of
+from perfkit.tune.search import (
+    Space,
+    SpaceSpec,
+    Variant,
+    brute_search,
+    build_space,
+    default_variant,
+    quick_search,
+    variant_of,
+)
 from perfkit.tune.state import Model, Record, TuneResult, TuneSpec
 from v2kit.model_config import config_from_json, config_to_json, parse_config_text
 
@@ -148,25 +157,28 @@ def test_params_alone_make_the_grid_and_keys_show_the_values() -> None:
     }  # fmt: skip
 
 
-def test_the_point_that_is_the_config_itself_is_the_default_measured_once() -> None:
+def test_the_point_that_is_the_config_itself_is_the_default_measured_once_and_named_alike() -> None:
     config = base_config()
     config["dynamic_batching"] = {"max_queue_delay_microseconds": 100, "preferred_batch_size": []}
     spec = SpaceSpec(params=(parse_param("dynamic_batching.max_queue_delay_microseconds=0,100,500"),))
-    default = variant_of(config)
-    space = build_space(spec, default, config)
+    default = default_variant(config, spec.params)
+    space = build_space(spec, variant_of(config), config)
     assert space.home_is_base and space.variant(space.nearest(default)) == default
     policy = brute_search(space, default)
     keys = [next(policy).key]
     with contextlib.suppress(StopIteration):
         while True:
             keys.append(policy.send(None).key)
+    # The default is named by its values of the --param fields, as every other variant: not in knob style.
     assert keys == [
-        default.key,
+        "dynamic_batching.max_queue_delay_microseconds=100",
         "dynamic_batching.max_queue_delay_microseconds=0",
         "dynamic_batching.max_queue_delay_microseconds=500",
     ]
-    # Without dynamic_batching in the config, a delay of 100 turns batching on: a variant of its own.
+    # Without dynamic_batching in the config, a delay of 100 turns batching on: a variant of its own,
+    # and the default says that it sets no delay.
     assert not build_space(spec, variant_of(base_config()), base_config()).home_is_base
+    assert default_variant(base_config(), spec.params).key == "dynamic_batching.max_queue_delay_microseconds=unset"
 
 
 def test_quick_search_climbs_the_param_dimensions_from_the_configs_own_values() -> None:

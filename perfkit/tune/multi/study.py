@@ -278,6 +278,7 @@ class CombinationRecord:
     remeasures: list[dict[str, Estimate]] = field(default_factory=list)  # the chosen level, measured again
     remeasure_levels: list[dict[str, LevelResult]] = field(default_factory=list)  # what `remeasures` came from
     measured: int = 0  # levels measured by this run (the rest came from the checkpoint)
+    refused: bool = False  # the server would not load it (`error` is its reason)
 
     def chosen_figures(self) -> dict[str, Estimate] | None:
         return None if self.chosen is None else self.figures[self.chosen]

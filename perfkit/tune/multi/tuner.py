@@ -36,7 +36,7 @@ from perfkit.tune.multi.study import (
 )
 from perfkit.tune.objectives import best_level
 from perfkit.tune.search import brute_search, concurrency_sweep, quick_search, variant_of
-from perfkit.tune.state import Model, TuneSpec
+from perfkit.tune.state import DefaultRefused, Model, TuneSpec
 from perfkit.wire.client import InferClient, make_client
 from v2kit.runtime import eventloop
 
@@ -88,6 +88,8 @@ class CombinationTuner:
             record = result.records[combination.key] = CombinationRecord(combination, configs, is_default)
             self.progress.note(f"combination {len(result.records)} ({spec.search} search): {combination.key}")
             await self._sweep(record, result)
+            if is_default and record.refused:  # every combination would be refused the same way
+                raise DefaultRefused("the models with their own configurations", record.error)
             result.ranking = result.rank()
             self.save(result)
             self.progress.note(_outcome(record, result))
@@ -141,7 +143,7 @@ class CombinationTuner:
     async def _sweep(self, record: CombinationRecord, result: CombinationResult) -> None:
         """Sweep concurrency, taking the checkpoint's levels; loaded only when a level must be measured."""
         spec, key = self.spec, record.combination.key
-        if key in self.checkpoint.failures:
+        if key in self.checkpoint.failures and not record.default:  # a refused default stopped that tune
             record.status, record.error = "failed", self.checkpoint.failures[key]
             return
         cached = self.checkpoint.levels.get(key, {})
@@ -153,7 +155,7 @@ class CombinationTuner:
                 if not loaded:
                     error = await self._load(record.configs)
                     if error:
-                        record.status, record.error = "failed", error
+                        record.status, record.error, record.refused = "failed", error, True
                         return
                     loaded = True
                 levels = await self._level(concurrency, record)
