@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -174,6 +175,9 @@ def tune_json(tmp_path: Path) -> Path:
         return {"throughput": {"value": tp, "low": tp * 0.98, "high": tp * 1.02},
                 "p99_ms": {"value": p99, "low": p99 * 0.9, "high": p99 * 1.1}}  # fmt: skip
 
+    def score(tp: float) -> dict[str, float]:  # the throughput objective's: ln(throughput), ±2 %
+        return {"value": math.log(tp), "low": math.log(tp * 0.98), "high": math.log(tp * 1.02)}
+
     def variant(key: str, default: bool, fig: object, lv: object, status: str = "measured") -> dict[str, object]:
         return {"key": key, "description": f"<{key}>", "params": {"instance_count": 1}, "is_default": default,
                 "status": status, "error": "", "config": {}, "levels": lv, "chosen_concurrency": 4,
@@ -193,14 +197,15 @@ def tune_json(tmp_path: Path) -> Path:
         "measurements": {"variants": 4, "levels": 24, "measured_in_this_run": 24},
         "ranking": [
             {"rank": 1, "key": "count=2 mbs=8 batching=100us", "status": "feasible", "violations": [],
-             "score": None, "gain_over_default": 0.5},
+             "score": score(4500.0), "gain_over_default": 0.5},
             {"rank": 2, "key": "count=1 mbs=4 batching=off", "status": "feasible", "violations": [],
-             "score": None, "gain_over_default": 0.0},
+             "score": score(3000.0), "gain_over_default": 0.0},
             {"rank": 3, "key": "count=4 mbs=8 batching=off", "status": "infeasible",
-             "violations": ["p99_ms 30 > 10"], "score": None, "gain_over_default": 1.0},
+             "violations": ["p99_ms 30 > 10"], "score": score(6000.0), "gain_over_default": 1.0},
             {"rank": 4, "key": "count=8 mbs=8 batching=off", "status": "failed", "violations": [],
              "score": None, "gain_over_default": None},
         ],
+        "leader": "count=2 mbs=8 batching=100us", "ties": ["count=2 mbs=8 batching=100us"],
         "best": "count=2 mbs=8 batching=100us", "completed": True, "stop_reason": "",
     }  # fmt: skip
     path = tmp_path / "tune.json"

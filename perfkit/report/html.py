@@ -44,6 +44,7 @@ from perfkit.report.html_assets import CHECK_SCRIPT, CSS
 from perfkit.report.tidy import TIDY_COLUMNS
 from perfkit.results.files import ReportItem, TuneView, VariantView, slo_from_sweep
 from perfkit.results.model import LevelResult, SweepResult
+from perfkit.tune.verdict import TIE_RULE, Score, difference, mark, provisional, versus_default
 
 __all__ = ["SECTIONS", "render_html", "render_sweep_section", "render_tune_section"]
 
@@ -430,28 +431,45 @@ def _best(view: TuneView) -> VariantView | None:
     return ranked[0] if ranked and ranked[0].feasible else None
 
 
+def _scores(view: TuneView) -> dict[str, Score]:
+    return {v.name: v.score for v in view.variants if v.score is not None}
+
+
+def _versus(view: TuneView, variant: VariantView, default: VariantView) -> str:
+    """`variant` against the default: with the tune's intervals, a gain only when it is significant
+    (`verdict.versus_default`, as the console says it); from a tune.json without them, the point
+    difference, said to be one."""
+    scores = _scores(view)
+    if variant.name in scores and default.name in scores:
+        return versus_default(difference(scores[variant.name], scores[default.name]))
+    gain = _gain(view, variant)
+    if gain is None:
+        return "not compared with the default configuration (no figures)"
+    return (
+        f"{abs(gain) * 100:.0f}% {'better' if gain >= 0 else 'worse'} than the default configuration by its "
+        "point figures (this tune.json has no intervals to tell whether that is noise)"
+    )
+
+
 def _gain_sentence(view: TuneView) -> str:
-    """model_analyzer's summary sentence (reports/report_manager.py), told with the tune's ties."""
+    """model_analyzer's summary sentence (reports/report_manager.py), told with the tune's ties, and
+    claiming a gain only when it is significant."""
     best = _best(view)
     constraints = f", under {', '.join(view.constraints)}" if view.constraints else ""
     measured = f"In {view.measurements} measurements across {len(view.variants)} configurations"
     if best is None:
+        if not any(v.status == "infeasible" for v in view.variants):
+            return f"{measured}, every configuration failed: nothing to recommend."
         return f"{measured}, no configuration met the constraints{constraints}."
     at = f" ({_fmt(best.throughput_infer_per_s, 1)} infer/s, p99 {_fmt(best.p99_ms)} ms"
     at += f" at concurrency {best.concurrency})" if best.concurrency is not None else ")"
     goal = f"at maximizing {view.objective}{constraints}"
     if best.default:
         return f"{measured}, the default configuration {best.name} is the best {goal}{at}."
-    default = next((v.name for v in view.variants if v.default), None)
-    gain = _gain(view, best)
-    if default is None or gain is None:
+    default = next((v for v in view.variants if v.default), None)
+    if default is None:
         return f"{measured}, {best.name} is the best {goal}{at}; no default configuration was measured."
-    versus = f"{abs(gain) * 100:.0f}% {'better' if gain >= 0 else 'worse'} than the default configuration"
-    if default in view.ties:
-        return (
-            f"{measured}, {best.name} is recommended{constraints}{at}, but it cannot be told apart from the "
-            f"default configuration {goal}: their 95% intervals overlap (it measured {versus})."
-        )
+    versus = _versus(view, best, default)
     if len(view.ties) > 1:
         return (
             f"{measured}, {len(view.ties)} configurations tie for the best {goal}; {best.name}, the one that uses "
@@ -460,18 +478,38 @@ def _gain_sentence(view: TuneView) -> str:
     return f"{measured}, {best.name} is {versus} {goal}{at}."
 
 
+def _versus_cell(view: TuneView, v: VariantView, scores: dict[str, Score], default: str | None) -> str:
+    """The table's difference to the default with its interval, as the console prints it."""
+    if v.default:
+        return "-"
+    if default is not None and v.name in scores and default in scores:
+        return str(difference(scores[v.name], scores[default]))
+    gain = _gain(view, v)  # a tune.json without intervals, or one model's own figures
+    return "-" if gain is None else f"{gain * 100:+.0f} %"
+
+
 def _tune_table(view: TuneView, best: VariantView | None) -> str:
     rows = []
+    scores = _scores(view)
+    default = next((v.name for v in view.variants if v.default), None)
     for i, v in enumerate(view.ranked(), 1):
-        gain = _gain(view, v)
-        status = v.status + ("; " + "; ".join(v.violations) if v.violations else "")
+        marked = "" if not v.feasible else mark(
+            v.name, best=best.name if best else None, leader=view.leader, ties=view.ties,
+            remeasured=view.remeasured, scores=scores,
+        )  # fmt: skip
+        status = (
+            v.status + (f" ({marked})" if marked else "") + ("; " + "; ".join(v.violations) if v.violations else "")
+        )
+        ci = v.throughput_ci
         rows.append([
             v.rank or i, v.name + (" (default)" if v.default else "") + (" ★" if v is best else ""),
             v.description or ", ".join(f"{k}={val}" for k, val in v.params.items()),
-            "-" if v.concurrency is None else str(v.concurrency), _fmt(v.throughput_infer_per_s, 1), _fmt(v.p99_ms),
-            "-" if gain is None else f"{gain * 100:+.1f}%", _Badge(status, v.feasible),
+            "-" if v.concurrency is None else str(v.concurrency), _fmt(v.throughput_infer_per_s, 1),
+            "-" if ci is None else f"{ci[0]:,.1f} – {ci[1]:,.1f}", _fmt(v.p99_ms),
+            _versus_cell(view, v, scores, default), _Badge(status, v.feasible),
         ])  # fmt: skip
-    header = ["rank", "variant", "configuration", "concurrency", "throughput infer/s", "p99 ms", "vs default", "status"]
+    header = ["rank", "variant", "configuration", "concurrency", "throughput infer/s", "95% CI", "p99 ms",
+              "vs default (95% CI)", "status"]  # fmt: skip
     return f'<div class="scroll">{_table(header, rows)}</div>'
 
 
@@ -508,10 +546,12 @@ def render_tune_section(item: ReportItem, slo_ms: float | None = None, top_n: in
         for own in view.per_model
     )
     command = " ".join(str(a) for a in view.provenance.get("argv", []))
+    unfinished = provisional(view.completed)  # the console's rule and words
     return (
         f'<section id="{_e(_anchor(item))}"><h2>{_e(f"Tune of {view.model}")} <span class="muted">{_e(item.label)}</span></h2>'
-        f'<div class="verdict {"ok" if best else "bad"}"><div class="title">{_e(_gain_sentence(view))}</div></div>'
-        f'<h3>Configurations, best first</h3>{_tune_table(view, best)}'
+        f'<div class="verdict {"ok" if best and not unfinished else "bad"}"><div class="title">{_e(_gain_sentence(view))}</div>'
+        + (f'<div class="provisional">{_e(unfinished)}</div>' if unfinished else "") + "</div>"
+        f'<h3>Configurations, best first</h3>{_tune_table(view, best)}<p class="note">{_e(TIE_RULE)}</p>'
         + (f'<h3>Figures</h3><div class="grid">{"".join(figures)}</div>' if figures else "") + models
         + (f'<p class="note">{_e("perfkit " + command)}</p>' if command else "")
         + "</section>"

@@ -20,8 +20,9 @@ from perfkit._version import __version__
 from perfkit.report.tidy import render_tidy_csv, tidy_header
 from perfkit.results.model import SweepResult, level_name, to_jsonable
 from perfkit.tune.multi.study import CombinationRecord, CombinationResult, level_figures
-from perfkit.tune.objectives import Estimate, Figures, figures_of, violations
+from perfkit.tune.objectives import Estimate, Figures, Ranking, figures_of, violations
 from perfkit.tune.state import Record, TuneResult
+from perfkit.tune.verdict import Score, difference, mark, provisional, versus_default
 from v2kit.model_config import config_from_json
 
 
@@ -44,6 +45,17 @@ def _relative_width(score: Estimate | None) -> float:
     return 0.0 if score is None else math.expm1(score.high - score.low)
 
 
+def _scores(ranking: Ranking) -> dict[str, Score]:
+    return {e.key: (e.score.value, e.score.low, e.score.high) for e in ranking.entries if e.score is not None}
+
+
+def nothing_recommended(ranking: Ranking | None, what: str = "variant") -> str:
+    """Why a tune recommends nothing: no variant met the constraints, or every one failed."""
+    if ranking is not None and any(e.status == "infeasible" for e in ranking.entries):
+        return f"No {what} met the constraints: nothing to recommend (see the ranking below)."
+    return f"Every {what} failed: nothing to recommend (the reasons are below)."
+
+
 def _figure(record: Record, name: str) -> str:
     figures = record.combined()
     return "-" if figures is None or name not in figures else f"{figures[name].value:.1f}"
@@ -62,9 +74,9 @@ def render_summary(result: TuneResult) -> list[str]:
         f"out of a grid of {result.space.size}.",
     ]
     if not result.completed:
-        lines.append("The tune did not finish: this ranking is provisional (the leaders were not re-measured).")
+        lines.append(provisional(result.completed))
     if ranking is None or ranking.best is None:
-        lines.append("No variant met the constraints: nothing to recommend (see the ranking below).")
+        lines.append(nothing_recommended(ranking))
     else:
         best = result.records[ranking.best]
         assert best.chosen is not None  # a feasible variant has a chosen level
@@ -74,16 +86,16 @@ def render_summary(result: TuneResult) -> list[str]:
         lines.append(
             f"  {_figure(best, 'throughput')} infer/s at {level_name(lv.mode, lv.level)}, p99 {_figure(best, 'p99_ms')} ms"
         )
-        gain = _gain(result, ranking.best)
+        scores = _scores(ranking)
         if ranking.best == result.default_key:
             lines.append("  The default configuration is the best: no variant beat it.")
-        elif result.default_key in ranking.tie:
-            lines.append("  It is not distinguishable from the default configuration (their intervals overlap).")
-        elif gain is not None and default is not None:
+        elif default is not None and ranking.best in scores and result.default_key in scores:
+            # A gain is claimed only when its interval excludes 0 (`verdict.versus_default`).
+            d = difference(scores[ranking.best], scores[result.default_key])
             what = "more throughput" if [n for n, _ in spec.objective.weights] == ["throughput"] else "better"
             lines.append(
-                f"  That is {gain * 100:.0f} % {what} than the default configuration ({result.default_key}: "
-                f"{_figure(default, 'throughput')} infer/s, p99 {_figure(default, 'p99_ms')} ms)"
+                f"  {'That is' if d.significant else 'It is'} {versus_default(d, what)}; the default, "
+                f"{result.default_key}: {_figure(default, 'throughput')} infer/s, p99 {_figure(default, 'p99_ms')} ms"
                 + (", under the constraints." if spec.constraints else ".")
             )
         if len(ranking.tie) > 1:
@@ -108,17 +120,11 @@ def render_summary(result: TuneResult) -> list[str]:
     return lines
 
 
-def _gain_interval(result: TuneResult, key: str) -> str:
-    """The gain over the default with the 95 % interval of this variant's score."""
-    ranking = result.ranking
-    assert ranking is not None
-    own, default = ranking.entry(key), ranking.entry(result.default_key)
-    if own.score is None or default.score is None:
+def _gain_interval(scores: dict[str, Score], key: str, default: str) -> str:
+    """The difference to the default with its 95 % interval (`verdict.difference`); "-" for the default."""
+    if key == default or key not in scores or default not in scores:
         return "-"
-    low, mid, high = (
-        math.expm1(x - default.score.value) * 100 for x in (own.score.low, own.score.value, own.score.high)
-    )
-    return f"{mid:+.0f} % ({low:+.0f}..{high:+.0f})"
+    return str(difference(scores[key], scores[default]))
 
 
 def _table(result: TuneResult) -> list[str]:
@@ -130,20 +136,33 @@ def _table(result: TuneResult) -> list[str]:
     # The top N, and whatever the verdict names: the tie (the recommendation among it) and the default.
     measured = [e for e in ranking.entries if e.status != "failed"]
     wanted = {e.key for e in measured[: result.spec.top]} | set(ranking.tie) | {result.default_key}
+    scores = _scores(ranking)
     for e in (e for e in ranking.entries if e.key in wanted):
         record = result.records[e.key]
         figures = record.combined()
         tp = None if figures is None else figures.get("throughput")
-        mark = " (recommended)" if e.key == ranking.best else (" (tied)" if e.key in ranking.tie else "")
         rows.append([
             str(ranking.entries.index(e) + 1), e.key + (" [default]" if record.default else ""),
             "-" if record.chosen is None else str(int(record.levels[record.chosen].level)),
             "-" if tp is None else f"{tp.value:.1f} ({tp.low:.0f}..{tp.high:.0f})",
-            _figure(record, "p99_ms"), _gain_interval(result, e.key),
-            e.status + mark + ("; " + "; ".join(e.violations) if e.violations else ""),
+            _figure(record, "p99_ms"), _gain_interval(scores, e.key, result.default_key),
+            _status(e.key, e.status, e.violations, ranking, result.leaders, scores),
         ])  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+
+
+def _status(
+    key: str, status: str, broken: tuple[str, ...], ranking: Ranking, leaders: list[str], scores: dict[str, Score]
+) -> str:
+    """A variant's status with its mark (`verdict.mark`, the report's rule too) or what it broke."""
+    text = status
+    if status == "feasible":
+        marked = mark(
+            key, best=ranking.best, leader=ranking.leader, ties=ranking.tie, remeasured=leaders, scores=scores
+        )
+        text += f" ({marked})" if marked else ""
+    return text + ("; " + "; ".join(broken) if broken else "")
 
 
 def _variant_cells(record: Record) -> list[str]:
@@ -279,10 +298,12 @@ def render_combination_summary(result: CombinationResult) -> list[str]:
         f"({sum(len(r.levels) for r in result.records.values())} load levels) out of a grid of {result.space.size}.",
     ]
     if not result.completed:
-        lines.append(f"The tune did not finish{': ' + result.stop_reason if result.stop_reason else ''}.")
+        lines.append(
+            provisional(result.completed) + (f" It stopped: {result.stop_reason}" if result.stop_reason else "")
+        )
     best = result.best
     if ranking is None or best is None:
-        lines.append("No combination met the constraints: nothing to recommend (see the ranking below).")
+        lines.append(nothing_recommended(ranking, "combination"))
     else:
         lines.append(f"Best (at concurrency {best.chosen_concurrency()}):")
         prefix = "" if study.endpoint is not None else "{}/"
@@ -291,24 +312,29 @@ def render_combination_summary(result: CombinationResult) -> list[str]:
             lines.append(f"  {name}: {variant.key} ({variant.describe()}){shown}")
         if study.endpoint is not None:
             lines.append(f"  {study.endpoint.name}: {_per_model(best, '')}")
-        gain = _combination_gain(result, best.combination.key)
+        scores = _scores(ranking)
         if best.combination.key == result.default_key:
             lines.append("  The default configurations are the best: no combination beat them.")
-        elif result.default_key in ranking.tie:
-            lines.append("  It is not distinguishable from the default configurations (their intervals overlap).")
-        elif gain is not None:
-            lines.append(f"  {gain * 100:+.0f} % on the objective over the default configurations.")
+        elif best.combination.key in scores and result.default_key in scores:
+            d = difference(scores[best.combination.key], scores[result.default_key])
+            told = versus_default(d, "better on the objective", "the default configurations")
+            lines.append(f"  {'That is' if d.significant else 'It is'} {told}.")
     lines += ["", "rank  status      score    combination"]
     entries = () if ranking is None else ranking.entries
-    best_key, tie = (None, ()) if ranking is None else (ranking.best, ranking.tie)
+    scores = {} if ranking is None else _scores(ranking)
     for i, e in enumerate(entries):
-        if i >= spec.top and e.key != best_key:
+        assert ranking is not None
+        if i >= spec.top and e.key != ranking.best:
             continue
         score = "-" if e.score is None else f"{e.score.value:7.3f}"
         default = " [default]" if e.key == result.default_key else ""
         broken = f"  ({'; '.join(e.violations)})" if e.violations else ""
-        mark = " (recommended)" if e.key == best_key else (" (tied)" if e.key in tie else "")
-        lines.append(f"{i + 1:<5} {e.status:<11} {score:>7}  {e.key}{default}{mark}{broken}")
+        marked = "" if e.status != "feasible" else mark(
+            e.key, best=ranking.best, leader=ranking.leader, ties=ranking.tie, remeasured=result.leaders, scores=scores
+        )  # fmt: skip
+        lines.append(
+            f"{i + 1:<5} {e.status:<11} {score:>7}  {e.key}{default}{f' ({marked})' if marked else ''}{broken}"
+        )
     return lines
 
 

@@ -50,6 +50,8 @@ class VariantView:
     concurrency: int | None = None
     violations: tuple[str, ...] = ()
     sweep: SweepResult | None = None  # its levels, as a sweep over concurrency
+    score: tuple[float, float, float] | None = None  # the ranking's score: (value, low, high), log scale
+    throughput_ci: tuple[float, float] | None = None  # the 95 % interval of throughput_infer_per_s
 
     @property
     def feasible(self) -> bool:
@@ -68,6 +70,9 @@ class TuneView:
     measurements: int = 0
     best: str | None = None  # the recommended variant
     ties: tuple[str, ...] = ()  # variants whose score intervals overlap the leader's
+    leader: str | None = None  # the highest score
+    remeasured: tuple[str, ...] = ()  # the leaders re-measured, interleaved, before the verdict
+    completed: bool = True  # False: the tune stopped early, and its ranking is provisional
     provenance: dict[str, Any] = field(default_factory=dict)
     #: A tune of several models: each measured model's figures of the same combinations (its own
     #: throughput and p99, its levels as a sweep); the variants above carry the combined figures.
@@ -113,6 +118,10 @@ def _value(figures: dict[str, Any] | None, name: str) -> float | None:
     return None if entry is None else float(entry["value"])
 
 
+def _interval(entry: dict[str, Any] | None) -> tuple[float, float, float] | None:
+    return None if not entry else (float(entry["value"]), float(entry["low"]), float(entry["high"]))
+
+
 def tune_view_from_json(data: dict[str, Any], source: str) -> TuneView:
     """`perfkit tune`'s tune.json (report.tune_tables.render_json) as the report needs it; a missing key is named."""
     try:
@@ -127,6 +136,7 @@ def tune_view_from_json(data: dict[str, Any], source: str) -> TuneView:
             entry = ranking.get(v["key"], {})
             figures = v.get("combined_figures") or v.get("figures")
             levels = v.get("levels") or []
+            throughput = _interval((figures or {}).get("throughput"))
             variants.append(
                 VariantView(
                     name=str(v["key"]),
@@ -141,6 +151,8 @@ def tune_view_from_json(data: dict[str, Any], source: str) -> TuneView:
                     concurrency=v.get("chosen_concurrency"),
                     violations=tuple(entry.get("violations") or ()),
                     sweep=_sweep_from_data({**header, "levels": levels}, f"{source}: {v['key']}") if levels else None,
+                    score=_interval(entry.get("score")),
+                    throughput_ci=None if throughput is None else throughput[1:],
                 )
             )
         measurements = data.get("measurements") or {}
@@ -153,6 +165,9 @@ def tune_view_from_json(data: dict[str, Any], source: str) -> TuneView:
             measurements=int(measurements.get("levels", len(variants))),
             best=data.get("best"),
             ties=tuple(str(k) for k in data.get("ties") or ()),
+            leader=data.get("leader"),
+            remeasured=tuple(str(k) for k in data.get("leaders") or ()),
+            completed=bool(data.get("completed", True)),
             provenance={k: data[k] for k in ("perfkit_version", "started_at", "argv", "server") if k in data},
         )
     except KeyError as exc:
@@ -196,7 +211,9 @@ def combination_view_from_json(data: dict[str, Any], source: str) -> TuneView:
         variants = tuple(dataclasses.replace(v, p99_ms=worst[v.name]) for v in overall.variants)
         # A model's own gain is its throughput against the default's (the tune's gain is the whole's).
         no_gain = tuple(
-            dataclasses.replace(view, variants=tuple(dataclasses.replace(v, gain=None) for v in view.variants))
+            dataclasses.replace(
+                view, variants=tuple(dataclasses.replace(v, gain=None, score=None) for v in view.variants)
+            )
             for view in per_model
         )
         return dataclasses.replace(overall, variants=variants, per_model=no_gain)

@@ -8,6 +8,7 @@ import csv
 import dataclasses
 import io
 import json
+import math
 import re
 from pathlib import Path
 
@@ -134,8 +135,9 @@ def test_a_tune_report_ranks_plots_and_states_the_gain(tmp_path: Path) -> None:
     assert tune.kind == "tune"
     page = render_html([tune])
     assert (
-        "In 24 measurements across 4 configurations, count=2 mbs=8 batching=100us is 50% better than the default "
-        "configuration at maximizing throughput, under p99_ms&lt;=10 (4,500.0 infer/s, p99 6.00 ms at concurrency 4)."
+        "In 24 measurements across 4 configurations, count=2 mbs=8 batching=100us is 50 % better than the default "
+        "configuration (95 % CI +44..+56 %) at maximizing throughput, under p99_ms&lt;=10 (4,500.0 infer/s, p99 "
+        "6.00 ms at concurrency 4)."
     ) in page
     ranks = re.findall(r'<tr><td class="n">(\d)</td><td>([^<]+)</td>', page)
     assert ranks == [
@@ -167,12 +169,16 @@ def test_a_tune_sentence_owns_up_to_ties(tmp_path: Path) -> None:
     path.write_text(json.dumps(data))
     page = render_html([load_result(path)])
     assert "2 configurations tie for the best at maximizing throughput" in page
-    assert "count=4 mbs=8 batching=off, the one that uses the fewest resources, is 100% better" in page
-    data["ties"].append("count=1 mbs=4 batching=off")  # the default among them
-    data["ranking"][2]["gain_over_default"] = -0.05
+    assert (
+        "count=4 mbs=8 batching=off, the one that uses the fewest resources, is 100 % better than the default "
+        "configuration (95 % CI +92..+108 %)"
+    ) in page
+    # Its interval overlapping the default's: no gain is claimed, the interval is shown.
+    data["ranking"][2]["score"] = {"value": math.log(2850.0), "low": math.log(2700.0), "high": math.log(3100.0)}
     path.write_text(json.dumps(data))
     page = render_html([load_result(path)])
-    assert "cannot be told apart from the default configuration" in page and "5% worse" in page
+    assert "is not distinguishable from the default configuration (-5 %, 95 % CI -12..+5 %)" in page
+    assert "better than the default" not in page
 
 
 def test_slo_comes_from_the_sweep_when_it_stabilised_on_p99() -> None:
