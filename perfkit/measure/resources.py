@@ -126,6 +126,7 @@ class ResourceSampler:
         self._task: asyncio.Task[None] | None = None
         self._readings: list[Reading] = []
         self._logged: set[str] = set()
+        self._stopping = False  # the last reading: a server stopping with us (Ctrl-C) is no news
         self._cpus = psutil.cpu_count() or 1
 
     @property
@@ -146,6 +147,9 @@ class ResourceSampler:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+            # Ctrl-C reaches the embedded server too, which may be gone by now: the reading keeps
+            # the failed scrape, but a warning about it would be noise at the end of the run.
+            self._stopping = True
             await self.sample_once()
         if self._session is not None:
             await self._session.close()
@@ -225,6 +229,8 @@ class ResourceSampler:
             return str(await response.text())
 
     def _log_once(self, key: str, message: str, *args: object) -> None:
+        if self._stopping:
+            return
         if key not in self._logged:
             self._logged.add(key)
             log.warning(message, *args)

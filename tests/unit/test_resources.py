@@ -297,3 +297,22 @@ async def test_several_metrics_urls_and_one_without_gpus_said_once(
     assert usage.gpu_memory_used_bytes == {"GPU-aaaa": 10, "GPU-bbbb": 20, "GPU-dddd": 1000 * MIB}
     assert usage.server_cpu_pct == pytest.approx(50.0)  # the mean of 75 % and 25 %
     assert usage.notes == ("no GPU metrics at http://cpu-only:8002/metrics",)
+
+
+async def test_a_scrape_failing_as_the_sampler_stops_is_kept_but_not_warned_about(
+    client_cpu: list[float], caplog: pytest.LogCaptureFixture
+) -> None:
+    # Ctrl-C reaches the embedded server too: by the last reading its metrics port may be closed.
+    client_cpu += [0.0, 0.5, 1.0]
+    url = "http://h:8002/metrics"
+    fetch = Scripted([metrics_text((0.5, 0.5), (1, 1), (1, 1), 0.1), OSError("connection refused")])
+    sampler = ResourceSampler(interval_s=3600, metrics_urls=(url,), local_gpu=False, clock=clock(), fetch=fetch)
+    await sampler.start()
+    with caplog.at_level("WARNING"):
+        await sampler.stop()
+    assert [r.scraped for r in sampler.readings] == [True, False]  # the failure is in the last reading
+    assert "scraping" not in caplog.text
+    running = ResourceSampler(metrics_urls=(url,), local_gpu=False, clock=clock(), fetch=Scripted([OSError("no")]))
+    with caplog.at_level("WARNING"):
+        await running.sample_once()
+    assert f"scraping {url} failed" in caplog.text  # while measuring, a failed scrape is news
