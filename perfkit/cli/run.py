@@ -107,7 +107,8 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         with reference_server_process(repository, scenario.server.args) as server:
             protocol = parser.parse_args(argv).protocol
             url = server.grpc_url if protocol == "grpc" else server.http_url
-            argv = [*argv, "--url", url, "--collect-metrics", "--metrics-url", server.metrics_url]
+            collect = [] if "--collect-metrics" in argv else ["--collect-metrics"]  # each flag once in the echo
+            argv = [*argv, "--url", url, *collect, "--metrics-url", server.metrics_url]
             return _run_sweep(parser, argv, values, scenario, thresholds, baseline)
     return _run_sweep(parser, argv, values, scenario, thresholds, baseline)
 
