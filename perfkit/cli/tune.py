@@ -52,7 +52,9 @@ is touched, and the model's configuration from before the tune is loaded back at
 With several -u (alike servers) and --workers, one Ray actor per server measures variants at once.
 
 The leaders are re-measured, interleaved, before a winner is named; variants whose 95 % intervals
-overlap are reported as a tie and the one with the fewest resources is recommended.
+overlap are reported as a tie and the one with the fewest resources is recommended. A gain over the
+default is claimed only when its 95 % interval excludes 0. A default configuration the server will
+not load stops the tune at once (exit 2); an interrupted one (exit 130) still writes the best so far.
 
 --param PATH=VALUES (repeatable) searches any config field instead of the knobs above: the cross
 product of the --param values, each variant the config with those values and nothing else changed.

@@ -33,7 +33,9 @@ whose interval is the wider of the merged within-run interval (shrunk by √n) a
 interval of the per-run values, which catches the drift between runs on a shared machine that the
 windows of one run cannot see. Only re-measured variants can then tie: comparing a leader's honest
 interval with another variant's single-run interval makes tie membership, and so the cheapest tied
-variant, flip from run to run (tests/unit/test_objectives.py simulates it).
+variant, flip from run to run (tests/unit/test_objectives.py simulates it). A variant measured once
+whose interval still overlaps the leader's is not tied, and the reports say so of it
+(`perfkit.tune.verdict`, which tells the ranking to the console and the HTML report by one rule).
 """
 
 from __future__ import annotations
