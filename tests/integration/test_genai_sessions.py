@@ -132,8 +132,9 @@ def test_the_sweep_reports_per_session_figures(sim_server: ServerProcess, tmp_pa
                  "--concurrency-range", "2", "--request-count", "12", "--output-tokens-mean", "3", "--ignore-eos",
                  "--synthetic-input-tokens-mean", "8", "--num-sessions", "3", "--session-turns-mean", "3",
                  "--quiet", "--no-report", "--report-dir", str(tmp_path)])  # fmt: skip
-    assert code == 0
+    assert code == 3  # measured, but 12 requests in under a second are too few for a valid p90
     level = read_sweep(next(tmp_path.glob("sweep-*.json"))).levels[0]
+    assert {c.name for c in level.checks if not c.passed} <= {"sample_count", "duration"}
     assert level.sessions is not None and level.tokens is not None
     assert level.sessions.count >= 2 and level.sessions.turns.mean == 3.0
     assert 0 < level.sessions.latency_ms.p50 and level.tokens.input_tokens.max > 2 * 8 + 3
