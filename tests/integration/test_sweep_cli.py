@@ -157,6 +157,8 @@ def test_a_grpc_sweep_of_the_embedded_default(env: dict[str, str], tmp_path: Pat
     tidy = pd.read_csv(tmp_path / "grpc_long.csv")
     assert tidy["protocol"].tolist() == ["grpc"]
     assert tidy["server_inference_count"].iloc[0] > 0
+    (result_json,) = tmp_path.glob("*.json")  # the files perfkit names say the protocol
+    assert result_json.name.startswith("sweep-mlp-concurrency-grpc-")
 
 
 @pytest.mark.parametrize(
