@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from perfkit.cli import main
 from perfkit.errors import PerfkitError
 from perfkit.report.tune_tables import render_combination_csv, render_combination_json
 from perfkit.results.files import TuneView, load_result
@@ -215,3 +216,31 @@ def test_a_combination_checkpoint_gives_back_its_levels_and_refuses_another_tune
     path.write_text(json.dumps({"schema": 1, "fingerprint": {}, "variants": {}}))
     with pytest.raises(PerfkitError, match="checkpoint of a one-model tune"):
         CombinationCheckpoint(path, fingerprint(spec, study, "embedded"))
+
+
+def test_an_interrupted_tune_of_several_models_writes_each_best_config_so_far(
+    repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    configs = [str(repository / "mlp" / "config.pbtxt"), str(repository / "preprocess" / "config.pbtxt")]
+    study = read_study([Path(c) for c in configs])
+    assert study is not None
+    spec = TuneSpec(config_path=repository / "mlp" / "config.pbtxt", space=SpaceSpec(max_instances=1, max_batch=1))
+    result = new_result(spec, study)
+    combination = result.space.variant(result.space.coordinates()[0])
+    record = result.records[combination.key] = CombinationRecord(combination, combination.configs(study), False)
+    record.levels = [{"mlp": make_level(1, [100.0] * 3), "preprocess": make_level(1, [50.0] * 3)}]
+    record.figures = [level_figures(study, record.levels[0])]
+    record.chosen, record.status = 0, "ok"
+    result.ranking = result.rank()  # the search under way: nothing re-measured, not completed
+
+    def interrupted(spec, study, sink, checkpoint):  # type: ignore[no-untyped-def]
+        sink(result)
+        return result, 130
+
+    monkeypatch.setattr("perfkit.cli.tune.run_combination_tune", interrupted)
+    out = tmp_path / "out"
+    assert main(["tune", *configs, "-o", str(out), "--quiet"]) == 130
+    err = capsys.readouterr().err
+    assert all((out / "best" / name / "config.pbtxt").is_file() for name in ("mlp", "preprocess"))
+    assert f"interrupted: {out / 'best'} holds the best configuration found so far (provisional" in err
+    assert "provisional" in (out / "summary.txt").read_text() and "provisional" in (out / "report.html").read_text()
