@@ -364,6 +364,13 @@ def _lengthening_note(mode: str, level: float, spec: WindowSpec, windows: list[W
     )
 
 
+_LENGTHENED_ADVICE = (
+    "start with longer windows (-p / --measurement-interval MS), lengthen them more often (--window-lengthenings N), "
+    "allow more windows (-r / --max-trials N), or accept more spread (-s / --stability-percentage PCT); on a busy "
+    "machine, measure when it is quieter"
+)
+
+
 def _with_lengthening(result: LevelResult, spec: WindowSpec, failed: list[str], scale: int) -> LevelResult:
     """The level's stability check says its windows were lengthened, from what to what and why."""
     how = (
@@ -378,9 +385,7 @@ def _with_lengthening(result: LevelResult, spec: WindowSpec, failed: list[str], 
     def noted(check: Check) -> Check:
         if check.name != "stable":
             return check
-        advice = check.advice
-        if advice:
-            advice += ", or lengthen the windows more often (--window-lengthenings N)"
+        advice = _LENGTHENED_ADVICE if check.advice else ""
         return dataclasses.replace(check, detail=f"{check.detail}; {how}", advice=advice)
 
     return dataclasses.replace(result, checks=tuple(noted(check) for check in result.checks))
