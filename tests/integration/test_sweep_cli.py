@@ -264,6 +264,10 @@ def test_an_unstable_level_is_kept_flagged_and_gives_exit_code_3(
     )  # fmt: skip
     assert result.returncode == 3, result.stderr
     assert "concurrency 1: " in result.stderr and "UNSTABLE" in result.stderr
+    # The last line says why and what to change; -r alone keeps perf_analyzer's windows, not lengthened.
+    assert result.stderr.strip().splitlines()[-1].startswith("concurrency 1 never stabilised (throughput varied ")
+    assert "-s 0.001% over the last 3 windows of 0.2 s): raise -p" in result.stderr
+    assert "lengthening the windows" not in result.stderr
     assert len(out.read_text().splitlines()) == 2  # kept: the header and its row
     tidy = pd.read_csv(tmp_path / "out_long.csv")
     assert tidy["stable"].tolist() == [False] and "stable" in tidy["failed_checks"].iloc[0].split(";")
