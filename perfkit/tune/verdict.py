@@ -11,6 +11,7 @@ a difference whose interval excludes 0 is significant, and is never shown as a t
 
 Marks. One rule (`mark`) says what the ranking makes of each feasible variant:
 - recommended: the pick, the cheapest variant of the tie;
+- the leader: the highest score, when a cheaper variant tied with it is the pick;
 - tied with the leader: in the ranking's tie, that is, its difference to the leader includes 0 and
   it was re-measured with the leader (or no leader was re-measured: the tune did not get that far,
   or --remeasure 0);
@@ -60,7 +61,12 @@ class Difference:
         return self.low > 0 or self.high < 0
 
     def __str__(self) -> str:
-        return f"{self.gain * 100:+.0f} % ({self.low * 100:+.0f}..{self.high * 100:+.0f})"
+        return f"{_percent(self.gain)} % ({_percent(self.low)}..{_percent(self.high)})"
+
+
+def _percent(fraction: float) -> str:
+    """A signed whole percentage; a fraction that rounds to 0 reads +0, never -0."""
+    return f"{round(fraction * 100) or 0:+d}"
 
 
 def difference(own: Score, other: Score) -> Difference:
@@ -81,20 +87,22 @@ def mark(
     difference to the leader is shown beside a tie, so that the reader sees the 0 it includes."""
     if key == best:
         return "recommended"
+    if key == leader:
+        return "the leader"
     own, top = scores.get(key), scores.get(leader or "")
-    against = "" if own is None or top is None or key == leader else f": {difference(own, top)}"
+    against = "" if own is None or top is None else f": {difference(own, top)}"
     if key in ties:
         return f"tied with the leader{against}"
-    if own is None or top is None or key == leader or key in remeasured or not remeasured:
+    if own is None or top is None or key in remeasured or not remeasured:
         return ""
     return f"overlaps the leader{against}, not re-measured" if not difference(own, top).significant else ""
 
 
 def versus_default(d: Difference, better: str = "better", default: str = "the default configuration") -> str:
     """The pick against the default, as a headline may say it: a gain only when it is significant."""
-    interval = f"95 % CI {d.low * 100:+.0f}..{d.high * 100:+.0f} %"
+    interval = f"95 % CI {_percent(d.low)}..{_percent(d.high)} %"
     if not d.significant:
-        return f"not distinguishable from {default} ({d.gain * 100:+.0f} %, {interval})"
+        return f"not distinguishable from {default} ({_percent(d.gain)} %, {interval})"
     if d.gain > 0:
         return f"{d.gain * 100:.0f} % {better} than {default} ({interval})"
     # Only a default that breaks the constraints scores higher than the pick and is not picked.

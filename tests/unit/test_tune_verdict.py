@@ -137,26 +137,27 @@ def test_the_reports_table_carries_intervals_and_names_the_tie_rule(
 
 
 def test_one_rule_marks_ties_in_both_tables(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Re-measured: 4 (the leader), 3 (tied: overlapping) and 2 (significantly below). Not re-measured:
-    # 5, noisy, whose interval overlaps the leader's, and the default, far below.
+    # Re-measured: 4 (the leader), 3 and 6 (tied: overlapping) and 2 (significantly below). Not
+    # re-measured: 5, noisy, whose interval overlaps the leader's, and the default, far below.
     result = tune_result(
-        tmp_path, {1: steady(50.0), 2: steady(160.0), 3: steady(198.0), 4: steady(200.0), 5: NOISY},
-        leaders=(2, 3, 4), top=5,
+        tmp_path, {1: steady(50.0), 2: steady(160.0), 3: steady(198.0), 4: steady(200.0), 5: NOISY, 6: steady(199.0)},
+        leaders=(2, 3, 4, 6), top=6,
     )  # fmt: skip
     ranking = result.ranking
-    assert ranking is not None and ranking.leader == key(4) and set(ranking.tie) == {key(3), key(4)}
+    assert ranking is not None and ranking.leader == key(4) and set(ranking.tie) == {key(3), key(4), key(6)}
     assert ranking.best == key(3)  # the cheaper of the tie
     scores = {e.key: (e.score.value, e.score.low, e.score.high) for e in ranking.entries if e.score}
     marks = {
         k: mark(k, best=ranking.best, leader=ranking.leader, ties=ranking.tie, remeasured=result.leaders, scores=scores)
         for k in scores
     }
-    assert marks[key(3)] == "recommended" and marks[key(4)] == "tied with the leader"
+    assert marks[key(3)] == "recommended" and marks[key(4)] == "the leader"
+    assert re.fullmatch(r"tied with the leader: [-+]\d+ % \(-\d+\.\.\+\d+\)", marks[key(6)])
     assert marks[key(2)] == "" and marks[key(1)] == ""  # told apart: their difference to the leader excludes 0
     assert marks[key(5)].startswith("overlaps the leader: ") and marks[key(5)].endswith(", not re-measured")
     # The console and the report show the same marks, each beside the difference that justifies it.
     summary = render_summary(result)
-    console = {k: line for line in summary for k in scores if line.startswith(tuple("12345")) and f"{k} " in line}
+    console = {k: line for line in summary for k in scores if line[:1].isdigit() and f"{k} " in line}
     page = html_marks(page_of(result, tmp_path, monkeypatch))
     for k, m in marks.items():
         shown = f"feasible ({m})" if m else "feasible"
