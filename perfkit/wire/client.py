@@ -72,6 +72,7 @@ from perfkit.wire.replies import (
     note_once,
     output_mismatch,
 )
+from perfkit.wire.sniff import not_kserve_hint, sniff, wrong_port_hint
 from perfkit.wire.streaming import EMPTY_FINAL, StreamChannel, encode_stream_headers
 from v2kit import codec as v2
 from v2kit.grpc_proto import message_to_json, request_to_proto
@@ -197,6 +198,7 @@ class HttpClient:
             raise PerfkitError(f"-u {url}: expected HOST:PORT or http(s)://HOST:PORT for -i http")
         https = (tls or TlsSpec()).https_context() if self._base.scheme == "https" else None
         self._ssl: ssl.SSLContext | bool = https or True
+        self._wire_ssl = https
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._headers = dict(headers)
         self._binary = binary  # (inputs, outputs)
@@ -284,7 +286,15 @@ class HttpClient:
         except asyncio.TimeoutError:
             raise TargetError(f"{method} {url}: no answer within {self._timeout.total} s") from None
         except aiohttp.ClientError as exc:
-            raise TargetError(f"cannot reach {self._base} over HTTP ({describe(exc)}); is -u right?") from None
+            raise await self._unreachable(exc) from None
+
+    async def _unreachable(self, exc: aiohttp.ClientError) -> TargetError:
+        """Why a control-plane call failed; when the port answered in another protocol, which."""
+        if not isinstance(exc, aiohttp.ClientConnectorError):  # it answered, but how? (a gRPC port?)
+            hint = wrong_port_hint(await sniff(self._base.raw_host or "", self._base.port or 0, self._wire_ssl), "http")
+            if hint:
+                return TargetError(f"-u {self.url}: {hint}")
+        return TargetError(f"cannot reach {self._base} over HTTP ({describe(exc)}); is -u right?")
 
     async def _json(self, method: str, url: yarl.URL, body: Any = None) -> Any:
         status, data = await self._call(method, url, body)
@@ -296,7 +306,10 @@ class HttpClient:
             raise TargetError(f"{method} {url}: the response is not JSON: {data[:200]!r}") from None
 
     async def live(self) -> bool:
-        return (await self._call("GET", self._base / "v2" / "health" / "live"))[0] == 200
+        status = (await self._call("GET", self._base / "v2" / "health" / "live"))[0]
+        if status == 404:  # every KServe v2 server has this route: not one (the metrics port?)
+            raise TargetError(f"-u {self.url} {not_kserve_hint()}")
+        return status == 200
 
     async def ready(self) -> bool:
         return (await self._call("GET", self._base / "v2" / "health" / "ready"))[0] == 200
@@ -355,7 +368,7 @@ class HttpClient:
         except asyncio.TimeoutError:
             raise TargetError(f"{action} of model '{name}': no answer within {LOAD_TIMEOUT_S} s") from None
         except aiohttp.ClientError as exc:
-            raise TargetError(f"cannot reach {self._base} over HTTP ({describe(exc)}); is -u right?") from None
+            raise await self._unreachable(exc) from None
         if status != 200:
             raise TargetError(f"{action} of model '{name}' failed: HTTP {status}: {v2.decode_error(data)}")
 
@@ -403,6 +416,7 @@ class GrpcClient:
         # -H headers travel as call metadata, whose keys gRPC wants in lower case.
         self._metadata = tuple((k.lower(), v) for k, v in headers.items()) or None
         self._wire = grpc_wire.Channel(host, port, context)  # inference
+        self._address = (host, port, context)  # to sniff what the port speaks when a call fails
         self._streams = StreamChannel(host, port, context) if streaming else None  # inference, --streaming
         self._stream_block = encode_stream_headers(self._wire.target, context is not None, self._metadata or ())
         self._channel: grpc.aio.Channel | None = None  # the rest; opened in the event loop, on first use
@@ -519,6 +533,9 @@ class GrpcClient:
             code, details = exc.code(), exc.details() or ""
             if grpc_failure_kind(code, details) in ("connection refused", "connection reset"):
                 raise TargetError(f"cannot reach {self._target} over gRPC ({details}); is -u right?") from None
+            hint = wrong_port_hint(await sniff(*self._address), "grpc") if code == grpc.StatusCode.UNAVAILABLE else None
+            if hint:
+                raise TargetError(f"-u {self.url}: {hint}") from None
             raise TargetError(f"gRPC {method} at {self._target}: {code.name}: {details}") from None
 
     async def live(self) -> bool:
