@@ -488,11 +488,10 @@ def errors_and_late_sends(run: SweepResult) -> bytes:
         right.set_ylabel("sends > 1 ms late (%)")
         right.set_ylim(bottom=0, top=max([lv.delayed_pct for lv in levels] + [1.0]) * 1.15)
         right.spines["top"].set_visible(False)
-        _legend(right, loc="upper right")
     if not kinds and not (scheduled and any(lv.delayed_pct for lv in levels)):
         _note(ax, "no failed requests" + (" and no late sends" if scheduled else ""))
     ax.set_title("Errors" + (" and late sends" if scheduled else ""), fontsize=11)
-    _legend(ax, loc="upper left")
+    _legend_below(fig, *fig.axes)
     return _png(fig)
 
 

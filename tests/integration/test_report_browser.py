@@ -173,7 +173,7 @@ def _multi_model_tune() -> TuneView:
             VariantView(name=f"mlp:{n} preprocess:{m}", params={"mlp": n, "preprocess": m}, default=(n, m) == (1, 1),
                         throughput_infer_per_s=1000.0 * scale * n / m, p99_ms=2.0 * n + m, rank=i + 1,
                         concurrency=4, sweep=steady_sweep(scale * n / m))
-            for i, (n, m) in enumerate(((2, 1), (1, 1), (4, 2)))
+            for i, (n, m) in enumerate(((2, 1), (1, 1), (3, 2)))
         )  # fmt: skip
 
     own = tuple(TuneView(model, variants(scale), best="mlp:2 preprocess:1") for model, scale in
