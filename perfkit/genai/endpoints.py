@@ -42,6 +42,7 @@ from perfkit.genai.tokenizer import USAGE, Tokenizer
 from perfkit.genai.workload import GenerativeSpec, Prompt
 from perfkit.wire.client import MESSAGES_PER_KIND, Outcome
 from perfkit.wire.limits import MAX_CONTROL_REPLY
+from perfkit.wire.sniff import sniff, wrong_port_hint
 
 __all__ = ["CUT", "ERROR_EVENT", "MALFORMED", "NO_DONE", "NO_USAGE", "BAD_REPLY", "GenerativeClient", "GenPrepared"]
 
@@ -317,6 +318,11 @@ class GenerativeClient:
         try:
             await self._get_json(path)
         except (PerfkitError, aiohttp.ClientError, OSError, ValueError) as exc:
+            if isinstance(exc, aiohttp.ClientError) and not isinstance(exc, aiohttp.ClientConnectorError):
+                spoken = await sniff(self._base.raw_host or "", self._base.port or 0)  # (a TLS port says neither)
+                hint = wrong_port_hint(spoken, "http")  # it answered, but in HTTP/2 (a gRPC port?)
+                if hint:
+                    raise TargetError(f"-u {self.url}: {hint}") from None
             raise TargetError(
                 f"{self.url}: GET {path} failed ({exc}); is this the server's "
                 f"{'OpenAI-compatible' if self._openai else 'KServe'} front end? check -u and --endpoint-type"

@@ -12,6 +12,9 @@ from collections.abc import AsyncIterator
 import pytest
 
 from perfkit.errors import TargetError
+from perfkit.genai.endpoints import GenerativeClient
+from perfkit.genai.tokenizer import ByteTokenizer
+from perfkit.genai.workload import GenerativeSpec
 from perfkit.wire.client import make_client
 from perfkit.wire.sniff import HTTP1, HTTP2, Spoken, read_spoken, wrong_port_hint
 
@@ -101,3 +104,13 @@ async def test_a_grpc_client_at_an_http_port_says_use_http(status: int, words: s
         finally:
             await client.close()
     assert str(caught.value).startswith(f"-u {url}: {words}"), caught.value
+
+
+async def test_a_generative_client_at_a_grpc_port_says_use_grpc() -> None:
+    async with answering(SETTINGS_FRAME, first=True) as url:
+        client = GenerativeClient(url, GenerativeSpec(endpoint_type="chat"), ByteTokenizer())
+        try:
+            with pytest.raises(TargetError, match=r"this port speaks HTTP/2 \(gRPC\?\): use -i grpc"):
+                await client.live()
+        finally:
+            await client.close()
