@@ -27,7 +27,7 @@ from perfkit.target import ServerProcess, reference_server_process
 from perfkit.tune.distributed import EndpointState, RayTuner, open_tuner
 from perfkit.tune.objectives import best_level, figures_of, rank
 from perfkit.tune.search import SpaceSpec, brute_batches, build_space, variant_of
-from perfkit.tune.state import Model, Record, TuneResult, TuneSpec
+from perfkit.tune.state import DefaultRefused, Model, Record, TuneResult, TuneSpec
 from perfkit.tune.tuner import run_tune, sweep_variant
 from tests.ray_runtime import local_ray
 from tests.unit.test_objectives import level
@@ -131,10 +131,11 @@ def test_an_endpoint_that_is_down_is_reported_and_the_others_measure(
 
 
 class ScriptedWorker:
-    """A worker whose server serves `1000 × instance count` infer/s, and fails at call `fail_at`."""
+    """A worker whose server serves `1000 × instance count` infer/s, and fails at call `fail_at`;
+    with `refusal`, a server that refuses every load with it."""
 
-    def __init__(self, url: str, spec: TuneSpec, fail_at: int | None = None) -> None:
-        self.url, self.spec, self.fail_at = url, spec, fail_at
+    def __init__(self, url: str, spec: TuneSpec, fail_at: int | None = None, refusal: str = "") -> None:
+        self.url, self.spec, self.fail_at, self.refusal = url, spec, fail_at, refusal
         self.calls = 0
         self.closed: tuple[bool, Any] | None = None
 
@@ -152,7 +153,7 @@ class ScriptedWorker:
         record.endpoint = self.url
 
         async def load(config: dict[str, Any]) -> str:
-            return ""
+            return self.refusal
 
         await sweep_variant(record, cached, self.spec, load, self._level, on_level=lambda: None)
         return record
@@ -181,6 +182,19 @@ def test_an_endpoint_failing_mid_search_fails_its_variant_and_the_search_goes_on
     assert_ranked_by_the_rules(result)
     assert result.best is not None and result.best.variant.instance_count == 3
     assert good.closed == (True, None) and bad.closed == (True, None)  # the model was not loaded before
+
+
+def test_a_default_the_servers_refuse_stops_the_tune_at_once(tmp_path: Path) -> None:
+    spec = TuneSpec(config_path=tmp_path / "config.pbtxt", concurrency=(1, 1), space=SpaceSpec(1, 3, 8, 8),
+                    endpoints=("a:1", "b:1"), workers=2)  # fmt: skip
+    model = Model("m", tmp_path, {"max_batch_size": 8, "instance_group": [{"count": 1}]})
+    workers = [ScriptedWorker(url, spec, refusal="model.onnx: model file not found") for url in ("a:1", "b:1")]
+    saved: list[TuneResult] = []
+    tuner = RayTuner(spec, model, workers, Progress(quiet=True), saved.append)
+    with pytest.raises(DefaultRefused, match="cannot load model 'm' with its own configuration.*model file not found"):
+        asyncio.run(tuner.run(tmp_path / "checkpoint.json"))
+    assert not saved and not (tmp_path / "checkpoint.json").exists()  # nothing measured, nothing written
+    assert sum(w.calls for w in workers) <= 2 and all(w.closed == (True, None) for w in workers)
 
 
 @pytest.mark.parametrize("seed", range(8))
