@@ -26,8 +26,8 @@ header h1 { margin:0; font-size:22px; font-weight:600; }
 header .sub { color:#c9d6e3; font-size:13px; margin-top:4px; }
 nav { padding:8px 32px; background:#fff; border-bottom:1px solid var(--line); font-size:13px; }
 nav a { margin-right:16px; color:#16324f; text-decoration:none; }
-main { max-width:1480px; margin:0 auto; padding:8px 32px 40px; }
-section { background:#fff; border:1px solid var(--line); border-radius:8px; padding:16px 24px; margin:20px 0; }
+main { max-width:1480px; margin:0 auto; padding:8px 20px 40px; }
+section { background:#fff; border:1px solid var(--line); border-radius:8px; padding:16px 20px; margin:20px 0; }
 h2 { font-size:19px; margin:4px 0 12px; } h3 { font-size:15px; margin:22px 0 8px; color:#16324f; }
 .muted { color:var(--muted); font-weight:400; font-size:13px; margin-left:8px; }
 .verdict { border-radius:6px; padding:10px 14px; margin:8px 0 14px; border-left:6px solid; }
@@ -42,6 +42,8 @@ table { border-collapse:collapse; font-size:12.5px; margin:4px 0; }
 th, td { border-bottom:1px solid var(--line); padding:4px 7px; text-align:left; white-space:nowrap; }
 td.n, th.n { text-align:right; font-variant-numeric:tabular-nums; }
 td .ci { display:block; color:var(--muted); font-size:11px; }
+/* The level tables hold the most columns: narrower cells, so a streamed rate-mode one fits 1400 px. */
+table.levels th, table.levels td { padding:4px 5px; }
 th { background:#eef2f6; font-weight:600; white-space:normal; vertical-align:bottom; } tbody tr:nth-child(even) { background:#fafbfc; }
 td:first-child, th:first-child { text-align:left; white-space:nowrap; }
 table.checks td, table.kv td { text-align:left; white-space:normal; } table.checks td:first-child { white-space:nowrap; } table.kv th { text-align:left; width:160px; }

@@ -34,6 +34,7 @@ from matplotlib import image
 
 from perfkit.report.html import render_html
 from perfkit.results.files import ReportItem, TuneView, VariantView, load_result
+from perfkit.results.model import LatencyStats, ResponseStats
 from tests.synthetic import make_level, make_sweep, make_token_figures, steady_sweep, tune_json
 
 CHROMIUM = shutil.which("chromium")
@@ -147,10 +148,15 @@ def alts(layout: dict[str, Any], section: str) -> list[str]:
 
 
 def _rate_sweep() -> Any:
-    """Request rate up to 12000/s, no GPU, late sends at the top: the widest level table."""
+    """Request rate up to 12000/s over gRPC streams, no GPU, late sends at the top: the widest level
+    table (the rate-mode and the streamed columns)."""
+    times = LatencyStats(count=100, mean_us=1500.0, p50_us=1400.0, p90_us=1800.0, p95_us=1900.0, p99_us=2500.0)
     levels = [
-        make_level(r, [r * (1 + 0.01 * d) for d in (-1, 0.5, 0, 1, -0.5)], mode="request_rate", p99_ms=10 + r / 50,
-                   delayed_pct=0.0 if r < 12000 else 4.5)
+        dataclasses.replace(
+            make_level(r, [r * (1 + 0.01 * d) for d in (-1, 0.5, 0, 1, -0.5)], mode="request_rate",
+                       p99_ms=10 + r / 50, delayed_pct=0.0 if r < 12000 else 4.5),
+            responses=ResponseStats(400_000, 4.0, r * 4.0, times, times),
+        )
         for r in (1000, 2000, 4000, 8000, 12000)
     ]  # fmt: skip
     return make_sweep(levels)
