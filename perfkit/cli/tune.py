@@ -34,7 +34,7 @@ from perfkit.target import TargetSpec, checked_endpoint, checked_metrics_url
 from perfkit.tune.distributed import open_tuner
 from perfkit.tune.multi.study import CombinationResult, Study, read_study
 from perfkit.tune.multi.tuner import run_combination_tune
-from perfkit.tune.objectives import parse_constraint, parse_objective
+from perfkit.tune.objectives import Ranking, parse_constraint, parse_objective
 from perfkit.tune.params import Param, check_against_config, parse_param
 from perfkit.tune.search import SpaceSpec
 from perfkit.tune.state import SEARCHES, TuneResult, TuneSpec, read_model
@@ -330,7 +330,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
         best = None if result is None or result.best is None else folder / "best" / "config.pbtxt"
         _say_unfinished(code, best, "variant", checkpoint)
     elif code == ExitCode.FAILED:
-        _say_nothing_recommended(result is not None and bool(result.spec.constraints), "variant")
+        _say_nothing_recommended(result is not None and _broke_constraints(result.ranking), "variant")
     return int(code)
 
 
@@ -345,9 +345,15 @@ def _say_unfinished(code: int, best: Path | None, what: str, checkpoint: Path) -
     print(f"the measurements so far are in {checkpoint}: resume with --checkpoint {checkpoint}", file=sys.stderr)
 
 
-def _say_nothing_recommended(constrained: bool, what: str) -> None:
-    """Why a finished tune recommends nothing; loosening --constraint is advised only when one was set."""
-    if constrained:
+def _broke_constraints(ranking: Ranking | None) -> bool:
+    """Whether some variant was measured but broke a --constraint (else every one failed)."""
+    return ranking is not None and any(e.status == "infeasible" for e in ranking.entries)
+
+
+def _say_nothing_recommended(infeasible: bool, what: str) -> None:
+    """Why a finished tune recommends nothing; loosening --constraint is advised only when a
+    measured variant broke one (never when none was set, or when every variant failed)."""
+    if infeasible:
         print(f"error: no {what} met the constraints; loosen --constraint or widen the search", file=sys.stderr)
     else:
         print(f"error: every {what} failed (the reasons are in the summary); nothing to recommend", file=sys.stderr)
@@ -397,7 +403,7 @@ def _run_combination(spec: TuneSpec, study: Study, folder: Path, argv: list[str]
     if code == ExitCode.INTERRUPTED or (code == ExitCode.FAILED and not result.completed):
         _say_unfinished(code, None if result.best is None else folder / "best", "combination", checkpoint)
     elif code == ExitCode.FAILED:
-        _say_nothing_recommended(bool(result.constraints), "combination")
+        _say_nothing_recommended(_broke_constraints(result.ranking), "combination")
     return int(code)
 
 

@@ -202,16 +202,18 @@ def test_loosening_a_constraint_is_advised_only_when_one_was_set(
 
         return run
 
-    failed = tune_result(tmp_path, {1: steady(100.0)})
-    failed.records[key(1)].status, failed.records[key(1)].chosen = "failed", None
-    failed.ranking = failed.rank(final=True)
-    monkeypatch.setattr("perfkit.cli.tune.run_tune", finished(failed))
     config = str(tmp_path / "mlp" / "config.pbtxt")
-    assert main(["tune", config, "-o", str(tmp_path / "a"), "--quiet"]) == 1
-    err = capsys.readouterr().err
-    assert "--constraint" not in err and "every variant failed" in err
-    assert "Every variant failed" in (tmp_path / "a" / "summary.txt").read_text()
-    assert "every configuration failed" in (tmp_path / "a" / "report.html").read_text()
+    for constraints in ((), ("p99_ms<=20",)):  # none set; set, but every variant failed before it mattered
+        failed = tune_result(tmp_path, {1: steady(100.0)}, constraints=constraints)
+        failed.records[key(1)].status, failed.records[key(1)].chosen = "failed", None
+        failed.ranking = failed.rank(final=True)
+        monkeypatch.setattr("perfkit.cli.tune.run_tune", finished(failed))
+        flags = [f"--constraint={c}" for c in constraints]
+        assert main(["tune", config, *flags, "-o", str(tmp_path / "a"), "--quiet"]) == 1
+        err = capsys.readouterr().err
+        assert "loosen --constraint" not in err and "every variant failed" in err
+        assert "Every variant failed" in (tmp_path / "a" / "summary.txt").read_text()
+        assert "every configuration failed" in (tmp_path / "a" / "report.html").read_text()
 
     infeasible = tune_result(tmp_path, {1: steady(100.0)}, constraints=("throughput>=1000",))
     monkeypatch.setattr("perfkit.cli.tune.run_tune", finished(infeasible))
