@@ -18,6 +18,7 @@ from perfkit.analysis.compare import Comparison, Thresholds, compare_sweeps
 from perfkit.analysis.slo import check_slo
 from perfkit.cli import sweep, tune
 from perfkit.cli.common import Command, add_gate_arguments, load_sweep, say, thresholds_from, write
+from perfkit.cli.perf_analyzer_flags import perf_analyzer_notes
 from perfkit.cli.scenario import (
     Scenario,
     command_argv,
@@ -126,7 +127,7 @@ def _run_sweep(
     gates = scenario.gates
     args = parser.parse_args([*argv, "--no-report"])
     spec = sweep.spec_from_args(args)
-    for note in sweep.perf_analyzer_notes(args):
+    for note in perf_analyzer_notes(args):
         say(note)
     baseline = None
     if baseline_path is not None and not values.get("update_baseline") and not values.get("no_gate"):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from perfkit.cli import COMMANDS, main, sweep
+from perfkit.cli.perf_analyzer_flags import perf_analyzer_notes
 from perfkit.target import checked_metrics_url, checked_url
 
 MALFORMED_URLS = ["127.0.0.1:abc", "127.0.0.1:99999", ":8000", "foo:bar:baz", "[::1", "::1", "h:0", "ftp://h:1"]
@@ -71,9 +72,9 @@ def _sweep_spec(*flags: str) -> sweep.SweepSpec:
 def test_perf_analyzer_flags_without_meaning_here_are_accepted_with_one_note() -> None:
     args = sweep.COMMAND.parser().parse_args(["-a", "--sync", "--max-threads", "8", "--service-kind", "triton"])
     sweep.spec_from_args(args)
-    (note,) = sweep.perf_analyzer_notes(args)
+    (note,) = perf_analyzer_notes(args)
     assert note.startswith("note: --async, --sync, --max-threads ignored: ") and "asyncio" in note
-    assert sweep.perf_analyzer_notes(sweep.COMMAND.parser().parse_args([])) == []
+    assert perf_analyzer_notes(sweep.COMMAND.parser().parse_args([])) == []
     assert sweep.COMMAND.parser().parse_args(["--async"]).pa_async
 
 
