@@ -39,7 +39,10 @@ h2 { font-size:19px; margin:4px 0 12px; } h3 { font-size:15px; margin:22px 0 8px
 .kpi .k { color:var(--muted); font-size:12px; text-transform:uppercase; letter-spacing:.03em; }
 .kpi .v { font-size:20px; font-weight:600; } .kpi .s { color:var(--muted); font-size:12px; }
 table { border-collapse:collapse; font-size:12.5px; margin:4px 0; }
-th, td { border-bottom:1px solid var(--line); padding:4px 7px; text-align:left; white-space:nowrap; }
+/* Figures never wrap; text may, and only when the table would not fit otherwise (auto layout gives
+   text its full width first): a tune's long configurations wrap instead of scrolling sideways. */
+th, td { border-bottom:1px solid var(--line); padding:4px 7px; text-align:left; }
+td.n, .badge { white-space:nowrap; }
 td.n, th.n { text-align:right; font-variant-numeric:tabular-nums; }
 td .ci { display:block; color:var(--muted); font-size:11px; }
 /* The level tables hold the most columns: narrower cells, so a streamed rate-mode one fits 1400 px. */
@@ -50,7 +53,7 @@ table.checks td, table.kv td { text-align:left; white-space:normal; } table.chec
 .scroll { overflow-x:auto; }
 .badge { display:inline-block; padding:0 7px; border-radius:9px; font-size:11.5px; font-weight:600; }
 .badge.ok { background:var(--okbg); color:var(--ok); } .badge.bad { background:var(--badbg); color:var(--bad); }
-.grid { display:grid; grid-template-columns:repeat(auto-fit, minmax(560px, 1fr)); gap:14px; margin:12px 0; }
+.grid { display:grid; grid-template-columns:repeat(auto-fill, minmax(560px, 1fr)); gap:14px; margin:12px 0; }
 figure { margin:0; border:1px solid var(--line); border-radius:6px; padding:6px; background:#fff; }
 figure.wide { grid-column:1 / -1; } figure img { width:100%; height:auto; display:block; }
 .note { color:var(--muted); font-size:12.5px; margin:6px 0; }

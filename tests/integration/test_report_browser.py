@@ -62,7 +62,8 @@ window.addEventListener('load', function () {
   document.querySelectorAll('img').forEach(function (i) {
     var img = i.getBoundingClientRect(), fig = i.closest('figure').getBoundingClientRect();
     out.images.push({section: where(i), alt: i.alt, ok: i.complete && i.naturalWidth > 0,
-                     left: img.left, right: img.right, figLeft: fig.left, figRight: fig.right});
+                     left: img.left, right: img.right, figLeft: fig.left, figRight: fig.right,
+                     wide: i.closest('figure').classList.contains('wide')});
   });
   var pre = document.createElement('pre');
   pre.id = 'layout';
@@ -136,6 +137,8 @@ def layout_faults(layout: dict[str, Any]) -> list[str]:
             faults.append(f"{i['section']}: image '{i['alt']}' did not load")
         if i["left"] < i["figLeft"] - 0.5 or i["right"] > i["figRight"] + 0.5 or i["figRight"] > page["client"]:
             faults.append(f"{i['section']}: image '{i['alt']}' does not fit its figure or the window")
+        if not i["wide"] and i["right"] - i["left"] > 0.55 * page["client"]:
+            faults.append(f"{i['section']}: image '{i['alt']}' is blown up to the window's width")
     return faults
 
 
@@ -177,6 +180,9 @@ def _multi_model_tune() -> TuneView:
     def variants(scale: float) -> tuple[VariantView, ...]:
         return tuple(
             VariantView(name=f"mlp:{n} preprocess:{m}", params={"mlp": n, "preprocess": m}, default=(n, m) == (1, 1),
+                        description=f"mlp: {n} instances (KIND_CPU), max batch 8, dynamic batching (max queue delay "
+                        f"100 us, preferred sizes 4, 8); preprocess: {m} instances (KIND_CPU), max batch 64, no "
+                        "dynamic batching",
                         throughput_infer_per_s=1000.0 * scale * n / m, p99_ms=2.0 * n + m, rank=i + 1,
                         concurrency=4, sweep=steady_sweep(scale * n / m))
             for i, (n, m) in enumerate(((2, 1), (1, 1), (3, 2)))
