@@ -52,12 +52,15 @@ def batch_sizes(result: SweepResult) -> str:
     return ", ".join(str(size) for size in sorted({lv.batch_size for lv in result.levels}))
 
 
-def _machine(result: SweepResult) -> str:
-    machine = result.provenance.get("machine") or {}
-    if not machine.get("hostname"):
-        return ""
-    cpus = f", {machine['cpu_count']} CPUs" if machine.get("cpu_count") else ""
-    return f"{machine['hostname']}{cpus}" + (f", {machine['platform']}" if machine.get("platform") else "")
+#: What names a machine, each with how it reads in a warning.
+_MACHINE = (("hostname", "{}"), ("cpu_count", "{} CPUs"), ("platform", "{}"))
+
+
+def _machines(baseline: SweepResult, candidate: SweepResult) -> tuple[str, str]:
+    """The two machines, each told by what differs of hostname, CPU count and platform."""
+    a, b = ((r.provenance.get("machine") or {}) for r in (baseline, candidate))
+    differ = [(key, form) for key, form in _MACHINE if a.get(key) and b.get(key) and a[key] != b[key]]
+    return ", ".join(form.format(a[key]) for key, form in differ), ", ".join(form.format(b[key]) for key, form in differ)
 
 
 #: What a comparison checks, each with how to read it from a result ('' when the run does not say).
@@ -67,18 +70,18 @@ _ASPECTS: tuple[tuple[str, Callable[[SweepResult], str], str], ...] = (
     ("endpoint type", _endpoint_type, "the requests differ"),
     ("batch size", batch_sizes, "levels are matched by load alone; throughput counts inferences"),
     ("model", _model, "a different model measures something else"),
-    ("machine", _machine, "differences may be the machine's"),
 )
 
 
 def setup_differences(baseline: SweepResult, candidate: SweepResult, names: tuple[str, str]) -> list[str]:
     """One warning per way the two runs were set up differently, naming both values."""
-    warnings = []
-    for aspect, read, why in _ASPECTS:
-        base, cand = read(baseline), read(candidate)
-        if base and cand and base != cand:
-            warnings.append(f"the runs differ in {aspect}: {names[0]} {base}, {names[1]} {cand} ({why})")
-    return warnings
+    pairs = [(aspect, read(baseline), read(candidate), why) for aspect, read, why in _ASPECTS]
+    pairs.append(("machine", *_machines(baseline, candidate), "differences may be the machine's"))
+    return [
+        f"the runs differ in {aspect}: {names[0]} {base}, {names[1]} {cand} ({why})"
+        for aspect, base, cand, why in pairs
+        if base and cand and base != cand
+    ]
 
 
 def invalid_levels(result: SweepResult, role: str, name: str) -> str:

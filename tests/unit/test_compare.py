@@ -106,7 +106,7 @@ def test_warnings_name_other_machines_and_models() -> None:
     other = steady_sweep(model="convnet", machine={"hostname": "elsewhere"})
     warnings = compare_sweeps(steady_sweep(), other).warnings
     assert any("differ in model: baseline mlp, candidate convnet" in w for w in warnings)
-    assert any("differ in machine: baseline testhost, 4 CPUs, Linux, candidate elsewhere" in w for w in warnings)
+    assert any("differ in machine: baseline testhost, candidate elsewhere (differences" in w for w in warnings)
 
 
 def test_parse_percent() -> None:
