@@ -23,16 +23,21 @@ __all__ = ["Progress"]
 
 
 def _window_text(label: str, window_index: int, max_trials: int, throughput: float, latency_us: float,
-                 stable_so_far: bool) -> str:  # fmt: skip
+                 stable_so_far: bool, unit: str = "infer/s") -> str:  # fmt: skip
     state = "stable" if stable_so_far else "not stable yet"
     return (
-        f"{label}: window {window_index + 1}/{max_trials}: {throughput:.1f} infer/s, "
+        f"{label}: window {window_index + 1}/{max_trials}: {throughput:.1f} {unit}, "
         f"latency {latency_us / 1000:.3f} ms, {state}"
     )
 
 
 def _verdict_text(result: LevelResult) -> str:
-    parts = [f"{result.throughput_infer_per_s:.1f} infer/s"]
+    tokens = result.tokens  # a generative level: requests/s, its tokens/s and its token latencies
+    parts = [f"{result.throughput_infer_per_s:.1f} {'infer/s' if tokens is None else 'req/s'}"]
+    if tokens is not None:
+        parts.append(f"{tokens.output_tokens_per_s:,.1f} output tokens/s")
+        parts += [f"{name} p90 {stats.p90:.2f} ms" for name, stats in (("TTFT", tokens.ttft_ms), ("ITL", tokens.itl_ms))
+                  if stats.count]  # fmt: skip
     if result.latency.count > 0:
         parts.append(f"p99 {result.latency.p99_us / 1000:.3f} ms")
     if result.error_count:
@@ -64,8 +69,10 @@ class Progress:
         force_terminal: bool | None = None,
         no_color: bool | None = None,
         verbose: int = 0,
+        unit: str = "infer/s",
     ) -> None:
         self._stream = sys.stderr if stream is None else stream
+        self._unit = unit  # of the windows' throughput: "req/s" for generative requests
         self._quiet = quiet
         self._verbose = verbose
         self._mode = "concurrency"
@@ -112,7 +119,7 @@ class Progress:
         stable_so_far: bool,
     ) -> None:
         label = level_name(self._mode, level)
-        text = _window_text(label, window_index, max_trials, throughput, latency_us, stable_so_far)
+        text = _window_text(label, window_index, max_trials, throughput, latency_us, stable_so_far, self._unit)
         if self._status is not None:
             if self._verbose:
                 self._status.console.print(_rich_text(text))

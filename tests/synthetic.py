@@ -19,6 +19,7 @@ from perfkit.results.model import (
     ServerStats,
     SweepResult,
     TokenFigures,
+    TokenSample,
     ValueStats,
     WindowResult,
     sweep_to_json,
@@ -109,8 +110,20 @@ def make_token_figures(scale: float = 1.0) -> TokenFigures:
         ttst_ms=stats(10.0 * scale), itl_ms=stats(10.0 * scale), input_tokens=stats(128.0), output_tokens=stats(64.0),
         output_tokens_per_s_per_request=stats(100.0 / scale), output_tokens_per_s=6400.0 / scale,
         total_tokens_per_s=19200.0 / scale, asked_count=100, goodput_slo="ttft_ms<=50", goodput_per_s=90.0 / scale,
-        goodput_pct=90.0,
+        goodput_pct=90.0, sample=make_token_sample(scale),
     )  # fmt: skip
+
+
+def make_token_sample(scale: float = 1.0, n: int = 100) -> TokenSample:
+    """A level's sample of n requests: TTFT grows with the prompt (64..191 tokens), ITL and
+    latency spread around their means, times ×scale; one request in ten has one token (no ITL)."""
+    inputs = [64 + (i * 37) % 128 for i in range(n)]
+    itl: list[float | None] = [None if i % 10 == 0 else round(10.0 * scale * (0.8 + 0.4 * (i % 7) / 6), 3)
+                               for i in range(n)]  # fmt: skip
+    ttft = [round(scale * (20.0 + 0.15 * tokens), 3) for tokens in inputs]
+    latency = [round(t + 63 * (v or 0.0), 3) for t, v in zip(ttft, itl)]
+    return TokenSample(n, tuple(ttft), tuple(itl), tuple(latency), tuple(inputs),
+                       tuple(1 if v is None else 64 for v in itl))  # fmt: skip
 
 
 def make_sweep(levels: Sequence[LevelResult], *, model: str = "mlp", **provenance: Any) -> SweepResult:

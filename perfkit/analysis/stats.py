@@ -514,6 +514,21 @@ def endpoint_figures(
 #: DistServe's SLO attainment uses; --percentile 99 asks for p99 (and the default windows grow).
 GENERATIVE_PERCENTILE = 90.0
 
+#: A generative level's default windows: count windows (perf_analyzer's count_windows) of at
+#: least this many requests. The stability rule compares windows' mean latency and throughput; the
+#: mean of N requests varies as CV/sqrt(N), so 100 a window keep three windows within 10% for a
+#: latency CV up to about 0.3 (outputs of varying length), where 5 s time windows at LLM speeds hold
+#: 20 requests and differ by whichever requests happened to finish inside (13 vs 16 req/s). Count
+#: windows start and end on a completion, so that edge effect is gone too. AIPerf measures a
+#: request count, max(10, 2 x concurrency), with no stability rule at all.
+GENERATIVE_WINDOW_REQUESTS = 100
+#: ... and at least this many per request in flight (closed loop), so that each slot finishes many
+#: requests a window and a continuous-batching engine's bursts of completions (up to its batch at
+#: one decode step) stay a small part of a window.
+GENERATIVE_REQUESTS_PER_SLOT = 10
+#: ... and, on a schedule (open loop), at least this many seconds of arrivals (perf_analyzer's 5 s).
+GENERATIVE_WINDOW_S = 5.0
+
 
 def token_sample_check(level: LevelResult) -> Check:
     """`sample_count` for a generative level: enough requests behind each of its per-request

@@ -47,7 +47,7 @@ from perfkit.results.model import Check, SessionFigures, TokenFigures, TokenSamp
 
 __all__ = [
     "SAMPLE_CAP", "output_length_check", "per_request_figures", "response_tokens", "session_figures",
-    "token_figures", "token_sample", "value_stats",
+    "token_figures", "token_sample", "unstreamed_note", "value_stats",
 ]  # fmt: skip
 
 F64 = npt.NDArray[np.float64]
@@ -186,6 +186,15 @@ def session_figures(sessions: SequenceArrays, windows: Sequence[WindowResult]) -
         turns=value_stats(sessions.requests[inside]),
         latency_ms=value_stats((sessions.done_ns[ok] - sessions.first_sent_ns[ok]) / 1e6),
     )
+
+
+def unstreamed_note(endpoint_type: str, streaming: bool) -> str:
+    """What a generative run without --streaming does not measure (console and report); "" when
+    nothing is missing (streamed, or embeddings, which answer once)."""
+    if streaming or endpoint_type in ("kserve-infer", "embeddings"):
+        return ""
+    return (f"--endpoint-type {endpoint_type} without --streaming: each answer comes whole, so TTFT, TTST and ITL "
+            "are not measured (they need --streaming); request latency and tokens/s are")  # fmt: skip
 
 
 def output_length_check(figures: TokenFigures, exact: bool) -> Check | None:

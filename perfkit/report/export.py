@@ -373,7 +373,7 @@ def render_summary_table(levels: Sequence[LevelResult]) -> list[str]:
         level_title = "level"
     tokens = any(level.tokens is not None for level in levels)
     goodput = any(level.tokens is not None and level.tokens.goodput_slo for level in levels)
-    titles = [level_title, "infer/s", "p50 ms", "p90 ms", "p99 ms"]
+    titles = [level_title, "req/s" if tokens else "infer/s", "p50 ms", "p90 ms", "p99 ms"]
     if scheduled:
         titles += ["p99 corr ms", "sent/s", "delayed %"]
     streamed = any(level.responses is not None for level in levels)

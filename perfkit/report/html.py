@@ -36,8 +36,15 @@ from typing import Any
 from perfkit._version import __version__
 from perfkit.analysis.compare import GATE_METRICS, Thresholds, compare_sweeps, level_label
 from perfkit.analysis.metrics import ms
+from perfkit.analysis.stats import (
+    GENERATIVE_PERCENTILE,
+    GENERATIVE_REQUESTS_PER_SLOT,
+    GENERATIVE_WINDOW_REQUESTS,
+    GENERATIVE_WINDOW_S,
+)
 from perfkit.errors import PerfkitError
-from perfkit.report import plots
+from perfkit.genai.records import unstreamed_note
+from perfkit.report import genai_plots, plots
 from perfkit.report.compare_text import comparison_rows
 from perfkit.report.export import composing_rows, endpoint_rows
 from perfkit.report.html_assets import CHECK_SCRIPT, CSS
@@ -132,7 +139,7 @@ def _verdict(result: SweepResult) -> str:
         return f'<div class="verdict bad"><div class="title">{_e(head)}</div><ul>{"".join(problems)}</ul></div>'
     return (
         f'<div class="verdict ok"><div class="title">VALID: all {n} levels passed every check</div>'
-        "<div>stable windows, enough samples for p99, no failed requests, the schedule kept, "
+        f"<div>stable windows, enough samples for {_judged(result)}, no failed requests, the schedule kept, "
         "the client not saturated.</div></div>"
     )
 
@@ -149,6 +156,14 @@ def _peak_card(levels: Sequence[LevelResult]) -> tuple[str, str, str]:
         return "peak throughput", figure, f"at {level_label(best)}" + (", the best valid level" if higher else "")
     failed = [c.name for c in best.checks if not c.passed] or (["stable"] if not best.stable else ["errors"])
     return "peak throughput", "no valid level", f"best invalid: {figure} at {level_label(best)} ({', '.join(failed)})"
+
+
+def _judged(result: SweepResult) -> str:
+    """The percentile the levels' sample counts were judged for (stats.validity_checks)."""
+    custom = next((lv.latency.custom_percentile for lv in result.levels if lv.latency.custom_percentile), None)
+    generative = any(lv.tokens is not None for lv in result.levels)
+    percentile = custom or (GENERATIVE_PERCENTILE if generative else 99.0)
+    return f"p{percentile:g}" + (" of TTFT, ITL and latency" if generative else "")
 
 
 def _kpis(result: SweepResult) -> str:
@@ -275,10 +290,24 @@ def _token_section(result: SweepResult) -> str:
         return ""
     sessions = any(lv.sessions is not None for lv in result.levels)
     header, rows = _level_rows(result, (*_TOKEN_TABLE, *_SESSION_TABLE) if sessions else _TOKEN_TABLE)
-    how = "streamed" if tokens.streaming else "not streamed: no token timings"
+    how = "streamed" if tokens.streaming else "not streamed"
+    missing = unstreamed_note(tokens.endpoint_type, tokens.streaming)
     note = (f"{tokens.endpoint_type} endpoint, {how}; tokens counted with {tokens.token_source}"
             + (f"; goodput objectives {tokens.goodput_slo}" if tokens.goodput_slo else ""))  # fmt: skip
-    return f'<h3>Tokens</h3><p class="note">{_e(note)}</p><div class="scroll">{_table(header, rows, "levels")}</div>'
+    warning = f'<div class="verdict warn"><div class="title">{_e(missing)}</div></div>' if missing else ""
+    return (
+        f'<h3>Tokens</h3>{warning}<p class="note">{_e(note)}</p>'
+        f'<div class="scroll">{_table(header, rows, "levels")}</div>{_token_figures(result)}'
+    )
+
+
+def _token_figures(result: SweepResult) -> str:
+    """The generative figures (genai_plots.FIGURES; goodput when it was asked for)."""
+    figures = [*genai_plots.FIGURES]
+    if genai_plots.goodput_asked(result):
+        figures.append(("goodput vs load", genai_plots.goodput_vs_load, False))
+    images = "".join(_img(draw(result), alt, wide) for alt, draw, wide in figures)
+    return f'<h3>Generative figures</h3><div class="grid">{images}</div>'
 
 
 def _checks_table(levels: Sequence[LevelResult]) -> str:
@@ -327,7 +356,16 @@ def _spec_text(spec: dict[str, Any]) -> dict[str, str]:
                 " (binary search)" if load.get("binary_search") else ""
             )
         out["load"] = text
-    if windows:
+    if windows and spec.get("auto_windows") and (spec.get("genai") or {}).get("endpoint_type", "kserve-infer") != (
+        "kserve-infer"
+    ):  # no window flag: a generative sweep's own windows (sweep.spec.generative_windows)
+        out["measurement"] = (
+            f"generative default: count windows of at least {GENERATIVE_WINDOW_REQUESTS} requests "
+            f"({GENERATIVE_REQUESTS_PER_SLOT} per request in flight, {GENERATIVE_WINDOW_S:g} s of arrivals on a "
+            f"schedule); stable when the last {windows.get('stable_window_count', 3)} agree within "
+            f"{windows.get('stability_pct', 0):g}% (throughput and average latency)"
+        )
+    elif windows:
         if windows.get("mode") == "count_windows":
             size = f"windows of {windows.get('request_count')} requests"
         else:
@@ -381,7 +419,7 @@ def render_sweep_section(item: ReportItem, slo_ms: float | None = None) -> str:
         _img(plots.throughput_vs_load(runs), "throughput vs load"),
         _img(plots.latency_vs_load(runs, slo), "latency percentiles vs load"),
         _img(plots.throughput_vs_p99(runs, slo), "throughput vs p99 latency"),
-        _img(plots.latency_breakdown(result), "latency breakdown"),
+        *([_img(plots.latency_breakdown(result), "latency breakdown")] if any(lv.server for lv in result.levels) else []),
         _img(plots.windows_over_run(result), "measurement windows over the run", wide=True),
         _img(
             plots.utilization_over_run(result),

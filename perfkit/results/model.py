@@ -362,7 +362,7 @@ def _tokens_from_json(data: dict[str, Any] | None) -> TokenFigures | None:
         return None
     sample = data.get("sample")
     stats = {name: ValueStats(**value) for name, value in data.items() if isinstance(value, dict) and name != "sample"}
-    columns = {} if sample is None else {k: tuple(v) if isinstance(v, list) else v for k, v in sample.items()}
+    columns: dict[str, Any] = {} if sample is None else {k: tuple(v) if isinstance(v, list) else v for k, v in sample.items()}
     return TokenFigures(**{**data, **stats, "sample": None if sample is None else TokenSample(**columns)})
 
 

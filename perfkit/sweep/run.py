@@ -462,7 +462,8 @@ def _report_interrupted(run: SweepRun, progress: Progress) -> None:
 def run_sweep(spec: SweepSpec, argv: list[str]) -> tuple[SweepRun, int]:
     """Run the sweep: what it produced (also when interrupted) and the exit code."""
     spec.validate()
-    progress = Progress(quiet=spec.output.quiet, verbose=spec.output.verbose)
+    progress = Progress(quiet=spec.output.quiet, verbose=spec.output.verbose,
+                        unit="req/s" if spec.genai.enabled else "infer/s")  # fmt: skip
     run = SweepRun()
     try:
         t, metrics = spec.target, spec.metrics

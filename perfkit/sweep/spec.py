@@ -13,7 +13,13 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from perfkit.analysis.stats import GENERATIVE_PERCENTILE, min_requests_for_percentile
+from perfkit.analysis.stats import (
+    GENERATIVE_PERCENTILE,
+    GENERATIVE_REQUESTS_PER_SLOT,
+    GENERATIVE_WINDOW_REQUESTS,
+    GENERATIVE_WINDOW_S,
+    min_requests_for_percentile,
+)
 from perfkit.errors import PerfkitError
 from perfkit.genai.workload import GenerativeSpec
 from perfkit.load.cluster.distributed import DistributedSpec
@@ -142,24 +148,8 @@ class SweepSpec:
             validate_sequences(self)
 
 
-#: A generative level's default windows: count windows (perf_analyzer's count_windows) of at
-#: least this many requests. The stability rule compares windows' mean latency and throughput; the
-#: mean of N requests varies as CV/sqrt(N), so 100 a window keep three windows within 10% for a
-#: latency CV up to about 0.3 (outputs of varying length), where 5 s time windows at LLM speeds hold
-#: 20 requests and differ by whichever requests happened to finish inside (13 vs 16 req/s). Count
-#: windows start and end on a completion, so that edge effect is gone too. AIPerf measures a
-#: request count, max(10, 2 x concurrency), with no stability rule at all.
-GENERATIVE_WINDOW_REQUESTS = 100
-#: ... and at least this many per request in flight (closed loop), so that each slot finishes many
-#: requests a window and a continuous-batching engine's bursts of completions (up to its batch at
-#: one decode step) stay a small part of a window.
-GENERATIVE_REQUESTS_PER_SLOT = 10
-#: ... and, on a schedule (open loop), at least this many seconds of arrivals (perf_analyzer's 5 s).
-GENERATIVE_WINDOW_S = 5.0
-
-
 def generative_windows(windows: WindowSpec, mode: str, level: float) -> WindowSpec:
-    """Count windows sized for a generative level (constants above), large enough too for three
+    """Count windows sized for a generative level (stats.GENERATIVE_WINDOW_*), large enough too for three
     windows to reach the judged percentile's sample count (stats.token_sample_check)."""
     percentile = windows.percentile or GENERATIVE_PERCENTILE
     needed = math.ceil(min_requests_for_percentile(percentile) / windows.stable_window_count)

@@ -35,6 +35,8 @@ def test_a_streaming_chat_sweep_writes_token_figures_goodput_and_the_length_chec
     assert code == ExitCode.UNSTABLE
     level = read_sweep(path).levels[0]
     assert {c.name for c in level.checks if not c.passed} <= {"sample_count", "duration"}
+    [samples] = [c for c in level.checks if c.name == "sample_count"]
+    assert "with a TTFT" in samples.detail and "a p90 needs 64" in samples.detail  # its token figures judged
     tokens = level.tokens
     assert tokens is not None and level.ok_count == tokens.output_tokens.count > 0
     assert (tokens.input_tokens.mean, tokens.output_tokens.mean, tokens.token_source) == (16.0, 5.0, "bytes")
@@ -50,6 +52,19 @@ def test_a_streaming_chat_sweep_writes_token_figures_goodput_and_the_length_chec
     short = read_sweep(short_path).levels[0]
     assert short_code == ExitCode.UNSTABLE and short.tokens is not None
     assert short.tokens.not_honoured_count == short.tokens.asked_count > 0 and not short.valid
+
+
+def test_chat_without_streaming_says_on_the_console_that_ttft_and_itl_need_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with serving_in_thread() as url:
+        code = main(["sweep", "-u", url, "-m", "ok", "--endpoint-type", "chat", *WINDOWS, "--report-dir",
+                     str(tmp_path), "--num-prompts", "3"])  # fmt: skip
+    assert code == ExitCode.UNSTABLE  # 0.75 s of windows: too few requests for a valid p90
+    err = capsys.readouterr().err
+    assert "note: --endpoint-type chat without --streaming" in err and "(they need --streaming)" in err
+    tokens = read_sweep(next(tmp_path.glob("sweep-*.json"))).levels[0].tokens
+    assert tokens is not None and tokens.ttft_ms.count == 0 and tokens.output_tokens.count > 0
 
 
 def test_a_server_without_the_endpoint_is_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

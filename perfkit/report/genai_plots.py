@@ -1,0 +1,234 @@
+"""The generative report's figures: what AIPerf's and genai-perf's users read, from a sweep's token
+figures. Pure functions from a SweepResult to PNG bytes, drawn as `plots.py` draws.
+
+- the TTFT and ITL distributions of each level (empirical CDFs, so that many levels overlay), from
+  each level's sample of requests (`TokenFigures.sample`, at most `records.SAMPLE_CAP`);
+- TTFT, ITL and end-to-end latency percentiles against load (from every request of the level);
+- output tokens/s, in total and per user (one request's decode rate), against latency;
+- each sampled request's TTFT against its input length (prefill grows with the prompt);
+- with `--goodput`, the goodput against load beside the throughput, and the share of requests
+  that met every objective.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from perfkit.report.plots import PALETTE, _figure, _legend, _note, _png, _set_load_axis
+from perfkit.results.model import LevelResult, SweepResult, TokenFigures, TokenSample, ValueStats
+
+__all__ = [
+    "FIGURES", "goodput_vs_load", "itl_distribution", "token_latency_vs_load", "tokens_vs_latency",
+    "ttft_distribution", "ttft_vs_input_length",
+]  # fmt: skip
+
+_WIDE = (12.8, 3.6)
+
+
+def _levels(run: SweepResult) -> list[tuple[LevelResult, TokenFigures]]:
+    """The levels with token figures, in load order."""
+    levels = sorted(run.levels, key=lambda lv: lv.level)
+    return [(lv, lv.tokens) for lv in levels if lv.tokens is not None]
+
+
+def _present(values: Sequence[float | None]) -> list[float]:
+    return [v for v in values if v is not None]
+
+
+def _cdf(ax: Any, run: SweepResult, column: Callable[[TokenSample], Sequence[float | None]], what: str) -> bool:
+    """One empirical CDF per level of a sampled per-request figure; whether any was drawn."""
+    drawn = False
+    tokens = _levels(run)
+    for i, (lv, t) in enumerate(tokens):
+        values = np.sort(np.asarray(_present(column(t.sample)) if t.sample is not None else [], dtype=np.float64))
+        if not len(values):
+            continue
+        share = np.arange(1, len(values) + 1) / len(values) * 100
+        ax.step(values, share, where="post", color=PALETTE[i % 8], linewidth=1.3,
+                label=f"{lv.level:g}" if len(tokens) > 1 else f"{len(values)} requests")  # fmt: skip
+        drawn = True
+    for p in (50, 90, 99):
+        ax.axhline(p, color="#bbbbbb", linewidth=0.7, linestyle=":")
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("requests at or below (%)")
+    ax.set_xlabel(f"{what} (ms)")
+    if drawn:
+        low, high = ax.get_xlim()
+        positive = [v for v in (low, high) if v > 0]
+        if positive and high / max(min(positive), 1e-9) > 50:
+            ax.set_xscale("log")
+    return drawn
+
+
+def ttft_distribution(run: SweepResult) -> bytes:
+    """Each level's time to first token, as the share of requests at or below each value."""
+    fig, ax = _figure()
+    if not _cdf(ax, run, lambda s: s.ttft_ms, "time to first token"):
+        _note(ax, "no TTFT measured: it needs --streaming")
+    ax.set_title("TTFT distribution per level", fontsize=11)
+    _legend(ax, loc="lower right", title=_level_title(run), title_fontsize=8)
+    return _png(fig)
+
+
+def itl_distribution(run: SweepResult) -> bytes:
+    """Each level's inter-token latency (a request's mean gap between output tokens), as a CDF."""
+    fig, ax = _figure()
+    if not _cdf(ax, run, lambda s: s.itl_ms, "inter-token latency"):
+        _note(ax, "no ITL measured: it needs --streaming and two output tokens")
+    ax.set_title("ITL distribution per level", fontsize=11)
+    _legend(ax, loc="lower right", title=_level_title(run), title_fontsize=8)
+    return _png(fig)
+
+
+def _level_title(run: SweepResult) -> str:
+    return "concurrency" if run.mode == "concurrency" else "req/s"
+
+
+_PERCENTILES = (("p50", "p50", "-"), ("p90", "p90", "--"), ("p99", "p99", ":"))
+
+
+def _percentile_lines(ax: Any, xs: list[float], stats: list[ValueStats], color: str) -> None:
+    for name, key, style in _PERCENTILES:
+        ax.plot(xs, [getattr(s, key) for s in stats], marker="o", markersize=3, linestyle=style, color=color,
+                label=name)  # fmt: skip
+
+
+def token_latency_vs_load(run: SweepResult) -> bytes:
+    """TTFT, ITL and end-to-end latency (p50, p90, p99) against load, one panel each."""
+    fig, first = _figure(_WIDE, right=0.2, top=0.45)
+    fig.subplots_adjust(wspace=0.32)
+    first.remove()
+    axes = fig.subplots(1, 3)
+    tokens = _levels(run)
+    xs = [lv.level for lv, _ in tokens]
+    panels = (
+        ("TTFT", [t.ttft_ms for _, t in tokens], PALETTE[0]),
+        ("ITL", [t.itl_ms for _, t in tokens], PALETTE[2]),
+        ("end-to-end latency", [_latency_stats(lv) for lv, _ in tokens], PALETTE[3]),
+    )
+    for ax, (name, stats, color) in zip(axes, panels):
+        ax.grid(True, color="#d9d9d9", linewidth=0.6)
+        ax.set_axisbelow(True)
+        measured = [(x, s) for x, s in zip(xs, stats) if s.count]
+        if measured:
+            _percentile_lines(ax, [x for x, _ in measured], [s for _, s in measured], color)
+        else:
+            _note(ax, f"no {name}: it needs --streaming")
+        _set_load_axis(ax, xs, run.mode)
+        ax.set_ylabel(f"{name} (ms)")
+        ax.set_ylim(bottom=0)
+        ax.set_title(name, fontsize=10)
+        _legend(ax, loc="upper left")
+    fig.suptitle("TTFT, ITL and end-to-end latency vs load", fontsize=11)
+    return _png(fig)
+
+
+def _latency_stats(lv: LevelResult) -> ValueStats:
+    """The level's end-to-end latency (µs) as the per-request figures' ValueStats (ms)."""
+    lat = lv.latency
+    return ValueStats(lat.count, lat.mean_us / 1e3, p50=lat.p50_us / 1e3, p90=lat.p90_us / 1e3, p99=lat.p99_us / 1e3)
+
+
+def tokens_vs_latency(run: SweepResult) -> bytes:
+    """Output tokens/s of the whole level (left) and of one user (a request's decode rate, p50;
+    right) against the level's median end-to-end latency, each point labelled with its level: the
+    trade-off between serving many and serving each one fast."""
+    fig, ax = _figure(right=0.75)
+    tokens = [(lv, t) for lv, t in _levels(run) if lv.latency.count]
+    xs = [lv.latency.p50_us / 1e3 for lv, _ in tokens]
+    ax.plot(xs, [t.output_tokens_per_s for _, t in tokens], marker="o", markersize=4, color=PALETTE[0],
+            label="total output tokens/s")  # fmt: skip
+    for x, (lv, t) in zip(xs, tokens):
+        ax.annotate(f"{lv.level:g}", (x, t.output_tokens_per_s), textcoords="offset points", xytext=(4, 4),
+                    fontsize=7, color=PALETTE[0])  # fmt: skip
+    right = ax.twinx()
+    per_user = [t.output_tokens_per_s_per_request for _, t in tokens]
+    right.plot([x for x, s in zip(xs, per_user) if s.count], [s.p50 for s in per_user if s.count], marker="s",
+               markersize=4, linestyle="--", color=PALETTE[1], label="per user, p50")  # fmt: skip
+    right.set_ylabel("output tokens/s per user", color=PALETTE[1])
+    right.set_ylim(bottom=0)
+    right.spines["top"].set_visible(False)
+    if not tokens:
+        _note(ax, "no level with successful requests")
+    ax.set_xlabel("end-to-end latency p50 (ms)")
+    ax.set_ylabel("output tokens/s (total)", color=PALETTE[0])
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.set_title("Output tokens/s vs latency (level on each point)", fontsize=11)
+    handles, labels = ax.get_legend_handles_labels()
+    h2, l2 = right.get_legend_handles_labels()
+    if handles or h2:
+        ax.legend(handles + h2, labels + l2, frameon=False, fontsize=8, loc="lower right")
+    return _png(fig)
+
+
+def ttft_vs_input_length(run: SweepResult) -> bytes:
+    """Every sampled request's TTFT against its prompt's length in tokens, coloured by level."""
+    fig, ax = _figure()
+    tokens = _levels(run)
+    drawn = False
+    for i, (lv, t) in enumerate(tokens):
+        s = t.sample
+        if s is None:
+            continue
+        pairs = [(n, v) for n, v in zip(s.input_tokens, s.ttft_ms) if v is not None]
+        if not pairs:
+            continue
+        ax.scatter([n for n, _ in pairs], [v for _, v in pairs], s=6, alpha=0.5, color=PALETTE[i % 8],
+                   label=f"{lv.level:g}", linewidths=0)  # fmt: skip
+        drawn = True
+    if not drawn:
+        _note(ax, "no TTFT measured: it needs --streaming")
+    ax.set_xlabel("input length (tokens)")
+    ax.set_ylabel("time to first token (ms)")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.set_title("TTFT vs input length, per request", fontsize=11)
+    if len(tokens) > 1:
+        _legend(ax, loc="upper left", title=_level_title(run), title_fontsize=8, markerscale=2)
+    return _png(fig)
+
+
+def goodput_vs_load(run: SweepResult) -> bytes:
+    """Goodput (requests/s that met every --goodput objective) beside the throughput against load,
+    and the share of requests that met them on the right."""
+    fig, ax = _figure(right=0.75)
+    tokens = [(lv, t) for lv, t in _levels(run) if t.goodput_per_s is not None]
+    xs = [lv.level for lv, _ in tokens]
+    ax.plot(xs, [lv.throughput_infer_per_s for lv, _ in tokens], marker="o", markersize=4, color="#888888",
+            linestyle="--", label="throughput (req/s)")  # fmt: skip
+    ax.plot(xs, [t.goodput_per_s for _, t in tokens], marker="o", markersize=4, color=PALETTE[2],
+            label="goodput (req/s)")  # fmt: skip
+    right = ax.twinx()
+    right.plot(xs, [t.goodput_pct for _, t in tokens], marker="s", markersize=3, linestyle=":", color=PALETTE[4],
+               label="met every objective (%)")  # fmt: skip
+    right.set_ylim(0, 105)
+    right.set_ylabel("requests within (%)", color=PALETTE[4])
+    right.spines["top"].set_visible(False)
+    _set_load_axis(ax, xs, run.mode)
+    ax.set_ylabel("requests/s")
+    ax.set_ylim(bottom=0)
+    slo = next((t.goodput_slo for _, t in tokens if t.goodput_slo), "")
+    ax.set_title(f"Goodput vs load ({slo})" if slo else "Goodput vs load", fontsize=11)
+    handles, labels = ax.get_legend_handles_labels()
+    h2, l2 = right.get_legend_handles_labels()
+    ax.legend(handles + h2, labels + l2, frameon=False, fontsize=8, loc="lower left")
+    return _png(fig)
+
+
+#: The generative figures of a sweep, with their alt texts, in the report's order; goodput only
+#: when the levels were run with --goodput.
+FIGURES: tuple[tuple[str, Callable[[SweepResult], bytes], bool], ...] = (
+    ("TTFT distribution per level", ttft_distribution, False),
+    ("ITL distribution per level", itl_distribution, False),
+    ("TTFT, ITL and end-to-end latency vs load", token_latency_vs_load, True),
+    ("output tokens/s, total and per user, vs latency", tokens_vs_latency, False),
+    ("TTFT vs input length, per request", ttft_vs_input_length, False),
+)
+
+
+def goodput_asked(run: SweepResult) -> bool:
+    return any(lv.tokens is not None and lv.tokens.goodput_per_s is not None for lv in run.levels)
