@@ -4,6 +4,10 @@ Either run may be a perfkit JSON result or a perf_analyzer `-f` CSV (perf_analyz
 perfkit's). A CSV has no per-window samples, so with one the gate is on thresholds alone, and the
 verdict and the JUnit say so.
 
+Runs set up differently (protocol, server, endpoint type, batch size, model, machine) and runs with
+levels that failed their checks are compared all the same; each difference is a WARNING line just
+above the verdict, a `warning` property of the JUnit suite, and a box in the HTML comparison.
+
 Exit codes: 0 no regression; 1 a regression beyond the thresholds and beyond the runs' noise (beyond
 the thresholds alone with a CSV); 2 usage or input error (e.g. the runs did not measure the same
 levels, a file that is neither a perfkit result nor a perf_analyzer CSV).
@@ -57,7 +61,9 @@ COMMAND = Command(
     description="Compare a candidate sweep with a baseline, level by level. A metric regresses when "
     "its change is worse than the threshold AND beyond the runs' own variability (Mann-Whitney U or "
     "Welch t on the per-window throughputs; non-overlapping p99 confidence intervals). Either run may "
-    "also be a perf_analyzer -f CSV; it has no per-window samples, so the gate is then on the thresholds alone.",
+    "also be a perf_analyzer -f CSV; it has no per-window samples, so the gate is then on the thresholds alone. "
+    "Runs set up differently (protocol, server, endpoint type, batch size, model, machine) or with levels that "
+    "are not valid are compared all the same, with a WARNING line for each above the verdict.",
     add_arguments=add_arguments,
     run=run,
     epilog="Exit codes: 0 no regression, 1 regression, 2 usage or input error (e.g. different levels).",
