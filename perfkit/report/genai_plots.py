@@ -155,13 +155,13 @@ def tokens_vs_latency(run: SweepResult) -> bytes:
         _note(ax, "no level with successful requests")
     ax.set_xlabel("end-to-end latency p50 (ms)")
     ax.set_ylabel("output tokens/s (total)", color=PALETTE[0])
-    ax.set_xlim(left=0)
+    ax.margins(x=0.12)  # room for the level labels; the latency axis keeps to the levels' range
     ax.set_ylim(bottom=0)
     ax.set_title("Output tokens/s vs latency (level on each point)", fontsize=11)
     handles, labels = ax.get_legend_handles_labels()
     h2, l2 = right.get_legend_handles_labels()
     if handles or h2:
-        ax.legend(handles + h2, labels + l2, frameon=False, fontsize=8, loc="lower right")
+        ax.legend(handles + h2, labels + l2, frameon=False, fontsize=8, loc="best")
     return _png(fig)
 
 
