@@ -8,10 +8,10 @@
   JSON into the DOM: no sideways scroll of the page or of any table (scrollWidth <= clientWidth),
   every image decoded and inside its figure, the figures' alt texts by section.
 
-Every kind of report is checked: a comparison of two sweeps (one with errors) and a tune in one
-page, and `perfkit report` over several files in another: a concurrency sweep with GPU memory, a
-request-rate sweep with late sends and wide figures, a generative sweep, and a tune of several
-models. Each kind is a section, laid out alone as in its own report; two pages instead of seven
+Every kind of report is checked: a comparison of two concurrency sweeps (one with GPU memory, one
+with errors) and a tune in one page, and `perfkit report` over several files in another: a
+streamed request-rate sweep with late sends and the widest level table, a generative sweep, and a
+tune of several models. Each kind is a section, laid out alone as in its own report; two pages instead of seven
 keep Chromium's start-ups, most of the time here, to two, run side by side.
 
 A control page, the same report with one image broken, a script error and a table too wide for the
@@ -205,8 +205,7 @@ def items(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[ReportItem
     return {
         "compare": [ReportItem("before", "sweep", steady_sweep(), "before.json"),
                     ReportItem("after", "sweep", troubled, "after.json"), load_result(tune_json(tmp))],
-        "several": [ReportItem("concurrency", "sweep", steady_sweep(), "concurrency.json"),
-                    ReportItem("sweep-mlp-http-request_rate-20261129-084611", "sweep", _rate_sweep(), "rate.json"),
+        "several": [ReportItem("sweep-mlp-http-request_rate-20261129-084611", "sweep", _rate_sweep(), "rate.json"),
                     ReportItem("generative", "sweep", _generative_sweep(), "generative.json"),
                     ReportItem("multi", "tune_combination", _multi_model_tune(), "multi.json")],
     }  # fmt: skip
@@ -252,7 +251,7 @@ def test_every_report_kind_fits_1400_px(name: str, rendered: dict[str, Rendered]
 def test_each_kind_has_its_sections_and_figures_follow_the_data(rendered: dict[str, Rendered]) -> None:
     compare, several = rendered["compare"].layout, rendered["several"].layout
     sections = {i["section"] for layout in (compare, several) for i in layout["images"]}
-    assert sections >= {"comparison", "run-before", "run-after", "run-tune", "run-concurrency", "run-generative",
+    assert sections >= {"comparison", "run-before", "run-after", "run-tune", "run-generative",
                         "run-sweep-mlp-http-request_rate-20261129-084611", "run-multi"}  # fmt: skip
     # The Errors chart only where there are errors or late sends.
     assert "errors and late sends" not in alts(compare, "run-before")
@@ -260,7 +259,7 @@ def test_each_kind_has_its_sections_and_figures_follow_the_data(rendered: dict[s
     assert "errors and late sends" in alts(several, "run-sweep-mlp-http-request_rate-20261129-084611")
     assert "errors and late sends" not in alts(several, "run-generative")
     # Memory named where it is drawn, and only there.
-    assert "utilisation and GPU memory over the run" in alts(several, "run-concurrency")
+    assert "utilisation and GPU memory over the run" in alts(compare, "run-before")
     assert "utilisation over the run" in alts(several, "run-sweep-mlp-http-request_rate-20261129-084611")
     # The tune of several models: the combinations' figures, then each model's.
     assert len(alts(several, "run-multi")) >= 9
