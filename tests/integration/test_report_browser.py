@@ -225,7 +225,9 @@ def rendered(pages: dict[str, str], tmp_path_factory: pytest.TempPathFactory) ->
 # The checks
 
 
-def test_the_report_renders_every_image_and_table_in_chromium(pages: dict[str, str], rendered: dict[str, Rendered]) -> None:
+def test_the_report_renders_every_image_and_table_in_chromium(
+    pages: dict[str, str], rendered: dict[str, Rendered]
+) -> None:
     page, seen = pages["compare"], rendered["compare"]
     expected_images = page.count("<img ")
     assert expected_images == 3 + 6 + 7 + 3  # comparison, two sweeps (the first without errors), tune
@@ -265,9 +267,7 @@ def test_each_kind_has_its_sections_and_figures_follow_the_data(rendered: dict[s
     assert len(alts(several, "run-multi")) >= 9
 
 
-def test_the_checks_catch_a_broken_image_a_script_error_and_a_wide_table(
-    pages: dict[str, str], tmp_path: Path
-) -> None:
+def test_the_checks_catch_a_broken_image_a_script_error_and_a_wide_table(pages: dict[str, str], tmp_path: Path) -> None:
     broken = re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "data:image/png;base64,AAAA", pages["compare"], count=1)
     wide = '<div class="scroll"><table class="wide"><tr><td style="min-width:3000px">x</td></tr></table></div>'
     broken = broken.replace("</main>", f"{wide}</main>").replace(
