@@ -44,12 +44,17 @@ def exit_line(result: SweepResult | None, code: int) -> str | None:
         for check in lv.checks:
             if not check.passed:
                 failed.setdefault(check.name, []).append(lv)
-    windows = (result.provenance.get("spec") or {}).get("windows") or {}
+    spec = result.provenance.get("spec") or {}
+    windows = spec.get("windows") or {}
+    # count windows (asked for, or a generative sweep's default) are lengthened by their request count
+    generative = (spec.get("genai") or {}).get("endpoint_type", "kserve-infer") != "kserve-infer"
+    counted = windows.get("mode") == "count_windows" or (generative and spec.get("auto_windows"))
+    longer = "--measurement-request-count" if counted else "-p / --measurement-interval"
     parts = []
     for name, levels in sorted(failed.items(), key=lambda item: item[0] != "stable"):
         if name == "stable":
             parts.append(f"{_levels_text(levels)} never stabilised ({_instability(levels, windows)}): raise "
-                         "-p / --measurement-interval or --window-lengthenings, or accept more spread with -s / "
+                         f"{longer} or --window-lengthenings, or accept more spread with -s / "
                          "--stability-percentage")  # fmt: skip
         else:
             check = next(c for c in levels[0].checks if c.name == name)

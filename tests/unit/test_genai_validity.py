@@ -20,6 +20,7 @@ from perfkit.progress import Progress
 from perfkit.report import genai_plots, html
 from perfkit.report.export import render_summary_table
 from perfkit.report.html import render_html
+from perfkit.report.summary import exit_line
 from perfkit.results.files import ReportItem
 from perfkit.results.model import Check, LevelResult, sweep_from_json, sweep_to_json
 from perfkit.sweep.run import exit_code
@@ -143,3 +144,12 @@ def test_the_console_counts_requests_and_tokens_for_generative_levels() -> None:
     assert "5.5 req/s" in lines[1] and "infer/s" not in "".join(lines)
     assert "req/s, 6,400.0 output tokens/s, TTFT p90 48.00 ms, ITL p90 12.00 ms" in lines[2]
 
+
+
+def test_an_unstable_generative_level_is_told_to_count_more_requests_not_to_lengthen_p() -> None:
+    unstable = dataclasses.replace(make_level(1, [5.0, 3.0, 4.0], stable=False), tokens=make_token_figures())
+    spec = {"auto_windows": True, "genai": {"endpoint_type": "chat"}, "windows": {"mode": "time_windows"}}
+    line = exit_line(make_sweep([unstable], spec=spec), ExitCode.UNSTABLE)
+    assert line is not None and "raise --measurement-request-count or --window-lengthenings" in line
+    tensor = exit_line(make_sweep([make_level(1, [5.0, 3.0, 4.0], stable=False)]), ExitCode.UNSTABLE)
+    assert tensor is not None and "raise -p / --measurement-interval" in tensor
