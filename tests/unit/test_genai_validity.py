@@ -24,6 +24,7 @@ from perfkit.report.summary import exit_line
 from perfkit.results.files import ReportItem
 from perfkit.results.model import Check, LevelResult, sweep_from_json, sweep_to_json
 from perfkit.sweep.run import exit_code
+from perfkit.sweep.spec import SweepSpec
 from tests.synthetic import make_level, make_sweep, make_token_figures
 
 MS = 1_000_000
@@ -72,7 +73,7 @@ def test_any_invalid_level_ends_the_sweep_3_whatever_its_endpoint_type() -> None
     assert tensor.stable and exit_code(make_sweep([tensor])) == ExitCode.UNSTABLE
 
 
-def _spec(*flags: str):  # type: ignore[no-untyped-def]
+def _spec(*flags: str) -> SweepSpec:
     return spec_from_args(build_parser().parse_args(["sweep", "--endpoint-type", "chat", "--streaming", *flags]))
 
 
