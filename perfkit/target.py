@@ -32,12 +32,18 @@ _GRPC_ROOTS_FLAG = "--ssl-grpc-root-certifications-file"
 
 @dataclass(frozen=True, slots=True)
 class TlsSpec:
-    """Client TLS, with perf_analyzer's options: HTTPS is `-u https://...`; gRPC needs grpc_use_ssl."""
+    """Client TLS, with perf_analyzer's options: HTTPS is `-u https://...`; gRPC needs grpc_use_ssl.
+    A client certificate (PEM) is offered where the server asks for one (mutual TLS)."""
 
     grpc_use_ssl: bool = False
     grpc_root_certs: Path | None = None  # PEM CA bundle; None: the system's roots
     https_ca_certs: Path | None = None  # PEM CA bundle; None: the system's roots
     https_verify_peer: bool = True
+    https_verify_host: bool = True  # --ssl-https-verify-host 0: the certificate's name is not checked
+    grpc_client_key: Path | None = None  # PEM; with grpc_client_chain
+    grpc_client_chain: Path | None = None  # PEM certificate chain
+    https_client_cert: Path | None = None  # PEM; may hold the key too
+    https_client_key: Path | None = None  # PEM
 
     def https_context(self) -> ssl.SSLContext:
         """The context an https:// server is checked with."""
@@ -45,11 +51,15 @@ class TlsSpec:
             context = ssl.create_default_context()
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
-            return context
-        try:
-            return ssl.create_default_context(cafile=self.https_ca_certs)
-        except (OSError, ssl.SSLError) as exc:
-            raise PerfkitError(f"--ssl-https-ca-certificates-file {self.https_ca_certs}: {exc}") from None
+        else:
+            try:
+                context = ssl.create_default_context(cafile=self.https_ca_certs)
+            except (OSError, ssl.SSLError) as exc:
+                raise PerfkitError(f"--ssl-https-ca-certificates-file {self.https_ca_certs}: {exc}") from None
+            context.check_hostname = self.https_verify_host
+        if self.https_client_cert is not None:
+            _load_client_certificate(context, self.https_client_cert, self.https_client_key, "--ssl-https-client-certificate-file")
+        return context
 
     def grpc_root_certificates(self) -> bytes | None:
         """The PEM bundle gRPC's TLS checks the server with; None: the system's roots."""
@@ -60,12 +70,31 @@ class TlsSpec:
         except OSError as exc:
             raise PerfkitError(f"{_GRPC_ROOTS_FLAG} {self.grpc_root_certs}: {exc.strerror or exc}") from None
 
+    def grpc_client_certificate(self) -> tuple[bytes | None, bytes | None]:
+        """The client's PEM private key and certificate chain for gRPC (grpcio's credentials take bytes)."""
+        if self.grpc_client_chain is None or self.grpc_client_key is None:
+            return None, None
+        try:
+            return self.grpc_client_key.read_bytes(), self.grpc_client_chain.read_bytes()
+        except OSError as exc:
+            raise PerfkitError(f"--ssl-grpc-private-key-file / --ssl-grpc-certificate-chain-file: {exc}") from None
+
     def grpc_context(self, roots: bytes | None) -> ssl.SSLContext:
         """The context of gRPC's TLS for the roots `grpc_root_certificates` gave."""
         try:
-            return ssl.create_default_context(cadata=roots.decode("ascii", "replace") if roots else None)
+            context = ssl.create_default_context(cadata=roots.decode("ascii", "replace") if roots else None)
         except ssl.SSLError as exc:
             raise PerfkitError(f"{_GRPC_ROOTS_FLAG} {self.grpc_root_certs}: not PEM certificates ({exc})") from None
+        if self.grpc_client_chain is not None:
+            _load_client_certificate(context, self.grpc_client_chain, self.grpc_client_key, "--ssl-grpc-certificate-chain-file")
+        return context
+
+
+def _load_client_certificate(context: ssl.SSLContext, cert: Path, key: Path | None, flag: str) -> None:
+    try:
+        context.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise PerfkitError(f"{flag} {cert}: cannot load the client certificate and its key as PEM ({exc})") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +106,8 @@ class TargetSpec:
     headers: tuple[tuple[str, str], ...] = ()
     request_timeout_s: float = 30.0
     json_tensors: bool = False
+    json_outputs: bool = False  # --output-tensor-format json: HTTP outputs in the JSON body
+    grpc_compression: str = "none"  # --grpc-compression-algorithm: none | gzip | deflate
     tls: TlsSpec = field(default_factory=TlsSpec)
     max_connections: int = 0  # HTTP connections per load process; 0: one per outstanding request
     bls_composing_models: tuple[tuple[str, str], ...] = ()  # --bls-composing-models: (name, version "" = latest)
@@ -94,17 +125,34 @@ class TargetSpec:
         if len(endpoints) > 1 and (not all(endpoints) or len(set(endpoints)) != len(endpoints)):
             raise PerfkitError(f"-u takes HOST:PORT, or several alike servers as HOST:PORT,HOST:PORT,... each once; "
                                f"got '{self.url}'")  # fmt: skip
+        if self.json_outputs and self.protocol != "http":
+            raise PerfkitError("--output-tensor-format json applies to HTTP only; drop it or use -i http")
+        if self.grpc_compression != "none" and self.protocol != "grpc":
+            raise PerfkitError("--grpc-compression-algorithm applies to -i grpc only; drop it or use -i grpc")
         tls = self.tls
-        https = (tls.https_ca_certs is not None or not tls.https_verify_peer) and self.protocol == "http"
+        https = self.protocol == "http" and (
+            tls.https_ca_certs is not None or not tls.https_verify_peer or not tls.https_verify_host
+            or tls.https_client_cert is not None or tls.https_client_key is not None
+        )  # fmt: skip
         if https and not (self.url or "").startswith("https://"):
             raise PerfkitError("--ssl-https-* options apply to an HTTPS server: give -u https://HOST:PORT")
         if tls.grpc_root_certs is not None and not tls.grpc_use_ssl:
             raise PerfkitError("--ssl-grpc-root-certifications-file needs --ssl-grpc-use-ssl")
+        if (tls.grpc_client_key is None) != (tls.grpc_client_chain is None):
+            raise PerfkitError("--ssl-grpc-private-key-file and --ssl-grpc-certificate-chain-file go together: give both")
+        if tls.grpc_client_key is not None and not tls.grpc_use_ssl:
+            raise PerfkitError("--ssl-grpc-private-key-file and --ssl-grpc-certificate-chain-file need --ssl-grpc-use-ssl")
+        if tls.https_client_key is not None and tls.https_client_cert is None:
+            raise PerfkitError("--ssl-https-private-key-file needs --ssl-https-client-certificate-file")
         if tls.grpc_use_ssl and self.url is None:
             raise PerfkitError("--ssl-grpc-use-ssl needs -u: the embedded server listens in the clear on loopback")
         for flag, path in (
             ("--ssl-grpc-root-certifications-file", tls.grpc_root_certs),
             ("--ssl-https-ca-certificates-file", tls.https_ca_certs),
+            ("--ssl-grpc-private-key-file", tls.grpc_client_key),
+            ("--ssl-grpc-certificate-chain-file", tls.grpc_client_chain),
+            ("--ssl-https-client-certificate-file", tls.https_client_cert),
+            ("--ssl-https-private-key-file", tls.https_client_key),
         ):
             if path is not None and not path.is_file():
                 raise PerfkitError(f"{flag} {path}: no such file")

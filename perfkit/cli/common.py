@@ -80,21 +80,53 @@ def write(path: Path, text: str) -> None:
 # -H and TLS (sweep, tune and probe), and the measurement windows (sweep and tune)
 
 
-def add_connection_flags(parser: argparse.ArgumentParser, target: argparse._ArgumentGroup) -> None:
-    """-H into the `target` group, and a TLS group with perf_analyzer's client TLS options (a
-    subset: no client certificates). Read them back with `headers_from_args` and `tls_from_args`;
-    `TargetSpec` validation checks them together with -u and -i."""
+def _use_ssl_value(text: str) -> bool:
+    # perf_analyzer's help writes `--ssl-grpc-use-ssl <bool>`, but its parser takes a switch and
+    # leaves the word after it unread: `--ssl-grpc-use-ssl false` connects over TLS there.
+    if text.lower() == "true":
+        return True
+    raise argparse.ArgumentTypeError(
+        f"'{text}': a switch (perf_analyzer's --help writes <bool>, but it reads the flag alone and uses TLS even "
+        "after 'false'); give --ssl-grpc-use-ssl alone for TLS, or drop it for a plain channel"
+    )
+
+
+def _pem(text: str) -> str:
+    if text.upper() != "PEM":
+        raise argparse.ArgumentTypeError(
+            f"'{text}': Python's ssl loads PEM only; convert the file (openssl x509 -inform DER -in CERT -out "
+            "CERT.pem; openssl pkey -inform DER -in KEY -out KEY.pem) and give the PEM one"
+        )
+    return "PEM"
+
+
+def add_connection_flags(
+    parser: argparse.ArgumentParser, target: argparse._ArgumentGroup, *, use_ssl_word: bool = False
+) -> None:
+    """-H into the `target` group, and a TLS group with perf_analyzer's client TLS options. Read them
+    back with `headers_from_args` and `tls_from_args`; `TargetSpec` validation checks them together
+    with -u and -i. `use_ssl_word`: --ssl-grpc-use-ssl may be followed by `true`, as perf_analyzer
+    scripts write it (only where no positional argument could be taken for it)."""
     target.add_argument(
         "-H", "--header", action="append", default=[], metavar="'NAME: VALUE'", help="extra HTTP header (repeatable)"
     )
     tls = parser.add_argument_group("TLS", "HTTPS: give -u https://HOST:PORT. gRPC: add --ssl-grpc-use-ssl.")
-    tls.add_argument("--ssl-grpc-use-ssl", action="store_true", help="connect to the gRPC server over TLS")
+    if use_ssl_word:
+        tls.add_argument("--ssl-grpc-use-ssl", nargs="?", const=True, type=_use_ssl_value, metavar="true",
+                         help="connect to the gRPC server over TLS (a 'true' after it is taken, as perf_analyzer's "
+                         "scripts write it)")  # fmt: skip
+    else:
+        tls.add_argument("--ssl-grpc-use-ssl", action="store_true", help="connect to the gRPC server over TLS")
     tls.add_argument(
         "--ssl-grpc-root-certifications-file",
         type=Path,
         metavar="PEM",
         help="CA certificates to verify the gRPC server with (default: the system's)",
     )
+    tls.add_argument("--ssl-grpc-private-key-file", type=Path, metavar="PEM",
+                     help="the client's private key, for a server that asks for a client certificate")  # fmt: skip
+    tls.add_argument("--ssl-grpc-certificate-chain-file", type=Path, metavar="PEM",
+                     help="the client's certificate chain (with --ssl-grpc-private-key-file)")  # fmt: skip
     tls.add_argument(
         "--ssl-https-ca-certificates-file",
         type=Path,
@@ -109,6 +141,14 @@ def add_connection_flags(parser: argparse.ArgumentParser, target: argparse._Argu
         metavar="0|1",
         help="0: do not verify the HTTPS server's certificate (default 1)",
     )
+    tls.add_argument("--ssl-https-verify-host", type=int, choices=(0, 1, 2), default=2, metavar="0|1|2",
+                     help="0: do not check the HTTPS server's name against its certificate; 1 and 2 check it, as "
+                     "libcurl (default 2)")  # fmt: skip
+    tls.add_argument("--ssl-https-client-certificate-file", type=Path, metavar="PEM",
+                     help="the client's certificate, for a server that asks for one (may hold the key too)")  # fmt: skip
+    tls.add_argument("--ssl-https-private-key-file", type=Path, metavar="PEM", help="the client certificate's key")
+    for flag in ("--ssl-https-client-certificate-type", "--ssl-https-private-key-type"):
+        tls.add_argument(flag, type=_pem, default="PEM", metavar="PEM", help="PEM only (default PEM)")
 
 
 def headers_from_args(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
@@ -123,10 +163,15 @@ def headers_from_args(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
 
 def tls_from_args(args: argparse.Namespace) -> TlsSpec:
     return TlsSpec(
-        grpc_use_ssl=args.ssl_grpc_use_ssl,
+        grpc_use_ssl=bool(args.ssl_grpc_use_ssl),  # None when not given (sweep's may take a word)
         grpc_root_certs=args.ssl_grpc_root_certifications_file,
         https_ca_certs=args.ssl_https_ca_certificates_file,
         https_verify_peer=bool(args.ssl_https_verify_peer),
+        https_verify_host=bool(args.ssl_https_verify_host),
+        grpc_client_key=args.ssl_grpc_private_key_file,
+        grpc_client_chain=args.ssl_grpc_certificate_chain_file,
+        https_client_cert=args.ssl_https_client_certificate_file,
+        https_client_key=args.ssl_https_private_key_file,
     )
 
 

@@ -14,6 +14,7 @@ from perfkit.cli.perf_analyzer_flags import (
     endpoint_path,
     endpoint_type,
     perf_analyzer_notes,
+    resolved,
 )
 from perfkit.errors import ExitCode, PerfkitError
 from perfkit.genai.goodput import parse_goodput
@@ -59,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--bls-composing-models", default="", metavar="MODEL[:VERSION],...",
         help="the models a BLS model calls: their server-side figures are read beside it, as an ensemble's steps",
     )  # fmt: skip
-    add_connection_flags(p, target)
+    add_connection_flags(p, target, use_ssl_word=True)
     target.add_argument(
         "--request-timeout",
         type=float,
@@ -160,7 +161,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="NAME:D1,D2,...",
         help="shape of a variable-size input, without the batch dimension (repeatable)",
     )
-    data.add_argument("--input-data", default="random", metavar="random|zero|FILE.json")
+    data.add_argument("--input-data", default="random", metavar="random|zero|FILE.json|DIR")
     data.add_argument("--seed", type=int, default=0, help="seed for random inputs and Poisson schedules")
     add_request_data_flags(p)
     add_sequence_flags(p)
@@ -470,6 +471,7 @@ def parse_model_list(text: str, flag: str) -> tuple[tuple[str, str], ...]:
 
 
 def spec_from_args(args: argparse.Namespace) -> SweepSpec:
+    args = resolved(args)  # perf_analyzer's deprecated flags as the sweep's own
     if args.max_connections < 0:
         raise PerfkitError(
             f"--max-connections must be >= 0 (0: one per outstanding request), got {args.max_connections}"
@@ -488,6 +490,8 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
             headers=headers_from_args(args),
             request_timeout_s=args.request_timeout,
             json_tensors=args.input_tensor_format == "json",
+            json_outputs=args.output_tensor_format == "json",
+            grpc_compression=args.grpc_compression_algorithm,
             tls=tls_from_args(args),
             max_connections=args.max_connections,
             bls_composing_models=parse_model_list(args.bls_composing_models, "--bls-composing-models"),

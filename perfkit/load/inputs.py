@@ -16,6 +16,9 @@ sends round-robin (`build_sequence_streams`, for a sequence model, into streams 
   how perf_analyzer fills a batch (infer_data_manager.cc `UpdateInputs`). For a sequence model
   "data" may instead hold streams, `{"data": [[step, ...], [step, ...]]}`: each new sequence takes
   a stream, its steps in order (perfkit.load.sequences).
+- a directory, perf_analyzer's older form (its `--data-directory`): one file per input, named as the
+  input, holding one batch-1 row: raw row-major bytes (little-endian), or for a BYTES input one
+  string a line. It is one step, as a data file of one step would be.
 
 Shapes exclude the batch dimension throughout, as `--shape` does: with `max_batch_size > 0` the
 model's first dimension is the batch, and requests carry `-b` there.
@@ -349,10 +352,8 @@ def _read_data(path_text: str) -> list[Any]:
     """The "data" list of a perf_analyzer JSON data file."""
     flag = f"--input-data {path_text}"
     path = Path(path_text)
-    if path.is_dir():
-        raise PerfkitError(f"{flag}: directories of raw input files are not supported; give a JSON data file")
     if not path.is_file():
-        raise PerfkitError(f"{flag}: no such file; expected random, zero, or a JSON data file")
+        raise PerfkitError(f"{flag}: no such file; expected random, zero, a JSON data file or a data directory")
     try:
         doc = json.loads(path.read_bytes())
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
@@ -367,7 +368,7 @@ def _read_data(path_text: str) -> list[Any]:
 
 def has_streams(input_data: str) -> bool:
     """Whether `--input-data` is a JSON file whose "data" holds sequence streams (lists of steps)."""
-    if input_data in ("random", "zero"):
+    if input_data in ("random", "zero") or Path(input_data).is_dir():
         return False
     return any(isinstance(step, list) for step in _read_data(input_data))
 
@@ -375,6 +376,8 @@ def has_streams(input_data: str) -> bool:
 def _load_steps(path_text: str, inputs: list[_Input], shapes: Mapping[str, list[int]]) -> list[dict[str, np.ndarray]]:
     """Each step of a perf_analyzer JSON data file as {input: batch-1 row, shape without batch}."""
     flag = f"--input-data {path_text}"
+    if Path(path_text).is_dir():
+        return [_directory_row(Path(path_text), inputs, shapes)]
     rows = []
     for s, step in enumerate(_read_data(path_text)):
         if isinstance(step, list):
@@ -392,6 +395,8 @@ def _load_streams(
     """The streams of a data file: "data" as a list of lists of steps (a plain list of steps is one
     stream, as perf_analyzer reads it)."""
     flag = f"--input-data {path_text}"
+    if Path(path_text).is_dir():
+        return [[_directory_row(Path(path_text), inputs, shapes)]]
     data = _read_data(path_text)
     if not any(isinstance(step, list) for step in data):
         return [[_step_row(step, inputs, shapes, f"{flag}: data[{s}]") for s, step in enumerate(data)]]
@@ -401,6 +406,28 @@ def _load_streams(
             raise PerfkitError(f"{flag}: data[{k}] must be a non-empty list of steps, as every other stream is")
         streams.append([_step_row(step, inputs, shapes, f"{flag}: data[{k}][{s}]") for s, step in enumerate(stream)])
     return streams
+
+
+def _directory_row(directory: Path, inputs: list[_Input], shapes: Mapping[str, list[int]]) -> dict[str, np.ndarray]:
+    """The one step of a data directory: each input's file, named as the input, read as perf_analyzer
+    reads it (raw bytes; a BYTES input's strings one a line)."""
+    flag = f"--input-data {directory}"
+    step: dict[str, Any] = {}
+    for spec in inputs:
+        path = directory / spec.name
+        if not path.is_file():
+            if spec.optional:
+                continue
+            raise PerfkitError(f"{flag}: no file '{spec.name}' for input '{spec.name}' (one file per input, named as it)")
+        try:
+            raw = path.read_bytes()
+        except OSError as exc:
+            raise PerfkitError(f"{flag}: cannot read {path}: {exc.strerror or exc}") from None
+        if spec.datatype == "BYTES":
+            step[spec.name] = raw.decode("utf-8", "surrogateescape").splitlines()
+        else:
+            step[spec.name] = {"b64": base64.b64encode(raw).decode("ascii")}
+    return _step_row(step, inputs, shapes, flag)
 
 
 def _step_row(step: Any, inputs: list[_Input], shapes: Mapping[str, list[int]], where: str) -> dict[str, np.ndarray]:

@@ -349,9 +349,11 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
                 request_timeout_s=t.request_timeout_s,
                 headers=dict(t.headers),
                 json_tensors=t.json_tensors,
+                binary_outputs=not t.json_outputs,
                 connections=t.max_connections,
                 tls=t.tls,
                 streaming=spec.data_path.streaming,
+                compression=t.grpc_compression,
             )
             for url in endpoints_of(target.url)
         ]

@@ -140,6 +140,7 @@ def make_client(
     json_tensors: bool = False,
     tls: TlsSpec | None = None,
     streaming: bool = False,
+    compression: str = "none",  # gRPC request messages: none, gzip or deflate
 ) -> InferClient:
     """A client for `url` over `protocol` ("http" or "grpc"). `connections` caps the HTTP connection
     pool (0: one per concurrent request); gRPC multiplexes every call on one channel. `json_tensors`
@@ -147,7 +148,7 @@ def make_client(
     outputs (gRPC outputs are always raw). `headers` go with every call (HTTP headers, gRPC
     metadata), `Authorization` included. `tls`: HTTPS is an `https://` url, verified against
     `tls.https_ca_certs` (or the system's roots); gRPC uses TLS when `tls.grpc_use_ssl`.
-    `streaming`: gRPC inference over `ModelStreamInfer` streams (`--streaming`)."""
+    `streaming`: gRPC inference over `ModelStreamInfer` streams (`--streaming`); `compression`: its messages'."""
     tls = tls or TlsSpec()
     if request_timeout_s <= 0:
         raise PerfkitError(f"the request timeout must be > 0 seconds, got {request_timeout_s}")
@@ -160,7 +161,7 @@ def make_client(
     if protocol == "grpc":
         if json_tensors:
             raise PerfkitError("--input-tensor-format json is for HTTP only; use -i http or binary tensors")
-        return GrpcClient(url, request_timeout_s, headers, tls, streaming=streaming)
+        return GrpcClient(url, request_timeout_s, headers, tls, streaming=streaming, compression=compression)
     raise PerfkitError(f"-i must be http or grpc, got '{protocol}'")
 
 
@@ -398,7 +399,7 @@ class GrpcClient:
 
     def __init__(  # `streaming`: inference over ModelStreamInfer streams (perfkit.wire.streaming)
         self, url: str, request_timeout_s: float, headers: Mapping[str, str], tls: TlsSpec | None = None, *,
-        streaming: bool = False,
+        streaming: bool = False, compression: str = "none",
     ) -> None:  # fmt: skip
         self.url = url
         self._target = url.split("://", 1)[1] if "://" in url else url
@@ -410,15 +411,16 @@ class GrpcClient:
         context: ssl.SSLContext | None = None
         if tls.grpc_use_ssl:
             roots = tls.grpc_root_certificates()
-            self._credentials = grpc.ssl_channel_credentials(root_certificates=roots)
+            self._credentials = grpc.ssl_channel_credentials(roots, *tls.grpc_client_certificate())  # (key, chain)
             context = tls.grpc_context(roots)
         self._timeout_s = request_timeout_s
         # -H headers travel as call metadata, whose keys gRPC wants in lower case.
         self._metadata = tuple((k.lower(), v) for k, v in headers.items()) or None
-        self._wire = grpc_wire.Channel(host, port, context)  # inference
+        self._wire = grpc_wire.Channel(host, port, context, compression=compression)  # inference
         self._address = (host, port, context)  # to sniff what the port speaks when a call fails
         self._streams = StreamChannel(host, port, context) if streaming else None  # inference, --streaming
-        self._stream_block = encode_stream_headers(self._wire.target, context is not None, self._metadata or ())
+        stream_metadata = (*(self._metadata or ()), *self._wire.coding)  # its messages are compressed as calls' are
+        self._stream_block = encode_stream_headers(self._wire.target, context is not None, stream_metadata)
         self._channel: grpc.aio.Channel | None = None  # the rest; opened in the event loop, on first use
         self._stub: Any = None
         self._seen: dict[str, int] = {}
@@ -443,7 +445,7 @@ class GrpcClient:
             # As perf_analyzer asks: the final flag always comes, alone if the model sends it so.
             proto.parameters[EMPTY_FINAL].bool_param = True
             payload = proto.SerializeToString()
-            return Prepared(payload, len(payload), stream_message=b"\x00" + len(payload).to_bytes(4, "big") + payload)
+            return Prepared(payload, len(payload), stream_message=self._wire.stream_message(payload))
         payload = proto.SerializeToString()
         call = self._wire.encode(_MODEL_INFER, payload, self._metadata or (), self._timeout_s)
         return Prepared(payload, len(payload), grpc_call=call)
@@ -454,6 +456,8 @@ class GrpcClient:
             message = request_to_proto(request).SerializeToString()
         except v2.CodecError as exc:
             raise PerfkitError(f"cannot encode a request for model '{request.model_name}': {exc}") from None
+        if self._wire.coding:  # the sequence id is written into the encoded message, call by call
+            raise PerfkitError("--grpc-compression-algorithm is not for sequence models; drop it")
         payload, offsets = grpc_sequence_payload(message)
         call = self._wire.encode(_MODEL_INFER, payload, self._metadata or (), self._timeout_s)
         at_id, at_start, at_end = (5 + o for o in offsets)  # past the gRPC message prefix

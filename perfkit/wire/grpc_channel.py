@@ -25,13 +25,18 @@ Theory of operation (RFC 9113 for HTTP/2, RFC 7541 for HPACK, grpc/doc/PROTOCOL-
   DEADLINE_EXCEEDED when its deadline passes first (one timer a connection, at the earliest).
 - A connection that fails, is told GOAWAY, or runs out of stream ids takes no new calls: the next
   call opens a new one, and the old one closes once its calls are done.
+- With a `compression` (perf_analyzer's --grpc-compression-algorithm), request messages are
+  compressed, flagged so in their prefix and named by `grpc-encoding`; gRPC's "deflate" is the zlib
+  format. Replies are not asked to be compressed (no grpc-accept-encoding is sent).
 """
 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import ssl
-from collections.abc import Sequence
+import zlib
+from collections.abc import Callable, Sequence
 
 from perfkit.wire.grpc_connection import Call, Connection, failed
 from perfkit.wire.limits import MAX_REPLY_BODY
@@ -39,7 +44,14 @@ from v2kit import grpc_status as status
 from v2kit.grpc_status import MALFORMED
 from v2kit.h2.frames import EncodedCall, encode_call
 
-__all__ = ["MALFORMED", "Call", "Channel", "EncodedCall"]
+__all__ = ["COMPRESSIONS", "MALFORMED", "Call", "Channel", "EncodedCall"]
+
+#: --grpc-compression-algorithm's codings: how each compresses a message; "none" sends it as it is.
+COMPRESSIONS: dict[str, Callable[[bytes], bytes] | None] = {
+    "none": None,
+    "gzip": lambda message: gzip.compress(message, mtime=0),
+    "deflate": zlib.compress,
+}
 
 
 # --- the channel -----------------------------------------------------------------------------------
@@ -53,10 +65,15 @@ class Channel:
     connection_type: type[Connection] = Connection
 
     def __init__(
-        self, host: str, port: int, ssl_context: ssl.SSLContext | None = None, *, max_message: int = MAX_REPLY_BODY
-    ) -> None:
-        """`max_message`: the largest reply message a call takes (`perfkit.wire.limits`)."""
+        self, host: str, port: int, ssl_context: ssl.SSLContext | None = None, *, max_message: int = MAX_REPLY_BODY,
+        compression: str = "none",
+    ) -> None:  # fmt: skip
+        """`max_message`: the largest reply message a call takes (`perfkit.wire.limits`); `compression`:
+        one of COMPRESSIONS, for the messages of the calls it encodes."""
         self.target = f"{host}:{port}"
+        self._compress = COMPRESSIONS[compression]
+        #: The metadata that names the coding of compressed messages; () when they are not.
+        self.coding: tuple[tuple[str, str], ...] = (("grpc-encoding", compression),) if self._compress else ()
         self._max_message = max_message
         self._host, self._port = host, port
         self._ssl = ssl_context
@@ -71,9 +88,19 @@ class Channel:
     ) -> EncodedCall:
         """A unary call to `path` ("/package.Service/Method") carrying `message`, with `metadata`
         (lower-case keys) and a `timeout_s` deadline, encoded once for any number of calls."""
+        if self._compress is not None:
+            message, metadata = self._compress(message), (*metadata, *self.coding)
         return encode_call(
-            path, message, authority=self.target, tls=self._ssl is not None, metadata=metadata, timeout_s=timeout_s
-        )
+            path, message, authority=self.target, tls=self._ssl is not None, metadata=metadata, timeout_s=timeout_s,
+            compressed=self._compress is not None,
+        )  # fmt: skip
+
+    def stream_message(self, message: bytes) -> bytes:
+        """`message` as a stream carries it: its 5-byte prefix and its bytes, compressed as calls' are."""
+        if self._compress is None:
+            return b"\x00" + len(message).to_bytes(4, "big") + message
+        packed = self._compress(message)
+        return b"\x01" + len(packed).to_bytes(4, "big") + packed
 
     async def call(self, encoded: EncodedCall) -> Call:
         """Make the call; never raises but for cancellation: failures are in the returned `Call`."""

@@ -389,18 +389,22 @@ def test_provenance_redacts_credential_headers() -> None:
 # --- perfkit probe and tune: the sweep's -H and TLS flags --------------------------------------------
 
 CONNECTION_FLAGS = ("--header", "--ssl-grpc-use-ssl", "--ssl-grpc-root-certifications-file",
-                    "--ssl-https-ca-certificates-file", "--ssl-https-verify-peer")  # fmt: skip
+                    "--ssl-grpc-private-key-file", "--ssl-grpc-certificate-chain-file",
+                    "--ssl-https-ca-certificates-file", "--ssl-https-verify-peer", "--ssl-https-verify-host",
+                    "--ssl-https-client-certificate-file", "--ssl-https-private-key-file",
+                    "--ssl-https-client-certificate-type", "--ssl-https-private-key-type")  # fmt: skip
 
 
 def test_probe_and_tune_take_the_sweeps_connection_flags() -> None:
     def flags(command: str) -> dict[str, tuple[Any, ...]]:
         parser = COMMANDS[command].parser()
         assert parser is not None
-        return {
+        return {  # sweep's --ssl-grpc-use-ssl also takes the 'true' perf_analyzer scripts write after it
             a.option_strings[-1]: (tuple(a.option_strings), a.help, a.type, a.choices, a.default, a.metavar)
+            if a.option_strings[-1] != "--ssl-grpc-use-ssl" else tuple(a.option_strings)
             for a in parser._actions
             if a.option_strings and a.option_strings[-1] in CONNECTION_FLAGS
-        }
+        }  # fmt: skip
 
     sweep = flags("sweep")
     assert set(sweep) == set(CONNECTION_FLAGS)

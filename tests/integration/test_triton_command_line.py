@@ -5,6 +5,7 @@ compression and start-up flags do what they say."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import queue
 import socket
@@ -26,6 +27,8 @@ from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
+from perfkit.target import TlsSpec
+from perfkit.wire.client import make_client
 from reference_server.config import config_from_args
 from reference_server.server import running_server
 from reference_server.startup import ModelsFailed
@@ -288,6 +291,23 @@ def test_grpc_tls_of_its_own_with_client_certificates(repository: Path, tmp_path
         with grpc.secure_channel(target, anonymous) as channel, pytest.raises(grpc.RpcError) as refused:
             service_pb2_grpc.GRPCInferenceServiceStub(channel).ServerLive(pb.ServerLiveRequest(), timeout=10)
         assert refused.value.code() == grpc.StatusCode.UNAVAILABLE
+        # perfkit's client offers one from perf_analyzer's flags, on grpcio's channel and on its own
+        key, chain = tmp_path / "client-key.pem", tmp_path / "client-chain.pem"
+        client_cert.private_key_pem.write_to_path(str(key))
+        chain.write_bytes(b"".join(blob.bytes() for blob in client_cert.cert_chain_pems))
+        tls = TlsSpec(grpc_use_ssl=True, grpc_root_certs=paths["ca"], grpc_client_key=key, grpc_client_chain=chain)
+        assert asyncio.run(_perfkit_live(target, tls)) == (True, 0)
+
+
+async def _perfkit_live(target: str, tls: TlsSpec) -> tuple[bool, int]:
+    """Whether perfkit's gRPC client finds the server live, and the status of ServerLive on its lean channel."""
+    client = make_client(target, "grpc", tls=tls)
+    try:
+        wire = client._wire  # type: ignore[union-attr]
+        call = await wire.call(wire.encode("/inference.GRPCInferenceService/ServerLive", b""))
+        return await client.live(), call.status
+    finally:
+        await client.close()
 
 
 @pytest.mark.peers

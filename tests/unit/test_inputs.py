@@ -303,9 +303,9 @@ def test_data_file_needs_a_shape_for_variable_dimensions(tmp_path: Path) -> None
 
 
 def test_unreadable_data_sources(tmp_path: Path) -> None:
-    with pytest.raises(PerfkitError, match="directories of raw input files are not supported"):
-        build_requests(MLP, MLP_CONFIG, model="mlp", input_data=str(tmp_path))
-    with pytest.raises(PerfkitError, match="no such file; expected random, zero, or a JSON data file"):
+    with pytest.raises(PerfkitError, match="no file 'INPUT0' for input 'INPUT0' \\(one file per input"):
+        build_requests(MLP, MLP_CONFIG, model="mlp", input_data=str(tmp_path))  # a data directory without it
+    with pytest.raises(PerfkitError, match="no such file; expected random, zero, a JSON data file or a data directory"):
         build_requests(MLP, MLP_CONFIG, model="mlp", input_data=str(tmp_path / "missing.json"))
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(PerfkitError, match="bad.json: cannot read a JSON data file"):

@@ -212,9 +212,11 @@ def encode_call(
     tls: bool,
     metadata: Sequence[tuple[str, str]] = (),
     timeout_s: float = 30.0,
+    compressed: bool = False,
 ) -> EncodedCall:
     """A unary call to `path` ("/package.Service/Method") carrying `message`, with `metadata`
-    (lower-case keys) and a `timeout_s` deadline, encoded once for any number of calls."""
+    (lower-case keys) and a `timeout_s` deadline, encoded once for any number of calls.
+    `compressed`: `message` is compressed in the coding a grpc-encoding in `metadata` names."""
     fields = [
         b"\x83",  # :method POST
         b"\x87" if tls else b"\x86",  # :scheme https | http
@@ -227,7 +229,7 @@ def encode_call(
     ]
     fields += [literal(key.encode(), value.encode()) for key, value in metadata]
     block = b"".join(fields)
-    body = b"\x00" + len(message).to_bytes(4, "big") + message
+    body = (b"\x01" if compressed else b"\x00") + len(message).to_bytes(4, "big") + message
     largest = max(len(block), len(body))
     one_frame = largest < _LARGEST_FRAME  # else the frame headers below are never used
     return EncodedCall(
