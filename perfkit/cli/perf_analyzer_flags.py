@@ -29,13 +29,13 @@ __all__ = [
 
 _OWN, _MAPPED, _IGNORED, _REFUSED = "own", "mapped", "ignored", "refused"
 _ASYNCIO = "perfkit's client is one asyncio event loop, which keeps any concurrency outstanding without threads"
-#: Every flag of perf_analyzer 2.48 (its --help, and `--verbose` and `--enable-mpi`, which its parser
-#: takes unlisted), and what `perfkit sweep` does with it: ("own", "") the sweep's flag of that name;
-#: ("mapped", what) read as the sweep's flags named; ("ignored", why) accepted, with one note saying why;
-#: ("refused", why) a usage error of the sweep saying why. A test holds this to perf_analyzer's --help.
+#: Every flag of perf_analyzer 2.48 (its --help, and `--enable-mpi`, which its parser takes unlisted),
+#: and what `perfkit sweep` does with it: ("own", "") the sweep's flag of that name; ("mapped", what)
+#: read as the sweep's flags named; ("ignored", why) accepted, with one note saying why; ("refused",
+#: why) a usage error of the sweep saying why. A test holds this to perf_analyzer's --help.
 PERF_ANALYZER_FLAGS: dict[str, tuple[str, str]] = {
     **dict.fromkeys(
-        """-m -x --bls-composing-models --endpoint -v --verbose -p --measurement-interval --measurement-mode
+        """-m -x --bls-composing-models --endpoint -v -p --measurement-interval --measurement-mode
         --measurement-request-count --concurrency-range --request-parameter --request-rate-range
         --request-distribution --request-intervals --serial-sequences --binary-search --num-of-sequences -l
         --latency-threshold -s --stability-percentage -r --max-trials --percentile --request-count -b --input-data
