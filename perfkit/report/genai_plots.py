@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+from matplotlib.ticker import LogLocator, NullFormatter
 
 from perfkit.report.plots import PALETTE, _figure, _legend, _note, _png, _set_load_axis
 from perfkit.results.model import LevelResult, SweepResult, TokenFigures, TokenSample, ValueStats
@@ -60,6 +61,9 @@ def _cdf(ax: Any, run: SweepResult, column: Callable[[TokenSample], Sequence[flo
         positive = [v for v in (low, high) if v > 0]
         if positive and high / max(min(positive), 1e-9) > 50:
             ax.set_xscale("log")
+            ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            ax.xaxis.set_major_formatter(lambda v, _pos: f"{v:g}")
+            ax.xaxis.set_minor_formatter(NullFormatter())  # 3x10^1 4x10^1 ... would collide
     return drawn
 
 
