@@ -22,7 +22,7 @@ from perfkit.report.plots import PALETTE, _figure, _legend, _note, _png, _set_lo
 from perfkit.results.model import LevelResult, SweepResult, TokenFigures, TokenSample, ValueStats
 
 __all__ = [
-    "FIGURES", "goodput_vs_load", "itl_distribution", "token_latency_vs_load", "tokens_vs_latency",
+    "FIGURES", "figures_of", "goodput_vs_load", "itl_distribution", "token_latency_vs_load", "tokens_vs_latency",
     "ttft_distribution", "ttft_vs_input_length",
 ]  # fmt: skip
 
@@ -223,16 +223,22 @@ def goodput_vs_load(run: SweepResult) -> bytes:
     return _png(fig)
 
 
-#: The generative figures of a sweep, with their alt texts, in the report's order; goodput only
-#: when the levels were run with --goodput.
-FIGURES: tuple[tuple[str, Callable[[SweepResult], bytes], bool], ...] = (
-    ("TTFT distribution per level", ttft_distribution, False),
-    ("ITL distribution per level", itl_distribution, False),
-    ("TTFT, ITL and end-to-end latency vs load", token_latency_vs_load, True),
-    ("output tokens/s, total and per user, vs latency", tokens_vs_latency, False),
-    ("TTFT vs input length, per request", ttft_vs_input_length, False),
+#: The generative figures of a sweep, with their alt texts, in the report's order: (alt, draw,
+#: wide, drawn from the levels' request samples).
+FIGURES: tuple[tuple[str, Callable[[SweepResult], bytes], bool, bool], ...] = (
+    ("TTFT distribution per level", ttft_distribution, False, True),
+    ("ITL distribution per level", itl_distribution, False, True),
+    ("TTFT, ITL and end-to-end latency vs load", token_latency_vs_load, True, False),
+    ("output tokens/s, total and per user, vs latency", tokens_vs_latency, False, False),
+    ("TTFT vs input length, per request", ttft_vs_input_length, False, True),
 )
 
 
-def goodput_asked(run: SweepResult) -> bool:
-    return any(lv.tokens is not None and lv.tokens.goodput_per_s is not None for lv in run.levels)
+def figures_of(run: SweepResult) -> list[tuple[str, Callable[[SweepResult], bytes], bool]]:
+    """The figures a generative sweep gets: those from request samples only when its levels kept
+    one (result files written before samples were kept have none), goodput only with --goodput."""
+    sampled = any(lv.tokens is not None and lv.tokens.sample is not None for lv in run.levels)
+    figures = [(alt, draw, wide) for alt, draw, wide, per_request in FIGURES if sampled or not per_request]
+    if any(lv.tokens is not None and lv.tokens.goodput_per_s is not None for lv in run.levels):
+        figures.append(("goodput vs load", goodput_vs_load, False))
+    return figures

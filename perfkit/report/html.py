@@ -302,11 +302,8 @@ def _token_section(result: SweepResult) -> str:
 
 
 def _token_figures(result: SweepResult) -> str:
-    """The generative figures (genai_plots.FIGURES; goodput when it was asked for)."""
-    figures = [*genai_plots.FIGURES]
-    if genai_plots.goodput_asked(result):
-        figures.append(("goodput vs load", genai_plots.goodput_vs_load, False))
-    images = "".join(_img(draw(result), alt, wide) for alt, draw, wide in figures)
+    """The generative figures (genai_plots.figures_of)."""
+    images = "".join(_img(draw(result), alt, wide) for alt, draw, wide in genai_plots.figures_of(result))
     return f'<h3>Generative figures</h3><div class="grid">{images}</div>'
 
 

@@ -119,6 +119,11 @@ def test_the_generative_report_draws_the_token_figures_and_no_empty_latency_brea
     assert "<h3>Generative figures</h3>" in page
     assert 'alt="latency breakdown"' not in page  # no server statistics: nothing to break down
     assert "enough samples for p90 of TTFT, ITL and latency" in page
+    # a result file from before the request samples: the figures it can draw, none that would be empty
+    unsampled = make_sweep([dataclasses.replace(lv, tokens=dataclasses.replace(lv.tokens, sample=None, goodput_per_s=None))
+                            for lv in levels if lv.tokens is not None])  # fmt: skip
+    assert [alt for alt, *_ in genai_plots.figures_of(unsampled)] == [
+        "TTFT, ITL and end-to-end latency vs load", "output tokens/s, total and per user, vs latency"]  # fmt: skip
 
 
 def test_chat_without_streaming_says_ttft_and_itl_need_it(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -126,7 +131,7 @@ def test_chat_without_streaming_says_ttft_and_itl_need_it(monkeypatch: pytest.Mo
     assert "TTFT, TTST and ITL are not measured (they need --streaming)" in note
     assert unstreamed_note("chat", True) == unstreamed_note("embeddings", False) == ""
     tokens = dataclasses.replace(make_token_figures(), streaming=False)
-    monkeypatch.setattr(genai_plots, "FIGURES", ())  # the note, not the figures, is the point here
+    monkeypatch.setattr(genai_plots, "figures_of", lambda run: [])  # the note, not the figures, is the point here
     section = html._token_section(make_sweep([dataclasses.replace(make_level(1, [10.0] * 3), tokens=tokens)]))
     assert '<div class="verdict warn">' in section and "they need --streaming" in section
 
