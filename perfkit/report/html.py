@@ -69,9 +69,9 @@ def _img(png: bytes, alt: str, wide: bool = False) -> str:
 
 
 def _numeric(value: object) -> bool:
-    return not isinstance(value, _Badge) and _NUMERIC.fullmatch(str(value)) is not None
     if isinstance(value, _WithRange):
         return True
+    return not isinstance(value, _Badge) and _NUMERIC.fullmatch(str(value)) is not None
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[object]], classes: str = "") -> str:
@@ -88,7 +88,6 @@ class _Badge:
     ok: bool
 
 
-_NUMERIC = re.compile(r"[-+]?[\d,.]+( ?[–%] ?[\d,.]*%?)?|-")
 @dataclass(frozen=True, slots=True)
 class _WithRange:
     """A figure with its 95% CI under it, small: one column where two would widen the table."""
@@ -98,15 +97,16 @@ class _WithRange:
     high: str
 
 
+_NUMERIC = re.compile(r"[-+]?[\d,.]+( ?[–%] ?[\d,.]*%?)?|-")
 
 
 def _cell(value: object) -> str:
     if isinstance(value, _Badge):
         return f'<td><span class="badge {"ok" if value.ok else "bad"}">{_e(value.text)}</span></td>'
-    return f'<td class="n">{_e(value)}</td>' if _numeric(value) else f"<td>{_e(value)}</td>"
     if isinstance(value, _WithRange):
         ci = "" if value.low == value.high == "-" else f'<span class="ci">{_e(value.low)}–{_e(value.high)}</span>'
         return f'<td class="n">{_e(value.value)}{ci}</td>'
+    return f'<td class="n">{_e(value)}</td>' if _numeric(value) else f"<td>{_e(value)}</td>"
 
 
 def _number(value: str | float | None, digits: int) -> str:
@@ -424,9 +424,9 @@ def render_sweep_section(item: ReportItem, slo_ms: float | None = None) -> str:
             wide=True,
         ),
     ]
-    notes = sorted({note for lv in result.levels for note in lv.resources.notes})
     if plots.has_errors_or_late_sends(result):  # an empty chart says less than no chart
         figures.append(_img(plots.errors_and_late_sends(result), "errors and late sends"))
+    notes = sorted({note for lv in result.levels for note in lv.resources.notes})
     header, rows = _level_rows(result)
     title = f"Sweep of {result.model}: {result.mode.replace('_', ' ')}"
     return (
