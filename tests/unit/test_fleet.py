@@ -151,7 +151,8 @@ class NoPlots:
     """The report's figures left out: this test reads its tables."""
 
     def __getattr__(self, name: str) -> Any:
-        return lambda *args, **kwargs: b""
+        empty = "" if name.endswith("_title") else b""
+        return lambda *args, **kwargs: empty
 
 
 def test_the_html_report_shows_endpoints_and_composing_models(monkeypatch: pytest.MonkeyPatch) -> None:
