@@ -51,12 +51,22 @@ def write_identity_model(repository: Path, name: str, batching: str) -> Path:
 
 
 def running_triton(
-    peers: Path, repository: Path, *, extra_args: Sequence[str] = ()
+    peers: Path, repository: Path, *, extra_args: Sequence[str] = (), auto_complete: bool = True
 ) -> AbstractContextManager[TritonProcess]:
     """Real tritonserver for tests: 90 s to start (python models on a busy 2-core machine), and killed
     at once when the block ends (its stubs' shared memory removed), since no test that uses it is about
     Triton's own graceful stop, which takes 2-3 s with python models (tests/integration/test_triton_peer.py
-    tests the stop)."""
+    tests the stop).
+
+    `auto_complete=False` adds --disable-auto-complete-config. With auto-completion on, Triton 2.51's
+    python backend starts a stub for each python model just to run its auto_complete_config, then waits
+    a fixed second for that stub's health flag (StubLauncher::UpdateHealth) before it starts the
+    instances' stubs: 1.2 s or more a model, one model after another (10 python models: 12.7-16 s to
+    start on the busy 2-core test machine, 2.4 s without). A test whose models have complete configs
+    and define no auto_complete_config, and which does not look at what auto-completion adds, starts
+    Triton without it."""
+    if not auto_complete:
+        extra_args = ["--disable-auto-complete-config", *extra_args]
     return triton_server(peers, repository, extra_args=extra_args, start_timeout_s=90, stop_timeout_s=0)
 
 

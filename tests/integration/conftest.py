@@ -1,6 +1,8 @@
 """Fixtures for the tests that run each case on the reference server and on real tritonserver
 2.51 alike: a test module defines its `repository` fixture and asks for `server` (parametrized over
-both, Triton's case marked peers), or for `ours` or `triton` alone."""
+both, Triton's case marked peers), or for `ours` or `triton` alone. The repository's configs must be
+complete: Triton runs without auto-completion, which would start a stub per python model
+(tests/servers.py, `running_triton`)."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ def ours(repository: Path) -> Iterator[Endpoints]:
 
 @pytest.fixture(scope="module")
 def triton(peers: Path, repository: Path) -> Iterator[Endpoints]:
-    with running_triton(peers, repository) as server:
+    with running_triton(peers, repository, auto_complete=False) as server:
         yield Endpoints("triton", server.http_url, server.grpc_url)
 
 

@@ -134,7 +134,8 @@ def workers(repository: Path) -> Iterator[Endpoints]:
 
 @pytest.fixture(scope="module")
 def triton(peers: Path, repository: Path) -> Iterator[Endpoints]:
-    with running_triton(peers, repository) as server:  # the peers have no cache library: not cached there
+    # The peers have no cache library: not cached there.
+    with running_triton(peers, repository, auto_complete=False) as server:
         yield Endpoints("triton", server.http_url, server.grpc_url)
 
 

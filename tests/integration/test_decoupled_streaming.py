@@ -65,7 +65,7 @@ def triton(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tr
     write_decoupled_models(repository)
     write_decoupled_ensemble(repository)
     write_sleeper(repository, "identity", service_ms=0)
-    with running_triton(peers, repository) as server:
+    with running_triton(peers, repository, auto_complete=False) as server:
         yield server
 
 

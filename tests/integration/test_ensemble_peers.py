@@ -112,7 +112,7 @@ def triton(peers: Path, triton_repository: Path) -> Iterator[TritonProcess]:
     repository = triton_repository
     # Explicit mode, every model loaded: the last test reloads a composing model through the API.
     explicit = ["--model-control-mode=explicit", "--load-model=*"]
-    with running_triton(peers, repository, extra_args=explicit) as server:
+    with running_triton(peers, repository, extra_args=explicit, auto_complete=False) as server:
         yield server
 
 

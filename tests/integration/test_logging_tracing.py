@@ -238,7 +238,10 @@ def test_answers_and_refusals_as_tritons(peers: Path, repository: Path, tmp_path
     entries = ("level=TIMESTAMPS", "rate=1")
     ours_config = loopback_config(repository, trace_config=(f"triton,file={tmp_path / 'ours.json'}", *entries))
     triton_args = [f"--trace-config=triton,file={tmp_path / 'triton.json'}", *(f"--trace-config={e}" for e in entries)]
-    with running_triton(peers, repository, extra_args=triton_args) as triton, running_server(ours_config) as ours:
+    with (
+        running_triton(peers, repository, extra_args=triton_args, auto_complete=False) as triton,
+        running_server(ours_config) as ours,
+    ):
         answers: dict[str, list[Any]] = {}
         for name, (http_url, grpc_url) in {
             "triton": (triton.http_url, triton.grpc_url),

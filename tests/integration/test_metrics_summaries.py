@@ -136,6 +136,6 @@ def test_summaries_are_tritonservers(repository: Path) -> None:
     peers = os.environ.get("PERFKIT_PEERS")
     if not peers:
         pytest.skip("PERFKIT_PEERS is not set: no tritonserver 2.51 to compare with")
-    with running_triton(Path(peers), repository, extra_args=FLAGS) as triton:
+    with running_triton(Path(peers), repository, extra_args=FLAGS, auto_complete=False) as triton:
         _infer(triton.http_url, "echo", REQUESTS)
         assert _summaries(triton.metrics_url, "echo", REQUESTS) == _expected("echo")

@@ -96,7 +96,7 @@ def servers(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
     (repository / "pyreshape" / "labels.txt").write_bytes(LABELS)
     explicit = ("--model-control-mode=explicit", "--load-model=pyreshape")
     with (
-        running_triton(peers, repository, extra_args=explicit) as triton,
+        running_triton(peers, repository, extra_args=explicit, auto_complete=False) as triton,
         running_server(loopback_config(repository, load=("pyreshape",))) as ours,
     ):
         yield {

@@ -74,7 +74,7 @@ def _triton(args: list[str], first: Path) -> Iterator[tuple[str, str, str]]:
     peers = os.environ.get("PERFKIT_PEERS")
     if not peers:
         pytest.skip("PERFKIT_PEERS is not set: no tritonserver 2.51 to compare with")
-    with running_triton(Path(peers), first, extra_args=args) as triton:
+    with running_triton(Path(peers), first, extra_args=args, auto_complete=False) as triton:
         yield triton.http_url, triton.grpc_url, f"127.0.0.1:{triton.metrics_port}"
 
 

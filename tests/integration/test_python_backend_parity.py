@@ -242,7 +242,7 @@ def urls(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict
     """{"triton": (http, grpc), "ours": (http, grpc)}, both serving one copy of the repository."""
     repository = write_repository(tmp_path_factory.mktemp("parity") / "models")
     with (
-        running_triton(peers, repository) as triton,
+        running_triton(peers, repository, auto_complete=False) as triton,
         running_server(loopback_config(repository)) as ours,
     ):
         yield {

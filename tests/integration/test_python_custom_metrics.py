@@ -322,7 +322,9 @@ def test_with_frontend_workers_the_core_lists_them(repository: Path, tmp_path: P
 
 @pytest.mark.peers
 def test_triton_prints_the_same_lines(peers: Path, repository: Path) -> None:
-    with running_triton(peers, repository, extra_args=["--model-control-mode=explicit", "--load-model=counted"]) as t:
+    with running_triton(
+        peers, repository, extra_args=["--model-control-mode=explicit", "--load-model=counted"], auto_complete=False
+    ) as t:
         client = httpclient.InferenceServerClient(t.http_url)
         try:
             text = _count_and_check(client, t.metrics_port)

@@ -204,7 +204,7 @@ def test_outside_explicit_mode_a_load_from_the_model_is_refused(repository: Path
 @pytest.mark.peers
 def test_triton_does_the_same(peers: Path, repository: Path) -> None:
     with running_triton(
-        peers, repository, extra_args=["--model-control-mode=explicit", "--load-model=controller"]
+        peers, repository, extra_args=["--model-control-mode=explicit", "--load-model=controller"], auto_complete=False
     ) as t:
         client = httpclient.InferenceServerClient(t.http_url)
         try:

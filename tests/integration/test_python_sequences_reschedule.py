@@ -137,7 +137,9 @@ def servers(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[d
     loaded, as the QA test runs Triton."""
     repository = write_repository(tmp_path_factory.mktemp("reschedule") / "models")
     with (
-        running_triton(peers, repository, extra_args=["--model-control-mode=explicit", "--load-model=*"]) as triton,
+        running_triton(
+            peers, repository, extra_args=["--model-control-mode=explicit", "--load-model=*"], auto_complete=False
+        ) as triton,
         running_server(loopback_config(repository, load=("*",))) as ours,
     ):
         yield {

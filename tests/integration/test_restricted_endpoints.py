@@ -177,5 +177,5 @@ def test_restricted_endpoints_answer_as_tritonserver(repository: Path) -> None:
     peers = os.environ.get("PERFKIT_PEERS")
     if not peers:
         pytest.skip("PERFKIT_PEERS is not set: no tritonserver 2.51 to compare with")
-    with running_triton(Path(peers), repository, extra_args=FLAGS) as triton:
+    with running_triton(Path(peers), repository, extra_args=FLAGS, auto_complete=False) as triton:
         assert _observe(triton.http_url, triton.grpc_url) == EXPECTED

@@ -62,7 +62,7 @@ def urls(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Urls
     (repository / "sequence_ensemble" / "1").mkdir(parents=True)
     (repository / "sequence_ensemble" / "config.pbtxt").write_text(ENSEMBLE_CONFIG)
     with (
-        running_triton(peers, repository) as triton,
+        running_triton(peers, repository, auto_complete=False) as triton,
         running_server(loopback_config(repository)) as ours,
     ):
         yield {

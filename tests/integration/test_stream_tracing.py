@@ -138,7 +138,7 @@ def test_the_same_timestamps_as_tritonserver(peers: Path, repository: Path, tmp_
     theirs_folder.mkdir()
     ours_folder.mkdir()
     extra = [arg for entry in trace_args(theirs_folder / "trace.json") for arg in ("--trace-config", entry)]
-    with running_triton(peers, repository, extra_args=extra) as triton:
+    with running_triton(peers, repository, extra_args=extra, auto_complete=False) as triton:
         send_streams(triton.http_url, triton.grpc_url)
         send_unary(triton.http_url, triton.grpc_url)
         traces = read_traces(theirs_folder, 5)
