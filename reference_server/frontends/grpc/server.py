@@ -6,7 +6,7 @@ hand-offs and C-core round trips cost more than the work (bench/README.md). A un
 three frames each way, so the server speaks them itself, on the HTTP/2 connection the load
 generator's client drives too (`v2kit.h2.connection`, here in the server's role). The servicer
 (`service.InferenceServicer`) is the one grpcio would serve: each method gets its request,
-deserialised leniently, and a `_Context` whose `abort` and `write` stand in for grpc.aio's
+deserialised leniently, and a `calls.Context` whose `abort` and `write` stand in for grpc.aio's
 (grpc/doc/PROTOCOL-HTTP2.md for the mapping onto HTTP/2).
 
 - *Calls.* The path names the method. A unary call runs, as one task, once its request has
@@ -46,19 +46,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from time import perf_counter_ns
 from typing import Any, cast
-
-import grpc
-from tritonclient.grpc import service_pb2 as pb
 
 from reference_server.core.tracing import Tracing
 from reference_server.errors import InvalidArgument
 from reference_server.frontends.auth import OPEN_GRPC_METHODS, Token, Unauthenticated
 from reference_server.frontends.compression import CODINGS, Corrupt, TooLarge, compress_async, inflate, inflate_async
-from reference_server.frontends.forwarding import HeaderForwarding, forward_into, grpc_metadata
-from reference_server.frontends.grpc.service import InferenceServicer, lenient_deserializer
+from reference_server.frontends.forwarding import HeaderForwarding, grpc_metadata
+from reference_server.frontends.grpc.calls import Abort, Call, Context, deserialize, method_table, wake
+from reference_server.frontends.grpc.service import InferenceServicer
 from reference_server.frontends.grpc.wire import (
     _ACCEPTED,
     _CODED_HEADERS,
@@ -75,7 +73,7 @@ from reference_server.scheduling.cancel import CancelScope
 from v2kit import grpc_status as status
 from v2kit.grpc_status import code_of
 from v2kit.h2.connection import Connection as H2Connection
-from v2kit.h2.connection import Events, Payload, Stream
+from v2kit.h2.connection import Events, Payload
 from v2kit.h2.frames import DATA, END_HEADERS, END_STREAM, HEADERS, NO_ERROR, frame
 
 __all__ = ["MAX_STREAMS", "GrpcServer"]
@@ -89,37 +87,7 @@ logging.getLogger("hpack").setLevel(logging.INFO)
 MAX_STREAMS = 1024
 
 _READABLE = frozenset(("identity", *CODINGS))
-_SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
 _INFER_METHODS = frozenset(("ModelInfer", "ModelStreamInfer"))
-
-
-class _Abort(grpc.aio.AbortError):  # type: ignore[misc]
-    """Raised by `_Context.abort`: the call ends with this status. An AbortError, so that the
-    servicer's own wrapper passes it through as it does grpc.aio's."""
-
-    def __init__(self, code: int, details: str) -> None:
-        super().__init__(details)
-        self.code = code
-        self.details = details
-
-
-#: A unary method's form without a task: (request, done), where `done` gets the response message
-#: or (grpc.StatusCode, details), once, on the loop.
-Start = Callable[[Any, Callable[[Any], None]], None]
-
-
-class _Method:
-    __slots__ = ("name", "handler", "deserialize", "streaming", "start")
-
-    def __init__(
-        self, name: str, handler: Callable[..., Awaitable[Any]], deserialize: Any, streaming: bool,
-        start: Start | None = None,
-    ) -> None:  # fmt: skip
-        self.name = name
-        self.handler = handler
-        self.deserialize = deserialize
-        self.streaming = streaming
-        self.start = start
 
 
 class GrpcServer(Listener):
@@ -141,70 +109,13 @@ class GrpcServer(Listener):
         #: The trace settings (the plane's, set by the builder): while active, each unary call's
         #: read is timed for its trace (`Tracing.received`).
         self.tracing = Tracing()
-        self.methods: dict[str, _Method] = {}
-        for method in _SERVICE.methods:
-            path = f"/{_SERVICE.full_name}/{method.name}"
-            deserialize = lenient_deserializer(getattr(pb, method.input_type.name))
-            handler = getattr(servicer, method.name)
-            # Looked up on the class: a servicer's __getattr__ stands in for missing methods, not these.
-            start = getattr(type(servicer), f"start_{method.name}", None)
-            bound = None if start is None else start.__get__(servicer)
-            self.methods[path] = _Method(method.name, handler, deserialize, method.client_streaming, bound)
+        self.methods = method_table(servicer)
 
     def connection(self) -> asyncio.Protocol:
         return _GrpcConnection(self)
 
 
-class _Call(Stream):
-    """A stream carrying one call: its method, the request bytes not yet taken, its task, and
-    whether its answer's headers are out and a sender waits for its data to leave."""
-
-    __slots__ = (
-        "method", "chunks", "size", "need", "task", "requests", "queued", "headers_sent", "drained", "encoding",
-        "reply_coding", "forwarded", "metadata", "cancel", "read_began",
-    )  # fmt: skip
-    read_began: int  # when its stream opened (perf_counter_ns), set only while tracing is active
-
-    def __init__(self, method: _Method, encoding: str = "", reply_coding: str | None = None) -> None:
-        super().__init__()
-        self.method = method
-        self.encoding = encoding  # the request messages' coding (grpc-encoding), "" for identity
-        self.reply_coding = reply_coding  # the answer's, None for identity
-        self.chunks: list[Payload] = []
-        self.size = 0
-        self.need = 5  # request bytes to have before the next message prefix is looked at
-        self.task: asyncio.Task[None] | None = None
-        # ModelStreamInfer's requests and their sizes on the wire; None ends them.
-        self.requests: asyncio.Queue[tuple[Any, int] | None] | None = None
-        self.queued = 0  # bytes of the requests in `requests`, not yet taken by the servicer
-        self.headers_sent = False
-        self.drained: asyncio.Future[None] | None = None  # a sender waiting for its data to leave
-        self.metadata: tuple[tuple[str, str], ...] = ()  # a stream's request headers (invocation_metadata)
-        self.forwarded: dict[str, str] | None = None  # metadata for the request's parameters
-        self.cancel: CancelScope | None = None  # what a call without a task queued, cancelled by a reset
-
-
-class _Context:
-    """What the servicer's methods use of grpc.aio's ServicerContext."""
-
-    __slots__ = ("_connection", "_call")
-
-    def __init__(self, connection: _GrpcConnection, call: _Call) -> None:
-        self._connection = connection
-        self._call = call
-
-    async def abort(self, code: grpc.StatusCode, details: str = "") -> None:
-        raise _Abort(code_of(code), details)
-
-    async def write(self, message: Any) -> None:
-        await self._connection.send_message(self._call, message.SerializeToString())
-
-    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
-        """A streaming call's request headers (a unary call's are not kept), as grpc.aio's."""
-        return self._call.metadata
-
-
-class _GrpcConnection(asyncio.Protocol, Events[_Call]):
+class _GrpcConnection(asyncio.Protocol, Events[Call]):
     """One client's connection: `v2kit.h2.connection` in the server's role, and the calls on it."""
 
     def __init__(self, server: GrpcServer) -> None:
@@ -213,7 +124,7 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
         self.loop = loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.buffered = 0  # request bytes held for the calls on this connection, all together
-        self.h2 = H2Connection[_Call](
+        self.h2 = H2Connection[Call](
             self, client=False, peer="the client", now=loop.time, call_at=loop.call_at, max_peer_streams=MAX_STREAMS
         )
 
@@ -242,7 +153,7 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
 
     # -- the HTTP/2 connection's events
 
-    def stream_opened(self, stream_id: int, headers: dict[str, str], end_stream: bool) -> _Call | None:
+    def stream_opened(self, stream_id: int, headers: dict[str, str], end_stream: bool) -> Call | None:
         path = headers.get(":path", "")
         server = self._server
         method = server.methods.get(path)
@@ -287,7 +198,7 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
             reply = coding if coding and coding in offered else None
             if reply is None and server.reply_coding is not None and method.name in _INFER_METHODS:
                 reply = server.reply_coding(offered)
-        call = _Call(method, coding, reply)
+        call = Call(method, coding, reply)
         if self._tracing.active:
             call.read_began = perf_counter_ns()
         call.forwarded = forwarded or None
@@ -300,7 +211,7 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
             self._start(call, self._serve_stream(call))
         return call
 
-    def stream_data(self, stream: _Call, data: Payload) -> None:
+    def stream_data(self, stream: Call, data: Payload) -> None:
         stream.chunks.append(data)
         size = len(data)
         stream.size += size
@@ -310,7 +221,7 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
         elif self.buffered > self._server.max_held_bytes:
             self._over_held(stream)
 
-    def stream_ended(self, stream: _Call) -> None:
+    def stream_ended(self, stream: Call) -> None:
         if stream.requests is not None:
             if stream.size:
                 self._fail_call(stream, status.INVALID_ARGUMENT, "the stream ended inside a message")
@@ -331,37 +242,37 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
         if stream.method.start is not None and stream.reply_coding is None:
             tracing = self._tracing
             if not tracing.active:
-                self._serve_now(stream, _deserialize(stream, message))
+                self._serve_now(stream, deserialize(stream, message))
                 return
             # Its read's times go with it to the data plane, for its trace.
             tracing.received = (getattr(stream, "read_began", 0) or perf_counter_ns(), perf_counter_ns())
             try:
-                self._serve_now(stream, _deserialize(stream, message))
+                self._serve_now(stream, deserialize(stream, message))
             finally:
                 tracing.received = None
         else:
-            self._start(stream, self._serve_unary(stream, _deserialize(stream, message)))
+            self._start(stream, self._serve_unary(stream, deserialize(stream, message)))
 
-    def stream_reset(self, stream: _Call, code: int | None) -> None:
+    def stream_reset(self, stream: Call, code: int | None) -> None:
         self._release(stream)
-        _wake(stream)
+        wake(stream)
         if stream.task is not None and not stream.task.done():
             stream.task.cancel()
         if stream.cancel is not None:
             stream.cancel.cancel()
 
-    def drained(self, stream: _Call) -> None:
-        _wake(stream)
+    def drained(self, stream: Call) -> None:
+        wake(stream)
 
     def goaway_received(self, last_stream_id: int, code: int, debug: bytes) -> None:
         self.h2.close_when_idle()
 
-    def deadline_passed(self, stream: _Call) -> None:
+    def deadline_passed(self, stream: Call) -> None:
         self._fail_call(stream, status.DEADLINE_EXCEEDED, "Deadline Exceeded")
 
     # -- requests in
 
-    def _take_messages(self, call: _Call) -> None:
+    def _take_messages(self, call: Call) -> None:
         """Look at each message's 5-byte prefix as soon as it is in; a streaming call's complete
         messages go to its queue. A message too large or compressed fails the call, and so does
         a unary request that runs past the one message its prefix announced."""
@@ -400,7 +311,7 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
             if message is None:
                 return
             held = 5 + len(message)
-            call.requests.put_nowait((_deserialize(call, message), held))
+            call.requests.put_nowait((deserialize(call, message), held))
             call.queued += held
             self.buffered += held - 5 - length
             pos += 5 + length
@@ -412,7 +323,7 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
         if self.buffered > self._server.max_held_bytes:
             self._over_held(call)
 
-    def _message(self, call: _Call, flag: int, payload: Payload) -> Payload | None:
+    def _message(self, call: Call, flag: int, payload: Payload) -> Payload | None:
         """A request message's bytes, inflated when flagged compressed; None when that fails the call."""
         if not flag:
             return payload
@@ -427,14 +338,14 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
             self._fail_call(call, *self._inflate_failure(call, exc))
         return None
 
-    def _inflate_failure(self, call: _Call, exc: TooLarge | Corrupt) -> tuple[int, str]:
+    def _inflate_failure(self, call: Call, exc: TooLarge | Corrupt) -> tuple[int, str]:
         if isinstance(exc, TooLarge):
             limit = self._server.max_message_bytes
             details = f"Received message larger than max (over {limit} once decompressed with {call.encoding})"
             return status.RESOURCE_EXHAUSTED, details
         return status.INTERNAL, f"Unexpected error decompressing data with {call.encoding}: {exc}"
 
-    async def _requests(self, call: _Call) -> AsyncIterator[Any]:
+    async def _requests(self, call: Call) -> AsyncIterator[Any]:
         queue = call.requests
         assert queue is not None
         while (item := await queue.get()) is not None:
@@ -446,13 +357,13 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
 
     # -- running calls
 
-    def _start(self, call: _Call, coroutine: Coroutine[Any, Any, None]) -> None:
+    def _start(self, call: Call, coroutine: Coroutine[Any, Any, None]) -> None:
         server = self._server
         server.busy(+1)
         call.task = self.loop.create_task(coroutine)
         call.task.add_done_callback(lambda _: server.busy(-1))
 
-    def _serve_now(self, call: _Call, request: Any) -> None:
+    def _serve_now(self, call: Call, request: Any) -> None:
         """A unary call whose method has a form without a task (ModelInfer): its answer is
         encoded and written from the callback that ends its batch, with no task and no loop pass
         of its own. A reset or a deadline answers the call at once as ever; a reset also cancels
@@ -486,10 +397,10 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
                 server.busy(-1)
                 self._crashed(call, exc)
 
-    async def _serve_unary(self, call: _Call, request: Any) -> None:
+    async def _serve_unary(self, call: Call, request: Any) -> None:
         try:
-            response = await call.method.handler(request, _Context(self, call))
-        except _Abort as exc:
+            response = await call.method.handler(request, Context(self, call))
+        except Abort as exc:
             self._finish(call, exc.code, exc.details)
             return
         except Exception as exc:  # the servicer maps every error it knows; this one is a bug
@@ -504,18 +415,18 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
                 return  # reset while it was compressed
         self._answer(call, _prefixed(data, call.reply_coding is not None))
 
-    async def _serve_compressed(self, call: _Call, payload: memoryview) -> None:
+    async def _serve_compressed(self, call: Call, payload: memoryview) -> None:
         try:
             message = await inflate_async(payload, call.encoding, self._server.max_message_bytes)
         except (TooLarge, Corrupt) as exc:
             self._finish(call, *self._inflate_failure(call, exc))
             return
-        await self._serve_unary(call, _deserialize(call, message))
+        await self._serve_unary(call, deserialize(call, message))
 
-    async def _serve_stream(self, call: _Call) -> None:
+    async def _serve_stream(self, call: Call) -> None:
         try:
-            await call.method.handler(self._requests(call), _Context(self, call))
-        except _Abort as exc:
+            await call.method.handler(self._requests(call), Context(self, call))
+        except Abort as exc:
             self._finish(call, exc.code, exc.details)
             return
         except Exception as exc:
@@ -525,18 +436,18 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
             self._release(call)  # requests the servicer left unread
         self._finish(call, 0, "")
 
-    def _crashed(self, call: _Call, exc: Exception) -> None:
+    def _crashed(self, call: Call, exc: Exception) -> None:
         log.exception("internal error serving gRPC %s", call.method.name, exc_info=exc)
         self._finish(call, status.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
 
-    async def send_message(self, call: _Call, data: bytes) -> None:
+    async def send_message(self, call: Call, data: bytes) -> None:
         """A streaming call's reply message; returns once the windows have let it out."""
         if not self._sendable(call, len(data)):
-            raise _Abort(status.RESOURCE_EXHAUSTED, "reply too large")
+            raise Abort(status.RESOURCE_EXHAUSTED, "reply too large")
         if call.reply_coding is not None:
             data = await compress_async(data, call.reply_coding)
         if self.h2.streams.get(call.id) is not call:
-            raise _Abort(status.CANCELLED, "the client reset the stream")
+            raise Abort(status.CANCELLED, "the client reset the stream")
         if not call.headers_sent:
             call.headers_sent = True
             self.h2.send_headers(call.id, _headers(call))
@@ -546,7 +457,7 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
                 call.drained = self.loop.create_future()
             await call.drained
 
-    def _sendable(self, call: _Call, size: int) -> bool:
+    def _sendable(self, call: Call, size: int) -> bool:
         limit = self._server.max_message_bytes
         if size > limit:
             self._finish(call, status.RESOURCE_EXHAUSTED, f"Sent message larger than max ({size} vs. {limit})")
@@ -555,14 +466,14 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
 
     # -- ends
 
-    def _finish(self, call: _Call, code: int, details: str) -> None:
+    def _finish(self, call: Call, code: int, details: str) -> None:
         """End `call` with `code`: trailers after what it still has to send, or trailers only."""
         if self.h2.streams.get(call.id) is call:
             self.h2.send_trailers(
                 call, _trailers(code, details) if call.headers_sent else _trailers_only(code, details)
             )
 
-    def _answer(self, call: _Call, data: bytes) -> None:
+    def _answer(self, call: Call, data: bytes) -> None:
         """A unary call's answer: headers, data and trailers, in one write when the windows allow."""
         h2 = self.h2
         size = len(data)
@@ -582,7 +493,7 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
         h2.send_data(call, data)
         h2.send_trailers(call, _OK_TRAILERS)
 
-    def _fail_call(self, call: _Call, code: int, details: str) -> None:
+    def _fail_call(self, call: Call, code: int, details: str) -> None:
         """A call that cannot go on: the client told why, then its task (or its request) cancelled.
         Told first, so that the request's own answer to being cancelled (CANCELLED) finds the call
         finished instead of standing in for `code`."""
@@ -593,11 +504,11 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
         if call.cancel is not None:
             call.cancel.cancel()
 
-    def _over_held(self, call: _Call) -> None:
+    def _over_held(self, call: Call) -> None:
         limit = self._server.max_held_bytes
         self._fail_call(call, status.RESOURCE_EXHAUSTED, f"the calls on this connection hold over {limit} bytes")
 
-    def _release(self, call: _Call) -> None:
+    def _release(self, call: Call) -> None:
         """Drop what `call` holds of its request (its requests queued included, from the count)."""
         self.buffered -= call.size + call.queued
         call.chunks = []
@@ -605,16 +516,5 @@ class _GrpcConnection(asyncio.Protocol, Events[_Call]):
         call.queued = 0
 
 
-def _wake(call: _Call) -> None:
-    if call.drained is not None and not call.drained.done():
-        call.drained.set_result(None)
-
-
-def _deserialize(call: _Call, message: Payload) -> Any:
-    """A request message, with the call's forwarded metadata among its parameters."""
-    request = call.method.deserialize(message)
-    return request if call.forwarded is None else forward_into(request, call.forwarded)
-
-
-def _headers(call: _Call) -> bytes:
+def _headers(call: Call) -> bytes:
     return _RESPONSE_HEADERS if call.reply_coding is None else _CODED_HEADERS[call.reply_coding]
