@@ -31,7 +31,8 @@ from pathlib import Path
 from perfkit.measure.level import WindowSpec
 from perfkit.tune.bayesian import bayesian_search
 from perfkit.tune.objectives import Estimate, Objective
-from perfkit.tune.search import Batching, SpaceSpec, Variant, brute_search, build_space, quick_search
+from perfkit.tune.search import brute_search, quick_search
+from perfkit.tune.space import Batching, SpaceSpec, Variant, build_space
 from perfkit.tune.state import TuneResult, TuneSpec
 from perfkit.tune.tuner import one_server_tuner, run_tune
 from v2kit.demo import build_demo_repository

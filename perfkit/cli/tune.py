@@ -36,7 +36,7 @@ from perfkit.tune.multi.study import CombinationResult, Study, read_study
 from perfkit.tune.multi.tuner import run_combination_tune
 from perfkit.tune.objectives import Ranking, parse_constraint, parse_objective
 from perfkit.tune.params import Param, check_against_config, parse_param
-from perfkit.tune.search import SpaceSpec
+from perfkit.tune.space import SpaceSpec
 from perfkit.tune.state import SEARCHES, TuneResult, TuneSpec, read_model
 from perfkit.tune.tuner import run_tune
 

@@ -39,7 +39,8 @@ from perfkit.progress import Progress
 from perfkit.results.model import LevelResult
 from perfkit.target import Target, metrics_url_of
 from perfkit.tune.bayesian import bayesian_batches
-from perfkit.tune.search import Space, Variant, brute_batches, quick_batches
+from perfkit.tune.search import brute_batches, quick_batches
+from perfkit.tune.space import Space, Variant
 from perfkit.tune.state import Model, Record, TuneResult, TuneSpec
 from perfkit.tune.tuner import Tuner, TuneServer, one_server_tuner, sweep_variant
 

@@ -17,7 +17,7 @@ from perfkit.results.files import write_text_atomic
 from perfkit.results.model import RESULT_SCHEMA_VERSION, LevelResult, sweep_from_json, to_jsonable
 from perfkit.target import TargetSpec
 from perfkit.tune.objectives import Constraint, Figures, Objective, Ranking, combine, figures_of, rank
-from perfkit.tune.search import Space, SpaceSpec, Variant, variant_of
+from perfkit.tune.space import Space, SpaceSpec, Variant, variant_of
 from v2kit.model_config import ConfigError, config_to_json, parse_config_text
 
 CHECKPOINT_SCHEMA = 1

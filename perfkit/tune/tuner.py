@@ -54,18 +54,8 @@ from perfkit.results.model import LevelResult, level_name, to_jsonable
 from perfkit.target import Target, open_target
 from perfkit.tune.bayesian import bayesian_search, default_budget
 from perfkit.tune.objectives import best_level, figures_of
-from perfkit.tune.search import (
-    Space,
-    Variant,
-    brute_search,
-    build_space,
-    concurrency_sweep,
-    default_variant,
-    quick_search,
-    rate_sweep,
-    sustains,
-    variant_of,
-)
+from perfkit.tune.search import brute_search, concurrency_sweep, quick_search, rate_sweep, sustains
+from perfkit.tune.space import Space, Variant, build_space, default_variant, variant_of
 from perfkit.tune.state import Checkpoint, DefaultRefused, Model, Record, TuneResult, TuneSpec, read_model
 from perfkit.wire.client import InferClient, make_client
 from v2kit.runtime import eventloop

@@ -247,7 +247,7 @@ def test_leaders_that_fall_behind_bring_the_new_leader_to_re_measurement(tmp_pat
     re-measurements fall to 1000 infer/s; C then leads without having been re-measured, so C and D
     are re-measured too, round-robin, before the ranking is final."""
     from perfkit.progress import Progress
-    from perfkit.tune.search import Space, Variant
+    from perfkit.tune.space import Space, Variant
     from perfkit.tune.state import Checkpoint, Model, Record, TuneResult, TuneSpec
     from perfkit.tune.tuner import Tuner
     from tests.unit.test_objectives import level

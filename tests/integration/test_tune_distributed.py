@@ -26,7 +26,8 @@ from perfkit.results.model import LevelResult
 from perfkit.target import ServerProcess, reference_server_process
 from perfkit.tune.distributed import EndpointState, RayTuner, open_tuner
 from perfkit.tune.objectives import best_level, figures_of, rank
-from perfkit.tune.search import SpaceSpec, brute_batches, build_space, variant_of
+from perfkit.tune.search import brute_batches
+from perfkit.tune.space import SpaceSpec, build_space, variant_of
 from perfkit.tune.state import DefaultRefused, Model, Record, TuneResult, TuneSpec
 from perfkit.tune.tuner import run_tune, sweep_variant
 from tests.ray_runtime import local_ray

@@ -1,4 +1,4 @@
-"""perfkit.tune.search: the concurrency policy and the brute and quick searches, driven by synthetic
+"""perfkit.tune.search and .space: the concurrency policy, the grid and the brute and quick searches, driven by synthetic
 performance models (pure functions of the load or of the variant); no server, no clock."""
 
 from __future__ import annotations
@@ -10,17 +10,8 @@ from collections.abc import Callable, Generator, Sequence
 import pytest
 
 from perfkit.tune.objectives import Constraint, Estimate, Figures, Objective, merit, parse_constraint, parse_objective
-from perfkit.tune.search import (
-    Batching,
-    BatchingChoice,
-    Space,
-    Variant,
-    brute_search,
-    concurrency_sweep,
-    doubling,
-    quick_search,
-    variant_of,
-)
+from perfkit.tune.search import brute_search, concurrency_sweep, quick_search
+from perfkit.tune.space import Batching, BatchingChoice, Space, Variant, doubling, variant_of
 
 THROUGHPUT = Objective()
 

@@ -31,7 +31,8 @@ from perfkit.tune.multi.study import (
     read_study,
 )
 from perfkit.tune.objectives import Estimate, Figures, Objective, merit, parse_constraint, parse_objective
-from perfkit.tune.search import Space, SpaceSpec, Variant, brute_search, quick_search
+from perfkit.tune.search import brute_search, quick_search
+from perfkit.tune.space import Space, SpaceSpec, Variant
 from perfkit.tune.state import Model, TuneSpec
 from tests.synthetic import make_level
 from tests.unit.test_search import figures, run

@@ -17,16 +17,8 @@ from perfkit.errors import PerfkitError
 from perfkit.report.tune_tables import render_csv
 from perfkit.tune.objectives import Estimate, Figures, Objective
 from perfkit.tune.params import apply_settings, check_against_config, parse_param
-from perfkit.tune.search import (
-    Space,
-    SpaceSpec,
-    Variant,
-    brute_search,
-    build_space,
-    default_variant,
-    quick_search,
-    variant_of,
-)
+from perfkit.tune.search import brute_search, quick_search
+from perfkit.tune.space import Space, SpaceSpec, Variant, build_space, default_variant, variant_of
 from perfkit.tune.state import Model, Record, TuneResult, TuneSpec
 from v2kit.model_config import config_from_json, config_to_json, parse_config_text
 

@@ -13,7 +13,8 @@ import pytest
 from perfkit.errors import PerfkitError
 from perfkit.tune.bayesian import bayesian_search, default_budget
 from perfkit.tune.objectives import Figures, figures_of, parse_constraint
-from perfkit.tune.search import Variant, brute_search, quick_search, rate_sweep, sustains
+from perfkit.tune.search import brute_search, quick_search, rate_sweep, sustains
+from perfkit.tune.space import Variant
 from perfkit.tune.state import TuneSpec
 from perfkit.tune.tuner import choose_level
 from tests.unit.test_objectives import level

@@ -20,7 +20,7 @@ from perfkit.report.html import render_html
 from perfkit.report.tune_tables import render_json, render_summary
 from perfkit.results.files import load_result
 from perfkit.tune.objectives import Estimate, Objective, parse_constraint, rank
-from perfkit.tune.search import Space, Variant
+from perfkit.tune.space import Space, Variant
 from perfkit.tune.state import Model, Record, TuneResult, TuneSpec
 from perfkit.tune.verdict import TIE_RULE, difference, mark, provisional
 from tests.synthetic import make_level

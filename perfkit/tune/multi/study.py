@@ -13,7 +13,7 @@ Theory of operation, after model_analyzer's config_search.md:
    `bls_composing_models` search): the members are the composing models (and a BLS model itself,
    which is a model with a configuration of its own; an ensemble's steps are not searched), and the
    only load is on the ensemble or BLS model, the endpoint a client calls.
-2. The grid. Each member has its own grid (`search.build_space`); the combined grid is their
+2. The grid. Each member has its own grid (`space.build_space`); the combined grid is their
    product and its coordinates are the members' coordinates end to end, so brute search walks the
    product, quick search climbs it one member's knob at a time (or two diagonally), and bayesian
    search models all coordinates together: model_analyzer's quick search concatenates the models'
@@ -60,7 +60,7 @@ from typing import Any
 from perfkit.errors import PerfkitError
 from perfkit.results.model import LevelResult
 from perfkit.tune.objectives import Constraint, Estimate, Figures, Objective, Ranking, combine, figures_of, rank
-from perfkit.tune.search import Space, SpaceSpec, Variant, build_space, neighbours_in, variant_of
+from perfkit.tune.space import Space, SpaceSpec, Variant, build_space, neighbours_in, variant_of
 from perfkit.tune.state import Model, TuneSpec, read_model
 
 __all__ = [

@@ -35,7 +35,8 @@ from perfkit.tune.multi.study import (
     new_result,
 )
 from perfkit.tune.objectives import best_level
-from perfkit.tune.search import brute_search, concurrency_sweep, quick_search, variant_of
+from perfkit.tune.search import brute_search, concurrency_sweep, quick_search
+from perfkit.tune.space import variant_of
 from perfkit.tune.state import DefaultRefused, Model, TuneSpec
 from perfkit.wire.client import InferClient, make_client
 from v2kit.runtime import eventloop
