@@ -8,6 +8,10 @@ figures. Pure functions from a SweepResult to PNG bytes, drawn as `plots.py` dra
 - each sampled request's TTFT against its input length (prefill grows with the prompt);
 - with `--goodput`, the goodput against load beside the throughput, and the share of requests
   that met every objective.
+
+Legends go under the axes (`plots._legend_below`), as the sweep's own figures do: inside, they
+cover a level's curve or a percentile line. A level is named in full there ("concurrency 4",
+"rate 8/s"), so that the legend needs no title.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ from typing import Any
 import numpy as np
 from matplotlib.ticker import LogLocator, NullFormatter
 
-from perfkit.report.plots import PALETTE, _figure, _legend, _note, _png, _set_load_axis
-from perfkit.results.model import LevelResult, SweepResult, TokenFigures, TokenSample, ValueStats
+from perfkit.report.plots import PALETTE, _figure, _legend_below, _note, _place_labels, _png, _set_load_axis
+from perfkit.results.model import LevelResult, SweepResult, TokenFigures, TokenSample, ValueStats, level_name
 
 __all__ = [
     "FIGURES", "figures_of", "goodput_vs_load", "itl_distribution", "token_latency_vs_load", "tokens_vs_latency",
@@ -49,7 +53,7 @@ def _cdf(ax: Any, run: SweepResult, column: Callable[[TokenSample], Sequence[flo
             continue
         share = np.arange(1, len(values) + 1) / len(values) * 100
         ax.step(values, share, where="post", color=PALETTE[i % 8], linewidth=1.3,
-                label=f"{lv.level:g}" if len(tokens) > 1 else f"{len(values)} requests")  # fmt: skip
+                label=_level(lv) if len(tokens) > 1 else f"{_level(lv)}: {len(values)} requests")  # fmt: skip
         drawn = True
     for p in (50, 90, 99):
         ax.axhline(p, color="#bbbbbb", linewidth=0.7, linestyle=":")
@@ -73,7 +77,7 @@ def ttft_distribution(run: SweepResult) -> bytes:
     if not _cdf(ax, run, lambda s: s.ttft_ms, "time to first token"):
         _note(ax, "no TTFT measured: it needs --streaming")
     ax.set_title("TTFT distribution per level", fontsize=11)
-    _legend(ax, loc="lower right", title=_level_title(run), title_fontsize=8)
+    _legend_below(fig, ax)
     return _png(fig)
 
 
@@ -83,21 +87,27 @@ def itl_distribution(run: SweepResult) -> bytes:
     if not _cdf(ax, run, lambda s: s.itl_ms, "inter-token latency"):
         _note(ax, "no ITL measured: it needs --streaming and two output tokens")
     ax.set_title("ITL distribution per level", fontsize=11)
-    _legend(ax, loc="lower right", title=_level_title(run), title_fontsize=8)
+    _legend_below(fig, ax)
     return _png(fig)
 
 
-def _level_title(run: SweepResult) -> str:
-    return "concurrency" if run.mode == "concurrency" else "req/s"
+def _level(lv: LevelResult) -> str:
+    """A level as a legend names it: "concurrency 4", "rate 8/s"."""
+    return level_name(lv.mode, lv.level, short=True)
 
 
 _PERCENTILES = (("p50", "p50", "-"), ("p90", "p90", "--"), ("p99", "p99", ":"))
 
 
 def _percentile_lines(ax: Any, xs: list[float], stats: list[ValueStats], color: str) -> None:
-    for name, key, style in _PERCENTILES:
-        ax.plot(xs, [getattr(s, key) for s in stats], marker="o", markersize=3, linestyle=style, color=color,
-                label=name)  # fmt: skip
+    for _name, key, style in _PERCENTILES:
+        ax.plot(xs, [getattr(s, key) for s in stats], marker="o", markersize=3, linestyle=style, color=color)
+
+
+def _percentile_key(ax: Any) -> None:
+    """The line styles' key, in grey: each panel draws p50, p90 and p99 in its own colour."""
+    for name, _key, style in _PERCENTILES:
+        ax.plot([], [], marker="o", markersize=3, linestyle=style, color="#555555", label=name)
 
 
 def token_latency_vs_load(run: SweepResult) -> bytes:
@@ -125,7 +135,8 @@ def token_latency_vs_load(run: SweepResult) -> bytes:
         ax.set_ylabel(f"{name} (ms)")
         ax.set_ylim(bottom=0)
         ax.set_title(name, fontsize=10)
-        _legend(ax, loc="upper left")
+    _percentile_key(axes[0])
+    _legend_below(fig, axes[0])
     fig.suptitle("TTFT, ITL and end-to-end latency vs load", fontsize=11)
     return _png(fig)
 
@@ -143,36 +154,40 @@ def tokens_vs_latency(run: SweepResult) -> bytes:
     fig, ax = _figure(right=0.75)
     tokens = [(lv, t) for lv, t in _levels(run) if lv.latency.count]
     xs = [lv.latency.p50_us / 1e3 for lv, _ in tokens]
-    ax.plot(xs, [t.output_tokens_per_s for _, t in tokens], marker="o", markersize=4, color=PALETTE[0],
-            label="total output tokens/s")  # fmt: skip
-    for x, (lv, t) in zip(xs, tokens):
-        ax.annotate(f"{lv.level:g}", (x, t.output_tokens_per_s), textcoords="offset points", xytext=(4, 4),
-                    fontsize=7, color=PALETTE[0])  # fmt: skip
+    totals = [t.output_tokens_per_s for _, t in tokens]
+    ax.plot(xs, totals, marker="o", markersize=4, color=PALETTE[0], label="output tokens/s, total")
     right = ax.twinx()
     per_user = [t.output_tokens_per_s_per_request for _, t in tokens]
-    right.plot([x for x, s in zip(xs, per_user) if s.count], [s.p50 for s in per_user if s.count], marker="s",
-               markersize=4, linestyle="--", color=PALETTE[1], label="per user, p50")  # fmt: skip
+    p50s = [s.p50 for s in per_user if s.count]
+    right.plot([x for x, s in zip(xs, per_user) if s.count], p50s, marker="s", markersize=4, linestyle="--",
+               color=PALETTE[1], label="output tokens/s per user, p50")  # fmt: skip
     right.set_ylabel("output tokens/s per user", color=PALETTE[1])
-    right.set_ylim(bottom=0)
+    # Headroom above the highest point (a flat per-user rate autoscaled to the top edge is drawn on
+    # it), more than the total's: the same headroom would put both lines' highest points together.
+    right.set_ylim(0, max(p50s) * 1.3 if p50s and max(p50s) > 0 else None)
     right.spines["top"].set_visible(False)
     if not tokens:
         _note(ax, "no level with successful requests")
     ax.set_xlabel("end-to-end latency p50 (ms)")
     ax.set_ylabel("output tokens/s (total)", color=PALETTE[0])
     ax.margins(x=0.12)  # room for the level labels; the latency axis keeps to the levels' range
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, max(totals) * 1.15 if totals and max(totals) > 0 else None)  # room for the top label
     ax.set_title("Output tokens/s vs latency (level on each point)", fontsize=11)
-    handles, labels = ax.get_legend_handles_labels()
-    h2, l2 = right.get_legend_handles_labels()
-    if handles or h2:
-        ax.legend(handles + h2, labels + l2, frameon=False, fontsize=8, loc="best")
+    _legend_below(fig, ax, right)
+    # Last, on the final layout; clear of the per-user line too, which may cross the total's points.
+    _place_labels(
+        ax, [(f"{lv.level:g}", x, y, PALETTE[0]) for x, y, (lv, _) in zip(xs, totals, tokens)], others=[right]
+    )
     return _png(fig)
 
 
 def ttft_vs_input_length(run: SweepResult) -> bytes:
-    """Every sampled request's TTFT against its prompt's length in tokens, coloured by level."""
-    fig, ax = _figure()
+    """Every sampled request's TTFT against its prompt's length in tokens, coloured by level. When
+    every prompt had one length (the default: no --synthetic-input-tokens-stddev), the points stand
+    in one column, centred, and the axis's label says so and how to vary them."""
     tokens = _levels(run)
+    lengths = {n for _, t in tokens if t.sample is not None for n in t.sample.input_tokens}
+    fig, ax = _figure(bottom=0.75 if len(lengths) == 1 else 0.55)
     drawn = False
     for i, (lv, t) in enumerate(tokens):
         s = t.sample
@@ -182,17 +197,23 @@ def ttft_vs_input_length(run: SweepResult) -> bytes:
         if not pairs:
             continue
         ax.scatter([n for n, _ in pairs], [v for _, v in pairs], s=6, alpha=0.5, color=PALETTE[i % 8],
-                   label=f"{lv.level:g}", linewidths=0)  # fmt: skip
+                   label=_level(lv), linewidths=0)  # fmt: skip
         drawn = True
     if not drawn:
         _note(ax, "no TTFT measured: it needs --streaming")
-    ax.set_xlabel("input length (tokens)")
     ax.set_ylabel("time to first token (ms)")
-    ax.set_xlim(left=0)
+    if len(lengths) == 1:
+        (length,) = lengths
+        ax.set_xlim(0, 2 * length)
+        ax.set_xlabel(f"input length (tokens)\nevery prompt had {length:g} tokens: "
+                      "--synthetic-input-tokens-stddev varies them")  # fmt: skip
+    else:
+        ax.set_xlim(left=0)
+        ax.set_xlabel("input length (tokens)")
     ax.set_ylim(bottom=0)
     ax.set_title("TTFT vs input length, per request", fontsize=11)
     if len(tokens) > 1:
-        _legend(ax, loc="upper left", title=_level_title(run), title_fontsize=8, markerscale=2)
+        _legend_below(fig, ax, markerscale=2)
     return _png(fig)
 
 
@@ -217,9 +238,7 @@ def goodput_vs_load(run: SweepResult) -> bytes:
     ax.set_ylim(bottom=0)
     slo = next((t.goodput_slo for _, t in tokens if t.goodput_slo), "")
     ax.set_title(f"Goodput vs load ({slo})" if slo else "Goodput vs load", fontsize=11)
-    handles, labels = ax.get_legend_handles_labels()
-    h2, l2 = right.get_legend_handles_labels()
-    ax.legend(handles + h2, labels + l2, frameon=False, fontsize=8, loc="lower left")
+    _legend_below(fig, ax, right)
     return _png(fig)
 
 

@@ -144,16 +144,20 @@ def _verdict(result: SweepResult) -> str:
     )
 
 
-def _peak_card(levels: Sequence[LevelResult]) -> tuple[str, str, str]:
+def _peak_card(result: SweepResult) -> tuple[str, str, str]:
     """The peak throughput among the valid levels (stable, error-free, every check passed): a level
     that failed a check is no peak to quote. With none valid, the card says so and names the best
-    invalid level as such, with the checks it failed."""
+    invalid level as such, with the checks it failed. A generative run's peak is in requests/s, with
+    the level's output tokens/s beside it (the figure AIPerf's users quote)."""
+    levels = result.levels
     valid = [lv for lv in levels if lv.valid and lv.stable and not lv.error_count]
     best = max(valid or levels, key=lambda lv: lv.throughput_infer_per_s)
-    figure = f"{best.throughput_infer_per_s:,.1f} infer/s"
+    figure = f"{best.throughput_infer_per_s:,.1f} {plots.throughput_unit(result)}"
     if valid:
         higher = any(lv.throughput_infer_per_s > best.throughput_infer_per_s for lv in levels)
-        return "peak throughput", figure, f"at {level_label(best)}" + (", the best valid level" if higher else "")
+        tokens = f"{best.tokens.output_tokens_per_s:,.1f} output tokens/s " if best.tokens is not None else ""
+        where = f"{tokens}at {level_label(best)}" + (", the best valid level" if higher else "")
+        return "peak throughput", figure, where
     failed = [c.name for c in best.checks if not c.passed] or (["stable"] if not best.stable else ["errors"])
     return "peak throughput", "no valid level", f"best invalid: {figure} at {level_label(best)} ({', '.join(failed)})"
 
@@ -171,7 +175,7 @@ def _kpis(result: SweepResult) -> str:
     if not levels:
         return ""
     measured = [lv for lv in levels if lv.latency.count]
-    cards = [_peak_card(levels)]
+    cards = [_peak_card(result)]
     if measured:
         best = min(measured, key=lambda lv: lv.latency.p99_us)
         cards.append(("lowest p99", f"{ms(best.latency.p99_us):,.2f} ms", f"at {level_label(best)}"))
@@ -193,7 +197,7 @@ def _kpis(result: SweepResult) -> str:
 #: The level table: (title, tidy CSV column, decimals, "-" range partner). The HTML is a view of the
 #: CSV contract (STYLE practice 16): its figures come from tidy.TIDY_COLUMNS' getters.
 _LEVEL_TABLE: tuple[tuple[str, str, int, str], ...] = (
-    ("throughput infer/s", "throughput_infer_per_s", 1, ""),
+    ("throughput infer/s", "throughput_infer_per_s", 1, ""),  # req/s for a generative run: _level_rows
     ("95% CI", "throughput_ci_low_infer_per_s", 1, "throughput_ci_high_infer_per_s"),
     ("p50 ms", "p50_ms", 2, ""),
     ("p90 ms", "p90_ms", 2, ""),
@@ -229,9 +233,9 @@ _TOKEN_TABLE: tuple[tuple[str, str, int, str], ...] = (
     ("ITL p99 ms", "itl_p99_ms", 2, ""),
     ("ITL p99 95% CI", "itl_p99_ci_low_ms", 2, "itl_p99_ci_high_ms"),
     ("output tokens/s", "output_tokens_per_s", 1, ""),
-    ("per request p50", "output_tokens_per_s_per_request_p50", 1, ""),
-    ("input tokens", "input_tokens_mean", 1, ""),
-    ("output tokens", "output_tokens_mean", 1, ""),
+    ("tokens/s per user p50", "output_tokens_per_s_per_request_p50", 1, ""),  # one request's decode rate
+    ("input tokens avg", "input_tokens_mean", 1, ""),
+    ("output tokens avg", "output_tokens_mean", 1, ""),
     ("goodput req/s", "goodput_per_s", 1, ""),
     ("goodput %", "goodput_pct", 1, ""),
     ("lengths not honoured", "output_lengths_not_honoured", 0, ""),
@@ -260,11 +264,12 @@ def _level_rows(
     # A range (a 95% CI) goes under the figure of the column before it, not in a column of its
     # own: a rate-mode table of separate CI columns outgrows a 1400 px window.
     header = ["level"]
+    unit = plots.throughput_unit(result)
     for i, (title, _, _, high) in enumerate(table):
         if high and i:
             header[-1] += " (95% CI)"
         else:
-            header.append(title)
+            header.append(title.replace("infer/s", unit))
     header += ["stable", "valid"]
     rows: list[list[object]] = []
     for lv in result.levels:
@@ -316,7 +321,7 @@ def _checks_table(levels: Sequence[LevelResult]) -> str:
     return _table(["level", "check", "result", "detail", "what to do"], rows, "checks")
 
 
-def _workers_table(levels: Sequence[LevelResult]) -> str:
+def _workers_table(levels: Sequence[LevelResult], unit: str = "infer/s") -> str:
     """Each load worker's share of each level of a distributed sweep (`--workers N`)."""
     rows = [
         [level_label(lv), w.index, w.host, w.load, w.request_count, w.error_count,
@@ -325,7 +330,7 @@ def _workers_table(levels: Sequence[LevelResult]) -> str:
         for lv in levels
         for w in lv.workers
     ]  # fmt: skip
-    header = ["level", "worker", "host", "share", "requests", "errors", "infer/s", "clock offset µs",
+    header = ["level", "worker", "host", "share", "requests", "errors", unit, "clock offset µs",
               "± µs", "CPU %", "died"]  # fmt: skip
     return (
         '<p class="note">Each worker\'s requests over the reported windows; its samples are part of the '
@@ -436,7 +441,11 @@ def render_sweep_section(item: ReportItem, slo_ms: float | None = None) -> str:
         + _token_section(result)
         + f'<h3>Figures</h3><div class="grid">{"".join(figures)}</div>'
         + ("".join(f'<p class="note">{_e(n)}</p>' for n in notes))
-        + (f"<h3>Load workers</h3>{_workers_table(result.levels)}" if any(lv.workers for lv in result.levels) else "")
+        + (
+            f"<h3>Load workers</h3>{_workers_table(result.levels, plots.throughput_unit(result))}"
+            if any(lv.workers for lv in result.levels)
+            else ""
+        )
         + _extra_table("Endpoints", endpoint_rows(result.levels), "endpoints")
         + _extra_table("Composing models (server side)", composing_rows(result.levels), "composing")
         + f"<h3>Validity checks</h3>{_checks_table(result.levels)}"
@@ -622,8 +631,8 @@ def _comparison_section(items: Sequence[ReportItem], thresholds: Thresholds, slo
          _Badge(f"{sum(lv.valid for lv in r.levels)}/{len(r.levels)}", all(lv.valid for lv in r.levels))]
         for label, r in sweeps
     ]  # fmt: skip
-    parts.append(_table(["run", "model", "mode", "started", "commit", "machine", "peak infer/s", "valid levels"],
-                        runs_rows))  # fmt: skip
+    peak = f"peak {plots.throughput_unit(*(r for _, r in sweeps))}"
+    parts.append(_table(["run", "model", "mode", "started", "commit", "machine", peak, "valid levels"], runs_rows))
     if len({r.mode for _, r in sweeps}) == 1:
         parts.append(
             '<div class="grid">'

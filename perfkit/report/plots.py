@@ -30,6 +30,7 @@ __all__ = [
     "latency_breakdown",
     "latency_vs_load",
     "pareto",
+    "throughput_unit",
     "throughput_vs_load",
     "throughput_vs_p99",
     "utilisation_title",
@@ -69,6 +70,18 @@ def _png(fig: Figure) -> bytes:
     return buffer.getvalue()
 
 
+def throughput_unit(*runs: SweepResult) -> str:
+    """What the runs' throughput counts: requests/s for a generative endpoint (a request is one
+    completion; AIPerf's and genai-perf's unit, and the console's "req/s"), inferences/s otherwise;
+    both, for runs drawn together that differ."""
+    units = dict.fromkeys("req/s" if any(lv.tokens is not None for lv in run.levels) else "infer/s" for run in runs)
+    return " or ".join(units) or "infer/s"
+
+
+def _runs_unit(runs: Sequence[Run]) -> str:
+    return throughput_unit(*(run for _, run in runs))
+
+
 def _load_axis_label(mode: str) -> str:
     return {"concurrency": "concurrency (requests in flight)", "request_rate": "offered rate (requests/s)"}.get(
         mode, "offered rate (requests/s)"
@@ -89,11 +102,6 @@ def _note(ax: Any, text: str) -> None:
     ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="#555555", fontsize=10)
 
 
-def _legend(ax: Any, **kwargs: Any) -> None:
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(frameon=False, fontsize=8, **kwargs)
-
-
 def _top_legend(fig: Figure, *axes: Any) -> None:
     """One legend for all axes, in the figure's top right corner, clear of the data."""
     handles, labels = [], []
@@ -105,10 +113,11 @@ def _top_legend(fig: Figure, *axes: Any) -> None:
         fig.legend(handles, labels, loc="upper right", ncols=len(handles), frameon=False, fontsize=8)
 
 
-def _legend_below(fig: Figure, *axes: Any, fontsize: float = 8) -> None:
+def _legend_below(fig: Figure, *axes: Any, fontsize: float = 8, **kwargs: Any) -> None:
     """One legend for `axes`, under the x axis's label, outside the data: a legend inside the axes
     covers points and the y axis's ticks, most of all with several runs. The figure grows by the
-    legend's rows, in as many columns as the longest label lets fit across."""
+    legend's rows, in as many columns as the longest label lets fit across. `kwargs` go to the
+    legend (markerscale for a scatter's small dots)."""
     handles, labels = [], []
     for ax in axes:
         h, lab = ax.get_legend_handles_labels()
@@ -126,7 +135,7 @@ def _legend_below(fig: Figure, *axes: Any, fontsize: float = 8) -> None:
     fig.set_size_inches(width, height + extra)
     fig.subplots_adjust(bottom=(bottom + extra) / (height + extra), top=1 - top / (height + extra))
     fig.legend(handles, labels, loc="lower center", bbox_to_anchor=(0.5, 0.01), ncols=ncols, frameon=False,
-               fontsize=fontsize)  # fmt: skip
+               fontsize=fontsize, **kwargs)  # fmt: skip
 
 
 def robust_upper(values: Sequence[float], keep: Sequence[float] = ()) -> float | None:
@@ -161,23 +170,28 @@ def _clip_right(ax: Any, points: Sequence[tuple[float, float, str]], keep: Seque
                         va="center", fontsize=7, color=color)  # fmt: skip
 
 
-def _place_labels(ax: Any, labels: Sequence[tuple[str, float, float, str]], fontsize: float = 7) -> None:
+def _place_labels(
+    ax: Any, labels: Sequence[tuple[str, float, float, str]], fontsize: float = 7, others: Sequence[Any] = ()
+) -> None:
     """Label points (text, x, y, colour), each at the first of eight spots around its point that
-    covers no drawn point or line, no label already placed, and stays inside the axes; the least
-    crowded spot when none is free. Call it last: it reads the final layout."""
+    covers no drawn point or line (of `ax` and of `others`, a twin axes drawn over it), no label
+    already placed, and stays inside the axes; the least crowded spot when none is free. Call it
+    last: it reads the final layout."""
     fig = ax.figure
     renderer = fig.canvas.get_renderer()
     to_px = ax.transData.transform
-    obstacles: list[tuple[float, float]] = []
-    for line in ax.get_lines():
-        path = line.get_xydata()
-        for (x0, y0), (x1, y1) in zip(path[:-1], path[1:]):
-            obstacles += [(x0 + (x1 - x0) * t / 12, y0 + (y1 - y0) * t / 12) for t in range(13)]
-        if len(path) == 1:
-            obstacles.append(tuple(path[0]))
-    for collection in ax.collections:
-        obstacles += [tuple(xy) for xy in collection.get_offsets()]
-    points = [to_px(xy) for xy in obstacles if all(map(math.isfinite, xy))]
+    points = []
+    for axes in (ax, *others):
+        obstacles: list[tuple[float, float]] = []
+        for line in axes.get_lines():
+            path = line.get_xydata()
+            for (x0, y0), (x1, y1) in zip(path[:-1], path[1:]):
+                obstacles += [(x0 + (x1 - x0) * t / 12, y0 + (y1 - y0) * t / 12) for t in range(13)]
+            if len(path) == 1:
+                obstacles.append(tuple(path[0]))
+        for collection in axes.collections:
+            obstacles += [tuple(xy) for xy in collection.get_offsets()]
+        points += [axes.transData.transform(xy) for xy in obstacles if all(map(math.isfinite, xy))]
     frame = ax.get_window_extent(renderer)
     placed: list[Any] = []
     spots = ((5, 4, "left", "bottom"), (5, -4, "left", "top"), (-5, 4, "right", "bottom"), (-5, -4, "right", "top"),
@@ -233,7 +247,7 @@ def throughput_vs_load(runs: Sequence[Run]) -> bytes:
             batch = levels[0].batch_size
             ax.plot(xs, [x * batch for x in xs], linestyle="--", color="#888888", linewidth=1, label="offered")
     _set_load_axis(ax, all_levels, runs[0][1].mode if runs else "concurrency")
-    ax.set_ylabel("throughput (infer/s)")
+    ax.set_ylabel(f"throughput ({_runs_unit(runs)})")
     ax.set_ylim(bottom=0)
     ax.set_title("Throughput vs load", fontsize=11)
     _legend_below(fig, ax)
@@ -289,20 +303,25 @@ def throughput_vs_p99(runs: Sequence[Run], slo_ms: float | None = None) -> bytes
         points += [(x, y, PALETTE[i % 8]) for x, y in zip(xs, ys)]
         if len(runs) <= 2:
             labels += [(f"{lv.level:g}", x, y, PALETTE[i % 8]) for x, y, lv in zip(xs, ys, levels)]
-    _throughput_p99_axes(ax, "Throughput vs p99 latency", slo_ms, points)
+    _throughput_p99_axes(ax, "Throughput vs p99 latency", slo_ms, points, unit=_runs_unit(runs))
     _place_labels(ax, [label for label in labels if label[1] <= ax.get_xlim()[1]])
     return _png(fig)
 
 
 def _throughput_p99_axes(
-    ax: Any, title: str, bound_ms: float | None, points: Sequence[tuple[float, float, str]], keep: Sequence[float] = ()
+    ax: Any,
+    title: str,
+    bound_ms: float | None,
+    points: Sequence[tuple[float, float, str]],
+    keep: Sequence[float] = (),
+    unit: str = "infer/s",
 ) -> None:
     """Labels, limits (robust to a far outlier: `_clip_right`), the latency bound and the legend of
     a throughput (y) against p99 (x) figure."""
     if bound_ms:
         ax.axvline(bound_ms, color=PALETTE[3], linestyle="-.", linewidth=1, label=f"p99 ≤ {bound_ms:g} ms")
     ax.set_xlabel("p99 latency (ms)")
-    ax.set_ylabel("throughput (infer/s)")
+    ax.set_ylabel(f"throughput ({unit})")
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     _clip_right(ax, points, [*keep, *([bound_ms] if bound_ms else [])])
@@ -343,7 +362,7 @@ def latency_breakdown(run: SweepResult) -> bytes:
     right = ax.twinx()
     right.plot(positions, [lv.throughput_infer_per_s for lv in levels], color="#000000", marker="D", markersize=4,
                linewidth=1.2, label="throughput")  # fmt: skip
-    right.set_ylabel("throughput (infer/s)")
+    right.set_ylabel(f"throughput ({throughput_unit(run)})")
     right.set_ylim(bottom=0)
     right.spines["top"].set_visible(False)
     handles, labels = ax.get_legend_handles_labels()
@@ -392,7 +411,7 @@ def windows_over_run(run: SweepResult) -> bytes:
     right.set_ylim(bottom=0)
     right.spines["top"].set_visible(False)
     ax.set_xlabel("time since the first window (s)")
-    ax.set_ylabel("throughput (infer/s)", color=PALETTE[0])
+    ax.set_ylabel(f"throughput ({throughput_unit(run)})", color=PALETTE[0])
     ax.set_ylim(bottom=0)
     # Title on the left, legend on the right: both sit above the axes of a wide figure.
     ax.set_title("Measurement windows over the run (level shown on top)", fontsize=11, pad=14, loc="left")

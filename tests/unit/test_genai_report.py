@@ -1,0 +1,125 @@
+"""The generative report's words and legends: a generative run's throughput is in requests/s (the
+console's "req/s"), never "infer/s", with the peak level's output tokens/s beside it; an inference
+run keeps "infer/s"; the generative figures put their legends under the axes, where they cover no
+curve."""
+
+from __future__ import annotations
+
+import dataclasses
+import html as html_text
+import re
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from matplotlib.figure import Figure
+
+from perfkit.analysis.compare import Thresholds
+from perfkit.report import genai_plots, plots
+from perfkit.report.html import _comparison_section, _kpis, _level_rows, _workers_table
+from perfkit.results.files import ReportItem
+from perfkit.results.model import SweepResult
+from tests.synthetic import make_level, make_sweep, make_token_figures
+
+CARD = re.compile(r'<div class="k">peak throughput</div><div class="v">([^<]*)</div><div class="s">([^<]*)</div>')
+
+
+def _generative() -> SweepResult:
+    levels = [
+        dataclasses.replace(make_level(c, [5.0 * c] * 3), tokens=make_token_figures(1 + c / 8)) for c in (1, 2, 4)
+    ]
+    return make_sweep(levels, model="sim_llm")
+
+
+def _inference() -> SweepResult:
+    return make_sweep([make_level(c, [500.0 * c] * 3) for c in (1, 2, 4)])
+
+
+def _card(result: SweepResult) -> tuple[str, str]:
+    match = CARD.search(_kpis(result))
+    assert match is not None
+    return html_text.unescape(match[1]), html_text.unescape(match[2])
+
+
+def test_a_generative_run_says_requests_per_second_with_output_tokens_beside_the_peak() -> None:
+    result = _generative()
+    peak = result.levels[-1]
+    assert peak.tokens is not None
+    assert _card(result) == ("20.0 req/s", f"{peak.tokens.output_tokens_per_s:,.1f} output tokens/s at concurrency 4")
+    header, _ = _level_rows(result)
+    assert header[1] == "throughput req/s (95% CI)"
+    assert "infer/s" not in _kpis(result) + " ".join(header)
+    assert "req/s" in _workers_table(result.levels, plots.throughput_unit(result))
+    assert plots.throughput_unit(result) == "req/s"
+
+
+def test_an_inference_run_keeps_inferences_per_second() -> None:
+    result = _inference()
+    assert _card(result) == ("2,000.0 infer/s", "at concurrency 4")
+    header, _ = _level_rows(result)
+    assert header[1] == "throughput infer/s (95% CI)" and "req/s" not in " ".join(header)
+    assert plots.throughput_unit(result) == "infer/s"
+    assert plots.throughput_unit(result, _generative()) == "infer/s or req/s"  # drawn together
+
+
+def test_the_comparison_of_generative_runs_names_their_peak_in_requests_per_second(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("throughput_vs_load", "latency_vs_load", "throughput_vs_p99"):  # the table is the point
+        monkeypatch.setattr(plots, name, lambda *args, **kwargs: b"")
+    items = [ReportItem(label, "sweep", _generative(), f"{label}.json") for label in ("a", "b")]
+    runs_table = _comparison_section(items, Thresholds(), None).split("</table>")[0]
+    assert '<th class="n">peak req/s</th>' in runs_table and "infer/s" not in runs_table
+
+
+def _figures(monkeypatch: pytest.MonkeyPatch) -> list[Figure]:
+    """Every figure the drawing functions finish, instead of its PNG."""
+    drawn: list[Figure] = []
+
+    def keep(fig: Figure) -> bytes:
+        drawn.append(fig)
+        return b""
+
+    monkeypatch.setattr(genai_plots, "_png", keep)
+    monkeypatch.setattr(plots, "_png", keep)
+    return drawn
+
+
+def _labels(fig: Figure) -> list[str]:
+    return [ax.get_ylabel() for ax in fig.axes] + [ax.get_xlabel() for ax in fig.axes]
+
+
+def test_the_throughput_figures_label_a_generative_run_in_requests_per_second(monkeypatch: pytest.MonkeyPatch) -> None:
+    drawn = _figures(monkeypatch)
+    run = _generative()
+    plots.throughput_vs_load([("run", run)])
+    plots.throughput_vs_p99([("run", run)])
+    plots.windows_over_run(run)
+    plots.throughput_vs_load([("run", _inference())])
+    labels = [_labels(fig) for fig in drawn]
+    assert all("throughput (req/s)" in found for found in labels[:3]), labels
+    assert "throughput (infer/s)" in labels[3]
+
+
+DRAWINGS: list[tuple[str, Callable[[SweepResult], bytes]]] = [
+    (alt, draw) for alt, draw, _ in genai_plots.figures_of(_generative())
+]
+
+
+@pytest.mark.parametrize(("alt", "draw"), DRAWINGS, ids=[alt for alt, _ in DRAWINGS])
+def test_a_generative_figure_puts_its_legend_under_the_axes(
+    alt: str, draw: Callable[[SweepResult], bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    drawn = _figures(monkeypatch)
+    draw(_generative())
+    (fig,) = drawn
+    assert all(ax.get_legend() is None for ax in fig.axes), f"{alt}: a legend inside the axes"
+    (legend,) = fig.legends
+    renderer: Any = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    box = legend.get_window_extent(renderer)
+    boxes = [ax.get_tightbbox(renderer) for ax in fig.axes]  # ticks and the x axis's label included
+    lowest = min(b.y0 for b in boxes if b is not None)
+    assert box.y1 <= lowest + 1, f"{alt}: the legend overlaps the axes"
+    texts = [t.get_text() for t in legend.get_texts()]
+    if "distribution" in alt or "input length" in alt:
+        assert texts == ["concurrency 1", "concurrency 2", "concurrency 4"], texts  # named in full: no title
