@@ -40,8 +40,8 @@ from perfkit.genai.sessions import SESSION_HEADER, History, chat_messages, histo
 from perfkit.genai.sse import SseError, SseParser
 from perfkit.genai.tokenizer import USAGE, Tokenizer
 from perfkit.genai.workload import GenerativeSpec, Prompt
-from perfkit.wire.client import MESSAGES_PER_KIND, Outcome
 from perfkit.wire.limits import MAX_CONTROL_REPLY
+from perfkit.wire.replies import MESSAGES_PER_KIND, Outcome
 from perfkit.wire.sniff import sniff, wrong_port_hint
 
 __all__ = ["CUT", "ERROR_EVENT", "MALFORMED", "NO_DONE", "NO_USAGE", "BAD_REPLY", "GenerativeClient", "GenPrepared"]

@@ -15,12 +15,16 @@ Why these values:
 - `MAX_CONTROL_REPLY`: a control-plane answer (health, metadata, config, statistics, the repository
   index, read through aiohttp and grpc.aio) is JSON or protobuf of a few KiB, a few MiB for the
   statistics of hundreds of models; 64 MiB bounds one that never ends.
+- `LOAD_TIMEOUT_S`: how long a repository load may take to answer. A load builds sessions and
+  instances and runs warmup, which takes far longer than an inference (`--request-timeout`); 300 s
+  bounds a load that never ends.
 """
 
 from __future__ import annotations
 
-__all__ = ["MAX_CONTROL_REPLY", "MAX_REPLY_BODY", "MAX_REPLY_HEAD"]
+__all__ = ["LOAD_TIMEOUT_S", "MAX_CONTROL_REPLY", "MAX_REPLY_BODY", "MAX_REPLY_HEAD"]
 
 MAX_REPLY_HEAD = 64 << 10
 MAX_REPLY_BODY = 1 << 30
 MAX_CONTROL_REPLY = 64 << 20
+LOAD_TIMEOUT_S = 300.0

@@ -1,7 +1,8 @@
 """How the load generator judges a reply without decoding more than it must: its framing, the
 short kind each failure is counted under ("HTTP 503", "grpc UNAVAILABLE", "timeout", "connection
 refused", ...), the text kept for the first few of a kind, and output validation against
-`validation_data`."""
+`validation_data`. An `Outcome` is what a client's `send()` makes of one request: its kind, sizes
+and client-side times (what `send_ns` and `recv_ns` cover: `perfkit.wire.client`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 import socket
 import ssl
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import grpc
 
@@ -19,6 +21,7 @@ from v2kit import codec as v2
 __all__ = [
     "MESSAGES_PER_KIND",
     "VALIDATION_MISMATCH",
+    "Outcome",
     "body_framing_ok",
     "describe",
     "grpc_failure_kind",
@@ -30,6 +33,18 @@ __all__ = [
 
 MESSAGES_PER_KIND = 10
 VALIDATION_MISMATCH = "validation mismatch"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    error: str  # "" on success, else the error's kind, used for counting
+    bytes_in: int
+    send_ns: int
+    recv_ns: int
+    message: str = ""  # the error's text, for the first occurrences of each kind
+    response_ns: tuple[int, ...] | None = None  # streaming only: each response's arrival (perf_counter_ns)
+    tokens: tuple[int, ...] = ()  # a generative request's token record (load/samples.py TOKEN_COLUMNS)
+    text: str = ""  # a generative request's answer text (a session's next turn carries it)
 
 
 def output_mismatch(expected: Mapping[str, bytes], outputs: Mapping[str, bytes]) -> str:
