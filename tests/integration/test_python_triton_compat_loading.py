@@ -301,14 +301,28 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def urls(peers: Path, repository: Path) -> Iterator[Urls]:
-    """Both servers in explicit model control, nothing loaded: each test loads what it uses. Ours has
-    a response cache (the peers' tritonserver has no cache library: its `dtypes_cached` runs each time)."""
-    with (
-        running_triton(peers, repository, extra_args=["--model-control-mode=explicit"]) as triton,
-        running_server(loopback_config(repository, load=(), response_cache_bytes=1 << 20)) as ours,
-    ):
-        yield {"triton": (triton.http_url, triton.grpc_url), "ours": (ours.http_url, f"127.0.0.1:{ours.grpc_port}")}
+def ours(repository: Path) -> Iterator[tuple[str, str]]:
+    """Our server in explicit model control, nothing loaded: each test loads what it uses. It has a
+    response cache (the peers' tritonserver has no cache library: its `dtypes_cached` runs each time)."""
+    with running_server(loopback_config(repository, load=(), response_cache_bytes=1 << 20)) as server:
+        yield server.http_url, f"127.0.0.1:{server.grpc_port}"
+
+
+@pytest.fixture(scope="module")
+def urls(peers: Path, repository: Path, ours: tuple[str, str]) -> Iterator[Urls]:
+    """Both servers in explicit model control, auto-completion on (the folders without a config)."""
+    with running_triton(peers, repository, extra_args=["--model-control-mode=explicit"]) as triton:
+        yield {"triton": (triton.http_url, triton.grpc_url), "ours": ours}
+
+
+@pytest.fixture(scope="module")
+def complete_urls(peers: Path, repository: Path, ours: tuple[str, str]) -> Iterator[Urls]:
+    """The same, Triton without auto-completion, for the models whose configs are complete and which
+    define no auto_complete_config: auto-completion would add a second and more to each of their
+    loads there (and a reload at the next load, the completed config differing from the file)."""
+    explicit = ["--model-control-mode=explicit"]
+    with running_triton(peers, repository, extra_args=explicit, auto_complete=False) as triton:
+        yield {"triton": (triton.http_url, triton.grpc_url), "ours": ours}
 
 
 @pytest.fixture(scope="module")
@@ -473,14 +487,14 @@ def test_a_failing_auto_complete_config_fails_the_load_in_tritons_words(
 
 @pytest.mark.parametrize("model", ["dtypes", "dtypes_cached"])
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_outputs_leave_with_the_datatype_the_model_made(urls: Urls, transport: str, model: str) -> None:
+def test_outputs_leave_with_the_datatype_the_model_made(complete_urls: Urls, transport: str, model: str) -> None:
     def run(client: Any) -> list[dict[str, Any]]:
         client.load_model(model)
         return [_infer(transport, client, model, {"INPUT0": X[0]}) for _ in range(2)]  # a cached answer too
 
-    answers = _each(urls, transport, run)
+    answers = _each(complete_urls, transport, run)
     if model == "dtypes_cached":
-        client = httpclient.InferenceServerClient(urls["ours"][0])
+        client = httpclient.InferenceServerClient(complete_urls["ours"][0])
         stats = client.get_inference_statistics(model)["model_stats"][0]["inference_stats"]
         client.close()
         assert stats["cache_hit"]["count"] >= 1  # the second answer came from our cache
@@ -496,14 +510,14 @@ def test_outputs_leave_with_the_datatype_the_model_made(urls: Urls, transport: s
     )
 
 
-def test_an_fp16_output_asked_for_as_json_is_refused_in_tritons_words(urls: Urls) -> None:
+def test_an_fp16_output_asked_for_as_json_is_refused_in_tritons_words(complete_urls: Urls) -> None:
     def run(client: Any) -> None:
         client.load_model("dtypes")
         x = httpclient.InferInput("INPUT0", [4], "FP32")
         x.set_data_from_numpy(X[0], binary_data=False)
         client.infer("dtypes", [x], outputs=[httpclient.InferRequestedOutput("F32", binary_data=False)])
 
-    failures = _failures(urls, "http", run)
+    failures = _failures(complete_urls, "http", run)
     assert failures["ours"].status() == failures["triton"].status() == "400"
     words = "sending FP16 data via JSON is not supported. Please use the binary data format for output"
     for failure in failures.values():
@@ -512,10 +526,10 @@ def test_an_fp16_output_asked_for_as_json_is_refused_in_tritons_words(urls: Urls
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_an_ensemble_step_given_an_output_of_another_datatype_fails_in_tritons_words(
-    urls: Urls, transport: str
+    complete_urls: Urls, transport: str
 ) -> None:
-    _each(urls, transport, lambda client: [client.load_model(m) for m in ("dtypes", "consume", "chain")])
-    failures = _failures(urls, transport, lambda client: _infer(transport, client, "chain", {"IN": X[0]}))
+    _each(complete_urls, transport, lambda client: [client.load_model(m) for m in ("dtypes", "consume", "chain")])
+    failures = _failures(complete_urls, transport, lambda client: _infer(transport, client, "chain", {"IN": X[0]}))
     assert failures["ours"].status() == failures["triton"].status()
     for failure in failures.values():
         assert failure.message().startswith("in ensemble 'chain', ")
@@ -539,26 +553,26 @@ def _post_raw(url: str, model: str, body: bytes) -> tuple[int, Any]:
         return error.code, json.loads(error.read())["error"]
 
 
-def test_a_raw_binary_bytes_request_to_a_batched_model_is_one_element_of_shape_1_1(urls: Urls) -> None:
+def test_a_raw_binary_bytes_request_to_a_batched_model_is_one_element_of_shape_1_1(complete_urls: Urls) -> None:
     body = b"\x05\x00\x00\x00hello"  # what looks like a length prefix is part of the one element
-    _each(urls, "http", lambda client: client.load_model("raw_bytes"))
-    answers = {server: _post_raw(pair[0], "raw_bytes", body) for server, pair in urls.items()}
+    _each(complete_urls, "http", lambda client: client.load_model("raw_bytes"))
+    answers = {server: _post_raw(pair[0], "raw_bytes", body) for server, pair in complete_urls.items()}
     assert answers["ours"] == answers["triton"]
     assert answers["ours"] == (200, ([1, 1], [[repr(((1, 1), [body])).encode()]]))
 
 
-def test_a_raw_binary_request_to_a_bytes_input_of_two_elements_is_refused_in_tritons_words(urls: Urls) -> None:
-    _each(urls, "http", lambda client: client.load_model("raw_bytes_2"))
-    answers = {server: _post_raw(pair[0], "raw_bytes_2", b"hello") for server, pair in urls.items()}
+def test_a_raw_binary_request_to_a_bytes_input_of_two_elements_is_refused_in_tritons_words(complete_urls: Urls) -> None:
+    _each(complete_urls, "http", lambda client: client.load_model("raw_bytes_2"))
+    answers = {server: _post_raw(pair[0], "raw_bytes_2", b"hello") for server, pair in complete_urls.items()}
     assert answers["ours"][0] == answers["triton"][0] == 400
     for _, message in answers.values():
         assert "For BYTE datatype raw input 'RAW', the model must have input shape [1]" in message
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_an_error_raised_in_execute_names_the_instance(urls: Urls, transport: str) -> None:
-    _each(urls, transport, lambda client: client.load_model("inst"))
-    failures = _failures(urls, transport, lambda client: _infer(transport, client, "inst", {"INPUT0": X[0]}))
+def test_an_error_raised_in_execute_names_the_instance(complete_urls: Urls, transport: str) -> None:
+    _each(complete_urls, transport, lambda client: client.load_model("inst"))
+    failures = _failures(complete_urls, transport, lambda client: _infer(transport, client, "inst", {"INPUT0": X[0]}))
     assert failures["ours"].status() == failures["triton"].status()
     for failure in failures.values():
         # An instance_group without a name is `inst_0`, and its first instance `inst_0_0`.
@@ -567,9 +581,11 @@ def test_an_error_raised_in_execute_names_the_instance(urls: Urls, transport: st
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_what_execute_returns_is_checked_in_tritons_words(urls: Urls, transport: str) -> None:
-    _each(urls, transport, lambda client: client.load_model("returns_ints"))
-    failures = _failures(urls, transport, lambda client: _infer(transport, client, "returns_ints", {"INPUT0": X[0]}))
+def test_what_execute_returns_is_checked_in_tritons_words(complete_urls: Urls, transport: str) -> None:
+    _each(complete_urls, transport, lambda client: client.load_model("returns_ints"))
+    failures = _failures(
+        complete_urls, transport, lambda client: _infer(transport, client, "returns_ints", {"INPUT0": X[0]})
+    )
     words = (
         "Failed to process the request(s) for model 'returns_ints_0_0', message: Expected an 'InferenceResponse' "
         "object in the execute function return list, found type '<class 'int'>'"
@@ -578,7 +594,7 @@ def test_what_execute_returns_is_checked_in_tritons_words(urls: Urls, transport:
         assert failure.message().startswith(words)
 
 
-def test_a_decoupled_execute_that_returns_a_list_names_the_instance(urls: Urls) -> None:
+def test_a_decoupled_execute_that_returns_a_list_names_the_instance(complete_urls: Urls) -> None:
     def stream(client: Any) -> list[str]:
         client.load_model("decoupled_list")
         answers: queue.Queue[tuple[Any, Any]] = queue.Queue()
@@ -592,7 +608,7 @@ def test_a_decoupled_execute_that_returns_a_list_names_the_instance(urls: Urls) 
             client.stop_stream()
         return [error.message()]
 
-    answers = _each(urls, "grpc", stream)
+    answers = _each(complete_urls, "grpc", stream)
     assert (
         answers["ours"]
         == answers["triton"]
