@@ -215,6 +215,14 @@ def urls(servers: dict[str, Any]) -> Urls:
     return {"triton": (triton.http_url, triton.grpc_url), "ours": (ours.http_url, f"127.0.0.1:{ours.grpc_port}")}
 
 
+@pytest.fixture(scope="module")
+def init_raises_failed(urls: Urls) -> None:
+    """`init_raises` has failed to load on both servers: loaded once for the tests that need a model in
+    that state (a load that fails takes 1.7 s, and the failure stays, unloaded or not, until a load
+    succeeds: `test_unloading_a_model_that_is_not_loaded_succeeds` checks that)."""
+    _each(urls, "http", lambda client: _failure(lambda: client.load_model("init_raises")))
+
+
 def _client(transport: str, pair: tuple[str, str]) -> Any:
     return (
         httpclient.InferenceServerClient(pair[0]) if transport == "http" else grpcclient.InferenceServerClient(pair[1])
@@ -365,8 +373,9 @@ def test_both_logs_say_which_version_failed_and_why(
     assert any("init_raises_0" in message and "model.py" in message for message in ours)
 
 
-def test_the_model_ready_endpoint_answers_a_model_that_failed_in_tritons_words(urls: Urls) -> None:
-    _each(urls, "http", lambda client: _failure(lambda: client.load_model("init_raises")))
+def test_the_model_ready_endpoint_answers_a_model_that_failed_in_tritons_words(
+    urls: Urls, init_raises_failed: None
+) -> None:
     answers = {}
     for server, (http_url, _) in urls.items():
         with pytest.raises(urllib.error.HTTPError) as refused:
@@ -392,9 +401,7 @@ def test_an_onnx_file_that_is_not_a_model_fails_in_the_onnxruntime_backends_word
 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_unloading_a_model_that_is_not_loaded_succeeds(urls: Urls, transport: str) -> None:
-    _each(urls, transport, lambda client: _failure(lambda: client.load_model("init_raises")))
-
+def test_unloading_a_model_that_is_not_loaded_succeeds(urls: Urls, init_raises_failed: None, transport: str) -> None:
     def unload(client: Any) -> list[dict[str, str]]:
         for name in ("okmodel", "nonexistent", "init_raises"):  # in the repository, nowhere, failed
             client.unload_model(name)
