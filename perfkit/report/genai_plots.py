@@ -223,19 +223,26 @@ def goodput_vs_load(run: SweepResult) -> bytes:
     fig, ax = _figure(right=0.75)
     tokens = [(lv, t) for lv, t in _levels(run) if t.goodput_per_s is not None]
     xs = [lv.level for lv, _ in tokens]
-    ax.plot(xs, [lv.throughput_infer_per_s for lv, _ in tokens], marker="o", markersize=4, color="#888888",
-            linestyle="--", label="throughput (req/s)")  # fmt: skip
-    ax.plot(xs, [t.goodput_per_s for _, t in tokens], marker="o", markersize=4, color=PALETTE[2],
+    throughput = [lv.throughput_infer_per_s for lv, _ in tokens]
+    rates = throughput + [t.goodput_per_s for _, t in tokens if t.goodput_per_s is not None]
+    # Goodput wide underneath, the throughput thin and dashed over it: where every request met the
+    # objectives the two are one line, and both stay visible.
+    ax.plot(xs, [t.goodput_per_s for _, t in tokens], marker="o", markersize=5, linewidth=2.6, color=PALETTE[2],
             label="goodput (req/s)")  # fmt: skip
+    ax.plot(xs, throughput, marker="o", markersize=2.5, color="#444444", linewidth=1, linestyle="--",
+            label="throughput (req/s)")  # fmt: skip
     right = ax.twinx()
     right.plot(xs, [t.goodput_pct for _, t in tokens], marker="s", markersize=3, linestyle=":", color=PALETTE[4],
                label="met every objective (%)")  # fmt: skip
-    right.set_ylim(0, 105)
+    # 100 % below the top, and the rates' highest point lower still: the three lines meet at the
+    # top right when every request met the objectives.
+    right.set_ylim(0, 115)
+    right.set_yticks([0, 20, 40, 60, 80, 100])
     right.set_ylabel("requests within (%)", color=PALETTE[4])
     right.spines["top"].set_visible(False)
     _set_load_axis(ax, xs, run.mode)
     ax.set_ylabel("requests/s")
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, max(rates) * 1.3 if rates and max(rates) > 0 else None)
     slo = next((t.goodput_slo for _, t in tokens if t.goodput_slo), "")
     ax.set_title(f"Goodput vs load ({slo})" if slo else "Goodput vs load", fontsize=11)
     _legend_below(fig, ax, right)

@@ -123,3 +123,19 @@ def test_a_generative_figure_puts_its_legend_under_the_axes(
     texts = [t.get_text() for t in legend.get_texts()]
     if "distribution" in alt or "input length" in alt:
         assert texts == ["concurrency 1", "concurrency 2", "concurrency 4"], texts  # named in full: no title
+
+
+@pytest.mark.parametrize("draw", [genai_plots.tokens_vs_latency, genai_plots.goodput_vs_load])
+def test_a_twin_axes_figure_draws_no_line_along_its_top_edge(
+    draw: Callable[[SweepResult], bytes], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flat line autoscaled to the top edge (a per-user rate, 100 % of requests within the
+    objectives) is drawn on the frame, and the two axes' highest points would coincide."""
+    drawn = _figures(monkeypatch)
+    draw(_generative())
+    (fig,) = drawn
+    for ax in fig.axes:
+        top = ax.get_ylim()[1]
+        for line in ax.get_lines():
+            if len(line.get_ydata()):
+                assert max(line.get_ydata()) <= 0.9 * top, f"{line.get_label()} runs along the top"
