@@ -26,8 +26,8 @@ from perfkit.report.plots import PALETTE, _figure, _legend_below, _note, _place_
 from perfkit.results.model import LevelResult, SweepResult, TokenFigures, TokenSample, ValueStats, level_name
 
 __all__ = [
-    "FIGURES", "figures_of", "goodput_vs_load", "itl_distribution", "token_latency_vs_load", "tokens_vs_latency",
-    "ttft_distribution", "ttft_vs_input_length",
+    "FIGURES", "STREAMED_ONLY", "figures_of", "goodput_vs_load", "itl_distribution", "token_latency_vs_load",
+    "tokens_vs_latency", "ttft_distribution", "ttft_vs_input_length",
 ]  # fmt: skip
 
 _WIDE = (12.8, 3.6)
@@ -260,11 +260,22 @@ FIGURES: tuple[tuple[str, Callable[[SweepResult], bytes], bool, bool], ...] = (
 )
 
 
+#: The figures of TTFT and ITL, which only a streamed answer has: an unstreamed run leaves them out
+#: (empty axes saying "it needs --streaming" four times), and the report says why once.
+STREAMED_ONLY = frozenset({ttft_distribution, itl_distribution, token_latency_vs_load, ttft_vs_input_length})
+
+
 def figures_of(run: SweepResult) -> list[tuple[str, Callable[[SweepResult], bytes], bool]]:
     """The figures a generative sweep gets: those from request samples only when its levels kept
-    one (result files written before samples were kept have none), goodput only with --goodput."""
+    one (result files written before samples were kept have none), those of TTFT and ITL only when
+    some TTFT was measured (`STREAMED_ONLY`), goodput only with --goodput."""
     sampled = any(lv.tokens is not None and lv.tokens.sample is not None for lv in run.levels)
-    figures = [(alt, draw, wide) for alt, draw, wide, per_request in FIGURES if sampled or not per_request]
+    streamed = any(t.ttft_ms.count for _, t in _levels(run))
+    figures = [
+        (alt, draw, wide)
+        for alt, draw, wide, per_request in FIGURES
+        if (sampled or not per_request) and (streamed or draw not in STREAMED_ONLY)
+    ]
     if any(lv.tokens is not None and lv.tokens.goodput_per_s is not None for lv in run.levels):
         figures.append(("goodput vs load", goodput_vs_load, False))
     return figures

@@ -166,8 +166,10 @@ def _judged(result: SweepResult) -> str:
     """The percentile the levels' sample counts were judged for (stats.validity_checks)."""
     custom = next((lv.latency.custom_percentile for lv in result.levels if lv.latency.custom_percentile), None)
     generative = any(lv.tokens is not None for lv in result.levels)
+    streamed = any(lv.tokens is not None and lv.tokens.ttft_ms.count for lv in result.levels)
     percentile = custom or (GENERATIVE_PERCENTILE if generative else 99.0)
-    return f"p{percentile:g}" + (" of TTFT, ITL and latency" if generative else "")
+    # An unstreamed answer has no TTFT or ITL to have judged.
+    return f"p{percentile:g}" + ((" of TTFT, ITL and latency" if streamed else " of latency") if generative else "")
 
 
 def _kpis(result: SweepResult) -> str:
@@ -284,8 +286,13 @@ def _level_rows(
         row += [_Badge("yes" if lv.stable else "no", lv.stable), _Badge("yes" if lv.valid else "no", lv.valid)]
         rows.append(row)
     # A column no level has a figure for (GPU utilisation without a GPU...) only widens the table.
-    keep = [i for i in range(len(header)) if not rows or any(row[i] != "-" for row in rows)]
+    keep = [i for i in range(len(header)) if not rows or any(_shown(row[i]) for row in rows)]
     return [header[i] for i in keep], [[row[i] for i in keep] for row in rows]
+
+
+def _shown(cell: object) -> bool:
+    """Whether a cell holds a figure: not "-", nor a "-" over a CI of "-"s (TTFT unstreamed)."""
+    return (cell.value if isinstance(cell, _WithRange) else cell) != "-"
 
 
 def _token_section(result: SweepResult) -> str:

@@ -11,14 +11,15 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 from matplotlib.figure import Figure
 
 from perfkit.analysis.compare import Thresholds
 from perfkit.report import genai_plots, plots
-from perfkit.report.html import _comparison_section, _kpis, _level_rows, _workers_table
+from perfkit.report.html import _TOKEN_TABLE, _comparison_section, _kpis, _level_rows, _verdict, _workers_table
 from perfkit.results.files import ReportItem
-from perfkit.results.model import SweepResult
+from perfkit.results.model import SweepResult, TokenFigures
 from tests.synthetic import make_level, make_sweep, make_token_figures
 
 CARD = re.compile(r'<div class="k">peak throughput</div><div class="v">([^<]*)</div><div class="s">([^<]*)</div>')
@@ -137,5 +138,31 @@ def test_a_twin_axes_figure_draws_no_line_along_its_top_edge(
     for ax in fig.axes:
         top = ax.get_ylim()[1]
         for line in ax.get_lines():
-            if len(line.get_ydata()):
-                assert max(line.get_ydata()) <= 0.9 * top, f"{line.get_label()} runs along the top"
+            ys = np.asarray(line.get_ydata(), dtype=np.float64)
+            if ys.size:
+                assert ys.max() <= 0.9 * top, f"{line.get_label()} runs along the top"
+
+
+def test_an_unstreamed_run_leaves_out_the_ttft_and_itl_figures_and_columns_it_has_no_figure_for() -> None:
+    """Chat without --streaming: no TTFT or ITL, so no empty distribution, panel or scatter saying
+    "it needs --streaming" four times (the Tokens section says it once), no column of "-", and the
+    verdict does not claim their percentiles were judged."""
+
+    def unstreamed(tokens: TokenFigures) -> TokenFigures:
+        none = dataclasses.replace(tokens.ttft_ms, count=0)
+        sample = tokens.sample
+        assert sample is not None
+        kept = len(sample.ttft_ms)
+        sample = dataclasses.replace(sample, ttft_ms=(None,) * kept, itl_ms=(None,) * kept)
+        return dataclasses.replace(tokens, streaming=False, ttft_ms=none, ttst_ms=none, itl_ms=none, sample=sample)
+
+    run = _generative()
+    plain = make_sweep([dataclasses.replace(lv, tokens=unstreamed(lv.tokens)) for lv in run.levels if lv.tokens])
+    assert [alt for alt, *_ in genai_plots.figures_of(plain)] == [
+        "output tokens/s, total and per user, vs latency",
+        "goodput vs load",
+    ]
+    header, _ = _level_rows(plain, _TOKEN_TABLE)
+    assert not [title for title in header if "TTFT" in title or "ITL" in title or "TTST" in title], header
+    assert "p90 of latency" in _verdict(plain) and "TTFT" not in _verdict(plain)
+    assert len(genai_plots.figures_of(run)) == 6 and "p90 of TTFT, ITL and latency" in _verdict(run)
