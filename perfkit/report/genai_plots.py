@@ -238,7 +238,7 @@ def goodput_vs_load(run: SweepResult) -> bytes:
     # top right when every request met the objectives.
     right.set_ylim(0, 115)
     right.set_yticks([0, 20, 40, 60, 80, 100])
-    right.set_ylabel("requests within (%)", color=PALETTE[4])
+    right.set_ylabel("requests within the objectives (%)", color=PALETTE[4])
     right.spines["top"].set_visible(False)
     _set_load_axis(ax, xs, run.mode)
     ax.set_ylabel("requests/s")
