@@ -46,7 +46,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from perfkit.analysis.metrics import METRICS, TOKEN_METRICS, Metric, find, ms
+from perfkit.analysis.metrics import METRICS, TOKEN_METRICS, Metric, find, ms, throughput_unit
 from perfkit.analysis.run_setup import invalid_levels, setup_differences
 from perfkit.analysis.significance import Significance, windows_differ
 from perfkit.errors import PerfkitError
@@ -320,6 +320,8 @@ def compare_sweeps(
             notes.append(f"the {name} sweep stopped early: {result.stop_reason}")
     notes += [note for base, cand in pairs for note in composing_changes(base, cand)]
     deltas = tuple(_delta(base, cand, metric, thresholds, not without) for base, cand in pairs for metric in gates)
+    if throughput_unit(baseline, candidate) == "req/s":  # both generative: a request is one completion
+        deltas = tuple(dataclasses.replace(d, unit="req/s") if d.unit == "infer/s" else d for d in deltas)
     return Comparison(names[0], names[1], thresholds, deltas, tuple(notes), without, tuple(warnings))
 
 

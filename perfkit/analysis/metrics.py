@@ -19,17 +19,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from perfkit.results.model import LatencyStats, LevelResult
+from perfkit.results.model import LatencyStats, LevelResult, SweepResult
 
 __all__ = [
     "METRICS", "SESSION_METRICS", "TOKEN_METRICS", "Metric", "find", "latency_ms", "metric", "ms",
-    "sequence_latency_ms", "session_figure", "token_figure",
+    "sequence_latency_ms", "session_figure", "throughput_unit", "token_figure",
 ]  # fmt: skip
 
 
 def ms(us: float) -> float:
     """Microseconds, as results store times, in the milliseconds every report shows."""
     return us / 1e3
+
+
+def throughput_unit(*runs: SweepResult) -> str:
+    """What the runs' throughput counts: requests/s for a generative endpoint (a request is one
+    completion; AIPerf's and genai-perf's unit, and the console's "req/s"), inferences/s otherwise;
+    both, for runs drawn together that differ."""
+    units = dict.fromkeys("req/s" if any(lv.tokens is not None for lv in run.levels) else "infer/s" for run in runs)
+    return " or ".join(units) or "infer/s"
 
 
 def latency_ms(attr: str, corrected: bool = False) -> Callable[[LevelResult], float | None]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from perfkit.analysis.compare import level_label
-from perfkit.analysis.metrics import metric
+from perfkit.analysis.metrics import metric, throughput_unit
 from perfkit.results.model import LevelResult, SweepResult
 
 __all__ = ["SloVerdict", "check_slo"]
@@ -27,6 +27,8 @@ class SloVerdict:
     within: tuple[str, ...]  # level labels
     capacity: float  # highest throughput among the levels within the SLO (0: none)
     capacity_level: str
+    #: req/s for a generative run (a request is one completion), infer/s otherwise: the console's words
+    unit: str = "infer/s"
 
     @property
     def passed(self) -> bool:
@@ -37,10 +39,10 @@ class SloVerdict:
         if not self.within:
             text = f"{head}: no level met it"
         else:
-            text = f"{head}: {len(self.within)} level(s) met it; capacity {self.capacity:,.1f} infer/s at {self.capacity_level}"
+            text = f"{head}: {len(self.within)} level(s) met it; capacity {self.capacity:,.1f} {self.unit} at {self.capacity_level}"
         if self.min_throughput is not None:
             verdict = "passed" if self.passed else "FAILED"
-            text += f"; gate {verdict} (needs {self.min_throughput:,.1f} infer/s within the SLO)"
+            text += f"; gate {verdict} (needs {self.min_throughput:,.1f} {self.unit} within the SLO)"
         return [text]
 
 
@@ -59,4 +61,5 @@ def check_slo(result: SweepResult, slo_p99_ms: float, min_throughput: float | No
         tuple(level_label(lv) for lv in within),
         best.throughput_infer_per_s if best else 0.0,
         level_label(best) if best else "-",
+        throughput_unit(result),
     )

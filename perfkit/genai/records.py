@@ -194,7 +194,7 @@ def unstreamed_note(endpoint_type: str, streaming: bool) -> str:
     if streaming or endpoint_type in ("kserve-infer", "embeddings"):
         return ""
     return (f"--endpoint-type {endpoint_type} without --streaming: each answer comes whole, so TTFT, TTST and ITL "
-            "are not measured (they need --streaming); request latency and tokens/s are")  # fmt: skip
+            "are not measured (they need --streaming); only request latency and tokens/s are measured")  # fmt: skip
 
 
 def output_length_check(figures: TokenFigures, exact: bool) -> Check | None:

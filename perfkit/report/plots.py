@@ -17,7 +17,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from perfkit.analysis.metrics import metric, ms
+from perfkit.analysis.metrics import metric, ms, throughput_unit
 from perfkit.report.tidy import TIDY_COLUMNS
 from perfkit.results.model import LevelResult, SweepResult
 
@@ -68,14 +68,6 @@ def _png(fig: Figure) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=_DPI, facecolor="white")
     return buffer.getvalue()
-
-
-def throughput_unit(*runs: SweepResult) -> str:
-    """What the runs' throughput counts: requests/s for a generative endpoint (a request is one
-    completion; AIPerf's and genai-perf's unit, and the console's "req/s"), inferences/s otherwise;
-    both, for runs drawn together that differ."""
-    units = dict.fromkeys("req/s" if any(lv.tokens is not None for lv in run.levels) else "infer/s" for run in runs)
-    return " or ".join(units) or "infer/s"
 
 
 def _runs_unit(runs: Sequence[Run]) -> str:
