@@ -13,8 +13,8 @@ import pytest
 
 from perfkit.analysis.compare import compare_sweeps
 from perfkit.cli import main
-from perfkit.report import plots
 from perfkit.report.compare_text import render_comparison_lines
+from perfkit.report.figures import canvas
 from perfkit.report.html import render_html
 from perfkit.report.junit import render_gate_junit
 from perfkit.results.files import ReportItem
@@ -95,7 +95,7 @@ def test_the_compare_command_warns_and_keeps_its_exit_code(tmp_path: Path, capsy
 
 
 def test_the_html_comparison_shows_the_warnings_above_its_table(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(plots, "_png", lambda fig: TINY_PNG)
+    monkeypatch.setattr(canvas, "png", lambda fig: TINY_PNG)
     items = [ReportItem("before", "sweep", steady_sweep(), "before.json"),
              ReportItem("after", "sweep", steady_sweep(model="convnet"), "after.json")]  # fmt: skip
     page = render_html(items)

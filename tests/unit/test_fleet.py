@@ -17,8 +17,8 @@ from perfkit.errors import ExitCode, TargetError
 from perfkit.load.fleet import FleetClient, FleetPrepared, sum_statistics
 from perfkit.load.generator import FakeClock
 from perfkit.load.samples import SampleBuffer
-from perfkit.report import html
 from perfkit.report.export import render_endpoint_table
+from perfkit.report.html import sweep as sweep_section
 from perfkit.report.tidy import render_tidy_csv
 from perfkit.results.files import ReportItem
 from perfkit.results.model import LatencyStats, sweep_from_json, sweep_to_json
@@ -156,7 +156,7 @@ class NoPlots:
 
 
 def test_the_html_report_shows_endpoints_and_composing_models(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(html, "plots", NoPlots())
+    monkeypatch.setattr(sweep_section, "figures", NoPlots())
     buffer = SampleBuffer()
     buffer.record(0, 0, 1_000_000)
     share = endpoint_figures("h:1", buffer.arrays(), 0, 10**9, batch_size=1)
@@ -164,7 +164,7 @@ def test_the_html_report_shows_endpoints_and_composing_models(monkeypatch: pytes
         dataclasses.replace(lv, endpoints=(share, dataclasses.replace(share, url="h:2"))) for lv in pa_levels()
     )
     sweep = dataclasses.replace(make_sweep(levels), url="h:1,h:2", model="mlp_pipeline")
-    section = html.render_sweep_section(ReportItem("run", "sweep", sweep, "run.json"))
+    section = sweep_section.render_sweep_section(ReportItem("run", "sweep", sweep, "run.json"))
     assert "<h3>Endpoints</h3>" in section and "<td>h:2</td>" in section
     assert "<h3>Composing models (server side)</h3>" in section and "<td>preprocess</td>" in section
 

@@ -16,8 +16,11 @@ import pytest
 from matplotlib.figure import Figure
 
 from perfkit.analysis.compare import Thresholds
-from perfkit.report import genai_plots, plots
-from perfkit.report.html import _TOKEN_TABLE, _comparison_section, _kpis, _level_rows, _verdict, _workers_table
+from perfkit.analysis.metrics import throughput_unit
+from perfkit.report import figures
+from perfkit.report.figures import canvas, generative
+from perfkit.report.html.comparison import render_comparison_section
+from perfkit.report.html.sweep import _TOKEN_TABLE, _kpis, _level_rows, _verdict, _workers_table
 from perfkit.results.files import ReportItem
 from perfkit.results.model import SweepResult, TokenFigures
 from tests.synthetic import make_level, make_sweep, make_token_figures
@@ -50,8 +53,8 @@ def test_a_generative_run_says_requests_per_second_with_output_tokens_beside_the
     header, _ = _level_rows(result)
     assert header[1] == "throughput req/s (95% CI)"
     assert "infer/s" not in _kpis(result) + " ".join(header)
-    assert "req/s" in _workers_table(result.levels, plots.throughput_unit(result))
-    assert plots.throughput_unit(result) == "req/s"
+    assert "req/s" in _workers_table(result.levels, throughput_unit(result))
+    assert throughput_unit(result) == "req/s"
 
 
 def test_an_inference_run_keeps_inferences_per_second() -> None:
@@ -59,17 +62,17 @@ def test_an_inference_run_keeps_inferences_per_second() -> None:
     assert _card(result) == ("2,000.0 infer/s", "at concurrency 4")
     header, _ = _level_rows(result)
     assert header[1] == "throughput infer/s (95% CI)" and "req/s" not in " ".join(header)
-    assert plots.throughput_unit(result) == "infer/s"
-    assert plots.throughput_unit(result, _generative()) == "infer/s or req/s"  # drawn together
+    assert throughput_unit(result) == "infer/s"
+    assert throughput_unit(result, _generative()) == "infer/s or req/s"  # drawn together
 
 
 def test_the_comparison_of_generative_runs_names_their_peak_in_requests_per_second(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     for name in ("throughput_vs_load", "latency_vs_load", "throughput_vs_p99"):  # the table is the point
-        monkeypatch.setattr(plots, name, lambda *args, **kwargs: b"")
+        monkeypatch.setattr(figures, name, lambda *args, **kwargs: b"")
     items = [ReportItem(label, "sweep", _generative(), f"{label}.json") for label in ("a", "b")]
-    runs_table = _comparison_section(items, Thresholds(), None).split("</table>")[0]
+    runs_table = render_comparison_section(items, Thresholds(), None).split("</table>")[0]
     assert '<th class="n">peak req/s</th>' in runs_table and "infer/s" not in runs_table
 
 
@@ -81,8 +84,7 @@ def _figures(monkeypatch: pytest.MonkeyPatch) -> list[Figure]:
         drawn.append(fig)
         return b""
 
-    monkeypatch.setattr(genai_plots, "_png", keep)
-    monkeypatch.setattr(plots, "_png", keep)
+    monkeypatch.setattr(canvas, "png", keep)
     return drawn
 
 
@@ -93,17 +95,17 @@ def _labels(fig: Figure) -> list[str]:
 def test_the_throughput_figures_label_a_generative_run_in_requests_per_second(monkeypatch: pytest.MonkeyPatch) -> None:
     drawn = _figures(monkeypatch)
     run = _generative()
-    plots.throughput_vs_load([("run", run)])
-    plots.throughput_vs_p99([("run", run)])
-    plots.windows_over_run(run)
-    plots.throughput_vs_load([("run", _inference())])
+    figures.throughput_vs_load([("run", run)])
+    figures.throughput_vs_p99([("run", run)])
+    figures.windows_over_run(run)
+    figures.throughput_vs_load([("run", _inference())])
     labels = [_labels(fig) for fig in drawn]
     assert all("throughput (req/s)" in found for found in labels[:3]), labels
     assert "throughput (infer/s)" in labels[3]
 
 
 DRAWINGS: list[tuple[str, Callable[[SweepResult], bytes]]] = [
-    (alt, draw) for alt, draw, _ in genai_plots.figures_of(_generative())
+    (alt, draw) for alt, draw, _ in generative.figures_of(_generative())
 ]
 
 
@@ -126,7 +128,7 @@ def test_a_generative_figure_puts_its_legend_under_the_axes(
         assert texts == ["concurrency 1", "concurrency 2", "concurrency 4"], texts  # named in full: no title
 
 
-@pytest.mark.parametrize("draw", [genai_plots.tokens_vs_latency, genai_plots.goodput_vs_load])
+@pytest.mark.parametrize("draw", [generative.tokens_vs_latency, generative.goodput_vs_load])
 def test_a_twin_axes_figure_draws_no_line_along_its_top_edge(
     draw: Callable[[SweepResult], bytes], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -158,11 +160,11 @@ def test_an_unstreamed_run_leaves_out_the_ttft_and_itl_figures_and_columns_it_ha
 
     run = _generative()
     plain = make_sweep([dataclasses.replace(lv, tokens=unstreamed(lv.tokens)) for lv in run.levels if lv.tokens])
-    assert [alt for alt, *_ in genai_plots.figures_of(plain)] == [
+    assert [alt for alt, *_ in generative.figures_of(plain)] == [
         "output tokens/s, total and per user, vs latency",
         "goodput vs load",
     ]
     header, _ = _level_rows(plain, _TOKEN_TABLE)
     assert not [title for title in header if "TTFT" in title or "ITL" in title or "TTST" in title], header
     assert "p90 of latency" in _verdict(plain) and "TTFT" not in _verdict(plain)
-    assert len(genai_plots.figures_of(run)) == 6 and "p90 of TTFT, ITL and latency" in _verdict(run)
+    assert len(generative.figures_of(run)) == 6 and "p90 of TTFT, ITL and latency" in _verdict(run)

@@ -17,9 +17,10 @@ from perfkit.errors import ExitCode
 from perfkit.genai.records import SAMPLE_CAP, per_request_figures, token_sample, unstreamed_note
 from perfkit.load.samples import SampleBuffer
 from perfkit.progress import Progress
-from perfkit.report import genai_plots, html
 from perfkit.report.export import render_summary_table
+from perfkit.report.figures import generative
 from perfkit.report.html import render_html
+from perfkit.report.html import sweep as sweep_section
 from perfkit.report.summary import exit_line
 from perfkit.results.files import ReportItem
 from perfkit.results.model import Check, LevelResult, sweep_from_json, sweep_to_json
@@ -122,7 +123,7 @@ def test_the_generative_report_draws_the_token_figures_and_no_empty_latency_brea
     # a result file from before the request samples: the figures it can draw, none that would be empty
     unsampled = make_sweep([dataclasses.replace(lv, tokens=dataclasses.replace(lv.tokens, sample=None, goodput_per_s=None))
                             for lv in levels if lv.tokens is not None])  # fmt: skip
-    assert [alt for alt, *_ in genai_plots.figures_of(unsampled)] == [
+    assert [alt for alt, *_ in generative.figures_of(unsampled)] == [
         "TTFT, ITL and end-to-end latency vs load", "output tokens/s, total and per user, vs latency"]  # fmt: skip
 
 
@@ -131,8 +132,8 @@ def test_chat_without_streaming_says_ttft_and_itl_need_it(monkeypatch: pytest.Mo
     assert "TTFT, TTST and ITL are not measured (they need --streaming)" in note
     assert unstreamed_note("chat", True) == unstreamed_note("embeddings", False) == ""
     tokens = dataclasses.replace(make_token_figures(), streaming=False)
-    monkeypatch.setattr(genai_plots, "figures_of", lambda run: [])  # the note, not the figures, is the point here
-    section = html._token_section(make_sweep([dataclasses.replace(make_level(1, [10.0] * 3), tokens=tokens)]))
+    monkeypatch.setattr(generative, "figures_of", lambda run: [])  # the note, not the figures, is the point here
+    section = sweep_section._token_section(make_sweep([dataclasses.replace(make_level(1, [10.0] * 3), tokens=tokens)]))
     assert '<div class="verdict warn">' in section and "they need --streaming" in section
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from perfkit.cli import main
 from perfkit.cli.sweep import interrupt_lines
-from perfkit.report import plots
+from perfkit.report.figures import canvas
 from perfkit.results import writing
 from perfkit.results.writing import new_file_mode, write_text_atomic
 from perfkit.sweep.run import SweepFiles, SweepRun
@@ -44,7 +44,7 @@ def umask(request: pytest.FixtureRequest) -> Iterator[int]:
 @pytest.fixture
 def quick_png(monkeypatch: pytest.MonkeyPatch) -> None:
     """The report's figures built but not drawn: these tests are about the files, not the pixels."""
-    monkeypatch.setattr(plots, "_png", lambda fig: TINY_PNG)
+    monkeypatch.setattr(canvas, "png", lambda fig: TINY_PNG)
 
 
 def test_the_umask_is_read_without_changing_it(umask: int) -> None:

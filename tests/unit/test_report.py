@@ -16,7 +16,7 @@ import pytest
 
 from perfkit.cli import main
 from perfkit.errors import PerfkitError
-from perfkit.report import plots
+from perfkit.report.figures import canvas
 from perfkit.report.html import render_html
 from perfkit.report.tidy import render_tidy_schema, tidy_header
 from perfkit.results.files import ReportItem, load_result, slo_from_sweep
@@ -35,7 +35,7 @@ TINY_PNG = base64.b64decode(
 def quick_png(monkeypatch: pytest.MonkeyPatch) -> None:
     """Figures are built as usual but not drawn: for the tests about the page's text, which would
     otherwise spend most of their time in matplotlib's renderer."""
-    monkeypatch.setattr(plots, "_png", lambda fig: TINY_PNG)
+    monkeypatch.setattr(canvas, "png", lambda fig: TINY_PNG)
 
 
 def item(result, label: str = "run") -> ReportItem:  # type: ignore[no-untyped-def]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 import re
 
-from perfkit.report.html import _kpis
+from perfkit.report.html.sweep import _kpis
 from perfkit.results.model import Check, SweepResult
 from tests.synthetic import make_level, make_sweep
 

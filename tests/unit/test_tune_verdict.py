@@ -15,8 +15,8 @@ import pytest
 
 from perfkit.cli import main
 from perfkit.errors import ExitCode
-from perfkit.report import html as report_html
 from perfkit.report.html import render_html
+from perfkit.report.html import tune as tune_section
 from perfkit.report.tune_tables import render_json, render_summary
 from perfkit.results.files import load_result
 from perfkit.tune.objectives import Estimate, Objective, parse_constraint, rank
@@ -62,7 +62,7 @@ def key(count: int) -> str:
 
 def page_of(result: TuneResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     """The HTML report from the tune.json perfkit tune writes, its text unescaped; no figures drawn."""
-    monkeypatch.setattr(report_html, "_tune_figures", lambda *args: [])
+    monkeypatch.setattr(tune_section, "_tune_figures", lambda *args: [])
     path = tmp_path / "tune.json"
     path.write_text(render_json(result, ["tune"]))
     return html.unescape(render_html([load_result(path)]))

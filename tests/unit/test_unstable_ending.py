@@ -14,7 +14,7 @@ from perfkit.cli import main
 from perfkit.cli.common import windows_from_args
 from perfkit.errors import ExitCode
 from perfkit.measure.level import WindowSpec
-from perfkit.report.html import _spec_text
+from perfkit.report.html.sweep import _spec_text
 from perfkit.report.summary import exit_line
 from perfkit.results.model import Check, SweepResult
 from perfkit.sweep.run import SweepFiles, SweepRun

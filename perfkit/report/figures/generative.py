@@ -1,5 +1,5 @@
 """The generative report's figures: what AIPerf's and genai-perf's users read, from a sweep's token
-figures. Pure functions from a SweepResult to PNG bytes, drawn as `plots.py` draws.
+figures. Pure functions from a SweepResult to PNG bytes, drawn with `canvas.py`.
 
 - the TTFT and ITL distributions of each level (empirical CDFs, so that many levels overlay), from
   each level's sample of requests (`TokenFigures.sample`, at most `records.SAMPLE_CAP`);
@@ -9,7 +9,7 @@ figures. Pure functions from a SweepResult to PNG bytes, drawn as `plots.py` dra
 - with `--goodput`, the goodput against load beside the throughput, and the share of requests
   that met every objective.
 
-Legends go under the axes (`plots._legend_below`), as the sweep's own figures do: inside, they
+Legends go under the axes (`canvas.legend_below`), as the sweep's own figures do: inside, they
 cover a level's curve or a percentile line. A level is named in full there ("concurrency 4",
 "rate 8/s"), so that the legend needs no title.
 """
@@ -22,13 +22,15 @@ from typing import Any
 import numpy as np
 from matplotlib.ticker import LogLocator, NullFormatter
 
-from perfkit.report.plots import PALETTE, _figure, _legend_below, _note, _place_labels, _png, _set_load_axis
+from perfkit.report.figures import canvas
+from perfkit.report.figures.canvas import PALETTE
 from perfkit.results.model import LevelResult, SweepResult, TokenFigures, TokenSample, ValueStats, level_name
 
 __all__ = [
     "FIGURES", "STREAMED_ONLY", "figures_of", "goodput_vs_load", "itl_distribution", "token_latency_vs_load",
     "tokens_vs_latency", "ttft_distribution", "ttft_vs_input_length",
 ]  # fmt: skip
+
 
 _WIDE = (12.8, 3.6)
 
@@ -73,22 +75,22 @@ def _cdf(ax: Any, run: SweepResult, column: Callable[[TokenSample], Sequence[flo
 
 def ttft_distribution(run: SweepResult) -> bytes:
     """Each level's time to first token, as the share of requests at or below each value."""
-    fig, ax = _figure()
+    fig, ax = canvas.new_figure()
     if not _cdf(ax, run, lambda s: s.ttft_ms, "time to first token"):
-        _note(ax, "no TTFT measured: it needs --streaming")
+        canvas.centred_note(ax, "no TTFT measured: it needs --streaming")
     ax.set_title("TTFT distribution per level", fontsize=11)
-    _legend_below(fig, ax)
-    return _png(fig)
+    canvas.legend_below(fig, ax)
+    return canvas.png(fig)
 
 
 def itl_distribution(run: SweepResult) -> bytes:
     """Each level's inter-token latency (a request's mean gap between output tokens), as a CDF."""
-    fig, ax = _figure()
+    fig, ax = canvas.new_figure()
     if not _cdf(ax, run, lambda s: s.itl_ms, "inter-token latency"):
-        _note(ax, "no ITL measured: it needs --streaming and two output tokens")
+        canvas.centred_note(ax, "no ITL measured: it needs --streaming and two output tokens")
     ax.set_title("ITL distribution per level", fontsize=11)
-    _legend_below(fig, ax)
-    return _png(fig)
+    canvas.legend_below(fig, ax)
+    return canvas.png(fig)
 
 
 def _level(lv: LevelResult) -> str:
@@ -112,7 +114,7 @@ def _percentile_key(ax: Any) -> None:
 
 def token_latency_vs_load(run: SweepResult) -> bytes:
     """TTFT, ITL and end-to-end latency (p50, p90, p99) against load, one panel each."""
-    fig, first = _figure(_WIDE, right=0.2, top=0.45)
+    fig, first = canvas.new_figure(_WIDE, right=0.2, top=0.45)
     fig.subplots_adjust(wspace=0.32)
     first.remove()
     axes = fig.subplots(1, 3)
@@ -130,15 +132,15 @@ def token_latency_vs_load(run: SweepResult) -> bytes:
         if measured:
             _percentile_lines(ax, [x for x, _ in measured], [s for _, s in measured], color)
         else:
-            _note(ax, f"no {name}: it needs --streaming")
-        _set_load_axis(ax, xs, run.mode)
+            canvas.centred_note(ax, f"no {name}: it needs --streaming")
+        canvas.set_load_axis(ax, xs, run.mode)
         ax.set_ylabel(f"{name} (ms)")
         ax.set_ylim(bottom=0)
         ax.set_title(name, fontsize=10)
     _percentile_key(axes[0])
-    _legend_below(fig, axes[0])
+    canvas.legend_below(fig, axes[0])
     fig.suptitle("TTFT, ITL and end-to-end latency vs load", fontsize=11)
-    return _png(fig)
+    return canvas.png(fig)
 
 
 def _latency_stats(lv: LevelResult) -> ValueStats:
@@ -151,7 +153,7 @@ def tokens_vs_latency(run: SweepResult) -> bytes:
     """Output tokens/s of the whole level (left) and of one user (a request's decode rate, p50;
     right) against the level's median end-to-end latency, each point labelled with its level: the
     trade-off between serving many and serving each one fast."""
-    fig, ax = _figure(right=0.75)
+    fig, ax = canvas.new_figure(right=0.75)
     tokens = [(lv, t) for lv, t in _levels(run) if lv.latency.count]
     xs = [lv.latency.p50_us / 1e3 for lv, _ in tokens]
     totals = [t.output_tokens_per_s for _, t in tokens]
@@ -167,18 +169,18 @@ def tokens_vs_latency(run: SweepResult) -> bytes:
     right.set_ylim(0, max(p50s) * 1.3 if p50s and max(p50s) > 0 else None)
     right.spines["top"].set_visible(False)
     if not tokens:
-        _note(ax, "no level with successful requests")
+        canvas.centred_note(ax, "no level with successful requests")
     ax.set_xlabel("end-to-end latency p50 (ms)")
     ax.set_ylabel("output tokens/s (total)", color=PALETTE[0])
     ax.margins(x=0.12)  # room for the level labels; the latency axis keeps to the levels' range
     ax.set_ylim(0, max(totals) * 1.15 if totals and max(totals) > 0 else None)  # room for the top label
     ax.set_title("Output tokens/s vs latency (level on each point)", fontsize=11)
-    _legend_below(fig, ax, right)
+    canvas.legend_below(fig, ax, right)
     # Last, on the final layout; clear of the per-user line too, which may cross the total's points.
-    _place_labels(
+    canvas.place_labels(
         ax, [(f"{lv.level:g}", x, y, PALETTE[0]) for x, y, (lv, _) in zip(xs, totals, tokens)], others=[right]
     )
-    return _png(fig)
+    return canvas.png(fig)
 
 
 def ttft_vs_input_length(run: SweepResult) -> bytes:
@@ -187,7 +189,7 @@ def ttft_vs_input_length(run: SweepResult) -> bytes:
     in one column, centred, and the axis's label says so and how to vary them."""
     tokens = _levels(run)
     lengths = {n for _, t in tokens if t.sample is not None for n in t.sample.input_tokens}
-    fig, ax = _figure(bottom=0.75 if len(lengths) == 1 else 0.55)
+    fig, ax = canvas.new_figure(bottom=0.75 if len(lengths) == 1 else 0.55)
     drawn = False
     for i, (lv, t) in enumerate(tokens):
         s = t.sample
@@ -200,7 +202,7 @@ def ttft_vs_input_length(run: SweepResult) -> bytes:
                    label=_level(lv), linewidths=0)  # fmt: skip
         drawn = True
     if not drawn:
-        _note(ax, "no TTFT measured: it needs --streaming")
+        canvas.centred_note(ax, "no TTFT measured: it needs --streaming")
     ax.set_ylabel("time to first token (ms)")
     if len(lengths) == 1:
         (length,) = lengths
@@ -213,14 +215,14 @@ def ttft_vs_input_length(run: SweepResult) -> bytes:
     ax.set_ylim(bottom=0)
     ax.set_title("TTFT vs input length, per request", fontsize=11)
     if len(tokens) > 1:
-        _legend_below(fig, ax, markerscale=2)
-    return _png(fig)
+        canvas.legend_below(fig, ax, markerscale=2)
+    return canvas.png(fig)
 
 
 def goodput_vs_load(run: SweepResult) -> bytes:
     """Goodput (requests/s that met every --goodput objective) beside the throughput against load,
     and the share of requests that met them on the right."""
-    fig, ax = _figure(right=0.75)
+    fig, ax = canvas.new_figure(right=0.75)
     tokens = [(lv, t) for lv, t in _levels(run) if t.goodput_per_s is not None]
     xs = [lv.level for lv, _ in tokens]
     throughput = [lv.throughput_infer_per_s for lv, _ in tokens]
@@ -240,13 +242,13 @@ def goodput_vs_load(run: SweepResult) -> bytes:
     right.set_yticks([0, 20, 40, 60, 80, 100])
     right.set_ylabel("requests within the objectives (%)", color=PALETTE[4])
     right.spines["top"].set_visible(False)
-    _set_load_axis(ax, xs, run.mode)
+    canvas.set_load_axis(ax, xs, run.mode)
     ax.set_ylabel("requests/s")
     ax.set_ylim(0, max(rates) * 1.3 if rates and max(rates) > 0 else None)
     slo = next((t.goodput_slo for _, t in tokens if t.goodput_slo), "")
     ax.set_title(f"Goodput vs load ({slo})" if slo else "Goodput vs load", fontsize=11)
-    _legend_below(fig, ax, right)
-    return _png(fig)
+    canvas.legend_below(fig, ax, right)
+    return canvas.png(fig)
 
 
 #: The generative figures of a sweep, with their alt texts, in the report's order: (alt, draw,
