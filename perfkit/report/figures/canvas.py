@@ -19,27 +19,19 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from perfkit.analysis.metrics import throughput_unit
-from perfkit.results.model import LevelResult, SweepResult
+from perfkit.results.model import SweepResult
 
 __all__ = [
-    "PALETTE", "Run", "centred_note", "clip_right", "legend_below", "load_axis_label", "measured", "new_figure",
-    "place_labels", "png", "robust_upper", "runs_unit", "set_load_axis", "top_legend",
+    "PALETTE", "Run", "centred_note", "clip_right", "legend_below", "load_axis_label", "new_figure",
+    "place_labels", "png", "robust_upper", "set_load_axis", "top_legend",
 ]  # fmt: skip
 
 
 # Okabe & Ito (2008), "Color Universal Design".
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#CC79A7", "#56B4E9", "#F0E442", "#000000")
-
-
 _GRID = "#d9d9d9"
-
-
 _SIZE = (6.4, 3.7)
-
-
 _DPI = 110
-
 
 Run = tuple[str, SweepResult]  # (label, result)
 
@@ -62,13 +54,10 @@ def new_figure(
 
 
 def png(fig: Figure) -> bytes:
+    """The figure as PNG bytes, on white."""
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=_DPI, facecolor="white")
     return buffer.getvalue()
-
-
-def runs_unit(runs: Sequence[Run]) -> str:
-    return throughput_unit(*(run for _, run in runs))
 
 
 def load_axis_label(mode: str) -> str:
@@ -78,6 +67,8 @@ def load_axis_label(mode: str) -> str:
 
 
 def set_load_axis(ax: Any, levels: Sequence[float], mode: str) -> None:
+    """The x axis of load: labelled by mode, logarithmic (base 2) when the levels span 16× or more,
+    whole numbers for concurrency."""
     ax.set_xlabel(load_axis_label(mode))
     positive = [v for v in levels if v > 0]
     if positive and max(positive) / min(positive) >= 16:
@@ -88,6 +79,7 @@ def set_load_axis(ax: Any, levels: Sequence[float], mode: str) -> None:
 
 
 def centred_note(ax: Any, text: str) -> None:
+    """`text` in the middle of the axes: why a figure has nothing to draw."""
     ax.text(0.5, 0.5, text, transform=ax.transAxes, ha="center", va="center", color="#555555", fontsize=10)
 
 
@@ -212,7 +204,3 @@ def place_labels(
         note.set_ha(ha)
         note.set_va(va)
         placed.append(note.get_window_extent(renderer))
-
-
-def measured(levels: Sequence[LevelResult]) -> list[LevelResult]:
-    return [lv for lv in levels if lv.latency.count > 0]

@@ -21,6 +21,14 @@ __all__ = [
 ]  # fmt: skip
 
 
+def _runs_unit(runs: Sequence[Run]) -> str:
+    return throughput_unit(*(run for _, run in runs))
+
+
+def _measured(levels: Sequence[LevelResult]) -> list[LevelResult]:
+    return [lv for lv in levels if lv.latency.count > 0]
+
+
 def throughput_vs_load(runs: Sequence[Run]) -> bytes:
     """Throughput against concurrency or offered rate, with the 95 % CI of each level; in rate
     modes the offered load is drawn as the line a keeping-up server would follow."""
@@ -39,7 +47,7 @@ def throughput_vs_load(runs: Sequence[Run]) -> bytes:
             batch = levels[0].batch_size
             ax.plot(xs, [x * batch for x in xs], linestyle="--", color="#888888", linewidth=1, label="offered")
     canvas.set_load_axis(ax, all_levels, runs[0][1].mode if runs else "concurrency")
-    ax.set_ylabel(f"throughput ({canvas.runs_unit(runs)})")
+    ax.set_ylabel(f"throughput ({_runs_unit(runs)})")
     ax.set_ylim(bottom=0)
     ax.set_title("Throughput vs load", fontsize=11)
     canvas.legend_below(fig, ax)
@@ -52,7 +60,7 @@ def latency_vs_load(runs: Sequence[Run], slo_ms: float | None = None) -> bytes:
     fig, ax = canvas.new_figure()
     all_levels: list[float] = []
     for i, (label, run) in enumerate(runs):
-        levels = sorted(canvas.measured(run.levels), key=lambda lv: lv.level)
+        levels = sorted(_measured(run.levels), key=lambda lv: lv.level)
         xs = [lv.level for lv in levels]
         all_levels += xs
         if len(runs) == 1:
@@ -88,14 +96,14 @@ def throughput_vs_p99(runs: Sequence[Run], slo_ms: float | None = None) -> bytes
     points: list[tuple[float, float, str]] = []
     labels: list[tuple[str, float, float, str]] = []
     for i, (label, run) in enumerate(runs):
-        levels = sorted(canvas.measured(run.levels), key=lambda lv: lv.level)
+        levels = sorted(_measured(run.levels), key=lambda lv: lv.level)
         xs = [ms(lv.latency.p99_us) for lv in levels]
         ys = [lv.throughput_infer_per_s for lv in levels]
         ax.plot(xs, ys, marker="o", markersize=4, color=PALETTE[i % 8], label=label if len(runs) > 1 else None)
         points += [(x, y, PALETTE[i % 8]) for x, y in zip(xs, ys)]
         if len(runs) <= 2:
             labels += [(f"{lv.level:g}", x, y, PALETTE[i % 8]) for x, y, lv in zip(xs, ys, levels)]
-    _throughput_p99_axes(ax, "Throughput vs p99 latency", slo_ms, points, unit=canvas.runs_unit(runs))
+    _throughput_p99_axes(ax, "Throughput vs p99 latency", slo_ms, points, unit=_runs_unit(runs))
     canvas.place_labels(ax, [label for label in labels if label[1] <= ax.get_xlim()[1]])
     return canvas.png(fig)
 

@@ -17,10 +17,12 @@ __all__ = ["Badge", "WithRange", "anchor", "esc", "fmt", "img", "number", "rende
 
 
 def esc(value: object) -> str:
+    """`value` as text safe in an element or a quoted attribute."""
     return html.escape(str(value), quote=True)
 
 
 def img(png: bytes, alt: str, wide: bool = False) -> str:
+    """A figure inlined as a data URI (the file needs no network); `wide` spans the grid's row."""
     data = base64.b64encode(png).decode("ascii")
     return f'<figure class="{"wide" if wide else ""}"><img src="data:image/png;base64,{data}" alt="{esc(alt)}"></figure>'
 
@@ -41,6 +43,8 @@ def render_table(header: Sequence[str], rows: Sequence[Sequence[object]], classe
 
 @dataclass(frozen=True, slots=True)
 class Badge:
+    """A cell's pass/fail mark (green or red)."""
+
     text: str
     ok: bool
 
@@ -67,12 +71,15 @@ def _cell(value: object) -> str:
 
 
 def number(value: str | float | None, digits: int) -> str:
+    """A tidy CSV cell's figure with `digits` decimals; "-" when the level has none."""
     return "-" if value is None or isinstance(value, str) else f"{value:,.{digits}f}"
 
 
 def fmt(value: float | None, digits: int = 2) -> str:
+    """A figure with `digits` decimals and thousands separators; "-" when there is none."""
     return "-" if value is None else f"{value:,.{digits}f}"
 
 
 def anchor(item: ReportItem) -> str:
+    """The id of a result's section, which the page's navigation links to."""
     return "run-" + "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in item.label)

@@ -135,17 +135,9 @@ _LEVEL_TABLE: tuple[tuple[str, str, int, str], ...] = (
     ("server CPU %", "server_cpu_pct", 0, ""),
     ("GPU util %", "gpu_utilization_pct", 0, ""),
 )
-
-
 _RATE_ONLY = {"p99_from_intended_ms", "send_rate_per_s", "delayed_pct"}
-
-
 _STREAMED_ONLY = {"throughput_response_per_s", "first_response_p50_ms", "response_gap_p50_ms"}
-
-
 _SEQUENCE_ONLY = {"sequence_throughput_per_s", "sequence_p50_ms", "sequence_p99_ms"}
-
-
 #: The token table of generative endpoints (`--endpoint-type`), the same way.
 _TOKEN_TABLE: tuple[tuple[str, str, int, str], ...] = (
     ("TTFT p50 ms", "ttft_p50_ms", 2, ""),
@@ -163,8 +155,6 @@ _TOKEN_TABLE: tuple[tuple[str, str, int, str], ...] = (
     ("goodput %", "goodput_pct", 1, ""),
     ("lengths not honoured", "output_lengths_not_honoured", 0, ""),
 )
-
-
 #: Added to the token table when the levels ran multi-turn sessions.
 _SESSION_TABLE: tuple[tuple[str, str, int, str], ...] = (
     ("sessions/s", "session_throughput_per_s", 2, ""),
@@ -172,8 +162,6 @@ _SESSION_TABLE: tuple[tuple[str, str, int, str], ...] = (
     ("session p50 ms", "session_p50_ms", 2, ""),
     ("session p99 ms", "session_p99_ms", 2, ""),
 )
-
-
 _COLUMNS = {column.name: column for column in TIDY_COLUMNS}
 
 
