@@ -8,10 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 
+import pytest
+
 from perfkit.analysis.compare import Thresholds, compare_sweeps
 from perfkit.analysis.slo import check_slo
 from perfkit.genai.records import unstreamed_note
+from perfkit.report import figures
 from perfkit.report.compare_text import comparison_rows, render_comparison_lines
+from perfkit.report.html.comparison import render_comparison_section
+from perfkit.results.files import ReportItem
 from perfkit.results.model import SweepResult
 from tests.synthetic import make_level, make_sweep, make_token_figures
 
@@ -39,6 +44,14 @@ def test_the_comparison_of_two_generative_runs_counts_requests() -> None:
     assert _throughput_metrics(_generative(), _generative(0.9)) == {"throughput req/s"}
     lines = render_comparison_lines(compare_sweeps(_generative(), _generative(0.9), GATES))
     assert any("throughput req/s" in line for line in lines) and not any("infer/s" in line for line in lines)
+
+
+def test_the_html_comparison_of_two_generative_runs_counts_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("throughput_vs_load", "latency_vs_load", "throughput_vs_p99"):  # the table is the point
+        monkeypatch.setattr(figures, name, lambda *args, **kwargs: b"")
+    items = [ReportItem(name, "sweep", run, f"{name}.json") for name, run in (("a", _generative()), ("b", _generative(0.9)))]
+    section = render_comparison_section(items, GATES, None)
+    assert "<td>throughput req/s</td>" in section and "infer/s" not in section
 
 
 def test_the_comparison_of_inference_runs_or_of_mixed_runs_counts_inferences() -> None:
