@@ -136,7 +136,7 @@ def test_a_sweep_of_the_embedded_default_writes_every_output(env: dict[str, str]
     assert saved.completed and saved.model == "mlp" and saved.protocol == "http"
     assert [level.level for level in saved.levels] == [1.0, 2.0]
     assert saved.provenance["server"]["embedded"] is True
-    assert result.returncode == (0 if all(level.stable for level in saved.levels) else 3)
+    assert result.returncode == (0 if all(level.valid for level in saved.levels) else 3)
     # Every request, per level, in perf_analyzer's profile export.
     export = json.loads(profile.read_text())
     experiments = export["experiments"]
