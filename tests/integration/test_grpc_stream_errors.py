@@ -40,7 +40,7 @@ def urls(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict
         (root / name / "1").mkdir(parents=True)
         shutil.copy(QA_MODELS / name / "config.pbtxt", root / name / "config.pbtxt")
         shutil.copy(QA_MODELS / name / "model.py", root / name / "1" / "model.py")
-    with running_triton(peers, root) as triton, running_server(loopback_config(root)) as ours:
+    with running_triton(peers, root, auto_complete=False) as triton, running_server(loopback_config(root)) as ours:
         yield {"triton": triton.grpc_url, "ours": f"{ours.config.host}:{ours.grpc_port}"}
 
 

@@ -100,7 +100,7 @@ def our_port(demo_repository: Path) -> Iterator[int]:
 def triton_port(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
     repository = tmp_path_factory.mktemp("h2spec-triton") / "models"
     repository.mkdir()
-    with running_triton(peers, repository) as server:
+    with running_triton(peers, repository, auto_complete=False) as server:
         yield server.grpc_port
 
 

@@ -112,5 +112,7 @@ def test_the_models_of_every_repository_as_tritonserver_serves_them(repositories
     if not peers:
         pytest.skip("PERFKIT_PEERS is not set: no tritonserver 2.51 to compare with")
     first, second = repositories
-    with running_triton(Path(peers), first, extra_args=[f"--model-repository={second}", *LOAD]) as triton:
+    with running_triton(
+        Path(peers), first, extra_args=[f"--model-repository={second}", *LOAD], auto_complete=False
+    ) as triton:
         assert _observe(triton.http_url) == EXPECTED

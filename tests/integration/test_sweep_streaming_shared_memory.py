@@ -75,7 +75,7 @@ def triton(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[En
     repository = _repository(tmp_path_factory.mktemp("triton") / "models")
     for unused in ("stalled", "mute"):  # Triton would hold their requests until it stops
         shutil.rmtree(repository / unused)
-    with running_triton(peers, repository) as server:
+    with running_triton(peers, repository, auto_complete=False) as server:
         yield Endpoints(server.http_url, server.grpc_url)
 
 

@@ -50,7 +50,7 @@ def triton(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tr
     repo = tmp_path_factory.mktemp("triton-timing") / "models"
     write_sleeper(repo, "sleeper", service_ms=SLEEPER_MS)
     write_staller(repo, "staller", service_ms=STALLER_MS, stall_ms=STALL_MS, stall_every_s=STALL_EVERY_S)
-    with running_triton(peers, repo) as server:
+    with running_triton(peers, repo, auto_complete=False) as server:
         yield server
 
 

@@ -63,7 +63,7 @@ def triton(peers: Path, demo_repository: Path, tmp_path_factory: pytest.TempPath
     repo = tmp_path_factory.mktemp("triton-mlp") / "models"
     onnx_file = demo_repository / "mlp" / "1" / "model.onnx"
     write_onnx_wrapper(repo, "mlp", onnx_file, max_batch_size=64, dynamic_batching=True, max_queue_delay_us=100)
-    with running_triton(peers, repo) as server:
+    with running_triton(peers, repo, auto_complete=False) as server:
         yield Target(server.http_url, server.grpc_url)
 
 

@@ -96,7 +96,7 @@ def test_the_same_records_as_tritonserver(peers: Path, repository: Path, tmp_pat
     theirs_folder.mkdir()
     ours_folder.mkdir()
     extra = [arg for entry in tensors_args(theirs_folder) for arg in ("--trace-config", entry)]
-    with running_triton(peers, repository, extra_args=extra) as triton:
+    with running_triton(peers, repository, extra_args=extra, auto_complete=False) as triton:
         theirs = run(theirs_folder, triton.http_url, triton.grpc_url)
     with running_server(loopback_config(repository, trace_config=tuple(tensors_args(ours_folder)))) as server:
         ours = run(ours_folder, server.http_url, f"127.0.0.1:{server.grpc_port}")

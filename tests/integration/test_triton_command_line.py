@@ -220,7 +220,7 @@ def test_a_reserved_header_name_fails_the_request_as_after_triton_2_51(forwardin
 
 @pytest.mark.peers
 def test_forwarding_as_tritonserver_does(peers: Path, repository: Path, forwarding_server: tuple[str, str]) -> None:
-    with running_triton(peers, repository, extra_args=FORWARD) as triton:
+    with running_triton(peers, repository, extra_args=FORWARD, auto_complete=False) as triton:
         for infer, theirs, ours in zip(
             (_infer_http, _infer_grpc), (triton.http_url, triton.grpc_url), forwarding_server
         ):

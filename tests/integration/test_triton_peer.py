@@ -35,6 +35,8 @@ SLEEPER_MS = 20.0
 STALLER_MS = 5.0
 STALL_MS = 300.0
 STALL_EVERY_S = 1.0
+# The sleepers' configs are complete: their starts skip the python backend's auto-complete stub (tests/servers.py).
+NO_AUTO_COMPLETE = ["--disable-auto-complete-config"]
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +60,7 @@ def triton(
     write_onnx_wrapper(repo, "mlp_timed", onnx_mlp, max_batch_size=64, allow_spinning=False, ort_time_dir=ort_times)
     write_sleeper(repo, "sleeper", service_ms=SLEEPER_MS)
     write_staller(repo, "staller", service_ms=STALLER_MS, stall_ms=STALL_MS, stall_every_s=STALL_EVERY_S)
-    with running_triton(peers, repo) as server:
+    with running_triton(peers, repo, auto_complete=False) as server:
         yield server
 
 
@@ -193,7 +195,10 @@ def test_staller_stalls_periodically(triton: TritonProcess) -> None:
 def test_no_process_left_when_body_raises(peers: Path, tmp_path: Path) -> None:
     repo = tmp_path / "models"
     write_sleeper(repo, "sleeper", service_ms=1, instances=2)
-    with pytest.raises(RuntimeError, match="body failed"), triton_server(peers, repo, exit_timeout_s=2) as server:
+    with (
+        pytest.raises(RuntimeError, match="body failed"),
+        triton_server(peers, repo, extra_args=NO_AUTO_COMPLETE, exit_timeout_s=2) as server,
+    ):
         pid = server.process.pid
         stubs = psutil.Process(pid).children(recursive=True)
         assert len(stubs) == 2, stubs  # one stub process per instance
@@ -221,7 +226,10 @@ def test_start_failure_raises_with_log_tail(peers: Path, tmp_path: Path) -> None
     (folder / "1" / "model.py").write_text(
         "class TritonPythonModel:\n    def initialize(self, args):\n        raise ValueError('perfkit-broken-model')\n"
     )
-    with pytest.raises(TritonStartError, match="perfkit-broken-model"), triton_server(peers, repo, start_timeout_s=60):
+    with (
+        pytest.raises(TritonStartError, match="perfkit-broken-model"),
+        triton_server(peers, repo, extra_args=NO_AUTO_COMPLETE, start_timeout_s=60),
+    ):
         pytest.fail("tritonserver became ready with a broken model")
     assert processes_mentioning(repo) == []
 
@@ -241,7 +249,9 @@ def test_port_race_is_retried(peers: Path, tmp_path: Path, monkeypatch: pytest.M
             return ports
 
         monkeypatch.setattr(triton_module, "_free_ports", racy_free_ports)
-        with triton_server(peers, repo, log_path=tmp_path / "triton.log") as server:
+        with triton_server(
+            peers, repo, extra_args=NO_AUTO_COMPLETE, stop_timeout_s=0, log_path=tmp_path / "triton.log"
+        ) as server:
             assert server.http_port == picks[1][0]
             with httpclient.InferenceServerClient(server.http_url) as client:
                 assert client.is_server_ready()

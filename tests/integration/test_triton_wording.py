@@ -112,7 +112,7 @@ def servers(peers: Path, root: Path) -> Iterator[dict[str, Endpoints]]:
     repository = write_repository(root / "models")
     explicit = ["--model-control-mode=explicit", "--load-model=echo", "--load-model=gated"]
     with (
-        running_triton(peers, repository, extra_args=explicit) as triton,
+        running_triton(peers, repository, extra_args=explicit, auto_complete=False) as triton,
         running_server(loopback_config(repository, load=("echo", "gated"))) as ours,
     ):
         yield {
@@ -350,7 +350,9 @@ def test_shared_memory_sessions_match_tritons(servers: dict[str, Endpoints]) -> 
     steps = ("status", "output listed", "twice", "past the end", "offset past", "size mismatch", "unregister unknown")
     for step in (*steps, "after unregister"):
         assert ours[step] == triton[step] or (
-            isinstance(ours[step], tuple) and ours[step][0] == triton[step][0] and ours[step][1].startswith(triton[step][1])
+            isinstance(ours[step], tuple)
+            and ours[step][0] == triton[step][0]
+            and ours[step][1].startswith(triton[step][1])
         ), f"{step}: Triton {triton[step]!r}, ours {ours[step]!r}"
     # The one deliberate difference: naming an unregistered region is the request's fault, 400 here.
     assert (triton["unknown region"][0], ours["unknown region"][0]) == ("404", "400")
@@ -432,7 +434,7 @@ def test_model_control_outside_explicit_mode_is_refused_alike(peers: Path, tmp_p
         "grpc unload": rpc("RepositoryModelUnload", pb.RepositoryModelUnloadRequest(model_name="echo")),
     }
     with (
-        running_triton(peers, repository, extra_args=flags) as triton,
+        running_triton(peers, repository, extra_args=flags, auto_complete=False) as triton,
         running_server(loopback_config(repository, model_control_mode=mode)) as ours,
     ):
         theirs = {name: call((triton.http_url, triton.grpc_url)) for name, call in calls.items()}

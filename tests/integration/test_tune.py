@@ -218,7 +218,9 @@ def test_tune_against_triton_in_explicit_mode(peers: Path, tmp_path: Path) -> No
     repo = tmp_path / "models"
     config = write_sleeper(repo, "sleeper", service_ms=10.0, max_batch_size=8) / "config.pbtxt"
     out = tmp_path / "out"
-    with running_triton(peers, repo, extra_args=["--model-control-mode=explicit", "--load-model=sleeper"]) as triton:
+    with running_triton(
+        peers, repo, extra_args=["--model-control-mode=explicit", "--load-model=sleeper"], auto_complete=False
+    ) as triton:
         code = tune(str(config), "-u", triton.grpc_url, "-i", "grpc", "--shape", "INPUT0:16",
                     "--max-instance-count", "2", "--min-batch-size", "8", "--max-batch-size", "8",
                     "--batching-delays-us", "0", "--concurrency-range", "4:4", "--leaders", "2", "--remeasure", "1",

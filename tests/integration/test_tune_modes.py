@@ -275,7 +275,7 @@ def test_an_ensemble_of_sleepers_on_triton_needs_both_steps_batched(peers: Path,
     (repo / "pipeline" / "1").mkdir(parents=True)
     (repo / "pipeline" / "config.pbtxt").write_text(SLEEPER_PIPELINE)
     out = tmp_path / "out"
-    with running_triton(peers, repo, extra_args=["--model-control-mode=explicit"]) as triton:
+    with running_triton(peers, repo, extra_args=["--model-control-mode=explicit"], auto_complete=False) as triton:
         code = main(["tune", str(repo / "pipeline" / "config.pbtxt"), "-u", triton.grpc_url, "-i", "grpc",
                      "--shape", "INPUT0:16", "--max-instance-count", "1", "--min-batch-size", "8",
                      "--max-batch-size", "8", "--batching-delays-us", "0", "--concurrency-range", "8:8",
