@@ -18,7 +18,6 @@ from perfkit.analysis.compare import Comparison, Thresholds, compare_sweeps
 from perfkit.analysis.slo import check_slo
 from perfkit.cli import sweep, tune
 from perfkit.cli.common import Command, add_gate_arguments, load_sweep, say, thresholds_from, write
-from perfkit.cli.perf_analyzer_flags import perf_analyzer_notes
 from perfkit.cli.scenario import (
     Scenario,
     command_argv,
@@ -27,6 +26,7 @@ from perfkit.cli.scenario import (
     merge_argv,
     touched_dests,
 )
+from perfkit.cli.sweep.perf_analyzer import perf_analyzer_notes
 from perfkit.errors import ExitCode, PerfkitError
 from perfkit.genai.goodput import check_goodput
 from perfkit.report.compare_text import render_comparison_lines

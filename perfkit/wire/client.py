@@ -1,7 +1,7 @@
 """The load generator's side of the wire: one `InferClient` protocol, `make_client`, and its HTTP
 adapter (keep-alive connections of `perfkit.wire.http_pool` for inference, aiohttp for the rest);
-the gRPC adapter (`perfkit.wire.grpc_channel` for inference, grpc.aio for the rest) is
-`perfkit.wire.grpc_client`'s.
+the gRPC adapter (`perfkit.wire.grpc.channel` for inference, grpc.aio for the rest) is
+`perfkit.wire.grpc.client`'s.
 
 `prepare()` encodes a request once (with `v2kit.codec` / `v2kit.grpc_proto`). `send()` is the hot path
 and does as little as it can: it sends the pre-encoded bytes, reads the whole reply, checks its
@@ -22,7 +22,7 @@ What `Outcome.send_ns` and `Outcome.recv_ns` cover (time.perf_counter_ns, client
   perf_analyzer's gRPC "send" is marshalling the request, which `prepare()` did once. `recv_ns`:
   parsing the reply's message as a ModelInferResponse (perf_analyzer's "unmarshal response"), once
   its frames are all in; like perf_analyzer's, it leaves out reading and de-framing the reply.
-- gRPC streaming (`--streaming`, `perfkit.wire.streaming`): `send_ns` until the request's message
+- gRPC streaming (`--streaming`, `perfkit.wire.grpc.streaming`): `send_ns` until the request's message
   is handed to the transport on its stream; `recv_ns` parsing every reply of the request; and
   `response_ns`, the arrival of each response that carried outputs, which the load generator
   turns into first-response latency, inter-response gaps and responses per request.
@@ -48,7 +48,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from perfkit.errors import PerfkitError, TargetError
 from perfkit.target import TlsSpec
 from perfkit.wire import http_pool as http_wire
-from perfkit.wire.grpc_client import GrpcClient
+from perfkit.wire.grpc.client import GrpcClient
 from perfkit.wire.limits import LOAD_TIMEOUT_S, MAX_CONTROL_REPLY
 from perfkit.wire.prepared import TEMPLATE_FIELDS, Prepared, SequenceTemplate, http_sequence_template
 from perfkit.wire.replies import (

@@ -1,4 +1,4 @@
-"""What one reply may cost the load generator: the bounds its lean clients (`http_pool`, `grpc_connection`)
+"""What one reply may cost the load generator: the bounds its lean clients (`http_pool`, `grpc.connection`)
 hold a server to, so that a hostile or broken server makes a request fail, counted, and never makes
 the load generator grow without bound or hang.
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import yarl
 
 from perfkit.errors import PerfkitError
-from perfkit.wire import grpc_channel as grpc_wire
+from perfkit.wire.grpc import channel as grpc_wire
 
 __all__ = [
     "MAX_SEQUENCE_ID",

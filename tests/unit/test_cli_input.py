@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from perfkit.cli import COMMANDS, main, sweep
-from perfkit.cli.perf_analyzer_flags import perf_analyzer_notes
+from perfkit.cli.sweep.perf_analyzer import perf_analyzer_notes
+from perfkit.errors import PerfkitError
+from perfkit.sweep.spec import SweepSpec
 from perfkit.target import checked_metrics_url, checked_url
 
 MALFORMED_URLS = ["127.0.0.1:abc", "127.0.0.1:99999", ":8000", "foo:bar:baz", "[::1", "::1", "h:0", "ftp://h:1"]
@@ -65,7 +67,7 @@ def test_a_host_alone_means_the_protocols_default_port_not_80() -> None:
 # perf_analyzer's command lines
 
 
-def _sweep_spec(*flags: str) -> sweep.SweepSpec:
+def _sweep_spec(*flags: str) -> SweepSpec:
     return sweep.spec_from_args(sweep.COMMAND.parser().parse_args(list(flags)))
 
 
@@ -86,7 +88,7 @@ def test_perf_analyzer_flags_that_map_reach_the_spec() -> None:
     assert _sweep_spec(*openai, "--endpoint", "v1/chat/completions").genai.endpoint_type == "chat"
     assert _sweep_spec(*openai, "--endpoint", "/v1/completions").genai.endpoint_type == "completions"
     assert _sweep_spec(*openai, "--endpoint", "v1/embeddings").genai.endpoint_type == "embeddings"
-    with pytest.raises(sweep.PerfkitError, match="--service-kind openai needs --endpoint"):
+    with pytest.raises(PerfkitError, match="--service-kind openai needs --endpoint"):
         _sweep_spec(*openai)
 
 

@@ -1,4 +1,4 @@
-"""perfkit.wire.grpc_channel against hostile or broken HTTP/2 servers on loopback: an endless header
+"""perfkit.wire.grpc.channel against hostile or broken HTTP/2 servers on loopback: an endless header
 block, a reply message past the size a call takes, DATA past the message its prefix announced, and
 PING or SETTINGS floods from a server that reads none of the answers. Each must fail its call with a
 clear, counted status and hold no more than `perfkit.wire.limits` allows; a call that fails alone
@@ -22,7 +22,7 @@ from tritonclient.grpc import service_pb2 as pb
 
 from perfkit.errors import TargetError
 from perfkit.wire.client import make_client
-from perfkit.wire.grpc_channel import MALFORMED, Channel
+from perfkit.wire.grpc.channel import MALFORMED, Channel
 from perfkit.wire.limits import MAX_CONTROL_REPLY, MAX_REPLY_BODY
 from v2kit import codec as v2
 

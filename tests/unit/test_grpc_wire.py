@@ -1,4 +1,4 @@
-"""perfkit.wire.grpc_channel: unary gRPC calls over its own HTTP/2 connection, against the reference server's
+"""perfkit.wire.grpc.channel: unary gRPC calls over its own HTTP/2 connection, against the reference server's
 gRPC front end (grpcio's server) and against a scripted HTTP/2 peer for the misbehaviour a real
 server rarely shows (GOAWAY, RST_STREAM, trailers-only, small windows, garbage, stalls). Loopback
 only; every scripted peer stops with its test."""
@@ -25,7 +25,7 @@ from tritonclient.grpc import service_pb2 as pb
 from perfkit.errors import PerfkitError
 from perfkit.testing import TritonProcess, write_sleeper
 from perfkit.wire.client import Outcome, make_client
-from perfkit.wire.grpc_channel import MALFORMED, Channel
+from perfkit.wire.grpc.channel import MALFORMED, Channel
 from reference_server.server import ReferenceServer
 from tests.servers import running_triton
 from v2kit import codec as v2

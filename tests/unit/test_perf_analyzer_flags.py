@@ -21,12 +21,13 @@ import trustme
 from tritonclient.grpc import service_pb2 as pb
 
 from perfkit.cli import main, sweep
-from perfkit.cli.perf_analyzer_flags import PERF_ANALYZER_FLAGS, perf_analyzer_notes
+from perfkit.cli.sweep.perf_analyzer import PERF_ANALYZER_FLAGS, perf_analyzer_notes
 from perfkit.errors import PerfkitError
 from perfkit.load.inputs import build_requests, has_streams
 from perfkit.load.validation import read_validation_data
+from perfkit.sweep.spec import SweepSpec
 from perfkit.target import TlsSpec
-from perfkit.wire import grpc_channel
+from perfkit.wire.grpc import channel as grpc_channel
 from tests.unit.test_grpc_server import Servicer, start
 
 HELP = Path(__file__).with_name("perf_analyzer_help.txt")
@@ -114,7 +115,7 @@ def test_every_flag_in_the_table_runs_or_is_refused_with_its_reason(
 # What the deprecated flags are read as
 
 
-def _spec(*flags: str) -> sweep.SweepSpec:
+def _spec(*flags: str) -> SweepSpec:
     return sweep.spec_from_args(sweep.COMMAND.parser().parse_args(list(flags)))
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import perfkit.cli.sweep as sweep_cli
+import perfkit.cli.sweep.command as sweep_command
 from perfkit.cli import main
 from perfkit.cli.common import windows_from_args
 from perfkit.errors import ExitCode
@@ -67,7 +68,7 @@ def fake_sweep(monkeypatch: pytest.MonkeyPatch, result: SweepResult) -> None:
     def run_sweep(spec: SweepSpec, argv: list[str]) -> tuple[SweepRun, int]:
         return SweepRun(result, SweepFiles(spec, result.model)), ExitCode.UNSTABLE
 
-    monkeypatch.setattr(sweep_cli, "run_sweep", run_sweep)
+    monkeypatch.setattr(sweep_command, "run_sweep", run_sweep)
 
 
 def test_perfkit_sweep_ends_3_with_that_line_last(

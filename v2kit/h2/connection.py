@@ -1,5 +1,5 @@
 """One HTTP/2 connection's state (RFC 9113), sans-I/O and blind to its role: the lean gRPC client
-(`perfkit.wire.grpc_connection`) and the server's gRPC front end (`reference_server.frontends.grpc.server`)
+(`perfkit.wire.grpc.connection`) and the server's gRPC front end (`reference_server.frontends.grpc.server`)
 both drive one. The driver feeds it what arrived (`receive`) and asks it to send (`open_stream`,
 `send_headers`, `send_data`, `send_trailers`, `reset_stream`); it writes frames to a `Sink` (a
 transport, or a test's buffer) and tells the driver what happened through `Events`. A client opens

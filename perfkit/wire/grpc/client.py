@@ -1,7 +1,7 @@
 """The gRPC adapter of `perfkit.wire.client.InferClient` (made by `client.make_client` for -i grpc).
 
-Inference goes over the lean HTTP/2 channel (`perfkit.wire.grpc_channel`), or with `--streaming`
-over `ModelStreamInfer` streams on the same kind of connection (`perfkit.wire.streaming`).
+Inference goes over the lean HTTP/2 channel (`perfkit.wire.grpc.channel`), or with `--streaming`
+over `ModelStreamInfer` streams on the same kind of connection (`perfkit.wire.grpc.streaming`).
 Everything else (health, metadata, config, statistics, the repository, shared-memory registration)
 goes over grpc.aio, opened on first use, its answers bounded (`perfkit.wire.limits`).
 
@@ -27,7 +27,8 @@ from tritonclient.grpc import service_pb2_grpc
 
 from perfkit.errors import PerfkitError, TargetError
 from perfkit.target import TlsSpec
-from perfkit.wire import grpc_channel as grpc_wire
+from perfkit.wire.grpc import channel as grpc_wire
+from perfkit.wire.grpc.streaming import EMPTY_FINAL, StreamChannel, encode_stream_headers
 from perfkit.wire.limits import LOAD_TIMEOUT_S, MAX_CONTROL_REPLY
 from perfkit.wire.prepared import Prepared, SequenceTemplate, grpc_sequence_payload
 from perfkit.wire.replies import (
@@ -39,7 +40,6 @@ from perfkit.wire.replies import (
     output_mismatch,
 )
 from perfkit.wire.sniff import sniff, wrong_port_hint
-from perfkit.wire.streaming import EMPTY_FINAL, StreamChannel, encode_stream_headers
 from v2kit import codec as v2
 from v2kit.grpc_proto import message_to_json, request_to_proto
 
@@ -61,7 +61,7 @@ def _host_port(target: str) -> tuple[str, int | None]:
 class GrpcClient:
     protocol = "grpc"
 
-    def __init__(  # `streaming`: inference over ModelStreamInfer streams (perfkit.wire.streaming)
+    def __init__(  # `streaming`: inference over ModelStreamInfer streams (perfkit.wire.grpc.streaming)
         self, url: str, request_timeout_s: float, headers: Mapping[str, str], tls: TlsSpec | None = None, *,
         streaming: bool = False, compression: str = "none",
     ) -> None:  # fmt: skip

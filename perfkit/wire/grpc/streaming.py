@@ -1,5 +1,5 @@
 """Streaming inference for the load generator's hot path: gRPC `ModelStreamInfer` on the lean
-HTTP/2 client (`perfkit.wire.grpc_channel`), with every response of every request timed.
+HTTP/2 client (`perfkit.wire.grpc.channel`), with every response of every request timed.
 
 Theory of operation (Triton's src/grpc/stream_infer_handler.cc, perf_analyzer's src/infer_context.cc):
 
@@ -40,8 +40,8 @@ from collections.abc import Sequence
 from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
-from perfkit.wire.grpc_channel import Channel
-from perfkit.wire.grpc_connection import Call, Connection, failed
+from perfkit.wire.grpc.channel import Channel
+from perfkit.wire.grpc.connection import Call, Connection, failed
 from perfkit.wire.limits import MAX_REPLY_BODY
 from v2kit import grpc_status as status
 from v2kit.grpc_status import MALFORMED

@@ -38,7 +38,7 @@ import ssl
 import zlib
 from collections.abc import Callable, Sequence
 
-from perfkit.wire.grpc_connection import Call, Connection, failed
+from perfkit.wire.grpc.connection import Call, Connection, failed
 from perfkit.wire.limits import MAX_REPLY_BODY
 from v2kit import grpc_status as status
 from v2kit.grpc_status import MALFORMED
@@ -60,7 +60,7 @@ COMPRESSIONS: dict[str, Callable[[bytes], bytes] | None] = {
 class Channel:
     """Unary gRPC calls to `host:port` over one HTTP/2 connection, reopened when it fails. TLS when
     `ssl_context` is given (ALPN "h2"). Use it from one event loop. `connection_type` is what each
-    connection is (`perfkit.wire.streaming` opens streaming ones)."""
+    connection is (`perfkit.wire.grpc.streaming` opens streaming ones)."""
 
     connection_type: type[Connection] = Connection
 

@@ -1,6 +1,6 @@
 """The lean gRPC client's connection: one HTTP/2 connection to a server (`v2kit.h2.connection`
 in the client's role), the unary calls on it (`Call`), and how each call ends. The theory of
-operation is `perfkit.wire.grpc_channel`'s, which opens these connections for its `Channel`.
+operation is `perfkit.wire.grpc.channel`'s, which opens these connections for its `Channel`.
 
 What a server may make a call or the connection cost (`perfkit.wire.limits`):
 - A reply's message is read as it comes, bounded by its own 5-byte prefix: a prefix announcing
@@ -70,7 +70,7 @@ def failed(code: int, details: str) -> Call:
 
 
 class Connection(asyncio.Protocol, Events[Call]):
-    """One HTTP/2 connection to a gRPC server and the unary calls on it (see `perfkit.wire.grpc_channel`)."""
+    """One HTTP/2 connection to a gRPC server and the unary calls on it (see `perfkit.wire.grpc.channel`)."""
 
     def __init__(self, target: str, tls: bool, max_message: int = MAX_REPLY_BODY) -> None:
         """`max_message`: the largest reply message a call takes (`perfkit.wire.limits`)."""
