@@ -41,8 +41,11 @@ SHAPE = ("--shape", "INPUT0:16")  # the models' input is FP32 [-1]
 # Three 2 s windows in any case: -s 1000 accepts the level however the stalls fall in the windows.
 STALLER_WINDOWS = ("-p", "2000", "-s", "1000", "-r", "3")
 # Sends more than 1 ms late (perfkit's and perf_analyzer's tolerance): about 0 on an idle machine;
-# a few on a busy one, where the process waits for a core now and then.
-MAX_DELAYED_PCT = 5.0
+# on 2 cores shared with the server, its stubs and the rest of the suite, up to 17 % have been seen
+# with the largest lag 6 ms. A client that waited for the server would be late for every send queued
+# behind a stall, by up to the stall: the lag bound below (a tenth of a stall) is what tells them apart.
+MAX_DELAYED_PCT = 25.0
+MAX_LAG_SHARE_OF_STALL = 0.1
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +94,7 @@ def test_sleeper_latency_is_its_service_time(triton: TritonProcess, tmp_path: Pa
 def schedule_kept(level: LevelResult) -> bool:
     """Next to no send left more than 1 ms late, and none waited for the server (the largest lag is
     far below a stall)."""
-    return level.delayed_pct <= MAX_DELAYED_PCT and level.max_send_lag_us < 0.5 * STALL_MS * 1000
+    return level.delayed_pct <= MAX_DELAYED_PCT and level.max_send_lag_us < MAX_LAG_SHARE_OF_STALL * STALL_MS * 1000
 
 
 def test_staller_latency_from_intended_send_sees_the_stalls(triton: TritonProcess, tmp_path: Path) -> None:
@@ -132,4 +135,6 @@ def test_staller_latency_from_intended_send_sees_the_stalls(triton: TritonProces
     assert level.delayed_pct <= MAX_DELAYED_PCT, (
         f"{level.delayed_pct} %; other processes: {other.share:.0%} of the CPUs"
     )
-    assert level.max_send_lag_us < 0.5 * stall_us, f"{level.max_send_lag_us} us; other processes: {other.share:.0%}"
+    assert level.max_send_lag_us < MAX_LAG_SHARE_OF_STALL * stall_us, (
+        f"{level.max_send_lag_us} us; other processes: {other.share:.0%}"
+    )
