@@ -7,6 +7,7 @@ docstring for the timestamps and when each is taken).
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable, Mapping
 from time import perf_counter_ns
@@ -25,6 +26,10 @@ OFF, TIMESTAMPS, TENSORS = 0, 1, 2
 #: The front ends' timestamps, as Triton's HTTP and gRPC front ends name them.
 _HTTP_RECV, _HTTP_SEND = ("HTTP_RECV_START", "HTTP_RECV_END"), ("HTTP_SEND_START", "HTTP_SEND_END")
 _GRPC_RECV, _GRPC_SEND = ("GRPC_WAITREAD_START", "GRPC_WAITREAD_END"), ("GRPC_SEND_START", "GRPC_SEND_END")
+#: How long a stream's trace waits, after its last response, for the scheduler's record: a decoupled
+#: model sends its final flag before its `execute` returns, and the record (the COMPUTE timestamps)
+#: comes when it does. A sequence model's stream gets no record, so its trace is written after this.
+RECORD_WAIT_S = 1.0
 
 
 class RequestTrace(ModelStats):
@@ -44,6 +49,8 @@ class RequestTrace(ModelStats):
         self.responses = 0  # a stream's, so far
         self.sending = False  # a stream's response is with the front end
         self.tensors: list[str] = []  # at level TENSORS (`trace_tensors.py`)
+        self.stream_end_ns: int | None = None  # a stream ended before the scheduler's record came
+        self.written = False
 
     def record_tensors(self, activity: str, tensors: Mapping[str, Any]) -> None:
         """`tensors` of the request (`trace_tensors.QUEUE_INPUT`, `BACKEND_OUTPUT`), if its level
@@ -79,12 +86,16 @@ class RequestTrace(ModelStats):
             at += span
             self.events.append((name, at))
         self.events.append(("REQUEST_END", max(at, self.received_ns + request_ns)))
+        if self.stream_end_ns is not None:
+            self.finish()
 
     def record_cache_hit(self, request_ns: int, queue_ns: int, lookup_ns: int) -> None:
         self.events.append(("REQUEST_END", self.received_ns + request_ns))
 
     def record_failure(self, request_ns: int, reason: str) -> None:
         self.events.append(("REQUEST_END", self.received_ns + request_ns))
+        if self.stream_end_ns is not None:
+            self.finish()
 
     def answered(self, answer: Callable[[Any], None], grpc: bool, response: Any) -> None:
         """Hand `response` to the front end's `answer`, timed as the front end's send, then write
@@ -123,17 +134,32 @@ class RequestTrace(ModelStats):
         self.sending = False
 
     def ended(self, grpc: bool) -> None:
-        """A stream's responses are over: a send not seen to end ends now, REQUEST_END is now
-        if the scheduler recorded none (a sequence model's stream), and the trace is written."""
+        """A stream's responses are over: a send not seen to end ends now, and the trace is
+        written once the scheduler's record is in; without one within RECORD_WAIT_S (a sequence
+        model's stream), with REQUEST_END now."""
         now = perf_counter_ns()
         if self.sending:
             self.sent(grpc)
-        if not any(name == "REQUEST_END" for name, _ in self.events):
-            self.events.append(("REQUEST_END", now))
+        if any(name == "REQUEST_END" for name, _ in self.events):
+            self.finish()
+            return
+        self.stream_end_ns = now
+        try:
+            asyncio.get_running_loop().call_later(RECORD_WAIT_S, self._end_unrecorded)
+        except RuntimeError:  # no loop to wait on: written now
+            self._end_unrecorded()
+
+    def _end_unrecorded(self) -> None:
+        if self.written or self.stream_end_ns is None:
+            return
+        self.events.append(("REQUEST_END", self.stream_end_ns))
         self.finish()
 
     def finish(self) -> None:
-        """Hand this trace to its setting, to be written."""
+        """Hand this trace to its setting, to be written (once)."""
+        if self.written:
+            return
+        self.written = True
         self.setting.finished(self)
 
     def json(self) -> str:
