@@ -6,8 +6,13 @@
 #                          with its python backend in DIR/backends (--backend-directory DIR/backends)
 #   DIR/bin/aiperf         NVIDIA AIPerf 0.13.0 (generative endpoints), from PyPI into a virtual
 #                          environment of its own, DIR/aiperf: its requirements conflict with perfkit's
+#   DIR/bin/mlserver       Seldon MLServer 1.7.1, from PyPI into DIR/mlserver (about 330 MB)
+#   DIR/bin/kserve-python  the python of DIR/kserve, where KServe 0.21.0 (its python ModelServer) is
+#                          installed from PyPI (about 450 MB); run a model file with it
+# MLServer and KServe are Open Inference Protocol servers without Triton's extensions; each has a
+# virtual environment of its own, since their pinned requirements conflict with perfkit's and each other's.
 # All run on a machine without a GPU. Usage: bash peers/install.sh [DIR], then PERFKIT_PEERS=DIR.
-# Needs pip, apt-get (as root or through sudo), the network and about 1.6 GB of disk (1.2 GB AIPerf's).
+# Needs pip, apt-get (as root or through sudo), the network and about 2.4 GB of disk (1.2 GB AIPerf's).
 # Idempotent: once DIR holds working peers, a run only checks them and says so.
 set -euo pipefail
 
@@ -71,6 +76,32 @@ if ! aiperf_ready; then
     chmod +x "$DIR/bin/aiperf"
     aiperf_ready || { echo "AIPerf in $DIR/aiperf does not run: $DIR/bin/aiperf --version fails" >&2; exit 1; }
 fi
+
+# venv_peer NAME REQUIREMENT VERSION_COMMAND...: REQUIREMENT (name==version) in a virtual environment
+# of its own, DIR/NAME, unless VERSION_COMMAND already prints its version there.
+venv_peer() {
+    local name=$1 requirement=$2
+    shift 2
+    [[ "$("$@" 2>/dev/null)" == *"${requirement#*==}"* ]] && return 0
+    mkdir -p "$DIR/bin"
+    rm -rf "${DIR:?}/$name"
+    "$PY" -m venv "$DIR/$name"
+    "$DIR/$name/bin/pip" install -q "$requirement"
+    [[ "$("$@" 2>/dev/null)" == *"${requirement#*==}"* ]] || {
+        echo "$requirement in $DIR/$name does not run: $* fails" >&2
+        exit 1
+    }
+}
+
+# The Open Inference Protocol servers, each in its venv; a rerun that finds them installs nothing.
+MLSERVER_VERSION=1.7.1
+KSERVE_VERSION=0.21.0
+venv_peer mlserver "mlserver==$MLSERVER_VERSION" "$DIR/mlserver/bin/mlserver" --version
+printf '#!/bin/sh\nexec "%s" "$@"\n' "$DIR/mlserver/bin/mlserver" >"$DIR/bin/mlserver"
+venv_peer kserve "kserve==$KSERVE_VERSION" \
+    "$DIR/kserve/bin/python" -c 'import importlib.metadata as m; print(m.version("kserve"))'
+printf '#!/bin/sh\nexec "%s" "$@"\n' "$DIR/kserve/bin/python" >"$DIR/bin/kserve-python"
+chmod +x "$DIR/bin/mlserver" "$DIR/bin/kserve-python"
 
 if ready; then
     echo "peers ready in $DIR"
