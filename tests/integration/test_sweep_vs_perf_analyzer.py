@@ -20,20 +20,18 @@ What is compared, and how wide the margins are:
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import psutil
 import pytest
 
 from perfkit.results.model import SweepResult, read_sweep
 from perfkit.testing import write_onnx_wrapper
+from tests.machine_load import BUSY_MACHINE_SHARE, OtherLoad
 from tests.servers import running_triton
 
 pytestmark = [pytest.mark.integration, pytest.mark.peers]
@@ -43,9 +41,6 @@ LEVELS = (1, 4)
 # tools, it does not judge either one's stability. Both tools get the same window options.
 WINDOW_ARGS = ("-p", "300", "-s", "50", "-r", "8")
 RATIO_BOUNDS = (0.5, 2.0)
-# Other processes taking more than this share of the CPUs during a comparison make its result
-# a statement about the machine: such a run is skipped rather than failed.
-BUSY_MACHINE_SHARE = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,40 +60,6 @@ def triton(peers: Path, demo_repository: Path, tmp_path_factory: pytest.TempPath
     write_onnx_wrapper(repo, "mlp", onnx_file, max_batch_size=64, dynamic_batching=True, max_queue_delay_us=100)
     with running_triton(peers, repo, auto_complete=False) as server:
         yield Target(server.http_url, server.grpc_url)
-
-
-class OtherLoad:
-    """The share of the machine's CPU time that went to processes outside this test's own process
-    tree (pytest, its servers and the tools it runs) while the block ran: other jobs on a shared
-    machine. Read `.share` after the block."""
-
-    share = 0.0
-
-    def __enter__(self) -> OtherLoad:
-        self._start = (time.monotonic(), _machine_busy_s(), _tree_cpu_s())
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        wall_s, busy_s, tree_s = (
-            now - then for now, then in zip((time.monotonic(), _machine_busy_s(), _tree_cpu_s()), self._start)
-        )
-        self.share = max(0.0, busy_s - tree_s) / (wall_s * (psutil.cpu_count() or 1))
-
-
-def _machine_busy_s() -> float:
-    t = psutil.cpu_times()
-    # guest time is already in user; steal is time the hypervisor gave to others.
-    return float(sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0))
-
-
-def _tree_cpu_s() -> float:
-    """CPU of this process and of its descendants, live ones and those already waited for."""
-    me = psutil.Process()
-    total = sum(me.cpu_times()[:4])  # user, system, and children's that were waited for
-    for child in me.children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            total += sum(child.cpu_times()[:4])
-    return float(total)
 
 
 def run_perf_analyzer(peers: Path, url: str, protocol: str, out_csv: Path) -> str:
