@@ -8,8 +8,15 @@ server-sent-events parser (`sse.py`), and the arrival of the first and second ev
 output text give the time to first token and the gap to the second response (AIPerf's TTFT and
 TTST; a chat stream's opening event with only a role carries no text and is not a token). The
 output is counted once the answer is complete, with the counting tokenizer or the server's
-`usage`. Like `perfkit.wire.client`, `send()` never raises (except `asyncio.CancelledError`):
-every failure is a short kind, counted. A peer that breaks the protocol gets a kind of its own:
+`usage`; `UsageTally` keeps what the server's usage said beside perfkit's own count of the same
+text, and how many answers came without usage (counted by perfkit's tokenizer instead), for the
+sweep to say and record (`records.usage_notes`).
+
+`check_model()` asks, before the load, whether an OpenAI-compatible server serves `-m` at all: its
+404 for an unknown model is a usage error, not a run of failed requests.
+
+Like `perfkit.wire.client`, `send()` never raises (except `asyncio.CancelledError`): every
+failure is a short kind, counted. A peer that breaks the protocol gets a kind of its own:
 
 - `stream cut`: the connection ended inside an event (or inside a chunk of the body);
 - `stream ended without [DONE]`: an OpenAI stream ended between events but never said `[DONE]`
@@ -17,7 +24,6 @@ every failure is a short kind, counted. A peer that breaks the protocol gets a k
 - `malformed SSE`: an event whose data is not a JSON object, a line that is not UTF-8, or one
   longer than `sse.MAX_LINE_BYTES`;
 - `error event`: the server sent `{"error": ...}` inside a stream that had begun with 200;
-- `usage missing`: `--tokenizer usage` and the answer carried no usage figures;
 - `malformed reply`: a non-streamed answer without the field its endpoint defines;
 - `timeout`: no complete answer within `--request-timeout`, which is also what a server that
   keeps a stream open and never ends it gets: no request waits longer.
@@ -44,13 +50,12 @@ from perfkit.wire.limits import MAX_CONTROL_REPLY
 from perfkit.wire.replies import MESSAGES_PER_KIND, Outcome
 from perfkit.wire.sniff import sniff, wrong_port_hint
 
-__all__ = ["CUT", "ERROR_EVENT", "MALFORMED", "NO_DONE", "NO_USAGE", "BAD_REPLY", "GenerativeClient", "GenPrepared"]
+__all__ = ["CUT", "ERROR_EVENT", "MALFORMED", "NO_DONE", "BAD_REPLY", "GenerativeClient", "GenPrepared", "UsageTally"]
 
 CUT = "stream cut"
 NO_DONE = "stream ended without [DONE]"
 MALFORMED = "malformed SSE"
 ERROR_EVENT = "error event"
-NO_USAGE = "usage missing"
 BAD_REPLY = "malformed reply"
 TOO_LARGE = "reply too large"
 #: Bound on one answer, streamed or not: an embeddings batch or a long generation is a few MiB.
@@ -69,6 +74,20 @@ class _Failed(Exception):
     def __init__(self, kind: str, message: str = "") -> None:
         super().__init__(message or kind)
         self.kind = kind
+
+
+@dataclass(slots=True)
+class UsageTally:
+    """The answers of a stretch of the run, by whether they carried `usage`: the server's token
+    counts summed beside perfkit's own count of the same text (prompt for the input, answer for
+    the output), and the answers without usage, whose tokens perfkit's tokenizer counted."""
+
+    with_usage: int = 0
+    server_in: int = 0
+    own_in: int = 0
+    server_out: int = 0
+    own_out: int = 0
+    without_usage: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +147,12 @@ class GenerativeClient:
         self._connections = connections
         self._session: aiohttp.ClientSession | None = None
         self._seen: dict[str, int] = {}
+        self._tally = UsageTally()
+
+    def take_tally(self) -> UsageTally:
+        """The usage tally since the last call (a level's answers), and a fresh one begun."""
+        tally, self._tally = self._tally, UsageTally()
+        return tally
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -291,14 +316,54 @@ class GenerativeClient:
         )
 
     def _counts(self, prepared: GenPrepared, text: str, usage: Any) -> tuple[int, int]:
-        if not self._usage:
-            return prepared.tokens_in, self.tokenizer.count(text)
-        if not isinstance(usage, dict) or not isinstance(usage.get("prompt_tokens"), int):
-            raise _Failed(NO_USAGE, "--tokenizer usage: the answer has no usage.prompt_tokens")
-        out = usage.get("completion_tokens", 0 if self.spec.endpoint_type == "embeddings" else None)
-        if not isinstance(out, int):
-            raise _Failed(NO_USAGE, "--tokenizer usage: the answer has no usage.completion_tokens")
-        return usage["prompt_tokens"], out
+        """The answer's (input, output) tokens: the server's usage with `--tokenizer usage`, the
+        counting tokenizer's otherwise, and where the answer carries no usage (tallied)."""
+        own = prepared.tokens_in, self.tokenizer.count(text)
+        server = _usage_counts(usage, self.spec.endpoint_type)
+        tally = self._tally
+        if server is None:
+            tally.without_usage += 1
+            return own
+        tally.with_usage += 1
+        tally.server_in += server[0]
+        tally.own_in += own[0]
+        tally.server_out += server[1]
+        tally.own_out += own[1]
+        return server if self._usage else own
+
+    async def check_model(self, model: str) -> None:
+        """Before the load: a PerfkitError (exit 2) naming -m, the server's words and the models it
+        lists when an OpenAI-compatible server has no model `model` (its 404 would otherwise fail
+        every request). A listed model is taken as served; an unlisted one is asked once, with a
+        one-token request, since a server may serve names it does not list."""
+        if not self._openai:
+            return
+        try:
+            listed: list[str] | None = await self.model_names()
+        except (PerfkitError, aiohttp.ClientError, OSError, ValueError, AttributeError, TypeError):
+            listed = None  # no listing: the one request is all there is to ask
+        if listed is not None and model in listed:
+            return
+        try:
+            status, words = await self._ask_once(model)
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+            return  # the sweep's requests will say what is wrong, each counted
+        if status != 404:
+            return
+        has = f"; GET /v1/models lists {', '.join(listed) or 'none'}" if listed is not None else ""
+        raise PerfkitError(f"-m {model}: the server at {self.url} has no such model (HTTP 404: {words}){has}")
+
+    async def _ask_once(self, model: str) -> tuple[int, str]:
+        """One minimal request for `model` (a one-token answer): its status and the server's words."""
+        tiny = Prompt("hi", 1, 1)
+        body = self.body(tiny, model)
+        body["stream"] = False
+        body.pop("stream_options", None)
+        async with self._open().post(
+            self.endpoint_url(model), json=body, timeout=aiohttp.ClientTimeout(total=self._timeout_s)
+        ) as response:
+            text = (await response.content.read(4096)).decode(errors="replace")
+            return response.status, _error_words(text)
 
     # The few control-plane calls a sweep makes (health, model list, statistics).
 
@@ -337,10 +402,14 @@ class GenerativeClient:
         except PerfkitError:
             return {}
 
+    async def model_names(self) -> list[str]:
+        """The models an OpenAI-compatible server lists (GET /v1/models)."""
+        listing = await self._get_json("/v1/models")
+        return [str(m.get("id")) for m in listing.get("data", [])]
+
     async def repository_index(self) -> list[dict[str, Any]]:
         if self._openai:
-            listing = await self._get_json("/v1/models")
-            return [{"name": str(m.get("id")), "state": "READY"} for m in listing.get("data", [])]
+            return [{"name": name, "state": "READY"} for name in await self.model_names()]
         return list(await self._get_json("/v2/repository/index", "POST"))
 
     async def model_statistics(self, model: str = "", version: str = "") -> dict[str, Any]:
@@ -367,6 +436,32 @@ def _answer_object(text: str | bytes, kind: str, what: str) -> dict[str, Any]:
     if "error" in answer:
         raise _Failed(ERROR_EVENT, str(answer["error"])[:300])
     return answer
+
+
+def _usage_counts(usage: Any, endpoint_type: str) -> tuple[int, int] | None:
+    """The (prompt, completion) tokens of an answer's `usage`; None when it has none (an
+    embeddings answer has no completion tokens)."""
+    if not isinstance(usage, dict) or not isinstance(usage.get("prompt_tokens"), int):
+        return None
+    out = usage.get("completion_tokens", 0 if endpoint_type == "embeddings" else None)
+    return (usage["prompt_tokens"], out) if isinstance(out, int) else None
+
+
+def _error_words(text: str) -> str:
+    """The server's own message in an error answer: OpenAI's `error.message`, FastAPI's `detail`,
+    else the body's start."""
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        return text.strip()[:300]
+    if isinstance(answer, dict):
+        error = answer.get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])[:300]
+        for key in ("detail", "message", "error"):
+            if answer.get(key):
+                return str(answer[key])[:300]
+    return text.strip()[:300]
 
 
 async def _read_bounded(response: aiohttp.ClientResponse, received: list[int]) -> bytes:

@@ -28,6 +28,15 @@ arrival, TTST the first gap, one output token per response (token source "respon
 tokens back was not honoured; with `min_tokens` or `ignore_eos` also sent (`exact`), so was one
 that got fewer. Counted by the tokenizer in use, so a tokenizer other than the server's can
 disagree with it by a token or two: compare with `--tokenizer usage`.
+
+*Usage.* `usage_notes` says how a level's tokens were really counted where `--tokenizer` alone
+does not: with `--tokenizer usage`, answers that carried no usage were counted by perfkit's byte
+tokenizer (the level's token source says both); with a counting tokenizer, a server whose usage
+disagrees with it by more than `USAGE_MISMATCH` (summed over the level, beyond a token an answer:
+a server may count an end-of-sequence token) has another tokenizer, and the counts stay the
+tokenizer's, as AIPerf's do unless told to take the server's. A chat prompt's usage also counts
+the chat template, so only a server counting fewer prompt tokens than perfkit's tokenizer is
+told apart there.
 """
 
 from __future__ import annotations
@@ -40,14 +49,16 @@ import numpy as np
 import numpy.typing as npt
 
 from perfkit.analysis.stats import percentile_ci, percentile_rank, student_t_quantile
+from perfkit.genai.endpoints import UsageTally
 from perfkit.genai.goodput import met_mask, render_goodput
+from perfkit.genai.tokenizer import BYTES, USAGE
 from perfkit.genai.workload import GenerativeSpec
 from perfkit.load.samples import TOKEN_COLUMNS, SampleArrays, SequenceArrays
 from perfkit.results.model import Check, SessionFigures, TokenFigures, TokenSample, ValueStats, WindowResult
 
 __all__ = [
     "SAMPLE_CAP", "output_length_check", "per_request_figures", "response_tokens", "session_figures",
-    "token_figures", "token_sample", "unstreamed_note", "value_stats",
+    "token_figures", "token_sample", "unstreamed_note", "usage_notes", "value_stats",
 ]  # fmt: skip
 
 F64 = npt.NDArray[np.float64]
@@ -55,6 +66,9 @@ _TTFT, _TTST, _IN, _OUT, _ASKED = range(len(TOKEN_COLUMNS))
 #: The most requests a level keeps in its result file for the report's distributions and scatter:
 #: about 40 bytes each in the JSON, so a level stays under 50 kB however long it ran.
 SAMPLE_CAP = 1000
+#: How far (a fraction of the larger) the server's usage may be from perfkit's count of the same
+#: text before the tokenizers are said to differ.
+USAGE_MISMATCH = 0.10
 
 
 def value_stats(values: npt.ArrayLike) -> ValueStats:
@@ -213,3 +227,38 @@ def output_length_check(figures: TokenFigures, exact: bool) -> Check | None:
         "TensorRT-LLM do), count with the server's tokenizer (--tokenizer FILE or usage), or drop "
         "--output-tokens-mean-deterministic/--ignore-eos",
     )
+
+
+def _differs(server: int, own: int, answers: int) -> bool:
+    return abs(server - own) > max(USAGE_MISMATCH * max(server, own), answers)
+
+
+def usage_notes(tally: UsageTally, spec: GenerativeSpec) -> tuple[str, dict[str, str]]:
+    """A level's token source and what to say about it, by kind (module docstring, *Usage*)."""
+    source, notes = spec.tokenizer, {}
+    if tally.without_usage and spec.tokenizer == USAGE:
+        source = BYTES if not tally.with_usage else f"{USAGE}, else {BYTES}"
+        asked = " (asked with stream_options.include_usage)" if spec.streaming else ""
+        notes["no usage"] = (
+            f"--tokenizer usage: the server sent no usage figures{asked} in {tally.without_usage} of "
+            f"{tally.without_usage + tally.with_usage} answers; their tokens were counted by perfkit's tokenizer "
+            f"({BYTES}, 1 byte = 1 token); for counts like the server's, give its tokenizer.json with --tokenizer"
+        )
+    n = tally.with_usage
+    if n and spec.tokenizer != USAGE:
+        chat = spec.endpoint_type == "chat"
+        prompt = (tally.own_in - tally.server_in > max(USAGE_MISMATCH * tally.own_in, n)) if chat else (
+            _differs(tally.server_in, tally.own_in, n))  # fmt: skip
+        output = spec.endpoint_type != "embeddings" and _differs(tally.server_out, tally.own_out, n)
+        if prompt or output:
+            name = spec.tokenizer
+            figures = [f"{what} tokens per answer: {server / n:.1f} by the server's usage, {own / n:.1f} by {name}"
+                       for what, server, own, differs in (("prompt", tally.server_in, tally.own_in, prompt),
+                                                          ("completion", tally.server_out, tally.own_out, output))
+                       if differs]  # fmt: skip
+            notes["tokenizer differs"] = (
+                f"the tokenizer (--tokenizer {name}) differs from the server's: {'; '.join(figures)}; ISL/OSL "
+                "here are --tokenizer's counts: give the server's tokenizer.json with --tokenizer, or take its "
+                "counts with --tokenizer usage"
+            )
+    return source, notes

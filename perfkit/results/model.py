@@ -210,6 +210,9 @@ class TokenFigures:
     goodput_per_s: float | None = None
     goodput_pct: float | None = None  # of the successful requests
     sample: TokenSample | None = None  # per-request figures for the report's distributions (capped)
+    # how the counts were got where --tokenizer alone does not say: answers without usage counted by
+    # perfkit's tokenizer, a server whose usage disagrees with it (records.usage_notes)
+    token_notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -363,7 +366,9 @@ def _tokens_from_json(data: dict[str, Any] | None) -> TokenFigures | None:
     sample = data.get("sample")
     stats = {name: ValueStats(**value) for name, value in data.items() if isinstance(value, dict) and name != "sample"}
     columns: dict[str, Any] = {} if sample is None else {k: tuple(v) if isinstance(v, list) else v for k, v in sample.items()}
-    return TokenFigures(**{**data, **stats, "sample": None if sample is None else TokenSample(**columns)})
+    notes = tuple(data.get("token_notes", ()))
+    kept = TokenSample(**columns) if sample is not None else None
+    return TokenFigures(**{**data, **stats, "token_notes": notes, "sample": kept})
 
 
 def sweep_to_json(result: SweepResult) -> str:

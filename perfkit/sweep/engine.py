@@ -11,8 +11,9 @@ from typing import Any, Protocol
 
 from perfkit.analysis.server_stats import ComposingMap
 from perfkit.analysis.stats import endpoint_figures, reported_windows, token_sample_check
+from perfkit.genai.endpoints import GenerativeClient
 from perfkit.genai.goodput import goodput_holds
-from perfkit.genai.records import output_length_check, response_tokens, session_figures, token_figures
+from perfkit.genai.records import output_length_check, response_tokens, session_figures, token_figures, usage_notes
 from perfkit.load.cluster.distributed import DistributedLoadGenerator
 from perfkit.load.fleet import FleetClient
 from perfkit.load.generator import Clock, LoadGenerator
@@ -94,6 +95,7 @@ class Sweep:
         self.client = client
         self.clock = clock
         self.progress = progress
+        self._token_notes_said: set[str] = set()  # each kind of records.usage_notes said once
         self.on_level = on_level
         self.resources = resources
         self.workers = workers
@@ -181,6 +183,12 @@ class Sweep:
             genai, samples = dataclasses.replace(genai, streaming=True, tokenizer="responses"), response_tokens(samples)
         reported = level.windows[-self.spec.windows.stable_window_count :]
         figures = token_figures(samples, reported, genai)
+        if isinstance(self.client, GenerativeClient):
+            source, notes = usage_notes(self.client.take_tally(), genai)
+            figures = dataclasses.replace(figures, token_source=source, token_notes=tuple(notes.values()))
+            for kind in notes.keys() - self._token_notes_said:
+                self.progress.note(notes[kind])
+            self._token_notes_said |= notes.keys()
         check = output_length_check(figures, genai.exact_output)
         checks = level.checks if check is None else (*level.checks, check)
         sessions = (

@@ -368,6 +368,10 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
         if not live:
             raise TargetError(f"{target.url} answers but is not live")
         model = await resolve_model(client, spec, target.embedded)
+        if isinstance(client, GenerativeClient):
+            if not spec.target.model and not target.embedded:
+                progress.note(f"no -m: measuring '{model}', the only model the server lists (GET /v1/models)")
+            await client.check_model(model)
         server = {"url": target.url, "embedded": target.embedded, **await client.server_metadata()}
         requests: list[v2.InferRequest] = []
         metadata: dict[str, Any] = {}

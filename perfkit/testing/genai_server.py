@@ -9,7 +9,13 @@ client must count, chosen by model name:
 - `malformed`: the second event's data is not JSON;
 - `cut`: the connection closes inside the third event;
 - `nousage`: no usage figures;
-- `hang`: never ends the stream after its tokens.
+- `hang`: never ends the stream after its tokens;
+- `words`: each output token is a word ("t "), and its usage counts words, not bytes: a server
+  whose tokenizer is not perfkit's.
+
+`make_app(models=(...))` is a non-Triton OpenAI-compatible server instead (vLLM's manners): no
+`/v2` routes at all, `GET /v1/models` lists exactly `models`, and a request for any other model
+answers 404 with OpenAI's error object (`not_found="detail"`: FastAPI's plain `{"detail": ...}`).
 
 `python -m perfkit.testing.genai_server [--first-ms 40 --gap-ms 10]` serves it on a free port,
 printed on the first line, until it is killed (bench/genai_client.py).
@@ -60,10 +66,12 @@ async def _answer(
     tokens = int(body.get("max_tokens", body.get("max_completion_tokens", DEFAULT_TOKENS)))
     if behaviour == "short":
         tokens = max(1, tokens - 2)
-    usage = {"prompt_tokens": len(prompt.encode()), "completion_tokens": tokens}
+    token = "t " if behaviour == "words" else "t"
+    prompt_tokens = len(prompt.split()) if behaviour == "words" else len(prompt.encode())
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": tokens}
     if not stream:
         await asyncio.sleep(first_s + gap_s * (tokens - 1))
-        text = "t" * tokens
+        text = token * tokens
         answer: dict[str, Any]
         if kind == "chat":
             message = {"role": "assistant", "content": text}
@@ -91,7 +99,7 @@ async def _answer(
             request.transport.close()
             return response
         else:
-            await response.write(_event(_chunk(kind, "t")))
+            await response.write(_event(_chunk(kind, token)))
     if kind != "kserve-generate":
         if behaviour != "nousage":
             await response.write(_event(_envelope(kind, choices=[], usage=usage)))
@@ -103,16 +111,32 @@ async def _answer(
     return response
 
 
-def make_app(first_s: float = FIRST_S, gap_s: float = GAP_S) -> web.Application:
+def _not_found(model: str, style: str) -> web.StreamResponse:
+    """An OpenAI-compatible server's answer for a model it does not serve (vLLM's words)."""
+    message = f"The model `{model}` does not exist."
+    if style == "detail":
+        return web.json_response({"detail": message}, status=404)
+    error = {"message": message, "type": "NotFoundError", "param": None, "code": 404}
+    return web.json_response({"object": "error", "error": error}, status=404)
+
+
+def make_app(
+    first_s: float = FIRST_S, gap_s: float = GAP_S, *, models: tuple[str, ...] = (), not_found: str = "openai"
+) -> web.Application:
+    """The scripted server; with `models`, a non-Triton one serving only those (module docstring)."""
     timing = (first_s, gap_s)
 
     async def openai(request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        if models and body.get("model") not in models:
+            return _not_found(str(body.get("model")), not_found)
         kind = "chat" if request.path.endswith("chat/completions") else "completions"
         return await _answer(request, kind, body, body["model"], bool(body.get("stream")), timing)
 
     async def embeddings(request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        if models and body.get("model") not in models:
+            return _not_found(str(body.get("model")), not_found)
         usage = {"prompt_tokens": len(body["input"].encode()), "total_tokens": len(body["input"].encode())}
         return web.json_response({"data": [{"index": 0, "embedding": [0.1, 0.2]}], "usage": usage})
 
@@ -121,8 +145,9 @@ def make_app(first_s: float = FIRST_S, gap_s: float = GAP_S) -> web.Application:
         stream = request.path.endswith("generate_stream")
         return await _answer(request, "kserve-generate", body, request.match_info["model"], stream, timing)
 
-    async def models(request: web.Request) -> web.StreamResponse:
-        return web.json_response({"data": [{"id": "ok"}]})
+    async def listing(request: web.Request) -> web.StreamResponse:
+        listed = models or ("ok",)
+        return web.json_response({"object": "list", "data": [{"id": m, "object": "model"} for m in listed]})
 
     served = [0]  # answers begun, for GET /stats (bench: client CPU per request)
 
@@ -140,16 +165,17 @@ def make_app(first_s: float = FIRST_S, gap_s: float = GAP_S) -> web.Application:
     app.router.add_post("/v1/chat/completions", openai)
     app.router.add_post("/v1/completions", openai)
     app.router.add_post("/v1/embeddings", embeddings)
-    app.router.add_get("/v1/models", models)
-    app.router.add_post("/v2/models/{model}/generate", generate)
-    app.router.add_post("/v2/models/{model}/generate_stream", generate)
+    app.router.add_get("/v1/models", listing)
+    if not models:  # a non-Triton server has no /v2 routes at all
+        app.router.add_post("/v2/models/{model}/generate", generate)
+        app.router.add_post("/v2/models/{model}/generate_stream", generate)
     return app
 
 
 @contextlib.asynccontextmanager
-async def serving() -> AsyncIterator[str]:
-    """The fake server on this loop; yields its HOST:PORT."""
-    runner = web.AppRunner(make_app(), shutdown_timeout=0.1)
+async def serving(**app: Any) -> AsyncIterator[str]:
+    """The fake server (`make_app(**app)`) on this loop; yields its HOST:PORT."""
+    runner = web.AppRunner(make_app(**app), shutdown_timeout=0.1)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -161,14 +187,15 @@ async def serving() -> AsyncIterator[str]:
 
 
 @contextlib.contextmanager
-def serving_in_thread() -> Iterator[str]:
-    """The fake server on a loop of its own thread, for a command that runs its own loop."""
+def serving_in_thread(**app: Any) -> Iterator[str]:
+    """The fake server (`make_app(**app)`) on a loop of its own thread, for a command that runs its
+    own loop."""
     loop = asyncio.new_event_loop()
     started: asyncio.Future[str] = loop.create_future()
     stop = asyncio.Event()
 
     async def main() -> None:
-        async with serving() as url:
+        async with serving(**app) as url:
             started.set_result(url)
             await stop.wait()
 

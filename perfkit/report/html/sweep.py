@@ -219,7 +219,11 @@ def _token_section(result: SweepResult) -> str:
     missing = unstreamed_note(tokens.endpoint_type, tokens.streaming)
     note = (f"{tokens.endpoint_type} endpoint, {how}; tokens counted with {tokens.token_source}"
             + (f"; goodput objectives {tokens.goodput_slo}" if tokens.goodput_slo else ""))  # fmt: skip
-    warning = f'<div class="verdict warn"><div class="title">{esc(missing)}</div></div>' if missing else ""
+    # how the counts were got where --tokenizer does not say it (records.usage_notes), as the first
+    # level that has any said it: later levels say the same with their own figures
+    counting = next((lv.tokens.token_notes for lv in result.levels if lv.tokens and lv.tokens.token_notes), ())
+    warning = "".join(f'<div class="verdict warn"><div class="title">{esc(text)}</div></div>'
+                      for text in (missing, *counting) if text)  # fmt: skip
     return (
         f'<h3>Tokens</h3>{warning}<p class="note">{esc(note)}</p>'
         f'<div class="scroll">{render_table(header, rows, "levels")}</div>{_token_figures(result)}'
