@@ -189,7 +189,9 @@ class GenerativeClient:
             body = {"text_input": text, "stream": self.spec.streaming, "exclude_input_in_output": True}
         if self._openai:
             body["stream"] = self.spec.streaming
-            if self.spec.streaming and self._usage:
+            if self.spec.streaming:
+                # as AIPerf asks on every stream: the server's usage, taken with --tokenizer usage and
+                # otherwise compared with the tokenizer's counts (records.usage_notes)
                 body["stream_options"] = {"include_usage": True}
         sampling: dict[str, Any] = {}
         if prompt.max_tokens:

@@ -3,7 +3,7 @@ aiohttp.web, loopback only, with fixed token timing and the hostile behaviours t
 client must count, chosen by model name:
 
 - `ok`: each output token is one byte ("t"), the first after `FIRST_S`, the next ones `GAP_S`
-  apart; usage figures in the last event; `[DONE]`;
+  apart; usage figures in the last event where `stream_options.include_usage` asks; `[DONE]`;
 - `short`: ignores max_tokens, answering two tokens fewer (at least one);
 - `nodone`: a stream that ends cleanly without `[DONE]`;
 - `malformed`: the second event's data is not JSON;
@@ -101,7 +101,7 @@ async def _answer(
         else:
             await response.write(_event(_chunk(kind, token)))
     if kind != "kserve-generate":
-        if behaviour != "nousage":
+        if behaviour != "nousage" and (body.get("stream_options") or {}).get("include_usage"):  # as vLLM
             await response.write(_event(_envelope(kind, choices=[], usage=usage)))
         if behaviour == "hang":
             await asyncio.sleep(3600)

@@ -59,6 +59,22 @@ def test_usage_counts_come_from_the_server() -> None:
     assert embedded.error == "" and embedded.tokens == (-1, -1, 11, 0, 0)
 
 
+def test_a_stream_asks_for_usage_and_tallies_it_beside_the_tokenizers_count() -> None:
+    # as AIPerf does on every stream, so that a server's other tokenizer shows without --tokenizer usage
+    async def send() -> tuple[Outcome, endpoints.UsageTally]:
+        async with serving() as url:
+            client = GenerativeClient(url, GenerativeSpec("chat", streaming=True), ByteTokenizer())
+            try:
+                outcome = await client.send(client.prepare(Prompt("hello big world", 15, 3), "words"))
+                return outcome, client.take_tally()
+            finally:
+                await client.close()
+
+    outcome, tally = _run(send())
+    assert outcome.error == "" and outcome.tokens[2:] == (15, 6, 3)  # the tokenizer's counts: "t t t "
+    assert tally == endpoints.UsageTally(with_usage=1, server_in=3, own_in=15, server_out=3, own_out=6)
+
+
 def test_an_answer_without_usage_is_counted_by_the_tokenizer_not_failed() -> None:
     # --tokenizer usage asks for the server's counts; a server that sends none is counted in bytes
     outcome = _run(_send("chat", "nousage", tokenizer="usage", max_tokens=3))
