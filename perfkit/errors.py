@@ -26,6 +26,25 @@ class TargetError(PerfkitError):
     exit_code = ExitCode.FAILED
 
 
+#: Extensions of the protocol by the names a server's metadata lists them under.
+MODEL_CONFIGURATION = "model_configuration"
+MODEL_REPOSITORY = "model_repository"
+
+
+class MissingExtension(TargetError):
+    """The server has no route for a call of an optional extension of the protocol (HTTP 404, gRPC
+    UNIMPLEMENTED): Triton's model configuration is one, which MLServer and KServe do not serve.
+    `extension` is its name as a server's metadata lists it ("model_configuration"); the message
+    is the call and the server's answer, for the caller to say what follows from its absence."""
+
+    def __init__(self, message: str, extension: str) -> None:
+        super().__init__(message)
+        self.extension = extension
+
+    def __reduce__(self) -> tuple[type[MissingExtension], tuple[str, str]]:  # crosses to Ray workers intact
+        return type(self), (str(self), self.extension)
+
+
 def describe_exception(exc: BaseException) -> str:
     """An exception in one line, for an error message: its type and the first line of its text."""
     text = str(exc).strip().splitlines()

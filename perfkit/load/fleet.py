@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
-from perfkit.errors import PerfkitError, TargetError
+from perfkit.errors import MissingExtension, PerfkitError, TargetError
 from perfkit.load.samples import SampleBuffer
 from perfkit.wire.client import InferClient, Outcome
 from perfkit.wire.prepared import Prepared, SequenceTemplate
@@ -93,7 +93,11 @@ class FleetClient:
         results = await asyncio.gather(*(call(client) for client in self.clients), return_exceptions=True)
         failed = [(url, r) for url, r in zip(self.urls, results) if isinstance(r, BaseException)]
         if failed:
-            raise TargetError("; ".join(f"endpoint {url}: {exc}" for url, exc in failed))
+            message = "; ".join(f"endpoint {url}: {exc}" for url, exc in failed)
+            missing = {exc.extension for _, exc in failed if isinstance(exc, MissingExtension)}
+            if len(missing) == 1 and all(isinstance(exc, MissingExtension) for _, exc in failed):
+                raise MissingExtension(message, missing.pop())  # the callers go on without it
+            raise TargetError(message)
         return results  # type: ignore[return-value]
 
     async def live(self) -> bool:

@@ -21,7 +21,9 @@ sends round-robin (`build_sequence_streams`, for a sequence model, into streams 
   string a line. It is one step, as a data file of one step would be.
 
 Shapes exclude the batch dimension throughout, as `--shape` does: with `max_batch_size > 0` the
-model's first dimension is the batch, and requests carry `-b` there.
+model's first dimension is the batch, and requests carry `-b` there. Where the server gives no model
+config (no model configuration extension: MLServer, KServe), a leading -1 on every input's metadata
+shape is the batch dimension (`batch_dimension`).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from perfkit.errors import PerfkitError, TargetError
 from v2kit import codec as v2
 
 __all__ = [
+    "batch_dimension",
     "build_requests",
     "build_sequence_streams",
     "has_streams",
@@ -123,7 +126,7 @@ def parse_shape_flags(values: Sequence[str]) -> dict[str, list[int]]:
 
 def build_requests(
     metadata: Mapping[str, Any],
-    config: Mapping[str, Any],
+    config: Mapping[str, Any] | None,
     *,
     model: str,
     version: str = "",
@@ -135,7 +138,8 @@ def build_requests(
     string_data: str | None = None,
     outputs: Sequence[str] = (),
 ) -> list[v2.InferRequest]:
-    """The requests to send, round-robin, for `input_data` ("random", "zero" or a JSON file)."""
+    """The requests to send, round-robin, for `input_data` ("random", "zero" or a JSON file).
+    `config` None: the server gives none, and the metadata's shapes say where the batch goes."""
     inputs, requested, batch = _prelude(metadata, config, model, batch_size, shapes, string_length, outputs)
     if input_data in ("random", "zero"):
         return [_generated_request(inputs, requested, batch, model, version, shapes, input_data, seed,
@@ -201,19 +205,29 @@ def build_sequence_streams(
 
 def _prelude(
     metadata: Mapping[str, Any],
-    config: Mapping[str, Any],
+    config: Mapping[str, Any] | None,
     model: str,
     batch_size: int,
     shapes: Mapping[str, list[int]],
     string_length: int,
     outputs: Sequence[str],
 ) -> tuple[list[_Input], list[v2.RequestedOutput] | None, int | None]:
-    """The model's inputs, the requested outputs and the batch dimension, once the flags are checked."""
+    """The model's inputs, the requested outputs and the batch dimension, once the flags are checked.
+    Without a config (None: the server has no model configuration extension) the metadata's shapes
+    say it: a leading -1 on every input is the batch dimension, of a size the server does not tell."""
+    if batch_size < 1:
+        raise PerfkitError(f"-b must be at least 1, got {batch_size}")
+    if config is None:
+        batched = batch_dimension(metadata)
+        if batch_size > 1 and not batched:
+            raise PerfkitError(
+                f"model '{model}' takes no batch dimension (its metadata shapes have no leading -1, and the server "
+                "gives no model configuration to say otherwise); -b must be 1"
+            )
+        config = {"max_batch_size": batch_size if batched else 0}
     max_batch = config.get("max_batch_size", 0)
     if not isinstance(max_batch, int) or max_batch < 0:
         raise TargetError(f"model '{model}' config has an invalid max_batch_size {max_batch!r}")
-    if batch_size < 1:
-        raise PerfkitError(f"-b must be at least 1, got {batch_size}")
     if max_batch == 0 and batch_size > 1:
         raise PerfkitError(f"model '{model}' does not support batching (max_batch_size 0); -b must be 1")
     if batch_size > max_batch > 0:
@@ -264,12 +278,20 @@ def _generated_request(
 # --- the model's inputs ---------------------------------------------------------------------------
 
 
+def batch_dimension(metadata: Mapping[str, Any]) -> bool:
+    """Whether the metadata's shapes lead with a batch dimension: -1 first on every input. What
+    tells it where the server has no model configuration (KServe's and MLServer's [-1, 16])."""
+    entries = metadata.get("inputs")
+    shapes = [e.get("shape") for e in entries if isinstance(e, Mapping)] if isinstance(entries, list) else []
+    return bool(shapes) and all(isinstance(shape, list) and shape[:1] == [-1] for shape in shapes)
+
+
 def _model_inputs(metadata: Mapping[str, Any], config: Mapping[str, Any], model: str, batched: bool) -> list[_Input]:
     entries = metadata.get("inputs")
     if not isinstance(entries, list) or not entries:
         raise TargetError(f"model '{model}' metadata lists no inputs")
     optional = {
-        c.get("name"): bool(c.get("optional", False)) for c in config.get("input", []) if isinstance(c, Mapping)
+        c.get("name"): bool(c.get("optional", False)) for c in config.get("input") or () if isinstance(c, Mapping)
     }
     inputs = []
     for entry in entries:
@@ -288,7 +310,7 @@ def _requested_outputs(
 ) -> list[v2.RequestedOutput] | None:
     if not names:
         return None
-    known = [str(o.get("name")) for o in metadata.get("outputs", []) if isinstance(o, Mapping)]
+    known = [str(o.get("name")) for o in metadata.get("outputs") or () if isinstance(o, Mapping)]
     for name in names:
         if name not in known:
             raise PerfkitError(

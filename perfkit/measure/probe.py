@@ -4,8 +4,9 @@ What `perfkit probe` runs, a quick check before a long measurement: health, serv
 repository index, then a few sequential requests per model with inputs built from the model's
 metadata (variable dimensions get a size of 16). A sequence model (`sequence_batching`) gets
 each request as a sequence of its own, one request long: an id (1, 2, ...) with START and END, so
-that the server accepts it and frees the sequence's slot at once. `check_credentials` is shared
-with the tuner.
+that the server accepts it and frees the sequence's slot at once. A server without Triton's model
+configuration (MLServer, KServe) gets requests built from the metadata alone, and one note saying
+so (`perfkit.measure.served`). `check_credentials` is shared with the tuner.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from perfkit.errors import PerfkitError, TargetError
-from perfkit.load.inputs import build_requests
+from perfkit.load.inputs import batch_dimension, build_requests
+from perfkit.measure.served import describe_models, no_config_note, read_model, ready_models
 from perfkit.target import TlsSpec
 from perfkit.wire.client import InferClient, make_client
 from perfkit.wire.prepared import Prepared
@@ -60,6 +62,7 @@ class ServerProbe:
     version: str
     extensions: list[str]
     models: list[ModelProbe]
+    notes: tuple[str, ...] = ()  # what the server lacks and what that leaves unknown, each said once
 
     @property
     def ok(self) -> bool:
@@ -69,10 +72,13 @@ class ServerProbe:
 def variable_shapes(metadata: dict[str, Any], batched: bool) -> dict[str, list[int]]:
     """--shape values for every input with variable dimensions (the batch dimension excluded)."""
     shapes = {}
-    for spec in metadata["inputs"]:
-        dims = list(spec["shape"])[1:] if batched else list(spec["shape"])
+    for spec in metadata.get("inputs") or ():
+        shape = spec.get("shape") if isinstance(spec, dict) else None
+        if not isinstance(shape, list):
+            continue  # build_requests names the malformed input
+        dims = shape[1:] if batched else shape
         if -1 in dims:
-            shapes[spec["name"]] = [VARIABLE_DIM if d == -1 else d for d in dims]
+            shapes[str(spec.get("name"))] = [VARIABLE_DIM if d == -1 else d for d in dims]
     return shapes
 
 
@@ -81,23 +87,37 @@ async def _model_names(client: InferClient) -> list[str]:
         index = await client.repository_index()
     except Exception as exc:
         raise TargetError(f"{client.url} does not list its models ({exc}); name them with -m") from None
-    return sorted({entry["name"] for entry in index if entry.get("state", "READY") == "READY"})
+    ready = ready_models(index)
+    if not ready:  # rather than an empty table: what it has, and why none is probed
+        found = f"lists {describe_models(index)}" if index else "lists no model"
+        raise TargetError(f"{client.url} has no ready model to probe: it {found}; load one, or name one with -m")
+    return ready
 
 
-def probe_requests(client: InferClient, request: v2.InferRequest, config: dict[str, Any], count: int) -> list[Prepared]:
+def probe_requests(
+    client: InferClient, request: v2.InferRequest, config: dict[str, Any] | None, count: int
+) -> list[Prepared]:
     """The `count` requests a probe sends: the same one, or for a sequence model each a one-request
-    sequence (ids 1..count, START and END), as a sequence batcher accepts."""
-    if "sequence_batching" not in config:
+    sequence (ids 1..count, START and END), as a sequence batcher accepts. `config` None: the server
+    gives none, and the model is taken for one without sequences."""
+    if config is None or "sequence_batching" not in config:
         return [client.prepare(request)] * count
     template = client.prepare_sequence(request)
     return [template.make(sequence_id, True, True) for sequence_id in range(1, count + 1)]
 
 
-async def _probe_model(client: InferClient, model: str, count: int, seed: int) -> ModelProbe:
+async def _probe_model(client: InferClient, model: str, count: int, seed: int, notes: dict[str, str]) -> ModelProbe:
+    """A few requests to `model`; the row's error says why it failed. A model the server does not
+    have is a usage error (exit 2, -m is what to change); a missing extension, a note in `notes`."""
     try:
-        metadata = await client.model_metadata(model)
-        config = await client.model_config(model)
-        batched = int(config.get("max_batch_size", 0)) > 0
+        served = await read_model(client, model, "", client.url)
+    except TargetError as exc:
+        return ModelProbe(model, "", {}, 0, 0, 0.0, 0.0, str(exc))
+    metadata, config = served.metadata, served.config
+    if served.missing is not None:
+        notes.setdefault(served.missing.extension, no_config_note(client.url, served.missing))
+    try:
+        batched = int(config.get("max_batch_size", 0)) > 0 if config is not None else batch_dimension(metadata)
         (request, *_) = build_requests(
             metadata, config, model=model, shapes=variable_shapes(metadata, batched), seed=seed
         )
@@ -116,7 +136,7 @@ async def _probe_model(client: InferClient, model: str, count: int, seed: int) -
     lat_ms = np.array(latencies, dtype=np.float64) / 1e6
     return ModelProbe(
         model=model,
-        versions=",".join(metadata.get("versions", [])),
+        versions=",".join(str(v) for v in metadata.get("versions") or ()),  # KServe: null
         input_shapes={t.name: t.shape for t in request.inputs},
         requests=count,
         errors=errors,
@@ -147,15 +167,17 @@ async def probe(
         except TargetError as exc:
             check_credentials(exc)
             raise
-        results = [await _probe_model(client, name, count, seed) for name in names]
+        notes: dict[str, str] = {}  # by missing extension: said once for the server
+        results = [await _probe_model(client, name, count, seed, notes) for name in names]
     finally:
         await client.close()
     return ServerProbe(
         url=url,
         live=live,
         ready=ready,
-        name=str(meta.get("name", "")),
-        version=str(meta.get("version", "")),
-        extensions=list(meta.get("extensions", [])),
+        name=str(meta.get("name") or ""),
+        version=str(meta.get("version") or ""),
+        extensions=[str(e) for e in meta.get("extensions") or ()],
         models=results,
+        notes=tuple(notes.values()),
     )

@@ -98,6 +98,7 @@ def render_probe(result: ServerProbe) -> list[str]:
         f"server   {result.name} {result.version} at {result.url}",
         f"health   live={result.live} ready={result.ready}",
         f"features {', '.join(result.extensions) or '-'}",
+        *(f"note     {note}" for note in result.notes),
         "",
         f"{'model':<16} {'versions':>8} {'inputs':<30} {'ok':>7} {'p50 ms':>8} {'max ms':>8}",
     ]

@@ -16,7 +16,7 @@ from typing import Any
 
 from perfkit._version import __version__
 from perfkit.analysis.server_stats import ensemble_steps
-from perfkit.errors import ExitCode, PerfkitError, TargetError
+from perfkit.errors import ExitCode, MissingExtension, PerfkitError, TargetError
 from perfkit.genai.endpoints import GenerativeClient
 from perfkit.genai.sessions import SessionLoad, is_multi_turn, read_multi_turn, synthetic_conversations
 from perfkit.genai.tokenizer import load_tokenizer
@@ -31,6 +31,7 @@ from perfkit.load.sequences import SequenceLoad, SequenceManager
 from perfkit.load.validation import batch_expected, read_validation_data
 from perfkit.measure.level import LevelMeasurement
 from perfkit.measure.resources import ResourceSampler
+from perfkit.measure.served import config_needed, describe_models, no_config_note, read_model, ready_models
 from perfkit.progress import Progress
 from perfkit.report import export, tidy
 from perfkit.report.tidy import append_history, check_history
@@ -61,7 +62,7 @@ async def resolve_model(client: InferClient | GenerativeClient, spec: SweepSpec,
         index = await client.repository_index()
     except Exception as exc:
         raise PerfkitError(f"the server does not list its models ({exc}); name the model with -m") from None
-    ready = sorted({str(e["name"]) for e in index if e.get("state", "READY") == "READY"})
+    ready = ready_models(index)
     default = DEFAULT_EMBEDDED_GENERATIVE_MODEL if spec.genai.enabled else DEFAULT_EMBEDDED_MODEL
     if spec.genai.endpoint_type == "embeddings":
         default = DEFAULT_EMBEDDED_EMBEDDING_MODEL
@@ -69,28 +70,29 @@ async def resolve_model(client: InferClient | GenerativeClient, spec: SweepSpec,
         return default
     if len(ready) == 1:
         return ready[0]
+    if not ready and index:  # what it has, and why none can be measured
+        raise TargetError(
+            f"the server has no ready model: it lists {describe_models(index)}; load one, or pick one with -m"
+        )
     raise PerfkitError(f"the server has {len(ready)} ready models ({', '.join(ready) or 'none'}); pick one with -m")
 
 
 def _generates_text(metadata: dict[str, Any]) -> bool:
     """A generative model by the vLLM and TensorRT-LLM backends' convention: a `text_output`."""
-    return any(output.get("name") == "text_output" for output in metadata.get("outputs", ()))
+    return any(output.get("name") == "text_output" for output in metadata.get("outputs") or ())
 
 
-async def _model_error(client: InferClient, model: str, url: str, exc: Exception) -> PerfkitError:
-    """Why the model's metadata could not be read: a usage error (exit 2) when the server has no
-    such model, so -m is what to change; otherwise the server's own failure (exit 1)."""
-    try:
-        index = await client.repository_index()
-    except Exception:  # no repository extension: the server's error is all there is to say
-        index = None
-    if index is not None:
-        names = sorted({str(entry.get("name")) for entry in index})
-        if model not in names:
-            return PerfkitError(
-                f"-m {model}: the server at {url} has no model '{model}'; it has {', '.join(names) or 'none'}"
-            )
-    return TargetError(f"model '{model}' on {url}: {exc}")
+def refuse_without_config(spec: SweepSpec, url: str, missing: MissingExtension) -> None:
+    """What a sweep cannot do where the server gives no model configuration: tell a sequence model
+    (the sequence flags, sequence streams) or read composing models' configs (--bls-composing-models)."""
+    if spec.sequences.enabled or has_streams(spec.inputs.input_data):
+        raise config_needed(
+            "the sequence flags (--sequence-length, --sequence-id-range, --num-of-sequences, ...) and sequence "
+            "streams in --input-data", url, missing, "without it perfkit cannot tell how the model takes sequences: "
+            "drop them",
+        )  # fmt: skip
+    if spec.target.bls_composing_models:
+        raise config_needed("--bls-composing-models", url, missing, "drop it")
 
 
 def _with_parameters(requests: list[v2.InferRequest], spec: SweepSpec) -> list[v2.InferRequest]:
@@ -378,13 +380,16 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
         sequences: SequenceLoad | None = None
         composing: dict[str, tuple[tuple[str, str], ...]] = {}
         if not isinstance(client, GenerativeClient):
-            try:
-                metadata = await client.model_metadata(model, t.model_version)
-                config = await client.model_config(model, t.model_version)
-            except Exception as exc:
-                raise await _model_error(client, model, target.url, exc) from None
-            composing = await composing_models(client, model, config, t.bls_composing_models)
-            sequences = await sequence_load(client, spec, model, metadata, config)
+            served = await read_model(client, model, t.model_version, target.url)
+            metadata, config = served.metadata, served.config
+            if served.missing is not None:
+                refuse_without_config(spec, target.url, served.missing)
+                progress.note(no_config_note(target.url, served.missing))
+                server["model_config"] = False  # the result says what was unknown
+            else:
+                assert config is not None
+                composing = await composing_models(client, model, config, t.bls_composing_models)
+                sequences = await sequence_load(client, spec, model, metadata, config)
             if sequences is None:
                 requests = _with_parameters(build_requests(
                     metadata, config, model=model, version=t.model_version, batch_size=spec.inputs.batch_size,
@@ -406,7 +411,7 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
             else:
                 if (shm_kind := spec.data_path.shared_memory) != "none":
                     check_extension(server, target.url, shm_kind)
-                    outputs_of_model = [str(o.get("name")) for o in metadata.get("outputs", [])]
+                    outputs_of_model = [str(o.get("name")) for o in metadata.get("outputs") or ()]
                     plan = plan_regions(
                         requests, outputs_of_model, output_size=spec.data_path.output_shared_memory_size,
                         batch_size=spec.inputs.batch_size, prefix=f"perfkit_{os.getpid()}",

@@ -41,7 +41,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from perfkit.errors import ExitCode, PerfkitError, TargetError
+from perfkit.errors import ExitCode, MissingExtension, PerfkitError, TargetError
 from perfkit.load.generator import LoadGenerator, RealClock
 from perfkit.load.inputs import build_requests
 from perfkit.load.samples import SampleBuffer
@@ -49,6 +49,7 @@ from perfkit.load.schedule import ClosedLoop, OpenLoop
 from perfkit.measure.level import ServerStatsProbe, observe_level, server_gone
 from perfkit.measure.probe import check_credentials
 from perfkit.measure.resources import ResourceSampler
+from perfkit.measure.served import config_needed
 from perfkit.progress import Progress
 from perfkit.results.model import LevelResult, level_name, to_jsonable
 from perfkit.target import Target, open_target
@@ -59,6 +60,12 @@ from perfkit.tune.space import Space, Variant, build_space, default_variant, var
 from perfkit.tune.state import Checkpoint, DefaultRefused, Model, Record, TuneResult, TuneSpec, read_model
 from perfkit.wire.client import InferClient, make_client
 from v2kit.runtime import eventloop
+
+#: What to do where the server has no model configuration: tune reads and loads variants of it.
+TUNE_FIX = (
+    "tune loads variants of the model's configuration through Triton's repository API: tune on Triton or the "
+    "bundled server (leave out -u), and measure this server with perfkit sweep"
+)
 
 # --- the tuner ------------------------------------------------------------------------------------
 
@@ -88,9 +95,12 @@ class TuneServer:
             return {}
 
     async def served_config(self) -> dict[str, Any] | None:
-        """The configuration the server has loaded for the model; None when it has none."""
+        """The configuration the server has loaded for the model; None when it has none. A server
+        without the model configuration extension (MLServer, KServe) cannot be tuned: refused."""
         try:
             return await self.client.model_config(self.model.name)
+        except MissingExtension as missing:
+            raise config_needed("perfkit tune", self.target.url, missing, TUNE_FIX) from None
         except TargetError as exc:
             check_credentials(exc)
             return None

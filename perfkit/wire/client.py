@@ -45,7 +45,7 @@ import aiohttp
 import yarl
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from perfkit.errors import PerfkitError, TargetError
+from perfkit.errors import MODEL_CONFIGURATION, MODEL_REPOSITORY, MissingExtension, PerfkitError, TargetError
 from perfkit.target import TlsSpec
 from perfkit.wire import http_pool as http_wire
 from perfkit.wire.grpc.client import GrpcClient
@@ -76,6 +76,8 @@ __all__ = [
 ]
 
 _now = time.perf_counter_ns
+#: The answers of a server without the route asked for: an extension it does not have.
+_NO_ROUTE = frozenset((404, 405, 501))
 
 
 class InferClient(Protocol):
@@ -273,6 +275,10 @@ class HttpClient:
 
     async def _json(self, method: str, url: yarl.URL, body: Any = None) -> Any:
         status, data = await self._call(method, url, body)
+        return self._decoded(method, url, status, data)
+
+    @staticmethod
+    def _decoded(method: str, url: yarl.URL, status: int, data: bytes) -> Any:
         if status != 200:
             raise TargetError(f"{method} {url}: HTTP {status}: {v2.decode_error(data)}")
         try:
@@ -296,14 +302,35 @@ class HttpClient:
         return await self._json("GET", self._url(model, version))  # type: ignore[no-any-return]
 
     async def model_config(self, model: str, version: str = "") -> dict[str, Any]:
-        return await self._json("GET", self._url(model, version, "config"))  # type: ignore[no-any-return]
+        """The model's configuration; MissingExtension where the server has no such route (404:
+        Triton's model configuration extension, which MLServer and KServe lack)."""
+        url = self._url(model, version, "config")
+        status, data = await self._call("GET", url)
+        if status in _NO_ROUTE:
+            raise MissingExtension(f"GET {url}: HTTP {status}: {v2.decode_error(data)}", MODEL_CONFIGURATION)
+        return self._decoded("GET", url, status, data)  # type: ignore[no-any-return]
 
     async def model_statistics(self, model: str = "", version: str = "") -> dict[str, Any]:
         url = self._url(model, version, "stats") if model else self._base / "v2" / "models" / "stats"
         return await self._json("GET", url)  # type: ignore[no-any-return]
 
     async def repository_index(self) -> list[dict[str, Any]]:
-        return await self._json("POST", self._base / "v2" / "repository" / "index", {})  # type: ignore[no-any-return]
+        """The models the server knows, Triton's repository index. Where it has none (KServe: 404),
+        the names `GET /v2/models` lists, each with its state by its ready route."""
+        url = self._base / "v2" / "repository" / "index"
+        status, data = await self._call("POST", url, {})
+        if status not in _NO_ROUTE:
+            return self._decoded("POST", url, status, data)  # type: ignore[no-any-return]
+        listed = self._base / "v2" / "models"
+        status, data = await self._call("GET", listed)
+        if status in _NO_ROUTE:
+            raise MissingExtension(f"POST {url} and GET {listed}: HTTP {status}", MODEL_REPOSITORY)
+        names = self._decoded("GET", listed, status, data)
+        names = names.get("models") if isinstance(names, dict) else None
+        if not isinstance(names, list):
+            raise TargetError(f'GET {listed}: expected {{"models": [name, ...]}}, got {data[:200]!r}')
+        ready = [(await self._call("GET", self._url(str(n), "", "ready")))[0] == 200 for n in names]
+        return [{"name": str(n), "state": "READY" if r else "UNAVAILABLE"} for n, r in zip(names, ready)]
 
     async def load_model(self, name: str, config: dict[str, Any] | None = None) -> None:
         """Load (or reload) `name` through the repository API; `config` overrides its config.pbtxt.

@@ -14,13 +14,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from perfkit.errors import ExitCode, PerfkitError, TargetError
+from perfkit.errors import ExitCode, MissingExtension, PerfkitError, TargetError
 from perfkit.load.generator import LoadGenerator, RealClock
 from perfkit.load.inputs import build_requests
 from perfkit.load.samples import SampleBuffer
 from perfkit.load.schedule import ClosedLoop
 from perfkit.measure.level import ServerStatsProbe, observe_level, server_gone
 from perfkit.measure.probe import check_credentials
+from perfkit.measure.served import config_needed
 from perfkit.progress import Progress
 from perfkit.results.model import LevelResult
 from perfkit.target import open_target
@@ -38,6 +39,7 @@ from perfkit.tune.objectives import best_level
 from perfkit.tune.search import brute_search, concurrency_sweep, quick_search
 from perfkit.tune.space import variant_of
 from perfkit.tune.state import DefaultRefused, Model, TuneSpec
+from perfkit.tune.tuner import TUNE_FIX
 from perfkit.wire.client import InferClient, make_client
 from v2kit.runtime import eventloop
 
@@ -313,6 +315,8 @@ async def _run(tuner: CombinationTuner, result: CombinationResult, restore: bool
             for name in dict.fromkeys(names):
                 try:
                     served[name] = await tuner.client.model_config(name)
+                except MissingExtension as missing:
+                    raise config_needed("perfkit tune", tuner.url, missing, TUNE_FIX) from None
                 except TargetError as exc:
                     check_credentials(exc)
                     served[name] = None

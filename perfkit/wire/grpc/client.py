@@ -25,7 +25,7 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from perfkit.errors import PerfkitError, TargetError
+from perfkit.errors import MODEL_CONFIGURATION, MODEL_REPOSITORY, MissingExtension, PerfkitError, TargetError
 from perfkit.target import TlsSpec
 from perfkit.wire.grpc import channel as grpc_wire
 from perfkit.wire.grpc.streaming import EMPTY_FINAL, StreamChannel, encode_stream_headers
@@ -191,7 +191,9 @@ class GrpcClient:
         note = note_once(self._seen, kind, message)
         return Outcome(kind, done.bytes_in, sent, done.parse_ns, note, response_ns=responses)
 
-    async def _rpc(self, method: str, request: Any, timeout_s: float | None = None) -> Any:
+    async def _rpc(self, method: str, request: Any, timeout_s: float | None = None, extension: str = "") -> Any:
+        """The call's answer; a TargetError saying why it failed, MissingExtension where the server
+        does not implement `extension`'s method."""
         if self._stub is None:
             self._open()
         try:
@@ -204,7 +206,10 @@ class GrpcClient:
             hint = wrong_port_hint(await sniff(*self._address), "grpc") if code == grpc.StatusCode.UNAVAILABLE else None
             if hint:
                 raise TargetError(f"-u {self.url}: {hint}") from None
-            raise TargetError(f"gRPC {method} at {self._target}: {code.name}: {details}") from None
+            message = f"gRPC {method} at {self._target}: {code.name}: {details}"
+            if extension and code == grpc.StatusCode.UNIMPLEMENTED:
+                raise MissingExtension(message, extension) from None
+            raise TargetError(message) from None
 
     async def live(self) -> bool:
         return bool((await self._rpc("ServerLive", pb.ServerLiveRequest())).live)
@@ -219,7 +224,8 @@ class GrpcClient:
         return message_to_json(await self._rpc("ModelMetadata", pb.ModelMetadataRequest(name=model, version=version)))
 
     async def model_config(self, model: str, version: str = "") -> dict[str, Any]:
-        reply = await self._rpc("ModelConfig", pb.ModelConfigRequest(name=model, version=version))
+        request = pb.ModelConfigRequest(name=model, version=version)
+        reply = await self._rpc("ModelConfig", request, extension=MODEL_CONFIGURATION)  # MLServer, KServe: none
         return message_to_json(reply.config)
 
     async def model_statistics(self, model: str = "", version: str = "") -> dict[str, Any]:
@@ -252,10 +258,14 @@ class GrpcClient:
         await self._rpc("CudaSharedMemoryUnregister", pb.CudaSharedMemoryUnregisterRequest(name=name))
 
     async def repository_index(self) -> list[dict[str, Any]]:
-        reply = await self._rpc("RepositoryIndex", pb.RepositoryIndexRequest())
+        reply = await self._rpc("RepositoryIndex", pb.RepositoryIndexRequest(), extension=MODEL_REPOSITORY)
         # proto3 has no absent strings. Triton 2.51's HTTP index leaves out every empty field (a
         # model known only by name is {"name"}, a READY one has no reason): rebuild that shape.
-        return [{k: v for k, v in message_to_json(m).items() if v != ""} for m in reply.models]
+        models = [{k: v for k, v in message_to_json(m).items() if v != ""} for m in reply.models]
+        for model in models:  # MLServer writes its state enum's str(): "State.READY"
+            if isinstance(model.get("state"), str):
+                model["state"] = model["state"].removeprefix("State.")
+        return models
 
     async def close(self) -> None:
         channel, self._channel, self._stub = self._channel, None, None
