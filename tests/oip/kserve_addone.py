@@ -8,6 +8,8 @@ The ports are KServe's own flags (its ModelServer reads them from the command li
 KServe binds every interface and has no flag to narrow it; this file binds loopback instead.
 """
 
+import uuid
+
 import numpy as np
 from kserve import InferOutput, InferRequest, InferResponse, Model, ModelServer
 
@@ -26,8 +28,10 @@ class AddOne(Model):
     def predict(self, payload: InferRequest, headers=None, response_headers=None) -> InferResponse:
         x: np.ndarray = payload.inputs[0].as_numpy()
         out = InferOutput(name="OUTPUT0", shape=list(x.shape), datatype="FP32")
-        out.set_numpy(x + 1, binary_data=False)
-        return InferResponse(model_name=self.name, infer_outputs=[out], response_id=payload.id)
+        out.set_data_from_numpy(x + 1, binary_data=False)
+        # The response id must be a string: a request without an id gets a fresh one.
+        response_id = payload.id or str(uuid.uuid4())
+        return InferResponse(model_name=self.name, infer_outputs=[out], response_id=response_id)
 
 
 def loopback_only() -> None:
