@@ -46,7 +46,7 @@ def read_validation_data(path_text: str, metadata: Mapping[str, Any], *, streams
     entries, data = doc["validation_data"], doc.get("data")
     if not isinstance(entries, list) or not isinstance(data, list) or len(entries) != len(data):
         raise PerfkitError(f'{flag}: "validation_data" must be a list with one entry per entry of "data"')
-    outputs = {str(o.get("name")): str(o.get("datatype")) for o in metadata.get("outputs", []) if isinstance(o, dict)}
+    outputs = {str(o.get("name")): str(o.get("datatype")) for o in metadata.get("outputs") or () if isinstance(o, dict)}
     if not streams or not any(isinstance(step, list) for step in data):
         expected = [_expected_step(e, outputs, f"{flag}: validation_data[{i}]") for i, e in enumerate(entries)]
         return [expected] if streams else expected

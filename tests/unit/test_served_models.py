@@ -6,6 +6,7 @@ Triton has a list. Small fakes on loopback, one thread each, answering as those 
 from __future__ import annotations
 
 import json
+import pickle
 import re
 import threading
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from perfkit.load.inputs import build_requests
 from perfkit.measure.probe import probe
 from perfkit.results.model import read_sweep
 from perfkit.wire.client import make_client
+from perfkit.wire.replies import body_framing_ok
 
 NOTE = "has no model configuration extension"
 SHAPE = [-1, 16]
@@ -309,7 +311,13 @@ def test_tune_refuses_a_server_without_model_configuration(
 
 
 def test_missing_extension_survives_pickling() -> None:
-    import pickle
-
     copy = pickle.loads(pickle.dumps(MissingExtension("GET x: HTTP 404", MODEL_CONFIGURATION)))
     assert isinstance(copy, TargetError) and copy.extension == MODEL_CONFIGURATION and str(copy) == "GET x: HTTP 404"
+
+
+def test_a_reply_whose_outputs_have_null_parameters_is_well_framed() -> None:
+    outputs = [{"name": "A", "datatype": "FP32", "shape": [1], "parameters": None},
+               {"name": "B", "datatype": "FP32", "shape": [1], "parameters": {"binary_data_size": 4}}]  # fmt: skip
+    header = json.dumps({"outputs": outputs}).encode()
+    assert body_framing_ok(header + bytes(4), str(len(header)))
+    assert not body_framing_ok(header + bytes(3), str(len(header)))
