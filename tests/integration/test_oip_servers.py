@@ -26,8 +26,13 @@ from tests.oip.servers import OipServer, oip_peer, running_kserve, running_mlser
 
 pytestmark = [pytest.mark.integration, pytest.mark.peers]
 
-# Short windows (a level is about 1-2 s); stability at ±10 % is the machine's business, so -s is loose.
-WINDOWS = ("-p", "300", "-s", "50", "-r", "6")
+# Short windows: 3 of 400 ms make the 1 s a valid level needs, and --percentile 50 judges the level
+# on its median, for which a few hundred requests are enough (p99, the default, needs 662).
+# Stability within ±10 % is the machine's business here, so -s is loose.
+WINDOWS = ("-p", "400", "-s", "50", "-r", "6", "--percentile", "50")
+# The validity checks that depend on how busy the 2-core machine is, not on the server or perfkit: a
+# level may fail them (exit 3) and still prove that perfkit measures the server.
+MACHINE_CHECKS = {"stable", "schedule", "client_cpu"}
 LOADS = {"concurrency": (), "request-rate": ("--request-rate-range", "200")}
 AGREEMENT = 0.10
 
@@ -61,8 +66,6 @@ def test_sweep_with_default_flags(
         "--report-dir", str(tmp_path), "--no-report", "--quiet",
     ])  # fmt: skip
     said = "\n".join(capsys.readouterr())
-    # 3: a level did not stabilise or failed another validity check (late sends, too few samples)
-    # on this busy machine; it is still measured, and its figures are checked below.
     assert code in (0, 3), f"perfkit sweep -u {url} -i {protocol} ({server.name}) ended {code}:\n{said}"
     (result_file,) = tmp_path.glob("sweep-*.json")
     result = read_sweep(result_file)
@@ -70,6 +73,10 @@ def test_sweep_with_default_flags(
     for level in result.levels:
         assert level.error_count == 0, f"{server.name} {protocol}: {level.errors}"
         assert level.ok_count > 0 and level.throughput_infer_per_s > 0
+        failed = {check.name: check.detail for check in level.checks if not check.passed}
+        if failed:
+            print(f"{server.name} {protocol} {load}: exit {code}, failed {failed}")
+        assert set(failed) <= MACHINE_CHECKS, f"{server.name} {protocol} {load}: {failed}"
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
