@@ -353,7 +353,14 @@ class GenerativeClient:
         if status != 404:
             return
         has = f"; GET /v1/models lists {', '.join(listed) or 'none'}" if listed is not None else ""
-        raise PerfkitError(f"-m {model}: the server at {self.url} has no such model (HTTP 404: {words}){has}")
+        if model in words:  # the server's words name the model: it is -m that is wrong
+            raise PerfkitError(f"-m {model}: the server at {self.url} has no such model (HTTP 404: {words}){has}")
+        # a bare 404 ("Not Found"): as likely a route the server does not serve
+        path = self.endpoint_url(model).path
+        raise PerfkitError(
+            f"POST {path} for -m {model}: HTTP 404 ({words}) from {self.url}: it serves no such endpoint or no such "
+            f"model; check --endpoint-type (or --endpoint) and -m{has}"
+        )
 
     async def _ask_once(self, model: str) -> tuple[int, str]:
         """One minimal request for `model` (a one-token answer): its status and the server's words."""

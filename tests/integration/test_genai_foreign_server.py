@@ -50,6 +50,16 @@ def test_embeddings_of_an_unknown_model_are_refused_the_same_way(
     assert code == ExitCode.USAGE and "The model `nope` does not exist." in capsys.readouterr().err
 
 
+def test_a_bare_404_names_the_endpoint_as_well_as_the_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # a route the server does not serve answers 404 too, without naming any model
+    with serving_in_thread(models=("ok",)) as url:
+        code = _sweep(tmp_path, url, "-m", "nope", "--endpoint-type", "completions", "--endpoint", "/v1/nothing")
+    err = capsys.readouterr().err
+    assert code == ExitCode.USAGE
+    assert "POST /v1/nothing for -m nope: HTTP 404" in err and "check --endpoint-type (or --endpoint) and -m" in err
+    assert "GET /v1/models lists ok" in err
+
+
 def test_without_m_several_listed_models_are_named_for_m(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with serving_in_thread(models=("ok", "words")) as url:
         code = _sweep(tmp_path, url, "--endpoint-type", "chat")
