@@ -239,6 +239,15 @@ def test_the_console_table_the_pa_csv_and_the_html_report_show_token_figures() -
     assert "<h3>Tokens</h3>" in html and "ttft_ms&lt;=50" in html and "tokens counted with bytes" in html
 
 
+def test_how_tokens_were_counted_is_kept_in_the_result_and_said_in_the_report() -> None:
+    note = "--tokenizer usage: the server sent no usage figures in 5 of 5 answers; their tokens were counted ..."
+    tokens = dataclasses.replace(make_token_figures(), token_source="bytes", token_notes=(note,))
+    result = _sweep(tokens)
+    assert sweep_from_json(sweep_to_json(result)) == result  # the notes survive the result file
+    html = render_html([ReportItem("run", "sweep", result, "run.json")])
+    assert "the server sent no usage figures in 5 of 5 answers" in html and "tokens counted with bytes" in html
+
+
 def test_the_goodput_verdict_names_the_best_level_and_the_highest_that_held() -> None:
     def at(level: float, pct: float, per_s: float) -> LevelResult:
         tokens = dataclasses.replace(make_token_figures(), goodput_pct=pct, goodput_per_s=per_s)
