@@ -13,6 +13,7 @@ generator for the interpreter lock and a crash on one side is seen as such by th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import queue
 import re
 import ssl
@@ -21,13 +22,16 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from perfkit.errors import PerfkitError, TargetError
 
 _GRPC_ROOTS_FLAG = "--ssl-grpc-root-certifications-file"
+#: The server metadata's name for binary tensors in the HTTP body (Triton's extension).
+BINARY_TENSOR_EXTENSION = "binary_tensor_data"
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +109,10 @@ class TargetSpec:
     model_version: str = ""
     headers: tuple[tuple[str, str], ...] = ()
     request_timeout_s: float = 30.0
-    json_tensors: bool = False
-    json_outputs: bool = False  # --output-tensor-format json: HTTP outputs in the JSON body
+    # --input-tensor-format / --output-tensor-format json: HTTP tensors in the JSON body. None: not
+    # chosen, binary where the server lists the binary_tensor_data extension (with_tensor_format).
+    json_tensors: bool | None = None
+    json_outputs: bool | None = None
     grpc_compression: str = "none"  # --grpc-compression-algorithm: none | gzip | deflate
     tls: TlsSpec = field(default_factory=TlsSpec)
     max_connections: int = 0  # HTTP connections per load process; 0: one per outstanding request
@@ -156,6 +162,31 @@ class TargetSpec:
         ):
             if path is not None and not path.is_file():
                 raise PerfkitError(f"{flag} {path}: no such file")
+
+    def with_tensor_format(self, server: Mapping[str, Any]) -> tuple[TargetSpec, str]:
+        """The target with its HTTP tensor formats settled, and the console note saying why ("" when
+        there is nothing to say). A format chosen with its flag stays; one not chosen is binary where
+        the server metadata `server` lists the binary_tensor_data extension (Triton, the reference
+        server), JSON where it does not (MLServer, which fails every binary request). gRPC carries raw
+        tensor contents, which every Open Inference Protocol server reads: it has no choice to make."""
+        if self.protocol != "http":
+            return dataclasses.replace(self, json_tensors=False, json_outputs=False), ""
+        extensions = server.get("extensions")
+        listed = BINARY_TENSOR_EXTENSION in (extensions if isinstance(extensions, list) else ())
+        defaulted = [what for what, chosen in (("tensors", self.json_tensors), ("outputs", self.json_outputs))
+                     if chosen is None and not listed]  # fmt: skip
+        settled = dataclasses.replace(
+            self,
+            json_tensors=not listed if self.json_tensors is None else self.json_tensors,
+            json_outputs=not listed if self.json_outputs is None else self.json_outputs,
+        )
+        if not defaulted:
+            return settled, ""
+        name = " ".join(str(server[key]) for key in ("name", "version") if server.get(key)) or "the server"
+        flag = "--input-tensor-format" if "tensors" in defaulted else "--output-tensor-format"
+        what = "JSON tensors" if "tensors" in defaulted else "JSON outputs"
+        return settled, (f"{name} at {self.url} does not list the {BINARY_TENSOR_EXTENSION} extension: {what} "
+                         f"({flag} binary to force)")  # fmt: skip
 
 
 _STARTED = re.compile(r"Started (HTTPService|GRPCInferenceService|Metrics Service) at (\S+):(\d+)")

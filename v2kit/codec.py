@@ -585,10 +585,14 @@ def error_body(message: str) -> bytes:
 
 
 def decode_error(body: bytes) -> str:
-    """The `error` of a KServe error body, or the body's text when it is not one."""
-    text = bytes(body).decode("utf-8", errors="replace")
+    """The `error` of a KServe error body, FastAPI's `detail` (KServe's and MLServer's framework; a
+    validation error's list as JSON), a Python traceback's last line (MLServer's 500s), or the text."""
+    text = bytes(body).decode("utf-8", errors="replace").strip()
     try:
         doc = json.loads(text)
     except (ValueError, RecursionError):
         doc = None
-    return doc["error"] if isinstance(doc, dict) and isinstance(doc.get("error"), str) else text.strip()
+    found = next((doc[key] for key in ("error", "detail") if key in doc), None) if isinstance(doc, dict) else None
+    if found is not None:
+        return found if isinstance(found, str) else json.dumps(found, separators=(",", ":"))
+    return text.splitlines()[-1].strip() if text.startswith("Traceback (most recent call last)") else text

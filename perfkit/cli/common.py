@@ -151,6 +151,12 @@ def add_connection_flags(
         tls.add_argument(flag, type=_pem, default="PEM", metavar="PEM", help="PEM only (default PEM)")
 
 
+def json_format(chosen: str | None) -> bool | None:
+    """--input-tensor-format / --output-tensor-format as TargetSpec keeps it: whether JSON, None when
+    the flag is not given (the server's extensions decide: TargetSpec.with_tensor_format)."""
+    return None if chosen is None else chosen == "json"
+
+
 def headers_from_args(args: argparse.Namespace) -> tuple[tuple[str, str], ...]:
     headers = []
     for value in args.header:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from perfkit.cli.common import Command, add_connection_flags, headers_from_args, tls_from_args
+from perfkit.cli.common import Command, add_connection_flags, headers_from_args, json_format, tls_from_args
 from perfkit.errors import ExitCode, PerfkitError
 from perfkit.measure.probe import probe
 from perfkit.report.summary import render_probe
@@ -34,6 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("-n", "--requests", type=int, default=20, metavar="N", help="requests per model (default 20)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random input data (default 0)")
+    for flag, what in (("--input-tensor-format", "tensor encoding"), ("--output-tensor-format", "outputs asked for")):
+        target.add_argument(flag, choices=("binary", "json"), default=None,
+                            help=f"HTTP {what} (default binary where the server lists the binary_tensor_data "
+                            "extension, else json)")  # fmt: skip
 
 
 def run(args: argparse.Namespace, argv: list[str]) -> int:
@@ -41,7 +45,10 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     if args.requests < 1:
         raise PerfkitError("-n/--requests must be at least 1")
     url = checked_url(args.url, args.protocol)
-    target = TargetSpec(url, args.protocol, headers=headers_from_args(args), tls=tls_from_args(args))
+    target = TargetSpec(
+        url, args.protocol, headers=headers_from_args(args), tls=tls_from_args(args),
+        json_tensors=json_format(args.input_tensor_format), json_outputs=json_format(args.output_tensor_format),
+    )  # fmt: skip
     target.validate()  # -u, -i, -H and TLS by the sweep's rules
     if url and len(endpoints_of(url)) > 1:
         raise PerfkitError("probe checks one server: give one -u HOST:PORT (several are for perfkit sweep)")
@@ -51,7 +58,7 @@ def run(args: argparse.Namespace, argv: list[str]) -> int:
     with open_target(url, args.protocol) as opened:
         result = eventloop.run(
             probe(opened.url, args.model_name, args.requests, args.seed, args.protocol, headers=target.headers,
-                  tls=target.tls)
+                  tls=target.tls, tensor_format=(target.json_tensors, target.json_outputs))
         )  # fmt: skip
     print("\n".join(render_probe(result)))
     return ExitCode.OK if result.ok else ExitCode.FAILED

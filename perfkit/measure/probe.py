@@ -20,9 +20,10 @@ import numpy as np
 from perfkit.errors import PerfkitError, TargetError
 from perfkit.load.inputs import batch_dimension, build_requests
 from perfkit.measure.served import describe_models, no_config_note, read_model, ready_models
-from perfkit.target import TlsSpec
+from perfkit.target import BINARY_TENSOR_EXTENSION, TargetSpec, TlsSpec
 from perfkit.wire.client import InferClient, make_client
 from perfkit.wire.prepared import Prepared
+from perfkit.wire.replies import failure_line
 from v2kit import codec as v2
 
 VARIABLE_DIM = 16  # size given to a variable (-1) non-batch dimension
@@ -94,6 +95,12 @@ async def _model_names(client: InferClient) -> list[str]:
     return ready
 
 
+def failure_text(client: InferClient, kind: str, message: str) -> str:
+    """A failed request's kind, the server's words, and the flag that may help (replies.failure_line)."""
+    inputs, outputs = getattr(client, "binary", (False, False))  # gRPC: raw contents, no choice
+    return failure_line(kind, message, protocol=client.protocol, binary_inputs=inputs, binary_outputs=outputs)
+
+
 def probe_requests(
     client: InferClient, request: v2.InferRequest, config: dict[str, Any] | None, count: int
 ) -> list[Prepared]:
@@ -130,7 +137,7 @@ async def _probe_model(client: InferClient, model: str, count: int, seed: int, n
         outcome = await client.send(prepared)
         if outcome.error:
             errors += 1
-            last_error = f"{outcome.error}: {outcome.message}" if outcome.message else outcome.error
+            last_error = failure_text(client, outcome.error, outcome.message)
         else:
             latencies.append(time.perf_counter_ns() - start)
     lat_ms = np.array(latencies, dtype=np.float64) / 1e6
@@ -155,8 +162,10 @@ async def probe(
     *,
     headers: tuple[tuple[str, str], ...] = (),
     tls: TlsSpec | None = None,
+    tensor_format: tuple[bool | None, bool | None] = (None, None),
 ) -> ServerProbe:
-    """Probe the server at `url`; `headers` (-H) go with every call, `tls` as for `make_client`."""
+    """Probe the server at `url`; `headers` (-H) go with every call, `tls` as for `make_client`;
+    `tensor_format`: JSON inputs and outputs over HTTP, None for the server's extensions to decide."""
     client = make_client(url, protocol, headers=dict(headers), tls=tls)
     try:
         live = await client.live()  # TargetError says what could not be reached, and how
@@ -168,6 +177,13 @@ async def probe(
             check_credentials(exc)
             raise
         notes: dict[str, str] = {}  # by missing extension: said once for the server
+        settled, notes[BINARY_TENSOR_EXTENSION] = TargetSpec(
+            url, protocol, json_tensors=tensor_format[0], json_outputs=tensor_format[1]
+        ).with_tensor_format(meta)
+        if settled.json_tensors or settled.json_outputs:  # a client that encodes requests so
+            await client.close()
+            client = make_client(url, protocol, headers=dict(headers), tls=tls, json_tensors=bool(settled.json_tensors),
+                                 binary_outputs=not settled.json_outputs)  # fmt: skip
         results = [await _probe_model(client, name, count, seed, notes) for name in names]
     finally:
         await client.close()
@@ -179,5 +195,5 @@ async def probe(
         version=str(meta.get("version") or ""),
         extensions=[str(e) for e in meta.get("extensions") or ()],
         models=results,
-        notes=tuple(notes.values()),
+        notes=tuple(note for note in notes.values() if note),
     )

@@ -24,6 +24,7 @@ from perfkit.measure.level import LevelMeasurement, LevelObserver, ServerStatsPr
 from perfkit.measure.resources import ResourceSampler
 from perfkit.results.model import LevelResult, SweepResult
 from perfkit.sweep.spec import SweepSpec
+from perfkit.wire.replies import FailureLog, failure_line
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,12 @@ def linear_plan(spec: SweepSpec) -> Iterator[float]:
         value += load.step
 
 
+def failure_logs(client: Any) -> list[FailureLog]:
+    """The failure logs of a sweep's client, or of each endpoint's in a fleet (none for a generative one)."""
+    clients = client.clients if isinstance(client, FleetClient) else [client]
+    return [log for c in clients if isinstance(log := getattr(c, "failures", None), FailureLog)]
+
+
 class Sweep:
     """Runs the levels of one sweep against a prepared client."""
 
@@ -95,6 +102,7 @@ class Sweep:
         self.client = client
         self.clock = clock
         self.progress = progress
+        self.failures: list[str] = []  # each distinct failure's line, the server's words in it, as said
         self._token_notes_said: set[str] = set()  # each kind of records.usage_notes said once
         self.on_level = on_level
         self.resources = resources
@@ -150,6 +158,7 @@ class Sweep:
             finish=self._keep,
         )  # fmt: skip
         level = measurement.result
+        self._say_failures()
         if server_gone(level.errors, level.ok_count):
             kinds = ", ".join(f"{k} ×{n}" for k, n in level.errors.items())
             self.result = dataclasses.replace(
@@ -160,6 +169,17 @@ class Sweep:
         if self.workers is not None:
             return self._after_worker_deaths(level, measurement)
         return level
+
+    def _say_failures(self) -> None:
+        """Each failure not said yet, once: its kind, the server's own text, the flag that may help."""
+        t = self.spec.target
+        for log in failure_logs(self.client):
+            for kind, text in log.unsaid():
+                line = failure_line(kind, text, protocol=t.protocol, binary_inputs=not t.json_tensors,
+                                    binary_outputs=not t.json_outputs)  # fmt: skip
+                if line not in self.failures:
+                    self.failures.append(line)
+                    self.progress.note(f"requests failed: {line}")
 
     def _keep(self, measurement: LevelMeasurement) -> LevelMeasurement:
         """The level with its load workers' or endpoints' figures, in the result and on disk before

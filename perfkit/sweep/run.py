@@ -333,6 +333,29 @@ class SweepRun:
 
     result: SweepResult | None = None
     outputs: SweepFiles | None = None
+    failures: tuple[str, ...] = ()  # each distinct failed request's line (engine.Sweep.failures)
+
+
+def _infer_client(spec: SweepSpec, url: str, protocol: str) -> InferClient:
+    """The client of a KServe v2 sweep: one endpoint's, or a fleet over `-u A,B,...`; its HTTP tensor
+    formats as `spec.target` has them (binary until settled from the server's extensions)."""
+    t = spec.target
+    clients = [
+        make_client(
+            endpoint,
+            protocol,
+            request_timeout_s=t.request_timeout_s,
+            headers=dict(t.headers),
+            json_tensors=bool(t.json_tensors),
+            binary_outputs=not t.json_outputs,
+            connections=t.max_connections,
+            tls=t.tls,
+            streaming=spec.data_path.streaming,
+            compression=t.grpc_compression,
+        )
+        for endpoint in endpoints_of(url)
+    ]
+    return clients[0] if len(clients) == 1 else FleetClient(clients)
 
 
 async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list[str], run: SweepRun) -> None:
@@ -344,22 +367,7 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
             headers=dict(t.headers), connections=t.max_connections,
         )  # fmt: skip
     else:
-        clients = [
-            make_client(
-                url,
-                target.protocol,
-                request_timeout_s=t.request_timeout_s,
-                headers=dict(t.headers),
-                json_tensors=t.json_tensors,
-                binary_outputs=not t.json_outputs,
-                connections=t.max_connections,
-                tls=t.tls,
-                streaming=spec.data_path.streaming,
-                compression=t.grpc_compression,
-            )
-            for url in endpoints_of(target.url)
-        ]
-        client = clients[0] if len(clients) == 1 else FleetClient(clients)
+        client = _infer_client(spec, target.url, target.protocol)
     try:
         try:
             live = await client.live()
@@ -375,6 +383,15 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
                 progress.note(f"no -m: measuring '{model}', the only model the server lists (GET /v1/models)")
             await client.check_model(model)
         server = {"url": target.url, "embedded": target.embedded, **await client.server_metadata()}
+        if not isinstance(client, GenerativeClient):
+            settled, note = t.with_tensor_format(server)
+            if note:
+                progress.note(note)
+            if settled != t:  # the recorded spec, the workers and the client's encoding follow it
+                spec, t = dataclasses.replace(spec, target=settled), settled
+                if settled.json_tensors or settled.json_outputs:
+                    await client.close()
+                    client = _infer_client(spec, target.url, target.protocol)
         requests: list[v2.InferRequest] = []
         metadata: dict[str, Any] = {}
         sequences: SequenceLoad | None = None
@@ -448,7 +465,7 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
                 keep = bool(sweep.result.levels)  # interrupted before any level ended: no empty files
                 raise
             finally:
-                run.result = sweep.result
+                run.result, run.failures = sweep.result, tuple(sweep.failures)
                 if keep:
                     outputs.save(sweep.result, None)
         outputs.finish(sweep.result)

@@ -54,6 +54,7 @@ from perfkit.wire.prepared import TEMPLATE_FIELDS, Prepared, SequenceTemplate, h
 from perfkit.wire.replies import (
     MESSAGES_PER_KIND,
     VALIDATION_MISMATCH,
+    FailureLog,
     Outcome,
     body_framing_ok,
     describe,
@@ -186,7 +187,12 @@ class HttpClient:
         self._wire = http_wire.ConnectionPool(host, port, ssl_context=https, limit=connections, timeout_s=timeout_s)
         authority = f"[{host}]" if ":" in host else host
         self._host_header = authority if self._base.is_default_port() else f"{authority}:{port}"
-        self._seen: dict[str, int] = {}
+        self.failures = FailureLog()  # what the console says of failed requests
+
+    @property
+    def binary(self) -> tuple[bool, bool]:
+        """Whether requests carry binary inputs and ask for binary outputs (else JSON in the body)."""
+        return self._binary
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -234,7 +240,7 @@ class HttpClient:
             kind = http_failure_kind(failure)
             recv_ns = _now() - first if first else 0
             return Outcome(
-                kind, 0, sent - start if sent else 0, recv_ns, note_once(self._seen, kind, describe(failure))
+                kind, 0, sent - start if sent else 0, recv_ns, note_once(self.failures, kind, describe(failure))
             )
         ok = status == 200 and body_framing_ok(body, header_length)
         if ok and prepared.expected is not None:
@@ -244,7 +250,7 @@ class HttpClient:
                 problem = f"the outputs cannot be decoded: {exc}"
             if problem:
                 kind = VALIDATION_MISMATCH
-                return Outcome(kind, len(body), sent - start, _now() - first, note_once(self._seen, kind, problem))
+                return Outcome(kind, len(body), sent - start, _now() - first, note_once(self.failures, kind, problem))
         done = _now()
         if ok:
             return Outcome("", len(body), sent - start, done - first)
@@ -252,8 +258,8 @@ class HttpClient:
             kind, message = "bad response", "the JSON header or the binary sizes of the infer response are malformed"
         else:  # decoded only while wanted
             kind = f"HTTP {status}"
-            message = v2.decode_error(body) if self._seen.get(kind, 0) < MESSAGES_PER_KIND else ""
-        return Outcome(kind, len(body), sent - start, done - first, note_once(self._seen, kind, message))
+            message = v2.decode_error(body) if self.failures.wanted(kind) else ""
+        return Outcome(kind, len(body), sent - start, done - first, note_once(self.failures, kind, message))
 
     async def _call(self, method: str, url: yarl.URL, body: Any = None) -> tuple[int, bytes]:
         session = self._session or self._open()

@@ -21,9 +21,11 @@ from v2kit import codec as v2
 __all__ = [
     "MESSAGES_PER_KIND",
     "VALIDATION_MISMATCH",
+    "FailureLog",
     "Outcome",
     "body_framing_ok",
     "describe",
+    "failure_line",
     "grpc_failure_kind",
     "http_failure_kind",
     "http_outputs",
@@ -32,6 +34,11 @@ __all__ = [
 ]
 
 MESSAGES_PER_KIND = 10
+#: Distinct texts of one kind kept for the console: a server that words each failure anew (an id in
+#: it) still gets a few lines, not one per request.
+TEXTS_PER_KIND = 3
+#: The console line's cut: a server's text can be a whole traceback or an echo of the request.
+TEXT_CHARS = 400
 VALIDATION_MISMATCH = "validation mismatch"
 
 
@@ -64,10 +71,59 @@ def http_outputs(body: bytes, header_length: bytes | str | None) -> dict[str, by
     return {t.name: v2.tensor_to_raw(t.data, t.datatype, t.name) for t in response.outputs}
 
 
-def note_once(seen: dict[str, int], kind: str, message: str) -> str:
-    """`message` for the first few failures of a kind, "" after: samples stay small."""
-    seen[kind] = count = seen.get(kind, 0) + 1
-    return message if count <= MESSAGES_PER_KIND else ""
+class FailureLog:
+    """A client's failures: counted by kind, and each distinct text of the first few of a kind kept
+    until the console has said it (`unsaid`), so that a run shows why its requests failed."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.texts: dict[tuple[str, str], bool] = {}  # (kind, text) -> said on the console
+
+    def wanted(self, kind: str) -> bool:
+        """Whether the next failure of `kind` still carries its text (decoding it costs)."""
+        return self.counts.get(kind, 0) < MESSAGES_PER_KIND
+
+    def note(self, kind: str, message: str) -> str:
+        """Count one failure; `message` for the first few of its kind, "" after: samples stay small."""
+        self.counts[kind] = count = self.counts.get(kind, 0) + 1
+        if count > MESSAGES_PER_KIND:
+            return ""
+        if sum(k == kind for k, _ in self.texts) < TEXTS_PER_KIND:
+            self.texts.setdefault((kind, message), False)
+        return message
+
+    def unsaid(self) -> list[tuple[str, str]]:
+        """The (kind, text) pairs not said yet, in the order they came; now counted as said."""
+        new = [pair for pair, said in self.texts.items() if not said]
+        for pair in new:
+            self.texts[pair] = True
+        return new
+
+
+def note_once(seen: FailureLog, kind: str, message: str) -> str:
+    """`message` for the first few failures of a kind, "" after (FailureLog.note)."""
+    return seen.note(kind, message)
+
+
+#: Failures an HTTP server gives a body it cannot read: its error status, or closing the connection.
+_UNREAD_BODY = ("HTTP 400", "HTTP 415", "HTTP 422", "HTTP 500", "connection reset", "disconnected")
+
+
+def failure_line(kind: str, text: str, *, protocol: str, binary_inputs: bool, binary_outputs: bool) -> str:
+    """One console line for a failure: its kind, the server's own text, and the flag that may help,
+    e.g. `--input-tensor-format json` when a server refused (or hung up on) binary tensors."""
+    text = " ".join(text.split())
+    if len(text) > TEXT_CHARS:
+        text = text[: TEXT_CHARS - 3] + "..."
+    line = f"{kind}: {text}" if text else kind
+    if protocol == "http" and binary_inputs and kind in _UNREAD_BODY:
+        line += ("; perfkit sent binary tensors (the binary_tensor_data extension), which the server may not "
+                 "read: try --input-tensor-format json")  # fmt: skip
+    elif protocol == "http" and binary_outputs and kind == "bad response":
+        line += "; perfkit asked for binary outputs: try --output-tensor-format json"
+    elif kind in ("HTTP 401", "HTTP 403", "grpc UNAUTHENTICATED", "grpc PERMISSION_DENIED"):
+        line += "; give the server's credentials with -H, e.g. -H 'Authorization: Bearer TOKEN'"
+    return line
 
 
 def describe(exc: BaseException) -> str:
@@ -106,7 +162,7 @@ def body_framing_ok(body: bytes, header_length: bytes | str | None) -> bool:
             return isinstance(doc.get("outputs"), list)
         n = int(header_length)
         outputs = json.loads(body[:n])["outputs"]
-        return bool(n + sum((o.get("parameters") or {}).get("binary_data_size", 0) for o in outputs) == len(body))
+        return bool(n + sum(o.get("parameters", {}).get("binary_data_size", 0) for o in outputs) == len(body))
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return False
 

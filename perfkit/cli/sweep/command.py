@@ -41,7 +41,17 @@ def measure(spec: SweepSpec, argv: list[str]) -> tuple[SweepRun, int]:
         print("\n".join(table))
     for note in sweep_notes(run.result, run.outputs.paths() if run.outputs is not None else [], code):
         print(note, file=sys.stderr)
+    for line in failure_lines(run, code):
+        print(line, file=sys.stderr)
     return run, code
+
+
+def failure_lines(run: SweepRun, code: int) -> list[str]:
+    """Why requests failed, in the server's own words, as the last lines of a run they spoilt (exit 4,
+    or a sweep stopped by them): said during the run too, but a table and file names came since."""
+    if code not in (ExitCode.ERRORS, ExitCode.FAILED) or not run.failures:
+        return []
+    return [f"error: requests failed: {line}" for line in run.failures]
 
 
 def interrupt_lines(swept: SweepRun) -> list[str]:

@@ -48,8 +48,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     target.add_argument(
         "--input-tensor-format",
         choices=("binary", "json"),
-        default="binary",
-        help="HTTP tensor encoding (default binary)",
+        default=None,
+        help="HTTP tensor encoding (default binary where the server lists the binary_tensor_data extension, else json)",
     )
     load_group = p.add_argument_group("load")
     load = load_group.add_mutually_exclusive_group()

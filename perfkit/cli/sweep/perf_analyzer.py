@@ -115,8 +115,9 @@ def add_perf_analyzer_arguments(p: argparse.ArgumentParser) -> None:
     reason otherwise (a usage error of this command)."""
     g = p.add_argument_group("perf_analyzer's other flags (so its command lines run unchanged)")
     g.add_argument("--version", action="version", version=f"perfkit {__version__}", help="print perfkit's version")
-    g.add_argument("--output-tensor-format", choices=("binary", "json"), default="binary",
-                   help="HTTP: ask for outputs as binary data or in the JSON body (default binary)")  # fmt: skip
+    g.add_argument("--output-tensor-format", choices=("binary", "json"), default=None,
+                   help="HTTP: ask for outputs as binary data or in the JSON body (default binary where the "
+                   "server lists the binary_tensor_data extension, else json)")  # fmt: skip
     g.add_argument("--grpc-compression-algorithm", choices=("none", "gzip", "deflate"), default="none",
                    help="-i grpc: compress each request message (grpc-encoding) (default none)")  # fmt: skip
     g.add_argument("-t", dest="pa_concurrency", type=int, metavar="N", help="deprecated: --concurrency-range N")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from perfkit.cli.common import headers_from_args, tls_from_args, windows_from_args
+from perfkit.cli.common import headers_from_args, json_format, tls_from_args, windows_from_args
 from perfkit.cli.sweep.perf_analyzer import endpoint_path, endpoint_type, resolved
 from perfkit.errors import PerfkitError
 from perfkit.genai.goodput import parse_goodput
@@ -156,8 +156,8 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
             model_version=args.model_version,
             headers=headers_from_args(args),
             request_timeout_s=args.request_timeout,
-            json_tensors=args.input_tensor_format == "json",
-            json_outputs=args.output_tensor_format == "json",
+            json_tensors=json_format(args.input_tensor_format),
+            json_outputs=json_format(args.output_tensor_format),
             grpc_compression=args.grpc_compression_algorithm,
             tls=tls_from_args(args),
             max_connections=args.max_connections,

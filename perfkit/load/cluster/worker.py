@@ -45,7 +45,7 @@ class LoadWorker:
         t = self._target
         client = make_client(
             self._url, t.protocol, request_timeout_s=t.request_timeout_s, headers=dict(t.headers),
-            json_tensors=t.json_tensors, binary_outputs=not t.json_outputs, connections=t.max_connections, tls=t.tls,
+            json_tensors=bool(t.json_tensors), binary_outputs=not t.json_outputs, connections=t.max_connections, tls=t.tls,
             compression=t.grpc_compression,
         )  # fmt: skip
         prepared = [client.prepare(r) for r in self._requests]

@@ -33,6 +33,7 @@ from perfkit.wire.limits import LOAD_TIMEOUT_S, MAX_CONTROL_REPLY
 from perfkit.wire.prepared import Prepared, SequenceTemplate, grpc_sequence_payload
 from perfkit.wire.replies import (
     VALIDATION_MISMATCH,
+    FailureLog,
     Outcome,
     describe,
     grpc_failure_kind,
@@ -87,7 +88,7 @@ class GrpcClient:
         self._stream_block = encode_stream_headers(self._wire.target, context is not None, stream_metadata)
         self._channel: grpc.aio.Channel | None = None  # the rest; opened in the event loop, on first use
         self._stub: Any = None
-        self._seen: dict[str, int] = {}
+        self.failures = FailureLog()  # what the console says of failed requests
 
     def _open(self) -> Any:
         if self._channel is None:
@@ -138,14 +139,14 @@ class GrpcClient:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # send() classifies every failure
-            return Outcome("client error", 0, 0, 0, note_once(self._seen, "client error", describe(exc)))
+            return Outcome("client error", 0, 0, 0, note_once(self.failures, "client error", describe(exc)))
         sent = call.sent_ns - start if call.sent_ns else 0
         if call.status:
             if call.status == grpc_wire.MALFORMED:
                 kind = "bad response"
             else:
                 kind = grpc_failure_kind(_STATUS_CODES.get(call.status, grpc.StatusCode.UNKNOWN), call.details)
-            return Outcome(kind, 0, sent, 0, note_once(self._seen, kind, call.details))
+            return Outcome(kind, 0, sent, 0, note_once(self.failures, kind, call.details))
         reply = call.message
         received = _now()
         try:
@@ -156,13 +157,13 @@ class GrpcClient:
             problem = f"the reply is not a ModelInferResponse: {exc}"
         done = _now()
         if problem:
-            message = note_once(self._seen, "bad response", problem)
+            message = note_once(self.failures, "bad response", problem)
             return Outcome("bad response", len(reply), sent, done - received, message)
         if prepared.expected is not None:
             outputs = {o.name: raw for o, raw in zip(response.outputs, response.raw_output_contents)}
             mismatch = output_mismatch(prepared.expected, outputs)
             if mismatch:
-                message = note_once(self._seen, VALIDATION_MISMATCH, mismatch)
+                message = note_once(self.failures, VALIDATION_MISMATCH, mismatch)
                 return Outcome(VALIDATION_MISMATCH, len(reply), sent, _now() - received, message)
         return Outcome("", len(reply), sent, done - received)
 
@@ -174,7 +175,7 @@ class GrpcClient:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # send() classifies every failure
-            return Outcome("client error", 0, 0, 0, note_once(self._seen, "client error", describe(exc)))
+            return Outcome("client error", 0, 0, 0, note_once(self.failures, "client error", describe(exc)))
         sent = done.sent_ns - start if done.sent_ns else 0
         responses = tuple(done.response_ns)
         code, message = done.status, done.details
@@ -188,7 +189,7 @@ class GrpcClient:
             kind, message = "error response", done.error_response
         else:
             return Outcome("", done.bytes_in, sent, done.parse_ns, response_ns=responses)
-        note = note_once(self._seen, kind, message)
+        note = note_once(self.failures, kind, message)
         return Outcome(kind, done.bytes_in, sent, done.parse_ns, note, response_ns=responses)
 
     async def _rpc(self, method: str, request: Any, timeout_s: float | None = None, extension: str = "") -> Any:
