@@ -1,8 +1,8 @@
 """The server a command measures: the one given with -u, or else the embedded default target, the
 bundled reference server started as a child process on free loopback ports for the duration of one
 command, on the demo model repository unless told otherwise (with its generative models for a
-generative endpoint). Sweep and tune open it with
-`open_target`, which also applies perf_analyzer's rule for where a -u server's metrics are read.
+generative endpoint). Sweep and tune open it with `open_target`; where a -u server's metrics are
+read without --metrics-url is decided from its identity (perfkit.measure.metrics_source).
 `TargetSpec` is what sweep, tune and probe are told about it (-u, -i, headers, TLS), checked by one
 `validate()`.
 
@@ -293,31 +293,17 @@ def checked_metrics_url(url: str, flag: str = "--metrics-url") -> str:
     return f"{scheme}://{host}{'' if port is None else f':{port}'}/{path or 'metrics'}"
 
 
-def metrics_url_of(url: str, metrics_url: str | None, collect_metrics: bool) -> str | None:
-    """Where the metrics of the server at `url` are read: --metrics-url, else with --collect-metrics
-    perf_analyzer's port 8002 on the host of -u (served in the clear, also beside an https:// server)."""
-    if metrics_url or not collect_metrics:
-        return metrics_url or None
-    return f"http://{url.split('://', 1)[-1].rsplit(':', 1)[0]}:8002/metrics"
-
-
-def metrics_urls_of(url: str, metrics_urls: Sequence[str], collect_metrics: bool) -> tuple[str, ...]:
-    """`metrics_url_of` for each endpoint of -u (`-u A,B`): the --metrics-url given (any number),
-    else with --collect-metrics port 8002 on the host of each endpoint, each host once."""
-    if metrics_urls or not collect_metrics:
-        return tuple(metrics_urls)
-    return tuple(dict.fromkeys(u for e in endpoints_of(url) if (u := metrics_url_of(e, None, True))))
-
-
 @contextlib.contextmanager
-def open_target(url: str | None, protocol: str, *, metrics_urls: Sequence[str] = (), collect_metrics: bool = False,
+def open_target(url: str | None, protocol: str, *, metrics_urls: Sequence[str] = (),
                 model_repository: Path | None = None, server_args: Sequence[str] = (),
                 genai: bool = False) -> Iterator[Target]:  # fmt: skip
     """The server at `url` (-u) as given; with no `url`, the embedded reference server on
     `model_repository` (default: the demo models, with the generative ones if `genai`) with
-    `server_args`, until the block ends."""
+    `server_args`, until the block ends. A -u server's metrics are read at `metrics_urls`; without
+    any, --collect-metrics reads them where its identity says once its metadata is read
+    (perfkit.measure.metrics_source.with_server_metrics), not at a port guessed for every server."""
     if url is not None:
-        yield Target(url, protocol, metrics_urls_of(url, metrics_urls, collect_metrics), None, embedded=False)
+        yield Target(url, protocol, tuple(metrics_urls), None, embedded=False)
         return
     if model_repository is None and genai:
         from v2kit.demo import ensure_demo_repository  # it loads onnx: only for the demo models

@@ -117,7 +117,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_connection_flags(p, target)
     target.add_argument("--request-timeout", type=float, default=30.0, metavar="SECONDS")
     target.add_argument("--collect-metrics", action="store_true", help="scrape -u's metrics for GPU figures")
-    target.add_argument("--metrics-url", metavar="URL", help="default: port 8002 on the host of -u")
+    target.add_argument("--metrics-url", metavar="URL", help="default: where the server's metadata name says (triton: port 8002 on the host of -u)")
     ray = p.add_argument_group("distributed (Ray: pip install 'perfkit[distributed]')")
     ray.add_argument(
         "--workers", type=int, metavar="N",

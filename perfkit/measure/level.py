@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -141,10 +142,21 @@ class LevelMeasurement:
     window_boundaries_ns: tuple[int, ...]
 
 
+#: How a server answers for an extension it does not have: no such route, or no such RPC (the text
+#: of the wire's TargetError, whose message quotes the status).
+_NOT_OFFERED = re.compile(r"\bHTTP (?:404|405|501)\b|: UNIMPLEMENTED\b")
+
+
 class ServerStatsProbe:
     """Reads the entries of the model and of the models it is composed of (`composing`) from the
     statistics extension; a failure is noted once, never raised. `fetch` must return every model's
-    statistics when `composing` names any."""
+    statistics when `composing` names any.
+
+    A server without the extension (MLServer, KServe) answers HTTP 404 or gRPC UNIMPLEMENTED: that
+    answer is trusted first, and the probe stops asking. `offered` is what the server's metadata
+    says (its `extensions` lists `statistics`, or not; None: it does not say): a server that lists
+    no statistics extension and fails to answer in any other way has none either. `server` names the
+    server in the note (its metadata's name and version)."""
 
     def __init__(
         self,
@@ -152,29 +164,52 @@ class ServerStatsProbe:
         model: str,
         version: str,
         composing: server_stats.ComposingMap | None = None,
+        *,
+        server: str = "the server",
+        offered: bool | None = None,
     ) -> None:
         self._fetch = fetch
         self.model = model
         self.version = version
         self.composing: server_stats.ComposingMap = composing or {}
+        self.server = server
+        self.offered = offered
+        self.missing = False  # the server has no statistics extension: never asked again
         self._previous: dict[str, Any] | None = None
         self.note = ""
+        self._said = ""
 
     def difference(self, before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]]) -> ServerStats:
         """The server's figures between two snapshots, composing models included."""
         return server_stats.tree_diff(before, after, self.model, self.composing)
 
     async def snapshot(self) -> dict[str, dict[str, Any]] | None:
+        if self.missing:
+            return None
         try:
             everything = await self._fetch()
         except Exception as exc:  # the server may not offer the statistics extension
-            if not self.note:
+            answer = _NOT_OFFERED.search(str(exc))
+            if answer or self.offered is False:
+                self.missing = True
+                why = "its metadata lists no statistics extension"
+                if answer:
+                    why = "gRPC UNIMPLEMENTED" if answer.group().endswith("UNIMPLEMENTED") else answer.group()
+                self.note = f"{self.server} has no statistics extension ({why}): no server-side latency breakdown"
+            elif not self.note:
                 self.note = f"no server-side statistics: {exc}"
-                log.info(self.note)
+            log.info(self.note)
             return None
         entries = server_stats.pick_tree(everything, self.model, self.version, self.composing, self._previous)
         self._previous = everything
         return entries
+
+    def news(self) -> str:
+        """The note when it has not been said yet, else "": what the console says once."""
+        if self.note == self._said:
+            return ""
+        self._said = self.note
+        return self.note
 
 
 def _mode_name(load: Load) -> str:
@@ -413,6 +448,8 @@ async def observe_level(observer: LevelObserver, loadgen: LevelLoad, load: Load,
     observer.level_started(_mode_name(load), _level_value(load))
     measurement = await measure_level(loadgen, load, spec, batch_size=batch_size, server=server, resources=resources,
                                       progress=observer, drain_timeout_s=drain_timeout_s)  # fmt: skip
+    if server is not None and (news := server.news()):
+        observer.note(news)  # once per run: the probe lives as long as the sweep or the tune
     if finish is not None:
         measurement = finish(measurement)
     observer.level_done(measurement.result)

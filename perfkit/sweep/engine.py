@@ -21,6 +21,7 @@ from perfkit.load.samples import SampleBuffer
 from perfkit.load.schedule import ClosedLoop, Load, OpenLoop, linear_levels
 from perfkit.load.sequences import SequenceLoad
 from perfkit.measure.level import LevelMeasurement, LevelObserver, ServerStatsProbe, observe_level, server_gone
+from perfkit.measure.metrics_source import lists_extension, server_label
 from perfkit.measure.resources import ResourceSampler
 from perfkit.results.model import LevelResult, SweepResult
 from perfkit.sweep.spec import SweepSpec
@@ -119,7 +120,11 @@ class Sweep:
             )
         # With composing models every model's statistics are read, in one response as perf_analyzer does.
         named = () if composing else (model, model_version)
-        self.server = ServerStatsProbe(lambda: client.model_statistics(*named), model, model_version, composing)
+        about = provenance.get("server") or {}  # the server's metadata: its name, and does it list statistics
+        self.server = ServerStatsProbe(
+            lambda: client.model_statistics(*named), model, model_version, composing,
+            server=server_label(about), offered=lists_extension(about, "statistics"),
+        )  # fmt: skip
         self.result = SweepResult(
             model=model,
             model_version=model_version,

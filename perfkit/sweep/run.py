@@ -30,6 +30,7 @@ from perfkit.load.samples import SampleArrays
 from perfkit.load.sequences import SequenceLoad, SequenceManager
 from perfkit.load.validation import batch_expected, read_validation_data
 from perfkit.measure.level import LevelMeasurement
+from perfkit.measure.metrics_source import with_server_metrics
 from perfkit.measure.resources import ResourceSampler
 from perfkit.measure.served import config_needed, describe_models, no_config_note, read_model, ready_models
 from perfkit.progress import Progress
@@ -383,6 +384,9 @@ async def _sweep(spec: SweepSpec, target: Target, progress: Progress, argv: list
                 progress.note(f"no -m: measuring '{model}', the only model the server lists (GET /v1/models)")
             await client.check_model(model)
         server = {"url": target.url, "embedded": target.embedded, **await client.server_metadata()}
+        target, metrics_note = with_server_metrics(target, server, spec.metrics.collect)
+        if metrics_note:
+            progress.note(metrics_note)
         if not isinstance(client, GenerativeClient):
             settled, note = t.with_tensor_format(server)
             if note:
@@ -495,8 +499,7 @@ def run_sweep(spec: SweepSpec, argv: list[str]) -> tuple[SweepRun, int]:
     run = SweepRun()
     try:
         t, metrics = spec.target, spec.metrics
-        with open_target(t.url, t.protocol, metrics_urls=metrics.metrics_urls, collect_metrics=metrics.collect,
-                         genai=spec.genai.enabled) as target:  # fmt: skip
+        with open_target(t.url, t.protocol, metrics_urls=metrics.metrics_urls, genai=spec.genai.enabled) as target:
             if target.embedded:
                 progress.note(f"measuring the embedded reference server at {target.url}")
             eventloop.run(_sweep(spec, target, progress, argv, run))

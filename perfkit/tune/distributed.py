@@ -37,7 +37,7 @@ from perfkit.errors import TargetError
 from perfkit.load.cluster.runtime import ray_runtime
 from perfkit.progress import Progress
 from perfkit.results.model import LevelResult
-from perfkit.target import Target, metrics_url_of
+from perfkit.target import Target
 from perfkit.tune.bayesian import bayesian_batches
 from perfkit.tune.search import brute_batches, quick_batches
 from perfkit.tune.space import Space, Variant
@@ -84,14 +84,13 @@ class EndpointActor:
         self.server: TuneServer | None = None
 
     async def open(self) -> EndpointState:
-        metrics_url = metrics_url_of(self.url, self.spec.metrics_url, self.spec.collect_metrics)
-        target = Target(
-            self.url, self.spec.target.protocol, (metrics_url,) if metrics_url else (), None, embedded=False
-        )
+        given = (self.spec.metrics_url,) if self.spec.metrics_url else ()
+        target = Target(self.url, self.spec.target.protocol, given, None, embedded=False)
         server = self.server = TuneServer(self.spec, self.model, target, Progress(quiet=True))
         if not await server.client.live():
             raise TargetError(f"{self.url} answers but is not live")
         metadata = await server.server_metadata()  # raises when the server refuses -H's credentials
+        server.know_server(metadata)  # its metrics where its identity says: Triton's port 8002, ...
         config = await server.served_config()
         await server.resources.start()
         return EndpointState(config, metadata)

@@ -47,6 +47,7 @@ from perfkit.load.inputs import build_requests
 from perfkit.load.samples import SampleBuffer
 from perfkit.load.schedule import ClosedLoop, OpenLoop
 from perfkit.measure.level import ServerStatsProbe, observe_level, server_gone
+from perfkit.measure.metrics_source import lists_extension, server_label, with_server_metrics
 from perfkit.measure.probe import check_credentials
 from perfkit.measure.resources import ResourceSampler
 from perfkit.measure.served import config_needed
@@ -81,9 +82,23 @@ class TuneServer:
             headers=dict(spec.target.headers), tls=spec.target.tls,
         )  # fmt: skip
         self.prepared: list[Any] | None = None
-        self.resources = ResourceSampler(
-            interval_s=0.5, metrics_urls=target.metrics_urls, server_pid=target.server_pid, local_gpu=target.embedded
-        )
+        self.resources = self._sampler()
+        # One for the whole tune, so that a server without the statistics extension is said once.
+        self.stats = ServerStatsProbe(lambda: self.client.model_statistics(model.name, ""), model.name, "")
+
+    def _sampler(self) -> ResourceSampler:
+        t = self.target
+        return ResourceSampler(interval_s=0.5, metrics_urls=t.metrics_urls, server_pid=t.server_pid, local_gpu=t.embedded)
+
+    def know_server(self, metadata: dict[str, Any]) -> str:
+        """Name the server in the statistics note and read its metrics where its identity says
+        (--collect-metrics without --metrics-url), before the sampling starts; the console line
+        to say about its metrics ("" when none)."""
+        self.stats.server = server_label(metadata)
+        self.stats.offered = lists_extension(metadata, "statistics")
+        self.target, note = with_server_metrics(self.target, metadata, self.spec.collect_metrics)
+        self.resources = self._sampler()
+        return note
 
     async def server_metadata(self) -> dict[str, Any]:
         """The server's metadata ({} when it gives none). Being the first call that needs
@@ -142,12 +157,11 @@ class TuneServer:
     async def level(self, value: int, record: Record) -> LevelResult:
         """One level of the variant: `value` clients (closed loop), or requests per second (open loop)."""
         assert self.prepared is not None
-        client, name, spec = self.client, self.model.name, self.spec
-        loadgen = LoadGenerator(client, self.prepared, SampleBuffer(), RealClock())
+        spec = self.spec
+        loadgen = LoadGenerator(self.client, self.prepared, SampleBuffer(), RealClock())
         load = OpenLoop(value, spec.request_distribution, spec.seed) if spec.rate_mode else ClosedLoop(value)
         measurement = await observe_level(
-            self.progress, loadgen, load, self.spec.windows, batch_size=1,
-            server=ServerStatsProbe(lambda: client.model_statistics(name, ""), name, ""),
+            self.progress, loadgen, load, self.spec.windows, batch_size=1, server=self.stats,
             resources=self.resources, drain_timeout_s=self.spec.target.request_timeout_s + 5,
         )  # fmt: skip
         level = measurement.result
@@ -257,6 +271,8 @@ class Tuner:
             except TargetError as exc:
                 raise TargetError(f"cannot reach the server: {exc}") from None
             server = await self.server.server_metadata()
+            if note := self.server.know_server(server):
+                self.progress.note(note)
             checkpoint = self._open_checkpoint(checkpoint_path)
             if checkpoint.default_config is None and not self.target.embedded:
                 served = await self.server.served_config()
@@ -421,8 +437,8 @@ def one_server_tuner(
 ) -> Iterator[Tuner]:
     """The tuner on one server: -u, or the bundled server in explicit mode on the model folder's parent."""
     t, metrics_urls = spec.target, (spec.metrics_url,) if spec.metrics_url else ()
-    with open_target(t.url, t.protocol, metrics_urls=metrics_urls, collect_metrics=spec.collect_metrics,
-                     model_repository=model.folder.parent, server_args=["--model-control-mode", "explicit"]) as target:  # fmt: skip
+    with open_target(t.url, t.protocol, metrics_urls=metrics_urls, model_repository=model.folder.parent,
+                     server_args=["--model-control-mode", "explicit"]) as target:  # fmt: skip
         if target.embedded:
             progress.note(f"tuning '{model.name}' on the bundled server at {target.url} (explicit mode)")
         yield Tuner(spec, model, target, progress, sink)

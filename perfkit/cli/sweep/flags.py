@@ -194,7 +194,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     res.add_argument(
         "--metrics-url", action="append", default=[], metavar="URL",
         help="a Prometheus endpoint to scrape (Triton's nv_gpu_*, a DCGM exporter's DCGM_FI_DEV_*); repeatable; "
-        "default: port 8002 on the host of each -u endpoint",
+        "default: where the server's metadata name says (triton: port 8002 on the host of each -u endpoint; "
+        "mlserver: 8082; kserve: /metrics on its HTTP port), else none",
     )  # fmt: skip
     res.add_argument("--metrics-interval", type=float, default=1000.0, metavar="MS")
     out = p.add_argument_group("output")

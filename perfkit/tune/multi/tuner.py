@@ -60,6 +60,7 @@ class CombinationTuner:
         self.served: dict[str, dict[str, Any] | None] = {}  # what the server had before the tune (-u)
         self.loaded: dict[str, dict[str, Any] | None] = {}  # what the server serves now, as far as we loaded it
         self.prepared: dict[str, list[Any]] = {}
+        self.stats: dict[str, ServerStatsProbe] = {}  # each model's for the whole tune: a missing extension said once
         self.silent = Progress(quiet=True)  # observes the levels measured beside the one shown
 
     def save(self, result: CombinationResult) -> None:
@@ -218,10 +219,12 @@ class CombinationTuner:
         async def one(model: Model, shown: bool) -> LevelResult:
             client, name = self.client, model.name
             loadgen = LoadGenerator(client, self.prepared[name], SampleBuffer(), RealClock())
+            if name not in self.stats:
+                self.stats[name] = ServerStatsProbe(lambda: client.model_statistics(name, ""), name, "")
             measurement = await observe_level(
                 self.progress if shown else self.silent, loadgen, ClosedLoop(concurrency), self.spec.windows,
-                batch_size=1, server=ServerStatsProbe(lambda: client.model_statistics(name, ""), name, ""),
-                resources=None, drain_timeout_s=self.spec.target.request_timeout_s + 5,
+                batch_size=1, server=self.stats[name], resources=None,
+                drain_timeout_s=self.spec.target.request_timeout_s + 5,
             )  # fmt: skip
             remaining[0] -= 1
             if remaining[0] == 0:
