@@ -89,6 +89,41 @@ def test_probe_with_default_flags(server: OipServer, protocol: str, capsys: pyte
     assert "20/20" in out.split("addone", 1)[-1], out  # its row: every request answered
 
 
+# What a server lacks, said once for a sweep of two levels: the statistics extension (a progress
+# note) and its metrics (the resource sampler's log line). KServe serves /metrics on its HTTP port,
+# without GPU figures; MLServer's are looked for on its default metrics port, 8082 (the fixture's is
+# another: that scrape fails, or finds some other server's metrics without GPU figures).
+MISSING = {
+    ("kserve", "http"): ("kserve 0.21.0 has no statistics extension (HTTP 404)", "/metrics"),
+    ("mlserver", "grpc"): ("mlserver 1.7.1 has no statistics extension (gRPC UNIMPLEMENTED)", "127.0.0.1:8082/metrics"),
+}
+# Three windows of 100 ms a level, and no more: what is said does not depend on the levels' validity.
+SAID_ONCE_WINDOWS = ("-p", "100", "-r", "3", "--window-lengthenings", "0")
+
+
+@pytest.mark.parametrize(("name", "protocol"), MISSING)
+def test_what_a_server_lacks_is_said_once(
+    name: str, protocol: str, request: pytest.FixtureRequest, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    server: OipServer = request.getfixturevalue(name)
+    url = server.url(protocol)
+    code = main([
+        "sweep", "-u", url, "-i", protocol, "-m", "addone", "--concurrency-range", "1:2", *SAID_ONCE_WINDOWS,
+        "--collect-metrics", "--metrics-interval", "100", "--report-dir", str(tmp_path), "--no-report",
+    ])  # fmt: skip
+    said = capsys.readouterr().err.splitlines()
+    assert code in (0, 3), f"perfkit sweep -u {url} -i {protocol} ended {code}:\n" + "\n".join(said)
+    statistics, metrics = MISSING[name, protocol]
+    assert [line for line in said if "statistics" in line] == [f"{statistics}: no server-side latency breakdown"]
+    assert not [line for line in said if "Traceback" in line or "error" in line.lower()]
+    metrics_url = f"{server.http_url}/metrics" if metrics == "/metrics" else metrics
+    scrapes = [r.getMessage() for r in caplog.records if metrics_url in r.getMessage()]
+    assert len(scrapes) == 1, scrapes  # once, not per reading (every 100 ms) nor per level
+    if name == "kserve":
+        assert scrapes == [f"no GPU metrics at http://{metrics_url} (nv_gpu_* or DCGM_FI_DEV_*)"]
+
+
 @pytest.fixture(scope="module")
 def mlserver_with_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[OipServer]:
     """MLServer whose addone also answers GET /v2/models/addone/config, which perf_analyzer needs."""
