@@ -21,12 +21,14 @@ import pytest
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc
 
-from perfkit.cli import main
+from perfkit.cli import build_parser, main
+from perfkit.cli.sweep import spec_from_args
 from perfkit.errors import MODEL_CONFIGURATION, ExitCode, MissingExtension, PerfkitError, TargetError
 from perfkit.load.fleet import FleetClient
 from perfkit.load.inputs import build_requests
 from perfkit.measure.probe import probe
 from perfkit.results.model import read_sweep
+from perfkit.sweep.run import resolve_model
 from perfkit.wire.client import make_client
 from perfkit.wire.replies import body_framing_ok
 
@@ -312,7 +314,7 @@ def test_tune_refuses_a_server_without_model_configuration(
 
 def test_missing_extension_survives_pickling() -> None:
     copy = pickle.loads(pickle.dumps(MissingExtension("GET x: HTTP 404", MODEL_CONFIGURATION)))
-    assert isinstance(copy, TargetError) and copy.extension == MODEL_CONFIGURATION and str(copy) == "GET x: HTTP 404"
+    assert isinstance(copy, MissingExtension) and copy.extension == MODEL_CONFIGURATION and str(copy) == "GET x: HTTP 404"
 
 
 def test_a_reply_whose_outputs_have_null_parameters_is_well_framed() -> None:
@@ -321,3 +323,13 @@ def test_a_reply_whose_outputs_have_null_parameters_is_well_framed() -> None:
     header = json.dumps({"outputs": outputs}).encode()
     assert body_framing_ok(header + bytes(4), str(len(header)))
     assert not body_framing_ok(header + bytes(3), str(len(header)))
+
+
+async def test_sweep_without_m_says_what_the_server_lists_when_no_model_is_ready() -> None:
+    class Index:
+        async def repository_index(self) -> list[dict[str, str]]:
+            return [{"name": "a", "state": "UNAVAILABLE", "reason": "load failed"}, {"name": "b", "state": "LOADING"}]
+
+    spec = spec_from_args(build_parser().parse_args(["sweep", "-u", "h:1"]))
+    with pytest.raises(TargetError, match=r"no ready model: it lists a \(UNAVAILABLE: load failed\), b \(LOADING\)"):
+        await resolve_model(Index(), spec, embedded=False)  # type: ignore[arg-type]
