@@ -162,7 +162,7 @@ def body_framing_ok(body: bytes, header_length: bytes | str | None) -> bool:
             return isinstance(doc.get("outputs"), list)
         n = int(header_length)
         outputs = json.loads(body[:n])["outputs"]
-        return bool(n + sum(o.get("parameters", {}).get("binary_data_size", 0) for o in outputs) == len(body))
+        return bool(n + sum((o.get("parameters") or {}).get("binary_data_size", 0) for o in outputs) == len(body))
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return False
 
