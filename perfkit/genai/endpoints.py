@@ -66,7 +66,8 @@ _PATHS = {
     "completions": "/v1/completions",
     "embeddings": "/v1/embeddings",
 }
-_OPENAI = tuple(_PATHS)
+#: The OpenAI-compatible endpoint types: none of the KServe v2 extensions (statistics among them) behind them.
+OPENAI_ENDPOINT_TYPES = tuple(_PATHS)
 _now = time.perf_counter_ns
 
 
@@ -140,7 +141,7 @@ class GenerativeClient:
             raise PerfkitError(f"-u {url}: expected HOST:PORT or http(s)://HOST:PORT")
         self.spec = spec
         self.tokenizer = tokenizer
-        self._openai = spec.endpoint_type in _OPENAI
+        self._openai = spec.endpoint_type in OPENAI_ENDPOINT_TYPES
         self._usage = spec.tokenizer == USAGE
         self._timeout_s = request_timeout_s
         self._headers = {"Content-Type": "application/json", **headers}

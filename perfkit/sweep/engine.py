@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 from perfkit.analysis.server_stats import ComposingMap
 from perfkit.analysis.stats import endpoint_figures, reported_windows, token_sample_check
-from perfkit.genai.endpoints import GenerativeClient
+from perfkit.genai.endpoints import OPENAI_ENDPOINT_TYPES, GenerativeClient
 from perfkit.genai.goodput import goodput_holds
 from perfkit.genai.records import output_length_check, response_tokens, session_figures, token_figures, usage_notes
 from perfkit.load.cluster.distributed import DistributedLoadGenerator
@@ -121,7 +121,9 @@ class Sweep:
         # With composing models every model's statistics are read, in one response as perf_analyzer does.
         named = () if composing else (model, model_version)
         about = provenance.get("server") or {}  # the server's metadata: its name, and does it list statistics
-        self.server = ServerStatsProbe(
+        # An OpenAI-compatible endpoint has no statistics extension by design: nothing to ask or to say.
+        openai = spec.genai.enabled and spec.genai.endpoint_type in OPENAI_ENDPOINT_TYPES
+        self.server = None if openai else ServerStatsProbe(
             lambda: client.model_statistics(*named), model, model_version, composing,
             server=server_label(about), offered=lists_extension(about, "statistics"),
         )  # fmt: skip
