@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from perfkit.analysis import server_stats, stats
-from perfkit.errors import PerfkitError
+from perfkit.errors import MissingExtension, PerfkitError
 from perfkit.load.generator import Clock
 from perfkit.load.samples import SampleArrays, SampleBuffer
 from perfkit.load.schedule import ClosedLoop, Load
@@ -190,9 +190,9 @@ class ServerStatsProbe:
             everything = await self._fetch()
         except Exception as exc:  # the server may not offer the statistics extension
             answer = _NOT_OFFERED.search(str(exc))
-            if answer or self.offered is False:
+            if answer or isinstance(exc, MissingExtension) or self.offered is False:
                 self.missing = True
-                why = "its metadata lists no statistics extension"
+                why = "its metadata lists no statistics extension" if self.offered is False else str(exc)
                 if answer:
                     why = "gRPC UNIMPLEMENTED" if answer.group().endswith("UNIMPLEMENTED") else answer.group()
                 self.note = f"{self.server} has no statistics extension ({why}): no server-side latency breakdown"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from perfkit.errors import TargetError
+from perfkit.errors import MissingExtension, TargetError
 from perfkit.load.generator import FakeClock
 from perfkit.load.schedule import ClosedLoop
 from perfkit.measure.level import ServerStatsProbe, WindowSpec
@@ -108,3 +108,15 @@ async def test_another_failure_of_a_server_that_may_have_statistics_is_asked_aga
     assert len(calls) == 4 and not probe.missing  # a busy server may answer the next time
     assert probe.news() == "no server-side statistics: GET http://h/v2/models/m/stats: HTTP 503: busy"
     assert probe.news() == ""  # said once
+
+
+async def test_the_wires_missing_extension_error_is_trusted_as_it_is() -> None:
+    async def fetch() -> dict[str, Any]:
+        raise MissingExtension("endpoint a:1: the server has no route for it", "statistics")
+
+    probe = ServerStatsProbe(fetch, "m", "", server="fleet")
+    assert await probe.snapshot() is None and probe.missing
+    assert probe.news() == (
+        "fleet has no statistics extension (endpoint a:1: the server has no route for it): "
+        "no server-side latency breakdown"
+    )
