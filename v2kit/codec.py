@@ -570,13 +570,16 @@ def encode_infer_request(
 def decode_infer_response(body: bytes, header_length: int | None) -> InferResponse:
     """Client side: an HTTP infer response body. Raises only CodecError (an error body included)."""
     doc, rest = _split_body(body, header_length, "response")
+    doc = {k: v for k, v in doc.items() if v is not None}  # KServe's python server writes an absent field as null
     if isinstance(doc.get("error"), str) and "outputs" not in doc:
         raise CodecError(f"server error: {doc['error']}")
     rid, params = _parse_common(doc)
-    name, version = doc.get("model_name", ""), doc.get("model_version", "")
+    name, version, outputs = doc.get("model_name", ""), doc.get("model_version", ""), doc.get("outputs", [])
     if not isinstance(name, str) or not isinstance(version, str):
         raise CodecError("'model_name' and 'model_version' must be strings")
-    return InferResponse(name, version, rid, _parse_tensors(doc.get("outputs", []), "output", rest), params)
+    if isinstance(outputs, list):  # its outputs' parameters too
+        outputs = [{k: v for k, v in o.items() if v is not None} if isinstance(o, dict) else o for o in outputs]
+    return InferResponse(name, version, rid, _parse_tensors(outputs, "output", rest), params)
 
 
 def error_body(message: str) -> bytes:
@@ -585,8 +588,7 @@ def error_body(message: str) -> bytes:
 
 
 def decode_error(body: bytes) -> str:
-    """The `error` of a KServe error body, FastAPI's `detail` (KServe's and MLServer's framework; a
-    validation error's list as JSON), a Python traceback's last line (MLServer's 500s), or the text."""
+    """The server's words: KServe's `error`, FastAPI's `detail` (as JSON if a list), a traceback's last line."""
     text = bytes(body).decode("utf-8", errors="replace").strip()
     try:
         doc = json.loads(text)

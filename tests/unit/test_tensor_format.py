@@ -4,6 +4,7 @@ bodies of MLServer 1.7.1 and KServe 0.21), each distinct one once, with the flag
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from perfkit.target import TargetSpec
@@ -111,3 +112,31 @@ def test_a_failure_line_names_the_flag_that_may_help() -> None:
     assert "--output-tensor-format json" in _line("bad response", "malformed")
     assert "-H 'Authorization: Bearer TOKEN'" in _line("HTTP 401", "")
     assert len(_line("HTTP 500", "x" * 5000, binary=False)) < 450  # a whole traceback or echo is cut
+
+
+# --- outputs answered in JSON (HTTP) or in typed contents (gRPC), as validation_data reads them ------
+
+KSERVE_JSON_ANSWER = (
+    b'{"model_name":"addone","model_version":null,"id":"0","parameters":null,"outputs":[{"name":"OUTPUT0",'
+    b'"shape":[1,2],"datatype":"FP32","parameters":null,"data":[2.0,3.0]}]}'
+)
+
+
+def test_kserve_json_outputs_with_null_fields_decode() -> None:
+    (output,) = v2.decode_infer_response(KSERVE_JSON_ANSWER, None).outputs
+    assert (output.name, output.datatype, output.data.tolist()) == ("OUTPUT0", "FP32", [[2.0, 3.0]])
+
+
+def test_grpc_outputs_in_typed_contents_read_as_raw_bytes() -> None:
+    from tritonclient.grpc import service_pb2 as pb
+
+    from perfkit.wire.grpc.client import _raw_outputs
+
+    want = np.array([[2.0, 3.0]], np.float32).tobytes()
+    typed = pb.ModelInferResponse(model_name="addone")  # KServe's python server answers so
+    output = typed.outputs.add(name="OUTPUT0", datatype="FP32", shape=[1, 2])
+    output.contents.fp32_contents.extend([2.0, 3.0])
+    assert _raw_outputs(typed) == {"OUTPUT0": want}
+    raw = pb.ModelInferResponse(model_name="addone", raw_output_contents=[want])  # MLServer, Triton
+    raw.outputs.add(name="OUTPUT0", datatype="FP32", shape=[1, 2])
+    assert _raw_outputs(raw) == {"OUTPUT0": want}

@@ -42,7 +42,7 @@ from perfkit.wire.replies import (
 )
 from perfkit.wire.sniff import sniff, wrong_port_hint
 from v2kit import codec as v2
-from v2kit.grpc_proto import message_to_json, request_to_proto
+from v2kit.grpc_proto import message_to_json, request_to_proto, response_from_proto
 
 __all__ = ["GrpcClient"]
 
@@ -57,6 +57,17 @@ def _host_port(target: str) -> tuple[str, int | None]:
     if not port.isdigit() or not 0 < int(port) < 65536:
         return target, None
     return host[1:-1] if host.startswith("[") and host.endswith("]") else host, int(port)
+
+
+def _raw_outputs(response: Any) -> dict[str, bytes]:
+    """A ModelInferResponse's outputs as raw bytes: from raw_output_contents, or from the typed
+    contents fields where the server answers in them (KServe's python server)."""
+    if response.raw_output_contents or not response.outputs:
+        return {o.name: raw for o, raw in zip(response.outputs, response.raw_output_contents)}
+    try:
+        return {t.name: v2.tensor_to_raw(t.data, t.datatype, t.name) for t in response_from_proto(response).outputs}
+    except v2.CodecError:  # the mismatch says what is missing
+        return {}
 
 
 class GrpcClient:
@@ -160,8 +171,7 @@ class GrpcClient:
             message = note_once(self.failures, "bad response", problem)
             return Outcome("bad response", len(reply), sent, done - received, message)
         if prepared.expected is not None:
-            outputs = {o.name: raw for o, raw in zip(response.outputs, response.raw_output_contents)}
-            mismatch = output_mismatch(prepared.expected, outputs)
+            mismatch = output_mismatch(prepared.expected, _raw_outputs(response))
             if mismatch:
                 message = note_once(self.failures, VALIDATION_MISMATCH, mismatch)
                 return Outcome(VALIDATION_MISMATCH, len(reply), sent, _now() - received, message)
