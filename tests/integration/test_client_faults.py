@@ -28,7 +28,8 @@ from perfkit.testing.faults import FaultProxy, fault_proxy
 pytestmark = pytest.mark.integration
 
 #: Two levels: the fault strikes once the first is on disk. -p 200 ms windows, at most 3 a level,
-#: and a 1 s request timeout keep each run to seconds.
+#: and a 1 s request timeout keep each run to seconds. The HTML report (a second of CPU a run, for
+#: its figures) is written by one run only, the one that ends with a level of errors and answers.
 SWEEP_FLAGS = ["-m", "identity", "--shape", "INPUT0:16", "--concurrency-range", "1:2", "-p", "200", "-r", "3"]
 REQUEST_TIMEOUT_S = 1.0
 RUN_LIMIT_S = 60
@@ -41,9 +42,10 @@ def server(demo_repository: Path) -> Iterator[ServerProcess]:
         yield running
 
 
-def _sweep(url: str, protocol: str, report_dir: Path, *extra: str) -> subprocess.Popen[str]:
+def _sweep(url: str, protocol: str, report_dir: Path, *, report: bool = False) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "perfkit", "sweep", "-u", url, "-i", protocol, *SWEEP_FLAGS]
-    command += ["--request-timeout", str(REQUEST_TIMEOUT_S), "--report-dir", str(report_dir), "--quiet", *extra]
+    command += ["--request-timeout", str(REQUEST_TIMEOUT_S), "--report-dir", str(report_dir), "--quiet"]
+    command += [] if report else ["--no-report"]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -160,7 +162,7 @@ def test_a_server_that_drops_everyone_and_comes_back_only_costs_errors(server: S
     """A restart, as the client sees it: every connection reset, then service as before."""
     with fault_proxy(server.http_url) as proxy:
         started = time.monotonic()
-        process = _sweep(proxy.address, "http", tmp_path)
+        process = _sweep(proxy.address, "http", tmp_path, report=True)
         _wait_for_levels(tmp_path, 1, process)
         proxy.set_fault("reset")
         time.sleep(0.1)
@@ -171,6 +173,8 @@ def test_a_server_that_drops_everyone_and_comes_back_only_costs_errors(server: S
     assert result["completed"]
     assert returncode == 4 and second["errors"], (returncode, stderr)
     assert second["ok_count"] > first["ok_count"] / 10  # served again once the reset was over
+    (html,) = tmp_path.glob("*.html")  # the report draws a level of errors and answers
+    assert f"wrote {html}" in stderr and "data:image/png;base64," in html.read_text()
 
 
 @pytest.mark.parametrize("fault", ["stall", "garbage", "reset"])
