@@ -63,7 +63,7 @@ def sweep(url: str, model: str, tmp_path: Path, *args: str) -> LevelResult:
     report_dir = tmp_path / "reports"
     command = [
         sys.executable, "-m", "perfkit", "sweep", "-u", url, "-m", model, *SHAPE, *args,
-        "--report-dir", str(report_dir), "-f", str(tmp_path / "perfkit.csv"), "--quiet",
+        "--report-dir", str(report_dir), "-f", str(tmp_path / "perfkit.csv"), "--quiet", "--no-report",
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=90, check=False)
     # 3: the level did not stabilise; it is still measured and reported.

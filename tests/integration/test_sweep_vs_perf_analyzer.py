@@ -79,7 +79,7 @@ def run_perfkit(url: str, protocol: str, out_csv: Path, report_dir: Path) -> Swe
     command = [
         sys.executable, "-m", "perfkit", "sweep", "-m", "mlp", "-u", url, "-i", protocol,
         "--concurrency-range", f"{LEVELS[0]}:{LEVELS[-1]}:{LEVELS[-1] - LEVELS[0]}", *WINDOW_ARGS,
-        "-f", str(out_csv), "--report-dir", str(report_dir), "--quiet",
+        "-f", str(out_csv), "--report-dir", str(report_dir), "--quiet", "--no-report",
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=90, check=False)
     # 3: a level did not stabilise within -r windows; it is still measured and reported, flagged.
