@@ -1,5 +1,8 @@
 """`perfkit sweep` as a person runs it: a subprocess against the embedded default or a reference
 server on free loopback ports, checked through its exit code, its stderr and the files it leaves.
+The flag and input errors call perfkit.cli.main in this process, as `python -m perfkit` calls it
+(a subprocess spends most of a second importing perfkit before it refuses a flag); the report-dir
+and unreachable-server errors check the same exit code and one-line stderr from a subprocess.
 
 Stability on a real server depends on the machine, so levels may end unstable (exit code 3); the
 tests accept 0 or 3 there and check the files. Every subprocess has a bounded wait.
@@ -23,6 +26,7 @@ import pandas as pd
 import psutil
 import pytest
 
+from perfkit.cli import main
 from perfkit.report.tidy import tidy_header
 from perfkit.results.model import read_sweep
 from perfkit.target import ServerProcess, reference_server_process
@@ -62,6 +66,27 @@ def sweep(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.C
         [sys.executable, "-m", "perfkit", "sweep", *args], capture_output=True, text=True, timeout=timeout,
         env=env, check=False,
     )  # fmt: skip
+
+
+#: A sweep run in this process: its exit code and its stderr.
+InProcess = Callable[..., tuple[int, str]]
+
+
+@pytest.fixture
+def sweep_in_process(
+    env: dict[str, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> InProcess:
+    """perfkit.cli.main as `python -m perfkit sweep ARGS` runs it, in the sweeps' environment: its
+    exit code and what it wrote to stderr."""
+    for name in ("PERFKIT_CACHE_DIR", "NO_COLOR"):
+        monkeypatch.setenv(name, env[name])
+
+    def run(*args: str) -> tuple[int, str]:
+        capsys.readouterr()
+        code = main(["sweep", *args])
+        return code, capsys.readouterr().err
+
+    return run
 
 
 def start_sweep(*args: str, env: dict[str, str], stderr: Path, umask: int = -1) -> subprocess.Popen[str]:
@@ -148,7 +173,7 @@ def test_a_sweep_of_the_embedded_default_writes_every_output(env: dict[str, str]
 def test_a_grpc_sweep_of_the_embedded_default(env: dict[str, str], tmp_path: Path) -> None:
     out = tmp_path / "grpc.csv"
     result = sweep("-i", "grpc", "-p", "300", "-r", "6", "-s", "50", "--report-dir", str(tmp_path), "-f", str(out),
-                   env=env)  # fmt: skip
+                   "--no-report", env=env)  # fmt: skip
     assert result.returncode in (0, 3), result.stderr
     rows = list(csv.DictReader(out.read_text().splitlines()))
     assert [row["Concurrency"] for row in rows] == ["1"]
@@ -172,11 +197,11 @@ def test_a_grpc_sweep_of_the_embedded_default(env: dict[str, str], tmp_path: Pat
     ],
 )
 def test_usage_errors_exit_2_with_one_line_naming_the_flag(
-    args: list[str], needle: str, env: dict[str, str], tmp_path: Path
+    args: list[str], needle: str, sweep_in_process: InProcess, tmp_path: Path
 ) -> None:
-    result = sweep(*args, "--report-dir", str(tmp_path), env=env, timeout=60)
-    assert result.returncode == 2, result.stderr
-    [line] = result.stderr.splitlines()
+    code, stderr = sweep_in_process(*args, "--report-dir", str(tmp_path))
+    assert code == 2, stderr
+    [line] = stderr.splitlines()
     assert line.startswith("error: ") and needle in line
     assert list(tmp_path.iterdir()) == []  # nothing measured, nothing written
 
@@ -192,12 +217,12 @@ def test_usage_errors_exit_2_with_one_line_naming_the_flag(
     ],
 )
 def test_input_errors_found_on_the_server_exit_2_naming_the_flag(
-    args: list[str], needle: str, server: ServerProcess, env: dict[str, str], tmp_path: Path
+    args: list[str], needle: str, server: ServerProcess, sweep_in_process: InProcess, tmp_path: Path
 ) -> None:
     url = server.grpc_url if "grpc" in args else server.http_url
-    result = sweep("-u", url, *args, "--report-dir", str(tmp_path), env=env, timeout=60)
-    assert result.returncode == 2, result.stderr
-    [line] = result.stderr.splitlines()
+    code, stderr = sweep_in_process("-u", url, *args, "--report-dir", str(tmp_path))
+    assert code == 2, stderr
+    [line] = stderr.splitlines()
     assert line.startswith("error: ") and needle in line
     if "nope" in args:
         assert "'nope'" in line and "mlp" in line  # the model asked for, and those there are
@@ -260,7 +285,7 @@ def test_an_unstable_level_is_kept_flagged_and_gives_exit_code_3(
     out = tmp_path / "out.csv"
     result = sweep(
         "-u", server.http_url, "-m", "mlp", "-p", "200", "-r", "3", "-s", "0.001", "--report-dir", str(tmp_path),
-        "-f", str(out), env=env,
+        "-f", str(out), "--no-report", env=env,
     )  # fmt: skip
     assert result.returncode == 3, result.stderr
     assert "concurrency 1: " in result.stderr and "UNSTABLE" in result.stderr
