@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import signal
@@ -40,6 +41,22 @@ def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceS
     config = ServerConfig(model_repository=repository, http_port=0, grpc_port=0, metrics_port=0)
     with running_server(config) as server:
         yield server
+
+
+#: A 1×1 white PNG, in place of a rendered figure.
+TINY_PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4//8/AAX+Av4N70a4AAAAAElFTkSuQmCC"
+)
+
+
+@pytest.fixture
+def quick_png(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reports' figures are built but not rasterized (a tenth of a second or more each): for
+    tests of what writes a report rather than of its pictures, which the report's own tests and the
+    browser test draw."""
+    from perfkit.report.figures import canvas
+
+    monkeypatch.setattr(canvas, "png", lambda fig: TINY_PNG)
 
 
 @pytest.fixture(scope="session")

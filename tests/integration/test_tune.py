@@ -24,7 +24,8 @@ from reference_server.core.model_config import config_from_json, config_to_json,
 from reference_server.server import running_server
 from tests.servers import running_triton
 
-pytestmark = pytest.mark.integration
+# Each tune writes report.html: its figures are built but not rasterized (tests/conftest.py, quick_png).
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quick_png")]
 
 FAST = ["-p", "100", "-s", "50", "-r", "3", "--warmup-request-count", "10", "--quiet"]
 

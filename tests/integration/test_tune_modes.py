@@ -21,7 +21,8 @@ from tests.integration.test_tune import SLOW_MLP
 from tests.servers import running_triton
 from v2kit.demo import build_demo_repository
 
-pytestmark = pytest.mark.integration
+# Each tune writes report.html: its figures are built but not rasterized (tests/conftest.py, quick_png).
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("quick_png")]
 
 # 100 ms windows: the margins checked are several times, and the slowest variant still completes
 # 20 requests a window.
