@@ -42,6 +42,7 @@ def test_the_smoke_scenario_runs_end_to_end(tmp_path: Path, capsys: pytest.Captu
     assert "concurrency  infer/s" in out.out  # the summary table
 
 
+@pytest.mark.usefixtures("quick_png")  # the page's text is checked, not its pictures
 def test_the_regression_gate_fails_against_a_faster_baseline(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

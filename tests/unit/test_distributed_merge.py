@@ -264,6 +264,7 @@ def test_worker_figures_survive_json_and_old_files_without_them_still_load() -> 
     assert sweep_from_json(json.dumps(old)).levels[0].workers == ()
 
 
+@pytest.mark.usefixtures("quick_png")  # the page's text is checked, not its pictures
 def test_the_html_report_shows_a_worker_table_only_for_distributed_runs() -> None:
     figures = WorkerFigures(1, "node-<a>", "concurrency 3", 10, 10, 0, 10.0, 3.0, 40.0, None, "")
     distributed = make_sweep([dataclasses.replace(make_level(3, [10.0, 10.0, 10.0]), workers=(figures,))])

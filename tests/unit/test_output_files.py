@@ -110,6 +110,7 @@ def test_report_and_compare_outputs_follow_the_umask(tmp_path: Path, umask: int,
     assert {p.name: mode(p) for p in outputs} == {p.name: umask for p in outputs}
 
 
+@pytest.mark.usefixtures("quick_png")  # the page's text is checked, not its pictures
 def test_ctrl_c_says_what_it_kept(tmp_path: Path) -> None:
     files = SweepFiles(sweep_spec(tmp_path, "http", history_csv=tmp_path / "history.csv"), "mlp")
     assert interrupt_lines(SweepRun()) == ["interrupted before any level finished: no results written"]

@@ -283,6 +283,7 @@ def test_validation_data_is_read_as_the_bytes_the_answers_carry(tmp_path: Path) 
             read_validation_data(str(path), metadata, streams=False)
 
 
+@pytest.mark.usefixtures("quick_png")  # the page's text is checked, not its pictures
 def test_the_summary_and_the_html_report_show_sequences_only_for_sequence_models() -> None:
     plain = make_level(1, [100.0, 100.0, 100.0])
     level = dataclasses.replace(plain, sequence_count=20, sequence_throughput_per_s=12.5,

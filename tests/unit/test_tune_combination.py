@@ -219,6 +219,7 @@ def test_a_combination_checkpoint_gives_back_its_levels_and_refuses_another_tune
         CombinationCheckpoint(path, fingerprint(spec, study, "embedded"))
 
 
+@pytest.mark.usefixtures("quick_png")  # the page's text is checked, not its pictures
 def test_an_interrupted_tune_of_several_models_writes_each_best_config_so_far(
     repository: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -168,6 +168,7 @@ def test_one_rule_marks_ties_in_both_tables(tmp_path: Path, monkeypatch: pytest.
         assert found is None or int(found[1]) <= 0 <= int(found[2])
 
 
+@pytest.mark.usefixtures("quick_png")  # the page's text is checked, not its pictures
 def test_an_interrupted_tune_writes_its_best_so_far_and_says_so(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -190,6 +191,7 @@ def test_an_interrupted_tune_writes_its_best_so_far_and_says_so(
     assert provisional(False) in (out / "summary.txt").read_text()
 
 
+@pytest.mark.usefixtures("quick_png")  # the page's text is checked, not its pictures
 def test_loosening_a_constraint_is_advised_only_when_one_was_set(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
