@@ -70,6 +70,8 @@ def test_sweep_with_default_flags(
     (result_file,) = tmp_path.glob("sweep-*.json")
     result = read_sweep(result_file)
     assert result.levels
+    invalid = [level for level in result.levels if not level.valid]
+    assert code == (3 if invalid else 0), f"exit {code} with {len(invalid)} invalid levels:\n{said}"
     for level in result.levels:
         assert level.error_count == 0, f"{server.name} {protocol}: {level.errors}"
         assert level.ok_count > 0 and level.throughput_infer_per_s > 0

@@ -52,7 +52,7 @@ class OipStartError(RuntimeError):
 
 def oip_peer(tool: str) -> Path:
     """PERFKIT_PEERS/bin/`tool` (mlserver, kserve-python); the test skips when PERFKIT_PEERS is unset
-    or has no such file (peers/install.sh installs them)."""
+    and fails when the peers there lack it (peers/install.sh installs them; CI must not skip)."""
     value = os.environ.get("PERFKIT_PEERS")
     if not value:
         pytest.skip(
@@ -61,7 +61,7 @@ def oip_peer(tool: str) -> Path:
         )
     executable = Path(value) / "bin" / tool
     if not executable.exists():
-        pytest.skip(f"PERFKIT_PEERS={value} has no bin/{tool}; rerun `bash peers/install.sh {value}`")
+        pytest.fail(f"PERFKIT_PEERS={value} has no bin/{tool}; rerun `bash peers/install.sh {value}`")
     return executable
 
 
