@@ -406,7 +406,7 @@ def test_perf_analyzer_streams_to_a_decoupled_model(peers: Path, server: Endpoin
     result = subprocess.run(
         [
             str(peers / "bin" / "perf_analyzer"), "-m", "repeat", "-u", server[1], "-i", "grpc", "--streaming",
-            "--shape", "IN:4", "--input-data", "zero", "--concurrency-range", "2", "-p", "300", "-s", "1000", "-r", "10",
+            "--shape", "IN:4", "--input-data", "zero", "--concurrency-range", "2", "-p", "150", "-s", "1000", "-r", "10",
         ],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip

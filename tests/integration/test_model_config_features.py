@@ -270,7 +270,7 @@ def test_perf_analyzer_measures_a_reshaped_model(peers: Path, server: ReferenceS
     # a machine shared with other work needs.
     result = run_perf_analyzer(
         peers, "-m", "reshaped", "-u", f"127.0.0.1:{server.grpc_port}", "-i", "grpc", "-b", "2",
-        "--concurrency-range", "2", "-p", "300", "-s", "1000", "-r", "8",
+        "--concurrency-range", "2", "-p", "150", "-s", "1000", "-r", "8",
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     # The server counts two inferences per request: the batch dimension survives the reshapes.

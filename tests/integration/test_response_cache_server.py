@@ -191,7 +191,7 @@ def test_perf_analyzer_prints_cache_hits_and_misses(
     result = subprocess.run(
         [
             str(peers / "bin" / "perf_analyzer"), "-m", "cached", "-u", f"127.0.0.1:{server.http_port}",
-            "--shape", "INPUT0:16", "--concurrency-range", "2", "-p", "300", "-s", "1000", "-r", "10",
+            "--shape", "INPUT0:16", "--concurrency-range", "2", "-p", "150", "-s", "1000", "-r", "10",
             "-f", str(out),
         ],
         capture_output=True, text=True, timeout=120, check=False,
