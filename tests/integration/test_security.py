@@ -46,7 +46,7 @@ pytestmark = pytest.mark.integration
 TOKEN = "pk-test-7f3a9c1e5b2d4f60-secret"
 BEARER = {"Authorization": f"Bearer {TOKEN}".encode()}
 INFER = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 4], "data": [1, 2, 3, 4]}]})
-SWEEP = ["-m", "identity", "--shape", "INPUT0:8", "--concurrency-range", "1", "-p", "200", "-r", "3"]
+SWEEP = ["-m", "identity", "--shape", "INPUT0:8", "--concurrency-range", "1", "-p", "100", "-r", "3"]
 
 
 @pytest.fixture(scope="module")
@@ -474,7 +474,7 @@ def locked_explicit_server(demo_repository: Path, pki: dict[str, Path]) -> Itera
 # As small as the tunes of tests/integration/test_tune.py: the identity model's default and one variant, at
 # concurrency 1, not re-measured.
 TUNE = ["--shape", "INPUT0:8", "--max-instance-count", "1", "--min-batch-size", "8", "--max-batch-size", "8",
-        "--concurrency-range", "1:1", "--remeasure", "0", "-p", "300", "-s", "50", "-r", "3",
+        "--concurrency-range", "1:1", "--remeasure", "0", "-p", "100", "-s", "50", "-r", "3",
         "--warmup-request-count", "10", "--quiet"]  # fmt: skip
 
 
