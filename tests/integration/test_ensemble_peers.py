@@ -121,7 +121,7 @@ def test_perf_analyzer_prints_the_composing_model_breakdown(peers: Path, ours: R
     result = subprocess.run(
         [
             str(peers / "bin" / "perf_analyzer"), "-m", "ens", "-u", ours.http_url, "--shape", "IN:4",
-            "--concurrency-range", "2", "-p", "500", "-s", "1000", "-r", "10", "-f", str(out), "--verbose-csv",
+            "--concurrency-range", "2", "-p", "200", "-s", "1000", "-r", "10", "-f", str(out), "--verbose-csv",
         ],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
