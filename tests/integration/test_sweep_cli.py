@@ -318,7 +318,7 @@ def test_a_server_killed_mid_sweep_leaves_the_finished_levels_and_exit_code_1(
     stderr = tmp_path / "stderr.txt"
     with reference_server_process(demo_models) as server:
         process = start_sweep(
-            "-u", server.http_url, "-m", "mlp", "--concurrency-range", "1:20", "-p", "300", "-r", "4", "-s", "100",
+            "-u", server.http_url, "-m", "mlp", "--concurrency-range", "1:20", "-p", "150", "-r", "4", "-s", "100",
             "--request-timeout", "5", "--report-dir", str(report_dir), env=env, stderr=stderr,
         )  # fmt: skip
         try:
@@ -364,7 +364,7 @@ def test_sigint_ends_a_sweep_with_results_so_far_and_the_embedded_server_stopped
     with the mode the umask gives."""
     report_dir = tmp_path / "reports"
     stderr = tmp_path / "stderr.txt"
-    window_ms = "300" if after_a_level else "60000"  # the latter: no level can finish before the signal
+    window_ms = "150" if after_a_level else "60000"  # the latter: no level can finish before the signal
     process = start_sweep(
         "--concurrency-range", "1:50", "-p", window_ms, "-r", "4", "-s", "100", "--report-dir", str(report_dir),
         env=env, stderr=stderr, umask=0o022,
