@@ -180,7 +180,7 @@ def test_perf_analyzer_grpc_compression(peers: Path, server: Server) -> None:
             [
                 str(peers / "bin" / "perf_analyzer"), "-m", "identity", "-u", f"127.0.0.1:{server.grpc_port}",
                 "-i", "grpc", "--grpc-compression-algorithm", "gzip", "--shape", "INPUT0:64",
-                "--concurrency-range", "2", "-p", "300", "-s", "100", "-r", "6",
+                "--concurrency-range", "2", "-p", "150", "-s", "100", "-r", "6",
             ],
             capture_output=True, text=True, timeout=120,
         )  # fmt: skip
