@@ -312,9 +312,19 @@ class HttpClient:
         Triton's model configuration extension, which MLServer and KServe lack)."""
         url = self._url(model, version, "config")
         status, data = await self._call("GET", url)
-        if status in _NO_ROUTE:
+        if status in _NO_ROUTE and not await self._lists_extension(MODEL_CONFIGURATION):
             raise MissingExtension(f"GET {url}: HTTP {status}: {v2.decode_error(data)}", MODEL_CONFIGURATION)
         return self._decoded("GET", url, status, data)  # type: ignore[no-any-return]
+
+    async def _lists_extension(self, extension: str) -> bool:
+        """Whether the server metadata lists `extension`. Triton answers 404 for a model it has not
+        loaded, on a route it has: only a server without the extension lacks the route."""
+        status, data = await self._call("GET", self._base / "v2")
+        try:
+            extensions = json.loads(data).get("extensions") if status == 200 else None
+        except (ValueError, AttributeError):
+            return False
+        return isinstance(extensions, list) and extension in extensions
 
     async def model_statistics(self, model: str = "", version: str = "") -> dict[str, Any]:
         url = self._url(model, version, "stats") if model else self._base / "v2" / "models" / "stats"

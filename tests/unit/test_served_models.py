@@ -52,6 +52,7 @@ class FakeOip(ThreadingHTTPServer):
     def __init__(self, models: dict[str, tuple[dict[str, Any], bool]], listed: bool = True) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.models, self.listed = models, listed
+        self.extensions = ["model_repository_extension"]
         self.inferred: list[list[list[int]]] = []  # each request's input shapes
 
     @property
@@ -80,7 +81,7 @@ class _Handler(BaseHTTPRequestHandler):
         if path in ("/v2/health/live", "/v2/health/ready"):
             self._reply(200, {})
         elif path == "/v2":
-            self._reply(200, {"name": "fake", "version": "0", "extensions": ["model_repository_extension"]})
+            self._reply(200, {"name": "fake", "version": "0", "extensions": self.server.extensions})
         elif path == "/v2/models" and self.server.listed:
             self._reply(200, {"models": list(models)})
         elif found and found[1] in models:
@@ -178,6 +179,19 @@ async def test_http_a_config_404_is_a_missing_extension_and_kserves_model_list_s
         assert await client.repository_index() == [
             {"name": "addone", "state": "READY"}, {"name": "loading", "state": "UNAVAILABLE"}
         ]  # fmt: skip
+    finally:
+        await client.close()
+
+
+async def test_a_config_404_from_a_server_that_lists_model_configuration_is_the_models_error(serve: Any) -> None:
+    # Triton answers 404 for a model it has not loaded (explicit model control), on a route it has.
+    server = serve({"addone": (metadata("addone"), True)})
+    server.extensions = ["model_repository_extension", MODEL_CONFIGURATION]
+    client = make_client(server.url, "http")
+    try:
+        with pytest.raises(TargetError, match="config: HTTP 404") as refused:
+            await client.model_config("addone")
+        assert not isinstance(refused.value, MissingExtension)
     finally:
         await client.close()
 
