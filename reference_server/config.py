@@ -8,16 +8,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reference_server import triton_flags
+from reference_server import http2_flags, triton_flags
 from reference_server.core.dataplane import SERVER_NAME
 from reference_server.core.response_cache import cache_size_from_flags
 from reference_server.errors import ServerError
 from reference_server.frontends.auth import Token, read_token_file
+from reference_server.frontends.grpc.server import MAX_STREAMS
 from reference_server.frontends.http.limits import DEFAULT_LIMITS, HttpLimits
 from reference_server.scheduling.rate_limiter import MODES as RATE_LIMIT_MODES
 from reference_server.scheduling.rate_limiter import parse_resource
 from reference_server.scheduling.summaries import DEFAULT_QUANTILES
 from reference_server.triton_flags import parse_bool
+from v2kit.h2.rules import DEFAULT_H2_LIMITS, H2Limits
 from v2kit.runtime import cpus as runtime_cpus
 
 CONTROL_MODES = ("none", "explicit", "poll")
@@ -65,6 +67,9 @@ class ServerConfig:
     http_max_headers: int = DEFAULT_LIMITS.max_headers
     http_head_timeout_secs: float = DEFAULT_LIMITS.head_timeout_s
     http_idle_timeout_secs: float = DEFAULT_LIMITS.idle_timeout_s
+    #: The gRPC front end's HTTP/2 limits per connection (--grpc-http2-*, `http2_flags.py`).
+    grpc_max_concurrent_streams: int = MAX_STREAMS
+    grpc_http2_limits: H2Limits = DEFAULT_H2_LIMITS
     exit_timeout_secs: float = 30.0
     default_max_batch_size: int = 4
     log_verbose: int = 0
@@ -465,6 +470,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-verbose", type=int, default=0, metavar="LEVEL", help="0: info; 1 and above: also every request"
     )
+    http2_flags.add_arguments(parser)
     triton_flags.add_arguments(parser)
     return parser
 
@@ -553,6 +559,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         rate_limit_resources=resources,
         server_name=args.server_name,
         no_effect_flags=triton_flags.no_effect_given(args),
+        **http2_flags.config_fields(args),
         **triton,
     )
     try:

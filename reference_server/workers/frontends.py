@@ -52,6 +52,8 @@ def build_grpc(config: ServerConfig, plane: Plane, token: Token | None) -> GrpcS
         token=token,
         header_forward=HeaderForwarding.of(config.grpc_header_forward_pattern),
         restricted=Restrictions.for_grpc(config.grpc_restricted_protocol),
+        max_streams=config.grpc_max_concurrent_streams,
+        h2_limits=config.grpc_http2_limits,
         reply_coding=partial(coding_for_level, config.grpc_response_compression)
         if config.grpc_response_compression != "none"
         else None,

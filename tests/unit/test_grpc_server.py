@@ -7,14 +7,17 @@ from __future__ import annotations
 import asyncio
 import struct
 from collections.abc import AsyncIterator
-from typing import Any, TypeVar
+from types import SimpleNamespace
+from typing import Any, TypeVar, cast
 
 import hpack
 import pytest
 from tritonclient.grpc import service_pb2 as pb
 
+from reference_server.config import config_from_args
 from reference_server.frontends.auth import Token
-from reference_server.frontends.grpc.server import MAX_STREAMS, GrpcServer
+from reference_server.frontends.grpc.server import GrpcServer
+from reference_server.workers.frontends import build_grpc
 from tests.waiting import eventually
 from v2kit.h2 import frames as h2
 from v2kit.h2.frames import frame
@@ -261,19 +264,55 @@ def test_a_stream_answers_each_request_in_turn(run: Any) -> None:
     assert run(main()) == ["r0", "r1", "r2"]
 
 
-def test_streams_past_the_limit_are_refused(run: Any) -> None:
-    async def main() -> str:
-        server, port = await start(Servicer())
+def _limited(*flags: str) -> dict[str, Any]:
+    """GrpcServer's HTTP/2 options as `build_grpc` gives them, from the server's command line."""
+    config = config_from_args(["--model-repository", "unused", *flags])
+    server = build_grpc(config, cast(Any, SimpleNamespace(tracing=None)), None)
+    return {"max_streams": server.max_streams, "h2_limits": server.h2_limits}
+
+
+def test_streams_past_the_flags_limit_are_refused(run: Any) -> None:
+    async def main() -> tuple[int | None, str, str]:
+        server, port = await start(Servicer(), **_limited("--grpc-http2-max-concurrent-streams", "2"))
         peer = await Peer.connect(port)
+        _, _, _, settings = await peer.read_frame()
+        advertised = dict(struct.iter_unpack(">HL", settings)).get(h2.MAX_CONCURRENT_STREAMS)
         message = pb.ModelInferRequest(model_name="m").SerializeToString()
-        for n in range(MAX_STREAMS + 1):
+        for n in range(3):
             peer.call(2 * n + 1, "ModelInfer", message)
-        _, _, last = await peer.until(2 * MAX_STREAMS + 1)
+        _, _, third = await peer.until(5)
+        peer.call(7, "ServerLive", b"")  # still two open: refused too
+        _, _, fourth = await peer.until(7)
         peer.close()
         await server.stop(0)
-        return last["reset"]
+        return advertised, third["reset"], fourth["reset"]
 
-    assert run(main()) == str(h2.REFUSED_STREAM)
+    refused = str(h2.REFUSED_STREAM)
+    assert run(main()) == (2, refused, refused)
+
+
+@pytest.mark.parametrize("flags", [(), ("--grpc-http2-max-header-block-size", "200")], ids=["default", "200"])
+def test_a_header_block_over_the_flags_limit_ends_the_connection(run: Any, flags: tuple[str, ...]) -> None:
+    async def main() -> tuple[int, int] | str:
+        server, port = await start(Servicer(), **_limited(*flags))
+        peer = await Peer.connect(port)
+        peer.writer.write(
+            frame(
+                h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, 1, peer.headers_block("ServerLive", **{"x-pad": "p" * 300})
+            )
+        )
+        try:
+            while True:
+                ftype, _, sid, payload = await peer.read_frame()
+                if ftype == h2.GOAWAY:
+                    return struct.unpack_from(">LL", payload)
+                if ftype == h2.HEADERS and sid == 1 and "grpc-status" in dict(peer.decoder.decode(payload)):
+                    return "answered"
+        finally:
+            peer.close()
+            await server.stop(0)
+
+    assert run(main()) == ("answered" if not flags else (0, h2.PROTOCOL_ERROR))
 
 
 def test_a_client_that_is_not_http2_gets_goaway(run: Any) -> None:

@@ -14,6 +14,7 @@ from tests.h2peer import MemorySink
 from v2kit.h2 import frames as h2
 from v2kit.h2.connection import Connection, Events, Payload, Stream
 from v2kit.h2.frames import FrameReader, frame, literal
+from v2kit.h2.rules import DEFAULT_H2_LIMITS, H2Limits
 
 Event = tuple[Any, ...]
 
@@ -90,7 +91,7 @@ class Recorder(Events[Stream]):
 class Pair:
     """A client and a server connection, wired back to back through `exchange`."""
 
-    def __init__(self, max_streams: int = 16) -> None:
+    def __init__(self, max_streams: int = 16, limits: H2Limits = DEFAULT_H2_LIMITS) -> None:
         self.clock = Clock()
         self.client_events, self.server_events = Recorder(), Recorder()
         self.client = Connection(
@@ -98,7 +99,7 @@ class Pair:
         )
         self.server = Connection(
             self.server_events, client=False, peer="the client", now=self.clock.time, call_at=self.clock.call_at,
-            max_peer_streams=max_streams,
+            max_peer_streams=max_streams, limits=limits,
         )  # fmt: skip
         self.client_sink, self.server_sink = MemorySink(), MemorySink()
         self.client.start(self.client_sink)
@@ -390,4 +391,44 @@ def test_empty_continuations_without_end_end_the_connection() -> None:
     pair = Pair()
     pair.server.receive(frame(h2.HEADERS, 0, 1, b"") + frame(h2.CONTINUATION, 0, 1, b"") * 1001)
     assert pair.server_events.take() == [("failed", "the client sends empty frames without end")]
+    assert pair.server.closed()
+
+
+#: Each limit low, so that a few frames pass it (the server's --grpc-http2-* flags set them).
+LOW = H2Limits(max_induced=3, max_empty_frames=3, reset_burst=2, reset_rate_per_s=1.0, max_header_block=64)
+
+
+@pytest.mark.parametrize("limits", [DEFAULT_H2_LIMITS, LOW], ids=["default", "low"])
+def test_each_limit_is_the_connections_own(limits: H2Limits) -> None:
+    """The frames that pass the defaults end a connection given lower limits, each with its reason."""
+    outcomes = []
+    pair = Pair(limits=limits)  # unread answers: the test sink holds them all
+    pair.server.receive(frame(h2.PING, 0, 0, bytes(8)) * 5)
+    outcomes.append(pair.server_events.take())
+    pair = Pair(limits=limits)
+    pair.server.receive(frame(h2.HEADERS, 0, 1, b"") + frame(h2.CONTINUATION, 0, 1, b"") * 5)
+    outcomes.append(pair.server_events.take())
+    pair = Pair(limits=limits)
+    pair.server.receive(frame(h2.HEADERS, 0, 1, b"") + frame(h2.CONTINUATION, 0, 1, b"x" * 65))
+    outcomes.append(pair.server_events.take())
+    pair = Pair(limits=limits)
+    for _ in range(3):
+        pair.client.reset_stream(pair.request(), h2.CANCEL)
+    pair.exchange()
+    outcomes.append([e for e in pair.server_events.take() if e[0] == "failed"])
+    if limits is DEFAULT_H2_LIMITS:
+        assert outcomes == [[], [], [], []]
+    else:
+        assert outcomes == [
+            [("failed", "the client floods us with frames to answer and reads none")],
+            [("failed", "the client sends empty frames without end")],
+            [("failed", "the client sent a header block over 64 bytes")],
+            [("failed", "the client reset streams faster than 1/s")],
+        ]
+
+
+def test_a_header_block_limit_under_one_frame_holds_for_a_lone_headers_frame() -> None:
+    pair = Pair(limits=H2Limits(max_header_block=16))
+    pair.server.receive(frame(h2.HEADERS, h2.END_HEADERS | h2.END_STREAM, 1, block(**{":path": "/" + "x" * 32})))
+    assert pair.server_events.take() == [("failed", "the client sent a header block over 16 bytes")]
     assert pair.server.closed()

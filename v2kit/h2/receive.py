@@ -24,7 +24,7 @@ from v2kit.h2.frames import BadHeaderBlock, FrameReader, FrameTooLarge, HeaderDe
 __all__ = ["Receiver"]
 
 REPLENISH = 1 << 24  # give the receive window back after this many DATA bytes
-MAX_HEADER_BLOCK = 1 << 20  # a longer header block (HEADERS and CONTINUATIONs) ends the connection
+MAX_HEADER_BLOCK = rules.MAX_HEADER_BLOCK  # a longer header block (HEADERS and CONTINUATIONs) ends the connection
 
 
 class Receiver(Generic[S]):
@@ -39,10 +39,12 @@ class Receiver(Generic[S]):
         now: Callable[[], float],
         call_at: Callable[[float, Callable[[], None]], Cancellable],
         max_peer_streams: int = 0,
+        limits: rules.H2Limits = rules.DEFAULT_H2_LIMITS,
     ) -> None:
         """`peer` names the other end in failure reasons; `now` and `call_at` are the driver's
         clock and timers (an event loop's `time` and `call_at`); `max_peer_streams` is how many
-        streams the peer may have open (0: it may open none; not advertised)."""
+        streams the peer may have open (0: it may open none; not advertised); `limits` bound what
+        a hostile peer may make the connection do (`rules.H2Limits`)."""
         self.events = events
         self.streams: dict[int, S] = {}
         self.next_stream_id = 1 if client else 2
@@ -64,14 +66,15 @@ class Receiver(Generic[S]):
         self._blocked: deque[S] = deque()  # streams with data or trailers the windows hold back
         self._unacked = 0  # DATA bytes received since the last connection WINDOW_UPDATE
         self._max_peer_streams = max_peer_streams
+        self._limits = limits
         self._last_peer_stream = 0
         self._goaway_sent = False
         self._timer: Cancellable | None = None
         self._timer_at = math.inf
         self._induced = 0  # answers to the peer's frames written since our output last drained
-        self._empty = 0  # DATA and CONTINUATION frames in a row that carried nothing (rules.MAX_EMPTY_FRAMES)
+        self._empty = 0  # DATA and CONTINUATION frames in a row that carried nothing (limits.max_empty_frames)
         self._reset_ids: dict[int, None] = {}  # streams we reset lately (rules.RESET_MEMORY), oldest first
-        self._reset_tokens = float(rules.RESET_BURST)  # streams the peer may still reset (rapid reset)
+        self._reset_tokens = float(limits.reset_burst)  # streams the peer may still reset (rapid reset)
         self._reset_at = now()
 
     # -- frames in
@@ -180,7 +183,7 @@ class Receiver(Generic[S]):
         """Count a frame that carried nothing and ended nothing; True once there were too many in a row,
         and the connection has failed."""
         self._empty += 1
-        if self._empty > rules.MAX_EMPTY_FRAMES:
+        if self._empty > self._limits.max_empty_frames:
             self.fail(h2.ENHANCE_YOUR_CALM, f"{self._peer} sends empty frames without end")
             return True
         return False
@@ -217,10 +220,16 @@ class Receiver(Generic[S]):
             self.fail(h2.PROTOCOL_ERROR, f"{self._peer} sent a malformed HEADERS frame")
             return
         block = payload[start:stop] if start or stop != len(payload) else payload
-        if flags & h2.END_HEADERS:
+        if stop - start > self._limits.max_header_block:  # a limit under one frame's size
+            self._block_too_long()
+        elif flags & h2.END_HEADERS:
             self._on_block(stream_id, flags & h2.END_STREAM != 0, block, problem)
         else:
             self._continuation = (stream_id, flags & h2.END_STREAM != 0, bytearray(block), problem)
+
+    def _block_too_long(self) -> None:
+        limit = self._limits.max_header_block
+        self.fail(h2.PROTOCOL_ERROR, f"{self._peer} sent a header block over {limit} bytes")
 
     def _on_continuation(self, stream_id: int, flags: int, payload: Payload) -> None:
         pending = self._continuation
@@ -232,8 +241,8 @@ class Receiver(Generic[S]):
         elif not flags & h2.END_HEADERS and self._empty_frame():
             return
         pending[2].extend(payload)
-        if len(pending[2]) > MAX_HEADER_BLOCK:
-            self.fail(h2.PROTOCOL_ERROR, f"{self._peer} sent a header block over {MAX_HEADER_BLOCK} bytes")
+        if len(pending[2]) > self._limits.max_header_block:
+            self._block_too_long()
             return
         if flags & h2.END_HEADERS:
             self._continuation = None
@@ -381,10 +390,11 @@ class Receiver(Generic[S]):
         self.events.stream_reset(stream, int.from_bytes(payload, "big"))
         if stream_id % 2 != self.next_stream_id % 2:  # one it opened: count it (rapid reset)
             now = self._now()
-            tokens = min(rules.RESET_BURST, self._reset_tokens + (now - self._reset_at) * rules.RESET_RATE_PER_S)
+            limits = self._limits
+            tokens = min(limits.reset_burst, self._reset_tokens + (now - self._reset_at) * limits.reset_rate_per_s)
             self._reset_at = now
             if tokens < 1:
-                self.fail(h2.ENHANCE_YOUR_CALM, f"{self._peer} reset streams faster than {rules.RESET_RATE_PER_S:g}/s")
+                self.fail(h2.ENHANCE_YOUR_CALM, f"{self._peer} reset streams faster than {limits.reset_rate_per_s:g}/s")
                 return
             self._reset_tokens = tokens - 1
 
@@ -411,7 +421,7 @@ class Receiver(Generic[S]):
 
     def _answer(self, data: bytes) -> None:
         """Write a frame the peer's own frame called for. Answers that wait behind what the peer
-        has not read are counted: past `rules.MAX_INDUCED` of them the peer is flooding us without
+        has not read are counted: past `H2Limits.max_induced` of them the peer is flooding us without
         reading (PING, SETTINGS, stream errors; CVE-2019-9512/9515), and the connection ends with
         ENHANCE_YOUR_CALM, its unread output dropped."""
         sink = self._sink
@@ -421,7 +431,7 @@ class Receiver(Generic[S]):
             self._induced = 0  # all written so far has left: the peer reads
         else:
             self._induced += 1
-            if self._induced > rules.MAX_INDUCED:
+            if self._induced > self._limits.max_induced:
                 self.fail(h2.ENHANCE_YOUR_CALM, f"{self._peer} floods us with frames to answer and reads none")
                 sink.abort()
                 return

@@ -7,10 +7,22 @@ a check's answer is a code and a reason, and the connection turns it into a conn
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 
 from v2kit.h2 import frames as h2
 
-__all__ = ["MAX_EMPTY_FRAMES", "MAX_INDUCED", "RESET_BURST", "RESET_MEMORY", "RESET_RATE_PER_S", "control_problem", "settings_problem"]
+__all__ = [
+    "DEFAULT_H2_LIMITS",
+    "MAX_EMPTY_FRAMES",
+    "MAX_HEADER_BLOCK",
+    "MAX_INDUCED",
+    "RESET_BURST",
+    "RESET_MEMORY",
+    "RESET_RATE_PER_S",
+    "H2Limits",
+    "control_problem",
+    "settings_problem",
+]
 
 #: Answers the peer's own frames make us send (PING and SETTINGS ACKs, RST_STREAMs) that may wait,
 #: unread, behind what the peer has not read yet; one more is ENHANCE_YOUR_CALM (nghttp2: 1000).
@@ -26,6 +38,25 @@ RESET_RATE_PER_S = 33.0
 #: Stream ids we reset that are remembered, so the DATA the peer had in flight is ignored
 #: (RFC 9113 §5.1, "closed") rather than answered with STREAM_CLOSED.
 RESET_MEMORY = 1024
+#: The longest header block (HEADERS and its CONTINUATIONs, as compressed) before the connection
+#: ends with PROTOCOL_ERROR: what one call's metadata may make us buffer before it is decoded.
+MAX_HEADER_BLOCK = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class H2Limits:
+    """The limits above, for one connection: the server sets them from its flags (docs/server.md,
+    "HTTP/2 limits"); the defaults are the constants. `RESET_MEMORY` stays a constant: it bounds
+    our own bookkeeping, not what a peer may do."""
+
+    max_induced: int = MAX_INDUCED
+    max_empty_frames: int = MAX_EMPTY_FRAMES
+    reset_burst: int = RESET_BURST
+    reset_rate_per_s: float = RESET_RATE_PER_S
+    max_header_block: int = MAX_HEADER_BLOCK
+
+
+DEFAULT_H2_LIMITS = H2Limits()
 
 
 def control_problem(

@@ -8,7 +8,7 @@ What a server may make a call or the connection cost (`perfkit.wire.limits`):
   its max receive message size), and DATA past what the prefix announced fails it as malformed.
   Either way the stream is reset and nothing more of it is kept. Per DATA frame this costs an
   addition and a comparison; the prefix is read once a call.
-- A header block without end is the engine's to refuse (`v2kit.h2.connection.MAX_HEADER_BLOCK`,
+- A header block without end is the engine's to refuse (`v2kit.h2.rules.MAX_HEADER_BLOCK`,
   and hpack's bound on a decoded block).
 - What HTTP/2 makes us answer (PING and SETTINGS ACKs) while the server reads none of it is the
   engine's to bound too (`v2kit.h2.rules.MAX_INDUCED`: the connection fails with GOAWAY

@@ -33,8 +33,9 @@ deserialised leniently, and a `calls.Context` whose `abort` and `write` stand in
   grpc-accept-encoding lists it (tritonclient's `compression_algorithm`), else uncompressed.
 - *Deadlines.* A call with `grpc-timeout` that has not ended by then is cancelled and answered
   DEADLINE_EXCEEDED, as grpc's core does (the connection's one timer).
-- *HTTP/2.* Stream windows of 2 GiB - 1 and at most `MAX_STREAMS` streams a connection (past it,
-  RST_STREAM REFUSED_STREAM); whatever breaks RFC 9113 gets the RFC's answer from the engine
+- *HTTP/2.* Stream windows of 2 GiB - 1 and at most `max_streams` streams a connection (past it,
+  RST_STREAM REFUSED_STREAM), and the engine's other limits (`h2_limits`), both set by the
+  --grpc-http2-* flags (`http2_flags.py`); whatever breaks RFC 9113 gets the RFC's answer from the engine
   (GOAWAY, or RST_STREAM for a malformed request), floods and rapid reset ENHANCE_YOUR_CALM.
   Our header blocks are literals without indexing, so they never touch the client's HPACK table.
 
@@ -75,6 +76,7 @@ from v2kit.grpc_status import code_of
 from v2kit.h2.connection import Connection as H2Connection
 from v2kit.h2.connection import Events, Payload
 from v2kit.h2.frames import DATA, END_HEADERS, END_STREAM, HEADERS, NO_ERROR, frame
+from v2kit.h2.rules import DEFAULT_H2_LIMITS, H2Limits
 
 __all__ = ["MAX_STREAMS", "GrpcServer"]
 
@@ -83,7 +85,8 @@ log = logging.getLogger(__name__)
 # hpack logs every header it decodes at DEBUG, `authorization` values included: never that.
 logging.getLogger("hpack").setLevel(logging.INFO)
 
-#: Streams a client may have open at once on one connection (SETTINGS_MAX_CONCURRENT_STREAMS).
+#: Streams a client may have open at once on one connection (SETTINGS_MAX_CONCURRENT_STREAMS), by
+#: default (--grpc-http2-max-concurrent-streams).
 MAX_STREAMS = 1024
 
 _READABLE = frozenset(("identity", *CODINGS))
@@ -96,9 +99,12 @@ class GrpcServer(Listener):
     def __init__(
         self, servicer: InferenceServicer, *, max_message_bytes: int, token: Token | None = None,
         header_forward: HeaderForwarding | None = None, reply_coding: Callable[[list[str]], str | None] | None = None,
-        restricted: Restrictions | None = None,
+        restricted: Restrictions | None = None, max_streams: int = MAX_STREAMS,
+        h2_limits: H2Limits = DEFAULT_H2_LIMITS,
     ) -> None:  # fmt: skip
         super().__init__()
+        self.max_streams = max_streams  # --grpc-http2-max-concurrent-streams
+        self.h2_limits = h2_limits  # the other --grpc-http2-* limits
         self.restricted = restricted  # --grpc-restricted-protocol
         self.header_forward = header_forward  # an inference call's metadata into its request's parameters
         self.reply_coding = reply_coding  # an inference answer's coding, from those the client accepts
@@ -125,8 +131,9 @@ class _GrpcConnection(asyncio.Protocol, Events[Call]):
         self.transport: asyncio.Transport | None = None
         self.buffered = 0  # request bytes held for the calls on this connection, all together
         self.h2 = H2Connection[Call](
-            self, client=False, peer="the client", now=loop.time, call_at=loop.call_at, max_peer_streams=MAX_STREAMS
-        )
+            self, client=False, peer="the client", now=loop.time, call_at=loop.call_at,
+            max_peer_streams=server.max_streams, limits=server.h2_limits,
+        )  # fmt: skip
 
     # -- asyncio.Protocol, and the listener's Connection
 
