@@ -48,3 +48,22 @@ def test_an_oversized_frame_is_refused_even_with_its_header_split() -> None:
     assert list(reader.feed(head[:4])) == []
     with pytest.raises(FrameTooLarge):
         list(reader.feed(head[4:]))
+
+
+def test_unpin_copies_out_a_small_view_kept_of_a_large_read() -> None:
+    read = frame(h2.DATA, 0, 1, b"a") + frame(0xFA, 0, 0, bytes(16384))
+    ((_, _, _, payload), _) = FrameReader().feed(read)
+    other = memoryview(b"another read")
+    kept = [[payload], [other[:3]], [b"own"]]
+    h2.unpin(kept, read)
+    assert type(kept[0][0]) is bytes and kept[0][0] == b"a"  # the read is free to go
+    assert type(kept[1][0]) is memoryview  # a view of another read is that read's to judge
+    assert kept[2] == [b"own"]
+
+
+def test_unpin_keeps_views_that_hold_half_their_read_or_more() -> None:
+    read = frame(h2.DATA, 0, 1, b"x" * 8000) + frame(h2.DATA, 0, 3, b"y" * 8000) + frame(0xFA, 0, 0, bytes(8000))
+    (first, second, _) = (p for _, _, _, p in FrameReader().feed(read))
+    kept = [[first], [second]]  # 16000 of 24027 bytes: as good as the read itself, left uncopied
+    h2.unpin(kept, read)
+    assert kept[0][0] is first and kept[1][0] is second

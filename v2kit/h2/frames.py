@@ -1,6 +1,7 @@
 """HTTP/2's frame codec and HPACK (RFC 9113, RFC 7541) for the lean gRPC client and the reference
 server's gRPC front end: constants, frames read out of a byte stream (`FrameReader`), header blocks
-decoded with a cache for those that leave the table as it is (`HeaderDecoder`), a unary call
+decoded with a cache for those that leave the table as it is (`HeaderDecoder`), views of a read
+that a driver keeps copied out when they would pin it for a fraction of its bytes (`unpin`), a unary call
 encoded once (`encode_call`), and whether a header block changes the HPACK decoder's table
 (`keeps_table`). No state beyond that: `v2kit.h2.connection` is the connection built on it."""
 
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import hpack
@@ -18,7 +19,7 @@ from v2kit.h2.fields import Fields, classify
 
 __all__ = [
     "BadHeaderBlock", "EncodedCall", "FrameReader", "FrameTooLarge", "HeaderDecoder", "encode_call",
-    "frame", "framing_problem", "h2_error", "keeps_table", "literal",
+    "frame", "framing_problem", "h2_error", "keeps_table", "literal", "unpin",
 ]  # fmt: skip
 
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -107,6 +108,22 @@ class FrameReader:
         if length > DEFAULT_FRAME:
             raise FrameTooLarge(length)
         return length
+
+
+def unpin(kept: Iterable[list[bytes | bytearray | memoryview]], read: bytes) -> None:
+    """Copy the views of `read` found in `kept` (the chunk lists a driver holds once the read is
+    handled) to bytes of their own, unless together they are at least half of it. A view keeps its
+    whole read in memory: a peer that spreads a few bytes per stream over large reads would pin a
+    read per stream (1024 x 256 KiB a connection) for bytes that count for little. So a read
+    outlives its handling only while at least half its bytes are held: what a connection pins is
+    at most twice what it counts, and a message that fills its reads keeps its zero copy."""
+    views = [
+        (chunks, i) for chunks in kept for i, chunk in enumerate(chunks)
+        if type(chunk) is memoryview and chunk.obj is read
+    ]  # fmt: skip
+    if views and 2 * sum(len(chunks[i]) for chunks, i in views) < len(read):
+        for chunks, i in views:
+            chunks[i] = bytes(chunks[i])
 
 
 class BadHeaderBlock(Exception):

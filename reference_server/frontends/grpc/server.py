@@ -21,7 +21,9 @@ deserialised leniently, and a `calls.Context` whose `abort` and `write` stand in
 - *Limits.* A message over `max_message_bytes` either way is RESOURCE_EXHAUSTED, checked on its
   5-byte prefix before it is buffered, and so is a unary request whose DATA runs past the message
   its prefix announced (at its first extra byte: nothing past it is kept) and a connection whose
-  calls together hold more than one largest message (`max_held_bytes`). With a token, every
+  calls together hold more than one largest message (`max_held_bytes`). What a call keeps of a
+  read past it is copied out unless the calls keep half the read (`frames.unpin`): the memory a
+  connection pins is at most twice the bytes it counts. With a token, every
   method but the health probes wants `authorization: Bearer ...`.
 - *Compression* (grpc/doc/compression.md). Messages flagged compressed under `grpc-encoding` gzip
   or deflate are inflated within `max_message_bytes` (`compression.inflate`: past it
@@ -75,7 +77,7 @@ from v2kit import grpc_status as status
 from v2kit.grpc_status import code_of
 from v2kit.h2.connection import Connection as H2Connection
 from v2kit.h2.connection import Events, Payload
-from v2kit.h2.frames import DATA, END_HEADERS, END_STREAM, HEADERS, NO_ERROR, frame
+from v2kit.h2.frames import DATA, END_HEADERS, END_STREAM, HEADERS, NO_ERROR, frame, unpin
 from v2kit.h2.rules import DEFAULT_H2_LIMITS, H2Limits
 
 __all__ = ["MAX_STREAMS", "GrpcServer"]
@@ -130,6 +132,7 @@ class _GrpcConnection(asyncio.Protocol, Events[Call]):
         self.loop = loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.buffered = 0  # request bytes held for the calls on this connection, all together
+        self.viewing: list[Call] = []  # calls given views of the read in hand (`data_received`)
         self.h2 = H2Connection[Call](
             self, client=False, peer="the client", now=loop.time, call_at=loop.call_at,
             max_peer_streams=server.max_streams, limits=server.h2_limits,
@@ -150,6 +153,9 @@ class _GrpcConnection(asyncio.Protocol, Events[Call]):
 
     def data_received(self, data: bytes) -> None:
         self.h2.receive(data)
+        if self.viewing:  # what calls keep of this read is copied out where it would pin it whole
+            unpin([call.chunks for call in dict.fromkeys(self.viewing)], data)
+            self.viewing.clear()
 
     def close_when_idle(self) -> None:
         self.h2.close_when_idle()
@@ -219,6 +225,8 @@ class _GrpcConnection(asyncio.Protocol, Events[Call]):
         return call
 
     def stream_data(self, stream: Call, data: Payload) -> None:
+        if type(data) is memoryview:
+            self.viewing.append(stream)
         stream.chunks.append(data)
         size = len(data)
         stream.size += size
