@@ -90,16 +90,18 @@ class Answers:
     def fail(self, request: QueuedRequest, error: Exception, reason: str, now: int) -> None:
         """Fail `request` with `error`, counted under `reason`, unless it was answered already."""
         future = request.future
-        if future.cancelled():
-            reason = "CANCELED"
-        elif future.done():
+        if future.cancelled():  # its caller gave up and was told then (`cancel.cancel_request`)
+            record_failure(self._stats, request.secondary_stats, now - request.received_ns, "CANCELED")
+            return
+        if future.done():
             return  # already answered and counted
-        else:
-            future.set_exception(error)
-            if request.done is not None:
-                future.exception()  # taken from `done`, not from the future: not "never retrieved"
+        future.set_exception(error)
+        if request.done is not None:
+            future.exception()  # taken from `done`, not from the future: not "never retrieved"
         record_failure(self._stats, request.secondary_stats, now - request.received_ns, reason)
-        if request.done is not None and reason != "CANCELED":
+        if request.done is not None:
+            # A request cancelled while its model held it open is told too: its front end counts
+            # it in flight (and its server's stop waits for it) until `done` hears of it.
             request.done(error)
 
     def _wait(self, request: QueuedRequest, deferred: Deferred, outcome: Outcome) -> None:

@@ -14,6 +14,7 @@ the stub; 6 sends its response without the final flag and returns None; any othe
 from __future__ import annotations
 
 import queue
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -201,6 +202,11 @@ def _assert_nothing_left(server: ReferenceServer | None) -> None:
     scheduler = version.scheduler
     assert isinstance(scheduler, Scheduler)
     assert not scheduler._answers.later  # no request waits for an answer
+    # ... and no front end counts one in flight (a stop would wait its grace period for it).
+    listeners = [server._http, server._grpc_server]
+    while sum(listener._serving for listener in listeners if listener is not None) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert [listener._serving for listener in listeners if listener is not None] == [0, 0]
 
 
 @pytest.mark.parametrize("transport", ["grpc", "http"])
@@ -255,6 +261,53 @@ def test_a_cancelled_client_reaches_the_open_request(server: Endpoints) -> None:
         client.close()
     assert _infer(server, [3]) == [1]  # dropped unanswered: its client is gone
     _assert_nothing_left(server.ours)
+
+
+def _hold_then_leave(endpoints: Endpoints, transport: str) -> None:
+    """A request held open by the model whose client then goes away (gRPC: RST_STREAM; HTTP: the
+    connection closed), once the model has seen the cancellation; the model then drops it."""
+    if transport == "grpc":
+        client = grpcclient.InferenceServerClient(endpoints.grpc)
+        tensor = grpcclient.InferInput("IN", [2], "INT32")
+        tensor.set_data_from_numpy(np.array([0, 1], np.int32))
+        call = client.async_infer("held", [tensor], callback=lambda result, error: None)
+        assert _held_count(endpoints, 1) == [0]
+        call.cancel()
+        leave = client.close
+    else:
+        host, port = endpoints.http.rsplit(":", 1)
+        sock = socket.create_connection((host, int(port)), timeout=_WAIT_S)
+        body = b'{"inputs":[{"name":"IN","shape":[2],"datatype":"INT32","data":[0,1]}]}'
+        head = f"POST /v2/models/held/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+        sock.sendall(head.encode() + body)
+        assert _held_count(endpoints, 1) == [0]
+        sock.close()
+        leave = _nothing
+    deadline = time.monotonic() + _WAIT_S
+    while _held_count(endpoints, 1) != [1]:
+        assert time.monotonic() < deadline, "the model never saw the cancellation"
+        time.sleep(0.02)
+    leave()
+    assert _infer(endpoints, [3]) == [1]  # dropped unanswered: its client is gone
+
+
+def _nothing() -> None:
+    pass
+
+
+def test_a_closed_http_connection_reaches_the_open_request(ours: Endpoints) -> None:
+    _hold_then_leave(ours, "http")
+    _assert_nothing_left(ours.ours)
+
+
+@pytest.mark.parametrize("transport", ["grpc", "http"])
+def test_a_request_whose_client_left_does_not_hold_up_the_stop(repository: Path, transport: str) -> None:
+    # It left the front end's in-flight count when it was cancelled: the stop does not wait the
+    # grace period (5 s) for an answer that has nowhere to go.
+    with running_server(loopback_config(repository)) as server:
+        _hold_then_leave(Endpoints("ours", server.http_url, f"127.0.0.1:{server.grpc_port}", server), transport)
+        started = time.monotonic()
+    assert time.monotonic() - started < 2.0
 
 
 def test_a_dropped_sender_ends_the_open_request(ours: Endpoints) -> None:
