@@ -233,6 +233,33 @@ def test_a_message_at_the_limit_is_taken_whole(run: Runner[None]) -> None:
     run(scenario())
 
 
+def test_a_byte_of_a_reply_in_a_large_read_does_not_pin_the_read(run: Runner[None]) -> None:
+    async def scenario() -> None:
+        held: list[object] = []
+
+        async def script(peer: Peer) -> None:
+            await peer.handshake()
+            sid = await peer.request()
+            # One byte of the reply, then 256 KiB of frames of an unknown type (ignored, RFC 9113
+            # §5.5): the byte is all the client keeps of the read, and must not keep the read.
+            filler = frame(0xFA, 0, 0, bytes(16384)) * 16
+            await peer.send(peer.headers(sid) + frame(DATA, 0, sid, b"\x00") + filler + frame(PING, 0, 0, bytes(8)))
+            while (await peer.frame())[:2] != (PING, ACK):  # the client has handled all of it
+                pass
+            (call,) = channel._connection.h2.streams.values()  # type: ignore[union-attr]
+            held.extend(call.chunks)
+            await peer.send(frame(DATA, 0, sid, (2).to_bytes(4, "big") + b"ok") + peer.trailers(sid))
+            await peer.reader.read()
+
+        async with scripted(script) as server, channel_to(server) as channel:
+            call = await channel.call(channel.encode(INFER, b"m", timeout_s=10))
+        assert (call.status, call.message) == (OK, b"ok"), call.details
+        assert held == [b"\x00"]
+        assert all(type(chunk) is bytes for chunk in held), "a byte of the reply kept a 256 KiB read in memory"
+
+    run(scenario())
+
+
 # --- header blocks and floods ---------------------------------------------------------------------------
 
 

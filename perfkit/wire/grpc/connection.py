@@ -8,6 +8,9 @@ What a server may make a call or the connection cost (`perfkit.wire.limits`):
   its max receive message size), and DATA past what the prefix announced fails it as malformed.
   Either way the stream is reset and nothing more of it is kept. Per DATA frame this costs an
   addition and a comparison; the prefix is read once a call.
+- A reply's DATA is kept as views of the reads it came in, unless the calls keep less than half
+  a read past it (`v2kit.h2.frames.unpin` copies those out): a server spreading a few bytes per
+  call over large reads pins no more than twice the bytes the calls count.
 - A header block without end is the engine's to refuse (`v2kit.h2.rules.MAX_HEADER_BLOCK`,
   and hpack's bound on a decoded block).
 - What HTTP/2 makes us answer (PING and SETTINGS ACKs) while the server reads none of it is the
@@ -29,7 +32,7 @@ from v2kit import grpc_status as status
 from v2kit.grpc_status import MALFORMED
 from v2kit.h2.connection import Connection as H2Connection
 from v2kit.h2.connection import Events, Payload, Stream
-from v2kit.h2.frames import CANCEL, EncodedCall, framing_problem, h2_error
+from v2kit.h2.frames import CANCEL, EncodedCall, framing_problem, h2_error, unpin
 
 __all__ = ["Call", "Connection", "failed"]
 
@@ -83,6 +86,7 @@ class Connection(asyncio.Protocol, Events[Call]):
         self._loop = loop = asyncio.get_running_loop()
         self._transport: asyncio.Transport | None = None
         self._room: deque[asyncio.Future[None]] = deque()  # calls waiting for a stream slot
+        self._viewing: list[Call] = []  # calls given views of the read in hand (`data_received`)
         self.h2 = H2Connection[Call](self, client=True, peer=target, now=loop.time, call_at=loop.call_at)
 
     # -- asyncio.Protocol
@@ -118,6 +122,9 @@ class Connection(asyncio.Protocol, Events[Call]):
 
     def data_received(self, data: bytes) -> None:
         self.h2.receive(data)
+        if self._viewing:  # what calls keep of this read is copied out where it would pin it whole
+            unpin([call.chunks for call in dict.fromkeys(self._viewing)], data)
+            self._viewing.clear()
 
     # -- sending
 
@@ -163,6 +170,8 @@ class Connection(asyncio.Protocol, Events[Call]):
             stream.trailers = headers
 
     def stream_data(self, stream: Call, data: Payload) -> None:
+        if type(data) is memoryview:
+            self._viewing.append(stream)
         stream.chunks.append(data)
         stream.size += len(data)
         if stream.size > stream.limit:  # the prefix is in: once a call; then only a reply past its message
