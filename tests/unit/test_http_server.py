@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import pytest
 
 from reference_server.errors import Unavailable
+from reference_server.frontends.http.connection import PARSE_SLICE
 from reference_server.frontends.http.limits import HttpLimits
 from reference_server.frontends.http.server import MAX_PIPELINED, HttpRequest, HttpResponse, HttpServer
 from tests.waiting import eventually
@@ -435,6 +436,72 @@ def test_an_idle_keep_alive_connection_closes_quietly(run: Any) -> None:
         return status, after_answer, never_asked
 
     assert run(main()) == (200, b"", b"")
+
+
+def test_one_read_of_many_pipelined_requests_is_parsed_only_as_far_as_the_queue_allows(run: Any) -> None:
+    """2000 tiny requests arrive in one read while the handler holds the first, then EOF: the
+    server parses a slice past `MAX_PIPELINED`, keeps the rest of the read, and once released
+    answers every request in order and then closes."""
+    count = 2000
+
+    async def main() -> tuple[int, list[str], bytes]:
+        gate = asyncio.Event()
+
+        async def held(request: HttpRequest) -> HttpResponse:
+            await gate.wait()
+            return HttpResponse(200, request.path.encode(), "text/plain")
+
+        server = HttpServer(held, max_body_bytes=1000)
+        reader, writer = await serve(server)
+        writer.write(b"".join(b"GET /%d HTTP/1.1\r\nHost: x\r\n\r\n" % i for i in range(count)))
+        writer.write_eof()
+        await eventually(lambda: any(len(c._queue) > MAX_PIPELINED for c in server.connections))
+        await asyncio.sleep(0.05)  # time to parse the read further, had it not stopped
+        (connection,) = server.connections
+        queued = len(connection._queue)
+        gate.set()
+        paths = [(await read_response(reader))[2].decode() for _ in range(count)]
+        after = await reader.read()
+        writer.close()
+        await server.stop(1)
+        return queued, paths, after
+
+    queued, paths, after = run(main())
+    smallest = len(b"GET /0 HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert MAX_PIPELINED < queued <= MAX_PIPELINED + PARSE_SLICE // smallest + 1, queued
+    assert paths == [f"/{i}" for i in range(count)] and after == b""
+
+
+def test_pipelined_bodies_kept_unparsed_arrive_whole(run: Any) -> None:
+    """Pipelined requests with bodies of several slices, one of them chunked, behind a held one:
+    the rest of the read is kept and parsed later, and every body comes to the handler whole."""
+    bodies = [bytes([65 + i % 26]) * (3 * PARSE_SLICE + i) for i in range(40)]
+
+    async def main() -> tuple[int, list[bytes]]:
+        gate = asyncio.Event()
+
+        async def held(request: HttpRequest) -> HttpResponse:
+            await gate.wait()
+            return HttpResponse(200, request.body, "application/octet-stream")
+
+        server = HttpServer(held, max_body_bytes=1 << 20)
+        reader, writer = await serve(server)
+        chunked = b"POST /c HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        chunked += b"%x\r\n%s\r\n0\r\n\r\n" % (len(bodies[0]), bodies[0])
+        writer.write(b"".join(post("/x", body) for body in bodies) + chunked)
+        await eventually(lambda: any(len(c._queue) > MAX_PIPELINED for c in server.connections))
+        await asyncio.sleep(0.05)
+        (connection,) = server.connections
+        queued = len(connection._queue)
+        gate.set()
+        answered = [(await read_response(reader))[2] for _ in range(len(bodies) + 1)]
+        writer.close()
+        await server.stop(1)
+        return queued, answered
+
+    queued, answered = run(main())
+    assert queued <= MAX_PIPELINED + 2, queued
+    assert answered == [*bodies, bodies[0]]
 
 
 def test_a_client_that_never_reads_stops_being_read(run: Any) -> None:
