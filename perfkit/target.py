@@ -366,15 +366,20 @@ def reference_server_process(
                 _stop(process, stop_timeout_s)
 
 
+#: The server's last startup line, ready or not (it says which models keep it not ready in its log).
+_STARTED_UP = ("Server ready", "Server not ready")
+
+
 def _wait_for_listeners(process: subprocess.Popen[str], log_path: Path, timeout_s: float) -> dict[str, int]:
-    """Read the server's startup lines until "Server ready", the process exits, or time runs out."""
+    """Read the server's startup lines until "Server ready" (or "Server not ready": a model failed to
+    load, which the sweep's own checks then name), the process exits, or time runs out."""
     lines: queue.Queue[str | None] = queue.Queue()
 
     def read() -> None:
         assert process.stdout is not None
         for line in process.stdout:
             lines.put(line)
-            if line.startswith("Server ready"):
+            if line.startswith(_STARTED_UP):
                 break
         else:
             lines.put(None)
@@ -394,7 +399,7 @@ def _wait_for_listeners(process: subprocess.Popen[str], log_path: Path, timeout_
         match = _STARTED.search(line)
         if match:
             ports[match.group(1)] = int(match.group(3))
-        if line.startswith("Server ready"):
+        if line.startswith(_STARTED_UP):
             return ports
 
 

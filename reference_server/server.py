@@ -39,6 +39,9 @@ from v2kit.runtime import gpu
 
 log = logging.getLogger(__name__)
 
+#: How often a server that started not ready looks again, to say "Server ready" once it is.
+READY_POLL_S = 0.25
+
 
 class ReferenceServer:
     def __init__(self, config: ServerConfig) -> None:
@@ -216,11 +219,36 @@ class ReferenceServer:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await self.start()
-        # The last startup line: a parent process waiting on our stdout may proceed.
-        print("Server ready", flush=True)
+        announcing = asyncio.create_task(self.announce_readiness())
         await stop.wait()
+        announcing.cancel()
         log.info("shutting down: finishing in-flight requests (up to %ss)", self.config.exit_timeout_secs)
         await self.stop()
+
+    async def announce_readiness(self) -> None:
+        """Say "Server ready" on standard output (the last startup line: a parent process waiting on
+        it may proceed) once /v2/health/ready answers 200, and not before. A server that starts not
+        ready (--strict-readiness true and a model that failed to load) says "Server not ready"
+        there instead, logs each model that keeps it so and why, and says "Server ready" once they
+        serve (loaded through the repository API, or mended in poll mode)."""
+        plane, repository = self.dataplane, self.repository
+        assert plane is not None and repository is not None
+        if not plane.ready():
+            waiting = repository.not_ready()
+            for name, state, reason in waiting:
+                log.error("model '%s' is %s%s: it keeps the server not ready", name, state,
+                          f" ({reason})" if reason else "")  # fmt: skip
+            names = ", ".join(f"'{name}'" for name, _, _ in waiting)
+            log.warning("Server not ready: /v2/health/ready answers 400 until %s %s ready "
+                        "(--strict-readiness true; false: ready while the server is up)",
+                        names or "every model", "is" if len(waiting) == 1 else "are")  # fmt: skip
+            print(f"Server not ready: {names or 'shutting down'}", flush=True)
+            # Readiness follows loads from the repository API, poll mode and the models themselves, with
+            # no one event to wait on; four looks a second, only while the server is not ready.
+            while not plane.ready():  # noqa: ASYNC110
+                await asyncio.sleep(READY_POLL_S)
+            log.info("Server ready: every model the repository was asked to load serves")
+        print("Server ready", flush=True)
 
 
 @contextlib.contextmanager

@@ -17,8 +17,9 @@ severities; `log_verbose_level` N lets through verbose records up to level N (`l
 level 1; a record's `verbose` attribute names a higher one); `log_format`; and `log_file`, which
 only the command line sets (Triton refuses it over the network): empty, every line goes to standard
 error. (Triton writes INFO lines to standard output; here standard output carries only the start-up
-lines a parent process reads until "Server ready", after which perfkit stops reading it, so a log
-line there could fill the pipe and stall the server.) Both front ends parse their wire form into
+lines a parent process reads until "Server ready" or "Server not ready" (and, after the latter, one
+"Server ready" once the server is), after which perfkit stops reading it, so a log line there could
+fill the pipe and stall the server.) Both front ends parse their wire form into
 one dict of checked changes (`changes_from_json`, `changes_from_proto`), each in Triton's words
 for that protocol, which `LogSettings.apply` applies in the core process; the core then tells its
 front-end workers, which apply the same settings to their own log (`workers/hosting.py`).

@@ -517,6 +517,15 @@ class ModelRepository:
         """Every model the repository was asked to load is serving."""
         return all(record.state == READY or record.reason == "unloaded" for record in self._records.values())
 
+    def not_ready(self) -> list[tuple[str, str, str]]:
+        """(name, state, reason) of each model the repository was asked to load that does not serve:
+        what keeps the server not ready under --strict-readiness."""
+        return [
+            (name, record.state, record.reason)
+            for name, record in sorted(self._records.items())
+            if record.state != READY and record.reason != "unloaded"
+        ]
+
     def index(self, ready_only: bool = False) -> list[dict[str, str]]:
         """Repository index entries as Triton's POST /v2/repository/index returns them (`load_outcome`)."""
         entries = index_entries(self._records, self.model_names(), self.is_ready, ready_only)
