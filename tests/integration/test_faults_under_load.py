@@ -1,6 +1,6 @@
 """Faults under load, nothing lost: perfkit sweeps a python-backend model on the reference server
-(concurrency 16 then 64, over HTTP and gRPC) while the test kill -9s the model's stub process in
-the middle of the first level.
+(concurrency 16 then 64, over HTTP, gRPC and gRPC streams) while the test kill -9s the model's stub
+process in the middle of the first level.
 
 What must hold: every request perfkit sent is answered or counted as an error of a named kind, once
 (the server's success + failure counts equal the requests in perfkit's per-request export, and
@@ -111,8 +111,10 @@ def _alive(pid: int) -> bool:
 
 
 def _sweep(url: str, transport: str, out: Path) -> subprocess.Popen[str]:
+    protocol = "http" if transport == "http" else "grpc"
+    streaming = ["--streaming"] if transport == "stream" else []
     command = [
-        sys.executable, "-m", "perfkit", "sweep", "-u", url, "-i", transport, "-m", "echo", "--shape", "IN:4",
+        sys.executable, "-m", "perfkit", "sweep", "-u", url, "-i", protocol, *streaming, "-m", "echo", "--shape", "IN:4",
         "--concurrency-range", f"{LEVELS[0]}:{LEVELS[1]}:{LEVELS[1] - LEVELS[0]}",
         "-p", "200", "-r", "3", "-s", "50", "--request-timeout", str(REQUEST_TIMEOUT_S),
         "--report-dir", str(out), "-f", str(out / "perfkit.csv"), "--profile-export-file", str(out / "requests.json"),
@@ -121,7 +123,7 @@ def _sweep(url: str, transport: str, out: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-@pytest.mark.parametrize("transport", ["http", "grpc"])
+@pytest.mark.parametrize("transport", ["http", "grpc", "stream"])
 def test_a_stub_killed_under_load_loses_nothing(repository: Path, tmp_path: Path, transport: str) -> None:
     shm_before = set(os.listdir("/dev/shm"))
     with running_server(loopback_config(repository)) as server:
