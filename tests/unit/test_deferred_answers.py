@@ -84,6 +84,24 @@ async def test_an_open_request_settled_with_an_error_fails_alone_and_cancelled_c
         await scheduler.close(0)
 
 
+async def test_a_submitted_open_request_cancelled_tells_its_caller() -> None:
+    # A front end's request (`submit`, answered through `done`) stays in its in-flight count until
+    # `done` hears of it: a cancelled one too, counted CANCELED, once.
+    fake, stats = LeavesOpen(), ModelStats()
+    scheduler = Scheduler(policy(), [fake], stats)
+    try:
+        heard: list[Tensors | Exception] = []
+        scheduler.submit(tensor(-1), ["OUT"], heard.append)
+        await eventually(lambda: fake.open, BOUND_S)
+        fake.open[0].settle(Cancelled("Request was cancelled"))
+        await eventually(lambda: heard, BOUND_S)
+        assert len(heard) == 1 and isinstance(heard[0], Cancelled)
+        assert stats.failures["CANCELED"] == 1 and stats.fail_count == 1
+        assert not scheduler._answers.later
+    finally:
+        await scheduler.close(0)
+
+
 async def test_the_sink_answers_with_its_one_response_at_the_final_flag() -> None:
     deferred = Deferred()
     answers: list[object] = []
