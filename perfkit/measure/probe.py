@@ -95,10 +95,11 @@ async def _model_names(client: InferClient) -> list[str]:
     return ready
 
 
-def failure_text(client: InferClient, kind: str, message: str) -> str:
+def failure_text(client: InferClient, kind: str, message: str, binary_listed: bool = False) -> str:
     """A failed request's kind, the server's words, and the flag that may help (replies.failure_line)."""
     inputs, outputs = getattr(client, "binary", (False, False))  # gRPC: raw contents, no choice
-    return failure_line(kind, message, protocol=client.protocol, binary_inputs=inputs, binary_outputs=outputs)
+    return failure_line(kind, message, protocol=client.protocol, binary_inputs=inputs, binary_outputs=outputs,
+                        binary_listed=binary_listed)  # fmt: skip
 
 
 def probe_requests(
@@ -113,7 +114,9 @@ def probe_requests(
     return [template.make(sequence_id, True, True) for sequence_id in range(1, count + 1)]
 
 
-async def _probe_model(client: InferClient, model: str, count: int, seed: int, notes: dict[str, str]) -> ModelProbe:
+async def _probe_model(
+    client: InferClient, model: str, count: int, seed: int, notes: dict[str, str], binary_listed: bool = False
+) -> ModelProbe:
     """A few requests to `model`; the row's error says why it failed. A model the server does not
     have is a usage error (exit 2, -m is what to change); a missing extension, a note in `notes`."""
     try:
@@ -137,7 +140,7 @@ async def _probe_model(client: InferClient, model: str, count: int, seed: int, n
         outcome = await client.send(prepared)
         if outcome.error:
             errors += 1
-            last_error = failure_text(client, outcome.error, outcome.message)
+            last_error = failure_text(client, outcome.error, outcome.message, binary_listed)
         else:
             latencies.append(time.perf_counter_ns() - start)
     lat_ms = np.array(latencies, dtype=np.float64) / 1e6
@@ -184,7 +187,8 @@ async def probe(
             await client.close()
             client = make_client(url, protocol, headers=dict(headers), tls=tls, json_tensors=bool(settled.json_tensors),
                                  binary_outputs=not settled.json_outputs)  # fmt: skip
-        results = [await _probe_model(client, name, count, seed, notes) for name in names]
+        listed = BINARY_TENSOR_EXTENSION in (meta.get("extensions") or ())
+        results = [await _probe_model(client, name, count, seed, notes, listed) for name in names]
     finally:
         await client.close()
     return ServerProbe(

@@ -123,6 +123,7 @@ class Sweep:
         about = provenance.get("server") or {}  # the server's metadata: its name, and does it list statistics
         # An OpenAI-compatible endpoint has no statistics extension by design: nothing to ask or to say.
         openai = spec.genai.enabled and spec.genai.endpoint_type in OPENAI_ENDPOINT_TYPES
+        self.binary_listed = bool(lists_extension(about, "binary_tensor_data"))
         self.server = None if openai else ServerStatsProbe(
             lambda: client.model_statistics(*named), model, model_version, composing,
             server=server_label(about), offered=lists_extension(about, "statistics"),
@@ -183,7 +184,7 @@ class Sweep:
         for log in failure_logs(self.client):
             for kind, text in log.unsaid():
                 line = failure_line(kind, text, protocol=t.protocol, binary_inputs=not t.json_tensors,
-                                    binary_outputs=not t.json_outputs)  # fmt: skip
+                                    binary_outputs=not t.json_outputs, binary_listed=self.binary_listed)  # fmt: skip
                 if line not in self.failures:
                     self.failures.append(line)
                     self.progress.note(f"requests failed: {line}")

@@ -109,17 +109,21 @@ def note_once(seen: FailureLog, kind: str, message: str) -> str:
 _UNREAD_BODY = ("HTTP 400", "HTTP 415", "HTTP 422", "HTTP 500", "connection reset", "disconnected")
 
 
-def failure_line(kind: str, text: str, *, protocol: str, binary_inputs: bool, binary_outputs: bool) -> str:
+def failure_line(
+    kind: str, text: str, *, protocol: str, binary_inputs: bool, binary_outputs: bool, binary_listed: bool = False
+) -> str:
     """One console line for a failure: its kind, the server's own text, and the flag that may help,
-    e.g. `--input-tensor-format json` when a server refused (or hung up on) binary tensors."""
+    e.g. `--input-tensor-format json` when a server refused (or hung up on) binary tensors.
+    `binary_listed`: the server lists the binary_tensor_data extension, so its failures are not
+    the format's (a python model's 500 on Triton is no reason to try JSON)."""
     text = " ".join(text.split())
     if len(text) > TEXT_CHARS:
         text = text[: TEXT_CHARS - 3] + "..."
     line = f"{kind}: {text}" if text else kind
-    if protocol == "http" and binary_inputs and kind in _UNREAD_BODY:
+    if protocol == "http" and binary_inputs and not binary_listed and kind in _UNREAD_BODY:
         line += ("; perfkit sent binary tensors (the binary_tensor_data extension), which the server may not "
                  "read: try --input-tensor-format json")  # fmt: skip
-    elif protocol == "http" and binary_outputs and kind == "bad response":
+    elif protocol == "http" and binary_outputs and not binary_listed and kind == "bad response":
         line += "; perfkit asked for binary outputs: try --output-tensor-format json"
     elif kind in ("HTTP 401", "HTTP 403", "grpc UNAUTHENTICATED", "grpc PERMISSION_DENIED"):
         line += "; give the server's credentials with -H, e.g. -H 'Authorization: Bearer TOKEN'"

@@ -114,6 +114,14 @@ def test_a_failure_line_names_the_flag_that_may_help() -> None:
     assert len(_line("HTTP 500", "x" * 5000, binary=False)) < 450  # a whole traceback or echo is cut
 
 
+def test_a_server_that_lists_binary_tensors_gets_no_format_hint() -> None:
+    # Triton's 500 for a python model whose stub died: the tensors were read, the format is not why.
+    text = "Stub process 'echo_0_0' is not healthy."
+    for kind in ("HTTP 500", "bad response", "connection reset"):
+        line = failure_line(kind, text, protocol="http", binary_inputs=True, binary_outputs=True, binary_listed=True)
+        assert line == f"{kind}: {text}"
+
+
 # --- outputs answered in JSON (HTTP) or in typed contents (gRPC), as validation_data reads them ------
 
 KSERVE_JSON_ANSWER = (
