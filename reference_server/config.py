@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reference_server import http2_flags, triton_flags
+from reference_server import connection_flags, triton_flags
 from reference_server.core.dataplane import SERVER_NAME
 from reference_server.core.response_cache import cache_size_from_flags
 from reference_server.errors import ServerError
@@ -67,7 +67,8 @@ class ServerConfig:
     http_max_headers: int = DEFAULT_LIMITS.max_headers
     http_head_timeout_secs: float = DEFAULT_LIMITS.head_timeout_s
     http_idle_timeout_secs: float = DEFAULT_LIMITS.idle_timeout_s
-    #: The gRPC front end's HTTP/2 limits per connection (--grpc-http2-*, `http2_flags.py`).
+    http_max_pipelined_requests: int = DEFAULT_LIMITS.max_pipelined
+    #: The gRPC front end's HTTP/2 limits per connection (--grpc-http2-*, `connection_flags.py`).
     grpc_max_concurrent_streams: int = MAX_STREAMS
     grpc_http2_limits: H2Limits = DEFAULT_H2_LIMITS
     exit_timeout_secs: float = 30.0
@@ -173,6 +174,7 @@ class ServerConfig:
             max_headers=self.http_max_headers,
             head_timeout_s=self.http_head_timeout_secs,
             idle_timeout_s=self.http_idle_timeout_secs,
+            max_pipelined=self.http_max_pipelined_requests,
         )
 
     def validate(self) -> None:
@@ -308,48 +310,6 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="an HTTP request body not all in within SECONDS of its headers gets 408 and the connection closes",
     )
-    net.add_argument(
-        "--http-max-request-line",
-        type=int,
-        default=DEFAULT_LIMITS.max_request_line,
-        metavar="BYTES",
-        help="longest HTTP request target (path and query); longer gets 414 and the connection closes",
-    )
-    net.add_argument(
-        "--http-max-header-line",
-        type=int,
-        default=DEFAULT_LIMITS.max_header_line,
-        metavar="BYTES",
-        help="longest HTTP header line (name and value); longer gets 431 and the connection closes",
-    )
-    net.add_argument(
-        "--http-max-head-size",
-        type=int,
-        default=DEFAULT_LIMITS.max_head_bytes,
-        metavar="BYTES",
-        help="largest HTTP request head (target and every header line); larger gets 431 and the connection closes",
-    )
-    net.add_argument(
-        "--http-max-headers",
-        type=int,
-        default=DEFAULT_LIMITS.max_headers,
-        metavar="N",
-        help="most header lines in an HTTP request; more get 431 and the connection closes",
-    )
-    net.add_argument(
-        "--http-head-timeout-secs",
-        type=float,
-        default=DEFAULT_LIMITS.head_timeout_s,
-        metavar="SECONDS",
-        help="an HTTP request head not all in within SECONDS of its first byte gets 408 and the connection closes",
-    )
-    net.add_argument(
-        "--http-idle-timeout-secs",
-        type=float,
-        default=DEFAULT_LIMITS.idle_timeout_s,
-        metavar="SECONDS",
-        help="a kept-alive HTTP connection with no request for SECONDS is closed",
-    )
     limits = parser.add_argument_group("limits")
     limits.add_argument(
         "--max-inflight-requests",
@@ -470,7 +430,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--log-verbose", type=int, default=0, metavar="LEVEL", help="0: info; 1 and above: also every request"
     )
-    http2_flags.add_arguments(parser)
+    connection_flags.add_arguments(parser)
     triton_flags.add_arguments(parser)
     return parser
 
@@ -536,12 +496,6 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         strict_readiness=args.strict_readiness,
         http_max_input_size=args.http_max_input_size,
         http_body_timeout_secs=args.http_body_timeout_secs,
-        http_max_request_line=args.http_max_request_line,
-        http_max_header_line=args.http_max_header_line,
-        http_max_head_size=args.http_max_head_size,
-        http_max_headers=args.http_max_headers,
-        http_head_timeout_secs=args.http_head_timeout_secs,
-        http_idle_timeout_secs=args.http_idle_timeout_secs,
         exit_timeout_secs=args.exit_timeout_secs,
         frontend_workers=AUTO_FRONTEND_WORKERS if args.frontend_workers == "auto" else args.frontend_workers,
         worker_instances=args.worker_instances,
@@ -559,7 +513,7 @@ def config_from_args(argv: Sequence[str] | None = None) -> ServerConfig:
         rate_limit_resources=resources,
         server_name=args.server_name,
         no_effect_flags=triton_flags.no_effect_given(args),
-        **http2_flags.config_fields(args),
+        **connection_flags.config_fields(args),
         **triton,
     )
     try:

@@ -584,3 +584,35 @@ def test_http_1_0_gets_no_100_continue_and_needs_no_host(run: Any) -> None:
     raw = b"POST /e HTTP/1.0\r\nContent-Length: 2\r\nExpect: 100-continue\r\n\r\nok"
     status, headers, body, rest = run(answer_to(HttpServer(echo, max_body_bytes=1000), raw))
     assert status == 200 and json.loads(body)["body"] == "ok" and headers["connection"] == "close"
+
+
+@pytest.mark.parametrize("flags", [(), ("--http-max-pipelined-requests", "2")], ids=["default", "2"])
+def test_the_pipelined_requests_flag_bounds_the_queue(run: Any, flags: tuple[str, ...]) -> None:
+    """Twelve pipelined requests in one read: under the default (16) the connection is read on; under
+    --http-max-pipelined-requests 2 it stops being read, and serves them all once they are answered."""
+    from reference_server.config import config_from_args
+
+    limits = config_from_args(["--model-repository", "unused", *flags]).http_limits
+
+    async def main() -> bool:
+        gate = asyncio.Event()
+
+        async def held(request: HttpRequest) -> HttpResponse:
+            await gate.wait()
+            return HttpResponse(200, b"{}", "application/json")
+
+        server = HttpServer(held, max_body_bytes=1000, limits=limits)
+        reader, writer = await serve(server)
+        writer.write(post("/x", b"") * 12)
+        await writer.drain()
+        await eventually(lambda: any(c._paused or len(c._queue) == 11 for c in server.connections))  # one is served
+        (connection,) = server.connections
+        paused = connection._paused
+        gate.set()
+        for _ in range(12):
+            assert (await read_response(reader))[0] == 200
+        writer.close()
+        await server.stop(1)
+        return paused
+
+    assert run(main()) == bool(flags)

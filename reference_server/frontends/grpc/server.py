@@ -37,7 +37,7 @@ deserialised leniently, and a `calls.Context` whose `abort` and `write` stand in
   DEADLINE_EXCEEDED, as grpc's core does (the connection's one timer).
 - *HTTP/2.* Stream windows of 2 GiB - 1 and at most `max_streams` streams a connection (past it,
   RST_STREAM REFUSED_STREAM), and the engine's other limits (`h2_limits`), both set by the
-  --grpc-http2-* flags (`http2_flags.py`); whatever breaks RFC 9113 gets the RFC's answer from the engine
+  --grpc-http2-* flags (`connection_flags.py`); whatever breaks RFC 9113 gets the RFC's answer from the engine
   (GOAWAY, or RST_STREAM for a malformed request), floods and rapid reset ENHANCE_YOUR_CALM.
   Our header blocks are literals without indexing, so they never touch the client's HPACK table.
 

@@ -2,7 +2,8 @@
 
 Theory of operation. Each connection serves its requests one at a time, in order. A request that
 completes while another is being served waits in the connection's queue (pipelining), and past
-`MAX_PIPELINED` of them the connection stops being read until the queue drains. The connection
+`limits.max_pipelined` of them (--http-max-pipelined-requests, default `MAX_PIPELINED`) the
+connection stops being read until the queue drains. The connection
 owns what every request must pass before a handler sees it:
 
 - *Pipelining*: the queue is bounded inside a read too. A read larger than `PARSE_SLICE` is
@@ -61,8 +62,9 @@ if TYPE_CHECKING:
 # The server module's name, as before the connection had a module of its own: log filters keep working.
 log = logging.getLogger("reference_server.frontends.http.server")
 
-#: Requests a connection may have waiting behind the one being served before it is no longer read.
-MAX_PIPELINED = 16
+#: Requests a connection may have waiting behind the one being served before it is no longer read,
+#: by default (--http-max-pipelined-requests: `limits.max_pipelined`).
+MAX_PIPELINED = limits_.DEFAULT_LIMITS.max_pipelined
 
 #: A read larger than this is parsed this many bytes at a time, so that parsing stops once the queue
 #: is full, not at the end of the read: a slice of tiny requests (18 bytes at least) adds at most
@@ -91,6 +93,7 @@ class HttpConnection(asyncio.Protocol):
         self._max_request_line = limits.max_request_line  # read per request: one attribute, not two
         self._max_header_line = limits.max_header_line
         self._max_headers = limits.max_headers
+        self._max_pipelined = limits.max_pipelined
         self._transport: asyncio.Transport | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._parser = httptools.HttpRequestParser(self)
@@ -184,11 +187,11 @@ class HttpConnection(asyncio.Protocol):
         """Parse `data` (a read, or a read's rest), a `PARSE_SLICE` at a time if it is larger; once
         more than `MAX_PIPELINED` requests wait, keep the rest unparsed and stop reading."""
         size = len(data)
-        if size > PARSE_SLICE or len(self._queue) > MAX_PIPELINED:
+        if size > PARSE_SLICE or len(self._queue) > self._max_pipelined:
             view = memoryview(data)
             start = 0
             while start < size:
-                if len(self._queue) > MAX_PIPELINED:
+                if len(self._queue) > self._max_pipelined:
                     self._hold(view[start:])
                     return
                 end = start + PARSE_SLICE
@@ -365,7 +368,7 @@ class HttpConnection(asyncio.Protocol):
         self._queue.append((item, admitted, keep_alive))
         if not self._serving and len(self._queue) == 1:
             self._next()
-        elif len(self._queue) > MAX_PIPELINED and not self._paused and self._transport is not None:
+        elif len(self._queue) > self._max_pipelined and not self._paused and self._transport is not None:
             self._paused = True
             self._transport.pause_reading()
 
@@ -470,7 +473,7 @@ class HttpConnection(asyncio.Protocol):
             else:
                 transport.close()
             return
-        if self._paused and len(self._queue) <= MAX_PIPELINED // 2:
+        if self._paused and len(self._queue) <= self._max_pipelined // 2:
             if self._unparsed is not None:  # a read's rest was kept: it goes before anything read after it
                 if not self._rest_due and self._loop is not None:
                     self._rest_due = True  # from the loop, as _next below: parsing may serve a request

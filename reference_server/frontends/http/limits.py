@@ -15,6 +15,9 @@ The defaults follow the servers that clients already meet:
 - *Idle keep-alive timeout* 75 s (`idle_timeout_s`): nginx's `keepalive_timeout`; a kept-open
   connection with no request in progress is closed without an answer, as RFC 9112 §9.5 allows
   (looked at every half timeout: between 75 and 112 s after its last answer).
+- *Pipelined requests* 16 (`max_pipelined`): requests a connection may have waiting behind the one
+  being served; past it the connection is not read until half of them are answered, so a client
+  that pipelines without end costs the server a bounded queue (`connection.py`).
 - *Write buffer* 256 KiB high, 64 KiB low: above the high-water mark the connection stops being
   read until its client has taken the answers down to the low one, so a client that pipelines and
   never reads costs the server one buffer, not every answer. Not a flag: a client that reads is
@@ -51,6 +54,7 @@ class HttpLimits:
     max_headers: int = 100
     head_timeout_s: float = 30.0
     idle_timeout_s: float = 75.0
+    max_pipelined: int = 16
     write_high_water: int = 256 * 1024
     write_low_water: int = 64 * 1024
 
@@ -61,6 +65,7 @@ class HttpLimits:
             ("--http-max-header-line", self.max_header_line),
             ("--http-max-head-size", self.max_head_bytes),
             ("--http-max-headers", self.max_headers),
+            ("--http-max-pipelined-requests", self.max_pipelined),
         ):
             if value < 1:
                 raise ValueError(f"{flag} must be at least 1, got {value}")
