@@ -504,6 +504,43 @@ def test_pipelined_bodies_kept_unparsed_arrive_whole(run: Any) -> None:
     assert answered == [*bodies, bodies[0]]
 
 
+def test_a_read_let_in_while_a_reads_rest_is_kept_goes_after_it(run: Any) -> None:
+    """The read gate resumes reading a connection (as it does when a request is admitted) while the
+    rest of an earlier read is kept: what is read then waits behind that rest, reading stops
+    again, and every request is answered in the order sent."""
+    first, more = 1000, 20
+
+    async def main() -> tuple[bool, list[str]]:
+        gate = asyncio.Event()
+
+        async def held(request: HttpRequest) -> HttpResponse:
+            await gate.wait()
+            return HttpResponse(200, request.path.encode(), "text/plain")
+
+        def requests(numbers: range) -> bytes:
+            return b"".join(b"GET /%d HTTP/1.1\r\nHost: x\r\n\r\n" % i for i in numbers)
+
+        server = HttpServer(held, max_body_bytes=1000)
+        reader, writer = await serve(server)
+        writer.write(requests(range(first)))
+        await eventually(lambda: any(c._unparsed is not None for c in server.connections))
+        (connection,) = server.connections
+        assert connection._transport is not None and connection._unparsed is not None
+        kept = len(connection._unparsed)
+        connection._transport.resume_reading()  # what the read gate does
+        writer.write(requests(range(first, first + more)))
+        await eventually(lambda: connection._unparsed is not None and len(connection._unparsed) > kept)
+        reading = connection._transport.is_reading()
+        gate.set()
+        paths = [(await read_response(reader))[2].decode() for _ in range(first + more)]
+        writer.close()
+        await server.stop(1)
+        return reading, paths
+
+    reading, paths = run(main())
+    assert not reading and paths == [f"/{i}" for i in range(first + more)]
+
+
 def test_a_client_that_never_reads_stops_being_read(run: Any) -> None:
     """Pipelined GETs into a socket that is never read: the server's buffer stops at its high-water mark."""
     answer = b"x" * (64 << 10)

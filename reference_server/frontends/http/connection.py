@@ -7,11 +7,11 @@ connection stops being read until the queue drains. The connection
 owns what every request must pass before a handler sees it:
 
 - *Pipelining*: the queue is bounded inside a read too. A read larger than `PARSE_SLICE` is
-  parsed a slice at a time (a body's bytes in one piece), and once more than `MAX_PIPELINED`
-  requests wait, the read's unparsed rest is kept, as bytes, and parsed when the queue has drained
-  to half. So a client that sends a 256 KiB read of tiny requests and never reads its answers
-  makes the server hold at most `MAX_PIPELINED` requests and a slice's worth, and that read.
-
+  parsed a slice at a time (a body's bytes in one piece), and once more than
+  `limits.max_pipelined` requests wait, the read's unparsed rest is kept, as bytes, and parsed
+  when the queue has drained to half. So a client that sends a 256 KiB read of tiny requests and
+  never reads its answers makes the server hold `limits.max_pipelined` requests and a slice's
+  worth at most, and that read's bytes.
 - *Size*: a declared `Content-Length` past `max_body_bytes`, or a chunked body that grows past it,
   is answered 413 and the connection closed, before the body is stored.
 - *Admission*: requests that `needs_slot` names (inference) take a slot of the `Admission` (the data
@@ -185,7 +185,7 @@ class HttpConnection(asyncio.Protocol):
 
     def _parse(self, data: bytes | memoryview) -> None:
         """Parse `data` (a read, or a read's rest), a `PARSE_SLICE` at a time if it is larger; once
-        more than `MAX_PIPELINED` requests wait, keep the rest unparsed and stop reading."""
+        more than `limits.max_pipelined` requests wait, keep the rest unparsed and stop reading."""
         size = len(data)
         if size > PARSE_SLICE or len(self._queue) > self._max_pipelined:
             view = memoryview(data)
