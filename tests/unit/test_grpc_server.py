@@ -419,3 +419,82 @@ def test_a_unary_request_past_its_announced_length_is_refused_at_once(run: Any) 
 
     trailers = run(main())
     assert trailers["grpc-status"] == "8" and "announced length" in trailers["grpc-message"]
+
+
+class Gated(Servicer):
+    """A ModelStreamInfer that reads its requests only once released."""
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> None:
+        await self.release.wait()
+        async for _ in requests:
+            pass
+
+
+def _fill_window(peer: Peer, stream_id: int, window: int) -> None:
+    """`window` bytes of DATA on `stream_id`: whole messages, one a frame."""
+    message = pb.ModelInferRequest(id="x" * 16376).SerializeToString()
+    body = b"\x00" + len(message).to_bytes(4, "big") + message
+    assert len(body) == 16384 and window % 16384 == 0
+    assert window <= 16 << 20, f"a {window}-byte stream window bounds nothing"  # it was 2 GiB - 1
+    peer.writer.write(frame(h2.DATA, 0, stream_id, body) * (window // 16384))
+
+
+async def _stream_window(peer: Peer) -> int:
+    """The stream window the server's SETTINGS advertise."""
+    while True:
+        ftype, flags, _, payload = await peer.read_frame()
+        if ftype == h2.SETTINGS and not flags & h2.ACK:
+            settings = dict(struct.iter_unpack(">HL", payload))
+            return int(settings[h2.INITIAL_WINDOW_SIZE])
+
+
+def test_a_stream_is_given_its_window_back_as_its_servicer_reads(run: Any) -> None:
+    async def main() -> tuple[int, list[int], list[int]]:
+        servicer = Gated()
+        server, port = await start(servicer, max_message_bytes=8 << 20)  # held bytes bounded past the window
+        peer = await Peer.connect(port)
+        try:
+            window = await _stream_window(peer)
+            peer.writer.write(frame(h2.HEADERS, h2.END_HEADERS, 1, peer.headers_block("ModelStreamInfer")))
+            _fill_window(peer, 1, window)
+            peer.writer.write(frame(h2.PING, 0, 0, b"8 bytes!"))
+            unread: list[int] = []  # stream 1's WINDOW_UPDATEs while the servicer reads nothing
+            while (kind := await peer.read_frame())[0] != h2.PING:
+                if kind[0] == h2.WINDOW_UPDATE and kind[2] == 1:
+                    unread.append(int.from_bytes(kind[3], "big"))
+            servicer.release.set()
+            while (kind := await peer.read_frame())[:3] != (h2.WINDOW_UPDATE, 0, 1):
+                pass
+        finally:
+            servicer.release.set()
+            peer.close()
+            await server.stop(1)
+        return window, unread, [int.from_bytes(kind[3], "big")]
+
+    window, unread, read = run(main())
+    assert unread == []  # all of it waits for the servicer: the client must wait too
+    assert read == [window]  # the servicer took it all: all of it given back
+
+
+def test_data_past_a_streams_window_is_a_flow_control_error(run: Any) -> None:
+    async def main() -> tuple[dict[str, str], dict[str, str]]:
+        servicer = Gated()
+        server, port = await start(servicer, max_message_bytes=8 << 20)
+        peer = await Peer.connect(port)
+        try:
+            window = await _stream_window(peer)
+            peer.writer.write(frame(h2.HEADERS, h2.END_HEADERS, 1, peer.headers_block("ModelStreamInfer")))
+            _fill_window(peer, 1, window)
+            peer.writer.write(frame(h2.DATA, 0, 1, b"\x00"))  # one byte past what the server allowed
+            _, _, reset = await peer.until(1)
+            peer.call(3, "ServerLive", b"")  # the connection goes on
+            _, _, after = await peer.until(3)
+        finally:
+            servicer.release.set()
+            peer.close()
+            await server.stop(1)
+        return reset, after
+
+    reset, after = run(main())
+    assert reset == {"reset": str(h2.FLOW_CONTROL_ERROR)}
+    assert after["grpc-status"] == "0"

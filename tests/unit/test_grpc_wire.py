@@ -31,6 +31,7 @@ from tests.servers import running_triton
 from v2kit import codec as v2
 from v2kit.grpc_proto import request_to_proto
 from v2kit.h2.frames import keeps_table
+from v2kit.h2.receive import CONNECTION_WINDOW
 
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
@@ -255,9 +256,9 @@ async def test_the_request_is_a_grpc_call_with_its_metadata_and_deadline() -> No
     }  # fmt: skip
     assert body == grpc_message(b"hello") and again == seen[0]
     frames = peers[0].seen
-    # SETTINGS first, then one WINDOW_UPDATE that opens the connection window to 2^31 - 1.
+    # SETTINGS first, then one WINDOW_UPDATE that opens the connection window to its 16 MiB.
     assert frames[0][0] == SETTINGS and frames[1][:3] == (WINDOW_UPDATE, 0, 0)
-    assert int.from_bytes(frames[1][3], "big") == 2**31 - 1 - 65_535
+    assert int.from_bytes(frames[1][3], "big") == CONNECTION_WINDOW - 65_535
     assert [stream_id for ftype, _, stream_id, _ in frames if ftype == HEADERS] == [1, 3]
     assert (SETTINGS, ACK, 0, b"") in frames  # our SETTINGS acknowledged
 

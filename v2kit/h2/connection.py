@@ -14,8 +14,10 @@ What it owns, once for both ends:
   where the RFC says so, only its stream (RST_STREAM, and `Events.stream_reset` with the code).
 - Hostile peers: answers to the peer's own frames are capped while it reads none (PING and
   SETTINGS floods: ENHANCE_YOUR_CALM), and so are the streams it opens and resets (rapid reset).
-- Flow control both ways. We advertise stream windows of 2 GiB - 1 and raise the connection window
-  to match at once, giving the window back in 16 MiB batches, so a peer never waits for us. We send
+- Flow control both ways. We advertise stream windows of 4 MiB and a connection window of 16 MiB
+  (`receive.STREAM_WINDOW`, `CONNECTION_WINDOW`; DATA past them is FLOW_CONTROL_ERROR) and give
+  them back once half is taken: as it comes, or for a stream its driver defers (`Stream.deferred`),
+  as the application takes it (`consumed`), so a peer that sends faster than that waits. We send
   nothing larger than the peer's frame size or windows allow: data the windows cannot take yet
   waits, in order, until WINDOW_UPDATEs come, and trailers (or END_STREAM) follow their data.
 - Streams: ids, bookkeeping, the peer's stream limit and ours (refused past it, or once going away),
@@ -37,7 +39,7 @@ from collections import deque
 from v2kit.h2 import frames as h2
 from v2kit.h2.events import Events, Payload, S, Sink, Stream
 from v2kit.h2.frames import frame
-from v2kit.h2.receive import Receiver
+from v2kit.h2.receive import CONNECTION_WINDOW, STREAM_WINDOW, Receiver
 
 __all__ = ["Connection", "Events", "Payload", "Sink", "Stream"]
 
@@ -55,11 +57,11 @@ class Connection(Receiver[S]):
         settings = struct.pack(">HL", h2.ENABLE_PUSH, 0)
         if self._max_peer_streams:
             settings += struct.pack(">HL", h2.MAX_CONCURRENT_STREAMS, self._max_peer_streams)
-        settings += struct.pack(">HL", h2.INITIAL_WINDOW_SIZE, h2.MAX_WINDOW)
+        settings += struct.pack(">HL", h2.INITIAL_WINDOW_SIZE, STREAM_WINDOW)
         sink.write(
             (h2.PREFACE if self._client else b"")
             + frame(h2.SETTINGS, 0, 0, settings)
-            + frame(h2.WINDOW_UPDATE, 0, 0, (h2.MAX_WINDOW - h2.DEFAULT_WINDOW).to_bytes(4, "big"))
+            + frame(h2.WINDOW_UPDATE, 0, 0, (CONNECTION_WINDOW - h2.DEFAULT_WINDOW).to_bytes(4, "big"))
         )
 
     def lost(self) -> None:
@@ -165,8 +167,12 @@ class Connection(Receiver[S]):
         if not (stream.local_ended and stream.remote_ended):
             self.send_reset(stream.id, h2.NO_ERROR)
             self._forget(stream)  # it may be waiting for a window
-        elif self.draining:
-            self._close_if_idle()
+        else:
+            if stream.held:  # a deferred stream's DATA its driver never took
+                self._credit_connection(stream.held)
+                stream.held = 0
+            if self.draining:
+                self._close_if_idle()
 
     def reset_stream(self, stream: S, code: int) -> bool:
         """Give up on `stream`, if still open (returns whether it was): forget it, RST_STREAM `code`."""
@@ -238,7 +244,10 @@ class Connection(Receiver[S]):
     # -- streams' ends
 
     def _forget(self, stream: S) -> None:
-        """Bookkeeping once `stream` has left `streams`."""
+        """Bookkeeping once `stream` has left `streams`; DATA of it nobody will take is given back."""
+        if stream.held:
+            self._credit_connection(stream.held)
+            stream.held = 0
         if (stream.pending or stream.end_block is not None) and stream in self._blocked:
             self._blocked.remove(stream)
         if self.draining:

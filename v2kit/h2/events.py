@@ -32,13 +32,16 @@ class Cancellable(Protocol):
 class Stream:
     """One stream's state; drivers subclass it for what they keep per call."""
 
-    __slots__ = ("id", "window", "received", "pending", "end_data", "end_block", "local_ended", "remote_ended",
-                 "deadline", "headers_in", "length_left")  # fmt: skip
+    __slots__ = ("id", "window", "received", "credit", "held", "deferred", "pending", "end_data", "end_block",
+                 "local_ended", "remote_ended", "deadline", "headers_in", "length_left")  # fmt: skip
 
     def __init__(self) -> None:
         self.id = 0  # set when the stream opens
         self.window = 0  # what the peer's window lets us send on this stream
-        self.received = 0  # DATA bytes since this stream's last WINDOW_UPDATE
+        self.received = 0  # DATA bytes the peer sent that no WINDOW_UPDATE has given back yet
+        self.credit = 0  # of those, bytes taken, to give back in the next WINDOW_UPDATE
+        self.held = 0  # DATA bytes the driver has not taken yet (`Connection.consumed`); 0 unless `deferred`
+        self.deferred = False  # set by the driver: its DATA is given back once taken, not as it comes
         self.pending: deque[memoryview] | None = None  # DATA the windows have not let out yet, in order
         self.end_data = False  # the last of `pending` ends our side (END_STREAM)
         self.end_block: bytes | None = None  # trailers that end our side once `pending` is out

@@ -23,7 +23,12 @@ from v2kit.h2.frames import BadHeaderBlock, FrameReader, FrameTooLarge, HeaderDe
 
 __all__ = ["Receiver"]
 
-REPLENISH = 1 << 24  # give the receive window back after this many DATA bytes
+#: The windows we advertise: what the peer may send on a stream, and on the connection, before we
+#: give it back (WINDOW_UPDATE, once half a window has been taken). A stream's DATA is taken as it
+#: comes unless its driver defers it (`Stream.deferred`: then as the application takes it, so that
+#: a peer sending faster than the application reads waits on the windows, and then on TCP).
+STREAM_WINDOW = 1 << 22
+CONNECTION_WINDOW = 1 << 24
 MAX_HEADER_BLOCK = rules.MAX_HEADER_BLOCK  # a longer header block (HEADERS and CONTINUATIONs) ends the connection
 
 
@@ -64,7 +69,8 @@ class Receiver(Generic[S]):
         self._initial_window = h2.DEFAULT_WINDOW  # the peer's, for the streams we send on
         self._send_window = h2.DEFAULT_WINDOW
         self._blocked: deque[S] = deque()  # streams with data or trailers the windows hold back
-        self._unacked = 0  # DATA bytes received since the last connection WINDOW_UPDATE
+        self._unacked = 0  # DATA bytes received that no connection WINDOW_UPDATE has given back yet
+        self._credit = 0  # of those, bytes taken, to give back in the next connection WINDOW_UPDATE
         self._max_peer_streams = max_peer_streams
         self._limits = limits
         self._last_peer_stream = 0
@@ -152,11 +158,12 @@ class Receiver(Generic[S]):
         elif not flags & h2.END_STREAM and self._empty_frame():
             return
         self._unacked += size
-        if self._unacked >= REPLENISH:
-            self._window_update(0, self._unacked)
-            self._unacked = 0
+        if self._unacked > CONNECTION_WINDOW:
+            self.fail(h2.FLOW_CONTROL_ERROR, f"{self._peer} sent DATA past the connection's window")
+            return
         stream = self.streams.get(stream_id)
         if stream is None or stream.remote_ended:
+            self._credit_connection(size)
             self._stray_data(stream_id, stream)
             return
         if flags & h2.PADDED:
@@ -165,9 +172,16 @@ class Receiver(Generic[S]):
                 return
             payload = payload[1 : size - payload[0]]
         stream.received += size
-        if stream.received >= REPLENISH:
-            self._window_update(stream_id, stream.received)
-            stream.received = 0
+        if stream.received > STREAM_WINDOW:
+            self._credit_connection(size)
+            self._stream_error(stream, h2.FLOW_CONTROL_ERROR, "DATA past the stream's window")
+            return
+        if stream.deferred:
+            stream.held += len(payload)
+            if size > len(payload):
+                self._credit_stream(stream, size - len(payload))  # padding: nobody takes it
+        else:
+            self._credit_stream(stream, size)
         if stream.length_left >= 0:  # content-length announced: DATA must not run past it
             stream.length_left -= len(payload)
             if stream.length_left < 0 or (flags & h2.END_STREAM and stream.length_left):
@@ -178,6 +192,31 @@ class Receiver(Generic[S]):
         if flags & h2.END_STREAM and self.streams.get(stream_id) is stream:
             stream.remote_ended = True
             self.events.stream_ended(stream)
+
+    def consumed(self, stream: S) -> None:
+        """The driver took all the DATA `stream` has had (a deferred stream): the peer may send more."""
+        held, stream.held = stream.held, 0
+        if held:
+            self._credit_stream(stream, held)
+
+    def _credit_stream(self, stream: S, size: int) -> None:
+        """`size` bytes of `stream`'s DATA were taken: given back, on the stream (while it may still
+        send) and on the connection, once half a window's worth is due."""
+        credit = stream.credit + size
+        if credit >= STREAM_WINDOW // 2 and not stream.remote_ended and self.streams.get(stream.id) is stream:
+            self._window_update(stream.id, credit)
+            stream.received -= credit
+            credit = 0
+        stream.credit = credit
+        self._credit_connection(size)
+
+    def _credit_connection(self, size: int) -> None:
+        credit = self._credit + size
+        if credit >= CONNECTION_WINDOW // 2:
+            self._window_update(0, credit)
+            self._unacked -= credit
+            credit = 0
+        self._credit = credit
 
     def _empty_frame(self) -> bool:
         """Count a frame that carried nothing and ended nothing; True once there were too many in a row,

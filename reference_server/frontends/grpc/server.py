@@ -35,7 +35,10 @@ deserialised leniently, and a `calls.Context` whose `abort` and `write` stand in
   grpc-accept-encoding lists it (tritonclient's `compression_algorithm`), else uncompressed.
 - *Deadlines.* A call with `grpc-timeout` that has not ended by then is cancelled and answered
   DEADLINE_EXCEEDED, as grpc's core does (the connection's one timer).
-- *HTTP/2.* Stream windows of 2 GiB - 1 and at most `max_streams` streams a connection (past it,
+- *HTTP/2.* Stream windows of 4 MiB and a connection window of 16 MiB, given back as the data
+  is taken: a unary request's as it comes (it is bounded as above), a ModelStreamInfer's once the
+  servicer has taken every request queued, so that a client streaming faster than the model serves
+  waits on its windows, then on TCP (as grpc core does); and at most `max_streams` streams a connection (past it,
   RST_STREAM REFUSED_STREAM), and the engine's other limits (`h2_limits`), both set by the
   --grpc-http2-* flags (`connection_flags.py`); whatever breaks RFC 9113 gets the RFC's answer from the engine
   (GOAWAY, or RST_STREAM for a malformed request), floods and rapid reset ENHANCE_YOUR_CALM.
@@ -220,6 +223,7 @@ class _GrpcConnection(asyncio.Protocol, Events[Call]):
             self.h2.set_deadline(call, self.loop.time() + timeout_s)
         if method.streaming:
             call.requests = asyncio.Queue()
+            call.deferred = True  # its DATA is given back as the servicer takes its requests
             call.metadata = tuple((k, v) for k, v in headers.items() if not k.startswith(":"))
             self._start(call, self._serve_stream(call))
         return call
@@ -235,6 +239,8 @@ class _GrpcConnection(asyncio.Protocol, Events[Call]):
             self._take_messages(stream)
         elif self.buffered > self._server.max_held_bytes:
             self._over_held(stream)
+        if stream.held and stream.requests is not None and stream.requests.empty():
+            self.h2.consumed(stream)  # nothing waits for the servicer: the client may send on
 
     def stream_ended(self, stream: Call) -> None:
         if stream.requests is not None:
@@ -368,6 +374,8 @@ class _GrpcConnection(asyncio.Protocol, Events[Call]):
             if call.queued >= size:  # else `_release` has dropped it from the count already
                 call.queued -= size
                 self.buffered -= size
+            if queue.empty():
+                self.h2.consumed(call)  # the servicer has caught up: the client may send on
             yield request
 
     # -- running calls
