@@ -11,8 +11,8 @@ from typing import Any, TypeVar
 import pytest
 
 from reference_server.errors import Unavailable
-from reference_server.frontends.http.connection import PARSE_SLICE
 from reference_server.frontends.http.limits import HttpLimits
+from reference_server.frontends.http.pipelined_reads import PARSE_SLICE
 from reference_server.frontends.http.server import MAX_PIPELINED, HttpRequest, HttpResponse, HttpServer
 from tests.waiting import eventually
 
@@ -523,13 +523,13 @@ def test_a_read_let_in_while_a_reads_rest_is_kept_goes_after_it(run: Any) -> Non
         server = HttpServer(held, max_body_bytes=1000)
         reader, writer = await serve(server)
         writer.write(requests(range(first)))
-        await eventually(lambda: any(c._unparsed is not None for c in server.connections))
+        await eventually(lambda: any(c._reads.unparsed is not None for c in server.connections))
         (connection,) = server.connections
-        assert connection._transport is not None and connection._unparsed is not None
-        kept = len(connection._unparsed)
+        assert connection._transport is not None and connection._reads.unparsed is not None
+        kept = len(connection._reads.unparsed)
         connection._transport.resume_reading()  # what the read gate does
         writer.write(requests(range(first, first + more)))
-        await eventually(lambda: connection._unparsed is not None and len(connection._unparsed) > kept)
+        await eventually(lambda: connection._reads.unparsed is not None and len(connection._reads.unparsed) > kept)
         reading = connection._transport.is_reading()
         gate.set()
         paths = [(await read_response(reader))[2].decode() for _ in range(first + more)]

@@ -6,10 +6,10 @@ completes while another is being served waits in the connection's queue (pipelin
 connection stops being read until the queue drains. The connection
 owns what every request must pass before a handler sees it:
 
-- *Pipelining*: the queue is bounded inside a read too. A read larger than `PARSE_SLICE` is
-  parsed a slice at a time (a body's bytes in one piece), and once more than
-  `limits.max_pipelined` requests wait, the read's unparsed rest is kept, as bytes, and parsed
-  when the queue has drained to half. So a client that sends a 256 KiB read of tiny requests and
+- *Pipelining*: the queue is bounded inside a read too (`pipelined_reads.ReadFeeder`). A read
+  larger than `PARSE_SLICE` is parsed a slice at a time (a body's bytes in one piece), and once
+  more than `limits.max_pipelined` requests wait, the read's unparsed rest is kept, as bytes, and
+  parsed when the queue has drained to half. So a client that sends a 256 KiB read of tiny requests and
   never reads its answers makes the server hold `limits.max_pipelined` requests and a slice's
   worth at most, and that read's bytes.
 - *Size*: a declared `Content-Length` past `max_body_bytes`, or a chunked body that grows past it,
@@ -54,6 +54,7 @@ import httptools
 from reference_server.frontends.http import limits as limits_
 from reference_server.frontends.http import messages, streaming
 from reference_server.frontends.http.messages import HttpRequest, HttpResponse, error_response
+from reference_server.frontends.http.pipelined_reads import ReadFeeder
 from reference_server.scheduling.cancel import CancelScope
 
 if TYPE_CHECKING:
@@ -65,11 +66,6 @@ log = logging.getLogger("reference_server.frontends.http.server")
 #: Requests a connection may have waiting behind the one being served before it is no longer read,
 #: by default (--http-max-pipelined-requests: `limits.max_pipelined`).
 MAX_PIPELINED = limits_.DEFAULT_LIMITS.max_pipelined
-
-#: A read larger than this is parsed this many bytes at a time, so that parsing stops once the queue
-#: is full, not at the end of the read: a slice of tiny requests (18 bytes at least) adds at most
-#: a few hundred to it.
-PARSE_SLICE = 4096
 
 #: How long a refused connection is read and its bytes dropped before it is closed.
 LINGER_S = 2.0
@@ -105,9 +101,7 @@ class HttpConnection(asyncio.Protocol):
         self._closing = False  # close once the requests read so far are answered
         self._body_timer: asyncio.TimerHandle | None = None
         self._gave_up = False  # answered a request it could not read: nothing more is parsed
-        self._read_size = 0  # bytes in the read (or the slice of one) being parsed
-        self._unparsed: bytes | memoryview | None = None  # a read's rest, kept while the queue is full
-        self._rest_due = False  # the rest's parsing is scheduled
+        self._reads = ReadFeeder(self)  # the reads fed to the parser, and a read's rest kept while the queue is full
         self._meter = limits_.HeadMeter(limits)  # a head that spans reads (rare), reset when it is complete
         self._head_timer: asyncio.TimerHandle | None = None
         self._idle_timer: asyncio.TimerHandle | None = None
@@ -155,7 +149,7 @@ class HttpConnection(asyncio.Protocol):
         if self._admitted:  # its body never came: the slot and the gate's count go back
             self._release(transport)
             self._admitted = False
-        self._unparsed = None
+        self._reads.unparsed = None
         if self._server.read_gate is not None and transport is not None:
             self._server.read_gate.connection_lost(transport)
         # A request being served is cancelled, as Triton cancels it: queued, it leaves the queue;
@@ -171,80 +165,8 @@ class HttpConnection(asyncio.Protocol):
         self._queue.clear()
 
     def data_received(self, data: bytes) -> None:
-        if self._gave_up:
-            return
-        if self._unparsed is not None:
-            # The read gate resumed reading while an earlier read's rest waits: this read goes after it.
-            self._unparsed = b"".join((self._unparsed, data))
-            if self._transport is not None:
-                self._transport.pause_reading()
-            return
-        self._parse(data)
-        if (self._write_paused or self._paused) and self._transport is not None:
-            self._transport.pause_reading()  # the read gate resumed it: the answers still wait
-
-    def _parse(self, data: bytes | memoryview) -> None:
-        """Parse `data` (a read, or a read's rest), a `PARSE_SLICE` at a time if it is larger; once
-        more than `limits.max_pipelined` requests wait, keep the rest unparsed and stop reading."""
-        size = len(data)
-        if size > PARSE_SLICE or len(self._queue) > self._max_pipelined:
-            view = memoryview(data)
-            start = 0
-            while start < size:
-                if len(self._queue) > self._max_pipelined:
-                    self._hold(view[start:])
-                    return
-                end = start + PARSE_SLICE
-                if self._in_body and self._length is not None:
-                    end += self._length - self._size  # the rest of a body in one piece: one on_body
-                if not self._feed(view[start:end]):
-                    return
-                start = end
-        elif not self._feed(data):  # the common case: a request, or a few, in a small read
-            return
-        if self._in_body and self._body_timer is None and not self._serving and self._transport is not None:
-            loop = asyncio.get_running_loop()
-            self._body_timer = loop.call_later(self._server.body_timeout_s, self._body_timed_out)
-
-    def _feed(self, data: bytes | memoryview) -> bool:
-        """Hand `data` to llhttp; whether what follows it may be parsed."""
-        self._read_size = len(data)
-        try:
-            self._parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self._closing = True  # what follows is another protocol's: answer what was asked, then close
-            return False
-        except httptools.HttpParserError as exc:
-            if not self._gave_up:  # else a limit refused the request and stopped llhttp (_Refused)
-                self._give_up(error_response(f"malformed HTTP request: {exc}", 400, close=True))
-            return False
-        if self._in_head:
-            self._head_unfinished(len(data))
-        return not self._gave_up
-
-    def _hold(self, rest: memoryview) -> None:
-        """Keep `rest`, the unparsed end of a read, and stop reading until the queue drains."""
-        self._unparsed = rest  # a view: the read is kept, not copied
-        self._paused = True
-        if self._transport is not None:
-            self._transport.pause_reading()
-
-    def _parse_rest(self) -> None:
-        """The queue has drained: parse the read's rest kept by `_hold`, then read again if it all went."""
-        self._rest_due = False
-        rest, self._unparsed = self._unparsed, None
-        transport = self._transport
-        if rest is None or transport is None or self._gave_up:
-            return
-        self._paused = False
-        self._parse(rest)
-        if self._unparsed is not None or self._paused or self._gave_up:
-            return  # held again, or refused
-        if not self._closing:
-            if not self._write_paused:
-                transport.resume_reading()
-        elif not self._serving and not self._queue:  # the client has sent all it will: nothing left to answer
-            transport.close()
+        if not self._gave_up:
+            self._reads.received(data)
 
     def _head_unfinished(self, size: int) -> None:
         """A head spans reads (one that does not is checked by on_headers_complete): after each,
@@ -264,7 +186,7 @@ class HttpConnection(asyncio.Protocol):
             # The client sends nothing more (a closed connection reads as this first): the request
             # being served is cancelled as if the connection were lost, and answered if it can be.
             self._cancel.cancel()
-        if (not self._serving and not self._queue and self._unparsed is None) or self._streaming:
+        if (not self._serving and not self._queue and self._reads.unparsed is None) or self._streaming:
             return False  # nothing to answer, or a stream with no one left to read it: close now
         return True  # keep the transport open to write the answers
 
@@ -297,7 +219,7 @@ class HttpConnection(asyncio.Protocol):
         # A head that came in one read no larger than the line limit can be over no limit but the
         # count: most heads are checked with two comparisons, not a look at every line.
         meter = self._meter
-        if meter.spanned or self._read_size > self._max_header_line or len(self._headers) > self._max_headers:
+        if meter.spanned or self._reads.read_size > self._max_header_line or len(self._headers) > self._max_headers:
             refusal = meter.complete(self._headers, self._url)
             if refusal is not None:
                 self._give_up(refusal)
@@ -335,7 +257,7 @@ class HttpConnection(asyncio.Protocol):
                 self._transport.write(_CONTINUE)
 
     def on_body(self, body: bytes) -> None:
-        self._size += len(body)  # a refused body's too: _parse slices by what is left of it
+        self._size += len(body)  # a refused body's too: reads are sliced by what is left of it
         if self._refused is not None or self._gave_up:
             return  # answered without it: read and dropped
         if self._size > self._server.max_body_bytes:
@@ -449,7 +371,7 @@ class HttpConnection(asyncio.Protocol):
 
     def _closes(self, response: HttpResponse, keep_alive: bool) -> bool:
         # Closing for another reason (EOF, a refusal queued behind) waits until the last answer.
-        return response.close or not keep_alive or (self._closing and not self._queue and self._unparsed is None)
+        return response.close or not keep_alive or (self._closing and not self._queue and self._reads.unparsed is None)
 
     def _answer(self, response: HttpResponse, keep_alive: bool, head_only: bool = False) -> None:
         """Write `response` (a streamed one is out already); for a HEAD request (`head_only`) its
@@ -466,7 +388,7 @@ class HttpConnection(asyncio.Protocol):
             transport.write(encoded + body if len(body) < _LARGE_BODY else body)
         if close:
             self._queue.clear()
-            self._unparsed = None
+            self._reads.unparsed = None
             linger, self._gave_up = self._gave_up, True  # llhttp may be mid-read: nothing more is served
             if linger and transport.can_write_eof():
                 self._linger(transport)
@@ -474,10 +396,9 @@ class HttpConnection(asyncio.Protocol):
                 transport.close()
             return
         if self._paused and len(self._queue) <= self._max_pipelined // 2:
-            if self._unparsed is not None:  # a read's rest was kept: it goes before anything read after it
-                if not self._rest_due and self._loop is not None:
-                    self._rest_due = True  # from the loop, as _next below: parsing may serve a request
-                    self._loop.call_soon(self._parse_rest)
+            if self._reads.unparsed is not None:  # a read's rest was kept: it goes before anything read after it
+                if self._loop is not None:
+                    self._reads.parse_rest_soon(self._loop)  # from the loop, as _next below
             elif not self._closing:
                 self._paused = False
                 if not self._write_paused:
@@ -487,9 +408,7 @@ class HttpConnection(asyncio.Protocol):
             # entered again (a pipelined request got a loop pass of its own before, too).
             self._loop.call_soon(self._next)  # or resume_writing, if the client is slow to read
         elif self._in_body and self._body_timer is None:
-            # A request's body was coming in while this one was served: its clock runs from now.
-            loop = asyncio.get_running_loop()
-            self._body_timer = loop.call_later(self._server.body_timeout_s, self._body_timed_out)
+            self._arm_body_timer()  # a request's body was coming in while this one was served: from now
 
     def _linger(self, transport: asyncio.Transport) -> None:
         """Close after a refusal without losing it: closing a socket with unread bytes makes the
@@ -544,7 +463,7 @@ class HttpConnection(asyncio.Protocol):
             or self._queue
             or self._in_head
             or self._in_body
-            or self._unparsed is not None
+            or self._reads.unparsed is not None
             or (not transport.is_reading() and not self._gave_up)  # paused by the server: requests wait unread
         ):
             self._idle_since = None
@@ -607,7 +526,7 @@ class HttpConnection(asyncio.Protocol):
             self._admitted = False
         self._in_body = False
         self._gave_up = True
-        self._unparsed = None
+        self._reads.unparsed = None
         transport = self._transport
         if transport is None:
             return
@@ -618,6 +537,11 @@ class HttpConnection(asyncio.Protocol):
             self._answer(response, keep_alive=False)
         else:
             self._queue.append((response, False, False))
+
+    def _arm_body_timer(self) -> None:
+        """Time the body that a read ended in the middle of (`on_message_complete` cancels it)."""
+        loop = asyncio.get_running_loop()
+        self._body_timer = loop.call_later(self._server.body_timeout_s, self._body_timed_out)
 
     def _cancel_head_timer(self) -> None:
         if self._head_timer is not None:
@@ -633,7 +557,7 @@ class HttpConnection(asyncio.Protocol):
 
     def close_when_idle(self) -> None:
         self._closing = True
-        idle = not self._serving and not self._queue and not self._in_body and self._unparsed is None
+        idle = not self._serving and not self._queue and not self._in_body and self._reads.unparsed is None
         if idle and self._transport is not None:
             self._transport.close()
 
