@@ -48,8 +48,18 @@ TRUTH_TOLERANCE = 0.05
 ITL_ABOVE = 0.25
 
 
+#: How far above its truth a TTFT may read: the prefill is one timed wait, and a CPU-starved engine
+#: or client wakes late, never early (a 200 ms prefill read 210.5 ms in a CI run with the suite
+#: alone on both cores). Below the truth the 5 % bound stays.
+TTFT_ABOVE = 0.15
+
+
 def _assert_itl(measured: float, truth: float) -> None:
     assert truth * (1 - TRUTH_TOLERANCE) <= measured <= truth * (1 + ITL_ABOVE), (measured, truth)
+
+
+def _assert_ttft(measured: float, truth: float) -> None:
+    assert truth * (1 - TRUTH_TOLERANCE) <= measured <= truth * (1 + TTFT_ABOVE), (measured, truth)
 
 
 def _truth(repository: Path) -> SimTiming:
@@ -97,7 +107,7 @@ def test_the_embedded_default_measures_sim_llm_over_generate_stream_at_its_truth
     level = _sweep(tmp_path, None, "kserve-generate", 1, 1000, 4)
     assert level.tokens is not None
     ttft, itl = truth.prefill_s(1000) * 1e3, truth.decode_step_s(1) * 1e3
-    assert level.tokens.ttft_ms.p50 == pytest.approx(ttft, rel=TRUTH_TOLERANCE)
+    _assert_ttft(level.tokens.ttft_ms.p50, ttft)
     _assert_itl(level.tokens.itl_ms.p50, itl)
 
 
@@ -108,7 +118,7 @@ def test_chat_streamed_at_concurrency_1_reads_the_engines_truth(
     level = _sweep(tmp_path, url, "chat", 1, 400, 5)
     assert level.tokens is not None
     ttft, itl = truth.prefill_s(400 + CHAT_FRAME_TOKENS) * 1e3, truth.decode_step_s(1) * 1e3
-    assert level.tokens.ttft_ms.p50 == pytest.approx(ttft, rel=TRUTH_TOLERANCE)
+    _assert_ttft(level.tokens.ttft_ms.p50, ttft)
     _assert_itl(level.tokens.itl_ms.p50, itl)
 
 
@@ -150,7 +160,7 @@ def test_grpc_streaming_counts_each_response_as_a_token(
     tokens = read_sweep(next(out.glob("sweep-sim_llm-*.json"))).levels[0].tokens
     assert tokens is not None and tokens.token_source == "responses"
     assert tokens.output_tokens.p50 == OUTPUT_TOKENS
-    assert tokens.ttft_ms.p50 == pytest.approx(truth.prefill_s(len(prompt)) * 1e3, rel=TRUTH_TOLERANCE)
+    _assert_ttft(tokens.ttft_ms.p50, truth.prefill_s(len(prompt)) * 1e3)
     _assert_itl(tokens.itl_ms.p50, truth.decode_step_s(1) * 1e3)
 
 
