@@ -9,12 +9,19 @@ starts a new stub by itself, which serves the next level; the sweep's results on
 and load; and once the server has stopped, neither stub (the killed one, the new one) is left, nor a
 /dev/shm region (the stubs' arenas are anonymous memfds; a named region left would be a leak).
 
+The same holds, over HTTP, when the stub is stalled (SIGSTOP) instead: the server gives its batches
+up after `execute-timeout-seconds` (0.3 s here), kills it and starts a new one. And when the model
+is unloaded mid-sweep (explicit model control): the requests it took are answered, the later ones
+fail with the server's 404 "has no available versions", none hangs, and the sweep exits 4 with
+both levels on disk.
+
 Bounded and self-stopping: perfkit runs with 0.2 s windows, at most 3 a level, under a timeout;
-the killer gives up when the load never comes. About 2-3 s per transport.
+the killer gives up when the load never comes. About 2-3 s per case.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -22,12 +29,14 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 
-from perfkit.results.model import read_sweep
+from perfkit.results.model import SweepResult, read_sweep
 from reference_server.backends.python.instance import PythonInstance
 from reference_server.scheduling.scheduler import Scheduler
 from reference_server.server import running_server
@@ -70,12 +79,14 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 class Killer:
-    """kill -9s the instance's stub once the scheduler has answered `after` requests (gives up
-    after `give_up_s`); remembers the pid it killed, when (epoch ns), and the /dev/shm files the
-    stub had mapped."""
+    """kill -9s (or signals `sig`, e.g. SIGSTOP) the instance's stub once the scheduler has answered
+    `after` requests (gives up after `give_up_s`); remembers the pid it signalled, when (epoch ns),
+    and the /dev/shm files the stub had mapped."""
 
-    def __init__(self, instance: PythonInstance, scheduler: Scheduler, after: int, give_up_s: float) -> None:
-        self.instance, self.scheduler, self.after, self.give_up_s = instance, scheduler, after, give_up_s
+    def __init__(
+        self, instance: PythonInstance, scheduler: Scheduler, after: int, give_up_s: float, sig: int = signal.SIGKILL
+    ) -> None:
+        self.instance, self.scheduler, self.after, self.give_up_s, self.sig = instance, scheduler, after, give_up_s, sig
         self.pid = 0
         self.at_ns = 0
         self.shm: set[str] = set()
@@ -93,7 +104,7 @@ class Killer:
         self.shm = _shm_mapped(stub.process.pid)
         self.pid = stub.process.pid
         self.at_ns = time.time_ns()
-        os.kill(self.pid, signal.SIGKILL)
+        os.kill(self.pid, self.sig)
 
 
 def _shm_mapped(pid: int) -> set[str]:
@@ -155,27 +166,12 @@ def test_a_stub_killed_under_load_loses_nothing(repository: Path, tmp_path: Path
 
     # The stub was killed in the middle of the first level, and a new one started by itself.
     assert new_pid != killer.pid
-    (sweep_json,) = tmp_path.glob("sweep-*.json")
-    result = read_sweep(sweep_json)
+    print(f"{transport}: stub {killer.pid} -> {new_pid}")
+    result, experiments = _nothing_lost(tmp_path, server_counted, stats.fail_count)
     assert result.completed and result.stop_reason == ""
     assert [level.level for level in result.levels] == list(LEVELS)
-    experiments = json.loads((tmp_path / "requests.json").read_text())["experiments"]
-    assert [e["experiment"]["value"] for e in experiments] == list(LEVELS)
     first = experiments[0]["requests"]
     assert min(r["timestamp"] for r in first) < killer.at_ns < max(r["timestamp"] for r in first)
-
-    # Every request sent is answered or failed with a named kind, once, and none outlived the timeout.
-    requests = [r for e in experiments for r in e["requests"]]
-    kinds = sorted({r["error"] for r in requests if r["error"]})
-    print(f"{transport}: {len(requests)} requests, {stats.fail_count} failed {kinds}, stub {killer.pid} -> {new_pid}")
-    assert len(requests) == server_counted, "requests perfkit recorded vs answered and failed on the server"
-    assert stats.fail_count == sum(1 for r in requests if r["error"])
-    for r in requests:
-        (done,) = r["response_timestamps"]
-        assert done - r["timestamp"] <= REQUEST_TIMEOUT_S * 1e9, r
-    for level in result.levels:
-        assert level.ok_count + level.error_count == level.request_count
-        assert all(kind for kind in level.errors), level.errors
     # The new stub served the later level.
     assert result.levels[-1].ok_count > 0
     assert sum(1 for r in experiments[-1]["requests"] if not r["error"]) > 0
@@ -193,3 +189,146 @@ def _maybe_ours(name: str, perfkit_pid: int) -> bool:
     if name.startswith("triton_python_backend_shm_region_"):
         return False
     return not name.startswith("perfkit_") or name.startswith(f"perfkit_{perfkit_pid}_")
+
+
+# The stalled stub's batches fail this long after they were sent: short, and the stall comes early
+# in the first level (0.6 s of windows), so that their failures land inside its windows and are
+# counted there (a request that ends after a level's last window is in the export only).
+EXECUTE_TIMEOUT_S = 0.3
+STALL_AFTER = 20
+
+
+def test_a_stub_stalled_past_its_execute_timeout_loses_nothing(repository: Path, tmp_path: Path) -> None:
+    """SIGSTOP, not kill: the stub stays alive but never answers. The server must give its batches
+    up after `execute-timeout-seconds`, kill it and start a new one, as for a dead stub."""
+    shm_before = set(os.listdir("/dev/shm"))
+    config = loopback_config(repository, backend_config={"execute-timeout-seconds": str(EXECUTE_TIMEOUT_S)})
+    with running_server(config) as server:
+        assert server.repository is not None
+        version = server.repository.get("echo")
+        (instance,) = version.instances
+        scheduler = version.scheduler
+        assert isinstance(instance, PythonInstance) and isinstance(scheduler, Scheduler)
+        sweep = _sweep(server.http_url, "http", tmp_path)
+        staller = Killer(instance, scheduler, STALL_AFTER, give_up_s=30, sig=signal.SIGSTOP)
+        try:
+            stdout, stderr = sweep.communicate(timeout=90)
+        finally:
+            sweep.kill()
+            staller.thread.join(1)
+            stalled_alive = bool(staller.pid) and _alive(staller.pid)
+            if stalled_alive:  # the server did not kill it: the test does, so nothing is left stopped
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(staller.pid, signal.SIGKILL)
+        assert staller.pid, "the load never reached the server"
+        # 4: requests failed (the stalled stub's batches); every level is measured and kept.
+        assert sweep.returncode == 4, f"perfkit sweep exited {sweep.returncode}:\n{stdout}\n{stderr}"
+        assert "execute() did not return within" in stderr, stderr  # the server's words for the stalled batches
+        stats = scheduler._stats
+        server_counted = stats.success_count + stats.fail_count
+        new_stub = instance._stub
+        assert new_stub is not None and new_stub.process is not None
+        new_pid = new_stub.process.pid
+        shm_held = staller.shm | _shm_mapped(new_pid)
+
+    # The server killed the stalled stub by itself (not the test's clean-up) and started a new one.
+    assert not stalled_alive, "the stalled stub outlived the sweep: the server never gave it up"
+    assert new_pid != staller.pid
+    result, experiments = _nothing_lost(tmp_path, server_counted, stats.fail_count)
+    first = experiments[0]["requests"]
+    assert min(r["timestamp"] for r in first) < staller.at_ns < max(r["timestamp"] for r in first)
+    assert result.completed and result.stop_reason == ""
+    assert [level.level for level in result.levels] == list(LEVELS)
+    assert result.levels[-1].ok_count > 0  # the new stub serves
+    assert not _alive(new_pid)
+    left = {name for name in set(os.listdir("/dev/shm")) - shm_before if _maybe_ours(name, sweep.pid)}
+    assert not left, f"/dev/shm regions left behind: {sorted(left)}"
+    assert not any(Path(p).exists() for p in shm_held - {f"/dev/shm/{n}" for n in shm_before})
+
+
+def test_a_model_unloaded_mid_sweep_ends_it_with_its_levels_on_disk(repository: Path, tmp_path: Path) -> None:
+    """Explicit model control: the model is unloaded while perfkit sweeps it. The requests the model
+    holds are answered (the old version drains), later ones fail with the server's named error, none
+    hangs, and the sweep ends non-zero with the levels it measured on disk."""
+    with running_server(loopback_config(repository, load=("echo",))) as server:
+        assert server.repository is not None
+        scheduler = server.repository.get("echo").scheduler
+        assert isinstance(scheduler, Scheduler)
+        sweep = _sweep(server.http_url, "http", tmp_path)
+        unloader = Unloader(f"http://{server.http_url}", "echo", scheduler, KILL_AFTER, give_up_s=30)
+        try:
+            stdout, stderr = sweep.communicate(timeout=90)
+        finally:
+            sweep.kill()
+            unloader.thread.join(5)
+        assert unloader.status == 200, f"unload answered {unloader.status}"
+        stats = scheduler._stats
+        server_counted = stats.success_count + stats.fail_count
+    # 4: requests failed (every one after the unload); the levels measured are kept.
+    assert sweep.returncode == 4, f"perfkit sweep exited {sweep.returncode}:\n{stdout}\n{stderr}"
+    assert "HTTP 404: Request for unknown model: 'echo' has no available versions" in stderr, stderr
+    (sweep_json,) = tmp_path.glob("sweep-*.json")
+    result = read_sweep(sweep_json)
+    experiments = json.loads((tmp_path / "requests.json").read_text())["experiments"]
+    assert [level.level for level in result.levels] == [e["experiment"]["value"] for e in experiments] == list(LEVELS)
+    requests = [r for e in experiments for r in e["requests"]]
+    print(f"{len(requests)} requests, {stats.success_count} answered, then {sorted({r['error'] for r in requests})}")
+    after = [r for r in requests if r["timestamp"] > unloader.done_ns]
+    assert after and all(r["error"] == "HTTP 404" for r in after), "a request sent after the unload was answered"
+    # The model answered each request it took before the unload, once (those in flight included:
+    # the old version drains); the others failed with the server's named error, which never reached it.
+    answered = sum(1 for r in requests if not r["error"])
+    assert answered == server_counted == stats.success_count
+    assert {r["error"] for r in requests if r["error"]} == {"HTTP 404"}
+    assert result.levels[0].ok_count > 0 and result.levels[-1].ok_count == 0
+    for r in requests:
+        (done,) = r["response_timestamps"]
+        assert done - r["timestamp"] <= REQUEST_TIMEOUT_S * 1e9, r
+    for level in result.levels:
+        assert level.ok_count + level.error_count == level.request_count
+        assert all(kind for kind in level.errors), level.errors
+
+
+class Unloader:
+    """POSTs the model's unload once the scheduler has answered `after` requests (gives up after
+    `give_up_s`); remembers the answer's status and when it came (epoch ns)."""
+
+    def __init__(self, url: str, model: str, scheduler: Scheduler, after: int, give_up_s: float) -> None:
+        self.url, self.model, self.scheduler, self.after, self.give_up_s = url, model, scheduler, after, give_up_s
+        self.status = 0
+        self.done_ns = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self.give_up_s
+        while self.scheduler._stats.success_count < self.after:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.005)
+        unload = f"{self.url}/v2/repository/models/{self.model}/unload"
+        request = urllib.request.Request(unload, data=b"", method="POST")
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            self.status = answer.status
+        self.done_ns = time.time_ns()
+
+
+def _nothing_lost(out: Path, server_counted: int, server_failed: int) -> tuple[SweepResult, list[dict[str, Any]]]:
+    """The sweep's results load, and every request perfkit recorded was answered or failed with a
+    named kind, once (as many as the server counted), none past --request-timeout."""
+    (sweep_json,) = out.glob("sweep-*.json")
+    result = read_sweep(sweep_json)
+    experiments: list[dict[str, Any]] = json.loads((out / "requests.json").read_text())["experiments"]
+    assert [e["experiment"]["value"] for e in experiments] == [level.level for level in result.levels]
+    requests = [r for e in experiments for r in e["requests"]]
+    kinds = sorted({r["error"] for r in requests if r["error"]})
+    print(f"{len(requests)} requests, {server_failed} failed {kinds}")
+    assert len(requests) == server_counted, "requests perfkit recorded vs answered and failed on the server"
+    assert server_failed == sum(1 for r in requests if r["error"])
+    for r in requests:
+        (done,) = r["response_timestamps"]
+        assert done - r["timestamp"] <= REQUEST_TIMEOUT_S * 1e9, r
+    for level in result.levels:
+        assert level.ok_count + level.error_count == level.request_count
+        assert all(kind for kind in level.errors), level.errors
+    return result, experiments
