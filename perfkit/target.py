@@ -34,6 +34,13 @@ _GRPC_ROOTS_FLAG = "--ssl-grpc-root-certifications-file"
 BINARY_TENSOR_EXTENSION = "binary_tensor_data"
 
 
+def lists_extension(metadata: Mapping[str, Any], extension: str) -> bool | None:
+    """Whether the server metadata's `extensions` lists `extension`; None where it lists none at
+    all (not a list: the metadata does not say)."""
+    extensions = metadata.get("extensions")
+    return extension in extensions if isinstance(extensions, list) else None
+
+
 @dataclass(frozen=True, slots=True)
 class TlsSpec:
     """Client TLS, with perf_analyzer's options: HTTPS is `-u https://...`; gRPC needs grpc_use_ssl.
@@ -171,8 +178,7 @@ class TargetSpec:
         tensor contents, which every Open Inference Protocol server reads: it has no choice to make."""
         if self.protocol != "http":
             return dataclasses.replace(self, json_tensors=False, json_outputs=False), ""
-        extensions = server.get("extensions")
-        listed = BINARY_TENSOR_EXTENSION in (extensions if isinstance(extensions, list) else ())
+        listed = bool(lists_extension(server, BINARY_TENSOR_EXTENSION))
         defaulted = [what for what, chosen in (("tensors", self.json_tensors), ("outputs", self.json_outputs))
                      if chosen is None and not listed]  # fmt: skip
         settled = dataclasses.replace(

@@ -26,7 +26,7 @@ from typing import Any
 
 from perfkit.target import Target, endpoints_of
 
-__all__ = ["default_metrics_url", "lists_extension", "server_label", "with_server_metrics"]
+__all__ = ["default_metrics_url", "server_label", "with_server_metrics"]
 
 #: The metrics port of a server with a metrics server of its own, by its metadata's name (lower case).
 METRICS_PORTS = {"triton": 8002, "perfkit-reference-server": 8002, "mlserver": 8082}
@@ -39,13 +39,6 @@ def server_label(metadata: Mapping[str, Any]) -> str:
     where it gives no name."""
     parts = [str(metadata[key]) for key in ("name", "version") if isinstance(metadata.get(key), (str, int))]
     return " ".join(p for p in parts if p) or "the server"
-
-
-def lists_extension(metadata: Mapping[str, Any], extension: str) -> bool | None:
-    """Whether the server metadata's `extensions` lists `extension`; None where it lists none at
-    all (not a list: the metadata does not say)."""
-    extensions = metadata.get("extensions")
-    return extension in extensions if isinstance(extensions, list) else None
 
 
 def _split(endpoint: str) -> tuple[str, str, str]:

@@ -20,7 +20,7 @@ import numpy as np
 from perfkit.errors import PerfkitError, TargetError
 from perfkit.load.inputs import batch_dimension, build_requests
 from perfkit.measure.served import describe_models, no_config_note, read_model, ready_models
-from perfkit.target import BINARY_TENSOR_EXTENSION, TargetSpec, TlsSpec
+from perfkit.target import BINARY_TENSOR_EXTENSION, TargetSpec, TlsSpec, lists_extension
 from perfkit.wire.client import InferClient, make_client
 from perfkit.wire.prepared import Prepared
 from perfkit.wire.replies import failure_line
@@ -187,7 +187,7 @@ async def probe(
             await client.close()
             client = make_client(url, protocol, headers=dict(headers), tls=tls, json_tensors=bool(settled.json_tensors),
                                  binary_outputs=not settled.json_outputs)  # fmt: skip
-        listed = BINARY_TENSOR_EXTENSION in (meta.get("extensions") or ())
+        listed = bool(lists_extension(meta, BINARY_TENSOR_EXTENSION))
         results = [await _probe_model(client, name, count, seed, notes, listed) for name in names]
     finally:
         await client.close()

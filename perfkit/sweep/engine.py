@@ -21,10 +21,11 @@ from perfkit.load.samples import SampleBuffer
 from perfkit.load.schedule import ClosedLoop, Load, OpenLoop, linear_levels
 from perfkit.load.sequences import SequenceLoad
 from perfkit.measure.level import LevelMeasurement, LevelObserver, ServerStatsProbe, observe_level, server_gone
-from perfkit.measure.metrics_source import lists_extension, server_label
+from perfkit.measure.metrics_source import server_label
 from perfkit.measure.resources import ResourceSampler
 from perfkit.results.model import LevelResult, SweepResult
 from perfkit.sweep.spec import SweepSpec
+from perfkit.target import BINARY_TENSOR_EXTENSION, lists_extension
 from perfkit.wire.replies import FailureLog, failure_line
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,7 @@ class Sweep:
         about = provenance.get("server") or {}  # the server's metadata: its name, and does it list statistics
         # An OpenAI-compatible endpoint has no statistics extension by design: nothing to ask or to say.
         openai = spec.genai.enabled and spec.genai.endpoint_type in OPENAI_ENDPOINT_TYPES
-        self.binary_listed = bool(lists_extension(about, "binary_tensor_data"))
+        self.binary_listed = bool(lists_extension(about, BINARY_TENSOR_EXTENSION))
         self.server = None if openai else ServerStatsProbe(
             lambda: client.model_statistics(*named), model, model_version, composing,
             server=server_label(about), offered=lists_extension(about, "statistics"),

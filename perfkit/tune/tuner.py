@@ -47,13 +47,13 @@ from perfkit.load.inputs import build_requests
 from perfkit.load.samples import SampleBuffer
 from perfkit.load.schedule import ClosedLoop, OpenLoop
 from perfkit.measure.level import ServerStatsProbe, observe_level, server_gone
-from perfkit.measure.metrics_source import lists_extension, server_label, with_server_metrics
+from perfkit.measure.metrics_source import server_label, with_server_metrics
 from perfkit.measure.probe import check_credentials
 from perfkit.measure.resources import ResourceSampler
 from perfkit.measure.served import config_needed
 from perfkit.progress import Progress
 from perfkit.results.model import LevelResult, level_name, to_jsonable
-from perfkit.target import Target, open_target
+from perfkit.target import Target, lists_extension, open_target
 from perfkit.tune.bayesian import bayesian_search, default_budget
 from perfkit.tune.objectives import best_level, figures_of
 from perfkit.tune.search import brute_search, concurrency_sweep, quick_search, rate_sweep, sustains

@@ -46,7 +46,7 @@ import yarl
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from perfkit.errors import MODEL_CONFIGURATION, MODEL_REPOSITORY, MissingExtension, PerfkitError, TargetError
-from perfkit.target import TlsSpec
+from perfkit.target import TlsSpec, lists_extension
 from perfkit.wire import http_pool as http_wire
 from perfkit.wire.grpc.client import GrpcClient
 from perfkit.wire.limits import LOAD_TIMEOUT_S, MAX_CONTROL_REPLY
@@ -319,12 +319,11 @@ class HttpClient:
     async def _lists_extension(self, extension: str) -> bool:
         """Whether the server metadata lists `extension`. Triton answers 404 for a model it has not
         loaded, on a route it has: only a server without the extension lacks the route."""
-        status, data = await self._call("GET", self._base / "v2")
         try:
-            extensions = json.loads(data).get("extensions") if status == 200 else None
-        except (ValueError, AttributeError):
+            metadata = await self.server_metadata()
+        except TargetError:
             return False
-        return isinstance(extensions, list) and extension in extensions
+        return isinstance(metadata, dict) and bool(lists_extension(metadata, extension))
 
     async def model_statistics(self, model: str = "", version: str = "") -> dict[str, Any]:
         url = self._url(model, version, "stats") if model else self._base / "v2" / "models" / "stats"

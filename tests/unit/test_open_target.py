@@ -9,8 +9,8 @@ import pytest
 
 from perfkit.cli import build_parser
 from perfkit.cli.sweep import spec_from_args
-from perfkit.measure.metrics_source import default_metrics_url, lists_extension, server_label, with_server_metrics
-from perfkit.target import Target, open_target
+from perfkit.measure.metrics_source import default_metrics_url, server_label, with_server_metrics
+from perfkit.target import Target, lists_extension, open_target
 
 TRITON = {"name": "triton", "version": "2.51.0", "extensions": ["statistics", "binary_tensor_data"]}
 MLSERVER = {"name": "mlserver", "version": "1.7.1", "extensions": []}
