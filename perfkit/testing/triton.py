@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["TritonProcess", "TritonStartError", "triton_server"]
+__all__ = ["TritonProcess", "TritonStartError", "free_ports", "triton_server"]
 
 HOST = "127.0.0.1"
 # What tritonserver logs when a listener cannot bind: "failed to start HTTP service: Unavailable -
@@ -135,7 +135,7 @@ def triton_server(
             log_path.unlink(missing_ok=True)
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     """`count` distinct loopback ports that were free a moment ago (held together, so distinct)."""
     sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
     try:
@@ -148,7 +148,7 @@ def _free_ports(count: int) -> list[int]:
 
 
 def _start(peers: Path, repository: Path, extra_args: Sequence[str], log_path: Path) -> TritonProcess:
-    http_port, grpc_port, metrics_port = _free_ports(3)
+    http_port, grpc_port, metrics_port = free_ports(3)
     command = [
         str(Path(peers) / "bin" / "tritonserver"),
         f"--model-repository={Path(repository).resolve()}",

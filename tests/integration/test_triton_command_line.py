@@ -28,6 +28,7 @@ from tritonclient.grpc import service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from perfkit.target import TlsSpec
+from perfkit.testing.triton import free_ports
 from perfkit.wire.client import make_client
 from reference_server.config import config_from_args
 from reference_server.server import running_server
@@ -80,17 +81,6 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 def _ready(url: str, deadline_s: float = 60.0) -> None:
     end = time.monotonic() + deadline_s
     while True:
@@ -105,7 +95,7 @@ def _ready(url: str, deadline_s: float = 60.0) -> None:
 
 
 def test_model_analyzers_command_line_starts_the_server(repository: Path, tmp_path: Path) -> None:
-    http, grpc, metrics = _free_ports(3)
+    http, grpc, metrics = free_ports(3)
     argv = [
         sys.executable, "-m", "reference_server", "--model-repository", str(repository), "--http-port", str(http),
         "--grpc-port", str(grpc), "--metrics-port", str(metrics), *MODEL_ANALYZER_FLAGS,
@@ -142,7 +132,7 @@ def test_exit_on_error_stops_the_start(repository: Path, tmp_path: Path) -> None
             pass
     with running_server(loopback_config(broken)) as server:  # the default: log it and serve the rest
         assert server.repository is not None and not server.repository.serving("broken")
-    http, grpc, metrics = (str(port) for port in _free_ports(3))
+    http, grpc, metrics = (str(port) for port in free_ports(3))
     argv = ["--model-repository", str(broken), "--exit-on-error=true", "--http-port", http, "--grpc-port", grpc]
     run = subprocess.run(
         [sys.executable, "-m", "reference_server", *argv, "--metrics-port", metrics],

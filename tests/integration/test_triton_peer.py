@@ -237,7 +237,7 @@ def test_start_failure_raises_with_log_tail(peers: Path, tmp_path: Path) -> None
 def test_port_race_is_retried(peers: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     repo = tmp_path / "models"
     write_sleeper(repo, "sleeper", service_ms=1)
-    real_free_ports = triton_module._free_ports
+    real_free_ports = triton_module.free_ports
     picks: list[list[int]] = []
     with triton_module.socket.create_server(("127.0.0.1", 0)) as taken:
 
@@ -248,7 +248,7 @@ def test_port_race_is_retried(peers: Path, tmp_path: Path, monkeypatch: pytest.M
             picks.append(ports)
             return ports
 
-        monkeypatch.setattr(triton_module, "_free_ports", racy_free_ports)
+        monkeypatch.setattr(triton_module, "free_ports", racy_free_ports)
         with triton_server(
             peers, repo, extra_args=NO_AUTO_COMPLETE, stop_timeout_s=0, log_path=tmp_path / "triton.log"
         ) as server:

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from perfkit.testing.triton import free_ports
+
 HOST = "127.0.0.1"
 FIXTURES = Path(__file__).parent
 # MLServer and KServe are ready in about 1 s on an idle machine; a 2-core machine running the suite
@@ -103,7 +105,7 @@ def running_kserve(kserve_python: Path, workdir: Path) -> Iterator[OipServer]:
 @contextlib.contextmanager
 def _running(name: str, command: Callable[[int, int, int], Sequence[str]], workdir: Path) -> Iterator[OipServer]:
     for attempt in (1, 2):
-        http_port, grpc_port, metrics_port = _free_ports(3)
+        http_port, grpc_port, metrics_port = free_ports(3)
         log_path = workdir / f"{name}-{http_port}.log"
         with log_path.open("wb") as log:
             # A new session: one killpg reaches the server and any worker process it starts.
@@ -133,18 +135,6 @@ def _running(name: str, command: Callable[[int, int, int], Sequence[str]], workd
         finally:
             _kill(process)
         return
-
-
-def _free_ports(count: int) -> list[int]:
-    """`count` distinct loopback ports that were free a moment ago (held together, so distinct)."""
-    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind((HOST, 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
 
 
 def _wait_ready(process: subprocess.Popen[bytes], server: OipServer, grpc_port: int) -> None:
