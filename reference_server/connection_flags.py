@@ -17,29 +17,13 @@ from typing import Any
 
 from reference_server.frontends.grpc.server import MAX_STREAMS
 from reference_server.frontends.http.limits import DEFAULT_LIMITS
+from reference_server.triton_flags import at_least, positive_float
 from v2kit.h2.rules import DEFAULT_H2_LIMITS, H2Limits
 
 __all__ = ["add_arguments", "config_fields"]
 
 
-def _at_least_one(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got '{text}'") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected 1 or more, got {value}")
-    return value
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got '{text}'") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
-    return value
+_at_least_one = at_least(1)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -123,7 +107,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "GOAWAY ENHANCE_YOUR_CALM (rapid reset, CVE-2023-44487)",
     )  # fmt: skip
     group.add_argument(
-        "--grpc-http2-max-reset-rate", type=_positive, default=limits.reset_rate_per_s, metavar="PER_SECOND",
+        "--grpc-http2-max-reset-rate", type=positive_float, default=limits.reset_rate_per_s, metavar="PER_SECOND",
         help="streams a client may reset per second once its --grpc-http2-max-reset-burst is spent",
     )  # fmt: skip
 

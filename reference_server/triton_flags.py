@@ -57,17 +57,25 @@ def parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got '{text}'")
 
 
-def _non_negative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got '{text}'") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected 0 or more, got {value}")
-    return value
+def at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number of `minimum` or more."""
+
+    def whole_number(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got '{text}'") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected {minimum} or more, got {value}")
+        return value
+
+    return whole_number
 
 
-def _positive_float(text: str) -> float:
+_non_negative = at_least(0)
+
+
+def positive_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
@@ -241,7 +249,7 @@ CATALOGUE: tuple[TritonFlag, ...] = (
     TritonFlag("--metrics-port", IMPLEMENTED, "metrics port (0: a free one)"),
     TritonFlag("--metrics-interval-ms", IMPLEMENTED,
                "the GPU and CPU figures are read at most this often (default here: at every scrape)",
-               {"type": _positive_float, "metavar": "MS", "dest": "metrics_interval_ms"}),
+               {"type": positive_float, "metavar": "MS", "dest": "metrics_interval_ms"}),
     TritonFlag("--metrics-config", IMPLEMENTED,
                "`counter_latencies=false` drops the `*_duration_us` counters; `summary_latencies=true` adds the "
                "`*_summary_us` summaries, over `summary_quantiles=<q>:<error>,...`; other settings accepted "
