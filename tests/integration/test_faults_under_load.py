@@ -94,17 +94,25 @@ class Killer:
         self.thread.start()
 
     def _run(self) -> None:
-        deadline = time.monotonic() + self.give_up_s
-        while self.scheduler._stats.success_count < self.after:
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.005)
+        if not _answered(self.scheduler, self.after, self.give_up_s):
+            return
         stub = self.instance._stub
         assert stub is not None and stub.process is not None
         self.shm = _shm_mapped(stub.process.pid)
         self.pid = stub.process.pid
         self.at_ns = time.time_ns()
         os.kill(self.pid, self.sig)
+
+
+def _answered(scheduler: Scheduler, count: int, give_up_s: float) -> bool:
+    """Wait until the scheduler has answered `count` requests; False when that takes over `give_up_s`
+    (the load never came: the fault is not thrown, and the test's own checks say why)."""
+    deadline = time.monotonic() + give_up_s
+    while scheduler._stats.success_count < count:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def _shm_mapped(pid: int) -> set[str]:
@@ -301,11 +309,8 @@ class Unloader:
         self.thread.start()
 
     def _run(self) -> None:
-        deadline = time.monotonic() + self.give_up_s
-        while self.scheduler._stats.success_count < self.after:
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.005)
+        if not _answered(self.scheduler, self.after, self.give_up_s):
+            return
         unload = f"{self.url}/v2/repository/models/{self.model}/unload"
         request = urllib.request.Request(unload, data=b"", method="POST")
         with urllib.request.urlopen(request, timeout=10) as answer:
