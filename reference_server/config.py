@@ -19,7 +19,8 @@ from reference_server.scheduling.rate_limiter import MODES as RATE_LIMIT_MODES
 from reference_server.scheduling.rate_limiter import parse_resource
 from reference_server.scheduling.summaries import DEFAULT_QUANTILES
 from reference_server.triton_flags import parse_bool
-from v2kit.h2.rules import DEFAULT_H2_LIMITS, H2Limits
+from v2kit.h2.pings import GRPC_SERVER_PINGS
+from v2kit.h2.rules import H2Limits
 from v2kit.runtime import cpus as runtime_cpus
 
 CONTROL_MODES = ("none", "explicit", "poll")
@@ -70,7 +71,7 @@ class ServerConfig:
     http_max_pipelined_requests: int = DEFAULT_LIMITS.max_pipelined
     #: The gRPC front end's HTTP/2 limits per connection (--grpc-http2-*, `connection_flags.py`).
     grpc_max_concurrent_streams: int = MAX_STREAMS
-    grpc_http2_limits: H2Limits = DEFAULT_H2_LIMITS
+    grpc_http2_limits: H2Limits = H2Limits(pings=GRPC_SERVER_PINGS)  # keepalive and ping strikes as tritonserver's
     exit_timeout_secs: float = 30.0
     default_max_batch_size: int = 4
     log_verbose: int = 0

@@ -122,9 +122,9 @@ def _no_effect(name: str, why: str, kind: Callable[[str], Any] = str, metavar: s
 
 _BOOL = {"type": parse_bool, "metavar": "BOOL"}
 _NO_HTTP_THREADS = "one event loop serves each front end; --frontend-workers N runs them in N processes"
-_NO_PINGS = (
-    "our HTTP/2 engine sends no keepalive pings and answers every PING; a connection stays open until the "
-    "client closes it or the server stops"
+_NO_AGEING = (
+    "connections are not aged out: a connection stays open until the client closes it, its keepalive "
+    "PING goes unanswered (--grpc-keepalive-timeout) or the server stops"
 )
 _NO_GPU_POOLS = "the built-in backends allocate their own memory (onnxruntime's and the python stub's)"
 _BUILT_IN = "the backends are built in, nothing is loaded from a directory"
@@ -212,14 +212,22 @@ CATALOGUE: tuple[TritonFlag, ...] = (
                "low/medium/high: ModelInfer answers are compressed with a coding the client accepts "
                "(gzip, deflate), as grpc core picks by level",
                {"choices": COMPRESSION_LEVELS, "type": str.lower, "dest": "grpc_response_compression"}),
-    _no_effect("--grpc-keepalive-time", _NO_PINGS, _non_negative, "MS"),
-    _no_effect("--grpc-keepalive-timeout", _NO_PINGS, _non_negative, "MS"),
-    _no_effect("--grpc-keepalive-permit-without-calls", _NO_PINGS, parse_bool, "BOOL"),
-    _no_effect("--grpc-http2-max-pings-without-data", _NO_PINGS, _non_negative, "N"),
-    _no_effect("--grpc-http2-min-recv-ping-interval-without-data", _NO_PINGS, _non_negative, "MS"),
-    _no_effect("--grpc-http2-max-ping-strikes", _NO_PINGS, _non_negative, "N"),
-    _no_effect("--grpc-max-connection-age", "connections are not aged out: " + _NO_PINGS, _non_negative, "MS"),
-    _no_effect("--grpc-max-connection-age-grace", "connections are not aged out: " + _NO_PINGS, _non_negative, "MS"),
+    TritonFlag("--grpc-keepalive-time", IMPLEMENTED,
+               "ms between the server's keepalive PINGs on a connection (default 7200000, 2 h), "
+               "as grpc core's (connection_flags.py)"),
+    TritonFlag("--grpc-keepalive-timeout", IMPLEMENTED,
+               "ms a keepalive PING's ACK may take; later, the connection ends (GOAWAY) (default 20000)"),
+    TritonFlag("--grpc-keepalive-permit-without-calls", IMPLEMENTED,
+               "keepalive PINGs also while no call is open, and a client may ping that often too (default false)"),
+    TritonFlag("--grpc-http2-max-pings-without-data", IMPLEMENTED,
+               "keepalive PINGs sent with no HEADERS or DATA between them; 0: no cap (default 2)"),
+    TritonFlag("--grpc-http2-min-recv-ping-interval-without-data", IMPLEMENTED,
+               "ms a client's PINGs must be apart while the server sends no data, else a strike (default 300000)"),
+    TritonFlag("--grpc-http2-max-ping-strikes", IMPLEMENTED,
+               "strikes tolerated; one more ends the connection with GOAWAY ENHANCE_YOUR_CALM "
+               "'too_many_pings'; 0: any number (default 2)"),
+    _no_effect("--grpc-max-connection-age", _NO_AGEING, _non_negative, "MS"),
+    _no_effect("--grpc-max-connection-age-grace", _NO_AGEING, _non_negative, "MS"),
     TritonFlag("--grpc-restricted-protocol", IMPLEMENTED,
                "`<category>[,<category>...]:<key>=<value>`: calls to those methods want metadata "
                "`triton-grpc-protocol-<key>: <value>` (else UNAVAILABLE); categories as --http-restricted-api",

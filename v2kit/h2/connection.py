@@ -15,13 +15,15 @@ What it owns, once for both ends:
 - Hostile peers: answers to the peer's own frames are capped while it reads none (PING and
   SETTINGS floods: ENHANCE_YOUR_CALM), and so are the streams it opens and resets (rapid reset).
 - Flow control both ways. We advertise stream windows of 4 MiB and a connection window of 16 MiB
-  (`receive.STREAM_WINDOW`, `CONNECTION_WINDOW`; DATA past them is FLOW_CONTROL_ERROR) and give
+  by default (`H2Limits.stream_window`, `connection_window`; DATA past them is FLOW_CONTROL_ERROR) and give
   them back once half is taken: as it comes, or for a stream its driver defers (`Stream.deferred`),
   as the application takes it (`consumed`), so a peer that sends faster than that waits. We send
   nothing larger than the peer's frame size or windows allow: data the windows cannot take yet
   waits, in order, until WINDOW_UPDATEs come, and trailers (or END_STREAM) follow their data.
 - Streams: ids, bookkeeping, the peer's stream limit and ours (refused past it, or once going away),
   draining after GOAWAY (close once the last stream is gone).
+- Pings, given a `PingPolicy` (`H2Limits.pings`, the server's): keepalive PINGs, the connection
+  ended when one's ACK is late, and strikes against a peer that pings too often (`v2kit.h2.pings`).
 - Deadlines: one timer per connection (on the driver's clock), at its streams' earliest deadline:
   streams of one peer mostly share a timeout, so it fires about once per timeout, where a timer a
   stream would cost a heap entry per stream.
@@ -39,7 +41,7 @@ from collections import deque
 from v2kit.h2 import frames as h2
 from v2kit.h2.events import Events, Payload, S, Sink, Stream
 from v2kit.h2.frames import frame
-from v2kit.h2.receive import CONNECTION_WINDOW, STREAM_WINDOW, Receiver
+from v2kit.h2.receive import Receiver
 
 __all__ = ["Connection", "Events", "Payload", "Sink", "Stream"]
 
@@ -57,18 +59,23 @@ class Connection(Receiver[S]):
         settings = struct.pack(">HL", h2.ENABLE_PUSH, 0)
         if self._max_peer_streams:
             settings += struct.pack(">HL", h2.MAX_CONCURRENT_STREAMS, self._max_peer_streams)
-        settings += struct.pack(">HL", h2.INITIAL_WINDOW_SIZE, STREAM_WINDOW)
-        sink.write(
-            (h2.PREFACE if self._client else b"")
-            + frame(h2.SETTINGS, 0, 0, settings)
-            + frame(h2.WINDOW_UPDATE, 0, 0, (CONNECTION_WINDOW - h2.DEFAULT_WINDOW).to_bytes(4, "big"))
-        )
+        settings += struct.pack(">HL", h2.INITIAL_WINDOW_SIZE, self._stream_window)
+        opening = (h2.PREFACE if self._client else b"") + frame(h2.SETTINGS, 0, 0, settings)
+        if self._connection_window > h2.DEFAULT_WINDOW:  # it starts at 65,535 and cannot shrink
+            increment = self._connection_window - h2.DEFAULT_WINDOW
+            opening += frame(h2.WINDOW_UPDATE, 0, 0, increment.to_bytes(4, "big"))
+        sink.write(opening)
+        if self._limits.pings is not None:
+            self._keepalive_after(self._limits.pings.keepalive_time_s)
 
     def lost(self) -> None:
         """The transport is gone: every stream is reset (`Events.stream_reset` with None)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            self._keepalive = None
         self._blocked.clear()
         self._reset_all(list(self.streams.values()))
 
@@ -80,11 +87,11 @@ class Connection(Receiver[S]):
         self._goaway(h2.NO_ERROR)
         self._close_if_idle()
 
-    def fail(self, code: int, reason: str) -> None:
-        """End the connection: GOAWAY with `code`, close, and reset every stream."""
+    def fail(self, code: int, reason: str, debug: bytes = b"") -> None:
+        """End the connection: GOAWAY with `code` (and `debug` data), close, and reset every stream."""
         sink = self._sink
         if sink is not None and not sink.is_closing():
-            self._goaway(code)
+            self._goaway(code, debug)
             sink.close()
         self.events.connection_failed(reason)
         self._reset_all(list(self.streams.values()))
@@ -129,10 +136,12 @@ class Connection(Receiver[S]):
         self._send_window -= size
         stream.window -= size
         stream.local_ended = True
+        self._data_sent += 1
         return True
 
     def send_headers(self, stream_id: int, block: bytes, *, end_stream: bool = False) -> None:
         """A header block, in CONTINUATIONs if longer than the peer's frames."""
+        self._data_sent += 1
         max_frame = self._max_frame
         first, rest = block[:max_frame], block[max_frame:]
         flags = h2.END_STREAM if end_stream else 0
@@ -223,6 +232,7 @@ class Connection(Receiver[S]):
             if parts:
                 assert self._sink is not None
                 self._sink.writelines(parts)
+                self._data_sent += 1
             if pending:
                 return
             if stream.end_data:
@@ -237,9 +247,9 @@ class Connection(Receiver[S]):
     def _window_update(self, stream_id: int, increment: int) -> None:
         self.write(frame(h2.WINDOW_UPDATE, 0, stream_id, increment.to_bytes(4, "big")))
 
-    def _goaway(self, code: int) -> None:
+    def _goaway(self, code: int, debug: bytes = b"") -> None:
         self._goaway_sent = True
-        self.write(frame(h2.GOAWAY, 0, 0, struct.pack(">LL", self._last_peer_stream, code)))
+        self.write(frame(h2.GOAWAY, 0, 0, struct.pack(">LL", self._last_peer_stream, code) + debug))
 
     # -- streams' ends
 
@@ -287,3 +297,39 @@ class Connection(Receiver[S]):
             when = min(s.deadline for s in self.streams.values())
             if when < math.inf:
                 self._arm(when)
+
+    # -- keepalive pings (`H2Limits.pings`; `v2kit.h2.pings` says what they follow)
+
+    def _keepalive_after(self, delay_s: float) -> None:
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+        self._keepalive = self._call_at(self._now() + delay_s, self._keepalive_due)
+
+    def _keepalive_due(self) -> None:
+        """Time for a keepalive PING, or (one is out) its ACK is late: the peer is gone or stuck."""
+        self._keepalive = None
+        policy = self._limits.pings
+        if policy is None or self.closed():
+            return
+        if self._keepalive_out is not None:
+            self.fail(
+                h2.NO_ERROR,
+                f"{self._peer} did not answer a keepalive PING within {policy.keepalive_timeout_s:g} s",
+                b"keepalive watchdog timeout",
+            )
+            return
+        if self._data_sent != self._keepalive_data_seen:
+            self._keepalive_data_seen, self._pings_without_data = self._data_sent, 0
+        cap = policy.max_pings_without_data
+        if (self.streams or policy.permit_without_calls) and not (cap and self._pings_without_data >= cap):
+            self._pings_without_data += 1
+            self._keepalive_out = payload = b"keepaliv"
+            self.write(frame(h2.PING, 0, 0, payload))
+            self._keepalive_after(policy.keepalive_timeout_s)
+        else:  # nothing to keep alive, or no more pings until data goes out: look again a period later
+            self._keepalive_after(policy.keepalive_time_s)
+
+    def _keepalive_acked(self) -> None:
+        self._keepalive_out = None
+        if self._limits.pings is not None and not self.closed():
+            self._keepalive_after(self._limits.pings.keepalive_time_s)

@@ -20,15 +20,17 @@ from v2kit.h2 import rules
 from v2kit.h2.events import Cancellable, Events, Payload, S, Sink
 from v2kit.h2.fields import Fields
 from v2kit.h2.frames import BadHeaderBlock, FrameReader, FrameTooLarge, HeaderDecoder, frame
+from v2kit.h2.pings import TOO_MANY_PINGS, PingStrikes
 
 __all__ = ["Receiver"]
 
-#: The windows we advertise: what the peer may send on a stream, and on the connection, before we
-#: give it back (WINDOW_UPDATE, once half a window has been taken). A stream's DATA is taken as it
-#: comes unless its driver defers it (`Stream.deferred`: then as the application takes it, so that
-#: a peer sending faster than the application reads waits on the windows, and then on TCP).
-STREAM_WINDOW = 1 << 22
-CONNECTION_WINDOW = 1 << 24
+#: The windows we advertise by default (`H2Limits.stream_window`, `connection_window`): what the peer
+#: may send on a stream, and on the connection, before we give it back (WINDOW_UPDATE, once half a
+#: window has been taken). A stream's DATA is taken as it comes unless its driver defers it
+#: (`Stream.deferred`: then as the application takes it, so that a peer sending faster than the
+#: application reads waits on the windows, and then on TCP).
+STREAM_WINDOW = rules.STREAM_WINDOW
+CONNECTION_WINDOW = rules.CONNECTION_WINDOW
 MAX_HEADER_BLOCK = rules.MAX_HEADER_BLOCK  # a longer header block (HEADERS and CONTINUATIONs) ends the connection
 
 
@@ -73,6 +75,8 @@ class Receiver(Generic[S]):
         self._credit = 0  # of those, bytes taken, to give back in the next connection WINDOW_UPDATE
         self._max_peer_streams = max_peer_streams
         self._limits = limits
+        self._stream_window = limits.stream_window
+        self._connection_window = limits.connection_window
         self._last_peer_stream = 0
         self._goaway_sent = False
         self._timer: Cancellable | None = None
@@ -82,6 +86,13 @@ class Receiver(Generic[S]):
         self._reset_ids: dict[int, None] = {}  # streams we reset lately (rules.RESET_MEMORY), oldest first
         self._reset_tokens = float(limits.reset_burst)  # streams the peer may still reset (rapid reset)
         self._reset_at = now()
+        self._data_sent = 0  # HEADERS and DATA writes so far: ping strikes and keepalive pings count from them
+        pings = limits.pings
+        self._strikes = PingStrikes(pings) if pings is not None and not client else None
+        self._keepalive: Cancellable | None = None  # the keepalive timer (`limits.pings`)
+        self._keepalive_out: bytes | None = None  # our keepalive PING's payload, until its ACK comes
+        self._keepalive_data_seen = 0  # `_data_sent` when the keepalive last looked
+        self._pings_without_data = 0  # keepalive PINGs sent since HEADERS or DATA last were
 
     # -- frames in
 
@@ -138,7 +149,12 @@ class Receiver(Generic[S]):
         elif ftype == h2.WINDOW_UPDATE:
             self._on_window_update(stream_id, payload)
         elif ftype == h2.PING:
-            if not flags & h2.ACK:
+            if flags & h2.ACK:
+                if self._keepalive_out is not None and payload == self._keepalive_out:
+                    self._keepalive_acked()
+            elif self._strikes is not None and self._strikes.too_many(self._now(), self._data_sent, bool(self.streams)):
+                self.fail(h2.ENHANCE_YOUR_CALM, f"{self._peer} sent PINGs too often", TOO_MANY_PINGS)
+            else:
                 self._answer(frame(h2.PING, h2.ACK, 0, bytes(payload)))
         elif ftype == h2.RST_STREAM:
             self._on_reset(stream_id, payload)
@@ -158,7 +174,7 @@ class Receiver(Generic[S]):
         elif not flags & h2.END_STREAM and self._empty_frame():
             return
         self._unacked += size
-        if self._unacked > CONNECTION_WINDOW:
+        if self._unacked > self._connection_window:
             self.fail(h2.FLOW_CONTROL_ERROR, f"{self._peer} sent DATA past the connection's window")
             return
         stream = self.streams.get(stream_id)
@@ -172,7 +188,7 @@ class Receiver(Generic[S]):
                 return
             payload = payload[1 : size - payload[0]]
         stream.received += size
-        if stream.received > STREAM_WINDOW:
+        if stream.received > self._stream_window:
             self._credit_connection(size)
             self._stream_error(stream, h2.FLOW_CONTROL_ERROR, "DATA past the stream's window")
             return
@@ -203,7 +219,7 @@ class Receiver(Generic[S]):
         """`size` bytes of `stream`'s DATA were taken: given back, on the stream (while it may still
         send) and on the connection, once half a window's worth is due."""
         credit = stream.credit + size
-        if credit >= STREAM_WINDOW // 2 and not stream.remote_ended and self.streams.get(stream.id) is stream:
+        if credit >= self._stream_window // 2 and not stream.remote_ended and self.streams.get(stream.id) is stream:
             self._window_update(stream.id, credit)
             stream.received -= credit
             credit = 0
@@ -212,7 +228,7 @@ class Receiver(Generic[S]):
 
     def _credit_connection(self, size: int) -> None:
         credit = self._credit + size
-        if credit >= CONNECTION_WINDOW // 2:
+        if credit >= self._connection_window // 2:
             self._window_update(0, credit)
             self._unacked -= credit
             credit = 0
@@ -484,7 +500,10 @@ class Receiver(Generic[S]):
 
     # -- what `Connection` provides
 
-    def fail(self, code: int, reason: str) -> None:
+    def fail(self, code: int, reason: str, debug: bytes = b"") -> None:
+        raise NotImplementedError
+
+    def _keepalive_acked(self) -> None:
         raise NotImplementedError
 
     def send_reset(self, stream_id: int, code: int) -> None:

@@ -10,6 +10,7 @@ import struct
 from dataclasses import dataclass
 
 from v2kit.h2 import frames as h2
+from v2kit.h2.pings import PingPolicy
 
 __all__ = [
     "DEFAULT_H2_LIMITS",
@@ -19,6 +20,8 @@ __all__ = [
     "RESET_BURST",
     "RESET_MEMORY",
     "RESET_RATE_PER_S",
+    "STREAM_WINDOW",
+    "CONNECTION_WINDOW",
     "H2Limits",
     "control_problem",
     "settings_problem",
@@ -41,19 +44,29 @@ RESET_MEMORY = 1024
 #: The longest header block (HEADERS and its CONTINUATIONs, as compressed) before the connection
 #: ends with PROTOCOL_ERROR: what one call's metadata may make us buffer before it is decoded.
 MAX_HEADER_BLOCK = 1 << 20
+#: The windows we advertise: what the peer may send on a stream (SETTINGS_INITIAL_WINDOW_SIZE), and
+#: on the connection (WINDOW_UPDATE on stream 0), before we give it back (once half a window has been
+#: taken). They bound what a peer may make us hold unread: a stream's window per deferred stream, the
+#: connection's across them all.
+STREAM_WINDOW = 1 << 22
+CONNECTION_WINDOW = 1 << 24
 
 
 @dataclass(frozen=True, slots=True)
 class H2Limits:
     """The limits above, for one connection: the server sets them from its flags (docs/server.md,
     "HTTP/2 limits"); the defaults are the constants. `RESET_MEMORY` stays a constant: it bounds
-    our own bookkeeping, not what a peer may do."""
+    our own bookkeeping, not what a peer may do. `pings`: keepalive pings and ping strikes
+    (`v2kit.h2.pings`); None, as for perfkit's client, sends no pings and answers every PING."""
 
     max_induced: int = MAX_INDUCED
     max_empty_frames: int = MAX_EMPTY_FRAMES
     reset_burst: int = RESET_BURST
     reset_rate_per_s: float = RESET_RATE_PER_S
     max_header_block: int = MAX_HEADER_BLOCK
+    stream_window: int = STREAM_WINDOW
+    connection_window: int = CONNECTION_WINDOW
+    pings: PingPolicy | None = None
 
 
 DEFAULT_H2_LIMITS = H2Limits()
