@@ -24,9 +24,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
+import random
 import sys
+import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -45,7 +48,21 @@ from v2kit import codec as v2
 from v2kit.demo import ensure_demo_repository
 from v2kit.grpc_proto import request_to_proto, response_from_proto
 
-MODEL = "identity"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script: its sibling module
+from soak_faults import (
+    KINDS,
+    PY_MODEL,
+    RECOVERY_GIVE_UP_S,
+    FaultInjector,
+    Recoveries,
+    attribute,
+    fault_figures,
+    leftovers,
+    soak_repository,
+)
+
+MODEL = "identity"  # the model the reloads reconfigure
+MODELS = (MODEL, PY_MODEL)  # the load alternates between them, request by request
 WIDTH = 16
 REQUEST_TIMEOUT_S = 30.0
 CONFIGS = [  # identity's config overrides, in turn
@@ -66,6 +83,8 @@ class Tally:
     # One byte per sequence number (they are dense): the bookkeeping must not look like a leak.
     seen: bytearray = field(default_factory=lambda: bytearray(1 << 20))
     by_protocol: Counter[str] = field(default_factory=Counter)
+    error_log: list[tuple[float, str]] = field(default_factory=list)  # (monotonic, kind), for attribution
+    recoveries: Recoveries = field(default_factory=Recoveries)
 
     def _first(self, sequence: int) -> bool:
         while sequence >= len(self.seen):
@@ -76,17 +95,23 @@ class Tally:
         self.seen[sequence] = 1
         return True
 
-    def answer(self, sequence: int, echoed: np.ndarray | None, protocol: str) -> None:
+    def answer(self, sequence: int, response: v2.InferResponse, protocol: str, sent_at: float) -> None:
         if not self._first(sequence):
             return
         self.answered += 1
         self.by_protocol[protocol] += 1
-        if echoed is None or not np.array_equal(echoed.reshape(-1), _payload(sequence)):
+        outputs = {t.name: t.data for t in response.outputs} if response.id == str(sequence) else {}
+        echoed = outputs.get("OUTPUT0")
+        if echoed is None or not np.array_equal(np.asarray(echoed).reshape(-1), _payload(sequence)):
             self.mismatched += 1
+            return
+        pid = outputs.get("PID")  # the echo model's stub: shows a restarted one answering
+        self.recoveries.seen(_model(sequence), None if pid is None else int(np.asarray(pid).flat[0]), sent_at)
 
     def fail(self, sequence: int, kind: str) -> None:
         if self._first(sequence):
             self.errors[kind] += 1
+            self.error_log.append((time.monotonic(), kind))
 
 
 def _payload(sequence: int) -> np.ndarray:
@@ -94,9 +119,20 @@ def _payload(sequence: int) -> np.ndarray:
     return (np.arange(WIDTH, dtype=np.float32) + np.float32(sequence)).astype(np.float32)
 
 
+def _model(sequence: int) -> str:
+    return MODELS[sequence % len(MODELS)]
+
+
 def _request(sequence: int) -> v2.InferRequest:
     data = _payload(sequence).reshape(1, WIDTH)
-    return v2.InferRequest(MODEL, id=str(sequence), inputs=[v2.InferTensor("INPUT0", "FP32", [1, WIDTH], data)])
+    inputs = [v2.InferTensor("INPUT0", "FP32", [1, WIDTH], data)]
+    return v2.InferRequest(_model(sequence), id=str(sequence), inputs=inputs)
+
+
+def probe_request() -> tuple[bytes, dict[str, str], np.ndarray]:
+    """An `identity` request over HTTP (body, headers) and the payload it must echo."""
+    body, length = v2.encode_infer_request(_request(0))
+    return body, {"Inference-Header-Content-Length": str(length)}, _payload(0)
 
 
 # --- load ----------------------------------------------------------------------------------------------
@@ -109,9 +145,10 @@ async def http_worker(url: str, counter: itertools.count[int], tally: Tally, sto
             sequence = next(counter)
             body, length = v2.encode_infer_request(_request(sequence))
             tally.sent += 1
+            sent_at = time.monotonic()
             try:
                 async with session.post(
-                    f"http://{url}/v2/models/{MODEL}/infer",
+                    f"http://{url}/v2/models/{_model(sequence)}/infer",
                     data=body,
                     headers={"Inference-Header-Content-Length": str(length)},
                 ) as response:
@@ -127,14 +164,14 @@ async def http_worker(url: str, counter: itertools.count[int], tally: Tally, sto
             except (aiohttp.ClientError, v2.CodecError) as exc:
                 tally.fail(sequence, f"http {type(exc).__name__}")
                 continue
-            ok = decoded.id == str(sequence) and decoded.outputs
-            tally.answer(sequence, decoded.outputs[0].data if ok else None, "http")
+            tally.answer(sequence, decoded, "http", sent_at)
 
 
 async def grpc_worker(stub: Any, counter: itertools.count[int], tally: Tally, stop: asyncio.Event) -> None:
     while not stop.is_set():
         sequence = next(counter)
         tally.sent += 1
+        sent_at = time.monotonic()
         try:
             reply = await stub.ModelInfer(request_to_proto(_request(sequence)), timeout=REQUEST_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:
@@ -143,17 +180,23 @@ async def grpc_worker(stub: Any, counter: itertools.count[int], tally: Tally, st
             )
             tally.fail(sequence, kind)
             continue
-        decoded = response_from_proto(reply)
-        ok = decoded.id == str(sequence) and decoded.outputs
-        tally.answer(sequence, decoded.outputs[0].data if ok else None, "grpc")
+        tally.answer(sequence, response_from_proto(reply), "grpc", sent_at)
 
 
 async def stream_worker(
     stub: Any, counter: itertools.count[int], tally: Tally, stop: asyncio.Event, outstanding: int
 ) -> None:
-    """One long-lived ModelStreamInfer call with `outstanding` requests in flight, matched by id."""
+    """Long-lived ModelStreamInfer calls: a call a fault ends (a worker killed) is followed by a new one."""
+    while not stop.is_set():
+        await _stream_call(stub, counter, tally, stop, outstanding)
+
+
+async def _stream_call(
+    stub: Any, counter: itertools.count[int], tally: Tally, stop: asyncio.Event, outstanding: int
+) -> None:
+    """One ModelStreamInfer call with `outstanding` requests in flight, matched by id."""
     queue: asyncio.Queue[pb.ModelInferRequest | None] = asyncio.Queue()
-    pending: set[int] = set()
+    pending: dict[int, float] = {}  # sequence -> monotonic send time
 
     async def requests() -> Any:
         while (item := await queue.get()) is not None:
@@ -163,7 +206,7 @@ async def stream_worker(
         if stop.is_set():
             return
         sequence = next(counter)
-        pending.add(sequence)
+        pending[sequence] = time.monotonic()
         tally.sent += 1
         queue.put_nowait(request_to_proto(_request(sequence)))
 
@@ -176,11 +219,11 @@ async def stream_worker(
             if sequence not in pending:
                 tally.duplicated += 1  # an answer to nothing outstanding
                 continue
-            pending.discard(sequence)
+            sent_at = pending.pop(sequence)
             if reply.error_message:
                 tally.fail(sequence, f"stream error: {reply.error_message[:80]}")
             else:
-                tally.answer(sequence, response_from_proto(reply.infer_response).outputs[0].data, "stream")
+                tally.answer(sequence, response_from_proto(reply.infer_response), "stream", sent_at)
             send_next()
             if stop.is_set() and not pending:
                 queue.put_nowait(None)  # half-close: the server ends the call with OK
@@ -192,7 +235,9 @@ async def stream_worker(
         tally.fail(sequence, "stream ended (lost)")
 
 
-async def reloader(url: str, every_s: float, stop: asyncio.Event, log: list[dict[str, Any]]) -> None:
+async def reloader(
+    url: str, every_s: float, stop: asyncio.Event, log: list[dict[str, Any]], lock: asyncio.Lock
+) -> None:
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as session:
         for turn in itertools.count():
             try:
@@ -203,18 +248,27 @@ async def reloader(url: str, every_s: float, stop: asyncio.Event, log: list[dict
             config = CONFIGS[turn % len(CONFIGS)]
             body = {"parameters": {"config": json.dumps(config)}}
             start = time.perf_counter()
-            async with session.post(f"http://{url}/v2/repository/models/{MODEL}/load", json=body) as response:
-                text = await response.text()
+            async with lock:  # not while a fault unloads the model
+                try:
+                    async with session.post(f"http://{url}/v2/repository/models/{MODEL}/load", json=body) as response:
+                        status, text = response.status, await response.text()
+                except aiohttp.ClientError as exc:  # the core killed at the end
+                    status, text = 0, f"{type(exc).__name__}: {exc}"
             log.append(
-                {"status": response.status, "seconds": round(time.perf_counter() - start, 3), "config": config}
-                | ({} if response.status == 200 else {"error": text[:200]})
+                {"status": status, "seconds": round(time.perf_counter() - start, 3), "config": config}
+                | {"at": time.monotonic()}
+                | ({} if status == 200 else {"error": text[:200]})
             )
 
 
 def tree_rss(process: psutil.Process) -> int:
     """The resident memory of a process and its children (front-end workers, python-backend stubs)."""
     total = 0
-    for member in [process, *process.children(recursive=True)]:
+    try:
+        members = [process, *process.children(recursive=True)]
+    except psutil.NoSuchProcess:  # the core killed at the end
+        return 0
+    for member in members:
         try:
             total += member.memory_info().rss
         except psutil.NoSuchProcess:
@@ -225,13 +279,13 @@ def tree_rss(process: psutil.Process) -> int:
 async def memory_sampler(server_pid: int, stop: asyncio.Event, samples: list[tuple[float, int, int]]) -> None:
     server, client = psutil.Process(server_pid), psutil.Process()
     start = time.monotonic()
-    while not stop.is_set():
-        samples.append((time.monotonic() - start, tree_rss(server), client.memory_info().rss))
-        try:
+    while True:
+        if rss := tree_rss(server):  # 0 once the core is killed at the end
+            samples.append((time.monotonic() - start, rss, client.memory_info().rss))
+        if stop.is_set():
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), 2.0)
-        except asyncio.TimeoutError:
-            pass
-    samples.append((time.monotonic() - start, tree_rss(server), client.memory_info().rss))
 
 
 # --- the run -------------------------------------------------------------------------------------------
@@ -254,7 +308,9 @@ def _memory(samples: list[tuple[float, int, int]], column: int, warm_s: float) -
     return Memory(round(mb[0], 1), round(mb[-1], 1), round(max(mb), 1))
 
 
-async def soak(http_url: str, grpc_url: str, server_pid: int, args: argparse.Namespace) -> dict[str, Any]:
+async def soak(
+    http_url: str, grpc_url: str, server_pid: int, args: argparse.Namespace
+) -> tuple[dict[str, Any], FaultInjector]:
     tally, stop, counter = Tally(), asyncio.Event(), itertools.count()
     reloads: list[dict[str, Any]] = []
     samples: list[tuple[float, int, int]] = []
@@ -262,24 +318,43 @@ async def soak(http_url: str, grpc_url: str, server_pid: int, args: argparse.Nam
     per_stream = max(1, args.concurrency // 4 // streams)
     unary = max(1, args.concurrency // 4)
     http = args.concurrency - unary - streams * per_stream
+    repository_lock, faults_stop = asyncio.Lock(), asyncio.Event()
+    injector = FaultInjector(
+        server_pid, http_url, args.fault_kinds if args.faults else [], args.fault_every if args.faults else 1.0,
+        random.Random(args.seed), args.stub_timeout, tally.recoveries, repository_lock, probe_request,
+    )  # fmt: skip
     async with grpc.aio.insecure_channel(grpc_url) as channel:
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-        tasks = [asyncio.create_task(http_worker(http_url, counter, tally, stop)) for _ in range(http)]
-        tasks += [asyncio.create_task(grpc_worker(stub, counter, tally, stop)) for _ in range(unary)]
-        tasks += [asyncio.create_task(stream_worker(stub, counter, tally, stop, per_stream)) for _ in range(streams)]
-        tasks += [asyncio.create_task(reloader(http_url, args.reload_every, stop, reloads))]
-        tasks += [asyncio.create_task(memory_sampler(server_pid, stop, samples))]
+        load = [asyncio.create_task(http_worker(http_url, counter, tally, stop)) for _ in range(http)]
+        load += [asyncio.create_task(grpc_worker(stub, counter, tally, stop)) for _ in range(unary)]
+        load += [asyncio.create_task(stream_worker(stub, counter, tally, stop, per_stream)) for _ in range(streams)]
+        tasks = [asyncio.create_task(reloader(http_url, args.reload_every, stop, reloads, repository_lock))]
+        sampling_stop = asyncio.Event()  # before the core's kill: the memory is the server's, not its ruins
+        sampling = asyncio.create_task(memory_sampler(server_pid, sampling_stop, samples))
+        faulting = asyncio.create_task(injector.run(faults_stop))
         started = time.monotonic()
         while time.monotonic() - started < args.duration:
             await asyncio.sleep(min(10.0, args.duration - (time.monotonic() - started)))
             elapsed = time.monotonic() - started
             print(
                 f"{elapsed:6.0f} s  answered {tally.answered:>9,}  errors {sum(tally.errors.values()):>5}  "
-                f"reloads {len(reloads)}  server RSS {samples[-1][1] / 2**20:6.1f} MiB",
+                f"reloads {len(reloads)}  faults {len(injector.faults)}  server RSS {samples[-1][1] / 2**20:6.1f} MiB",
                 flush=True,
             )
+        # The fault in progress runs to its recovery (bounded) under load; then the last, if asked.
+        faults_stop.set()
+        await faulting
+        injector.note_processes()
+        sampling_stop.set()
+        await sampling
+        core_kill = injector.kill_core() if args.kill_core_at_end else None
         stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks), REQUEST_TIMEOUT_S + 30)
+        orphans = await injector.orphans(core_kill) if core_kill is not None else []
+        # Every request ends, answered or failed, by its timeout: a task still running is hung.
+        _, hung = await asyncio.wait(load, timeout=REQUEST_TIMEOUT_S + 30)
+        for task in hung:
+            task.cancel()
+        await asyncio.gather(*tasks)
         elapsed = time.monotonic() - started
     # Steady state begins once every config has been loaded and served: a process's first
     # onnxruntime session (a front-end worker's, when a config first puts instances there) takes its
@@ -287,6 +362,10 @@ async def soak(http_url: str, grpc_url: str, server_pid: int, args: argparse.Nam
     every_config_s = args.reload_every * (len(CONFIGS) + 0.5)
     warm_s = max(args.duration * args.warmup_share, every_config_s if every_config_s < 0.8 * args.duration else 0.0)
     lost = tally.sent - tally.answered - sum(tally.errors.values())
+    failed_reloads = [r for r in reloads if r["status"] != 200]
+    unexplained = attribute(
+        injector.faults, tally.error_log + [(r["at"], f"reload answered {r['status']}") for r in failed_reloads]
+    )
     return {
         "duration_s": round(elapsed, 1),
         "concurrency": {"http": http, "grpc": unary, "stream": streams * per_stream},
@@ -295,27 +374,41 @@ async def soak(http_url: str, grpc_url: str, server_pid: int, args: argparse.Nam
         "answered_by_protocol": dict(tally.by_protocol),
         "throughput_rps": round(tally.answered / elapsed, 1),
         "errors": dict(tally.errors),
+        "unexplained_errors": dict(unexplained),
         "lost": lost + sum(n for kind, n in tally.errors.items() if "lost" in kind),
         "duplicated": tally.duplicated,
         "mismatched": tally.mismatched,
+        "hung": len(hung),
+        "seed": args.seed,
+        "faults": fault_figures(injector.faults),
+        "faults_skipped": dict(injector.skipped),  # none of the kind could be thrown at that moment
+        "faults_not_recovered": [
+            f"{f.kind} {f.target}" for f in injector.faults if f.recovery_s is None and f.kind != "core-kill"
+        ],
+        "outlived_core": orphans,
         "reloads": len(reloads),
-        "failed_reloads": [r for r in reloads if r["status"] != 200],
+        "failed_reloads": failed_reloads,
         "reload_seconds_max": max((r["seconds"] for r in reloads), default=0.0),
         "steady_from_s": round(warm_s, 1),
         "server_memory_mb": asdict(_memory(samples, 1, warm_s)),
         "client_memory_mb": asdict(_memory(samples, 2, warm_s)),
-    }
+    }, injector
 
 
 def verdict(figures: dict[str, Any], max_growth_mb: float) -> list[str]:
     problems = []
-    for key in ("lost", "duplicated", "mismatched"):
+    for key in ("lost", "duplicated", "mismatched", "hung"):
         if figures[key]:
             problems.append(f"{figures[key]} {key}")
-    if figures["errors"]:
-        problems.append(f"errors: {figures['errors']}")
-    if figures["failed_reloads"]:
-        problems.append(f"{len(figures['failed_reloads'])} failed reloads")
+    if figures["unexplained_errors"]:
+        problems.append(f"errors outside every fault's window: {figures['unexplained_errors']}")
+    if figures["faults_not_recovered"]:
+        problems.append(f"not recovered within {RECOVERY_GIVE_UP_S:.0f} s: {figures['faults_not_recovered']}")
+    for kind, fault in figures["faults"].items():
+        problems += [f"{kind}: {failure}" for failure in fault["server_failures"]]
+    left = figures.get("left_behind", {})
+    if left.get("processes") or left.get("shm_files"):
+        problems.append(f"left behind once the server stopped: {left}")
     for side in ("server", "client"):
         memory = figures[f"{side}_memory_mb"]
         growth = memory["end_mb"] - memory["warm_mb"]
@@ -338,13 +431,61 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-growth-mb", type=float, default=50.0, help="largest RSS growth accepted, each side")
     parser.add_argument("--json", type=Path, metavar="OUT.json", help="also write the figures here")
     parser.add_argument("--frontend-workers", type=int, default=1, help="the server's --frontend-workers")
+    parser.add_argument(
+        "--faults",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="throw faults at random times (default: on; --no-faults for reloads alone)",
+    )
+    parser.add_argument(
+        "--fault-kinds",
+        type=lambda text: [kind.strip() for kind in text.split(",") if kind.strip()],
+        default=list(KINDS),
+        metavar="K1,K2",
+        help=f"the faults to choose from (default: all of {','.join(KINDS)}; worker-kill needs --frontend-workers 2+)",
+    )
+    parser.add_argument(
+        "--fault-every", type=float, default=10.0, metavar="SECONDS", help="mean gap between faults (0.5-1.5 x)"
+    )
+    parser.add_argument("--seed", type=int, help="the faults' random seed (default: a random one, printed)")
+    parser.add_argument(
+        "--stub-timeout",
+        type=float,
+        default=1.0,
+        metavar="SECONDS",
+        help="the python backend's execute-timeout-seconds: a stalled stub's batch is given up after this",
+    )
+    parser.add_argument(
+        "--kill-core-at-end", action="store_true", help="kill -9 the server's core as the last fault, under load"
+    )
     args = parser.parse_args(argv)
     if args.concurrency < 4:
         parser.error("--concurrency must be at least 4 (HTTP, gRPC and stream workers)")
-    extra = ["--model-control-mode", "explicit", "--load-model", MODEL, "--frontend-workers", str(args.frontend_workers)]
-    with reference_server_process(ensure_demo_repository(), extra) as server:
-        print(f"soak: {args.duration:.0f} s at concurrency {args.concurrency} against {server.http_url}", flush=True)
-        figures = asyncio.run(soak(server.http_url, server.grpc_url, server.process.pid, args))
+    unknown = sorted(set(args.fault_kinds) - set(KINDS))
+    if unknown:
+        parser.error(f"--fault-kinds: unknown {', '.join(unknown)}; choose from {', '.join(KINDS)}")
+    if args.frontend_workers < 2 and "worker-kill" in args.fault_kinds:
+        args.fault_kinds.remove("worker-kill")  # one process: no worker to kill
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(2**32)
+    extra = [
+        "--model-control-mode", "explicit", "--load-model", MODEL, "--load-model", PY_MODEL,
+        "--frontend-workers", str(args.frontend_workers),
+        "--backend-config", f"python,execute-timeout-seconds={args.stub_timeout}",
+    ]  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="perfkit-soak-") as tmp:
+        repository = soak_repository(ensure_demo_repository(), Path(tmp) / "models")
+        with reference_server_process(repository, extra) as server:
+            faults = (
+                f"faults {','.join(args.fault_kinds)} every ~{args.fault_every:g} s" if args.faults else "no faults"
+            )
+            print(
+                f"soak: {args.duration:.0f} s at concurrency {args.concurrency} against {server.http_url}, "
+                f"{faults}, seed {args.seed}",
+                flush=True,
+            )
+            figures, injector = asyncio.run(soak(server.http_url, server.grpc_url, server.process.pid, args))
+    figures["left_behind"] = leftovers(injector)
     problems = verdict(figures, args.max_growth_mb)
     figures["verdict"] = "PASS" if not problems else "FAIL: " + "; ".join(problems)
     print(json.dumps(figures, indent=2))
