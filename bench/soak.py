@@ -1,23 +1,34 @@
-"""Soak: minutes of closed-loop load on the reference server, with model reloads in the middle, and
-proof that nothing was lost, duplicated, mixed up or leaked.
+"""Soak: minutes of closed-loop load on the reference server, with model reloads and faults at
+random times in the middle, and proof that nothing was lost, duplicated, mixed up, hung or leaked.
 
-    python bench/soak.py                      # 180 s at concurrency 32, a reload every 15 s
+    python bench/soak.py                      # 180 s at concurrency 32, a reload every 15 s, a fault every ~10 s
     python bench/soak.py --duration 60 --concurrency 16 --reload-every 10 --json soak.json
-    python bench/soak.py --frontend-workers 2  # the same across front-end worker processes
+    python bench/soak.py --frontend-workers 2 --kill-core-at-end  # workers killed too; the core last
+    python bench/soak.py --no-faults          # reloads alone
 
-The server runs in its own process (explicit model control, the demo `identity` model). The load is
-split across HTTP (binary tensors), gRPC ModelInfer and gRPC ModelStreamInfer (long-lived streams
-that live through every reload). Each request carries a unique id and a payload that encodes it;
-`identity` echoes the payload, so every answer is checked against the request it claims to answer.
-Meanwhile the model is reloaded with alternating configs (1, 2 or 4 instances, batching on or off):
+The server runs in its own process (explicit model control; the demo `identity` model and a
+python-backend echo model, `pyecho`, whose stub gives a batch up after --stub-timeout). The load
+alternates between the two models, request by request, and is split across HTTP (binary tensors),
+gRPC ModelInfer and gRPC ModelStreamInfer (long-lived streams; one a fault ends is followed by a
+new one). Each request carries a unique id and a payload that encodes it; both models echo the
+payload, so every answer is checked against the request it claims to answer.
+Meanwhile `identity` is reloaded with alternating configs (1, 2 or 4 instances, batching on or off):
 with two front-end workers, the configs of 2 and 4 instances run in the workers, the others in the
-core, so each reload moves the model's requests from one to the other.
+core, so each reload moves the model's requests from one to the other. And, unless --no-faults,
+soak_faults.py throws faults at random times (seeded by --seed, printed): kill -9 or SIGSTOP of the
+echo model's stub, kill -9 of a front-end worker, an unload and load of a model; with
+--kill-core-at-end, kill -9 of the core under load as the last.
 
-Figures: requests sent and answered, errors by kind, lost (no answer) and duplicated (answered
-twice) requests, mismatches (an answer with another request's payload), reloads, and the resident
-memory of server and client at the start of the steady state (once every config has loaded, or
-after --warmup-share of the run, whichever is later), at the end, and at most. Exit 0 when
-nothing was lost, duplicated, mismatched or failed, and neither side grew past --max-growth-mb.
+Figures: requests sent and answered, errors by kind, lost (no answer by REQUEST_TIMEOUT_S),
+duplicated (answered twice), mismatched (an answer with another request's payload) and hung (a
+load task still running REQUEST_TIMEOUT_S + 30 s after the load stopped) requests; per fault kind
+how many were thrown, the requests they failed (by kind) and their recovery times; reloads; the
+server's processes and /dev/shm files left once it stopped; and the resident memory of server
+and client at the start of the steady state (once every config has loaded, or after
+--warmup-share of the run, whichever is later), at the end, and at most. Exit 0 when nothing was
+lost, duplicated, mismatched or hung, every error came in a fault's window, every fault was
+recovered (a stalled stub killed by the server itself), nothing was left behind, and neither side
+grew past --max-growth-mb.
 """
 
 from __future__ import annotations
