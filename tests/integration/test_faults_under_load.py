@@ -3,11 +3,16 @@
 process in the middle of the first level.
 
 What must hold: every request perfkit sent is answered or counted as an error of a named kind, once
-(the server's success + failure counts equal the requests in perfkit's per-request export, and
-each level's ok + errors its request count); none took longer than --request-timeout; the server
+(the statistics extension's success + failure counts, read over the wire as any client reads them,
+equal the requests in perfkit's per-request export, and each level's ok + errors its request
+count); none took longer than --request-timeout; the server
 starts a new stub by itself, which serves the next level; the sweep's results on disk are complete
 and load; and once the server has stopped, neither stub (the killed one, the new one) is left, nor a
 /dev/shm region (the stubs' arenas are anonymous memfds; a named region left would be a leak).
+A decoupled model (two responses a request, then the final flag) is swept over gRPC streams the
+same way, its stub killing itself between a batch's responses: each request caught there had its
+first response and is one error ("1 response, then Stub process ... is not healthy"), not an
+answer and an error.
 
 The same holds, over HTTP, when the stub is stalled (SIGSTOP) instead: the server gives its batches
 up after `execute-timeout-seconds` (0.3 s here), kills it and starts a new one. And when the model
@@ -35,11 +40,12 @@ from typing import Any
 
 import psutil
 import pytest
+import tritonclient.grpc
 
 from perfkit.results.model import SweepResult, read_sweep
 from reference_server.backends.python.instance import PythonInstance
 from reference_server.scheduling.scheduler import Scheduler
-from reference_server.server import running_server
+from reference_server.server import ReferenceServer, running_server
 from tests.servers import loopback_config
 
 pytestmark = [pytest.mark.integration]
@@ -47,6 +53,8 @@ pytestmark = [pytest.mark.integration]
 REQUEST_TIMEOUT_S = 5.0
 KILL_AFTER = 200  # requests answered before the stub is killed: well inside the first level
 LEVELS = (16, 64)
+DECOUPLED = "echo_twice"  # the decoupled model, swept over gRPC streams (transport "decoupled")
+RESPONSES = {DECOUPLED: 2}  # responses to each request answered in full; 1 for the others
 
 _ECHO = """\
 import time
@@ -64,18 +72,100 @@ class TritonPythonModel:
 """
 
 
+# Decoupled: two responses a request, 2 ms apart, then the final flag alone. The fault comes from
+# the stub itself, at the one moment the case is about: between the responses of its third batch,
+# the first ones sent, the rest never to come (a kill from outside finds that moment only by luck).
+# Its note (pid, epoch ns) says when, and that it came: a new stub finds it and serves on.
+_ECHO_TWICE = """\
+import json
+import os
+import signal
+import time
+
+import triton_python_backend_utils as pb_utils
+
+FAULT_AT_BATCH = 3
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        parameters = json.loads(args["model_config"])["parameters"]
+        self.signal = int(parameters["fault_signal"]["string_value"])
+        self.note = parameters["fault_note"]["string_value"]
+        self.batches = 0
+
+    def execute(self, requests):
+        answers = [(r.get_response_sender(), pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()) for r in requests]
+        for sender, value in answers:
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", value)]))
+        self.batches += 1
+        if self.batches == FAULT_AT_BATCH and not os.path.exists(self.note):
+            with open(self.note + ".part", "w") as note:
+                note.write(f"{os.getpid()} {time.time_ns()}")
+            os.replace(self.note + ".part", self.note)
+            os.kill(os.getpid(), self.signal)
+        time.sleep(0.002)
+        for sender, value in answers:
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", value)]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
+def _write_model(root: Path, name: str, source: str, extra_config: str = "") -> None:
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "1" / "model.py").write_text(source)
+    (root / name / "config.pbtxt").write_text(
+        f'name: "{name}"\nbackend: "python"\nmax_batch_size: 8\ndynamic_batching {{}}\n'
+        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
+        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
+        "instance_group [ { count: 1 kind: KIND_CPU } ]\n" + extra_config
+    )
+
+
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("faults") / "models"
-    (root / "echo" / "1").mkdir(parents=True)
-    (root / "echo" / "1" / "model.py").write_text(_ECHO)
-    (root / "echo" / "config.pbtxt").write_text(
-        'name: "echo"\nbackend: "python"\nmax_batch_size: 8\ndynamic_batching {}\n'
-        'input [ { name: "IN" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
-        'output [ { name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] } ]\n'
-        "instance_group [ { count: 1 kind: KIND_CPU } ]\n"
-    )
+    _write_model(root, "echo", _ECHO)
     return root
+
+
+def _decoupled_repository(out: Path, sig: int) -> tuple[Path, Path]:
+    """A repository of the decoupled model alone, whose stub signals itself `sig` (see
+    _ECHO_TWICE), and the path of its note."""
+    root, note = out / "decoupled-models", out / "fault"
+    parameters = {"fault_signal": str(int(sig)), "fault_note": str(note)}
+    config = (
+        "model_transaction_policy { decoupled: true }\nparameters [ "
+        + ", ".join(f'{{ key: "{key}" value: {{ string_value: "{value}" }} }}' for key, value in parameters.items())
+        + " ]\n"
+    )
+    _write_model(root, DECOUPLED, _ECHO_TWICE, config)
+    return root, note
+
+
+class StubFault:
+    """The decoupled model's own fault (see _ECHO_TWICE): waits for its note (gives up after
+    `give_up_s`); then, as Killer, has the pid signalled, when (epoch ns), and the /dev/shm files
+    the stub had mapped (read at the start: its arenas are mapped for its life)."""
+
+    def __init__(self, instance: PythonInstance, note: Path, give_up_s: float, sig: int = signal.SIGKILL) -> None:
+        self.note, self.give_up_s, self.sig = note, give_up_s, sig
+        stub = instance._stub
+        assert stub is not None and stub.process is not None
+        self.shm = _shm_mapped(stub.process.pid)
+        self.pid = 0
+        self.at_ns = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self.give_up_s
+        while time.monotonic() < deadline:
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                self.pid, self.at_ns = map(int, self.note.read_text().split())
+                return
+            time.sleep(0.005)
 
 
 class Killer:
@@ -129,11 +219,12 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _sweep(url: str, transport: str, out: Path) -> subprocess.Popen[str]:
+def _sweep(url: str, transport: str, out: Path, model: str = "echo") -> subprocess.Popen[str]:
+    """perfkit sweeping `model` over `transport`: http, grpc, or gRPC streams ("stream", "decoupled")."""
     protocol = "http" if transport == "http" else "grpc"
-    streaming = ["--streaming"] if transport == "stream" else []
+    streaming = ["--streaming"] if transport in ("stream", "decoupled") else []
     command = [
-        sys.executable, "-m", "perfkit", "sweep", "-u", url, "-i", protocol, *streaming, "-m", "echo", "--shape", "IN:4",
+        sys.executable, "-m", "perfkit", "sweep", "-u", url, "-i", protocol, *streaming, "-m", model, "--shape", "IN:4",
         "--concurrency-range", f"{LEVELS[0]}:{LEVELS[1]}:{LEVELS[1] - LEVELS[0]}",
         "-p", "200", "-r", "3", "-s", "50", "--request-timeout", str(REQUEST_TIMEOUT_S),
         "--report-dir", str(out), "-f", str(out / "perfkit.csv"), "--profile-export-file", str(out / "requests.json"),
@@ -142,18 +233,50 @@ def _sweep(url: str, transport: str, out: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-@pytest.mark.parametrize("transport", ["http", "grpc", "stream"])
+def _fault(
+    transport: str, instance: PythonInstance, scheduler: Scheduler, after: int, note: Path, sig: int
+) -> Killer | StubFault:
+    """The fault a case throws: the decoupled model's own, else the Killer's after `after` answers."""
+    if transport == "decoupled":
+        return StubFault(instance, note, give_up_s=30, sig=sig)
+    return Killer(instance, scheduler, after, give_up_s=30, sig=sig)
+
+
+def _url(server: ReferenceServer, transport: str) -> str:
+    return server.http_url if transport == "http" else f"127.0.0.1:{server.grpc_port}"
+
+
+def _statistics(server: ReferenceServer, model: str, transport: str) -> tuple[int, int]:
+    """The statistics extension's success and failure counts for `model`, read over the wire as a
+    client would (GET /v2/models/<model>/stats; ModelStatistics too for a gRPC case, which must agree)."""
+    url = f"http://{server.http_url}/v2/models/{model}/stats"
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        (stats,) = json.loads(answer.read())["model_stats"]
+    counts = (stats["inference_stats"]["success"]["count"], stats["inference_stats"]["fail"]["count"])
+    if transport != "http":
+        with tritonclient.grpc.InferenceServerClient(_url(server, "grpc")) as client:
+            (over_grpc,) = client.get_inference_statistics(model, as_json=True)["model_stats"]
+        inference = over_grpc["inference_stats"]
+        assert (int(inference["success"].get("count", 0)), int(inference["fail"].get("count", 0))) == counts
+    return counts
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc", "stream", "decoupled"])
 def test_a_stub_killed_under_load_loses_nothing(repository: Path, tmp_path: Path, transport: str) -> None:
+    """Over "decoupled" (gRPC streams, two responses a request), a request whose first response came
+    before the kill and whose rest never comes is one error, counted once by both sides."""
+    model, root, note = "echo", repository, tmp_path / "fault"
+    if transport == "decoupled":
+        model, (root, note) = DECOUPLED, _decoupled_repository(tmp_path, signal.SIGKILL)
     shm_before = set(os.listdir("/dev/shm"))
-    with running_server(loopback_config(repository)) as server:
+    with running_server(loopback_config(root)) as server:
         assert server.repository is not None
-        version = server.repository.get("echo")
+        version = server.repository.get(model)
         (instance,) = version.instances
         scheduler = version.scheduler
         assert isinstance(instance, PythonInstance) and isinstance(scheduler, Scheduler)
-        url = server.http_url if transport == "http" else f"127.0.0.1:{server.grpc_port}"
-        sweep = _sweep(url, transport, tmp_path)
-        killer = Killer(instance, scheduler, KILL_AFTER, give_up_s=30)
+        sweep = _sweep(_url(server, transport), transport, tmp_path, model)
+        killer = _fault(transport, instance, scheduler, KILL_AFTER, note, signal.SIGKILL)
         try:
             stdout, stderr = sweep.communicate(timeout=90)
         finally:
@@ -165,8 +288,8 @@ def test_a_stub_killed_under_load_loses_nothing(repository: Path, tmp_path: Path
         if sweep.returncode == 4:
             assert "is not healthy" in stderr, stderr  # the server's own words for the failures
         assert killer.pid, "the load never reached the server"
-        stats = scheduler._stats
-        server_counted = stats.success_count + stats.fail_count
+        answered, failed = _statistics(server, model, transport)
+        assert (answered, failed) == (scheduler._stats.success_count, scheduler._stats.fail_count)
         new_stub = instance._stub
         assert new_stub is not None and new_stub.process is not None
         new_pid = new_stub.process.pid
@@ -175,11 +298,13 @@ def test_a_stub_killed_under_load_loses_nothing(repository: Path, tmp_path: Path
     # The stub was killed in the middle of the first level, and a new one started by itself.
     assert new_pid != killer.pid
     print(f"{transport}: stub {killer.pid} -> {new_pid}")
-    result, experiments = _nothing_lost(tmp_path, server_counted, stats.fail_count)
+    result, experiments = _nothing_lost(tmp_path, answered + failed, failed, RESPONSES.get(model, 1))
     assert result.completed and result.stop_reason == ""
     assert [level.level for level in result.levels] == list(LEVELS)
     first = experiments[0]["requests"]
     assert min(r["timestamp"] for r in first) < killer.at_ns < max(r["timestamp"] for r in first)
+    if model == DECOUPLED:  # its batch's requests each had their first response, then failed
+        assert f"1 response, then Stub process '{DECOUPLED}_0_0' is not healthy" in stderr, stderr
     # The new stub served the later level.
     assert result.levels[-1].ok_count > 0
     assert sum(1 for r in experiments[-1]["requests"] if not r["error"]) > 0
@@ -318,9 +443,12 @@ class Unloader:
         self.done_ns = time.time_ns()
 
 
-def _nothing_lost(out: Path, server_counted: int, server_failed: int) -> tuple[SweepResult, list[dict[str, Any]]]:
-    """The sweep's results load, and every request perfkit recorded was answered or failed with a
-    named kind, once (as many as the server counted), none past --request-timeout."""
+def _nothing_lost(
+    out: Path, server_counted: int, server_failed: int, responses: int = 1
+) -> tuple[SweepResult, list[dict[str, Any]]]:
+    """The sweep's results load, and every request perfkit recorded was answered (with its
+    `responses` responses) or failed with a named kind, once (as many as the server counted), none
+    past --request-timeout."""
     (sweep_json,) = out.glob("sweep-*.json")
     result = read_sweep(sweep_json)
     experiments: list[dict[str, Any]] = json.loads((out / "requests.json").read_text())["experiments"]
@@ -331,8 +459,10 @@ def _nothing_lost(out: Path, server_counted: int, server_failed: int) -> tuple[S
     assert len(requests) == server_counted, "requests perfkit recorded vs answered and failed on the server"
     assert server_failed == sum(1 for r in requests if r["error"])
     for r in requests:
-        (done,) = r["response_timestamps"]
-        assert done - r["timestamp"] <= REQUEST_TIMEOUT_S * 1e9, r
+        # An answer's every response; a failure's responses before it, or its end when none came.
+        times = r["response_timestamps"]
+        assert len(times) == responses if not r["error"] else 1 <= len(times) <= responses, r
+        assert times[-1] - r["timestamp"] <= REQUEST_TIMEOUT_S * 1e9, r
     for level in result.levels:
         assert level.ok_count + level.error_count == level.request_count
         assert all(kind for kind in level.errors), level.errors

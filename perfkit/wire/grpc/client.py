@@ -70,6 +70,13 @@ def _raw_outputs(response: Any) -> dict[str, bytes]:
         return {}
 
 
+def _after_responses(responses: tuple[int, ...], message: str) -> str:
+    """A streamed request's failure text, led by the responses it got first, if any."""
+    if not responses:
+        return message
+    return f"{len(responses)} response{'' if len(responses) == 1 else 's'}, then {message}"
+
+
 class GrpcClient:
     protocol = "grpc"
 
@@ -192,11 +199,13 @@ class GrpcClient:
         if code == grpc_wire.MALFORMED:
             kind = "bad response"
         elif code == grpc.StatusCode.DEADLINE_EXCEEDED.value[0] and responses:
-            kind, message = "no final response", f"{len(responses)} responses, then {message}"
+            kind, message = "no final response", _after_responses(responses, message)
         elif code:
             kind = grpc_failure_kind(_STATUS_CODES.get(code, grpc.StatusCode.UNKNOWN), message)
         elif done.error_response:
-            kind, message = "error response", done.error_response
+            # A decoupled request that failed partway (its stub died after its first responses) is
+            # one error, and its text says what came before it.
+            kind, message = "error response", _after_responses(responses, done.error_response)
         else:
             return Outcome("", done.bytes_in, sent, done.parse_ns, response_ns=responses)
         note = note_once(self.failures, kind, message)
