@@ -69,6 +69,7 @@ class ServerConfig:
     http_head_timeout_secs: float = DEFAULT_LIMITS.head_timeout_s
     http_idle_timeout_secs: float = DEFAULT_LIMITS.idle_timeout_s
     http_max_pipelined_requests: int = DEFAULT_LIMITS.max_pipelined
+    http_max_unparsed_bytes: int = DEFAULT_LIMITS.max_unparsed
     #: The gRPC front end's HTTP/2 limits per connection (--grpc-http2-*, `connection_flags.py`).
     grpc_max_concurrent_streams: int = MAX_STREAMS
     grpc_http2_limits: H2Limits = H2Limits(pings=GRPC_SERVER_PINGS)  # keepalive and ping strikes as tritonserver's
@@ -176,6 +177,7 @@ class ServerConfig:
             head_timeout_s=self.http_head_timeout_secs,
             idle_timeout_s=self.http_idle_timeout_secs,
             max_pipelined=self.http_max_pipelined_requests,
+            max_unparsed=self.http_max_unparsed_bytes,
         )
 
     def validate(self) -> None:

@@ -102,6 +102,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="HTTP requests a connection may have waiting behind the one being served; past N it is not read "
         "until half are answered",
     )
+    http.add_argument(
+        "--http-max-unparsed-bytes",
+        type=int,
+        default=DEFAULT_LIMITS.max_unparsed,
+        metavar="BYTES",
+        help="bytes of a connection's reads kept unparsed while its pipelined requests wait; past BYTES it is "
+        "answered 429 after the requests already read and closed",
+    )
     group = parser.add_argument_group("gRPC HTTP/2 limits, per client connection (docs/server.md: 'HTTP/2 limits')")
     limits = DEFAULT_H2_LIMITS
     group.add_argument(
@@ -191,6 +199,7 @@ def config_fields(args: argparse.Namespace) -> dict[str, Any]:
         "http_head_timeout_secs": args.http_head_timeout_secs,
         "http_idle_timeout_secs": args.http_idle_timeout_secs,
         "http_max_pipelined_requests": args.http_max_pipelined_requests,
+        "http_max_unparsed_bytes": args.http_max_unparsed_bytes,
         "grpc_max_concurrent_streams": args.grpc_http2_max_concurrent_streams,
         "grpc_http2_limits": H2Limits(
             max_induced=args.grpc_http2_max_unread_answers,

@@ -18,6 +18,12 @@ The defaults follow the servers that clients already meet:
 - *Pipelined requests* 16 (`max_pipelined`): requests a connection may have waiting behind the one
   being served; past it the connection is not read until half of them are answered, so a client
   that pipelines without end costs the server a bounded queue (`connection.py`).
+- *Unparsed bytes* 1 MiB (`max_unparsed`): what a connection may make the server keep of its reads
+  unparsed while its pipelined requests wait. One read's rest is kept when the queue fills
+  (`pipelined_reads.py`); the read gate may let another read in before that rest is parsed, and it
+  waits behind it; past 1 MiB held (four of the largest reads) the client, which keeps sending
+  requests ahead of answers it does not read, is answered 429 after the requests already read, and
+  the connection closes.
 - *Write buffer* 256 KiB high, 64 KiB low: above the high-water mark the connection stops being
   read until its client has taken the answers down to the low one, so a client that pipelines and
   never reads costs the server one buffer, not every answer. Not a flag: a client that reads is
@@ -37,7 +43,16 @@ from dataclasses import dataclass
 
 from reference_server.frontends.http.messages import HttpResponse, error_response
 
-__all__ = ["DEFAULT_LIMITS", "HeadMeter", "HttpLimits", "body_timeout", "measure_head", "refusal", "too_large"]
+__all__ = [
+    "DEFAULT_LIMITS",
+    "HeadMeter",
+    "HttpLimits",
+    "body_timeout",
+    "measure_head",
+    "refusal",
+    "too_large",
+    "too_much_unparsed",
+]
 
 #: How far an unfinished line's raw bytes may run past its size as counted here (': ', CRLF; before
 #: the first header, ' HTTP/1.1'), so that no line at its limit is refused for them.
@@ -55,6 +70,7 @@ class HttpLimits:
     head_timeout_s: float = 30.0
     idle_timeout_s: float = 75.0
     max_pipelined: int = 16
+    max_unparsed: int = 1 << 20
     write_high_water: int = 256 * 1024
     write_low_water: int = 64 * 1024
 
@@ -66,6 +82,7 @@ class HttpLimits:
             ("--http-max-head-size", self.max_head_bytes),
             ("--http-max-headers", self.max_headers),
             ("--http-max-pipelined-requests", self.max_pipelined),
+            ("--http-max-unparsed-bytes", self.max_unparsed),
         ):
             if value < 1:
                 raise ValueError(f"{flag} must be at least 1, got {value}")
@@ -165,6 +182,18 @@ def too_large(size: int, limit: int) -> HttpResponse:
     """The answer to a body over `--http-max-input-size`, and close."""
     message = f"request body too large: {size} bytes, the limit is {limit} (raise it with --http-max-input-size)"
     return error_response(message, 413, close=True)
+
+
+def too_much_unparsed(limit: int) -> HttpResponse:
+    """The answer to a client whose pipelined requests, unread, would make the server keep more than
+    `limit` bytes, after the requests already read; then close. 429: it sends too many requests
+    ahead of their answers (RFC 6585 §4); the requests in the bytes dropped are not answered, and a
+    client retries them on a new connection (RFC 9112 §9.3.2)."""
+    message = (
+        f"the client sent over {limit} bytes of pipelined requests ahead of their answers "
+        "(raise the limit with --http-max-unparsed-bytes, or read the answers before sending more)"
+    )
+    return error_response(message, 429, close=True)
 
 
 def body_timeout(timeout_s: float) -> HttpResponse:

@@ -5,7 +5,9 @@ requests. Bounding the queue of pipelined requests (`limits.max_pipelined`) ther
 giving llhttp a whole read: a read larger than `PARSE_SLICE` is parsed a slice at a time (a
 body's bytes in one piece), and once more than `limits.max_pipelined` requests wait, the read's
 unparsed rest is kept, as bytes, reading stops, and the rest is parsed when the connection's
-answers have drained the queue to half. `ReadFeeder` is that job, owned by one
+answers have drained the queue to half. A read the read gate lets in meanwhile waits behind
+that rest; past `limits.max_unparsed` held, the client is answered 429 and closed
+(`limits.too_much_unparsed`). `ReadFeeder` is that job, owned by one
 `connection.HttpConnection`, whose parser, queue and flags it reads and sets as the connection's
 own: it holds only the kept bytes and the size of the slice being parsed.
 """
@@ -17,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import httptools
 
+from reference_server.frontends.http.limits import too_much_unparsed
 from reference_server.frontends.http.messages import error_response
 
 if TYPE_CHECKING:
@@ -43,7 +46,13 @@ class ReadFeeder:
         """A read of the connection's (not refused): parse it, or queue it behind a kept rest."""
         conn = self._conn
         if self.unparsed is not None:
-            # The read gate resumed reading while an earlier read's rest waits: this read goes after it.
+            # The read gate resumed reading while an earlier read's rest waits: this read goes after it,
+            # within the cap (each resume lets in one more read: a gate that resumes the connection
+            # again and again would otherwise grow the rest without end).
+            limit = conn._limits.max_unparsed
+            if len(self.unparsed) + len(data) > limit:
+                conn._give_up(too_much_unparsed(limit))
+                return
             self.unparsed = b"".join((self.unparsed, data))
             if conn._transport is not None:
                 conn._transport.pause_reading()
