@@ -41,7 +41,8 @@ def _verdict_text(result: LevelResult) -> str:
     if result.latency.count > 0:
         parts.append(f"p99 {result.latency.p99_us / 1000:.3f} ms")
     if result.error_count:
-        parts.append(f"{result.error_count} errors")
+        late = result.late_count - result.late_ok_count  # failed while the level drained
+        parts.append(f"{result.error_count} errors" + (f" ({late} after the last window)" if late else ""))
     parts.append("stable" if result.stable else "UNSTABLE")
     failed = [check.name for check in result.checks if not check.passed]
     parts.append(f"INVALID ({', '.join(failed)})" if failed else "valid")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -56,3 +57,19 @@ class FakeClient:
         finally:
             self.in_flight -= 1
         return FakeOutcome(self.error(index), 10)
+
+
+class NeverAnswering:
+    """A client whose requests are never answered, in virtual time or real (a server that took them
+    and went silent): only a cancellation ends them."""
+
+    url = "fake:0"
+    protocol = "fake"
+
+    def __init__(self) -> None:
+        self.sent = 0
+
+    async def send(self, prepared: FakePrepared) -> FakeOutcome:
+        self.sent += 1
+        await asyncio.Event().wait()
+        raise AssertionError("never answered")

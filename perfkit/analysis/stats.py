@@ -317,6 +317,7 @@ def level_result(
     stability_count: int = STABILITY_WINDOWS,
     all_windows: Sequence[WindowResult] | None = None,
     sequences: SequenceArrays | None = None,
+    late: SampleArrays | None = None,
 ) -> LevelResult:
     """The result of one load level from its reported windows (see `reported_windows`).
 
@@ -324,7 +325,10 @@ def level_result(
     reported window, and the send rate counts the requests *sent* in one (including those that
     completed later, which only a superset can show). `all_windows`, every window measured, is
     what the result records as `windows` when given; the statistics use `windows` only.
-    `sequences` (a sequence model's finished sequences) count in the window of their last answer."""
+    `sequences` (a sequence model's finished sequences) count in the window of their last answer.
+    `late`: the requests that ended after the last window (while the level drained). They are in no
+    window's figures, but each is counted once: its failure in `errors` (and in `request_count`),
+    its answer in `late_ok_count`, both in `late_count`."""
     windows = tuple(windows)
     duration_s = sum(w.end_ns - w.start_ns for w in windows) / 1e9
     counted = samples.select(_in_windows(samples.done_ns, windows))
@@ -339,16 +343,21 @@ def level_result(
     else:
         network_us = max(latency.mean_us - send_us - recv_us, 0.0)
     ci_low, ci_high = throughput_ci(windows)
+    late_ok = int(late.ok.sum()) if late is not None else 0
+    late_failed = len(late) - late_ok if late is not None else 0
+    errors = counted.error_counts()
+    for kind, count in late.error_counts().items() if late is not None else ():
+        errors[kind] = errors.get(kind, 0) + count
     result = LevelResult(
         mode=mode,
         level=level,
         batch_size=batch_size,
         stable=stable,
         duration_s=duration_s,
-        request_count=n,
+        request_count=n + late_failed,
         ok_count=ok_count,
-        error_count=n - ok_count,
-        errors=counted.error_counts(),
+        error_count=n - ok_count + late_failed,
+        errors=errors,
         throughput_infer_per_s=ok_count * batch_size / duration_s if duration_s > 0 else 0.0,
         throughput_ci_low=ci_low,
         throughput_ci_high=ci_high,
@@ -367,6 +376,8 @@ def level_result(
         bytes_out_per_request=float(counted.bytes_out.mean()) if n else 0.0,
         bytes_in_per_request=float(counted.bytes_in.mean()) if n else 0.0,
         responses=response_stats(ok, duration_s),
+        late_count=len(late) if late is not None else 0,
+        late_ok_count=late_ok,
     )
     if sequences is not None and len(sequences):
         result = _with_sequences(result, sequences, windows, duration_s, custom_percentile)
@@ -436,7 +447,8 @@ def validity_checks(
     kinds = ", ".join(f"{kind} × {count}" for kind, count in sorted(level.errors.items()))
     checks.append(_check(
         "errors", level.error_count == 0,
-        f"{level.error_count} of {level.request_count} requests failed" + (f": {kinds}" if kinds else ""),
+        f"{level.error_count} of {level.request_count} requests failed" + (f": {kinds}" if kinds else "")
+        + (f" ({late} after the last window)" if (late := level.late_count - level.late_ok_count) else ""),
         "failed requests are left out of throughput and latency; read the server's log, and lower the load "
         "(--concurrency-range / --request-rate-range) if the server is rejecting or timing out requests",
     ))  # fmt: skip

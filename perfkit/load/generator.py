@@ -23,6 +23,9 @@ from v2kit.runtime.timer import PRECISE_BELOW_NS, call_at_ns
 
 CHUNK = 4096  # schedule offsets produced at a time
 NOT_SENT = "not sent: open-loop client limit reached"
+# A request still unanswered when the level's drain timed out (`stop`'s drain_timeout_s, which sweep
+# sets past --request-timeout): cancelled and counted as a failure of this kind, never lost.
+CANCELLED_AT_DRAIN = "cancelled at drain: no answer within the drain timeout after the level ended"
 # The last stretch of a sleep that the precise timer thread waits: under its PRECISE_BELOW_NS, and
 # longer than the loop's timers can be late (up to about 1 ms, more on a busy machine).
 _PRECISE_SPAN_NS = PRECISE_BELOW_NS - 100_000
@@ -182,7 +185,8 @@ class LoadGenerator:
             raise TypeError(f"unknown load {load!r}")
 
     async def stop(self, drain_timeout_s: float | None = None) -> None:
-        """Send nothing more; wait for requests already sent (bounded by the client's own timeout)."""
+        """Send nothing more; wait for requests already sent (bounded by the client's own timeout),
+        and after `drain_timeout_s` cancel those still unanswered, each recorded as CANCELLED_AT_DRAIN."""
         self._stopping = True
         for thinking in self._thinking:
             thinking.cancel()
@@ -195,6 +199,14 @@ class LoadGenerator:
                     raise task.exception()  # type: ignore[misc]
         if self.sequences is not None and not self.sequences.chained:
             await self._end_open_sequences(drain_timeout_s)
+
+    def _cancelled(self, intended: int, sent: int, request: Any, sequence_id: int = 0) -> None:
+        """A request cancelled unanswered by `stop`'s drain timeout: recorded as a failure of its own
+        kind, so that the level and the export count it once (a cancellation before `stop` is no
+        drain's and records nothing)."""
+        if self._stopping:
+            self.buffer.record(intended, sent, self.clock.now_ns(), CANCELLED_AT_DRAIN, request.bytes_out,
+                               sequence_id=sequence_id)  # fmt: skip
 
     async def _end_open_sequences(self, timeout_s: float | None) -> None:
         """perf_analyzer's CompleteOngoingSequences: one request with END for each open sequence."""
@@ -216,7 +228,11 @@ class LoadGenerator:
 
     async def _sequence_answer(self, intended: int, sent: int, request: Any, live: LiveSequence) -> None:
         assert self.sequences is not None
-        outcome = await self.client.send(request)
+        try:
+            outcome = await self.client.send(request)
+        except asyncio.CancelledError:
+            self._cancelled(intended, sent, request, live.sequence_id)
+            raise
         done = self.clock.now_ns()
         buffer = self.buffer
         buffer.record(intended, sent, done, outcome.error, request.bytes_out, outcome.bytes_in,
@@ -234,7 +250,11 @@ class LoadGenerator:
             self._left -= 1
             sent = clock.now_ns()
             request, live = sequences.send(slot, sent)
-            outcome = await client.send(request)
+            try:
+                outcome = await client.send(request)
+            except asyncio.CancelledError:
+                self._cancelled(sent, sent, request, live.sequence_id)
+                raise
             done = clock.now_ns()
             record(sent, sent, done, outcome.error, request.bytes_out, outcome.bytes_in,
                    outcome.send_ns, outcome.recv_ns, tokens=outcome.tokens, sequence_id=live.sequence_id)  # fmt: skip
@@ -269,7 +289,11 @@ class LoadGenerator:
             while True:
                 sent = clock.now_ns()
                 request, live = sequences.send(slot, sent)
-                outcome = await client.send(request)
+                try:
+                    outcome = await client.send(request)
+                except asyncio.CancelledError:
+                    self._cancelled(intended, sent, request, live.sequence_id)
+                    raise
                 done = clock.now_ns()
                 buffer.record(intended, sent, done, outcome.error, request.bytes_out, outcome.bytes_in,
                               outcome.send_ns, outcome.recv_ns, tokens=outcome.tokens,
@@ -294,7 +318,11 @@ class LoadGenerator:
             request = prepared[position % count]
             position += concurrency
             sent = clock.now_ns()
-            outcome = await client.send(request)
+            try:
+                outcome = await client.send(request)
+            except asyncio.CancelledError:
+                self._cancelled(sent, sent, request)
+                raise
             done = clock.now_ns()
             if outcome.response_ns is None:
                 record(sent, sent, done, outcome.error, request.bytes_out, outcome.bytes_in,
@@ -387,7 +415,11 @@ class LoadGenerator:
     async def _open_request(self, intended: int, request: Any) -> None:
         clock = self.clock
         sent = clock.now_ns()
-        outcome = await self.client.send(request)
+        try:
+            outcome = await self.client.send(request)
+        except asyncio.CancelledError:
+            self._cancelled(intended, sent, request)
+            raise
         done = clock.now_ns()
         if outcome.response_ns is None:
             self.buffer.record(intended, sent, done, outcome.error, request.bytes_out, outcome.bytes_in,

@@ -306,6 +306,9 @@ async def measure_level(
     # --request-count: the warm-up's answers are the first ones recorded; they never count.
     all_samples = buffer.arrays(first_index + (spec.warmup_request_count if spec.request_limit else 0))
     reported_count = len(all_samples.completed_between(span_start, span_end))
+    # Requests that ended while the level drained (answered, failed, or cancelled at the drain
+    # timeout): in no window, yet each counted once in the level (stats.level_result).
+    late = all_samples.select(all_samples.done_ns >= span_end)
     before, after = snapshots[first], snapshots[-1]
     server_figures = server.difference(before, after) if server and before is not None and after is not None else None
     usage = resources.usage_between(span_start, span_end, reported_count) if resources is not None else ResourceUsage()
@@ -326,6 +329,7 @@ async def measure_level(
         stability_threshold=threshold,
         stability_count=spec.stable_window_count,
         sequences=buffer.sequences(),
+        late=late,
     )
     if failed_lengths:
         result = _with_lengthening(result, spec, failed_lengths, scale)
@@ -428,7 +432,7 @@ def _with_lengthening(result: LevelResult, spec: WindowSpec, failed: list[str], 
 
 def server_gone(errors: Mapping[str, int], ok_count: int, *, timeouts: bool = True) -> bool:
     """Every request failed for lack of a server: refused, reset, unavailable, or (with `timeouts`)
-    timed out. A level like that ends a sweep or a tune. A level's windows end early on connection
+    timed out; `ok_count` counts every answer (a level's: its late answers too, `late_ok_count`). A level like that ends a sweep or a tune. A level's windows end early on connection
     failures only: timeouts there may be a stall the server recovers from within the level."""
     kinds = (*CONNECTION_ERRORS, "timeout") if timeouts else CONNECTION_ERRORS
     return ok_count == 0 and bool(errors) and all(kind.startswith(kinds) for kind in errors)

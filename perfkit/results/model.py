@@ -266,6 +266,12 @@ class LevelResult:
     sequence_latency: LatencyStats | None = None
     endpoints: tuple[EndpointFigures, ...] = ()  # several -u endpoints only
     sessions: SessionFigures | None = None  # generative multi-turn sessions only
+    # Requests that ended after the last window, while the level drained (answered, failed, or
+    # cancelled at the drain timeout): in no window's figures, but counted once each. Their failures
+    # are in `errors`, `error_count` and `request_count`; their answers only here (late_ok_count),
+    # so ok_count + late_ok_count + error_count is every request counted for the level.
+    late_count: int = 0
+    late_ok_count: int = 0
 
     @property
     def valid(self) -> bool:

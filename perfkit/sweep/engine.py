@@ -168,7 +168,7 @@ class Sweep:
         )  # fmt: skip
         level = measurement.result
         self._say_failures()
-        if server_gone(level.errors, level.ok_count):
+        if server_gone(level.errors, level.ok_count + level.late_ok_count):
             kinds = ", ".join(f"{k} ×{n}" for k, n in level.errors.items())
             self.result = dataclasses.replace(
                 self.result, completed=False, stop_reason=f"the server stopped answering ({kinds})"

@@ -165,7 +165,7 @@ class TuneServer:
             resources=self.resources, drain_timeout_s=self.spec.target.request_timeout_s + 5,
         )  # fmt: skip
         level = measurement.result
-        if server_gone(level.errors, level.ok_count):
+        if server_gone(level.errors, level.ok_count + level.late_ok_count):
             raise TargetError(f"the server stopped answering while measuring {record.variant.key}")
         return level
 

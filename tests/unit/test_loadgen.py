@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from perfkit.load.generator import NOT_SENT, FakeClock, LoadGenerator
+from perfkit.load.generator import CANCELLED_AT_DRAIN, NOT_SENT, FakeClock, LoadGenerator
 from perfkit.load.samples import SampleBuffer
 from perfkit.load.schedule import ClosedLoop, OpenLoop
-from tests.fakes import FakeClient, FakePrepared
+from tests.fakes import FakeClient, FakePrepared, NeverAnswering
 
 MS = 1_000_000
 
@@ -105,3 +105,20 @@ async def test_errors_are_recorded_by_kind() -> None:
     s = buffer.arrays()
     assert s.error_counts() == {"HTTP 503": (len(s) + 3) // 4}
     assert int(s.ok.sum()) == len(s) - (len(s) + 3) // 4
+
+
+async def test_requests_unanswered_at_the_drain_timeout_are_recorded_as_cancelled() -> None:
+    clock = FakeClock()
+    client = NeverAnswering()
+    buffer = SampleBuffer()
+    gen = LoadGenerator(client, [FakePrepared("a")], buffer, clock)
+    gen.start(OpenLoop(rate=100.0))
+    await clock.sleep_until(55 * MS)
+    await gen.stop(drain_timeout_s=0.01)
+    s = buffer.arrays()
+    assert client.sent == len(s) == 5  # sent at 10, 20, ..., 50 ms; each recorded once
+    assert s.error_counts() == {CANCELLED_AT_DRAIN: 5}
+    assert np.array_equal(s.intended_ns, s.sent_ns)
+    assert sorted(s.sent_ns.tolist()) == [10 * MS * (i + 1) for i in range(5)]
+    assert (s.done_ns >= 55 * MS).all() and (s.bytes_out == 100).all()  # ended at the drain, after the stop
+    assert gen.outstanding == 0

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from perfkit.load.generator import FakeClock, LoadGenerator
+from perfkit.errors import ExitCode
+from perfkit.load.generator import CANCELLED_AT_DRAIN, FakeClock, LoadGenerator
 from perfkit.load.samples import SampleBuffer
 from perfkit.load.schedule import ClosedLoop, Load, OpenLoop
 from perfkit.measure.level import (
@@ -23,7 +24,9 @@ from perfkit.measure.level import (
     measure_level,
     server_gone,
 )
-from tests.fakes import FakeClient, FakePrepared
+from perfkit.results.model import SweepResult
+from perfkit.sweep.run import exit_code
+from tests.fakes import FakeClient, FakePrepared, NeverAnswering
 
 MS = 1_000_000
 S = 1_000_000_000
@@ -267,13 +270,16 @@ async def test_request_errors_are_counted_by_kind_and_left_out_of_latency() -> N
     )  # fmt: skip
     r = m.result
     counted = m.samples.select((m.samples.done_ns >= 0) & (m.samples.done_ns < 3 * S))
-    assert r.request_count == len(counted) == 299
-    assert r.errors == counted.error_counts() == {"HTTP 503": 59, "timeout": 6}
-    assert r.error_count == 65 and r.ok_count == 299 - 65
+    assert len(counted) == 299 and counted.error_counts() == {"HTTP 503": 59, "timeout": 6}
+    # The 300th request (a 503) ended at 3 s, after the last window: an error of the level all the same.
+    assert r.request_count == len(m.samples) == 300 and (r.late_count, r.late_ok_count) == (1, 0)
+    assert r.errors == m.samples.error_counts() == {"HTTP 503": 60, "timeout": 6}
+    assert r.error_count == 66 and r.ok_count == 299 - 65
     assert r.throughput_infer_per_s == (299 - 65) / 3
     assert r.latency.count == r.ok_count
     errors = next(c for c in r.checks if c.name == "errors")
-    assert not errors.passed and "HTTP 503 × 59, timeout × 6" in errors.detail
+    assert not errors.passed
+    assert "66 of 300 requests failed: HTTP 503 × 60, timeout × 6 (1 after the last window)" in errors.detail
 
 
 async def test_a_second_load_on_the_same_generator_reports_only_its_own_samples() -> None:
@@ -413,3 +419,57 @@ def test_joining_keeps_every_other_edge_counted_back_from_the_last() -> None:
     assert joined_in_pairs([0, 1, 2, 3, 4]) == [0, 2, 4]  # 4 windows -> 2
     assert joined_in_pairs([0, 1, 2, 3]) == [1, 3]  # 3 windows -> 1, the oldest left out
     assert joined_in_pairs([0, 1]) == [1]
+
+
+# A stalled model: every request fails 10 s after it was sent, in the server's words, long after the
+# level's windows (3 x 0.2 s) have closed: its failures arrive only while the level drains.
+STALLED = "HTTP 500: execute() did not return within 0.3 s"
+
+
+async def test_requests_that_fail_after_the_last_window_are_errors_of_their_level() -> None:
+    spec = WindowSpec(interval_ms=200, max_trials=3)
+    m, client = await measure(lambda now, i: 10 * S, ClosedLoop(4), spec, error=lambda i: STALLED)
+    r = m.result
+    assert [w.request_count for w in r.windows] == [0, 0, 0]  # nothing ended inside a window
+    assert len(client.sent) == len(m.samples) == 4
+    assert (r.error_count, r.errors, r.ok_count, r.request_count) == (4, {STALLED: 4}, 0, 4)
+    assert (r.late_count, r.late_ok_count) == (4, 0)
+    assert r.latency.count == 0 and r.throughput_infer_per_s == 0.0  # window figures: measured windows only
+    errors = next(c for c in r.checks if c.name == "errors")
+    assert not errors.passed and f"4 of 4 requests failed: {STALLED} × 4" in errors.detail
+    assert "4 after the last window" in errors.detail
+    sweep = SweepResult("m", "", "fake:0", "fake", "concurrency", (r,), {})
+    assert exit_code(sweep) == ExitCode.ERRORS  # "requests failed", not "did not stabilise"
+
+
+async def test_answers_after_the_last_window_are_counted_once_and_left_out_of_the_figures() -> None:
+    # 400 ms a request, 2 workers, three 1 s windows: each worker's request sent at 2.8 s is
+    # answered at 3.2 s, after the level's last window; every third request fails.
+    spec = WindowSpec(interval_ms=1000, max_trials=3)
+    m, client = await measure(
+        lambda now, i: 400 * MS, ClosedLoop(2), spec, error=lambda i: "HTTP 503" if i % 3 == 2 else ""
+    )
+    r = m.result
+    late = m.samples.select(m.samples.done_ns >= 3 * S)
+    assert len(late) == r.late_count == 2
+    late_ok = int(late.ok.sum())
+    assert r.late_ok_count == late_ok
+    # Every request the level sent is counted once: answered in a window, answered late, or failed.
+    assert r.ok_count + r.late_ok_count + r.error_count == len(m.samples) == len(client.sent) == 16
+    assert r.request_count == r.ok_count + r.error_count
+    in_windows = m.samples.select(m.samples.done_ns < 3 * S)
+    assert r.ok_count == int(in_windows.ok.sum()) == r.latency.count
+    assert r.errors == m.samples.error_counts()
+    assert r.throughput_infer_per_s == r.ok_count / 3
+
+
+async def test_requests_cancelled_at_the_drain_timeout_are_errors_of_a_named_kind() -> None:
+    clock = FakeClock()
+    client = NeverAnswering()
+    loadgen = LoadGenerator(client, [FakePrepared("a")], SampleBuffer(), clock)
+    spec = WindowSpec(interval_ms=200, max_trials=3)
+    m = await measure_level(loadgen, ClosedLoop(3), spec, batch_size=1, drain_timeout_s=0.01)
+    r = m.result
+    assert client.sent == 3 and len(m.samples) == 3
+    assert r.errors == {CANCELLED_AT_DRAIN: 3} and r.error_count == r.request_count == r.late_count == 3
+    assert m.samples.sent_ns.tolist() == [0, 0, 0] and (m.samples.done_ns >= 600 * MS).all()

@@ -114,3 +114,11 @@ def test_verbose_keeps_every_window_and_lists_each_levels_checks(terminal: bool)
     plain = io.StringIO()
     drive(Progress(stream=plain))
     assert "passed" not in plain.getvalue() and "FAILED" not in plain.getvalue()
+
+
+def test_a_levels_line_says_how_many_of_its_errors_came_after_its_last_window() -> None:
+    stream = io.StringIO()
+    progress = Progress(quiet=False, stream=stream)
+    progress.level_done(make_result(ok_count=0, error_count=64, request_count=64, late_count=64, stable=False,
+                                    latency=LatencyStats(), throughput_infer_per_s=0.0))  # fmt: skip
+    assert stream.getvalue() == "concurrency 4: 0.0 infer/s, 64 errors (64 after the last window), UNSTABLE, valid\n"

@@ -19,6 +19,7 @@ from perfkit.sweep.engine import Sweep, stabilizing_latency_us
 from perfkit.sweep.run import exit_code
 from perfkit.sweep.spec import LoadSpec, SweepSpec
 from perfkit.target import TargetSpec
+from perfkit.wire.replies import FailureLog
 from tests.fakes import FakeClient, FakePrepared
 
 MS = 1_000_000
@@ -223,11 +224,14 @@ async def test_some_failed_requests_are_counted_by_kind_and_the_sweep_goes_on() 
     assert levels(result) == [1.0, 2.0, 3.0]
     assert result.completed and result.stop_reason == ""
     for level, measurement in zip(result.levels, saved.measurements):
-        # Exactly the failed requests that completed in the reported windows, by kind.
+        # Exactly the failed requests that completed in the reported windows or after the last
+        # (while the level drained), by kind; the answers after it are counted apart.
         start, end = level.windows[-3].start_ns, level.windows[-1].end_ns
         s = measurement.samples
-        counted = s.select((s.done_ns >= start) & (s.done_ns < end))
+        counted = s.select(s.done_ns >= start)
         assert level.errors == counted.error_counts() == {"HTTP 503": level.error_count}
+        assert level.late_count == int((s.done_ns >= end).sum())
+        assert level.ok_count + level.late_ok_count == int(counted.ok.sum())
         assert level.error_count == pytest.approx(level.request_count / 5, abs=1)
         assert level.ok_count == level.request_count - level.error_count
         assert level.latency.count == level.ok_count
@@ -246,6 +250,44 @@ async def test_some_failed_requests_are_counted_by_kind_and_the_sweep_goes_on() 
     table = render_summary_table(result.levels)
     assert all(f" {level.error_count} " in line for line, level in zip(table[2:], result.levels))
     assert len(render_pa_csv(result.levels).splitlines()) == 4
+
+
+async def test_a_level_whose_requests_all_fail_after_its_windows_exits_4_in_the_servers_words() -> None:
+    # A stalled model: each request fails 10 s after it was sent, in the server's words; the
+    # level's windows (5 x 0.1 s) close first, so its failures arrive only while it drains.
+    stalled = "execute() did not return within 0.3 s"
+
+    class StalledServer(QueueingServer):
+        def __init__(self) -> None:
+            super().__init__(FakeClock(), error=lambda i: "HTTP 500")
+            self.latency = lambda now, i: 10_000 * MS
+            self.failures = FailureLog()
+
+        async def send(self, prepared: FakePrepared) -> Any:
+            outcome = await super().send(prepared)
+            self.failures.note(outcome.error, stalled)
+            return outcome
+
+    sweep, progress, _ = make_sweep(StalledServer(), LoadSpec("concurrency", 2, 2, 1))
+    result = await sweep.run()
+    [level] = result.levels
+    assert all(w.request_count == 0 for w in level.windows)
+    assert (level.request_count, level.error_count, level.errors) == (2, 2, {"HTTP 500": 2})
+    assert (level.ok_count, level.late_count, level.late_ok_count) == (0, 2, 0)
+    assert result.completed and exit_code(result) == ExitCode.ERRORS  # requests failed: 4, not 3
+    assert [note for note in progress.named("note") if stalled in note] == [f"requests failed: {sweep.failures[0]}"]
+    assert stalled in sweep.failures[0]
+
+
+async def test_a_level_answered_only_after_its_windows_is_not_a_server_gone() -> None:
+    # 10 s a request: one answer and one timeout, both after the windows. The server answered.
+    client = QueueingServer(FakeClock(), error=lambda i: "timeout" if i % 2 == 0 else "")
+    client.latency = lambda now, i: 10_000 * MS
+    sweep, _, _ = make_sweep(client, LoadSpec("concurrency", 2, 2, 1))
+    result = await sweep.run()
+    [level] = result.levels
+    assert (level.ok_count, level.late_ok_count, level.errors) == (0, 1, {"timeout": 1})
+    assert result.completed and result.stop_reason == "" and exit_code(result) == ExitCode.ERRORS
 
 
 async def test_a_level_that_never_stabilises_gives_exit_code_3() -> None:

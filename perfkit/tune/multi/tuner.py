@@ -238,7 +238,7 @@ class CombinationTuner:
 
         results = await asyncio.gather(*(one(m, i == 0) for i, m in enumerate(measured)))
         for level in results:
-            if server_gone(level.errors, level.ok_count):
+            if server_gone(level.errors, level.ok_count + level.late_ok_count):
                 raise TargetError(f"the server stopped answering while measuring {record.combination.key}")
         return {m.name: lv for m, lv in zip(measured, results)}
 
