@@ -6,7 +6,9 @@ port 0 resolves once and nobody else takes the port between the workers' binds; 
 listens on the same ports with SO_REUSEPORT and the kernel spreads connections over them. A worker
 reads its configuration from its standard input, says `Worker ready` on its standard output once it
 listens, and ends when told (SIGTERM, SIGINT) or when the core's connection closes, so a core that
-dies leaves no listener behind. A worker that dies while the server runs is started again.
+dies leaves no listener behind. A worker that dies while the server runs is started again, as a
+supervisor does: after a delay that doubles with each death in a short window (`Restarts`), and not
+at all once it has died that often in that window (a crash loop; the others serve on).
 """
 
 from __future__ import annotations
@@ -36,8 +38,28 @@ log = logging.getLogger(__name__)
 
 READY_LINE = b"Worker ready"
 START_TIMEOUT_S = 60.0
-#: A worker that dies sooner than this after its start is not started again: it would only die again.
-MIN_LIFETIME_S = 5.0
+#: A worker that died is started again after RESTART_DELAY_S, doubled for each other death within
+#: CRASH_LOOP_WINDOW_S, up to RESTART_DELAY_MAX_S; CRASH_LOOP_DEATHS deaths in that window is a crash
+#: loop, and the worker is not started again.
+RESTART_DELAY_S = 0.1
+RESTART_DELAY_MAX_S = 5.0
+CRASH_LOOP_WINDOW_S = 60.0
+CRASH_LOOP_DEATHS = 5
+
+
+class Restarts:
+    """When one worker that died is started again: the deaths it had lately decide the delay."""
+
+    def __init__(self) -> None:
+        self._deaths: list[float] = []
+
+    def delay_after_death(self, now: float) -> float | None:
+        """Seconds to wait before starting the worker again after a death at `now` (monotonic);
+        None when it is in a crash loop (CRASH_LOOP_DEATHS deaths within CRASH_LOOP_WINDOW_S)."""
+        self._deaths = [t for t in self._deaths if now - t < CRASH_LOOP_WINDOW_S] + [now]
+        if len(self._deaths) >= CRASH_LOOP_DEATHS:
+            return None
+        return float(min(RESTART_DELAY_S * 2 ** (len(self._deaths) - 1), RESTART_DELAY_MAX_S))
 
 
 class FrontendWorkers:
@@ -47,6 +69,7 @@ class FrontendWorkers:
         self._reserved: list[socket.socket] = []
         self._processes: list[asyncio.subprocess.Process | None] = [None] * config.frontend_workers
         self._watchers: set[asyncio.Task[None]] = set()
+        self._restarts = [Restarts() for _ in range(config.frontend_workers)]
         self._stopping = False
         self.restarts = 0
 
@@ -90,32 +113,45 @@ class FrontendWorkers:
         try:
             await asyncio.wait_for(_ready(process.stdout), START_TIMEOUT_S)
         except (asyncio.TimeoutError, EOFError):
-            code = process.returncode
+            try:
+                code = await asyncio.wait_for(process.wait(), 5.0)
+            except asyncio.TimeoutError:  # it hangs: a worker started again must not leave it behind
+                with contextlib.suppress(ProcessLookupError):
+                    process.kill()
+                code = await process.wait()
             raise ServerError(
                 f"front-end worker {index} did not start (exit code {code}; its error is above); "
                 "run with --frontend-workers 1 to serve from one process"
             ) from None
-        watcher = asyncio.get_running_loop().create_task(self._watch(index, process, time.monotonic()))
+        watcher = asyncio.get_running_loop().create_task(self._watch(index, process))
         self._watchers.add(watcher)
         watcher.add_done_callback(self._watchers.discard)
 
-    async def _watch(self, index: int, process: asyncio.subprocess.Process, started: float) -> None:
+    async def _watch(self, index: int, process: asyncio.subprocess.Process) -> None:
         assert process.stdout is not None
         await process.stdout.read()  # its output until it ends (nothing is expected after the ready line)
-        code = await process.wait()
-        if self._stopping:
-            return
-        lived = time.monotonic() - started
-        if lived < MIN_LIFETIME_S:
-            log.error("front-end worker %d exited with %s after %.1f s; not starting it again", index, code, lived)
-            return
-        log.error("front-end worker %d exited with %s; starting it again", index, code)
-        self.restarts += 1
-        try:
-            await self._start(index)
-        except ServerError as exc:
-            if not self._stopping:
-                log.error("%s", exc)
+        ended = f"exited with {await process.wait()}"
+        while not self._stopping:
+            delay = self._restarts[index].delay_after_death(time.monotonic())
+            if delay is None:
+                log.error(
+                    "front-end worker %d %s, its %d exits within %.0f s: a crash loop; not starting it again "
+                    "(the other workers serve on; restart the server once the cause is fixed)",
+                    index, ended, CRASH_LOOP_DEATHS, CRASH_LOOP_WINDOW_S,
+                )  # fmt: skip
+                return
+            log.error("front-end worker %d %s; starting it again in %.1f s", index, ended, delay)
+            await asyncio.sleep(delay)
+            if self._stopping:
+                return
+            self.restarts += 1
+            try:
+                await self._start(index)
+                return
+            except ServerError as exc:  # it died starting: that counts as a death too
+                if not self._stopping:
+                    log.error("%s", exc)
+                ended = "did not start"
 
     async def stop(self, grace_s: float) -> None:
         """Tell every worker to stop (they let what they serve finish within `grace_s`), then wait."""

@@ -30,7 +30,6 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from reference_server.server import ReferenceServer, running_server
-from reference_server.workers import process
 from tests.decoupled_models import write_decoupled_models
 from tests.servers import loopback_config, write_identity_model
 
@@ -51,16 +50,11 @@ def repository(tmp_path_factory: pytest.TempPathFactory, demo_repository: Path) 
 
 @pytest.fixture(scope="module")
 def servers(repository: Path) -> Iterator[dict[int, ReferenceServer]]:
-    """One server of each kind, explicit model control; a worker that dies is started again at once."""
-    saved = process.MIN_LIFETIME_S
-    process.MIN_LIFETIME_S = 0.0
+    """One server of each kind, explicit model control."""
     load = ("identity", "batched", "repeat")
-    try:
-        with running_server(loopback_config(repository, load=load)) as one:
-            with running_server(loopback_config(repository, load=load, frontend_workers=2)) as two:
-                yield {1: one, 2: two}
-    finally:
-        process.MIN_LIFETIME_S = saved
+    with running_server(loopback_config(repository, load=load)) as one:
+        with running_server(loopback_config(repository, load=load, frontend_workers=2)) as two:
+            yield {1: one, 2: two}
 
 
 def _http(server: ReferenceServer) -> httpclient.InferenceServerClient:

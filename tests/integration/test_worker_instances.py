@@ -29,7 +29,6 @@ from tritonclient.utils import InferenceServerException
 
 from reference_server.config import AUTO_FRONTEND_WORKERS
 from reference_server.server import ReferenceServer, running_server
-from reference_server.workers import process
 from tests.servers import grpc_client, http_client, loopback_config, write_identity_model
 
 PAIR = "instance_group [ { count: 2 kind: KIND_CPU } ]"
@@ -50,14 +49,9 @@ def repository(tmp_path_factory: pytest.TempPathFactory, demo_repository: Path) 
 
 @pytest.fixture(scope="module")
 def server(repository: Path) -> Iterator[ReferenceServer]:
-    saved = process.MIN_LIFETIME_S
-    process.MIN_LIFETIME_S = 0.0  # a worker killed here is started again at once
-    try:
-        config = loopback_config(repository, load=("identity", "pair", "batched", "twin"), frontend_workers=2)
-        with running_server(config) as running:
-            yield running
-    finally:
-        process.MIN_LIFETIME_S = saved
+    config = loopback_config(repository, load=("identity", "pair", "batched", "twin"), frontend_workers=2)
+    with running_server(config) as running:
+        yield running
 
 
 def _infer(server: ReferenceServer, model: str, value: float) -> list[float]:
