@@ -5,6 +5,7 @@ level of several virtual seconds runs in milliseconds."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -24,7 +25,7 @@ from perfkit.measure.level import (
     measure_level,
     server_gone,
 )
-from perfkit.results.model import SweepResult
+from perfkit.results.model import SweepResult, sweep_from_json, sweep_to_json
 from perfkit.sweep.run import exit_code
 from tests.fakes import FakeClient, FakePrepared, NeverAnswering
 
@@ -440,6 +441,11 @@ async def test_requests_that_fail_after_the_last_window_are_errors_of_their_leve
     assert "4 after the last window" in errors.detail
     sweep = SweepResult("m", "", "fake:0", "fake", "concurrency", (r,), {})
     assert exit_code(sweep) == ExitCode.ERRORS  # "requests failed", not "did not stabilise"
+    assert sweep_from_json(sweep_to_json(sweep)).levels[0].late_count == 4
+    older = json.loads(sweep_to_json(sweep))  # as written before levels counted late requests
+    for field in ("late_count", "late_ok_count"):
+        del older["levels"][0][field]
+    assert sweep_from_json(json.dumps(older)).levels[0].late_count == 0
 
 
 async def test_answers_after_the_last_window_are_counted_once_and_left_out_of_the_figures() -> None:
