@@ -242,6 +242,9 @@ async def _stream_call(
         for sequence in pending:
             tally.fail(sequence, f"stream {exc.code().name}")
         pending.clear()
+    # Ends the request generator of a call a fault ended: grpc's task that reads it would otherwise
+    # be left waiting, and destroyed pending.
+    queue.put_nowait(None)
     for sequence in pending:
         tally.fail(sequence, "stream ended (lost)")
 
