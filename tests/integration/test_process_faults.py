@@ -16,7 +16,9 @@ left in /dev/shm, every request in flight or sent later fails as a connection er
 finished on disk and loadable.
 
 Bounded and self-stopping: 0.2 s windows, at most 3 a level, everything under timeouts; the killer
-gives up when the load never comes. A few seconds per case, most of it the server's start.
+gives up when the load never comes. The two worker kills share one server (each kills whichever
+worker holds perfkit's connections then); the core kill needs its own. About 3 s per sweep, and 2 s
+per server start, on an idle 2-core machine.
 """
 
 from __future__ import annotations
@@ -47,11 +49,11 @@ from tests.servers import write_identity_model
 pytestmark = [pytest.mark.integration]
 
 REQUEST_TIMEOUT_S = 5.0
-KILL_AFTER = 200  # requests answered before the worker is killed: well inside the first level
+KILL_AFTER = 100  # requests answered before the worker is killed: early in the first level
 LEVELS = (16, 64)
-#: How soon a worker killed must serve again: it is started again after 0.1 s; the rest is its start
-#: (imports, the core's hello) on a busy 2-core machine.
-RESTART_WITHIN_S = 15.0
+#: How soon a worker killed must listen again: it is started again after 0.1 s; the rest is its start
+#: (imports, the core's hello), 1-3 s on a 2-core machine, over 10 s when it is overloaded.
+RESTART_WITHIN_S = 30.0
 WORKER_MODULE = "reference_server.workers.process"
 
 _ECHO = """\
@@ -200,11 +202,12 @@ class WorkerKiller:
         clients = {c.laddr.port for p in (client, *client.children(recursive=True)) for c in _tcp(p) if c.raddr}
         if not clients:
             return
-        victim = max(self.server.workers, key=lambda w: _connections(w.pid, ports, psutil.CONN_ESTABLISHED, clients))
+        workers = self.server.children()[0]
+        victim = max(workers, key=lambda w: _connections(w.pid, ports, psutil.CONN_ESTABLISHED, clients))
         self.pid, self.at_ns = victim.pid, time.time_ns()
         killed = time.monotonic()
         os.kill(victim.pid, signal.SIGKILL)
-        before = {w.pid for w in self.server.workers}
+        before = {w.pid for w in workers}
         while time.monotonic() < killed + RESTART_WITHIN_S:
             new = [w.pid for w in self.server.children()[0] if w.pid not in before]
             if new and _connections(new[0], ports, psutil.CONN_LISTEN) == len(ports):
@@ -259,8 +262,8 @@ def _infer_on_worker(server: ServerProcess, pid: int, model: str) -> int:
             connection.close()
 
 
-def _requests(out: Path) -> tuple[SweepResult, list[dict[str, Any]], list[dict[str, Any]]]:
-    """The sweep's results, its per-request export's experiments, and all their requests; each
+def _requests(out: Path) -> tuple[SweepResult, list[dict[str, Any]]]:
+    """The sweep's results and every request in its per-request export; each
     level's counts add up, every error is of a named kind, none outlived --request-timeout."""
     (sweep_json,) = out.glob("sweep-*.json")
     result = read_sweep(sweep_json)
@@ -273,7 +276,19 @@ def _requests(out: Path) -> tuple[SweepResult, list[dict[str, Any]], list[dict[s
     for level in result.levels:
         assert level.ok_count + level.error_count == level.request_count
         assert all(kind for kind in level.errors), level.errors
-    return result, experiments, requests
+    return result, requests
+
+
+@pytest.fixture(scope="module")
+def server(repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    """One server for the worker kills (each kills whichever worker holds perfkit's connections);
+    once it stopped, no worker it ever had and no stub is left."""
+    seen: list[psutil.Process] = []
+    with _server(repository, tmp_path_factory.mktemp("server") / "server.log") as running:
+        yield running
+        seen.extend(running.children()[0] + running.workers + running.stubs)
+    gone, alive = psutil.wait_procs(seen, timeout=15)
+    assert not alive, f"still running after the server stopped: {alive}"
 
 
 @pytest.mark.parametrize(
@@ -282,39 +297,38 @@ def _requests(out: Path) -> tuple[SweepResult, list[dict[str, Any]], list[dict[s
     ids=["http-python-model-in-the-core", "grpc-model-in-the-workers"],
 )
 def test_a_worker_killed_under_load_is_started_again_and_loses_nothing(
-    repository: Path, tmp_path: Path, protocol: str, model: str
+    server: ServerProcess, tmp_path: Path, protocol: str, model: str
 ) -> None:
-    with _server(repository, tmp_path / "server.log") as server:
-        url = f"127.0.0.1:{server.http_port if protocol == 'http' else server.grpc_port}"
-        sweep = _sweep(url, protocol, model, tmp_path)
-        killer = WorkerKiller(server, sweep.pid, model, KILL_AFTER, give_up_s=30)
-        try:
-            stdout, stderr = sweep.communicate(timeout=90)
-        finally:
-            sweep.kill()
-        killer.thread.join(RESTART_WITHIN_S + 5)
-        assert killer.pid, "the load never reached the server"
-        counted = server.stats(model)
-        new_answers = _infer_on_worker(server, killer.new_pid, model) if killer.new_pid else 0
-        log = server.log.read_text()
-        running = [*server.children()[0], *server.stubs]
-    gone, alive = psutil.wait_procs(running, timeout=15)
-    assert not alive, f"still running after the server stopped: {alive}"
+    logged = len(server.log.read_text())
+    before = server.stats(model)
+    url = f"127.0.0.1:{server.http_port if protocol == 'http' else server.grpc_port}"
+    sweep = _sweep(url, protocol, model, tmp_path)
+    killer = WorkerKiller(server, sweep.pid, model, before["success"] + KILL_AFTER, give_up_s=30)
+    try:
+        stdout, stderr = sweep.communicate(timeout=90)
+    finally:
+        sweep.kill()
+    killer.thread.join(RESTART_WITHIN_S + 5)
+    assert killer.pid, "the load never reached the server"
+    counted = {key: value - before[key] for key, value in server.stats(model).items()}
+    new_answers = _infer_on_worker(server, killer.new_pid, model) if killer.new_pid else 0
+    log = server.log.read_text()[logged:]
     # 4: the dead worker's requests failed in a reported window; 3: a level did not stabilise.
     assert sweep.returncode in (0, 3, 4), f"perfkit sweep exited {sweep.returncode}:\n{stdout}\n{stderr}"
-    # The core started the worker again (it died a second or two after its start) and it serves.
-    assert "exited with -9; starting it again in 0.1 s" in log, log
+    # The core started the worker again (it died a few seconds after its start, or after the
+    # server's) and it serves.
+    assert re.search(r"front-end worker \d exited with -9; starting it again in 0\.[12] s", log), log
     assert killer.new_pid, f"no worker listened in place of {killer.pid} within {RESTART_WITHIN_S} s:\n{log}"
     assert new_answers == 200, f"the worker started again answered {new_answers}"
     print(
         f"{protocol} {model}: worker {killer.pid} -> {killer.new_pid}, listening {killer.listening_after_s:.2f} s later"
     )
 
-    result, experiments, requests = _requests(tmp_path)
+    result, requests = _requests(tmp_path)
     assert result.completed and result.stop_reason == ""
     assert [level.level for level in result.levels] == list(LEVELS)
-    first = experiments[0]["requests"]
-    assert min(r["timestamp"] for r in first) < killer.at_ns < max(r["timestamp"] for r in first)
+    # The kill came under load (in the first level, or the second on a slow machine).
+    assert min(r["timestamp"] for r in requests) < killer.at_ns < max(r["timestamp"] for r in requests)
     errors = [r for r in requests if r["error"]]
     answered = len(requests) - len(errors)
     kinds = sorted({r["error"] for r in errors})
@@ -365,7 +379,7 @@ def test_a_core_killed_under_load_leaves_nothing_behind(repository: Path, tmp_pa
     assert not left, f"statistics files left in /dev/shm by the workers of a dead core: {sorted(left)}"
 
     assert sweep.returncode == 1, f"perfkit sweep exited {sweep.returncode}:\n{stdout}\n{stderr}"
-    result, experiments, requests = _requests(tmp_path)
+    result, requests = _requests(tmp_path)
     assert not result.completed and result.stop_reason.startswith("the server stopped answering")
     assert result.levels[0].level == 16 and result.levels[0].error_count == 0
     later = [r for r in requests if r["timestamp"] > killed_ns]
