@@ -33,7 +33,7 @@ from reference_server.workers.trace_relay import RelayedTracing
 from v2kit import codec as v2
 from v2kit.runtime import gpu
 
-__all__ = ["COUNTERS_DIR", "LocalModels", "names_shared_memory"]
+__all__ = ["COUNTERS_DIR", "LocalModels", "names_shared_memory", "remove_counters_of"]
 
 #: Where the statistics files are made: memory, not disk, where there is /dev/shm.
 COUNTERS_DIR = Path("/dev/shm") if os.path.isdir("/dev/shm") else Path(tempfile.gettempdir())
@@ -51,6 +51,21 @@ def names_shared_memory(request: v2.InferRequest) -> bool:
     return any(o.parameters and v2.SHARED_MEMORY_REGION in o.parameters for o in request.outputs or ())
 
 
+def _counters_prefix(pid: int) -> str:
+    return f"reference-server-stats-{pid}-"
+
+
+def remove_counters_of(pid: int) -> list[str]:
+    """Remove the statistics files worker `pid` left (it died before the core mapped and unlinked
+    them, e.g. killed while loading a model); the names removed."""
+    removed = []
+    for path in COUNTERS_DIR.glob(_counters_prefix(pid) + "*"):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(path.name)
+    return removed
+
+
 @dataclass(slots=True)
 class _Counters:
     """A version's statistics as published for the core: a shared file, mapped."""
@@ -61,7 +76,7 @@ class _Counters:
 
     @classmethod
     def create(cls, max_batch_size: int) -> _Counters:
-        path = COUNTERS_DIR / f"reference-server-stats-{os.getpid()}-{next(_FILES)}"
+        path = COUNTERS_DIR / f"{_counters_prefix(os.getpid())}{next(_FILES)}"
         size = counters_length(max_batch_size) * 8
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:

@@ -29,7 +29,7 @@ from reference_server.errors import ServerError
 from reference_server.frontends.auth import Token
 from reference_server.frontends.listener import Listener
 from reference_server.workers.frontends import build_grpc, build_http, listen_grpc, server_ssl_context
-from reference_server.workers.local_models import LocalModels
+from reference_server.workers.local_models import LocalModels, remove_counters_of
 from reference_server.workers.remote_plane import connect
 
 __all__ = ["FrontendWorkers", "main"]
@@ -131,6 +131,8 @@ class FrontendWorkers:
         assert process.stdout is not None
         await process.stdout.read()  # its output until it ends (nothing is expected after the ready line)
         ended = f"exited with {await process.wait()}"
+        if left := remove_counters_of(process.pid):
+            log.warning("front-end worker %d left statistics files; removed %s", index, ", ".join(left))
         while not self._stopping:
             delay = self._restarts[index].delay_after_death(time.monotonic())
             if delay is None:

@@ -1,5 +1,6 @@
 """A front-end worker that dies is started again as a supervisor does: at once (0.1 s), then after
-delays that double with each death in a short window, and never again once it dies in a loop."""
+delays that double with each death in a short window, and never again once it dies in a loop; what
+it left in /dev/shm is removed."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 
 from reference_server.config import ServerConfig
 from reference_server.errors import ServerError
-from reference_server.workers import process
+from reference_server.workers import local_models, process
 from reference_server.workers.process import (
     CRASH_LOOP_DEATHS,
     CRASH_LOOP_WINDOW_S,
@@ -43,6 +44,7 @@ class _DeadWorker:
     """What `_watch` sees of a worker process that has exited (killed: -9)."""
 
     returncode = -9
+    pid = 5_000_000  # above the largest pid_max (2**22): no process's
 
     class stdout:  # named as asyncio's Process names it
         @staticmethod
@@ -74,3 +76,20 @@ async def test_a_worker_that_cannot_start_again_is_given_up_as_a_crash_loop(
         f"front-end worker 1 did not start, its {CRASH_LOOP_DEATHS} exits within {CRASH_LOOP_WINDOW_S:.0f} s: a "
         "crash loop; not starting it again (the other workers serve on; restart the server once the cause is fixed)"
     )
+
+
+async def test_the_statistics_files_a_dead_worker_left_are_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A worker killed between making a model's statistics file and the core mapping (and so
+    # unlinking) it leaves the file behind: the core removes it once it sees the worker end.
+    monkeypatch.setattr(local_models, "COUNTERS_DIR", tmp_path)
+    dead = _DeadWorker()
+    left = tmp_path / f"reference-server-stats-{dead.pid}-1"
+    left.write_bytes(b"\0" * 64)
+    other = tmp_path / f"reference-server-stats-{dead.pid}1-1"  # another worker's
+    other.write_bytes(b"\0" * 64)
+    workers = process.FrontendWorkers(ServerConfig(model_repository=tmp_path, frontend_workers=2), "unused")
+    workers._stopping = True  # the server stops: the worker is not started again
+    await asyncio.wait_for(workers._watch(0, dead), 10)  # type: ignore[arg-type]
+    assert not left.exists() and other.exists()
