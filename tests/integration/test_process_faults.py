@@ -347,10 +347,11 @@ def test_a_worker_killed_under_load_is_started_again_and_loses_nothing(
     assert result.levels[-1].ok_count > 0
     # The statistics extension agrees: every answer perfkit has was counted once by the server; the
     # server counted no request perfkit did not send once (none retried silently); what it ran but
-    # whose answer was lost with the worker is among perfkit's errors.
-    assert counted["fail"] == 0
-    assert answered <= counted["success"] <= len(requests)
-    assert counted["success"] - answered <= len(errors)
+    # whose answer was lost with the worker, and what it withdrew from its queue when the worker
+    # went (CANCELED), are among perfkit's errors.
+    assert answered <= counted["success"]
+    assert counted["success"] + counted["fail"] <= len(requests)
+    assert counted["success"] - answered + counted["fail"] <= len(errors)
     # A batch the dead worker ran counted its inferences, though not all its answers left.
     assert counted["success"] <= counted["inference_count"] <= counted["success"] + len(errors)
 
