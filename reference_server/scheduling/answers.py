@@ -47,7 +47,13 @@ class Answers:
             else:
                 failure = InternalError(f"{type(error).__name__}: {error}" if str(error) else type(error).__name__)
             for request in batch:
-                self.fail(request, failure, "BACKEND", done)
+                if request.final_sent:
+                    # A decoupled request answered in full before its batch failed (its execute
+                    # returned late, or its stub died after): its client has every response and
+                    # the final flag, so the statistics count it answered, as the client does.
+                    self._succeed(request, {}, outcome, done)
+                else:
+                    self.fail(request, failure, "BACKEND", done)
             return
         for request, result in zip(batch, results):
             if isinstance(result, Exception):

@@ -34,6 +34,7 @@ class QueuedRequest:
         "sink",
         "secondary_stats",
         "done",
+        "final_sent",
     )
 
     def __init__(
@@ -67,6 +68,9 @@ class QueuedRequest:
         self.secondary_stats = secondary_stats
         # Told the outputs or the error as the future is (`Scheduler.submit`), at once, not a loop pass later.
         self.done = done
+        # A decoupled request whose final response went out (`streaming.stream_responses`): answered,
+        # whatever its batch does after (`answers.Answers.resolve`).
+        self.final_sent = False
 
 
 # A dispatched batch: its preserve_ordering number and its requests.

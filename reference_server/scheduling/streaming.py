@@ -41,9 +41,12 @@ async def stream_responses(
     loop = asyncio.get_running_loop()
     # (outputs, final, error, whether the error fails the request as a whole)
     items: asyncio.Queue[tuple[Tensors | None, bool, Exception | None, bool]] = asyncio.Queue()
+    request: QueuedRequest | None = None
 
     def sink(outputs: Tensors | None, final: bool, error: Exception | None) -> None:
         # Called from the backend's threads, or from the loop itself.
+        if final and error is None and request is not None:
+            request.final_sent = True
         try:
             loop.call_soon_threadsafe(items.put_nowait, (outputs, final, error, False))
         except RuntimeError:

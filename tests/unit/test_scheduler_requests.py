@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from reference_server.errors import InvalidArgument, ServerError, Unsupported
+from reference_server.errors import InternalError, InvalidArgument, ServerError, Unsupported
 from reference_server.scheduling.execute import BatchItem, RequestsOutcome, Tensors
 from reference_server.scheduling.policy import BatchingPolicy
 from reference_server.scheduling.scheduler import Scheduler
@@ -111,6 +111,34 @@ async def test_infer_stream_on_a_model_that_is_not_decoupled_yields_one_final_re
         await scheduler.close(BOUND_S)
     ((outputs, final),) = items
     assert final is True and outputs is not None and outputs["OUT"].tolist() == [[5.0]]
+
+
+class AnswersThenFailsFake(RequestsFake):
+    """A decoupled model that sends a request's IN[0] responses (the last final; none for a
+    negative IN) and then fails the batch, as one whose execute returns past execute-timeout-seconds
+    or whose stub dies after answering."""
+
+    def run_requests(self, batch: Sequence[BatchItem]) -> RequestsOutcome:
+        for request in batch:
+            if request.inputs["IN"].flat[0] > 0:
+                _stream(request.sink, int(request.inputs["IN"].flat[0]))
+        raise InternalError("execute() did not return within 0.3 s")
+
+
+async def test_a_decoupled_request_answered_before_its_batch_failed_is_counted_answered() -> None:
+    """The client has every response and the final flag: the statistics count a success, not a
+    failure, as the client does; a request of a failed batch that got no final flag fails once."""
+    stats = ModelStats()
+    scheduler = Scheduler(BatchingPolicy(decoupled=True), [AnswersThenFailsFake()], stats)
+    try:
+        items = [final async for _, final in scheduler.infer_stream({"IN": np.array([2])}, ["OUT"])]
+        with pytest.raises(InternalError, match="did not return"):
+            async for _ in scheduler.infer_stream({"IN": np.array([-1])}, ["OUT"]):
+                pass
+    finally:
+        await scheduler.close(BOUND_S)
+    assert items == [False, True]
+    assert (stats.success_count, stats.fail_count) == (1, 1)
 
 
 class CancellableFake(RequestsFake):
