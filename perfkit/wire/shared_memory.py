@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import errno
 import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -170,15 +171,49 @@ def check_extension(server_metadata: Mapping[str, Any], url: str, kind: str = "s
 
 
 def _create(region: SharedMemoryRegion) -> None:
-    fd = os.open(os.path.join(SHM_DIR, region.name), os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    path = os.path.join(SHM_DIR, region.name)
+    fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     try:
         os.ftruncate(fd, region.byte_size)
+        # Every page allocated now: where /dev/shm fills up, the run fails here, at once, rather
+        # than the server meeting an unallocated page of an output region (SIGBUS in Triton).
+        os.posix_fallocate(fd, 0, region.byte_size)
         if region.data:
             view = memoryview(region.data)
             while view:
                 view = view[os.write(fd, view) :]
+    except BaseException:
+        _unlink(region)  # not whole: the caller never knew it, so removes nothing of it
+        raise
     finally:
         os.close(fd)
+
+
+def _room_error(what: str, need: int, free: int | None = None) -> PerfkitError:
+    """No room in SHM_DIR for `what` (`need` bytes): what is free, and the fix."""
+    if free is None:
+        with contextlib.suppress(OSError):
+            stats = os.statvfs(SHM_DIR)
+            free = stats.f_bavail * stats.f_frsize
+    has = "" if free is None else f" ({free} bytes free)"
+    return PerfkitError(
+        f"--shared-memory system: no room in {SHM_DIR}{has} for {what}, {need} bytes; free space there "
+        f"(remove what other runs left in it), make it larger (docker run --shm-size, or mount -o "
+        f"remount,size=... {SHM_DIR}), or run without --shared-memory"
+    )
+
+
+def _check_room(regions: Sequence[SharedMemoryRegion]) -> None:
+    """Refuse at once, before creating any, regions that SHM_DIR has no room for."""
+    try:
+        stats = os.statvfs(SHM_DIR)
+    except OSError:
+        return  # creating them says why
+    page = stats.f_frsize or 4096
+    need = sum(-(-region.byte_size // page) * page for region in regions)
+    free = stats.f_bavail * stats.f_frsize
+    if need > free:
+        raise _room_error(f"the run's {len(regions)} shared-memory regions", need, free)
 
 
 def _unlink(region: SharedMemoryRegion) -> None:
@@ -194,10 +229,15 @@ class _SystemRegions:
     def __init__(self, client: _Registrar) -> None:
         self._client = client
 
+    def check_room(self, regions: Sequence[SharedMemoryRegion]) -> None:
+        _check_room(regions)
+
     def create(self, region: SharedMemoryRegion) -> None:
         try:
             _create(region)
         except OSError as exc:
+            if exc.errno == errno.ENOSPC:  # filled since check_room looked
+                raise _room_error(f"region {region.name}", region.byte_size) from None
             raise PerfkitError(f"--shared-memory system: cannot create {SHM_DIR}/{region.name}: {exc}") from None
 
     async def register(self, region: SharedMemoryRegion) -> None:
@@ -222,6 +262,9 @@ class _CudaRegions:
         self._client = client
         self._cudashm = _cuda_utilities()
         self._handles: dict[str, Any] = {}
+
+    def check_room(self, regions: Sequence[SharedMemoryRegion]) -> None:
+        pass  # the device says, region by region (`create`)
 
     def create(self, region: SharedMemoryRegion) -> None:
         try:
@@ -263,6 +306,7 @@ async def registered_regions(
     created: list[SharedMemoryRegion] = []
     registered: list[str] = []
     try:
+        regions.check_room(plan.regions)
         for region in plan.regions:
             regions.create(region)
             created.append(region)

@@ -13,7 +13,10 @@ Theory of operation:
   or below its offset (so, unlike Triton 2.51, an offset need not be page-aligned), and keeps the
   object's descriptor open. Before every read or write the object's size is checked with `fstat`:
   a client that shrinks the object after registering it would otherwise make the server touch
-  pages past the end of the file, which is SIGBUS, and the end of the server.
+  pages past the end of the file, which is SIGBUS, and the end of the server. Outputs are written
+  with `pwrite`, not through the mapping, for the same reason: a page the client never allocated
+  (ftruncate alone) cannot be stored into when /dev/shm is full, and `pwrite` fails that request
+  (ENOSPC) where a store would be SIGBUS.
 * **Lifetime.** A request holds every region it names from its start until its outputs are
   written (`RequestBinding.release`). Unregistering a region that a request holds is refused, as
   Triton 2.51 refuses it (INTERNAL, "Cannot unregister shared memory region 'NAME', it is currently
@@ -118,9 +121,21 @@ class Region:
         return self._map[start : start + byte_size]
 
     def write(self, offset: int, data: bytes) -> None:
+        # pwrite, not the mapping: a client may register an object whose pages are not allocated
+        # (ftruncate alone, as tritonclient's utilities make them), and when /dev/shm is full a
+        # store into such a page is SIGBUS, the end of the server; pwrite answers ENOSPC.
         self._check_object()
-        start = self._start + offset
-        self._map[start : start + len(data)] = data
+        view, at = memoryview(data).cast("B"), self.offset + offset
+        try:
+            while view:
+                written = os.pwrite(self._fd, view, at)
+                view, at = view[written:], at + written
+        except OSError as exc:
+            raise InternalError(
+                f"shared memory region '{self.name}': cannot write {len(data)} bytes of output to key '{self.key}': "
+                f"{exc.strerror}; free space in {SHM_DIR}, or allocate the object's pages when creating it "
+                "(posix_fallocate)"
+            ) from None
 
     def _check_object(self) -> None:
         size = _file_size(self._fd, self.key)

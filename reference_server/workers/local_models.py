@@ -81,7 +81,18 @@ class _Counters:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, size)
+            # Its pages allocated now: in a full /dev/shm this fails (ENOSPC) instead of the first
+            # store into the mapping killing the worker (SIGBUS).
+            os.posix_fallocate(fd, 0, size)
             memory = mmap.mmap(fd, size)
+        except OSError as exc:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            raise OSError(
+                exc.errno,
+                f"cannot make the statistics file {path} ({size} bytes): {exc.strerror}; free space in "
+                f"{COUNTERS_DIR}, or make it larger",
+            ) from None
         finally:
             os.close(fd)
         return cls(path, memory, np.frombuffer(memory, dtype=np.int64))
@@ -165,7 +176,14 @@ class LocalModels:
             published: list[tuple[int, str, int]] = []
             counters: list[_Counters] = []
             for mv in versions:
-                shared = _Counters.create(mv.config.max_batch_size)
+                try:
+                    shared = _Counters.create(mv.config.max_batch_size)
+                except OSError:
+                    # The core runs its requests instead (it logs why): nothing of it stays here.
+                    for made in counters:
+                        made.close()
+                    await self.plane.repository.unload(name)
+                    raise
                 counters.append(shared)
                 publish = _publisher(mv.stats, shared.array)
                 publish()
