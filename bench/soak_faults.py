@@ -122,6 +122,13 @@ def alive(pid: int) -> bool:
         return False
 
 
+def _listens(process: psutil.Process, port: int) -> bool:
+    try:
+        return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in process.net_connections("tcp"))
+    except psutil.Error:
+        return False
+
+
 def stats_files(pids: set[int]) -> list[str]:
     """The front-end workers' statistics files in /dev/shm (named after the worker's pid)."""
     try:
@@ -171,6 +178,8 @@ class Fault:
     ended_at: float | None = None  # recovered or given up
     server_failure: str = ""
     failures: Counter[str] = field(default_factory=Counter)
+    #: Seconds from the fault to the steps of a recovery (a worker's: its process seen, listening).
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def recovery_s(self) -> float | None:
@@ -206,6 +215,10 @@ def fault_figures(faults: list[Fault]) -> dict[str, Any]:
             "recovery_s_max": round(max(recoveries), 3) if recoveries else None,
             "server_failures": [f.server_failure for f in thrown if f.server_failure],
         }
+        for phase in dict.fromkeys(name for f in thrown for name in f.phases):
+            seconds = [f.phases[phase] for f in thrown if phase in f.phases]
+            by_kind[kind][f"{phase}_s_median"] = round(statistics.median(seconds), 3)
+            by_kind[kind][f"{phase}_s_max"] = round(max(seconds), 3)
     return by_kind
 
 
@@ -320,6 +333,11 @@ class FaultInjector:
             self.worker_pids.add(new.pid)
             self.pids.add(new.pid)
             fault.target += f" -> {new.pid}"
+            fault.phases["spawned"] = time.monotonic() - fault.at
+            port = int(self.http_url.rsplit(":", 1)[1])
+            while not _listens(new, port) and time.monotonic() < deadline:  # noqa: ASYNC110 (polled, as above)
+                await asyncio.sleep(0.05)
+            fault.phases["listening"] = time.monotonic() - fault.at
             # New connections until one lands on the new worker (SO_REUSEPORT spreads them) and is answered.
             while fault.recovered_at is None and time.monotonic() < deadline:
                 with contextlib.suppress(OSError, ValueError, EOFError, v2.CodecError, psutil.Error):
@@ -336,7 +354,8 @@ class FaultInjector:
         host, port = self.http_url.rsplit(":", 1)
         reader, writer = await asyncio.open_connection(host, int(port))
         try:
-            head = ["POST /v2/models/identity/infer HTTP/1.1", f"Host: {self.http_url}", "Connection: close"]
+            # Kept alive (no "Connection: close"): the worker holds the connection until it is seen holding it.
+            head = ["POST /v2/models/identity/infer HTTP/1.1", f"Host: {self.http_url}"]
             head += [f"{name}: {value}" for name, value in headers.items()] + [f"Content-Length: {len(body)}"]
             writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
             status_line, *lines = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
