@@ -44,7 +44,8 @@ def test_a_short_soak_with_every_quick_fault_loses_nothing(tmp_path: Path) -> No
         assert faults[kind]["server_failures"] == [], faults[kind]
     # The stalled stub's batch fails with the server's words, and the unload's requests as unknown model.
     assert any("execute() did" in kind for kind in faults["stub-stall"]["failed_by_kind"]), faults["stub-stall"]
-    assert any("unknown model" in kind or "NOT_FOUND" in kind for kind in faults["unload"]["failed_by_kind"])
+    # (How many requests meet the model unloaded depends on how long the unload takes: maybe none.)
+    assert all("unknown model" in kind or "NOT_FOUND" in kind for kind in faults["unload"]["failed_by_kind"])
     # Every error is one of the faults' (none unexplained), each counted once.
     assert sum(f["requests_failed"] for f in faults.values()) == sum(figures["errors"].values())
     assert figures["sent"] == figures["answered"] + sum(figures["errors"].values())
