@@ -49,6 +49,18 @@ def _extensions(why_not: str | None) -> list[Any]:
     return mypycify(["--no-warn-unused-ignores", *paths], opt_level="3", group_name=_LIST["GROUP"])
 
 
+def _record(why_not: str | None) -> str:
+    """What v2kit/compiled.py reads back: the tool and each compiled source's hash (a source that
+    no longer matches is imported instead of its extension), or why nothing was compiled."""
+    if why_not is not None:
+        return f"interpreted: {why_not}\n"
+    hashes = [
+        f"{name} {_LIST['source_hash'](ROOT.joinpath(*name.split('.')).with_suffix('.py'))}\n"
+        for name in _LIST["COMPILED_MODULES"]
+    ]
+    return f"{_LIST['TOOL']}\n" + "".join(hashes)
+
+
 def _remove_built() -> None:
     """Delete extensions an earlier compiled install left beside the sources: Python would prefer
     them to the sources this install means to run."""
@@ -62,5 +74,5 @@ if __name__ == "__main__":
     why_not = _why_not_compiled()
     if why_not is not None:
         _remove_built()
-    (ROOT / "v2kit" / "_build_record.txt").write_text(f"interpreted: {why_not}\n" if why_not else f"{_LIST['TOOL']}\n")
+    (ROOT / "v2kit" / "_build_record.txt").write_text(_record(why_not))
     setup(ext_modules=_extensions(why_not), package_data={"v2kit": ["_build_record.txt"]})

@@ -8,8 +8,8 @@ in front of it, for those modules only, so that:
 
 - `PERFKIT_PURE_PYTHON=1` at run time imports the `.py` sources (no rebuild needed to debug with
   the interpreter's tracebacks);
-- an extension older than its source (the source edited or checked out since the build) or one
-  that fails to import (built for another Python, its shared group library missing) is reported
+- an extension built from another version of its source (edited or checked out since the build:
+  the record of the build holds each source's hash) or one that fails to import (built for another Python, its shared group library missing) is reported
   and the source imported instead, rather than running old code or failing.
 
 `describe()` is the line `perfkit --version` and `perfkit-server --version` print. The package
@@ -21,6 +21,7 @@ module is imported. This module itself is never compiled, and imports only the s
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -51,8 +52,9 @@ GROUP = "v2kit._compiled"
 #: The environment variable that keeps (at install) or makes (at run time) everything interpreted.
 PURE_PYTHON = "PERFKIT_PURE_PYTHON"
 
-#: What setup.py decided, written beside this module at install time (one line: `mypyc`, or
-#: `interpreted: <why>`); absent in a checkout that was never installed.
+#: What setup.py decided, written beside this module at install time: a first line `mypyc`, then
+#: `<module> <sha256 of its source>` for each module compiled; or one line `interpreted: <why>`.
+#: Absent in a checkout that was never installed.
 BUILD_RECORD = Path(__file__).with_name("_build_record.txt")
 
 #: Why a listed module runs interpreted though its extension is there, by module name.
@@ -106,9 +108,11 @@ class _CompiledFinder(importlib.abc.MetaPathFinder):
             return spec  # an installed wheel without sources: the extension is all there is
         if pure_python_forced():
             return importlib.util.spec_from_file_location(fullname, source)
-        if source.stat().st_mtime > Path(spec.origin).stat().st_mtime:
-            # Edited (or checked out) since the build: the extension would run the old code.
-            _FALLBACKS[fullname] = "source newer than its extension, rebuild: pip install -e ."
+        changed = _changed_since_build(source.parents[fullname.count(".")])
+        if changed:
+            # Edited (or checked out) since the build: the extensions would run the old code. The
+            # whole group falls back, as its compiled modules import each other natively.
+            _FALLBACKS[fullname] = f"changed since the build: {', '.join(changed)}; rebuild: pip install -e ."
             return importlib.util.spec_from_file_location(fullname, source)
         wrapped = importlib.machinery.ModuleSpec(fullname, _ExtensionOrSource(spec.loader, source), origin=spec.origin)
         wrapped.has_location = True  # __file__ is the extension's, or the source's once it falls back
@@ -128,20 +132,54 @@ def is_compiled(module: ModuleType) -> bool:
     return any(str(module.__file__ or "").endswith(suffix) for suffix in importlib.machinery.EXTENSION_SUFFIXES)
 
 
-def _recorded() -> str:
+def source_hash(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _record_lines() -> list[str]:
     try:
-        return BUILD_RECORD.read_text().strip()
+        return BUILD_RECORD.read_text().splitlines()
     except OSError:
-        return ""
+        return []
+
+
+def _recorded() -> str:
+    """The record's first line: the tool, or 'interpreted: <why>' ('' without a record)."""
+    lines = _record_lines()
+    return lines[0].strip() if lines else ""
+
+
+def _built_hashes() -> dict[str, str]:
+    """The source hash each module was compiled from, by module name."""
+    return dict(line.split(" ", 1) for line in _record_lines()[1:] if " " in line)
+
+
+_CHANGED: dict[Path, list[str]] = {}
+
+
+def _changed_since_build(root: Path) -> list[str]:
+    """The recorded modules whose source under `root` (the folder holding the packages) no longer
+    has the hash they were compiled from; worked out once per process."""
+    if root not in _CHANGED:
+        _CHANGED[root] = [
+            name
+            for name, built in _built_hashes().items()
+            if (path := root.joinpath(*name.split(".")).with_suffix(".py")).is_file() and source_hash(path) != built
+        ]
+    return _CHANGED[root]
 
 
 def _failures(names: Sequence[str]) -> str:
-    """The modules of `names` that fell back, grouped by why: '<why>: a, b; <why>: c'."""
+    """The modules of `names` that fell back, grouped by why: '<why>: a, b; <why>: c' ('<why>' alone
+    when all of them did, for one reason)."""
     by_reason: dict[str, list[str]] = {}
     for name in names:
         if name in _FALLBACKS:
             by_reason.setdefault(_FALLBACKS[name], []).append(name)
-    return "; ".join(f"{reason}: {', '.join(modules)}" for reason, modules in by_reason.items())
+    return "; ".join(
+        reason if len(modules) == len(names) else f"{reason}: {', '.join(modules)}"
+        for reason, modules in by_reason.items()
+    )
 
 
 def describe(packages: Sequence[str]) -> str:

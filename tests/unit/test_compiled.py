@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import importlib
 import importlib.machinery
-import os
 import runpy
 import sys
 from collections.abc import Iterator
@@ -32,7 +31,6 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     (package / "mod.py").write_text("WHERE = 'source'\n")
     extension = package / ("mod" + importlib.machinery.EXTENSION_SUFFIXES[0])
     extension.write_bytes(b"not a shared library")
-    os.utime(package / "mod.py", (1_000_000, 1_000_000))  # older than the extension: not stale
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(compiled, "COMPILED_MODULES", (*compiled.COMPILED_MODULES, f"{PACKAGE}.mod"))
     monkeypatch.setattr(compiled, "_FALLBACKS", {})
@@ -66,10 +64,22 @@ def test_pure_python_at_run_time_imports_the_source(fake: Path, monkeypatch: pyt
     assert compiled.describe([PACKAGE]) == "interpreted (PERFKIT_PURE_PYTHON=1)"
 
 
-def test_a_source_newer_than_its_extension_is_imported_instead(fake: Path) -> None:
-    os.utime(fake, (1_000, 1_000))  # built before the source was last changed
+def test_a_source_changed_since_the_build_is_imported_instead(
+    fake: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = tmp_path / "record.txt"
+    monkeypatch.setattr(compiled, "BUILD_RECORD", record)
+    monkeypatch.setattr(compiled, "_CHANGED", {})
+    record.write_text(f"mypyc\n{PACKAGE}.mod {'0' * 64}\n")  # built from other bytes than mod.py's
     assert importlib.import_module(f"{PACKAGE}.mod").WHERE == "source"
-    assert "source newer than its extension, rebuild: pip install -e ." in compiled.describe([PACKAGE])
+    said = compiled.describe([PACKAGE])
+    assert f"changed since the build: {PACKAGE}.mod; rebuild: pip install -e ." in said
+    sys.modules.pop(f"{PACKAGE}.mod")
+    monkeypatch.setattr(compiled, "_FALLBACKS", {})
+    monkeypatch.setattr(compiled, "_CHANGED", {})
+    record.write_text(f"mypyc\n{PACKAGE}.mod {compiled.source_hash(fake.with_name('mod.py'))}\n")
+    importlib.import_module(f"{PACKAGE}.mod")  # the same bytes: the extension is tried (and fails)
+    assert compiled._FALLBACKS[f"{PACKAGE}.mod"].startswith("import failed")
 
 
 def test_without_extensions_the_install_record_says_why(fake: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -89,8 +99,7 @@ def test_version_says_compiled_or_interpreted(
     assert exited.value.code == 0
     said = capsys.readouterr().out
     assert said.startswith(f"{program} 0.1.0, ")
-    built = compiled.BUILD_RECORD.is_file() and compiled.BUILD_RECORD.read_text().strip() == compiled.TOOL
-    if built and not compiled.pure_python_forced():
+    if compiled._recorded() == compiled.TOOL and not compiled.pure_python_forced():
         # The install compiled: every listed module of the program must be running compiled.
         assert said.endswith(" modules\n") and ", compiled (mypyc): " in said, said
     monkeypatch.setenv(compiled.PURE_PYTHON, "1")
