@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from reference_server import connection_flags, triton_flags
+from reference_server._version import __version__
 from reference_server.core.dataplane import SERVER_NAME
 from reference_server.core.response_cache import cache_size_from_flags
 from reference_server.errors import ServerError
@@ -19,6 +20,7 @@ from reference_server.scheduling.rate_limiter import MODES as RATE_LIMIT_MODES
 from reference_server.scheduling.rate_limiter import parse_resource
 from reference_server.scheduling.summaries import DEFAULT_QUANTILES
 from reference_server.triton_flags import parse_bool
+from v2kit import compiled
 from v2kit.h2.pings import GRPC_SERVER_PINGS
 from v2kit.h2.rules import H2Limits
 from v2kit.runtime import cpus as runtime_cpus
@@ -256,6 +258,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="KServe v2 inference server for ONNX models in a Triton model repository. "
         "Flags follow tritonserver's.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    parser.add_argument(
+        "--version", action=compiled.version_action("perfkit-server", __version__, ("v2kit", "reference_server"))
     )
     parser.add_argument(
         "--model-repository",

@@ -354,10 +354,10 @@ def _parse_common(doc: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
 
 def decode_infer_request(
-    body: bytes, header_length: int | None, model_name: str, model_version: str = ""
+    body: bytes, header_length: int | str | None, model_name: str, model_version: str = ""
 ) -> InferRequest:
-    """Server side: an HTTP infer body. `header_length` is Inference-Header-Content-Length (None when
-    absent). Length 0 means a raw binary request, which needs `decode_raw_binary_request`."""
+    """Server side: an HTTP infer body. `header_length` is Inference-Header-Content-Length, as a number
+    or the header's text (None when absent). Length 0 means a raw binary request, which needs `decode_raw_binary_request`."""
     mv = memoryview(body).cast("B")
     n = _header_length(header_length, len(mv))
     if n == 0:
@@ -567,7 +567,7 @@ def encode_infer_request(
     return (b"".join([header, *parts]), len(header)) if binary_inputs else (header, None)
 
 
-def decode_infer_response(body: bytes, header_length: int | None) -> InferResponse:
+def decode_infer_response(body: bytes, header_length: int | str | None) -> InferResponse:
     """Client side: an HTTP infer response body. Raises only CodecError (an error body included)."""
     doc, rest = _split_body(body, header_length, "response")
     doc = {k: v for k, v in doc.items() if v is not None}  # KServe's python server writes an absent field as null

@@ -16,6 +16,7 @@ from perfkit._version import __version__
 from perfkit.cli import compare, probe, report, run, sweep, tune
 from perfkit.cli.common import Command
 from perfkit.errors import PerfkitError
+from v2kit import compiled
 
 #: The sub-commands, in the order `perfkit --help` lists them.
 COMMANDS: dict[str, Command] = {
@@ -31,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Exit codes: 0 done, 1 could not finish (or a load worker died), 2 usage error, 3 unstable level, 4 request errors, "
         "130 interrupted.",
     )
-    parser.add_argument("--version", action="version", version=f"perfkit {__version__}")
+    parser.add_argument("--version", action=compiled.version_action("perfkit", __version__, ("v2kit", "perfkit")))
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for command in COMMANDS.values():
         command.add_to(commands)

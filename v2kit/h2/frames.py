@@ -11,6 +11,7 @@ import math
 import struct
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import hpack
 import hpack.exceptions
@@ -152,7 +153,10 @@ class HeaderDecoder:
         if headers is not None:
             return headers
         try:
-            headers = classify([(str(name), str(value)) for name, value in self._decoder.decode(block)])
+            # hpack annotates its decoded fields as bytes but yields str (raw=False): typed as Any so
+            # that a compiled build (which checks annotations at run time) takes what hpack gives.
+            decoded: Iterable[tuple[Any, Any]] = self._decoder.decode(block)
+            headers = classify([(str(name), str(value)) for name, value in decoded])
         except (hpack.exceptions.HPACKError, UnicodeDecodeError, ValueError, IndexError) as exc:
             raise BadHeaderBlock(str(exc) or type(exc).__name__) from exc
         if keeps_table(block):
