@@ -23,6 +23,7 @@ __all__ = [
     "VALIDATION_MISMATCH",
     "FailureLog",
     "Outcome",
+    "ReplyFraming",
     "body_framing_ok",
     "describe",
     "failure_line",
@@ -169,6 +170,32 @@ def body_framing_ok(body: bytes, header_length: bytes | str | None) -> bool:
         return bool(n + sum((o.get("parameters") or {}).get("binary_data_size", 0) for o in outputs) == len(body))
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return False
+
+
+class ReplyFraming:
+    """`body_framing_ok` for one client's replies, remembering the last binary reply head that
+    passed. A server answers a load's requests with the same JSON header (the same outputs and
+    sizes) every time, and framing depends on nothing but that header and the body's length: a
+    reply whose header bytes and length are the last good one's is framed as it was, without
+    parsing its JSON again (the parse was the largest single cost of an HTTP reply in the client's
+    profile, docs/compiled.md). JSON replies (no header length) carry their data in the JSON and
+    are parsed every time. `parses` counts the JSON parses made."""
+
+    def __init__(self) -> None:
+        self.parses = 0
+        self._length: bytes | str | None = None  # the last good binary reply's header length,
+        self._head = b""  # its JSON header
+        self._size = -1  # and its whole length
+
+    def ok(self, body: bytes, header_length: bytes | str | None) -> bool:
+        if header_length == self._length and len(body) == self._size and body.startswith(self._head):
+            return True  # never for a JSON reply: _length is None only while _size is -1
+        self.parses += 1
+        if not body_framing_ok(body, header_length):
+            return False
+        if header_length is not None:
+            self._length, self._head, self._size = header_length, body[: int(header_length)], len(body)
+        return True
 
 
 def grpc_failure_kind(code: grpc.StatusCode, details: str) -> str:
