@@ -38,8 +38,8 @@ class RealClock:
     0.2-0.3 ms, for some tens of µs more CPU per open-loop send (a thread wake).
     """
 
-    def now_ns(self) -> int:
-        return time.perf_counter_ns()
+    # The builtin itself, not a method calling it: read twice a request, and no Python frame.
+    now_ns = staticmethod(time.perf_counter_ns)
 
     async def sleep_until(self, t_ns: int) -> None:
         coarse_ns = t_ns - _PRECISE_SPAN_NS - time.perf_counter_ns()

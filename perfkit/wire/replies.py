@@ -43,16 +43,33 @@ TEXT_CHARS = 400
 VALIDATION_MISMATCH = "validation mismatch"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class Outcome:
+    """One per request: its own `__init__` (compiled, where the dataclass's generated one would run
+    interpreted, and a frozen one sets each field through `object.__setattr__`). Not changed once made."""
+
     error: str  # "" on success, else the error's kind, used for counting
     bytes_in: int
     send_ns: int
     recv_ns: int
-    message: str = ""  # the error's text, for the first occurrences of each kind
-    response_ns: tuple[int, ...] | None = None  # streaming only: each response's arrival (perf_counter_ns)
-    tokens: tuple[int, ...] = ()  # a generative request's token record (load/samples.py TOKEN_COLUMNS)
-    text: str = ""  # a generative request's answer text (a session's next turn carries it)
+    message: str  # the error's text, for the first occurrences of each kind
+    response_ns: tuple[int, ...] | None  # streaming only: each response's arrival (perf_counter_ns)
+    tokens: tuple[int, ...]  # a generative request's token record (load/samples.py TOKEN_COLUMNS)
+    text: str  # a generative request's answer text (a session's next turn carries it)
+
+    def __init__(
+        self,
+        error: str,
+        bytes_in: int,
+        send_ns: int,
+        recv_ns: int,
+        message: str = "",
+        response_ns: tuple[int, ...] | None = None,
+        tokens: tuple[int, ...] = (),
+        text: str = "",
+    ) -> None:
+        self.error, self.bytes_in, self.send_ns, self.recv_ns = error, bytes_in, send_ns, recv_ns
+        self.message, self.response_ns, self.tokens, self.text = message, response_ns, tokens, text
 
 
 def output_mismatch(expected: Mapping[str, bytes], outputs: Mapping[str, bytes]) -> str:
