@@ -12,6 +12,7 @@ import socket
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -70,6 +71,12 @@ class Outcome:
     ) -> None:
         self.error, self.bytes_in, self.send_ns, self.recv_ns = error, bytes_in, send_ns, recv_ns
         self.message, self.response_ns, self.tokens, self.text = message, response_ns, tokens, text
+
+    def __reduce__(self) -> tuple[type[Outcome], tuple[Any, ...]]:
+        # By the constructor: compiled, the default pickling (an empty instance, then each field)
+        # fails, and a distributed load's workers may send outcomes.
+        fields = (self.error, self.bytes_in, self.send_ns, self.recv_ns, self.message, self.response_ns, self.tokens)
+        return Outcome, (*fields, self.text)
 
 
 def output_mismatch(expected: Mapping[str, bytes], outputs: Mapping[str, bytes]) -> str:

@@ -30,7 +30,7 @@ from perfkit.measure.probe import probe
 from perfkit.results.model import read_sweep
 from perfkit.sweep.run import resolve_model
 from perfkit.wire.client import make_client
-from perfkit.wire.replies import ReplyFraming, body_framing_ok
+from perfkit.wire.replies import Outcome, ReplyFraming, body_framing_ok
 
 NOTE = "has no model configuration extension"
 SHAPE = [-1, 16]
@@ -328,7 +328,9 @@ def test_tune_refuses_a_server_without_model_configuration(
 
 def test_missing_extension_survives_pickling() -> None:
     copy = pickle.loads(pickle.dumps(MissingExtension("GET x: HTTP 404", MODEL_CONFIGURATION)))
-    assert isinstance(copy, MissingExtension) and copy.extension == MODEL_CONFIGURATION and str(copy) == "GET x: HTTP 404"
+    assert (
+        isinstance(copy, MissingExtension) and copy.extension == MODEL_CONFIGURATION and str(copy) == "GET x: HTTP 404"
+    )
 
 
 def test_a_reply_whose_outputs_have_null_parameters_is_well_framed() -> None:
@@ -337,6 +339,11 @@ def test_a_reply_whose_outputs_have_null_parameters_is_well_framed() -> None:
     header = json.dumps({"outputs": outputs}).encode()
     assert body_framing_ok(header + bytes(4), str(len(header)))
     assert not body_framing_ok(header + bytes(3), str(len(header)))
+
+
+def test_an_outcome_pickles_compiled_or_not() -> None:
+    outcome = Outcome("HTTP 503", 10, 1, 2, "busy", (5, 6), (1, 2, 3, 4, 5), "text")
+    assert pickle.loads(pickle.dumps(outcome)) == outcome
 
 
 def test_a_repeated_reply_head_is_parsed_once_and_a_changed_one_again() -> None:
