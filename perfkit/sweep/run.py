@@ -321,7 +321,7 @@ def exit_code(result: SweepResult) -> int:
         return ExitCode.FAILED
     if any(not check.passed for level in result.levels for check in level.checks if check.name == "workers"):
         return ExitCode.FAILED
-    if any(level.error_count for level in result.levels):
+    if any(level.error_count or level.early_error_count for level in result.levels):
         return ExitCode.ERRORS
     if any(not level.stable or not level.valid for level in result.levels):
         return ExitCode.UNSTABLE
