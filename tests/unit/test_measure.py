@@ -512,3 +512,12 @@ async def test_a_level_without_early_failures_records_none() -> None:
     m, _ = await measure(lambda now, i: 10 * MS, ClosedLoop(2), WindowSpec(interval_ms=1000))
     assert (m.result.early_error_count, m.result.early_errors) == (0, {})
     assert next(c for c in m.result.checks if c.name == "errors").passed
+
+
+async def test_warm_up_failures_are_failures_before_the_reported_windows() -> None:
+    # --request-count 50 after 10 warm-up requests, the first 4 of which fail: never in the counted window.
+    spec = WindowSpec(request_limit=50, warmup_request_count=10, interval_ms=100)
+    m, client = await measure(lambda now, i: 4 * MS, ClosedLoop(1), spec, error=lambda i: "HTTP 503" if i < 4 else "")
+    r = m.result
+    assert len(client.sent) == 60 and (r.request_count, r.error_count) == (50, 0)
+    assert (r.early_error_count, r.early_errors) == (4, {"HTTP 503": 4})
