@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -514,17 +515,22 @@ def endpoint_figures(
     url: str, samples: SampleArrays, start_ns: int, end_ns: int, batch_size: int, percentile: float | None = None
 ) -> EndpointFigures:
     """One endpoint's share of a level (`-u A,B`): its requests that completed in [start_ns, end_ns),
-    counted, timed and divided by the span as the level's own figures are."""
+    counted, timed and divided by the span as the level's own figures are; and, as the level counts
+    them, its requests sent before `end_ns` that failed after it."""
     span = samples.completed_between(start_ns, end_ns)
     ok = span.ok
     ok_count = int(ok.sum())
+    late = samples.select((samples.sent_ns < end_ns) & (samples.done_ns >= end_ns))
+    late_failed = late.select(~late.ok)
+    errors = Counter(span.error_counts())
+    errors.update(late_failed.error_counts())
     seconds = (end_ns - start_ns) / 1e9
     return EndpointFigures(
         url=url,
-        request_count=len(span),
+        request_count=len(span) + len(late_failed),
         ok_count=ok_count,
-        error_count=len(span) - ok_count,
-        errors=span.error_counts(),
+        error_count=len(span) - ok_count + len(late_failed),
+        errors=dict(errors),
         throughput_infer_per_s=ok_count * batch_size / seconds if seconds > 0 else 0.0,
         latency=latency_stats((span.done_ns - span.sent_ns)[ok], percentile),
     )
