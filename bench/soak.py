@@ -28,7 +28,8 @@ and client at the start of the steady state (once every config has loaded, or af
 --warmup-share of the run, whichever is later), at the end, and at most. Exit 0 when nothing was
 lost, duplicated, mismatched or hung, every error came in a fault's window, every fault was
 recovered (a stalled stub killed by the server itself), nothing was left behind, and neither side
-grew past --max-growth-mb.
+grew past --max-growth-mb. SIGINT (Ctrl-C) ends the run at once, the server stopped, with the
+figures so far under an INTERRUPTED verdict: exit 130.
 """
 
 from __future__ import annotations
@@ -38,7 +39,9 @@ import asyncio
 import contextlib
 import itertools
 import json
+import os
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -66,6 +69,7 @@ from soak_faults import (
     RECOVERY_GIVE_UP_S,
     FaultInjector,
     Recoveries,
+    alive,
     attribute,
     fault_figures,
     leftovers,
@@ -76,6 +80,7 @@ MODEL = "identity"  # the model the reloads reconfigure
 MODELS = (MODEL, PY_MODEL)  # the load alternates between them, request by request
 WIDTH = 16
 REQUEST_TIMEOUT_S = 30.0
+INTERRUPTED_EXIT = 130  # a shell's code for a run SIGINT ended (128 + 2)
 CONFIGS = [  # identity's config overrides, in turn
     {"max_batch_size": 8, "instance_group": [{"count": 2, "kind": "KIND_CPU"}], "dynamic_batching": {}},
     {"max_batch_size": 8, "instance_group": [{"count": 1, "kind": "KIND_CPU"}]},
@@ -333,6 +338,7 @@ async def soak(
     unary = max(1, args.concurrency // 4)
     http = args.concurrency - unary - streams * per_stream
     repository_lock, faults_stop = asyncio.Lock(), asyncio.Event()
+    interrupted = _on_sigint()
     injector = FaultInjector(
         server_pid, http_url, args.fault_kinds if args.faults else [], args.fault_every if args.faults else 1.0,
         random.Random(args.seed), args.stub_timeout, tally.recoveries, repository_lock, probe_request,
@@ -348,40 +354,56 @@ async def soak(
         faulting = asyncio.create_task(injector.run(faults_stop))
         started = time.monotonic()
         while time.monotonic() - started < args.duration:
-            await asyncio.sleep(min(10.0, args.duration - (time.monotonic() - started)))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(interrupted.wait(), min(10.0, args.duration - (time.monotonic() - started)))
+            if interrupted.is_set():
+                break
             elapsed = time.monotonic() - started
             print(
                 f"{elapsed:6.0f} s  answered {tally.answered:>9,}  errors {sum(tally.errors.values()):>5}  "
                 f"reloads {len(reloads)}  faults {len(injector.faults)}  server RSS {samples[-1][1] / 2**20:6.1f} MiB",
                 flush=True,
             )
-        # The fault in progress runs to its recovery (bounded) under load; then the last, if asked.
-        faults_stop.set()
-        await faulting
-        injector.note_processes()
-        sampling_stop.set()
-        await sampling
-        core_kill = injector.kill_core() if args.kill_core_at_end else None
-        stop.set()
-        orphans = await injector.orphans(core_kill) if core_kill is not None else []
-        # Every request ends, answered or failed, by its timeout: a task still running is hung.
-        _, hung = await asyncio.wait(load, timeout=REQUEST_TIMEOUT_S + 30)
-        for task in hung:
-            task.cancel()
-        await asyncio.gather(*tasks)
+        orphans: list[int] = []
+        hung: set[asyncio.Task[None]] = set()
+        ended_at = time.monotonic()  # an interrupted run's faults after ended_at - RECOVERY_GIVE_UP_S were cut short
+        if interrupted.is_set():
+            print(f"soak: interrupted (SIGINT) after {time.monotonic() - started:.0f} s: stopping", flush=True)
+            await _end_at_once(injector, (faults_stop, sampling_stop, stop), [faulting, sampling, *load, *tasks])
+        else:
+            # The fault in progress runs to its recovery (bounded) under load; then the last, if asked.
+            faults_stop.set()
+            await faulting
+            injector.note_processes()
+            sampling_stop.set()
+            await sampling
+            core_kill = injector.kill_core() if args.kill_core_at_end else None
+            stop.set()
+            orphans = await injector.orphans(core_kill) if core_kill is not None else []
+            # Every request ends, answered or failed, by its timeout: a task still running is hung.
+            _, hung = await asyncio.wait(load, timeout=REQUEST_TIMEOUT_S + 30)
+            for task in hung:
+                task.cancel()
+            await asyncio.gather(*tasks)
         elapsed = time.monotonic() - started
     # Steady state begins once every config has been loaded and served: a process's first
     # onnxruntime session (a front-end worker's, when a config first puts instances there) takes its
     # thread pools and allocator once, which is no growth of a long run.
     every_config_s = args.reload_every * (len(CONFIGS) + 0.5)
     warm_s = max(args.duration * args.warmup_share, every_config_s if every_config_s < 0.8 * args.duration else 0.0)
-    lost = tally.sent - tally.answered - sum(tally.errors.values())
+    # Interrupted, the requests in flight were cancelled: not lost, and counted apart.
+    unended = tally.sent - tally.answered - sum(tally.errors.values())
+    lost = 0 if interrupted.is_set() else unended
+    unrecovered = [f for f in injector.faults if f.recovery_s is None and f.kind != "core-kill"]
+    # Interrupted, the faults still within their recovery time had no chance to recover.
+    cut_short = [f for f in unrecovered if interrupted.is_set() and f.at > ended_at - RECOVERY_GIVE_UP_S]
     failed_reloads = [r for r in reloads if r["status"] != 200]
     unexplained = attribute(
         injector.faults, tally.error_log + [(r["at"], f"reload answered {r['status']}") for r in failed_reloads]
     )
     return {
         "duration_s": round(elapsed, 1),
+        **({"interrupted": True, "cancelled_in_flight": unended} if interrupted.is_set() else {}),
         "concurrency": {"http": http, "grpc": unary, "stream": streams * per_stream},
         "sent": tally.sent,
         "answered": tally.answered,
@@ -396,9 +418,8 @@ async def soak(
         "seed": args.seed,
         "faults": fault_figures(injector.faults),
         "faults_skipped": dict(injector.skipped),  # none of the kind could be thrown at that moment
-        "faults_not_recovered": [
-            f"{f.kind} {f.target}" for f in injector.faults if f.recovery_s is None and f.kind != "core-kill"
-        ],
+        "faults_not_recovered": [f"{f.kind} {f.target}" for f in unrecovered if f not in cut_short],
+        **({"faults_cut_short": [f"{f.kind} {f.target}" for f in cut_short]} if interrupted.is_set() else {}),
         "outlived_core": orphans,
         "reloads": len(reloads),
         "failed_reloads": failed_reloads,
@@ -407,6 +428,37 @@ async def soak(
         "server_memory_mb": asdict(_memory(samples, 1, warm_s)),
         "client_memory_mb": asdict(_memory(samples, 2, warm_s)),
     }, injector
+
+
+def _on_sigint() -> asyncio.Event:
+    """An event SIGINT (Ctrl-C, or kill -INT, even when the shell that started the run in the
+    background made it ignore SIGINT) sets, so that the run ends at once with its figures so far; a
+    second SIGINT raises KeyboardInterrupt as usual."""
+    interrupted, loop = asyncio.Event(), asyncio.get_running_loop()
+
+    def on_sigint() -> None:
+        interrupted.set()
+        loop.remove_signal_handler(signal.SIGINT)  # back to KeyboardInterrupt
+
+    loop.add_signal_handler(signal.SIGINT, on_sigint)
+    return interrupted
+
+
+async def _end_at_once(
+    injector: FaultInjector, stops: tuple[asyncio.Event, ...], running: list[asyncio.Task[Any]]
+) -> None:
+    """An interrupted run: no more faults, load, reloads or samples, without waiting for a fault's
+    recovery or the requests in flight; a stub a stall left stopped runs again, so that the server
+    can stop it."""
+    for event in stops:
+        event.set()
+    for task in running:
+        task.cancel()
+    await asyncio.wait(running, timeout=10)
+    for pid in injector.stub_pids:
+        if alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
 
 
 def verdict(figures: dict[str, Any], max_growth_mb: float) -> list[str]:
@@ -429,6 +481,17 @@ def verdict(figures: dict[str, Any], max_growth_mb: float) -> list[str]:
         if growth > max_growth_mb:
             problems.append(f"{side} memory grew {growth:.1f} MiB (limit {max_growth_mb} MiB)")
     return problems
+
+
+def judge(figures: dict[str, Any], max_growth_mb: float) -> int:
+    """The run's exit code, and its verdict put in `figures`: 0 PASS, 1 FAIL (why), 130 for a run
+    SIGINT ended, whose verdict says so before what its figures so far show."""
+    problems = verdict(figures, max_growth_mb)
+    figures["verdict"] = "PASS" if not problems else "FAIL: " + "; ".join(problems)
+    if figures.get("interrupted"):
+        figures["verdict"] = f"INTERRUPTED after {figures['duration_s']:g} s: the figures so far; " + figures["verdict"]
+        return INTERRUPTED_EXIT
+    return 0 if not problems else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -473,6 +536,9 @@ def main(argv: list[str] | None = None) -> int:
         "--kill-core-at-end", action="store_true", help="kill -9 the server's core as the last fault, under load"
     )
     args = parser.parse_args(argv)
+    # SIGINT interrupts the run even when it was started in the background by a shell, which starts
+    # it ignored (the run then went on until SIGTERM, which leaves the server behind).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if args.concurrency < 4:
         parser.error("--concurrency must be at least 4 (HTTP, gRPC and stream workers)")
     unknown = sorted(set(args.fault_kinds) - set(KINDS))
@@ -487,25 +553,28 @@ def main(argv: list[str] | None = None) -> int:
         "--frontend-workers", str(args.frontend_workers),
         "--backend-config", f"python,execute-timeout-seconds={args.stub_timeout}",
     ]  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="perfkit-soak-") as tmp:
-        repository = soak_repository(ensure_demo_repository(), Path(tmp) / "models")
-        with reference_server_process(repository, extra) as server:
-            faults = (
-                f"faults {','.join(args.fault_kinds)} every ~{args.fault_every:g} s" if args.faults else "no faults"
-            )
-            print(
-                f"soak: {args.duration:.0f} s at concurrency {args.concurrency} against {server.http_url}, "
-                f"{faults}, seed {args.seed}",
-                flush=True,
-            )
-            figures, injector = asyncio.run(soak(server.http_url, server.grpc_url, server.process.pid, args))
+    try:
+        with tempfile.TemporaryDirectory(prefix="perfkit-soak-") as tmp:
+            repository = soak_repository(ensure_demo_repository(), Path(tmp) / "models")
+            with reference_server_process(repository, extra) as server:
+                faults = (
+                    f"faults {','.join(args.fault_kinds)} every ~{args.fault_every:g} s" if args.faults else "no faults"
+                )
+                print(
+                    f"soak: {args.duration:.0f} s at concurrency {args.concurrency} against {server.http_url}, "
+                    f"{faults}, seed {args.seed}",
+                    flush=True,
+                )
+                figures, injector = asyncio.run(soak(server.http_url, server.grpc_url, server.process.pid, args))
+    except KeyboardInterrupt:  # before the load started, or a second SIGINT: the server is stopped
+        print("soak: interrupted (SIGINT) before it had figures", file=sys.stderr)
+        return INTERRUPTED_EXIT
     figures["left_behind"] = leftovers(injector)
-    problems = verdict(figures, args.max_growth_mb)
-    figures["verdict"] = "PASS" if not problems else "FAIL: " + "; ".join(problems)
+    code = judge(figures, args.max_growth_mb)
     print(json.dumps(figures, indent=2))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2) + "\n")
-    return 0 if not problems else 1
+    return code
 
 
 if __name__ == "__main__":

@@ -40,9 +40,12 @@ def _verdict_text(result: LevelResult) -> str:
                   if stats.count]  # fmt: skip
     if result.latency.count > 0:
         parts.append(f"p99 {result.latency.p99_us / 1000:.3f} ms")
-    if result.error_count:
-        late = result.late_count - result.late_ok_count  # failed while the level drained
-        parts.append(f"{result.error_count} errors" + (f" ({late} after the last window)" if late else ""))
+    if result.error_count or result.early_error_count:
+        # Every failure of the level: those before its reported windows are in no count but this one.
+        early, late = result.early_error_count, result.late_count - result.late_ok_count
+        when = [f"{early} before the reported windows"] if early else []
+        when += [f"{late} after the last window"] if late else []
+        parts.append(f"{result.error_count + early} errors" + (f" ({', '.join(when)})" if when else ""))
     parts.append("stable" if result.stable else "UNSTABLE")
     failed = [check.name for check in result.checks if not check.passed]
     parts.append(f"INVALID ({', '.join(failed)})" if failed else "valid")

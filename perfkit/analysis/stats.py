@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import Counter
 from collections.abc import Sequence
 
 import numpy as np
@@ -318,6 +319,7 @@ def level_result(
     all_windows: Sequence[WindowResult] | None = None,
     sequences: SequenceArrays | None = None,
     late: SampleArrays | None = None,
+    early: SampleArrays | None = None,
 ) -> LevelResult:
     """The result of one load level from its reported windows (see `reported_windows`).
 
@@ -328,7 +330,9 @@ def level_result(
     `sequences` (a sequence model's finished sequences) count in the window of their last answer.
     `late`: the requests that ended after the last window (while the level drained). They are in no
     window's figures, but each is counted once: its failure in `errors` (and in `request_count`),
-    its answer in `late_ok_count`, both in `late_count`."""
+    its answer in `late_ok_count`, both in `late_count`. `early`: the requests that ended before the
+    reported windows (earlier windows, the warm-up); their failures are `early_errors`, apart from
+    the reported span's counts."""
     windows = tuple(windows)
     duration_s = sum(w.end_ns - w.start_ns for w in windows) / 1e9
     counted = samples.select(_in_windows(samples.done_ns, windows))
@@ -378,6 +382,8 @@ def level_result(
         responses=response_stats(ok, duration_s),
         late_count=len(late) if late is not None else 0,
         late_ok_count=late_ok,
+        early_error_count=int((~early.ok).sum()) if early is not None else 0,
+        early_errors=early.error_counts() if early is not None else {},
     )
     if sequences is not None and len(sequences):
         result = _with_sequences(result, sequences, windows, duration_s, custom_percentile)
@@ -419,6 +425,14 @@ def _check(name: str, passed: bool, detail: str, advice: str) -> Check:
     return Check(name, passed, detail, "" if passed else advice)
 
 
+def _early_failures_text(level: LevelResult) -> str:
+    """The failures before the reported windows, which the counts before it leave out."""
+    if not level.early_error_count:
+        return ""
+    kinds = ", ".join(f"{kind} × {count}" for kind, count in sorted(level.early_errors.items()))
+    return f"; {level.early_error_count} failed before the reported windows: {kinds}"
+
+
 def validity_checks(
     level: LevelResult,
     *,
@@ -446,9 +460,10 @@ def validity_checks(
         ))  # fmt: skip
     kinds = ", ".join(f"{kind} × {count}" for kind, count in sorted(level.errors.items()))
     checks.append(_check(
-        "errors", level.error_count == 0,
+        "errors", level.error_count == 0 and level.early_error_count == 0,
         f"{level.error_count} of {level.request_count} requests failed" + (f": {kinds}" if kinds else "")
-        + (f" ({late} after the last window)" if (late := level.late_count - level.late_ok_count) else ""),
+        + (f" ({late} after the last window)" if (late := level.late_count - level.late_ok_count) else "")
+        + _early_failures_text(level),
         "failed requests are left out of throughput and latency; read the server's log, and lower the load "
         "(--concurrency-range / --request-rate-range) if the server is rejecting or timing out requests",
     ))  # fmt: skip
@@ -500,17 +515,22 @@ def endpoint_figures(
     url: str, samples: SampleArrays, start_ns: int, end_ns: int, batch_size: int, percentile: float | None = None
 ) -> EndpointFigures:
     """One endpoint's share of a level (`-u A,B`): its requests that completed in [start_ns, end_ns),
-    counted, timed and divided by the span as the level's own figures are."""
+    counted, timed and divided by the span as the level's own figures are; and, as the level counts
+    them, its requests sent before `end_ns` that failed after it."""
     span = samples.completed_between(start_ns, end_ns)
     ok = span.ok
     ok_count = int(ok.sum())
+    late = samples.select((samples.sent_ns < end_ns) & (samples.done_ns >= end_ns))
+    late_failed = late.select(~late.ok)
+    errors = Counter(span.error_counts())
+    errors.update(late_failed.error_counts())
     seconds = (end_ns - start_ns) / 1e9
     return EndpointFigures(
         url=url,
-        request_count=len(span),
+        request_count=len(span) + len(late_failed),
         ok_count=ok_count,
-        error_count=len(span) - ok_count,
-        errors=span.error_counts(),
+        error_count=len(span) - ok_count + len(late_failed),
+        errors=dict(errors),
         throughput_infer_per_s=ok_count * batch_size / seconds if seconds > 0 else 0.0,
         latency=latency_stats((span.done_ns - span.sent_ns)[ok], percentile),
     )

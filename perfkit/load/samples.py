@@ -13,15 +13,16 @@ perf_analyzer's: a final flag that came alone, after it, is not a response.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
 
-# Explicitly an alias: in pip's isolated build environment numpy is absent and its types read as
-# Any, where an implicit alias of Any is a variable that mypyc refuses as a type.
+# Explicitly an alias: should numpy be absent from pip's build environment, its types read as Any,
+# and an implicit alias of Any is a variable that mypyc refuses as a type.
 I64: TypeAlias = npt.NDArray[np.int64]
 
 #: The columns of a generative request's token record (`SampleArrays.tokens`), in order: time to
@@ -50,6 +51,9 @@ class Sample:
     gaps_ns: tuple[int, ...] = ()  # streamed: between consecutive responses
     sequence_id: int = 0  # a sequence model's request: its sequence's id (0: none)
 
+    def __reduce__(self) -> tuple[type[Sample], tuple[Any, ...]]:
+        return _by_constructor(self)
+
 
 @dataclass(frozen=True, slots=True)
 class SampleArrays:
@@ -69,6 +73,9 @@ class SampleArrays:
     error_names: tuple[str, ...]
     tokens: I64 | None = None  # shape (n, len(TOKEN_COLUMNS)); None when no request had a token record
     sequence_id: I64 | None = None  # each request's sequence id (0: none); None: no column at all
+
+    def __reduce__(self) -> tuple[type[SampleArrays], tuple[Any, ...]]:
+        return _by_constructor(self)
 
     def __len__(self) -> int:
         return len(self.done_ns)
@@ -155,8 +162,18 @@ class SequenceArrays:
     ok: npt.NDArray[np.bool_]
     requests: I64
 
+    def __reduce__(self) -> tuple[type[SequenceArrays], tuple[Any, ...]]:
+        return _by_constructor(self)
+
     def __len__(self) -> int:
         return len(self.done_ns)
+
+
+def _by_constructor(value: Any) -> tuple[Any, tuple[Any, ...]]:
+    """How a frozen dataclass here pickles (ray sends them between processes): by its constructor,
+    from its fields. Compiled by mypyc, the default (setting each field after an empty instance is
+    made) fails with "cannot assign to field"."""
+    return type(value), tuple(getattr(value, f.name) for f in dataclasses.fields(value))
 
 
 class SampleBuffer:

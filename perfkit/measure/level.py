@@ -30,6 +30,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+import numpy as np
+
 from perfkit.analysis import server_stats, stats
 from perfkit.errors import MissingExtension, PerfkitError
 from perfkit.load.generator import Clock
@@ -309,6 +311,11 @@ async def measure_level(
     # Requests that ended while the level drained (answered, failed, or cancelled at the drain
     # timeout): in no window, yet each counted once in the level (stats.level_result).
     late = all_samples.select(all_samples.done_ns >= span_end)
+    # Requests that ended before the reported span (earlier windows, the warm-up): their failures
+    # are the level's too, apart from the span's figures (stats.level_result's `early`).
+    measured = buffer.arrays(first_index)
+    warmed = np.arange(len(measured)) < (spec.warmup_request_count if spec.request_limit else 0)
+    early = measured.select(warmed | (measured.done_ns < span_start))
     before, after = snapshots[first], snapshots[-1]
     server_figures = server.difference(before, after) if server and before is not None and after is not None else None
     usage = resources.usage_between(span_start, span_end, reported_count) if resources is not None else ResourceUsage()
@@ -330,6 +337,7 @@ async def measure_level(
         stability_count=spec.stable_window_count,
         sequences=buffer.sequences(),
         late=late,
+        early=early,
     )
     if failed_lengths:
         result = _with_lengthening(result, spec, failed_lengths, scale)

@@ -272,6 +272,11 @@ class LevelResult:
     # so ok_count + late_ok_count + error_count is every request counted for the level.
     late_count: int = 0
     late_ok_count: int = 0
+    # Requests that failed before the reported windows (in earlier, unreported windows or the
+    # warm-up): in none of the figures above, which are the reported span's, but failures of the
+    # level all the same: its "errors" check fails on them and the sweep exits 4.
+    early_error_count: int = 0
+    early_errors: dict[str, int] = field(default_factory=dict)  # error kind -> count
 
     @property
     def valid(self) -> bool:

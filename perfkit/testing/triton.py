@@ -161,6 +161,12 @@ def _start(peers: Path, repository: Path, extra_args: Sequence[str], log_path: P
         f"--metrics-port={metrics_port}",
         *extra_args,
     ]
+    if not any("shm-region-prefix-name" in arg for arg in extra_args):
+        # The python backend names its stubs' regions <prefix>1, <prefix>2, ... in every server, so
+        # two tritonservers on one machine (a test's and a bench's) would open each other's regions
+        # and abort (boost::interprocess::lock_exception); the python_backend README's remedy.
+        prefix = f"{_STUB_REGION_PREFIX.removeprefix('/dev/shm/')}{os.getpid()}_{http_port}_"
+        command.append(f"--backend-config=python,shm-region-prefix-name={prefix}")
     with log_path.open("ab") as log:
         log.write(f"$ {' '.join(command)}\n".encode())
         log.flush()

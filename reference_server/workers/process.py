@@ -9,20 +9,35 @@ listens, and ends when told (SIGTERM, SIGINT) or when the core's connection clos
 dies leaves no listener behind. A worker that dies while the server runs is started again, as a
 supervisor does: after a delay that doubles with each death in a short window (`Restarts`), and not
 at all once it has died that often in that window (a crash loop; the others serve on).
+
+A worker started again runs the code installed *now*, with the core's configuration pickled by the
+code the core started with: after a package upgrade the two disagree (a field renamed, moved or
+added), and the worker failed on the first use of the config, again at every restart. So the core
+sends, before the config, each source file of reference_server and v2kit with its content's hash as
+it was at its start (`code_files`, ~140 files, a few ms); a worker that finds other files on disk
+exits with CODE_CHANGED_EXIT before it unpickles anything, and the core logs which files changed and
+does not start that worker again.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import json
 import logging
+import os
 import pickle
 import signal
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 
+import reference_server
+import v2kit
 from reference_server.config import ServerConfig
 from reference_server.core.log_settings import LogSettings, install
 from reference_server.errors import ServerError
@@ -45,6 +60,43 @@ RESTART_DELAY_S = 0.1
 RESTART_DELAY_MAX_S = 5.0
 CRASH_LOOP_WINDOW_S = 60.0
 CRASH_LOOP_DEATHS = 5
+#: How a worker that runs other code than its core's exits: not a crash, and not started again.
+CODE_CHANGED_EXIT = 3
+# What precedes the core's code files (JSON, one line) on a worker's standard input.
+_CODE_LINE = b"reference_server code files: "
+
+
+class CodeChanged(ServerError):
+    """A worker found other code installed than its core started with."""
+
+
+def code_files() -> dict[str, str]:
+    """Each source or extension file of reference_server and v2kit ("v2kit/codec.py") -> the
+    sha256 of its content: the code a worker must share with its core. Contents, not file times: an
+    install sets those in any order."""
+    files: dict[str, str] = {}
+    for package in (reference_server, v2kit):
+        root = Path(package.__file__ or "").parent
+        for folder, subfolders, names in os.walk(root):
+            subfolders[:] = sorted(name for name in subfolders if name != "__pycache__")
+            for name in names:
+                if name.endswith((".py", ".so", ".pyd")):
+                    path = Path(folder, name)
+                    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+                    files[f"{root.name}/{path.relative_to(root).as_posix()}"] = digest
+    return files
+
+
+def code_changes(then: Mapping[str, str], now: Mapping[str, str]) -> list[str]:
+    """The files changed, added or removed between two `code_files`, sorted."""
+    return sorted(path for path in then.keys() | now.keys() if then.get(path) != now.get(path))
+
+
+def code_changed_text(changed: list[str]) -> str:
+    """Why a worker cannot serve for its core: the files that changed (three named), and the fix."""
+    named = ", ".join(changed[:3]) + (f" and {len(changed) - 3} more" if len(changed) > 3 else "")
+    what = f"{named} differs" if len(changed) == 1 else f"{named or 'its code files'} differ"
+    return f"reference_server changed since the server started ({what}); restart the server"
 
 
 class Restarts:
@@ -72,6 +124,7 @@ class FrontendWorkers:
         self._restarts = [Restarts() for _ in range(config.frontend_workers)]
         self._stopping = False
         self.restarts = 0
+        self._code = code_files()  # the code this core runs, which every worker must run too
 
     async def start(self) -> tuple[int | None, int | None]:
         """Reserve the ports, start every worker and wait until each listens; the ports bound."""
@@ -108,6 +161,7 @@ class FrontendWorkers:
         )  # fmt: skip
         self._processes[index] = process
         assert process.stdin is not None and process.stdout is not None
+        process.stdin.write(_CODE_LINE + json.dumps(self._code).encode() + b"\n")
         process.stdin.write(pickle.dumps((self.config, self.plane_path, index)))
         process.stdin.close()
         try:
@@ -119,6 +173,9 @@ class FrontendWorkers:
                 with contextlib.suppress(ProcessLookupError):
                     process.kill()
                 code = await process.wait()
+            if code == CODE_CHANGED_EXIT:
+                changed = code_changes(self._code, code_files())
+                raise CodeChanged(f"front-end worker {index}: {code_changed_text(changed)}") from None
             raise ServerError(
                 f"front-end worker {index} did not start (exit code {code}; its error is above); "
                 "run with --frontend-workers 1 to serve from one process"
@@ -149,6 +206,9 @@ class FrontendWorkers:
             self.restarts += 1
             try:
                 await self._start(index)
+                return
+            except CodeChanged as exc:  # it would run other code at every start: one error, no loop
+                log.error("%s; not starting it again (the other workers serve on)", exc)
                 return
             except ServerError as exc:  # it died starting: that counts as a death too
                 if not self._stopping:
@@ -227,7 +287,14 @@ async def serve(config: ServerConfig, plane_path: str, index: int) -> None:
 
 
 def main() -> int:
-    config, plane_path, index = pickle.loads(sys.stdin.buffer.read())
+    core_code, pickled = _core_code(sys.stdin.buffer.read())
+    # Checked before the config is unpickled: pickled by other code, it may load into other fields.
+    if core_code is None:  # a core that predates this check: its code cannot be this one
+        print(f"error: front-end worker: {code_changed_text([])}", file=sys.stderr)
+        return CODE_CHANGED_EXIT
+    if code_changes(core_code, code_files()):
+        return CODE_CHANGED_EXIT  # the core names the files and does not start this worker again
+    config, plane_path, index = pickle.loads(pickled)
     # The core's log settings at start, in the same format and file; the core tells the logging
     # extension's later changes (`RemotePlane._settings`).
     install(LogSettings(str(config.log_file or ""), config.log_info, config.log_warning, config.log_error,
@@ -243,6 +310,14 @@ def main() -> int:
         print(f"error: front-end worker {index}: cannot start listening: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _core_code(payload: bytes) -> tuple[dict[str, str] | None, bytes]:
+    """The core's `code_files` and the pickled config, from what a worker reads on its stdin."""
+    if not payload.startswith(_CODE_LINE):
+        return None, payload
+    line, _, pickled = payload.partition(b"\n")
+    return json.loads(line[len(_CODE_LINE) :]), pickled
 
 
 if __name__ == "__main__":

@@ -200,12 +200,16 @@ class WorkerKiller:
                 return
             time.sleep(0.01)
         ports = (self.server.http_port, self.server.grpc_port)
-        client = psutil.Process(self.client)  # perfkit, and its load workers if it starts any
-        clients = {c.laddr.port for p in (client, *client.children(recursive=True)) for c in _tcp(p) if c.raddr}
-        if not clients:
-            return
+        # The worker serving most of perfkit's connections; looked for again until one serves any
+        # (on a busy machine the first look can fall between a level's connections).
+        while True:
+            victim = self._busiest(ports)
+            if victim is not None:
+                break
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
         workers = self.server.children()[0]
-        victim = max(workers, key=lambda w: _connections(w.pid, ports, psutil.CONN_ESTABLISHED, clients))
         self.pid, self.at_ns = victim.pid, time.time_ns()
         killed = time.monotonic()
         os.kill(victim.pid, signal.SIGKILL)
@@ -216,6 +220,17 @@ class WorkerKiller:
                 self.new_pid, self.listening_after_s = new[0], time.monotonic() - killed
                 return
             time.sleep(0.02)
+
+    def _busiest(self, ports: tuple[int, int]) -> psutil.Process | None:
+        try:
+            client = psutil.Process(self.client)  # perfkit, and its load workers if it starts any
+            processes = (client, *client.children(recursive=True))
+        except psutil.Error:
+            return None
+        clients = {c.laddr.port for p in processes for c in _tcp(p) if c.raddr}
+        held = {w: _connections(w.pid, ports, psutil.CONN_ESTABLISHED, clients) for w in self.server.children()[0]}
+        busiest = max(held, key=lambda w: held[w], default=None)
+        return busiest if busiest is not None and held[busiest] > 0 else None
 
 
 def _tcp(process: psutil.Process) -> list[Any]:

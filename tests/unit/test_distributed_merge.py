@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 import importlib.util
 import json
+import pickle
 
 import numpy as np
 import pytest
@@ -21,7 +22,7 @@ from perfkit.load.cluster.distributed import (
     split_load,
 )
 from perfkit.load.generator import FakeClock, LoadGenerator
-from perfkit.load.samples import SampleArrays, SampleBuffer
+from perfkit.load.samples import Sample, SampleArrays, SampleBuffer, SequenceArrays
 from perfkit.load.schedule import ClosedLoop, Load, OpenLoop, ScheduleStream, build_schedule
 from perfkit.measure.level import LevelMeasurement, WindowSpec, measure_level
 from perfkit.report.html import render_html
@@ -286,3 +287,18 @@ async def test_warmup_and_count_windows_see_the_workers_samples_as_they_are_pull
     assert [w.request_count >= 500 for w in result.windows] == [True, True, True]
     assert all(w.end_ns - w.start_ns <= 1400 * MS for w in result.windows)
     assert result.windows[0].start_ns - generator.start_ns >= 250 * MS
+
+
+def test_samples_pickle_as_ray_sends_them_compiled_or_not() -> None:
+    """Load workers send their samples to the driver pickled: a frozen dataclass compiled by mypyc
+    refuses the default unpickling (field by field), so each one pickles by its constructor."""
+    buffer = SampleBuffer()
+    buffer.record(1, 2, 3, "", 4, 5)
+    buffer.record(6, 7, 9, "HTTP 503", 4, 0)
+    arrays = pickle.loads(pickle.dumps(buffer.arrays()))
+    assert (list(arrays.done_ns), arrays.error_names, list(arrays.error_kind)) == ([3, 9], ("", "HTTP 503"), [0, 1])
+    sample = Sample(1, 2, 3, "timeout", 4, 5, gaps_ns=(1, 2))
+    assert pickle.loads(pickle.dumps(sample)) == sample
+    ends = np.array([5], dtype=np.int64)
+    sequences = pickle.loads(pickle.dumps(SequenceArrays(ends, ends, np.array([True]), ends)))
+    assert list(sequences.done_ns) == [5] and bool(sequences.ok[0])

@@ -479,3 +479,45 @@ async def test_requests_cancelled_at_the_drain_timeout_are_errors_of_a_named_kin
     assert client.sent == 3 and len(m.samples) == 3
     assert r.errors == {CANCELLED_AT_DRAIN: 3} and r.error_count == r.request_count == r.late_count == 3
     assert m.samples.sent_ns.tolist() == [0, 0, 0] and (m.samples.done_ns >= 600 * MS).all()
+
+
+async def test_failures_before_the_reported_windows_are_the_levels_errors_apart_from_its_figures() -> None:
+    # 10 ms a request (2 workers); the requests answered in the second window (1-2 s) are 30 ms each
+    # and fail, so windows 0 and 1 disagree and the level reports windows 2-4 (2-5 s): the window-1
+    # failures are in no reported window, yet the level's.
+    clock = FakeClock()
+    slow = lambda now: S <= now < 2 * S  # noqa: E731
+    spec = WindowSpec(interval_ms=1000, max_trials=10)
+    m, client = await measure(
+        lambda now, i: (30 if slow(now) else 10) * MS, ClosedLoop(2), spec, clock=clock,
+        error=lambda i: "HTTP 503: model overloaded" if slow(clock.now_ns()) else "",
+    )  # fmt: skip
+    r = m.result
+    assert len(r.windows) == 5 and r.stable
+    failed_early = m.samples.select((m.samples.done_ns < 2 * S) & ~m.samples.ok)
+    assert len(failed_early) == r.windows[1].error_count > 0
+    assert r.early_errors == {"HTTP 503: model overloaded": len(failed_early)}
+    assert r.early_error_count == len(failed_early)
+    # The reported figures stay the reported span's: its requests, none of which failed.
+    assert (r.error_count, r.errors) == (0, {})
+    assert r.ok_count + r.error_count == r.request_count == r.latency.count
+    errors = next(c for c in r.checks if c.name == "errors")
+    assert not errors.passed
+    assert f"{len(failed_early)} failed before the reported windows: HTTP 503: model overloaded" in errors.detail
+    sweep = SweepResult("m", "", "fake:0", "fake", "concurrency", (r,), {})
+    assert exit_code(sweep) == ExitCode.ERRORS
+
+
+async def test_a_level_without_early_failures_records_none() -> None:
+    m, _ = await measure(lambda now, i: 10 * MS, ClosedLoop(2), WindowSpec(interval_ms=1000))
+    assert (m.result.early_error_count, m.result.early_errors) == (0, {})
+    assert next(c for c in m.result.checks if c.name == "errors").passed
+
+
+async def test_warm_up_failures_are_failures_before_the_reported_windows() -> None:
+    # --request-count 50 after 10 warm-up requests, the first 4 of which fail: never in the counted window.
+    spec = WindowSpec(request_limit=50, warmup_request_count=10, interval_ms=100)
+    m, client = await measure(lambda now, i: 4 * MS, ClosedLoop(1), spec, error=lambda i: "HTTP 503" if i < 4 else "")
+    r = m.result
+    assert len(client.sent) == 60 and (r.request_count, r.error_count) == (50, 0)
+    assert (r.early_error_count, r.early_errors) == (4, {"HTTP 503": 4})

@@ -122,3 +122,15 @@ def test_a_levels_line_says_how_many_of_its_errors_came_after_its_last_window() 
     progress.level_done(make_result(ok_count=0, error_count=64, request_count=64, late_count=64, stable=False,
                                     latency=LatencyStats(), throughput_infer_per_s=0.0))  # fmt: skip
     assert stream.getvalue() == "concurrency 4: 0.0 infer/s, 64 errors (64 after the last window), UNSTABLE, valid\n"
+
+
+def test_a_levels_line_counts_the_failures_before_its_reported_windows() -> None:
+    stream = io.StringIO()
+    progress = Progress(quiet=False, stream=stream)
+    progress.level_done(make_result(early_error_count=7, early_errors={"HTTP 503": 7}))
+    progress.level_done(make_result(error_count=3, late_count=1, early_error_count=7))
+    assert stream.getvalue().splitlines() == [
+        "concurrency 4: 1234.6 infer/s, p99 2.310 ms, 7 errors (7 before the reported windows), stable, valid",
+        "concurrency 4: 1234.6 infer/s, p99 2.310 ms, 10 errors (7 before the reported windows, 1 after the last "
+        "window), stable, valid",
+    ]

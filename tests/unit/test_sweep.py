@@ -4,19 +4,21 @@ stops when the server is gone, and how request errors are counted without stoppi
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from perfkit.cli.sweep.command import failure_lines
 from perfkit.errors import ExitCode
 from perfkit.load.generator import FakeClock
 from perfkit.measure.level import LevelMeasurement, WindowSpec
 from perfkit.report.export import render_pa_csv, render_summary_table
 from perfkit.report.tidy import render_tidy_csv
-from perfkit.results.model import LevelResult, SweepResult
+from perfkit.results.model import LevelResult, SweepResult, sweep_from_json, sweep_to_json
 from perfkit.sweep.engine import Sweep, stabilizing_latency_us
-from perfkit.sweep.run import exit_code
+from perfkit.sweep.run import SweepRun, exit_code
 from perfkit.sweep.spec import LoadSpec, SweepSpec
 from perfkit.target import TargetSpec
 from perfkit.wire.replies import FailureLog
@@ -277,6 +279,45 @@ async def test_a_level_whose_requests_all_fail_after_its_windows_exits_4_in_the_
     assert result.completed and exit_code(result) == ExitCode.ERRORS  # requests failed: 4, not 3
     assert [note for note in progress.named("note") if stalled in note] == [f"requests failed: {sweep.failures[0]}"]
     assert stalled in sweep.failures[0]
+
+
+async def test_failures_before_a_levels_reported_windows_exit_4_in_the_servers_words() -> None:
+    # The requests answered in the level's second window (0.1-0.2 s) take 3 ms and fail, in the
+    # server's words; the level reports windows 2-4 (0.2-0.5 s), in which none fails.
+    overloaded = "the model's queue is full (max_queue_size 4)"
+
+    class OverloadedAWhile(QueueingServer):
+        def __init__(self) -> None:
+            super().__init__(FakeClock(), error=lambda i: "HTTP 503" if self.slow() else "")
+            self.latency = lambda now, i: (3 if self.slow() else 1) * MS
+            self.failures = FailureLog()
+
+        def slow(self) -> bool:
+            return 100 * MS <= self.clock.now_ns() < 200 * MS
+
+        async def send(self, prepared: FakePrepared) -> Any:
+            outcome = await super().send(prepared)
+            if outcome.error:
+                self.failures.note(outcome.error, overloaded)
+            return outcome
+
+    sweep, _, _ = make_sweep(OverloadedAWhile(), LoadSpec("concurrency", 1, 1, 1))
+    result = await sweep.run()
+    [level] = result.levels
+    assert len(level.windows) == 5 and level.windows[1].error_count > 0
+    assert (level.error_count, level.errors) == (0, {})  # the reported span's counts
+    assert level.early_errors == {"HTTP 503": level.early_error_count} and level.early_error_count > 0
+    assert result.completed and exit_code(result) == ExitCode.ERRORS
+    lines = failure_lines(SweepRun(result, None, tuple(sweep.failures)), exit_code(result))
+    assert len(lines) == 1 and lines[0].startswith("error: requests failed: ") and overloaded in lines[0]
+    # Saved and loaded, the level keeps them; a result saved before they were recorded loads with none.
+    [loaded] = sweep_from_json(sweep_to_json(result)).levels
+    assert (loaded.early_error_count, loaded.early_errors) == (level.early_error_count, level.early_errors)
+    old = json.loads(sweep_to_json(result))
+    for entry in old["levels"]:
+        del entry["early_error_count"], entry["early_errors"]
+    [old_level] = sweep_from_json(json.dumps(old)).levels
+    assert (old_level.early_error_count, old_level.early_errors) == (0, {})
 
 
 async def test_a_level_answered_only_after_its_windows_is_not_a_server_gone() -> None:
