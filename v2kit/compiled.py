@@ -38,11 +38,6 @@ TOOL = "mypyc"
 
 #: The modules compiled at install time, in one mypyc group (`GROUP`): pure computation, typed.
 COMPILED_MODULES = (
-    "v2kit.codec",
-    "v2kit.tensors",
-    "v2kit.h2.fields",
-    "v2kit.h2.frames",
-    "perfkit.load.samples",
     # The load generator's request path, in the order of one request's client profile
     # (docs/compiled.md, "client profile"): the loop, HTTP/1.1, the reply check, gRPC's send. Not
     # yet perfkit.wire.grpc.connection, channel and streaming: Call derives from v2kit.h2.events.Stream,
@@ -53,6 +48,11 @@ COMPILED_MODULES = (
     "perfkit.wire.client",
     "perfkit.wire.replies",
     "perfkit.wire.grpc.client",
+    "v2kit.codec",
+    "v2kit.tensors",
+    "v2kit.h2.fields",
+    "v2kit.h2.frames",
+    "perfkit.load.samples",
 )
 
 #: mypyc's shared library for the group, `v2kit/_compiled__mypyc.*.so`: the per-module extensions
