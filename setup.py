@@ -71,8 +71,20 @@ def _remove_built() -> None:
             built.unlink()
 
 
+def _remove_unlisted(root: Path) -> None:
+    """Delete extensions beside the sources of modules no longer listed (taken off the list since
+    an earlier build): Python would import them, stale, instead of their sources."""
+    listed = {*_LIST["COMPILED_MODULES"], _LIST["GROUP"] + "__mypyc"}
+    for package in ("v2kit", "perfkit", "reference_server"):
+        for built in (root / package).rglob("*.so"):
+            name = ".".join((*built.relative_to(root).parent.parts, built.name.split(".", 1)[0]))
+            if name not in listed and built.with_name(built.name.split(".", 1)[0] + ".py").is_file():
+                built.unlink()
+
+
 if __name__ == "__main__":
     why_not = _why_not_compiled()
+    _remove_unlisted(ROOT)
     if why_not is not None:
         _remove_built()
     (ROOT / "v2kit" / "_build_record.txt").write_text(_record(why_not))

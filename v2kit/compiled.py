@@ -38,6 +38,16 @@ TOOL = "mypyc"
 
 #: The modules compiled at install time, in one mypyc group (`GROUP`): pure computation, typed.
 COMPILED_MODULES = (
+    # The load generator's request path, in the order of one request's client profile
+    # (docs/compiled.md, "The client"): the loop, HTTP/1.1, the reply check, gRPC's send. Not
+    # yet perfkit.wire.grpc.connection, channel and streaming: Call derives from v2kit.h2.events.Stream,
+    # whose __slots__ a compiled subclass cannot take while Stream runs interpreted, and streaming's
+    # classes derive from channel's and connection's; the three join once v2kit.h2.events is compiled.
+    "perfkit.load.generator",
+    "perfkit.wire.http_pool",
+    "perfkit.wire.client",
+    "perfkit.wire.replies",
+    "perfkit.wire.grpc.client",
     "v2kit.codec",
     "v2kit.tensors",
     "v2kit.h2.fields",

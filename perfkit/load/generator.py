@@ -10,104 +10,32 @@ clock), and is recorded with them (`SampleBuffer.record_streamed`).
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
-import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from perfkit.load.clocks import Clock, FakeClock, RealClock
 from perfkit.load.samples import SampleBuffer
 from perfkit.load.schedule import ClosedLoop, Load, OpenLoop, ScheduleStream
 from perfkit.load.sequences import LiveSequence, SequenceLoad
-from v2kit.runtime.timer import PRECISE_BELOW_NS, call_at_ns
+
+# The clocks live in perfkit.load.clocks, interpreted: tests subclass FakeClock, and an interpreted
+# class cannot derive from a compiled one. Imported from here as before.
+__all__ = [
+    "CANCELLED_AT_DRAIN",
+    "CHUNK",
+    "NOT_SENT",
+    "Clock",
+    "FakeClock",
+    "InferClientLike",
+    "LoadGenerator",
+    "RealClock",
+]
 
 CHUNK = 4096  # schedule offsets produced at a time
 NOT_SENT = "not sent: open-loop client limit reached"
 # A request still unanswered when the level's drain timed out (`stop`'s drain_timeout_s, which sweep
 # sets past --request-timeout): cancelled and counted as a failure of this kind, never lost.
 CANCELLED_AT_DRAIN = "cancelled at drain: no answer within the drain timeout after the level ended"
-# The last stretch of a sleep that the precise timer thread waits: under its PRECISE_BELOW_NS, and
-# longer than the loop's timers can be late (up to about 1 ms, more on a busy machine).
-_PRECISE_SPAN_NS = PRECISE_BELOW_NS - 100_000
-
-
-class Clock(Protocol):
-    def now_ns(self) -> int: ...
-
-    async def sleep_until(self, t_ns: int) -> None: ...
-
-
-class RealClock:
-    """time.perf_counter_ns, and sleeps that end on time to well under a millisecond.
-
-    asyncio rounds selector timeouts up to whole milliseconds (epoll_wait takes milliseconds), so
-    an `asyncio.sleep` ends up to about 1 ms late: kept with it alone, an open-loop schedule at
-    20 req/s sent 25-50 % of its requests more than `delay_tolerance_ms` late (median lag 0.7 ms,
-    2-core VM), and the latency from the intended send carried the generator's own lag. So the
-    loop's timer sleeps until shortly before the deadline and the precise timer thread (futex wait,
-    then `call_soon_threadsafe`, which wakes the selector at once) ends the sleep: median lag
-    0.2-0.3 ms, for some tens of µs more CPU per open-loop send (a thread wake).
-    """
-
-    def now_ns(self) -> int:
-        return time.perf_counter_ns()
-
-    async def sleep_until(self, t_ns: int) -> None:
-        coarse_ns = t_ns - _PRECISE_SPAN_NS - time.perf_counter_ns()
-        if coarse_ns > 0:
-            await asyncio.sleep(coarse_ns / 1e9)
-        if t_ns <= time.perf_counter_ns():
-            await asyncio.sleep(0)
-            return
-        loop = asyncio.get_running_loop()
-        woken: asyncio.Future[None] = loop.create_future()
-        handle = call_at_ns(loop, t_ns, lambda: None if woken.done() else woken.set_result(None))
-        try:
-            await woken
-        finally:
-            handle.cancel()
-
-
-class FakeClock:
-    """Virtual time for tests: time stands still while any task can run, then jumps to the next
-    sleeper's deadline. Runs are exact and instant whatever the machine is doing."""
-
-    def __init__(self, start_ns: int = 0) -> None:
-        self._now = start_ns
-        self._sleepers: list[tuple[int, int, asyncio.Future[None]]] = []
-        self._seq = itertools.count()
-        self._driver: asyncio.Task[None] | None = None
-
-    def now_ns(self) -> int:
-        return self._now
-
-    async def sleep_until(self, t_ns: int) -> None:
-        if self._driver is None or self._driver.done():
-            self._driver = asyncio.get_running_loop().create_task(self._drive())
-        if t_ns <= self._now:
-            await asyncio.sleep(0)
-            return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._sleepers, (t_ns, next(self._seq), future))
-        await future
-
-    async def _drive(self) -> None:
-        idle_rounds = 0
-        while True:
-            # Let every runnable task run to its next sleep before time moves.
-            for _ in range(64):
-                await asyncio.sleep(0)
-            while self._sleepers and self._sleepers[0][2].cancelled():
-                heapq.heappop(self._sleepers)
-            if not self._sleepers:
-                idle_rounds += 1
-                if idle_rounds > 8:
-                    return
-                continue
-            idle_rounds = 0
-            t_ns, _, future = heapq.heappop(self._sleepers)
-            self._now = max(self._now, t_ns)
-            future.set_result(None)
 
 
 class InferClientLike(Protocol):

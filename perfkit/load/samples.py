@@ -16,12 +16,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
 
-I64 = npt.NDArray[np.int64]
+# Explicitly an alias: should numpy be absent from pip's build environment, its types read as Any,
+# and an implicit alias of Any is a variable that mypyc refuses as a type.
+I64: TypeAlias = npt.NDArray[np.int64]
 
 #: The columns of a generative request's token record (`SampleArrays.tokens`), in order: time to
 #: first and second response (ns from the send; -1 when there was none), input and output tokens,

@@ -56,7 +56,7 @@ from perfkit.wire.replies import (
     VALIDATION_MISMATCH,
     FailureLog,
     Outcome,
-    body_framing_ok,
+    ReplyFraming,
     describe,
     http_failure_kind,
     http_outputs,
@@ -188,6 +188,7 @@ class HttpClient:
         authority = f"[{host}]" if ":" in host else host
         self._host_header = authority if self._base.is_default_port() else f"{authority}:{port}"
         self.failures = FailureLog()  # what the console says of failed requests
+        self.framing = ReplyFraming()  # checks each reply's framing; parses a repeated head once
 
     @property
     def binary(self) -> tuple[bool, bool]:
@@ -223,8 +224,8 @@ class HttpClient:
         url = self._url(request.model_name, request.model_version, "infer")
         try:
             wire = http_wire.encode_request("POST", url.raw_path_qs, headers, body)
-        except ValueError as exc:
-            raise PerfkitError(f"-H: {exc}; pass headers as 'Name: value' on one line") from None
+        except ValueError as refused:  # not `exc`: compiled, a name keeps the type of its first except
+            raise PerfkitError(f"-H: {refused}; pass headers as 'Name: value' on one line") from None
         return Prepared(body, len(body), url, CIMultiDictProxy(headers), wire)
 
     def prepare_sequence(self, request: v2.InferRequest) -> SequenceTemplate:
@@ -242,7 +243,7 @@ class HttpClient:
             return Outcome(
                 kind, 0, sent - start if sent else 0, recv_ns, note_once(self.failures, kind, describe(failure))
             )
-        ok = status == 200 and body_framing_ok(body, header_length)
+        ok = status == 200 and self.framing.ok(body, header_length)
         if ok and prepared.expected is not None:
             try:
                 problem = output_mismatch(prepared.expected, http_outputs(body, header_length))

@@ -41,6 +41,7 @@ from typing import cast
 
 import httptools
 
+from perfkit.wire.http_errors import BadResponse, ConnectFailed, Disconnected, ReplyTooLarge
 from perfkit.wire.limits import MAX_REPLY_BODY, MAX_REPLY_HEAD
 from v2kit.codec import HEADER_LENGTH
 
@@ -60,26 +61,6 @@ _HEADER_LENGTH = HEADER_LENGTH.lower().encode()  # compared with lower-cased nam
 _FRAMING = (b"content-length", b"transfer-encoding")
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # RFC 9110 field-name
 _UNSAFE_VALUE = re.compile(r"[\r\n\0]")
-
-
-class Disconnected(ConnectionError):
-    """The server closed the connection before the reply's headers were complete."""
-
-
-class BadResponse(Exception):
-    """The reply is not HTTP/1.1, or it ended before its body did."""
-
-
-class ReplyTooLarge(BadResponse):
-    """The reply's head or body is past what any inference answer needs (`perfkit.wire.limits`)."""
-
-
-class ConnectFailed(Exception):
-    """Opening the connection failed; `os_error` says why (refused, name resolution, TLS, ...)."""
-
-    def __init__(self, os_error: OSError) -> None:
-        super().__init__(str(os_error) or type(os_error).__name__)
-        self.os_error = os_error
 
 
 def encode_request(method: str, target: str, headers: Mapping[str, str], body: bytes) -> bytes:

@@ -12,6 +12,7 @@ import socket
 import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
@@ -23,6 +24,7 @@ __all__ = [
     "VALIDATION_MISMATCH",
     "FailureLog",
     "Outcome",
+    "ReplyFraming",
     "body_framing_ok",
     "describe",
     "failure_line",
@@ -42,16 +44,39 @@ TEXT_CHARS = 400
 VALIDATION_MISMATCH = "validation mismatch"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, init=False)
 class Outcome:
+    """One per request: its own `__init__` (compiled, where the dataclass's generated one would run
+    interpreted, and a frozen one sets each field through `object.__setattr__`). Not changed once made."""
+
     error: str  # "" on success, else the error's kind, used for counting
     bytes_in: int
     send_ns: int
     recv_ns: int
-    message: str = ""  # the error's text, for the first occurrences of each kind
-    response_ns: tuple[int, ...] | None = None  # streaming only: each response's arrival (perf_counter_ns)
-    tokens: tuple[int, ...] = ()  # a generative request's token record (load/samples.py TOKEN_COLUMNS)
-    text: str = ""  # a generative request's answer text (a session's next turn carries it)
+    message: str  # the error's text, for the first occurrences of each kind
+    response_ns: tuple[int, ...] | None  # streaming only: each response's arrival (perf_counter_ns)
+    tokens: tuple[int, ...]  # a generative request's token record (load/samples.py TOKEN_COLUMNS)
+    text: str  # a generative request's answer text (a session's next turn carries it)
+
+    def __init__(
+        self,
+        error: str,
+        bytes_in: int,
+        send_ns: int,
+        recv_ns: int,
+        message: str = "",
+        response_ns: tuple[int, ...] | None = None,
+        tokens: tuple[int, ...] = (),
+        text: str = "",
+    ) -> None:
+        self.error, self.bytes_in, self.send_ns, self.recv_ns = error, bytes_in, send_ns, recv_ns
+        self.message, self.response_ns, self.tokens, self.text = message, response_ns, tokens, text
+
+    def __reduce__(self) -> tuple[type[Outcome], tuple[Any, ...]]:
+        # By the constructor: compiled, the default pickling (an empty instance, then each field)
+        # fails, and a distributed load's workers may send outcomes.
+        fields = (self.error, self.bytes_in, self.send_ns, self.recv_ns, self.message, self.response_ns, self.tokens)
+        return Outcome, (*fields, self.text)
 
 
 def output_mismatch(expected: Mapping[str, bytes], outputs: Mapping[str, bytes]) -> str:
@@ -169,6 +194,32 @@ def body_framing_ok(body: bytes, header_length: bytes | str | None) -> bool:
         return bool(n + sum((o.get("parameters") or {}).get("binary_data_size", 0) for o in outputs) == len(body))
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return False
+
+
+class ReplyFraming:
+    """`body_framing_ok` for one client's replies, remembering the last binary reply head that
+    passed. A server answers a load's requests with the same JSON header (the same outputs and
+    sizes) every time, and framing depends on nothing but that header and the body's length: a
+    reply whose header bytes and length are the last good one's is framed as it was, without
+    parsing its JSON again (the parse was the largest single cost of an HTTP reply in the client's
+    profile, docs/compiled.md). JSON replies (no header length) carry their data in the JSON and
+    are parsed every time. `parses` counts the JSON parses made."""
+
+    def __init__(self) -> None:
+        self.parses = 0
+        self._length: bytes | str | None = None  # the last good binary reply's header length,
+        self._head = b""  # its JSON header
+        self._size = -1  # and its whole length
+
+    def ok(self, body: bytes, header_length: bytes | str | None) -> bool:
+        if header_length == self._length and len(body) == self._size and body.startswith(self._head):
+            return True  # never for a JSON reply: _length is None only while _size is -1
+        self.parses += 1
+        if not body_framing_ok(body, header_length):
+            return False
+        if header_length is not None:
+            self._length, self._head, self._size = header_length, body[: int(header_length)], len(body)
+        return True
 
 
 def grpc_failure_kind(code: grpc.StatusCode, details: str) -> str:

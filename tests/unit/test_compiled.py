@@ -115,3 +115,26 @@ def test_setup_builds_unless_told_not_to_or_without_a_compiler(monkeypatch: pyte
     monkeypatch.delenv(compiled.PURE_PYTHON)
     monkeypatch.setenv("CC", "/nonexistent/cc -O2")
     assert setup["_why_not_compiled"]() == "no C compiler when installed: /nonexistent/cc not found"
+
+
+CLIENT_PATH = ("perfkit.load.generator", "perfkit.wire.http_pool", "perfkit.wire.client", "perfkit.wire.replies",
+               "perfkit.wire.grpc.client")  # fmt: skip
+
+
+def test_the_load_generators_request_path_is_compiled_when_the_install_compiled() -> None:
+    assert set(CLIENT_PATH) <= set(compiled.COMPILED_MODULES)
+    if compiled._recorded() == compiled.TOOL and not compiled.pure_python_forced():
+        running = [name for name in CLIENT_PATH if not compiled.is_compiled(importlib.import_module(name))]
+        assert not running, f"interpreted though the install compiled: {running}"
+
+
+def test_setup_removes_the_extension_of_a_module_taken_off_the_list(tmp_path: Path) -> None:
+    setup = runpy.run_path(str(ROOT / "setup.py"), run_name="setup_under_test")
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    (tmp_path / "perfkit" / "wire").mkdir(parents=True)
+    for module in ("wire/replies", "wire/sniff", "stray"):
+        (tmp_path / "perfkit" / f"{module}.py").write_text("")
+        (tmp_path / "perfkit" / f"{module}{suffix}").write_bytes(b"")
+    (tmp_path / "perfkit" / f"no_source{suffix}").write_bytes(b"")  # not beside a source: not ours to judge
+    setup["_remove_unlisted"](tmp_path)
+    assert sorted(path.name for path in tmp_path.rglob(f"*{suffix}")) == [f"no_source{suffix}", f"replies{suffix}"]

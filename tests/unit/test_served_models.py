@@ -30,7 +30,7 @@ from perfkit.measure.probe import probe
 from perfkit.results.model import read_sweep
 from perfkit.sweep.run import resolve_model
 from perfkit.wire.client import make_client
-from perfkit.wire.replies import body_framing_ok
+from perfkit.wire.replies import Outcome, ReplyFraming, body_framing_ok
 
 NOTE = "has no model configuration extension"
 SHAPE = [-1, 16]
@@ -328,7 +328,9 @@ def test_tune_refuses_a_server_without_model_configuration(
 
 def test_missing_extension_survives_pickling() -> None:
     copy = pickle.loads(pickle.dumps(MissingExtension("GET x: HTTP 404", MODEL_CONFIGURATION)))
-    assert isinstance(copy, MissingExtension) and copy.extension == MODEL_CONFIGURATION and str(copy) == "GET x: HTTP 404"
+    assert (
+        isinstance(copy, MissingExtension) and copy.extension == MODEL_CONFIGURATION and str(copy) == "GET x: HTTP 404"
+    )
 
 
 def test_a_reply_whose_outputs_have_null_parameters_is_well_framed() -> None:
@@ -337,6 +339,23 @@ def test_a_reply_whose_outputs_have_null_parameters_is_well_framed() -> None:
     header = json.dumps({"outputs": outputs}).encode()
     assert body_framing_ok(header + bytes(4), str(len(header)))
     assert not body_framing_ok(header + bytes(3), str(len(header)))
+
+
+def test_an_outcome_pickles_compiled_or_not() -> None:
+    outcome = Outcome("HTTP 503", 10, 1, 2, "busy", (5, 6), (1, 2, 3, 4, 5), "text")
+    assert pickle.loads(pickle.dumps(outcome)) == outcome
+
+
+def test_a_repeated_reply_head_is_parsed_once_and_a_changed_one_again() -> None:
+    framing = ReplyFraming()
+    header = json.dumps({"outputs": [{"name": "A", "parameters": {"binary_data_size": 4}}]}).encode()
+    length = str(len(header)).encode()
+    assert framing.ok(header + bytes(4), length) and framing.ok(header + b"\x01" * 4, length)
+    assert framing.parses == 1  # the second reply: same head and length, no JSON parse
+    assert not framing.ok(header + bytes(5), length)  # same head, a byte too many
+    assert not framing.ok(header.replace(b"4", b"5") + bytes(4), length)  # its head says 5
+    assert framing.ok(b'{"outputs": []}', None) and framing.ok(b'{"outputs": []}', None)
+    assert framing.parses == 5  # JSON replies are parsed every time
 
 
 async def test_sweep_without_m_says_what_the_server_lists_when_no_model_is_ready() -> None:
