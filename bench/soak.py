@@ -191,8 +191,11 @@ async def grpc_worker(stub: Any, counter: itertools.count[int], tally: Tally, st
         try:
             reply = await stub.ModelInfer(request_to_proto(_request(sequence)), timeout=REQUEST_TIMEOUT_S)
         except grpc.aio.AioRpcError as exc:
+            # With the server's words, as the HTTP and stream kinds have them.
             kind = (
-                "grpc timeout (lost)" if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED else f"grpc {exc.code().name}"
+                "grpc timeout (lost)"
+                if exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+                else f"grpc {exc.code().name}: {(exc.details() or '')[:80]}"
             )
             tally.fail(sequence, kind)
             continue
@@ -411,7 +414,7 @@ async def soak(
         "throughput_rps": round(tally.answered / elapsed, 1),
         "errors": dict(tally.errors),
         "unexplained_errors": dict(unexplained),
-        "lost": lost + sum(n for kind, n in tally.errors.items() if "lost" in kind),
+        "lost": lost + sum(n for kind, n in tally.errors.items() if kind.endswith("(lost)")),
         "duplicated": tally.duplicated,
         "mismatched": tally.mismatched,
         "hung": len(hung),
