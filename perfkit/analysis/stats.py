@@ -349,9 +349,7 @@ def level_result(
     ci_low, ci_high = throughput_ci(windows)
     late_ok = int(late.ok.sum()) if late is not None else 0
     late_failed = len(late) - late_ok if late is not None else 0
-    errors = counted.error_counts()
-    for kind, count in late.error_counts().items() if late is not None else ():
-        errors[kind] = errors.get(kind, 0) + count
+    errors = _errors_of(counted, *([late] if late is not None else []))
     result = LevelResult(
         mode=mode,
         level=level,
@@ -511,6 +509,14 @@ def _stability_check(level: LevelResult, threshold: float, count: int) -> Check:
     return Check("stable", False, detail, _STABILITY_ADVICE)
 
 
+def _errors_of(*parts: SampleArrays) -> dict[str, int]:
+    """The failures of several sets of samples, by kind (a level's reported span and its late ones)."""
+    errors: Counter[str] = Counter()
+    for part in parts:
+        errors.update(part.error_counts())
+    return dict(errors)
+
+
 def endpoint_figures(
     url: str, samples: SampleArrays, start_ns: int, end_ns: int, batch_size: int, percentile: float | None = None
 ) -> EndpointFigures:
@@ -521,16 +527,14 @@ def endpoint_figures(
     ok = span.ok
     ok_count = int(ok.sum())
     late = samples.select((samples.sent_ns < end_ns) & (samples.done_ns >= end_ns))
-    late_failed = late.select(~late.ok)
-    errors = Counter(span.error_counts())
-    errors.update(late_failed.error_counts())
+    late_failed = len(late) - int(late.ok.sum())
     seconds = (end_ns - start_ns) / 1e9
     return EndpointFigures(
         url=url,
-        request_count=len(span) + len(late_failed),
+        request_count=len(span) + late_failed,
         ok_count=ok_count,
-        error_count=len(span) - ok_count + len(late_failed),
-        errors=dict(errors),
+        error_count=len(span) - ok_count + late_failed,
+        errors=_errors_of(span, late),
         throughput_infer_per_s=ok_count * batch_size / seconds if seconds > 0 else 0.0,
         latency=latency_stats((span.done_ns - span.sent_ns)[ok], percentile),
     )
