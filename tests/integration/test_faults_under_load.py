@@ -274,11 +274,7 @@ def test_a_stub_killed_under_load_loses_nothing(repository: Path, tmp_path: Path
         model, (root, note) = DECOUPLED, _decoupled_repository(tmp_path, signal.SIGKILL)
     shm_before = set(os.listdir("/dev/shm"))
     with running_server(loopback_config(root)) as server:
-        assert server.repository is not None
-        version = server.repository.get(model)
-        (instance,) = version.instances
-        scheduler = version.scheduler
-        assert isinstance(instance, PythonInstance) and isinstance(scheduler, Scheduler)
+        instance, scheduler = _served(server, model)
         sweep = _sweep(_url(server, transport), transport, tmp_path, model)
         killer = _fault(transport, instance, scheduler, KILL_AFTER, note, signal.SIGKILL)
         try:
@@ -320,6 +316,16 @@ def test_a_stub_killed_under_load_loses_nothing(repository: Path, tmp_path: Path
     assert not any(Path(p).exists() for p in shm_held - {f"/dev/shm/{n}" for n in shm_before})
 
 
+def _served(server: ReferenceServer, model: str) -> tuple[PythonInstance, Scheduler]:
+    """The model's one python instance and its scheduler, in an embedded server."""
+    assert server.repository is not None
+    version = server.repository.get(model)
+    (instance,) = version.instances
+    scheduler = version.scheduler
+    assert isinstance(instance, PythonInstance) and isinstance(scheduler, Scheduler)
+    return instance, scheduler
+
+
 def _maybe_ours(name: str, perfkit_pid: int) -> bool:
     """Whether a /dev/shm region may be this test's: not one of real tritonserver's python stubs
     (other tests' peers) nor another perfkit's (named perfkit_<pid>_...)."""
@@ -349,11 +355,7 @@ def test_a_stub_stalled_past_its_execute_timeout_loses_nothing(
     shm_before = set(os.listdir("/dev/shm"))
     config = loopback_config(root, backend_config={"execute-timeout-seconds": str(EXECUTE_TIMEOUT_S)})
     with running_server(config) as server:
-        assert server.repository is not None
-        version = server.repository.get(model)
-        (instance,) = version.instances
-        scheduler = version.scheduler
-        assert isinstance(instance, PythonInstance) and isinstance(scheduler, Scheduler)
+        instance, scheduler = _served(server, model)
         sweep = _sweep(_url(server, transport), transport, tmp_path, model)
         staller = _fault(transport, instance, scheduler, STALL_AFTER, note, signal.SIGSTOP)
         try:
