@@ -34,7 +34,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -49,13 +48,12 @@ from perfkit.results.model import SweepResult, read_sweep
 from reference_server.backends.python.instance import PythonInstance
 from reference_server.scheduling.scheduler import Scheduler
 from reference_server.server import ReferenceServer, running_server
+from tests.fault_sweeps import LEVELS, REQUEST_TIMEOUT_S, start_sweep
 from tests.servers import loopback_config
 
 pytestmark = [pytest.mark.integration]
 
-REQUEST_TIMEOUT_S = 5.0
 KILL_AFTER = 200  # requests answered before the stub is killed: well inside the first level
-LEVELS = (16, 64)
 DECOUPLED = "echo_twice"  # the decoupled model, swept over gRPC streams (transport "decoupled")
 RESPONSES = {DECOUPLED: 2}  # responses to each request answered in full; 1 for the others
 
@@ -223,17 +221,7 @@ def _alive(pid: int) -> bool:
 
 
 def _sweep(url: str, transport: str, out: Path, model: str = "echo") -> subprocess.Popen[str]:
-    """perfkit sweeping `model` over `transport`: http, grpc, or gRPC streams ("stream", "decoupled")."""
-    protocol = "http" if transport == "http" else "grpc"
-    streaming = ["--streaming"] if transport in ("stream", "decoupled") else []
-    command = [
-        sys.executable, "-m", "perfkit", "sweep", "-u", url, "-i", protocol, *streaming, "-m", model, "--shape", "IN:4",
-        "--concurrency-range", f"{LEVELS[0]}:{LEVELS[1]}:{LEVELS[1] - LEVELS[0]}",
-        "-p", "200", "-r", "3", "-s", "50", "--request-timeout", str(REQUEST_TIMEOUT_S),
-        "--report-dir", str(out), "-f", str(out / "perfkit.csv"), "--profile-export-file", str(out / "requests.json"),
-        "--quiet", "--no-report",
-    ]  # fmt: skip
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return start_sweep(url, transport, out, model, "IN:4")
 
 
 def _fault(

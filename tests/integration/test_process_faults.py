@@ -46,13 +46,12 @@ import pytest
 from perfkit.measure.level import CONNECTION_ERRORS
 from perfkit.results.model import SweepResult, read_sweep
 from reference_server.workers.local_models import COUNTERS_DIR
+from tests.fault_sweeps import LEVELS, REQUEST_TIMEOUT_S, start_sweep
 from tests.servers import write_identity_model
 
 pytestmark = [pytest.mark.integration]
 
-REQUEST_TIMEOUT_S = 5.0
 KILL_AFTER = 100  # requests answered before the worker is killed: early in the first level
-LEVELS = (16, 64)
 #: How soon a worker killed must listen again: it is started again after 0.1 s; the rest is its start
 #: (imports, the core's hello), 1-3 s on a 2-core machine, over 10 s when it is overloaded.
 RESTART_WITHIN_S = 30.0
@@ -167,15 +166,7 @@ def _server(repository: Path, log: Path) -> Iterator[ServerProcess]:
 
 
 def _sweep(url: str, protocol: str, model: str, out: Path, levels: tuple[int, ...] = LEVELS) -> subprocess.Popen[str]:
-    step = levels[1] - levels[0]
-    command = [
-        sys.executable, "-m", "perfkit", "sweep", "-u", url, "-i", protocol, "-m", model, "--shape", SHAPES[model],
-        "--concurrency-range", f"{levels[0]}:{levels[-1]}:{step}",
-        "-p", "200", "-r", "3", "-s", "50", "--request-timeout", str(REQUEST_TIMEOUT_S),
-        "--report-dir", str(out), "-f", str(out / "perfkit.csv"), "--profile-export-file", str(out / "requests.json"),
-        "--quiet", "--no-report",
-    ]  # fmt: skip
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return start_sweep(url, protocol, out, model, SHAPES[model], levels)
 
 
 class WorkerKiller:
