@@ -128,8 +128,11 @@ def triton_server(
         try:
             yield server
         finally:
+            died = server.process.poll()  # exited by itself before it was stopped: keep its log
             _stop(server.process, stop_timeout_s)
-        clean = True
+        if died is not None:
+            print(f"tritonserver exited with {died} before it was stopped; its log: {log_path}", file=sys.stderr)
+        clean = died is None
     finally:
         if own_log and clean:
             log_path.unlink(missing_ok=True)
