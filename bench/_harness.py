@@ -125,6 +125,12 @@ def success_count(http_url: str, model: str) -> int:
     return server_times(http_url, model).success_count
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU of one process (a server without its stubs)."""
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
 def tree_cpu_s(pid: int) -> float:
     """User + system CPU of a process and its live descendants (Triton's python stubs, for one)."""
     total = 0.0

@@ -9,7 +9,7 @@ reference_server` from this tree and from `--baseline`, each on its own packages
 model folder as `python_backend_vs_triton.py` writes it) run at once, and a closed loop of
 `--concurrency` keep-alive HTTP/1.1 connections sends the same binary request to one and then the
 other, in blocks of `--requests`, which server goes first alternating. Per block: the median latency
-(client-side) and the server's CPU per request (its process and its stub processes). The output is
+(client-side) and the server's CPU per request, of its process alone and with its stub processes. The output is
 the medians over the blocks and of the paired ratios, this tree over the baseline, with their
 interquartile range.
 """
@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import tree_cpu_s
+from _harness import process_cpu_s, tree_cpu_s
 from python_backend_vs_triton import write_repository
 
 from v2kit.demo import build_demo_repository
@@ -136,11 +136,13 @@ def main(argv: list[str] | None = None) -> int:
                 closed_loop(socks[name], request, 500)
             latency: dict[str, list[float]] = {name: [] for name in trees}
             cpu: dict[str, list[float]] = {name: [] for name in trees}
+            own: dict[str, list[float]] = {name: [] for name in trees}
             for block in range(args.blocks):
                 for name in trees if block % 2 == 0 else list(trees)[::-1]:
-                    before = tree_cpu_s(servers[name].pid)
+                    before, own_before = tree_cpu_s(servers[name].pid), process_cpu_s(servers[name].pid)
                     times = closed_loop(socks[name], request, args.requests)
                     cpu[name].append((tree_cpu_s(servers[name].pid) - before) / args.requests * 1e6)
+                    own[name].append((process_cpu_s(servers[name].pid) - own_before) / args.requests * 1e6)
                     latency[name].append(statistics.median(times) / 1000)
         finally:
             for process in servers.values():
@@ -151,9 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, tree in trees.items():
         print(
             f"{name} ({tree}): p50 {statistics.median(latency[name]):.0f} us, "
-            f"server CPU {statistics.median(cpu[name]):.0f} us/req"
+            f"server CPU {statistics.median(own[name]):.0f} us/req, with its stubs {statistics.median(cpu[name]):.0f}"
         )
-    for what, series in (("p50", latency), ("server CPU", cpu)):
+    for what, series in (("p50", latency), ("server CPU", own), ("server and stubs CPU", cpu)):
         ratios = [c / b for c, b in zip(series["candidate"], series["baseline"])]
         q1, q3 = np.percentile(ratios, [25, 75])
         print(f"{what} candidate/baseline, paired by block: {statistics.median(ratios):.3f} (IQR {q1:.3f}-{q3:.3f})")

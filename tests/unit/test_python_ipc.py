@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -85,6 +86,36 @@ def test_the_channel_carries_messages_and_file_descriptors(arena: ipc.Arena) -> 
     with pytest.raises(ipc.ChannelClosed):
         theirs.recv()
     theirs.close()
+
+
+def test_the_outbox_sends_executes_held_in_one_loop_pass_as_one_message() -> None:
+    server, child = ipc.Channel.pair()
+    stub_end = ipc.Channel(child)
+    lost: list[list[dict[str, Any]]] = []
+    loop = asyncio.new_event_loop()
+    try:
+        outbox = ipc.Outbox(server, loop, lost.append)
+
+        def one_pass() -> None:
+            outbox.send({"op": "execute", "id": 1}, hold=True)
+            outbox.send({"op": "execute", "id": 2}, hold=True)
+            with pytest.raises(BlockingIOError):
+                stub_end.recv(wait=False)  # nothing sent yet: held until the pass ends
+
+        loop.call_soon(one_pass)
+        loop.run_until_complete(asyncio.sleep(0))
+        message, _ = stub_end.recv(wait=False)
+        assert message == {"op": "execute_many", "executes": [{"op": "execute", "id": 1}, {"op": "execute", "id": 2}]}
+        outbox.send({"op": "execute", "id": 3}, hold=True)
+        outbox.send({"op": "free", "blocks": []})  # not held, and after what is
+        assert [stub_end.recv(wait=False)[0]["op"] for _ in range(2)] == ["execute", "free"]
+        stub_end.close()
+        outbox.send({"op": "execute", "id": 4}, hold=True)
+        outbox.flush()  # the stub is gone: its callers hear of it
+        assert lost == [[{"op": "execute", "id": 4}]]
+    finally:
+        loop.close()
+        server.close()
 
 
 def test_auto_complete_config_follows_tritons_rules() -> None:

@@ -68,3 +68,15 @@ def test_a_batch_sent_ahead_is_answered_with_the_next_one_waiting(ends: tuple[st
     assert answer["op"] == "executed_many" and [a["id"] for a in answer["answers"]] == [1, 2]
     outputs = [a["responses"][0]["outputs"][0] for a in answer["answers"]]
     assert [float(ipc.read_tensor(the_stub.arena, d, [], copy=True)[0]) for d in outputs] == [1.0, 2.0]
+
+
+def test_executes_the_server_sent_together_are_run_and_answered_together(ends: tuple[stub.Stub, ipc.Channel]) -> None:
+    the_stub, server = ends
+    server.send(
+        {"op": "execute_many", "executes": [_execute(the_stub, 1, ahead=True), _execute(the_stub, 2, ahead=True)]}
+    )
+    the_stub._execute(*_take(the_stub))
+    assert [m["id"] for m, _ in the_stub.work] == [2]  # both routed by one receive
+    the_stub._execute(*_take(the_stub))
+    answer, _ = server.recv(wait=False)
+    assert answer["op"] == "executed_many" and [a["id"] for a in answer["answers"]] == [1, 2]

@@ -306,7 +306,7 @@ class PythonInstance:
         try:
             stub.expect(prepared.batch_id, on_reply)
             t1 = perf_counter_ns()
-            stub.channel.send(prepared.message, prepared.fds)
+            stub.send_execute(prepared.message, prepared.fds)
         except ipc.ChannelClosed:
             stub.unexpect(prepared.batch_id)
             done(stub.unhealthy())

@@ -14,7 +14,9 @@ Two things join the server to one stub (one `instance_group` instance):
   A stub that finds its next execute already waiting sends its answers together (`executed_many`):
   a message and a wake-up of the server less per batch under load. It looks for one only after a
   batch the server marked as sent ahead (while another was unanswered); any other is answered at
-  once, so at low load no request pays for a read that finds nothing before its answer.
+  once, so at low load no request pays for a read that finds nothing before its answer. The
+  server does the same the other way (`Outbox`): executes it hands a busy stub in one pass of its
+  event loop go in one `execute_many` message.
 
 Who frees what: the stub only reads the server's inputs while it runs them, so the server frees
 them when the batch (or, for a decoupled model, the request's final response) is back. Everything
@@ -27,11 +29,13 @@ goes into a memfd of its own: slower, never refused.
 from __future__ import annotations
 
 import array
+import asyncio
 import mmap
 import os
 import pickle
 import socket
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -43,6 +47,7 @@ __all__ = [
     "Arena",
     "Channel",
     "ChannelClosed",
+    "Outbox",
     "TensorDesc",
     "join_sequence",
     "read_tensor",
@@ -144,6 +149,45 @@ class Channel:
             self._buffer.close()
         except BufferError:
             pass  # a reader thread is still inside recv: the mapping goes with the channel
+
+
+class Outbox:
+    """Executes that may wait for the end of the event loop's pass, sent as one message.
+
+    An execute handed to a busy stub (sent ahead: its previous answer is still due) cannot start
+    before the stub is done anyway, so it is held until the loop's pass ends, and every execute
+    held in that pass goes in one `execute_many` message: one pickle, one send, one receive and at
+    most one wake-up of the stub for all of them, where each cost its own. Anything else sent
+    through the outbox goes at once, after what it holds (so that the stub sees messages in the
+    order they were sent)."""
+
+    def __init__(
+        self, channel: Channel, loop: asyncio.AbstractEventLoop, lost: Callable[[list[dict[str, Any]]], None]
+    ) -> None:
+        self.channel = channel
+        self._loop = loop
+        self._lost = lost  # told which held messages could not go (the stub is gone)
+        self._held: list[dict[str, Any]] = []
+
+    def send(self, message: dict[str, Any], fds: list[int] | None = None, *, hold: bool = False) -> None:
+        """Send `message`, or with `hold` (and no fds) keep it for the end of the loop's pass."""
+        if hold and not fds:
+            if not self._held:
+                self._loop.call_soon(self.flush)
+            self._held.append(message)
+            return
+        if self._held:
+            self.flush()
+        self.channel.send(message, fds)
+
+    def flush(self) -> None:
+        held, self._held = self._held, []
+        if not held:
+            return
+        try:
+            self.channel.send(held[0] if len(held) == 1 else {"op": "execute_many", "executes": held})
+        except ChannelClosed:
+            self._lost(held)
 
 
 class Arena:

@@ -159,7 +159,9 @@ class StubProcess:
         loop = model.context.loop
         self.loop = loop if loop is not None and loop.is_running() and not loop.is_closed() else None
         self._reader: threading.Thread | None = None
+        self._outbox: ipc.Outbox | None = None
         if self.loop is not None:
+            self._outbox = ipc.Outbox(self.channel, self.loop, self._lost)
             self.loop.call_soon_threadsafe(self.loop.add_reader, self.channel.sock.fileno(), self._on_readable)
         else:
             self._reader = threading.Thread(target=self._read, name=f"{instance_name}-stub-reader", daemon=True)
@@ -188,6 +190,22 @@ class StubProcess:
         if waiter.dead or waiter.message is None:
             raise ipc.ChannelClosed("stub is gone")
         return waiter.message, waiter.fds
+
+    def send_execute(self, message: dict[str, Any], fds: list[int]) -> None:
+        """Send an execute from the loop. One sent ahead (the stub still owes an answer, so it is
+        busy) waits for the end of the loop's pass and goes with the others of that pass
+        (`ipc.Outbox`)."""
+        if self._outbox is None:
+            self.channel.send(message, fds)
+        else:
+            self._outbox.send(message, fds, hold=message["ahead"])
+
+    def _lost(self, messages: list[dict[str, Any]]) -> None:
+        """Executes held for the end of the loop's pass that could not be sent: the stub is gone."""
+        for message in messages:
+            callback = self.unexpect(message["id"])
+            if callback is not None:
+                callback(None, [])
 
     def expect(self, batch_id: int, callback: Callable[[dict[str, Any] | None, list[int]], None]) -> None:
         """Have `callback(answer, fds)` called (on the reading side) when execute `batch_id` is
@@ -241,7 +259,9 @@ class StubProcess:
 
     def cancel_request(self, token: int) -> None:
         """Tell the stub that the client gave up request `token`, and cancel the BLS calls the
-        model made for it (for a batch of several, once all of them are cancelled)."""
+        model made for it (for a batch of several, once all of them are cancelled). Sent at once,
+        even past the request's execute held in the outbox: the stub keeps a cancellation that
+        comes before its request's execute."""
         try:
             self.channel.send({"op": "cancel", "token": token})
         except ipc.ChannelClosed:

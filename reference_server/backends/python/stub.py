@@ -190,6 +190,9 @@ class Stub(StubCalls):
             self.cancelled.add(message["token"])
         elif op == "bls_result":
             self._bls_result(message, fds)
+        elif op == "execute_many":  # executes the server handed out in one pass of its loop
+            for execute in message["executes"]:
+                self._route(execute, [])
         elif op == "service_result":
             with self._bls_lock:
                 self._calls.pop(message["id"]).append(message)
