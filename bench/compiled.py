@@ -27,8 +27,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
-from _harness import machine, peers_dir, perf_analyzer, success_count, tree_cpu_s
+from _harness import machine, peers_dir, perf_analyzer, process_cpu_s, success_count, tree_cpu_s
 from python_backend_vs_triton import _IDENTITY_PY, _identity_config
 
 from perfkit.target import reference_server_process
@@ -45,11 +44,6 @@ def identity_repository(dest: Path) -> Path:
     (dest / MODEL / "1" / "model.py").write_text(_IDENTITY_PY)
     (dest / MODEL / "config.pbtxt").write_text(_identity_config(MODEL, 16, batching=False))
     return dest
-
-
-def process_cpu_s(pid: int) -> float:
-    times = psutil.Process(pid).cpu_times()
-    return float(times.user + times.system)
 
 
 @contextlib.contextmanager
