@@ -51,7 +51,8 @@ def demo_server_process(demo_repository: Path) -> Iterator[ServerProcess]:
     """The reference server on the demo repository in a process of its own (so that it never competes
     with the test's process for the GIL, and the test's CPU time is the client's), one for the
     session: its start imports the server and loads every demo model, 2-5 s on two cores. The
-    modules that share it measure it or fault the connections to it, never the server itself."""
+    modules that share it fault the connections to it (through a proxy) or print the client's cost,
+    never the server itself; test_distributed, whose rates are held to 10 %, keeps a server of its own."""
     with reference_server_process(demo_repository) as running:
         yield running
 

@@ -29,7 +29,7 @@ from perfkit.measure.level import WindowSpec
 from perfkit.results.model import LevelResult, read_sweep
 from perfkit.sweep.run import SweepRun, run_sweep
 from perfkit.sweep.spec import LoadSpec, OutputSpec, SweepSpec
-from perfkit.target import ServerProcess, TargetSpec
+from perfkit.target import ServerProcess, TargetSpec, reference_server_process
 from tests.ray_runtime import local_ray
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install 'perfkit[distributed]'")
@@ -53,9 +53,10 @@ def ray_runtime() -> Iterator[None]:
         yield
 
 
-@pytest.fixture
-def server(demo_server_process: ServerProcess) -> ServerProcess:
-    return demo_server_process
+@pytest.fixture(scope="module")
+def server(demo_repository: Path) -> Iterator[ServerProcess]:
+    with reference_server_process(demo_repository) as process:
+        yield process
 
 
 def spec(
