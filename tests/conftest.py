@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from perfkit.target import ServerProcess, reference_server_process
 from reference_server.config import ServerConfig
 from reference_server.server import ReferenceServer, running_server
 from v2kit.demo import build_demo_repository
@@ -34,13 +35,26 @@ def repository_copy(demo_repository: Path, tmp_path: Path) -> Path:
     return target
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def demo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReferenceServer]:
-    """The reference server on the demo repository, on free loopback ports, one per test module."""
+    """The reference server on the demo repository, on free loopback ports, one for the session: its
+    start loads every demo model (a python stub among them, 1-3 s on two cores), and the modules
+    that share it only read it (statistics are compared before and after, never from zero)."""
     repository = build_demo_repository(tmp_path_factory.mktemp("demo_server") / "models")
     config = ServerConfig(model_repository=repository, http_port=0, grpc_port=0, metrics_port=0)
     with running_server(config) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def demo_server_process(demo_repository: Path) -> Iterator[ServerProcess]:
+    """The reference server on the demo repository in a process of its own (so that it never competes
+    with the test's process for the GIL, and the test's CPU time is the client's), one for the
+    session: its start imports the server and loads every demo model, 2-5 s on two cores. The
+    modules that share it fault the connections to it (through a proxy) or print the client's cost,
+    never the server itself; test_distributed, whose rates are held to 10 %, keeps a server of its own."""
+    with reference_server_process(demo_repository) as running:
+        yield running
 
 
 #: A 1×1 white PNG, in place of a rendered figure.

@@ -25,8 +25,8 @@ Not decoupled:
   6 a response sent from a thread once execute returned. Triton 2.51 leaves 2 and 5 waiting for
   ever; ours answers 2 when execute returns and fails 5 when its sender is dropped. Both answer 6
   when the thread sends.
-- `unary_watch`: polls `request.is_cancelled()` for 10 s at most, writes `marker` when it turns
-  True, and answers OUT = [1 if it was cancelled].
+- `unary_watch`: writes `marker`.started, then polls `request.is_cancelled()` for 10 s at most,
+  writes `marker` when it turns True, and answers OUT = [1 if it was cancelled].
 - `bls_watch`: calls `unary_watch` through BLS (`exec`, in execute) with the request parameter
   `child_marker` as the child's marker, so that its client leaving must reach the child request.
 - `async_bls_watch`: the same from an `async def execute`, awaiting `async_exec()`.
@@ -139,6 +139,7 @@ class TritonPythonModel:
 _CANCEL_WATCH = """\
 import asyncio
 import json
+import os
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -152,8 +153,9 @@ class TritonPythonModel:
             sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([0], np.int32))]))
             for _ in range(1000):
                 if request.is_cancelled() and sender.is_cancelled():
-                    with open(marker, "w") as handle:
+                    with open(marker + ".tmp", "w") as handle:  # written whole, then renamed
                         handle.write("cancelled")
+                    os.replace(marker + ".tmp", marker)
                     break
                 await asyncio.sleep(0.01)
             sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -211,6 +213,7 @@ class TritonPythonModel:
 
 _UNARY_WATCH = """\
 import json
+import os
 import time
 
 import numpy as np
@@ -222,12 +225,17 @@ class TritonPythonModel:
         responses = []
         for request in requests:
             marker = json.loads(request.parameters()).get("marker", "")
+            if marker:  # started: the test's client leaves now (each marker is written whole, then renamed)
+                with open(marker + ".tmp", "w") as handle:
+                    handle.write("started")
+                os.replace(marker + ".tmp", marker + ".started")
             cancelled = 0
             for _ in range(1000):
                 if request.is_cancelled():
                     cancelled = 1
-                    with open(marker, "w") as handle:
+                    with open(marker + ".tmp", "w") as handle:
                         handle.write("cancelled")
+                    os.replace(marker + ".tmp", marker)
                     break
                 time.sleep(0.01)
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([cancelled], np.int32))]))

@@ -4,8 +4,9 @@ other way than the front end's own call: a unary request a front-end worker (`--
 response cache path queues from a task of its own, and an ensemble's steps (the running step is
 cancelled and no later step starts).
 
-The models here, given IN [1], write `<marker dir>/<model name>` when they see the cancellation
-(within 10 s; else they answer); any other IN is answered at once. `after`, an ensemble's second
+The models here, given IN [1], write `<marker dir>/<model name>.started` when they start waiting and
+`<marker dir>/<model name>` when they see the cancellation (within 10 s; else they answer); any
+other IN is answered at once. `after`, an ensemble's second
 step, writes `<marker dir>/after` whenever it runs. Real tritonserver 2.51 is asked the same
 where it has the behaviour: a cancelled gRPC call reaches a sequence model's request there too
 (its peers have no response cache library, and it does not tell a running ensemble step).
@@ -40,6 +41,14 @@ import triton_python_backend_utils as pb_utils
 MARKERS = {markers!r}
 
 
+def mark(name, text):
+    # Written whole, then renamed into place: the test reads a marker as soon as it exists.
+    path = os.path.join(MARKERS, name)
+    with open(path + ".tmp", "w") as handle:
+        handle.write(text)
+    os.replace(path + ".tmp", path)
+
+
 class TritonPythonModel:
     def initialize(self, args):
         self.name = args["model_name"]
@@ -51,13 +60,12 @@ class TritonPythonModel:
             if values[0] != 1:
                 pass  # answered at once: only IN [1] waits for its cancellation
             elif self.name == "after":
-                with open(os.path.join(MARKERS, "after"), "w") as handle:
-                    handle.write("ran")
+                mark("after", "ran")
             else:
+                mark(self.name + ".started", "started")
                 for _ in range(1000):
                     if request.is_cancelled():
-                        with open(os.path.join(MARKERS, self.name), "w") as handle:
-                            handle.write("cancelled")
+                        mark(self.name, "cancelled")
                         break
                     time.sleep(0.01)
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", values.copy())]))
@@ -154,36 +162,50 @@ def server(request: pytest.FixtureRequest) -> Endpoints:
     return _server(request)
 
 
-def _seen(markers: Path, name: str, timeout_s: float = 5.0) -> str:
+def _marker(markers: Path, name: str, missing: str, timeout_s: float) -> str:
+    """The text of the marker `name` once a model has written it (whole: it is renamed into place),
+    removed for the next one."""
     path = markers / name
     deadline = time.monotonic() + timeout_s
     while not path.exists():
-        assert time.monotonic() < deadline, f"{name} never saw the cancellation ({path} not written)"
+        assert time.monotonic() < deadline, f"{missing} ({path} not written)"
         time.sleep(0.02)
-    time.sleep(0.05)  # written and closed
     text = path.read_text()
     path.unlink()
     return text
 
 
-def _cancel_grpc(server: Endpoints, model: str, values: list[int], **options: Any) -> None:
-    """Start a unary gRPC call and reset it once the model runs."""
+def _seen(markers: Path, name: str, timeout_s: float = 5.0) -> str:
+    return _marker(markers, name, f"{name} never saw the cancellation", timeout_s)
+
+
+def _running(markers: Path, models: tuple[str, ...]) -> None:
+    """Until each of `models` runs the request: then the client leaves (each waits 10 s for it)."""
+    for model in models:
+        _marker(markers, f"{model}.started", f"{model} never started on the request", 60.0)
+
+
+def _cancel_grpc(
+    server: Endpoints, markers: Path, model: str, values: list[int], running: tuple[str, ...], **options: Any
+) -> None:
+    """Start a unary gRPC call and reset it once the `running` models run it."""
     client = grpcclient.InferenceServerClient(server.grpc)
     try:
         tensor = grpcclient.InferInput("IN", [len(values)], "INT32")
         tensor.set_data_from_numpy(np.array(values, np.int32))
         call = client.async_infer(model, [tensor], callback=lambda result, error: None, **options)
-        time.sleep(0.3)  # not tuned: the model waits up to 10 s, so the reset finds it running
+        _running(markers, running)
         call.cancel()
     finally:
         client.close()
 
 
-def _close_http(server: Endpoints, path: str, body: dict[str, Any]) -> None:
+def _close_http(server: Endpoints, markers: Path, path: str, body: dict[str, Any], running: tuple[str, ...]) -> None:
+    """Send a request over HTTP and close the connection once the `running` models run it."""
     host, port = server.http.rsplit(":", 1)
     connection = http.client.HTTPConnection(host, int(port), timeout=10)
     connection.request("POST", path, json.dumps(body))
-    time.sleep(0.3)  # not tuned: the model waits up to 10 s for the cancellation
+    _running(markers, running)
     connection.close()
 
 
@@ -202,7 +224,7 @@ def _serves_on(server: Endpoints, model: str = "watch") -> None:
 def test_a_worker_forwards_a_cancelled_grpc_call(workers: Endpoints, markers: Path) -> None:
     # Each call may land on either worker (SO_REUSEPORT): a few, each on a new connection.
     for _ in range(3):
-        _cancel_grpc(workers, "watch", [1])
+        _cancel_grpc(workers, markers, "watch", [1], ("watch",))
         assert _seen(markers, "watch") == "cancelled"
     _serves_on(workers)
 
@@ -210,19 +232,21 @@ def test_a_worker_forwards_a_cancelled_grpc_call(workers: Endpoints, markers: Pa
 def test_a_worker_forwards_a_closed_http_connection(workers: Endpoints, markers: Path) -> None:
     body = {"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [1]}]}
     for _ in range(3):
-        _close_http(workers, "/v2/models/watch/infer", body)
+        _close_http(workers, markers, "/v2/models/watch/infer", body, ("watch",))
         assert _seen(markers, "watch") == "cancelled"
     _serves_on(workers)
 
 
 def test_a_closed_connection_cancels_a_generate_request(ours_and_workers: Endpoints, markers: Path) -> None:
-    _close_http(ours_and_workers, "/v2/models/watch/generate", {"IN": [1]})
+    _close_http(ours_and_workers, markers, "/v2/models/watch/generate", {"IN": [1]}, ("watch",))
     assert _seen(markers, "watch") == "cancelled"
     _serves_on(ours_and_workers)
 
 
 def test_a_cancelled_call_reaches_a_sequence_model(server: Endpoints, markers: Path) -> None:
-    _cancel_grpc(server, "seq_watch", [1], sequence_id=7, sequence_start=True, sequence_end=True)
+    _cancel_grpc(
+        server, markers, "seq_watch", [1], ("seq_watch",), sequence_id=7, sequence_start=True, sequence_end=True
+    )
     assert _seen(markers, "seq_watch") == "cancelled"
     _serves_on(server, "seq_watch")
 
@@ -230,12 +254,13 @@ def test_a_cancelled_call_reaches_a_sequence_model(server: Endpoints, markers: P
 def test_a_closed_connection_reaches_a_sequence_model(ours_and_workers: Endpoints, markers: Path) -> None:
     body = {"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [1]}],
             "parameters": {"sequence_id": 8, "sequence_start": True, "sequence_end": True}}  # fmt: skip
-    _close_http(ours_and_workers, "/v2/models/seq_watch/infer", body)
+    _close_http(ours_and_workers, markers, "/v2/models/seq_watch/infer", body, ("seq_watch",))
     assert _seen(markers, "seq_watch") == "cancelled"
 
 
 def test_a_cancelled_call_reaches_a_cached_model(ours_and_workers: Endpoints, markers: Path) -> None:
-    _cancel_grpc(ours_and_workers, "cache_watch", [1, time.monotonic_ns() % 1_000_000])  # not cached yet
+    values = [1, time.monotonic_ns() % 1_000_000]  # not cached yet
+    _cancel_grpc(ours_and_workers, markers, "cache_watch", values, ("cache_watch",))
     assert _seen(markers, "cache_watch") == "cancelled"
 
 
@@ -244,7 +269,7 @@ def test_a_cancelled_call_cancels_the_running_ensemble_step_and_no_later_one(
 ) -> None:
     # Triton 2.51 does not tell the running step (server issue 6739: only the steps that start
     # after the cancellation see it), so this runs on ours only.
-    _cancel_grpc(ours_and_workers, "ens_watch", [1])
+    _cancel_grpc(ours_and_workers, markers, "ens_watch", [1], ("watch",))
     assert _seen(markers, "watch") == "cancelled"
     # The second step would have run at once; it never does.
     _serves_on(ours_and_workers)
@@ -254,7 +279,7 @@ def test_a_cancelled_call_cancels_the_running_ensemble_step_and_no_later_one(
 def test_a_cancelled_call_cancels_the_running_steps_of_an_ensemble_graph(
     ours_and_workers: Endpoints, markers: Path
 ) -> None:
-    _cancel_grpc(ours_and_workers, "ens_fork", [1])
+    _cancel_grpc(ours_and_workers, markers, "ens_fork", [1], ("watch", "watch2"))
     assert _seen(markers, "watch") == "cancelled"
     assert _seen(markers, "watch2") == "cancelled"
     _serves_on(ours_and_workers)

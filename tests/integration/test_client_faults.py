@@ -15,14 +15,13 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
 from perfkit.cli import build_parser
-from perfkit.target import ServerProcess, reference_server_process
+from perfkit.target import ServerProcess
 from perfkit.testing.faults import FaultProxy, fault_proxy
 
 pytestmark = pytest.mark.integration
@@ -35,11 +34,11 @@ REQUEST_TIMEOUT_S = 1.0
 RUN_LIMIT_S = 60
 
 
-@pytest.fixture(scope="module")
-def server(demo_repository: Path) -> Iterator[ServerProcess]:
-    """The reference server in a process of its own, so that it never competes with the proxy."""
-    with reference_server_process(demo_repository) as running:
-        yield running
+@pytest.fixture
+def server(demo_server_process: ServerProcess) -> ServerProcess:
+    """The reference server in a process of its own, so that it never competes with the proxy; the
+    faults are the proxy's, between perfkit and the server, which serves on unharmed."""
+    return demo_server_process
 
 
 def _sweep(url: str, protocol: str, report_dir: Path, *, report: bool = False) -> subprocess.Popen[str]:

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from perfkit.errors import PerfkitError, TargetError
 from perfkit.load.inputs import build_requests
-from perfkit.target import reference_server_process
+from perfkit.target import ServerProcess
 from perfkit.wire.client import MESSAGES_PER_KIND, InferClient, Outcome, make_client
 from reference_server.server import ReferenceServer, running_server
 from tests.servers import loopback_config, write_identity_model
@@ -273,7 +273,7 @@ async def client_cpu_us(c: InferClient, prepared: Any, total: int, concurrency: 
     return cpu / total / 1000, total / (wall / 1e9)
 
 
-def test_client_cpu_per_request(demo_repository: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_client_cpu_per_request(demo_server_process: ServerProcess, capsys: pytest.CaptureFixture[str]) -> None:
     """Prints (asserts nothing about) the client's CPU per request; the server runs in its own process,
     so this process's CPU time is the client's."""
 
@@ -286,7 +286,6 @@ def test_client_cpu_per_request(demo_repository: Path, capsys: pytest.CaptureFix
         finally:
             await c.close()
 
-    with reference_server_process(demo_repository) as server:
-        lines = [asyncio.run(measure(url_for(server, p), p)) for p in PROTOCOLS]
+    lines = [asyncio.run(measure(url_for(demo_server_process, p), p)) for p in PROTOCOLS]
     with capsys.disabled():
         print("\n" + "\n".join(lines))

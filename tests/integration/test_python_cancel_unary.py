@@ -33,13 +33,18 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-def wait_for(path: Path, timeout_s: float = 5.0) -> str:
+def wait_for(path: Path, timeout_s: float = 5.0, missing: str = "the model never saw the cancellation") -> str:
+    """The marker's text once the model has written it (whole: the models rename it into place)."""
     deadline = time.monotonic() + timeout_s
     while not path.exists():
-        assert time.monotonic() < deadline, f"the model never saw the cancellation ({path} not written)"
+        assert time.monotonic() < deadline, f"{missing} ({path} not written)"
         time.sleep(0.02)
-    time.sleep(0.05)  # written and closed
     return path.read_text()
+
+
+def _running(marker: str) -> None:
+    """Until unary_watch runs the request with this marker: then the client leaves (it waits 10 s)."""
+    wait_for(Path(marker + ".started"), 60.0, "unary_watch never started on the request")
 
 
 def _in(values: list[int]) -> grpcclient.InferInput:
@@ -53,7 +58,7 @@ def _cancel_grpc_call(server: Endpoints, model: str, **parameters: str) -> None:
     client = grpcclient.InferenceServerClient(server.grpc)
     try:
         call = client.async_infer(model, [_in([1])], callback=lambda result, error: None, parameters=parameters)
-        time.sleep(0.3)  # not tuned: the model waits up to 10 s, so the reset finds it running or queued
+        _running(parameters.get("marker") or parameters["child_marker"])
         call.cancel()
     finally:
         client.close()
@@ -81,7 +86,7 @@ def test_a_closed_http_connection_reaches_the_model(ours: Endpoints, tmp_path: P
     body = {"inputs": [{"name": "IN", "shape": [1], "datatype": "INT32", "data": [1]}],
             "parameters": {"marker": str(marker)}}  # fmt: skip
     connection.request("POST", "/v2/models/unary_watch/infer", json.dumps(body))
-    time.sleep(0.3)  # not tuned: the model waits up to 10 s for the cancellation
+    _running(str(marker))
     connection.close()
     assert wait_for(marker) == "cancelled"
 

@@ -672,7 +672,9 @@ def triton(peers: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tr
     repo = tmp_path_factory.mktemp("triton") / "models"
     write_sleeper(repo, "echo", service_ms=0)
     write_sleeper(repo, "slow", service_ms=500)
-    with running_triton(peers, repo) as server:
+    # The sleepers' configs are complete: without auto-completion Triton starts no stub per model
+    # just to ask it (about a second each, tests/servers.py).
+    with running_triton(peers, repo, auto_complete=False) as server:
         yield server
 
 
