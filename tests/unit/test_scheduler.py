@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
@@ -710,6 +711,21 @@ async def test_onnx_instances_run_on_the_loop_only_with_one_intra_op_thread(
             np.testing.assert_allclose(result["OUTPUT0"], expected, rtol=1e-6)
     finally:
         await scheduler.close(BOUND_S)
+
+
+def test_an_onnx_cpu_instance_still_refuses_a_feed_the_graph_does_not_take(demo_repository: Path) -> None:
+    # A CPU instance calls the session binding's run without the Python wrapper's checks: the
+    # binding's own refusals must still raise (the scheduler answers them as the batch's error).
+    instance = OnnxInstance(
+        Placement("mlp_0", "CPU"), demo_repository / "mlp" / "1" / "model.onnx", ort.SessionOptions()
+    )
+    with pytest.raises(Exception, match="INPUT0"):
+        instance.run({}, ["OUTPUT0"])
+    with pytest.raises(Exception, match="(?i)type"):
+        instance.run({"INPUT0": np.ones((1, 256), dtype=np.float64)}, ["OUTPUT0"])
+    with pytest.raises(Exception, match="NOPE"):
+        instance.run({"INPUT0": np.ones((1, 256), dtype=np.float32)}, ["NOPE"])
+    assert list(instance.run({"INPUT0": np.ones((2, 256), dtype=np.float32)}, [])) == ["OUTPUT0"]
 
 
 # -- prepare_inputs ----------------------------------------------------------------------------------
