@@ -164,7 +164,10 @@ class OnnxInstance:
         # on a 2-core box, 3-10% of the demo MLP's, and nothing they check can be wrong here (the
         # scheduler feeds the graph's inputs, as numpy arrays; no WebGPU). On a GPU the wrapper
         # stays: it falls back to the CPU provider when the CUDA one fails at run time.
-        self._session_run = self.session._sess.run if placement.device == "CPU" else self.session.run
+        # `_sess` is onnxruntime's own attribute, not its API: a release without it runs the wrapper.
+        binding = getattr(self.session, "_sess", None)
+        cpu_run = getattr(binding, "run", None) if placement.device == "CPU" else None
+        self._session_run = cpu_run if callable(cpu_run) else self.session.run
         # With one intra-op thread the calling thread does all the work and no pool threads spin
         # after it, so a short run may execute on the event loop (scheduler.INLINE_MAX_NS); with
         # more, the pool's threads compete with the loop for the cores.
