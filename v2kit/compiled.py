@@ -39,15 +39,20 @@ TOOL = "mypyc"
 #: The modules compiled at install time, in one mypyc group (`GROUP`): pure computation, typed.
 COMPILED_MODULES = (
     # The load generator's request path, in the order of one request's client profile
-    # (docs/compiled.md, "The client"): the loop, HTTP/1.1, the reply check, gRPC's send. Not
-    # yet perfkit.wire.grpc.connection, channel and streaming: Call derives from v2kit.h2.events.Stream,
-    # whose __slots__ a compiled subclass cannot take while Stream runs interpreted, and streaming's
-    # classes derive from channel's and connection's; the three join once v2kit.h2.events is compiled.
+    # (docs/compiled.md, "The client"): the loop, HTTP/1.1, the reply check, gRPC's send, its
+    # channel, connection and streams, and the HTTP/2 engine under them (the server's too).
     "perfkit.load.generator",
     "perfkit.wire.http_pool",
     "perfkit.wire.client",
     "perfkit.wire.replies",
     "perfkit.wire.grpc.client",
+    "perfkit.wire.grpc.channel",
+    "perfkit.wire.grpc.connection",
+    "perfkit.wire.grpc.streaming",
+    "v2kit.h2.connection",
+    "v2kit.h2.receive",
+    "v2kit.h2.events",
+    "v2kit.h2.rules",
     "v2kit.codec",
     "v2kit.tensors",
     "v2kit.h2.fields",

@@ -118,7 +118,8 @@ def test_setup_builds_unless_told_not_to_or_without_a_compiler(monkeypatch: pyte
 
 
 CLIENT_PATH = ("perfkit.load.generator", "perfkit.wire.http_pool", "perfkit.wire.client", "perfkit.wire.replies",
-               "perfkit.wire.grpc.client")  # fmt: skip
+               "perfkit.wire.grpc.client", "perfkit.wire.grpc.channel", "perfkit.wire.grpc.connection",
+               "perfkit.wire.grpc.streaming", "v2kit.h2.connection", "v2kit.h2.receive", "v2kit.h2.events")  # fmt: skip
 
 
 def test_the_load_generators_request_path_is_compiled_when_the_install_compiled() -> None:

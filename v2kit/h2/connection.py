@@ -165,7 +165,7 @@ class Connection(Receiver[S]):
     def send_trailers(self, stream: S, block: bytes) -> None:
         """End our side of `stream` with `block` after the data still queued on it, then close
         the stream (`close_stream`): trailers end an answer."""
-        stream.end_block = block
+        _set_end_block(stream, block)
         self._pump_stream(stream)
         if stream.end_block is not None and stream not in self._blocked:
             self._blocked.append(stream)
@@ -333,3 +333,9 @@ class Connection(Receiver[S]):
         self._keepalive_out = None
         if self._limits.pings is not None and not self.closed():
             self._keepalive_after(self._limits.pings.keepalive_time_s)
+
+
+def _set_end_block(stream: Stream, block: bytes) -> None:
+    # Not inline in send_trailers: there the type checker would take `end_block` for bytes after
+    # `_pump_stream` (which sets it to None once sent), and compiled code checks what it assumes.
+    stream.end_block = block

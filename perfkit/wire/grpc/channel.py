@@ -37,6 +37,7 @@ import gzip
 import ssl
 import zlib
 from collections.abc import Callable, Sequence
+from typing import ClassVar
 
 from perfkit.wire.grpc.connection import Call, Connection, failed
 from perfkit.wire.limits import MAX_REPLY_BODY
@@ -62,7 +63,7 @@ class Channel:
     `ssl_context` is given (ALPN "h2"). Use it from one event loop. `connection_type` is what each
     connection is (`perfkit.wire.grpc.streaming` opens streaming ones)."""
 
-    connection_type: type[Connection] = Connection
+    connection_type: ClassVar[type[Connection]] = Connection
 
     def __init__(
         self, host: str, port: int, ssl_context: ssl.SSLContext | None = None, *, max_message: int = MAX_REPLY_BODY,

@@ -46,8 +46,7 @@ class Call(Stream):
     reply without its 5-byte prefix), and `sent_ns` (perf_counter_ns when its last request byte was
     handed to the transport; 0 if it never was)."""
 
-    # No __slots__: compiled (mypyc), a subclass of an interpreted class cannot have them; once
-    # `Stream` is compiled too, a Call is a native class with fixed attributes anyway.
+    __slots__ = ("future", "status", "details", "message", "sent_ns", "headers", "trailers", "chunks", "size", "limit")
 
     def __init__(self, future: asyncio.Future[Call]) -> None:
         Stream.__init__(self)  # not super(): this runs once a call, and super() costs a lookup

@@ -41,7 +41,7 @@ from google.protobuf.message import DecodeError
 from tritonclient.grpc import service_pb2 as pb
 
 from perfkit.wire.grpc.channel import Channel
-from perfkit.wire.grpc.connection import Call, Connection, failed
+from perfkit.wire.grpc.connection import Call, Connection
 from perfkit.wire.limits import MAX_REPLY_BODY
 from v2kit import grpc_status as status
 from v2kit.grpc_status import MALFORMED
@@ -220,11 +220,9 @@ class StreamChannel(Channel):
         exchange = Exchange(loop.create_future())
         stream = self._take_idle()
         if stream is None:
-            opened = await self._open_stream(block, deadline)
-            if not isinstance(opened, InferStream):  # a failed Call: no connection, or no room in time
-                exchange.end(opened.status, opened.details)
+            stream = await self._open_stream(block, deadline, exchange)
+            if stream is None:  # no connection, or no room in time: `exchange` has ended with why
                 return exchange
-            stream = opened
         stream.connection.send(stream, exchange, body, deadline)
         try:
             await exchange.future
@@ -245,13 +243,16 @@ class StreamChannel(Channel):
                 stream.connection.cancel(stream)
         return None
 
-    async def _open_stream(self, block: bytes, deadline: float) -> InferStream | Call:
+    async def _open_stream(self, block: bytes, deadline: float, exchange: Exchange) -> InferStream | None:
+        """A new stream opened with `block`; None, and `exchange` ended with why, when none could be."""
         connection = await self._ready(deadline)
         if isinstance(connection, Call):
-            return connection
+            exchange.end(connection.status, connection.details)
+            return None
         assert isinstance(connection, StreamConnection)
         if not connection.takes_calls():
-            return failed(status.UNAVAILABLE, connection.error or "the connection closed")
+            exchange.end(status.UNAVAILABLE, connection.error or "the connection closed")
+            return None
         return connection.open(block)
 
     async def close(self) -> None:
