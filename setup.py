@@ -13,10 +13,13 @@ import os
 import runpy
 import shutil
 import sysconfig
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from setuptools import setup
+from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
 _LIST = runpy.run_path(str(ROOT / "v2kit" / "compiled.py"))
@@ -47,7 +50,54 @@ def _extensions(why_not: str | None) -> list[Any]:
     # The build environment has numpy and hpack (pyproject.toml's build requirements) but not the
     # other runtime packages: their types read as Any there, which leaves some of CI's
     # `type: ignore`s unused, harmless for the build.
-    return mypycify(["--no-warn-unused-ignores", *paths], opt_level="3", group_name=_LIST["GROUP"])
+    # multi_file: one C file per module (and mypyc's runtime in files of its own) instead of one
+    # file for the whole group, so that _ParallelBuildExt can give them to one gcc per core; still
+    # one group, one shared library, modules calling each other natively (docs/compiled.md, Install).
+    extensions = mypycify(
+        ["--no-warn-unused-ignores", *paths], opt_level="3", group_name=_LIST["GROUP"], multi_file=True
+    )
+    # mypyc writes a dotted group's headers under its package folder (build/v2kit/) but the modules'
+    # C files, which include them, at the top of build/.
+    headers = str(Path("build", *_LIST["GROUP"].split(".")[:-1]))
+    for extension in extensions:
+        extension.include_dirs.append(headers)
+    return extensions
+
+
+def _compile_in_parallel(compile_all: Callable[..., list[str]], jobs: int) -> Callable[..., list[str]]:
+    """A compiler's `compile` that runs one compiler process per source file, `jobs` at a time (the
+    objects in the sources' order, as `compile` returns them): setuptools compiles an extension's
+    sources one after the other, and pip passes no -j."""
+
+    def compile_each(sources: list[str], *args: Any, **kwargs: Any) -> list[str]:
+        if len(sources) < 2 or jobs < 2:
+            return compile_all(sources, *args, **kwargs)
+        largest_first = sorted(sources, key=lambda source: -Path(source).stat().st_size)
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            objects = dict(zip(largest_first, pool.map(lambda one: compile_all([one], *args, **kwargs), largest_first)))
+        return [obj for source in sources for obj in objects[source]]
+
+    return compile_each
+
+
+class _ParallelBuildExt(build_ext):
+    """build_ext whose C compiles use every core the install may use."""
+
+    def build_extensions(self) -> None:
+        compile_all = self.compiler.compile
+        self.compiler.compile = _compile_in_parallel(compile_all, _build_jobs())
+        try:
+            super().build_extensions()
+        finally:
+            self.compiler.compile = compile_all
+
+
+def _build_jobs() -> int:
+    """The cores this process may run on (a container's or taskset's limit, not the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _record(why_not: str | None) -> str:
@@ -88,4 +138,8 @@ if __name__ == "__main__":
     if why_not is not None:
         _remove_built()
     (ROOT / "v2kit" / "_build_record.txt").write_text(_record(why_not))
-    setup(ext_modules=_extensions(why_not), package_data={"v2kit": ["_build_record.txt"]})
+    setup(
+        ext_modules=_extensions(why_not),
+        cmdclass={"build_ext": _ParallelBuildExt},
+        package_data={"v2kit": ["_build_record.txt"]},
+    )

@@ -9,6 +9,7 @@ import importlib
 import importlib.machinery
 import runpy
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -139,3 +140,26 @@ def test_setup_removes_the_extension_of_a_module_taken_off_the_list(tmp_path: Pa
     (tmp_path / "perfkit" / f"no_source{suffix}").write_bytes(b"")  # not beside a source: not ours to judge
     setup["_remove_unlisted"](tmp_path)
     assert sorted(path.name for path in tmp_path.rglob(f"*{suffix}")) == [f"no_source{suffix}", f"replies{suffix}"]
+
+
+def test_setup_compiles_an_extensions_sources_side_by_side_in_their_order(tmp_path: Path) -> None:
+    # setuptools compiles an extension's C files one after the other; setup.py's build runs one
+    # compiler per file, a core each. Two calls meeting at a barrier prove two ran at once.
+    setup = runpy.run_path(str(ROOT / "setup.py"), run_name="setup_under_test")
+    sources = []
+    for name, size in (("small.c", 1), ("large.c", 3), ("middle.c", 2)):
+        (tmp_path / name).write_bytes(b"x" * size)
+        sources.append(str(tmp_path / name))
+    both_running = threading.Barrier(2, timeout=10)
+    calls: list[tuple[list[str], str]] = []
+
+    def compile_all(files: list[str], output_dir: str) -> list[str]:
+        calls.append((files, output_dir))
+        if files == [sources[1]] or files == [sources[2]]:  # the two largest, started first
+            both_running.wait()
+        return [file.replace(".c", ".o") for file in files]
+
+    compile_each = setup["_compile_in_parallel"](compile_all, 2)
+    assert compile_each(sources, output_dir="out") == [source.replace(".c", ".o") for source in sources]
+    assert sorted(calls) == sorted(([source], "out") for source in sources)
+    assert setup["_compile_in_parallel"](compile_all, 1)(sources, output_dir="o") == compile_all(sources, "o")
