@@ -5,8 +5,10 @@ library), so these run the same whether the install compiled or not."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.machinery
+import pickle
 import runpy
 import sys
 import threading
@@ -163,3 +165,23 @@ def test_setup_compiles_an_extensions_sources_side_by_side_in_their_order(tmp_pa
     assert compile_each(sources, output_dir="out") == [source.replace(".c", ".o") for source in sources]
     assert sorted(calls) == sorted(([source], "out") for source in sources)
     assert setup["_compile_in_parallel"](compile_all, 1)(sources, output_dir="o") == compile_all(sources, "o")
+
+
+def test_every_frozen_dataclass_of_a_compiled_module_survives_pickling() -> None:
+    # The server pickles its HTTP/2 limits to each front-end worker and ray pickles samples; a
+    # frozen dataclass compiled by mypyc cannot be unpickled field by field ("cannot assign to
+    # field"), so each needs its __reduce__. Checked on every one whose fields all have defaults.
+    checked = []
+    for name in compiled.COMPILED_MODULES:
+        module = importlib.import_module(name)
+        for value in vars(module).values():
+            params = getattr(value, "__dataclass_params__", None)
+            if not isinstance(value, type) or value.__module__ != name or params is None or not params.frozen:
+                continue
+            fields = dataclasses.fields(value)
+            if any(f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING for f in fields):
+                continue
+            instance = value()
+            assert pickle.loads(pickle.dumps(instance)) == instance, value.__qualname__
+            checked.append(value.__qualname__)
+    assert "H2Limits" in checked

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 from v2kit.h2 import frames as h2
 from v2kit.h2.pings import PingPolicy
@@ -67,6 +68,21 @@ class H2Limits:
     stream_window: int = STREAM_WINDOW
     connection_window: int = CONNECTION_WINDOW
     pings: PingPolicy | None = None
+
+    def __reduce__(self) -> tuple[type[H2Limits], tuple[Any, ...]]:
+        # The server hands its limits to each front-end worker pickled. Compiled by mypyc, a frozen
+        # dataclass's default unpickling (an empty instance, then each field set) fails with
+        # "cannot assign to field": rebuild it by its constructor instead.
+        return type(self), (
+            self.max_induced,
+            self.max_empty_frames,
+            self.reset_burst,
+            self.reset_rate_per_s,
+            self.max_header_block,
+            self.stream_window,
+            self.connection_window,
+            self.pings,
+        )
 
 
 DEFAULT_H2_LIMITS = H2Limits()
