@@ -99,8 +99,16 @@ class FrameReader:
             yield ftype, flags, stream_id & LAST_STREAM_ID, view[pos + 9 : stop]
             pos = stop
         if pos < end:
-            self._partial = bytearray(view[pos:])
-            self._size = 9 + self._length(self._partial, 0) if end - pos >= 9 else 0
+            self.hold(view[pos:])
+
+    def pending(self) -> bool:
+        """Whether a frame split across reads is waiting for the rest (then `feed` the next read)."""
+        return bool(self._partial)
+
+    def hold(self, start: memoryview) -> None:
+        """Keep `start`, the beginning of a frame that the read did not complete, for `feed` to finish."""
+        self._partial = bytearray(start)
+        self._size = 9 + self._length(self._partial, 0) if len(start) >= 9 else 0
 
     @staticmethod
     def _length(head: bytes | bytearray, pos: int) -> int:
