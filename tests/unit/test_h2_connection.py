@@ -163,6 +163,35 @@ def test_a_request_and_its_response() -> None:
     assert not pair.client.streams and not pair.client_sink.data  # both sides ended: no RST_STREAM
 
 
+def test_a_reply_split_anywhere_reads_as_one_read_does() -> None:
+    # Whole frames are cut in `Receiver` itself, split ones by its FrameReader: every split of the
+    # reply's three frames, and a read that ends inside a frame after whole ones, reads the same.
+    pair = Pair()
+    pair.request(b"hello")
+    pair.exchange()
+    pair.server_events.take()
+    answer = pair.server.streams[1]
+    pair.server.send_headers(1, block(**{":status": "200"}))
+    pair.server.send_data(answer, b"world")
+    pair.server.send_trailers(answer, block(**{"grpc-status": "0"}))
+    reply = pair.server_sink.take()
+    expected = [
+        ("headers", 1, {":status": "200"}, False),
+        ("data", 1, b"world"),
+        ("headers", 1, {"grpc-status": "0"}, True),
+        ("ended", 1),
+    ]
+    for cut in range(1, len(reply)):
+        events = Recorder()
+        client = Connection(events, client=True, peer="s", now=pair.clock.time, call_at=pair.clock.call_at)
+        client.start(MemorySink())
+        client.receive(frame(h2.SETTINGS, 0, 0, b""))
+        client.open_stream(Stream())
+        client.receive(reply[:cut])
+        client.receive(reply[cut:])
+        assert events.take() == expected, cut
+
+
 def test_data_waits_for_small_windows_and_goes_in_order() -> None:
     pair = Pair()
     # The server says its streams take 10 bytes at a time; the connection window is the default.
