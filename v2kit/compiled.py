@@ -21,6 +21,7 @@ module is imported. This module itself is never compiled, and imports only the s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import importlib
 import importlib.abc
@@ -74,6 +75,13 @@ BUILD_RECORD = Path(__file__).with_name("_build_record.txt")
 
 #: Why a listed module runs interpreted though its extension is there, by module name.
 _FALLBACKS: dict[str, str] = {}
+
+
+def by_constructor(value: Any) -> tuple[Any, tuple[Any, ...]]:
+    """How a dataclass of a compiled module pickles (`return by_constructor(self)` from its
+    `__reduce__`): by its constructor, from its fields in their order. Compiled by mypyc, the default
+    (setting each field after an empty instance is made) fails with "cannot assign to field"."""
+    return type(value), tuple(getattr(value, f.name) for f in dataclasses.fields(value))
 
 
 def pure_python_forced() -> bool:

@@ -13,13 +13,14 @@ perf_analyzer's: a final flag that came alone, after it, is not a response.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
 import numpy as np
 import numpy.typing as npt
+
+from v2kit.compiled import by_constructor
 
 # Explicitly an alias: should numpy be absent from pip's build environment, its types read as Any,
 # and an implicit alias of Any is a variable that mypyc refuses as a type.
@@ -52,7 +53,7 @@ class Sample:
     sequence_id: int = 0  # a sequence model's request: its sequence's id (0: none)
 
     def __reduce__(self) -> tuple[type[Sample], tuple[Any, ...]]:
-        return _by_constructor(self)
+        return by_constructor(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +76,7 @@ class SampleArrays:
     sequence_id: I64 | None = None  # each request's sequence id (0: none); None: no column at all
 
     def __reduce__(self) -> tuple[type[SampleArrays], tuple[Any, ...]]:
-        return _by_constructor(self)
+        return by_constructor(self)
 
     def __len__(self) -> int:
         return len(self.done_ns)
@@ -163,17 +164,10 @@ class SequenceArrays:
     requests: I64
 
     def __reduce__(self) -> tuple[type[SequenceArrays], tuple[Any, ...]]:
-        return _by_constructor(self)
+        return by_constructor(self)
 
     def __len__(self) -> int:
         return len(self.done_ns)
-
-
-def _by_constructor(value: Any) -> tuple[Any, tuple[Any, ...]]:
-    """How a frozen dataclass here pickles (ray sends them between processes): by its constructor,
-    from its fields. Compiled by mypyc, the default (setting each field after an empty instance is
-    made) fails with "cannot assign to field"."""
-    return type(value), tuple(getattr(value, f.name) for f in dataclasses.fields(value))
 
 
 class SampleBuffer:

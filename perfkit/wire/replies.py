@@ -18,6 +18,7 @@ import grpc
 
 from perfkit.wire import http_pool as http_wire
 from v2kit import codec as v2
+from v2kit.compiled import by_constructor
 
 __all__ = [
     "MESSAGES_PER_KIND",
@@ -75,8 +76,7 @@ class Outcome:
     def __reduce__(self) -> tuple[type[Outcome], tuple[Any, ...]]:
         # By the constructor: compiled, the default pickling (an empty instance, then each field)
         # fails, and a distributed load's workers may send outcomes.
-        fields = (self.error, self.bytes_in, self.send_ns, self.recv_ns, self.message, self.response_ns, self.tokens)
-        return Outcome, (*fields, self.text)
+        return by_constructor(self)
 
 
 def output_mismatch(expected: Mapping[str, bytes], outputs: Mapping[str, bytes]) -> str:

@@ -10,6 +10,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
+from v2kit.compiled import by_constructor
 from v2kit.h2 import frames as h2
 from v2kit.h2.pings import PingPolicy
 
@@ -73,16 +74,7 @@ class H2Limits:
         # The server hands its limits to each front-end worker pickled. Compiled by mypyc, a frozen
         # dataclass's default unpickling (an empty instance, then each field set) fails with
         # "cannot assign to field": rebuild it by its constructor instead.
-        return type(self), (
-            self.max_induced,
-            self.max_empty_frames,
-            self.reset_burst,
-            self.reset_rate_per_s,
-            self.max_header_block,
-            self.stream_window,
-            self.connection_window,
-            self.pings,
-        )
+        return by_constructor(self)
 
 
 DEFAULT_H2_LIMITS = H2Limits()
