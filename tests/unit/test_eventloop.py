@@ -75,3 +75,85 @@ def test_timers_never_fire_early_on_uvloop() -> None:
 
     timer_lags, sleep_lags = eventloop.run(main())
     assert min(timer_lags) >= 0 and min(sleep_lags) >= 0, (timer_lags, sleep_lags)
+
+
+def late_timers(monkeypatch: pytest.MonkeyPatch, late_ns: int) -> None:
+    """The precise timer the clock uses fires `late_ns` late, as on a VM whose idle CPUs take that
+    long to wake."""
+    from perfkit.load import clocks
+
+    monkeypatch.setattr(clocks, "call_at_ns", lambda loop, when_ns, callback: call_at_ns(loop, when_ns + late_ns, callback))
+
+
+def test_the_clock_learns_how_late_its_timer_wakes_and_ends_sleeps_on_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    late_ns = 1_000_000
+    late_timers(monkeypatch, late_ns)
+
+    async def main() -> tuple[list[int], int]:
+        clock = RealClock()
+        lags = []
+        for _ in range(40):
+            due = time.perf_counter_ns() + 10_000_000
+            await clock.sleep_until(due)
+            lags.append(time.perf_counter_ns() - due)
+        return lags, clock.lead_ns
+
+    lags, lead_ns = eventloop.run(main())
+    assert lags[0] >= late_ns, lags  # nothing learned yet: the timer's whole lateness
+    assert late_ns <= lead_ns <= RealClock.MAX_LEAD_NS, lead_ns
+    learned = sorted(lags[-20:])
+    assert learned[10] < late_ns // 2, learned
+
+
+def test_the_clock_keeps_the_loop_running_while_it_waits_out_its_lead(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last stretch before a deadline passes through the loop, never in a spin that holds it:
+    a timer due within that stretch fires before the sleep ends."""
+    late_timers(monkeypatch, 1_000_000)
+
+    async def main() -> tuple[int, int, int]:
+        loop = asyncio.get_running_loop()
+        clock = RealClock()
+        for _ in range(10):  # learn the lead
+            await clock.sleep_until(time.perf_counter_ns() + 10_000_000)
+        due = time.perf_counter_ns() + 20_000_000
+        fired: asyncio.Future[int] = loop.create_future()
+        # The real precise timer, not the late one: due halfway through the clock's lead.
+        call_at_ns(loop, due - clock.lead_ns // 2, partial(stamp, fired))
+        await clock.sleep_until(due)
+        ended = time.perf_counter_ns()
+        assert fired.done(), "the timer due during the clock's lead had not fired when the sleep ended"
+        return fired.result(), ended, clock.lead_ns
+
+    fired_ns, ended_ns, lead_ns = eventloop.run(main())
+    assert lead_ns >= 500_000
+    assert fired_ns < ended_ns
+
+
+def test_the_clock_leads_a_short_sleep_by_a_quarter_of_it_at_most(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lead's CPU is bounded: a dense schedule (sleeps of 2 ms) passes through the loop for a
+    quarter of each sleep at most, whatever the lead learned on long sleeps."""
+    late_timers(monkeypatch, 1_200_000)
+    from perfkit.load import clocks
+
+    leads: list[int] = []
+    real_call_at_ns = clocks.call_at_ns
+
+    def recording(loop: asyncio.AbstractEventLoop, when_ns: int, callback: object) -> object:
+        leads.append(deadline[0] - when_ns)
+        return real_call_at_ns(loop, when_ns, callback)  # type: ignore[arg-type]
+
+    deadline = [0]
+
+    async def main() -> None:
+        clock = RealClock()
+        for _ in range(10):
+            await clock.sleep_until(time.perf_counter_ns() + 10_000_000)
+        assert clock.lead_ns >= 1_000_000
+        monkeypatch.setattr(clocks, "call_at_ns", recording)
+        for _ in range(10):
+            began = time.perf_counter_ns()
+            deadline[0] = began + 2_000_000
+            await clock.sleep_until(deadline[0])
+
+    eventloop.run(main())
+    assert leads and max(leads) <= 2_000_000 // 4, leads
