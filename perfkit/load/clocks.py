@@ -11,13 +11,13 @@ import itertools
 import time
 from typing import Protocol
 
-from v2kit.runtime.timer import PRECISE_BELOW_NS, call_at_ns
+from v2kit.runtime.timer import call_at_ns
 
 __all__ = ["Clock", "FakeClock", "RealClock"]
 
-# The last stretch of a sleep that the precise timer thread waits: under its PRECISE_BELOW_NS, and
-# longer than the loop's timers can be late (up to about 1 ms, more on a busy machine).
-_PRECISE_SPAN_NS = PRECISE_BELOW_NS - 100_000
+# The last stretch of a sleep that the precise timer waits: longer than the loop's timers can be
+# late (they round up to whole milliseconds, and a CPU waking from idle adds up to about 2 ms).
+_PRECISE_SPAN_NS = 5_000_000
 
 
 class Clock(Protocol):
@@ -33,12 +33,13 @@ class RealClock:
     an `asyncio.sleep` ends up to about 1 ms late: kept with it alone, an open-loop schedule at
     20 req/s sent 25-50 % of its requests more than `delay_tolerance_ms` late (median lag 0.7 ms,
     2-core VM), and the latency from the intended send carried the generator's own lag. So the
-    loop's timer sleeps until shortly before the deadline and the precise timer (a timerfd the loop
-    watches) ends the sleep.
+    loop's timer sleeps until 5 ms before the deadline (it can be late by 1 ms of rounding and more
+    of waking) and the precise timer (a timerfd the loop watches) ends the sleep.
 
     A precise timer is still late by however long the CPU takes to wake from idle: on a VM whose
     idle vCPUs halt, a timerfd 50 ms out woke 0.3 ms late at the median and 0.8-1.7 ms at p90, and
-    an open-loop sweep at 20 req/s sent 20-45 % of its requests over 1 ms late. So the clock learns
+    an open-loop sweep at 20 req/s sent 20-45 % of its requests over 1 ms late (1-5 % with both
+    remedies, those left mostly at window ends, where the level's figures are taken). So the clock learns
     its own lateness (the p90 of its last wakes) and wakes that much early, then spends what is left
     passing through the event loop (`asyncio.sleep(0)`: answers that arrive meanwhile are read and
     stamped at once, never held behind a spin). On a machine that wakes on time the lead is tens of
@@ -73,13 +74,16 @@ class RealClock:
         if wake_ns > now:
             loop = asyncio.get_running_loop()
             woken: asyncio.Future[None] = loop.create_future()
-            handle = call_at_ns(loop, wake_ns, lambda: None if woken.done() else woken.set_result(None))
+            handle = call_at_ns(
+                loop, wake_ns, lambda: None if woken.done() else woken.set_result(None), precise_only=True
+            )
             try:
                 await woken
             finally:
                 handle.cancel()
             self._learn(time.perf_counter_ns() - wake_ns)
-        while time.perf_counter_ns() < t_ns:
+        # The deadline is the event waited for; the loop runs meanwhile.
+        while time.perf_counter_ns() < t_ns:  # noqa: ASYNC110
             await asyncio.sleep(0)
 
     def _learn(self, lag_ns: int) -> None:

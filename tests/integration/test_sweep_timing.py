@@ -8,8 +8,8 @@ requests (the stalled one and the ~8 that arrive in its 400 ms, of ~40 per perio
 every second it would be nearly half, and the median would sit on the edge of the stalls). A client that keeps its schedule measures them from their intended send time, so the
 corrected p99 is close to the stall; the median request never meets a stall and stays small.
 perfkit's figures are printed (`pytest -s`). On a quiet 2-core VM whose idle CPUs are slow to wake:
-p50 8.3-9.2 ms, p99 412-419 ms from the actual send, 8-17 % of sends more than 1 ms late, the
-largest lags (9-23 ms) at window ends; perf_analyzer on the same server: p50 10.7 ms, p99 421 ms,
+p50 7.8-8.5 ms, p99 406-411 ms from the actual send, 2-5 % of sends more than 1 ms late, the
+largest lags (8-14 ms) at window ends; perf_analyzer on the same server: p50 10.7 ms, p99 421 ms,
 15 % of its requests delayed. (On a machine that wakes promptly: p50 6.8 ms and 1 % late.)
 
 That the client kept its schedule (next to no late send) is a property of the client and of the
@@ -42,7 +42,7 @@ SHAPE = ("--shape", "INPUT0:16")  # the models' input is FP32 [-1]
 # Three 2 s windows in any case: -s 1000 accepts the level however the stalls fall in the windows.
 STALLER_WINDOWS = ("-p", "2000", "-s", "1000", "-r", "3")
 # Sends more than 1 ms late (perfkit's and perf_analyzer's tolerance): about 1 % on an idle machine
-# that wakes promptly, 8-17 % on a VM whose idle CPUs take up to ms to wake (perf_analyzer: 15 %). A client that waited for the server would be late for every send queued
+# that wakes promptly, 2-5 % on a VM whose idle CPUs take up to ms to wake (perf_analyzer: 15 %). A client that waited for the server would be late for every send queued
 # behind a stall, by up to the stall: the lag bound below (a tenth of a stall) is what tells them apart.
 MAX_DELAYED_PCT = 25.0
 MAX_LAG_SHARE_OF_STALL = 0.1

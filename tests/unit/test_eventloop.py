@@ -7,13 +7,14 @@ import asyncio
 import os
 import signal
 import time
+from collections.abc import Callable
 from functools import partial
 
 import pytest
 
 from perfkit.load.generator import RealClock
 from v2kit.runtime import eventloop
-from v2kit.runtime.timer import call_at_ns
+from v2kit.runtime.timer import TimerHandle, call_at_ns
 
 
 def test_run_returns_the_result_on_uvloop() -> None:
@@ -82,7 +83,10 @@ def late_timers(monkeypatch: pytest.MonkeyPatch, late_ns: int) -> None:
     long to wake."""
     from perfkit.load import clocks
 
-    monkeypatch.setattr(clocks, "call_at_ns", lambda loop, when_ns, callback: call_at_ns(loop, when_ns + late_ns, callback))
+    def late(loop: asyncio.AbstractEventLoop, when_ns: int, callback: Callable[[], None], **how: bool) -> TimerHandle:
+        return call_at_ns(loop, when_ns + late_ns, callback, **how)
+
+    monkeypatch.setattr(clocks, "call_at_ns", late)
 
 
 def test_the_clock_learns_how_late_its_timer_wakes_and_ends_sleeps_on_time(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -136,11 +140,13 @@ def test_the_clock_leads_a_short_sleep_by_a_quarter_of_it_at_most(monkeypatch: p
     from perfkit.load import clocks
 
     leads: list[int] = []
-    real_call_at_ns = clocks.call_at_ns
+    real_call_at_ns = call_at_ns
 
-    def recording(loop: asyncio.AbstractEventLoop, when_ns: int, callback: object) -> object:
+    def recording(
+        loop: asyncio.AbstractEventLoop, when_ns: int, callback: Callable[[], None], **how: bool
+    ) -> TimerHandle:
         leads.append(deadline[0] - when_ns)
-        return real_call_at_ns(loop, when_ns, callback)  # type: ignore[arg-type]
+        return real_call_at_ns(loop, when_ns, callback, **how)
 
     deadline = [0]
 

@@ -171,11 +171,15 @@ def _on_own_thread(loop: asyncio.AbstractEventLoop) -> bool:
         return False
 
 
-def call_at_ns(loop: asyncio.AbstractEventLoop, when_ns: int, callback: Callable[[], None]) -> TimerHandle:
-    """Run `callback` on `loop` at `when_ns` (time.perf_counter_ns), with sub-millisecond precision."""
+def call_at_ns(
+    loop: asyncio.AbstractEventLoop, when_ns: int, callback: Callable[[], None], *, precise_only: bool = False
+) -> TimerHandle:
+    """Run `callback` on `loop` at `when_ns` (time.perf_counter_ns), with sub-millisecond precision.
+    `precise_only`: set the precise timer however far the deadline is (the loop's own timers are
+    cheaper for long delays, but may wake the loop a millisecond or more after the CPU could)."""
     handle = TimerHandle(callback)
     delay_ns = when_ns - time.perf_counter_ns()
-    if delay_ns >= PRECISE_BELOW_NS:
+    if delay_ns >= PRECISE_BELOW_NS and not precise_only:
         handle._loop_timer = loop.call_later(delay_ns / 1e9, _run_on_time, loop, when_ns, handle)
     elif _libc is not None and _on_own_thread(loop) and (timerfd := _timerfd_of(loop)) is not None:
         timerfd.schedule(when_ns, handle)
