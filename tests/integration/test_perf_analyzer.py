@@ -39,11 +39,12 @@ def test_concurrency_sweep(peers: Path, demo_server: ReferenceServer, tmp_path: 
     out = tmp_path / "pa.csv"
     client_line, flags = TRANSPORTS[transport]
     port = demo_server.http_port if transport == "http" else demo_server.grpc_port
-    # A loose stability bound and short windows (a hundred requests or more each): this checks
-    # protocol compatibility, not measurement quality.
+    # Any spread accepted and short windows (a hundred requests or more each): this checks protocol
+    # compatibility, not measurement quality (perf_analyzer leaves out a level that never
+    # stabilised, and 200 ms windows on a machine running other tests can spread past 100 %).
     result = run_perf_analyzer(
         peers, *flags, "-m", "mlp", "-u", f"127.0.0.1:{port}", "--concurrency-range", "1:4:3",
-        "-p", "200", "-s", "100", "-r", "6", "-f", str(out),
+        "-p", "200", "-s", "1000", "-r", "6", "-f", str(out),
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     for line in ("Server:", "Avg request latency", "Inference count", client_line):

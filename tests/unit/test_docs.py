@@ -18,7 +18,7 @@ PAGES = [README, ROOT / "bench" / "README.md", *sorted((ROOT / "docs").glob("*.m
 QUICK_START = (
     "python3 -m venv .venv && . .venv/bin/activate && pip install -e . && perfkit sweep --concurrency-range 1:8"
 )
-TEST_COMMAND = ". .venv/bin/activate && pip install -e '.[test]' && python -m pytest -q"
+TEST_COMMAND = ". .venv/bin/activate && pip install -e '.[test]' && python -m pytest -q -n logical --dist loadfile"
 
 
 def _first_code_block(text: str) -> list[str]:
@@ -139,3 +139,10 @@ def test_the_examples_parse(page: Path) -> None:
             build_parser().parse_args(shlex.split(command)[1:])
         except SystemExit:
             pytest.fail(f"{page.name}: `{command}` no longer parses")
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    pytest_lines = [line.strip() for line in ci.splitlines() if line.strip().startswith("python -m pytest")]
+    readme_pytest = TEST_COMMAND.split("&& ")[-1]
+    assert pytest_lines and pytest_lines[0].replace(" -p no:cacheprovider", "") == readme_pytest, pytest_lines
