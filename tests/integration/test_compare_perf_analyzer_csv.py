@@ -18,10 +18,10 @@ def test_compare_reads_perf_analyzers_csv(
     peers: Path, demo_server: ReferenceServer, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     out = tmp_path / "pa.csv"
-    # Short windows and a loose stability bound: this checks the file's layout, not the measurement.
+    # Short windows and any spread accepted: this checks the file's layout, not the measurement.
     result = run_perf_analyzer(
         peers, "-m", "mlp", "-u", f"127.0.0.1:{demo_server.http_port}", "--concurrency-range", "1",
-        "-p", "150", "-s", "100", "-r", "4", "-f", str(out),
+        "-p", "150", "-s", "1000", "-r", "4", "-f", str(out),
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     junit = tmp_path / "gate.xml"

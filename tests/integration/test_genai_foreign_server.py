@@ -117,9 +117,12 @@ def test_usage_within_the_margin_or_a_chat_template_is_no_mismatch() -> None:
     # a chat prompt's usage counts its template too: more prompt tokens than perfkit's is expected
     assert _notes("chat", "t.json", with_usage=10, server_in=2000, own_in=1000, server_out=50, own_out=50)[1] == {}
     # fewer by far is another tokenizer, on chat as anywhere
-    assert "prompt tokens per answer: 25.0 by the server's usage, 100.0 by t.json" in _notes(
-        "chat", "t.json", with_usage=10, server_in=250, own_in=1000, server_out=50, own_out=50
-    )[1]["tokenizer differs"]
+    assert (
+        "prompt tokens per answer: 25.0 by the server's usage, 100.0 by t.json"
+        in _notes("chat", "t.json", with_usage=10, server_in=250, own_in=1000, server_out=50, own_out=50)[1][
+            "tokenizer differs"
+        ]
+    )
     # --tokenizer usage takes the server's counts: nothing to compare them with
     assert _notes("completions", "usage", with_usage=10, server_in=10, own_in=1000, server_out=5, own_out=50)[1] == {}
     # some answers with usage and some without: both sources named

@@ -55,7 +55,8 @@ def write_model(repository: Path, name: str, limits: tuple[str, str], log: Path)
     (folder / "1").mkdir(parents=True)
     (folder / "1" / "model.py").write_text(MODEL)
     first, second = limits
-    (folder / "config.pbtxt").write_text(textwrap.dedent(f"""\
+    (folder / "config.pbtxt").write_text(
+        textwrap.dedent(f"""\
         name: "{name}"
         backend: "python"
         max_batch_size: 0
@@ -66,7 +67,8 @@ def write_model(repository: Path, name: str, limits: tuple[str, str], log: Path)
           {{ name: "second" count: 1 kind: KIND_CPU {second} }}
         ]
         parameters {{ key: "log" value {{ string_value: "{log}" }} }}
-        """))
+        """)
+    )
 
 
 SHARED = 'rate_limiter { resources [ { name: "R" count: 1 } ] }'

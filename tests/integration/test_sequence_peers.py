@@ -125,7 +125,7 @@ def test_perf_analyzer_sequence_length(peers: Path, urls: Urls, flags: list[str]
     out = tmp_path / "pa.csv"
     result = subprocess.run(
         [str(peers / "bin" / "perf_analyzer"), *flags, "-m", "accumulator", "-u", url, "--sequence-length", "5", "--input-data", "zero",
-         "--concurrency-range", "4", "-p", "200", "-s", "100", "-r", "6", "-f", str(out)],
+         "--concurrency-range", "4", "-p", "200", "-s", "1000", "-r", "6", "-f", str(out)],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr

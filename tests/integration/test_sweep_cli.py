@@ -353,7 +353,9 @@ def test_a_server_killed_mid_sweep_leaves_the_finished_levels_and_exit_code_1(
     assert len(saved.levels) == len(rows)
 
 
-@pytest.mark.parametrize("after_a_level", [True, False], ids=["after-a-level-to-the-group", "before-any-level-to-the-sweep"])
+@pytest.mark.parametrize(
+    "after_a_level", [True, False], ids=["after-a-level-to-the-group", "before-any-level-to-the-sweep"]
+)
 def test_sigint_ends_a_sweep_with_results_so_far_and_the_embedded_server_stopped(
     after_a_level: bool, env: dict[str, str], tmp_path: Path
 ) -> None:
