@@ -122,3 +122,26 @@ async def test_requests_unanswered_at_the_drain_timeout_are_recorded_as_cancelle
     assert sorted(s.sent_ns.tolist()) == [10 * MS * (i + 1) for i in range(5)]
     assert (s.done_ns >= 55 * MS).all() and (s.bytes_out == 100).all()  # ended at the drain, after the stop
     assert gen.outstanding == 0
+
+
+async def test_sync_lets_an_open_loop_send_due_soon_go_first() -> None:
+    """A window's figures are taken after `sync`: a send due within QUIET_NS leaves before, so the
+    figures never hold it; one due later does not hold the figures up."""
+    from perfkit.load.generator import QUIET_NS
+
+    clock = FakeClock()
+    client = FakeClient(clock, lambda now, i: 1 * MS)
+    buffer = SampleBuffer()
+    gen = LoadGenerator(client, [FakePrepared("a")], buffer, clock)
+    period = 100 * MS  # sends at 100, 200, ... ms
+    gen.start(OpenLoop(rate=10.0))
+    await clock.sleep_until(period - QUIET_NS // 2)  # the first send is due within QUIET_NS
+    await gen.sync()
+    assert clock.now_ns() == period and [sent for sent, _ in client.sent] == [period]
+    await clock.sleep_until(period + 2 * MS)  # the next send is a period away: no wait
+    before = clock.now_ns()
+    await gen.sync()
+    assert clock.now_ns() == before
+    await gen.stop()
+    # Stopped: nothing is due, and sync never waits.
+    await gen.sync()
