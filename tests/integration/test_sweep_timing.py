@@ -8,9 +8,10 @@ requests (the stalled one and the ~8 that arrive in its 400 ms, of ~40 per perio
 every second it would be nearly half, and the median would sit on the edge of the stalls). A client that keeps its schedule measures them from their intended send time, so the
 corrected p99 is close to the stall; the median request never meets a stall and stays small.
 perfkit's figures are printed (`pytest -s`). On a quiet 2-core VM whose idle CPUs are slow to wake:
-p50 7.8-8.5 ms, p99 406-411 ms from the actual send, 2-5 % of sends more than 1 ms late, the
-largest lags (8-14 ms) at window ends; perf_analyzer on the same server: p50 10.7 ms, p99 421 ms,
-15 % of its requests delayed. (On a machine that wakes promptly: p50 6.8 ms and 1 % late.)
+p50 7.8-8.5 ms, p99 406-411 ms from the actual send, 2-5 % of sends more than 1 ms late (largest
+lag 8-14 ms) in a quiet spell; while the host woke its CPUs more slowly, p50 9-15 ms and 9-25 % late
+(largest lag 18-44 ms). perf_analyzer on the same server: p50 10.7-16 ms, p99 421 ms, 14-21 % of
+its requests delayed. (On a machine that wakes promptly: p50 6.8 ms and 1 % late.)
 
 That the client kept its schedule (next to no late send) is a property of the client and of the
 machine: when other processes take more than BUSY_MACHINE_SHARE of the CPUs and the schedule was
@@ -19,6 +20,7 @@ missed twice, the test is skipped with the figures rather than failed.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -42,10 +44,16 @@ SHAPE = ("--shape", "INPUT0:16")  # the models' input is FP32 [-1]
 # Three 2 s windows in any case: -s 1000 accepts the level however the stalls fall in the windows.
 STALLER_WINDOWS = ("-p", "2000", "-s", "1000", "-r", "3")
 # Sends more than 1 ms late (perfkit's and perf_analyzer's tolerance): about 1 % on an idle machine
-# that wakes promptly, 2-5 % on a VM whose idle CPUs take up to ms to wake (perf_analyzer: 15 %). A client that waited for the server would be late for every send queued
-# behind a stall, by up to the stall: the lag bound below (a tenth of a stall) is what tells them apart.
+# that wakes promptly, 2-25 % on a VM whose idle CPUs take up to ms to wake, as the host allows
+# (perf_analyzer there: 15-21 % of its requests delayed, counting only sends its thread was already
+# behind for, not a late wake). Past the bound, perf_analyzer runs the same schedule on the same
+# server: perfkit is held to what the machine allowed it, within PEER_MARGIN_PCT points. A client
+# that waited for the server would be late for every send queued behind a stall, by up to the stall
+# (400 ms): the lag bound below (a quarter of a stall; a slow host's wakes and a window's figures
+# made lags of up to 44 ms) is what tells them apart.
 MAX_DELAYED_PCT = 25.0
-MAX_LAG_SHARE_OF_STALL = 0.1
+PEER_MARGIN_PCT = 10.0
+MAX_LAG_SHARE_OF_STALL = 0.25
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +105,16 @@ def schedule_kept(level: LevelResult) -> bool:
     return level.delayed_pct <= MAX_DELAYED_PCT and level.max_send_lag_us < MAX_LAG_SHARE_OF_STALL * STALL_MS * 1000
 
 
-def test_staller_latency_from_intended_send_sees_the_stalls(triton: TritonProcess, tmp_path: Path) -> None:
+def perf_analyzer_delayed_pct(peers: Path, url: str, *args: str) -> float:
+    """The share of requests perf_analyzer says it sent late on the same load (0 when it says none)."""
+    command = [str(peers / "bin" / "perf_analyzer"), "-u", url, "-m", "staller", *SHAPE, *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=90, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    found = re.search(r"([0-9.]+)% of the requests were delayed", result.stdout)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_staller_latency_from_intended_send_sees_the_stalls(triton: TritonProcess, peers: Path, tmp_path: Path) -> None:
     load = ("--request-rate-range", str(RATE), "--request-distribution", "poisson")
     with OtherLoad() as other:
         level = sweep(triton.http_url, "staller", tmp_path / "try1", *load, *STALLER_WINDOWS)
@@ -132,9 +149,12 @@ def test_staller_latency_from_intended_send_sees_the_stalls(triton: TritonProces
             f"{level.delayed_pct:.1f} % of sends late, largest lag {level.max_send_lag_us / 1000:.0f} ms, while other "
             f"processes took {other.share:.0%} of the CPUs: no verdict on the schedule on a busy machine"
         )
-    assert level.delayed_pct <= MAX_DELAYED_PCT, (
-        f"{level.delayed_pct} %; other processes: {other.share:.0%} of the CPUs"
-    )
+    if level.delayed_pct > MAX_DELAYED_PCT:
+        peer_pct = perf_analyzer_delayed_pct(peers, triton.http_url, *load, *STALLER_WINDOWS)
+        print(f"  perf_analyzer on the same load: {peer_pct:.1f} % of its requests delayed")
+        assert level.delayed_pct <= peer_pct + PEER_MARGIN_PCT, (
+            f"{level.delayed_pct} % late, perf_analyzer {peer_pct} %; other processes: {other.share:.0%} of the CPUs"
+        )
     assert level.max_send_lag_us < MAX_LAG_SHARE_OF_STALL * stall_us, (
         f"{level.max_send_lag_us} us; other processes: {other.share:.0%}"
     )
