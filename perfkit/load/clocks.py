@@ -38,9 +38,9 @@ class RealClock:
 
     A precise timer is still late by however long the CPU takes to wake from idle: on a VM whose
     idle vCPUs halt, a timerfd 50 ms out woke 0.3 ms late at the median and 0.8-1.7 ms at p90, and
-    an open-loop sweep at 20 req/s sent 20-45 % of its requests over 1 ms late (1-5 % with both
-    remedies, those left mostly at window ends, where the level's figures are taken). So the clock learns
-    its own lateness (the p90 of its last wakes) and wakes that much early, then spends what is left
+    an open-loop sweep at 20 req/s sent 20-45 % of its requests over 1 ms late (with both remedies
+    2-5 %, or 9-25 % while the host woke its CPUs more slowly). So the clock learns its own
+    lateness (the p90 of its last 32 wakes) and wakes that much early, then spends what is left
     passing through the event loop (`asyncio.sleep(0)`: answers that arrive meanwhile are read and
     stamped at once, never held behind a spin). On a machine that wakes on time the lead is tens of
     µs; it never exceeds MAX_LEAD_NS, nor a quarter of the sleep, which bounds the CPU it costs.
@@ -58,7 +58,7 @@ class RealClock:
 
     @property
     def lead_ns(self) -> int:
-        """How early the precise timer is set: its wakes' p90 lateness of late."""
+        """How early the precise timer is set: the p90 of its latest wakes' lateness."""
         return self._lead_ns
 
     async def sleep_until(self, t_ns: int) -> None:
@@ -91,8 +91,7 @@ class RealClock:
         lags.append(lag_ns)
         if len(lags) > self._LAGS_KEPT:
             del lags[0]
-        if len(lags) % 8 == 0 or len(lags) < 8:
-            self._lead_ns = min(self.MAX_LEAD_NS, sorted(lags)[(len(lags) * 9) // 10])
+        self._lead_ns = min(self.MAX_LEAD_NS, sorted(lags)[(len(lags) * 9) // 10])
 
 
 class FakeClock:
