@@ -326,3 +326,28 @@ def test_level_records_every_window_but_reports_the_last_ones() -> None:
     assert level.throughput_ci_low == level.throughput_ci_high == 100.0
     stable = next(c for c in level.checks if c.name == "stable")
     assert stable.detail == "the last 3 windows differ by 0.0% in throughput and 0.0% in latency (limit 10%)"
+
+
+def test_late_sends_of_an_idle_client_are_blamed_on_the_machine_waking_late() -> None:
+    """Sends a few ms late from a client using little CPU: the advice says the machine wakes its CPUs
+    late, not that the client lacks CPU; a client that lagged by a stall, or that was busy, keeps
+    the advice to lower the rate."""
+    # 20 req/s for 3 s, every fifth send 3 ms late.
+    rows = [(t, t + (3 * MS if i % 5 == 0 else 0), t + (3 * MS if i % 5 == 0 else 0) + 5 * MS)
+            for i, t in enumerate(range(0, 3 * S, 50 * MS))]  # fmt: skip
+
+    def schedule_advice(cpu: float | None, samples: SampleArrays, window_s: int) -> str:
+        windows = [window_result(samples, k * window_s * S, (k + 1) * window_s * S, 1) for k in range(3)]
+        level = level_result(
+            mode="request_rate", level=20.0, batch_size=1, windows=windows, samples=samples, server=None,
+            resources=ResourceUsage(client_cpu_pct=cpu), stable=True,
+        )  # fmt: skip
+        schedule = next(c for c in level.checks if c.name == "schedule")
+        assert not schedule.passed, level.delayed_pct
+        return schedule.advice
+
+    few_ms_late = arrays(rows)
+    assert "wakes its CPUs late" in schedule_advice(4.0, few_ms_late, 1)
+    assert "could not keep the schedule" in schedule_advice(85.0, few_ms_late, 1)
+    assert "could not keep the schedule" in schedule_advice(None, few_ms_late, 1)
+    assert "could not keep the schedule" in schedule_advice(4.0, stall_samples(), 4)  # lags up to 991 ms
