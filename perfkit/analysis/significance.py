@@ -6,7 +6,9 @@ tie and continuity corrections beyond; **Welch's t** test, with Student's t thro
 incomplete beta function (Numerical Recipes, 3rd ed., §6.4, modified Lentz continued fraction); and
 `windows_differ`, which picks Mann–Whitney when the sample sizes can reach significance at all (its
 smallest p-value is 2 / C(m+n, m): 0.1 for 3 values against 3, 0.029 for 4 against 4) and falls back
-to Welch otherwise, as asv does when Mann–Whitney cannot decide (`_stats.py::is_different`).
+to Welch otherwise, as asv does when Mann–Whitney cannot decide (`_stats.py::is_different`). Also
+Student's t critical values for confidence intervals (`student_t_quantile`, from the closed form of
+Abramowitz & Stegun 26.7.3-4), which the level statistics, the tuner and the token figures use.
 """
 
 from __future__ import annotations
@@ -15,7 +17,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-__all__ = ["Significance", "mann_whitney_min_p", "mann_whitney_u", "regularized_beta", "welch_t_test", "windows_differ"]
+__all__ = [
+    "Significance",
+    "mann_whitney_min_p",
+    "mann_whitney_u",
+    "regularized_beta",
+    "student_t_quantile",
+    "welch_t_test",
+    "windows_differ",
+]
 
 
 def _u_counts(m: int, n: int) -> list[int]:
@@ -151,3 +161,37 @@ def windows_differ(a: Sequence[float], b: Sequence[float], alpha: float, what: s
         _, _, p = welch_t_test(a, b)
         method = "Welch t"
     return Significance(p < alpha, method, p, f"p={p:.3g} ({method}, {len(a)} vs {len(b)} {what})")
+
+
+def student_t_quantile(confidence: float, df: int) -> float:
+    """Two-sided critical value t with P(|T| <= t) = confidence for Student's t with integer df."""
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence {confidence} is outside (0, 1)")
+    if df < 1:
+        raise ValueError(f"degrees of freedom {df} < 1")
+    low, high = 0.0, math.pi / 2
+    for _ in range(200):  # bisection on θ = atan(t/√df); A(θ) is increasing
+        mid = (low + high) / 2
+        if _t_two_sided(mid, df) < confidence:
+            low = mid
+        else:
+            high = mid
+    return math.sqrt(df) * math.tan((low + high) / 2)
+
+
+def _t_two_sided(theta: float, df: int) -> float:
+    """A(t|df) = P(|T| <= t) with θ = atan(t/√df), Abramowitz & Stegun 26.7.3 (odd) and 26.7.4 (even)."""
+    c, s = math.cos(theta), math.sin(theta)
+    if df % 2 == 0:
+        term = total = 1.0
+        for k in range(1, df // 2):
+            term *= c * c * (2 * k - 1) / (2 * k)
+            total += term
+        return s * total
+    if df == 1:
+        return 2.0 * theta / math.pi
+    term = total = c
+    for k in range(1, (df - 1) // 2):
+        term *= c * c * (2 * k) / (2 * k + 1)
+        total += term
+    return 2.0 / math.pi * (theta + s * total)

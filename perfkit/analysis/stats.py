@@ -45,7 +45,7 @@ coordinated by construction, which is what it models.
 *Confidence intervals.* Throughput: Student-t interval of the mean of the per-window throughputs
 of the reported windows, df = n − 1 (windows treated as independent; autocorrelated load makes the
 interval optimistic). The t quantile is computed exactly for integer df from the closed-form
-Student-t distribution (Abramowitz & Stegun 26.7.3–4), no scipy. p99: a distribution-free interval
+Student-t distribution (Abramowitz & Stegun 26.7.3–4; `significance.student_t_quantile`), no scipy. p99: a distribution-free interval
 from order statistics (Conover, *Practical Nonparametric Statistics*, 3rd ed., §3.2): the number
 B of samples at or below the true q-quantile is Binomial(n, q), so [x_(r), x_(s)] covers it with
 probability P(r <= B <= s − 1). With the normal approximation, r = ⌊nq − 1.96·√(nq(1−q))⌋ and
@@ -68,6 +68,7 @@ import numpy as np
 import numpy.typing as npt
 
 from perfkit.analysis.server_stats import network_server_us
+from perfkit.analysis.significance import student_t_quantile
 from perfkit.load.samples import SampleArrays, SequenceArrays
 from perfkit.results.model import (
     Check,
@@ -208,40 +209,6 @@ def is_stable(windows: Sequence[WindowResult], threshold: float, count: int = ST
         spread([w.throughput_infer_per_s for w in last]) <= limit
         and spread([w.stabilizing_latency_us for w in last]) <= limit
     )
-
-
-def student_t_quantile(confidence: float, df: int) -> float:
-    """Two-sided critical value t with P(|T| <= t) = confidence for Student's t with integer df."""
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence {confidence} is outside (0, 1)")
-    if df < 1:
-        raise ValueError(f"degrees of freedom {df} < 1")
-    low, high = 0.0, math.pi / 2
-    for _ in range(200):  # bisection on θ = atan(t/√df); A(θ) is increasing
-        mid = (low + high) / 2
-        if _t_two_sided(mid, df) < confidence:
-            low = mid
-        else:
-            high = mid
-    return math.sqrt(df) * math.tan((low + high) / 2)
-
-
-def _t_two_sided(theta: float, df: int) -> float:
-    """A(t|df) = P(|T| <= t) with θ = atan(t/√df), Abramowitz & Stegun 26.7.3 (odd) and 26.7.4 (even)."""
-    c, s = math.cos(theta), math.sin(theta)
-    if df % 2 == 0:
-        term = total = 1.0
-        for k in range(1, df // 2):
-            term *= c * c * (2 * k - 1) / (2 * k)
-            total += term
-        return s * total
-    if df == 1:
-        return 2.0 * theta / math.pi
-    term = total = c
-    for k in range(1, (df - 1) // 2):
-        term *= c * c * (2 * k) / (2 * k + 1)
-        total += term
-    return 2.0 / math.pi * (theta + s * total)
 
 
 def throughput_ci(windows: Sequence[WindowResult], confidence: float = 0.95) -> tuple[float, float]:

@@ -48,7 +48,8 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from perfkit.analysis.stats import percentile_ci, percentile_rank, student_t_quantile
+from perfkit.analysis.significance import student_t_quantile
+from perfkit.analysis.stats import percentile_ci, percentile_rank
 from perfkit.genai.endpoints import UsageTally
 from perfkit.genai.goodput import met_mask, render_goodput
 from perfkit.genai.tokenizer import BYTES, USAGE

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from perfkit.analysis.metrics import METRICS, Metric, find, ms
-from perfkit.analysis.stats import student_t_quantile
+from perfkit.analysis.significance import student_t_quantile
 from perfkit.errors import PerfkitError
 from perfkit.results.model import LevelResult
 

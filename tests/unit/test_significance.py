@@ -7,13 +7,14 @@ import math
 import pytest
 
 from perfkit.analysis.significance import (
+    _t_two_sided,
     _u_counts,
     mann_whitney_min_p,
     mann_whitney_u,
     regularized_beta,
+    student_t_quantile,
     welch_t_test,
 )
-from perfkit.analysis.stats import _t_two_sided, student_t_quantile
 
 
 @pytest.mark.parametrize(("m", "n"), [(1, 1), (3, 3), (4, 7), (10, 10)])
