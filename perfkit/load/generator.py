@@ -342,6 +342,8 @@ class LoadGenerator:
         if sequences.serial:
             slot = sequences.take_free()
             while slot is None:
+                # Waiting for a slot may take an answer's time: `sync` must not wait for this send.
+                self._send_passed()
                 self._slot_freed.clear()
                 await self._slot_freed.wait()
                 if self._stopping:

@@ -294,3 +294,19 @@ def test_the_summary_and_the_html_report_show_sequences_only_for_sequence_models
     html = render_html([ReportItem("s", "sweep", make_sweep([level]), "s.json")])
     assert "sequence p50 ms" in html and "8.00" in html
     assert "sequence p50 ms" not in render_html([ReportItem("s", "sweep", make_sweep([plain]), "s.json")])
+
+
+async def test_sync_does_not_wait_for_a_serial_send_that_waits_for_a_slot() -> None:
+    """A window's figures are taken after `sync`, which lets a send due soon go first; a serial
+    sequence's send that waits for a free slot may wait an answer's time, and sync does not."""
+    clock = FakeClock()
+    client = FakeClient(clock, lambda now, i: 10_000 * MS)  # every answer takes 10 s
+    spec = SequenceSpec(True, length=5, length_specified=True, length_variation_pct=0, num_of_sequences=1,
+                        serial=True)  # fmt: skip
+    gen = LoadGenerator(client, [], SampleBuffer(), clock, sequences=_sequence_load(spec))
+    gen.start(OpenLoop(rate=100.0))
+    await clock.sleep_until(50 * MS)  # the one slot is busy: the send due at 20 ms waits for it
+    before = clock.now_ns()
+    await gen.sync()
+    assert clock.now_ns() == before
+    await gen.stop(drain_timeout_s=0)
