@@ -69,6 +69,7 @@ import numpy.typing as npt
 
 from perfkit.analysis.server_stats import network_server_us
 from perfkit.analysis.significance import student_t_quantile
+from perfkit.load.clocks import RealClock
 from perfkit.load.samples import SampleArrays, SequenceArrays
 from perfkit.results.model import (
     Check,
@@ -397,7 +398,7 @@ def _schedule_advice(client_cpu_pct: float | None, max_lag_us: float) -> str:
         return (
             f"the client was mostly idle ({client_cpu_pct:.0f}% of one core) and the lags short: this machine "
             "wakes its CPUs late from idle (usual on VMs; perfkit's clock already wakes early by its own "
-            "lateness, up to 1.5 ms); latency_from_intended carries the lag and stays right; for sends on time "
+            f"lateness, up to {RealClock.MAX_LEAD_NS / 1e6:g} ms); latency_from_intended carries the lag and stays right; for sends on time "
             "to the millisecond, measure from a machine whose CPUs do not idle deeply (bare metal, a busier "
             "client, or a VM with guest halt-polling)"
         )

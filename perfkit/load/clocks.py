@@ -9,6 +9,7 @@ import asyncio
 import heapq
 import itertools
 import time
+from collections import deque
 from typing import Protocol
 
 from v2kit.runtime.timer import call_at_ns
@@ -53,7 +54,7 @@ class RealClock:
     _LAGS_KEPT = 32
 
     def __init__(self) -> None:
-        self._lags: list[int] = []  # the latest wakes' lateness, ns, oldest first
+        self._lags: deque[int] = deque(maxlen=self._LAGS_KEPT)  # the latest wakes' lateness, ns
         self._lead_ns = 0
 
     @property
@@ -87,11 +88,8 @@ class RealClock:
             await asyncio.sleep(0)
 
     def _learn(self, lag_ns: int) -> None:
-        lags = self._lags
-        lags.append(lag_ns)
-        if len(lags) > self._LAGS_KEPT:
-            del lags[0]
-        self._lead_ns = min(self.MAX_LEAD_NS, sorted(lags)[(len(lags) * 9) // 10])
+        self._lags.append(lag_ns)
+        self._lead_ns = min(self.MAX_LEAD_NS, sorted(self._lags)[(len(self._lags) * 9) // 10])
 
 
 class FakeClock:

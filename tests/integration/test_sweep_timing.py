@@ -30,6 +30,7 @@ import pytest
 
 from perfkit.results.model import LevelResult, read_sweep
 from perfkit.testing import TritonProcess, write_sleeper, write_staller
+from tests.integration.test_perf_analyzer import run_perf_analyzer
 from tests.integration.test_sweep_vs_perf_analyzer import BUSY_MACHINE_SHARE, OtherLoad
 from tests.servers import running_triton
 
@@ -107,8 +108,7 @@ def schedule_kept(level: LevelResult) -> bool:
 
 def perf_analyzer_delayed_pct(peers: Path, url: str, *args: str) -> float:
     """The share of requests perf_analyzer says it sent late on the same load (0 when it says none)."""
-    command = [str(peers / "bin" / "perf_analyzer"), "-u", url, "-m", "staller", *SHAPE, *args]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=90, check=False)
+    result = run_perf_analyzer(peers, "-u", url, "-m", "staller", *SHAPE, *args, timeout=90)
     assert result.returncode == 0, result.stdout + result.stderr
     found = re.search(r"([0-9.]+)% of the requests were delayed", result.stdout)
     return float(found.group(1)) if found else 0.0
