@@ -6,7 +6,11 @@ Triton's add_sub example (output dtypes from `get_output_config_by_name`), a BYT
 each element (NUL, non-UTF-8 and empty elements), the common weights pattern (`initialize` loads a
 `.npy` from the version folder, `execute` runs it over the dynamic batcher's requests), a model that
 answers with an error response, one whose `execute` raises, one that reads request ids and parameters,
-a BLS model calling add_sub, and an ensemble of two python steps.
+a BLS model calling add_sub, an ensemble of two python steps, and a model that passes tensors
+through DLPack (numpy reading a `pb_utils.Tensor`, `to_dlpack` and `from_dlpack` of that capsule,
+and the misuses Triton refuses, in its words). Triton 2.51's stub dies when `from_dlpack` gets
+what numpy exports (numpy's capsule destructor then meets the name Triton gave the used capsule),
+so that is tested on ours alone (tests/unit/test_pb_dlpack.py).
 """
 
 from __future__ import annotations
@@ -213,6 +217,60 @@ ensemble_scheduling { step [
 ] }
 """
 
+DLPACK = """\
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            view = np.from_dlpack(x)  # the object form: pb_utils.Tensor has __dlpack__
+            doubled = pb_utils.Tensor("OUTPUT0", view * 2)
+            same = pb_utils.Tensor.from_dlpack("SAME", x.to_dlpack())  # the input's memory passed on
+            refusals = []
+            misuses = (
+                ("OUT", np.arange(4, dtype=np.float32).reshape(2, 2).T),
+                ("OUT", "not a tensor"),
+                ("", view),
+            )
+            for name, value in misuses:
+                try:
+                    pb_utils.Tensor.from_dlpack(name, value)
+                    refusals.append("accepted")
+                except pb_utils.TritonModelException as error:
+                    refusals.append(str(error))
+            try:
+                pb_utils.Tensor("TEXT", np.array([b"a"], dtype=np.object_)).to_dlpack()
+                refusals.append("accepted")
+            except pb_utils.TritonModelException as error:
+                refusals.append(str(error))
+            facts = {
+                "is_cpu": [x.is_cpu(), doubled.is_cpu(), same.is_cpu()],
+                "device": list(x.__dlpack_device__()),
+                "shape": same.shape(),
+                "refusals": refusals,
+            }
+            info = pb_utils.Tensor("INFO", np.array([json.dumps(facts).encode()], dtype=np.object_))
+            responses.append(pb_utils.InferenceResponse([doubled, same, info]))
+        return responses
+"""
+
+DLPACK_CONFIG = """\
+name: "dlpack"
+backend: "python"
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [
+  { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "SAME" data_type: TYPE_FP32 dims: [ 4 ] },
+  { name: "INFO" data_type: TYPE_STRING dims: [ 1 ] }
+]
+"""
+
 WEIGHTS_ARRAY = np.arange(24, dtype=np.float32).reshape(8, 3) / 10
 
 
@@ -234,6 +292,7 @@ def write_repository(root: Path) -> Path:
     model("request_info", REQUEST_INFO, REQUEST_INFO_CONFIG)
     model("bls", BLS, ONE_IN_ONE_OUT_CONFIG.format(name="bls"))
     model("add_then_bls", None, ENSEMBLE_CONFIG)
+    model("dlpack", DLPACK, DLPACK_CONFIG)
     return root
 
 
@@ -371,3 +430,21 @@ def test_an_output_of_another_shape_than_the_config_says_reaches_the_client(
         for server, pair in urls.items()
     }
     assert _same(answers)["OUTPUT0"].shape == (3,)
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+def test_tensors_pass_through_dlpack_alike(urls: dict[str, tuple[str, str]], transport: str) -> None:
+    call = _http if transport == "http" else _grpc
+    index = 0 if transport == "http" else 1
+    answer = _same({server: call(pair[index], "dlpack", {"INPUT0": A}) for server, pair in urls.items()})
+    assert answer["OUTPUT0"].tolist() == (A * 2).tolist()
+    assert answer["SAME"].tolist() == A.tolist()
+    facts = json.loads(answer["INFO"][0])
+    assert facts["is_cpu"] == [True, True, True] and facts["device"] == [1, 0]
+    assert facts["shape"] == [4]
+    assert "not contiguous" in facts["refusals"][0]
+    assert "Tensor must be a DLPack capsule" in facts["refusals"][1]
+    assert facts["refusals"][2:] == [
+        "Tensor name cannot be an empty string.",
+        "DLPack does not have support for string tensors.",
+    ]

@@ -493,7 +493,9 @@ class Stub(StubCalls):
         error = response._error
         arena, write = self.arena, ipc.write_tensor
         return {
-            "outputs": [write(arena, t._name, t._array, fds) for t in response._tensors],
+            "outputs": [
+                write(arena, t._name, t._array if t._gpu is None else t._gpu.host(), fds) for t in response._tensors
+            ],
             "error": None if error is None else (error.message(), error.code()),
             "parameters": response._parameters,
         }

@@ -78,7 +78,7 @@ class StubCalls:
         with self._bls_lock:
             self._bls[bls_id] = waiter
         fds: list[int] = []
-        inputs = [ipc.write_tensor(self.arena, t.name(), t.as_numpy(), fds) for t in request.inputs()]
+        inputs = [ipc.write_tensor(self.arena, t.name(), t._host_array(), fds) for t in request.inputs()]
         version = request.model_version()
         self.channel.send(
             {

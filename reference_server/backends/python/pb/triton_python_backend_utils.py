@@ -18,6 +18,15 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from reference_server.backends.python.pb import dlpack
+from reference_server.backends.python.pb.datatypes import (
+    TRITON_STRING_TO_NUMPY,
+    deserialize_bytes_tensor,
+    numpy_to_triton_type,
+    serialize_byte_tensor,
+    triton_string_to_numpy,
+    triton_to_numpy_type,
+)
 from reference_server.backends.python.pb.metrics import Metric, MetricFamily, MetricKind
 from reference_server.backends.python.pb.model_control import is_model_ready, load_model, unload_model
 from reference_server.backends.python.pb.release import RequestRelease
@@ -35,6 +44,7 @@ __all__ = [
     "TRITONSERVER_REQUEST_FLAG_SEQUENCE_END",
     "TRITONSERVER_REQUEST_FLAG_SEQUENCE_START",
     "TRITONSERVER_RESPONSE_COMPLETE_FINAL",
+    "TRITON_STRING_TO_NUMPY",
     "Tensor",
     "TritonError",
     "TritonModelException",
@@ -58,28 +68,6 @@ TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
 TRITONSERVER_REQUEST_RELEASE_ALL = 1
 TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
-
-TRITON_STRING_TO_NUMPY: dict[str, Any] = {
-    "TYPE_BOOL": bool,
-    "TYPE_UINT8": np.uint8,
-    "TYPE_UINT16": np.uint16,
-    "TYPE_UINT32": np.uint32,
-    "TYPE_UINT64": np.uint64,
-    "TYPE_INT8": np.int8,
-    "TYPE_INT16": np.int16,
-    "TYPE_INT32": np.int32,
-    "TYPE_INT64": np.int64,
-    "TYPE_FP16": np.float16,
-    "TYPE_FP32": np.float32,
-    "TYPE_FP64": np.float64,
-    "TYPE_STRING": np.object_,
-}
-
-# TRITONSERVER_DataType values (BOOL = 1 ... BYTES = 13), as triton_to_numpy_type numbers them.
-_TRITON_TYPES: list[Any] = [
-    np.bool_, np.uint8, np.uint16, np.uint32, np.uint64, np.int8, np.int16, np.int32, np.int64,
-    np.float16, np.float32, np.float64, np.object_,
-]  # fmt: skip
 
 
 class _Runtime(Protocol):
@@ -153,13 +141,17 @@ class TritonError:
 
 
 class Tensor:
-    """A named tensor on the CPU, holding a numpy array (BYTES: an object array of bytes)."""
+    """A named tensor: a numpy array on the CPU (BYTES: an object array of bytes), or, from
+    `from_dlpack`, a tensor left on its CUDA device (`is_cpu()` False), copied to the host only
+    when the response is sent."""
 
-    __slots__ = ("_name", "_array")
+    __slots__ = ("_name", "_array", "_gpu")
 
     def __init__(self, name: str, data: Any) -> None:
         if not isinstance(name, str):
             raise TritonModelException(f"tensor name must be a str, got {type(name).__name__}")
+        if not name:
+            raise TritonModelException("Tensor name cannot be an empty string.")
         if not isinstance(data, np.ndarray):
             raise TritonModelException(f"tensor '{name}': data must be a numpy array, got {type(data).__name__}")
         if data.dtype.kind in "SU":
@@ -168,6 +160,7 @@ class Tensor:
             raise TritonModelException(f"tensor '{name}': numpy dtype {data.dtype} has no Triton data type")
         self._name = name
         self._array: npt.NDArray[Any] = data
+        self._gpu: dlpack.GpuTensor | None = None
 
     @classmethod
     def _of(cls, name: str, array: npt.NDArray[Any]) -> Tensor:
@@ -175,35 +168,72 @@ class Tensor:
         tensor = cls.__new__(cls)
         tensor._name = name
         tensor._array = array
+        tensor._gpu = None
         return tensor
 
     def name(self) -> str:
         return self._name
 
     def as_numpy(self) -> npt.NDArray[Any]:
+        if self._gpu is not None:
+            raise TritonModelException("Tensor is stored in GPU and cannot be converted to NumPy.")
         return self._array
 
+    def _host_array(self) -> npt.NDArray[Any]:
+        """The data in host memory, wherever the tensor is: what crosses to the server."""
+        return self._array if self._gpu is None else self._gpu.host()
+
     def shape(self) -> list[int]:
-        return list(self._array.shape)
+        return list(self._array.shape) if self._gpu is None else list(self._gpu.shape)
 
     def triton_dtype(self) -> int:
-        return numpy_to_triton_type(self._array.dtype) or 0
+        dtype = self._array.dtype if self._gpu is None else self._gpu.dtype
+        return numpy_to_triton_type(dtype) or 0
 
     def is_cpu(self) -> bool:
-        return True
+        return self._gpu is None
 
     def to_dlpack(self) -> Any:
+        """A "dltensor" capsule over the tensor's memory (a copy's, for a read-only array, which the
+        capsule's DLPack version cannot mark read-only)."""
+        if self._gpu is not None:
+            return self._gpu.to_dlpack()
         if self._array.dtype == np.object_:
-            raise TritonModelException(f"tensor '{self._name}': BYTES tensors cannot be shared through DLPack")
-        return self._array.__dlpack__()
+            raise TritonModelException("DLPack does not have support for string tensors.")
+        array = self._array if self._array.flags.writeable else np.array(self._array)
+        return array.__dlpack__()
+
+    def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
+        if self._gpu is not None:
+            return self._gpu.value.__dlpack__(stream=stream, **kwargs)
+        if self._array.dtype == np.object_:
+            raise TritonModelException("DLPack does not have support for string tensors.")
+        return self._array.__dlpack__(stream=stream, **kwargs)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return (dlpack.CPU, 0) if self._gpu is None else (dlpack.CUDA, self._gpu.device_id)
 
     @staticmethod
-    def from_dlpack(name: str, capsule: Any) -> Tensor:
-        """A tensor from any object implementing `__dlpack__` (numpy, torch on the CPU)."""
-        return Tensor(name, np.from_dlpack(capsule))
+    def from_dlpack(name: str, tensor: Any) -> Tensor:
+        """A tensor from a DLPack capsule (`torch.utils.dlpack.to_dlpack(t)`) or from any object with
+        `__dlpack__` and `__dlpack_device__` (a torch tensor, a numpy array), on the CPU or a GPU."""
+        if not name:
+            raise TritonModelException("Tensor name cannot be an empty string.")
+        try:
+            data = dlpack.from_dlpack(tensor)
+        except dlpack.DlpackError as error:
+            raise TritonModelException(str(error)) from None
+        if isinstance(data, np.ndarray):
+            return Tensor(name, data)
+        if numpy_to_triton_type(data.dtype) is None:
+            raise TritonModelException(f"tensor '{name}': dtype {data.dtype} has no Triton data type")
+        result = Tensor._of(name, np.empty(0, dtype=data.dtype))
+        result._gpu = data
+        return result
 
     def __repr__(self) -> str:
-        return f"Tensor({self._name!r}, shape={list(self._array.shape)}, dtype={self._array.dtype})"
+        where = "" if self._gpu is None else f", on GPU {self._gpu.device_id}"
+        return f"Tensor({self._name!r}, shape={self.shape()}, dtype={self._array.dtype}{where})"
 
 
 def _bytes_array(data: npt.NDArray[Any]) -> npt.NDArray[Any]:
@@ -442,49 +472,6 @@ def get_output_config_by_name(model_config: dict[str, Any], name: str) -> dict[s
 
 def using_decoupled_model_transaction_policy(model_config: dict[str, Any]) -> bool:
     return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
-
-
-def triton_to_numpy_type(data_type: int) -> Any:
-    return _TRITON_TYPES[data_type - 1] if 1 <= data_type <= len(_TRITON_TYPES) else None
-
-
-def numpy_to_triton_type(data_type: Any) -> int | None:
-    if data_type == np.bytes_:
-        return 13
-    dtype = np.dtype(data_type)
-    for index, candidate in enumerate(_TRITON_TYPES):
-        if dtype == np.dtype(candidate):
-            return index + 1
-    return None
-
-
-def triton_string_to_numpy(triton_type_string: str) -> Any:
-    return TRITON_STRING_TO_NUMPY[triton_type_string]
-
-
-def serialize_byte_tensor(input_tensor: npt.NDArray[Any]) -> npt.NDArray[Any] | None:
-    """BYTES elements as Triton lays them out (4-byte little-endian length, then the bytes), as a
-    uint8 array; None for an empty tensor."""
-    if input_tensor.size == 0:
-        return None
-    parts = []
-    for item in input_tensor.reshape(-1):
-        raw = item.encode() if isinstance(item, str) else bytes(item)
-        parts += [len(raw).to_bytes(4, "little"), raw]
-    return np.frombuffer(b"".join(parts), dtype=np.uint8)
-
-
-def deserialize_bytes_tensor(encoded_tensor: bytes) -> npt.NDArray[Any]:
-    items = []
-    offset = 0
-    while offset < len(encoded_tensor):
-        length = int.from_bytes(encoded_tensor[offset : offset + 4], "little")
-        offset += 4
-        items.append(bytes(encoded_tensor[offset : offset + length]))
-        offset += length
-    out = np.empty(len(items), dtype=object)
-    out[:] = items
-    return out
 
 
 # --- auto-complete ---------------------------------------------------------------------------------------
