@@ -5,6 +5,7 @@ shared rather than copied, and a CUDA tensor without a framework to take it refu
 from __future__ import annotations
 
 import importlib.util
+import sys
 from typing import Any
 
 import numpy as np
@@ -86,3 +87,41 @@ def test_another_device_is_refused_in_tritons_words() -> None:
 
     with pytest.raises(pb_utils.TritonModelException, match="DLDevice type 7 is not support by Python backend."):
         pb_utils.Tensor.from_dlpack("OUT", OnVulkan())
+
+
+class _FakeCupyArray:
+    """What CuPy's from_dlpack gives, over host memory: enough to follow a GPU tensor's path."""
+
+    __module__ = "cupy"
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+        self.shape = array.shape
+        self.dtype = array.dtype
+        self.flags = array.flags
+
+    def get(self) -> np.ndarray:
+        return self.array.copy()
+
+    def __dlpack__(self, stream: Any = None, **_: Any) -> Any:
+        return self.array.__dlpack__()
+
+
+def test_a_cuda_tensor_stays_with_its_framework_until_the_response_is_sent(monkeypatch: pytest.MonkeyPatch) -> None:
+    class OnCuda(_OnCuda):
+        def __init__(self, array: np.ndarray) -> None:
+            self.array = array
+
+    fake_cupy = type(sys)("cupy")
+    fake_cupy.from_dlpack = lambda source: _FakeCupyArray(source.array)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch fails: CuPy takes it
+    monkeypatch.setitem(sys.modules, "cupy", fake_cupy)
+    tensor = pb_utils.Tensor.from_dlpack("OUT", OnCuda(np.array([[1.0, 2.0]], dtype=np.float16)))
+    assert not tensor.is_cpu() and tensor.__dlpack_device__() == (dlpack.CUDA, 1)
+    assert tensor.shape() == [1, 2] and tensor.triton_dtype() == 10  # TRITONSERVER_TYPE_FP16
+    with pytest.raises(
+        pb_utils.TritonModelException, match="^Tensor is stored in GPU and cannot be converted to NumPy.$"
+    ):
+        tensor.as_numpy()
+    assert tensor._host_array().tolist() == [[1.0, 2.0]]  # what the stub writes into the response
+    assert np.from_dlpack(dlpack._Capsule(tensor.to_dlpack())).tolist() == [[1.0, 2.0]]
