@@ -21,6 +21,9 @@ bounds starting a stub, importing the model and `initialize`; `execute-timeout-s
 default 300, 0 = no limit) bounds one `execute`, after which the batch fails and the stub is
 restarted, and how long a request that execute left open waits for its response (`deferred.py`); `shm-default-byte-size` (Triton's name; default 64 MiB) sizes each of an instance's
 two arenas (larger tensors get a shared-memory file of their own).
+
+A model's `EXECUTION_ENV_PATH` parameter runs its stubs in a Python environment of its own
+(`environment.py`).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server.backends.context import BackendContext
 from reference_server.backends.placement import Placement
+from reference_server.backends.python import environment
 from reference_server.backends.python.instance import PythonInstance
 from reference_server.backends.python.process import PythonModel
 from reference_server.errors import ModelConfigError
@@ -84,6 +88,7 @@ def create_instances(
         arena_bytes=int(_setting(context, "shm-default-byte-size", 64 << 20, config_path)) or (1 << 20),
         stub_timeout_s=_setting(context, "stub-timeout-seconds", 30.0, config_path) or 30.0,
         execute_timeout_s=_setting(context, "execute-timeout-seconds", 300.0, config_path),
+        interpreter=environment.interpreter(config, model_path.parent.parent),
     )
     instances = [PythonInstance(model, placement) for placement in placements]
     started: list[PythonInstance] = []

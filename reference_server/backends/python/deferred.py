@@ -11,21 +11,30 @@ first of: its response and final flag; the client going away (`cancel`: the mode
 (`execute-timeout-seconds`, counted from execute's return; the model is told as for a
 cancellation). Its inputs stay in shared memory while the model may read them: until its final
 flag, its sender is dropped (the stub then ends it, `stub._end_dropped`) or the stub dies.
+
+Requests the model released with TRITONSERVER_REQUEST_RELEASE_RESCHEDULE (the stub's `reschedule`
+list in an execute answer; `pb/release.py` is the model's side) are not answered by it either.
+Only a model with `sequence_batching { iterative_sequence: true }` may reschedule, as in Triton:
+its request is answered `Rescheduled` and its sequence batcher runs it again; a decoupled request's
+stream stays open for the next run's responses (its inputs are written again then, so this run's
+are freed now). Any other model's request fails with core's words for the refused release.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import Any
 
 from reference_server.backends.python.process import PythonModel, StubProcess
-from reference_server.errors import Cancelled, InternalError
+from reference_server.errors import Cancelled, InternalError, InvalidArgument
 from reference_server.scheduling.cancel import CANCELLED_MESSAGE
-from reference_server.scheduling.execute import BatchItem, Deferred, Tensors
+from reference_server.scheduling.execute import RESCHEDULE_REFUSED, BatchItem, Deferred, Rescheduled, Tensors
 
-__all__ = ["OpenRequests"]
+__all__ = ["OpenRequests", "reschedule"]
 
 
 class OpenRequests:
@@ -134,3 +143,24 @@ def _on_loop(loop: asyncio.AbstractEventLoop, call: Callable[[], None]) -> None:
         loop.call_soon_threadsafe(call)
     except RuntimeError:
         pass  # the loop is closed: its timers are gone with it
+
+
+def iterative(model: PythonModel) -> bool:
+    """Whether the model's config has `sequence_batching { iterative_sequence: true }`."""
+    config = json.loads(model.config_json or "{}")
+    return bool(config.get("sequence_batching", {}).get("iterative_sequence", False))
+
+
+def reschedule(
+    model: PythonModel,
+    stub: StubProcess,
+    items: Sequence[tuple[Any, ...]],
+    indices: Sequence[int],
+    results: list[Tensors | Exception],
+) -> None:
+    """Answer the batch's requests at `indices` (of `items`, the execute message's requests, the
+    token first) as rescheduled, in `results`."""
+    again = iterative(model)
+    for i in indices:
+        stub.drop_stream(items[i][0])  # a decoupled request's next run opens its stream again
+        results[i] = Rescheduled() if again else InvalidArgument(RESCHEDULE_REFUSED)

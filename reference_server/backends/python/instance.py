@@ -47,9 +47,8 @@ from typing import Any
 
 from reference_server.backends.placement import Placement
 from reference_server.backends.python import ipc
-from reference_server.backends.python.deferred import OpenRequests
+from reference_server.backends.python.deferred import OpenRequests, reschedule
 from reference_server.backends.python.process import PythonModel, StubProcess
-from reference_server.backends.python.reschedule import reschedule
 from reference_server.errors import InternalError, ModelConfigError, Unavailable
 from reference_server.scheduling.execute import BatchItem, Deferred, RequestsOutcome, ResponseSink, Tensors
 

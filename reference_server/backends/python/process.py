@@ -17,9 +17,7 @@ import concurrent.futures
 import itertools
 import json
 import logging
-import os
 import subprocess
-import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from reference_server.backends.context import BackendContext, ModelCall
-from reference_server.backends.python import ipc, services
+from reference_server.backends.python import environment, ipc, services
 from reference_server.errors import (
     AlreadyExists,
     Cancelled,
@@ -46,24 +44,6 @@ __all__ = ["PythonModel", "StubProcess", "server_error_from_code"]
 
 log = logging.getLogger(__name__)
 
-_REPO_ROOT = str(Path(__file__).resolve().parents[3])
-
-# The stub's command. Importing `reference_server.backends.python.stub` the usual way would first run
-# `reference_server/backends/__init__.py`, which loads every backend (onnxruntime, tritonclient's
-# protobufs): a quarter second per stub start. The stub needs none of it, so its parent packages
-# are stood in by bare package objects (their folders as __path__), and only the stub's own
-# modules (stub, ipc, pb) and v2kit.tensors are imported.
-_BOOTSTRAP = """\
-import sys, types
-from pathlib import Path
-root = Path(sys.argv[1])
-for name in ("reference_server", "reference_server.backends", "reference_server.backends.python"):
-    package = types.ModuleType(name)
-    package.__path__ = [str(root.joinpath(*name.split(".")))]
-    sys.modules[name] = package
-from reference_server.backends.python import stub
-stub.run(sys.argv[2:])
-"""
 _FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
 _ANSWERS = frozenset(("executed", "executed_many"))
 
@@ -100,6 +80,7 @@ class PythonModel:
     arena_bytes: int = 64 << 20
     stub_timeout_s: float = 30.0
     execute_timeout_s: float = 300.0
+    interpreter: tuple[str, ...] = ()  # the stub's Python command; () is the server's own
 
 
 class _Waiter:
@@ -130,11 +111,10 @@ class StubProcess:
         self.server_arena = ipc.Arena.create(label + "-in", model.arena_bytes)
         self.stub_arena = ipc.Arena.create(label + "-out", model.arena_bytes)
         fds = (child.fileno(), self.server_arena.fd, self.stub_arena.fd)
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_REPO_ROOT, env.get("PYTHONPATH", "")) if p)
+        command, env = environment.stub_command(model.interpreter, [*map(str, fds), str(model.arena_bytes)])
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-c", _BOOTSTRAP, _REPO_ROOT, *map(str, fds), str(model.arena_bytes)],
+                command,
                 pass_fds=fds,
                 env=env,
                 stdin=subprocess.DEVNULL,

@@ -1,7 +1,7 @@
 """The stub: the child process that runs one instance of a python-backend model.
 
 `python -m reference_server.backends.python.stub FD SERVER_ARENA_FD STUB_ARENA_FD ARENA_BYTES` (the
-server starts it through a lighter bootstrap, `process._BOOTSTRAP`, that calls `run`), which is
+server starts it through a lighter bootstrap, `environment._BOOTSTRAP`, that calls `run`), which is
 told what to load over the control channel (see `ipc`). The main thread runs the model (load,
 `auto_complete_config`, `initialize`, `execute`, `finalize`) one call at a time, as Triton's stub
 does; a decoupled model's `async def execute` is the exception, run on a background asyncio loop
