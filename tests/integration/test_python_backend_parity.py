@@ -6,7 +6,7 @@ Triton's add_sub example (output dtypes from `get_output_config_by_name`), a BYT
 each element (NUL, non-UTF-8 and empty elements), the common weights pattern (`initialize` loads a
 `.npy` from the version folder, `execute` runs it over the dynamic batcher's requests), a model that
 answers with an error response, one whose `execute` raises, one that reads request ids and parameters,
-a BLS model calling add_sub, an ensemble of two python steps, and a model that passes tensors
+a BLS model calling add_sub (and one with a request's options: preferred memory, trace, flags), an ensemble of two python steps, and a model that passes tensors
 through DLPack (numpy reading a `pb_utils.Tensor`, `to_dlpack` and `from_dlpack` of that capsule,
 and the misuses Triton refuses, in its words). Triton 2.51's stub dies when `from_dlpack` gets
 what numpy exports (numpy's capsule destructor then meets the name Triton gave the used capsule),
@@ -260,6 +260,50 @@ class TritonPythonModel:
         return responses
 """
 
+BLS_OPTIONS = """\
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            call = pb_utils.InferenceRequest(
+                model_name="add_sub",
+                inputs=[pb_utils.Tensor("INPUT0", x), pb_utils.Tensor("INPUT1", x)],
+                requested_output_names=["OUTPUT0"],
+                preferred_memory=pb_utils.PreferredMemory(pb_utils.TRITONSERVER_MEMORY_CPU, 0),
+                trace=request.trace(),
+            )
+            call.set_flags(0)
+            facts = {
+                "trace_context": request.trace().get_context(),
+                "flags": call.flags(),
+                "memory_types": [int(pb_utils.TRITONSERVER_MEMORY_GPU), int(pb_utils.TRITONSERVER_MEMORY_CPU)],
+            }
+            try:
+                pb_utils.InferenceRequest(model_name="add_sub", inputs=[], requested_output_names=[], correlation_id=1.5)
+                facts["float_correlation_id"] = "accepted"
+            except pb_utils.TritonModelException as error:
+                facts["float_correlation_id"] = str(error)
+            output = pb_utils.get_output_tensor_by_name(call.exec(), "OUTPUT0")
+            facts["is_cpu"] = output.is_cpu()
+            info = pb_utils.Tensor("INFO", np.array([json.dumps(facts).encode()], dtype=np.object_))
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", output.as_numpy()), info]))
+        return responses
+"""
+
+BLS_OPTIONS_CONFIG = """\
+name: "bls_options"
+backend: "python"
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INFO" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+
 DLPACK_CONFIG = """\
 name: "dlpack"
 backend: "python"
@@ -293,6 +337,7 @@ def write_repository(root: Path) -> Path:
     model("bls", BLS, ONE_IN_ONE_OUT_CONFIG.format(name="bls"))
     model("add_then_bls", None, ENSEMBLE_CONFIG)
     model("dlpack", DLPACK, DLPACK_CONFIG)
+    model("bls_options", BLS_OPTIONS, BLS_OPTIONS_CONFIG)
     return root
 
 
@@ -448,3 +493,15 @@ def test_tensors_pass_through_dlpack_alike(urls: dict[str, tuple[str, str]], tra
         "Tensor name cannot be an empty string.",
         "DLPack does not have support for string tensors.",
     ]
+
+
+def test_a_bls_request_takes_its_options_as_tritons_does(urls: dict[str, tuple[str, str]]) -> None:
+    answer = _same({server: _http(pair[0], "bls_options", {"INPUT0": A}) for server, pair in urls.items()})
+    assert answer["OUTPUT0"].tolist() == (A + A).tolist()
+    assert json.loads(answer["INFO"][0]) == {
+        "trace_context": None,
+        "flags": 0,
+        "memory_types": [0, 1],
+        "float_correlation_id": "Correlation ID must be integer or string",
+        "is_cpu": True,
+    }

@@ -401,6 +401,11 @@ class StubProcess:
                 self.stub_arena.release(offset, nbytes)
         elif op == "bls":
             self._bls(message, fds)
+        elif op == "bls_cancel":  # ResponseIterator.cancel()
+            with self._lock:
+                running = self._bls_calls.get(message["id"])
+            if running is not None:
+                running[1].cancel()  # the call answers CANCELLED (see _run_bls)
         elif op == "service":  # custom metrics and the model loading API
             services.serve(self, message, fds)
         elif op == "log":
@@ -524,11 +529,9 @@ class StubProcess:
             self._bls_answer(bls_id, decoupled, None, Unsupported("this server offers no BLS here"), True)
             return
         running = asyncio.run_coroutine_threadsafe(self._run_bls(context, call, bls_id, decoupled), context.loop)
-        owners = message.get("owners")
-        if owners:
-            with self._lock:
-                self._bls_calls[bls_id] = (set(owners), running)
-            running.add_done_callback(lambda _: self._forget_bls(bls_id))
+        with self._lock:  # for cancel_request (owners: the requests it was made for) and bls_cancel
+            self._bls_calls[bls_id] = (set(message.get("owners") or ()), running)
+        running.add_done_callback(lambda _: self._forget_bls(bls_id))
 
     def _forget_bls(self, bls_id: int) -> None:
         with self._lock:

@@ -14,7 +14,7 @@ import collections
 import contextvars
 import itertools
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from reference_server.backends.python import ipc
@@ -71,7 +71,7 @@ class StubCalls:
 
     def _send_bls(
         self, request: pb_utils.InferenceRequest, decoupled: bool, waiter: Any, owners: tuple[int, ...] | None = None
-    ) -> None:
+    ) -> int:
         if not self.bls_allowed:
             raise pb_utils.TritonModelException("BLS is only supported during the 'execute' function.")
         bls_id = next(self._bls_ids)
@@ -98,6 +98,7 @@ class StubCalls:
             fds,
         )
         ipc.close_fds(fds)
+        return bls_id
 
     def infer(
         self, request: pb_utils.InferenceRequest, owners: tuple[int, ...] | None = None
@@ -109,28 +110,24 @@ class StubCalls:
         assert response is not None
         return [response]
 
-    def infer_stream(self, request: pb_utils.InferenceRequest) -> Iterator[pb_utils.InferenceResponse]:
+    def infer_stream(self, request: pb_utils.InferenceRequest) -> pb_utils.ResponseIterator:
         answers: collections.deque[pb_utils.InferenceResponse | None] = collections.deque()
-        self._send_bls(request, True, answers)
+        bls_id = self._send_bls(request, True, answers)
 
-        def responses() -> Iterator[pb_utils.InferenceResponse]:
-            while True:
-                self.pump(lambda: bool(answers))
-                response = answers.popleft()
-                if response is None:
-                    return
-                yield response
+        def next_response() -> pb_utils.InferenceResponse | None:
+            self.pump(lambda: bool(answers))
+            return answers.popleft()
 
-        return responses()
+        return pb_utils.ResponseIterator(next_response, lambda: self.channel.send({"op": "bls_cancel", "id": bls_id}))
 
     def infer_async(self, request: pb_utils.InferenceRequest) -> Awaitable[pb_utils.InferenceResponse]:
         # The calling thread runs the asyncio loop meanwhile, so a pool thread waits (and reads).
         owners = self._owners()
         return asyncio.get_running_loop().run_in_executor(None, lambda: self.infer(request, owners)[0])
 
-    def infer_stream_async(self, request: pb_utils.InferenceRequest) -> Awaitable[Iterator[pb_utils.InferenceResponse]]:
+    def infer_stream_async(self, request: pb_utils.InferenceRequest) -> Awaitable[pb_utils.ResponseIterator]:
         # Sent now, so several can be in flight; the iterator waits (and reads) as `exec`'s does.
-        ready: asyncio.Future[Iterator[pb_utils.InferenceResponse]] = asyncio.get_running_loop().create_future()
+        ready: asyncio.Future[pb_utils.ResponseIterator] = asyncio.get_running_loop().create_future()
         ready.set_result(self.infer_stream(request))
         return ready
 
@@ -150,6 +147,9 @@ class StubCalls:
                 self.channel.send({"op": "free", "blocks": blocks})
             response = pb_utils.InferenceResponse(tensors, parameters=message["response"]["parameters"])
         ipc.close_fds(fds)
+        if response is None and final and message.get("decoupled"):
+            # The model's final flag came alone: Triton's iterator gives it as an empty response.
+            response = pb_utils.InferenceResponse()
         if response is not None:
             waiter.append(response)
         if final and message.get("decoupled"):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Awaitable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -28,14 +28,21 @@ from reference_server.backends.python.pb.datatypes import (
     triton_to_numpy_type,
 )
 from reference_server.backends.python.pb.metrics import Metric, MetricFamily, MetricKind
+from reference_server.backends.python.pb.model_config import ModelConfig
 from reference_server.backends.python.pb.model_control import is_model_ready, load_model, unload_model
 from reference_server.backends.python.pb.release import RequestRelease
 from reference_server.backends.python.pb.response_sender import InferenceResponseSender
 
 __all__ = [
+    "TRITONSERVER_MEMORY_GPU",
+    "TRITONSERVER_MEMORY_CPU",
+    "PreferredMemory",
+    "MemoryType",
+    "InferenceTrace",
     "InferenceRequest",
     "InferenceResponse",
     "InferenceResponseSender",
+    "ResponseIterator",
     "Logger",
     "Metric",
     "MetricFamily",
@@ -77,11 +84,11 @@ class _Runtime(Protocol):
 
     def infer(self, request: InferenceRequest) -> list[InferenceResponse]: ...
 
-    def infer_stream(self, request: InferenceRequest) -> Iterator[InferenceResponse]: ...
+    def infer_stream(self, request: InferenceRequest) -> ResponseIterator: ...
 
     def infer_async(self, request: InferenceRequest) -> Awaitable[InferenceResponse]: ...
 
-    def infer_stream_async(self, request: InferenceRequest) -> Awaitable[Iterator[InferenceResponse]]: ...
+    def infer_stream_async(self, request: InferenceRequest) -> Awaitable[ResponseIterator]: ...
 
     def is_cancelled(self, token: int) -> bool: ...
 
@@ -302,12 +309,50 @@ class InferenceResponse:
         return self._parameters
 
 
+class MemoryType(enum.IntEnum):
+    """Where a BLS call's outputs are wanted (`PreferredMemory`), as Triton numbers them."""
+
+    TRITONSERVER_MEMORY_GPU = 0
+    TRITONSERVER_MEMORY_CPU = 1
+
+
+TRITONSERVER_MEMORY_GPU, TRITONSERVER_MEMORY_CPU = (
+    MemoryType.TRITONSERVER_MEMORY_GPU,
+    MemoryType.TRITONSERVER_MEMORY_CPU,
+)
+
+
+class PreferredMemory:
+    """A BLS request's preference for its outputs' memory. This server hands BLS outputs over in
+    host memory whatever the preference (`is_cpu()` True), which Triton's README allows: it is a
+    preference."""
+
+    __slots__ = ("preferred_memory_type", "preferred_device_id")
+
+    def __init__(self, preferred_memory_type: MemoryType | int, preferred_device_id: int = 0) -> None:
+        self.preferred_memory_type = MemoryType(preferred_memory_type)
+        self.preferred_device_id = int(preferred_device_id)
+
+
+class InferenceTrace:
+    """A request's trace (`request.trace()`), to pass on to the BLS requests made for it."""
+
+    __slots__ = ("_context",)
+
+    def __init__(self, context: str | None = None) -> None:
+        self._context = context
+
+    def get_context(self) -> str | None:
+        """The trace's context (OpenTelemetry's propagation headers, as JSON), or None untraced."""
+        return self._context
+
+
 class InferenceRequest(RequestRelease):
     """A request: one that `execute` receives, or one a model builds to call another model (BLS)."""
 
     __slots__ = (
         "_model_name", "_inputs", "_requested", "_request_id", "_correlation_id", "_flags", "_timeout",
-        "_model_version", "_parameters", "_sender",
+        "_model_version", "_parameters", "_sender", "_preferred_memory", "_trace",
     )  # fmt: skip
 
     def __init__(
@@ -321,8 +366,8 @@ class InferenceRequest(RequestRelease):
         timeout: int = 0,
         model_version: int = -1,
         parameters: dict[str, Any] | str | None = None,
-        preferred_memory: Any = None,
-        trace: Any = None,
+        preferred_memory: PreferredMemory | None = None,
+        trace: InferenceTrace | None = None,
     ) -> None:
         self._model_name = model_name
         self._inputs = list(inputs or [])
@@ -333,7 +378,11 @@ class InferenceRequest(RequestRelease):
                 )
         self._requested = list(requested_output_names or [])
         self._request_id = request_id
+        if isinstance(correlation_id, bool) or not isinstance(correlation_id, (int, str)):
+            raise TritonModelException("Correlation ID must be integer or string")
         self._correlation_id = correlation_id
+        self._preferred_memory = preferred_memory
+        self._trace = trace
         self._flags = flags
         self._timeout = timeout
         self._model_version = model_version
@@ -379,8 +428,17 @@ class InferenceRequest(RequestRelease):
     def flags(self) -> int:
         return self._flags
 
+    def set_flags(self, flags: int) -> None:
+        self._flags = flags
+
     def timeout(self) -> int:
         return self._timeout
+
+    def trace(self) -> InferenceTrace:
+        """The request's trace: a BLS request made with `trace=request.trace()` carries it on. This
+        server gives python models no trace context, so an incoming request's is empty."""
+        trace = getattr(self, "_trace", None)
+        return trace if isinstance(trace, InferenceTrace) else InferenceTrace()
 
     def model_name(self) -> str:
         return self._model_name
@@ -414,6 +472,36 @@ class InferenceRequest(RequestRelease):
         if decoupled:
             return _bridge().infer_stream_async(self)
         return _bridge().infer_async(self)
+
+
+class ResponseIterator:
+    """The responses of a decoupled BLS call (`exec(decoupled=True)`), in order. When the model sent
+    its final flag alone, the last one is empty (no outputs, no error), as on Triton."""
+
+    __slots__ = ("_next", "_cancel", "_done")
+
+    def __init__(self, next_response: Callable[[], InferenceResponse | None], cancel: Callable[[], None]) -> None:
+        self._next = next_response
+        self._cancel = cancel
+        self._done = False
+
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        if self._done:
+            raise StopIteration
+        response = self._next()
+        if response is None:
+            self._done = True
+            raise StopIteration
+        return response
+
+    def cancel(self) -> None:
+        """Cancel the call: the model serving it sees `is_cancelled()`, and the call ends with the
+        responses it sent before, then a CANCELLED error."""
+        if not self._done:
+            self._cancel()
 
 
 # --- logging -----------------------------------------------------------------------------------------
@@ -472,97 +560,3 @@ def get_output_config_by_name(model_config: dict[str, Any], name: str) -> dict[s
 
 def using_decoupled_model_transaction_policy(model_config: dict[str, Any]) -> bool:
     return bool(model_config.get("model_transaction_policy", {}).get("decoupled", False))
-
-
-# --- auto-complete ---------------------------------------------------------------------------------------
-
-
-class ModelConfig:
-    """The configuration `auto_complete_config` receives and may complete (Triton's rules)."""
-
-    def __init__(self, model_config: str) -> None:
-        self._config: dict[str, Any] = json.loads(model_config)
-        self._config.setdefault("input", [])
-        self._config.setdefault("output", [])
-        self._config.setdefault("max_batch_size", 0)
-
-    def as_dict(self) -> dict[str, Any]:
-        return self._config
-
-    def max_batch_size(self) -> int:
-        return int(self._config.get("max_batch_size", 0))
-
-    def set_max_batch_size(self, max_batch_size: int) -> None:
-        if self._config["max_batch_size"] > max_batch_size:
-            raise ValueError(
-                f"configuration specified max_batch_size {self._config['max_batch_size']}, but in "
-                f"auto-complete-config function for model '{self._config['name']}' specified max_batch_size {max_batch_size}"
-            )
-        self._config["max_batch_size"] = max_batch_size
-
-    def set_dynamic_batching(self) -> None:
-        for scheduler in ("sequence_batching", "ensemble_scheduling"):
-            if scheduler in self._config:
-                raise ValueError(
-                    f"Configuration specified scheduling_choice as '{scheduler}', but auto-complete-config "
-                    f"function for model '{self._config['name']}' tries to set scheduling_choice as 'dynamic_batching'"
-                )
-        self._config.setdefault("dynamic_batching", {})
-
-    def add_input(self, input: dict[str, Any]) -> None:
-        self._add("input", input, ("name", "data_type", "dims", "optional"))
-
-    def add_output(self, output: dict[str, Any]) -> None:
-        self._add("output", output, ("name", "data_type", "dims"))
-
-    def _add(self, kind: str, tensor: dict[str, Any], valid: tuple[str, ...]) -> None:
-        model = self._config["name"]
-        for key in tensor:
-            if key not in valid:
-                allowed = ", ".join(f"'{v}'" for v in valid)
-                raise ValueError(
-                    f"{kind} '{tensor.get('name')}' in auto-complete-config function for model '{model}' "
-                    f"contains property other than {allowed}."
-                )
-        for key in ("name", "data_type", "dims"):
-            if key not in tensor:
-                raise ValueError(
-                    f"{kind} '{tensor.get('name', '')}' in auto-complete-config function for model '{model}' "
-                    f"is missing '{key}' property."
-                )
-        for current in self._config[kind]:
-            if current["name"] != tensor["name"]:
-                continue
-            declared = current.get("data_type", "TYPE_INVALID")
-            if declared not in ("TYPE_INVALID", tensor["data_type"]):
-                raise ValueError(
-                    f"unable to load model '{model}', configuration expects datatype {declared} for {kind} "
-                    f"'{tensor['name']}', model provides {tensor['data_type']}"
-                )
-            dims = [int(d) for d in current.get("dims", [])]
-            if dims and dims != [int(d) for d in tensor["dims"]]:
-                raise ValueError(
-                    f"model '{model}', tensor '{tensor['name']}': the model expects dims {list(tensor['dims'])} "
-                    f"but the model configuration specifies dims {dims}"
-                )
-            current.update(tensor)
-            return
-        self._config[kind].append(dict(tensor))
-
-    def set_model_transaction_policy(self, transaction_policy_dict: dict[str, Any]) -> None:
-        model = self._config["name"]
-        for key in transaction_policy_dict:
-            if key != "decoupled":
-                raise ValueError(
-                    f"model transaction property in auto-complete-config function for model '{model}' "
-                    "contains property other than 'decoupled'."
-                )
-        policy = self._config.setdefault("model_transaction_policy", {})
-        if "decoupled" in transaction_policy_dict:
-            wanted = bool(transaction_policy_dict["decoupled"])
-            if "decoupled" in policy and bool(policy["decoupled"]) != wanted:
-                raise ValueError(
-                    f"trying to change decoupled property in auto-complete-config for model '{model}', "
-                    f"which is already set to '{policy['decoupled']}'."
-                )
-            policy["decoupled"] = wanted
