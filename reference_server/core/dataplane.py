@@ -395,7 +395,8 @@ class DataPlane(InflightSlots, ModelManagement):
             outputs=[v2.RequestedOutput(n) for n in call.output_names] or None,
             parameters=dict(call.parameters),
         )
-        self._check_elements(request)
+        # No --max-tensor-elements here: that bounds what a client's bytes make the server allocate,
+        # and a model's tensors are already made (Triton sets no such bound on BLS either).
         served = self.repository.get(checked_model_name(call.model_name), call.model_version)
         return served, request, validated_inputs(served, request), validated_outputs(served, request)
 

@@ -211,6 +211,13 @@ class ModelRepository:
                 given, config_name = override, None if source else self.model_config_name
                 if given is None:
                     given = read_model_config(model_dir, config_name=config_name, auto_complete=self.auto_complete)
+                    folder_name = self.namespaces.split(name)[1] if self.namespaces else name
+                    if given is not None and given.name and given.name != folder_name:
+                        # Triton's poll refuses it before anything is loaded, in these words.
+                        raise ModelConfigError(
+                            f"unexpected directory name '{folder_name}' for model '{given.name}', directory name "
+                            f"must equal model name ({config_path(model_dir, config_name)})"
+                        )
                 raw = fill_backend(given, model_dir)
                 if self.namespaces is not None and raw is not None and is_ensemble(raw):
                     raw = self.namespaces.resolve_steps(name, raw)

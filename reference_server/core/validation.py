@@ -24,7 +24,10 @@ def datatype_of(data_type: int) -> str:
 
 
 def validated_inputs(served: ModelVersion, request: v2.InferRequest) -> dict[str, np.ndarray]:
-    """The request's inputs as arrays, after Triton's checks: names, datatypes, shapes, batch size."""
+    """The request's inputs as arrays, after Triton's checks: names, datatypes, shapes, batch size.
+
+    The words are Triton core's (`InferenceRequest::Normalize`), with its `[request id: ...] `
+    prefix where it puts one; an unknown input's message adds the inputs there are."""
     name = served.name
     max_batch = served.config.max_batch_size
     arrays: dict[str, np.ndarray] = {}
@@ -41,34 +44,33 @@ def validated_inputs(served: ModelVersion, request: v2.InferRequest) -> dict[str
         expected_type, dims = spec
         if tensor.datatype != expected_type:
             raise InvalidArgument(
-                f"inference input '{tensor.name}' data-type is '{tensor.datatype}', "
+                f"{_request(request)}inference input '{tensor.name}' data-type is '{tensor.datatype}', "
                 f"but model '{name}' expects '{expected_type}'"
             )
         shape = tensor.shape
         if max_batch > 0:
             if not shape:
                 raise InvalidArgument(
-                    f"input '{tensor.name}' for model '{name}' has no batch dimension; expected shape "
-                    f"[-1,{','.join(map(str, dims))}]"
+                    f"{_request(request)}input '{tensor.name}' has no shape but model requires batch dimension "
+                    f"for '{name}'"
                 )
             if batch_size is None:
                 batch_size = shape[0]
             elif shape[0] != batch_size:
                 raise InvalidArgument(
-                    f"inputs of model '{name}' disagree on the batch size ({batch_size} vs {shape[0]} "
-                    f"for '{tensor.name}')"
+                    f"{_request(request)}input '{tensor.name}' batch size does not match other inputs for '{name}'"
                 )
             if not 1 <= shape[0] <= max_batch:
                 raise InvalidArgument(
-                    f"inference request batch-size must be <= {max_batch} for '{name}' "
-                    f"(input '{tensor.name}' has batch size {shape[0]})"
+                    f"{_request(request)}inference request batch-size must be "
+                    f"{'<= ' + str(max_batch) if shape[0] > max_batch else '>= 1'} for '{name}'"
                 )
             shape = shape[1:]
         if len(shape) != len(dims) or any(d != -1 and d != s for d, s in zip(dims, shape)):
             expected = ([-1] if max_batch > 0 else []) + list(dims)
             raise InvalidArgument(
-                f"unexpected shape for input '{tensor.name}' for model '{name}'. "
-                f"Expected {_fmt(expected)}, got {_fmt(tensor.shape)}"
+                f"{_request(request)}unexpected shape for input '{tensor.name}' for model '{name}'. "
+                f"Expected {_fmt(expected)}, got {_fmt(tensor.shape)}. {_BATCH_NOTE if max_batch > 0 else ''}"
             )
         arrays[tensor.name] = tensor.data
     if len(arrays) == len(types):
@@ -77,6 +79,19 @@ def validated_inputs(served: ModelVersion, request: v2.InferRequest) -> dict[str
     if missing:
         raise InvalidArgument(f"model '{name}' expects input(s) {missing} that the request does not carry")
     return arrays
+
+
+#: What Triton adds to a shape error for a model with max_batch_size > 0.
+_BATCH_NOTE = (
+    "NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be prepended to "
+    "each input shape. If you want to specify the full shape including the batch dim in your input dims config, "
+    "try setting max_batch_size to zero. See the model configuration docs for more info on max_batch_size."
+)
+
+
+def _request(request: v2.InferRequest) -> str:
+    """Triton's prefix for a request's errors (InferenceRequest::LogRequest)."""
+    return f"[request id: {request.id or '<id_unknown>'}] "
 
 
 def _check_input_count(served: ModelVersion, request: v2.InferRequest) -> None:
@@ -92,7 +107,7 @@ def _check_input_count(served: ModelVersion, request: v2.InferRequest) -> None:
     names = sorted({t.name for t in request.inputs})
     missing = [n for n in required if n not in names]
     raise InvalidArgument(
-        f"expected {expected} but got {given} inputs for model '{served.name}'. Got input(s) "
+        f"{_request(request)}expected {expected} but got {given} inputs for model '{served.name}'. Got input(s) "
         f"{_names(names)}, but missing required input(s) {_names(missing)}. Please provide all required input(s)."
     )
 

@@ -107,7 +107,7 @@ CASES: list[tuple[str, Call, str, str]] = [
         "no batch dimension",
         lambda c, s: s.ModelInfer(raw_request(shape=[], raw=[bytes(4)]), timeout=30),
         "INVALID_ARGUMENT",
-        "no batch dimension",
+        "has no shape but model requires batch dimension",
     ),
     ("batch too large", lambda c, s: c.infer("mlp", [fp32([65, 256])]), "INVALID_ARGUMENT", "must be <= 64"),
     (

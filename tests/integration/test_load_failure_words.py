@@ -187,6 +187,7 @@ def write_repository(root: Path) -> Path:
         (root / "multi" / str(version)).mkdir()
         (root / "multi" / str(version) / "model.py").write_text(INIT_RAISES.replace("init boom", f"v{version} boom"))
     model("badcfg", OK, 'backend: "python"\nmax_batch_size: [ oops ]\n')
+    model("misnamed", OK, 'name: "other_name"\nbackend: "python"\n')
     (root / "noversion").mkdir()
     (root / "noversion" / "config.pbtxt").write_text('backend: "python"\n')
     (root / "bad_onnx" / "1").mkdir(parents=True)
@@ -341,10 +342,11 @@ def test_each_version_that_fails_is_told_and_the_one_that_loaded_is_unloaded(
 def test_a_model_that_failed_before_its_versions_answers_tritons_404(urls: Urls, transport: str) -> None:
     def asked(client: Any) -> dict[str, tuple[str, str]]:
         answers = {}
-        for model in ("badcfg", "noversion"):  # a config that does not parse; no version folder
+        # A config that does not parse; one whose name is not its folder's; no version folder.
+        for model in ("badcfg", "misnamed", "noversion"):
             load = _failure(lambda model=model: client.load_model(model))
             assert load[1].startswith(
-                f"failed to load '{model}', failed to poll" if model == "badcfg" else "load failed"
+                f"failed to load '{model}', failed to poll" if model != "noversion" else "load failed"
             )
             answers[model] = _failure(lambda model=model: client.get_model_metadata(model))
         return answers
@@ -354,6 +356,7 @@ def test_a_model_that_failed_before_its_versions_answers_tritons_404(urls: Urls,
     not_found = "404" if transport == "http" else "StatusCode.NOT_FOUND"
     assert answers["ours"] == {
         "badcfg": (not_found, "Request for unknown model: 'badcfg' is not found"),
+        "misnamed": (not_found, "Request for unknown model: 'misnamed' is not found"),
         "noversion": (not_found, "Request for unknown model: 'noversion' has no available versions"),
     }
 

@@ -371,7 +371,7 @@ def _http(url: str, model: str, inputs: dict[str, np.ndarray], **kwargs: object)
         client.close()
 
 
-def _grpc(url: str, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _grpc(url: str, model: str, inputs: dict[str, np.ndarray], request_id: str = "") -> dict[str, np.ndarray]:
     client = grpcclient.InferenceServerClient(url)
     try:
         tensors = []
@@ -380,7 +380,7 @@ def _grpc(url: str, model: str, inputs: dict[str, np.ndarray]) -> dict[str, np.n
             tensor = grpcclient.InferInput(name, list(array.shape), datatype)
             tensor.set_data_from_numpy(array)
             tensors.append(tensor)
-        result = client.infer(model, tensors)
+        result = client.infer(model, tensors, request_id=request_id)
         return {output.name: result.as_numpy(output.name) for output in result.get_response().outputs}
     finally:
         client.close()
@@ -505,3 +505,29 @@ def test_a_bls_request_takes_its_options_as_tritons_does(urls: dict[str, tuple[s
         "float_correlation_id": "Correlation ID must be integer or string",
         "is_cpu": True,
     }
+
+
+BAD_REQUESTS = [  # (model, inputs, request id): each refused before it reaches the model
+    ("weights", {"X": np.zeros((2, 8), np.float64)}, ""),  # data-type
+    ("weights", {"X": np.zeros((17, 8), np.float32)}, "req-7"),  # batch size over max_batch_size
+    ("weights", {"X": np.zeros((2, 5), np.float32)}, ""),  # shape, with the batch note
+    ("add_sub", {"INPUT0": np.zeros(8, np.float32), "INPUT1": B}, "req-8"),  # shape, no batching
+    ("add_sub", {"INPUT0": A}, ""),  # an input missing
+]
+
+
+@pytest.mark.parametrize("transport", ["http", "grpc"])
+@pytest.mark.parametrize("case", range(len(BAD_REQUESTS)))
+def test_a_refused_request_gets_tritons_words(urls: dict[str, tuple[str, str]], transport: str, case: int) -> None:
+    model, inputs, request_id = BAD_REQUESTS[case]
+    failures: dict[str, InferenceServerException] = {}
+    for server, pair in urls.items():
+        with pytest.raises(InferenceServerException) as caught:
+            if transport == "http":
+                _http(pair[0], model, inputs, request_id=request_id)
+            else:
+                _grpc(pair[1], model, inputs, request_id=request_id)
+        failures[server] = caught.value
+    assert failures["ours"].status() == failures["triton"].status()
+    assert failures["ours"].message() == failures["triton"].message()
+    assert failures["ours"].message().startswith(f"[request id: {request_id or '<id_unknown>'}] ")

@@ -177,9 +177,9 @@ class PythonInstance:
             ) from None
         except ipc.ChannelClosed:
             code = stub.process.poll()
-            raise ModelConfigError(
-                f"model '{self.model.name}' instance '{self.name}': the stub process exited during {what} "
-                f"(exit status {code})"
+            # Triton's words (an INTERNAL error), then which step it died in.
+            raise InternalError(
+                f"Stub process '{self.name}' is not healthy. (It exited during {what}, exit status {code}.)"
             ) from None
 
     def close(self) -> None:

@@ -550,6 +550,9 @@ def main(argv: list[str]) -> int:
     # (finalize, then EOF), so the stub must not die half-way on the same signal.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     fd, server_arena_fd, stub_arena_fd, size = (int(a) for a in argv[:4])
+    # A model sees the argv of Triton's embedded interpreter, [""]: a model that runs
+    # `unittest.main(exit=False)` (Triton's QA models do) would take ours for test names.
+    sys.argv[:] = [""]
     channel = ipc.Channel(socket.socket(fileno=fd))
     stub = Stub(channel, ipc.Arena(server_arena_fd, size), ipc.Arena(stub_arena_fd, size))
     pb_utils._runtime = stub
