@@ -108,6 +108,13 @@ def _bridge() -> _Runtime:
     return _runtime
 
 
+def _expect(what: str, argument: str, value: Any, kind: type | tuple[type, ...]) -> None:
+    """TypeError, as pybind11 raises for Triton's C++ classes, unless `value` is of `kind`."""
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        raise TypeError(f"{what}: {argument} must be a {names}, got {type(value).__name__}")
+
+
 # --- errors ----------------------------------------------------------------------------------------
 
 
@@ -155,12 +162,11 @@ class Tensor:
     __slots__ = ("_name", "_array", "_gpu")
 
     def __init__(self, name: str, data: Any) -> None:
-        if not isinstance(name, str):
-            raise TritonModelException(f"tensor name must be a str, got {type(name).__name__}")
+        # A wrong type is a TypeError, as pybind11 raises for Triton's C++ class; a bad value is not.
+        _expect("Tensor()", "name", name, str)
+        _expect("Tensor()", "data", data, np.ndarray)
         if not name:
             raise TritonModelException("Tensor name cannot be an empty string.")
-        if not isinstance(data, np.ndarray):
-            raise TritonModelException(f"tensor '{name}': data must be a numpy array, got {type(data).__name__}")
         if data.dtype.kind in "SU":
             data = _bytes_array(data)
         elif data.dtype.kind not in "biufO":
@@ -275,11 +281,12 @@ class InferenceResponse:
 
     def __init__(
         self,
-        output_tensors: Sequence[Tensor] | None = None,
+        output_tensors: Sequence[Tensor] = (),
         error: TritonError | None = None,
         parameters: dict[str, Any] | str | None = None,
     ) -> None:
-        tensors = list(output_tensors or [])
+        _expect("InferenceResponse()", "output_tensors", output_tensors, (list, tuple))
+        tensors = list(output_tensors)
         for tensor in tensors:
             if not isinstance(tensor, Tensor):
                 raise TritonModelException(
@@ -358,8 +365,8 @@ class InferenceRequest(RequestRelease):
     def __init__(
         self,
         model_name: str = "",
-        inputs: Sequence[Tensor] | None = None,
-        requested_output_names: Sequence[str] | None = None,
+        inputs: Sequence[Tensor] = (),
+        requested_output_names: Sequence[str] = (),
         request_id: str = "",
         correlation_id: int | str = 0,
         flags: int = 0,
@@ -369,14 +376,25 @@ class InferenceRequest(RequestRelease):
         preferred_memory: PreferredMemory | None = None,
         trace: InferenceTrace | None = None,
     ) -> None:
+        what = "InferenceRequest()"
+        _expect(what, "model_name", model_name, str)
+        _expect(what, "inputs", inputs, (list, tuple))
+        _expect(what, "requested_output_names", requested_output_names, (list, tuple))
+        for output_name in requested_output_names:
+            _expect(what, "requested_output_names[...]", output_name, str)
+        _expect(what, "request_id", request_id, str)
+        if correlation_id is None:
+            raise TypeError(f"{what}: correlation_id must be an int or a str, got None")
+        for argument, value in (("model_version", model_version), ("flags", flags), ("timeout", timeout)):
+            _expect(what, argument, value, int)
         self._model_name = model_name
-        self._inputs = list(inputs or [])
+        self._inputs = list(inputs)
         for tensor in self._inputs:
             if not isinstance(tensor, Tensor):
                 raise TritonModelException(
                     f"InferenceRequest inputs must be pb_utils.Tensor objects, got {type(tensor).__name__}"
                 )
-        self._requested = list(requested_output_names or [])
+        self._requested = list(requested_output_names)
         self._request_id = request_id
         if isinstance(correlation_id, bool) or not isinstance(correlation_id, (int, str)):
             raise TritonModelException("Correlation ID must be integer or string")
@@ -521,8 +539,10 @@ class Logger:
     _NAMES = {0: "INFO", 1: "WARNING", 2: "ERROR", 3: "VERBOSE"}
 
     @staticmethod
-    def log(message: str, level: int = 0) -> None:
-        _bridge().log(Logger._NAMES.get(level, "INFO"), str(message))
+    def log(message: str, level: LogLevel = LogLevel.INFO) -> None:
+        _expect("Logger.log()", "message", message, str)
+        _expect("Logger.log()", "level", level, Logger.LogLevel)  # a LogLevel, not a bare int, as Triton's
+        _bridge().log(Logger._NAMES[level], message)
 
     @staticmethod
     def log_info(message: str) -> None:
