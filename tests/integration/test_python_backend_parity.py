@@ -304,6 +304,58 @@ input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 4 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INFO" data_type: TYPE_STRING dims: [ 1 ] } ]
 """
 
+# A BLS call whose tensor is larger than a client's may be (--max-tensor-elements, 16,777,216 by
+# default): the model made it, so it is not held to a client's bound, as on Triton.
+BIG_BLS = """\
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+ELEMENTS = 17_000_000
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            big = np.arange(ELEMENTS, dtype=np.float32)
+            call = pb_utils.InferenceRequest(
+                model_name="big_identity", inputs=[pb_utils.Tensor("INPUT0", big)], requested_output_names=["OUTPUT0"]
+            )
+            answer = call.exec()
+            if answer.has_error():
+                raise pb_utils.TritonModelException(answer.error().message())
+            back = pb_utils.get_output_tensor_by_name(answer, "OUTPUT0").as_numpy()
+            same = np.array([back.shape == big.shape and bool(np.array_equal(back, big))])
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("SAME", same)]))
+        return responses
+"""
+
+BIG_BLS_CONFIG = """\
+name: "big_bls"
+backend: "python"
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "SAME" data_type: TYPE_BOOL dims: [ 1 ] } ]
+"""
+
+BIG_IDENTITY = """\
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [
+            pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy())])
+            for r in requests
+        ]
+"""
+
+BIG_IDENTITY_CONFIG = """\
+name: "big_identity"
+backend: "python"
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+"""
+
 DLPACK_CONFIG = """\
 name: "dlpack"
 backend: "python"
@@ -338,6 +390,8 @@ def write_repository(root: Path) -> Path:
     model("add_then_bls", None, ENSEMBLE_CONFIG)
     model("dlpack", DLPACK, DLPACK_CONFIG)
     model("bls_options", BLS_OPTIONS, BLS_OPTIONS_CONFIG)
+    model("big_bls", BIG_BLS, BIG_BLS_CONFIG)
+    model("big_identity", BIG_IDENTITY, BIG_IDENTITY_CONFIG)
     return root
 
 
@@ -531,3 +585,8 @@ def test_a_refused_request_gets_tritons_words(urls: dict[str, tuple[str, str]], 
     assert failures["ours"].status() == failures["triton"].status()
     assert failures["ours"].message() == failures["triton"].message()
     assert failures["ours"].message().startswith(f"[request id: {request_id or '<id_unknown>'}] ")
+
+
+def test_a_bls_tensor_larger_than_a_clients_may_be_goes_through(urls: dict[str, tuple[str, str]]) -> None:
+    answer = _same({server: _http(pair[0], "big_bls", {"INPUT0": A[:1]}) for server, pair in urls.items()})
+    assert answer["SAME"].tolist() == [True]
