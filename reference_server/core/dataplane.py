@@ -23,6 +23,7 @@ from reference_server.backends.custom_metrics import CustomMetrics
 from reference_server.backends.onnxruntime import ONNX_PLATFORM
 from reference_server.core import model_config
 from reference_server.core.classification import classify, requested_classes
+from reference_server.core.ensemble.config import ENSEMBLE_PLATFORM
 from reference_server.core.load_overrides import OverrideFolders
 from reference_server.core.log_settings import LogSettings
 from reference_server.core.model_management import ModelManagement, checked_model_name
@@ -224,7 +225,7 @@ class DataPlane(InflightSlots, ModelManagement):
             )
             if trace is not None:
                 trace.record_tensors(BACKEND_OUTPUT, results)
-            response = _response(served, request.id, output_names, results, classes)
+            response = _response(served, request, output_names, results, classes)
             return response if binding is None else binding.write(response)
         finally:
             if binding is not None:
@@ -250,7 +251,7 @@ class DataPlane(InflightSlots, ModelManagement):
         if trace is not None:
             done = partial(trace.answered, done, endpoint == GRPC_ENDPOINT)
         try:
-            finished = partial(_finished, done, served, request.id, output_names, classes, binding)
+            finished = partial(_finished, done, served, request, output_names, classes, binding)
             if trace is not None:
                 finished = partial(trace.results, finished)
             served.scheduler.submit(
@@ -341,7 +342,7 @@ class DataPlane(InflightSlots, ModelManagement):
                 if isinstance(results, ServerError):
                     answer: StreamResponse = results
                 else:
-                    response = _response(served, request.id, output_names, results, classes)
+                    response = _response(served, request, output_names, results, classes)
                     answer = response if binding is None else binding.write(response)
                 if trace is None:
                     yield answer, final
@@ -509,7 +510,7 @@ def _model_parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:
 def _finished(
     done: Callable[[v2.InferResponse | Exception], None],
     served: ModelVersion,
-    request_id: str,
+    request: v2.InferRequest,
     output_names: list[str],
     classes: Mapping[str, int],
     binding: RequestBinding | None,
@@ -522,7 +523,7 @@ def _finished(
             answer = results
         else:
             try:
-                answer = _response(served, request_id, output_names, results, classes)
+                answer = _response(served, request, output_names, results, classes)
                 if binding is not None:
                     answer = binding.write(answer)
             except Exception as exc:  # an output that does not fit its region, say: the client hears it
@@ -543,7 +544,11 @@ def _answer(
 
 
 def _response(
-    served: ModelVersion, request_id: str, output_names: list[str], results: Tensors, classes: Mapping[str, int]
+    served: ModelVersion,
+    request: v2.InferRequest,
+    output_names: list[str],
+    results: Tensors,
+    classes: Mapping[str, int],
 ) -> v2.InferResponse:
     # A decoupled model may send some of the outputs in a response: those it sent, in the order asked.
     outputs = []
@@ -558,7 +563,18 @@ def _response(
             array = classify(array, classes[name], served.config.max_batch_size > 0, served.labels.get(name, ()))
             datatype = "BYTES"
         outputs.append(v2.InferTensor(name, datatype, list(array.shape), array))
-    return v2.InferResponse(model_name=served.name, model_version=str(served.version), id=request_id, outputs=outputs)
+    parameters = {}
+    if served.config.platform == ENSEMBLE_PLATFORM:
+        # Triton 2.51's ensemble answers with the request's sequence, whether it has one or not.
+        given = request.parameters
+        parameters = {
+            "sequence_id": given.get("sequence_id", 0),
+            "sequence_start": bool(given.get("sequence_start", False)),
+            "sequence_end": bool(given.get("sequence_end", False)),
+        }
+    return v2.InferResponse(
+        model_name=served.name, model_version=str(served.version), id=request.id, outputs=outputs, parameters=parameters
+    )
 
 
 __all__ = [

@@ -590,3 +590,32 @@ def test_a_refused_request_gets_tritons_words(urls: dict[str, tuple[str, str]], 
 def test_a_bls_tensor_larger_than_a_clients_may_be_goes_through(urls: dict[str, tuple[str, str]]) -> None:
     answer = _same({server: _http(pair[0], "big_bls", {"INPUT0": A[:1]}) for server, pair in urls.items()})
     assert answer["SAME"].tolist() == [True]
+
+
+@pytest.mark.parametrize("sequence_id", [0, 5])
+def test_an_ensembles_response_carries_the_requests_sequence_as_tritons_does(
+    urls: dict[str, tuple[str, str]], sequence_id: int
+) -> None:
+    seen: dict[str, tuple[object, object]] = {}
+    for server, (http_url, grpc_url) in urls.items():
+        http = httpclient.InferenceServerClient(http_url)
+        grpc = grpcclient.InferenceServerClient(grpc_url)
+        try:
+            answers = []
+            for module, client in ((httpclient, http), (grpcclient, grpc)):
+                tensors = [module.InferInput("A", [4], "FP32"), module.InferInput("B", [4], "FP32")]
+                tensors[0].set_data_from_numpy(A)
+                tensors[1].set_data_from_numpy(B)
+                answers.append(client.infer("add_then_bls", tensors, sequence_id=sequence_id, sequence_start=True))
+            grpc_parameters = answers[1].get_response().parameters
+            seen[server] = (
+                answers[0].get_response().get("parameters"),
+                {key: str(value).strip() for key, value in grpc_parameters.items()},
+            )
+        finally:
+            http.close()
+            grpc.close()
+    assert seen["ours"] == seen["triton"]
+    # tritonclient sends the sequence flags only with a sequence id: without one, the flags are False.
+    started = sequence_id != 0
+    assert seen["ours"][0] == {"sequence_id": sequence_id, "sequence_start": started, "sequence_end": False}
