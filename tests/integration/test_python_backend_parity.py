@@ -16,6 +16,7 @@ so that is tested on ours alone (tests/unit/test_pb_dlpack.py).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -306,6 +307,27 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "INFO" da
 
 # A BLS call whose tensor is larger than a client's may be (--max-tensor-elements, 16,777,216 by
 # default): the model made it, so it is not held to a client's bound, as on Triton.
+# Raises through two calls and the standard library; the error lists the frames as Triton's stub
+# does (pybind11: innermost first, out through the callers; an `async def`'s frames below it only).
+TRACEBACK = """\
+import os
+
+import triton_python_backend_utils as pb_utils
+
+
+def lookup():
+    return os.environ["PERFKIT_PARITY_SURELY_UNSET"]
+
+
+class TritonPythonModel:
+    def helper(self):
+        return lookup()
+
+    {prefix}def execute(self, requests):
+        {call}
+        return []
+"""
+
 BIG_BLS = """\
 import numpy as np
 import triton_python_backend_utils as pb_utils
@@ -391,6 +413,15 @@ def write_repository(root: Path) -> Path:
     model("dlpack", DLPACK, DLPACK_CONFIG)
     model("bls_options", BLS_OPTIONS, BLS_OPTIONS_CONFIG)
     model("big_bls", BIG_BLS, BIG_BLS_CONFIG)
+    model(
+        "raises_deep",
+        TRACEBACK.format(prefix="", call="self.helper()"),
+        ONE_IN_ONE_OUT_CONFIG.format(name="raises_deep"),
+    )
+    async_source = TRACEBACK.format(prefix="async ", call="await self.coroutine()").replace(
+        "    def helper(self):", "    async def coroutine(self):\n        return lookup()\n\n    def helper(self):"
+    )
+    model("raises_deep_async", async_source, ONE_IN_ONE_OUT_CONFIG.format(name="raises_deep_async"))
     model("big_identity", BIG_IDENTITY, BIG_IDENTITY_CONFIG)
     return root
 
@@ -619,3 +650,17 @@ def test_an_ensembles_response_carries_the_requests_sequence_as_tritons_does(
     # tritonclient sends the sequence flags only with a sequence id: without one, the flags are False.
     started = sequence_id != 0
     assert seen["ours"][0] == {"sequence_id": sequence_id, "sequence_start": started, "sequence_end": False}
+
+
+@pytest.mark.parametrize("model", ["raises_deep", "raises_deep_async"])
+def test_an_errors_traceback_lists_the_frames_tritons_does(urls: dict[str, tuple[str, str]], model: str) -> None:
+    messages = {}
+    for server, pair in urls.items():
+        with pytest.raises(InferenceServerException) as caught:
+            _http(pair[0], model, {"INPUT0": A})
+        # The standard library's line numbers are those of each server's Python.
+        messages[server] = re.sub(r"<frozen os>\(\d+\)", "<frozen os>(N)", caught.value.message())
+    assert messages["ours"] == messages["triton"]
+    frames = messages["ours"].split("At:\n", 1)[1]
+    assert frames.startswith("  <frozen os>(N): __getitem__\n") and "(7): lookup\n" in frames
+    assert ("execute" in frames) == (model == "raises_deep")

@@ -60,19 +60,22 @@ class BackendError(Exception):
 
 
 def format_exception(exc: BaseException) -> str:
-    """`Type: message` then the model-side frames, as Triton's stub reports a Python error."""
+    """`Type: message` then the model's frames, as Triton's stub reports a Python error (pybind11's
+    words): from where it was raised out through the callers, innermost first, up to this stub. A
+    finished coroutine's frame has no caller, so an `async def execute` shows the frames below it."""
     if isinstance(exc, BackendError):
         return str(exc)
-    frames = traceback.extract_tb(exc.__traceback__)
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
     own = os.path.dirname(__file__)
-    # The model's frames only: not ours, nor importlib's (<frozen ...>) around a failing import.
-    lines = [
-        f"  {f.filename}({f.lineno}): {f.name}"
-        for f in frames
-        if not f.filename.startswith(own) and not f.filename.startswith("<")
-    ]
-    text = f"{type(exc).__name__}: {exc}"
-    return text + ("\n\nAt:\n" + "".join(line + "\n" for line in reversed(lines)) if lines else "")
+    lines: list[str] = []
+    frame, lineno = (tb.tb_frame, tb.tb_lineno) if tb is not None else (None, 0)
+    while frame is not None and not frame.f_code.co_filename.startswith(own):
+        lines.append(f"  {frame.f_code.co_filename}({lineno}): {frame.f_code.co_name}\n")
+        frame = frame.f_back
+        lineno = frame.f_lineno if frame is not None else 0
+    return f"{type(exc).__name__}: {exc}" + ("\n\nAt:\n" + "".join(lines) if lines else "")
 
 
 def format_import_error(exc: BaseException, importer: types.FrameType) -> str:
