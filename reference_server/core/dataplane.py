@@ -23,7 +23,6 @@ from reference_server.backends.custom_metrics import CustomMetrics
 from reference_server.backends.onnxruntime import ONNX_PLATFORM
 from reference_server.core import model_config
 from reference_server.core.classification import classify, requested_classes
-from reference_server.core.ensemble.config import ENSEMBLE_PLATFORM
 from reference_server.core.load_overrides import OverrideFolders
 from reference_server.core.log_settings import LogSettings
 from reference_server.core.model_management import ModelManagement, checked_model_name
@@ -564,7 +563,7 @@ def _response(
             datatype = "BYTES"
         outputs.append(v2.InferTensor(name, datatype, list(array.shape), array))
     parameters = {}
-    if served.config.platform == ENSEMBLE_PLATFORM:
+    if served.ensemble:
         # Triton 2.51's ensemble answers with the request's sequence, whether it has one or not.
         given = request.parameters
         parameters = {

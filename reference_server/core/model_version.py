@@ -18,6 +18,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server.backends import close_instances
 from reference_server.core.classification import Labels
+from reference_server.core.ensemble.config import ENSEMBLE_PLATFORM
 from reference_server.core.response_cache import ResponseCache, cached
 from reference_server.scheduling.execute import ModelInstance
 from reference_server.scheduling.model_scheduler import ModelScheduler
@@ -58,6 +59,8 @@ class ModelVersion:
     output_dtypes: dict[str, np.dtype[Any]] = field(init=False)
     #: `model_transaction_policy { decoupled: true }`: it may answer a request 0..N times.
     decoupled: bool = field(init=False)
+    #: `platform: "ensemble"`: its responses carry the request's sequence parameters, as Triton's.
+    ensemble: bool = field(init=False)
     #: With --model-namespacing true, its repository's path (metrics' `namespace` label); else "".
     namespace: str = field(default="", init=False)
 
@@ -66,6 +69,7 @@ class ModelVersion:
         self.output_datatypes = {n: _datatype(t.data_type) for n, t in self.outputs.items()}
         self.output_dtypes = {n: datatype_to_numpy(d) for n, d in self.output_datatypes.items()}
         self.decoupled = bool(self.config.model_transaction_policy.decoupled)
+        self.ensemble = self.config.platform == ENSEMBLE_PLATFORM
 
     async def close(self, grace_s: float) -> None:
         await self.scheduler.close(grace_s)

@@ -208,14 +208,14 @@ class ModelRepository:
                 folder = source or (self.model_dir(name) if self.namespaces else self.roots.folder(name))
                 record.fingerprint = await loop.run_in_executor(None, model_fingerprint, folder)
                 model_dir = source or self.model_dir(name)
+                shown = self.namespaces.split(name)[1] if self.namespaces else name  # the config's name
                 given, config_name = override, None if source else self.model_config_name
                 if given is None:
                     given = read_model_config(model_dir, config_name=config_name, auto_complete=self.auto_complete)
-                    folder_name = self.namespaces.split(name)[1] if self.namespaces else name
-                    if given is not None and given.name and given.name != folder_name:
+                    if given is not None and given.name and given.name != shown:
                         # Triton's poll refuses it before anything is loaded, in these words.
                         raise ModelConfigError(
-                            f"unexpected directory name '{folder_name}' for model '{given.name}', directory name "
+                            f"unexpected directory name '{shown}' for model '{given.name}', directory name "
                             f"must equal model name ({config_path(model_dir, config_name)})"
                         )
                 raw = fill_backend(given, model_dir)
@@ -225,7 +225,6 @@ class ModelRepository:
                 record.composing = (
                     frozenset(step.model_name for step in raw.ensemble_scheduling.step) if raw else frozenset()
                 )
-                shown = self.namespaces.split(name)[1] if self.namespaces else name  # the config's name
                 if is_ensemble(raw):
                     assert raw is not None
                     versions = await self._load_ensemble(shown, model_dir, raw)

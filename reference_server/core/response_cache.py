@@ -56,7 +56,12 @@ from reference_server.scheduling.model_scheduler import ModelScheduler, SubmitsB
 from reference_server.scheduling.stats import ModelStats
 
 __all__ = [
-    "CacheConfigError", "CachedScheduler", "ResponseCache", "cache_size_from_flags", "cached", "check_cache_config",
+    "CacheConfigError",
+    "CachedScheduler",
+    "ResponseCache",
+    "cache_size_from_flags",
+    "cached",
+    "check_cache_config",
     "request_key",
 ]
 
@@ -114,7 +119,10 @@ class ResponseCache:
                 self._warned.add(model_name)
                 log.warning(
                     "response of model '%s' not cached: Requested byte_size: %d is greater than total cache "
-                    "size: %d; raise --cache-config local,size=BYTES", model_name, size, self.capacity_bytes,
+                    "size: %d; raise --cache-config local,size=BYTES",
+                    model_name,
+                    size,
+                    self.capacity_bytes,
                 )
             return False
         frozen = {name: _frozen_copy(array) for name, array in outputs.items()}

@@ -178,11 +178,18 @@ def cache_families(served: Iterable[tuple[str, str, ModelStats]]) -> list[Family
     if not cached:
         return []
     return [
-        Family(name, "counter", text, [
-            (_labels(model, version),
-             getattr(stats, attribute) // 1000 if attribute.endswith("_ns_total") else getattr(stats, attribute))
-            for model, version, stats in cached
-        ])  # fmt: skip
+        Family(
+            name,
+            "counter",
+            text,
+            [
+                (
+                    _labels(model, version),
+                    getattr(stats, attribute) // 1000 if attribute.endswith("_ns_total") else getattr(stats, attribute),
+                )
+                for model, version, stats in cached
+            ],
+        )  # fmt: skip
         for name, text, attribute in specs
     ]
 

@@ -471,6 +471,21 @@ def _grpc(url: str, model: str, inputs: dict[str, np.ndarray], request_id: str =
         client.close()
 
 
+def _failures(
+    urls: dict[str, tuple[str, str]], transport: str, model: str, inputs: dict[str, np.ndarray], request_id: str = ""
+) -> dict[str, InferenceServerException]:
+    """What each server answers a request that must fail, by server."""
+    failures: dict[str, InferenceServerException] = {}
+    for server, (http_url, grpc_url) in urls.items():
+        with pytest.raises(InferenceServerException) as caught:
+            if transport == "http":
+                _http(http_url, model, inputs, request_id=request_id)
+            else:
+                _grpc(grpc_url, model, inputs, request_id=request_id)
+        failures[server] = caught.value
+    return failures
+
+
 def _same(answers: dict[str, dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     triton, ours = answers["triton"], answers["ours"]
     assert sorted(ours) == sorted(triton)
@@ -532,11 +547,7 @@ def test_bls_and_an_ensemble_of_python_steps(urls: dict[str, tuple[str, str]]) -
 @pytest.mark.parametrize("model", ["error_response", "raises"])
 @pytest.mark.parametrize("transport", ["http", "grpc"])
 def test_model_errors_reach_the_client_alike(urls: dict[str, tuple[str, str]], model: str, transport: str) -> None:
-    failures: dict[str, InferenceServerException] = {}
-    for server, pair in urls.items():
-        with pytest.raises(InferenceServerException) as caught:
-            (_http if transport == "http" else _grpc)(pair[0 if transport == "http" else 1], model, {"INPUT0": A})
-        failures[server] = caught.value
+    failures = _failures(urls, transport, model, {"INPUT0": A})
     assert failures["ours"].status() == failures["triton"].status()
     expected = "value out of range: 7" if model == "error_response" else "weights are not loaded"
     for failure in failures.values():
@@ -605,14 +616,7 @@ BAD_REQUESTS = [  # (model, inputs, request id): each refused before it reaches 
 @pytest.mark.parametrize("case", range(len(BAD_REQUESTS)))
 def test_a_refused_request_gets_tritons_words(urls: dict[str, tuple[str, str]], transport: str, case: int) -> None:
     model, inputs, request_id = BAD_REQUESTS[case]
-    failures: dict[str, InferenceServerException] = {}
-    for server, pair in urls.items():
-        with pytest.raises(InferenceServerException) as caught:
-            if transport == "http":
-                _http(pair[0], model, inputs, request_id=request_id)
-            else:
-                _grpc(pair[1], model, inputs, request_id=request_id)
-        failures[server] = caught.value
+    failures = _failures(urls, transport, model, inputs, request_id)
     assert failures["ours"].status() == failures["triton"].status()
     assert failures["ours"].message() == failures["triton"].message()
     assert failures["ours"].message().startswith(f"[request id: {request_id or '<id_unknown>'}] ")
@@ -654,12 +658,11 @@ def test_an_ensembles_response_carries_the_requests_sequence_as_tritons_does(
 
 @pytest.mark.parametrize("model", ["raises_deep", "raises_deep_async"])
 def test_an_errors_traceback_lists_the_frames_tritons_does(urls: dict[str, tuple[str, str]], model: str) -> None:
-    messages = {}
-    for server, pair in urls.items():
-        with pytest.raises(InferenceServerException) as caught:
-            _http(pair[0], model, {"INPUT0": A})
-        # The standard library's line numbers are those of each server's Python.
-        messages[server] = re.sub(r"<frozen os>\(\d+\)", "<frozen os>(N)", caught.value.message())
+    # The standard library's line numbers are those of each server's Python.
+    messages = {
+        server: re.sub(r"<frozen os>\(\d+\)", "<frozen os>(N)", failure.message())
+        for server, failure in _failures(urls, "http", model, {"INPUT0": A}).items()
+    }
     assert messages["ours"] == messages["triton"]
     frames = messages["ours"].split("At:\n", 1)[1]
     assert frames.startswith("  <frozen os>(N): __getitem__\n") and "(7): lookup\n" in frames

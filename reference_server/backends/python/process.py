@@ -529,9 +529,11 @@ class StubProcess:
             self._bls_answer(bls_id, decoupled, None, Unsupported("this server offers no BLS here"), True)
             return
         running = asyncio.run_coroutine_threadsafe(self._run_bls(context, call, bls_id, decoupled), context.loop)
-        with self._lock:  # for cancel_request (owners: the requests it was made for) and bls_cancel
-            self._bls_calls[bls_id] = (set(message.get("owners") or ()), running)
-        running.add_done_callback(lambda _: self._forget_bls(bls_id))
+        owners = message.get("owners")
+        if owners or decoupled:  # what may cancel it: cancel_request (its owners), bls_cancel (a stream's)
+            with self._lock:
+                self._bls_calls[bls_id] = (set(owners or ()), running)
+            running.add_done_callback(lambda _: self._forget_bls(bls_id))
 
     def _forget_bls(self, bls_id: int) -> None:
         with self._lock:

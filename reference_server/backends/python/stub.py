@@ -65,28 +65,25 @@ def format_exception(exc: BaseException) -> str:
     finished coroutine's frame has no caller, so an `async def execute` shows the frames below it."""
     if isinstance(exc, BackendError):
         return str(exc)
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
     own = os.path.dirname(__file__)
-    lines: list[str] = []
-    frame, lineno = (tb.tb_frame, tb.tb_lineno) if tb is not None else (None, 0)
-    while frame is not None and not frame.f_code.co_filename.startswith(own):
-        lines.append(f"  {frame.f_code.co_filename}({lineno}): {frame.f_code.co_name}\n")
-        frame = frame.f_back
-        lineno = frame.f_lineno if frame is not None else 0
-    return f"{type(exc).__name__}: {exc}" + ("\n\nAt:\n" + "".join(lines) if lines else "")
+    return _with_frames(exc, lambda frame: frame.f_code.co_filename.startswith(own))
 
 
 def format_import_error(exc: BaseException, importer: types.FrameType) -> str:
     """What a model file raised when `importer` imported it, as Triton's stub reports it (pybind11's
     words): the frames from where it was raised out to `importer`, importlib's included."""
+    return _with_frames(exc, lambda frame: frame is importer)
+
+
+def _with_frames(exc: BaseException, outside: Callable[[types.FrameType], bool]) -> str:
+    """`Type: message`, then pybind11's walk: from the innermost frame of the traceback out through
+    each frame's caller, up to the first frame `outside` the model."""
     tb = exc.__traceback__
     while tb is not None and tb.tb_next is not None:
         tb = tb.tb_next
     lines: list[str] = []
     frame, lineno = (tb.tb_frame, tb.tb_lineno) if tb is not None else (None, 0)
-    while frame is not None and frame is not importer:
+    while frame is not None and not outside(frame):
         lines.append(f"  {frame.f_code.co_filename}({lineno}): {frame.f_code.co_name}\n")
         frame = frame.f_back
         lineno = frame.f_lineno if frame is not None else 0
@@ -496,9 +493,7 @@ class Stub(StubCalls):
         error = response._error
         arena, write = self.arena, ipc.write_tensor
         return {
-            "outputs": [
-                write(arena, t._name, t._array if t._gpu is None else t._gpu.host(), fds) for t in response._tensors
-            ],
+            "outputs": [write(arena, t._name, t._host_array(), fds) for t in response._tensors],
             "error": None if error is None else (error.message(), error.code()),
             "parameters": response._parameters,
         }

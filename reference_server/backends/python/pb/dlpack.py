@@ -90,8 +90,9 @@ class GpuTensor:
             return np.asarray(self.value.get())
         return np.asarray(self.value.detach().cpu().numpy())
 
-    def to_dlpack(self) -> Any:
-        return self.value.__dlpack__()
+    def to_dlpack(self, **kwargs: Any) -> Any:
+        """A capsule over the device memory (`kwargs`: those of `__dlpack__`, stream among them)."""
+        return self.value.__dlpack__(**kwargs)
 
 
 def _numpy_dtype(value: Any) -> np.dtype[Any]:

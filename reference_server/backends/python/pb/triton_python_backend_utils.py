@@ -218,7 +218,7 @@ class Tensor:
 
     def __dlpack__(self, stream: Any = None, **kwargs: Any) -> Any:
         if self._gpu is not None:
-            return self._gpu.value.__dlpack__(stream=stream, **kwargs)
+            return self._gpu.to_dlpack(stream=stream, **kwargs)
         if self._array.dtype == np.object_:
             raise TritonModelException("DLPack does not have support for string tensors.")
         return self._array.__dlpack__(stream=stream, **kwargs)
@@ -359,7 +359,7 @@ class InferenceRequest(RequestRelease):
 
     __slots__ = (
         "_model_name", "_inputs", "_requested", "_request_id", "_correlation_id", "_flags", "_timeout",
-        "_model_version", "_parameters", "_sender", "_preferred_memory", "_trace",
+        "_model_version", "_parameters", "_sender", "_trace",
     )  # fmt: skip
 
     def __init__(
@@ -399,7 +399,6 @@ class InferenceRequest(RequestRelease):
         if isinstance(correlation_id, bool) or not isinstance(correlation_id, (int, str)):
             raise TritonModelException("Correlation ID must be integer or string")
         self._correlation_id = correlation_id
-        self._preferred_memory = preferred_memory
         self._trace = trace
         self._flags = flags
         self._timeout = timeout
