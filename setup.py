@@ -44,8 +44,9 @@ def _extensions(why_not: str | None) -> list[Any]:
     from mypyc.build import mypycify
 
     paths = [str(Path(*name.split("."))) + ".py" for name in _LIST["COMPILED_MODULES"]]
-    # The build environment has none of the runtime packages (numpy, hpack): their types read as
-    # Any there, which leaves some of CI's `type: ignore`s unused, harmless for the build.
+    # The build environment has numpy (build-system.requires: its types are needed for the type
+    # aliases) but not the other runtime packages (hpack): their types read as Any there, which
+    # leaves some of CI's `type: ignore`s unused, harmless for the build.
     return mypycify(["--no-warn-unused-ignores", *paths], opt_level="3", group_name=_LIST["GROUP"])
 
 
