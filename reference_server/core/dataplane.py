@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server._version import __version__
@@ -61,6 +62,7 @@ GRPC_ENDPOINT = "ModelInfer RPC"
 StreamResponse = streamed.StreamResponse
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed by interpreted classes (compiled: docs/compiled.md)
 class InflightSlots:
     """The in-flight inference requests: counted, limited (`max_inflight_requests`, 0 = no limit)
     and told to `inflight_listeners` (the HTTP front end's read gate) whenever the count changes.

@@ -38,6 +38,8 @@ import math
 import struct
 from collections import deque
 
+from mypy_extensions import mypyc_attr
+
 from v2kit.h2 import frames as h2
 from v2kit.h2.events import Events, Payload, S, Sink, Stream
 from v2kit.h2.frames import frame
@@ -48,6 +50,7 @@ __all__ = ["Connection", "Events", "Payload", "Sink", "Stream"]
 TIMER_SLACK_S = 0.001  # a timer may fire this early (libuv counts milliseconds)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed by interpreted classes (compiled: docs/compiled.md)
 class Connection(Receiver[S]):
     """One HTTP/2 connection, either end of it; see the module's docstring."""
 
@@ -165,7 +168,7 @@ class Connection(Receiver[S]):
     def send_trailers(self, stream: S, block: bytes) -> None:
         """End our side of `stream` with `block` after the data still queued on it, then close
         the stream (`close_stream`): trailers end an answer."""
-        stream.end_block = block
+        _set_end_block(stream, block)
         self._pump_stream(stream)
         if stream.end_block is not None and stream not in self._blocked:
             self._blocked.append(stream)
@@ -333,3 +336,9 @@ class Connection(Receiver[S]):
         self._keepalive_out = None
         if self._limits.pings is not None and not self.closed():
             self._keepalive_after(self._limits.pings.keepalive_time_s)
+
+
+def _set_end_block(stream: Stream, block: bytes) -> None:
+    # Not inline in send_trailers: there the type checker would take `end_block` for bytes after
+    # `_pump_stream` (which sets it to None once sent), and compiled code checks what it assumes.
+    stream.end_block = block

@@ -9,6 +9,8 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Generic, Protocol, TypeVar
 
+from mypy_extensions import mypyc_attr
+
 __all__ = ["Cancellable", "Events", "Payload", "S", "Sink", "Stream"]
 
 Payload = bytes | bytearray | memoryview
@@ -29,6 +31,7 @@ class Cancellable(Protocol):
     def cancel(self) -> None: ...
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed by interpreted classes (compiled: docs/compiled.md)
 class Stream:
     """One stream's state; drivers subclass it for what they keep per call."""
 
@@ -55,6 +58,7 @@ class Stream:
 S = TypeVar("S", bound=Stream)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed by interpreted classes (compiled: docs/compiled.md)
 class Events(Generic[S]):
     """What a connection tells its driver; each does nothing unless the driver overrides it."""
 
