@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import reference_server
 from reference_server.backends.context import BackendContext, ModelCall
 from reference_server.backends.python import ipc, services
 from reference_server.errors import (
@@ -46,7 +47,9 @@ __all__ = ["PythonModel", "StubProcess", "server_error_from_code"]
 
 log = logging.getLogger(__name__)
 
-_REPO_ROOT = str(Path(__file__).resolve().parents[3])
+# From the package, not this module's `__file__`: compiled, that names the group's shared library
+# (v2kit/_compiled__mypyc...so), not this file (docs/compiled.md).
+_REPO_ROOT = str(Path(reference_server.__file__ or ".").resolve().parent.parent)
 
 # The stub's command. Importing `reference_server.backends.python.stub` the usual way would first run
 # `reference_server/backends/__init__.py`, which loads every backend (onnxruntime, tritonclient's
