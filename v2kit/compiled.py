@@ -46,7 +46,8 @@ COMPILED_MODULES = (
     # The server's request path, in the order of a request's profile (docs/compiled.md): the HTTP/1.1
     # front end, the python backend's side of the stub crossing, the scheduler, the data plane, the
     # HTTP/2 engine under the gRPC front end. Not yet: grpc/server.py and grpc/service.py (async
-    # generators, which mypyc does not compile).
+    # generators, which mypyc does not compile), and grpc/calls.py (compiled, `Context.abort`, which
+    # raises a subclass of grpc.aio.AbortError, crashed the process: docs/compiled.md).
     "reference_server.frontends.http.connection",
     "reference_server.frontends.http.pipelined_reads",
     "reference_server.frontends.http.messages",
@@ -64,7 +65,6 @@ COMPILED_MODULES = (
     "v2kit.h2.connection",
     "v2kit.h2.rules",
     "v2kit.h2.events",
-    "reference_server.frontends.grpc.calls",
 )
 
 #: mypyc's shared library for the group, `v2kit/_compiled__mypyc.*.so`: the per-module extensions
