@@ -59,6 +59,24 @@ COMPILED_MODULES = (
     "v2kit.h2.fields",
     "v2kit.h2.frames",
     "perfkit.load.samples",
+    # The server's request path, in the order of a request's profile (docs/compiled.md): the HTTP/1.1
+    # front end, the python backend's side of the stub crossing, the scheduler, the data plane (the
+    # HTTP/2 engine under the gRPC front end is listed above). Not yet: grpc/server.py and grpc/service.py (async
+    # generators, which mypyc does not compile), and grpc/calls.py (compiled, `Context.abort`, which
+    # raises a subclass of grpc.aio.AbortError, crashed the process: docs/compiled.md).
+    "reference_server.frontends.http.connection",
+    "reference_server.frontends.http.pipelined_reads",
+    "reference_server.frontends.http.messages",
+    "reference_server.frontends.http.rest",
+    "reference_server.backends.python.instance",
+    "reference_server.backends.python.process",
+    "reference_server.backends.python.ipc",
+    "reference_server.scheduling.scheduler",
+    "reference_server.scheduling.answers",
+    "reference_server.scheduling.execute",
+    "reference_server.scheduling.stats",
+    "reference_server.core.dataplane",
+    "reference_server.core.validation",
 )
 
 #: mypyc's shared library for the group, `v2kit/_compiled__mypyc.*.so`: the per-module extensions

@@ -15,13 +15,14 @@ from functools import partial
 from typing import Any
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 from tritonclient.grpc import model_config_pb2 as mc
 
 from reference_server._version import __version__
 from reference_server.backends.context import ModelCall
 from reference_server.backends.custom_metrics import CustomMetrics
 from reference_server.backends.onnxruntime import ONNX_PLATFORM
-from reference_server.core import model_config
+from reference_server.core import model_config, streamed
 from reference_server.core.classification import classify, requested_classes
 from reference_server.core.load_overrides import OverrideFolders
 from reference_server.core.log_settings import LogSettings
@@ -32,7 +33,7 @@ from reference_server.core.shared_memory import RequestBinding, SharedMemoryRegi
 from reference_server.core.trace_tensors import BACKEND_OUTPUT, QUEUE_INPUT
 from reference_server.core.tracing import RequestTrace, Tracing
 from reference_server.core.validation import datatype_of, validated_inputs, validated_outputs
-from reference_server.errors import InvalidArgument, NotFound, ServerError, Unavailable, Unsupported
+from reference_server.errors import InvalidArgument, NotFound, Unavailable, Unsupported
 from reference_server.scheduling.execute import Tensors
 from reference_server.scheduling.stats import ModelStats
 from v2kit import codec as v2
@@ -58,11 +59,10 @@ EXTENSIONS = [
 HTTP_ENDPOINT = "HTTP end point"
 GRPC_ENDPOINT = "ModelInfer RPC"
 
-#: What a decoupled model's stream carries in place of a response: an error it sent (the stream
-#: goes on), or None for a final flag sent alone.
-StreamResponse = v2.InferResponse | ServerError | None
+StreamResponse = streamed.StreamResponse
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed by interpreted classes (compiled: docs/compiled.md)
 class InflightSlots:
     """The in-flight inference requests: counted, limited (`max_inflight_requests`, 0 = no limit)
     and told to `inflight_listeners` (the HTTP front end's read gate) whenever the count changes.
@@ -309,7 +309,7 @@ class DataPlane(InflightSlots, ModelManagement):
             endpoint == GRPC_ENDPOINT,
         )  # fmt: skip
 
-    async def _stream(
+    def _stream(
         self,
         served: ModelVersion,
         request: v2.InferRequest,
@@ -322,45 +322,21 @@ class DataPlane(InflightSlots, ModelManagement):
         trace: RequestTrace | None = None,
         grpc: bool = False,
     ) -> AsyncGenerator[tuple[StreamResponse, bool], None]:
-        stream = served.scheduler.infer_stream(
-            inputs,
-            output_names,
-            timeout_us=timeout_us,
-            received_ns=received_ns,
-            request_id=request.id,
-            parameters=_model_parameters(request.parameters),
-            secondary_stats=trace,
-        )
-        try:
-            async for results, final in stream:
-                if results is None:
-                    if trace is not None:
-                        trace.responded(grpc, False)
-                    yield results, final
-                    continue
-                if isinstance(results, ServerError):
-                    answer: StreamResponse = results
-                else:
-                    response = _response(served, request, output_names, results, classes)
-                    answer = response if binding is None else binding.write(response)
-                if trace is None:
-                    yield answer, final
-                    continue
-                if not isinstance(results, ServerError):
-                    trace.record_tensors(BACKEND_OUTPUT, results)
-                # Traced: each response's send is from its hand-off until the front end asks for the next.
-                trace.responded(grpc, True)
-                yield answer, final
-                trace.sent(grpc)
-        finally:
-            if trace is not None:
-                trace.ended(grpc)
-            # Closed early (the client went away): the scheduler's iteration ends too, now.
-            aclose = getattr(stream, "aclose", None)
-            if aclose is not None:
-                await aclose()
-            if binding is not None:
-                binding.release()
+        def start() -> streamed.SchedulerStream:
+            return served.scheduler.infer_stream(
+                inputs,
+                output_names,
+                timeout_us=timeout_us,
+                received_ns=received_ns,
+                request_id=request.id,
+                parameters=_model_parameters(request.parameters),
+                secondary_stats=trace,
+            )
+
+        def respond(results: Tensors) -> v2.InferResponse:
+            return _response(served, request, output_names, results, classes)
+
+        return streamed.responses(start, respond, binding, trace, grpc)
 
     def _prepare(
         self, served: ModelVersion, request: v2.InferRequest
@@ -408,15 +384,16 @@ class DataPlane(InflightSlots, ModelManagement):
             inputs, output_names, timeout_us=call.timeout_us, request_id=request.id, parameters=request.parameters
         )
 
-    async def stream_model(self, call: ModelCall) -> AsyncIterator[tuple[Tensors | None, bool]]:
+    def stream_model(self, call: ModelCall) -> AsyncIterator[tuple[Tensors | None, bool]]:
         """`call_model` for a decoupled target: its responses as they come; an error response ends it."""
-        served, request, inputs, output_names = self._model_call(call)
-        async for outputs, final in served.scheduler.infer_stream(
-            inputs, output_names, timeout_us=call.timeout_us, request_id=request.id, parameters=request.parameters
-        ):
-            if isinstance(outputs, ServerError):
-                raise outputs
-            yield outputs, final
+
+        def start() -> streamed.SchedulerStream:
+            served, request, inputs, output_names = self._model_call(call)
+            return served.scheduler.infer_stream(
+                inputs, output_names, timeout_us=call.timeout_us, request_id=request.id, parameters=request.parameters
+            )
+
+        return streamed.outputs_or_raise(start)
 
     def _check_elements(self, request: v2.InferRequest) -> None:
         # After the wire decode (whose allocations the body-size limit bounds, and which checks each

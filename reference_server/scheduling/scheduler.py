@@ -252,8 +252,8 @@ class Scheduler:
             submit = partial(self._submit, inputs, output_names, timeout_us, received_ns, request_id, parameters,
                              secondary_stats=secondary_stats)  # fmt: skip
             return stream_responses(submit, self._withdraw, self._slots)
-        return _one(self.infer(inputs, output_names, timeout_us=timeout_us, received_ns=received_ns,
-                               request_id=request_id, parameters=parameters, secondary_stats=secondary_stats))  # fmt: skip
+        return _OneAnswer(self.infer(inputs, output_names, timeout_us=timeout_us, received_ns=received_ns,
+                                     request_id=request_id, parameters=parameters, secondary_stats=secondary_stats))  # fmt: skip
 
     def _submit(
         self,
@@ -559,8 +559,27 @@ class Scheduler:
             self._drained.set()
 
 
-async def _one(answer: Awaitable[Tensors]) -> AsyncIterator[tuple[Tensors | ServerError | None, bool]]:
-    yield await answer, True
+class _OneAnswer:  # an async iterator, not an async generator: mypyc compiles no async generator
+    """The one response of a model that is not decoupled, as `infer_stream` yields it."""
+
+    def __init__(self, answer: Awaitable[Tensors]) -> None:
+        self._answer: Awaitable[Tensors] | None = answer
+
+    def __aiter__(self) -> _OneAnswer:
+        return self
+
+    async def __anext__(self) -> tuple[Tensors | ServerError | None, bool]:
+        answer, self._answer = self._answer, None
+        if answer is None:
+            raise StopAsyncIteration
+        return await answer, True
+
+    async def aclose(self) -> None:
+        """Closed before its step: the answer is never awaited, so close it (no 'never awaited')."""
+        answer, self._answer = self._answer, None
+        close = getattr(answer, "close", None)
+        if close is not None:
+            close()
 
 
 def _backlog(slot: Slot) -> int:

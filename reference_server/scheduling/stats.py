@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from typing import Any, Final
 
 import numpy as np
+from mypy_extensions import mypyc_attr
 
 #: Failure reasons Triton attaches to `nv_inference_request_failure` (core src/metric_model_reporter.cc).
 FAILURE_REASONS: Final = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
@@ -67,6 +68,7 @@ class _BatchStats:
         self.compute_output_ns = 0
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed by interpreted classes (compiled: docs/compiled.md)
 class ModelStats:
     """Cumulative inference statistics of one model version.
 

@@ -38,6 +38,8 @@ import math
 import struct
 from collections import deque
 
+from mypy_extensions import mypyc_attr
+
 from v2kit.h2 import frames as h2
 from v2kit.h2.events import Events, Payload, S, Sink, Stream
 from v2kit.h2.frames import frame
@@ -48,6 +50,7 @@ __all__ = ["Connection", "Events", "Payload", "Sink", "Stream"]
 TIMER_SLACK_S = 0.001  # a timer may fire this early (libuv counts milliseconds)
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed by interpreted classes (compiled: docs/compiled.md)
 class Connection(Receiver[S]):
     """One HTTP/2 connection, either end of it; see the module's docstring."""
 

@@ -15,6 +15,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Generic
 
+from mypy_extensions import mypyc_attr
+
 from v2kit.h2 import frames as h2
 from v2kit.h2 import rules
 from v2kit.h2.events import Cancellable, Events, Payload, S, Sink
@@ -34,6 +36,7 @@ CONNECTION_WINDOW = rules.CONNECTION_WINDOW
 MAX_HEADER_BLOCK = rules.MAX_HEADER_BLOCK  # a longer header block (HEADERS and CONTINUATIONs) ends the connection
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # subclassed by interpreted classes (compiled: docs/compiled.md)
 class Receiver(Generic[S]):
     """A connection's state and what it does with the frames that come; `Connection` adds the rest."""
 

@@ -116,10 +116,11 @@ class Channel:
         call = Call(loop.create_future())
         connection.start(encoded, call, deadline)
         try:
-            return await call.future
+            await call.future
         except asyncio.CancelledError:
             connection.cancel(call)
             raise
+        return call
 
     async def _ready(self, deadline: float) -> Connection | Call:
         """A connection with room for one more call, opened or waited for if need be; or the

@@ -48,7 +48,7 @@ class Call(Stream):
 
     __slots__ = ("future", "status", "details", "message", "sent_ns", "headers", "trailers", "chunks", "size", "limit")
 
-    def __init__(self, future: asyncio.Future[Call]) -> None:
+    def __init__(self, future: asyncio.Future[None]) -> None:
         Stream.__init__(self)  # not super(): this runs once a call, and super() costs a lookup
         self.future = future
         self.status = status.UNKNOWN
@@ -265,7 +265,9 @@ class Connection(asyncio.Protocol, Events[Call]):
             self._wake(1)
         call.status, call.details = code, details
         if not call.future.done():
-            call.future.set_result(call)
+            # None, not the call: a future holding its own call would make a reference cycle a
+            # call, left for the garbage collector.
+            call.future.set_result(None)
 
     def _wake(self, count: int) -> None:
         while count and self._room:

@@ -65,7 +65,7 @@ class Exchange:
 
     __slots__ = ("future", "status", "details", "error_response", "response_ns", "bytes_in", "parse_ns", "sent_ns")
 
-    def __init__(self, future: asyncio.Future[Exchange]) -> None:
+    def __init__(self, future: asyncio.Future[None]) -> None:
         self.future = future
         self.status = status.OK
         self.details = ""
@@ -78,7 +78,7 @@ class Exchange:
     def end(self, code: int = status.OK, details: str = "") -> None:
         if not self.future.done():
             self.status, self.details = code, details
-            self.future.set_result(self)
+            self.future.set_result(None)  # not self: no reference cycle per request
 
 
 def encode_stream_headers(authority: str, tls: bool, metadata: Sequence[tuple[str, str]] = ()) -> bytes:
@@ -102,7 +102,7 @@ class InferStream(Call):
 
     __slots__ = ("buffer", "exchange", "connection")
 
-    def __init__(self, future: asyncio.Future[Call], connection: StreamConnection) -> None:
+    def __init__(self, future: asyncio.Future[None], connection: StreamConnection) -> None:
         Call.__init__(self, future)
         self.buffer = bytearray()
         self.exchange: Exchange | None = None

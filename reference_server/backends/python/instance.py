@@ -76,6 +76,35 @@ class _Prepared:
         self.message: dict[str, Any] = {}
 
 
+class _SentBatch:
+    """A batch sent to the stub from the event loop, until its answer or its execute timeout.
+    Its two callbacks are bound methods, not closures: compiled, a closure and its environment
+    hold each other, which left a reference cycle per batch for the garbage collector."""
+
+    __slots__ = ("instance", "stub", "batch", "prepared", "done", "t1")
+
+    def __init__(
+        self,
+        instance: PythonInstance,
+        stub: StubProcess,
+        batch: Sequence[BatchItem],
+        prepared: _Prepared,
+        done: Callable[[RequestsOutcome | Exception], None],
+    ) -> None:
+        self.instance = instance
+        self.stub = stub
+        self.batch = batch
+        self.prepared = prepared
+        self.done = done
+        self.t1 = 0  # when the execute was sent
+
+    def on_reply(self, reply: dict[str, Any] | None, out_fds: list[int]) -> None:
+        self.instance._on_reply(self, reply, out_fds)
+
+    def expired(self) -> None:
+        self.instance._expired(self)
+
+
 def _result_of(future: asyncio.Future[RequestsOutcome]) -> RequestsOutcome | Exception:
     error = future.exception()
     if error is None:
@@ -281,30 +310,10 @@ class PythonInstance:
         except Exception as error:
             done(error)
             return
-        t1 = 0
-
-        def on_reply(reply: dict[str, Any] | None, out_fds: list[int]) -> None:
-            self._deadlines.pop(prepared, None)
-            t2 = perf_counter_ns()
-            if reply is None:
-                done(stub.unhealthy())
-                return
-            try:
-                results = self._conclude(stub, batch, prepared, reply, out_fds)
-            except Exception as error:
-                done(error)
-                return
-            done((results, t1, t2))
-
-        def expired() -> None:
-            if stub.unexpect(prepared.batch_id) is not None:
-                stub.kill()
-                self._abandon(stub, batch, prepared)
-                done(self._timeout_error())
-
+        sent = _SentBatch(self, stub, batch, prepared, done)
         try:
-            stub.expect(prepared.batch_id, on_reply)
-            t1 = perf_counter_ns()
+            stub.expect(prepared.batch_id, sent.on_reply)
+            sent.t1 = perf_counter_ns()
             stub.send_execute(prepared.message, prepared.fds)
         except ipc.ChannelClosed:
             stub.unexpect(prepared.batch_id)
@@ -314,9 +323,32 @@ class PythonInstance:
             ipc.close_fds(prepared.fds)
         timeout_s = self.model.execute_timeout_s
         if timeout_s > 0:
-            self._deadlines[prepared] = (t1 + int(timeout_s * 1e9), expired)
+            self._deadlines[prepared] = (sent.t1 + int(timeout_s * 1e9), sent.expired)
             if self._watchdog is None:
                 self._watchdog = loop.call_later(timeout_s, self._check_deadlines)
+
+    def _on_reply(
+        self, sent: _SentBatch, reply: dict[str, Any] | None, out_fds: list[int]
+    ) -> None:
+        prepared, stub, done = sent.prepared, sent.stub, sent.done
+        self._deadlines.pop(prepared, None)
+        t2 = perf_counter_ns()
+        if reply is None:
+            done(stub.unhealthy())
+            return
+        try:
+            results = self._conclude(stub, sent.batch, prepared, reply, out_fds)
+        except Exception as error:
+            done(error)
+            return
+        done((results, sent.t1, t2))
+
+    def _expired(self, sent: _SentBatch) -> None:
+        stub = sent.stub
+        if stub.unexpect(sent.prepared.batch_id) is not None:
+            stub.kill()
+            self._abandon(stub, sent.batch, sent.prepared)
+            sent.done(self._timeout_error())
 
     def _check_deadlines(self) -> None:
         """The execute timeout of the batches sent from the loop: one timer for all of them, at the

@@ -75,6 +75,7 @@ class SubmitChain:
             self._fail(Cancelled(CANCELLED_MESSAGE))
             return
         if self.position == len(self.steps):
+            self._release()
             owner = self.owner
             owner._left()
             owner._succeeded(self.tensors, self.received, self.start, self.call.steps_stats, self.secondary)
@@ -114,7 +115,15 @@ class SubmitChain:
         self.position += 1
         self.next()
 
+    def _release(self) -> None:
+        # The scope holds the last step's queued request, whose callback is this chain's
+        # `_stepped`: let it go, or the three would hold each other until the garbage collector
+        # found them (a cycle per request).
+        if self.scope is not None:
+            self.scope.release()
+
     def _fail(self, error: Exception) -> None:
+        self._release()
         owner = self.owner
         owner._left()
         owner._failed(error, self.received, self.secondary)

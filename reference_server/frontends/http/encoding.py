@@ -37,8 +37,8 @@ from reference_server.frontends.http.messages import (
     Reply,
     Responder,
     error_response,
-    in_task,
     internal_error,
+    reply_through,
     reply_when_done,
 )  # fmt: skip
 
@@ -99,9 +99,7 @@ class ContentCodings:
         self, handler: Responder | Handler, *, max_body_bytes: int, compresses: frozenset[str] = frozenset()
     ) -> None:
         self.handler = handler
-        self._respond: Callable[[HttpRequest, Reply], None] = (
-            handler.respond if isinstance(handler, Responder) else partial(in_task, handler)
-        )
+        self._respond: Callable[[HttpRequest, Reply], None] = reply_through(handler)
         self.max_body_bytes = max_body_bytes
         self.compresses = tuple(compresses)  # path suffixes whose answers may be compressed
 

@@ -14,7 +14,7 @@ import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
 from functools import partial
 from http import HTTPStatus
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, cast
 
 import httptools
 
@@ -35,6 +35,7 @@ __all__ = [
     "encode_head",
     "error_response",
     "in_task",
+    "reply_through",
     "internal_error",
     "reply_when_done",
 ]
@@ -129,7 +130,6 @@ Handler = Callable[[HttpRequest], Awaitable[HttpResponse]]
 Reply = Callable[[HttpResponse], None]
 
 
-@runtime_checkable
 class Responder(Protocol):
     """A handler that answers through a `Reply` rather than by returning."""
 
@@ -137,6 +137,14 @@ class Responder(Protocol):
         """Answer `request` by calling `reply` once, now or later, on the loop. An exception raised
         here, before `reply` is called, is a bug: the server logs it and answers 500."""
         ...
+
+
+def reply_through(handler: Responder | Handler) -> Callable[[HttpRequest, Reply], None]:
+    """How to serve a request with `handler`: its `respond`, or a coroutine handler run in a task.
+    (Not `isinstance(handler, Responder)`: a compiled module cannot make a runtime-checkable
+    protocol, docs/compiled.md.)"""
+    respond: Callable[[HttpRequest, Reply], None] | None = getattr(handler, "respond", None)
+    return respond if respond is not None else partial(in_task, cast(Handler, handler))
 
 
 class Exchange:

@@ -17,6 +17,7 @@ import binascii
 import json
 import logging
 from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import Any
 from urllib.parse import unquote
 
@@ -194,22 +195,25 @@ class RestApi:
         if self.header_forward is not None:
             lines = ((name.decode("latin-1"), value.decode("latin-1")) for name, value in request.raw_headers)
             self.header_forward.apply(lines, infer_request.parameters)
+        # A partial, not a closure: compiled, a closure and its environment hold each other, and
+        # every request would leave a reference cycle for the garbage collector (docs/compiled.md).
+        plane.start_infer(infer_request, partial(self._answered, infer_request, request, reply))
 
-        def answered(response: v2.InferResponse | Exception) -> None:
-            # Called by the scheduler when the batch is done: the answer is encoded and written now.
-            try:
-                if isinstance(response, Exception):
-                    raise response
-                payload, json_length = v2.encode_infer_response(response, infer_request)
-            except Exception as exc:
-                reply(self._failure(exc, request))
-                return
-            if json_length is None:
-                reply(HttpResponse(200, payload, _JSON))
-            else:
-                reply(HttpResponse(200, payload, _OCTETS, ((v2.HEADER_LENGTH, str(json_length)),)))
-
-        plane.start_infer(infer_request, answered)
+    def _answered(
+        self, infer_request: v2.InferRequest, request: HttpRequest, reply: Reply, response: v2.InferResponse | Exception
+    ) -> None:
+        # Called by the scheduler when the batch is done: the answer is encoded and written now.
+        try:
+            if isinstance(response, Exception):
+                raise response
+            payload, json_length = v2.encode_infer_response(response, infer_request)
+        except Exception as exc:
+            reply(self._failure(exc, request))
+            return
+        if json_length is None:
+            reply(HttpResponse(200, payload, _JSON))
+        else:
+            reply(HttpResponse(200, payload, _OCTETS, ((v2.HEADER_LENGTH, str(json_length)),)))
 
     def generate(self, request: HttpRequest, model: str, version: str, reply: Reply) -> None:
         self._later(generate(self.plane, request, model, version, stream=False), request, reply)

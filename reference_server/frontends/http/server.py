@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from functools import partial
 
 from reference_server.core.tracing import Tracing
 from reference_server.frontends.http import messages
@@ -55,9 +54,7 @@ class HttpServer(Listener):
         limits.validate()
         self.handler = handler
         #: Answers a request through a `Reply`; a coroutine handler runs in a task of its own.
-        self.respond: Callable[[HttpRequest, messages.Reply], None] = (
-            handler.respond if isinstance(handler, Responder) else partial(messages.in_task, handler)
-        )
+        self.respond: Callable[[HttpRequest, messages.Reply], None] = messages.reply_through(handler)
         self.max_body_bytes = max_body_bytes
         self.body_timeout_s = body_timeout_s
         self.limits = limits
