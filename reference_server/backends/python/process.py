@@ -100,6 +100,14 @@ class _Stream:
     output_names: Sequence[str]  # empty = all
 
 
+
+def _stop_reading(loop: asyncio.AbstractEventLoop, fd: int) -> None:
+    """`loop.remove_reader(fd)`. Called through `Any`: typeshed says it returns a bool, uvloop's
+    returns None, and compiled code checks what it is told, so the call raised TypeError and a
+    dead stub was never marked dead (docs/compiled.md)."""
+    remove: Any = loop.remove_reader
+    remove(fd)
+
 class StubProcess:
     """One stub process and its channel, arenas and reader thread."""
 
@@ -322,7 +330,7 @@ class StubProcess:
 
         def remove() -> None:
             if self.channel.sock.fileno() >= 0:
-                loop.remove_reader(self.channel.sock.fileno())
+                _stop_reading(loop, self.channel.sock.fileno())
             detached.set_result(None)
 
         try:
@@ -346,7 +354,7 @@ class StubProcess:
             except ipc.ChannelClosed:
                 assert self.loop is not None
                 if self.channel.sock.fileno() >= 0:
-                    self.loop.remove_reader(self.channel.sock.fileno())
+                    _stop_reading(self.loop, self.channel.sock.fileno())
                 self._died()
                 return
             try:
