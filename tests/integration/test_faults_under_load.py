@@ -316,10 +316,29 @@ def _served(server: ReferenceServer, model: str) -> tuple[PythonInstance, Schedu
 
 def _maybe_ours(name: str, perfkit_pid: int) -> bool:
     """Whether a /dev/shm region may be this test's: not one of real tritonserver's python stubs
-    (other tests' peers) nor another perfkit's (named perfkit_<pid>_...)."""
+    (other tests' peers), nor another perfkit's (named perfkit_<pid>_...), nor one that a process
+    other than this one holds open or mapped (perf_analyzer's regions, INPUT0_0_0 and the like, of
+    a test running at the same time in another worker: everything this test started has stopped)."""
     if name.startswith("triton_python_backend_shm_region_"):
         return False
-    return not name.startswith("perfkit_") or name.startswith(f"perfkit_{perfkit_pid}_")
+    if name.startswith("perfkit_") and not name.startswith(f"perfkit_{perfkit_pid}_"):
+        return False
+    return not _held_elsewhere(f"/dev/shm/{name}")
+
+
+def _held_elsewhere(path: str) -> bool:
+    """Whether a process other than this one has `path` open or mapped."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            if path in Path(f"/proc/{entry}/maps").read_text():
+                return True
+            if any(os.readlink(f"/proc/{entry}/fd/{fd}") == path for fd in os.listdir(f"/proc/{entry}/fd")):
+                return True
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return False
 
 
 # The stalled stub's batches fail this long after they were sent: short, and the stall comes early
