@@ -81,6 +81,11 @@ async def stream_responses(
         if not ended:
             # Queued: withdrawn; running (or done executing, still streaming): the model may stop early.
             cancel_request(request, withdraw, slots)
+        else:
+            # Its final response is in (and `final_sent` set, if the model sent it): the sink lets
+            # the request go, or the request, which holds the sink, and the sink would hold each
+            # other, a reference cycle per stream left to the garbage collector.
+            request = None
 
 
 def start_batch(
